@@ -1,0 +1,1 @@
+"""radixmesh: serving for structured LLM programs."""

@@ -1,0 +1,200 @@
+"""Sampling parameters: one schema, validated once, shared by every entry point.
+
+The engine, the worker server and the router all build `SamplingParams` through
+`SamplingParams.from_dict` (or the constructor), so an unknown or out-of-range field
+fails the same way everywhere: an `InvalidArgument` (a `ValueError`) naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from radixmesh.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion. Defaults follow SGLang's `sampling_params`."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: the whole vocabulary
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    seed: int | None = None
+    n: int = 1
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    # First prompt position whose logprob is returned (None: no prompt logprobs).
+    logprob_start_len: int | None = None
+    # Constraints (implemented by the constrained-decoding issue).
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
+    choices: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # Accept lists / single strings for the sequence fields, store tuples.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(_seq("stop", self.stop)))
+        if not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(
+                self, "stop_token_ids", tuple(_seq("stop_token_ids", self.stop_token_ids))
+            )
+        if self.choices is not None and not isinstance(self.choices, tuple):
+            object.__setattr__(self, "choices", tuple(_seq("choices", self.choices)))
+        self._validate()
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any] | SamplingParams | None) -> SamplingParams:
+        """Build from a mapping; unknown names raise `InvalidArgument` naming them."""
+        if params is None:
+            return cls()
+        if isinstance(params, SamplingParams):
+            return params
+        if not isinstance(params, Mapping):
+            raise InvalidArgument(
+                "sampling_params", f"expected a dict, got {type(params).__name__}"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise InvalidArgument(
+                f"sampling_params.{unknown[0]}",
+                f"unknown sampling parameter {unknown[0]!r}",
+            )
+        return cls(**{k: v for k, v in params.items() if v is not None or k in _NULLABLE})
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """The one constraint set, as (kind, text), or None."""
+        set_ = [
+            (k, v)
+            for k, v in (("regex", self.regex), ("json_schema", self.json_schema),
+                         ("ebnf", self.ebnf))
+            if v is not None
+        ]
+        if self.choices is not None:
+            set_.append(("choices", "\x00".join(self.choices)))
+        return set_[0] if set_ else None
+
+    def validate_for(self, *, prompt_len: int, context_len: int, vocab_size: int) -> None:
+        """Checks that need the model: lengths against the context, ids against the vocab."""
+        if prompt_len == 0:
+            raise InvalidArgument("prompt", "the prompt is empty")
+        if prompt_len + self.max_new_tokens > context_len:
+            raise InvalidArgument(
+                "max_new_tokens",
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({self.max_new_tokens}) "
+                f"exceeds the context length ({context_len})",
+            )
+        for tid in self.stop_token_ids:
+            if not 0 <= tid < vocab_size:
+                raise InvalidArgument(
+                    "stop_token_ids", f"token id {tid} is outside the vocabulary [0, {vocab_size})"
+                )
+        if self.logprob_start_len is not None and self.logprob_start_len >= prompt_len:
+            raise InvalidArgument(
+                "logprob_start_len",
+                f"{self.logprob_start_len} is not before the prompt's end ({prompt_len} tokens)",
+            )
+
+    def _validate(self) -> None:
+        _int("max_new_tokens", self.max_new_tokens, lo=0)
+        _int("min_new_tokens", self.min_new_tokens, lo=0)
+        if self.min_new_tokens > self.max_new_tokens:
+            raise InvalidArgument(
+                "min_new_tokens",
+                f"{self.min_new_tokens} exceeds max_new_tokens ({self.max_new_tokens})",
+            )
+        _float("temperature", self.temperature)
+        if self.temperature < 0:
+            raise InvalidArgument("temperature", f"must be >= 0, got {self.temperature}")
+        _float("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgument("top_p", f"must be in (0, 1], got {self.top_p}")
+        _int("top_k", self.top_k, lo=-1)
+        if self.top_k == 0:
+            raise InvalidArgument("top_k", "must be -1 (disabled) or >= 1, got 0")
+        _float("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidArgument("min_p", f"must be in [0, 1], got {self.min_p}")
+        _float("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise InvalidArgument(
+                "repetition_penalty", f"must be > 0, got {self.repetition_penalty}"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            _float(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise InvalidArgument(name, f"must be in [-2, 2], got {value}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidArgument("stop", f"stop strings must be non-empty strings, got {s!r}")
+        for tid in self.stop_token_ids:
+            _int("stop_token_ids", tid, lo=0)
+        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim", "return_logprob"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgument(name, f"must be a bool, got {getattr(self, name)!r}")
+        if self.seed is not None:
+            _int("seed", self.seed, lo=0)
+        _int("n", self.n, lo=1)
+        _int("top_logprobs_num", self.top_logprobs_num, lo=0)
+        if self.logprob_start_len is not None:
+            _int("logprob_start_len", self.logprob_start_len, lo=0)
+        constraints = [
+            k for k in ("regex", "json_schema", "ebnf", "choices") if getattr(self, k) is not None
+        ]
+        if len(constraints) > 1:
+            raise InvalidArgument(
+                constraints[1], f"only one constraint may be set, got {', '.join(constraints)}"
+            )
+        if self.choices is not None and not self.choices:
+            raise InvalidArgument("choices", "the choices list is empty")
+
+
+_NULLABLE = {"seed", "logprob_start_len", "regex", "json_schema", "ebnf", "choices"}
+
+
+def _seq(name: str, value: Any) -> Sequence[Any]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InvalidArgument(name, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _int(name: str, value: Any, *, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(name, f"must be an integer, got {value!r}")
+    if value < lo:
+        raise InvalidArgument(name, f"must be >= {lo}, got {value}")
+
+
+def _float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidArgument(name, f"must be a number, got {value!r}")
+
+
+__all__ = ["SamplingParams"]

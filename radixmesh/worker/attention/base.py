@@ -1,0 +1,41 @@
+"""The attention backend interface.
+
+A backend owns nothing but a reference to the KV pool. Per step the model runner calls
+`prepare(batch)` once; then every attention layer calls `forward(q, k, v, layer_id,
+batch)`, which (1) writes the new tokens' k/v into their slots `batch.out_cache_loc` of
+layer `layer_id` and (2) returns attention of q over each sequence's whole KV
+(`req_to_token[req_rows[b], :seq_lens[b]]`), causal within the new tokens.
+
+Shapes: q [T, num_heads, head_dim]; k, v [T, num_kv_heads, head_dim]; output
+[T, num_heads, head_dim]. num_heads is a multiple of num_kv_heads (GQA).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.kvcache.pool import KVPool
+
+
+class AttentionBackend(ABC):
+    def __init__(self, kv_pool: KVPool, scale: float) -> None:
+        self.kv_pool = kv_pool
+        self.scale = scale
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Compute per-step metadata once and store it in `batch.attn_metadata`."""
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """Store k/v for the new tokens, then attend. Returns [T, num_heads, head_dim]."""

@@ -1,0 +1,139 @@
+"""Frozen configuration of one worker, one dataclass per subsystem.
+
+Each subsystem receives the narrowest config it needs. `EngineConfig.from_options`
+turns flat keyword options (the CLI's and `Engine(**options)`'s) into the composed
+config, rejecting unknown names, so the CLI and the Python API cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixmesh.errors import InvalidArgument
+
+POLICIES = ("lpm", "dfs-weight", "fcfs")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = "smollm2"  # alias, HF directory, .gguf path, or dummy:<preset>
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto: cuda when available, else cpu
+    context_length: int | None = None  # None: the model's own
+    seed: int = 0  # for dummy weights and unseeded sampling
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise InvalidArgument("model", "must not be empty")
+        if self.dtype not in DTYPES:
+            raise InvalidArgument("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        if self.context_length is not None and self.context_length < 2:
+            raise InvalidArgument("context_length", f"must be >= 2, got {self.context_length}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    page_size: int = 1
+    # KV pool size: an explicit token count wins; else a byte budget.
+    kv_cache_tokens: int | None = None
+    kv_cache_bytes: int = 512 * 1024 * 1024
+    disable_radix_cache: bool = False
+    # Cache events report page-aligned blocks of this many tokens (a multiple of page_size).
+    event_block_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise InvalidArgument("page_size", f"must be >= 1, got {self.page_size}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
+            raise InvalidArgument(
+                "kv_cache_tokens", f"must be >= page_size ({self.page_size})"
+            )
+        if self.kv_cache_bytes <= 0:
+            raise InvalidArgument("kv_cache_bytes", f"must be > 0, got {self.kv_cache_bytes}")
+        if self.event_block_size % self.page_size:
+            raise InvalidArgument(
+                "event_block_size",
+                f"{self.event_block_size} is not a multiple of page_size ({self.page_size})",
+            )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    policy: str = "lpm"
+    max_running_requests: int = 64
+    # Token budget of one forward step; long prompts are prefilled in chunks of this.
+    max_num_batched_tokens: int = 2048
+    # Fraction of each running request's remaining max_new_tokens that admission reserves.
+    new_token_ratio: float = 0.4
+    # Beyond this many waiting requests, lpm/dfs-weight fall back to fcfs (matching every
+    # waiting prompt against the tree each step would cost more than it saves).
+    policy_fallback_queue_len: int = 128
+    max_queued_requests: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidArgument("policy", f"must be one of {POLICIES}, got {self.policy!r}")
+        if self.max_running_requests < 1:
+            raise InvalidArgument("max_running_requests", "must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise InvalidArgument("max_num_batched_tokens", "must be >= 1")
+        if not 0.0 <= self.new_token_ratio <= 1.0:
+            raise InvalidArgument("new_token_ratio", "must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp_size < 1:
+            raise InvalidArgument("tp_size", f"must be >= 1, got {self.tp_size}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    attention_backend: str = "auto"  # auto: torch on CPU (triton on CUDA once it exists)
+
+    @classmethod
+    def from_options(cls, **options: Any) -> EngineConfig:
+        """Flat options (`model=`, `page_size=`, `policy=`, ...) -> the composed config."""
+        parts: dict[str, dict[str, Any]] = {}
+        top: dict[str, Any] = {}
+        owners = _field_owners()
+        for name, value in options.items():
+            if name in ("attention_backend",):
+                top[name] = value
+            elif name in owners:
+                parts.setdefault(owners[name], {})[name] = value
+            else:
+                raise InvalidArgument(name, f"unknown engine option {name!r}")
+        sub = {
+            part: typ(**parts.get(part, {}))
+            for part, typ in (("model", ModelConfig), ("cache", CacheConfig),
+                              ("scheduler", SchedulerConfig), ("parallel", ParallelConfig))
+        }
+        return cls(**sub, **top)
+
+
+def _field_owners() -> dict[str, str]:
+    owners: dict[str, str] = {}
+    for part, typ in (("model", ModelConfig), ("cache", CacheConfig),
+                      ("scheduler", SchedulerConfig), ("parallel", ParallelConfig)):
+        for f in dataclasses.fields(typ):
+            owners[f.name] = part
+    return owners
+
+
+def option_fields() -> list[tuple[str, dataclasses.Field[Any]]]:
+    """Every flat option with its dataclass field, for generating the CLI."""
+    out: list[tuple[str, dataclasses.Field[Any]]] = []
+    for typ in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig):
+        out.extend((f.name, f) for f in dataclasses.fields(typ))
+    return out

@@ -1,0 +1,82 @@
+"""The inputs of one forward step, flattened over a ragged batch.
+
+Every step computes some new tokens for each of B sequences: a chunk of the prompt
+(extend) or one token (decode) — the same thing with different lengths. T is the total
+number of new tokens. Sequence b's new tokens are `input_ids[cu[b]:cu[b+1]]` where
+`cu = [0, *cumsum(extend_lens)]`; they sit at positions `prefix_lens[b] ..
+seq_lens[b] - 1` and attend to every earlier token of the sequence plus themselves
+(causal). The KV of sequence b's token i lives in slot `req_to_token[req_rows[b], i]`.
+
+Tensors are on the model's device; the `*_cpu` lists mirror them for host-side logic
+(loop bounds, padding) so nobody syncs with the device to read a length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    out_cache_loc: torch.Tensor  # [T] int64: the KV slot each new token is written to
+    req_rows: torch.Tensor  # [B] int64: each sequence's row in the req->token table
+    seq_lens: torch.Tensor  # [B] int64: KV length after this step (prefix + new)
+    prefix_lens: torch.Tensor  # [B] int64: tokens already in the KV cache
+    extend_lens: torch.Tensor  # [B] int64: new tokens this step (1 for decode)
+    req_to_token: torch.Tensor  # [max_requests, max_context] int: slot of every token
+    seq_lens_cpu: list[int]
+    prefix_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    # Filled by AttentionBackend.prepare(): backend-specific per-step metadata
+    # (gather indices, masks, kernel launch tables), computed once, used by every layer.
+    attn_metadata: Any = field(default=None)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(n == 1 for n in self.extend_lens_cpu)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        input_ids: list[int],
+        out_cache_loc: torch.Tensor,
+        req_rows: list[int],
+        prefix_lens: list[int],
+        extend_lens: list[int],
+        req_to_token: torch.Tensor,
+    ) -> ForwardBatch:
+        """Build from host lists; positions and seq_lens are derived."""
+        device = req_to_token.device
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+        positions = [pos for p, e in zip(prefix_lens, extend_lens) for pos in range(p, p + e)]
+
+        def tensor(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int64, device=device)
+
+        return cls(
+            input_ids=tensor(input_ids),
+            positions=tensor(positions),
+            out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int64),
+            req_rows=tensor(req_rows),
+            seq_lens=tensor(seq_lens),
+            prefix_lens=tensor(prefix_lens),
+            extend_lens=tensor(extend_lens),
+            req_to_token=req_to_token,
+            seq_lens_cpu=seq_lens,
+            prefix_lens_cpu=list(prefix_lens),
+            extend_lens_cpu=list(extend_lens),
+        )
