@@ -1,0 +1,250 @@
+"""Tokenizers and chat templates, shared by the worker and the router.
+
+Two implementations satisfy one protocol, `TokenizerLike`:
+
+- `Tokenizer` wraps a Hugging Face fast tokenizer (from a model directory or a GGUF file);
+- `ByteTokenizer` needs no files: ids 0..255 are UTF-8 bytes, so `dummy:<preset>` models of
+  any vocabulary size can run end to end.
+
+The router tokenizes each prompt once (chat template included) and the worker trusts those
+ids, so both must build the tokenizer the same way: through `load_tokenizer(spec)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from radixmesh.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+ROLES = ("system", "user", "assistant")
+
+Message = dict[str, str]
+
+
+@runtime_checkable
+class TokenizerLike(Protocol):
+    """What the engine, the router and the language backends need from a tokenizer.
+
+    `vocab_size` is the model's (its embedding rows), which may exceed the number of tokens
+    the tokenizer knows; ids past the tokenizer's own vocabulary decode to "".
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]: ...
+
+    def apply_chat_template(
+        self, messages: list[Message], add_generation_prompt: bool = True
+    ) -> str: ...
+
+    def encode_chat(
+        self, messages: list[Message], add_generation_prompt: bool = True
+    ) -> list[int]: ...
+
+
+def validate_messages(messages: object) -> list[Message]:
+    """Check a chat message list; raise InvalidArgument("messages", ...) naming the problem."""
+    if not isinstance(messages, list):
+        raise InvalidArgument(
+            "messages", f"must be a list of messages, got {type(messages).__name__}"
+        )
+    if not messages:
+        raise InvalidArgument("messages", "must not be empty")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise InvalidArgument("messages", f"item {i} must be a dict, got {type(msg).__name__}")
+        for key in ("role", "content"):
+            if not isinstance(msg.get(key), str):
+                raise InvalidArgument("messages", f"item {i} needs a string {key!r}")
+        if msg["role"] not in ROLES:
+            raise InvalidArgument(
+                "messages", f"item {i} has unknown role {msg['role']!r}; expected one of {ROLES}"
+            )
+    return messages
+
+
+def simple_chat_template(messages: list[Message], add_generation_prompt: bool = True) -> str:
+    """The template of models that ship none: "<|role|>\\ncontent\\n" per message."""
+    text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    return text + ("<|assistant|>\n" if add_generation_prompt else "")
+
+
+class Tokenizer:
+    """A Hugging Face fast tokenizer behind the `TokenizerLike` interface.
+
+    `eos_token_ids` joins the tokenizer's eos with the model config's (chat models often
+    stop on several ids, e.g. Llama 3's <|eot_id|> and <|end_of_text|>).
+    """
+
+    def __init__(
+        self,
+        hf_tokenizer: PreTrainedTokenizerBase,
+        *,
+        vocab_size: int | None = None,
+        eos_token_ids: Iterable[int] = (),
+    ) -> None:
+        self.hf_tokenizer = hf_tokenizer
+        self._vocab_size = vocab_size if vocab_size is not None else len(hf_tokenizer)
+        eos = set(eos_token_ids)
+        if hf_tokenizer.eos_token_id is not None:
+            eos.add(int(hf_tokenizer.eos_token_id))
+        self._eos_token_ids = frozenset(eos)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        *,
+        gguf_file: str | None = None,
+        vocab_size: int | None = None,
+        eos_token_ids: Iterable[int] = (),
+    ) -> Tokenizer:
+        """From a directory with tokenizer files, or a GGUF file (`gguf_file`) inside `path`."""
+        from transformers import AutoTokenizer  # lazy: transformers takes seconds to import
+
+        hf = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file)
+        return cls(hf, vocab_size=vocab_size, eos_token_ids=eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_token_ids
+
+    @property
+    def bos_token_id(self) -> int | None:
+        bos = self.hf_tokenizer.bos_token_id
+        return None if bos is None else int(bos)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.hf_tokenizer.chat_template)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = self.hf_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return [int(i) for i in ids]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        text = self.hf_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        assert isinstance(text, str)
+        return text
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        """Token strings (byte-level BPE shows a space as "Ġ"); None past the vocabulary."""
+        tokens = self.hf_tokenizer.convert_ids_to_tokens(list(ids))
+        return list(tokens) if isinstance(tokens, list) else [tokens]
+
+    def apply_chat_template(
+        self, messages: list[Message], add_generation_prompt: bool = True
+    ) -> str:
+        """The model's own template; `simple_chat_template` for models that ship none."""
+        validate_messages(messages)
+        if not self.has_chat_template:
+            return simple_chat_template(messages, add_generation_prompt)
+        text = self.hf_tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        assert isinstance(text, str)
+        return text
+
+    def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+        # The template already writes BOS where the model wants one; adding special tokens
+        # again would give Llama-style models a double BOS.
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+
+
+class ByteTokenizer:
+    """Bytes as tokens, for `dummy:` models that ship no tokenizer.
+
+    Ids 0..255 are the bytes of the UTF-8 text; decoding joins them with errors="replace".
+    Ids from 256 to `vocab_size` - 1 exist only so random models of real shapes can sample
+    them: they decode to "" and `convert_ids_to_tokens` names them "<|id_N|>". An eos or bos
+    id below 256 doubles as that byte.
+    """
+
+    def __init__(
+        self, vocab_size: int, *, eos_token_ids: Iterable[int] = (), bos_token_id: int | None = None
+    ) -> None:
+        if vocab_size < 256:
+            raise InvalidArgument("vocab_size", f"a byte tokenizer needs >= 256, got {vocab_size}")
+        self._vocab_size = vocab_size
+        self._eos_token_ids = frozenset(eos_token_ids)
+        self._bos_token_id = bos_token_id
+        self._special = self._eos_token_ids | ({bos_token_id} - {None})
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_token_ids
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._bos_token_id
+
+    @property
+    def has_chat_template(self) -> bool:
+        return True
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        if add_special_tokens and self._bos_token_id is not None:
+            ids.insert(0, self._bos_token_id)
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        skip = self._special if skip_special_tokens else frozenset()
+        data = bytes(i for i in ids if 0 <= i < 256 and i not in skip)
+        return data.decode("utf-8", errors="replace")
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        return [self._token_name(i) for i in ids]
+
+    def _token_name(self, i: int) -> str | None:
+        if not 0 <= i < self._vocab_size:
+            return None
+        if i >= 256:
+            return f"<|id_{i}|>"
+        # Printable ASCII as itself, other bytes in SentencePiece's byte-fallback spelling.
+        return chr(i) if 0x21 <= i <= 0x7E else f"<0x{i:02X}>"
+
+    def apply_chat_template(
+        self, messages: list[Message], add_generation_prompt: bool = True
+    ) -> str:
+        return simple_chat_template(validate_messages(messages), add_generation_prompt)
+
+    def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+
+
+def load_tokenizer(spec: str) -> Tokenizer | ByteTokenizer:
+    """The tokenizer of a model spec ("smollm2", an HF directory, a .gguf path, dummy:<preset>).
+
+    Model specs are resolved in one place, the model loader, which also knows the converted
+    weights cache (a cached GGUF tokenizer loads in a fraction of a second).
+    """
+    from radixmesh.worker.model.loader import load_tokenizer as _load  # lazy: imports torch
+
+    return _load(spec)
