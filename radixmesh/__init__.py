@@ -1,1 +1,26 @@
-"""radixmesh: serving for structured LLM programs."""
+"""radixmesh: serving for structured LLM programs.
+
+The public API is re-exported here; heavy modules (torch, transformers) load on first use
+so `import radixmesh` stays cheap for clients that only speak gRPC.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from radixmesh.errors import InvalidArgument, RadixMeshError
+from radixmesh.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixmesh.worker.engine import Engine
+
+__version__ = "0.1.0"
+__all__ = ["Engine", "InvalidArgument", "RadixMeshError", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":
+        from radixmesh.worker.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'radixmesh' has no attribute {name!r}")

@@ -1,0 +1,322 @@
+"""Engine: the in-process API over one worker (SGLang's `Engine` shape).
+
+The scheduler runs in a background thread that owns all worker state; callers talk to
+it through an inbox (requests, aborts, flushes) and get results through per-request
+sinks. So `generate` may be called from any thread or event loop, and an abort or a
+disconnect reaches the scheduler between two steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from radixmesh.errors import InvalidArgument, Unavailable
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.config import EngineConfig
+from radixmesh.worker.detokenizer import IncrementalDetokenizer
+from radixmesh.worker.request import Request, RequestOutput
+from radixmesh.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | list[str] | None
+InputIds = list[int] | list[list[int]] | None
+Params = dict[str, Any] | SamplingParams | list[dict[str, Any]] | list[SamplingParams] | None
+
+
+class Engine:
+    """`Engine(model="smollm2", **options)`; options are `EngineConfig` fields, flat."""
+
+    def __init__(self, model: str = "smollm2", **options: Any) -> None:
+        self.config = EngineConfig.from_options(model=model, **options)
+        self.worker = Worker(self.config)
+        self.tokenizer = self.worker.tokenizer
+        self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
+        self._thread.start()
+
+    # ---- public API -----------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: Prompt = None,
+        input_ids: InputIds = None,
+        sampling_params: Params = None,
+        stream: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        """One prompt -> a dict; a list -> a list of dicts; stream=True -> an iterator of
+        chunks whose "text" and "output_ids" are deltas (the last one carries the final
+        meta_info with finish_reason)."""
+        reqs, single = self._make_requests(prompt, input_ids, sampling_params)
+        if stream:
+            if not single or len(reqs) != 1:
+                raise InvalidArgument("stream", "streaming takes one prompt with n=1")
+            return self._stream(reqs[0])
+        results = [self._collect(q) for q in self._submit_all(reqs)]
+        return results[0] if single and len(results) == 1 else results
+
+    async def async_generate(
+        self,
+        prompt: Prompt = None,
+        input_ids: InputIds = None,
+        sampling_params: Params = None,
+        stream: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
+        reqs, single = self._make_requests(prompt, input_ids, sampling_params)
+        if stream:
+            if not single or len(reqs) != 1:
+                raise InvalidArgument("stream", "streaming takes one prompt with n=1")
+            return self._astream(reqs[0])
+        queues = [await self._asubmit(r) for r in reqs]
+        results = [await self._acollect(q, r.rid) for q, r in zip(queues, reqs, strict=True)]
+        return results[0] if single and len(results) == 1 else results
+
+    def abort(self, rid: str) -> None:
+        self._post(lambda: self.worker.scheduler.abort(rid, "aborted by the client"))
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache. False (nothing done) while requests are in flight."""
+        return bool(self._call(self.worker.flush_cache))
+
+    def get_stats(self) -> Any:
+        return self._call(self.worker.scheduler.stats)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the scheduler thread between steps (tests use it to inspect state)."""
+        return self._call(fn)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._post(lambda: self.worker.scheduler.abort_all("engine shut down"))
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- requests -------------------------------------------------------------------
+
+    def _make_requests(
+        self, prompt: Prompt, input_ids: InputIds, sampling_params: Params
+    ) -> tuple[list[Request], bool]:
+        """Validate everything first: a bad item rejects the call before anything runs."""
+        ids_list, single = self._normalize_inputs(prompt, input_ids)
+        params_list = _normalize_params(sampling_params, len(ids_list))
+        reqs: list[Request] = []
+        for ids, params in zip(ids_list, params_list, strict=True):
+            self.worker.validate(ids, params)
+            for _ in range(params.n):
+                reqs.append(self._request(ids, params.replace(n=1) if params.n > 1 else params))
+        return reqs, single and params_list[0].n == 1
+
+    def _normalize_inputs(self, prompt: Prompt, input_ids: InputIds) -> tuple[list[list[int]], bool]:
+        if (prompt is None) == (input_ids is None):
+            raise InvalidArgument("prompt", "give exactly one of prompt and input_ids")
+        if prompt is not None:
+            if isinstance(prompt, str):
+                return [self.tokenizer.encode(prompt)], True
+            if not isinstance(prompt, list) or not all(isinstance(p, str) for p in prompt):
+                raise InvalidArgument("prompt", "expected a string or a list of strings")
+            if not prompt:
+                raise InvalidArgument("prompt", "the prompt list is empty")
+            return [self.tokenizer.encode(p) for p in prompt], False
+        assert input_ids is not None
+        if not isinstance(input_ids, list) or not input_ids:
+            raise InvalidArgument("input_ids", "expected a non-empty list of token ids")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+            return [list(input_ids)], True  # type: ignore[arg-type]
+        if all(isinstance(x, list) for x in input_ids):
+            return [list(x) for x in input_ids], False  # type: ignore[union-attr]
+        raise InvalidArgument("input_ids", "expected a list of ints or a list of lists of ints")
+
+    def _request(self, ids: list[int], params: SamplingParams) -> Request:
+        req = Request(
+            rid=uuid.uuid4().hex,
+            prompt_ids=ids,
+            params=params,
+            stop_ids=self.worker.stop_ids(params),
+        )
+        req.detokenizer = IncrementalDetokenizer(
+            self.tokenizer,
+            ids,
+            skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop,
+            no_stop_trim=params.no_stop_trim,
+        )
+        return req
+
+    def _submit_all(self, reqs: list[Request]) -> list[queue.SimpleQueue[RequestOutput]]:
+        self._prefill_shared_prompts(reqs)
+        return [self._submit(r) for r in reqs]
+
+    def _prefill_shared_prompts(self, reqs: list[Request]) -> None:
+        """n > 1 (and identical prompts in one call): prefill the prompt once first, so
+        every copy starts from the cache instead of all of them prefilling it at once."""
+        if self.config.cache.disable_radix_cache:
+            return
+        seen: dict[tuple[int, ...], int] = {}
+        for r in reqs:
+            key = tuple(r.prompt_ids)
+            seen[key] = seen.get(key, 0) + 1
+        for key, count in seen.items():
+            if count > 1 and len(key) > 1:
+                warm = self._request(list(key), SamplingParams(max_new_tokens=0))
+                self._collect(self._submit(warm))
+
+    def _submit(self, req: Request) -> queue.SimpleQueue[RequestOutput]:
+        q: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()
+        req.sink = q.put
+        self._post(lambda: self.worker.scheduler.add_request(req))
+        return q
+
+    def _collect(self, q: queue.SimpleQueue[RequestOutput]) -> dict[str, Any]:
+        acc = _Accumulator()
+        while True:
+            out = q.get()
+            acc.add(out)
+            if out.finished:
+                return acc.result()
+
+    def _stream(self, req: Request) -> Iterator[dict[str, Any]]:
+        q = self._submit(req)
+        done = False
+        try:
+            while not done:
+                out = q.get()
+                done = out.finished
+                yield _chunk(out)
+        finally:
+            if not done:  # the consumer stopped early: free the request's KV
+                self.abort(req.rid)
+
+    async def _asubmit(self, req: Request) -> asyncio.Queue[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        req.sink = lambda out: loop.call_soon_threadsafe(q.put_nowait, out)
+        self._post(lambda: self.worker.scheduler.add_request(req))
+        return q
+
+    async def _acollect(self, q: asyncio.Queue[RequestOutput], rid: str) -> dict[str, Any]:
+        acc = _Accumulator()
+        try:
+            while True:
+                out = await q.get()
+                acc.add(out)
+                if out.finished:
+                    return acc.result()
+        except asyncio.CancelledError:
+            self.abort(rid)
+            raise
+
+    async def _astream(self, req: Request) -> AsyncIterator[dict[str, Any]]:
+        q = await self._asubmit(req)
+        done = False
+        try:
+            while not done:
+                out = await q.get()
+                done = out.finished
+                yield _chunk(out)
+        finally:
+            if not done:
+                self.abort(req.rid)
+
+    # ---- the scheduler thread -------------------------------------------------------
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        if self._closed and not self._thread.is_alive():
+            raise Unavailable("the engine is shut down")
+        self._inbox.put(fn)
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        fut: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # delivered to the caller
+                fut.set_exception(e)
+
+        self._post(run)
+        return fut.result()
+
+    def _loop(self) -> None:
+        sched = self.worker.scheduler
+        while True:
+            block = not sched.has_work()
+            try:
+                fn = self._inbox.get(block=block)
+            except queue.Empty:
+                fn = _NOTHING
+            while fn is not _NOTHING:
+                if fn is None:
+                    return
+                fn()
+                try:
+                    fn = self._inbox.get_nowait()
+                except queue.Empty:
+                    fn = _NOTHING
+            if sched.has_work():
+                try:
+                    sched.step()
+                except Exception as e:  # a failed step must not wedge the engine
+                    logger.exception("scheduler step failed")
+                    sched.abort_all(f"internal error: {type(e).__name__}: {e}")
+
+
+def _nothing() -> None:
+    pass
+
+
+_NOTHING: Callable[[], None] = _nothing
+
+
+def _normalize_params(params: Params, count: int) -> list[SamplingParams]:
+    if isinstance(params, list):
+        if len(params) != count:
+            raise InvalidArgument(
+                "sampling_params", f"got {len(params)} sampling params for {count} prompts"
+            )
+        return [SamplingParams.from_dict(p) for p in params]
+    one = SamplingParams.from_dict(params)
+    return [one] * count
+
+
+class _Accumulator:
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.meta: dict[str, Any] = {}
+
+    def add(self, out: RequestOutput) -> None:
+        self.ids.extend(out.new_token_ids)
+        self.text.append(out.text_delta)
+        self.meta = out.meta_info
+
+    def result(self) -> dict[str, Any]:
+        return {"text": "".join(self.text), "output_ids": self.ids, "meta_info": self.meta}
+
+
+def _chunk(out: RequestOutput) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "text": out.text_delta,
+        "output_ids": out.new_token_ids,
+        "meta_info": out.meta_info,
+    }
+    if out.new_token_logprobs:
+        chunk["output_token_logprobs"] = out.new_token_logprobs
+    return chunk
+
+

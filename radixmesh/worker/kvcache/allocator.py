@@ -1,0 +1,142 @@
+"""KVAllocator: hands out KV-pool slots a page at a time.
+
+The pool's `num_slots` slots are cut into pages of `page_size` consecutive slots
+(page p = slots [p*page_size, (p+1)*page_size)). Page 0 holds the reserved padding slot 0
+and is never handed out, so `num_slots // page_size - 1` pages are usable. Slots outside
+them are never used: the rest of page 0 (page_size - 1 slots) and, when `num_slots` is
+not a multiple of `page_size`, the trailing partial page.
+
+Ownership: a page is either free (here) or owned by exactly one holder (a running request
+or the radix cache). Holders free what they own with `free`; freeing a free page raises,
+which is how tests catch double frees. A sequence owns whole pages, so the unused tail of
+its last page stays reserved for it: `alloc(..., last_slot=, num_existing=)` fills that
+tail before taking new pages.
+
+Free pages sit in a stack (a numpy array with a top index) plus a free bitmap, so alloc
+and free cost O(pages touched). Freed pages are reused LIFO: the most recently freed page
+is handed out first (its memory is likely still warm in cache). Not thread-safe: the
+scheduler thread is the only caller.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class KVAllocator:
+    def __init__(self, num_slots: int, page_size: int = 1, device: torch.device | str = "cpu"):
+        if page_size < 1:
+            raise ValueError(f"page_size: must be >= 1, got {page_size}")
+        num_pages = num_slots // page_size
+        if num_pages < 2:
+            raise ValueError(
+                f"num_slots: {num_slots} slots give {num_pages} page(s) of {page_size}; "
+                "need at least 2 (page 0 is reserved)"
+            )
+        self.num_slots = num_slots
+        self.page_size = page_size
+        self.device = torch.device(device)
+        self.num_pages = num_pages
+        # Stack order: pop from the top, so the initial hand-out order is 1, 2, 3, ...
+        self._stack = np.arange(num_pages - 1, 0, -1, dtype=np.int64)
+        self._top = num_pages - 1
+        self._is_free = np.ones(num_pages, dtype=np.bool_)
+        self._is_free[0] = False
+        self._page_offsets = np.arange(page_size, dtype=np.int64)
+
+    # ---- sizes ---------------------------------------------------------------------------
+    @property
+    def num_usable_pages(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def num_usable_slots(self) -> int:
+        return self.num_usable_pages * self.page_size
+
+    @property
+    def num_free_pages(self) -> int:
+        return self._top
+
+    @property
+    def num_free_slots(self) -> int:
+        return self._top * self.page_size
+
+    def pages_needed(self, num_tokens: int, num_existing: int = 0) -> int:
+        """New pages `alloc(num_tokens, num_existing=num_existing)` would take."""
+        ps = self.page_size
+        return -(-(num_existing + num_tokens) // ps) - -(-num_existing // ps)
+
+    # ---- alloc / free --------------------------------------------------------------------
+    def alloc(
+        self, num_tokens: int, *, last_slot: int | None = None, num_existing: int = 0
+    ) -> torch.Tensor | None:
+        """Slots [num_tokens] int64 (on `device`) for the next tokens of a sequence.
+
+        The sequence already has `num_existing` tokens, the last in `last_slot`; when its
+        last page is partly used, the new tokens first take slots last_slot+1, ... of that
+        page, then whole new pages. Returns None, allocating nothing, when there are not
+        enough free pages.
+        """
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens: must be >= 0, got {num_tokens}")
+        head = self._page_tail(num_tokens, last_slot, num_existing)
+        rest = num_tokens - len(head)
+        n_pages = -(-rest // self.page_size)
+        if n_pages > self._top:
+            return None
+        pages = self._stack[self._top - n_pages : self._top].copy()
+        self._top -= n_pages
+        self._is_free[pages] = False
+        if self.page_size == 1:
+            new = pages
+        else:
+            new = (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)[:rest]
+        if len(head):
+            new = np.concatenate([head, new])
+        return torch.from_numpy(new).to(self.device)
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Return the distinct pages `slots` belong to. Raises if one is already free."""
+        if slots.numel() == 0:
+            return
+        flat = slots.detach().reshape(-1).cpu().numpy()
+        pages = flat // self.page_size if self.page_size > 1 else flat
+        uniq = np.unique(pages)
+        if self.page_size == 1 and len(uniq) != len(pages):
+            raise RuntimeError(f"double free: slots {_dups(pages)} appear twice in one free()")
+        if uniq[0] < 1 or uniq[-1] >= self.num_pages:
+            raise ValueError(
+                f"slots: pages {uniq[0]}..{uniq[-1]} out of the usable range 1..{self.num_pages - 1}"
+            )
+        already = uniq[self._is_free[uniq]]
+        if len(already):
+            raise RuntimeError(f"double free: pages {already[:8].tolist()} are already free")
+        self._is_free[uniq] = True
+        self._stack[self._top : self._top + len(uniq)] = uniq
+        self._top += len(uniq)
+
+    # ---- introspection (tests, debugging) ------------------------------------------------
+    def free_slot_mask(self, slots: torch.Tensor) -> torch.Tensor:
+        """Bool [len(slots)]: whether each slot's page is free (O(len), for checks)."""
+        pages = slots.detach().reshape(-1).cpu().numpy() // self.page_size
+        return torch.from_numpy(self._is_free[pages].copy())
+
+    def _page_tail(self, num_tokens: int, last_slot: int | None, num_existing: int) -> np.ndarray:
+        """The unused slots of the sequence's last page that the next tokens fill first."""
+        used = num_existing % self.page_size
+        if used == 0 or num_tokens == 0:
+            return np.empty(0, dtype=np.int64)
+        if last_slot is None:
+            raise ValueError(f"last_slot: required when num_existing ({num_existing}) "
+                             f"is not a multiple of page_size ({self.page_size})")
+        if last_slot % self.page_size != used - 1 or self._is_free[last_slot // self.page_size]:
+            raise ValueError(f"last_slot: {last_slot} is not the last slot of an owned page "
+                             f"holding {used} token(s)")
+        n = min(self.page_size - used, num_tokens)
+        return np.arange(last_slot + 1, last_slot + 1 + n, dtype=np.int64)
+
+
+def _dups(values: np.ndarray) -> list[int]:
+    uniq, counts = np.unique(values, return_counts=True)
+    return uniq[counts > 1][:8].tolist()

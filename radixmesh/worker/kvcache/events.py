@@ -1,0 +1,71 @@
+"""Cache events: what a worker's radix cache tells the router about its contents.
+
+The router keeps, per worker, the set of prefix-block hashes the worker's cache holds
+(hashes from `radixmesh.prefix.block_hashes`, block size `CacheConfig.event_block_size`).
+Block k of a root path (its tokens [kB, (k+1)B)) is present iff the tree holds a path
+covering at least (k+1)B tokens. Events keep that set exact:
+
+- "stored": a new tree node covering path tokens [a, b) makes the blocks whose end lies
+  in (a, b] present. `parent_hash` is the hash of the block before the first one (None
+  at the root), so a consumer that keeps a tree instead of a set can attach them.
+- "removed": an evicted node takes away the same blocks it stored.
+- "cleared": the cache was flushed (`RadixCache.reset`); drop every hash. One event
+  instead of one removal per node, because a flush should not cost a full re-hash.
+
+Node splits change no path, so they emit nothing. Listeners are called synchronously on
+the scheduler thread after the tree is consistent again; they must be cheap (append to
+a queue) and must not call back into the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+CacheEventKind = Literal["stored", "removed", "cleared"]
+
+
+@dataclass(frozen=True)
+class CacheEvent:
+    kind: CacheEventKind
+    block_hashes: tuple[int, ...]  # chained hashes, in path order
+    parent_hash: int | None  # hash of the block before block_hashes[0]; None: root
+    num_tokens: int  # tokens the blocks cover: len(block_hashes) * block size
+
+
+CacheListener = Callable[[CacheEvent], None]
+
+
+class CacheEventListeners:
+    """The listeners of one cache. `active` lets the cache skip hashing when there are none."""
+
+    def __init__(self) -> None:
+        self._fns: list[CacheListener] = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self._fns)
+
+    def add(self, fn: CacheListener) -> None:
+        self._fns.append(fn)
+
+    def remove(self, fn: CacheListener) -> None:
+        """Remove `fn`; raises ValueError if it was never added."""
+        self._fns.remove(fn)
+
+    def emit(self, event: CacheEvent) -> None:
+        for fn in self._fns:
+            fn(event)
+
+
+def replay(events: Iterable[CacheEvent], into: set[int]) -> set[int]:
+    """Apply `events` to a set of block hashes (the reference reading of the stream)."""
+    for ev in events:
+        if ev.kind == "stored":
+            into.update(ev.block_hashes)
+        elif ev.kind == "removed":
+            into.difference_update(ev.block_hashes)
+        else:
+            into.clear()
+    return into

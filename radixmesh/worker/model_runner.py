@@ -1,0 +1,146 @@
+"""Runs one scheduled batch through the model and samples.
+
+It owns the model, the KV pool, the attention backend and the sampler; the scheduler owns
+which tokens go into a batch and where their KV lives (the req->token table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixmesh.worker.attention.base import AttentionBackend
+from radixmesh.worker.batch import Batch, ForwardOutput, PromptLogprobs, ScheduledRequest
+from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.kvcache.req_table import ReqToTokenTable
+from radixmesh.worker.model.llama import LlamaForCausalLM
+from radixmesh.worker.sampler import Sampler, SamplingRow, token_logprobs
+
+
+@dataclass
+class _Rows:
+    """Which hidden rows need logits: sampled rows first, then prompt-logprob rows."""
+
+    sample_rows: list[int]
+    sample_items: list[int]  # item index of each sampled row
+    prompt_rows: list[int]
+    prompt_targets: list[int]
+    prompt_spans: list[tuple[int, int, int]]  # (item index, first scored position, count)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        attn: AttentionBackend,
+        req_table: ReqToTokenTable,
+        vocab_size: int,
+    ) -> None:
+        self.model = model
+        self.attn = attn
+        self.req_table = req_table
+        self.sampler = Sampler(vocab_size)
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch) -> ForwardOutput:
+        fb = self._forward_batch(batch)
+        self.attn.prepare(fb)
+        hidden = self.model(fb, self.attn)  # [T, hidden]
+        rows = self._rows(batch)
+        n_items = len(batch.items)
+        out = ForwardOutput(
+            next_token_ids=[None] * n_items,
+            logprobs=[None] * n_items,
+            top_logprobs=[None] * n_items,
+            prompt_logprobs=[None] * n_items,
+        )
+        all_rows = rows.sample_rows + rows.prompt_rows
+        if not all_rows:
+            return out
+        index = torch.tensor(all_rows, dtype=torch.int64, device=hidden.device)
+        logits = self.model.compute_logits(hidden.index_select(0, index))  # [N, V] fp32
+        n_sample = len(rows.sample_rows)
+        if n_sample:
+            self._sample(batch.items, rows, logits[:n_sample], out)
+        if rows.prompt_rows:
+            self._prompt_logprobs(batch.items, rows, logits[n_sample:], out)
+        return out
+
+    def _forward_batch(self, batch: Batch) -> ForwardBatch:
+        input_ids: list[int] = []
+        for item in batch.items:
+            input_ids.extend(item.req.token_ids[item.start : item.start + item.num_new_tokens])
+        return ForwardBatch.build(
+            input_ids=input_ids,
+            out_cache_loc=batch.out_cache_loc,
+            req_rows=[item.req.row for item in batch.items],  # type: ignore[misc]
+            prefix_lens=[item.start for item in batch.items],
+            extend_lens=[item.num_new_tokens for item in batch.items],
+            req_to_token=self.req_table.table,
+        )
+
+    @staticmethod
+    def _rows(batch: Batch) -> _Rows:
+        rows = _Rows([], [], [], [], [])
+        offset = 0
+        for i, item in enumerate(batch.items):
+            req, n = item.req, item.num_new_tokens
+            if item.samples and req.remaining_new_tokens > 0:
+                rows.sample_rows.append(offset + n - 1)
+                rows.sample_items.append(i)
+            if req.wants_prompt_logprobs:
+                _add_prompt_rows(rows, i, item, offset)
+            offset += n
+        return rows
+
+    def _sample(
+        self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput
+    ) -> None:
+        sampling_rows = [
+            SamplingRow(
+                params=items[i].req.params,
+                prompt_ids=items[i].req.prompt_ids,
+                output_ids=items[i].req.output_ids,
+                stop_ids=items[i].req.stop_ids,
+                generator=items[i].req.generator,
+            )
+            for i in rows.sample_items
+        ]
+        res = self.sampler.sample(logits, sampling_rows)
+        for j, i in enumerate(rows.sample_items):
+            out.next_token_ids[i] = res.token_ids[j]
+            if res.logprobs is not None:
+                out.logprobs[i] = res.logprobs[j]
+            if res.top_logprobs is not None:
+                out.top_logprobs[i] = res.top_logprobs[j]
+
+    def _prompt_logprobs(
+        self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput
+    ) -> None:
+        targets = torch.tensor(rows.prompt_targets, dtype=torch.int64, device=logits.device)
+        k = max(items[i].req.params.top_logprobs_num for i, _, _ in rows.prompt_spans)
+        lps, tops = token_logprobs(logits, targets, k)
+        at = 0
+        for i, first, count in rows.prompt_spans:
+            top_n = items[i].req.params.top_logprobs_num
+            out.prompt_logprobs[i] = PromptLogprobs(
+                first=first,
+                logprobs=[float(x) for x in lps[at : at + count]],
+                top=[t[:top_n] for t in tops[at : at + count]] if tops else [],
+            )
+            at += count
+
+
+def _add_prompt_rows(rows: _Rows, i: int, item: ScheduledRequest, offset: int) -> None:
+    """Position p's logits score token p+1; score prompt tokens from logprob_start_len on."""
+    req = item.req
+    first_scored = max(req.params.logprob_start_len or 0, 1)
+    lo = max(item.start, first_scored - 1)
+    hi = min(item.start + item.num_new_tokens, req.num_prompt_tokens - 1)
+    if hi <= lo:
+        return
+    for p in range(lo, hi):
+        rows.prompt_rows.append(offset + (p - item.start))
+        rows.prompt_targets.append(req.token_ids[p + 1])
+    rows.prompt_spans.append((i, lo + 1, hi - lo))

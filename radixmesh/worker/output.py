@@ -1,0 +1,128 @@
+"""Turns sampled tokens into request results: stop checks, text, logprobs, deltas.
+
+The scheduler calls `append_token` for every sampled token and `emit` once per step per
+request; `emit` hands the step's delta (new ids, new text, new logprobs) to the
+request's sink, and the full `meta_info` with it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from radixmesh.worker.batch import PromptLogprobs
+from radixmesh.worker.request import FinishReason, Request, RequestOutput
+
+
+class OutputProcessor:
+    def __init__(self, context_len: int) -> None:
+        self.context_len = context_len
+        # rid -> (ids, text, logprobs, top logprobs) not yet emitted
+        self._pending: dict[str, tuple[list[int], list[str], list[Any], list[Any]]] = {}
+
+    def _buf(self, req: Request) -> tuple[list[int], list[str], list[Any], list[Any]]:
+        return self._pending.setdefault(req.rid, ([], [], [], []))
+
+    def append_token(
+        self,
+        req: Request,
+        token: int,
+        logprob: float | None,
+        top: list[tuple[int, float]] | None,
+    ) -> None:
+        req.token_ids.append(token)
+        ids, text, lps, tops = self._buf(req)
+        ids.append(token)
+        if req.params.return_logprob:
+            entry = (float(logprob) if logprob is not None else 0.0, token, None)
+            req.output_token_logprobs.append(entry)
+            lps.append(entry)
+            if req.params.top_logprobs_num:
+                top_entry = [(float(lp), int(t), None) for t, lp in (top or [])]
+                req.output_top_logprobs.append(top_entry)
+                tops.append(top_entry)
+        if req.detokenizer is not None:
+            text.append(req.detokenizer.push([token]))
+        self._check_finish(req, token)
+        if req.finished and req.detokenizer is not None:
+            text.append(req.detokenizer.finish())
+
+    def _check_finish(self, req: Request, token: int) -> None:
+        params = req.params
+        n_out = req.num_output_tokens
+        if n_out >= params.min_new_tokens and token in req.stop_ids:
+            req.finish(FinishReason.STOP, token)
+        elif req.detokenizer is not None and req.detokenizer.matched_stop is not None:
+            req.finish(FinishReason.STOP, req.detokenizer.matched_stop)
+        elif n_out >= params.max_new_tokens or req.num_tokens >= self.context_len:
+            req.finish(FinishReason.LENGTH)
+
+    def add_prompt_logprobs(self, req: Request, plp: PromptLogprobs) -> None:
+        start = req.params.logprob_start_len or 0
+        have = len(req.input_token_logprobs)
+        if start == 0 and have == 0:
+            req.input_token_logprobs.append((None, req.token_ids[0], None))
+            if req.params.top_logprobs_num:
+                req.input_top_logprobs.append([])
+            have = 1
+        for i, lp in enumerate(plp.logprobs):
+            pos = plp.first + i  # the position of the scored token
+            if pos - start != have:  # already recorded (a chunk seen before a retraction)
+                continue
+            req.input_token_logprobs.append((lp, req.token_ids[pos], None))
+            if req.params.top_logprobs_num:
+                req.input_top_logprobs.append(
+                    [(float(v), int(t), None) for t, v in (plp.top[i] if plp.top else [])]
+                )
+            have += 1
+
+    def emit(self, req: Request) -> None:
+        ids, text, lps, tops = self._pending.pop(req.rid, ([], [], [], []))
+        if not ids and not req.finished:
+            return
+        if req.sink is None:
+            return
+        req.sink(
+            RequestOutput(
+                rid=req.rid,
+                new_token_ids=ids,
+                text_delta="".join(text),
+                finished=req.finished,
+                meta_info=meta_info(req),
+                new_token_logprobs=lps,
+                new_top_logprobs=tops,
+                error=req.error,
+            )
+        )
+
+
+def meta_info(req: Request) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "id": req.rid,
+        "prompt_tokens": req.num_prompt_tokens,
+        "completion_tokens": req.num_output_tokens,
+        "cached_tokens": req.num_cached_tokens,
+        "finish_reason": None,
+    }
+    if req.finish_reason is not None:
+        reason: dict[str, Any] = {"type": req.finish_reason.value}
+        if req.matched_stop is not None:
+            reason["matched"] = req.matched_stop
+        if req.finish_reason is FinishReason.LENGTH:
+            reason["length"] = req.num_output_tokens
+        if req.error is not None:
+            reason["message"] = req.error
+        info["finish_reason"] = reason
+        info["e2e_latency"] = time.monotonic() - req.arrival_time
+    if req.num_retractions:
+        info["num_retractions"] = req.num_retractions
+    # Full logprob lists only on the final message; streamed chunks carry their deltas.
+    if req.params.return_logprob and req.finished:
+        info["output_token_logprobs"] = list(req.output_token_logprobs)
+        if req.params.top_logprobs_num:
+            info["output_top_logprobs"] = list(req.output_top_logprobs)
+        if req.params.logprob_start_len is not None:
+            info["input_token_logprobs"] = list(req.input_token_logprobs)
+            if req.params.top_logprobs_num:
+                info["input_top_logprobs"] = list(req.input_top_logprobs)
+    return info

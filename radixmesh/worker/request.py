@@ -1,0 +1,123 @@
+"""A request's state inside the worker: token ids and counters, no modes.
+
+`token_ids` holds the prompt followed by every generated token. `num_computed_tokens`
+of them have KV in the cache (their slots are row `row` of the req->token table). Each
+step the scheduler computes some of the remaining `num_tokens - num_computed_tokens`:
+the whole uncached prompt (possibly in chunks), then one token per step. When a step
+computes up to `num_tokens`, its last logits are sampled and the sequence grows by one.
+Prefill and decode are the same thing at different lengths.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixmesh.sampling_params import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # eos, a stop token id or a stop string
+    LENGTH = "length"  # max_new_tokens or the context length
+    ABORT = "abort"  # aborted by the client, a disconnect, or an error
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request (deltas), handed to the request's sink."""
+
+    rid: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool
+    meta_info: dict[str, Any]
+    # Logprob deltas (SGLang's shape): (logprob, token_id, None) per new token.
+    new_token_logprobs: list[tuple[float, int, None]] = field(default_factory=list)
+    new_top_logprobs: list[list[tuple[float, int, None]]] = field(default_factory=list)
+    error: str | None = None
+
+
+Sink = Callable[[RequestOutput], None]
+
+
+@dataclass(eq=False)
+class Request:
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    sink: Sink | None = None
+    stop_ids: frozenset[int] = frozenset()
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    token_ids: list[int] = field(init=False)
+    num_prompt_tokens: int = field(init=False)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the radix cache (first admission)
+    row: int | None = None  # row in the req->token table while running
+    last_node: Any = None  # the radix node locked for this request's shared prefix
+    generator: torch.Generator | None = None
+    detokenizer: Any = None
+    finish_reason: FinishReason | None = None
+    matched_stop: str | int | None = None
+    error: str | None = None
+    num_retractions: int = 0
+    admitted: bool = False
+    first_token_time: float | None = None
+    # Logprobs accumulated for the final meta_info.
+    output_token_logprobs: list[tuple[float, int, None]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int, None]]] = field(default_factory=list)
+    input_token_logprobs: list[tuple[float | None, int, None]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int, None]]] = field(default_factory=list)
+    # Set by the policy (lpm/dfs-weight) when it ordered the queue this step.
+    prefix_hint: int = 0
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_ids)
+        self.num_prompt_tokens = len(self.prompt_ids)
+        if self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return self.params.max_new_tokens - self.num_output_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.params.return_logprob and self.params.logprob_start_len is not None
+
+    def max_prefix_match(self) -> int:
+        """How many leading tokens may come from the cache.
+
+        At least one token is always computed, so the step that reaches the end has
+        logits to sample from; prompt logprobs need their positions computed.
+        """
+        limit = self.num_tokens - 1
+        if self.wants_prompt_logprobs and self.params.logprob_start_len is not None:
+            # Token i's logprob comes from position i-1's logits: compute from start-1.
+            limit = min(limit, self.params.logprob_start_len - 1)
+        return max(limit, 0)
+
+    def finish(self, reason: FinishReason, matched: str | int | None = None) -> None:
+        self.finish_reason = reason
+        self.matched_stop = matched

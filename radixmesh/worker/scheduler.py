@@ -1,0 +1,336 @@
+"""Continuous batching over the radix cache: `step()` = schedule -> forward -> process_output.
+
+Each step has a token budget (`max_num_batched_tokens`). Running requests go first, in
+admission order: one token each when decoding, a chunk of the remaining prompt when a
+prefill was cut (chunked prefill). What budget is left admits waiting requests, in the
+policy's order: each one's longest cached prefix is locked in the radix cache and only
+the uncached suffix is computed.
+
+Memory: admission reserves room for each request's future tokens
+(`new_token_ratio` x its remaining max_new_tokens); when a step still cannot get slots,
+the cache evicts unlocked leaves, and if that is not enough the newest running request is
+retracted (its computed tokens go into the cache, its output is kept, and it is requeued
+at the front), so the older ones finish.
+
+Slot ownership, the invariant tests assert after every step:
+free slots + slots in the radix tree + slots held only by running requests == usable slots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from radixmesh.worker.batch import Batch, ForwardOutput, ScheduledRequest
+from radixmesh.worker.config import SchedulerConfig
+from radixmesh.worker.kvcache.allocator import KVAllocator
+from radixmesh.worker.kvcache.radix_cache import RadixCache
+from radixmesh.worker.kvcache.req_table import ReqToTokenTable
+from radixmesh.worker.output import OutputProcessor
+from radixmesh.worker.policy import create_policy
+from radixmesh.worker.request import FinishReason, Request
+
+
+class ModelRunnerLike:  # the one method the scheduler needs (see model_runner.py)
+    def forward(self, batch: Batch) -> ForwardOutput:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_slots_used: int  # held by running requests or the tree
+    kv_slots_total: int
+    cache_size: int
+    cache_hit_tokens: int
+    prompt_tokens: int
+    generated_tokens: int
+    num_retractions: int
+    num_steps: int
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cache_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        cache: RadixCache,
+        allocator: KVAllocator,
+        req_table: ReqToTokenTable,
+        runner: ModelRunnerLike,
+        output: OutputProcessor,
+        page_size: int = 1,
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.allocator = allocator
+        self.req_table = req_table
+        self.runner = runner
+        self.output = output
+        self.page_size = page_size
+        self.policy = create_policy(config.policy, cache, config.policy_fallback_queue_len)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._last_slot: dict[str, int] = {}  # rid -> last slot of its own pages
+        self._prompt_tokens = 0
+        self._cache_hit_tokens = 0
+        self._generated_tokens = 0
+        self._num_retractions = 0
+        self._num_steps = 0
+
+    # ---- the loop -------------------------------------------------------------------
+
+    def step(self) -> list[Request]:
+        """One iteration. Returns the requests that finished in it."""
+        batch = self.schedule()
+        if batch is None:
+            return []
+        out = self.runner.forward(batch)
+        self._num_steps += 1
+        return self.process_output(batch, out)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- requests in and out --------------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def abort(self, rid: str, reason: str = "aborted") -> bool:
+        """Abort a waiting or running request; its slots are back before this returns."""
+        for req in self.waiting:
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self._finish_abort(req, reason)
+                return True
+        for req in self.running:
+            if req.rid == rid:
+                self.running.remove(req)
+                self._release(req)
+                self._finish_abort(req, reason)
+                return True
+        return False
+
+    def abort_all(self, reason: str) -> None:
+        for req in [*self.waiting, *self.running]:
+            self.abort(req.rid, reason)
+
+    # ---- schedule -------------------------------------------------------------------
+
+    def schedule(self) -> Batch | None:
+        budget = self.config.max_num_batched_tokens
+        items: list[ScheduledRequest] = []
+        slots: list[torch.Tensor] = []
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req not in self.running:  # retracted while making room for an older one
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            new = self._alloc_or_retract(req, n)
+            if new is None:
+                continue  # `req` itself was retracted
+            items.append(ScheduledRequest(req, n))
+            slots.append(new)
+            budget -= n
+        if budget > 0:
+            self._admit(budget, items, slots)
+        if not items:
+            return None
+        return Batch(items=items, out_cache_loc=torch.cat(slots))
+
+    def _admit(self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]) -> None:
+        if not self.waiting:
+            return
+        reserved = self._reserved_tokens()
+        for req in self.policy.order(list(self.waiting)):
+            if budget == 0 or len(self.running) >= self.config.max_running_requests:
+                break
+            row = self.req_table.alloc_row()
+            if row is None:
+                break
+            match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
+            self.cache.inc_lock_ref(match.last_node)
+            need = self._future_need(req, len(match.slots))
+            if need > self._available() - reserved:
+                self.cache.dec_lock_ref(match.last_node)
+                self.req_table.free_row(row)
+                break  # keep the policy's order: no smaller request jumps ahead
+            prefix = len(match.slots)
+            n = min(req.num_tokens - prefix, budget)
+            new = self._alloc(req, n, num_existing=prefix, last_slot=None)
+            if new is None:  # reservation is an estimate; memory is the truth
+                self.cache.dec_lock_ref(match.last_node)
+                self.req_table.free_row(row)
+                break
+            self.waiting.remove(req)
+            self._start(req, row, match.slots, match.last_node)
+            self.req_table.write(row, prefix, new)
+            self._last_slot[req.rid] = int(new[-1])
+            self.running.append(req)
+            items.append(ScheduledRequest(req, n))
+            slots.append(new)
+            budget -= n
+            reserved += need
+
+    def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: object) -> None:
+        req.row = row
+        req.last_node = node
+        req.num_computed_tokens = len(prefix_slots)
+        if len(prefix_slots):
+            self.req_table.write(row, 0, prefix_slots)
+        if not req.admitted:  # count a prompt's cache hit once, not again after retraction
+            req.admitted = True
+            req.num_cached_tokens = len(prefix_slots)
+            self._prompt_tokens += req.num_prompt_tokens
+            self._cache_hit_tokens += len(prefix_slots)
+
+    def _future_need(self, req: Request, prefix: int) -> int:
+        future = int(req.remaining_new_tokens * self.config.new_token_ratio)
+        return req.num_tokens - prefix + future + self.page_size
+
+    def _reserved_tokens(self) -> int:
+        ratio = self.config.new_token_ratio
+        return sum(
+            (r.num_tokens - r.num_computed_tokens) + int(r.remaining_new_tokens * ratio)
+            for r in self.running
+        )
+
+    def _available(self) -> int:
+        return self.allocator.num_free_slots + self.cache.evictable_size()
+
+    # ---- slots ----------------------------------------------------------------------
+
+    def _alloc(
+        self, req: Request, n: int, *, num_existing: int, last_slot: int | None
+    ) -> torch.Tensor | None:
+        new = self.allocator.alloc(n, last_slot=last_slot, num_existing=num_existing)
+        if new is None:
+            self.cache.evict(n + self.page_size)
+            new = self.allocator.alloc(n, last_slot=last_slot, num_existing=num_existing)
+        return new
+
+    def _alloc_or_retract(self, req: Request, n: int) -> torch.Tensor | None:
+        """Slots for `req`'s next n tokens, retracting newer requests if memory is short."""
+        while True:
+            new = self._alloc(
+                req,
+                n,
+                num_existing=req.num_computed_tokens,
+                last_slot=self._last_slot.get(req.rid),
+            )
+            if new is not None:
+                assert req.row is not None
+                self.req_table.write(req.row, req.num_computed_tokens, new)
+                self._last_slot[req.rid] = int(new[-1])
+                return new
+            victim = self.running[-1]
+            self.retract(victim)
+            if victim is req:
+                return None
+
+    def retract(self, req: Request) -> None:
+        """Preempt a running request: keep its output, return its slots, requeue it first."""
+        self.running.remove(req)
+        self._release(req)
+        req.num_computed_tokens = 0
+        req.num_retractions += 1
+        self._num_retractions += 1
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        """Give a request's KV to the cache (which frees what it does not keep)."""
+        assert req.row is not None
+        n = req.num_computed_tokens
+        slots = self.req_table.table[req.row, :n].clone()
+        self.cache.cache_finished(req.token_ids[:n], slots, req.last_node)
+        self.req_table.free_row(req.row)
+        req.row = None
+        req.last_node = None
+        self._last_slot.pop(req.rid, None)
+
+    def _share_prefix(self, req: Request) -> None:
+        """After a prefill chunk, put the computed prefix in the tree so others reuse it."""
+        assert req.row is not None
+        n = req.num_computed_tokens - req.num_computed_tokens % self.page_size
+        if n == 0 or self.cache.disabled:
+            return
+        slots = self.req_table.table[req.row, :n].clone()
+        shared, node = self.cache.cache_unfinished(req.token_ids[:n], slots, req.last_node)
+        self.req_table.write(req.row, 0, shared)
+        req.last_node = node
+
+    # ---- process_output -------------------------------------------------------------
+
+    def process_output(self, batch: Batch, out: ForwardOutput) -> list[Request]:
+        finished: list[Request] = []
+        now = time.monotonic()
+        for i, item in enumerate(batch.items):
+            req = item.req
+            req.num_computed_tokens += item.num_new_tokens
+            plp = out.prompt_logprobs[i]
+            if plp is not None:
+                self.output.add_prompt_logprobs(req, plp)
+            if item.num_new_tokens > 1:
+                self._share_prefix(req)
+            token = out.next_token_ids[i]
+            if token is not None:
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                self._generated_tokens += 1
+                self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
+            elif item.samples and req.remaining_new_tokens <= 0:
+                req.finish(FinishReason.LENGTH)  # max_new_tokens=0: prefill only
+            if req.finished:
+                self.running.remove(req)
+                self._release(req)
+                finished.append(req)
+            self.output.emit(req)
+        return finished
+
+    def _finish_abort(self, req: Request, reason: str) -> None:
+        req.error = reason
+        req.finish(FinishReason.ABORT)
+        self.output.emit(req)
+
+    # ---- stats ----------------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        total = self.allocator.num_usable_slots
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_slots_used=total - self.allocator.num_free_slots,
+            kv_slots_total=total,
+            cache_size=self.cache.total_size(),
+            cache_hit_tokens=self._cache_hit_tokens,
+            prompt_tokens=self._prompt_tokens,
+            generated_tokens=self._generated_tokens,
+            num_retractions=self._num_retractions,
+            num_steps=self._num_steps,
+        )
+
+    def slots_held_by_requests(self) -> int:
+        """Slots owned by running requests alone (not shared from the tree)."""
+        held = 0
+        for req in self.running:
+            locked = self._locked_prefix_len(req)
+            held += req.num_computed_tokens - locked
+        return held
+
+    @staticmethod
+    def _locked_prefix_len(req: Request) -> int:
+        node, n = req.last_node, 0
+        while node is not None and node.parent is not None:
+            n += len(node.key)
+            node = node.parent
+        return n

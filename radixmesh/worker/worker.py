@@ -1,0 +1,134 @@
+"""One worker's parts, built from an `EngineConfig` and wired together.
+
+Order matters for memory: the model's weights load first, then the KV pool takes its
+budget, then the req->token table sized by the context length and max running requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.attention.registry import create_attention_backend
+from radixmesh.worker.config import EngineConfig
+from radixmesh.worker.kvcache.allocator import KVAllocator
+from radixmesh.worker.kvcache.pool import KVPool
+from radixmesh.worker.kvcache.radix_cache import RadixCache
+from radixmesh.worker.kvcache.req_table import ReqToTokenTable
+from radixmesh.worker.model.llama import LlamaForCausalLM
+from radixmesh.worker.model.loader import iter_weights, load_arch_config, load_tokenizer
+from radixmesh.worker.model_runner import ModelRunner
+from radixmesh.worker.output import OutputProcessor
+from radixmesh.worker.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+class Worker:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        mc, cc = config.model, config.cache
+        self.device = resolve_device(mc.device)
+        self.dtype = resolve_dtype(mc.dtype, self.device)
+        t0 = time.perf_counter()
+        self.arch = load_arch_config(mc.model)
+        self.tokenizer = load_tokenizer(mc.model)
+        torch.manual_seed(mc.seed)
+        self.model = LlamaForCausalLM(self.arch, dtype=self.dtype, device=self.device)
+        self.model.load_weights(
+            iter_weights(mc.model, self.arch, dtype=self.dtype, device=self.device, seed=mc.seed)
+        )
+        self.model.eval()
+        self.load_seconds = time.perf_counter() - t0
+        self.kv_pool = self._build_pool()
+        self.allocator = KVAllocator(self.kv_pool.num_slots, cc.page_size, device=self.device)
+        self.context_len = self._context_len()
+        sc = config.scheduler
+        self.req_table = ReqToTokenTable(sc.max_running_requests, self.context_len, self.device)
+        self.cache = RadixCache(
+            self.allocator,
+            cc.page_size,
+            disable=cc.disable_radix_cache,
+            event_block_size=cc.event_block_size,
+        )
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "torch"
+        attn = create_attention_backend(backend, self.kv_pool, self.arch.head_size**-0.5)
+        self.runner = ModelRunner(self.model, attn, self.req_table, self.arch.vocab_size)
+        self.scheduler = Scheduler(
+            sc,
+            cache=self.cache,
+            allocator=self.allocator,
+            req_table=self.req_table,
+            runner=self.runner,
+            output=OutputProcessor(self.context_len),
+            page_size=cc.page_size,
+        )
+        self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.arch.eos_token_ids)
+
+    def _build_pool(self) -> KVPool:
+        cc, arch = self.config.cache, self.arch
+        per_slot = KVPool.bytes_per_slot(
+            arch.num_hidden_layers, arch.num_key_value_heads, arch.head_size, self.dtype
+        )
+        if cc.kv_cache_tokens is not None:
+            slots = cc.kv_cache_tokens + cc.page_size  # + the reserved page
+        else:
+            slots = cc.kv_cache_bytes // per_slot
+        slots -= slots % cc.page_size
+        return KVPool(
+            num_slots=slots,
+            num_layers=arch.num_hidden_layers,
+            num_kv_heads=arch.num_key_value_heads,
+            head_dim=arch.head_size,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    def _context_len(self) -> int:
+        limit = self.config.model.context_length or self.arch.max_position_embeddings
+        # One request can never hold more than the pool.
+        return min(limit, self.allocator.num_usable_slots)
+
+    def stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        ids = frozenset(params.stop_token_ids)
+        return ids if params.ignore_eos else ids | self.eos_ids
+
+    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+        """Everything the model knows about: raises InvalidArgument naming the field."""
+        vocab = self.arch.vocab_size
+        for t in input_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise InvalidArgument(
+                    "input_ids", f"token id {t!r} is outside the vocabulary [0, {vocab})"
+                )
+        params.validate_for(
+            prompt_len=len(input_ids), context_len=self.context_len, vocab_size=vocab
+        )
+        if params.constraint is not None:
+            raise InvalidArgument(
+                params.constraint[0], "constrained decoding is not implemented in this worker yet"
+            )
+
+    def flush_cache(self) -> bool:
+        if self.scheduler.has_work():
+            return False
+        self.cache.reset()
+        return True
