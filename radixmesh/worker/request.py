@@ -60,6 +60,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from the radix cache (first admission)
     row: int | None = None  # row in the req->token table while running
     last_node: Any = None  # the radix node locked for this request's shared prefix
+    num_shared_tokens: int = 0  # leading tokens whose slots belong to the tree (locked)
     generator: torch.Generator | None = None
     detokenizer: Any = None
     finish_reason: FinishReason | None = None

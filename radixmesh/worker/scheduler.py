@@ -185,6 +185,7 @@ class Scheduler:
     def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: object) -> None:
         req.row = row
         req.last_node = node
+        req.num_shared_tokens = len(prefix_slots)
         req.num_computed_tokens = len(prefix_slots)
         if len(prefix_slots):
             self.req_table.write(row, 0, prefix_slots)
@@ -256,6 +257,7 @@ class Scheduler:
         self.req_table.free_row(req.row)
         req.row = None
         req.last_node = None
+        req.num_shared_tokens = 0
         self._last_slot.pop(req.rid, None)
 
     def _share_prefix(self, req: Request) -> None:
@@ -268,6 +270,7 @@ class Scheduler:
         shared, node = self.cache.cache_unfinished(req.token_ids[:n], slots, req.last_node)
         self.req_table.write(req.row, 0, shared)
         req.last_node = node
+        req.num_shared_tokens = n
 
     # ---- process_output -------------------------------------------------------------
 
@@ -320,17 +323,10 @@ class Scheduler:
         )
 
     def slots_held_by_requests(self) -> int:
-        """Slots owned by running requests alone (not shared from the tree)."""
+        """Slots owned by running requests alone (not shared from the tree), in whole pages."""
+        page = self.page_size
         held = 0
         for req in self.running:
-            locked = self._locked_prefix_len(req)
-            held += req.num_computed_tokens - locked
+            own = req.num_computed_tokens - req.num_shared_tokens
+            held += -(-own // page) * page
         return held
-
-    @staticmethod
-    def _locked_prefix_len(req: Request) -> int:
-        node, n = req.last_node, 0
-        while node is not None and node.parent is not None:
-            n += len(node.key)
-            node = node.parent
-        return n

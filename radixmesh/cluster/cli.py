@@ -1,0 +1,110 @@
+"""The `radixmesh` command line.
+
+Engine options are generated from the config dataclasses' fields in one place
+(`add_engine_options`), so every option of `Engine(**options)` is also a flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from radixmesh.errors import RadixMeshError
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    from radixmesh.worker.config import EngineConfig, option_fields
+
+    group = parser.add_argument_group("engine")
+    for name, f in option_fields():
+        flag = "--" + name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kind = _base_type(f.type)
+        if kind is bool:
+            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
+                               default=default)
+        else:
+            group.add_argument(flag, dest=name, type=kind, default=default,
+                               help=f"(default: {default})")
+    top = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    group.add_argument("--attention-backend", dest="attention_backend",
+                       default=top["attention_backend"].default)
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    from radixmesh.worker.config import option_fields
+
+    names = [name for name, _ in option_fields()] + ["attention_backend"]
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def _base_type(annotation: Any) -> type:
+    """'int | None' -> int (annotations are strings under `from __future__ import annotations`)."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    if isinstance(annotation, (types.UnionType,)) or typing.get_origin(annotation) is typing.Union:
+        text = " | ".join(getattr(a, "__name__", str(a)) for a in typing.get_args(annotation))
+    for name, typ in (("bool", bool), ("int", int), ("float", float)):
+        if text.split(" | ")[0] == name:
+            return typ
+    return str
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from radixmesh.worker.engine import Engine
+
+    engine = Engine(**engine_options(args))
+    try:
+        prompt = " ".join(args.prompt)
+        if args.raw:
+            ids = engine.tokenizer.encode(prompt)
+        else:
+            ids = engine.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        params = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+        if args.top_p is not None:
+            params["top_p"] = args.top_p
+        if args.stream:
+            for chunk in engine.generate(input_ids=ids, sampling_params=params, stream=True):
+                assert isinstance(chunk, dict)
+                print(chunk["text"], end="", flush=True)
+            print()
+        else:
+            out = engine.generate(input_ids=ids, sampling_params=params)
+            assert isinstance(out, dict)
+            print(out["text"])
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixmesh", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="complete one prompt with the chat template applied")
+    gen.add_argument("prompt", nargs="+", help="the user message")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--raw", action="store_true", help="no chat template: plain completion")
+    gen.add_argument("--stream", action="store_true", help="print tokens as they come")
+    add_engine_options(gen)
+    gen.set_defaults(func=_cmd_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except RadixMeshError as e:
+        print(f"radixmesh: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

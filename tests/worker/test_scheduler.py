@@ -1,0 +1,194 @@
+"""Scheduler behaviour on the dummy:tiny model, with exact step-by-step assertions."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixmesh.worker.request import FinishReason
+from tests.worker.factories import (
+    Recorder,
+    all_free_after_flush,
+    assert_slots_accounted,
+    make_request,
+    make_worker,
+    run_to_completion,
+)
+
+PROMPT_40 = list(range(10, 50))
+
+
+def _run_alone(prompt: list[int], max_new: int, **opts: object) -> list[int]:
+    w = make_worker(**opts)  # type: ignore[arg-type]
+    r = make_request(w, prompt, max_new_tokens=max_new)
+    w.scheduler.add_request(r)
+    run_to_completion(w)
+    return r.output_ids
+
+
+def test_chunked_prefill_splits_the_prompt_by_the_token_budget() -> None:
+    w = make_worker(max_num_batched_tokens=16)
+    rec = Recorder().attach(w)
+    r = make_request(w, PROMPT_40, rid="a", max_new_tokens=3)
+    w.scheduler.add_request(r)
+    run_to_completion(w)
+    # 16 + 16 + 8 prompt tokens (the last chunk samples), then two decode steps.
+    assert rec.steps == [[("a", 16)], [("a", 16)], [("a", 8)], [("a", 1)], [("a", 1)]]
+    assert r.finish_reason is FinishReason.LENGTH
+    assert r.output_ids == _run_alone(PROMPT_40, 3)
+    assert all_free_after_flush(w)
+
+
+def test_decode_rows_go_before_new_prefill_in_the_same_step() -> None:
+    w = make_worker(max_num_batched_tokens=16)
+    rec = Recorder().attach(w)
+    a = make_request(w, list(range(10, 20)), rid="a", max_new_tokens=4)
+    w.scheduler.add_request(a)
+    w.scheduler.step()
+    b = make_request(w, list(range(100, 130)), rid="b", max_new_tokens=2)
+    w.scheduler.add_request(b)
+    run_to_completion(w)
+    # a decodes 1 token each step; b's 30-token prompt gets the other 15 of the budget.
+    assert rec.steps[:3] == [[("a", 10)], [("a", 1), ("b", 15)], [("a", 1), ("b", 15)]]
+    assert a.output_ids == _run_alone(list(range(10, 20)), 4)
+    assert b.output_ids == _run_alone(list(range(100, 130)), 2)
+
+
+def test_retraction_under_a_tiny_pool_keeps_output_and_frees_everything() -> None:
+    prompts = [list(range(10 + 7 * i, 18 + 7 * i)) for i in range(3)]
+    w = make_worker(kv_cache_tokens=48, new_token_ratio=0.0)
+    reqs = [make_request(w, p, rid=f"q{i}", max_new_tokens=30) for i, p in enumerate(prompts)]
+    for r in reqs:
+        w.scheduler.add_request(r)
+    run_to_completion(w)
+    assert w.scheduler.stats().num_retractions > 0
+    assert sum(r.num_retractions for r in reqs) == w.scheduler.stats().num_retractions
+    for r, p in zip(reqs, prompts, strict=True):
+        assert r.finish_reason is FinishReason.LENGTH
+        assert r.output_ids == _run_alone(p, 30)
+    assert all_free_after_flush(w)
+
+
+def test_abort_mid_decode_returns_every_slot() -> None:
+    w = make_worker()
+    r = make_request(w, PROMPT_40, rid="x", max_new_tokens=50)
+    other = make_request(w, list(range(60, 70)), rid="y", max_new_tokens=5)
+    w.scheduler.add_request(r)
+    w.scheduler.add_request(other)
+    for _ in range(4):
+        w.scheduler.step()
+    assert r.num_output_tokens == 4
+    assert w.scheduler.abort("x")
+    assert_slots_accounted(w)
+    assert r.finish_reason is FinishReason.ABORT
+    assert r.outputs[-1].finished and r.outputs[-1].meta_info["finish_reason"]["type"] == "abort"
+    assert [q.rid for q in w.scheduler.running] == ["y"]
+    run_to_completion(w)
+    assert other.finish_reason is FinishReason.LENGTH
+    assert all_free_after_flush(w)
+
+
+def test_abort_of_a_waiting_request() -> None:
+    w = make_worker(max_running_requests=1)
+    a = make_request(w, [5, 6, 7], rid="a", max_new_tokens=5)
+    b = make_request(w, [8, 9, 10], rid="b", max_new_tokens=5)
+    w.scheduler.add_request(a)
+    w.scheduler.add_request(b)
+    w.scheduler.step()
+    assert w.scheduler.abort("b")
+    assert b.finish_reason is FinishReason.ABORT and b.num_output_tokens == 0
+    assert not w.scheduler.abort("nope")
+    run_to_completion(w)
+    assert all_free_after_flush(w)
+
+
+def _cache_prompt(w: object, prompt: list[int]) -> None:
+    r = make_request(w, prompt, max_new_tokens=1)  # type: ignore[arg-type]
+    w.scheduler.add_request(r)  # type: ignore[attr-defined]
+    run_to_completion(w)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [("lpm", ["b", "c", "a"]), ("fcfs", ["a", "b", "c"])],
+)
+def test_policy_admission_order(policy: str, expected: list[str]) -> None:
+    w = make_worker(policy=policy, max_running_requests=1)
+    cached = list(range(200, 232))
+    _cache_prompt(w, cached)
+    rec = Recorder().attach(w)
+    for rid, prompt in (
+        ("a", list(range(300, 308))),  # no match
+        ("b", cached + [1, 2, 3, 4]),  # 32 cached
+        ("c", cached[:16] + [7, 7, 7, 7]),  # 16 cached
+    ):
+        w.scheduler.add_request(make_request(w, prompt, rid=rid, max_new_tokens=2))
+    run_to_completion(w)
+    assert rec.admission_order() == expected
+
+
+def test_lpm_reuses_cache_and_reports_cached_tokens() -> None:
+    w = make_worker()
+    cached = list(range(200, 232))
+    _cache_prompt(w, cached)
+    rec = Recorder().attach(w)
+    b = make_request(w, cached + [1, 2, 3, 4], rid="b", max_new_tokens=2)
+    w.scheduler.add_request(b)
+    run_to_completion(w)
+    assert b.num_cached_tokens == 32
+    assert rec.steps[0] == [("b", 4)]  # only the uncached suffix is computed
+    assert b.outputs[-1].meta_info["cached_tokens"] == 32
+
+
+def test_dfs_weight_runs_the_heavier_subtree_first() -> None:
+    w = make_worker(policy="dfs-weight", max_running_requests=1)
+    q, r = list(range(200, 216)), list(range(400, 424))
+    _cache_prompt(w, q)
+    _cache_prompt(w, r)
+    rec = Recorder().attach(w)
+    for rid, prompt in (("y1", r + [1]), ("x1", q + [2]), ("x2", q + [3])):
+        w.scheduler.add_request(make_request(w, prompt, rid=rid, max_new_tokens=1))
+    run_to_completion(w)
+    # q's subtree holds two waiting requests, r's one: q's go first, in arrival order.
+    assert rec.admission_order() == ["x1", "x2", "y1"]
+
+
+def test_cache_aware_policies_fall_back_to_fcfs_on_long_queues() -> None:
+    w = make_worker(policy="lpm", max_running_requests=1, policy_fallback_queue_len=2)
+    cached = list(range(200, 232))
+    _cache_prompt(w, cached)
+    rec = Recorder().attach(w)
+    for rid, prompt in (("a", [300, 301]), ("b", cached + [1]), ("c", [5, 6])):
+        w.scheduler.add_request(make_request(w, prompt, rid=rid, max_new_tokens=1))
+    run_to_completion(w)
+    assert rec.admission_order() == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_shared_prefixes_across_concurrent_requests(page_size: int) -> None:
+    w = make_worker(page_size=page_size, max_num_batched_tokens=24)
+    base = list(range(500, 537))  # 37 tokens: not page aligned
+    reqs = [
+        make_request(w, base + [i, i + 1], rid=f"s{i}", max_new_tokens=6) for i in range(4)
+    ]
+    for r in reqs:
+        w.scheduler.add_request(r)
+    run_to_completion(w)
+    for r in reqs:
+        assert r.output_ids == _run_alone(r.prompt_ids, 6, page_size=page_size)
+    # The first request's prefill was shared with the later ones.
+    assert sum(r.num_cached_tokens for r in reqs) > 0
+    assert all_free_after_flush(w)
+
+
+def test_cache_off_gives_the_same_tokens_and_no_hits() -> None:
+    prompt = list(range(700, 740))
+    on = make_worker()
+    off = make_worker(disable_radix_cache=True)
+    for w in (on, off):
+        for i in range(2):
+            w.scheduler.add_request(make_request(w, prompt, rid=f"z{i}", max_new_tokens=5))
+        run_to_completion(w)
+    assert on.scheduler.stats().cache_hit_tokens > 0
+    assert off.scheduler.stats().cache_hit_tokens == 0
+    assert off.cache.total_size() == 0
+    assert off.allocator.num_free_slots == off.allocator.num_usable_slots
