@@ -107,7 +107,8 @@ class KVAllocator:
             raise RuntimeError(f"double free: slots {_dups(pages)} appear twice in one free()")
         if uniq[0] < 1 or uniq[-1] >= self.num_pages:
             raise ValueError(
-                f"slots: pages {uniq[0]}..{uniq[-1]} out of the usable range 1..{self.num_pages - 1}"
+                f"slots: pages {uniq[0]}..{uniq[-1]} outside the usable pages "
+                f"1..{self.num_pages - 1}"
             )
         already = uniq[self._is_free[uniq]]
         if len(already):
@@ -128,11 +129,15 @@ class KVAllocator:
         if used == 0 or num_tokens == 0:
             return np.empty(0, dtype=np.int64)
         if last_slot is None:
-            raise ValueError(f"last_slot: required when num_existing ({num_existing}) "
-                             f"is not a multiple of page_size ({self.page_size})")
+            raise ValueError(
+                f"last_slot: required when num_existing ({num_existing}) "
+                f"is not a multiple of page_size ({self.page_size})"
+            )
         if last_slot % self.page_size != used - 1 or self._is_free[last_slot // self.page_size]:
-            raise ValueError(f"last_slot: {last_slot} is not the last slot of an owned page "
-                             f"holding {used} token(s)")
+            raise ValueError(
+                f"last_slot: {last_slot} is not the last slot of an owned page "
+                f"holding {used} token(s)"
+            )
         n = min(self.page_size - used, num_tokens)
         return np.arange(last_slot + 1, last_slot + 1 + n, dtype=np.int64)
 

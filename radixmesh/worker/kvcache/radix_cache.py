@@ -1,0 +1,536 @@
+"""RadixCache: a radix tree over token ids whose nodes own KV slots (RadixAttention).
+
+Each node is one edge of the tree: `key` (token ids) and `value` (the int64 KV slots of
+those tokens, same length). A root path spells a token prefix whose KV is cached.
+
+Ownership and locking rules (callers must keep them):
+
+- The tree owns the slots of every node. `insert` takes ownership of the slots of the
+  NEW part of the key only; the caller keeps (and must free or keep using) the rest.
+  `cache_finished` / `cache_unfinished` do that bookkeeping for a request, so callers
+  normally never free slots of a cached prefix themselves.
+- The slots `match_prefix` returns may be used only while their `last_node` is locked:
+  call `inc_lock_ref(last_node)` before anything can evict (i.e. before the next
+  `evict`, `insert` or allocation that may evict), and `dec_lock_ref` exactly once later.
+  Locked nodes (and their ancestors) are never evicted; `reset` refuses while any is.
+- With `page_size` > 1 only whole pages are matched and stored: every node's key length
+  is a multiple of page_size, and splits happen at page boundaries.
+- LRU: a logical clock ticks on each match/insert; every node on the walked path gets
+  the tick. `evict` frees unlocked leaves oldest first.
+
+Cache events (see `events.py`): with listeners attached, node creation and eviction emit
+the chained block hashes (`radixmesh.prefix.block_hashes`, block `event_block_size`) of
+the blocks that end inside the node. Each node caches its blocks' hashes (`hashes`) and
+the hash of the last full block ending at or before its end (`last_hash`), so a new node
+hashes only its own tokens plus the < block_size tokens before it; a split divides the
+cached list. Hashes are computed lazily, on first emission: no listeners, no hashing.
+
+Not thread-safe: the scheduler thread is the only caller.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radixmesh.prefix import block_hashes
+from radixmesh.worker.kvcache.allocator import KVAllocator
+from radixmesh.worker.kvcache.events import (
+    CacheEvent,
+    CacheEventKind,
+    CacheEventListeners,
+    CacheListener,
+)
+
+ChildKey = int | tuple[int, ...]
+
+
+class TreeNode:
+    """One edge of the tree. Owned by RadixCache; callers hold nodes only as lock handles."""
+
+    __slots__ = (
+        "children",
+        "end",
+        "hashes",
+        "id",
+        "key",
+        "last_access",
+        "last_hash",
+        "lock_ref",
+        "parent",
+        "value",
+    )
+
+    def __init__(
+        self, key: list[int], value: torch.Tensor, parent: TreeNode | None, end: int, node_id: int
+    ) -> None:
+        self.children: dict[ChildKey, TreeNode] = {}
+        self.parent = parent  # None for the root and for evicted nodes
+        self.key = key
+        self.value = value  # [len(key)] int64 slots
+        self.end = end  # path length from the root to the end of this node
+        self.id = node_id  # creation order: the LRU tie-break
+        self.lock_ref = 0
+        self.last_access = 0
+        self.hashes: list[int] | None = None  # hashes of blocks ending in this node
+        self.last_hash: int | None = None  # valid once `hashes` is not None
+
+    @property
+    def start(self) -> int:
+        return self.end - len(self.key)
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, span=[{self.start}, {self.end}), lock={self.lock_ref})"
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    slots: torch.Tensor  # [len(matched prefix)] int64
+    last_node: TreeNode  # ends exactly at len(slots); lock it before using `slots`
+
+
+@dataclass(frozen=True)
+class RadixCacheStats:
+    total_size: int
+    evictable_size: int
+    protected_size: int
+    num_nodes: int
+    queried_tokens_total: int
+    matched_tokens_total: int
+    evicted_tokens_total: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.matched_tokens_total / max(1, self.queried_tokens_total)
+
+
+class RadixCache:
+    def __init__(
+        self,
+        allocator: KVAllocator,
+        page_size: int = 1,
+        *,
+        disable: bool = False,
+        event_block_size: int = 16,
+    ) -> None:
+        if page_size != allocator.page_size:
+            raise ValueError(
+                f"page_size: {page_size} differs from the allocator's {allocator.page_size}"
+            )
+        if event_block_size < 1 or event_block_size % page_size:
+            raise ValueError(
+                f"event_block_size: {event_block_size} is not a multiple of page_size ({page_size})"
+            )
+        self.allocator = allocator
+        self.page_size = page_size
+        self.disable = disable
+        self.event_block_size = event_block_size
+        self._listeners = CacheEventListeners()
+        self._empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
+        self._next_id = 0
+        self._queried = self._matched = self._evicted = 0
+        self._init_tree()
+
+    def _init_tree(self) -> None:
+        self.root = TreeNode([], self._empty, None, 0, self._new_id())
+        self.root.lock_ref = 1  # the root is never evicted
+        self.root.hashes = []
+        self._leaves: set[TreeNode] = set()  # unlocked or not; the root is never in it
+        self._clock = 0
+        self._evictable = self._protected = self._num_nodes = 0
+
+    @property
+    def disabled(self) -> bool:
+        """Same as `disable` (the scheduler reads this name)."""
+        return self.disable
+
+    # ---- sizes and stats -----------------------------------------------------------------
+    def total_size(self) -> int:
+        return self._evictable + self._protected
+
+    def evictable_size(self) -> int:
+        """Tokens in unlocked nodes (root excluded)."""
+        return self._evictable
+
+    def protected_size(self) -> int:
+        """Tokens in locked nodes (root excluded)."""
+        return self._protected
+
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    def stats(self) -> RadixCacheStats:
+        return RadixCacheStats(
+            self.total_size(),
+            self._evictable,
+            self._protected,
+            self._num_nodes,
+            self._queried,
+            self._matched,
+            self._evicted,
+        )
+
+    # ---- listeners -----------------------------------------------------------------------
+    def add_listener(self, fn: CacheListener) -> None:
+        """Call `fn` with each CacheEvent from now on (see events.py; `snapshot` for the past)."""
+        self._listeners.add(fn)
+
+    def remove_listener(self, fn: CacheListener) -> None:
+        self._listeners.remove(fn)
+
+    def snapshot(self) -> list[CacheEvent]:
+        """The "stored" events that rebuild the current contents, parents before children."""
+        out: list[CacheEvent] = []
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            event = self._node_event("stored", node)
+            if event is not None:
+                out.append(event)
+            stack.extend(node.children.values())
+        return out
+
+    # ---- match / insert ------------------------------------------------------------------
+    def match_prefix(self, key: Sequence[int], *, count_stats: bool = True) -> MatchResult:
+        """The longest cached page-aligned prefix of `key` and the node ending exactly there.
+
+        Splits a node when the match ends inside it. `count_stats=False` keeps the hit-rate
+        counters untouched (for priority probes that are not real lookups).
+        """
+        if self.disable:
+            return MatchResult(self._empty, self.root)
+        tokens = _as_tokens(key)
+        limit = len(tokens) - len(tokens) % self.page_size
+        node, matched, values = self._walk(tokens, limit)
+        if count_stats:
+            self._queried += len(tokens)
+            self._matched += matched
+        return MatchResult(_cat(values, self._empty), node)
+
+    def insert(self, key: Sequence[int], slots: torch.Tensor) -> int:
+        """Insert `key` with its `slots`; returns how long a prefix was already present.
+
+        The tree takes ownership of `slots[returned:]` only. `len(key)` must equal
+        `len(slots)` and be a multiple of page_size.
+        """
+        if self.disable:
+            raise RuntimeError("insert: the radix cache is disabled")
+        tokens = _as_tokens(key)
+        if len(tokens) != slots.numel():
+            raise ValueError(f"slots: length {slots.numel()} != len(key) {len(tokens)}")
+        if len(tokens) % self.page_size:
+            raise ValueError(
+                f"key: length {len(tokens)} is not a multiple of page_size {self.page_size}"
+            )
+        present, _, _ = self._insert(tokens, len(tokens), slots)
+        return present
+
+    # ---- request-level ownership ---------------------------------------------------------
+    def cache_finished(
+        self, key: Sequence[int], slots: torch.Tensor, locked_node: TreeNode
+    ) -> None:
+        """A request is done: keep its page-aligned KV in the tree, free the rest, unlock.
+
+        `slots[i]` holds the KV of `key[i]` (key may be longer: the last sampled token has
+        no KV yet). Where the tree already had a token under a different slot, the
+        request's slot is a duplicate and is freed; a slot equal to the tree's was shared
+        from it. The unaligned tail is freed. Then `dec_lock_ref(locked_node)`.
+        """
+        if self.disable:
+            self.allocator.free(slots)
+            return
+        tokens, aligned = self._request_span(key, slots)
+        present, _, tree_slots = self._insert(tokens, aligned, slots)
+        self._free_duplicates(slots[:present], tree_slots)
+        self.allocator.free(slots[aligned:])
+        self.dec_lock_ref(locked_node)
+
+    def cache_unfinished(
+        self, key: Sequence[int], slots: torch.Tensor, locked_node: TreeNode
+    ) -> tuple[torch.Tensor, TreeNode]:
+        """A running request shares its computed page-aligned prefix with the tree.
+
+        Same insertion and duplicate freeing as `cache_finished`. Returns the slots the
+        request must use from now on (same length as `slots`: the tree's slots for the
+        aligned prefix, the request's own unaligned tail unchanged) and the node ending at
+        the aligned prefix, now locked in place of `locked_node`.
+        """
+        if self.disable:
+            return slots, self.root
+        tokens, aligned = self._request_span(key, slots)
+        present, node, tree_slots = self._insert(tokens, aligned, slots)
+        self._free_duplicates(slots[:present], tree_slots)
+        new_slots = slots.clone()
+        if present:
+            new_slots[:present] = tree_slots
+        self.inc_lock_ref(node)
+        self.dec_lock_ref(locked_node)
+        return new_slots, node
+
+    def _request_span(self, key: Sequence[int], slots: torch.Tensor) -> tuple[list[int], int]:
+        tokens = _as_tokens(key)
+        n = slots.numel()
+        if len(tokens) < n:
+            raise ValueError(f"key: {len(tokens)} tokens but {n} slots")
+        return tokens, n - n % self.page_size
+
+    def _free_duplicates(self, req_slots: torch.Tensor, tree_slots: torch.Tensor) -> None:
+        if req_slots.numel():
+            dup = req_slots != tree_slots
+            if bool(dup.any()):
+                self.allocator.free(req_slots[dup])
+
+    # ---- locking -------------------------------------------------------------------------
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Lock the path node..root against eviction."""
+        if node.parent is None and node is not self.root:
+            raise RuntimeError(f"inc_lock_ref: {node} was evicted; lock right after matching")
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self._evictable -= len(node.key)
+                self._protected += len(node.key)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]  # attached: parent is set
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Undo one `inc_lock_ref(node)`."""
+        while node is not self.root:
+            if node.lock_ref <= 0:
+                raise RuntimeError(f"dec_lock_ref: {node} is not locked")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._protected -= len(node.key)
+                self._evictable += len(node.key)
+            node = node.parent  # type: ignore[assignment]
+
+    # ---- eviction and reset --------------------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        """Free at least `num_tokens` slots from unlocked leaves, least recently used first.
+
+        Parents left childless and unlocked become candidates. Returns the slots freed
+        (may be fewer than asked when everything left is locked).
+        """
+        heap = [(n.last_access, n.id, n) for n in self._leaves if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed: list[torch.Tensor] = []
+        num_freed = 0
+        while num_freed < num_tokens and heap:
+            node = heapq.heappop(heap)[2]
+            freed.append(node.value)
+            num_freed += len(node.key)
+            parent = self._remove_leaf(node)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+        if freed:
+            self.allocator.free(torch.cat(freed))
+        self._evicted += num_freed
+        return num_freed
+
+    def reset(self) -> None:
+        """Flush: free every slot in the tree and emit one "cleared" event.
+
+        Raises RuntimeError if any node is locked (a running request still uses it).
+        """
+        if self._protected:
+            raise RuntimeError(f"reset: {self._protected} tokens are locked by running requests")
+        values = [n.value for n in self._iter_nodes()]
+        if values:
+            self.allocator.free(torch.cat(values))
+        freed = self.total_size()
+        self._init_tree()
+        if self._listeners.active:
+            self._listeners.emit(CacheEvent("cleared", (), None, freed))
+
+    # ---- debugging -----------------------------------------------------------------------
+    def pretty(self, max_tokens: int = 8) -> str:
+        """The tree as indented lines: span, lock count, last access, first tokens."""
+        lines = [
+            f"root (nodes={self._num_nodes}, evictable={self._evictable}, "
+            f"protected={self._protected})"
+        ]
+        stack = [(c, 1) for c in reversed(list(self.root.children.values()))]
+        while stack:
+            node, depth = stack.pop()
+            more = "..." if len(node.key) > max_tokens else ""
+            lines.append(
+                f"{'  ' * depth}[{node.start},{node.end}) lock={node.lock_ref} "
+                f"t={node.last_access} {node.key[:max_tokens]}{more}"
+            )
+            stack.extend((c, depth + 1) for c in reversed(list(node.children.values())))
+        return "\n".join(lines)
+
+    # ---- tree internals ------------------------------------------------------------------
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _child_key(self, tokens: list[int], pos: int) -> ChildKey:
+        # Children are told apart by their first page: a page is the unit of sharing.
+        if self.page_size == 1:
+            return tokens[pos]
+        return tuple(tokens[pos : pos + self.page_size])
+
+    def _walk(self, tokens: list[int], limit: int) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """Follow tokens[:limit] down the tree, splitting where the match ends mid-node.
+
+        Returns the last node (ending exactly at the matched length), that length, and the
+        values of the nodes on the path. Touches every node on the path (LRU).
+        """
+        self._clock += 1
+        node, pos, values = self.root, 0, []
+        while pos < limit:
+            child = node.children.get(self._child_key(tokens, pos))
+            if child is None:
+                break
+            common = self._common_len(child.key, tokens, pos, limit)
+            if common < len(child.key):
+                child = self._split(child, common)
+            child.last_access = self._clock
+            values.append(child.value)
+            node, pos = child, pos + common
+        return node, pos, values
+
+    def _common_len(self, node_key: list[int], tokens: list[int], pos: int, limit: int) -> int:
+        """Page-aligned length of the common prefix of node_key and tokens[pos:limit]."""
+        m = min(len(node_key), limit - pos)
+        # Whole-slice comparison runs in C; the per-token scan runs once per walk at most.
+        if tokens[pos : pos + m] == (node_key if m == len(node_key) else node_key[:m]):
+            i = m
+        else:
+            i = 0
+            while node_key[i] == tokens[pos + i]:
+                i += 1
+        return i - i % self.page_size
+
+    def _split(self, child: TreeNode, at: int) -> TreeNode:
+        """Cut `child` after `at` tokens; the new upper node is returned, `child` keeps the
+        lower part so lock handles on it stay valid (its end does not move)."""
+        parent = child.parent
+        assert parent is not None
+        upper = TreeNode(child.key[:at], child.value[:at], parent, child.start + at, self._new_id())
+        upper.lock_ref = child.lock_ref
+        upper.last_access = child.last_access
+        if child.hashes is not None:
+            n_up = upper.end // self.event_block_size - upper.start // self.event_block_size
+            upper.hashes, child.hashes = child.hashes[:n_up], child.hashes[n_up:]
+            upper.last_hash = upper.hashes[-1] if upper.hashes else parent.last_hash
+        parent.children[self._child_key(child.key, 0)] = upper
+        child.key, child.value, child.parent = child.key[at:], child.value[at:], upper
+        upper.children[self._child_key(child.key, 0)] = child
+        self._num_nodes += 1
+        return upper
+
+    def _insert(
+        self, tokens: list[int], limit: int, slots: torch.Tensor
+    ) -> tuple[int, TreeNode, torch.Tensor]:
+        """Insert tokens[:limit] -> slots[:limit]; returns (already present length, node
+        ending at `limit`, the tree's slots of the present part)."""
+        node, present, values = self._walk(tokens, limit)
+        tree_slots = _cat(values, self._empty)
+        if present < limit:
+            # Clone: `slots` is often a view of the request table, whose row gets reused.
+            node = self._add_leaf(node, tokens[present:limit], slots[present:limit].clone())
+        return present, node, tree_slots
+
+    def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor) -> TreeNode:
+        node = TreeNode(key, value, parent, parent.end + len(key), self._new_id())
+        node.last_access = self._clock
+        parent.children[self._child_key(key, 0)] = node
+        self._leaves.discard(parent)
+        self._leaves.add(node)
+        self._evictable += len(key)
+        self._num_nodes += 1
+        if self._listeners.active:
+            self._emit("stored", node)
+        return node
+
+    def _remove_leaf(self, node: TreeNode) -> TreeNode:
+        """Detach an unlocked leaf (its slots are the caller's to free); returns its parent."""
+        if self._listeners.active:
+            self._emit("removed", node)
+        parent = node.parent
+        assert parent is not None
+        del parent.children[self._child_key(node.key, 0)]
+        self._leaves.discard(node)
+        if parent is not self.root and not parent.children:
+            self._leaves.add(parent)
+        self._evictable -= len(node.key)
+        self._num_nodes -= 1
+        node.parent = None
+        return parent
+
+    def _iter_nodes(self) -> list[TreeNode]:
+        out: list[TreeNode] = []
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    # ---- block hashes for events ---------------------------------------------------------
+    def _emit(self, kind: CacheEventKind, node: TreeNode) -> None:
+        event = self._node_event(kind, node)
+        if event is not None:
+            self._listeners.emit(event)
+
+    def _node_event(self, kind: CacheEventKind, node: TreeNode) -> CacheEvent | None:
+        self._ensure_hashes(node)
+        assert node.hashes is not None and node.parent is not None
+        if not node.hashes:
+            return None
+        parent_hash = node.parent.last_hash
+        num = len(node.hashes) * self.event_block_size
+        return CacheEvent(kind, tuple(node.hashes), parent_hash, num)
+
+    def _ensure_hashes(self, node: TreeNode) -> None:
+        """Compute missing block hashes on the path root..node, top down."""
+        chain: list[TreeNode] = []
+        while node.hashes is None:
+            chain.append(node)
+            node = node.parent  # type: ignore[assignment]  # root.hashes is never None
+        for n in reversed(chain):
+            self._hash_node(n)
+
+    def _hash_node(self, node: TreeNode) -> None:
+        """Hash the blocks ending inside `node` (its parent's hashes must be known)."""
+        parent = node.parent
+        assert parent is not None and parent.hashes is not None
+        bs = self.event_block_size
+        first, stop = node.start // bs, node.end // bs  # blocks first..stop-1 end in node
+        if first == stop:
+            node.hashes, node.last_hash = [], parent.last_hash
+            return
+        lead = _path_tail(parent, node.start - first * bs)
+        node.hashes = block_hashes(lead + node.key[: stop * bs - node.start], bs, parent.last_hash)
+        node.last_hash = node.hashes[-1]
+
+
+def _path_tail(node: TreeNode, n: int) -> list[int]:
+    """The last `n` tokens of the root path ending at `node`."""
+    parts: list[list[int]] = []
+    while n > 0:
+        take = min(n, len(node.key))
+        parts.append(node.key[len(node.key) - take :])
+        n -= take
+        node = node.parent  # type: ignore[assignment]  # n <= path length
+    return [t for part in reversed(parts) for t in part]
+
+
+def _as_tokens(key: Sequence[int]) -> list[int]:
+    if isinstance(key, list):
+        return key
+    if isinstance(key, torch.Tensor | np.ndarray):
+        tokens: list[int] = key.tolist()
+        return tokens
+    return [int(t) for t in key]
+
+
+def _cat(values: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
+    if not values:
+        return empty
+    return torch.cat(values)
