@@ -1,0 +1,141 @@
+"""Reference attention backend in plain PyTorch (SDPA): correct on CPU and GPU.
+
+Per step, `prepare` splits the batch into decode rows (one new token) and extend rows
+(several), and builds what every layer reuses: for decode rows a padded slot table and a
+key mask, for extend rows each sequence's slots and causal mask. Per layer, `forward`
+stores the new k/v, then runs one SDPA over all decode rows and one per extend row,
+reading keys through the slot table.
+
+Decode rows use grouped-query folding: with one query per sequence, the G = Hq / Hkv query
+heads sharing a KV head are laid out as G query positions of that KV head, so SDPA sees
+[Bd, Hkv, G, D] against [Bd, Hkv, L, D] with no K/V repeat. On this CPU that is 1.2x
+(float32) to 5x (bfloat16) faster than `enable_gqa=True` and 4x faster than
+repeat_interleave. It needs the query heads of a KV head to be adjacent, which is the
+Hugging Face convention (head h uses KV head h // G).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixmesh.worker.attention.base import AttentionBackend
+from radixmesh.worker.forward_batch import ForwardBatch
+
+
+@dataclass
+class DecodeRows:
+    token_index: torch.Tensor | None  # [Bd] rows of q/out; None: the batch is decode-only
+    slots: torch.Tensor  # [Bd, L] KV slot of key j; padding reads reserved slot 0
+    key_mask: torch.Tensor  # [Bd, 1, 1, L] bool: key j < seq_len
+
+
+@dataclass
+class ExtendRow:
+    start: int  # first new token in the batch
+    end: int
+    slots: torch.Tensor  # [L] KV slots of the whole sequence after this step
+    causal_mask: torch.Tensor | None  # [E, L] bool, offset by the prefix; None: no prefix
+
+
+@dataclass
+class TorchAttentionMetadata:
+    decode: DecodeRows | None
+    extends: list[ExtendRow]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    def prepare(self, batch: ForwardBatch) -> None:
+        lens = batch.extend_lens_cpu
+        starts = [0]
+        for n in lens:
+            starts.append(starts[-1] + n)
+        decode = [b for b, n in enumerate(lens) if n == 1]
+        extend = [b for b, n in enumerate(lens) if n > 1]
+        batch.attn_metadata = TorchAttentionMetadata(
+            decode=_decode_rows(batch, decode, starts) if decode else None,
+            extends=_extend_rows(batch, extend, starts) if extend else [],
+        )
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        meta: TorchAttentionMetadata = batch.attn_metadata
+        self.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
+        k_buf = self.kv_pool.k_buffers[layer_id]  # [num_slots, Hkv, D]
+        v_buf = self.kv_pool.v_buffers[layer_id]
+        if meta.decode is not None and meta.decode.token_index is None:
+            return self._decode(q, k_buf, v_buf, meta.decode)
+        out = q.new_empty(q.shape)  # [T, Hq, D]
+        if meta.decode is not None:
+            assert meta.decode.token_index is not None
+            q_dec = q.index_select(0, meta.decode.token_index)
+            out[meta.decode.token_index] = self._decode(q_dec, k_buf, v_buf, meta.decode)
+        for row in meta.extends:
+            out[row.start : row.end] = self._extend(q[row.start : row.end], k_buf, v_buf, row)
+        return out
+
+    def _decode(
+        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, rows: DecodeRows
+    ) -> torch.Tensor:
+        bd, hq, d = q.shape
+        hkv = k_buf.shape[1]
+        keys = k_buf[rows.slots].to(q.dtype).permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
+        values = v_buf[rows.slots].to(q.dtype).permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
+        q_folded = q.reshape(bd, hkv, hq // hkv, d)  # [Bd, Hkv, G, D]
+        out = F.scaled_dot_product_attention(
+            q_folded, keys, values, attn_mask=rows.key_mask, scale=self.scale
+        )  # [Bd, Hkv, G, D]
+        return out.reshape(bd, hq, d)
+
+    def _extend(
+        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, row: ExtendRow
+    ) -> torch.Tensor:
+        keys = k_buf[row.slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        values = v_buf[row.slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),  # [1, Hq, E, D]
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=row.causal_mask,
+            is_causal=row.causal_mask is None,  # no prefix: SDPA's own top-left causal mask
+            scale=self.scale,
+            enable_gqa=q.shape[1] != keys.shape[0],
+        )  # [1, Hq, E, D]
+        return out[0].transpose(0, 1)  # [E, Hq, D]
+
+
+def _decode_rows(batch: ForwardBatch, decode: list[int], starts: list[int]) -> DecodeRows:
+    device = batch.req_to_token.device
+    max_len = max(batch.seq_lens_cpu[b] for b in decode)
+    if len(decode) == batch.batch_size:
+        seq_lens, req_rows, token_index = batch.seq_lens, batch.req_rows, None
+    else:
+        index = torch.tensor(decode, dtype=torch.int64, device=device)
+        seq_lens, req_rows = batch.seq_lens[index], batch.req_rows[index]
+        token_index = torch.tensor([starts[b] for b in decode], dtype=torch.int64, device=device)
+    key_mask = torch.arange(max_len, device=device)[None, :] < seq_lens[:, None]  # [Bd, L]
+    slots = batch.req_to_token[req_rows, :max_len].masked_fill(~key_mask, 0)  # [Bd, L]
+    return DecodeRows(token_index, slots, key_mask[:, None, None, :])
+
+
+def _extend_rows(batch: ForwardBatch, extend: list[int], starts: list[int]) -> list[ExtendRow]:
+    device = batch.req_to_token.device
+    index = torch.tensor(extend, dtype=torch.int64, device=device)
+    table = batch.req_to_token[batch.req_rows[index]]  # [Be, max_context], one gather
+    rows = []
+    for i, b in enumerate(extend):
+        prefix, seq_len = batch.prefix_lens_cpu[b], batch.seq_lens_cpu[b]
+        mask = None
+        if prefix:  # new token i (absolute position prefix + i) sees keys 0 .. prefix + i
+            query_pos = torch.arange(prefix, seq_len, device=device)[:, None]
+            mask = torch.arange(seq_len, device=device)[None, :] <= query_pos  # [E, L]
+        rows.append(ExtendRow(starts[b], starts[b + 1], table[i, :seq_len], mask))
+    return rows

@@ -1,0 +1,105 @@
+"""Rotary position embedding (RoPE), Hugging Face "rotate half" layout.
+
+Head dims [0, D/2) and [D/2, D) form the pairs rotated by angle position * inv_freq[i].
+Supported `rope_scaling` types: none/"default", "linear" (positions divided by `factor`)
+and "llama3" (Llama 3.1: long wavelengths divided by `factor`, a smooth ramp between
+`high_freq_factor` and `low_freq_factor`). Anything else is rejected at construction.
+
+cos/sin are tabulated once for every position up to `max_position` in the model dtype
+(as the reference rounds them); the model looks them up once per step and every layer
+reuses them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def rope_inv_freq(
+    head_dim: int, rope_theta: float, rope_scaling: dict[str, Any] | None = None
+) -> torch.Tensor:
+    """The rotation frequency of each dim pair, [head_dim // 2] float32."""
+    # float32 on purpose: the reference computes it so; float64 would shift angles at
+    # large positions by more than the test tolerance.
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / (rope_theta**exponents)
+    rope_type = _rope_type(rope_scaling)
+    if rope_type == "default":
+        return inv_freq
+    assert rope_scaling is not None
+    factor = float(_require(rope_scaling, "factor"))
+    if rope_type == "linear":
+        return inv_freq / factor
+    return _llama3_inv_freq(inv_freq, factor, rope_scaling)
+
+
+def _rope_type(rope_scaling: dict[str, Any] | None) -> str:
+    if not rope_scaling:
+        return "default"
+    rope_type = str(rope_scaling.get("rope_type", rope_scaling.get("type", "default")))
+    if rope_type not in ("default", "linear", "llama3"):
+        raise ValueError(
+            f"rope_scaling: rope_type {rope_type!r} is not supported "
+            "(supported: default, linear, llama3)"
+        )
+    return rope_type
+
+
+def _require(rope_scaling: dict[str, Any], key: str) -> Any:
+    if key not in rope_scaling:
+        raise ValueError(f"rope_scaling.{key}: missing")
+    return rope_scaling[key]
+
+
+def _llama3_inv_freq(
+    inv_freq: torch.Tensor, factor: float, rope_scaling: dict[str, Any]
+) -> torch.Tensor:
+    low = float(_require(rope_scaling, "low_freq_factor"))
+    high = float(_require(rope_scaling, "high_freq_factor"))
+    old_context = float(_require(rope_scaling, "original_max_position_embeddings"))
+    wavelen = 2 * math.pi / inv_freq  # [D/2]
+    # 0 for long wavelengths (fully scaled), 1 for short ones (kept), a ramp in between.
+    smooth = ((old_context / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        rope_theta: float,
+        max_position: int,
+        rope_scaling: dict[str, Any] | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        inv_freq = rope_inv_freq(head_dim, rope_theta, rope_scaling)
+        positions = torch.arange(max_position, dtype=torch.float32)
+        angles = torch.outer(positions, inv_freq)  # [P, D/2]
+        cos, sin = angles.cos(), angles.sin()
+        # Full-width tables so that apply_rotary is two multiplies and an add; sin carries
+        # the sign of the rotation: out = x * cos + [x2 | x1] * [-sin | sin].
+        self.cos: torch.Tensor
+        self.sin: torch.Tensor
+        self.register_buffer(
+            "cos", torch.cat((cos, cos), -1).to(dtype=dtype, device=device), persistent=False
+        )  # [P, D]
+        self.register_buffer(
+            "sin", torch.cat((-sin, sin), -1).to(dtype=dtype, device=device), persistent=False
+        )  # [P, D]
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for `positions` [T], each [T, 1, D] (broadcast over heads)."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, H, D] by the angles of cos/sin [T, 1, D] from RotaryEmbedding."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # [T, H, D]: [x2 | x1]
+    return x * cos + swapped * sin

@@ -1,0 +1,230 @@
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2), in Hugging Face's names.
+
+Reads like transformers' `modeling_llama.py`: embed -> N x (RMSNorm, attention with
+rotary, residual, RMSNorm, SiLU MLP, residual) -> norm. Differences are for speed only:
+q/k/v and gate/up are fused projections (one matmul each), cos/sin are looked up once per
+step, and attention goes through an `AttentionBackend` over the paged KV pool. Tensor
+parallelism lives in the layers; this file never sees a rank.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from radixmesh.worker.attention.base import AttentionBackend
+from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.layers.activation import SiluAndMul
+from radixmesh.worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from radixmesh.worker.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from radixmesh.worker.layers.norm import RMSNorm
+from radixmesh.worker.layers.parallel import SINGLE, TPGroup
+from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary
+from radixmesh.worker.layers.weights import ShardId, get_weight_loader
+from radixmesh.worker.model.arch import LlamaArchConfig
+
+Device = torch.device | str | None
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, arch: LlamaArchConfig, layer_id: int, tp: TPGroup, dtype: torch.dtype, device: Device
+    ) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.head_dim = arch.head_size
+        self.qkv_proj = QKVParallelLinear(
+            arch.hidden_size,
+            self.head_dim,
+            arch.num_attention_heads,
+            arch.num_key_value_heads,
+            bias=arch.attention_bias,
+            tp=tp,
+            dtype=dtype,
+            device=device,
+        )
+        self.num_heads = self.qkv_proj.num_heads  # on this rank
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            arch.num_attention_heads * self.head_dim,
+            arch.hidden_size,
+            tp=tp,
+            dtype=dtype,
+            device=device,
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        t, h, hkv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D]
+        qk, v = qkv.split([(h + hkv) * d, hkv * d], dim=-1)
+        # q and k sit side by side in the fused output: rotate both with one set of ops.
+        qk = apply_rotary(qk.view(t, h + hkv, d), *cos_sin)  # [T, Hq + Hkv, D]
+        q, k = qk.split([h, hkv], dim=1)  # [T, Hq, D], [T, Hkv, D]
+        out = attn.forward(q, k, v.view(t, hkv, d), self.layer_id, batch)  # [T, Hq, D]
+        return self.o_proj(out.reshape(t, h * d))  # [T, hidden]
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, arch: LlamaArchConfig, tp: TPGroup, dtype: torch.dtype, device: Device):
+        super().__init__()
+        size = arch.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            arch.hidden_size, [size, size], tp=tp, dtype=dtype, device=device
+        )
+        self.down_proj = RowParallelLinear(
+            size, arch.hidden_size, tp=tp, dtype=dtype, device=device
+        )
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # [T, hidden]
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, arch: LlamaArchConfig, layer_id: int, tp: TPGroup, dtype: torch.dtype, device: Device
+    ) -> None:
+        super().__init__()
+        eps = arch.rms_norm_eps
+        self.self_attn = LlamaAttention(arch, layer_id, tp, dtype, device)
+        self.mlp = LlamaMLP(arch, tp, dtype, device)
+        self.input_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        residual = hidden
+        hidden = self.self_attn(self.input_layernorm(hidden), cos_sin, batch, attn)
+        hidden = residual + hidden
+        residual = hidden
+        hidden = self.mlp(self.post_attention_layernorm(hidden))
+        return residual + hidden  # [T, hidden]
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, arch: LlamaArchConfig, tp: TPGroup, dtype: torch.dtype, device: Device):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(
+            arch.vocab_size, arch.hidden_size, tp=tp, dtype=dtype, device=device
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(arch, i, tp, dtype, device) for i in range(arch.num_hidden_layers)
+        )
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype=dtype, device=device)
+        self.rotary_emb = RotaryEmbedding(
+            arch.head_size,
+            rope_theta=arch.rope_theta,
+            max_position=arch.max_position_embeddings,
+            rope_scaling=arch.rope_scaling,
+            dtype=dtype,
+            device=device,
+        )
+
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        hidden = self.embed_tokens(batch.input_ids)  # [T, hidden]
+        cos_sin = self.rotary_emb(batch.positions)  # once per step, shared by every layer
+        for layer in self.layers:
+            hidden = layer(hidden, cos_sin, batch, attn)
+        return self.norm(hidden)  # [T, hidden]
+
+
+# Checkpoint projections that live inside a fused parameter here: (checkpoint piece,
+# our piece, shard id given to the fused parameter's weight_loader).
+_FUSED: tuple[tuple[str, str, ShardId], ...] = (
+    (".q_proj.", ".qkv_proj.", "q"),
+    (".k_proj.", ".qkv_proj.", "k"),
+    (".v_proj.", ".qkv_proj.", "v"),
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+)
+# Tensors some checkpoints carry that the model derives itself.
+_IGNORED = re.compile(r"rotary_emb\.inv_freq$")
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(
+        self,
+        arch: LlamaArchConfig,
+        *,
+        tp: TPGroup | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: Device = "cpu",
+    ) -> None:
+        super().__init__()
+        tp = tp or SINGLE
+        self.arch = arch
+        self.model = LlamaModel(arch, tp, dtype, device)
+        self.lm_head = ParallelLMHead(
+            arch.vocab_size, arch.hidden_size, tp=tp, dtype=dtype, device=device
+        )
+        if arch.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """Final-normed hidden states of every new token, [T, hidden]."""
+        return self.model(batch, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, vocab] float32 of the rows of `hidden` [N, hidden] the caller needs."""
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full (unsharded) tensors under Hugging Face names; each parameter's
+        weight_loader takes this rank's slice. Every parameter must be given exactly once."""
+        params = dict(self.named_parameters())  # a tied lm_head.weight appears once
+        expected = {name for ours in params for name in _checkpoint_names(ours)}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if _IGNORED.search(name) or (
+                self.arch.tie_word_embeddings and name == "lm_head.weight"
+            ):
+                continue
+            if name not in expected:
+                raise ValueError(f"unexpected weight {name!r}: the model has no such parameter")
+            if name in loaded:
+                raise ValueError(f"weight {name!r} given twice")
+            target, shard_id = _to_fused(name)
+            param = params[target]
+            try:
+                get_weight_loader(param)(param, tensor, shard_id)
+            except ValueError as e:
+                raise ValueError(f"weight {name!r}: {e}") from None
+            loaded.add(name)
+        missing = sorted(expected - loaded)
+        if missing:
+            shown = ", ".join(missing[:8]) + (
+                f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+            )
+            raise ValueError(f"missing weights: {shown}")
+
+
+def _to_fused(name: str) -> tuple[str, ShardId]:
+    """Checkpoint name -> (our parameter name, shard id within it)."""
+    for theirs, ours, shard_id in _FUSED:
+        if theirs in name:
+            return name.replace(theirs, ours), shard_id
+    return name, None
+
+
+def _checkpoint_names(param_name: str) -> list[str]:
+    """Our parameter name -> the checkpoint names that fill it."""
+    names = [param_name.replace(ours, theirs) for theirs, ours, _ in _FUSED if ours in param_name]
+    return names or [param_name]
