@@ -1,0 +1,293 @@
+"""Offline throughput: radixmesh's engine vs Hugging Face transformers, side by side.
+
+Workloads (the CPU set, bundled SmolLM2-135M-Instruct):
+  throughput     32 requests x 128 new tokens (greedy, ignore_eos), varied chat prompts
+  shared_prefix  4 groups x 8 requests sharing a 512-token prefix, 16 new tokens each,
+                 with the radix cache on and off
+The baseline is `model.generate` on one left-padded batch of the same prompts (its best
+case on CPU: one batched call). Both run greedy in float32 on the same weights.
+
+Prints a table and writes JSON to bench/results/ (machine, date, versions, figures).
+Run: `.venv/bin/python bench/offline.py [--model smollm2] [--skip-baseline]`.
+The same script drives GPU runs: `--model dummy:llama-3-8b --device cuda --workloads gpu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from radixmesh.worker.engine import Engine  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+QUESTIONS = [
+    "Explain how a bicycle stays upright.", "Write a haiku about autumn rain.",
+    "What causes the seasons on Earth?", "Give three tips for learning a language.",
+    "Describe the water cycle.", "Why is the sky blue?", "How do vaccines work?",
+    "Summarize the plot of Romeo and Juliet.", "What is a prime number?",
+    "List four renewable energy sources.", "How does a refrigerator keep food cold?",
+    "What is photosynthesis?", "Explain gravity to a child.", "Why do cats purr?",
+    "How are rainbows formed?", "What does a compiler do?", "Describe a healthy breakfast.",
+    "What is the speed of light?", "Why do leaves change color?", "How do bees make honey?",
+    "What is machine learning?", "Describe the Eiffel Tower.", "How do airplanes fly?",
+    "What is inflation in economics?", "Write a short poem about the sea.",
+    "How does the heart pump blood?", "What is a black hole?", "Name five musical instruments.",
+    "Explain what DNA is.", "How do volcanoes erupt?", "What are the phases of the Moon?",
+    "Why is exercise important?",
+]
+
+PASSAGES = [
+    "The history of cartography is the story of people trying to picture the world. ",
+    "Modern compilers translate source code through many intermediate representations. ",
+    "Coral reefs are built by colonies of tiny animals that secrete calcium carbonate. ",
+    "The industrial revolution changed how goods were made, moved and sold worldwide. ",
+]
+
+
+@dataclass
+class Workload:
+    name: str
+    prompts: list[list[int]]
+    max_new_tokens: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def cpu_workloads(tok: Any, vocab: int) -> list[Workload]:
+    chat = [tok.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS[:32]]
+    shared: list[list[int]] = []
+    for g, passage in enumerate(PASSAGES):
+        prefix = (tok.encode(passage) * 200)[:512]
+        for i in range(8):
+            shared.append(prefix + tok.encode(f" Question {g}.{i}: {QUESTIONS[g * 8 + i]}"))
+    return [
+        Workload("throughput", chat, 128, {"requests": 32, "new_tokens": 128}),
+        Workload("shared_prefix", shared, 16,
+                 {"groups": 4, "per_group": 8, "prefix_tokens": 512, "new_tokens": 16}),
+    ]
+
+
+def gpu_workloads(tok: Any, vocab: int) -> list[Workload]:
+    rng = random.Random(0)
+    rand = [[rng.randrange(256, vocab) for _ in range(512)] for _ in range(256)]
+    shared: list[list[int]] = []
+    for _ in range(16):
+        prefix = [rng.randrange(256, vocab) for _ in range(1536)]
+        shared += [prefix + [rng.randrange(256, vocab) for _ in range(64)] for _ in range(64)]
+    return [
+        Workload("throughput", rand, 256, {"requests": 256, "input": 512, "new_tokens": 256}),
+        Workload("shared_prefix", shared, 8,
+                 {"groups": 16, "per_group": 64, "prefix_tokens": 1536, "own": 64,
+                  "new_tokens": 8}),
+    ]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_engine(engine: Engine, w: Workload) -> dict[str, Any]:
+    params = {"temperature": 0.0, "max_new_tokens": w.max_new_tokens, "ignore_eos": True}
+    t0 = time.perf_counter()
+    outs = engine.generate(input_ids=w.prompts, sampling_params=params)
+    dt = time.perf_counter() - t0
+    assert isinstance(outs, list)
+    out_tokens = sum(len(o["output_ids"]) for o in outs)
+    cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
+    return {
+        "seconds": dt,
+        "output_tokens": out_tokens,
+        "output_tok_per_s": out_tokens / dt,
+        "req_per_s": len(w.prompts) / dt,
+        "cached_tokens": cached,
+        "prompt_tokens": sum(len(p) for p in w.prompts),
+    }
+
+
+def run_hf(model: Any, w: Workload, pad_id: int, device: str) -> dict[str, Any]:
+    width = max(len(p) for p in w.prompts)
+    ids = torch.full((len(w.prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(w.prompts):  # left padding, as generate expects
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+            max_new_tokens=w.max_new_tokens, min_new_tokens=w.max_new_tokens,
+            pad_token_id=pad_id,
+        )
+    dt = time.perf_counter() - t0
+    out_tokens = int((out.shape[1] - width) * out.shape[0])
+    return {"seconds": dt, "output_tokens": out_tokens, "output_tok_per_s": out_tokens / dt,
+            "req_per_s": len(w.prompts) / dt}
+
+
+def load_hf_model(spec: str, device: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    from radixmesh.worker.model.gguf import ensure_converted
+    from radixmesh.worker.model.loader import resolve_model
+
+    src = resolve_model(spec)
+    if src.kind == "gguf":
+        path = str(ensure_converted(src.path or ""))
+    elif src.kind == "hf":
+        path = src.path or ""
+    else:
+        raise SystemExit("the transformers baseline needs real weights (gguf or hf directory)")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info: dict[str, Any] = {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
+                            "torch_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--workloads", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
+    ap.add_argument("--max-running-requests", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    common = dict(device=args.device, dtype=args.dtype, kv_cache_bytes=args.kv_cache_bytes,
+                  max_running_requests=args.max_running_requests,
+                  max_num_batched_tokens=args.max_num_batched_tokens)
+    rss_before = rss_bytes()
+    engine = Engine(args.model, **common)
+    rss_loaded = rss_bytes()
+    pool_bytes = engine.worker.kv_pool.nbytes
+    make = gpu_workloads if args.workloads == "gpu" else cpu_workloads
+    workloads = make(engine.tokenizer, engine.worker.arch.vocab_size)
+    engine.generate(input_ids=workloads[0].prompts[:2],
+                    sampling_params={"max_new_tokens": 4, "temperature": 0})  # warm-up
+    engine.flush_cache()
+    results: dict[str, Any] = {}
+    for w in workloads:
+        results[w.name] = {"workload": w.meta, "radixmesh": run_engine(engine, w)}
+        engine.flush_cache()
+    rss_after = rss_bytes()
+    peak_ours = peak_rss_bytes()
+    engine.shutdown()
+    del engine
+    gc.collect()
+
+    off = Engine(args.model, disable_radix_cache=True, **common)
+    off.generate(input_ids=workloads[1].prompts[:2], sampling_params={"max_new_tokens": 2})
+    results["shared_prefix"]["radixmesh_cache_off"] = run_engine(off, workloads[1])
+    off.shutdown()
+    del off
+    gc.collect()
+
+    if not args.skip_baseline:
+        device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
+            "cpu" if args.device == "auto" else args.device)
+        hf = load_hf_model(args.model, device)
+        pad = hf.config.eos_token_id
+        pad = pad[0] if isinstance(pad, list) else (pad or 0)
+        run_hf(hf, Workload("warm", workloads[0].prompts[:2], 4), pad, device)
+        for w in workloads:
+            results[w.name]["transformers"] = run_hf(hf, w, pad, device)
+
+    memory = {
+        "rss_before_engine": rss_before,
+        "rss_engine_loaded": rss_loaded,
+        "rss_after_workloads": rss_after,
+        "peak_rss_engine_phase": peak_ours,
+        "kv_pool_bytes": pool_bytes,
+        "kv_budget_bytes": args.kv_cache_bytes,
+        "kv_pool_vs_budget": pool_bytes / args.kv_cache_bytes,
+        "process_minus_kv_pool": peak_ours - pool_bytes,
+    }
+    ratios = _ratios(results)
+    report = {
+        "benchmark": "offline", "model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(), "versions": versions(), "results": results, "ratios": ratios,
+        "memory": memory,
+    }
+    _print_table(results, ratios, memory)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tag = "gpu" if args.workloads == "gpu" else "cpu"
+    path = Path(args.out) if args.out else RESULTS / f"offline-{tag}-{time.strftime('%Y%m%d')}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {path}")
+
+
+def _ratios(results: dict[str, Any]) -> dict[str, float]:
+    r: dict[str, float] = {}
+    tp = results["throughput"]
+    if "transformers" in tp:
+        r["throughput_vs_transformers"] = (
+            tp["radixmesh"]["output_tok_per_s"] / tp["transformers"]["output_tok_per_s"])
+    sp = results["shared_prefix"]
+    r["shared_prefix_cache_on_vs_off"] = (
+        sp["radixmesh"]["req_per_s"] / sp["radixmesh_cache_off"]["req_per_s"])
+    if "transformers" in sp:
+        r["shared_prefix_vs_transformers"] = (
+            sp["radixmesh"]["req_per_s"] / sp["transformers"]["req_per_s"])
+    return r
+
+
+def _print_table(results: dict[str, Any], ratios: dict[str, float], mem: dict[str, Any]) -> None:
+    print(f"\n{'workload':<15}{'system':<22}{'seconds':>9}{'out tok/s':>11}{'req/s':>9}"
+          f"{'cached':>9}")
+    for name, res in results.items():
+        for system, fig in res.items():
+            if system == "workload":
+                continue
+            print(f"{name:<15}{system:<22}{fig['seconds']:>9.2f}{fig['output_tok_per_s']:>11.1f}"
+                  f"{fig['req_per_s']:>9.2f}{fig.get('cached_tokens', ''):>9}")
+    print()
+    for k, v in ratios.items():
+        print(f"{k:<34}{v:>8.2f}x")
+    gb = 1 << 30
+    print(f"peak RSS (engine phase) {mem['peak_rss_engine_phase'] / gb:.2f} GiB, KV pool "
+          f"{mem['kv_pool_bytes'] / gb:.2f} GiB ({mem['kv_pool_vs_budget']:.1%} of budget), "
+          f"process minus pool {mem['process_minus_kv_pool'] / gb:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
