@@ -132,11 +132,17 @@ class Sampler:
     def _apply_rules(
         self, logits: torch.Tensor, rows: Sequence[SamplingRow], vocab_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        logits = logits.float().clone()  # [N, V]; callers' logits stay untouched
+        """`[N, V]` float logits after penalties, bans and the mask; never the caller's."""
         pen_rows = [i for i, r in enumerate(rows) if _needs_penalty(r.params)]
+        bans = self._ban_pairs(rows)
+        if not pen_rows and not bans and vocab_mask is None:
+            return logits.float()  # nothing downstream writes into it
+        logits = logits.float().clone()  # [N, V]
         if pen_rows:
             logits[pen_rows] = self._penalized(logits[pen_rows], [rows[i] for i in pen_rows])
-        self._ban_stops(logits, rows)
+        if bans:
+            row_idx, tok_idx = zip(*bans, strict=True)
+            logits[list(row_idx), list(tok_idx)] = -math.inf
         if vocab_mask is not None:
             logits.masked_fill_(~vocab_mask[:, : self.vocab_size], -math.inf)
         return logits
@@ -168,17 +174,15 @@ class Sampler:
         row_of = torch.repeat_interleave(torch.arange(m, device=device), lengths)
         return torch.bincount(row_of * v + flat, minlength=m * v).view(m, v)
 
-    def _ban_stops(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
-        pairs = [
+    def _ban_pairs(self, rows: Sequence[SamplingRow]) -> list[tuple[int, int]]:
+        """(row, token) pairs of stop ids banned by min_new_tokens this step."""
+        return [
             (i, t)
             for i, r in enumerate(rows)
             if _min_tokens_active(r)
             for t in r.stop_ids
             if t < self.vocab_size
         ]
-        if pairs:
-            row_idx, tok_idx = zip(*pairs, strict=True)
-            logits[list(row_idx), list(tok_idx)] = -math.inf
 
     # --- drawing ------------------------------------------------------------------------
 
@@ -248,7 +252,7 @@ def _top_k_top_p_sorted(x: torch.Tensor, ks: list[int], top_ps: list[float]) -> 
     mass_before = probs.cumsum(dim=-1) - probs  # [S, V]
     # p = 1 must keep everything: rounding can push the cumulative mass past 1.0.
     p = torch.tensor([tp if tp < 1.0 else math.inf for tp in top_ps], device=dev)[:, None]
-    remove_sorted = (mass_before > p) | torch.isinf(sorted_x)  # [S, V]
+    remove_sorted = (mass_before > p) | (sorted_x == -math.inf)  # [S, V]
     remove = torch.empty_like(remove_sorted).scatter_(-1, order, remove_sorted)
     x.masked_fill_(remove, -math.inf)
 

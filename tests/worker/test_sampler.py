@@ -1,0 +1,319 @@
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.sampler import (
+    Sampler,
+    SamplingRow,
+    _filtered,
+    make_generator,
+    stop_token_set,
+    token_logprobs,
+)
+
+
+def row(
+    prompt: Sequence[int] = (),
+    output: Sequence[int] = (),
+    stop_ids: Sequence[int] = (),
+    **params: object,
+) -> SamplingRow:
+    p = SamplingParams(**params)  # type: ignore[arg-type]
+    gen = make_generator(p.seed) if p.seed is not None else None
+    return SamplingRow(p, list(prompt), list(output), frozenset(stop_ids), gen)
+
+
+def many(n: int, **params: Any) -> list[SamplingRow]:
+    return [row(**params) for _ in range(n)]
+
+
+def draws(logits_row: torch.Tensor, n: int, **params: Any) -> torch.Tensor:
+    """`[n]` tokens drawn for n copies of one `[V]` logits row in one batch."""
+    sampler = Sampler(logits_row.shape[-1])
+    logits = logits_row.expand(n, -1).contiguous()
+    return torch.tensor(sampler.sample(logits, many(n, **params)).token_ids)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def test_greedy_equals_argmax() -> None:
+    logits = torch.randn(7, 50)
+    out = Sampler(50).sample(logits, many(7, temperature=0.0))
+    assert out.token_ids == logits.argmax(-1).tolist()
+    assert out.logprobs is None and out.top_logprobs is None
+
+
+def test_top_k_1_equals_greedy() -> None:
+    logits = torch.randn(7, 50)
+    out = Sampler(50).sample(logits, many(7, top_k=1, temperature=1.3))
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def test_greedy_ignores_padded_vocab_columns() -> None:
+    logits = torch.zeros(2, 12)
+    logits[:, 11] = 100.0  # padding column past the real vocabulary
+    logits[0, 3] = 1.0
+    logits[1, 5] = 1.0
+    assert Sampler(10).sample(logits, many(2, temperature=0.0)).token_ids == [3, 5]
+    assert all(t < 10 for t in Sampler(10).sample(logits, many(2)).token_ids)
+
+
+def test_logits_not_modified() -> None:
+    logits = torch.randn(3, 20)
+    before = logits.clone()
+    rows = [
+        row(output=[1, 2], repetition_penalty=1.5, temperature=0.5, top_p=0.5),
+        row(output=[], stop_ids=[3], min_new_tokens=2),
+        row(temperature=0.0, return_logprob=True),
+    ]
+    Sampler(20).sample(logits, rows, vocab_mask=torch.ones(3, 20, dtype=torch.bool))
+    assert torch.equal(logits, before)
+
+
+def test_seeded_sampling_reproducible_and_batch_independent() -> None:
+    v, steps = 64, 20
+    gen_logits = torch.Generator().manual_seed(123)
+    seq = [torch.randn(v, generator=gen_logits) * 2 for _ in range(steps)]
+    others_logits = [torch.randn(4, v, generator=gen_logits) for _ in range(steps)]
+    sampler = Sampler(v)
+    params: dict[str, Any] = dict(seed=42, temperature=0.9, top_p=0.9)
+
+    def run_alone() -> list[int]:
+        r = row(**params)
+        return [sampler.sample(seq[s][None], [r]).token_ids[0] for s in range(steps)]
+
+    def run_batched() -> list[int]:
+        r = row(**params)
+        others = [row(), row(temperature=0.0), row(top_k=5), row(seed=7, min_p=0.1)]
+        out = []
+        for s in range(steps):
+            logits = torch.cat([others_logits[s][:2], seq[s][None], others_logits[s][2:]])
+            out.append(sampler.sample(logits, [*others[:2], r, *others[2:]]).token_ids[2])
+        return out
+
+    alone = run_alone()
+    assert run_alone() == alone
+    assert run_batched() == alone
+    assert len(set(alone)) > 1  # actually random, not collapsed to argmax
+
+
+def test_different_seeds_differ() -> None:
+    logits = torch.zeros(1, 1000)
+    sampler = Sampler(1000)
+    a, b = row(seed=1), row(seed=2)
+    assert [sampler.sample(logits, [a]).token_ids[0] for _ in range(3)] != [
+        sampler.sample(logits, [b]).token_ids[0] for _ in range(3)
+    ]
+
+
+def test_top_k_stays_in_allowed_set() -> None:
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.0, 2.5, 0.0, 1.0, -2.0])
+    tokens = draws(logits, 4000, top_k=3)
+    assert set(tokens.tolist()) == {1, 3, 4}
+
+
+def test_top_p_stays_in_allowed_set() -> None:
+    probs = torch.tensor([0.05, 0.4, 0.02, 0.3, 0.1, 0.13])
+    # Descending: 0.4, 0.3, 0.13 | 0.1 ... -> mass 0.83 >= 0.8 after three tokens.
+    tokens = draws(probs.log(), 4000, top_p=0.8)
+    assert set(tokens.tolist()) == {1, 3, 5}
+
+
+def test_top_p_1_keeps_whole_vocab_when_batch_is_sorted() -> None:
+    # Float cumsum over 49152 probabilities passes 1.0 well before the tail; a row with
+    # top_p=1 sharing the sorted path with a top_p<1 row must still keep every token.
+    x = torch.randn(2, 49152) * 3
+    filtered = _filtered(x, [SamplingParams(top_p=0.5), SamplingParams(top_p=1.0)])
+    assert torch.isfinite(filtered[1]).all()
+    assert torch.isinf(filtered[0]).any()
+
+
+def test_top_k_then_top_p_renormalizes() -> None:
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    # top_k=2 leaves (0.4, 0.3) -> renormalized (0.571, 0.429); top_p=0.5 keeps only 0.
+    tokens = draws(probs.log(), 2000, top_k=2, top_p=0.5)
+    assert set(tokens.tolist()) == {0}
+
+
+def test_min_p_stays_in_allowed_set() -> None:
+    probs = torch.tensor([0.5, 0.2, 0.26, 0.04])
+    # min_p 0.5 -> keep p >= 0.25: tokens 0 and 2.
+    tokens = draws(probs.log(), 4000, min_p=0.5)
+    assert set(tokens.tolist()) == {0, 2}
+
+
+def test_mixed_batch_filters_apply_per_row() -> None:
+    logits = torch.arange(10, dtype=torch.float32).expand(4, -1).contiguous()  # 9 is best
+    rows = [row(top_k=2), row(top_p=0.5), row(), row(temperature=0.0)]
+    sampler = Sampler(10)
+    seen: list[set[int]] = [set(), set(), set(), set()]
+    for _ in range(500):
+        for i, t in enumerate(sampler.sample(logits, rows).token_ids):
+            seen[i].add(t)
+    assert seen[0] == {8, 9}
+    assert seen[1] == {9}  # p(9) = 0.63 >= 0.5
+    assert len(seen[2]) > 3
+    assert seen[3] == {9}
+
+
+def test_temperature_distribution() -> None:
+    logits = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0])
+    n = 40000
+    for temp in (0.5, 1.0, 2.0):
+        tokens = draws(logits, n, temperature=temp)
+        freq = torch.bincount(tokens, minlength=5).float() / n
+        expected = torch.softmax(logits / temp, dim=-1)
+        assert torch.allclose(freq, expected, atol=0.012), (temp, freq, expected)
+
+
+def test_seeded_distribution_matches_softmax() -> None:
+    logits = torch.tensor([[1.0, 0.0, -1.0]])
+    sampler = Sampler(3)
+    r = row(seed=5)
+    tokens = torch.tensor([sampler.sample(logits, [r]).token_ids[0] for _ in range(6000)])
+    freq = torch.bincount(tokens, minlength=3).float() / 6000
+    assert torch.allclose(freq, torch.softmax(logits[0], -1), atol=0.02)
+
+
+def _penalized_logits(logits: torch.Tensor, r: SamplingRow) -> torch.Tensor:
+    # Logprobs are log_softmax of the penalized logits; shift-invariance lets us compare.
+    out = Sampler(logits.shape[-1]).sample(logits[None], [r])
+    assert out.top_logprobs is not None
+    pairs = sorted(out.top_logprobs[0])
+    return torch.tensor([lp for _, lp in pairs])
+
+
+def test_repetition_penalty_formula() -> None:
+    logits = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0])
+    r = row(prompt=[0, 1], output=[3], repetition_penalty=2.0, temperature=0.0,
+            return_logprob=True, top_logprobs_num=6)
+    expected = torch.tensor([1.0, -2.0, 0.5, -6.0, 1.0, 0.0])  # /2 if > 0, *2 if < 0
+    got = _penalized_logits(logits, r)
+    assert torch.allclose(got, torch.log_softmax(expected, -1), atol=1e-6)
+
+
+def test_frequency_and_presence_penalty_formula() -> None:
+    logits = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0])
+    r = row(prompt=[4, 4, 5], output=[0, 0, 0, 2, 3, 3], frequency_penalty=0.5,
+            presence_penalty=0.25, temperature=0.0, return_logprob=True, top_logprobs_num=6)
+    counts = torch.tensor([3.0, 0, 1, 2, 0, 0])  # output only: prompt tokens 4, 5 untouched
+    expected = logits - 0.5 * counts - 0.25 * (counts > 0).float()
+    got = _penalized_logits(logits, r)
+    assert torch.allclose(got, torch.log_softmax(expected, -1), atol=1e-6)
+
+
+def test_all_penalties_combined_and_rows_independent() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5, -3.0], [1.0, 1.0, 1.0, 1.0]])
+    rows = [
+        row(prompt=[1], output=[0, 0], repetition_penalty=1.25, frequency_penalty=-0.5,
+            presence_penalty=1.0, temperature=0.0, return_logprob=True, top_logprobs_num=4),
+        row(output=[0, 1, 2], temperature=0.0, return_logprob=True, top_logprobs_num=4),
+    ]
+    out = Sampler(4).sample(logits, rows)
+    assert out.top_logprobs is not None
+    # Row 0: rep (2/1.25=1.6, -1*1.25=-1.25), then freq -(-0.5*2) = +1, pres -1 on token 0.
+    expected0 = torch.tensor([1.6 + 1.0 - 1.0, -1.25, 0.5, -3.0])
+    got0 = torch.tensor([lp for _, lp in sorted(out.top_logprobs[0])])
+    assert torch.allclose(got0, torch.log_softmax(expected0, -1), atol=1e-6)
+    got1 = torch.tensor([lp for _, lp in sorted(out.top_logprobs[1])])
+    assert torch.allclose(got1, torch.log_softmax(logits[1], -1), atol=1e-6)
+
+
+def test_min_new_tokens_bans_stop_ids() -> None:
+    logits = torch.tensor([[0.0, 5.0, 9.0, 8.0]]).expand(3, -1).contiguous()
+    rows = [
+        row(output=[1], stop_ids=[2, 3], min_new_tokens=2, temperature=0.0),  # banned
+        row(output=[1, 1], stop_ids=[2, 3], min_new_tokens=2, temperature=0.0),  # reached
+        row(output=[1], stop_ids=[2], min_new_tokens=2),  # sampled: 2 never drawn
+    ]
+    sampler = Sampler(4)
+    assert sampler.sample(logits, rows).token_ids[:2] == [1, 2]
+    sampled = {sampler.sample(logits, rows).token_ids[2] for _ in range(300)}
+    assert 2 not in sampled and 3 in sampled
+
+
+def test_stop_token_set_respects_ignore_eos() -> None:
+    assert stop_token_set(SamplingParams(stop_token_ids=(7,)), [2]) == {2, 7}
+    assert stop_token_set(SamplingParams(stop_token_ids=(7,), ignore_eos=True), [2]) == {7}
+
+
+def test_vocab_mask_respected() -> None:
+    logits = torch.randn(2, 30)
+    mask = torch.zeros(2, 30, dtype=torch.bool)
+    mask[0, [3, 17]] = True
+    mask[1, 29] = True
+    sampler = Sampler(30)
+    rows = [row(), row(temperature=0.0)]
+    for _ in range(200):
+        a, b = sampler.sample(logits, rows, vocab_mask=mask).token_ids
+        assert a in (3, 17) and b == 29
+    greedy = sampler.sample(logits, many(2, temperature=0.0), vocab_mask=mask).token_ids
+    assert greedy[0] == (3 if logits[0, 3] > logits[0, 17] else 17)
+
+
+def test_logprobs_equal_log_softmax_at_chosen() -> None:
+    logits = torch.randn(4, 40)
+    rows = [row(return_logprob=True), row(), row(temperature=0.0, return_logprob=True),
+            row(temperature=2.0, top_k=5, return_logprob=True)]
+    out = Sampler(40).sample(logits, rows)
+    assert out.logprobs is not None and out.top_logprobs is not None
+    ref = torch.log_softmax(logits, -1)  # before temperature / top-k, by design
+    for i in (0, 2, 3):
+        lp = out.logprobs[i]
+        assert lp is not None
+        assert lp == pytest.approx(ref[i, out.token_ids[i]].item(), abs=1e-6)
+        assert out.top_logprobs[i] == []
+    assert out.logprobs[1] is None and out.top_logprobs[1] == []
+
+
+def test_top_logprobs_sorted_and_correct() -> None:
+    logits = torch.randn(3, 40)
+    rows = [row(return_logprob=True, top_logprobs_num=5), row(return_logprob=True),
+            row(return_logprob=True, top_logprobs_num=2, temperature=0.0)]
+    out = Sampler(40).sample(logits, rows)
+    assert out.top_logprobs is not None
+    ref = torch.log_softmax(logits, -1)
+    for i, k in ((0, 5), (1, 0), (2, 2)):
+        top = out.top_logprobs[i]
+        assert len(top) == k
+        vals = [lp for _, lp in top]
+        assert vals == sorted(vals, reverse=True)
+        assert [t for t, _ in top] == ref[i].topk(k).indices.tolist()
+        for t, lp in top:
+            assert lp == pytest.approx(ref[i, t].item(), abs=1e-6)
+
+
+def test_logprobs_reflect_masks() -> None:
+    logits = torch.zeros(1, 4)
+    mask = torch.tensor([[True, True, False, False]])
+    out = Sampler(4).sample(logits, [row(return_logprob=True)], vocab_mask=mask)
+    assert out.logprobs is not None
+    assert out.logprobs[0] == pytest.approx(math.log(0.5))
+
+
+def test_token_logprobs_manual() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, math.log(2.0)]])
+    targets = torch.tensor([0, 2])
+    lps, tops = token_logprobs(logits, targets, top_k=2)
+    z0 = math.log(math.e + math.e**2 + math.e**3)
+    assert lps[0] == pytest.approx(1.0 - z0, abs=1e-6)
+    assert lps[1] == pytest.approx(math.log(0.5), abs=1e-6)
+    assert [t for t, _ in tops[0]] == [2, 1]
+    assert tops[0][0][1] == pytest.approx(3.0 - z0, abs=1e-6)
+    assert tops[1][0] == (2, pytest.approx(math.log(0.5), abs=1e-6))
+    lps0, tops0 = token_logprobs(logits, targets)
+    assert lps0 == lps and tops0 == [[], []]
+
+
+def test_rejects_mismatched_shapes() -> None:
+    with pytest.raises(ValueError, match="logits"):
+        Sampler(4).sample(torch.zeros(2, 4), many(3))
