@@ -1,0 +1,83 @@
+"""`dummy:<preset>` models: real shapes, random weights, a byte tokenizer.
+
+For GPU benchmarks where no weights can be downloaded, and for fast tests (`dummy:tiny`).
+Weights are created directly on the target device, one tensor at a time, so a 70B preset
+never needs host memory for the whole model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import torch
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.tokenizer import ByteTokenizer
+from radixmesh.worker.model.arch import PRESETS, LlamaArchConfig
+
+INIT_STD = 0.02
+
+
+def preset_arch(preset: str) -> LlamaArchConfig:
+    if preset not in PRESETS:
+        raise InvalidArgument(
+            "model", f"unknown dummy preset {preset!r}; presets: {', '.join(sorted(PRESETS))}"
+        )
+    return PRESETS[preset]
+
+
+def parameter_shapes(arch: LlamaArchConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the model under its Hugging Face name, in checkpoint order."""
+    h, d = arch.hidden_size, arch.head_size
+    q_rows, kv_rows = arch.num_attention_heads * d, arch.num_key_value_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (arch.vocab_size, h)}
+    for i in range(arch.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "self_attn.q_proj.weight"] = (q_rows, h)
+        shapes[p + "self_attn.k_proj.weight"] = (kv_rows, h)
+        shapes[p + "self_attn.v_proj.weight"] = (kv_rows, h)
+        if arch.attention_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (q_rows,)
+            shapes[p + "self_attn.k_proj.bias"] = (kv_rows,)
+            shapes[p + "self_attn.v_proj.bias"] = (kv_rows,)
+        shapes[p + "self_attn.o_proj.weight"] = (h, q_rows)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        shapes[p + "mlp.gate_proj.weight"] = (arch.intermediate_size, h)
+        shapes[p + "mlp.up_proj.weight"] = (arch.intermediate_size, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, arch.intermediate_size)
+    shapes["model.norm.weight"] = (h,)
+    if not arch.tie_word_embeddings:
+        shapes["lm_head.weight"] = (arch.vocab_size, h)
+    return shapes
+
+
+def iter_dummy_weights(
+    arch: LlamaArchConfig, *, dtype: torch.dtype, device: torch.device | str, seed: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random weights: N(0, 0.02) matrices, ones for norms, zeros for biases.
+
+    Each tensor has its own generator seeded from (seed, name), so a tensor's values do not
+    depend on which other tensors were created before it.
+    """
+    for name, shape in parameter_shapes(arch).items():
+        if name.endswith("norm.weight"):
+            yield name, torch.ones(shape, dtype=dtype, device=device)
+        elif name.endswith(".bias"):
+            yield name, torch.zeros(shape, dtype=dtype, device=device)
+        else:
+            gen = torch.Generator(device=device).manual_seed(_tensor_seed(seed, name))
+            out = torch.empty(shape, dtype=dtype, device=device)
+            yield name, out.normal_(0.0, INIT_STD, generator=gen)
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # manual_seed wants a non-negative int64
+
+
+def dummy_tokenizer(arch: LlamaArchConfig) -> ByteTokenizer:
+    return ByteTokenizer(
+        arch.vocab_size, eos_token_ids=arch.eos_token_ids, bos_token_id=arch.bos_token_id
+    )

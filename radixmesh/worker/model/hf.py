@@ -1,0 +1,113 @@
+"""Hugging Face model directories: config.json, *.safetensors (sharded or not), tokenizer.
+
+Weights are read lazily with `safetensors.safe_open`, one tensor at a time, so loading
+never holds more than one tensor beyond what the model itself keeps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.tokenizer import Tokenizer
+from radixmesh.worker.model.arch import LlamaArchConfig
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def read_arch_config(model_dir: str | Path) -> LlamaArchConfig:
+    """config.json (plus generation_config.json's eos ids) as a LlamaArchConfig."""
+    model_dir = Path(model_dir)
+    cfg = _read_json(model_dir / "config.json")
+    check_supported(cfg, model_dir)
+    arch = LlamaArchConfig.from_hf_dict(cfg)
+    # Chat models often list extra stop ids (Llama 3's <|eot_id|>) only in the generation
+    # config; without them generation would run past the end of a turn.
+    gen_path = model_dir / "generation_config.json"
+    gen_eos = _as_ids(_read_json(gen_path).get("eos_token_id")) if gen_path.is_file() else ()
+    extra = tuple(i for i in gen_eos if i not in arch.eos_token_ids)
+    return arch.replace(eos_token_ids=arch.eos_token_ids + extra) if extra else arch
+
+
+def check_supported(cfg: dict[str, Any], where: str | Path) -> None:
+    archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+    if archs[0] not in SUPPORTED_ARCHITECTURES:
+        raise InvalidArgument(
+            "model",
+            f"{where}: architecture {archs[0]} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
+        )
+    if cfg.get("quantization_config"):
+        raise InvalidArgument("model", f"{where}: quantized checkpoints are not supported")
+    if cfg.get("mlp_bias"):
+        raise InvalidArgument("model", f"{where}: mlp_bias is not supported")
+
+
+def weight_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files of a directory: the index's shards, or every *.safetensors."""
+    model_dir = Path(model_dir)
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        return [model_dir / s for s in shards]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise InvalidArgument(
+            "model", f"{model_dir} has no *.safetensors weights (only safetensors are supported)"
+        )
+    return files
+
+
+def iter_hf_weights(
+    model_dir: str | Path,
+    arch: LlamaArchConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) for every parameter, cast to `dtype` on `device`."""
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 -- safe_open handles are not iterable
+                if _skip(name, arch):
+                    continue
+                yield name, f.get_tensor(name).to(device=device, dtype=dtype)
+
+
+def _skip(name: str, arch: LlamaArchConfig) -> bool:
+    # Old checkpoints store rotary inverse frequencies (recomputed by the model), and some
+    # store lm_head even when it is tied to the embedding.
+    if name.endswith("rotary_emb.inv_freq"):
+        return True
+    return arch.tie_word_embeddings and name == "lm_head.weight"
+
+
+def load_hf_tokenizer(model_dir: str | Path, arch: LlamaArchConfig) -> Tokenizer:
+    return Tokenizer.from_pretrained(
+        str(model_dir), vocab_size=arch.vocab_size, eos_token_ids=arch.eos_token_ids
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InvalidArgument("model", f"cannot read {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise InvalidArgument("model", f"{path} is not a JSON object")
+    return data
+
+
+def _as_ids(value: object) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(int(v) for v in value)
+    return ()
