@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+_ARCH_OF_MODEL_TYPE = {"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+
 
 @dataclass(frozen=True)
 class LlamaArchConfig:
@@ -44,7 +46,8 @@ class LlamaArchConfig:
 
     @property
     def num_params(self) -> int:
-        h, i, v, n = self.hidden_size, self.intermediate_size, self.vocab_size, self.num_hidden_layers
+        h, i = self.hidden_size, self.intermediate_size
+        v, n = self.vocab_size, self.num_hidden_layers
         d = self.head_size
         attn = h * d * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
         per_layer = attn + 3 * h * i + 2 * h
@@ -54,7 +57,9 @@ class LlamaArchConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> LlamaArchConfig:
         """From a Hugging Face config.json dict (Llama, Mistral, Qwen2)."""
-        arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+        # Configs built in code (not read from a checkpoint) carry no "architectures".
+        default_arch = _ARCH_OF_MODEL_TYPE.get(cfg.get("model_type", ""), "LlamaForCausalLM")
+        arch = (cfg.get("architectures") or [default_arch])[0]
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         rope_scaling = cfg.get("rope_scaling")

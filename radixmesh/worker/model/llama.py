@@ -125,9 +125,11 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(
             arch.vocab_size, arch.hidden_size, tp=tp, dtype=dtype, device=device
         )
-        self.layers = nn.ModuleList(
+        layers = [
             LlamaDecoderLayer(arch, i, tp, dtype, device) for i in range(arch.num_hidden_layers)
-        )
+        ]
+        self.num_kv_heads = layers[0].self_attn.num_kv_heads  # on this rank
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype=dtype, device=device)
         self.rotary_emb = RotaryEmbedding(
             arch.head_size,
@@ -177,6 +179,11 @@ class LlamaForCausalLM(nn.Module):
         )
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads on this rank: what the KV pool of this rank must hold per layer."""
+        return self.model.num_kv_heads
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Final-normed hidden states of every new token, [T, hidden]."""

@@ -1,0 +1,193 @@
+"""Our LlamaForCausalLM against transformers' on the same random weights, logit by logit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from radixmesh.worker.model.arch import LlamaArchConfig
+from radixmesh.worker.model.llama import LlamaForCausalLM
+from tests.worker.model.helpers import RaggedRunner
+
+ATOL = 1e-5
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+# llama3 scaling with a short original context, so that the test's positions span all
+# three frequency bands (kept, ramped, divided by factor).
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 10000.0,
+}
+VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
+    "llama": (transformers.LlamaConfig, {}),
+    "qwen2-qkv-bias": (transformers.Qwen2Config, {}),
+    "llama3-rope": (transformers.LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
+    "linear-rope": (
+        transformers.LlamaConfig,
+        {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+    ),
+    "tied-mha": (
+        transformers.LlamaConfig,
+        {"tie_word_embeddings": True, "num_key_value_heads": 4},
+    ),
+}
+
+
+def make_pair(variant: str, seed: int = 0) -> tuple[torch.nn.Module, LlamaForCausalLM]:
+    """A random transformers model and ours with the same weights."""
+    config_class, overrides = VARIANTS[variant]
+    config = config_class(**{**SMALL, **overrides}, attn_implementation="eager")
+    torch.manual_seed(seed)
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    # Default init (std 0.02, unit norms, zero biases) would hide mistakes in the norms and
+    # biases and make attention nearly uniform; use larger, nonzero values everywhere.
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    arch = LlamaArchConfig.from_hf_dict(config.to_dict())
+    ours = LlamaForCausalLM(arch)
+    ours.load_weights(hf.state_dict().items())
+    return hf, ours
+
+
+@torch.no_grad()
+def hf_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    return hf(torch.tensor([ids])).logits[0].float()  # [S, vocab]
+
+
+def random_ids(n: int, seed: int) -> list[int]:
+    return torch.randint(
+        0, SMALL["vocab_size"], (n,), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
+
+
+def test_arch_from_config() -> None:
+    _, ours = make_pair("llama3-rope")
+    assert ours.arch.rope_scaling is not None
+    assert ours.arch.rope_scaling["rope_type"] == "llama3"
+    _, qwen = make_pair("qwen2-qkv-bias")
+    assert qwen.arch.attention_bias
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_full_prompt_in_one_extend(variant: str) -> None:
+    hf, ours = make_pair(variant)
+    ids = random_ids(150, seed=1)
+    (got,) = RaggedRunner(ours).step([(3, ids)])
+    ref = hf_logits(hf, ids)
+    assert ref.abs().max() > 1.0  # logits of a meaningful scale, not a near-zero model
+    torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_chunked_prefill_then_batched_decode(variant: str) -> None:
+    hf, ours = make_pair(variant)
+    a, b, c = random_ids(100, seed=2), random_ids(40, seed=3), random_ids(6, seed=4)
+    runner = RaggedRunner(ours)
+    got: dict[int, list[torch.Tensor]] = {0: [], 1: [], 2: []}
+
+    def step(*items: tuple[int, list[int]]) -> None:
+        for (row, _), logits in zip(items, runner.step(list(items)), strict=True):
+            got[row].append(logits)
+
+    step((0, a[:30]))  # first chunk of a
+    step((1, b[:25]), (0, a[30:64]))  # a's second chunk attends to the first's KV
+    # Mixed step: b's last chunk, a decode-like 1-token chunk of a, c's one-token prompt.
+    step((1, b[25:34]), (0, a[64:65]), (2, c[:1]))
+    step((0, a[65:90]), (2, c[1:2]))
+    for i in range(6):  # decode, three sequences of different lengths in one batch
+        items = [(0, a[90 + i : 91 + i]), (1, b[34 + i : 35 + i])]
+        step(*(items if i >= 4 else [*items, (2, c[2 + i : 3 + i])]))
+    for row, ids, n in ((0, a, 96), (1, b, 40), (2, c, 6)):
+        torch.testing.assert_close(torch.cat(got[row]), hf_logits(hf, ids[:n]), atol=ATOL, rtol=0)
+
+
+def test_decode_matches_greedy_generation() -> None:
+    hf, ours = make_pair("llama")
+    prompt = random_ids(20, seed=5)
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0]
+    runner = RaggedRunner(ours)
+    (logits,) = runner.step([(0, prompt)])
+    out = [int(logits[-1].argmax())]
+    for _ in range(11):
+        (logits,) = runner.step([(0, out[-1:])])
+        out.append(int(logits[-1].argmax()))
+    assert out == ref[20:].tolist()
+
+
+def test_compute_logits_on_selected_rows() -> None:
+    _, ours = make_pair("tied-mha")
+    hidden = torch.randn(3, SMALL["hidden_size"])
+    logits = ours.compute_logits(hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (3, SMALL["vocab_size"])
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+
+
+def hf_weights(variant: str = "llama") -> dict[str, torch.Tensor]:
+    hf, _ = make_pair(variant)
+    return dict(hf.state_dict())
+
+
+def fresh(variant: str = "llama") -> LlamaForCausalLM:
+    config_class, overrides = VARIANTS[variant]
+    cfg = config_class(**{**SMALL, **overrides})
+    return LlamaForCausalLM(LlamaArchConfig.from_hf_dict(cfg.to_dict()))
+
+
+def test_load_weights_rejects_missing_weight() -> None:
+    weights = hf_weights()
+    del weights["model.layers.1.self_attn.k_proj.weight"]
+    with pytest.raises(ValueError, match=r"missing weights: model\.layers\.1\.self_attn\.k_proj"):
+        fresh().load_weights(weights.items())
+
+
+def test_load_weights_rejects_unexpected_weight() -> None:
+    weights = hf_weights()
+    weights["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)  # llama has no bias
+    with pytest.raises(ValueError, match=r"unexpected weight 'model\.layers\.0\.self_attn\.q_"):
+        fresh().load_weights(weights.items())
+
+
+def test_load_weights_rejects_wrong_shape() -> None:
+    weights = hf_weights()
+    weights["model.layers.0.mlp.up_proj.weight"] = torch.zeros(100, 64)
+    with pytest.raises(ValueError, match=r"'model\.layers\.0\.mlp\.up_proj\.weight'.*shape"):
+        fresh().load_weights(weights.items())
+    weights = hf_weights()
+    weights["model.norm.weight"] = torch.zeros(65)
+    with pytest.raises(ValueError, match=r"'model\.norm\.weight'.*shape"):
+        fresh().load_weights(weights.items())
+
+
+def test_load_weights_rejects_duplicates_and_ignores_derived_tensors() -> None:
+    weights = list(hf_weights().items())
+    model = fresh()
+    with pytest.raises(ValueError, match="given twice"):
+        model.load_weights([*weights, weights[0]])
+    extra = ("model.layers.0.self_attn.rotary_emb.inv_freq", torch.zeros(8))
+    fresh().load_weights([*weights, extra])
+
+
+def test_tied_model_accepts_a_redundant_lm_head() -> None:
+    weights = hf_weights("tied-mha")
+    assert "lm_head.weight" not in weights or weights["lm_head.weight"] is not None
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    fresh("tied-mha").load_weights(weights.items())
