@@ -38,7 +38,7 @@ class KVAllocator:
         self.page_size = page_size
         self.device = torch.device(device)
         self.num_pages = num_pages
-        # Stack order: pop from the top, so the initial hand-out order is 1, 2, 3, ...
+        # The top of the stack is the end of `_stack[:_top]`; initial hand-out order 1, 2, 3...
         self._stack = np.arange(num_pages - 1, 0, -1, dtype=np.int64)
         self._top = num_pages - 1
         self._is_free = np.ones(num_pages, dtype=np.bool_)
@@ -85,7 +85,8 @@ class KVAllocator:
         n_pages = -(-rest // self.page_size)
         if n_pages > self._top:
             return None
-        pages = self._stack[self._top - n_pages : self._top].copy()
+        # Reversed: the top of the stack is the slice's end, and it goes first.
+        pages = self._stack[self._top - n_pages : self._top][::-1].copy()
         self._top -= n_pages
         self._is_free[pages] = False
         if self.page_size == 1:
@@ -114,7 +115,8 @@ class KVAllocator:
         if len(already):
             raise RuntimeError(f"double free: pages {already[:8].tolist()} are already free")
         self._is_free[uniq] = True
-        self._stack[self._top : self._top + len(uniq)] = uniq
+        # Pushed high to low, so a freed run is handed out again in ascending order.
+        self._stack[self._top : self._top + len(uniq)] = uniq[::-1]
         self._top += len(uniq)
 
     # ---- introspection (tests, debugging) ------------------------------------------------

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixmesh.worker.kvcache.allocator import KVAllocator
+from radixmesh.worker.kvcache.req_table import ReqToTokenTable
+
+
+def _t(*slots: int) -> torch.Tensor:
+    return torch.tensor(slots, dtype=torch.int64)
+
+
+# ---- page_size 1 --------------------------------------------------------------------------
+def test_page1_exact_slots_and_lifo_reuse() -> None:
+    a = KVAllocator(8)
+    assert (a.num_usable_slots, a.num_free_slots, a.num_free_pages) == (7, 7, 7)
+    s1 = a.alloc(3)
+    assert s1 is not None and s1.dtype == torch.int64
+    assert s1.tolist() == [1, 2, 3]
+    assert a.alloc(2).tolist() == [4, 5]  # type: ignore[union-attr]
+    assert a.num_free_slots == 2
+    a.free(_t(3, 1))
+    # The freed run comes back first, lowest slot first.
+    assert a.alloc(3).tolist() == [1, 3, 6]  # type: ignore[union-attr]
+    assert a.num_free_slots == 1
+
+
+def test_page1_exhaustion_allocates_nothing() -> None:
+    a = KVAllocator(8)
+    assert a.alloc(8) is None
+    assert a.num_free_slots == 7
+    everything = a.alloc(7)
+    assert everything is not None and sorted(everything.tolist()) == [1, 2, 3, 4, 5, 6, 7]
+    assert a.alloc(1) is None
+    assert a.alloc(0).tolist() == []  # type: ignore[union-attr]
+
+
+def test_page1_double_free_raises() -> None:
+    a = KVAllocator(8)
+    s = a.alloc(3)
+    assert s is not None
+    a.free(s)
+    with pytest.raises(RuntimeError, match="double free"):
+        a.free(s[:1])
+    a.alloc(2)
+    with pytest.raises(RuntimeError, match="double free"):
+        a.free(_t(4, 4))
+
+
+def test_slot_zero_is_never_handed_out_nor_freed() -> None:
+    for page_size in (1, 4):
+        a = KVAllocator(32, page_size)
+        got = a.alloc(a.num_usable_slots)
+        assert got is not None and 0 not in got.tolist() and len(set(got.tolist())) == len(got)
+        with pytest.raises(ValueError, match="slots"):
+            a.free(_t(0))
+
+
+# ---- page_size 4 --------------------------------------------------------------------------
+def test_page4_sizes_and_leftover() -> None:
+    a = KVAllocator(22, page_size=4)  # pages 0..4; slots 20, 21 never used
+    assert (a.num_pages, a.num_usable_slots, a.num_free_pages, a.num_free_slots) == (5, 16, 4, 16)
+    with pytest.raises(ValueError, match="num_slots"):
+        KVAllocator(7, page_size=4)
+
+
+def test_page4_partial_page_filling() -> None:
+    a = KVAllocator(22, page_size=4)
+    first = a.alloc(6)
+    assert first is not None and first.tolist() == [4, 5, 6, 7, 8, 9]
+    assert a.num_free_pages == 2
+    assert a.pages_needed(3, num_existing=6) == 1
+    more = a.alloc(3, last_slot=9, num_existing=6)  # 10, 11 finish page 2; 12 opens page 3
+    assert more is not None and more.tolist() == [10, 11, 12]
+    assert a.num_free_pages == 1
+    tail = a.alloc(2, last_slot=12, num_existing=9)  # fits in page 3: no new page
+    assert tail is not None and tail.tolist() == [13, 14]
+    assert a.num_free_pages == 1
+    assert a.pages_needed(1, num_existing=12) == 1
+    assert a.pages_needed(1, num_existing=11) == 0
+
+
+def test_page4_exhaustion_allocates_nothing() -> None:
+    a = KVAllocator(22, page_size=4)
+    a.alloc(10)  # pages 1..3, two slots of page 3 spare
+    assert a.alloc(5) is None
+    assert a.num_free_pages == 1
+    assert a.alloc(7, last_slot=13, num_existing=10) is None  # 2 in page 3 + 2 pages
+    assert a.num_free_pages == 1
+    got = a.alloc(6, last_slot=13, num_existing=10)
+    assert got is not None and got.tolist() == [14, 15, 16, 17, 18, 19]
+    assert a.num_free_pages == 0
+
+
+def test_page4_free_by_page_and_double_free() -> None:
+    a = KVAllocator(22, page_size=4)
+    s = a.alloc(9)  # pages 1, 2, 3 (page 3 holds one token)
+    assert s is not None
+    a.free(s[[0, 5, 8]])  # one slot of each page frees the whole page
+    assert a.num_free_pages == 4
+    with pytest.raises(RuntimeError, match="double free"):
+        a.free(_t(13))
+    assert a.alloc(4).tolist() == [4, 5, 6, 7]  # type: ignore[union-attr]
+
+
+def test_page4_partial_fill_needs_a_consistent_last_slot() -> None:
+    a = KVAllocator(22, page_size=4)
+    a.alloc(6)
+    with pytest.raises(ValueError, match="last_slot"):
+        a.alloc(2, num_existing=6)
+    with pytest.raises(ValueError, match="last_slot"):
+        a.alloc(2, last_slot=10, num_existing=6)  # 6 tokens end at offset 1 of a page
+
+
+# ---- request -> token table ---------------------------------------------------------------
+def test_req_table_rows_and_writes() -> None:
+    t = ReqToTokenTable(max_requests=2, max_context_len=8)
+    assert t.table.shape == (2, 8) and t.table.dtype == torch.int64
+    r0, r1 = t.alloc_row(), t.alloc_row()
+    assert (r0, r1, t.alloc_row(), t.num_free_rows) == (0, 1, None, 0)
+    t.write(1, 2, _t(7, 8, 9))
+    assert t.table[1].tolist() == [0, 0, 7, 8, 9, 0, 0, 0]
+    assert t.read(1, 2, 5).tolist() == [7, 8, 9]
+    with pytest.raises(ValueError, match="max_context_len"):
+        t.write(1, 6, _t(1, 2, 3))
+    t.free_row(1)
+    with pytest.raises(RuntimeError, match="double free"):
+        t.free_row(1)
+    assert t.alloc_row() == 1
