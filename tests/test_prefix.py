@@ -26,7 +26,7 @@ def _reference(tokens: list[int], block_size: int, parent: int | None = None) ->
 def test_root_hash_is_pinned() -> None:
     # Changing the scheme silently would make routers and workers disagree: pin it.
     expected = hashlib.blake2b(b"radixmesh.prefix.v1", digest_size=8).digest()
-    assert ROOT_HASH == int.from_bytes(expected, "little")
+    assert int.from_bytes(expected, "little") == ROOT_HASH
 
 
 def test_matches_reference_and_ignores_partial_block() -> None:
@@ -58,7 +58,7 @@ def test_input_types_agree() -> None:
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]
     expected = block_hashes(tokens, 2)
     assert block_hashes(tuple(tokens), 2) == expected
-    assert block_hashes(np.array(tokens, dtype=np.int32), 2) == expected
+    assert block_hashes(np.array(tokens, dtype=np.int32), 2) == expected  # type: ignore[arg-type]
     assert block_hashes(torch.tensor(tokens), 2) == expected  # type: ignore[arg-type]
 
 

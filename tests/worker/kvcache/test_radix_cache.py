@@ -121,7 +121,7 @@ def test_page4_mismatch_in_first_page_matches_nothing() -> None:
 
 # ---- locking ------------------------------------------------------------------------------
 def test_lock_accounting() -> None:
-    alloc, cache = make()
+    _, cache = make()
     put(cache, [1, 2, 3, 4, 5])
     put(cache, [1, 2, 3, 9, 9])
     m1 = cache.match_prefix([1, 2, 3, 4, 5])
