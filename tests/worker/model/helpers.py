@@ -4,15 +4,21 @@
 every sequence's KV is scattered over non-contiguous slots, as after evictions).
 `step([(row, new_token_ids), ...])` runs one mixed batch — prompt chunks and decode
 tokens of several sequences together — and returns each item's logits.
+
+`make_pair(variant)` builds a small random transformers model and ours with its weights.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import transformers
 
 from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.kvcache.pool import KVPool
+from radixmesh.worker.model.arch import LlamaArchConfig
 from radixmesh.worker.model.llama import LlamaForCausalLM
 
 
@@ -73,3 +79,68 @@ class RaggedRunner:
         self.attn.prepare(batch)
         logits = self.model.compute_logits(self.model(batch, self.attn))  # [T, vocab]
         return list(logits.split([len(ids) for _, ids in items]))
+
+
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+# llama3 scaling with a short original context, so that the test's positions span all
+# three frequency bands (kept, ramped, divided by factor).
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 10000.0,
+}
+VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
+    "llama": (transformers.LlamaConfig, {}),
+    "qwen2-qkv-bias": (transformers.Qwen2Config, {}),
+    "llama3-rope": (transformers.LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
+    "linear-rope": (
+        transformers.LlamaConfig,
+        {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+    ),
+    "tied-mha": (
+        transformers.LlamaConfig,
+        {"tie_word_embeddings": True, "num_key_value_heads": 4},
+    ),
+}
+
+
+def make_pair(variant: str, seed: int = 0) -> tuple[torch.nn.Module, LlamaForCausalLM]:
+    """A random transformers model and ours with the same weights."""
+    config_class, overrides = VARIANTS[variant]
+    config = config_class(**{**SMALL, **overrides}, attn_implementation="eager")
+    torch.manual_seed(seed)
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    # Default init (std 0.02, unit norms, zero biases) would hide mistakes in the norms and
+    # biases and make attention nearly uniform; use larger, nonzero values everywhere.
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.15 * torch.randn_like(p))
+    arch = LlamaArchConfig.from_hf_dict(config.to_dict())
+    ours = LlamaForCausalLM(arch)
+    ours.load_weights(hf.state_dict().items())
+    return hf, ours
+
+
+@torch.no_grad()
+def hf_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    return hf(torch.tensor([ids])).logits[0].float()  # [S, vocab]
+
+
+def random_ids(n: int, seed: int) -> list[int]:
+    return torch.randint(
+        0, SMALL["vocab_size"], (n,), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
