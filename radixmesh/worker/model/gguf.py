@@ -10,6 +10,7 @@ place, so a killed conversion never leaves a half-written cache.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -274,4 +275,13 @@ def build_tokenizer(gguf_path: str | Path, arch: LlamaArchConfig) -> Tokenizer:
 
 
 def read_gguf_arch_config(gguf_path: str | Path) -> LlamaArchConfig:
-    return read_arch_config(GGUFReader(str(gguf_path)))
+    path = Path(gguf_path).resolve()
+    st = path.stat()
+    return _read_arch_config_memo(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_arch_config_memo(path: str, size: int, mtime_ns: int) -> LlamaArchConfig:
+    # Parsing the metadata takes seconds (it holds the whole token list), and a worker's
+    # first start asks for the architecture more than once before the cache exists.
+    return read_arch_config(GGUFReader(path))
