@@ -72,7 +72,7 @@ def read_arch_config(reader: GGUFReader) -> LlamaArchConfig:
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     eos = [_field(reader, f"tokenizer.ggml.{k}_token_id", None) for k in ("eos", "eot", "eom")]
     return LlamaArchConfig(
-        vocab_size=_vocab_size(reader, arch),
+        vocab_size=_vocab_size(reader),
         hidden_size=hidden,
         intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
         num_hidden_layers=int(_field(reader, f"{arch}.block_count")),
@@ -103,11 +103,12 @@ def _field(reader: GGUFReader, key: str, default: Any = _MISSING) -> Any:
     return field.contents()
 
 
-def _vocab_size(reader: GGUFReader, arch: str) -> int:
-    size = _field(reader, f"{arch}.vocab_size", None)
-    if size is not None:
-        return int(size)
-    return len(reader.fields["tokenizer.ggml.tokens"].data)
+def _vocab_size(reader: GGUFReader) -> int:
+    # The embedding's rows, not the token list: models pad their vocabulary past it.
+    for t in reader.tensors:
+        if t.name == "token_embd.weight":
+            return int(t.shape[-1])  # GGUF shapes list the fastest-varying dimension first
+    raise InvalidArgument("model", "GGUF has no token_embd.weight tensor")
 
 
 def _f32(value: float) -> float:
