@@ -72,6 +72,9 @@ class SchedulerConfig:
     # waiting prompt against the tree each step would cost more than it saves).
     policy_fallback_queue_len: int = 128
     max_queued_requests: int = 4096
+    # A waiting request whose uncached prompt shares at least this many tokens with one
+    # admitted in the same step waits one step and then hits the cache instead.
+    in_batch_prefix_threshold: int = 32
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -159,22 +159,10 @@ class Engine:
         return req
 
     def _submit_all(self, reqs: list[Request]) -> list[queue.SimpleQueue[RequestOutput]]:
-        self._prefill_shared_prompts(reqs)
+        # n > 1 and repeated prompts need nothing special here: the scheduler defers a
+        # request whose prompt starts like one it admitted in the same step, so copies
+        # after the first hit the cache (see Scheduler._shares_with).
         return [self._submit(r) for r in reqs]
-
-    def _prefill_shared_prompts(self, reqs: list[Request]) -> None:
-        """n > 1 (and identical prompts in one call): prefill the prompt once first, so
-        every copy starts from the cache instead of all of them prefilling it at once."""
-        if self.config.cache.disable_radix_cache:
-            return
-        seen: dict[tuple[int, ...], int] = {}
-        for r in reqs:
-            key = tuple(r.prompt_ids)
-            seen[key] = seen.get(key, 0) + 1
-        for key, count in seen.items():
-            if count > 1 and len(key) > 1:
-                warm = self._request(list(key), SamplingParams(max_new_tokens=0))
-                self._collect(self._submit(warm))
 
     def _submit(self, req: Request) -> queue.SimpleQueue[RequestOutput]:
         q: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
-
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.request import Request
 
@@ -54,25 +52,23 @@ class LPMPolicy(Policy):
 class DFSWeightPolicy(Policy):
     def _order(self, waiting: list[Request]) -> list[Request]:
         at_node: dict[int, list[Request]] = {}
-        nodes: dict[int, Any] = {}
         weight: dict[int, int] = {}
-        for req in waiting:
+        first: dict[int, int] = {}  # earliest arrival in the subtree: breaks weight ties
+        for arrival, req in enumerate(waiting):
             node = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()]).last_node
             at_node.setdefault(id(node), []).append(req)
-            nodes[id(node)] = node
             while node is not None:  # every ancestor's subtree gains one request
                 weight[id(node)] = weight.get(id(node), 0) + 1
-                nodes[id(node)] = node
+                first.setdefault(id(node), arrival)
                 node = node.parent
-        root = self.cache.root
         ordered: list[Request] = []
-        stack = [root]
+        stack = [self.cache.root]
         while stack:
             node = stack.pop()
             ordered.extend(at_node.get(id(node), []))
             children = [c for c in node.children.values() if id(c) in weight]
-            # Push lighter children first so the heaviest is visited next.
-            children.sort(key=lambda c: weight[id(c)])
+            # Push the lightest (then latest) first so the heaviest is visited next.
+            children.sort(key=lambda c: (weight[id(c)], -first[id(c)]))
             stack.extend(children)
         return ordered
 

@@ -152,13 +152,16 @@ class Scheduler:
         if not self.waiting:
             return
         reserved = self._reserved_tokens()
+        admitted: list[Request] = []
         for req in self.policy.order(list(self.waiting)):
             if budget == 0 or len(self.running) >= self.config.max_running_requests:
                 break
+            match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
+            if self._shares_with(req, len(match.slots), admitted):
+                continue  # next step it hits the prefix this step computes
             row = self.req_table.alloc_row()
             if row is None:
                 break
-            match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
             self.cache.inc_lock_ref(match.last_node)
             need = self._future_need(req, len(match.slots))
             if need > self._available() - reserved:
@@ -177,10 +180,28 @@ class Scheduler:
             self.req_table.write(row, prefix, new)
             self._last_slot[req.rid] = int(new[-1])
             self.running.append(req)
+            admitted.append(req)
             items.append(ScheduledRequest(req, n))
             slots.append(new)
             budget -= n
             reserved += need
+
+    def _shares_with(self, req: Request, cached: int, admitted: list[Request]) -> bool:
+        """Whether `req`'s uncached part starts with a prefix that a request admitted in
+        this same step is about to compute. Deferring it one step turns that prefill into a
+        cache hit (bursts of one new prefix otherwise all prefill it side by side)."""
+        if self.cache.disabled or not admitted:
+            return False
+        mine = req.token_ids
+        for other in admitted:
+            theirs = other.token_ids
+            n = cached
+            limit = min(len(mine), len(theirs))
+            while n < limit and mine[n] == theirs[n]:
+                n += 1
+            if n - cached >= self.config.in_batch_prefix_threshold:
+                return True
+        return False
 
     def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: object) -> None:
         req.row = row
