@@ -133,12 +133,14 @@ class RadixCache:
         self._empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
         self._next_id = 0
         self._queried = self._matched = self._evicted = 0
-        self._init_tree()
-
-    def _init_tree(self) -> None:
         self.root = TreeNode([], self._empty, None, 0, self._new_id())
         self.root.lock_ref = 1  # the root is never evicted
         self.root.hashes = []
+        self._clear_tree()
+
+    def _clear_tree(self) -> None:
+        # The root object survives a reset: requests may still hold it as their lock handle.
+        self.root.children = {}
         self._leaves: set[TreeNode] = set()  # unlocked or not; the root is never in it
         self._clock = 0
         self._evictable = self._protected = self._num_nodes = 0
@@ -341,7 +343,7 @@ class RadixCache:
         if values:
             self.allocator.free(torch.cat(values))
         freed = self.total_size()
-        self._init_tree()
+        self._clear_tree()
         if self._listeners.active:
             self._listeners.emit(CacheEvent("cleared", (), None, freed))
 

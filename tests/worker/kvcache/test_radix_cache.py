@@ -292,7 +292,10 @@ def test_reset_frees_everything_and_refuses_while_locked() -> None:
     with pytest.raises(RuntimeError, match="locked"):
         cache.reset()
     cache.dec_lock_ref(m.last_node)
+    at_root = cache.match_prefix([9])  # a request that matched nothing holds the root
+    cache.inc_lock_ref(at_root.last_node)
     cache.reset()
+    cache.dec_lock_ref(at_root.last_node)  # still the root: a no-op
     assert alloc.num_free_slots == alloc.num_usable_slots
     assert (cache.total_size(), cache.num_nodes(), cache.evictable_size()) == (0, 0, 0)
     assert cache.match_prefix([1, 2]).slots.tolist() == []
