@@ -13,9 +13,9 @@ its last page stays reserved for it: `alloc(..., last_slot=, num_existing=)` fil
 tail before taking new pages.
 
 Free pages sit in a stack (a numpy array with a top index) plus a free bitmap, so alloc
-and free cost O(pages touched). Freed pages are reused LIFO: the most recently freed page
-is handed out first (its memory is likely still warm in cache). Not thread-safe: the
-scheduler thread is the only caller.
+and free cost O(pages touched), with no sorting. Freed pages are reused LIFO: the pages of
+the latest `free` are handed out first, in the order they were passed (their memory is
+likely still warm in cache). Not thread-safe: the scheduler thread is the only caller.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class KVAllocator:
         self._is_free = np.ones(num_pages, dtype=np.bool_)
         self._is_free[0] = False
         self._page_offsets = np.arange(page_size, dtype=np.int64)
+        self._scratch = np.zeros(num_pages, dtype=np.int64)  # see _distinct
 
     # ---- sizes ---------------------------------------------------------------------------
     @property
@@ -95,7 +96,8 @@ class KVAllocator:
             new = (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)[:rest]
         if len(head):
             new = np.concatenate([head, new])
-        return torch.from_numpy(new).to(self.device)
+        out = torch.from_numpy(new)  # `new` is always a fresh array: safe to share
+        return out if self.device.type == "cpu" else out.to(self.device)
 
     def free(self, slots: torch.Tensor) -> None:
         """Return the distinct pages `slots` belong to. Raises if one is already free."""
@@ -103,21 +105,38 @@ class KVAllocator:
             return
         flat = slots.detach().reshape(-1).cpu().numpy()
         pages = flat // self.page_size if self.page_size > 1 else flat
-        uniq = np.unique(pages)
-        if self.page_size == 1 and len(uniq) != len(pages):
-            raise RuntimeError(f"double free: slots {_dups(pages)} appear twice in one free()")
-        if uniq[0] < 1 or uniq[-1] >= self.num_pages:
+        lo, hi = int(pages.min()), int(pages.max())
+        if lo < 1 or hi >= self.num_pages:
             raise ValueError(
-                f"slots: pages {uniq[0]}..{uniq[-1]} outside the usable pages "
-                f"1..{self.num_pages - 1}"
+                f"slots: pages {lo}..{hi} outside the usable pages 1..{self.num_pages - 1}"
             )
+        uniq = self._distinct(pages)
         already = uniq[self._is_free[uniq]]
         if len(already):
             raise RuntimeError(f"double free: pages {already[:8].tolist()} are already free")
         self._is_free[uniq] = True
-        # Pushed high to low, so a freed run is handed out again in ascending order.
+        # Pushed in reverse, so pages come back out in the order they were freed.
         self._stack[self._top : self._top + len(uniq)] = uniq[::-1]
         self._top += len(uniq)
+
+    def _distinct(self, pages: np.ndarray) -> np.ndarray:
+        """`pages` without repeats, O(len) and without sorting.
+
+        np.unique sorts (~300 us for 2k slots). Instead, scatter each position into a
+        scratch array: exactly one position per distinct page survives the writes (which
+        one numpy does not promise, and it does not matter). A repeated slot at
+        page_size 1 is a double free within one call.
+        """
+        pos = np.arange(len(pages), dtype=np.int64)
+        self._scratch[pages] = pos
+        kept = self._scratch[pages] == pos
+        if kept.all():
+            return pages
+        if self.page_size == 1:
+            raise RuntimeError(
+                f"double free: slots {np.unique(pages[~kept])[:8].tolist()} appear twice"
+            )
+        return pages[kept]
 
     # ---- introspection (tests, debugging) ------------------------------------------------
     def free_slot_mask(self, slots: torch.Tensor) -> torch.Tensor:
@@ -142,8 +161,3 @@ class KVAllocator:
             )
         n = min(self.page_size - used, num_tokens)
         return np.arange(last_slot + 1, last_slot + 1 + n, dtype=np.int64)
-
-
-def _dups(values: np.ndarray) -> list[int]:
-    uniq, counts = np.unique(values, return_counts=True)
-    return uniq[counts > 1][:8].tolist()

@@ -21,8 +21,8 @@ def test_page1_exact_slots_and_lifo_reuse() -> None:
     assert a.alloc(2).tolist() == [4, 5]  # type: ignore[union-attr]
     assert a.num_free_slots == 2
     a.free(_t(3, 1))
-    # The freed run comes back first, lowest slot first.
-    assert a.alloc(3).tolist() == [1, 3, 6]  # type: ignore[union-attr]
+    # LIFO: the latest free()'s slots come back first, in the order they were passed.
+    assert a.alloc(3).tolist() == [3, 1, 6]  # type: ignore[union-attr]
     assert a.num_free_slots == 1
 
 
