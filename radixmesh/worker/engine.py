@@ -48,11 +48,12 @@ class Engine:
     def generate(
         self,
         prompt: Prompt = None,
-        input_ids: InputIds = None,
         sampling_params: Params = None,
+        input_ids: InputIds = None,
         stream: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
-        """One prompt -> a dict; a list -> a list of dicts; stream=True -> an iterator of
+        """SGLang's argument order (prompt, sampling_params, input_ids), so positional
+        calls written for SGLang work. One prompt -> a dict; a list -> a list of dicts; stream=True -> an iterator of
         chunks whose "text" and "output_ids" are deltas (the last one carries the final
         meta_info with finish_reason)."""
         reqs, single = self._make_requests(prompt, input_ids, sampling_params)
@@ -66,8 +67,8 @@ class Engine:
     async def async_generate(
         self,
         prompt: Prompt = None,
-        input_ids: InputIds = None,
         sampling_params: Params = None,
+        input_ids: InputIds = None,
         stream: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         reqs, single = self._make_requests(prompt, input_ids, sampling_params)

@@ -48,13 +48,14 @@ class Worker:
         self.dtype = resolve_dtype(mc.dtype, self.device)
         t0 = time.perf_counter()
         self.arch = load_arch_config(mc.model)
-        self.tokenizer = load_tokenizer(mc.model)
         torch.manual_seed(mc.seed)
         self.model = LlamaForCausalLM(self.arch, dtype=self.dtype, device=self.device)
         self.model.load_weights(
             iter_weights(mc.model, self.arch, dtype=self.dtype, device=self.device, seed=mc.seed)
         )
         self.model.eval()
+        # After the weights: a first GGUF load converts once and caches the tokenizer too.
+        self.tokenizer = load_tokenizer(mc.model)
         self.load_seconds = time.perf_counter() - t0
         self.kv_pool = self._build_pool()
         self.allocator = KVAllocator(self.kv_pool.num_slots, cc.page_size, device=self.device)
