@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import pytest
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling_params import SamplingParams
+
+
+def test_defaults_and_from_dict() -> None:
+    p = SamplingParams.from_dict({"temperature": 0, "stop": "END", "stop_token_ids": [5]})
+    assert p.temperature == 0 and p.is_greedy
+    assert p.stop == ("END",) and p.stop_token_ids == (5,)
+    assert SamplingParams.from_dict(None) == SamplingParams()
+    assert SamplingParams.from_dict({"seed": None}).seed is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"n": 0}, "n"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"frequency_penalty": 3.0}, "frequency_penalty"),
+        ({"presence_penalty": -2.5}, "presence_penalty"),
+        ({"seed": -1}, "seed"),
+        ({"stop": [""]}, "stop"),
+        ({"max_new_tokens": 1.5}, "max_new_tokens"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"ignore_eos": 1}, "ignore_eos"),
+        ({"top_k": 0}, "top_k"),
+        ({"regex": "a", "json_schema": "{}"}, "json_schema"),
+        ({"choices": []}, "choices"),
+        ({"logprob_start_len": -1}, "logprob_start_len"),
+    ],
+)
+def test_invalid_values_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        SamplingParams.from_dict(kwargs)
+    assert err.value.field == field
+
+
+def test_not_a_dict() -> None:
+    with pytest.raises(InvalidArgument) as err:
+        SamplingParams.from_dict([1, 2])  # type: ignore[arg-type]
+    assert err.value.field == "sampling_params"
+
+
+def test_validate_for_model_limits() -> None:
+    p = SamplingParams(max_new_tokens=10, logprob_start_len=5)
+    p.validate_for(prompt_len=6, context_len=16, vocab_size=100)
+    with pytest.raises(InvalidArgument, match="logprob_start_len"):
+        p.validate_for(prompt_len=5, context_len=16, vocab_size=100)
+    with pytest.raises(InvalidArgument, match="max_new_tokens"):
+        p.validate_for(prompt_len=7, context_len=16, vocab_size=100)
