@@ -31,23 +31,42 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from radixmesh.worker.engine import Engine  # noqa: E402
+from radixmesh.worker.engine import Engine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 QUESTIONS = [
-    "Explain how a bicycle stays upright.", "Write a haiku about autumn rain.",
-    "What causes the seasons on Earth?", "Give three tips for learning a language.",
-    "Describe the water cycle.", "Why is the sky blue?", "How do vaccines work?",
-    "Summarize the plot of Romeo and Juliet.", "What is a prime number?",
-    "List four renewable energy sources.", "How does a refrigerator keep food cold?",
-    "What is photosynthesis?", "Explain gravity to a child.", "Why do cats purr?",
-    "How are rainbows formed?", "What does a compiler do?", "Describe a healthy breakfast.",
-    "What is the speed of light?", "Why do leaves change color?", "How do bees make honey?",
-    "What is machine learning?", "Describe the Eiffel Tower.", "How do airplanes fly?",
-    "What is inflation in economics?", "Write a short poem about the sea.",
-    "How does the heart pump blood?", "What is a black hole?", "Name five musical instruments.",
-    "Explain what DNA is.", "How do volcanoes erupt?", "What are the phases of the Moon?",
+    "Explain how a bicycle stays upright.",
+    "Write a haiku about autumn rain.",
+    "What causes the seasons on Earth?",
+    "Give three tips for learning a language.",
+    "Describe the water cycle.",
+    "Why is the sky blue?",
+    "How do vaccines work?",
+    "Summarize the plot of Romeo and Juliet.",
+    "What is a prime number?",
+    "List four renewable energy sources.",
+    "How does a refrigerator keep food cold?",
+    "What is photosynthesis?",
+    "Explain gravity to a child.",
+    "Why do cats purr?",
+    "How are rainbows formed?",
+    "What does a compiler do?",
+    "Describe a healthy breakfast.",
+    "What is the speed of light?",
+    "Why do leaves change color?",
+    "How do bees make honey?",
+    "What is machine learning?",
+    "Describe the Eiffel Tower.",
+    "How do airplanes fly?",
+    "What is inflation in economics?",
+    "Write a short poem about the sea.",
+    "How does the heart pump blood?",
+    "What is a black hole?",
+    "Name five musical instruments.",
+    "Explain what DNA is.",
+    "How do volcanoes erupt?",
+    "What are the phases of the Moon?",
     "Why is exercise important?",
 ]
 
@@ -76,8 +95,12 @@ def cpu_workloads(tok: Any, vocab: int) -> list[Workload]:
             shared.append(prefix + tok.encode(f" Question {g}.{i}: {QUESTIONS[g * 8 + i]}"))
     return [
         Workload("throughput", chat, 128, {"requests": 32, "new_tokens": 128}),
-        Workload("shared_prefix", shared, 16,
-                 {"groups": 4, "per_group": 8, "prefix_tokens": 512, "new_tokens": 16}),
+        Workload(
+            "shared_prefix",
+            shared,
+            16,
+            {"groups": 4, "per_group": 8, "prefix_tokens": 512, "new_tokens": 16},
+        ),
     ]
 
 
@@ -90,9 +113,12 @@ def gpu_workloads(tok: Any, vocab: int) -> list[Workload]:
         shared += [prefix + [rng.randrange(256, vocab) for _ in range(64)] for _ in range(64)]
     return [
         Workload("throughput", rand, 256, {"requests": 256, "input": 512, "new_tokens": 256}),
-        Workload("shared_prefix", shared, 8,
-                 {"groups": 16, "per_group": 64, "prefix_tokens": 1536, "own": 64,
-                  "new_tokens": 8}),
+        Workload(
+            "shared_prefix",
+            shared,
+            8,
+            {"groups": 16, "per_group": 64, "prefix_tokens": 1536, "own": 64, "new_tokens": 8},
+        ),
     ]
 
 
@@ -128,19 +154,26 @@ def run_hf(model: Any, w: Workload, pad_id: int, device: str) -> dict[str, Any]:
     ids = torch.full((len(w.prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(w.prompts):  # left padding, as generate expects
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
-            input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
-            max_new_tokens=w.max_new_tokens, min_new_tokens=w.max_new_tokens,
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=False,
+            max_new_tokens=w.max_new_tokens,
+            min_new_tokens=w.max_new_tokens,
             pad_token_id=pad_id,
         )
     dt = time.perf_counter() - t0
     out_tokens = int((out.shape[1] - width) * out.shape[0])
-    return {"seconds": dt, "output_tokens": out_tokens, "output_tok_per_s": out_tokens / dt,
-            "req_per_s": len(w.prompts) / dt}
+    return {
+        "seconds": dt,
+        "output_tokens": out_tokens,
+        "output_tok_per_s": out_tokens / dt,
+        "req_per_s": len(w.prompts) / dt,
+    }
 
 
 def load_hf_model(spec: str, device: str) -> Any:
@@ -162,8 +195,11 @@ def load_hf_model(spec: str, device: str) -> Any:
 def versions() -> dict[str, str]:
     import transformers
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -173,8 +209,12 @@ def machine() -> dict[str, Any]:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    info: dict[str, Any] = {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
-                            "torch_threads": torch.get_num_threads()}
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -193,17 +233,22 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    common = dict(device=args.device, dtype=args.dtype, kv_cache_bytes=args.kv_cache_bytes,
-                  max_running_requests=args.max_running_requests,
-                  max_num_batched_tokens=args.max_num_batched_tokens)
+    common = dict(
+        device=args.device,
+        dtype=args.dtype,
+        kv_cache_bytes=args.kv_cache_bytes,
+        max_running_requests=args.max_running_requests,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     rss_before = rss_bytes()
     engine = Engine(args.model, **common)
     rss_loaded = rss_bytes()
     pool_bytes = engine.worker.kv_pool.nbytes
     make = gpu_workloads if args.workloads == "gpu" else cpu_workloads
     workloads = make(engine.tokenizer, engine.worker.arch.vocab_size)
-    engine.generate(input_ids=workloads[0].prompts[:2],
-                    sampling_params={"max_new_tokens": 4, "temperature": 0})  # warm-up
+    engine.generate(
+        input_ids=workloads[0].prompts[:2], sampling_params={"max_new_tokens": 4, "temperature": 0}
+    )  # warm-up
     engine.flush_cache()
     results: dict[str, Any] = {}
     for w in workloads:
@@ -223,8 +268,11 @@ def main() -> None:
     gc.collect()
 
     if not args.skip_baseline:
-        device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
-            "cpu" if args.device == "auto" else args.device)
+        device = (
+            "cuda"
+            if args.device == "auto" and torch.cuda.is_available()
+            else ("cpu" if args.device == "auto" else args.device)
+        )
         hf = load_hf_model(args.model, device)
         pad = hf.config.eos_token_id
         pad = pad[0] if isinstance(pad, list) else (pad or 0)
@@ -244,8 +292,13 @@ def main() -> None:
     }
     ratios = _ratios(results)
     report = {
-        "benchmark": "offline", "model": args.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(), "versions": versions(), "results": results, "ratios": ratios,
+        "benchmark": "offline",
+        "model": args.model,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(),
+        "versions": versions(),
+        "results": results,
+        "ratios": ratios,
         "memory": memory,
     }
     _print_table(results, ratios, memory)
@@ -261,32 +314,40 @@ def _ratios(results: dict[str, Any]) -> dict[str, float]:
     tp = results["throughput"]
     if "transformers" in tp:
         r["throughput_vs_transformers"] = (
-            tp["radixmesh"]["output_tok_per_s"] / tp["transformers"]["output_tok_per_s"])
+            tp["radixmesh"]["output_tok_per_s"] / tp["transformers"]["output_tok_per_s"]
+        )
     sp = results["shared_prefix"]
     r["shared_prefix_cache_on_vs_off"] = (
-        sp["radixmesh"]["req_per_s"] / sp["radixmesh_cache_off"]["req_per_s"])
+        sp["radixmesh"]["req_per_s"] / sp["radixmesh_cache_off"]["req_per_s"]
+    )
     if "transformers" in sp:
         r["shared_prefix_vs_transformers"] = (
-            sp["radixmesh"]["req_per_s"] / sp["transformers"]["req_per_s"])
+            sp["radixmesh"]["req_per_s"] / sp["transformers"]["req_per_s"]
+        )
     return r
 
 
 def _print_table(results: dict[str, Any], ratios: dict[str, float], mem: dict[str, Any]) -> None:
-    print(f"\n{'workload':<15}{'system':<22}{'seconds':>9}{'out tok/s':>11}{'req/s':>9}"
-          f"{'cached':>9}")
+    print(
+        f"\n{'workload':<15}{'system':<22}{'seconds':>9}{'out tok/s':>11}{'req/s':>9}{'cached':>9}"
+    )
     for name, res in results.items():
         for system, fig in res.items():
             if system == "workload":
                 continue
-            print(f"{name:<15}{system:<22}{fig['seconds']:>9.2f}{fig['output_tok_per_s']:>11.1f}"
-                  f"{fig['req_per_s']:>9.2f}{fig.get('cached_tokens', ''):>9}")
+            print(
+                f"{name:<15}{system:<22}{fig['seconds']:>9.2f}{fig['output_tok_per_s']:>11.1f}"
+                f"{fig['req_per_s']:>9.2f}{fig.get('cached_tokens', ''):>9}"
+            )
     print()
     for k, v in ratios.items():
         print(f"{k:<34}{v:>8.2f}x")
     gb = 1 << 30
-    print(f"peak RSS (engine phase) {mem['peak_rss_engine_phase'] / gb:.2f} GiB, KV pool "
-          f"{mem['kv_pool_bytes'] / gb:.2f} GiB ({mem['kv_pool_vs_budget']:.1%} of budget), "
-          f"process minus pool {mem['process_minus_kv_pool'] / gb:.2f} GiB")
+    print(
+        f"peak RSS (engine phase) {mem['peak_rss_engine_phase'] / gb:.2f} GiB, KV pool "
+        f"{mem['kv_pool_bytes'] / gb:.2f} GiB ({mem['kv_pool_vs_budget']:.1%} of budget), "
+        f"process minus pool {mem['process_minus_kv_pool'] / gb:.2f} GiB"
+    )
 
 
 if __name__ == "__main__":

@@ -28,13 +28,17 @@ def chat(engine: Engine) -> None:
     ):
         messages.append({"role": "user", "content": question})
         ids = engine.tokenizer.encode_chat(messages)
-        out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 48})
+        out = engine.generate(
+            input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 48}
+        )
         assert isinstance(out, dict)
         meta = out["meta_info"]
         print(f"user: {question}")
         print(f"assistant: {out['text'].strip()}")
-        print(f"   prompt {meta['prompt_tokens']} tokens, cached {meta['cached_tokens']}, "
-              f"generated {meta['completion_tokens']}")
+        print(
+            f"   prompt {meta['prompt_tokens']} tokens, cached {meta['cached_tokens']}, "
+            f"generated {meta['completion_tokens']}"
+        )
         messages.append({"role": "assistant", "content": out["text"].strip()})
 
 
@@ -47,19 +51,23 @@ def shared_prefix_batch(engine: Engine) -> None:
         "What is the capital of Egypt?",
     ]
     prompts = [
-        engine.tokenizer.encode_chat([{"role": "system", "content": SYSTEM},
-                                      {"role": "user", "content": q}])
+        engine.tokenizer.encode_chat(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
+        )
         for q in questions
     ]
     t0 = time.perf_counter()
-    outs = engine.generate(input_ids=prompts,
-                           sampling_params={"temperature": 0, "max_new_tokens": 24})
+    outs = engine.generate(
+        input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 24}
+    )
     dt = time.perf_counter() - t0
     assert isinstance(outs, list)
     for q, out in zip(questions, outs, strict=True):
         meta = out["meta_info"]
-        print(f"{q} -> {out['text'].strip()}  "
-              f"(cached {meta['cached_tokens']}/{meta['prompt_tokens']} prompt tokens)")
+        print(
+            f"{q} -> {out['text'].strip()}  "
+            f"(cached {meta['cached_tokens']}/{meta['prompt_tokens']} prompt tokens)"
+        )
     stats = engine.get_stats()
     print(f"batch took {dt:.2f}s; radix cache hit rate so far: {stats.cache_hit_rate:.0%}")
 

@@ -92,8 +92,11 @@ class SamplingParams:
         """The one constraint set, as (kind, text), or None."""
         set_ = [
             (k, v)
-            for k, v in (("regex", self.regex), ("json_schema", self.json_schema),
-                         ("ebnf", self.ebnf))
+            for k, v in (
+                ("regex", self.regex),
+                ("json_schema", self.json_schema),
+                ("ebnf", self.ebnf),
+            )
             if v is not None
         ]
         if self.choices is not None:

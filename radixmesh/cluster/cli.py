@@ -26,14 +26,17 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         default = f.default if f.default is not dataclasses.MISSING else None
         kind = _base_type(f.type)
         if kind is bool:
-            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                               default=default)
+            group.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=default
+            )
         else:
-            group.add_argument(flag, dest=name, type=kind, default=default,
-                               help=f"(default: {default})")
+            group.add_argument(
+                flag, dest=name, type=kind, default=default, help=f"(default: {default})"
+            )
     top = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    group.add_argument("--attention-backend", dest="attention_backend",
-                       default=top["attention_backend"].default)
+    group.add_argument(
+        "--attention-backend", dest="attention_backend", default=top["attention_backend"].default
+    )
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:

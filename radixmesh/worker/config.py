@@ -48,9 +48,7 @@ class CacheConfig:
         if self.page_size < 1:
             raise InvalidArgument("page_size", f"must be >= 1, got {self.page_size}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
-            raise InvalidArgument(
-                "kv_cache_tokens", f"must be >= page_size ({self.page_size})"
-            )
+            raise InvalidArgument("kv_cache_tokens", f"must be >= page_size ({self.page_size})")
         if self.kv_cache_bytes <= 0:
             raise InvalidArgument("kv_cache_bytes", f"must be > 0, got {self.kv_cache_bytes}")
         if self.event_block_size % self.page_size:
@@ -117,18 +115,23 @@ class EngineConfig:
                 parts.setdefault(owners[name], {})[name] = value
             else:
                 raise InvalidArgument(name, f"unknown engine option {name!r}")
-        sub = {
-            part: typ(**parts.get(part, {}))
-            for part, typ in (("model", ModelConfig), ("cache", CacheConfig),
-                              ("scheduler", SchedulerConfig), ("parallel", ParallelConfig))
-        }
-        return cls(**sub, **top)
+        return cls(
+            model=ModelConfig(**parts.get("model", {})),
+            cache=CacheConfig(**parts.get("cache", {})),
+            scheduler=SchedulerConfig(**parts.get("scheduler", {})),
+            parallel=ParallelConfig(**parts.get("parallel", {})),
+            **top,
+        )
 
 
 def _field_owners() -> dict[str, str]:
     owners: dict[str, str] = {}
-    for part, typ in (("model", ModelConfig), ("cache", CacheConfig),
-                      ("scheduler", SchedulerConfig), ("parallel", ParallelConfig)):
+    for part, typ in (
+        ("model", ModelConfig),
+        ("cache", CacheConfig),
+        ("scheduler", SchedulerConfig),
+        ("parallel", ParallelConfig),
+    ):
         for f in dataclasses.fields(typ):
             owners[f.name] = part
     return owners

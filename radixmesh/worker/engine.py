@@ -52,10 +52,11 @@ class Engine:
         input_ids: InputIds = None,
         stream: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
-        """SGLang's argument order (prompt, sampling_params, input_ids), so positional
-        calls written for SGLang work. One prompt -> a dict; a list -> a list of dicts; stream=True -> an iterator of
-        chunks whose "text" and "output_ids" are deltas (the last one carries the final
-        meta_info with finish_reason)."""
+        """Generate for one prompt (-> a dict) or a list (-> a list of dicts).
+
+        SGLang's argument order (prompt, sampling_params, input_ids), so positional calls
+        written for SGLang work. stream=True -> an iterator of chunks whose "text" and
+        "output_ids" are deltas (the last one carries the final meta_info)."""
         reqs, single = self._make_requests(prompt, input_ids, sampling_params)
         if stream:
             if not single or len(reqs) != 1:
@@ -81,7 +82,10 @@ class Engine:
         return results[0] if single and len(results) == 1 else results
 
     def abort(self, rid: str) -> None:
-        self._post(lambda: self.worker.scheduler.abort(rid, "aborted by the client"))
+        def run() -> None:
+            self.worker.scheduler.abort(rid, "aborted by the client")
+
+        self._post(run)
 
     def flush_cache(self) -> bool:
         """Empty the radix cache. False (nothing done) while requests are in flight."""
@@ -123,7 +127,9 @@ class Engine:
                 reqs.append(self._request(ids, params.replace(n=1) if params.n > 1 else params))
         return reqs, single and params_list[0].n == 1
 
-    def _normalize_inputs(self, prompt: Prompt, input_ids: InputIds) -> tuple[list[list[int]], bool]:
+    def _normalize_inputs(
+        self, prompt: Prompt, input_ids: InputIds
+    ) -> tuple[list[list[int]], bool]:
         if (prompt is None) == (input_ids is None):
             raise InvalidArgument("prompt", "give exactly one of prompt and input_ids")
         if prompt is not None:
@@ -137,10 +143,11 @@ class Engine:
         assert input_ids is not None
         if not isinstance(input_ids, list) or not input_ids:
             raise InvalidArgument("input_ids", "expected a non-empty list of token ids")
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
-            return [list(input_ids)], True  # type: ignore[arg-type]
-        if all(isinstance(x, list) for x in input_ids):
-            return [list(x) for x in input_ids], False  # type: ignore[union-attr]
+        items: list[Any] = list(input_ids)
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+            return [items], True
+        if all(isinstance(x, list) for x in items):
+            return [list(x) for x in items], False
         raise InvalidArgument("input_ids", "expected a list of ints or a list of lists of ints")
 
     def _request(self, ids: list[int], params: SamplingParams) -> Request:
@@ -194,7 +201,11 @@ class Engine:
     async def _asubmit(self, req: Request) -> asyncio.Queue[RequestOutput]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        req.sink = lambda out: loop.call_soon_threadsafe(q.put_nowait, out)
+
+        def sink(out: RequestOutput) -> None:
+            loop.call_soon_threadsafe(q.put_nowait, out)
+
+        req.sink = sink
         self._post(lambda: self.worker.scheduler.add_request(req))
         return q
 
@@ -307,5 +318,3 @@ def _chunk(out: RequestOutput) -> dict[str, Any]:
     if out.new_token_logprobs:
         chunk["output_token_logprobs"] = out.new_token_logprobs
     return chunk
-
-

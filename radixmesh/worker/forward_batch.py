@@ -62,7 +62,7 @@ class ForwardBatch:
         """Build from host lists; positions and seq_lens are derived."""
         device = req_to_token.device
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
-        positions = [pos for p, e in zip(prefix_lens, extend_lens) for pos in range(p, p + e)]
+        positions = [p + i for p, e in zip(prefix_lens, extend_lens, strict=True) for i in range(e)]
 
         def tensor(xs: list[int]) -> torch.Tensor:
             return torch.tensor(xs, dtype=torch.int64, device=device)

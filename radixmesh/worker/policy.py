@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from radixmesh.worker.kvcache.radix_cache import RadixCache
+
+from radixmesh.worker.kvcache.radix_cache import RadixCache, TreeNode
 from radixmesh.worker.request import Request
 
 
@@ -43,7 +44,9 @@ class FCFSPolicy(Policy):
 class LPMPolicy(Policy):
     def _order(self, waiting: list[Request]) -> list[Request]:
         for req in waiting:
-            match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
+            match = self.cache.match_prefix(
+                req.token_ids[: req.max_prefix_match()], count_stats=False
+            )
             req.prefix_hint = len(match.slots)
         # sorted() is stable: equal matches keep arrival order.
         return sorted(waiting, key=lambda r: -r.prefix_hint)
@@ -55,7 +58,9 @@ class DFSWeightPolicy(Policy):
         weight: dict[int, int] = {}
         first: dict[int, int] = {}  # earliest arrival in the subtree: breaks weight ties
         for arrival, req in enumerate(waiting):
-            node = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()]).last_node
+            node: TreeNode | None = self.cache.match_prefix(
+                req.token_ids[: req.max_prefix_match()], count_stats=False
+            ).last_node
             at_node.setdefault(id(node), []).append(req)
             while node is not None:  # every ancestor's subtree gains one request
                 weight[id(node)] = weight.get(id(node), 0) + 1

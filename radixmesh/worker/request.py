@@ -21,7 +21,7 @@ import torch
 from radixmesh.sampling_params import SamplingParams
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # eos, a stop token id or a stop string
     LENGTH = "length"  # max_new_tokens or the context length
     ABORT = "abort"  # aborted by the client, a disconnect, or an error

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -34,9 +35,8 @@ from radixmesh.worker.policy import create_policy
 from radixmesh.worker.request import FinishReason, Request
 
 
-class ModelRunnerLike:  # the one method the scheduler needs (see model_runner.py)
-    def forward(self, batch: Batch) -> ForwardOutput:  # pragma: no cover - protocol
-        raise NotImplementedError
+class ModelRunnerLike(Protocol):  # the one method the scheduler needs (model_runner.py)
+    def forward(self, batch: Batch) -> ForwardOutput: ...
 
 
 @dataclass

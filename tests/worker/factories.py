@@ -58,7 +58,9 @@ def make_request(
     params.setdefault("ignore_eos", True)
     sp = SamplingParams(**params)
     req = Request(
-        rid=rid or f"r{next(_ids)}", prompt_ids=list(prompt_ids), params=sp,
+        rid=rid or f"r{next(_ids)}",
+        prompt_ids=list(prompt_ids),
+        params=sp,
         stop_ids=worker.stop_ids(sp),
     )
     outputs: list[RequestOutput] = []

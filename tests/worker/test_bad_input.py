@@ -22,27 +22,52 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("empty prompt", {"prompt": ""}, "prompt", "the prompt is empty"),
     ("empty input_ids", {"input_ids": []}, "input_ids", "non-empty list"),
     ("no prompt at all", {}, "prompt", "exactly one of prompt and input_ids"),
-    ("negative max_new_tokens", {"sampling_params": {"max_new_tokens": -1}},
-     "max_new_tokens", "must be >= 0, got -1"),
-    ("temperature < 0", {"sampling_params": {"temperature": -0.5}},
-     "temperature", "must be >= 0, got -0.5"),
+    (
+        "negative max_new_tokens",
+        {"sampling_params": {"max_new_tokens": -1}},
+        "max_new_tokens",
+        "must be >= 0, got -1",
+    ),
+    (
+        "temperature < 0",
+        {"sampling_params": {"temperature": -0.5}},
+        "temperature",
+        "must be >= 0, got -0.5",
+    ),
     ("top_p = 0", {"sampling_params": {"top_p": 0.0}}, "top_p", "must be in (0, 1], got 0.0"),
     ("top_p > 1", {"sampling_params": {"top_p": 1.5}}, "top_p", "must be in (0, 1], got 1.5"),
     ("top_k < -1", {"sampling_params": {"top_k": -2}}, "top_k", "must be >= -1, got -2"),
-    ("unknown parameter", {"sampling_params": {"temprature": 0.5}},
-     "sampling_params.temprature", "unknown sampling parameter 'temprature'"),
-    ("token id outside vocab", {"input_ids": [1, 49152]},
-     "input_ids", "token id 49152 is outside the vocabulary [0, 49152)"),
+    (
+        "unknown parameter",
+        {"sampling_params": {"temprature": 0.5}},
+        "sampling_params.temprature",
+        "unknown sampling parameter 'temprature'",
+    ),
+    (
+        "token id outside vocab",
+        {"input_ids": [1, 49152]},
+        "input_ids",
+        "token id 49152 is outside the vocabulary [0, 49152)",
+    ),
     ("negative token id", {"input_ids": [-3, 5]}, "input_ids", "token id -3"),
-    ("min > max new tokens", {"sampling_params": {"min_new_tokens": 9, "max_new_tokens": 4}},
-     "min_new_tokens", "exceeds max_new_tokens"),
-    ("stop token out of vocab", {"sampling_params": {"stop_token_ids": [10**6]}},
-     "stop_token_ids", "outside the vocabulary"),
+    (
+        "min > max new tokens",
+        {"sampling_params": {"min_new_tokens": 9, "max_new_tokens": 4}},
+        "min_new_tokens",
+        "exceeds max_new_tokens",
+    ),
+    (
+        "stop token out of vocab",
+        {"sampling_params": {"stop_token_ids": [10**6]}},
+        "stop_token_ids",
+        "outside the vocabulary",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("kwargs", "field", "message"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("kwargs", "field", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_bad_input_names_the_field(
     engine: Engine, kwargs: dict[str, Any], field: str, message: str
 ) -> None:

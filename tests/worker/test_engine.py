@@ -62,11 +62,13 @@ def test_cache_on_and_off_give_identical_greedy_tokens(engine: Engine) -> None:
 def test_shared_prefix_is_cached_for_the_second_request(engine: Engine) -> None:
     engine.flush_cache()
     system = "You are a helpful assistant who answers briefly and precisely. " * 4
-    a = engine.tokenizer.encode_chat([{"role": "system", "content": system},
-                                      {"role": "user", "content": "Name a fruit."}])
-    b = engine.tokenizer.encode_chat([{"role": "system", "content": system},
-                                      {"role": "user", "content": "Name a color."}])
-    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    a = engine.tokenizer.encode_chat(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Name a fruit."}]
+    )
+    b = engine.tokenizer.encode_chat(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Name a color."}]
+    )
+    common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
     out_a = engine.generate(input_ids=a, sampling_params=GREEDY)
     out_b = engine.generate(input_ids=b, sampling_params=GREEDY)
     assert isinstance(out_a, dict) and isinstance(out_b, dict)
@@ -80,10 +82,11 @@ def test_next_chat_turn_reuses_prompt_and_generated_tokens(engine: Engine) -> No
     ids = engine.tokenizer.encode_chat(msgs)
     first = engine.generate(input_ids=ids, sampling_params=GREEDY)
     assert isinstance(first, dict)
-    msgs += [{"role": "assistant", "content": first["text"]},
-             {"role": "user", "content": "And in Spanish?"}]
-    second = engine.generate(input_ids=engine.tokenizer.encode_chat(msgs),
-                             sampling_params=GREEDY)
+    msgs += [
+        {"role": "assistant", "content": first["text"]},
+        {"role": "user", "content": "And in Spanish?"},
+    ]
+    second = engine.generate(input_ids=engine.tokenizer.encode_chat(msgs), sampling_params=GREEDY)
     assert isinstance(second, dict)
     # The whole first turn, its answer included, came from the cache.
     assert second["meta_info"]["cached_tokens"] >= len(ids) + len(first["output_ids"]) - 1
@@ -101,8 +104,7 @@ def test_stream_deltas_concatenate_to_the_full_result(engine: Engine) -> None:
 
 
 def test_closing_a_stream_early_aborts_and_frees(engine: Engine) -> None:
-    stream = engine.generate(PROMPTS[2], {"max_new_tokens": 200, "ignore_eos": True},
-                             stream=True)
+    stream = engine.generate(PROMPTS[2], {"max_new_tokens": 200, "ignore_eos": True}, stream=True)
     for i, _ in enumerate(stream):  # type: ignore[arg-type]
         if i == 2:
             break
@@ -113,9 +115,7 @@ def test_closing_a_stream_early_aborts_and_frees(engine: Engine) -> None:
 
 def test_async_generate_runs_concurrently(engine: Engine) -> None:
     async def main() -> list[object]:
-        return list(await asyncio.gather(
-            *(engine.async_generate(p, GREEDY) for p in PROMPTS[:4])
-        ))
+        return list(await asyncio.gather(*(engine.async_generate(p, GREEDY) for p in PROMPTS[:4])))
 
     results = asyncio.run(main())
     sync = engine.generate(PROMPTS[:4], GREEDY)
@@ -129,31 +129,40 @@ def test_stop_string_spanning_tokens_trims_exactly(engine: Engine) -> None:
     text = base["text"]
     stop = text[10:18]  # 8 characters from the middle: spans several tokens
     assert stop.strip() and text.index(stop) == 10
-    out = engine.generate(PROMPTS[2], {"temperature": 0.0, "max_new_tokens": 32,
-                                       "stop": [stop]})
+    out = engine.generate(PROMPTS[2], {"temperature": 0.0, "max_new_tokens": 32, "stop": [stop]})
     assert isinstance(out, dict)
     assert out["text"] == text[:10]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    kept = engine.generate(PROMPTS[2], {"temperature": 0.0, "max_new_tokens": 32,
-                                        "stop": [stop], "no_stop_trim": True})
+    kept = engine.generate(
+        PROMPTS[2], {"temperature": 0.0, "max_new_tokens": 32, "stop": [stop], "no_stop_trim": True}
+    )
     assert isinstance(kept, dict)
     assert kept["text"] == text[:18]
 
 
 def test_stop_token_ids_and_min_new_tokens(engine: Engine) -> None:
-    base = engine.generate(PROMPTS[0], {"temperature": 0.0, "max_new_tokens": 12,
-                                        "ignore_eos": True})
+    base = engine.generate(
+        PROMPTS[0], {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+    )
     assert isinstance(base, dict)
     ids = base["output_ids"]
     stop_at = ids[3]
     first = ids.index(stop_at)
-    out = engine.generate(PROMPTS[0], {"temperature": 0.0, "max_new_tokens": 12,
-                                       "stop_token_ids": [stop_at]})
+    out = engine.generate(
+        PROMPTS[0], {"temperature": 0.0, "max_new_tokens": 12, "stop_token_ids": [stop_at]}
+    )
     assert isinstance(out, dict)
     assert out["output_ids"] == ids[: first + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_at}
-    longer = engine.generate(PROMPTS[0], {"temperature": 0.0, "max_new_tokens": 12,
-                                          "stop_token_ids": [stop_at], "min_new_tokens": 12})
+    longer = engine.generate(
+        PROMPTS[0],
+        {
+            "temperature": 0.0,
+            "max_new_tokens": 12,
+            "stop_token_ids": [stop_at],
+            "min_new_tokens": 12,
+        },
+    )
     assert isinstance(longer, dict)
     assert len(longer["output_ids"]) == 12
     assert stop_at not in longer["output_ids"]  # banned while below min_new_tokens
@@ -170,7 +179,7 @@ def test_seeded_sampling_is_reproducible_and_n_copies_share_the_prompt(engine: E
     engine.flush_cache()
     params = {"temperature": 1.0, "top_p": 0.9, "max_new_tokens": 12, "seed": 7}
     a = engine.generate(PROMPTS[2], params)
-    b = engine.generate(PROMPTS[3:5] + [PROMPTS[2]], params)
+    b = engine.generate([*PROMPTS[3:5], PROMPTS[2]], params)
     assert isinstance(a, dict) and isinstance(b, list)
     assert b[2]["output_ids"] == a["output_ids"]
     engine.flush_cache()
@@ -182,13 +191,22 @@ def test_seeded_sampling_is_reproducible_and_n_copies_share_the_prompt(engine: E
     assert len({tuple(o["output_ids"]) for o in outs}) > 1  # unseeded copies differ
 
 
-def test_logprobs_and_prompt_logprobs_match_transformers(engine: Engine, hf_smollm2: object) -> None:
+def test_logprobs_and_prompt_logprobs_match_transformers(
+    engine: Engine, hf_smollm2: object
+) -> None:
     import torch
 
     ids = engine.tokenizer.encode(PROMPTS[4])
-    out = engine.generate(input_ids=ids, sampling_params={
-        "temperature": 0.0, "max_new_tokens": 4, "return_logprob": True,
-        "logprob_start_len": 2, "top_logprobs_num": 3})
+    out = engine.generate(
+        input_ids=ids,
+        sampling_params={
+            "temperature": 0.0,
+            "max_new_tokens": 4,
+            "return_logprob": True,
+            "logprob_start_len": 2,
+            "top_logprobs_num": 3,
+        },
+    )
     assert isinstance(out, dict)
     meta = out["meta_info"]
     full = torch.tensor([ids + out["output_ids"]])

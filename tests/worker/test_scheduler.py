@@ -118,8 +118,8 @@ def test_policy_admission_order(policy: str, expected: list[str]) -> None:
     rec = Recorder().attach(w)
     for rid, prompt in (
         ("a", list(range(300, 308))),  # no match
-        ("b", cached + [1, 2, 3, 4]),  # 32 cached
-        ("c", cached[:16] + [7, 7, 7, 7]),  # 16 cached
+        ("b", [*cached, 1, 2, 3, 4]),  # 32 cached
+        ("c", [*cached[:16], 7, 7, 7, 7]),  # 16 cached
     ):
         w.scheduler.add_request(make_request(w, prompt, rid=rid, max_new_tokens=2))
     run_to_completion(w)
@@ -131,7 +131,7 @@ def test_lpm_reuses_cache_and_reports_cached_tokens() -> None:
     cached = list(range(200, 232))
     _cache_prompt(w, cached)
     rec = Recorder().attach(w)
-    b = make_request(w, cached + [1, 2, 3, 4], rid="b", max_new_tokens=2)
+    b = make_request(w, [*cached, 1, 2, 3, 4], rid="b", max_new_tokens=2)
     w.scheduler.add_request(b)
     run_to_completion(w)
     assert b.num_cached_tokens == 32
@@ -145,7 +145,7 @@ def test_dfs_weight_runs_the_heavier_subtree_first() -> None:
     _cache_prompt(w, q)
     _cache_prompt(w, r)
     rec = Recorder().attach(w)
-    for rid, prompt in (("y1", r + [1]), ("x1", q + [2]), ("x2", q + [3])):
+    for rid, prompt in (("y1", [*r, 1]), ("x1", [*q, 2]), ("x2", [*q, 3])):
         w.scheduler.add_request(make_request(w, prompt, rid=rid, max_new_tokens=1))
     run_to_completion(w)
     # All three are admitted in one step, in the policy's order: q's subtree holds two
@@ -158,7 +158,7 @@ def test_cache_aware_policies_fall_back_to_fcfs_on_long_queues() -> None:
     cached = list(range(200, 232))
     _cache_prompt(w, cached)
     rec = Recorder().attach(w)
-    for rid, prompt in (("a", [300, 301]), ("b", cached + [1]), ("c", [5, 6])):
+    for rid, prompt in (("a", [300, 301]), ("b", [*cached, 1]), ("c", [5, 6])):
         w.scheduler.add_request(make_request(w, prompt, rid=rid, max_new_tokens=1))
     run_to_completion(w)
     assert rec.admission_order() == ["a", "b", "c"]
@@ -168,9 +168,7 @@ def test_cache_aware_policies_fall_back_to_fcfs_on_long_queues() -> None:
 def test_shared_prefixes_across_concurrent_requests(page_size: int) -> None:
     w = make_worker(page_size=page_size, max_num_batched_tokens=24)
     base = list(range(300, 337))  # 37 tokens: not page aligned
-    reqs = [
-        make_request(w, base + [i, i + 1], rid=f"s{i}", max_new_tokens=6) for i in range(4)
-    ]
+    reqs = [make_request(w, [*base, i, i + 1], rid=f"s{i}", max_new_tokens=6) for i in range(4)]
     for r in reqs:
         w.scheduler.add_request(r)
     run_to_completion(w)

@@ -91,8 +91,10 @@ class LlamaArchConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A config.json dict transformers can load (for references and the weight cache)."""
-        model_type = "qwen2" if self.architecture.startswith("Qwen2") else (
-            "mistral" if self.architecture.startswith("Mistral") else "llama"
+        model_type = (
+            "qwen2"
+            if self.architecture.startswith("Qwen2")
+            else ("mistral" if self.architecture.startswith("Mistral") else "llama")
         )
         out: dict[str, Any] = {
             "architectures": [self.architecture],
@@ -111,7 +113,8 @@ class LlamaArchConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "hidden_act": "silu",
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1
+            "eos_token_id": list(self.eos_token_ids)
+            if len(self.eos_token_ids) != 1
             else self.eos_token_ids[0],
         }
         if model_type == "llama":
@@ -137,47 +140,103 @@ def _llama3_scaling(factor: float = 8.0) -> dict[str, Any]:
 # downloaded). `tiny` is for tests: every code path, a few milliseconds a step.
 PRESETS: dict[str, LlamaArchConfig] = {
     "tiny": LlamaArchConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        eos_token_ids=(2,), bos_token_id=1,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        eos_token_ids=(2,),
+        bos_token_id=1,
     ),
     "smollm2-135m": LlamaArchConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0,
-        max_position_embeddings=8192, tie_word_embeddings=True, eos_token_ids=(2,),
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        eos_token_ids=(2,),
         bos_token_id=1,
     ),
     "llama-2-7b": LlamaArchConfig(
-        vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5,
-        max_position_embeddings=4096, eos_token_ids=(2,), bos_token_id=1,
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=4096,
+        eos_token_ids=(2,),
+        bos_token_id=1,
     ),
     "llama-3-8b": LlamaArchConfig(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-        max_position_embeddings=8192, eos_token_ids=(128001, 128009), bos_token_id=128000,
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        eos_token_ids=(128001, 128009),
+        bos_token_id=128000,
     ),
     "llama-3.1-8b": LlamaArchConfig(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-        rope_scaling=_llama3_scaling(), max_position_embeddings=131072,
-        eos_token_ids=(128001, 128008, 128009), bos_token_id=128000,
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+        rope_scaling=_llama3_scaling(),
+        max_position_embeddings=131072,
+        eos_token_ids=(128001, 128008, 128009),
+        bos_token_id=128000,
     ),
     "llama-3-70b": LlamaArchConfig(
-        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-        num_attention_heads=64, num_key_value_heads=8, rope_theta=500000.0,
-        max_position_embeddings=8192, eos_token_ids=(128001, 128009), bos_token_id=128000,
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        eos_token_ids=(128001, 128009),
+        bos_token_id=128000,
     ),
     "mistral-7b": LlamaArchConfig(
-        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, rope_theta=1000000.0,
-        max_position_embeddings=32768, eos_token_ids=(2,), bos_token_id=1,
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        eos_token_ids=(2,),
+        bos_token_id=1,
         architecture="MistralForCausalLM",
     ),
     "qwen2-7b": LlamaArchConfig(
-        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-        num_attention_heads=28, num_key_value_heads=4, rms_norm_eps=1e-6,
-        rope_theta=1000000.0, max_position_embeddings=32768, attention_bias=True,
-        eos_token_ids=(151643, 151645), architecture="Qwen2ForCausalLM",
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        attention_bias=True,
+        eos_token_ids=(151643, 151645),
+        architecture="Qwen2ForCausalLM",
     ),
 }
