@@ -11,7 +11,7 @@ from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.sampler import (
     Sampler,
     SamplingRow,
-    _filtered,
+    _window_filter,
     make_generator,
     stop_token_set,
     token_logprobs,
@@ -128,13 +128,58 @@ def test_top_p_stays_in_allowed_set() -> None:
     assert set(tokens.tolist()) == {1, 3, 5}
 
 
-def test_top_p_1_keeps_whole_vocab_when_batch_is_sorted() -> None:
-    # Float cumsum over 49152 probabilities passes 1.0 well before the tail; a row with
-    # top_p=1 sharing the sorted path with a top_p<1 row must still keep every token.
+def test_top_p_1_keeps_whole_top_k_window() -> None:
+    # A float cumsum over 40000 probabilities passes 1.0 before the end; top_p=1 must
+    # still keep all of the top-k set.
     x = torch.randn(2, 49152) * 3
-    filtered = _filtered(x, [SamplingParams(top_p=0.5), SamplingParams(top_p=1.0)])
-    assert torch.isfinite(filtered[1]).all()
-    assert torch.isinf(filtered[0]).any()
+    vals, _, covered = _window_filter(x, [40000, 40000], [1.0, 0.5], 256)
+    assert torch.isfinite(vals[0]).sum() == 40000
+    assert torch.isfinite(vals[1]).sum() < 40000
+    assert covered.tolist() == [True, True]
+
+
+def _top_p_allowed(logits: torch.Tensor, p: float) -> int:
+    """How many of the (descending) logits top-p keeps, computed in float64."""
+    probs = torch.softmax(logits.double(), -1)
+    return int(((probs.cumsum(-1) - probs) <= p).sum())
+
+
+def test_top_p_decided_in_window() -> None:
+    # 3000 tokens: 20 likely ones hold ~0.99 of the mass, so the top-256 window decides.
+    logits = torch.cat([torch.linspace(8.0, 6.0, 20), torch.linspace(0.0, -1.0, 2980)])
+    m = _top_p_allowed(logits, 0.9)
+    assert 5 < m < 20
+    tokens = draws(logits, 3000, top_p=0.9)
+    assert set(tokens.tolist()) == set(range(m))
+
+
+def test_top_p_beyond_windows_falls_back_to_full_sort() -> None:
+    # Nearly flat over 6000 tokens: the top 4096 hold ~70% of the mass, top_p=0.9 ~5400.
+    logits = torch.linspace(0.0, -0.5, 6000)
+    m = _top_p_allowed(logits, 0.9)
+    assert m > 5000
+    tokens = draws(logits, 2000, top_p=0.9)
+    assert int(tokens.max()) < m
+    assert int(tokens.max()) > m - 100  # the tail of the kept set is reachable
+    assert len(set(tokens.tolist())) > 1000
+
+
+def test_top_p_decided_in_second_window() -> None:
+    # 2000 nearly flat tokens, then a very unlikely tail: the top 256 hold ~13%, the top
+    # 4096 everything that top_p=0.9 keeps.
+    logits = torch.cat([torch.linspace(0.0, -0.5, 2000), torch.full((8000,), -30.0)])
+    m = _top_p_allowed(logits, 0.9)
+    assert 1500 < m < 2000
+    tokens = draws(logits, 2000, top_p=0.9)
+    assert int(tokens.max()) < m
+    assert int(tokens.max()) > m - 40
+
+
+def test_top_k_beyond_default_window() -> None:
+    logits = torch.linspace(0.0, -0.1, 1000)
+    tokens = draws(logits, 3000, top_k=400)
+    assert set(tokens.tolist()) <= set(range(400))
+    assert int(tokens.max()) > 390
 
 
 def test_top_k_then_top_p_renormalizes() -> None:
