@@ -29,6 +29,9 @@ from radixmesh.sampling_params import SamplingParams
 _TOP_WINDOWS = (256, 4096)
 # Keeps the inverse-CDF draw's target strictly below the total despite rounding.
 _BELOW_ONE = 1.0 - 2.0**-20
+# Validation only asks temperature > 0; below this, logits / T could overflow to inf (and
+# the draw to NaN), while the distribution is already argmax for any real logits.
+_MIN_TEMPERATURE = 1e-5
 
 TopLogprobs = list[tuple[int, float]]  # (token id, logprob), best first
 
@@ -121,7 +124,8 @@ class Sampler:
             # The common benchmark path: one kernel, no copies.
             return SampleOutput(token_ids=logits.argmax(dim=-1).tolist())
 
-        logits = self._apply_rules(logits, rows, vocab_mask)  # [N, V], a fresh tensor
+        # [N, V]: our own copy if any rule applied, else the caller's, which is only read.
+        logits = self._apply_rules(logits, rows, vocab_mask)
         token_ids = self._draw(logits, rows)  # [N]
         out = SampleOutput(token_ids=token_ids.tolist())
         lp_rows = [i for i, r in enumerate(rows) if r.params.return_logprob]
@@ -251,7 +255,8 @@ def _sample(
     for the rows that needed more, then a full sort for what is left.
     """
     dev, v = logits.device, logits.shape[-1]
-    x = logits / torch.tensor([p.temperature for p in params], device=dev)[:, None]  # [R, V]
+    temps = [max(p.temperature, _MIN_TEMPERATURE) for p in params]
+    x = logits / torch.tensor(temps, device=dev)[:, None]  # [R, V]
     ks = [p.top_k if 0 < p.top_k < v else v for p in params]
     tokens = torch.empty(len(params), dtype=torch.long, device=dev)
     pending = [i for i in range(len(params)) if ks[i] < v or params[i].top_p < 1.0]

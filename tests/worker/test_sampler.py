@@ -362,3 +362,13 @@ def test_token_logprobs_manual() -> None:
 def test_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match="logits"):
         Sampler(4).sample(torch.zeros(2, 4), many(3))
+
+
+def test_tiny_temperature_samples_argmax() -> None:
+    logits = torch.randn(16, 100) * 30
+    out = Sampler(100).sample(logits, many(16, temperature=1e-30))
+    assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def test_empty_batch() -> None:
+    assert Sampler(10).sample(torch.empty(0, 10), []).token_ids == []
