@@ -87,8 +87,8 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         bd, hq, d = q.shape
         hkv = k_buf.shape[1]
-        keys = k_buf[rows.slots].to(q.dtype).permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
-        values = v_buf[rows.slots].to(q.dtype).permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
+        keys = _gather(k_buf, rows.slots, q.dtype).permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
+        values = _gather(v_buf, rows.slots, q.dtype).permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
         q_folded = q.reshape(bd, hkv, hq // hkv, d)  # [Bd, Hkv, G, D]
         out = F.scaled_dot_product_attention(
             q_folded, keys, values, attn_mask=rows.key_mask, scale=self.scale
@@ -98,8 +98,8 @@ class TorchAttentionBackend(AttentionBackend):
     def _extend(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, row: ExtendRow
     ) -> torch.Tensor:
-        keys = k_buf[row.slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
-        values = v_buf[row.slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        keys = _gather(k_buf, row.slots, q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        values = _gather(v_buf, row.slots, q.dtype).transpose(0, 1)  # [Hkv, L, D]
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),  # [1, Hq, E, D]
             keys.unsqueeze(0),
@@ -110,6 +110,16 @@ class TorchAttentionBackend(AttentionBackend):
             enable_gqa=q.shape[1] != keys.shape[0],
         )  # [1, Hq, E, D]
         return out[0].transpose(0, 1)  # [E, Hq, D]
+
+
+def _gather(buf: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """buf[slots] for a KV buffer [num_slots, Hkv, D] -> [*slots.shape, Hkv, D].
+
+    A row lookup (embedding) rather than advanced indexing: 5-10x faster on CPU, where
+    advanced indexing gathers element-wise.
+    """
+    rows = F.embedding(slots, buf.view(buf.shape[0], -1))  # [*slots.shape, Hkv * D]
+    return rows.view(*slots.shape, *buf.shape[1:]).to(dtype)
 
 
 def _decode_rows(batch: ForwardBatch, decode: list[int], starts: list[int]) -> DecodeRows:
