@@ -22,8 +22,9 @@ from typing import Protocol
 _PROMPT_CONTEXT = 5
 # A UTF-8 character spans at most 4 bytes, so at most 4 tokens. New ids that decode to
 # text ending in U+FFFD at every token boundary for this long hold invalid bytes: emit
-# them as U+FFFD (as a full decode would) rather than let the window grow.
+# what is final of them (as U+FFFD, like a full decode) rather than let the window grow.
 _MAX_INCOMPLETE_TOKENS = 6
+_MAX_UNFINISHED_BYTES = 3  # bytes of a character still waiting for its last byte
 _REPLACEMENT = "\ufffd"
 
 
@@ -130,7 +131,21 @@ class IncrementalDetokenizer:
             return end, text
         if len(self._ids) - self._read < _MAX_INCOMPLETE_TOKENS:
             return self._read, seen  # wait for the rest of the character
-        return len(self._ids), self._decode(self._ids[self._prefix :])  # invalid bytes
+        return self._invalid_bytes_end(seen)
+
+    def _invalid_bytes_end(self, seen: str) -> tuple[int, str]:
+        """Like `_complete_end` for a window of invalid bytes (no end is complete).
+
+        Later bytes can only change how the last unfinished character decodes, at most
+        its 3 bytes; so text before a cut that leaves the last 3 ids unread, and where
+        splitting does not change the text, is final.
+        """
+        full = self._decode(self._ids[self._prefix :])
+        for end in range(len(self._ids) - _MAX_UNFINISHED_BYTES, self._read, -1):
+            head = self._decode(self._ids[self._prefix : end])
+            if head + self._decode(self._ids[end:]) == full:
+                return end, head
+        return self._read, seen
 
     # --- text -> emitted text (stop strings) --------------------------------------------
 

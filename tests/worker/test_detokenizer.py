@@ -5,6 +5,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 
@@ -209,3 +211,63 @@ def test_invalid_bytes_stream_like_full_decode(tokenizer: Any) -> None:
         for chunk in (1, 4):
             det = IncrementalDetokenizer(tokenizer)
             assert "".join(stream(det, ids, chunk)) == tokenizer.decode(ids)
+
+
+class ByteLevel:
+    """One id per UTF-8 byte: every non-ASCII character is split across tokens."""
+
+    def decode(self, token_ids: Sequence[int], /, *, skip_special_tokens: bool = True) -> str:
+        return bytes(token_ids).decode("utf-8", errors="replace")
+
+
+def reference(full: str, stops: Sequence[str], no_stop_trim: bool) -> tuple[str, str | None]:
+    """Text and matched stop from the whole text: the stop that completes first wins."""
+    hits = [(full.find(s) + len(s), full.find(s), s) for s in stops if s in full]
+    if not hits:
+        return full, None
+    end, start, stop = min(hits)
+    return full[: end if no_stop_trim else start], stop
+
+
+ALPHABET = "ab .é你🎉"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet=ALPHABET, max_size=30),
+    stops=st.lists(st.text(alphabet=ALPHABET, min_size=1, max_size=4), max_size=3),
+    chunks=st.lists(st.integers(1, 5), min_size=1, max_size=8),
+    no_stop_trim=st.booleans(),
+)
+def test_stream_matches_reference_on_whole_text(
+    text: str, stops: list[str], chunks: list[int], no_stop_trim: bool
+) -> None:
+    ids = list(text.encode("utf-8"))
+    det = IncrementalDetokenizer(ByteLevel(), stop=stops, no_stop_trim=no_stop_trim)
+    pieces, i, step = [], 0, 0
+    while i < len(ids):
+        size = chunks[step % len(chunks)]
+        pieces.append(det.push(ids[i : i + size]))
+        i, step = i + size, step + 1
+    assert all("\ufffd" not in p for p in pieces)  # valid text: nothing cut is emitted
+    pieces.append(det.finish())
+    expected_text, expected_stop = reference(text, stops, no_stop_trim)
+    assert "".join(pieces) == det.text == expected_text
+    assert det.matched_stop == expected_stop
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    data=st.lists(st.sampled_from([0x41, 0x20, 0xC3, 0xA9, 0xE4, 0xBD, 0xA0, 0xF0, 0x9F, 0x8E,
+                                   0x89, 0x80, 0xFF]), max_size=40),
+    chunks=st.lists(st.integers(1, 4), min_size=1, max_size=6),
+)
+def test_invalid_utf8_streams_like_full_decode(data: list[int], chunks: list[int]) -> None:
+    det = IncrementalDetokenizer(ByteLevel())
+    pieces, i, step = [], 0, 0
+    while i < len(data):
+        size = chunks[step % len(chunks)]
+        pieces.append(det.push(data[i : i + size]))
+        i, step = i + size, step + 1
+    pieces.append(det.finish())
+    assert "".join(pieces) == bytes(data).decode("utf-8", errors="replace")
