@@ -4,9 +4,10 @@ Decoding token by token (`decode([t])`) is wrong for byte-level BPE: a token may
 half of a UTF-8 character, and some decoders drop or add spaces at the start of a decode.
 Decoding the whole output every step is right but costs O(length) per token. Instead we
 keep a short window of ids: `[prefix, read)` was already emitted, `[read, end)` is new.
-The new text is `decode(ids[prefix:]) minus decode(ids[prefix:read])`; the `prefix`
-tokens give the decoder the context it needs, and the window slides forward once the new
-text is complete (does not end in U+FFFD, the mark of a cut UTF-8 sequence).
+The new text is `decode(ids[prefix:end]) minus decode(ids[prefix:read])`, where `end`
+is the last token boundary at which the text is complete (does not end in U+FFFD, the
+mark of a cut UTF-8 sequence); the `prefix` tokens give the decoder the context it needs,
+and the window then slides to `[read, end)`.
 
 Stop strings are then found in the text: text that might be the start of a stop string
 is held back, so nothing emitted is ever retracted.
