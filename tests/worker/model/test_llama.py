@@ -132,3 +132,21 @@ def test_tied_model_accepts_a_redundant_lm_head() -> None:
     assert "lm_head.weight" not in weights or weights["lm_head.weight"] is not None
     weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
     fresh("tied-mha").load_weights(weights.items())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-4), (torch.bfloat16, 0.25)])
+def test_cuda_matches_transformers_on_cpu(dtype: torch.dtype, atol: float) -> None:
+    hf, cpu_model = make_pair("qwen2-qkv-bias")
+    ours = LlamaForCausalLM(cpu_model.arch, dtype=dtype, device="cuda")
+    ours.load_weights(hf.state_dict().items())
+    a, b = random_ids(70, seed=6), random_ids(9, seed=7)
+    runner = RaggedRunner(ours)
+    (a1,) = runner.step([(0, a[:40])])
+    a2, b1 = runner.step([(0, a[40:60]), (1, b)])
+    steps = [runner.step([(1, [a[i]]), (0, [a[60 + i]])]) for i in range(4)]
+    got_a = torch.cat([a1, a2, *(s[1] for s in steps)]).cpu()
+    got_b = torch.cat([b1, *(s[0] for s in steps)]).cpu()
+    torch.testing.assert_close(got_a, hf_logits(hf, a[:64]), atol=atol, rtol=0)
+    torch.testing.assert_close(got_b, hf_logits(hf, b + a[:4]), atol=atol, rtol=0)
