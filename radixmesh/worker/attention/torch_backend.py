@@ -29,7 +29,7 @@ from radixmesh.worker.forward_batch import ForwardBatch
 class DecodeRows:
     token_index: torch.Tensor | None  # [Bd] rows of q/out; None: the batch is decode-only
     slots: torch.Tensor  # [Bd, L] KV slot of key j; padding reads reserved slot 0
-    key_mask: torch.Tensor  # [Bd, 1, 1, L] bool: key j < seq_len
+    key_mask: torch.Tensor | None  # [Bd, 1, 1, L] bool: key j < seq_len; None: no padding
 
 
 @dataclass
@@ -131,8 +131,11 @@ def _decode_rows(batch: ForwardBatch, decode: list[int], starts: list[int]) -> D
         index = torch.tensor(decode, dtype=torch.int64, device=device)
         seq_lens, req_rows = batch.seq_lens[index], batch.req_rows[index]
         token_index = torch.tensor([starts[b] for b in decode], dtype=torch.int64, device=device)
+    slots = batch.req_to_token[req_rows, :max_len]  # [Bd, L]
+    if all(batch.seq_lens_cpu[b] == max_len for b in decode):
+        return DecodeRows(token_index, slots, None)  # no padding: SDPA is faster unmasked
     key_mask = torch.arange(max_len, device=device)[None, :] < seq_lens[:, None]  # [Bd, L]
-    slots = batch.req_to_token[req_rows, :max_len].masked_fill(~key_mask, 0)  # [Bd, L]
+    slots = slots.masked_fill(~key_mask, 0)  # padding reads the reserved slot 0
     return DecodeRows(token_index, slots, key_mask[:, None, None, :])
 
 

@@ -112,8 +112,14 @@ def test_mixed_batch_matches_reference(num_heads: int, num_kv_heads: int, seed: 
 
 @pytest.mark.parametrize(
     "seqs",
-    [[(10, 1), (0, 1), (33, 1), (7, 1)], [(0, 12)], [(9, 5), (0, 3)], [(20, 1)]],
-    ids=["decode-only", "one-prompt", "extends-only", "single-decode"],
+    [
+        [(10, 1), (0, 1), (33, 1), (7, 1)],
+        [(14, 1), (14, 1), (14, 1)],
+        [(0, 12)],
+        [(9, 5), (0, 3)],
+        [(20, 1)],
+    ],
+    ids=["decode-only", "decode-equal-lengths", "one-prompt", "extends-only", "single-decode"],
 )
 def test_homogeneous_batches_match_reference(seqs: list[tuple[int, int]]) -> None:
     pool, batch, q, k, v = make_case(seqs, 8, 2)
