@@ -6,6 +6,12 @@ key mask, for extend rows each sequence's slots and causal mask. Per layer, `for
 stores the new k/v, then runs one SDPA over all decode rows and one per extend row,
 reading keys through the slot table.
 
+K/V are gathered head-major: a layer's buffer [num_slots, Hkv, D] is read as rows
+[num_slots * Hkv, D] at indices slot * Hkv + h, so the gather yields [.., Hkv, L, D]
+contiguous, the layout SDPA wants (about 5% of a CPU decode step faster than gathering
+[.., L, Hkv, D] and permuting). The row lookup is an embedding, 5-10x faster on CPU than
+advanced indexing, which gathers element-wise.
+
 Decode rows use grouped-query folding: with one query per sequence, the G = Hq / Hkv query
 heads sharing a KV head are laid out as G query positions of that KV head, so SDPA sees
 [Bd, Hkv, G, D] against [Bd, Hkv, L, D] with no K/V repeat. On this CPU that is 1.2x
@@ -28,7 +34,7 @@ from radixmesh.worker.forward_batch import ForwardBatch
 @dataclass
 class DecodeRows:
     token_index: torch.Tensor | None  # [Bd] rows of q/out; None: the batch is decode-only
-    slots: torch.Tensor  # [Bd, L] KV slot of key j; padding reads reserved slot 0
+    kv_rows: torch.Tensor  # [Bd, Hkv, L] head-major row of key j; padding reads slot 0
     key_mask: torch.Tensor | None  # [Bd, 1, 1, L] bool: key j < seq_len; None: no padding
 
 
@@ -36,7 +42,7 @@ class DecodeRows:
 class ExtendRow:
     start: int  # first new token in the batch
     end: int
-    slots: torch.Tensor  # [L] KV slots of the whole sequence after this step
+    kv_rows: torch.Tensor  # [Hkv, L] head-major rows of the sequence's keys after this step
     causal_mask: torch.Tensor | None  # [E, L] bool, offset by the prefix; None: no prefix
 
 
@@ -54,9 +60,10 @@ class TorchAttentionBackend(AttentionBackend):
             starts.append(starts[-1] + n)
         decode = [b for b, n in enumerate(lens) if n == 1]
         extend = [b for b, n in enumerate(lens) if n > 1]
+        hkv = self.kv_pool.num_kv_heads
         batch.attn_metadata = TorchAttentionMetadata(
-            decode=_decode_rows(batch, decode, starts) if decode else None,
-            extends=_extend_rows(batch, extend, starts) if extend else [],
+            decode=_decode_rows(batch, decode, starts, hkv) if decode else None,
+            extends=_extend_rows(batch, extend, starts, hkv) if extend else [],
         )
 
     def forward(
@@ -87,8 +94,8 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         bd, hq, d = q.shape
         hkv = k_buf.shape[1]
-        keys = _gather(k_buf, rows.slots, q.dtype).permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
-        values = _gather(v_buf, rows.slots, q.dtype).permute(0, 2, 1, 3)  # [Bd, Hkv, L, D]
+        keys = _gather(k_buf, rows.kv_rows, q.dtype)  # [Bd, Hkv, L, D]
+        values = _gather(v_buf, rows.kv_rows, q.dtype)  # [Bd, Hkv, L, D]
         q_folded = q.reshape(bd, hkv, hq // hkv, d)  # [Bd, Hkv, G, D]
         out = F.scaled_dot_product_attention(
             q_folded, keys, values, attn_mask=rows.key_mask, scale=self.scale
@@ -98,8 +105,8 @@ class TorchAttentionBackend(AttentionBackend):
     def _extend(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, row: ExtendRow
     ) -> torch.Tensor:
-        keys = _gather(k_buf, row.slots, q.dtype).transpose(0, 1)  # [Hkv, L, D]
-        values = _gather(v_buf, row.slots, q.dtype).transpose(0, 1)  # [Hkv, L, D]
+        keys = _gather(k_buf, row.kv_rows, q.dtype)  # [Hkv, L, D]
+        values = _gather(v_buf, row.kv_rows, q.dtype)  # [Hkv, L, D]
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),  # [1, Hq, E, D]
             keys.unsqueeze(0),
@@ -112,17 +119,20 @@ class TorchAttentionBackend(AttentionBackend):
         return out[0].transpose(0, 1)  # [E, Hq, D]
 
 
-def _gather(buf: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """buf[slots] for a KV buffer [num_slots, Hkv, D] -> [*slots.shape, Hkv, D].
-
-    A row lookup (embedding) rather than advanced indexing: 5-10x faster on CPU, where
-    advanced indexing gathers element-wise.
-    """
-    rows = F.embedding(slots, buf.view(buf.shape[0], -1))  # [*slots.shape, Hkv * D]
-    return rows.view(*slots.shape, *buf.shape[1:]).to(dtype)
+def _gather(buf: torch.Tensor, kv_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `kv_rows` [..., Hkv, L] of a KV buffer [num_slots, Hkv, D] -> [..., Hkv, L, D]."""
+    return F.embedding(kv_rows, buf.view(-1, buf.shape[-1])).to(dtype)
 
 
-def _decode_rows(batch: ForwardBatch, decode: list[int], starts: list[int]) -> DecodeRows:
+def _head_major(slots: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """Slots [..., L] -> rows [..., Hkv, L] of a KV buffer viewed as [num_slots * Hkv, D]."""
+    heads = torch.arange(num_kv_heads, device=slots.device)[:, None]  # [Hkv, 1]
+    return slots.unsqueeze(-2) * num_kv_heads + heads
+
+
+def _decode_rows(
+    batch: ForwardBatch, decode: list[int], starts: list[int], num_kv_heads: int
+) -> DecodeRows:
     device = batch.req_to_token.device
     max_len = max(batch.seq_lens_cpu[b] for b in decode)
     if len(decode) == batch.batch_size:
@@ -133,16 +143,21 @@ def _decode_rows(batch: ForwardBatch, decode: list[int], starts: list[int]) -> D
         token_index = torch.tensor([starts[b] for b in decode], dtype=torch.int64, device=device)
     slots = batch.req_to_token[req_rows, :max_len]  # [Bd, L]
     if all(batch.seq_lens_cpu[b] == max_len for b in decode):
-        return DecodeRows(token_index, slots, None)  # no padding: SDPA is faster unmasked
+        # No padding: SDPA is faster unmasked.
+        return DecodeRows(token_index, _head_major(slots, num_kv_heads), None)
     key_mask = torch.arange(max_len, device=device)[None, :] < seq_lens[:, None]  # [Bd, L]
     slots = slots.masked_fill(~key_mask, 0)  # padding reads the reserved slot 0
-    return DecodeRows(token_index, slots, key_mask[:, None, None, :])
+    return DecodeRows(token_index, _head_major(slots, num_kv_heads), key_mask[:, None, None, :])
 
 
-def _extend_rows(batch: ForwardBatch, extend: list[int], starts: list[int]) -> list[ExtendRow]:
+def _extend_rows(
+    batch: ForwardBatch, extend: list[int], starts: list[int], num_kv_heads: int
+) -> list[ExtendRow]:
     device = batch.req_to_token.device
     index = torch.tensor(extend, dtype=torch.int64, device=device)
-    table = batch.req_to_token[batch.req_rows[index]]  # [Be, max_context], one gather
+    max_len = max(batch.seq_lens_cpu[b] for b in extend)
+    table = batch.req_to_token[batch.req_rows[index], :max_len]  # [Be, L], one gather
+    table = _head_major(table, num_kv_heads)  # [Be, Hkv, L]
     rows = []
     for i, b in enumerate(extend):
         prefix, seq_len = batch.prefix_lens_cpu[b], batch.seq_lens_cpu[b]
@@ -150,5 +165,5 @@ def _extend_rows(batch: ForwardBatch, extend: list[int], starts: list[int]) -> l
         if prefix:  # new token i (absolute position prefix + i) sees keys 0 .. prefix + i
             query_pos = torch.arange(prefix, seq_len, device=device)[:, None]
             mask = torch.arange(seq_len, device=device)[None, :] <= query_pos  # [E, L]
-        rows.append(ExtendRow(starts[b], starts[b + 1], table[i, :seq_len], mask))
+        rows.append(ExtendRow(starts[b], starts[b + 1], table[i, :, :seq_len], mask))
     return rows
