@@ -13,6 +13,7 @@ Run: `.venv/bin/python bench/model_step.py [--preset smollm2-135m] [--dtypes flo
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -62,15 +63,17 @@ def random_weights(arch: LlamaArchConfig, seed: int = 0) -> Iterator[tuple[str, 
         yield "lm_head.weight", rand(arch.vocab_size, h)
 
 
-def timed(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def timed(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median ms of each fn; the fns take turns so that load from other processes on a
+    shared machine falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(warmup + repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
 
 
 class Ours:
@@ -123,13 +126,12 @@ class Ours:
             req_to_token=self.req_to_token,
         )
 
-    @torch.inference_mode()
-    def bench(self, repeats: int) -> dict[str, float]:
+    def steps(self) -> dict[str, Callable[[], object]]:
         dec, pre = self.decode_batch(), self.prefill_batch()
         all_rows, last = torch.arange(DECODE_BATCH), torch.tensor([PREFILL_LEN - 1])
         return {
-            "decode": timed(lambda: self.step(dec, all_rows), repeats),
-            "prefill": timed(lambda: self.step(pre, last), max(3, repeats // 4)),
+            "decode": lambda: self.step(dec, all_rows),
+            "prefill": lambda: self.step(pre, last),
         }
 
 
@@ -141,13 +143,13 @@ class Transformers:
         self.model = transformers.LlamaForCausalLM(config).to(dtype).eval()
         self.vocab = arch.vocab_size
 
-    @torch.inference_mode()
-    def bench(self, repeats: int) -> dict[str, float]:
+    def steps(self) -> dict[str, Callable[[], object]]:
         from transformers import DynamicCache
 
         prompt = torch.arange(DECODE_CONTEXT).repeat(DECODE_BATCH, 1) % self.vocab
         cache = DynamicCache()
-        self.model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        with torch.inference_mode():
+            self.model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
         next_ids = torch.arange(DECODE_BATCH)[:, None]
 
         def decode() -> None:
@@ -156,11 +158,8 @@ class Transformers:
 
         prefill_ids = (torch.arange(PREFILL_LEN) * 31 % self.vocab)[None]
         return {
-            "decode": timed(decode, repeats),
-            "prefill": timed(
-                lambda: self.model(prefill_ids, use_cache=False, logits_to_keep=1),
-                max(3, repeats // 4),
-            ),
+            "decode": decode,
+            "prefill": lambda: self.model(prefill_ids, use_cache=False, logits_to_keep=1),
         }
 
 
@@ -183,19 +182,28 @@ def main() -> None:
         f"decode: batch {DECODE_BATCH}, ~{DECODE_CONTEXT}-token contexts; "
         f"prefill: {PREFILL_LEN} tokens"
     )
+    print(f"load average {_load()} (other processes on this machine skew timings)")
     print(f"{'impl':<14}{'dtype':<10}{'decode ms':>11}{'tok/s':>9}{'prefill ms':>12}{'tok/s':>9}")
     for name in args.dtypes:
         dtype = getattr(torch, name)
-        impls: list[tuple[str, type[Ours] | type[Transformers]]] = [("radixmesh", Ours)]
+        impls: dict[str, Ours | Transformers] = {"radixmesh": Ours(arch, dtype)}
         if not args.no_hf:
-            impls.append(("transformers", Transformers))
-        for label, impl in impls:
-            r = impl(arch, dtype).bench(args.repeats)
+            impls["transformers"] = Transformers(arch, dtype)
+        with torch.inference_mode():
+            steps = {label: impl.steps() for label, impl in impls.items()}
+            decode = timed({k: v["decode"] for k, v in steps.items()}, args.repeats)
+            prefill = timed({k: v["prefill"] for k, v in steps.items()}, max(3, args.repeats // 4))
+        for label in impls:
             print(
-                f"{label:<14}{name:<10}{r['decode']:>11.1f}"
-                f"{DECODE_BATCH / r['decode'] * 1e3:>9.0f}{r['prefill']:>12.1f}"
-                f"{PREFILL_LEN / r['prefill'] * 1e3:>9.0f}"
+                f"{label:<14}{name:<10}{decode[label]:>11.1f}"
+                f"{DECODE_BATCH / decode[label] * 1e3:>9.0f}{prefill[label]:>12.1f}"
+                f"{PREFILL_LEN / prefill[label] * 1e3:>9.0f}"
             )
+    print(f"load average {_load()}")
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":
