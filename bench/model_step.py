@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -139,8 +140,9 @@ class Transformers:
     def __init__(self, arch: LlamaArchConfig, dtype: torch.dtype) -> None:
         import transformers
 
-        config = transformers.LlamaConfig(**arch.to_hf_dict(), attn_implementation="sdpa")
-        self.model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+        options: dict[str, Any] = {**arch.to_hf_dict(), "attn_implementation": "sdpa"}
+        model: torch.nn.Module = transformers.LlamaForCausalLM(transformers.LlamaConfig(**options))
+        self.model = model.to(dtype).eval()
         self.vocab = arch.vocab_size
 
     def steps(self) -> dict[str, Callable[[], object]]:
