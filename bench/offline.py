@@ -176,7 +176,7 @@ def run_hf(model: Any, w: Workload, pad_id: int, device: str) -> dict[str, Any]:
     }
 
 
-def load_hf_model(spec: str, device: str) -> Any:
+def load_hf_model(spec: str, device: str, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
     from radixmesh.worker.model.gguf import ensure_converted
@@ -189,7 +189,7 @@ def load_hf_model(spec: str, device: str) -> Any:
         path = src.path or ""
     else:
         raise SystemExit("the transformers baseline needs real weights (gguf or hf directory)")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
 
 
 def versions() -> dict[str, str]:
@@ -273,7 +273,13 @@ def main() -> None:
             if args.device == "auto" and torch.cuda.is_available()
             else ("cpu" if args.device == "auto" else args.device)
         )
-        hf = load_hf_model(args.model, device)
+        dtype = {
+            "auto": torch.bfloat16 if device == "cuda" else torch.float32,
+            "float32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "float16": torch.float16,
+        }[args.dtype]
+        hf = load_hf_model(args.model, device, dtype)
         pad = hf.config.eos_token_id
         pad = pad[0] if isinstance(pad, list) else (pad or 0)
         run_hf(hf, Workload("warm", workloads[0].prompts[:2], 4), pad, device)
@@ -303,7 +309,9 @@ def main() -> None:
     }
     _print_table(results, ratios, memory)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    tag = "gpu" if args.workloads == "gpu" else "cpu"
+    tag = ("gpu" if args.workloads == "gpu" else "cpu") + (
+        "" if args.dtype == "auto" else f"-{args.dtype}"
+    )
     path = Path(args.out) if args.out else RESULTS / f"offline-{tag}-{time.strftime('%Y%m%d')}.json"
     path.write_text(json.dumps(report, indent=2))
     print(f"\nwrote {path}")

@@ -20,10 +20,12 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 @dataclass(frozen=True)
 class ModelConfig:
     model: str = "smollm2"  # alias, HF directory, .gguf path, or dummy:<preset>
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    dtype: str = "auto"  # auto: bfloat16 on CUDA and on CPUs with native bf16, else float32
     device: str = "auto"  # auto: cuda when available, else cpu
     context_length: int | None = None  # None: the model's own
     seed: int = 0  # for dummy weights and unseeded sampling
+    # CPU: repack weights into oneDNN's GEMM layout after loading (see layers/dense.py).
+    pack_cpu_weights: bool = True
 
     def __post_init__(self) -> None:
         if not self.model:

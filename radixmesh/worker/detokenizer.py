@@ -32,8 +32,7 @@ _REPLACEMENT = "\ufffd"
 class TokenDecoder(Protocol):
     """What the detokenizer needs of a tokenizer (HF tokenizers and ours both fit)."""
 
-    def decode(self, token_ids: Sequence[int], /, *, skip_special_tokens: bool = ...) -> str:
-        ...
+    def decode(self, token_ids: Sequence[int], /, *, skip_special_tokens: bool = ...) -> str: ...
 
 
 class IncrementalDetokenizer:

@@ -82,9 +82,7 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
 
 
 def _needs_penalty(p: SamplingParams) -> bool:
-    return (
-        p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-    )
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
 def _min_tokens_active(row: SamplingRow) -> bool:
@@ -222,8 +220,7 @@ class Sampler:
             tokens[greedy] = logits[greedy].argmax(dim=-1)
         shared = [i for i in sampled if rows[i].generator is None]
         if shared:
-            tokens[shared] = _sample(_take(logits, shared), [rows[i].params for i in shared],
-                                     None)
+            tokens[shared] = _sample(_take(logits, shared), [rows[i].params for i in shared], None)
         for i in sampled:
             if rows[i].generator is not None:
                 tokens[i] = _sample(logits[i : i + 1], [rows[i].params], rows[i].generator)[0]
@@ -310,8 +307,9 @@ def _window_filter(
     w = min(v, max([window, *(k for k in ks if k < v)]))
     vals, idx = x.topk(w, dim=-1)  # [R, W] each, descending
     ranks = torch.arange(w, device=dev)
-    vals.masked_fill_(ranks >= torch.tensor([min(k, w) for k in ks], device=dev)[:, None],
-                      -math.inf)
+    vals.masked_fill_(
+        ranks >= torch.tensor([min(k, w) for k in ks], device=dev)[:, None], -math.inf
+    )
     covered = torch.tensor([k < v for k in ks], device=dev)  # [R]
     if all(p >= 1.0 for p in top_ps):
         return vals, idx, covered

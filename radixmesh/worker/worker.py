@@ -6,6 +6,7 @@ budget, then the req->token table sized by the context length and max running re
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 
@@ -19,6 +20,7 @@ from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.pool import KVPool
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
+from radixmesh.worker.layers.dense import pack_model_for_cpu
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.model.loader import iter_weights, load_arch_config, load_tokenizer
 from radixmesh.worker.model_runner import ModelRunner
@@ -28,15 +30,49 @@ from radixmesh.worker.scheduler import Scheduler
 logger = logging.getLogger(__name__)
 
 
+def keep_freed_memory_in_process() -> None:
+    """Stop glibc from returning large freed blocks to the OS after every step.
+
+    Each step allocates the same large temporaries (activations, logits). By default
+    glibc serves blocks over 128 KiB with mmap and unmaps them on free, so every step
+    page-faults them in again: measured ~87k faults and ~170 ms of a 900 ms prefill on
+    CPU. Raising the mmap threshold to its maximum (32 MiB) and the trim threshold keeps
+    them in the heap. No-op where glibc's mallopt is missing.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
+        libc.mallopt(m_trim_threshold, 1024 * 1024 * 1024)
+    except (OSError, AttributeError):
+        pass
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX), read from cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 on CUDA; on CPU bf16 where the CPU has native bf16 dot products (its
+    GEMMs then run about twice as fast as fp32: 60 vs 99 ms per batch-32 decode step on
+    the test machine, smollm2), else float32. Pass dtype="float32" for bit-stable results
+    (the numerical tests do)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or cpu_has_native_bf16():
+            return torch.bfloat16
+        return torch.float32
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
@@ -46,6 +82,8 @@ class Worker:
         mc, cc = config.model, config.cache
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory_in_process()
         t0 = time.perf_counter()
         self.arch = load_arch_config(mc.model)
         torch.manual_seed(mc.seed)
@@ -54,6 +92,8 @@ class Worker:
             iter_weights(mc.model, self.arch, dtype=self.dtype, device=self.device, seed=mc.seed)
         )
         self.model.eval()
+        if self.device.type == "cpu" and mc.pack_cpu_weights:
+            pack_model_for_cpu(self.model)
         # After the weights: a first GGUF load converts once and caches the tokenizer too.
         self.tokenizer = load_tokenizer(mc.model)
         self.load_seconds = time.perf_counter() - t0

@@ -10,7 +10,7 @@ from radixmesh.worker.engine import Engine
 @pytest.fixture(scope="session")
 def engine(smollm2_gguf: object) -> Iterator[Engine]:
     """The bundled model in one engine for the whole session (float32, CPU)."""
-    eng = Engine("smollm2", kv_cache_tokens=8192, max_running_requests=16)
+    eng = Engine("smollm2", dtype="float32", kv_cache_tokens=8192, max_running_requests=16)
     yield eng
     eng.shutdown()
 

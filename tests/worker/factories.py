@@ -16,6 +16,7 @@ _ids = itertools.count()
 
 
 def make_worker(model: str = "dummy:tiny", **options: Any) -> Worker:
+    options.setdefault("dtype", "float32")  # exact-token assertions need bit-stable math
     options.setdefault("kv_cache_tokens", 1024)
     options.setdefault("max_running_requests", 8)
     return Worker(EngineConfig.from_options(model=model, **options))

@@ -36,9 +36,7 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def stream(
-    det: IncrementalDetokenizer, ids: Sequence[int], chunk: int = 1
-) -> list[str]:
+def stream(det: IncrementalDetokenizer, ids: Sequence[int], chunk: int = 1) -> list[str]:
     """Push ids `chunk` at a time; returns every piece, finish() last."""
     pieces = [det.push(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
     return [*pieces, det.finish()]
@@ -206,8 +204,11 @@ def test_invalid_bytes_stream_like_full_decode(tokenizer: Any) -> None:
     cjk = encode(tokenizer, "你好世界")
     # A token that is only the tail of a character: invalid on its own.
     tail = next(t for t in cjk[1:] if tokenizer.decode([t]) == "\ufffd")
-    for ids in ([*cjk[1:], *encode(tokenizer, " ok")], [tail] * 20 + encode(tokenizer, " ok"),
-                [tail] * 9):
+    for ids in (
+        [*cjk[1:], *encode(tokenizer, " ok")],
+        [tail] * 20 + encode(tokenizer, " ok"),
+        [tail] * 9,
+    ):
         for chunk in (1, 4):
             det = IncrementalDetokenizer(tokenizer)
             assert "".join(stream(det, ids, chunk)) == tokenizer.decode(ids)
@@ -258,8 +259,12 @@ def test_stream_matches_reference_on_whole_text(
 
 @settings(max_examples=500, deadline=None)
 @given(
-    data=st.lists(st.sampled_from([0x41, 0x20, 0xC3, 0xA9, 0xE4, 0xBD, 0xA0, 0xF0, 0x9F, 0x8E,
-                                   0x89, 0x80, 0xFF]), max_size=40),
+    data=st.lists(
+        st.sampled_from(
+            [0x41, 0x20, 0xC3, 0xA9, 0xE4, 0xBD, 0xA0, 0xF0, 0x9F, 0x8E, 0x89, 0x80, 0xFF]
+        ),
+        max_size=40,
+    ),
     chunks=st.lists(st.integers(1, 4), min_size=1, max_size=6),
 )
 def test_invalid_utf8_streams_like_full_decode(data: list[int], chunks: list[int]) -> None:

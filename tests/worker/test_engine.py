@@ -48,7 +48,7 @@ def test_cache_on_and_off_give_identical_greedy_tokens(engine: Engine) -> None:
     assert isinstance(first, list) and isinstance(again, list)
     assert [o["output_ids"] for o in again] == [o["output_ids"] for o in first]
     assert all(o["meta_info"]["cached_tokens"] > 0 for o in again)
-    off = Engine("smollm2", disable_radix_cache=True, kv_cache_tokens=4096)
+    off = Engine("smollm2", dtype="float32", disable_radix_cache=True, kv_cache_tokens=4096)
     try:
         nocache = off.generate(PROMPTS, GREEDY)
         assert isinstance(nocache, list)
@@ -224,3 +224,18 @@ def test_logprobs_and_prompt_logprobs_match_transformers(
     assert len(top) == 3 and top[0][1] == out["output_ids"][0]  # greedy = the top token
     assert [lp for lp, _, _ in top] == sorted((lp for lp, _, _ in top), reverse=True)
     assert_engine_idle_and_clean(engine)
+
+
+def test_default_dtype_engine_answers_and_shares_the_cache() -> None:
+    """The default (bf16 where the CPU has it) is a speed mode: answers stay right."""
+    eng = Engine("smollm2", kv_cache_tokens=2048)
+    try:
+        ids = eng.tokenizer.encode_chat(
+            [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+        )
+        outs = eng.generate(input_ids=[ids, ids], sampling_params=GREEDY)
+        assert isinstance(outs, list)
+        assert all("Paris" in o["text"] for o in outs)
+        assert outs[1]["meta_info"]["cached_tokens"] == len(ids) - 1
+    finally:
+        eng.shutdown()

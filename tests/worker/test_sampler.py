@@ -239,8 +239,14 @@ def _penalized_logits(logits: torch.Tensor, r: SamplingRow) -> torch.Tensor:
 
 def test_repetition_penalty_formula() -> None:
     logits = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0])
-    r = row(prompt=[0, 1], output=[3], repetition_penalty=2.0, temperature=0.0,
-            return_logprob=True, top_logprobs_num=6)
+    r = row(
+        prompt=[0, 1],
+        output=[3],
+        repetition_penalty=2.0,
+        temperature=0.0,
+        return_logprob=True,
+        top_logprobs_num=6,
+    )
     expected = torch.tensor([1.0, -2.0, 0.5, -6.0, 1.0, 0.0])  # /2 if > 0, *2 if < 0
     got = _penalized_logits(logits, r)
     assert torch.allclose(got, torch.log_softmax(expected, -1), atol=1e-6)
@@ -248,8 +254,15 @@ def test_repetition_penalty_formula() -> None:
 
 def test_frequency_and_presence_penalty_formula() -> None:
     logits = torch.tensor([2.0, -1.0, 0.5, -3.0, 1.0, 0.0])
-    r = row(prompt=[4, 4, 5], output=[0, 0, 0, 2, 3, 3], frequency_penalty=0.5,
-            presence_penalty=0.25, temperature=0.0, return_logprob=True, top_logprobs_num=6)
+    r = row(
+        prompt=[4, 4, 5],
+        output=[0, 0, 0, 2, 3, 3],
+        frequency_penalty=0.5,
+        presence_penalty=0.25,
+        temperature=0.0,
+        return_logprob=True,
+        top_logprobs_num=6,
+    )
     counts = torch.tensor([3.0, 0, 1, 2, 0, 0])  # output only: prompt tokens 4, 5 untouched
     expected = logits - 0.5 * counts - 0.25 * (counts > 0).float()
     got = _penalized_logits(logits, r)
@@ -259,8 +272,16 @@ def test_frequency_and_presence_penalty_formula() -> None:
 def test_all_penalties_combined_and_rows_independent() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, -3.0], [1.0, 1.0, 1.0, 1.0]])
     rows = [
-        row(prompt=[1], output=[0, 0], repetition_penalty=1.25, frequency_penalty=-0.5,
-            presence_penalty=1.0, temperature=0.0, return_logprob=True, top_logprobs_num=4),
+        row(
+            prompt=[1],
+            output=[0, 0],
+            repetition_penalty=1.25,
+            frequency_penalty=-0.5,
+            presence_penalty=1.0,
+            temperature=0.0,
+            return_logprob=True,
+            top_logprobs_num=4,
+        ),
         row(output=[0, 1, 2], temperature=0.0, return_logprob=True, top_logprobs_num=4),
     ]
     out = Sampler(4).sample(logits, rows)
@@ -307,8 +328,12 @@ def test_vocab_mask_respected() -> None:
 
 def test_logprobs_equal_log_softmax_at_chosen() -> None:
     logits = torch.randn(4, 40)
-    rows = [row(return_logprob=True), row(), row(temperature=0.0, return_logprob=True),
-            row(temperature=2.0, top_k=5, return_logprob=True)]
+    rows = [
+        row(return_logprob=True),
+        row(),
+        row(temperature=0.0, return_logprob=True),
+        row(temperature=2.0, top_k=5, return_logprob=True),
+    ]
     out = Sampler(40).sample(logits, rows)
     assert out.logprobs is not None and out.top_logprobs is not None
     ref = torch.log_softmax(logits, -1)  # before temperature / top-k, by design
@@ -322,8 +347,11 @@ def test_logprobs_equal_log_softmax_at_chosen() -> None:
 
 def test_top_logprobs_sorted_and_correct() -> None:
     logits = torch.randn(3, 40)
-    rows = [row(return_logprob=True, top_logprobs_num=5), row(return_logprob=True),
-            row(return_logprob=True, top_logprobs_num=2, temperature=0.0)]
+    rows = [
+        row(return_logprob=True, top_logprobs_num=5),
+        row(return_logprob=True),
+        row(return_logprob=True, top_logprobs_num=2, temperature=0.0),
+    ]
     out = Sampler(40).sample(logits, rows)
     assert out.top_logprobs is not None
     ref = torch.log_softmax(logits, -1)

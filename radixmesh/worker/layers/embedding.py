@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixmesh.worker.layers.dense import PackableLinear, dense
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.weights import ShardId, new_parameter, set_weight_loader
 
@@ -55,10 +56,10 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(VocabParallelEmbedding, PackableLinear):
     """hidden -> logits over the full vocabulary; the weight may be the embedding's (tied)."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)  # [N, shard_size]
+        logits = dense(hidden, self.weight, None, self.packed_weight)  # [N, shard_size]
         logits = self.tp.all_gather(logits, dim=-1)  # [N, shard_size * tp]
         return logits[:, : self.num_embeddings]  # [N, vocab]

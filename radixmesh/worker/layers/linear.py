@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from radixmesh.worker.layers.dense import PackableLinear, dense
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.weights import (
     ShardId,
@@ -39,7 +39,7 @@ class _Piece:
     source_start: int  # first checkpoint row of this rank's slice
 
 
-class _ColumnSharded(nn.Module):
+class _ColumnSharded(PackableLinear):
     """A weight made of pieces stacked along the output dim, each split across ranks."""
 
     def __init__(
@@ -82,7 +82,7 @@ class _ColumnSharded(nn.Module):
         copy_checked(param.data.narrow(0, piece.local_offset, piece.local_size), src)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)  # [T, out_local]
+        return dense(x, self.weight, self.bias, self.packed_weight)  # [T, out_local]
 
 
 class ColumnParallelLinear(_ColumnSharded):
@@ -186,7 +186,7 @@ def _replicas(num_kv_heads: int, tp_size: int) -> int:
     return tp_size // num_kv_heads
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(PackableLinear):
     """y = x W^T + b, W [out_features, in_features] split by columns; partial sums all-reduced.
 
     The input is the rank's slice of the features (what a column-parallel layer produced).
@@ -227,6 +227,7 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)  # [T, out_features]
-        y = self.tp.all_reduce(F.linear(x, self.weight))  # [T, out_features], summed over ranks
+            return dense(x, self.weight, self.bias, self.packed_weight)  # [T, out_features]
+        # [T, out_features], partial sums over this rank's input slice, then summed
+        y = self.tp.all_reduce(dense(x, self.weight, None, self.packed_weight))
         return y if self.bias is None else y + self.bias

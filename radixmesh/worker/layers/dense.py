@@ -1,0 +1,72 @@
+"""The one matmul every linear layer and the LM head call: y = x W^T + b.
+
+On CPU, weights can be repacked once into oneDNN's blocked layout (`pack_for_cpu`), which
+its GEMM reads without reordering on every call. Measured on the 2-core AMD EPYC (Zen 4)
+test machine, smollm2 shapes, 2 threads: gate/up at 32 rows 0.82 -> 0.55 ms (fp32), the
+49152-row LM head 26 -> 10.6 ms at 32 rows; bf16 halves both again. (PyTorch's default
+fp32 path is MKL, which runs a generic code path on AMD processors.)
+
+After packing, the plain weight is released to keep memory flat, so packing is the last
+thing done to a loaded model: weight loaders no longer apply.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def onednn_packing_available() -> bool:
+    return bool(
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+def dense(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    packed: torch.Tensor | None,
+) -> torch.Tensor:
+    """x [T, in] -> [T, out] with W [out, in] (or its packed form)."""
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
+class PackableLinear(nn.Module):
+    """Mixin state for a layer whose `weight` [out, in] may be packed for CPU GEMMs."""
+
+    weight: nn.Parameter
+    packed_weight: torch.Tensor | None = None
+
+    def pack_for_cpu(self, *, release: bool = True) -> None:
+        packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+        self.packed_weight = packed
+        if release:  # the packed copy replaces it (an empty placeholder keeps the attribute)
+            self.weight = nn.Parameter(self.weight.new_empty(0), requires_grad=False)
+
+
+def pack_model_for_cpu(model: nn.Module) -> int:
+    """Pack every packable layer of a loaded CPU model; returns how many were packed.
+
+    A no-op (0) off CPU, for dtypes oneDNN does not pack, or when the ops are missing.
+    A weight shared with another module (a tied LM head) is packed without releasing it.
+    """
+    if not onednn_packing_available():
+        return 0
+    layers = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    if not layers or layers[0].weight.device.type != "cpu":
+        return 0
+    if layers[0].weight.dtype not in (torch.float32, torch.bfloat16):
+        return 0
+    owners: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    for layer in layers:
+        layer.pack_for_cpu(release=owners.get(id(layer.weight), 0) <= 1)
+    return len(layers)
