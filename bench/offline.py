@@ -244,6 +244,7 @@ def main() -> None:
     engine = Engine(args.model, **common)
     rss_loaded = rss_bytes()
     pool_bytes = engine.worker.kv_pool.nbytes
+    dtypes = {"radixmesh": str(engine.worker.dtype).replace("torch.", "")}
     make = gpu_workloads if args.workloads == "gpu" else cpu_workloads
     workloads = make(engine.tokenizer, engine.worker.arch.vocab_size)
     engine.generate(
@@ -280,6 +281,7 @@ def main() -> None:
             "float16": torch.float16,
         }[args.dtype]
         hf = load_hf_model(args.model, device, dtype)
+        dtypes["transformers"] = str(dtype).replace("torch.", "")
         pad = hf.config.eos_token_id
         pad = pad[0] if isinstance(pad, list) else (pad or 0)
         run_hf(hf, Workload("warm", workloads[0].prompts[:2], 4), pad, device)
@@ -300,6 +302,8 @@ def main() -> None:
     report = {
         "benchmark": "offline",
         "model": args.model,
+        "dtype_option": args.dtype,
+        "dtypes": dtypes,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": machine(),
         "versions": versions(),
@@ -307,6 +311,7 @@ def main() -> None:
         "ratios": ratios,
         "memory": memory,
     }
+    print(f"dtypes: {dtypes}")
     _print_table(results, ratios, memory)
     RESULTS.mkdir(parents=True, exist_ok=True)
     tag = ("gpu" if args.workloads == "gpu" else "cpu") + (
