@@ -145,7 +145,12 @@ class Tokenizer:
         return [int(i) for i in ids]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        text = self.hf_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        # No clean-up of spaces: streamed (windowed) decoding must equal a full decode.
+        text = self.hf_tokenizer.decode(
+            list(ids),
+            skip_special_tokens=skip_special_tokens,
+            clean_up_tokenization_spaces=False,
+        )
         assert isinstance(text, str)
         return text
 

@@ -41,16 +41,19 @@ class OutputProcessor:
                 top_entry = [(float(lp), int(t), None) for t, lp in (top or [])]
                 req.output_top_logprobs.append(top_entry)
                 tops.append(top_entry)
-        if req.detokenizer is not None:
+        # A matched stop token stays in output_ids but not in the text (SGLang's
+        # convention), unless no_stop_trim asks to keep it.
+        stop_token = req.num_output_tokens >= req.params.min_new_tokens and token in req.stop_ids
+        if req.detokenizer is not None and (not stop_token or req.params.no_stop_trim):
             text.append(req.detokenizer.push([token]))
-        self._check_finish(req, token)
+        self._check_finish(req, token, stop_token)
         if req.finished and req.detokenizer is not None:
             text.append(req.detokenizer.finish())
 
-    def _check_finish(self, req: Request, token: int) -> None:
+    def _check_finish(self, req: Request, token: int, stop_token: bool) -> None:
         params = req.params
         n_out = req.num_output_tokens
-        if n_out >= params.min_new_tokens and token in req.stop_ids:
+        if stop_token:
             req.finish(FinishReason.STOP, token)
         elif req.detokenizer is not None and req.detokenizer.matched_stop is not None:
             req.finish(FinishReason.STOP, req.detokenizer.matched_stop)

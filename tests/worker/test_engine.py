@@ -239,3 +239,16 @@ def test_default_dtype_engine_answers_and_shares_the_cache() -> None:
         assert outs[1]["meta_info"]["cached_tokens"] == len(ids) - 1
     finally:
         eng.shutdown()
+
+
+def test_eos_token_is_in_output_ids_but_not_in_the_text(engine: Engine) -> None:
+    ids = _chat(engine, "What is the capital of France? Answer in one word.")
+    params = {**GREEDY, "skip_special_tokens": False}
+    out = engine.generate(input_ids=ids, sampling_params=params)
+    kept = engine.generate(input_ids=ids, sampling_params={**params, "no_stop_trim": True})
+    assert isinstance(out, dict) and isinstance(kept, dict)
+    eos = out["meta_info"]["finish_reason"]["matched"]
+    assert out["output_ids"][-1] == eos
+    eos_text = engine.tokenizer.decode([eos], skip_special_tokens=False)
+    assert eos_text and not out["text"].endswith(eos_text)
+    assert kept["text"] == out["text"] + eos_text
