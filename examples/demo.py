@@ -11,11 +11,7 @@ import time
 
 from radixmesh import Engine
 
-SYSTEM = (
-    "You are a concise geography tutor. Answer every question in one short sentence. "
-    "Prefer well-known facts, name the country when you name a city, and never add "
-    "follow-up questions or extra commentary beyond what was asked."
-)
+SYSTEM = "You are a helpful assistant. Answer briefly."
 
 
 def chat(engine: Engine) -> None:
@@ -23,8 +19,8 @@ def chat(engine: Engine) -> None:
     messages = [{"role": "system", "content": SYSTEM}]
     for question in (
         "What is the capital of France? Answer in one word.",
-        "And what river flows through it?",
-        "Name one famous museum there.",
+        "What is the capital of Germany?",
+        "And the capital of Italy?",
     ):
         messages.append({"role": "user", "content": question})
         ids = engine.tokenizer.encode_chat(messages)
