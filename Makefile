@@ -7,7 +7,7 @@ PIP := $(VPY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck bench clean
+.PHONY: setup demo test lint typecheck bench clean proto proto-lint tools
 
 setup: $(STAMP)
 
@@ -25,8 +25,30 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VPY) examples/demo.py
 
-test: setup
-	$(VPY) -m pytest -q $(PYTEST_ARGS)
+test: setup tools
+	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(VPY) -m pytest -q $(PYTEST_ARGS)
+
+# The v1 stubs: generated from proto/ into radixmesh/v1/ (checked in; a test fails when
+# they are stale). Imports read `from radixmesh.v1 import ...`, so they resolve in-package.
+proto: setup
+	$(VPY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \
+		proto/radixmesh/v1/*.proto
+
+proto-lint: setup
+	cd proto && ../$(VENV)/bin/buf lint
+
+# promtool (Debian package `prometheus`) for the metrics test: the binary alone, unpacked
+# into $(TOOLS); best effort, so a machine without apt still runs the rest of the suite.
+TOOLS := .tools
+tools: $(TOOLS)/bin/promtool
+
+$(TOOLS)/bin/promtool:
+	mkdir -p $(TOOLS)/bin $(TOOLS)/deb
+	if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; \
+	else (cd $(TOOLS)/deb && (apt-get download prometheus 2>/dev/null || \
+		(apt-get update -qq && apt-get download prometheus)) && \
+		dpkg -x prometheus_*.deb root && ln -sf "$$PWD/root/usr/bin/promtool" ../bin/promtool) \
+		|| echo "promtool unavailable: the metrics format test will skip"; fi
 
 lint: setup
 	$(VENV)/bin/ruff check radixmesh tests bench examples
@@ -37,4 +59,4 @@ bench: setup
 	$(VPY) bench/offline.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache
