@@ -62,7 +62,13 @@ class Engine:
             if not single or len(reqs) != 1:
                 raise InvalidArgument("stream", "streaming takes one prompt with n=1")
             return self._stream(reqs[0])
-        results = [self._collect(q) for q in self._submit_all(reqs)]
+        queues = self._submit_all(reqs)
+        try:
+            results = [self._collect(q) for q in queues]
+        except BaseException:  # Ctrl-C in the caller: don't leave its requests running
+            for r in reqs:
+                self.abort(r.rid)
+            raise
         return results[0] if single and len(results) == 1 else results
 
     async def async_generate(
@@ -273,7 +279,7 @@ class Engine:
                     sched.step()
                 except Exception as e:  # a failed step must not wedge the engine
                     logger.exception("scheduler step failed")
-                    sched.abort_all(f"internal error: {type(e).__name__}: {e}")
+                    sched.fail_all(f"internal error: {type(e).__name__}: {e}")
 
 
 def _nothing() -> None:

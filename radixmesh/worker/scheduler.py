@@ -80,6 +80,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._last_slot: dict[str, int] = {}  # rid -> last slot of its own pages
+        self._allocated: dict[str, int] = {}  # rid -> tokens with slots (>= computed)
         self._prompt_tokens = 0
         self._cache_hit_tokens = 0
         self._generated_tokens = 0
@@ -123,6 +124,15 @@ class Scheduler:
     def abort_all(self, reason: str) -> None:
         for req in [*self.waiting, *self.running]:
             self.abort(req.rid, reason)
+
+    def fail_all(self, reason: str) -> None:
+        """After a step raised: the step's KV writes may be partial, so nothing of a
+        running request goes into the cache; its own slots are freed and its lock dropped."""
+        for req in list(self.running):
+            self.running.remove(req)
+            self._discard(req)
+            self._finish_abort(req, reason)
+        self.abort_all(reason)
 
     # ---- schedule -------------------------------------------------------------------
 
@@ -179,6 +189,7 @@ class Scheduler:
             self._start(req, row, match.slots, match.last_node)
             self.req_table.write(row, prefix, new)
             self._last_slot[req.rid] = int(new[-1])
+            self._allocated[req.rid] = prefix + n
             self.running.append(req)
             admitted.append(req)
             items.append(ScheduledRequest(req, n))
@@ -254,6 +265,7 @@ class Scheduler:
                 assert req.row is not None
                 self.req_table.write(req.row, req.num_computed_tokens, new)
                 self._last_slot[req.rid] = int(new[-1])
+                self._allocated[req.rid] = req.num_computed_tokens + n
                 return new
             victim = self.running[-1]
             self.retract(victim)
@@ -275,6 +287,20 @@ class Scheduler:
         n = req.num_computed_tokens
         slots = self.req_table.table[req.row, :n].clone()
         self.cache.cache_finished(req.token_ids[:n], slots, req.last_node)
+        self.req_table.free_row(req.row)
+        req.row = None
+        req.last_node = None
+        req.num_shared_tokens = 0
+        self._last_slot.pop(req.rid, None)
+        self._allocated.pop(req.rid, None)
+
+    def _discard(self, req: Request) -> None:
+        assert req.row is not None
+        end = self._allocated.pop(req.rid, req.num_computed_tokens)
+        own = self.req_table.table[req.row, req.num_shared_tokens : end]
+        if own.numel():
+            self.allocator.free(own.clone())
+        self.cache.dec_lock_ref(req.last_node)
         self.req_table.free_row(req.row)
         req.row = None
         req.last_node = None

@@ -191,3 +191,34 @@ def test_cache_off_gives_the_same_tokens_and_no_hits() -> None:
     assert off.scheduler.stats().cache_hit_tokens == 0
     assert off.cache.total_size() == 0
     assert off.allocator.num_free_slots == off.allocator.num_usable_slots
+
+
+def test_a_failed_step_aborts_everything_and_frees_its_slots() -> None:
+    w = make_worker(max_num_batched_tokens=16)
+    reqs = [
+        make_request(w, list(range(10 + i, 40 + i)), rid=f"f{i}", max_new_tokens=8)
+        for i in range(3)
+    ]
+    for r in reqs:
+        w.scheduler.add_request(r)
+    inner = w.runner.forward
+    calls = {"n": 0}
+
+    def flaky(batch: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 4:  # mid chunked prefill of some, after slots were allocated
+            raise RuntimeError("device lost")
+        return inner(batch)  # type: ignore[arg-type]
+
+    w.scheduler.runner = type("R", (), {"forward": staticmethod(flaky)})()
+    with pytest.raises(RuntimeError, match="device lost"):
+        for _ in range(10):
+            w.scheduler.step()
+    w.scheduler.fail_all("internal error: device lost")
+    assert all(r.finish_reason is FinishReason.ABORT for r in reqs)
+    assert all(r.outputs[-1].error == "internal error: device lost" for r in reqs)
+    assert not w.scheduler.has_work()
+    assert w.cache.protected_size() == 0
+    assert w.req_table.num_free_rows == 8
+    assert_slots_accounted(w)
+    assert all_free_after_flush(w)
