@@ -21,6 +21,7 @@ from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
+from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.request import Request, RequestOutput
 from radixmesh.worker.worker import Worker
 
@@ -40,6 +41,7 @@ class Engine:
         self.tokenizer = self.worker.tokenizer
         self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._closed = False
+        self._draining = False  # drain(): new requests get Unavailable
         self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
         self._thread.start()
 
@@ -118,12 +120,80 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+    # ---- serving: what the gRPC worker server needs ---------------------------------
+
+    def async_stream(
+        self, input_ids: list[int], sampling_params: Params = None, rid: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream one request under a caller-chosen id (so `abort(rid)` reaches it).
+
+        Validates now (raises InvalidArgument / Unavailable before anything runs); the
+        request is submitted on the first iteration. Closing the iterator early aborts it."""
+        reqs, _ = self._make_requests(None, input_ids, sampling_params)
+        if len(reqs) != 1:
+            raise InvalidArgument("sampling_params.n", "a stream takes n=1")
+        if rid is not None:
+            reqs[0].rid = rid
+        return self._astream(reqs[0])
+
+    async def async_score(
+        self, input_ids: list[int], continuations: list[list[int]]
+    ) -> list[list[float]]:
+        """Logprob of each continuation token given the prompt (and the tokens before it).
+
+        One request per continuation, with prompt logprobs from the prompt's end: the
+        prompt's KV is shared through the radix cache."""
+        if not input_ids:
+            raise InvalidArgument("input", "the prompt is empty")
+        if not continuations:
+            raise InvalidArgument("continuations", "no continuations to score")
+        for i, cont in enumerate(continuations):
+            if not cont:
+                raise InvalidArgument(f"continuations[{i}]", "the continuation is empty")
+        params = SamplingParams(
+            max_new_tokens=1,
+            temperature=0.0,
+            return_logprob=True,
+            logprob_start_len=len(input_ids),
+        )
+        results = await self.async_generate(
+            input_ids=[input_ids + cont for cont in continuations],
+            sampling_params=[params] * len(continuations),
+        )
+        assert isinstance(results, list)
+        return [[float(lp) for lp, _, _ in r["meta_info"]["input_token_logprobs"]] for r in results]
+
+    def add_cache_listener(self, fn: CacheListener, snapshot: bool = False) -> list[CacheEvent]:
+        """Attach a cache-event listener on the scheduler thread (where events fire).
+
+        fn runs on the scheduler thread: it must only hand the event on (e.g. to a queue).
+        With snapshot=True, returns the cache's contents taken atomically with attaching."""
+
+        def run() -> list[CacheEvent]:
+            self.worker.cache.add_listener(fn)
+            return self.worker.cache.snapshot() if snapshot else []
+
+        return list(self._call(run))
+
+    def drain(self) -> None:
+        """Stop admitting: new requests get Unavailable; requests in flight continue."""
+        self._draining = True
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def abort_all(self, reason: str = "aborted") -> None:
+        self._post(lambda: self.worker.scheduler.abort_all(reason))
+
     # ---- requests -------------------------------------------------------------------
 
     def _make_requests(
         self, prompt: Prompt, input_ids: InputIds, sampling_params: Params
     ) -> tuple[list[Request], bool]:
         """Validate everything first: a bad item rejects the call before anything runs."""
+        if self._draining:
+            raise Unavailable("the worker is draining: it takes no new requests")
         ids_list, single = self._normalize_inputs(prompt, input_ids)
         params_list = _normalize_params(sampling_params, len(ids_list))
         reqs: list[Request] = []
