@@ -7,6 +7,8 @@ In-process callers see these exceptions; the gRPC edge maps them to status codes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class RadixMeshError(Exception):
     """Base class of every error radixmesh raises on purpose."""
@@ -31,3 +33,76 @@ class Unavailable(RadixMeshError):
 
 class RequestAborted(RadixMeshError):
     """The request was aborted before it finished."""
+
+
+class Unimplemented(InvalidArgument):
+    """A valid request for a feature this worker does not implement (yet)."""
+
+
+class DeadlineExceeded(RadixMeshError):
+    """The caller's deadline passed before the request finished."""
+
+
+class Unauthenticated(RadixMeshError):
+    """The API key is missing or wrong."""
+
+
+class Internal(RadixMeshError):
+    """A bug: the server failed in a way the request did not cause."""
+
+
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """One error: its exception, gRPC status name, HTTP status and what causes it."""
+
+    error: type[RadixMeshError]
+    grpc_status: str  # a grpc.StatusCode name (no grpc import in this shared module)
+    http_status: int
+    cause: str
+
+
+# Most specific first: `entry_for` takes the first entry the exception is an instance of.
+CATALOGUE: tuple[CatalogueEntry, ...] = (
+    CatalogueEntry(Unimplemented, "UNIMPLEMENTED", 501, "a feature not implemented here"),
+    CatalogueEntry(
+        InvalidArgument,
+        "INVALID_ARGUMENT",
+        400,
+        "an invalid sampling field, a prompt too long for the context, or empty input",
+    ),
+    CatalogueEntry(Overloaded, "RESOURCE_EXHAUSTED", 429, "the request queue is full"),
+    CatalogueEntry(Unavailable, "UNAVAILABLE", 503, "draining, loading or shut down"),
+    CatalogueEntry(DeadlineExceeded, "DEADLINE_EXCEEDED", 504, "the caller's deadline passed"),
+    CatalogueEntry(Unauthenticated, "UNAUTHENTICATED", 401, "a missing or wrong API key"),
+    CatalogueEntry(RequestAborted, "ABORTED", 409, "the request was aborted"),
+    CatalogueEntry(Internal, "INTERNAL", 500, "a server bug"),
+)
+
+
+def entry_for(error: BaseException) -> CatalogueEntry:
+    """The catalogue entry of an exception; anything unexpected is INTERNAL, never UNKNOWN."""
+    for entry in CATALOGUE:
+        if isinstance(error, entry.error):
+            return entry
+    if isinstance(error, ValueError):
+        return CATALOGUE[1]
+    return CATALOGUE[-1]
+
+
+def error_from_status(grpc_status: str, message: str, field: str | None = None) -> RadixMeshError:
+    """Rebuild the typed exception from a status (the client side of `entry_for`).
+
+    `message` is the status details; for INVALID_ARGUMENT / UNIMPLEMENTED it reads
+    "<field>: <message>" and `field` (sent as trailing metadata) is split off again.
+    """
+    for entry in CATALOGUE:
+        if entry.grpc_status != grpc_status:
+            continue
+        if issubclass(entry.error, InvalidArgument):
+            name = field or "request"
+            text = message.removeprefix(f"{name}: ")
+            return entry.error(name, text)
+        return entry.error(message)
+    if grpc_status == "CANCELLED":
+        return RequestAborted(message)
+    return Internal(message)
