@@ -102,7 +102,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    attention_backend: str = "auto"  # auto: torch on CPU (triton on CUDA once it exists)
+    attention_backend: str = "auto"  # auto: triton on CUDA (when importable), else torch
 
     @classmethod
     def from_options(cls, **options: Any) -> EngineConfig:

@@ -16,6 +16,7 @@ BackendFactory = Callable[[KVPool, float], AttentionBackend]
 
 _BUILTIN: dict[str, str] = {
     "torch": "radixmesh.worker.attention.torch_backend:TorchAttentionBackend",
+    "triton": "radixmesh.worker.attention.triton_backend:TritonAttentionBackend",
 }
 _REGISTERED: dict[str, BackendFactory] = {}
 

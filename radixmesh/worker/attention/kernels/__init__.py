@@ -1,0 +1,10 @@
+"""Triton kernels over the paged KV pool, each with a pure-PyTorch reference beside it.
+
+- `kv_store`: write new tokens' K/V into their slots.
+- `extend_attention`: ragged new tokens over their cached prefix plus themselves (causal).
+- `decode_attention`: one new token per sequence, split along the sequence
+  (flash-decoding), reading each KV head once for its whole query group.
+
+Importing these modules imports triton; on a machine without a GPU set
+`TRITON_INTERPRET=1` before the first import to run them in triton's interpreter.
+"""

@@ -1,0 +1,241 @@
+"""Decode attention (flash-decoding): one new token per sequence over its whole KV.
+
+Stage 1, one program per (sequence, KV head, split): the G = Hq / Hkv query heads that
+share a KV head are one [G, D] block (padded to BLOCK_H >= 16 rows for the matrix unit),
+so each KV head is read once for its whole group. The sequence's keys are cut into
+`num_splits` equal ranges; each program runs an online softmax over its range in blocks
+of BLOCK_N keys read through the slot table, and writes its partial output and
+log-sum-exp (float32). Splits give a small batch enough programs to fill the GPU; an
+empty split (a sequence shorter than the split count) writes lse = -inf.
+
+Stage 2, one program per (sequence, query head), merges the splits' partials.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from radixmesh.worker.attention.kernels.extend_attention import extend_attention_ref
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q,
+    K_buf,
+    V_buf,
+    Mid_O,
+    Mid_L,
+    req_to_token,
+    req_rows,
+    seq_lens,
+    scale_log2,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_buf_slot,
+    stride_buf_head,
+    stride_table,
+    stride_mid_b,
+    stride_mid_h,
+    stride_mid_s,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens + b)
+    table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_g  # [H] query heads of this KV head
+    q_ptrs = Q + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [H, D]
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        slots = tl.load(table_row + offs_n, mask=n_mask, other=0).to(tl.int64)  # [N]
+        kv_off = slots[:, None] * stride_buf_slot + kv_head * stride_buf_head + offs_d[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(n_mask[None, :], s * scale_log2, float("-inf"))  # [H, N] log2 units
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    nonempty = l_i > 0
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+    mid = b.to(tl.int64) * stride_mid_b + heads * stride_mid_h + split * stride_mid_s  # [H]
+    tl.store(Mid_O + mid[:, None] + offs_d[None, :], out, mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(Mid_L + mid // stride_mid_s, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    Mid_O,
+    Mid_L,
+    O,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    stride_mid_b,
+    stride_mid_h,
+    stride_mid_s,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    base = b.to(tl.int64) * stride_mid_b + h * stride_mid_h
+    # Split 0 is never empty (seq_len >= 1): start from it, so m stays finite.
+    m = tl.load(Mid_L + base // stride_mid_s)
+    acc = tl.load(Mid_O + base + offs_d, mask=d_mask, other=0.0)  # [D]
+    l_sum = tl.exp2(m - m)  # 1.0
+    for s in range(1, num_splits):
+        lse = tl.load(Mid_L + (base + s * stride_mid_s) // stride_mid_s)  # -inf: empty split
+        o = tl.load(Mid_O + base + s * stride_mid_s + offs_d, mask=d_mask, other=0.0)
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha + o * w
+        l_sum = l_sum * alpha + w
+        m = m_new
+    o_ptrs = O + b.to(tl.int64) * stride_ot + h * stride_oh + offs_d
+    tl.store(o_ptrs, (acc / l_sum).to(O.dtype.element_ty), mask=d_mask)
+
+
+def decode_workspace(
+    batch_size: int, num_heads: int, head_dim: int, num_splits: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial outputs [B, Hq, S, D] and log-sum-exps [B, Hq, S] (float32)."""
+    mid_o = torch.empty(
+        (batch_size, num_heads, num_splits, head_dim), dtype=torch.float32, device=device
+    )
+    mid_l = torch.empty((batch_size, num_heads, num_splits), dtype=torch.float32, device=device)
+    return mid_o, mid_l
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    out: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """q/out [B, Hq, D] (row b is sequence b's new token); k_buf/v_buf [num_slots, Hkv, D];
+    req_rows, seq_lens [B]. `workspace` from `decode_workspace` (allocated if None)."""
+    b, hq, d = q.shape
+    hkv = k_buf.shape[1]
+    assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
+    assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
+    assert req_to_token.stride(1) == 1 and num_splits >= 1
+    if b == 0:
+        return out
+    if workspace is None:
+        workspace = decode_workspace(b, hq, d, num_splits, q.device)
+    mid_o, mid_l = workspace
+    assert mid_o.shape == (b, hq, num_splits, d) and mid_o.is_contiguous(), mid_o.shape
+    assert mid_l.shape == (b, hq, num_splits) and mid_l.is_contiguous(), mid_l.shape
+    group = hq // hkv
+    block_d = max(16, triton.next_power_of_2(d))
+    # mid_l is addressed as mid_o's offset // D: both are contiguous with the same leading dims.
+    _decode_split_kernel[(b, hkv, num_splits)](
+        q,
+        k_buf,
+        v_buf,
+        mid_o,
+        mid_l,
+        req_to_token,
+        req_rows,
+        seq_lens,
+        scale * LOG2E,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        req_to_token.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        GROUP=group,
+        HEAD_DIM=d,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        IEEE=q.dtype == torch.float32,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    _decode_merge_kernel[(b, hq)](
+        mid_o,
+        mid_l,
+        out,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+    )
+    return out
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: list[int],
+    seq_lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """Decode is extend by one token after a prefix of seq_len - 1. Returns [B, Hq, D] fp32."""
+    prefix = [n - 1 for n in seq_lens]
+    ones = [1] * len(seq_lens)
+    return extend_attention_ref(q, k_buf, v_buf, req_to_token, req_rows, prefix, ones, scale)

@@ -1,0 +1,190 @@
+"""Extend attention: a ragged batch of new tokens over their cached prefix plus themselves.
+
+Sequence b has `extend_lens[b]` new tokens at rows `q_start[b] ..` of q, at positions
+`prefix_lens[b] + i`; its keys are tokens 0 .. prefix + extend - 1, read through the slot
+table `req_to_token[req_rows[b]]` (the new tokens' k/v are stored before this runs, so the
+prefix and the new tokens are one key range). New token i sees keys 0 .. prefix + i.
+
+One program per (sequence, query head, block of BLOCK_M new tokens) runs an online softmax
+over key blocks of BLOCK_N, stopping at the block's last causal key; scores and the
+running sums are float32, the matrix products take the pool's dtype (bf16/fp16) operands
+with float32 accumulation. GQA: query head h reads KV head h // G.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+@triton.jit
+def _extend_kernel(
+    Q,
+    K_buf,
+    V_buf,
+    O,
+    req_to_token,
+    req_rows,
+    prefix_lens,
+    extend_lens,
+    q_start,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_buf_slot,
+    stride_buf_head,
+    stride_table,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    m_block = tl.program_id(2)
+    extend = tl.load(extend_lens + b)
+    if m_block * BLOCK_M >= extend:
+        return
+    prefix = tl.load(prefix_lens + b)
+    start = tl.load(q_start + b).to(tl.int64)
+    table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
+    kv_head = h // GROUP
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] index among the new tokens
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < extend
+    d_mask = offs_d < HEAD_DIM
+    q_ptrs = Q + (start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [M, D]
+    q_pos = prefix + offs_m  # [M] absolute positions
+
+    # Keys past the block's last query are causally masked for every row of the block.
+    key_end = tl.minimum(prefix + extend, prefix + (m_block + 1) * BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(0, key_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < key_end
+        slots = tl.load(table_row + offs_n, mask=n_mask, other=0).to(tl.int64)  # [N]
+        kv_off = slots[:, None] * stride_buf_slot + kv_head * stride_buf_head + offs_d[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * scale_log2  # [M, N] fp32, in log2 units
+        visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        # Every row sees key 0 in the first block, so m_new is finite from there on.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    out = acc / l_i[:, None]
+    o_ptrs = O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    out: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    q_start: torch.Tensor,
+    max_extend: int,
+    scale: float,
+    *,
+    block_m: int = 64,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """q/out [T, Hq, D]; k_buf/v_buf [num_slots, Hkv, D]; per-sequence int tensors [B]
+    (`q_start[b]`: sequence b's first row of q); `max_extend` bounds extend_lens."""
+    t, hq, d = q.shape
+    hkv = k_buf.shape[1]
+    b = req_rows.shape[0]
+    assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
+    assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
+    assert req_to_token.stride(1) == 1
+    if t == 0 or b == 0:
+        return out
+    grid = (b, hq, triton.cdiv(max_extend, block_m))
+    _extend_kernel[grid](
+        q,
+        k_buf,
+        v_buf,
+        out,
+        req_to_token,
+        req_rows,
+        prefix_lens,
+        extend_lens,
+        q_start,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        req_to_token.stride(0),
+        GROUP=hq // hkv,
+        HEAD_DIM=d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        IEEE=q.dtype == torch.float32,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out
+
+
+def extend_attention_ref(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: list[int],
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """The same function in float32 PyTorch, one sequence at a time. Returns [T, Hq, D]."""
+    hq, hkv = q.shape[1], k_buf.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    start = 0
+    for row, prefix, extend in zip(req_rows, prefix_lens, extend_lens, strict=True):
+        slots = req_to_token[row, : prefix + extend]  # [L]
+        keys = k_buf[slots].float().repeat_interleave(hq // hkv, dim=1)  # [L, Hq, D]
+        values = v_buf[slots].float().repeat_interleave(hq // hkv, dim=1)
+        qs = q[start : start + extend].float()  # [E, Hq, D]
+        scores = torch.einsum("ehd,lhd->hel", qs, keys) * scale  # [Hq, E, L]
+        q_pos = torch.arange(prefix, prefix + extend, device=q.device)[:, None]
+        visible = torch.arange(prefix + extend, device=q.device)[None, :] <= q_pos  # [E, L]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out[start : start + extend] = torch.einsum("hel,lhd->ehd", scores.softmax(-1), values)
+        start += extend
+    return out

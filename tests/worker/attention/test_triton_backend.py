@@ -1,0 +1,78 @@
+"""The triton backend against the float64 reference over the slot table: mixed, decode-only
+and extend-only batches (CPU through TRITON_INTERPRET=1, or CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from radixmesh.worker.attention.registry import create_attention_backend
+from radixmesh.worker.attention.triton_backend import (
+    DecodeMeta,
+    ExtendMeta,
+    TritonAttentionBackend,
+    choose_num_splits,
+)
+from radixmesh.worker.worker import default_attention_backend
+from tests.worker.attention.test_torch_backend import (
+    HEAD_DIM,
+    LAYER,
+    MIXED,
+    NUM_SLOTS,
+    make_case,
+    reference,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        MIXED,
+        [(10, 1), (0, 1), (33, 1), (7, 1)],
+        [(14, 1), (14, 1), (14, 1)],
+        [(0, 12)],
+        [(9, 5), (0, 3)],
+    ],
+    ids=["mixed", "decode-only", "decode-equal-lengths", "one-prompt", "extends-only"],
+)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(8, 2), (4, 4)], ids=["gqa4", "mha"])
+def test_matches_reference(seqs: list[tuple[int, int]], num_heads: int, num_kv_heads: int) -> None:
+    pool, batch, q, k, v = make_case(seqs, num_heads, num_kv_heads, device=DEVICE)
+    scale = HEAD_DIM**-0.5
+    backend = create_attention_backend("triton", pool, scale)
+    assert isinstance(backend, TritonAttentionBackend)
+    backend.prepare(batch)
+    decode_only = all(e == 1 for _, e in seqs)
+    assert isinstance(batch.attn_metadata, DecodeMeta if decode_only else ExtendMeta)
+    before = [buf.clone() for buf in pool.k_buffers + pool.v_buffers]
+    out = backend.forward(q, k, v, LAYER, batch)
+    out_again = backend.forward(q, k, v, LAYER, batch)  # a second layer reuses the metadata
+    assert out.shape == q.shape and out.dtype == q.dtype
+    err = (out.double().cpu() - reference(pool, batch, q, scale)).abs().max()
+    assert err < (1e-4 if DEVICE == "cuda" else 1e-5)  # fp32: exact products on both
+    assert torch.equal(out, out_again)
+    # The new k/v landed in their slots of this layer and nowhere else.
+    loc = batch.out_cache_loc
+    assert torch.equal(pool.k_buffers[LAYER][loc], k) and torch.equal(pool.v_buffers[LAYER][loc], v)
+    untouched = torch.ones(NUM_SLOTS, dtype=torch.bool, device=DEVICE)
+    untouched[loc] = False
+    assert torch.equal(pool.k_buffers[LAYER][untouched], before[LAYER][untouched])
+    assert torch.equal(pool.k_buffers[0], before[0]) and torch.equal(pool.v_buffers[0], before[2])
+
+
+def test_num_splits_fill_the_gpu_but_stay_long() -> None:
+    # 132 SMs: batch 1, 8 KV heads -> 33 splits wanted for two waves, capped at 32.
+    assert choose_num_splits(1, 8, 100_000, 132) == 32
+    assert choose_num_splits(1, 8, 1000, 132) == 4  # 1000 keys: no split under 256 keys
+    assert choose_num_splits(256, 8, 4096, 132) == 1  # 2048 programs fill the GPU already
+    assert choose_num_splits(4, 8, 4096, 132) == 9
+    assert choose_num_splits(3, 2, 1, 132) == 1
+
+
+def test_auto_picks_triton_on_cuda_only() -> None:
+    assert default_attention_backend(torch.device("cpu")) == "torch"
+    assert default_attention_backend(torch.device("cuda")) == "triton"
