@@ -7,6 +7,7 @@ budget, then the req->token table sized by the context length and max running re
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
 import time
 
@@ -76,6 +77,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
+def default_attention_backend(device: torch.device) -> str:
+    """Triton kernels on CUDA when triton is installed; the torch reference otherwise."""
+    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        return "triton"
+    return "torch"
+
+
 class Worker:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -110,7 +118,7 @@ class Worker:
         )
         backend = config.attention_backend
         if backend == "auto":
-            backend = "torch"
+            backend = default_attention_backend(self.device)
         attn = create_attention_backend(backend, self.kv_pool, self.arch.head_size**-0.5)
         self.runner = ModelRunner(self.model, attn, self.req_table, self.arch.vocab_size)
         self.scheduler = Scheduler(
