@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from radixmesh import lang as _lang
 from radixmesh.errors import InvalidArgument, RadixMeshError
 from radixmesh.sampling_params import SamplingParams
 
@@ -15,7 +16,14 @@ if TYPE_CHECKING:
     from radixmesh.worker.engine import Engine
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "InvalidArgument", "RadixMeshError", "SamplingParams", "__version__"]
+__all__ = [
+    "Engine",
+    "InvalidArgument",
+    "RadixMeshError",
+    "SamplingParams",
+    "__version__",
+    *_lang.__all__,
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,4 +31,6 @@ def __getattr__(name: str) -> Any:
         from radixmesh.worker.engine import Engine
 
         return Engine
+    if name in _lang.__all__:  # the frontend language (SGLang's API), see radixmesh.lang
+        return getattr(_lang, name)
     raise AttributeError(f"module 'radixmesh' has no attribute {name!r}")

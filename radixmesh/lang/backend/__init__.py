@@ -1,0 +1,1 @@
+"""Backends of the language: in-process engine, OpenAI, Anthropic, the cluster (later)."""

@@ -1,0 +1,197 @@
+"""`@function`: a program, and how it runs (`run`, `run_async`, `run_batch`, `trace`)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from radixmesh.lang.backend.base import Backend
+from radixmesh.lang.backend.registry import resolve_backend
+from radixmesh.lang.interpreter import StreamExecutor
+from radixmesh.lang.state import ProgramState
+from radixmesh.lang.tracer import TracerState, constant_prefix, trace_program
+
+logger = logging.getLogger(__name__)
+
+
+def _defaults(
+    max_new_tokens: int = 128,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    min_p: float = 0.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    ignore_eos: bool = False,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+) -> dict[str, Any]:
+    """The run-wide sampling defaults (SGLang's), in the engine's names."""
+    params = dict(locals())
+    params.pop("return_text_in_logprobs")  # text is always returned with logprobs
+    return {k: v for k, v in params.items() if v is not None}
+
+
+class SglFunction:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        num_api_spec_tokens: int | None = None,
+        bind_arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = bind_arguments or {}
+        params = list(inspect.signature(func).parameters)
+        if not params:
+            raise TypeError(
+                f"@function {func.__name__} must take the program state as its first argument"
+            )
+        self.arg_names = params[1:]
+        functools.update_wrapper(self, func)
+
+    def bind(self, **kwargs: Any) -> SglFunction:
+        unknown = sorted(set(kwargs) - set(self.arg_names))
+        if unknown:
+            raise TypeError(f"{self.func.__name__}() has no argument {unknown[0]!r} to bind")
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Called on a state from inside another program: run inline on that state.
+        if args and isinstance(args[0], ProgramState | TracerState):
+            return self.func(args[0], *args[1:], **{**self.bind_arguments, **kwargs})
+        return self.run(*args, **kwargs)
+
+    # ---- running --------------------------------------------------------------------
+
+    def run(
+        self,
+        *args: Any,
+        stream: bool = False,
+        backend: object | None = None,
+        use_thread: bool = True,
+        **kwargs: Any,
+    ) -> ProgramState:
+        """Run once. With stream=True the state returns at once for text_iter()."""
+        sampling, arguments = self._split(kwargs)
+        arguments = self._arguments(args, arguments)
+        return run_program(self, resolve_backend(backend), arguments, sampling, stream)
+
+    async def run_async(self, *args: Any, **kwargs: Any) -> ProgramState:
+        """`run` without blocking the event loop; the program's calls run in parallel."""
+        state = await asyncio.to_thread(self.run, *args, **kwargs)
+        await asyncio.to_thread(state.sync)
+        return state
+
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any]],
+        *,
+        backend: object | None = None,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        **kwargs: Any,
+    ) -> list[ProgramState]:
+        """Run once per argument dict. A failing program keeps its error on its state."""
+        if not isinstance(batch_kwargs, list) or not all(isinstance(b, dict) for b in batch_kwargs):
+            raise ValueError("batch_kwargs: expected a list of dicts of program arguments")
+        sampling, extra = self._split(kwargs)
+        if extra:
+            raise TypeError(f"run_batch() got an unexpected keyword argument {next(iter(extra))!r}")
+        be = resolve_backend(backend)
+        batch = [self._arguments((), b) for b in batch_kwargs]
+        if len(batch) > 1:
+            self.precache(be)
+        threads = _num_threads(num_threads, len(batch))
+
+        def one(arguments: dict[str, Any]) -> ProgramState:
+            return run_program(self, be, arguments, sampling, stream=False)
+
+        with ThreadPoolExecutor(threads) as pool:
+            futures = [pool.submit(one, a) for a in batch]
+            if progress_bar:
+                from tqdm.auto import tqdm
+
+                for f in tqdm(futures, total=len(futures)):
+                    f.result()
+            return [f.result() for f in futures]
+
+    def trace(self, *, backend: object | None = None, **kwargs: Any) -> TracerState:
+        """The program's graph; arguments not given are placeholders."""
+        return trace_program(self, kwargs)
+
+    def precache(self, backend: Backend) -> str:
+        """Prefill the program's constant prefix; returns it ("" if tracing failed)."""
+        try:
+            prefix = constant_prefix(trace_program(self, {}), backend.chat_template)
+        except Exception as e:  # a program the tracer cannot follow just runs uncached
+            logger.debug("tracing %s failed: %s", self.func.__name__, e)
+            return ""
+        if prefix:
+            backend.cache_prefix(prefix)
+        return prefix
+
+    # ---- helpers --------------------------------------------------------------------
+
+    def _split(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        names = set(inspect.signature(_defaults).parameters)
+        sampling = {k: v for k, v in kwargs.items() if k in names}
+        return _defaults(**sampling), {k: v for k, v in kwargs.items() if k not in names}
+
+    def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            bound = inspect.signature(self.func).bind(
+                None, *args, **{**self.bind_arguments, **kwargs}
+            )
+        except TypeError as e:
+            raise TypeError(f"{self.func.__name__}(): {e}") from None
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        arguments.pop(next(iter(arguments)))  # the state
+        return arguments
+
+
+def run_program(
+    fn: SglFunction,
+    backend: Backend,
+    arguments: dict[str, Any],
+    default_params: dict[str, Any],
+    stream: bool,
+) -> ProgramState:
+    executor = StreamExecutor(backend, arguments, default_params, stream=stream)
+    state = ProgramState(executor)
+    try:
+        fn.func(state, **arguments)
+    except Exception as e:  # kept on the state: the batch goes on
+        executor.sync()
+        executor.fail(e)
+    finally:
+        executor.end()
+    if not stream:
+        executor.sync()
+    return state
+
+
+def _num_threads(num_threads: int | str, batch_size: int) -> int:
+    if num_threads == "auto":
+        return max(1, min(batch_size, 16 * (os.cpu_count() or 1), 64))
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads: expected 'auto' or an integer >= 1, got {num_threads!r}")
+    return num_threads
+
+
+def function(func: Callable[..., Any] | None = None, num_api_spec_tokens: int | None = None) -> Any:
+    """Decorator: `@function` or `@function(num_api_spec_tokens=...)`."""
+    if func is not None:
+        return SglFunction(func, num_api_spec_tokens)
+    return lambda f: SglFunction(f, num_api_spec_tokens)

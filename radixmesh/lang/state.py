@@ -1,0 +1,201 @@
+"""Program state: what an `@function` receives as `s` and what `run` returns.
+
+`s += expr` queues expressions on the state's executor and returns at once; reads
+(`s["name"]`, `text()`, `messages()`) wait for what they need. A failure inside the
+program is kept on the state and raised, as a `ProgramError`, by every read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from radixmesh.lang.errors import ProgramError
+from radixmesh.lang.interpreter import StreamExecutor, iter_chunks
+from radixmesh.lang.ir import RoleBegin, RoleEnd, to_expr
+
+
+class ProgramState:
+    def __init__(self, executor: StreamExecutor) -> None:
+        self.stream_executor = executor
+
+    # ---- writing --------------------------------------------------------------------
+
+    def __iadd__(self, other: object) -> ProgramState:
+        self.stream_executor.submit(to_expr(other))
+        return self
+
+    def system(self, expr: object = None) -> None:
+        self._role("system", expr)
+
+    def user(self, expr: object = None) -> None:
+        self._role("user", expr)
+
+    def assistant(self, expr: object = None) -> None:
+        self._role("assistant", expr)
+
+    def _role(self, role: str, expr: object) -> None:
+        self += RoleBegin(role)
+        if expr is not None:
+            self += expr
+        self += RoleEnd(role)
+
+    # ---- reading --------------------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Any:
+        return self.stream_executor.get_var(name)
+
+    def get_var(self, name: str) -> Any:
+        return self.stream_executor.get_var(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.stream_executor.sync()
+        self.stream_executor.variables[name] = value
+
+    def __contains__(self, name: str) -> bool:
+        self.stream_executor.sync()
+        return name in self.stream_executor.variables
+
+    def get_meta_info(self, name: str) -> dict[str, Any]:
+        self.get_var(name)
+        return self.stream_executor.meta_info.get(name, {})
+
+    def text(self) -> str:
+        self.sync()
+        self.stream_executor.raise_error()
+        return self.stream_executor.text_
+
+    def messages(self) -> list[dict[str, str]]:
+        self.sync()
+        self.stream_executor.raise_error()
+        return list(self.stream_executor.messages_)
+
+    def sync(self) -> None:
+        self.stream_executor.sync()
+
+    def error(self) -> BaseException | None:
+        """The program's error (None if it succeeded so far); waits for queued work."""
+        self.sync()
+        return self.stream_executor.error_
+
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Text as it is generated: the whole state, or one variable's deltas."""
+        return iter_chunks(self.stream_executor, var_name)
+
+    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        executor = self.stream_executor
+        i = 0
+        while True:
+            chunks, over = await asyncio.to_thread(executor.wait_chunks, i, var_name)
+            i += len(chunks)
+            for name, text in chunks:
+                if var_name is None or name == var_name:
+                    yield text
+            if over:
+                executor.raise_error()
+                return
+
+    # ---- branching ------------------------------------------------------------------
+
+    def fork(self, size: int = 1) -> ProgramStateGroup:
+        """`size` copies of this state that continue independently (in parallel).
+
+        The shared text is prefilled once first, so every branch hits the cache."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
+        parent = self.stream_executor
+        parent.sync()
+        parent.raise_error()
+        if size > 1:
+            parent.backend.cache_prefix(parent.text_)
+        return ProgramStateGroup([self._branch() for _ in range(size)], self)
+
+    def copy(self) -> ProgramState:
+        self.stream_executor.sync()
+        self.stream_executor.raise_error()
+        return self._branch()
+
+    def _branch(self) -> ProgramState:
+        parent = self.stream_executor
+        child = StreamExecutor(
+            parent.backend, parent.arguments, parent.default_params, parent.stream
+        )
+        child.copy_from(parent)
+        return ProgramState(child)
+
+    def __repr__(self) -> str:
+        return f"ProgramState({self.text()!r})"
+
+    def __del__(self) -> None:
+        self.stream_executor.end()
+
+
+class ProgramStateGroup:
+    """The branches of a fork: index them, append to all, `join` back."""
+
+    def __init__(self, states: list[ProgramState], src_state: ProgramState) -> None:
+        self.states = states
+        self.src_state = src_state
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: object) -> ProgramStateGroup:
+        if isinstance(other, list):
+            if len(other) != len(self.states):
+                raise ValueError(f"got {len(other)} items for {len(self.states)} branches")
+            for state, item in zip(self.states, other, strict=True):
+                state += item
+        else:
+            expr = to_expr(other)
+            for state in self.states:
+                state += expr
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for every branch and bring its results to the source state.
+
+        gather_variable: each variable a branch created becomes a list (one value per
+        branch) on the source state. concate_and_append: the text every branch added is
+        appended to the source state, in branch order."""
+        if mode not in ("gather_variable", "concate_and_append"):
+            raise ValueError(
+                f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}"
+            )
+        for state in self.states:
+            state.sync()
+        for i, state in enumerate(self.states):
+            err = state.stream_executor.error_
+            if err is not None:
+                raise ProgramError(f"fork branch {i} failed: {err}") from err
+        src = self.src_state.stream_executor
+        src.sync()
+        base_text = len(src.text_)
+        if mode == "concate_and_append":
+            for state in self.states:
+                self.src_state += state.stream_executor.text_[base_text:]
+            return
+        self._gather(src)
+
+    def _gather(self, src: StreamExecutor) -> None:
+        names: list[str] = []
+        for state in self.states:
+            for name, value in state.stream_executor.variables.items():
+                fresh = name not in src.variables or src.variables[name] is not value
+                if fresh and name not in names:
+                    names.append(name)
+        for name in names:
+            if name in src.variables:
+                raise ProgramError(
+                    f"join: variable {name!r} already exists in the source state; "
+                    "give the branches' variables names of their own"
+                )
+        for name in names:
+            src.variables[name] = [s.stream_executor.variables.get(name) for s in self.states]
