@@ -13,6 +13,9 @@ from dataclasses import dataclass
 class RadixMeshError(Exception):
     """Base class of every error radixmesh raises on purpose."""
 
+    # The gRPC status name, on errors the client rebuilt from a status.
+    grpc_status: str | None = None
+
 
 class InvalidArgument(RadixMeshError, ValueError):
     """A request field is invalid. `field` names it (dotted for nested fields)."""
@@ -101,8 +104,13 @@ def error_from_status(grpc_status: str, message: str, field: str | None = None) 
         if issubclass(entry.error, InvalidArgument):
             name = field or "request"
             text = message.removeprefix(f"{name}: ")
-            return entry.error(name, text)
-        return entry.error(message)
-    if grpc_status == "CANCELLED":
-        return RequestAborted(message)
-    return Internal(message)
+            error: RadixMeshError = entry.error(name, text)
+        else:
+            error = entry.error(message)
+        error.grpc_status = grpc_status
+        return error
+    fallback: RadixMeshError = (
+        RequestAborted(message) if grpc_status == "CANCELLED" else Internal(message)
+    )
+    fallback.grpc_status = grpc_status
+    return fallback

@@ -1,0 +1,233 @@
+"""`AsyncClient`: the asyncio twin of `Client` (grpc.aio), same arguments and results."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+from . import convert
+from .client import Params, Service
+from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, retryable
+from .types import Chunk, Completion, Load, ModelInfo, Selection
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        target: str,
+        *,
+        api_key: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        timeout: float | None = None,
+        max_retries: int = 3,
+        service: Service = "auto",
+    ) -> None:
+        self.target = target
+        self.options = ClientOptions(api_key, tls, root_certificates, timeout, max_retries)
+        if self.options.secure:
+            creds = self.options.credentials()
+            self._channel = grpc.aio.secure_channel(target, creds, CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.insecure_channel(target, CHANNEL_OPTIONS)
+        self._worker = worker_pb2_grpc.WorkerStub(self._channel)
+        self._router = router_pb2_grpc.RouterStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._service: Service = service
+
+    # ---- generation -------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: str | None = None,
+        sampling_params: Params = None,
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        input_ids: Sequence[int] | None = None,
+        stream: bool = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> Completion | AsyncIterator[Chunk]:
+        """Like `Client.generate`; stream=True -> an async iterator of Chunks."""
+        inp = convert.make_input(prompt, messages, input_ids)
+        params = convert.make_params(sampling_params)
+        deadline = Deadline(timeout if timeout is not None else self.options.timeout)
+        if stream:
+            return self._stream(inp, params, request_id, deadline)
+
+        async def once(t: float | None) -> Any:
+            last = None
+            async for resp in await self._generate_call(inp, params, request_id, False, t):
+                last = resp.chunk
+            return last
+
+        return convert.completion_from_proto(await self._retry(once, deadline))
+
+    async def _generate_call(
+        self,
+        inp: common_pb2.Input,
+        params: common_pb2.SamplingParams,
+        rid: str,
+        stream: bool,
+        timeout: float | None,
+    ) -> Any:
+        md = self.options.metadata()
+        if await self._resolve() == "router":
+            req: Any = router_pb2.RouterGenerateRequest(
+                input=inp, sampling_params=params, request_id=rid, stream=stream
+            )
+            return self._router.Generate(req, timeout=timeout, metadata=md)
+        req = worker_pb2.GenerateRequest(
+            input=inp, sampling_params=params, request_id=rid, stream=stream
+        )
+        return self._worker.Generate(req, timeout=timeout, metadata=md)
+
+    async def _stream(
+        self,
+        inp: common_pb2.Input,
+        params: common_pb2.SamplingParams,
+        rid: str,
+        deadline: Deadline,
+    ) -> AsyncIterator[Chunk]:
+        attempt = 0
+        got_token = False
+        while True:
+            call = await self._generate_call(inp, params, rid, True, deadline.remaining())
+            try:
+                async for resp in call:
+                    chunk = convert.chunk_from_proto(resp.chunk)
+                    got_token = got_token or bool(chunk.token_ids)
+                    yield chunk
+                return
+            except grpc.RpcError as e:
+                if got_token or not await self._wait_retry(e, attempt, deadline):
+                    raise convert.error_from_rpc(e) from None
+                attempt += 1
+            finally:
+                call.cancel()
+
+    async def select(
+        self,
+        prompt: str | None = None,
+        choices: Sequence[str] = (),
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        input_ids: Sequence[int] | None = None,
+        timeout: float | None = None,
+    ) -> Selection:
+        inp = convert.make_input(prompt, messages, input_ids)
+        req = convert.score_request(inp, choices)
+        deadline = Deadline(timeout if timeout is not None else self.options.timeout)
+        md = self.options.metadata()
+        if await self._resolve() == "router":
+            sreq = router_pb2.SelectRequest(input=inp, choices=list(choices))
+            resp = await self._retry(
+                lambda t: self._router.Select(sreq, timeout=t, metadata=md), deadline
+            )
+            return convert.selection_from_proto(resp)
+        scores = await self._retry(
+            lambda t: self._worker.Score(req, timeout=t, metadata=md), deadline
+        )
+        return convert.selection_from_scores(list(choices), scores)
+
+    # ---- control ----------------------------------------------------------------------
+
+    async def abort(self, request_id: str) -> bool:
+        md = self.options.metadata()
+        deadline = Deadline(self.options.timeout)
+        if await self._resolve() == "router":
+            rreq = router_pb2.RouterAbortRequest(request_id=request_id)
+            resp: Any = await self._retry(
+                lambda t: self._router.Abort(rreq, timeout=t, metadata=md), deadline
+            )
+        else:
+            wreq = worker_pb2.AbortRequest(request_id=request_id)
+            resp = await self._retry(
+                lambda t: self._worker.Abort(wreq, timeout=t, metadata=md), deadline
+            )
+        return bool(resp.found)
+
+    async def health(self, service: str = "", timeout: float | None = 5.0) -> bool:
+        try:
+            resp = await self._health.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return False
+            raise convert.error_from_rpc(e) from None
+        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def model_info(self) -> ModelInfo:
+        md = self.options.metadata()
+        deadline = Deadline(self.options.timeout)
+        if await self._resolve() == "router":
+            rreq = router_pb2.RouterGetModelInfoRequest()
+            resp: Any = await self._retry(
+                lambda t: self._router.GetModelInfo(rreq, timeout=t, metadata=md), deadline
+            )
+        else:
+            wreq = worker_pb2.GetModelInfoRequest()
+            resp = await self._retry(
+                lambda t: self._worker.GetModelInfo(wreq, timeout=t, metadata=md), deadline
+            )
+        return convert.model_info_from_proto(resp.info)
+
+    async def load(self) -> Load:
+        md = self.options.metadata()
+        req = worker_pb2.GetLoadRequest()
+        resp = await self._retry(
+            lambda t: self._worker.GetLoad(req, timeout=t, metadata=md),
+            Deadline(self.options.timeout),
+        )
+        return convert.load_from_proto(resp)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- plumbing ---------------------------------------------------------------------
+
+    async def _resolve(self) -> Service:
+        if self._service == "auto":
+            req = router_pb2.RouterGetModelInfoRequest()
+            try:
+                await self._router.GetModelInfo(req, timeout=10.0, metadata=self.options.metadata())
+                self._service = "router"
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise convert.error_from_rpc(e) from None
+                self._service = "worker"
+        return self._service
+
+    async def _retry(self, fn: Callable[[float | None], Awaitable[T]], deadline: Deadline) -> T:
+        attempt = 0
+        while True:
+            try:
+                return await fn(deadline.remaining())
+            except grpc.RpcError as e:
+                if not await self._wait_retry(e, attempt, deadline):
+                    raise convert.error_from_rpc(e) from None
+                attempt += 1
+
+    async def _wait_retry(self, e: grpc.RpcError, attempt: int, deadline: Deadline) -> bool:
+        if not retryable(e, attempt, self.options):
+            return False
+        delay = self.options.retry_delay(attempt)
+        if not deadline.allows(delay):
+            return False
+        await asyncio.sleep(delay)
+        return True

@@ -1,0 +1,244 @@
+"""`Client`: the blocking gRPC SDK, for a router or a single worker.
+
+`service="auto"` asks the target once whether it serves `radixmesh.v1.Router` and falls
+back to `radixmesh.v1.Worker` (so the same client talks to `radixmesh worker` directly).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+from . import convert
+from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, retryable
+from .types import Chunk, Completion, Load, ModelInfo, Selection
+
+T = TypeVar("T")
+Service = Literal["auto", "worker", "router"]
+Params = Mapping[str, Any] | SamplingParams | None
+
+
+class Client:
+    def __init__(
+        self,
+        target: str,
+        *,
+        api_key: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | None = None,
+        timeout: float | None = None,
+        max_retries: int = 3,
+        service: Service = "auto",
+    ) -> None:
+        self.target = target
+        self.options = ClientOptions(api_key, tls, root_certificates, timeout, max_retries)
+        if self.options.secure:
+            creds = self.options.credentials()
+            self._channel = grpc.secure_channel(target, creds, CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.insecure_channel(target, CHANNEL_OPTIONS)
+        self._worker = worker_pb2_grpc.WorkerStub(self._channel)
+        self._router = router_pb2_grpc.RouterStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._service: Service = service
+
+    # ---- generation -------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        sampling_params: Params = None,
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        input_ids: Sequence[int] | None = None,
+        stream: bool = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> Completion | Iterator[Chunk]:
+        """Complete text, chat messages or token ids. stream=True -> an iterator of Chunks
+        (closing it early cancels the request on the server)."""
+        inp = convert.make_input(prompt, messages, input_ids)
+        params = convert.make_params(sampling_params)
+        deadline = Deadline(timeout if timeout is not None else self.options.timeout)
+        if stream:
+            return self._stream(inp, params, request_id, deadline)
+        chunk = self._retry(
+            lambda t: self._generate_call(inp, params, request_id, False, t), deadline
+        )
+        return convert.completion_from_proto(chunk)
+
+    def _generate_call(
+        self,
+        inp: common_pb2.Input,
+        params: common_pb2.SamplingParams,
+        rid: str,
+        stream: bool,
+        timeout: float | None,
+    ) -> Any:
+        md = self.options.metadata()
+        if self._resolve() == "router":
+            req: Any = router_pb2.RouterGenerateRequest(
+                input=inp, sampling_params=params, request_id=rid, stream=stream
+            )
+            call = self._router.Generate(req, timeout=timeout, metadata=md)
+        else:
+            req = worker_pb2.GenerateRequest(
+                input=inp, sampling_params=params, request_id=rid, stream=stream
+            )
+            call = self._worker.Generate(req, timeout=timeout, metadata=md)
+        if stream:
+            return call
+        last = None
+        for resp in call:
+            last = resp.chunk
+        return last
+
+    def _stream(
+        self,
+        inp: common_pb2.Input,
+        params: common_pb2.SamplingParams,
+        rid: str,
+        deadline: Deadline,
+    ) -> Iterator[Chunk]:
+        attempt = 0
+        got_token = False
+        while True:
+            call = self._generate_call(inp, params, rid, True, deadline.remaining())
+            try:
+                for resp in call:
+                    chunk = convert.chunk_from_proto(resp.chunk)
+                    got_token = got_token or bool(chunk.token_ids)
+                    yield chunk
+                return
+            except grpc.RpcError as e:
+                if got_token or not self._wait_retry(e, attempt, deadline):
+                    raise convert.error_from_rpc(e) from None
+                attempt += 1
+            finally:
+                call.cancel()  # no-op when done; cancels the server request when closed early
+
+    def select(
+        self,
+        prompt: str | None = None,
+        choices: Sequence[str] = (),
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        input_ids: Sequence[int] | None = None,
+        timeout: float | None = None,
+    ) -> Selection:
+        """The most likely continuation (highest mean token logprob)."""
+        inp = convert.make_input(prompt, messages, input_ids)
+        req = convert.score_request(inp, choices)
+        deadline = Deadline(timeout if timeout is not None else self.options.timeout)
+        md = self.options.metadata()
+        if self._resolve() == "router":
+            sreq = router_pb2.SelectRequest(input=inp, choices=list(choices))
+            resp = self._retry(
+                lambda t: self._router.Select(sreq, timeout=t, metadata=md), deadline
+            )
+            return convert.selection_from_proto(resp)
+        scores = self._retry(lambda t: self._worker.Score(req, timeout=t, metadata=md), deadline)
+        return convert.selection_from_scores(list(choices), scores)
+
+    # ---- control ----------------------------------------------------------------------
+
+    def abort(self, request_id: str) -> bool:
+        md = self.options.metadata()
+        deadline = Deadline(self.options.timeout)
+        if self._resolve() == "router":
+            rreq = router_pb2.RouterAbortRequest(request_id=request_id)
+            found = self._retry(
+                lambda t: self._router.Abort(rreq, timeout=t, metadata=md), deadline
+            )
+        else:
+            wreq = worker_pb2.AbortRequest(request_id=request_id)
+            found = self._retry(
+                lambda t: self._worker.Abort(wreq, timeout=t, metadata=md), deadline
+            )
+        return bool(found.found)
+
+    def health(self, service: str = "", timeout: float | None = 5.0) -> bool:
+        """True when the target reports SERVING for `service` ("" = the whole process)."""
+        try:
+            resp = self._health.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return False
+            raise convert.error_from_rpc(e) from None
+        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+    def model_info(self) -> ModelInfo:
+        md = self.options.metadata()
+        deadline = Deadline(self.options.timeout)
+        if self._resolve() == "router":
+            rreq = router_pb2.RouterGetModelInfoRequest()
+            resp: Any = self._retry(
+                lambda t: self._router.GetModelInfo(rreq, timeout=t, metadata=md), deadline
+            )
+        else:
+            wreq = worker_pb2.GetModelInfoRequest()
+            resp = self._retry(
+                lambda t: self._worker.GetModelInfo(wreq, timeout=t, metadata=md), deadline
+            )
+        return convert.model_info_from_proto(resp.info)
+
+    def load(self) -> Load:
+        """A worker's load figures (worker targets only)."""
+        md = self.options.metadata()
+        req = worker_pb2.GetLoadRequest()
+        resp = self._retry(
+            lambda t: self._worker.GetLoad(req, timeout=t, metadata=md),
+            Deadline(self.options.timeout),
+        )
+        return convert.load_from_proto(resp)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- plumbing ---------------------------------------------------------------------
+
+    def _resolve(self) -> Service:
+        if self._service == "auto":
+            req = router_pb2.RouterGetModelInfoRequest()
+            try:
+                self._router.GetModelInfo(req, timeout=10.0, metadata=self.options.metadata())
+                self._service = "router"
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise convert.error_from_rpc(e) from None
+                self._service = "worker"
+        return self._service
+
+    def _retry(self, fn: Callable[[float | None], T], deadline: Deadline) -> T:
+        attempt = 0
+        while True:
+            try:
+                return fn(deadline.remaining())
+            except grpc.RpcError as e:
+                if not self._wait_retry(e, attempt, deadline):
+                    raise convert.error_from_rpc(e) from None
+                attempt += 1
+
+    def _wait_retry(self, e: grpc.RpcError, attempt: int, deadline: Deadline) -> bool:
+        if not retryable(e, attempt, self.options):
+            return False
+        delay = self.options.retry_delay(attempt)
+        if not deadline.allows(delay):
+            return False
+        time.sleep(delay)
+        return True

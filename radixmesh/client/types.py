@@ -1,0 +1,72 @@
+"""What the client SDK returns: plain dataclasses, no protobuf."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float | None  # None for a prompt's first token
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One streamed piece: `token_ids`, `text` and `logprobs` are deltas; counts cumulative.
+
+    The last chunk of a stream has `finish_reason` set ("stop", "length" or "abort")."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None  # the stop string or token id that ended it
+    finish_message: str = ""  # why it was aborted
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Completion(Chunk):
+    """A whole generation (the non-streaming result)."""
+
+    top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
+    input_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Selection:
+    index: int
+    text: str
+    normalized_logprobs: list[float]  # mean token logprob per choice (the criterion)
+    sum_logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model: str
+    context_length: int
+    vocab_size: int
+    page_size: int
+    event_block_size: int
+    tokenizer: str
+    chat_template: str
+    eos_token_ids: list[int]
+    bos_token_id: int | None
+
+
+@dataclass(frozen=True)
+class Load:
+    """A worker's load (GetLoad)."""
+
+    num_running: int
+    num_waiting: int
+    kv_tokens_used: int
+    kv_tokens_total: int
+    cache_hit_rate: float
+    generation_throughput: float
+    draining: bool
+    num_in_flight: int

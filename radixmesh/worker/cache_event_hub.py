@@ -1,0 +1,78 @@
+"""Numbered cache events for subscribers on an asyncio loop.
+
+The radix cache fires events on the scheduler thread. The hub's one listener numbers them
+(1, 2, 3, ... within an `epoch` that is new for every process start) and hands each to
+every subscriber's asyncio queue through `call_soon_threadsafe`, so the scheduler thread
+never blocks on a slow consumer. A consumer that falls more than `max_queue` events
+behind is cut off (its stream ends) and must resubscribe and pull a snapshot; the
+sequence numbers let it see a gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+
+from radixmesh.worker.engine import Engine
+from radixmesh.worker.kvcache.events import CacheEvent
+
+
+@dataclass(frozen=True)
+class NumberedEvent:
+    epoch: int
+    sequence: int
+    event: CacheEvent
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    epoch: int
+    sequence: int  # the last event the snapshot includes
+    events: list[CacheEvent]
+
+
+class CacheEventHub:
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, max_queue: int = 65536):
+        self.engine = engine
+        self.loop = loop
+        self.max_queue = max_queue
+        self.epoch = random.getrandbits(63) or 1
+        self._sequence = 0  # written on the scheduler thread only
+        self._subscribers: set[asyncio.Queue[NumberedEvent | None]] = set()
+        engine.add_cache_listener(self._on_event)
+
+    def _on_event(self, event: CacheEvent) -> None:  # on the scheduler thread
+        self._sequence += 1
+        item = NumberedEvent(self.epoch, self._sequence, event)
+        self.loop.call_soon_threadsafe(self._fan_out, item)
+
+    def _fan_out(self, item: NumberedEvent) -> None:  # on the loop
+        for q in list(self._subscribers):
+            if q.qsize() >= self.max_queue:
+                self._subscribers.discard(q)
+                q.put_nowait(None)  # too far behind: end its stream
+            else:
+                q.put_nowait(item)
+
+    def subscribe(self) -> asyncio.Queue[NumberedEvent | None]:
+        q: asyncio.Queue[NumberedEvent | None] = asyncio.Queue()
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[NumberedEvent | None]) -> None:
+        self._subscribers.discard(q)
+
+    def close(self) -> None:
+        for q in list(self._subscribers):
+            q.put_nowait(None)
+        self._subscribers.clear()
+
+    async def snapshot(self) -> Snapshot:
+        """The cache's contents and the sequence number they reflect, read atomically."""
+
+        def read() -> Snapshot:
+            return Snapshot(self.epoch, self._sequence, self.engine.worker.cache.snapshot())
+
+        snap: Snapshot = await asyncio.to_thread(self.engine.call, read)
+        return snap

@@ -1,0 +1,614 @@
+"""The gRPC worker server: the `radixmesh.v1.Worker` service over one `Engine`.
+
+Protobuf types live here and nowhere else in the worker. The server starts listening
+before the model loads (health NOT_SERVING, RPCs UNAVAILABLE), turns SERVING once the
+engine is up, and on SIGTERM / SIGINT drains: NOT_SERVING, new requests UNAVAILABLE,
+requests in flight finish up to `drain_timeout`, the rest are aborted, then it exits.
+
+A Generate stream that the client cancels, disconnects or lets pass its deadline is
+aborted in the engine (its KV is back before the next scheduler step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from radixmesh.errors import (
+    Internal,
+    InvalidArgument,
+    Overloaded,
+    RadixMeshError,
+    Unavailable,
+    entry_for,
+)
+from radixmesh.tokenizer import validate_messages
+from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from radixmesh.worker.cache_event_hub import CacheEventHub
+from radixmesh.worker.engine import Engine
+from radixmesh.worker.metrics import WorkerMetrics
+from radixmesh.worker.scheduler import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+FIELD_METADATA_KEY = "radixmesh-field"  # trailing metadata naming an invalid field
+
+# Sampling fields copied as they are; the `optional` ones only when set.
+_PLAIN_FIELDS = (
+    "min_new_tokens", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
+    "no_stop_trim", "return_logprob", "top_logprobs_num",
+)  # fmt: skip
+_OPTIONAL_FIELDS = (
+    "max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty",
+    "skip_special_tokens", "seed", "logprob_start_len",
+)  # fmt: skip
+_FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+}
+_EVENT_KIND = {
+    "stored": worker_pb2.CACHE_EVENT_KIND_STORED,
+    "removed": worker_pb2.CACHE_EVENT_KIND_REMOVED,
+    "cleared": worker_pb2.CACHE_EVENT_KIND_CLEARED,
+}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "0.0.0.0"
+    port: int = 50051
+    metrics_port: int | None = None
+    drain_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGTERM
+    api_key: str | None = None  # clients must send `authorization: Bearer <key>`
+    tls_cert: str | None = None  # PEM files; both set: serve TLS
+    tls_key: str | None = None
+    max_message_bytes: int = 64 * 1024 * 1024
+    # Generate streams in flight beyond which new ones get RESOURCE_EXHAUSTED; None: the
+    # engine's max_running_requests + max_queued_requests.
+    max_in_flight: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise InvalidArgument("port", f"must be in [0, 65536), got {self.port}")
+        if self.drain_timeout < 0:
+            raise InvalidArgument("drain_timeout", f"must be >= 0, got {self.drain_timeout}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("tls_cert", "give both tls_cert and tls_key, or neither")
+
+
+def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Message limits and keepalive pings that keep idle streams (long prefills) alive."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ]
+
+
+# ---- proto <-> engine ---------------------------------------------------------------------
+
+
+def params_from_proto(p: common_pb2.SamplingParams) -> dict[str, Any]:
+    params: dict[str, Any] = {name: getattr(p, name) for name in _PLAIN_FIELDS}
+    for name in _OPTIONAL_FIELDS:
+        if p.HasField(name):
+            params[name] = getattr(p, name)
+    params["stop"] = list(p.stop)
+    params["stop_token_ids"] = list(p.stop_token_ids)
+    kind = p.WhichOneof("constraint")
+    if kind == "choices":
+        params["choices"] = list(p.choices.choices)
+    elif kind is not None:
+        params[kind] = getattr(p, kind)
+    return params
+
+
+def _logprobs(entries: list[Any]) -> list[common_pb2.TokenLogprob]:
+    out = []
+    for lp, tid, _ in entries:
+        msg = common_pb2.TokenLogprob(token_id=tid)
+        if lp is not None:
+            msg.logprob = lp
+        out.append(msg)
+    return out
+
+
+def _finish(reason: dict[str, Any]) -> common_pb2.Finish:
+    msg = common_pb2.Finish(reason=_FINISH[reason["type"]], message=reason.get("message", ""))
+    matched = reason.get("matched")
+    if isinstance(matched, str):
+        msg.matched_text = matched
+    elif isinstance(matched, int):
+        msg.matched_token_id = matched
+    return msg
+
+
+def chunk_to_proto(
+    rid: str,
+    token_ids: list[int],
+    text: str,
+    meta: dict[str, Any],
+    logprobs: list[Any],
+    top: list[list[Any]] | None = None,
+) -> common_pb2.GenerateChunk:
+    msg = common_pb2.GenerateChunk(
+        request_id=rid,
+        token_ids=token_ids,
+        text=text,
+        logprobs=_logprobs(logprobs),
+        top_logprobs=[common_pb2.TopLogprobs(tokens=_logprobs(t)) for t in top or []],
+        prompt_tokens=meta["prompt_tokens"],
+        completion_tokens=meta["completion_tokens"],
+        cached_tokens=meta["cached_tokens"],
+        input_logprobs=_logprobs(meta.get("input_token_logprobs", [])),
+    )
+    if meta.get("finish_reason") is not None:
+        msg.finish.CopyFrom(_finish(meta["finish_reason"]))
+    return msg
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+# ---- the servicer ---------------------------------------------------------------------------
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.engine: Engine | None = None
+        self.hub: CacheEventHub | None = None
+        self.metrics = WorkerMetrics(self.read_stats)
+        self.in_flight: set[str] = set()
+        self.max_in_flight = config.max_in_flight or 0
+        self._load_samples: collections.deque[tuple[float, int]] = collections.deque()
+
+    def attach(self, engine: Engine, hub: CacheEventHub) -> None:
+        sc = engine.config.scheduler
+        if not self.config.max_in_flight:
+            self.max_in_flight = sc.max_running_requests + sc.max_queued_requests
+        self.engine, self.hub = engine, hub
+
+    def read_stats(self) -> SchedulerStats | None:
+        engine = self.engine
+        return None if engine is None else engine.get_stats()
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise Unavailable("the model is still loading")
+        return self.engine
+
+    # ---- generate -----------------------------------------------------------------------
+
+    async def Generate(
+        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        rid = request.request_id or uuid.uuid4().hex
+        stream: AsyncIterator[dict[str, Any]] | None = None
+        finished = False
+        try:
+            engine = self._engine()
+            if len(self.in_flight) >= self.max_in_flight:
+                raise Overloaded(f"{len(self.in_flight)} requests in flight: the queue is full")
+            if rid in self.in_flight:
+                raise InvalidArgument("request_id", f"request {rid!r} is already in flight")
+            ids = self._input_ids(request.input)
+            params = params_from_proto(request.sampling_params)
+            stream = engine.async_stream(ids, params, rid=rid)
+            self.in_flight.add(rid)
+            chunks = self._timed(stream)
+            if request.stream:
+                async for chunk in chunks:
+                    finished = chunk["meta_info"]["finish_reason"] is not None
+                    yield worker_pb2.GenerateResponse(
+                        chunk=chunk_to_proto(
+                            rid,
+                            chunk["output_ids"],
+                            chunk["text"],
+                            chunk["meta_info"],
+                            chunk.get("output_token_logprobs", []),
+                        )
+                    )
+            else:
+                yield worker_pb2.GenerateResponse(chunk=await self._collect(rid, chunks))
+                finished = True
+        except RadixMeshError as e:
+            await _abort_rpc(context, e)
+        except Exception as e:
+            if isinstance(e, grpc.aio.AbortError):
+                raise
+            logger.exception("Generate failed")
+            await _abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
+        finally:
+            # A cancelled / disconnected / expired stream: abort it in the engine now.
+            if stream is not None and not finished and self.engine is not None:
+                self.engine.abort(rid)
+            self.in_flight.discard(rid)
+
+    async def _collect(
+        self, rid: str, chunks: AsyncIterator[dict[str, Any]]
+    ) -> common_pb2.GenerateChunk:
+        ids: list[int] = []
+        text: list[str] = []
+        meta: dict[str, Any] = {}
+        async for chunk in chunks:
+            ids.extend(chunk["output_ids"])
+            text.append(chunk["text"])
+            meta = chunk["meta_info"]
+        return chunk_to_proto(
+            rid,
+            ids,
+            "".join(text),
+            meta,
+            meta.get("output_token_logprobs", []),
+            meta.get("output_top_logprobs"),
+        )
+
+    async def _timed(self, stream: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        """Observe time-to-first-token, inter-token and end-to-end latency."""
+        m = self.metrics
+        start = last = time.monotonic()
+        first = True
+        async for chunk in stream:
+            now = time.monotonic()
+            n = len(chunk["output_ids"])
+            if n and first:
+                m.ttft.observe(now - start)
+                first = False
+            elif n:
+                for _ in range(n):
+                    m.itl.observe((now - last) / n)
+            if n:
+                last = now
+            if chunk["meta_info"]["finish_reason"] is not None:
+                m.e2e.observe(now - start)
+            yield chunk
+
+    def _input_ids(self, inp: common_pb2.Input) -> list[int]:
+        tok = self._engine().tokenizer
+        kind = inp.WhichOneof("kind")
+        if kind is None:
+            raise InvalidArgument("input", "empty input: set token_ids, text or messages")
+        if kind == "token_ids":
+            if not inp.token_ids.ids:
+                raise InvalidArgument("input.token_ids", "the token id list is empty")
+            return list(inp.token_ids.ids)
+        if kind == "text":
+            if not inp.text:
+                raise InvalidArgument("input.text", "the text is empty")
+            return tok.encode(inp.text)
+        messages = [{"role": m.role, "content": m.content} for m in inp.messages.messages]
+        try:
+            checked = validate_messages(messages)
+        except InvalidArgument as e:
+            raise InvalidArgument("input.messages", e.message) from None
+        return tok.encode_chat(checked)
+
+    # ---- score / abort / load -----------------------------------------------------------
+
+    async def Score(
+        self, request: worker_pb2.ScoreRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ScoreResponse:
+        async def run() -> worker_pb2.ScoreResponse:
+            engine = self._engine()
+            prompt = self._input_ids(request.input)
+            conts = [self._continuation(request.input, prompt, c) for c in request.continuations]
+            scores = await engine.async_score(prompt, conts)
+            return worker_pb2.ScoreResponse(
+                scores=[
+                    worker_pb2.ContinuationScore(
+                        token_ids=ids, logprobs=lps, sum_logprob=float(sum(lps))
+                    )
+                    for ids, lps in zip(conts, scores, strict=True)
+                ],
+                prompt_tokens=len(prompt),
+            )
+
+        return await _unary(context, run)
+
+    def _continuation(
+        self, inp: common_pb2.Input, prompt: list[int], cont: worker_pb2.Continuation
+    ) -> list[int]:
+        if cont.WhichOneof("kind") == "token_ids":
+            return list(cont.token_ids.ids)
+        tok = self._engine().tokenizer
+        if inp.WhichOneof("kind") == "text" and cont.text:
+            # Tokenize prompt + continuation together (how the model would see it) and keep
+            # what lies past the shared prefix.
+            full = tok.encode(inp.text + cont.text)
+            tail = full[_common_prefix(prompt, full) :]
+            if tail and full[: len(full) - len(tail)] == prompt:
+                return tail
+        return tok.encode(cont.text)
+
+    async def Abort(
+        self, request: worker_pb2.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.AbortResponse:
+        async def run() -> worker_pb2.AbortResponse:
+            engine = self._engine()
+            found = request.request_id in self.in_flight
+            if found:
+                engine.abort(request.request_id)
+            return worker_pb2.AbortResponse(found=found)
+
+        return await _unary(context, run)
+
+    async def GetLoad(
+        self, request: worker_pb2.GetLoadRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.GetLoadResponse:
+        async def run() -> worker_pb2.GetLoadResponse:
+            engine = self._engine()
+            s: SchedulerStats = await asyncio.to_thread(engine.get_stats)
+            return worker_pb2.GetLoadResponse(
+                num_running=s.num_running,
+                num_waiting=s.num_waiting,
+                kv_tokens_used=s.kv_slots_used,
+                kv_tokens_total=s.kv_slots_total,
+                cache_hit_rate=s.cache_hit_rate,
+                generation_throughput=self._throughput(s.generated_tokens),
+                draining=engine.draining,
+                num_in_flight=len(self.in_flight),
+            )
+
+        return await _unary(context, run)
+
+    def _throughput(self, generated: int, window: float = 10.0) -> float:
+        """Generated tokens per second between this call and the oldest within `window`."""
+        now = time.monotonic()
+        samples = self._load_samples
+        samples.append((now, generated))
+        while len(samples) > 2 and now - samples[1][0] >= window:
+            samples.popleft()
+        t0, g0 = samples[0]
+        return (generated - g0) / (now - t0) if now > t0 else 0.0
+
+    # ---- cache ----------------------------------------------------------------------------
+
+    async def StreamCacheEvents(
+        self, request: worker_pb2.StreamCacheEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.StreamCacheEventsResponse]:
+        try:
+            self._engine()
+        except RadixMeshError as e:
+            await _abort_rpc(context, e)
+        hub = self.hub
+        assert hub is not None
+        q = hub.subscribe()
+        try:
+            while (item := await q.get()) is not None:
+                yield worker_pb2.StreamCacheEventsResponse(
+                    event=_event_proto(hub.epoch, item.sequence, item.event)
+                )
+        finally:
+            hub.unsubscribe(q)
+
+    async def GetCacheSnapshot(
+        self, request: worker_pb2.GetCacheSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.GetCacheSnapshotResponse:
+        async def run() -> worker_pb2.GetCacheSnapshotResponse:
+            engine = self._engine()
+            assert self.hub is not None
+            snap = await self.hub.snapshot()
+            return worker_pb2.GetCacheSnapshotResponse(
+                epoch=snap.epoch,
+                sequence=snap.sequence,
+                block_size=engine.config.cache.event_block_size,
+                events=[_event_proto(snap.epoch, snap.sequence, e) for e in snap.events],
+            )
+
+        return await _unary(context, run)
+
+    async def FlushCache(
+        self, request: worker_pb2.FlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.FlushCacheResponse:
+        async def run() -> worker_pb2.FlushCacheResponse:
+            engine = self._engine()
+            return worker_pb2.FlushCacheResponse(
+                flushed=await asyncio.to_thread(engine.flush_cache)
+            )
+
+        return await _unary(context, run)
+
+    async def GetModelInfo(
+        self, request: worker_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.GetModelInfoResponse:
+        async def run() -> worker_pb2.GetModelInfoResponse:
+            engine = self._engine()
+            tok = engine.tokenizer
+            template = getattr(getattr(tok, "hf_tokenizer", None), "chat_template", None)
+            info = common_pb2.ModelInfo(
+                model=engine.config.model.model,
+                context_length=engine.worker.context_len,
+                vocab_size=engine.worker.arch.vocab_size,
+                page_size=engine.config.cache.page_size,
+                event_block_size=engine.config.cache.event_block_size,
+                tokenizer=engine.config.model.model,
+                chat_template=template if isinstance(template, str) else "",
+                eos_token_ids=sorted(engine.worker.eos_ids),
+            )
+            if tok.bos_token_id is not None:
+                info.bos_token_id = tok.bos_token_id
+            return worker_pb2.GetModelInfoResponse(info=info)
+
+        return await _unary(context, run)
+
+
+def _event_proto(epoch: int, sequence: int, event: Any) -> worker_pb2.CacheEvent:
+    msg = worker_pb2.CacheEvent(
+        epoch=epoch,
+        sequence=sequence,
+        kind=_EVENT_KIND[event.kind],
+        block_hashes=list(event.block_hashes),
+        num_tokens=event.num_tokens,
+    )
+    if event.parent_hash is not None:
+        msg.parent_hash = event.parent_hash
+    return msg
+
+
+async def _abort_rpc(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
+    """End the RPC with the catalogue's status for `error` (never UNKNOWN)."""
+    entry = entry_for(error)
+    metadata: tuple[tuple[str, str], ...] = ()
+    if isinstance(error, InvalidArgument):
+        metadata = ((FIELD_METADATA_KEY, error.field),)
+    await context.abort(grpc.StatusCode[entry.grpc_status], str(error), trailing_metadata=metadata)
+    raise AssertionError("unreachable: context.abort raises")
+
+
+async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[Any]]) -> Any:
+    try:
+        return await run()
+    except RadixMeshError as e:
+        await _abort_rpc(context, e)
+    except Exception as e:
+        if isinstance(e, grpc.aio.AbortError):
+            raise
+        logger.exception("RPC failed")
+        await _abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
+
+
+# ---- authentication -------------------------------------------------------------------------
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <key>`, except on health checks and reflection."""
+
+    _OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+    def __init__(self, api_key: str) -> None:
+        self.expected = f"Bearer {api_key}"
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:  # an unknown method: let gRPC answer UNIMPLEMENTED
+            return handler
+        method = details.method or ""
+        metadata = dict(details.invocation_metadata or ())
+        if method.startswith(self._OPEN) or metadata.get("authorization") == self.expected:
+            return handler
+        return _deny(handler)
+
+
+def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    message = "missing or wrong API key (metadata `authorization: Bearer <key>`)"
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield None  # pragma: no cover (makes this an async generator)
+
+    des, ser = handler.request_deserializer, handler.response_serializer
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
+    return grpc.unary_unary_rpc_method_handler(unary, des, ser)
+
+
+# ---- the process ----------------------------------------------------------------------------
+
+
+async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
+    """Run a worker until SIGTERM / SIGINT, then drain. Returns the exit status."""
+    loop = asyncio.get_running_loop()
+    interceptors = [ApiKeyInterceptor(config.api_key)] if config.api_key else []
+    server = grpc.aio.server(
+        options=grpc_options(config.max_message_bytes), interceptors=interceptors
+    )
+    servicer = WorkerServicer(config)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    address = f"{config.host}:{config.port}"
+    if config.tls_cert and config.tls_key:
+        with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
+            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
+    await _set_health(health_servicer, serving=False)
+    await server.start()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if config.metrics_port is not None:
+        servicer.metrics.serve(config.metrics_port, config.host)
+    logger.info("radixmesh worker listening on %s:%d; loading the model", config.host, port)
+    engine = await asyncio.to_thread(Engine, **engine_options)
+    hub = CacheEventHub(engine, loop)
+    servicer.attach(engine, hub)
+    await _set_health(health_servicer, serving=not stop.is_set())
+    print(f"radixmesh worker serving {engine.config.model.model} on port {port}", flush=True)
+    await stop.wait()
+    await _drain(config, servicer, engine, health_servicer)
+    hub.close()
+    await server.stop(grace=2.0)
+    await asyncio.to_thread(engine.shutdown)
+    logger.info("radixmesh worker stopped")
+    return 0
+
+
+async def _set_health(servicer: Any, *, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", SERVICE_NAME):
+        await servicer.set(name, status)
+
+
+async def _drain(
+    config: ServerConfig, servicer: WorkerServicer, engine: Engine, health_servicer: Any
+) -> None:
+    logger.info("draining: %d requests in flight", len(servicer.in_flight))
+    await _set_health(health_servicer, serving=False)
+    engine.drain()
+    deadline = time.monotonic() + config.drain_timeout
+    while servicer.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if servicer.in_flight:
+        logger.info("drain timeout: aborting %d requests", len(servicer.in_flight))
+        engine.abort_all("the worker is shutting down")
+        deadline = time.monotonic() + 5.0
+        while servicer.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+
+def run(config: ServerConfig, engine_options: dict[str, Any]) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return asyncio.run(serve(config, engine_options))
