@@ -84,6 +84,34 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from radixmesh.worker.server import ServerConfig, run
+
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        drain_timeout=args.drain_timeout,
+        api_key=args.api_key,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+    return run(config, engine_options(args))
+
+
+def _add_worker_parser(sub: Any) -> None:
+    wk = sub.add_parser("worker", help="serve one model over gRPC (radixmesh.v1.Worker)")
+    wk.add_argument("--host", default="0.0.0.0")
+    wk.add_argument("--port", type=int, default=50051)
+    wk.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
+    wk.add_argument("--drain-timeout", type=float, default=30.0, help="seconds, on SIGTERM")
+    wk.add_argument("--api-key", default=None, help="require `authorization: Bearer <key>`")
+    wk.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key)")
+    wk.add_argument("--tls-key", default=None, help="PEM private key")
+    add_engine_options(wk)
+    wk.set_defaults(func=_cmd_worker)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixmesh", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -96,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print tokens as they come")
     add_engine_options(gen)
     gen.set_defaults(func=_cmd_generate)
+    _add_worker_parser(sub)
     return parser
 
 
