@@ -165,19 +165,27 @@ def time_extend(batch: int, prefix: int, new: int) -> dict[str, Any]:
     return {"batch": batch, "prefix": prefix, "new": new, "ms": ms, "tflops": flops / ms / 1e9}
 
 
-def engine_parity(n_prompts: int, new_tokens: int) -> dict[str, Any]:
+def engine_parity(n_prompts: int, new_tokens: int, dtype: str) -> dict[str, Any]:
+    """Greedy tokens of both backends; where they part, the torch run's top-2 logprob
+    margin at that step (random weights give near-ties that bf16 rounding can flip)."""
     from radixmesh.worker.engine import Engine
 
     rng = random.Random(0)
     prompts = [
         [rng.randrange(256, 128000) for _ in range(rng.randrange(8, 600))] for _ in range(n_prompts)
     ]
-    params = {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True}
-    outs: dict[str, list[list[int]]] = {}
+    params = {
+        "temperature": 0.0,
+        "max_new_tokens": new_tokens,
+        "ignore_eos": True,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+    }
+    outs: dict[str, list[dict[str, Any]]] = {}
     secs: dict[str, float] = {}
     for backend in ("triton", "torch"):
         eng = Engine(
-            "dummy:llama-3-8b", device="cuda", attention_backend=backend,
+            "dummy:llama-3-8b", device="cuda", dtype=dtype, attention_backend=backend,
             kv_cache_bytes=8 << 30, max_running_requests=32,
         )  # fmt: skip
         eng.generate(input_ids=prompts[:2], sampling_params={"max_new_tokens": 2})
@@ -185,20 +193,26 @@ def engine_parity(n_prompts: int, new_tokens: int) -> dict[str, Any]:
         res = eng.generate(input_ids=prompts, sampling_params=params)
         secs[backend] = time.perf_counter() - t0
         assert isinstance(res, list)
-        outs[backend] = [r["output_ids"] for r in res]
+        outs[backend] = res
         eng.shutdown()
         del eng
         torch.cuda.empty_cache()
-    same = sum(a == b for a, b in zip(outs["triton"], outs["torch"], strict=True))
-    first_diff = [
-        next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
-        for a, b in zip(outs["triton"], outs["torch"], strict=True)
-    ]
+    same, first_diff, margins = 0, [], []
+    for a, b in zip(outs["triton"], outs["torch"], strict=True):
+        ids_a, ids_b = a["output_ids"], b["output_ids"]
+        same += ids_a == ids_b
+        i = next((i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=True)) if x != y), None)
+        first_diff.append(i)
+        if i is not None:
+            top = b["meta_info"]["output_top_logprobs"][i]
+            margins.append(top[0][0] - top[1][0])
     return {
+        "dtype": dtype,
         "prompts": n_prompts,
         "new_tokens": new_tokens,
         "identical": same,
         "first_divergence": first_diff,
+        "torch_top2_margin_at_divergence": margins,
         "seconds": secs,
     }
 
@@ -226,7 +240,7 @@ def main() -> None:
     ]
     report["extend_timing"] = [time_extend(16, 1536, 512), time_extend(64, 0, 512)]
     if not args.skip_engine:
-        report["engine_parity"] = engine_parity(16, 32)
+        report["engine_parity"] = [engine_parity(16, 32, dt) for dt in ("float32", "bfloat16")]
     out_dir = Path(args.out) if args.out else Path(__file__).resolve().parent / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"attention-kernels-{time.strftime('%Y%m%d')}.json"
@@ -251,11 +265,11 @@ def main() -> None:
             f"extend B={t['batch']} prefix={t['prefix']} new={t['new']}: {t['ms']:.3f} ms, "
             f"{t['tflops']:.0f} TFLOP/s"
         )
-    if "engine_parity" in report:
-        p = report["engine_parity"]
+    for p in report.get("engine_parity", []):
         print(
-            f"engine greedy triton vs torch: {p['identical']}/{p['prompts']} identical; "
-            f"first divergence {p['first_divergence']}; seconds {p['seconds']}"
+            f"engine greedy {p['dtype']} triton vs torch: {p['identical']}/{p['prompts']} "
+            f"identical; first divergence {p['first_divergence']}; top-2 margins there "
+            f"{[round(m, 4) for m in p['torch_top2_margin_at_divergence']]}; s {p['seconds']}"
         )
     print(f"wrote {path}")
 
