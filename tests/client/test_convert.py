@@ -1,0 +1,79 @@
+"""Client <-> server conversions agree: what the SDK sends, the server reads back."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixmesh.client import convert
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.server import chunk_to_proto, params_from_proto
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"max_new_tokens": 7, "temperature": 0.0, "top_k": 1, "seed": 3},
+        {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.1},
+        {"stop": ["\n", "."], "stop_token_ids": [2], "ignore_eos": True, "no_stop_trim": True},
+        {"return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": 0},
+        {"skip_special_tokens": False, "min_new_tokens": 2, "frequency_penalty": -0.5},
+        {"regex": "[0-9]+"},
+        {"json_schema": '{"type": "object"}'},
+        {"ebnf": 'root ::= "yes" | "no"'},
+        {"choices": ["yes", "no"]},
+    ],
+)
+def test_sampling_params_roundtrip(params: dict[str, object]) -> None:
+    sent = convert.make_params(params)
+    assert SamplingParams.from_dict(params_from_proto(sent)) == SamplingParams.from_dict(params)
+
+
+def test_client_rejects_bad_params_before_sending() -> None:
+    with pytest.raises(InvalidArgument) as e:
+        convert.make_params({"top_p": 2.0})
+    assert e.value.field == "top_p"
+    with pytest.raises(InvalidArgument) as e:
+        convert.make_params({"n": 2})
+    assert e.value.field == "n"
+
+
+def test_input_takes_exactly_one_kind() -> None:
+    assert convert.make_input("hi", None, None).text == "hi"
+    assert list(convert.make_input(None, None, [1, 2]).token_ids.ids) == [1, 2]
+    msgs = convert.make_input(None, [{"role": "user", "content": "x"}], None).messages
+    assert [(m.role, m.content) for m in msgs.messages] == [("user", "x")]
+    with pytest.raises(InvalidArgument) as e:
+        convert.make_input("hi", None, [1])
+    assert e.value.field == "prompt"
+
+
+def test_chunk_roundtrip_with_finish_and_logprobs() -> None:
+    meta = {
+        "prompt_tokens": 5,
+        "completion_tokens": 2,
+        "cached_tokens": 4,
+        "finish_reason": {"type": "stop", "matched": "."},
+        "input_token_logprobs": [(None, 11, None), (-0.5, 12, None)],
+    }
+    msg = chunk_to_proto("r1", [7, 8], " a.", meta, [(-0.25, 7, None), (-1.0, 8, None)])
+    out = convert.completion_from_proto(msg)
+    assert (out.request_id, out.token_ids, out.text) == ("r1", [7, 8], " a.")
+    assert (out.prompt_tokens, out.completion_tokens, out.cached_tokens) == (5, 2, 4)
+    assert (out.finish_reason, out.matched_stop) == ("stop", ".")
+    assert [(lp.token_id, lp.logprob) for lp in out.logprobs] == [(7, -0.25), (8, -1.0)]
+    assert [(lp.token_id, lp.logprob) for lp in out.input_logprobs] == [(11, None), (12, -0.5)]
+
+
+def test_matched_stop_token_id_and_abort_message() -> None:
+    meta = {"prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 0}
+    stop = chunk_to_proto(
+        "r", [2], "", {**meta, "finish_reason": {"type": "stop", "matched": 2}}, []
+    )
+    assert convert.chunk_from_proto(stop).matched_stop == 2
+    reason = {"type": "abort", "message": "aborted by the client"}
+    aborted = convert.chunk_from_proto(
+        chunk_to_proto("r", [], "", {**meta, "finish_reason": reason}, [])
+    )
+    assert (aborted.finish_reason, aborted.finish_message) == ("abort", "aborted by the client")
