@@ -96,12 +96,39 @@ class ParallelConfig:
             raise InvalidArgument("tp_size", f"must be >= 1, got {self.tp_size}")
 
 
+GRAMMAR_BACKENDS = ("xgrammar", "outlines")
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    """Constrained decoding (regex / json_schema / ebnf / choices)."""
+
+    grammar_backend: str = "xgrammar"
+    # Ablation switch: sample forced strings token by token instead of appending them.
+    disable_jump_forward: bool = False
+    # A constraint that has not compiled by then is rejected (InvalidArgument).
+    grammar_compile_timeout: float = 30.0
+    grammar_compile_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise InvalidArgument(
+                "grammar_backend",
+                f"must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}",
+            )
+        if not self.grammar_compile_timeout > 0:
+            raise InvalidArgument("grammar_compile_timeout", "must be > 0")
+        if self.grammar_compile_threads < 1:
+            raise InvalidArgument("grammar_compile_threads", "must be >= 1")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
     attention_backend: str = "auto"  # auto: triton on CUDA (when importable), else torch
 
     @classmethod
@@ -122,6 +149,7 @@ class EngineConfig:
             cache=CacheConfig(**parts.get("cache", {})),
             scheduler=SchedulerConfig(**parts.get("scheduler", {})),
             parallel=ParallelConfig(**parts.get("parallel", {})),
+            grammar=GrammarConfig(**parts.get("grammar", {})),
             **top,
         )
 
@@ -133,6 +161,7 @@ def _field_owners() -> dict[str, str]:
         ("cache", CacheConfig),
         ("scheduler", SchedulerConfig),
         ("parallel", ParallelConfig),
+        ("grammar", GrammarConfig),
     ):
         for f in dataclasses.fields(typ):
             owners[f.name] = part
@@ -142,6 +171,6 @@ def _field_owners() -> dict[str, str]:
 def option_fields() -> list[tuple[str, dataclasses.Field[Any]]]:
     """Every flat option with its dataclass field, for generating the CLI."""
     out: list[tuple[str, dataclasses.Field[Any]]] = []
-    for typ in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig):
+    for typ in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, GrammarConfig):
         out.extend((f.name, f) for f in dataclasses.fields(typ))
     return out

@@ -12,9 +12,12 @@ import torch
 
 from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.batch import Batch, ForwardOutput, PromptLogprobs, ScheduledRequest
+from radixmesh.worker.constrained.bitmask import TokenBitmask
+from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.model.llama import LlamaForCausalLM
+from radixmesh.worker.request import Request
 from radixmesh.worker.sampler import Sampler, SamplingRow, token_logprobs
 
 
@@ -36,11 +39,13 @@ class ModelRunner:
         attn: AttentionBackend,
         req_table: ReqToTokenTable,
         vocab_size: int,
+        grammars: GrammarManager | None = None,
     ) -> None:
         self.model = model
         self.attn = attn
         self.req_table = req_table
         self.sampler = Sampler(vocab_size)
+        self.grammars = grammars
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> ForwardOutput:
@@ -107,13 +112,22 @@ class ModelRunner:
             )
             for i in rows.sample_items
         ]
-        res = self.sampler.sample(logits, sampling_rows)
+        res = self.sampler.sample(
+            logits, sampling_rows, allowed=self._allowed([items[i].req for i in rows.sample_items])
+        )
         for j, i in enumerate(rows.sample_items):
             out.next_token_ids[i] = res.token_ids[j]
             if res.logprobs is not None:
                 out.logprobs[i] = res.logprobs[j]
             if res.top_logprobs is not None:
                 out.top_logprobs[i] = res.top_logprobs[j]
+
+    def _allowed(self, reqs: list[Request]) -> TokenBitmask | None:
+        """One bitmask for the constrained rows only; None (no cost) when there are none."""
+        rows = [j for j, r in enumerate(reqs) if r.grammar is not None]
+        if not rows or self.grammars is None:
+            return None
+        return TokenBitmask(self.grammars.fill_bitmask([reqs[j] for j in rows]), rows)
 
     def _prompt_logprobs(
         self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput

@@ -63,6 +63,8 @@ class Request:
     num_shared_tokens: int = 0  # leading tokens whose slots belong to the tree (locked)
     generator: torch.Generator | None = None
     detokenizer: Any = None
+    # constrained.manager.RequestGrammar when params set a constraint (attached on add).
+    grammar: Any = None
     finish_reason: FinishReason | None = None
     matched_stop: str | int | None = None
     error: str | None = None

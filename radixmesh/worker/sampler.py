@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.constrained.bitmask import TokenBitmask
 
 # Top-k / top-p work in each row's top-W tokens, trying these W in turn: on SmolLM2 at
 # temperature 1 the top 256 tokens hold more than 0.9 of the mass in ~97% of steps, the
@@ -108,22 +109,24 @@ class Sampler:
         logits: torch.Tensor,
         rows: Sequence[SamplingRow],
         vocab_mask: torch.Tensor | None = None,
+        allowed: TokenBitmask | None = None,
     ) -> SampleOutput:
         """Sample `[N, V]` float logits (not modified) for `rows` (len N).
 
         `vocab_mask` is `[N, V]` bool, True where a token is allowed; each row must allow at
         least one token that is not otherwise banned. Columns past `vocab_size` (padding of
-        the LM head) are never sampled.
+        the LM head) are never sampled. `allowed` is the packed form for some rows only
+        (constrained decoding's one bitmask per step); other rows are not touched.
         """
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [N={len(rows)}, V], got {tuple(logits.shape)}")
         logits = logits[:, : self.vocab_size]  # [N, V]
-        if vocab_mask is None and _all_plain_greedy(rows):
+        if vocab_mask is None and allowed is None and _all_plain_greedy(rows):
             # The common benchmark path: one kernel, no copies.
             return SampleOutput(token_ids=logits.argmax(dim=-1).tolist())
 
         # [N, V]: our own copy if any rule applied, else the caller's, which is only read.
-        logits = self._apply_rules(logits, rows, vocab_mask)
+        logits = self._apply_rules(logits, rows, vocab_mask, allowed)
         token_ids = self._draw(logits, rows)  # [N]
         out = SampleOutput(token_ids=token_ids.tolist())
         lp_rows = [i for i, r in enumerate(rows) if r.params.return_logprob]
@@ -134,12 +137,16 @@ class Sampler:
     # --- hard rules: penalties, bans, masks -------------------------------------------
 
     def _apply_rules(
-        self, logits: torch.Tensor, rows: Sequence[SamplingRow], vocab_mask: torch.Tensor | None
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        vocab_mask: torch.Tensor | None,
+        allowed: TokenBitmask | None = None,
     ) -> torch.Tensor:
         """`[N, V]` float logits after penalties, bans and the mask; never the caller's."""
         pen_rows = [i for i, r in enumerate(rows) if _needs_penalty(r.params)]
         bans = self._ban_pairs(rows)
-        if not pen_rows and not bans and vocab_mask is None:
+        if not pen_rows and not bans and vocab_mask is None and allowed is None:
             return logits.float()  # nothing downstream writes into it
         logits = logits.float().contiguous().clone()  # [N, V]
         if pen_rows:
@@ -149,6 +156,8 @@ class Sampler:
             logits[list(row_idx), list(tok_idx)] = -math.inf
         if vocab_mask is not None:
             logits.masked_fill_(~vocab_mask[:, : self.vocab_size], -math.inf)
+        if allowed is not None:
+            allowed.apply_(logits)
         return logits
 
     def _apply_penalties(

@@ -27,6 +27,7 @@ import torch
 
 from radixmesh.worker.batch import Batch, ForwardOutput, ScheduledRequest
 from radixmesh.worker.config import SchedulerConfig
+from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
@@ -68,6 +69,7 @@ class Scheduler:
         runner: ModelRunnerLike,
         output: OutputProcessor,
         page_size: int = 1,
+        grammars: GrammarManager | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
@@ -76,6 +78,7 @@ class Scheduler:
         self.runner = runner
         self.output = output
         self.page_size = page_size
+        self.grammars = grammars
         self.policy = create_policy(config.policy, cache, config.policy_fallback_queue_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -104,6 +107,8 @@ class Scheduler:
     # ---- requests in and out --------------------------------------------------------
 
     def add_request(self, req: Request) -> None:
+        if self.grammars is not None:
+            self.grammars.attach(req)  # starts (or finds) its compile; admission waits
         self.waiting.append(req)
 
     def abort(self, rid: str, reason: str = "aborted") -> bool:
@@ -166,6 +171,8 @@ class Scheduler:
         for req in self.policy.order(list(self.waiting)):
             if budget == 0 or len(self.running) >= self.config.max_running_requests:
                 break
+            if self._grammar_not_ready(req):
+                continue
             match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
             if self._shares_with(req, len(match.slots), admitted):
                 continue  # next step it hits the prefix this step computes
@@ -196,6 +203,18 @@ class Scheduler:
             slots.append(new)
             budget -= n
             reserved += need
+
+    def _grammar_not_ready(self, req: Request) -> bool:
+        """Skip a request whose grammar still compiles; finish one whose compile failed."""
+        if self.grammars is None or req.grammar is None:
+            return False
+        if self.grammars.pending(req):
+            return True
+        if req.grammar.error is not None:
+            self.waiting.remove(req)
+            self._finish_abort(req, req.grammar.error)
+            return True
+        return False
 
     def _shares_with(self, req: Request, cached: int, admitted: list[Request]) -> bool:
         """Whether `req`'s uncached part starts with a prefix that a request admitted in
@@ -337,7 +356,13 @@ class Scheduler:
                 if req.first_token_time is None:
                     req.first_token_time = now
                 self._generated_tokens += 1
-                self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
+                if req.grammar is not None and self.grammars is not None:
+                    # Accepts the token, appends it and any forced string (jump-forward).
+                    self.grammars.append(
+                        req, token, out.logprobs[i], out.top_logprobs[i], self.output
+                    )
+                else:
+                    self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
             elif item.samples and req.remaining_new_tokens <= 0:
                 req.finish(FinishReason.LENGTH)  # max_new_tokens=0: prefill only
             if req.finished:

@@ -17,6 +17,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.config import EngineConfig
+from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.pool import KVPool
 from radixmesh.worker.kvcache.radix_cache import RadixCache
@@ -120,7 +121,19 @@ class Worker:
         if backend == "auto":
             backend = default_attention_backend(self.device)
         attn = create_attention_backend(backend, self.kv_pool, self.arch.head_size**-0.5)
-        self.runner = ModelRunner(self.model, attn, self.req_table, self.arch.vocab_size)
+        gc = config.grammar
+        self.grammars = GrammarManager(
+            self.tokenizer,
+            self.arch.vocab_size,
+            frozenset(self.tokenizer.eos_token_ids) | frozenset(self.arch.eos_token_ids),
+            backend=gc.grammar_backend,
+            jump_forward=not gc.disable_jump_forward,
+            compile_timeout=gc.grammar_compile_timeout,
+            compile_threads=gc.grammar_compile_threads,
+        )
+        self.runner = ModelRunner(
+            self.model, attn, self.req_table, self.arch.vocab_size, grammars=self.grammars
+        )
         self.scheduler = Scheduler(
             sc,
             cache=self.cache,
@@ -129,6 +142,7 @@ class Worker:
             runner=self.runner,
             output=OutputProcessor(self.context_len),
             page_size=cc.page_size,
+            grammars=self.grammars,
         )
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.arch.eos_token_ids)
 
@@ -171,10 +185,7 @@ class Worker:
         params.validate_for(
             prompt_len=len(input_ids), context_len=self.context_len, vocab_size=vocab
         )
-        if params.constraint is not None:
-            raise InvalidArgument(
-                params.constraint[0], "constrained decoding is not implemented in this worker yet"
-            )
+        self.grammars.validate(params)  # compiles (cached) and waits, on the caller's thread
 
     def flush_cache(self) -> bool:
         if self.scheduler.has_work():

@@ -111,7 +111,8 @@ def test_param_list_length_mismatch(engine: Engine) -> None:
     assert "got 1 sampling params for 2 prompts" in str(err.value)
 
 
-def test_constraints_are_rejected_until_implemented(engine: Engine) -> None:
+def test_invalid_constraint_names_its_field(engine: Engine) -> None:
+    # Every bad-constraint case: tests/worker/constrained/test_bad_constraints.py
     with pytest.raises(InvalidArgument) as err:
-        engine.generate("x", {"regex": "[0-9]+"})
+        engine.generate("x", {"regex": "[0-9"})
     assert err.value.field == "regex"

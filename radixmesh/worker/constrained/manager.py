@@ -1,0 +1,249 @@
+"""What the worker calls for constrained requests: validate, attach, mask, advance.
+
+Lifecycle of a constrained request:
+1. `validate(params)` (the caller's thread, before anything is queued): compile through
+   the cache and wait up to the compile timeout; a bad constraint raises InvalidArgument
+   naming the field and quoting the compiler.
+2. `attach(req)` (scheduler.add_request): the request holds its compile future;
+   admission skips it while `pending(req)` (the batch never waits for a compile).
+3. `fill_bitmask(reqs)` (model runner): one `[M, W]` int32 mask for the sampled rows that
+   are constrained.
+4. `append(req, token, ...)` (process_output): the matcher accepts the sampled token,
+   the forced string after it is appended without decode steps (jump-forward), and a
+   terminated or dead-end grammar finishes the request.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.constrained.bitmask import allocate_bitmask
+from radixmesh.worker.constrained.compile_cache import CompileCache
+from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError, Matcher
+from radixmesh.worker.constrained.jump_forward import apply_jump, retokenize
+from radixmesh.worker.constrained.registry import create_grammar_backend
+from radixmesh.worker.constrained.token_bytes import vocab_bytes
+from radixmesh.worker.request import FinishReason, Request
+
+_LABELS = {
+    "regex": "regex",
+    "json_schema": "JSON schema",
+    "ebnf": "EBNF grammar",
+    "choices": "choices",
+}
+
+
+class TokenAppender(Protocol):  # OutputProcessor.append_token
+    def append_token(
+        self,
+        req: Request,
+        token: int,
+        logprob: float | None,
+        top: list[tuple[int, float]] | None,
+    ) -> None: ...
+
+
+@dataclass(eq=False)
+class RequestGrammar:
+    """One request's constraint: its compile future, then its matcher and counters."""
+
+    kind: str
+    future: Future[Any]
+    matcher: Matcher | None = None
+    error: str | None = None
+    dead_end: bool = False
+    num_forced_tokens: int = 0  # appended by jump-forward, never sampled
+    num_jumps: int = 0
+    num_sampled: int = 0  # decode steps that sampled for this request
+
+    def meta_info(self) -> dict[str, int]:
+        return {
+            "forced_tokens": self.num_forced_tokens,
+            "jump_forwards": self.num_jumps,
+            "decode_steps": self.num_sampled,
+        }
+
+
+@dataclass
+class GrammarStats:
+    requests: int = 0
+    forced_tokens: int = 0
+    jump_forwards: int = 0
+    sampled_tokens: int = 0
+    dead_ends: int = 0
+
+
+class GrammarManager:
+    """Owns the grammar backend (built on first use) and its compile cache."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Iterable[int],
+        *,
+        backend: str = "xgrammar",
+        jump_forward: bool = True,
+        compile_timeout: float = 30.0,
+        compile_threads: int = 1,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(stop_token_ids)
+        self.backend_name = backend
+        self.jump_forward = jump_forward  # the ablation switch; may be flipped at runtime
+        self.compile_timeout = compile_timeout
+        self.compile_threads = compile_threads
+        self._cache: CompileCache | None = None
+        self._token_bytes: list[bytes | None] = []
+        self._lock = threading.Lock()
+        self.stats = GrammarStats()
+
+    # ---- compile ----------------------------------------------------------------------
+
+    @property
+    def cache(self) -> CompileCache:
+        with self._lock:
+            if self._cache is None:
+                self._cache = self._build_cache()
+            return self._cache
+
+    def _build_cache(self) -> CompileCache:
+        hf = getattr(self.tokenizer, "hf_tokenizer", None)
+        if hf is None:
+            raise GrammarError("constrained decoding needs the model's Hugging Face tokenizer")
+        backend: GrammarBackend = create_grammar_backend(
+            self.backend_name, hf, self.vocab_size, self.stop_token_ids
+        )
+        self._token_bytes = vocab_bytes(hf, self.vocab_size)
+        key = f"{getattr(hf, 'name_or_path', '')}:{len(hf)}:{self.vocab_size}"
+        return CompileCache(backend, key, max_workers=self.compile_threads)
+
+    def compile(self, kind: str, text: str) -> Future[Any]:
+        return self.cache.get(kind, text)
+
+    def validate(self, params: SamplingParams) -> None:
+        """Compile the constraint (cached) and wait; InvalidArgument naming the field."""
+        constraint = params.constraint
+        if constraint is None:
+            return
+        kind, text = constraint
+        if kind == "choices":
+            for c in params.choices or ():
+                if not isinstance(c, str) or not c:
+                    raise InvalidArgument(
+                        "choices", f"choices must be non-empty strings, got {c!r}"
+                    )
+        try:
+            self.compile(kind, text).result(timeout=self.compile_timeout)
+        except FutureTimeout:
+            raise InvalidArgument(
+                kind, f"the {_LABELS[kind]} did not compile within {self.compile_timeout} s"
+            ) from None
+        except GrammarError as e:
+            raise InvalidArgument(kind, f"invalid {_LABELS[kind]}: {e}") from e
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def attach(self, req: Request) -> None:
+        constraint = req.params.constraint
+        if constraint is None or req.grammar is not None:
+            return
+        kind, text = constraint
+        try:
+            future = self.compile(kind, text)
+        except GrammarError as e:  # no usable tokenizer
+            future = Future()
+            future.set_exception(e)
+        req.grammar = RequestGrammar(kind, future)
+        self.stats.requests += 1
+
+    def pending(self, req: Request) -> bool:
+        """True while `req`'s grammar compiles. When done, builds its matcher or records
+        the compile error (`req.grammar.error`) for the scheduler to finish it with."""
+        g = req.grammar
+        if g is None or g.matcher is not None or g.error is not None:
+            return False
+        if not g.future.done():
+            return True
+        try:
+            g.matcher = self.cache.backend.matcher(g.future.result())
+        except GrammarError as e:
+            g.error = f"invalid {_LABELS[g.kind]}: {e}"
+        return False
+
+    def fill_bitmask(self, reqs: Sequence[Request]) -> torch.Tensor:
+        """`[len(reqs), W]` int32 allowed-token mask, one row per constrained request.
+
+        A row with no allowed token is a dead end: the request is marked and its row
+        allows everything (its sample is discarded; `append` finishes it)."""
+        bits = allocate_bitmask(len(reqs), self.vocab_size)
+        for j, req in enumerate(reqs):
+            g = req.grammar
+            assert g is not None and g.matcher is not None
+            g.matcher.fill_bitmask(bits, j)
+            if not bool(bits[j].any()):
+                g.dead_end = True
+                bits[j].fill_(-1)
+        return bits
+
+    def append(
+        self,
+        req: Request,
+        token: int,
+        logprob: float | None,
+        top: list[tuple[int, float]] | None,
+        output: TokenAppender,
+    ) -> None:
+        """Accept the sampled token, append it and any forced tokens, finish when done."""
+        g = req.grammar
+        assert g is not None and g.matcher is not None
+        if g.dead_end or not g.matcher.accept_token(token):
+            self._dead_end(req, g)
+            return
+        g.num_sampled += 1
+        self.stats.sampled_tokens += 1
+        tokens = [token]
+        if self.jump_forward and not g.matcher.is_terminated():
+            tokens = self._jump(g, token)
+        for k, t in enumerate(tokens):
+            if k == 0 and t == token:
+                output.append_token(req, t, logprob, top)
+            else:  # forced by the grammar: probability 1 under the constraint
+                output.append_token(req, t, None, None)
+            if req.finished:
+                return
+        if g.matcher.is_terminated():
+            req.finish(FinishReason.STOP, token)
+
+    def _jump(self, g: RequestGrammar, token: int) -> list[int]:
+        assert g.matcher is not None
+        forced = g.matcher.jump_forward_string()
+        if not forced:
+            return [token]
+        jump = retokenize(self.tokenizer.encode, self._token_bytes, token, forced)
+        if jump is None or not jump.tokens or not apply_jump(g.matcher, token, jump):
+            return [token]
+        g.num_jumps += 1
+        g.num_forced_tokens += jump.num_forced
+        self.stats.jump_forwards += 1
+        self.stats.forced_tokens += jump.num_forced
+        return jump.tokens if jump.replaces_sampled else [token, *jump.tokens]
+
+    def _dead_end(self, req: Request, g: RequestGrammar) -> None:
+        self.stats.dead_ends += 1
+        req.error = f"the {_LABELS[g.kind]} allows no next token (grammar dead end)"
+        req.finish(FinishReason.ABORT)
+
+    def shutdown(self) -> None:
+        if self._cache is not None:
+            self._cache.shutdown()

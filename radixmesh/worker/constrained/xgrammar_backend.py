@@ -1,0 +1,79 @@
+"""xgrammar: JSON schema, regex and EBNF compiled into a pushdown automaton with
+precomputed token masks (the default backend).
+
+JSON schemas compile with `any_whitespace=False`: the output has one fixed layout
+(`{"key": value, ...}`), so the keys and separators between values are forced strings
+that jump-forward appends without decode steps. With free whitespace nothing but `{`
+would be forced.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from radixmesh.worker.constrained.grammar import (
+    GrammarBackend,
+    GrammarError,
+    Matcher,
+    choices_regex,
+)
+
+# xgrammar prefixes messages with "[hh:mm:ss] /path/file.cc:123: "; the rest is the reason.
+_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: .*? is false: )?")
+
+
+class XGrammarMatcher(Matcher):
+    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+        self._m = xgr.GrammarMatcher(compiled)
+
+    def accept_token(self, token: int) -> bool:
+        return bool(self._m.accept_token(token))
+
+    def rollback(self, num_tokens: int) -> None:
+        self._m.rollback(num_tokens)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+    def jump_forward_string(self) -> str:
+        return str(self._m.find_jump_forward_string())
+
+    def is_terminated(self) -> bool:
+        return bool(self._m.is_terminated())
+
+
+class XGrammarBackend(GrammarBackend):
+    name = "xgrammar"
+
+    def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(
+            hf_tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
+        )
+        # Our own cache (compile_cache.py) keeps compiled grammars; one compile thread
+        # per call is enough on the worker's pool.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def compile(self, kind: str, text: str) -> Any:
+        try:
+            if kind == "json_schema":
+                return self._compiler.compile_json_schema(text, any_whitespace=False)
+            if kind == "regex":
+                return self._compiler.compile_regex(text)
+            if kind == "ebnf":
+                return self._compiler.compile_grammar(text)
+            if kind == "choices":
+                return self._compiler.compile_regex(choices_regex(text.split("\x00")))
+        except (RuntimeError, ValueError) as e:
+            raise GrammarError(_clean(str(e))) from e
+        raise GrammarError(f"unknown constraint kind {kind!r}")
+
+    def matcher(self, compiled: Any) -> Matcher:
+        return XGrammarMatcher(compiled)
+
+
+def _clean(message: str) -> str:
+    return _LOG_PREFIX.sub("", message.strip())
