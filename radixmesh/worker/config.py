@@ -122,32 +122,6 @@ class GrammarConfig:
             raise InvalidArgument("grammar_compile_threads", "must be >= 1")
 
 
-GRAMMAR_BACKENDS = ("xgrammar", "outlines")
-
-
-@dataclass(frozen=True)
-class GrammarConfig:
-    """Constrained decoding (regex / json_schema / ebnf / choices)."""
-
-    grammar_backend: str = "xgrammar"
-    # Ablation switch: sample forced strings token by token instead of appending them.
-    disable_jump_forward: bool = False
-    # A constraint that has not compiled by then is rejected (InvalidArgument).
-    grammar_compile_timeout: float = 30.0
-    grammar_compile_threads: int = 1
-
-    def __post_init__(self) -> None:
-        if self.grammar_backend not in GRAMMAR_BACKENDS:
-            raise InvalidArgument(
-                "grammar_backend",
-                f"must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}",
-            )
-        if not self.grammar_compile_timeout > 0:
-            raise InvalidArgument("grammar_compile_timeout", "must be > 0")
-        if self.grammar_compile_threads < 1:
-            raise InvalidArgument("grammar_compile_threads", "must be >= 1")
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -14,12 +14,9 @@ from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.batch import Batch, ForwardOutput, PromptLogprobs, ScheduledRequest
 from radixmesh.worker.constrained.bitmask import TokenBitmask
 from radixmesh.worker.constrained.manager import GrammarManager
-from radixmesh.worker.constrained.bitmask import TokenBitmask
-from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.model.llama import LlamaForCausalLM
-from radixmesh.worker.request import Request
 from radixmesh.worker.request import Request
 from radixmesh.worker.sampler import Sampler, SamplingRow, token_logprobs
 
@@ -48,7 +45,6 @@ class ModelRunner:
         self.attn = attn
         self.req_table = req_table
         self.sampler = Sampler(vocab_size)
-        self.grammars = grammars
         self.grammars = grammars
 
     @torch.inference_mode()
@@ -125,13 +121,6 @@ class ModelRunner:
                 out.logprobs[i] = res.logprobs[j]
             if res.top_logprobs is not None:
                 out.top_logprobs[i] = res.top_logprobs[j]
-
-    def _allowed(self, reqs: list[Request]) -> TokenBitmask | None:
-        """One bitmask for the constrained rows only; None (no cost) when there are none."""
-        rows = [j for j, r in enumerate(reqs) if r.grammar is not None]
-        if not rows or self.grammars is None:
-            return None
-        return TokenBitmask(self.grammars.fill_bitmask([reqs[j] for j in rows]), rows)
 
     def _allowed(self, reqs: list[Request]) -> TokenBitmask | None:
         """One bitmask for the constrained rows only; None (no cost) when there are none."""

@@ -121,8 +121,6 @@ def meta_info(req: Request) -> dict[str, Any]:
         info["num_retractions"] = req.num_retractions
     if req.grammar is not None:  # forced_tokens, jump_forwards, decode_steps
         info.update(req.grammar.meta_info())
-    if req.grammar is not None:  # forced_tokens, jump_forwards, decode_steps
-        info.update(req.grammar.meta_info())
     # Full logprob lists only on the final message; streamed chunks carry their deltas.
     if req.params.return_logprob and req.finished:
         info["output_token_logprobs"] = list(req.output_token_logprobs)

@@ -65,8 +65,6 @@ class Request:
     detokenizer: Any = None
     # constrained.manager.RequestGrammar when params set a constraint (attached on add).
     grammar: Any = None
-    # constrained.manager.RequestGrammar when params set a constraint (attached on add).
-    grammar: Any = None
     finish_reason: FinishReason | None = None
     matched_stop: str | int | None = None
     error: str | None = None

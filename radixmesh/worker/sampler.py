@@ -23,7 +23,6 @@ import torch
 
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.constrained.bitmask import TokenBitmask
-from radixmesh.worker.constrained.bitmask import TokenBitmask
 
 # Top-k / top-p work in each row's top-W tokens, trying these W in turn: on SmolLM2 at
 # temperature 1 the top 256 tokens hold more than 0.9 of the mass in ~97% of steps, the

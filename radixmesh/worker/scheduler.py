@@ -28,7 +28,6 @@ import torch
 from radixmesh.worker.batch import Batch, ForwardOutput, ScheduledRequest
 from radixmesh.worker.config import SchedulerConfig
 from radixmesh.worker.constrained.manager import GrammarManager
-from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
@@ -79,7 +78,6 @@ class Scheduler:
         self.runner = runner
         self.output = output
         self.page_size = page_size
-        self.grammars = grammars
         self.grammars = grammars
         self.policy = create_policy(config.policy, cache, config.policy_fallback_queue_len)
         self.waiting: deque[Request] = deque()
@@ -175,8 +173,6 @@ class Scheduler:
                 break
             if self._grammar_not_ready(req):
                 continue
-            if self._grammar_not_ready(req):
-                continue
             match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
             if self._shares_with(req, len(match.slots), admitted):
                 continue  # next step it hits the prefix this step computes
@@ -207,18 +203,6 @@ class Scheduler:
             slots.append(new)
             budget -= n
             reserved += need
-
-    def _grammar_not_ready(self, req: Request) -> bool:
-        """Skip a request whose grammar still compiles; finish one whose compile failed."""
-        if self.grammars is None or req.grammar is None:
-            return False
-        if self.grammars.pending(req):
-            return True
-        if req.grammar.error is not None:
-            self.waiting.remove(req)
-            self._finish_abort(req, req.grammar.error)
-            return True
-        return False
 
     def _grammar_not_ready(self, req: Request) -> bool:
         """Skip a request whose grammar still compiles; finish one whose compile failed."""
@@ -373,12 +357,6 @@ class Scheduler:
                     req.first_token_time = now
                 self._generated_tokens += 1
                 if req.grammar is not None and self.grammars is not None:
-                    # Accepts the token, appends it and any forced string (jump-forward).
-                    self.grammars.append(
-                        req, token, out.logprobs[i], out.top_logprobs[i], self.output
-                    )
-                else:
-                    if req.grammar is not None and self.grammars is not None:
                     # Accepts the token, appends it and any forced string (jump-forward).
                     self.grammars.append(
                         req, token, out.logprobs[i], out.top_logprobs[i], self.output

@@ -18,7 +18,6 @@ from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.constrained.manager import GrammarManager
-from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.pool import KVPool
 from radixmesh.worker.kvcache.radix_cache import RadixCache
@@ -143,7 +142,6 @@ class Worker:
             runner=self.runner,
             output=OutputProcessor(self.context_len),
             page_size=cc.page_size,
-            grammars=self.grammars,
             grammars=self.grammars,
         )
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.arch.eos_token_ids)
