@@ -171,7 +171,7 @@ def run_program(
     executor = StreamExecutor(backend, arguments, default_params, stream=stream)
     state = ProgramState(executor)
     try:
-        fn.func(state, **arguments)
+        state.ret_value = fn.func(state, **arguments)
     except Exception as e:  # kept on the state: the batch goes on
         executor.sync()
         executor.fail(e)

@@ -19,6 +19,7 @@ from radixmesh.lang.ir import RoleBegin, RoleEnd, to_expr
 class ProgramState:
     def __init__(self, executor: StreamExecutor) -> None:
         self.stream_executor = executor
+        self.ret_value: Any = None  # what the program function returned
 
     # ---- writing --------------------------------------------------------------------
 
