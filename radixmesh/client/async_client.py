@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar, overload
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -45,6 +45,32 @@ class AsyncClient:
 
     # ---- generation -------------------------------------------------------------------
 
+    @overload
+    async def generate(
+        self,
+        prompt: str | None = None,
+        sampling_params: Params = None,
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        input_ids: Sequence[int] | None = None,
+        stream: Literal[False] = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> Completion: ...
+
+    @overload
+    async def generate(
+        self,
+        prompt: str | None = None,
+        sampling_params: Params = None,
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        input_ids: Sequence[int] | None = None,
+        stream: Literal[True],
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> AsyncGenerator[Chunk, None]: ...
+
     async def generate(
         self,
         prompt: str | None = None,
@@ -55,7 +81,7 @@ class AsyncClient:
         stream: bool = False,
         request_id: str = "",
         timeout: float | None = None,
-    ) -> Completion | AsyncIterator[Chunk]:
+    ) -> Completion | AsyncGenerator[Chunk, None]:
         """Like `Client.generate`; stream=True -> an async iterator of Chunks."""
         inp = convert.make_input(prompt, messages, input_ids)
         params = convert.make_params(sampling_params)
@@ -96,7 +122,7 @@ class AsyncClient:
         params: common_pb2.SamplingParams,
         rid: str,
         deadline: Deadline,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         attempt = 0
         got_token = False
         while True:

@@ -7,8 +7,8 @@ back to `radixmesh.v1.Worker` (so the same client talks to `radixmesh worker` di
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any, Literal, TypeVar, overload
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -51,6 +51,32 @@ class Client:
 
     # ---- generation -------------------------------------------------------------------
 
+    @overload
+    def generate(
+        self,
+        prompt: str | None = None,
+        sampling_params: Params = None,
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        input_ids: Sequence[int] | None = None,
+        stream: Literal[False] = False,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> Completion: ...
+
+    @overload
+    def generate(
+        self,
+        prompt: str | None = None,
+        sampling_params: Params = None,
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        input_ids: Sequence[int] | None = None,
+        stream: Literal[True],
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> Generator[Chunk, None, None]: ...
+
     def generate(
         self,
         prompt: str | None = None,
@@ -61,7 +87,7 @@ class Client:
         stream: bool = False,
         request_id: str = "",
         timeout: float | None = None,
-    ) -> Completion | Iterator[Chunk]:
+    ) -> Completion | Generator[Chunk, None, None]:
         """Complete text, chat messages or token ids. stream=True -> an iterator of Chunks
         (closing it early cancels the request on the server)."""
         inp = convert.make_input(prompt, messages, input_ids)
@@ -106,7 +132,7 @@ class Client:
         params: common_pb2.SamplingParams,
         rid: str,
         deadline: Deadline,
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
         attempt = 0
         got_token = False
         while True:
