@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TokenLogprob = tuple[float | None, Any, Any]
+TIE = 1e-4  # greedy_token_selection: logprobs this close are the same token's
 
 
 @dataclass
@@ -87,7 +88,9 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
     """Token by token, keep the choices whose logprob at that position is the highest.
 
     A shorter choice is padded with its own mean logprob so it can still compete with
-    longer ones that share its beginning."""
+    longer ones that share its beginning. Logprobs within `TIE` count as equal: choices
+    sharing a first token are scored in different requests, whose batch shapes change
+    the float rounding in the last digits."""
 
     def __call__(
         self,
@@ -104,7 +107,7 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
         alive = list(range(len(choices)))
         for col in range(width):
             top = max(matrix[i][col] for i in alive)
-            alive = [i for i in alive if matrix[i][col] == top]
+            alive = [i for i in alive if top - matrix[i][col] <= TIE]
             if len(alive) == 1:
                 break
         return ChoicesDecision(

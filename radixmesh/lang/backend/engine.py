@@ -88,8 +88,12 @@ class EngineBackend(Backend):
         outs = self.engine.generate(input_ids=ids, sampling_params=params)
         assert isinstance(outs, list)
         result = []
-        for out in outs:
+        for out, seq, start in zip(outs, ids, starts, strict=True):
             entries = _check(out["meta_info"])["input_token_logprobs"]
+            if not entries and start == 0 and len(seq) == 1:
+                # A one-token prompt has no prompt logprob; the engine then omits the
+                # first token's (None) entry as well.
+                entries = [(None, seq[0], None)]
             result.append([(lp, tid, self.tokenizer.decode([tid])) for lp, tid, _ in entries])
         return result
 

@@ -1,0 +1,167 @@
+"""Bad input: clear errors on the state or at the call, the batch goes on, nothing leaks."""
+
+from __future__ import annotations
+
+import pytest
+
+import radixmesh as sgl
+from radixmesh.errors import InvalidArgument
+from radixmesh.lang.backend import registry
+from radixmesh.worker.engine import Engine
+from tests.lang.conftest import assert_idle
+
+
+@sgl.function
+def maybe_fail(s, i):
+    s += f"Count to {i}:" + sgl.gen("out", max_tokens=3)
+    if i == 2:
+        raise RuntimeError("program 2 broke")
+    s += "."
+
+
+@pytest.mark.slow
+def test_program_exception_in_a_batch(backend: Engine) -> None:
+    states = maybe_fail.run_batch([{"i": i} for i in range(4)], temperature=0, num_threads=2)
+    errors = [type(st.error()).__name__ if st.error() else None for st in states]
+    assert errors == [None, None, "RuntimeError", None]
+    with pytest.raises(sgl.ProgramError, match="program 2 broke"):
+        states[2].text()
+    with pytest.raises(sgl.ProgramError, match="program 2 broke"):
+        states[2]["out"]
+    assert states[3].text() == "Count to 3:" + states[3]["out"] + "."
+    assert_idle(backend)
+
+
+@pytest.mark.slow
+def test_bad_sampling_parameter_surfaces_on_the_state(backend: Engine) -> None:
+    @sgl.function
+    def prog(s):
+        s += "Hi" + sgl.gen("a", max_tokens=2, top_p=0.0) + sgl.gen("b", max_tokens=2)
+
+    s = prog.run()
+    err = s.error()
+    assert isinstance(err, InvalidArgument) and err.field == "top_p"
+    with pytest.raises(sgl.ProgramError, match="top_p") as info:
+        s["b"]  # later expressions are skipped; their reads raise the first error
+    assert info.value.__cause__ is err
+    assert_idle(backend)
+
+
+@pytest.mark.slow
+def test_failing_fork_branch(backend: Engine) -> None:
+    @sgl.function
+    def prog(s):
+        s += "Colors:"
+        forks = s.fork(3)
+        for i, f in enumerate(forks):
+            f += sgl.gen("c", max_tokens=2, temperature=-1.0 if i == 1 else 0.0)
+        forks.join()
+        s += "never"
+
+    s = prog.run()
+    with pytest.raises(sgl.ProgramError, match="fork branch 1 failed: .*temperature"):
+        s.text()
+    assert_idle(backend)
+
+
+@pytest.mark.slow
+def test_join_variable_name_clash(backend: Engine) -> None:
+    @sgl.function
+    def prog(s):
+        s += "A" + sgl.gen("x", max_tokens=1)
+        forks = s.fork(2)
+        forks += sgl.gen("y", max_tokens=1)
+        s += sgl.gen("y", max_tokens=1)
+        forks.join()
+
+    with pytest.raises(sgl.ProgramError, match="variable 'y' already exists"):
+        prog.run(temperature=0).text()
+    assert_idle(backend)
+
+
+@pytest.mark.slow
+def test_image_needs_a_multimodal_model(backend: Engine) -> None:
+    @sgl.function
+    def prog(s):
+        s += sgl.user(sgl.image("cat.png") + "What is this?")
+
+    with pytest.raises(sgl.ProgramError, match="no multimodal model"):
+        prog.run().text()
+
+
+@pytest.mark.slow
+def test_nested_roles(backend: Engine) -> None:
+    @sgl.function
+    def prog(s):
+        s += sgl.user_begin() + sgl.assistant_begin()
+
+    with pytest.raises(sgl.ProgramError, match="role 'assistant' begins inside role 'user'"):
+        prog.run().text()
+
+
+def test_unknown_backend() -> None:
+    with pytest.raises(ValueError, match="unknown backend 'nope'; known backends: anthropic"):
+        sgl.set_default_backend("nope")
+    with pytest.raises(ValueError, match="unknown backend 42"):
+        sgl.set_default_backend(42)
+
+
+def test_no_backend() -> None:
+    registry._default = None
+
+    @sgl.function
+    def prog(s):
+        s += "x"
+
+    with pytest.raises(ValueError, match="backend: no backend given and no default set"):
+        prog.run()
+
+
+def test_cluster_backend_says_which_issue_provides_it() -> None:
+    with pytest.raises(sgl.BackendUnavailable, match="gRPC and router issues"):
+        sgl.RuntimeEndpoint("http://localhost:30000")
+    with pytest.raises(sgl.BackendUnavailable, match="gRPC and router issues"):
+        sgl.Runtime(model="smollm2", workers=2)
+
+
+def test_gen_outside_a_function() -> None:
+    with pytest.raises(TypeError, match="Gen is a language expression, not text"):
+        f"Answer: {sgl.gen('a')}"  # noqa: B018
+    with pytest.raises(TypeError, match="cannot add int to a program state"):
+        "x" + sgl.gen("a") + 3
+
+
+def test_bad_primitive_arguments() -> None:
+    with pytest.raises(ValueError, match="regex: invalid regular expression"):
+        sgl.gen("a", regex="[0-9")
+    with pytest.raises(ValueError, match="choices: select needs a non-empty list"):
+        sgl.select("a", choices=[])
+    with pytest.raises(ValueError, match="choices: every choice must be a non-empty string"):
+        sgl.select("a", choices=["x", ""])
+    with pytest.raises(ValueError, match="choices_method"):
+        sgl.select("a", choices=["x"], choices_method="greedy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="name: a variable name must be a non-empty string"):
+        sgl.gen(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dtype: expected int or str"):
+        sgl.gen("a", dtype=float)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'regex'"):
+        sgl.gen_int("a", regex="x")
+
+
+def test_bad_run_arguments(engine: Engine) -> None:
+    @sgl.function
+    def prog(s, question):
+        s += question
+
+    with pytest.raises(TypeError, match="prog\\(\\): missing a required argument: 'question'"):
+        prog.run(backend=engine)
+    with pytest.raises(TypeError, match="got an unexpected keyword argument 'answer'"):
+        prog.run(question="q", answer="a", backend=engine)
+    with pytest.raises(ValueError, match="batch_kwargs: expected a list of dicts"):
+        prog.run_batch({"question": "q"}, backend=engine)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_threads: expected 'auto' or an integer >= 1"):
+        prog.run_batch([{"question": "q"}], num_threads=0, backend=engine)
+    with pytest.raises(TypeError, match="has no argument 'answer' to bind"):
+        prog.bind(answer="a")
+    with pytest.raises(ValueError, match="fork size must be an integer >= 1"):
+        prog.run(question="q", backend=engine).fork(0)
