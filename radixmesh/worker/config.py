@@ -26,10 +26,17 @@ class ModelConfig:
     seed: int = 0  # for dummy weights and unseeded sampling
     # CPU: repack weights into oneDNN's GEMM layout after loading (see layers/dense.py).
     pack_cpu_weights: bool = True
+    # CUDA + triton attention: capture decode steps as CUDA graphs for batches up to this
+    # size (capped by max_running_requests); 0 turns graphs off.
+    cuda_graph_max_batch_size: int = 256
 
     def __post_init__(self) -> None:
         if not self.model:
             raise InvalidArgument("model", "must not be empty")
+        if self.cuda_graph_max_batch_size < 0:
+            raise InvalidArgument(
+                "cuda_graph_max_batch_size", f"must be >= 0, got {self.cuda_graph_max_batch_size}"
+            )
         if self.dtype not in DTYPES:
             raise InvalidArgument("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         if self.context_length is not None and self.context_length < 2:

@@ -7,6 +7,7 @@ which tokens go into a batch and where their KV lives (the req->token table).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,6 +20,9 @@ from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.request import Request
 from radixmesh.worker.sampler import Sampler, SamplingRow, token_logprobs
+
+if TYPE_CHECKING:  # imports triton: only where graphs are built
+    from radixmesh.worker.cuda_graph import DecodeCudaGraphs
 
 
 @dataclass
@@ -46,12 +50,17 @@ class ModelRunner:
         self.req_table = req_table
         self.sampler = Sampler(vocab_size)
         self.grammars = grammars
+        # Set by the worker on CUDA with a capture-safe backend (see cuda_graph.py).
+        self.decode_graphs: DecodeCudaGraphs | None = None
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> ForwardOutput:
         fb = self._forward_batch(batch)
-        self.attn.prepare(fb)
-        hidden = self.model(fb, self.attn)  # [T, hidden]
+        if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
+            hidden = self.decode_graphs.run(fb)  # [B, hidden]
+        else:
+            self.attn.prepare(fb)
+            hidden = self.model(fb, self.attn)  # [T, hidden]
         rows = self._rows(batch)
         n_items = len(batch.items)
         out = ForwardOutput(

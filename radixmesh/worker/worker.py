@@ -10,11 +10,13 @@ import ctypes
 import importlib.util
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.constrained.manager import GrammarManager
@@ -28,6 +30,9 @@ from radixmesh.worker.model.loader import iter_weights, load_arch_config, load_t
 from radixmesh.worker.model_runner import ModelRunner
 from radixmesh.worker.output import OutputProcessor
 from radixmesh.worker.scheduler import Scheduler
+
+if TYPE_CHECKING:  # imports triton
+    from radixmesh.worker.cuda_graph import DecodeCudaGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +139,8 @@ class Worker:
         self.runner = ModelRunner(
             self.model, attn, self.req_table, self.arch.vocab_size, grammars=self.grammars
         )
+        if self.device.type == "cuda" and backend == "triton" and mc.cuda_graph_max_batch_size:
+            self.runner.decode_graphs = self._capture_decode_graphs(attn)
         self.scheduler = Scheduler(
             sc,
             cache=self.cache,
@@ -145,6 +152,30 @@ class Worker:
             grammars=self.grammars,
         )
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.arch.eos_token_ids)
+
+    def _capture_decode_graphs(self, attn: AttentionBackend) -> DecodeCudaGraphs:
+        from radixmesh.worker.attention.triton_backend import TritonAttentionBackend
+        from radixmesh.worker.cuda_graph import DecodeCudaGraphs
+
+        assert isinstance(attn, TritonAttentionBackend), type(attn)
+        t0 = time.perf_counter()
+        graphs = DecodeCudaGraphs(
+            self.model,
+            attn,
+            self.req_table.table,
+            max_batch_size=min(
+                self.config.model.cuda_graph_max_batch_size,
+                self.config.scheduler.max_running_requests,
+            ),
+            num_heads=self.arch.num_attention_heads // self.config.parallel.tp_size,
+            max_context_len=self.context_len,
+        )
+        logger.info(
+            "captured decode CUDA graphs for batch sizes %s in %.1f s",
+            graphs.ladder,
+            time.perf_counter() - t0,
+        )
+        return graphs
 
     def _build_pool(self) -> KVPool:
         cc, arch = self.config.cache, self.arch

@@ -1,0 +1,132 @@
+"""CUDA graphs for decode steps, captured at a ladder of batch sizes.
+
+A decode step launches about fifteen kernels per layer; at small and medium batches the
+launches, not the math, bound the step. At start-up we capture `model(batch)` once per
+ladder size over static input buffers; a decode step then copies its inputs into the
+buffers, pads to the next ladder size and replays the graph.
+
+Padded rows compute garbage that is never read: token 0 at position 0, KV written to the
+reserved slot 0, table row 0 with seq_len 1 (they read one slot of whatever row 0 holds).
+The attention metadata is fixed per graph: the decode split count is chosen for the full
+context length (splits past a short sequence's end exit at once) and its workspace is
+allocated once. Only the triton backend is capture-safe (the torch backend's `prepare`
+builds per-step shapes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from radixmesh.worker.attention.kernels.decode_attention import decode_workspace
+from radixmesh.worker.attention.triton_backend import (
+    DecodeMeta,
+    TritonAttentionBackend,
+    choose_num_splits,
+)
+from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.model.llama import LlamaForCausalLM
+
+
+def batch_size_ladder(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16, ending with max_batch_size itself."""
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
+    sizes = [n for n in (1, 2, 4, 8) if n < max_batch_size]
+    sizes += range(16, max_batch_size, 16)
+    return [*sizes, max_batch_size]
+
+
+class DecodeCudaGraphs:
+    """Captured decode steps; `run(batch)` when `can_run(batch)`, else run eagerly."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        attn: TritonAttentionBackend,
+        req_to_token: torch.Tensor,
+        *,
+        max_batch_size: int,
+        num_heads: int,
+        max_context_len: int,
+    ) -> None:
+        self.ladder = batch_size_ladder(max_batch_size)
+        self.req_to_token = req_to_token
+        n, device = self.ladder[-1], req_to_token.device
+        with torch.inference_mode():
+            self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+            self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+            self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=device)
+            self.req_rows = torch.zeros(n, dtype=torch.int64, device=device)
+            self.seq_lens = torch.ones(n, dtype=torch.int64, device=device)
+            self.ones = torch.ones(n, dtype=torch.int64, device=device)
+            self.zeros = torch.zeros(n, dtype=torch.int64, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.num_replays = 0
+        self.outputs: dict[int, torch.Tensor] = {}  # [bs, hidden], rewritten by each replay
+        kv = attn.kv_pool
+        pool = None
+        for bs in reversed(self.ladder):  # largest first: smaller graphs reuse its memory
+            splits = choose_num_splits(bs, kv.num_kv_heads, max_context_len, attn.num_sms)
+            ws = decode_workspace(bs, num_heads, kv.head_dim, splits, device)
+            fb = self._static_batch(bs)
+            fb.attn_metadata = DecodeMeta(splits, ws)
+            self.graphs[bs], self.outputs[bs] = _capture(model, attn, fb, pool)
+            pool = self.graphs[bs].pool()
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return batch.is_decode_only and batch.batch_size <= self.ladder[-1]
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states [B, hidden] of a decode batch (a view, valid until the next run)."""
+        b = batch.batch_size
+        bs = next(n for n in self.ladder if n >= b)
+        for static, value, pad in (
+            (self.input_ids, batch.input_ids, self.zeros),
+            (self.positions, batch.positions, self.zeros),
+            (self.out_cache_loc, batch.out_cache_loc, self.zeros),
+            (self.req_rows, batch.req_rows, self.zeros),
+            (self.seq_lens, batch.seq_lens, self.ones),
+        ):
+            static[:b].copy_(value)
+            if bs > b:
+                static[b:bs].copy_(pad[b:bs])
+        self.graphs[bs].replay()
+        self.num_replays += 1
+        return self.outputs[bs][:b]
+
+    def _static_batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            req_rows=self.req_rows[:bs],
+            seq_lens=self.seq_lens[:bs],
+            prefix_lens=self.zeros[:bs],
+            extend_lens=self.ones[:bs],
+            req_to_token=self.req_to_token,
+            seq_lens_cpu=[1] * bs,
+            prefix_lens_cpu=[0] * bs,
+            extend_lens_cpu=[1] * bs,
+        )
+
+
+@torch.inference_mode()
+def _capture(
+    model: LlamaForCausalLM,
+    attn: TritonAttentionBackend,
+    batch: ForwardBatch,
+    pool: Any,  # the first graph's memory pool handle, shared by the later ones
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    # Warm up on a side stream (compiles kernels, settles the allocator), as capture wants.
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            model(batch, attn)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = model(batch, attn)  # [bs, hidden]
+    return graph, out
