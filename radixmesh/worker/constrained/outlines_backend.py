@@ -36,17 +36,21 @@ class OutlinesMatcher(Matcher):
     def accept_token(self, token: int) -> bool:
         if self._terminated:
             return False
+        if token == self._eos:  # the guide stays in its final state; termination is ours
+            self._terminated = bool(self._guide.is_finished())
+            return self._terminated
         try:
             self._guide.advance(token, return_tokens=False)
         except (ValueError, RuntimeError):
             return False
-        self._terminated = token == self._eos
         return True
 
     def rollback(self, num_tokens: int) -> None:
+        if num_tokens and self._terminated:
+            self._terminated = False
+            num_tokens -= 1
         if num_tokens:
             self._guide.rollback_state(num_tokens)
-            self._terminated = False
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         words = bitmask[row]

@@ -1,0 +1,84 @@
+"""Both backends on the bundled model's tokenizer: masks, accept, rollback, forced text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from radixmesh.tokenizer import Tokenizer
+from radixmesh.worker.constrained.bitmask import allocate_bitmask, unpack_bitmask
+from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError, choices_regex
+from tests.worker.constrained.conftest import EOS, VOCAB
+
+
+def allowed(backend: GrammarBackend, matcher: object) -> set[int]:
+    bits = allocate_bitmask(1, VOCAB)
+    matcher.fill_bitmask(bits, 0)  # type: ignore[attr-defined]
+    return set(torch.nonzero(unpack_bitmask(bits, VOCAB)[0]).view(-1).tolist())
+
+
+def test_regex_mask_accept_rollback_terminate(backend: GrammarBackend, tok: Tokenizer) -> None:
+    m = backend.matcher(backend.compile("regex", "[0-9]{2}"))
+    first = allowed(backend, m)
+    assert first and all(tok.decode([t]).isdigit() for t in first)
+    assert EOS not in first
+    two = tok.encode("42")
+    for t in two:
+        assert m.accept_token(t)
+    assert allowed(backend, m) == {EOS}  # complete: only the stop token
+    assert not m.accept_token(tok.encode("7")[0])
+    m.rollback(len(two))
+    assert allowed(backend, m) == first
+    for t in two:
+        assert m.accept_token(t)
+    assert not m.is_terminated()
+    assert m.accept_token(EOS)
+    assert m.is_terminated()
+
+
+def test_forced_string_of_a_literal_prefix(backend: GrammarBackend) -> None:
+    m = backend.matcher(backend.compile("regex", "hello_world_[0-9]"))
+    forced = m.jump_forward_string()
+    assert forced and "hello_world_".startswith(forced)
+
+
+def test_xgrammar_forces_whole_json_keys(tok: Tokenizer) -> None:
+    from radixmesh.worker.constrained.registry import create_grammar_backend
+
+    xg = create_grammar_backend("xgrammar", tok.hf_tokenizer, VOCAB, [EOS])
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    m = xg.matcher(xg.compile("json_schema", json.dumps(schema)))
+    assert m.jump_forward_string() == '{"name": "'
+
+
+def test_choices(backend: GrammarBackend, tok: Tokenizer) -> None:
+    m = backend.matcher(backend.compile("choices", "\x00".join(["a.b", "c|d (e)"])))
+    for t in tok.encode("c|d (e)"):
+        assert m.accept_token(t)
+    assert allowed(backend, m) == {EOS}
+
+
+def test_choices_regex_escapes_metacharacters() -> None:
+    assert choices_regex(["a.b", "x+"]) == r"(a\.b|x\+)"
+
+
+def test_bad_regex_raises_grammar_error(backend: GrammarBackend) -> None:
+    with pytest.raises(GrammarError):
+        backend.compile("regex", "[0-9")
+
+
+def test_outlines_has_no_ebnf(tok: Tokenizer) -> None:
+    from radixmesh.worker.constrained.registry import create_grammar_backend
+
+    oc = create_grammar_backend("outlines", tok.hf_tokenizer, VOCAB, [EOS])
+    with pytest.raises(GrammarError, match="does not support ebnf"):
+        oc.compile("ebnf", 'root ::= "a"')
+
+
+def test_unknown_backend_name() -> None:
+    from radixmesh.worker.constrained.registry import create_grammar_backend
+
+    with pytest.raises(ValueError, match="unknown grammar backend 'lark'"):
+        create_grammar_backend("lark", None, VOCAB, [EOS])

@@ -1,0 +1,117 @@
+"""Bad constraints: InvalidArgument naming the field and quoting the compiler, before
+anything is scheduled; a dead-end grammar finishes the request with a clear reason."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.constrained.compile_cache import CompileCache
+from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError, Matcher
+from radixmesh.worker.constrained.manager import GrammarManager
+from radixmesh.worker.engine import Engine
+from tests.worker.conftest import assert_engine_idle_and_clean
+
+BAD = [
+    ({"regex": "[0-9"}, "regex", "invalid regex: Regex parsing error at position 5: Unclosed '['"),
+    ({"regex": "(ab"}, "regex", "invalid regex:"),
+    ({"json_schema": "{not json"}, "json_schema", "invalid JSON schema: Failed to parse JSON"),
+    ({"json_schema": '{"type": "frobnicate"}'}, "json_schema", 'Unsupported type "frobnicate"'),
+    (
+        {"json_schema": '{"type": "object", "required": "name"}'},
+        "json_schema",
+        "invalid JSON schema:",
+    ),
+    ({"ebnf": "root ::= ("}, "ebnf", "invalid EBNF grammar: EBNF parser error at line 1"),
+    ({"ebnf": 'start ::= "a"'}, "ebnf", "invalid EBNF grammar:"),  # no root rule
+    ({"choices": []}, "choices", "the choices list is empty"),
+    ({"choices": ["yes", ""]}, "choices", "choices must be non-empty strings, got ''"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("params", "field", "quote"), BAD)
+def test_bad_constraint_names_field_and_quotes_compiler(
+    engine: Engine, params: dict[str, Any], field: str, quote: str
+) -> None:
+    before = engine.get_stats().num_steps
+    with pytest.raises(InvalidArgument) as err:
+        engine.generate("Hello", {"max_new_tokens": 4, **params})
+    assert err.value.field == field
+    assert quote in err.value.message
+    assert engine.get_stats().num_steps == before  # nothing was scheduled
+    assert_engine_idle_and_clean(engine)
+
+
+@pytest.mark.slow
+def test_dead_end_finishes_with_a_clear_reason(engine: Engine) -> None:
+    # After "yes" the grammar allows only EOS, which min_new_tokens bans: no token is left.
+    out = engine.generate(
+        "Say yes:", {"temperature": 0, "max_new_tokens": 8, "min_new_tokens": 4, "choices": ["yes"]}
+    )
+    assert isinstance(out, dict)
+    assert out["text"] == "yes"
+    reason = out["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort"
+    assert reason["message"] == "the choices allows no next token (grammar dead end)"
+    assert_engine_idle_and_clean(engine)
+
+
+class SlowBackend(GrammarBackend):
+    """Compiles only when released: makes the timeout and the pending path exact."""
+
+    name = "slow"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def compile(self, kind: str, text: str) -> Any:
+        self.release.wait(10)
+        if text == "bad":
+            raise GrammarError("no good")
+        return text
+
+    def matcher(self, compiled: Any) -> Matcher:
+        raise NotImplementedError
+
+
+def slow_manager(timeout: float) -> tuple[GrammarManager, SlowBackend]:
+    mgr = GrammarManager(None, 32, [0], compile_timeout=timeout)
+    backend = SlowBackend()
+    mgr._cache = CompileCache(backend, "test")
+    return mgr, backend
+
+
+def test_compile_timeout_is_invalid_argument() -> None:
+    mgr, backend = slow_manager(timeout=0.05)
+    with pytest.raises(InvalidArgument) as err:
+        mgr.validate(SamplingParams(regex="a+"))
+    assert err.value.field == "regex"
+    assert err.value.message == "the regex did not compile within 0.05 s"
+    backend.release.set()
+
+
+def test_compile_cache_shares_futures_and_caches_failures() -> None:
+    mgr, backend = slow_manager(timeout=5)
+    first = mgr.compile("regex", "a+")
+    assert mgr.compile("regex", "a+") is first
+    assert mgr.compile("json_schema", "a+") is not first
+    backend.release.set()
+    assert first.result(timeout=5) == "a+"
+    with pytest.raises(InvalidArgument, match="invalid regex: no good"):
+        mgr.validate(SamplingParams(regex="bad"))
+    with pytest.raises(InvalidArgument, match="invalid regex: no good"):
+        mgr.validate(SamplingParams(regex="bad"))
+    assert (mgr.cache.hits, mgr.cache.misses) == (2, 3)
+
+
+def test_no_hf_tokenizer_is_invalid_argument() -> None:
+    mgr = GrammarManager(object(), 32, [0])
+    with pytest.raises(InvalidArgument) as err:
+        mgr.validate(SamplingParams(regex="a"))
+    assert err.value.field == "regex"
+    assert "needs the model's Hugging Face tokenizer" in err.value.message
