@@ -10,6 +10,7 @@ that depends on a placeholder can at worst warm the wrong text; results are unaf
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -108,10 +109,20 @@ class TracerGroup:
 
 
 def trace_program(fn: SglFunction, arguments: dict[str, Any]) -> TracerState:
-    """Run `fn` on a tracer state; arguments not given become placeholders."""
-    args = {name: arguments.get(name, Placeholder(name)) for name in fn.arg_names}
+    """Run `fn` on a tracer state; arguments not given (and without a default) become
+    placeholders."""
+    params = inspect.signature(fn.func).parameters
+    arguments = {**fn.bind_arguments, **arguments}
+    args: dict[str, Any] = {}
+    for name in fn.arg_names:
+        default = params[name].default
+        # Placeholders only where no value is known: a default keeps non-text arguments
+        # (counts, flags) usable for control flow while tracing.
+        args[name] = arguments.get(
+            name, Placeholder(name) if default is params[name].empty else default
+        )
     state = TracerState()
-    fn.func(state, **{**fn.bind_arguments, **args})
+    fn.func(state, **args)
     return state
 
 

@@ -59,7 +59,7 @@ def test_failing_fork_branch(backend: Engine) -> None:
         s += "never"
 
     s = prog.run()
-    with pytest.raises(sgl.ProgramError, match="fork branch 1 failed: .*temperature"):
+    with pytest.raises(sgl.ProgramError, match=r"fork branch 1 failed: .*temperature"):
         s.text()
     assert_idle(backend)
 
@@ -126,7 +126,7 @@ def test_cluster_backend_says_which_issue_provides_it() -> None:
 
 def test_gen_outside_a_function() -> None:
     with pytest.raises(TypeError, match="Gen is a language expression, not text"):
-        f"Answer: {sgl.gen('a')}"  # noqa: B018
+        f"Answer: {sgl.gen('a')}"
     with pytest.raises(TypeError, match="cannot add int to a program state"):
         "x" + sgl.gen("a") + 3
 

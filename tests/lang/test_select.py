@@ -34,7 +34,7 @@ def _by_hand(engine: Engine, prompt: str, choices: list[str]) -> tuple[list, lis
     cond, uncond = [], []
     for c in choices:
         full = tok.encode(prompt + c)
-        k = next(i for i, (a, b) in enumerate(zip(ctx + [-1], full, strict=False)) if a != b)
+        k = next(i for i, (a, b) in enumerate(zip([*ctx, -1], full, strict=False)) if a != b)
         out = engine.generate(
             input_ids=full,
             sampling_params={"max_new_tokens": 1, "return_logprob": True, "logprob_start_len": 1},
