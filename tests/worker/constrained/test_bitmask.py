@@ -4,9 +4,9 @@ import math
 
 import torch
 
+from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.constrained.bitmask import TokenBitmask, allocate_bitmask, unpack_bitmask
 from radixmesh.worker.sampler import Sampler, SamplingRow
-from radixmesh.sampling_params import SamplingParams
 
 
 def pack(allowed: list[list[int]], vocab: int) -> torch.Tensor:
