@@ -176,6 +176,71 @@ def run_hf(model: Any, w: Workload, pad_id: int, device: str) -> dict[str, Any]:
     }
 
 
+def run_hf_continuous(model: Any, w: Workload, block_sharing: bool) -> dict[str, Any]:
+    """transformers' own continuous batching (`generate_batch`: paged KV, CUDA graphs), the
+    GPU baseline. `seconds` spans the requests' lifetimes (its per-call set-up and graph
+    warm-up excluded, as our engine's start-up is); `call_seconds` is the whole call."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=w.max_new_tokens, do_sample=False)
+    cb = ContinuousBatchingConfig(allow_block_sharing=block_sharing)
+    t0 = time.perf_counter()
+    outs = model.generate_batch(
+        inputs=w.prompts, generation_config=gen, continuous_batching_config=cb
+    )
+    call = time.perf_counter() - t0
+    done = list(outs.values())
+    errors = [o.error for o in done if o.error]
+    start = min(o.created_time for o in done)
+    dt = max(o.lifespan[1] for o in done) - start
+    out_tokens = sum(len(o.generated_tokens) for o in done)
+    return {
+        "seconds": dt,
+        "call_seconds": call,
+        "output_tokens": out_tokens,
+        "output_tok_per_s": out_tokens / dt,
+        "req_per_s": len(w.prompts) / dt,
+        "api": "generate_batch",
+        "block_sharing": block_sharing,
+        "errors": errors[:3],
+    }
+
+
+def dummy_hf_model(preset: str, device: str, dtype: torch.dtype, seed: int = 0) -> Any:
+    """transformers' LlamaForCausalLM holding the engine's dummy weights (same preset and
+    seed). eos_token_id stays None, so generation never stops early (like ignore_eos)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from radixmesh.worker.model import dummy
+
+    arch = dummy.preset_arch(preset)
+    config = LlamaConfig(
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        head_dim=arch.head_size,
+        rms_norm_eps=arch.rms_norm_eps,
+        max_position_embeddings=arch.max_position_embeddings,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": arch.rope_theta,
+            **(arch.rope_scaling or {}),
+        },
+        eos_token_id=None,
+    )
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(config, dtype=dtype)
+    weights = dict(dummy.iter_dummy_weights(arch, dtype=dtype, device=device, seed=seed))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if arch.tie_word_embeddings else set()
+    assert not unexpected and set(missing) <= tied, (missing, unexpected)
+    return model.eval()
+
+
 def load_hf_model(spec: str, device: str, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
@@ -183,6 +248,8 @@ def load_hf_model(spec: str, device: str, dtype: torch.dtype) -> Any:
     from radixmesh.worker.model.loader import resolve_model
 
     src = resolve_model(spec)
+    if src.kind == "dummy":
+        return dummy_hf_model(src.preset or "", device, dtype)
     if src.kind == "gguf":
         path = str(ensure_converted(src.path or ""))
     elif src.kind == "hf":
@@ -229,6 +296,7 @@ def main() -> None:
     ap.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
     ap.add_argument("--max-running-requests", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256, help="0: no graphs")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -239,6 +307,7 @@ def main() -> None:
         kv_cache_bytes=args.kv_cache_bytes,
         max_running_requests=args.max_running_requests,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
     )
     rss_before = rss_bytes()
     engine = Engine(args.model, **common)
@@ -267,6 +336,8 @@ def main() -> None:
     off.shutdown()
     del off
     gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the baseline sizes its KV cache from free memory
 
     if not args.skip_baseline:
         device = (
@@ -284,9 +355,13 @@ def main() -> None:
         dtypes["transformers"] = str(dtype).replace("torch.", "")
         pad = hf.config.eos_token_id
         pad = pad[0] if isinstance(pad, list) else (pad or 0)
-        run_hf(hf, Workload("warm", workloads[0].prompts[:2], 4), pad, device)
-        for w in workloads:
-            results[w.name]["transformers"] = run_hf(hf, w, pad, device)
+        if device == "cuda":  # its continuous batching, which warms up inside each call
+            for w in workloads:
+                results[w.name]["transformers"] = run_hf_continuous(hf, w, block_sharing=False)
+        else:
+            run_hf(hf, Workload("warm", workloads[0].prompts[:2], 4), pad, device)
+            for w in workloads:
+                results[w.name]["transformers"] = run_hf(hf, w, pad, device)
 
     memory = {
         "rss_before_engine": rss_before,
@@ -303,6 +378,7 @@ def main() -> None:
         "benchmark": "offline",
         "model": args.model,
         "dtype_option": args.dtype,
+        "options": {k: v for k, v in common.items() if k not in ("device", "dtype")},
         "dtypes": dtypes,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": machine(),
