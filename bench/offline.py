@@ -339,6 +339,7 @@ def main() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the baseline sizes its KV cache from free memory
 
+    notes: list[str] = []
     if not args.skip_baseline:
         device = (
             "cuda"
@@ -356,8 +357,12 @@ def main() -> None:
         pad = hf.config.eos_token_id
         pad = pad[0] if isinstance(pad, list) else (pad or 0)
         if device == "cuda":  # its continuous batching, which warms up inside each call
-            for w in workloads:
-                results[w.name]["transformers"] = run_hf_continuous(hf, w, block_sharing=False)
+            # SIGINT (`timeout -s INT`) stops a slow baseline but keeps the figures so far.
+            try:
+                for w in workloads:
+                    results[w.name]["transformers"] = run_hf_continuous(hf, w, False)
+            except KeyboardInterrupt:
+                notes.append(f"transformers baseline interrupted during {w.name}")
         else:
             run_hf(hf, Workload("warm", workloads[0].prompts[:2], 4), pad, device)
             for w in workloads:
@@ -379,6 +384,7 @@ def main() -> None:
         "model": args.model,
         "dtype_option": args.dtype,
         "options": {k: v for k, v in common.items() if k not in ("device", "dtype")},
+        "notes": notes,
         "dtypes": dtypes,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": machine(),
