@@ -393,4 +393,6 @@ def _chunk(out: RequestOutput) -> dict[str, Any]:
     }
     if out.new_token_logprobs:
         chunk["output_token_logprobs"] = out.new_token_logprobs
+    if out.new_top_logprobs:
+        chunk["output_top_logprobs"] = out.new_top_logprobs
     return chunk
