@@ -84,6 +84,7 @@ def chunk_fields(c: common_pb2.GenerateChunk) -> dict[str, Any]:
         "completion_tokens": c.completion_tokens,
         "cached_tokens": c.cached_tokens,
         "logprobs": _logprobs(c.logprobs),
+        "top_logprobs": [_logprobs(t.tokens) for t in c.top_logprobs],
     }
     if c.HasField("finish"):
         fields["finish_reason"] = _FINISH.get(c.finish.reason)
@@ -101,7 +102,6 @@ def chunk_from_proto(c: common_pb2.GenerateChunk) -> Chunk:
 def completion_from_proto(c: common_pb2.GenerateChunk) -> Completion:
     return Completion(
         **chunk_fields(c),
-        top_logprobs=[_logprobs(t.tokens) for t in c.top_logprobs],
         input_logprobs=_logprobs(c.input_logprobs),
     )
 
@@ -115,6 +115,7 @@ def join_chunks(chunks: Sequence[Chunk]) -> Completion:
             "token_ids": [t for c in chunks for t in c.token_ids],
             "text": "".join(c.text for c in chunks),
             "logprobs": [lp for c in chunks for lp in c.logprobs],
+            "top_logprobs": [t for c in chunks for t in c.top_logprobs],
         }
     )
 

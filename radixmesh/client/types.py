@@ -27,13 +27,13 @@ class Chunk:
     matched_stop: str | int | None = None  # the stop string or token id that ended it
     finish_message: str = ""  # why it was aborted
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Completion(Chunk):
     """A whole generation (the non-streaming result)."""
 
-    top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
     input_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 

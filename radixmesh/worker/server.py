@@ -231,6 +231,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                             chunk["text"],
                             chunk["meta_info"],
                             chunk.get("output_token_logprobs", []),
+                            chunk.get("output_top_logprobs"),
                         )
                     )
             else:

@@ -159,7 +159,12 @@ def test_unary_generate_matches_engine(client: Client, engine: Engine) -> None:
 
 
 def test_streamed_generate_matches_engine(client: Client, engine: Engine) -> None:
-    params = {"temperature": 0.0, "max_new_tokens": 12, "return_logprob": True}
+    params = {
+        "temperature": 0.0,
+        "max_new_tokens": 12,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+    }
     chunks = list(client.generate("Once upon a time", params, stream=True))
     ref = _engine_out(engine, engine.tokenizer.encode("Once upon a time"), params)
     assert all(isinstance(c, Chunk) for c in chunks)
@@ -170,6 +175,12 @@ def test_streamed_generate_matches_engine(client: Client, engine: Engine) -> Non
     assert [lp.token_id for c in chunks for lp in c.logprobs] == ref["output_ids"]
     ref_lps = [lp for lp, _, _ in ref["meta_info"]["output_token_logprobs"]]
     assert [lp.logprob for c in chunks for lp in c.logprobs] == pytest.approx(ref_lps, abs=1e-4)
+    tops = [[t.token_id for t in top] for c in chunks for top in c.top_logprobs]
+    ref_tops = [[t for _, t, _ in top] for top in ref["meta_info"]["output_top_logprobs"]]
+    assert tops == ref_tops
+    assert [top[0] for top in tops] == ref["output_ids"]  # greedy: the best is the chosen
+    unary = client.generate("Once upon a time", params)
+    assert [[t.token_id for t in top] for top in unary.top_logprobs] == ref_tops
 
 
 def test_two_concurrent_streams(client: Client, engine: Engine) -> None:
