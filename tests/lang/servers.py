@@ -123,6 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
                 tokens = [tok.decode([t]) for t in pids]
                 offsets = [len(tok.decode(pids[:k])) for k in range(len(pids))]
                 lps = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]]
+                lps = [None] * (len(pids) - len(lps)) + lps  # a 1-token prompt gets none
                 choice["logprobs"] = {
                     "tokens": tokens,
                     "token_logprobs": lps,
@@ -143,6 +144,9 @@ class _Handler(BaseHTTPRequestHandler):
             prefill = messages.pop()["content"]
         prompt = self.engine.tokenizer.apply_chat_template(messages) + prefill
         params = _params(body, "max_tokens", "stop_sequences")
+        # Recent Messages API versions take no temperature; this server decodes greedily
+        # then, so tests can compare its answers with the engine's.
+        params.setdefault("temperature", 0.0)
         out = self.engine.generate(prompt, params)
         meta = out["meta_info"]
         stop = "max_tokens" if meta["finish_reason"]["type"] == "length" else "end_turn"

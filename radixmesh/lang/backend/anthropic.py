@@ -3,11 +3,13 @@
 Roles map to messages (a leading system message becomes the `system` field) and text
 already written into the assistant turn is sent as a prefill. The API returns no
 logprobs and takes no constraints, so `select`, regex / json_schema, n > 1 and the
-sampling knobs it lacks fail with a clear error.
+sampling knobs it lacks (in recent API versions: temperature, top_p, top_k too) fail
+with a clear error.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from radixmesh.errors import InvalidArgument
@@ -22,6 +24,8 @@ _MAPPED = {
     "top_k": "top_k",
     "stop": "stop_sequences",
 }
+# The API's own defaults: these values need not be sent.
+_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
 _NEUTRAL: dict[str, Any] = {
     "n": 1,
     "min_p": 0.0,
@@ -47,6 +51,9 @@ class Anthropic(Backend):
         self.client = anthropic.Anthropic(**client_kwargs)
         self.model_name = model_name
         self.chat_template = PLAIN
+        # Newer API versions dropped sampling fields (temperature, top_p, top_k): ask the
+        # installed client what it takes rather than send what the server would refuse.
+        self._accepted = set(inspect.signature(self.client.messages.create).parameters)
 
     def generate(self, ctx: Context, params: dict[str, Any]) -> GenResult:
         resp = self.client.messages.create(**self._request(ctx, params))
@@ -80,8 +87,12 @@ class Anthropic(Backend):
         request: dict[str, Any] = {"model": self.model_name}
         for key, field in _MAPPED.items():
             value = params.get(key)
-            if value is None or value in ([], ()) or (key == "top_k" and value == -1):
+            if value is None or value in ([], ()) or value == _DEFAULTS.get(key):
                 continue
+            if field not in self._accepted:
+                raise InvalidArgument(
+                    key, f"this version of the Anthropic Messages API takes no {field}"
+                )
             request[field] = list(value) if key == "stop" else value
         messages = list(ctx.messages)
         if messages and messages[0]["role"] == "system":
