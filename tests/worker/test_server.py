@@ -435,7 +435,8 @@ def test_metrics_scrape_is_promtool_clean(worker: WorkerProcess, client: Client)
 
 
 def test_sigterm_drains(worker: WorkerProcess, client: Client) -> None:
-    params = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}
+    # Long enough (~5 s on a 2-core CPU) to still be in flight while the checks below run.
+    params = {"temperature": 0.0, "max_new_tokens": 64, "ignore_eos": True}
     stream = client.generate("Once upon a time", params, stream=True)
     assert isinstance(stream, Iterator)
     chunks = [next(stream)]
@@ -446,8 +447,8 @@ def test_sigterm_drains(worker: WorkerProcess, client: Client) -> None:
         client.generate("new work", {"max_new_tokens": 1})
     assert "draining" in str(e.value)
     chunks += list(stream)  # the request in flight finishes normally
-    assert (chunks[-1].finish_reason, chunks[-1].completion_tokens) == ("length", 24)
-    assert sum(len(c.token_ids) for c in chunks) == 24
+    assert (chunks[-1].finish_reason, chunks[-1].completion_tokens) == ("length", 64)
+    assert sum(len(c.token_ids) for c in chunks) == 64
     assert worker.proc.wait(timeout=60) == 0
     assert "radixmesh worker stopped" in worker.logs()
 
