@@ -1,0 +1,98 @@
+"""Constrained requests through the scheduler step by step: slots stay accounted after
+every step, through jump-forward extends, retraction and the outlines backend."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from radixmesh.worker.request import FinishReason
+from tests.worker.constrained.schemas import SCHEMAS
+from tests.worker.factories import (
+    all_free_after_flush,
+    make_request,
+    make_worker,
+    run_to_completion,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def text_of(worker: object, req: object) -> str:
+    return worker.tokenizer.decode(req.output_ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "outlines"])
+def test_memory_pressure_retracts_and_outputs_stay_valid(
+    smollm2_gguf: object, backend: str
+) -> None:
+    # 64 slots for four distinct 15-token prompts with ~11-token outputs, admitted with no
+    # reservation for their outputs: retraction must happen.
+    worker = make_worker(
+        "smollm2", kv_cache_tokens=64, new_token_ratio=0.0, grammar_backend=backend
+    )
+    schema = SCHEMAS["flat_person"]
+    reqs = [
+        make_request(
+            worker,
+            worker.tokenizer.encode(f"Person {i}: write a JSON record with a name and an age."),
+            max_new_tokens=60,
+            json_schema=json.dumps(schema),
+        )
+        for i in range(4)
+    ]
+    for r in reqs:
+        worker.grammars.validate(r.params)
+        worker.scheduler.add_request(r)
+    run_to_completion(worker)  # asserts the slot accounting after every step
+    assert worker.scheduler.stats().num_retractions > 0
+    for r in reqs:
+        assert r.finish_reason is FinishReason.STOP
+        jsonschema.validate(json.loads(text_of(worker, r)), schema)
+        assert r.grammar.num_forced_tokens > 0
+    assert all_free_after_flush(worker)
+
+
+def test_outlines_regex_and_choices(smollm2_gguf: object) -> None:
+    worker = make_worker("smollm2", grammar_backend="outlines")
+    prompt = worker.tokenizer.encode("Order number:")
+    a = make_request(worker, prompt, max_new_tokens=20, regex=r"ORD-[0-9]{4}-[A-Z]{2}")
+    b = make_request(worker, prompt, max_new_tokens=20, choices=["shipped", "pending"])
+    for r in (a, b):
+        worker.grammars.validate(r.params)
+        worker.scheduler.add_request(r)
+    run_to_completion(worker)
+    assert re.fullmatch(r"ORD-[0-9]{4}-[A-Z]{2}", text_of(worker, a))
+    assert text_of(worker, b) in ("shipped", "pending")
+    assert a.grammar.num_forced_tokens > 0  # "ORD-" is forced
+    assert all_free_after_flush(worker)
+
+
+def test_admission_waits_for_the_compile(smollm2_gguf: object) -> None:
+    """A request whose grammar still compiles is skipped; others run meanwhile."""
+    worker = make_worker("smollm2")
+    gate = worker.grammars.cache  # build the backend, then hold its compile
+    import threading
+
+    release = threading.Event()
+    compile_ = gate.backend.compile
+
+    def held(kind: str, text: str) -> object:
+        release.wait(10)
+        return compile_(kind, text)
+
+    gate.backend.compile = held  # type: ignore[method-assign]
+    prompt = worker.tokenizer.encode("Number:")
+    slow = make_request(worker, prompt, max_new_tokens=8, regex="[0-9]{3}")
+    free = make_request(worker, prompt, max_new_tokens=3)
+    worker.scheduler.add_request(slow)
+    worker.scheduler.add_request(free)
+    for _ in range(4):
+        worker.scheduler.step()
+    assert free.finished and not slow.admitted
+    release.set()
+    run_to_completion(worker)
+    assert re.fullmatch("[0-9]{3}", text_of(worker, slow))
