@@ -1,0 +1,255 @@
+"""JSON decoding with compressed-FSM jump-forward: on vs off (the SGLang paper's workload).
+
+Workload: extract 5 fields of a short document into a fixed JSON template, for many
+documents, constrained by a JSON schema (or the equivalent regex, `--constraint regex`),
+greedy. The same engine runs the batch twice, jump-forward on then off (the radix cache is
+flushed in between, the grammar is compiled before either run), and reports requests/s,
+decode steps, and the share of output tokens that were forced (appended without a decode
+step).
+
+Mask overhead: the time to fill one bitmask for B constrained rows and apply it to
+`[B, V]` logits, against one unconstrained decode step at batch B.
+
+Prints a summary and writes JSON to bench/results/ (machine, date, versions, figures).
+CPU:  `.venv/bin/python bench/json_decode.py`
+GPU:  `python bench/json_decode.py --documents 256 --mask-batch 64 --dtype bfloat16`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from offline import machine, versions
+
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.constrained.bitmask import TokenBitmask
+from radixmesh.worker.engine import Engine
+from radixmesh.worker.request import Request
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+NAME = {"type": "string", "maxLength": 24}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "full_name_of_the_person": NAME,
+        "city_where_the_person_lives": NAME,
+        "age_of_the_person_in_years": {"type": "integer", "minimum": 0, "maximum": 120},
+        "profession_of_the_person": NAME,
+        "favorite_programming_language": NAME,
+    },
+    "required": [
+        "full_name_of_the_person",
+        "city_where_the_person_lives",
+        "age_of_the_person_in_years",
+        "profession_of_the_person",
+        "favorite_programming_language",
+    ],
+    "additionalProperties": False,
+}
+_STR = r'"[A-Za-z ]{1,24}"'
+REGEX = (
+    r'\{"full_name_of_the_person": '
+    + _STR
+    + r', "city_where_the_person_lives": '
+    + _STR
+    + r', "age_of_the_person_in_years": (0|[1-9][0-9]?), "profession_of_the_person": '
+    + _STR
+    + r', "favorite_programming_language": '
+    + _STR
+    + r"\}"
+)
+
+FIRST = ["Alice", "Bruno", "Chen", "Dana", "Emeka", "Farah", "Goran", "Hana", "Ivan", "Jade"]
+LAST = ["Smith", "Rossi", "Wang", "Cohen", "Okafor", "Haddad", "Novak", "Sato", "Petrov", "Lee"]
+CITIES = ["Paris", "Lagos", "Osaka", "Lima", "Oslo", "Cairo", "Quito", "Seoul", "Perth", "Rome"]
+JOBS = ["nurse", "pilot", "chef", "teacher", "plumber", "lawyer", "farmer", "architect"]
+LANGS = ["Python", "Rust", "Go", "Haskell", "Java", "OCaml", "Kotlin", "Zig"]
+
+
+def documents(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        name = f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+        docs.append(
+            f"{name} is a {rng.randint(20, 70)}-year-old {rng.choice(JOBS)} living in "
+            f"{rng.choice(CITIES)}. In their spare time they write {rng.choice(LANGS)} code."
+        )
+    return docs
+
+
+def prompts(engine: Engine, docs: list[str]) -> list[str]:
+    return [
+        engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Extract the person's details as JSON.\n\n{d}"}]
+        )
+        for d in docs
+    ]
+
+
+def run(engine: Engine, texts: list[str], params: dict[str, Any], jump: bool) -> dict[str, Any]:
+    engine.worker.grammars.jump_forward = jump
+    assert engine.flush_cache()
+    steps0 = engine.get_stats().num_steps
+    t0 = time.perf_counter()
+    outs = engine.generate(texts, [params] * len(texts))
+    elapsed = time.perf_counter() - t0
+    assert isinstance(outs, list)
+    steps = engine.get_stats().num_steps - steps0
+    metas = [o["meta_info"] for o in outs]
+    completion = sum(m["completion_tokens"] for m in metas)
+    forced = sum(m["forced_tokens"] for m in metas)
+    valid = 0
+    for o in outs:
+        try:
+            obj = json.loads(o["text"])
+            valid += set(obj) == set(SCHEMA["required"])
+        except json.JSONDecodeError:
+            pass
+    return {
+        "jump_forward": jump,
+        "requests": len(texts),
+        "seconds": elapsed,
+        "requests_per_s": len(texts) / elapsed,
+        "output_tokens_per_s": completion / elapsed,
+        "engine_steps": steps,
+        "completion_tokens": completion,
+        "forced_tokens": forced,
+        "forced_share": forced / completion if completion else 0.0,
+        "decode_steps_per_request": sum(m["decode_steps"] for m in metas) / len(metas),
+        "valid_json": valid,
+        "example": outs[0]["text"],
+    }
+
+
+def mask_overhead(
+    engine: Engine, texts: list[str], constraint: dict[str, Any], batch: int, repeats: int
+) -> dict[str, Any]:
+    """Fill + apply of one bitmask for `batch` rows vs one unconstrained decode step."""
+    texts = (texts * (batch // len(texts) + 1))[:batch]
+    mgr = engine.worker.grammars
+    params = SamplingParams(**constraint)
+    mgr.validate(params)
+    reqs = [Request(rid=f"m{i}", prompt_ids=[1], params=params) for i in range(batch)]
+    for r in reqs:
+        mgr.attach(r)
+        assert not mgr.pending(r)
+    vocab = engine.worker.arch.vocab_size
+    device = engine.worker.device
+    logits = torch.randn(batch, vocab, device=device)
+    fill = apply = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        bits = mgr.fill_bitmask(reqs)
+        t1 = time.perf_counter()
+        TokenBitmask(bits, list(range(batch))).apply_(logits)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        fill += t1 - t0
+        apply += t2 - t1
+    plain = {"temperature": 0, "ignore_eos": True}
+    engine.generate(texts, {**plain, "max_new_tokens": 1})  # warm-up
+    assert engine.flush_cache()
+    t0 = time.perf_counter()
+    engine.generate(texts, {**plain, "max_new_tokens": 1})
+    prefill = time.perf_counter() - t0
+    assert engine.flush_cache()
+    new = 17
+    t0 = time.perf_counter()
+    engine.generate(texts, {**plain, "max_new_tokens": new})
+    step = (time.perf_counter() - t0 - prefill) / (new - 1)
+    per_step = (fill + apply) / repeats
+    return {
+        "batch": batch,
+        "fill_ms": 1e3 * fill / repeats,
+        "apply_ms": 1e3 * apply / repeats,
+        "unconstrained_decode_step_ms": 1e3 * step,
+        "overhead_share": per_step / step,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--documents", type=int, default=32)
+    ap.add_argument("--max-running-requests", type=int, default=32)
+    ap.add_argument("--constraint", choices=["json_schema", "regex"], default="json_schema")
+    ap.add_argument("--mask-batch", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    engine = Engine(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_running_requests=max(args.max_running_requests, args.mask_batch),
+        kv_cache_bytes=1 << 30,
+    )
+    try:
+        text = json.dumps(SCHEMA) if args.constraint == "json_schema" else REGEX
+        constraint = {args.constraint: text}
+        params = {"temperature": 0, "max_new_tokens": args.max_new_tokens, **constraint}
+        texts = prompts(engine, documents(args.documents))
+        engine.generate(texts[:2], params)  # compile the grammar, warm up
+        on = run(engine, texts, params, jump=True)
+        off = run(engine, texts, params, jump=False)
+        overhead = mask_overhead(engine, texts, constraint, args.mask_batch, repeats=20)
+    finally:
+        engine.shutdown()
+
+    report = {
+        "benchmark": "json_decode",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(),
+        "versions": versions(),
+        "args": vars(args),
+        "dtype": str(engine.worker.dtype),
+        "jump_forward_on": on,
+        "jump_forward_off": off,
+        "throughput_ratio_on_vs_off": on["requests_per_s"] / off["requests_per_s"],
+        "engine_steps_ratio_off_vs_on": off["engine_steps"] / max(on["engine_steps"], 1),
+        "mask_overhead": overhead,
+    }
+    for r in (on, off):
+        print(
+            f"jump_forward={r['jump_forward']!s:5}  {r['requests_per_s']:.2f} req/s  "
+            f"steps={r['engine_steps']}  decode steps/req={r['decode_steps_per_request']:.1f}  "
+            f"forced share={r['forced_share']:.2f}  valid={r['valid_json']}/{r['requests']}"
+        )
+    print(f"throughput ratio on/off: {report['throughput_ratio_on_vs_off']:.2f}x")
+    step_ms = overhead["unconstrained_decode_step_ms"]
+    print(
+        f"mask at batch {overhead['batch']}: fill {overhead['fill_ms']:.2f} ms + apply "
+        f"{overhead['apply_ms']:.2f} ms vs decode step {step_ms:.1f} ms "
+        f"({100 * overhead['overhead_share']:.1f}%)"
+    )
+    print(f"example: {on['example']}")
+    tag = "gpu" if torch.cuda.is_available() else "cpu"
+    RESULTS.mkdir(exist_ok=True)
+    path = (
+        Path(args.out)
+        if args.out
+        else RESULTS / f"json_decode-{tag}-{time.strftime('%Y%m%d')}.json"
+    )
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
