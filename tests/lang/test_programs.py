@@ -204,3 +204,51 @@ def test_run_async_and_text_async_iter(backend: Engine) -> None:
     assert "".join(pieces) == states[0]["answer_1"]
     assert all(st.error() is None for st in states)
     assert_idle(backend)
+
+
+def test_n_copy_bind_and_flush(backend: Engine) -> None:
+    @sgl.function
+    def prog(s, topic):
+        s += f"Three words about {topic}:" + sgl.gen("words", max_tokens=4, n=2, temperature=0)
+
+    s = prog.bind(topic="cats").run()
+    assert s["words"][0] == s["words"][1] and len(s["words"]) == 2  # greedy twice
+    assert s.text() == "Three words about cats:"  # n > 1 appends nothing
+    copy = s.copy()
+    copy += " dogs"
+    assert copy.text() == "Three words about cats: dogs"
+    assert s.text() == "Three words about cats:"
+    assert sgl.flush_cache() is True
+    assert backend.get_stats().cache_size == 0
+    assert_idle(backend)
+
+
+@sgl.function
+def typed(s):
+    s += "Q: How many legs does a spider have? A: " + sgl.gen_int("legs", max_tokens=4)
+    s += "\nQ: Name a color in quotes. A: " + sgl.gen_string("color", max_tokens=8)
+    s += "\nJSON: " + sgl.gen(
+        "obj",
+        max_tokens=40,
+        json_schema={
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+        },
+    )
+
+
+def test_gen_int_string_and_json_schema(backend: Engine) -> None:
+    """Pass-through constraints, decoded by the engine's constrained decoding."""
+    import json
+
+    s = typed.run(temperature=0)
+    err = s.error()
+    if err is not None and "support" in str(err):
+        pytest.skip(f"the engine does not support this constraint yet: {err}")
+    assert err is None
+    assert re.fullmatch(r"[-+]?[0-9]+", s["legs"])
+    assert re.fullmatch(r'"[^"\\\n]*"', s["color"])
+    obj = json.loads(s["obj"])
+    assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+    assert_idle(backend)
