@@ -164,8 +164,8 @@ class ProgramStateGroup:
         """Wait for every branch and bring its results to the source state.
 
         gather_variable: each variable a branch created becomes a list (one value per
-        branch) on the source state. concate_and_append: the text every branch added is
-        appended to the source state, in branch order."""
+        branch) on the source state, and so does its meta_info. concate_and_append: the
+        text every branch added is appended to the source state, in branch order."""
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(
                 f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}"
@@ -199,4 +199,6 @@ class ProgramStateGroup:
                     "give the branches' variables names of their own"
                 )
         for name in names:
-            src.variables[name] = [s.stream_executor.variables.get(name) for s in self.states]
+            branches = [s.stream_executor for s in self.states]
+            src.variables[name] = [b.variables.get(name) for b in branches]
+            src.meta_info[name] = [b.meta_info.get(name, {}) for b in branches]
