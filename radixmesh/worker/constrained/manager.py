@@ -31,7 +31,7 @@ from radixmesh.worker.constrained.compile_cache import CompileCache
 from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError, Matcher
 from radixmesh.worker.constrained.jump_forward import apply_jump, retokenize
 from radixmesh.worker.constrained.registry import create_grammar_backend
-from radixmesh.worker.constrained.token_bytes import vocab_bytes
+from radixmesh.worker.constrained.vocab import vocab_of
 from radixmesh.worker.request import FinishReason, Request
 
 _LABELS = {
@@ -118,15 +118,12 @@ class GrammarManager:
             return self._cache
 
     def _build_cache(self) -> CompileCache:
-        hf = getattr(self.tokenizer, "hf_tokenizer", None)
-        if hf is None:
-            raise GrammarError("constrained decoding needs the model's Hugging Face tokenizer")
-        backend: GrammarBackend = create_grammar_backend(
-            self.backend_name, hf, self.vocab_size, self.stop_token_ids
-        )
-        self._token_bytes = vocab_bytes(hf, self.vocab_size)
-        key = f"{getattr(hf, 'name_or_path', '')}:{len(hf)}:{self.vocab_size}"
-        return CompileCache(backend, key, max_workers=self.compile_threads)
+        vocab = vocab_of(self.tokenizer, self.vocab_size, self.stop_token_ids)
+        if vocab is None:
+            raise GrammarError("constrained decoding needs a tokenizer whose token bytes are known")
+        backend: GrammarBackend = create_grammar_backend(self.backend_name, vocab)
+        self._token_bytes = vocab.token_bytes
+        return CompileCache(backend, vocab.name, max_workers=self.compile_threads)
 
     def compile(self, kind: str, text: str) -> Future[Any]:
         return self.cache.get(kind, text)

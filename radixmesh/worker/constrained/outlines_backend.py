@@ -20,7 +20,7 @@ from radixmesh.worker.constrained.grammar import (
     Matcher,
     choices_regex,
 )
-from radixmesh.worker.constrained.token_bytes import vocab_bytes
+from radixmesh.worker.constrained.vocab import Vocab
 
 # Above this many allowed tokens the next text is not forced (skip the prefix scan).
 _FORCED_SCAN_LIMIT = 64
@@ -75,12 +75,12 @@ class OutlinesMatcher(Matcher):
 class OutlinesBackend(GrammarBackend):
     name = "outlines"
 
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
-        self._eos = stop_token_ids[0]
-        self._bytes = vocab_bytes(hf_tokenizer, vocab_size)
+    def __init__(self, vocab: Vocab) -> None:
+        self._eos = vocab.stop_token_ids[0]
+        self._bytes = vocab.token_bytes
         table: dict[bytes, list[int]] = {}
         for i, b in enumerate(self._bytes):
-            if b is not None and i not in stop_token_ids:
+            if b is not None and i not in vocab.stop_token_ids:
                 table.setdefault(b, []).append(i)
         self._vocab = oc.Vocabulary(self._eos, table)
 

@@ -21,6 +21,7 @@ from radixmesh.worker.constrained.grammar import (
     Matcher,
     choices_regex,
 )
+from radixmesh.worker.constrained.vocab import Vocab
 
 # xgrammar prefixes messages with "[hh:mm:ss] /path/file.cc:123: "; the rest is the reason.
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: .*? is false: )?")
@@ -49,10 +50,18 @@ class XGrammarMatcher(Matcher):
 class XGrammarBackend(GrammarBackend):
     name = "xgrammar"
 
-    def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
-        info = xgr.TokenizerInfo.from_huggingface(
-            hf_tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
-        )
+    def __init__(self, vocab: Vocab) -> None:
+        if vocab.hf_tokenizer is not None:
+            info = xgr.TokenizerInfo.from_huggingface(
+                vocab.hf_tokenizer, vocab_size=vocab.vocab_size, stop_token_ids=vocab.stop_token_ids
+            )
+        else:  # raw bytes; empty entries are special tokens to xgrammar
+            info = xgr.TokenizerInfo(
+                [b or b"" for b in vocab.token_bytes],
+                xgr.VocabType.RAW,
+                vocab_size=vocab.vocab_size,
+                stop_token_ids=vocab.stop_token_ids,
+            )
         # Our own cache (compile_cache.py) keeps compiled grammars; one compile thread
         # per call is enough on the worker's pool.
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)

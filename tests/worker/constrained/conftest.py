@@ -8,6 +8,7 @@ import pytest
 from radixmesh.tokenizer import Tokenizer
 from radixmesh.worker.constrained.grammar import GrammarBackend
 from radixmesh.worker.constrained.registry import create_grammar_backend
+from radixmesh.worker.constrained.vocab import vocab_of
 from radixmesh.worker.engine import Engine
 
 VOCAB = 49152
@@ -25,7 +26,9 @@ def tok(smollm2_gguf: Path) -> Tokenizer:
 
 @pytest.fixture(scope="session", params=["xgrammar", "outlines"])
 def backend(request: pytest.FixtureRequest, tok: Tokenizer) -> GrammarBackend:
-    return create_grammar_backend(request.param, tok.hf_tokenizer, VOCAB, [EOS])
+    vocab = vocab_of(tok, VOCAB, [EOS])
+    assert vocab is not None
+    return create_grammar_backend(request.param, vocab)
 
 
 @pytest.fixture

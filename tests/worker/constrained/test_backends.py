@@ -10,6 +10,8 @@ import torch
 from radixmesh.tokenizer import Tokenizer
 from radixmesh.worker.constrained.bitmask import allocate_bitmask, unpack_bitmask
 from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError, choices_regex
+from radixmesh.worker.constrained.registry import create_grammar_backend
+from radixmesh.worker.constrained.vocab import Vocab, vocab_of
 from tests.worker.constrained.conftest import EOS, VOCAB
 
 
@@ -45,9 +47,7 @@ def test_forced_string_of_a_literal_prefix(backend: GrammarBackend) -> None:
 
 
 def test_xgrammar_forces_whole_json_keys(tok: Tokenizer) -> None:
-    from radixmesh.worker.constrained.registry import create_grammar_backend
-
-    xg = create_grammar_backend("xgrammar", tok.hf_tokenizer, VOCAB, [EOS])
+    xg = create_grammar_backend("xgrammar", vocab_of(tok, VOCAB, [EOS]))  # type: ignore[arg-type]
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     m = xg.matcher(xg.compile("json_schema", json.dumps(schema)))
     assert m.jump_forward_string() == '{"name": "'
@@ -70,15 +70,26 @@ def test_bad_regex_raises_grammar_error(backend: GrammarBackend) -> None:
 
 
 def test_outlines_has_no_ebnf(tok: Tokenizer) -> None:
-    from radixmesh.worker.constrained.registry import create_grammar_backend
-
-    oc = create_grammar_backend("outlines", tok.hf_tokenizer, VOCAB, [EOS])
+    oc = create_grammar_backend("outlines", vocab_of(tok, VOCAB, [EOS]))  # type: ignore[arg-type]
     with pytest.raises(GrammarError, match="does not support ebnf"):
         oc.compile("ebnf", 'root ::= "a"')
 
 
 def test_unknown_backend_name() -> None:
-    from radixmesh.worker.constrained.registry import create_grammar_backend
-
     with pytest.raises(ValueError, match="unknown grammar backend 'lark'"):
-        create_grammar_backend("lark", None, VOCAB, [EOS])
+        create_grammar_backend("lark", Vocab([None] * VOCAB, [EOS]))
+
+
+@pytest.mark.parametrize("name", ["xgrammar", "outlines"])
+def test_byte_tokenizer_vocab(name: str) -> None:
+    """dummy: models (ids 0..255 = bytes): grammars work on them too."""
+    from radixmesh.tokenizer import ByteTokenizer
+
+    vocab = vocab_of(ByteTokenizer(300, eos_token_ids=[299]), 300, [299])
+    assert vocab is not None and vocab.token_bytes[97] == b"a" and vocab.token_bytes[256] is None
+    backend = create_grammar_backend(name, vocab)
+    m = backend.matcher(backend.compile("regex", "ab[0-9]"))
+    assert m.jump_forward_string().startswith("a")
+    bits = allocate_bitmask(1, 300)
+    m.fill_bitmask(bits, 0)
+    assert torch.nonzero(unpack_bitmask(bits, 300)[0]).view(-1).tolist() == [97]

@@ -109,9 +109,9 @@ def test_compile_cache_shares_futures_and_caches_failures() -> None:
     assert (mgr.cache.hits, mgr.cache.misses) == (2, 3)
 
 
-def test_no_hf_tokenizer_is_invalid_argument() -> None:
+def test_unknown_token_bytes_is_invalid_argument() -> None:
     mgr = GrammarManager(object(), 32, [0])
     with pytest.raises(InvalidArgument) as err:
         mgr.validate(SamplingParams(regex="a"))
     assert err.value.field == "regex"
-    assert "needs the model's Hugging Face tokenizer" in err.value.message
+    assert "needs a tokenizer whose token bytes are known" in err.value.message

@@ -96,3 +96,21 @@ def test_admission_waits_for_the_compile(smollm2_gguf: object) -> None:
     release.set()
     run_to_completion(worker)
     assert re.fullmatch("[0-9]{3}", text_of(worker, slow))
+
+
+def test_dummy_model_with_byte_tokenizer() -> None:
+    """Random weights, bytes as tokens: the grammar alone makes the output match."""
+    worker = make_worker()  # dummy:tiny
+    prompt = worker.tokenizer.encode("id: ")
+    reqs = [
+        make_request(worker, prompt, max_new_tokens=40, regex=r"user-[0-9]{4}-(ok|fail)"),
+        make_request(worker, prompt, max_new_tokens=40, temperature=1.0, regex=r"[a-c]{3}x{3}"),
+    ]
+    for r in reqs:
+        worker.grammars.validate(r.params)
+        worker.scheduler.add_request(r)
+    run_to_completion(worker)
+    assert re.fullmatch(r"user-[0-9]{4}-(ok|fail)", text_of(worker, reqs[0]))
+    assert re.fullmatch(r"[a-c]{3}x{3}", text_of(worker, reqs[1]))
+    assert reqs[0].grammar.num_forced_tokens >= len("user-")
+    assert all_free_after_flush(worker)

@@ -1,15 +1,47 @@
-"""The bytes each token id stands for, from a Hugging Face tokenizer's vocabulary.
+"""A model's vocabulary as grammars see it: the bytes each token id stands for.
 
 Grammars work on bytes; tokenizers store tokens in their own encodings: byte-level BPE
 (GPT-2, Llama 3, SmolLM2) maps every byte to a printable character, SentencePiece writes
-spaces as "▁" and raw bytes as "<0xNN>". Special tokens have no bytes (None): a grammar
-never allows them as text.
+spaces as "▁" and raw bytes as "<0xNN>", and the `ByteTokenizer` of `dummy:` models is
+ids 0..255 = bytes. Special tokens have no bytes (None): a grammar never allows them as text.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
+
+from radixmesh.tokenizer import ByteTokenizer
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """What a grammar backend is built from."""
+
+    token_bytes: list[bytes | None]  # [vocab_size]
+    stop_token_ids: list[int]
+    hf_tokenizer: Any = None  # when the model has one (xgrammar reads its metadata)
+    name: str = ""  # identifies the tokenizer in compile-cache keys
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.token_bytes)
+
+
+def vocab_of(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> Vocab | None:
+    """The Vocab of a radixmesh tokenizer; None when its token bytes are unknown."""
+    hf = getattr(tokenizer, "hf_tokenizer", None)
+    if hf is not None:
+        name = f"hf:{getattr(hf, 'name_or_path', '')}:{len(hf)}:{vocab_size}"
+        return Vocab(vocab_bytes(hf, vocab_size), stop_token_ids, hf, name)
+    if isinstance(tokenizer, ByteTokenizer):
+        special = set(stop_token_ids) | {tokenizer.bos_token_id}
+        table = [None if i in special else bytes([i]) for i in range(256)]
+        token_bytes: list[bytes | None] = [*table, *([None] * (vocab_size - 256))]
+        return Vocab(token_bytes, stop_token_ids, None, f"bytes:{vocab_size}")
+    return None
+
 
 _SPIECE_SPACE = "▁"
 
