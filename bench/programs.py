@@ -1,0 +1,179 @@
+"""The frontend language's programs at larger counts, radix cache on vs off.
+
+Programs (the shapes of the SGLang paper and tests/lang/): multi-turn chat, fork/join tip
+suggestion (5 branches), 2-level tree of thought, an LLM judge over 3 dimensions,
+few-shot select, regex extraction, and a shared-template batch. Each runs `--count`
+times through `run_batch` on the in-process engine, once with the radix cache and once
+without (`disable_radix_cache=True`), greedy, on the same weights.
+
+Reports programs/s and the cache hit rate (cached prompt tokens / prompt tokens) per
+program and the on/off ratios; writes JSON to bench/results/programs-<device>-<date>.json.
+Run: `.venv/bin/python bench/programs.py [--count 16] [--programs tips,judge]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import radixmesh as sgl
+from radixmesh.worker.engine import Engine
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TOPICS = ["sleep", "tea", "running", "reading", "cooking", "music", "travel", "gardening"]
+COUNTRIES = ["France", "Germany", "Italy", "Spain", "Japan", "China", "Egypt", "Peru"]
+
+
+@sgl.function
+def multi_turn(s, i):
+    s += sgl.system("You are a concise assistant. Answer in one sentence.")
+    s += sgl.user(f"What is the capital of {COUNTRIES[i % 8]}?")
+    s += sgl.assistant(sgl.gen("a1", max_tokens=16))
+    s += sgl.user("What is it famous for?")
+    s += sgl.assistant(sgl.gen("a2", max_tokens=16))
+
+
+@sgl.function
+def tips(s, i):
+    s += "Here are five tips for a good life: sleep well, drink water, walk daily, "
+    s += f"eat vegetables, call friends. Topic: {TOPICS[i % 8]}.\n\n"
+    forks = s.fork(5)
+    for j, f in enumerate(forks):
+        f += f"Expand tip {j + 1} into one sentence:" + sgl.gen("tip", max_tokens=12)
+    forks.join()
+    s += "Summary:" + sgl.gen("summary", max_tokens=8)
+
+
+@sgl.function
+def tree_of_thought(s, i):
+    s += f"Question: how many legs do {i + 2} cats have? Think in steps.\n"
+    for a, first in enumerate(s.fork(2)):
+        first += f"Approach {a + 1}:" + sgl.gen("plan", max_tokens=8) + "\n"
+        for b, second in enumerate(first.fork(2)):
+            second += f"Step {b + 1}:" + sgl.gen("step", max_tokens=8)
+    s += "Answer:" + sgl.gen("answer", max_tokens=6)
+
+
+@sgl.function
+def judge(s, i):
+    s += "You are an essay judge. Rate each dimension of the essay as good or bad.\n"
+    s += f"Essay: My favourite hobby is {TOPICS[i % 8]}. It makes me happy every day.\n"
+    forks = s.fork(3)
+    for f, dim in zip(forks, ["clarity", "grammar", "relevance"], strict=True):
+        f += f"{dim}:" + sgl.select("v", choices=[" good", " bad"])
+    forks.join()
+
+
+FEW_SHOT = "".join(
+    f"Q: What is the capital of {c}? A: {a}\n"
+    for c, a in [("France", "Paris"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Peru", "Lima")]
+)
+
+
+@sgl.function
+def few_shot_select(s, i):
+    s += FEW_SHOT + f"Q: What is the capital of {COUNTRIES[i % 8]}? A:"
+    s += sgl.select("city", choices=[" Berlin", " Tokyo", " Cairo", " Beijing", " Paris"])
+
+
+@sgl.function
+def regex_extraction(s, i):
+    s += "Extract the phone number from the text.\n"
+    s += f"Text: Call office {i} at 555-{1000 + i} before noon.\nPhone: "
+    s += sgl.gen("phone", regex=r"[0-9]{3}-[0-9]{4}", max_tokens=10)
+
+
+@sgl.function
+def batch_template(s, i):
+    s += sgl.system(
+        "You are a geography tutor. You answer every question in exactly one short sentence "
+        "and you never add anything else to your answer."
+    )
+    s += sgl.user(f"Name one river in {COUNTRIES[i % 8]}.")
+    s += sgl.assistant(sgl.gen("river", max_tokens=12))
+
+
+PROGRAMS: dict[str, Callable[..., Any]] = {
+    "multi_turn": multi_turn,
+    "tips_fork5": tips,
+    "tree_of_thought": tree_of_thought,
+    "judge_3": judge,
+    "few_shot_select": few_shot_select,
+    "regex_extraction": regex_extraction,
+    "batch_template": batch_template,
+}
+
+
+def run(engine: Engine, name: str, count: int) -> dict[str, Any]:
+    program = PROGRAMS[name]
+    engine.flush_cache()
+    before = engine.get_stats()
+    start = time.perf_counter()
+    states = program.run_batch([{"i": i} for i in range(count)], temperature=0)  # type: ignore[attr-defined]
+    seconds = time.perf_counter() - start
+    errors = [str(st.error()) for st in states if st.error() is not None]
+    after = engine.get_stats()
+    prompt = after.prompt_tokens - before.prompt_tokens
+    hits = after.cache_hit_tokens - before.cache_hit_tokens
+    return {
+        "programs": count,
+        "seconds": round(seconds, 3),
+        "programs_per_s": round(count / seconds, 3),
+        "prompt_tokens": prompt,
+        "cached_tokens": hits,
+        "cache_hit_rate": round(hits / prompt, 4) if prompt else 0.0,
+        "errors": errors[:3],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--count", type=int, default=16)
+    ap.add_argument("--programs", default=",".join(PROGRAMS))
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    names = args.programs.split(",")
+    results: dict[str, dict[str, Any]] = {name: {} for name in names}
+    for mode, disable in (("cache_on", False), ("cache_off", True)):
+        engine = Engine(args.model, device=args.device, disable_radix_cache=disable)
+        sgl.set_default_backend(engine)
+        run(engine, names[0], 2)  # warm-up
+        for name in names:
+            results[name][mode] = r = run(engine, name, args.count)
+            print(
+                f"{mode:9s} {name:18s} {r['programs_per_s']:7.2f} programs/s  "
+                f"hit rate {r['cache_hit_rate']:.2f}  errors {len(r['errors'])}",
+                flush=True,
+            )
+        engine.shutdown()
+    for r in results.values():
+        on, off = r["cache_on"], r["cache_off"]
+        r["speedup_cache_on_vs_off"] = round(on["programs_per_s"] / off["programs_per_s"], 3)
+    out = {
+        "benchmark": "programs",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {"platform": platform.platform(), "processor": platform.processor()},
+        "model": args.model,
+        "device": args.device,
+        "count": args.count,
+        "results": results,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"programs-{args.device}-{time.strftime('%Y%m%d')}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    for name, r in results.items():
+        print(f"{name:18s} cache on/off: {r['speedup_cache_on_vs_off']:.2f}x")
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
