@@ -59,6 +59,11 @@ class _StatsCollector(Collector):
             ("radixmesh_generation_tokens", "Tokens generated.", s.generated_tokens),
             ("radixmesh_num_preemptions", "Requests retracted to free KV memory.",
              s.num_retractions),
+            ("radixmesh_constrained_requests", "Requests with a regex/JSON/EBNF/choices rule.",
+             s.constrained_requests),
+            ("radixmesh_jump_forward_tokens",
+             "Output tokens a grammar forced, appended without a decode step.",
+             s.jump_forward_tokens),
         )  # fmt: skip
         for name, doc, value in counters:
             yield CounterMetricFamily(name, doc, value=value)

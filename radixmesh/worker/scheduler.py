@@ -52,6 +52,8 @@ class SchedulerStats:
     generated_tokens: int
     num_retractions: int
     num_steps: int
+    constrained_requests: int = 0
+    jump_forward_tokens: int = 0  # output tokens appended without a decode step
 
     @property
     def cache_hit_rate(self) -> float:
@@ -392,6 +394,8 @@ class Scheduler:
             generated_tokens=self._generated_tokens,
             num_retractions=self._num_retractions,
             num_steps=self._num_steps,
+            constrained_requests=self.grammars.stats.requests if self.grammars else 0,
+            jump_forward_tokens=self.grammars.stats.forced_tokens if self.grammars else 0,
         )
 
     def slots_held_by_requests(self) -> int:

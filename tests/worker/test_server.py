@@ -421,6 +421,7 @@ def test_metrics_scrape_is_promtool_clean(worker: WorkerProcess, client: Client)
     assert samples["radixmesh_e2e_request_latency_seconds_count"] > 0
     assert samples["radixmesh_inter_token_latency_seconds_count"] > 0
     assert "radixmesh_num_preemptions_total" in samples
+    assert "radixmesh_jump_forward_tokens_total" in samples
     promtool = _promtool()
     if promtool is None:
         pytest.skip("promtool not found (make tools installs it)")
