@@ -69,7 +69,8 @@ class XGrammarBackend(GrammarBackend):
     def compile(self, kind: str, text: str) -> Any:
         try:
             if kind == "json_schema":
-                return self._compiler.compile_json_schema(text, any_whitespace=False)
+                grammar = xgr.Grammar.from_json_schema(text, any_whitespace=False)
+                return self._compiler.compile_grammar(_json_safe(str(grammar)))
             if kind == "regex":
                 return self._compiler.compile_regex(text)
             if kind == "ebnf":
@@ -82,6 +83,17 @@ class XGrammarBackend(GrammarBackend):
 
     def matcher(self, compiled: Any) -> Matcher:
         return XGrammarMatcher(compiled)
+
+
+# xgrammar 0.2.9 writes the characters of a length-bounded JSON string (minLength /
+# maxLength) as `[^"\\\r\n]`, which admits raw control characters (invalid JSON: a random
+# model emits them). Its unbounded strings use the right class; use it for both.
+_BOUNDED_STRING_CHAR = r"[^\"\\\r\n]"
+_JSON_STRING_CHAR = r"[^\0-\x1f\"\\]"
+
+
+def _json_safe(ebnf: str) -> str:
+    return ebnf.replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR)
 
 
 def _clean(message: str) -> str:

@@ -93,3 +93,24 @@ def test_byte_tokenizer_vocab(name: str) -> None:
     bits = allocate_bitmask(1, 300)
     m.fill_bitmask(bits, 0)
     assert torch.nonzero(unpack_bitmask(bits, 300)[0]).view(-1).tolist() == [97]
+
+
+@pytest.mark.parametrize("name", ["xgrammar", "outlines"])
+def test_bounded_json_strings_refuse_control_characters(name: str) -> None:
+    """xgrammar 0.2.9 admits raw control bytes in minLength/maxLength strings; ours not."""
+    from radixmesh.tokenizer import ByteTokenizer
+
+    vocab = vocab_of(ByteTokenizer(300, eos_token_ids=[299]), 300, [299])
+    assert vocab is not None
+    backend = create_grammar_backend(name, vocab)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}}}
+    schema["required"] = ["a"]
+    m = backend.matcher(backend.compile("json_schema", json.dumps(schema)))
+    sep = b": " if name == "xgrammar" else b":"  # outlines compiles with no whitespace
+    for t in b'{"a"' + sep + b'"k':
+        assert m.accept_token(t)
+    bits = allocate_bitmask(1, 300)
+    m.fill_bitmask(bits, 0)
+    ok = torch.nonzero(unpack_bitmask(bits, 300)[0]).view(-1).tolist()
+    assert [t for t in ok if t < 0x20] == []
+    assert ord("z") in ok and ord('"') in ok
