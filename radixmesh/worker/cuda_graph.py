@@ -65,6 +65,9 @@ class DecodeCudaGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.num_replays = 0
         self.outputs: dict[int, torch.Tensor] = {}  # [bs, hidden], rewritten by each replay
+        # The graphs hold raw pointers into each batch's metadata (the decode workspace):
+        # keep the batches alive as long as the graphs.
+        self.batches: dict[int, ForwardBatch] = {}
         kv = attn.kv_pool
         pool = None
         for bs in reversed(self.ladder):  # largest first: smaller graphs reuse its memory
@@ -72,6 +75,7 @@ class DecodeCudaGraphs:
             ws = decode_workspace(bs, num_heads, kv.head_dim, splits, device)
             fb = self._static_batch(bs)
             fb.attn_metadata = DecodeMeta(splits, ws)
+            self.batches[bs] = fb
             self.graphs[bs], self.outputs[bs] = _capture(model, attn, fb, pool)
             pool = self.graphs[bs].pool()
 
