@@ -24,6 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch
+
 import radixmesh as sgl
 from radixmesh.worker.engine import Engine
 
@@ -140,11 +142,14 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=16)
     ap.add_argument("--programs", default=",".join(PROGRAMS))
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
     names = args.programs.split(",")
     results: dict[str, dict[str, Any]] = {name: {} for name in names}
     for mode, disable in (("cache_on", False), ("cache_off", True)):
-        engine = Engine(args.model, device=args.device, disable_radix_cache=disable)
+        engine = Engine(
+            args.model, device=args.device, dtype=args.dtype, disable_radix_cache=disable
+        )
         sgl.set_default_backend(engine)
         run(engine, names[0], 2)  # warm-up
         for name in names:
@@ -164,6 +169,8 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "processor": platform.processor()},
         "model": args.model,
         "device": args.device,
+        "dtype": args.dtype,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "count": args.count,
         "results": results,
     }

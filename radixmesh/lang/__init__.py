@@ -23,6 +23,7 @@ from radixmesh.lang.api import (
     user,
     user_begin,
     user_end,
+    video,
 )
 from radixmesh.lang.backend.registry import register_backend, set_default_backend
 from radixmesh.lang.choices import (
@@ -74,6 +75,7 @@ __all__ = [
     "user",
     "user_begin",
     "user_end",
+    "video",
 ]
 
 

@@ -127,6 +127,11 @@ def image(expr: object) -> Expr:
     return Image(expr)
 
 
+def video(path: object, num_frames: int) -> Expr:
+    """Videos need a multimodal model too; executing this fails like `image`."""
+    return Image(path)
+
+
 def _role(role: str, expr: object = None) -> Expr:
     if expr is None:
         return ExprList([RoleBegin(role), RoleEnd(role)])

@@ -167,8 +167,8 @@ class StreamExecutor:
             self._role_end(expr.role)
         elif isinstance(expr, Image):
             raise ValueError(
-                "sgl.image: the backend has no multimodal model (radixmesh serves text-only "
-                "Llama-family models)"
+                "sgl.image / sgl.video: the backend has no multimodal model (radixmesh "
+                "serves text-only Llama-family models)"
             )
         else:
             raise TypeError(f"cannot execute {type(expr).__name__}")

@@ -16,6 +16,7 @@ from tests.lang.conftest import assert_idle
 from tests.lang.servers import serve
 
 pytestmark = pytest.mark.slow
+pytest.importorskip("anthropic")
 
 
 @pytest.fixture(scope="module")

@@ -88,6 +88,13 @@ def test_image_needs_a_multimodal_model(backend: Engine) -> None:
     with pytest.raises(sgl.ProgramError, match="no multimodal model"):
         prog.run().text()
 
+    @sgl.function
+    def with_video(s):
+        s += sgl.user(sgl.video("cat.mp4", num_frames=4) + "What happens?")
+
+    with pytest.raises(sgl.ProgramError, match="no multimodal model"):
+        with_video.run().text()
+
 
 @pytest.mark.slow
 def test_nested_roles(backend: Engine) -> None:
