@@ -110,7 +110,8 @@ class ProgramState:
         parent.raise_error()
         if size > 1:
             parent.backend.cache_prefix(parent.text_)
-        return ProgramStateGroup([self._branch() for _ in range(size)], self)
+        branches = [self._branch() for _ in range(size)]
+        return ProgramStateGroup(branches, self, fork_pos=len(parent.text_))
 
     def copy(self) -> ProgramState:
         self.stream_executor.sync()
@@ -135,9 +136,12 @@ class ProgramState:
 class ProgramStateGroup:
     """The branches of a fork: index them, append to all, `join` back."""
 
-    def __init__(self, states: list[ProgramState], src_state: ProgramState) -> None:
+    def __init__(
+        self, states: list[ProgramState], src_state: ProgramState, fork_pos: int = 0
+    ) -> None:
         self.states = states
         self.src_state = src_state
+        self.fork_pos = fork_pos  # length of the text the branches started from
 
     def __len__(self) -> int:
         return len(self.states)
@@ -178,10 +182,9 @@ class ProgramStateGroup:
                 raise ProgramError(f"fork branch {i} failed: {err}") from err
         src = self.src_state.stream_executor
         src.sync()
-        base_text = len(src.text_)
         if mode == "concate_and_append":
             for state in self.states:
-                self.src_state += state.stream_executor.text_[base_text:]
+                self.src_state += state.stream_executor.text_[self.fork_pos :]
             return
         self._gather(src)
 

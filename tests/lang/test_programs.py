@@ -252,3 +252,29 @@ def test_gen_int_string_and_json_schema(backend: Engine) -> None:
     obj = json.loads(s["obj"])
     assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
     assert_idle(backend)
+
+
+@sgl.function
+def answer_in_words(s, question):
+    s.user(question + " Answer in one word.")
+    s.assistant(sgl.gen("word", max_tokens=8))
+
+
+def test_nested_function_and_concatenating_join(backend: Engine) -> None:
+    @sgl.function
+    def prog(s):
+        answer_in_words(s, "What is the capital of France?")  # runs inline on s
+        s += "Two more:"
+        forks = s.fork(2)
+        s += "\n"  # the source moves on; join appends what each branch added after the fork
+        for f, city in zip(forks, [" Rome", " Oslo"], strict=True):
+            f += city + sgl.gen("fact", max_tokens=3)
+        forks.join("concate_and_append")
+        return forks
+
+    s = prog.run(temperature=0)
+    assert s["word"] == "The capital of France is Paris."
+    facts = [f["fact"] for f in s.ret_value]
+    assert s.text().endswith(f"Two more:\n Rome{facts[0]} Oslo{facts[1]}")
+    assert "fact" not in s  # this mode appends text and gathers no variables
+    assert_idle(backend)
