@@ -22,6 +22,7 @@ from radixmesh.worker.kvcache.pool import KVPool
 
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
+WAVES = 16
 
 
 @dataclass
@@ -38,10 +39,14 @@ class ExtendMeta:
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Enough (sequence, KV head, split) programs for two waves over the SMs, but no split
-    shorter than MIN_KEYS_PER_SPLIT keys (each split costs a partial write and a merge)."""
+    """Enough (sequence, KV head, split) programs for WAVES waves over the SMs, but no split
+    shorter than MIN_KEYS_PER_SPLIT keys (each split costs a partial write and a merge).
+
+    Many waves pay even when one would fill the GPU: on the H200 at batch 256, context 4k,
+    8 KV heads (2048 programs, 15.5 waves) one split read KV at 87% of copy bandwidth and
+    two splits at 95% (bench/results/attention-kernels-20261130.json)."""
     programs = batch_size * num_kv_heads
-    for_waves = -(-2 * num_sms // programs)
+    for_waves = -(-WAVES * num_sms // programs)
     for_length = -(-max_seq_len // MIN_KEYS_PER_SPLIT)
     return max(1, min(for_waves, for_length, MAX_SPLITS))
 

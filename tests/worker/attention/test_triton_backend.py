@@ -65,11 +65,12 @@ def test_matches_reference(seqs: list[tuple[int, int]], num_heads: int, num_kv_h
 
 
 def test_num_splits_fill_the_gpu_but_stay_long() -> None:
-    # 132 SMs: batch 1, 8 KV heads -> 33 splits wanted for two waves, capped at 32.
-    assert choose_num_splits(1, 8, 100_000, 132) == 32
+    # 132 SMs, 16 waves = 2112 programs wanted.
+    assert choose_num_splits(1, 8, 100_000, 132) == 32  # 264 wanted, capped at 32
     assert choose_num_splits(1, 8, 1000, 132) == 4  # 1000 keys: no split under 256 keys
-    assert choose_num_splits(256, 8, 4096, 132) == 1  # 2048 programs fill the GPU already
-    assert choose_num_splits(4, 8, 4096, 132) == 9
+    assert choose_num_splits(256, 8, 4096, 132) == 2  # 2048 programs: 2 splits
+    assert choose_num_splits(512, 8, 4096, 132) == 1
+    assert choose_num_splits(8, 8, 4096, 132) == 16  # by length: 4096 / 256
     assert choose_num_splits(3, 2, 1, 132) == 1
 
 
