@@ -121,7 +121,10 @@ class GrammarManager:
         vocab = vocab_of(self.tokenizer, self.vocab_size, self.stop_token_ids)
         if vocab is None:
             raise GrammarError("constrained decoding needs a tokenizer whose token bytes are known")
-        backend: GrammarBackend = create_grammar_backend(self.backend_name, vocab)
+        try:
+            backend: GrammarBackend = create_grammar_backend(self.backend_name, vocab)
+        except ImportError as e:
+            raise GrammarError(f"the {self.backend_name} backend is not installed ({e})") from e
         self._token_bytes = vocab.token_bytes
         return CompileCache(backend, vocab.name, max_workers=self.compile_threads)
 
