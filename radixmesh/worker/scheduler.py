@@ -25,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-from radixmesh.worker.batch import Batch, ForwardOutput, ScheduledRequest
+from radixmesh.worker.batch import Batch, ForwardOutput, PromptLogprobs, ScheduledRequest
 from radixmesh.worker.config import SchedulerConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.kvcache.allocator import KVAllocator
@@ -347,8 +347,11 @@ class Scheduler:
         now = time.monotonic()
         for i, item in enumerate(batch.items):
             req = item.req
+            samples, first_chunk = item.samples, item.start == 0  # before the counter moves
             req.num_computed_tokens += item.num_new_tokens
             plp = out.prompt_logprobs[i]
+            if plp is None and first_chunk and req.wants_prompt_logprobs:
+                plp = PromptLogprobs(first=1, logprobs=[])  # a 1-token prompt: (None, tok)
             if plp is not None:
                 self.output.add_prompt_logprobs(req, plp)
             if item.num_new_tokens > 1:
@@ -365,7 +368,7 @@ class Scheduler:
                     )
                 else:
                     self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
-            elif item.samples and req.remaining_new_tokens <= 0:
+            elif samples and req.remaining_new_tokens <= 0:
                 req.finish(FinishReason.LENGTH)  # max_new_tokens=0: prefill only
             if req.finished:
                 self.running.remove(req)

@@ -222,3 +222,22 @@ def test_a_failed_step_aborts_everything_and_frees_its_slots() -> None:
     assert w.req_table.num_free_rows == 8
     assert_slots_accounted(w)
     assert all_free_after_flush(w)
+
+
+@pytest.mark.parametrize("budget", [2048, 3])
+def test_max_new_tokens_zero_prefills_caches_and_finishes(budget: int) -> None:
+    w = make_worker(max_num_batched_tokens=budget)
+    r = make_request(w, [5, 6, 7, 8, 9, 10, 11], rid="z", max_new_tokens=0)
+    w.scheduler.add_request(r)
+    steps = run_to_completion(w)
+    assert steps == -(-7 // budget)
+    assert r.finish_reason is FinishReason.LENGTH and r.output_ids == []
+    assert w.cache.total_size() == 7  # the whole prompt is cached for whoever comes next
+
+
+def test_prompt_logprobs_of_a_one_token_prompt() -> None:
+    w = make_worker()
+    r = make_request(w, [5], max_new_tokens=1, return_logprob=True, logprob_start_len=0)
+    w.scheduler.add_request(r)
+    run_to_completion(w)
+    assert r.input_token_logprobs == [(None, 5, None)]
