@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -197,6 +198,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
+    load_before = os.getloadavg()
     engine = Engine(
         args.model,
         device=args.device,
@@ -222,6 +224,7 @@ def main() -> None:
         "machine": machine(),
         "versions": versions(),
         "args": vars(args),
+        "load_average_before_after": [load_before[0], os.getloadavg()[0]],
         "dtype": str(engine.worker.dtype),
         "jump_forward_on": on,
         "jump_forward_off": off,
