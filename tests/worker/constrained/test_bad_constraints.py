@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+import torch
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
@@ -115,3 +116,38 @@ def test_unknown_token_bytes_is_invalid_argument() -> None:
         mgr.validate(SamplingParams(regex="a"))
     assert err.value.field == "regex"
     assert "needs a tokenizer whose token bytes are known" in err.value.message
+
+
+class NothingAllowed(Matcher):
+    def accept_token(self, token: int) -> bool:
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        pass
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row].zero_()
+
+    def jump_forward_string(self) -> str:
+        return ""
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+def test_empty_mask_marks_a_dead_end_and_allows_everything() -> None:
+    from concurrent.futures import Future
+
+    from radixmesh.worker.constrained.manager import RequestGrammar
+    from radixmesh.worker.request import FinishReason, Request
+
+    mgr = GrammarManager(None, 40, [0])
+    req = Request(rid="d", prompt_ids=[1], params=SamplingParams(regex="a"))
+    req.grammar = RequestGrammar("regex", Future(), matcher=NothingAllowed())
+    bits = mgr.fill_bitmask([req])
+    assert req.grammar.dead_end
+    assert bits.tolist() == [[-1, -1]]  # the row's sample is discarded, but must be sane
+    mgr.append(req, 5, None, None, output=None)  # type: ignore[arg-type]
+    assert req.finish_reason is FinishReason.ABORT
+    assert req.error == "the regex allows no next token (grammar dead end)"
+    assert req.output_ids == []

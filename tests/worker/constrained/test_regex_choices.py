@@ -72,3 +72,23 @@ def test_unconstrained_requests_share_the_batch(engine: Engine) -> None:
     assert outs[0]["text"] == alone["text"]
     assert "forced_tokens" not in outs[0]["meta_info"]
     assert re.fullmatch("[0-9]{6}", outs[1]["text"])
+
+
+def test_logprobs_cover_forced_tokens(engine: Engine) -> None:
+    """Forced tokens carry logprob 0 (probability 1 under the constraint)."""
+    out = engine.generate(
+        "Code:",
+        {
+            "temperature": 0,
+            "max_new_tokens": 20,
+            "regex": r"ORDER-NUMBER-[0-9]{2}",
+            "return_logprob": True,
+        },
+    )
+    assert isinstance(out, dict)
+    meta = out["meta_info"]
+    lps = meta["output_token_logprobs"]
+    assert len(lps) == meta["completion_tokens"] == len(out["output_ids"])
+    assert [t for _, t, _ in lps] == out["output_ids"]
+    assert meta["forced_tokens"] > 0
+    assert sum(1 for lp, _, _ in lps if lp == 0.0) >= meta["forced_tokens"]
