@@ -5,7 +5,8 @@ token per row. Each row carries its own `SamplingParams`; the pipeline, row-batc
 
     penalties (repetition, frequency, presence)
       -> min_new_tokens ban of stop ids
-      -> vocab_mask (allowed tokens, from constrained decoding)
+      -> vocab_mask / allowed (allowed tokens; `allowed` is constrained decoding's one
+         packed bitmask per step, for its rows only)
       -> [logprobs are read here]
       -> temperature -> top-k -> top-p -> min-p -> draw (greedy rows: argmax)
 
