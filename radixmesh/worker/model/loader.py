@@ -118,9 +118,7 @@ def load_tokenizer(spec: str) -> Tokenizer | ByteTokenizer:
     # should not pay for (or store) a weight conversion.
     converted = _gguf().cached_dir(path)
     return (
-        hf.load_hf_tokenizer(converted, arch)
-        if converted
-        else _gguf().build_tokenizer(path, arch)
+        hf.load_hf_tokenizer(converted, arch) if converted else _gguf().build_tokenizer(path, arch)
     )
 
 
