@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from radixmesh.errors import InvalidArgument, Unavailable
@@ -41,6 +42,7 @@ class Engine:
         self.tokenizer = self.worker.tokenizer
         self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._closed = False
+        self._fatal: str | None = None  # why the scheduler thread died, if it did
         self._draining = False  # drain(): new requests get Unavailable
         self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
         self._thread.start()
@@ -110,6 +112,8 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if not self._thread.is_alive():
+            return
         self._post(lambda: self.worker.scheduler.abort_all("engine shut down"))
         self._inbox.put(None)
         self._thread.join(timeout=30)
@@ -257,7 +261,7 @@ class Engine:
     def _collect(self, q: queue.SimpleQueue[RequestOutput]) -> dict[str, Any]:
         acc = _Accumulator()
         while True:
-            out = q.get()
+            out = self._get(q)
             acc.add(out)
             if out.finished:
                 return acc.result()
@@ -267,7 +271,7 @@ class Engine:
         done = False
         try:
             while not done:
-                out = q.get()
+                out = self._get(q)
                 done = out.finished
                 yield _chunk(out)
         finally:
@@ -289,7 +293,7 @@ class Engine:
         acc = _Accumulator()
         try:
             while True:
-                out = await q.get()
+                out = await self._aget(q)
                 acc.add(out)
                 if out.finished:
                     return acc.result()
@@ -302,7 +306,7 @@ class Engine:
         done = False
         try:
             while not done:
-                out = await q.get()
+                out = await self._aget(q)
                 done = out.finished
                 yield _chunk(out)
         finally:
@@ -312,9 +316,28 @@ class Engine:
     # ---- the scheduler thread -------------------------------------------------------
 
     def _post(self, fn: Callable[[], None]) -> None:
-        if self._closed and not self._thread.is_alive():
-            raise Unavailable("the engine is shut down")
+        if not self._thread.is_alive():
+            raise Unavailable(self._fatal or "the engine is shut down")
         self._inbox.put(fn)
+
+    def _check_alive(self) -> None:
+        """Waiters poll this: a dead scheduler thread must not leave them hanging."""
+        if not self._thread.is_alive():
+            raise Unavailable(self._fatal or "the engine is shut down")
+
+    def _get(self, q: queue.SimpleQueue[RequestOutput]) -> RequestOutput:
+        while True:
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                self._check_alive()
+
+    async def _aget(self, q: asyncio.Queue[RequestOutput]) -> RequestOutput:
+        while True:
+            try:
+                return await asyncio.wait_for(q.get(), timeout=_POLL_S)
+            except TimeoutError:
+                self._check_alive()
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         fut: Future[Any] = Future()
@@ -326,9 +349,20 @@ class Engine:
                 fut.set_exception(e)
 
         self._post(run)
-        return fut.result()
+        while True:
+            try:
+                return fut.result(timeout=_POLL_S)
+            except FutureTimeout:
+                self._check_alive()
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:  # e.g. a device error inside fail_all itself
+            self._fatal = f"the engine's scheduler stopped: {type(e).__name__}: {e}"
+            logger.exception("scheduler thread died")
+
+    def _serve(self) -> None:
         sched = self.worker.scheduler
         while True:
             block = not sched.has_work()
@@ -350,6 +384,9 @@ class Engine:
                 except Exception as e:  # a failed step must not wedge the engine
                     logger.exception("scheduler step failed")
                     sched.fail_all(f"internal error: {type(e).__name__}: {e}")
+
+
+_POLL_S = 0.5  # how often a waiter checks that the scheduler thread is alive
 
 
 def _nothing() -> None:

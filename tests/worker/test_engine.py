@@ -252,3 +252,25 @@ def test_eos_token_is_in_output_ids_but_not_in_the_text(engine: Engine) -> None:
     eos_text = engine.tokenizer.decode([eos], skip_special_tokens=False)
     assert eos_text and not out["text"].endswith(eos_text)
     assert kept["text"] == out["text"] + eos_text
+
+
+def test_a_dead_scheduler_thread_fails_waiters_instead_of_hanging() -> None:
+    from radixmesh.errors import Unavailable
+
+    eng = Engine("dummy:tiny", dtype="float32", kv_cache_tokens=256)
+    try:
+
+        def explode(reason: str) -> None:
+            raise SystemExit("device gone")  # not an Exception: escapes the step guard
+
+        def bad_step() -> list[object]:
+            raise RuntimeError("step failed")
+
+        eng.worker.scheduler.fail_all = explode  # type: ignore[method-assign]
+        eng.worker.scheduler.step = bad_step  # type: ignore[method-assign]
+        with pytest.raises(Unavailable, match="scheduler stopped: SystemExit: device gone"):
+            eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+        with pytest.raises(Unavailable, match="device gone"):
+            eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+    finally:
+        eng.shutdown()
