@@ -244,13 +244,14 @@ def dummy_hf_model(preset: str, device: str, dtype: torch.dtype, seed: int = 0) 
 def load_hf_model(spec: str, device: str, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
-    from radixmesh.worker.model.gguf import ensure_converted
     from radixmesh.worker.model.loader import resolve_model
 
     src = resolve_model(spec)
     if src.kind == "dummy":
         return dummy_hf_model(src.preset or "", device, dtype)
-    if src.kind == "gguf":
+    if src.kind == "gguf":  # the gguf package is only needed here (the GPU machine lacks it)
+        from radixmesh.worker.model.gguf import ensure_converted
+
         path = str(ensure_converted(src.path or ""))
     elif src.kind == "hf":
         path = src.path or ""
