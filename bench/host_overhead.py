@@ -1,0 +1,224 @@
+"""Host (Python) work per scheduler step at large batch, on `dummy:tiny`.
+
+The model's own time is negligible with `dummy:tiny`, so what a step costs here is the
+scheduler's host work: on the GPU that work is serial with the device and bounds a
+batch-256 decode step (bench/NOTES-gpu.md). Each part of `Scheduler.step` is timed:
+
+  schedule        Scheduler.schedule (allocation, req->token table, admission)
+  build           ModelRunner._forward_batch (ForwardBatch from the batch)
+  model           attention prepare + model forward + logits
+  sampling        the rest of ModelRunner.forward (rows, SamplingRows, sampler)
+  process_output  Scheduler.process_output (stop checks, detokenizing, emit)
+
+Workload: 256 requests x 64 random prompt tokens, 64 new tokens each, greedy,
+ignore_eos, float32, with an incremental detokenizer per request as the engine sets up.
+Prints a table (decode steps at full batch, and all steps) and writes JSON to
+bench/results/. Run: `.venv/bin/python bench/host_overhead.py [--tag before]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.batch import Batch
+from radixmesh.worker.config import EngineConfig
+from radixmesh.worker.detokenizer import IncrementalDetokenizer
+from radixmesh.worker.request import Request, RequestOutput
+from radixmesh.worker.worker import Worker
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PARTS = ("schedule", "build", "model", "sampling", "process_output")
+
+
+class Timer:
+    """Accumulates seconds per part for the current step."""
+
+    def __init__(self) -> None:
+        self.step: dict[str, float] = dict.fromkeys(PARTS, 0.0)
+
+    def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.step[part] += time.perf_counter() - t0
+
+        return timed
+
+
+class TimedModel:
+    """Stands in for the runner's model so its forward and logits count as `model`."""
+
+    def __init__(self, model: Any, timer: Timer) -> None:
+        self._call = timer.wrap("model", model)
+        self.compute_logits = timer.wrap("model", model.compute_logits)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._call(*args)
+
+
+def make_worker(args: argparse.Namespace) -> Worker:
+    config = EngineConfig.from_options(
+        model="dummy:tiny",
+        dtype="float32",
+        device="cpu",
+        max_running_requests=args.requests,
+        kv_cache_tokens=args.requests * (args.prompt_len + args.new_tokens) + 1024,
+        page_size=args.page_size,
+    )
+    return Worker(config)
+
+
+def make_requests(worker: Worker, args: argparse.Namespace) -> list[Request]:
+    rng = random.Random(0)
+    vocab = worker.arch.vocab_size
+    params = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens, ignore_eos=True)
+    reqs = []
+    for i in range(args.requests):
+        ids = [rng.randrange(1, vocab) for _ in range(args.prompt_len)]
+        req = Request(rid=f"r{i}", prompt_ids=ids, params=params, stop_ids=worker.stop_ids(params))
+        req.detokenizer = IncrementalDetokenizer(worker.tokenizer, ids)
+        outputs: list[RequestOutput] = []
+        req.sink = outputs.append
+        reqs.append(req)
+    return reqs
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    worker = make_worker(args)
+    sched, runner = worker.scheduler, worker.runner
+    timer = Timer()
+    sched.schedule = timer.wrap("schedule", sched.schedule)  # type: ignore[method-assign]
+    sched.process_output = timer.wrap("process_output", sched.process_output)  # type: ignore[method-assign]
+    runner._forward_batch = timer.wrap("build", runner._forward_batch)  # type: ignore[method-assign]
+    runner.attn.prepare = timer.wrap("model", runner.attn.prepare)  # type: ignore[method-assign]
+    runner.model = TimedModel(runner.model, timer)  # type: ignore[assignment]
+    forward = runner.forward
+    batches: list[Batch] = []
+
+    def timed_forward(batch: Batch) -> Any:
+        batches.append(batch)
+        t0 = time.perf_counter()
+        out = forward(batch)
+        timer.step["forward"] = time.perf_counter() - t0
+        return out
+
+    runner.forward = timed_forward  # type: ignore[method-assign]
+    reqs = make_requests(worker, args)
+    for req in reqs:
+        sched.add_request(req)
+    steps: list[dict[str, Any]] = []
+    t_all = time.perf_counter()
+    while sched.has_work():
+        timer.step = dict.fromkeys(PARTS, 0.0)
+        n_before = len(batches)
+        t0 = time.perf_counter()
+        sched.step()
+        total = time.perf_counter() - t0
+        if len(batches) == n_before:
+            continue
+        batch = batches[-1]
+        step = dict(timer.step)
+        fwd = step.pop("forward", 0.0)
+        step["sampling"] = fwd - step["build"] - step["model"]
+        step["total"] = total
+        step["batch_size"] = len(batch.items)
+        step["decode"] = all(it.num_new_tokens == 1 for it in batch.items)
+        steps.append(step)
+    wall = time.perf_counter() - t_all
+    assert all(r.num_output_tokens == args.new_tokens for r in reqs)
+    return summarize(steps, wall, args)
+
+
+def summarize(steps: list[dict[str, Any]], wall: float, args: argparse.Namespace) -> dict[str, Any]:
+    full = [s for s in steps if s["decode"] and s["batch_size"] == args.requests]
+    # Skip the first full decode steps: allocator/torch warm-up.
+    full = full[2:] if len(full) > 4 else full
+
+    def per_part(group: list[dict[str, Any]]) -> dict[str, float]:
+        return {k: statistics.median(s[k] for s in group) * 1e3 for k in (*PARTS, "total")}
+
+    return {
+        "decode_full_batch_ms_median": per_part(full),
+        "decode_full_batch_steps": len(full),
+        "all_steps_ms_mean": {
+            k: sum(s[k] for s in steps) / len(steps) * 1e3 for k in (*PARTS, "total")
+        },
+        "num_steps": len(steps),
+        "wall_seconds": wall,
+        "output_tokens": args.requests * args.new_tokens,
+    }
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def print_table(res: dict[str, Any]) -> None:
+    full, mean = res["decode_full_batch_ms_median"], res["all_steps_ms_mean"]
+    print(f"{'part':<16}{'decode@full (median ms)':>26}{'all steps (mean ms)':>22}")
+    for k in (*PARTS, "total"):
+        print(f"{k:<16}{full[k]:>26.2f}{mean[k]:>22.2f}")
+    print(
+        f"{res['num_steps']} steps, {res['decode_full_batch_steps']} full decode steps timed, "
+        f"{res['wall_seconds']:.2f} s wall"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--tag", default="", help="suffix of the result file (e.g. before, after)")
+    args = ap.parse_args()
+    res = run(args)
+    print_table(res)
+    now = datetime.now(UTC)
+    record = {
+        "benchmark": "host_overhead",
+        "model": "dummy:tiny",
+        "dtype": "float32",
+        "workload": vars(args),
+        "date": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "machine": machine(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+        "results": res,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    name = f"host_overhead-cpu-{now:%Y%m%d}" + (f"-{args.tag}" if args.tag else "") + ".json"
+    (RESULTS / name).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {RESULTS / name}")
+
+
+if __name__ == "__main__":
+    main()
