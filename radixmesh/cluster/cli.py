@@ -112,6 +112,71 @@ def _add_worker_parser(sub: Any) -> None:
     wk.set_defaults(func=_cmd_worker)
 
 
+def _cmd_router(args: argparse.Namespace) -> int:
+    from radixmesh.router.config import RouterConfig
+    from radixmesh.router.server import run
+
+    config = RouterConfig(
+        workers=tuple(a for a in args.workers.split(",") if a),
+        host=args.host,
+        port=args.port,
+        policy=args.policy,
+        seed=args.seed,
+        summary_budget_bytes=args.summary_budget_bytes,
+        tentative_ttl=args.tentative_ttl,
+        health_interval=args.health_interval,
+    )
+    return run(config)
+
+
+def _add_router_parser(sub: Any) -> None:
+    from radixmesh.router.policy import POLICIES
+
+    rt = sub.add_parser("router", help="route requests over workers (radixmesh.v1.Router)")
+    rt.add_argument("--workers", required=True, help="worker addresses, host:port,host:port")
+    rt.add_argument("--host", default="0.0.0.0")
+    rt.add_argument("--port", type=int, default=50050)
+    rt.add_argument("--policy", default="cache_aware", choices=sorted(POLICIES))
+    rt.add_argument("--seed", type=int, default=None, help="seed of the policy's random draws")
+    rt.add_argument("--summary-budget-bytes", type=int, default=256 * 1024 * 1024)
+    rt.add_argument("--tentative-ttl", type=float, default=5.0, help="seconds")
+    rt.add_argument("--health-interval", type=float, default=1.0, help="seconds")
+    rt.set_defaults(func=_cmd_router)
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    import shlex
+
+    from radixmesh.cluster.launch import LaunchConfig, launch
+
+    worker_args = shlex.split(args.worker_args)
+    if args.dtype is not None:
+        worker_args += ["--dtype", args.dtype]
+    config = LaunchConfig(
+        model=args.model,
+        workers=args.workers,
+        policy=args.policy,
+        host=args.host,
+        port=args.port,
+        worker_args=tuple(worker_args),
+    )
+    return launch(config)
+
+
+def _add_launch_parser(sub: Any) -> None:
+    from radixmesh.router.policy import POLICIES
+
+    ln = sub.add_parser("launch", help="run a router and N workers as local processes")
+    ln.add_argument("--model", required=True)
+    ln.add_argument("--workers", type=int, default=2)
+    ln.add_argument("--policy", default="cache_aware", choices=sorted(POLICIES))
+    ln.add_argument("--host", default="127.0.0.1")
+    ln.add_argument("--port", type=int, default=50050, help="the router's port")
+    ln.add_argument("--dtype", default=None)
+    ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
+    ln.set_defaults(func=_cmd_launch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixmesh", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_options(gen)
     gen.set_defaults(func=_cmd_generate)
     _add_worker_parser(sub)
+    _add_router_parser(sub)
+    _add_launch_parser(sub)
     return parser
 
 

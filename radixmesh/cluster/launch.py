@@ -1,0 +1,177 @@
+"""The local launcher: N worker processes and a router on one machine, stopped together.
+
+`radixmesh launch` starts each worker as `radixmesh worker` on its own loopback port and
+the router as `radixmesh router` in front of them, waits until the router's health check
+says SERVING (which needs a worker up and the tokenizer loaded), and then waits for
+SIGINT / SIGTERM or for any child to die; either way it stops every child (SIGTERM, then
+SIGKILL after `stop_timeout`).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+
+from radixmesh.errors import InvalidArgument, Unavailable
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    model: str
+    workers: int = 2
+    policy: str = "cache_aware"
+    host: str = "127.0.0.1"
+    port: int = 50050  # the router's
+    worker_ports: tuple[int, ...] = ()  # empty: free ports picked at launch
+    worker_args: tuple[str, ...] = ()  # extra `radixmesh worker` flags, for every worker
+    router_args: tuple[str, ...] = ()  # extra `radixmesh router` flags
+    ready_timeout: float = 300.0
+    stop_timeout: float = 10.0
+    env: dict[str, str] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise InvalidArgument("workers", f"must be >= 1, got {self.workers}")
+        if self.worker_ports and len(self.worker_ports) != self.workers:
+            raise InvalidArgument("worker_ports", "give one port per worker, or none")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "radixmesh.cluster.cli", *args]
+
+
+class LocalCluster:
+    """The processes of one local cluster. Use as a context manager, or start() / stop()."""
+
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+        self.worker_ports = list(config.worker_ports) or [
+            free_port(config.host) for _ in range(config.workers)
+        ]
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.router: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.config.port}"
+
+    @property
+    def worker_addresses(self) -> list[str]:
+        return [f"{self.config.host}:{p}" for p in self.worker_ports]
+
+    def start(self) -> None:
+        c = self.config
+        for port in self.worker_ports:
+            args = ["worker", "--model", c.model, "--host", c.host, "--port", str(port)]
+            self.workers.append(subprocess.Popen(_cli(*args, *c.worker_args), env=c.env))
+        router_args = [
+            "router",
+            "--workers",
+            ",".join(self.worker_addresses),
+            "--host",
+            c.host,
+            "--port",
+            str(c.port),
+            "--policy",
+            c.policy,
+        ]
+        self.router = subprocess.Popen(_cli(*router_args, *c.router_args), env=c.env)
+
+    def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
+        """Block until the router serves (True) or `stop_requested()` (False); Unavailable
+        if a child dies or time runs out."""
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + self.config.ready_timeout
+        with grpc.insecure_channel(self.address) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            while time.monotonic() < deadline:
+                if stop_requested():
+                    return False
+                if (dead := self.dead_child()) is not None:
+                    raise Unavailable(f"{dead} exited during startup")
+                try:
+                    resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                    if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                        return True
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.2)
+        raise Unavailable(f"the cluster was not ready within {self.config.ready_timeout}s")
+
+    def dead_child(self) -> str | None:
+        for i, p in enumerate(self.workers):
+            if p.poll() is not None:
+                return f"worker {i} (exit status {p.returncode})"
+        if self.router is not None and self.router.poll() is not None:
+            return f"the router (exit status {self.router.returncode})"
+        return None
+
+    def stop(self) -> None:
+        procs = [p for p in [self.router, *self.workers] if p is not None]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.stop_timeout
+        for p in procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def launch(config: LaunchConfig) -> int:
+    """Run a local cluster until SIGINT / SIGTERM or a child's death. Returns the status."""
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    cluster = LocalCluster(config)
+    try:
+        cluster.start()
+        if not cluster.wait_ready(lambda: stopping):
+            return 0
+        print(
+            f"radixmesh cluster ready: router {cluster.address}, "
+            f"workers {', '.join(cluster.worker_addresses)}",
+            flush=True,
+        )
+        while not stopping:
+            if (dead := cluster.dead_child()) is not None:
+                print(f"radixmesh: {dead} exited; stopping the cluster", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        cluster.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

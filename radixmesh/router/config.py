@@ -1,0 +1,40 @@
+"""RouterConfig: every knob of the router, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixmesh.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    workers: tuple[str, ...]  # worker addresses, host:port
+    host: str = "0.0.0.0"
+    port: int = 50050
+    policy: str = "cache_aware"
+    seed: int | None = None  # the policies' random tie-breaks; None: unseeded
+    # Every summary together may hold this many bytes (accounted per block, see summary.py).
+    summary_budget_bytes: int = 256 * 1024 * 1024
+    tentative_ttl: float = 5.0  # seconds a routed prompt counts as cached before events
+    # cache_aware: a queued or running request costs this many prefill tokens.
+    request_cost_tokens: int = 64
+    health_interval: float = 1.0  # seconds between GetLoad polls of each worker
+    health_timeout: float = 2.0
+    breaker_failures: int = 3  # consecutive failures that open a worker's breaker
+    breaker_cooldown: float = 5.0  # seconds an open breaker stays open before a trial
+    max_attempts: int = 3  # workers a request may try when they fail before the first token
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise InvalidArgument("workers", "give at least one worker address")
+        if not 0 <= self.port < 65536:
+            raise InvalidArgument("port", f"must be in [0, 65536), got {self.port}")
+        for name in ("summary_budget_bytes", "request_cost_tokens", "breaker_failures"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in ("tentative_ttl", "health_interval", "health_timeout", "breaker_cooldown"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(name, f"must be > 0, got {getattr(self, name)}")
+        if self.max_attempts < 1:
+            raise InvalidArgument("max_attempts", f"must be >= 1, got {self.max_attempts}")

@@ -1,0 +1,116 @@
+"""Routing policies behind a registry.
+
+A policy sees one `Candidate` per worker (healthy or not) and returns the chosen worker's
+id. Rules every policy keeps: never choose an unhealthy candidate; raise `Unavailable`
+when none is healthy; draw every random choice from the `random.Random` it was built with
+(so a seeded router routes reproducibly).
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from radixmesh.errors import InvalidArgument, Unavailable
+
+
+@dataclass(frozen=True)
+class Candidate:
+    worker_id: str
+    healthy: bool
+    cached_tokens: int  # prompt tokens the worker's summary says it caches
+    queued: int  # requests running or waiting on the worker (its report or ours, the larger)
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    request_cost_tokens: int = 64  # cache_aware: a queued request's cost in prefill tokens
+
+
+class Policy(ABC):
+    name = ""
+
+    def __init__(self, rng: random.Random, options: PolicyOptions) -> None:
+        self.rng = rng
+        self.options = options
+
+    @abstractmethod
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
+        """The id of the worker to send a prompt of `prompt_tokens` tokens to."""
+
+    def _healthy(self, candidates: Sequence[Candidate]) -> list[Candidate]:
+        healthy = [c for c in candidates if c.healthy]
+        if not healthy:
+            raise Unavailable("no healthy worker to route to")
+        return healthy
+
+    def _min(self, candidates: Sequence[Candidate], key: Callable[[Candidate], float]) -> str:
+        """The candidate with the smallest key; ties broken at random."""
+        best = min(key(c) for c in candidates)
+        return self.rng.choice([c for c in candidates if key(c) == best]).worker_id
+
+
+class CacheAware(Policy):
+    """Cost = prompt tokens the worker must prefill + request_cost_tokens per queued request."""
+
+    name = "cache_aware"
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
+        per_request = self.options.request_cost_tokens
+        return self._min(
+            self._healthy(candidates),
+            lambda c: max(prompt_tokens - c.cached_tokens, 0) + per_request * c.queued,
+        )
+
+
+class RoundRobin(Policy):
+    name = "round_robin"
+
+    def __init__(self, rng: random.Random, options: PolicyOptions) -> None:
+        super().__init__(rng, options)
+        self._next = 0
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
+        healthy = self._healthy(candidates)
+        choice = healthy[self._next % len(healthy)]
+        self._next += 1
+        return choice.worker_id
+
+
+class LeastLoad(Policy):
+    name = "least_load"
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
+        return self._min(self._healthy(candidates), lambda c: c.queued)
+
+
+class PowerOfTwo(Policy):
+    """Two healthy workers drawn at random; the less loaded one."""
+
+    name = "power_of_two"
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
+        healthy = self._healthy(candidates)
+        pair = self.rng.sample(healthy, min(2, len(healthy)))
+        return self._min(pair, lambda c: c.queued)
+
+
+class Random(Policy):
+    name = "random"
+
+    def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
+        return self.rng.choice(self._healthy(candidates)).worker_id
+
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (CacheAware, RoundRobin, LeastLoad, PowerOfTwo, Random)
+}
+
+
+def make_policy(name: str, seed: int | None = None, options: PolicyOptions | None = None) -> Policy:
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise InvalidArgument("policy", f"unknown policy {name!r}; choose from {sorted(POLICIES)}")
+    return cls(random.Random(seed), options or PolicyOptions())

@@ -1,0 +1,209 @@
+"""The worker pool: one `WorkerHandle` per worker address.
+
+Each handle owns a gRPC channel and two background tasks on the router's loop:
+
+- a health loop that polls `GetLoad` every `health_interval` seconds: an answer (not
+  draining) marks the worker healthy and refreshes its load; a failure marks it unhealthy
+  and counts against its circuit breaker;
+- a cache-event loop that keeps the worker's `PrefixSummary` exact: it opens
+  `StreamCacheEvents`, then pulls `GetCacheSnapshot` and applies the events after it.
+  A sequence gap, a new epoch or a broken stream means a resync (reconnect + snapshot).
+
+Only this module and `service.py` see protobuf; the summaries and policies see ints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from radixmesh.router.breaker import CircuitBreaker
+from radixmesh.router.config import RouterConfig
+from radixmesh.router.policy import Candidate
+from radixmesh.router.summary import PrefixSummary, SummaryIndex
+from radixmesh.v1 import worker_pb2, worker_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@dataclass
+class LoadReport:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_tokens_used: int = 0
+    kv_tokens_total: int = 0
+    cache_hit_rate: float = 0.0
+
+
+class WorkerHandle:
+    def __init__(
+        self, worker_id: str, address: str, summary: PrefixSummary, config: RouterConfig
+    ) -> None:
+        self.worker_id = worker_id
+        self.address = address
+        self.summary = summary
+        self.config = config
+        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self.metadata: tuple[tuple[str, str], ...] = ()  # API keys: a later change
+        self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown)
+        self.reachable = False  # the last health poll answered and the worker is not draining
+        self.load = LoadReport()
+        self.in_flight = 0  # requests the router has on this worker now
+        self.resyncs = 0  # snapshot pulls (the first one included)
+        self.block_size = 0  # the worker's event block size (from its snapshot)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def healthy(self) -> bool:
+        return self.reachable and self.breaker.allows()
+
+    def candidate(self, cached_tokens: int) -> Candidate:
+        queued = max(self.load.num_running + self.load.num_waiting, self.in_flight)
+        return Candidate(self.worker_id, self.healthy, cached_tokens, queued)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._health_loop()),
+            asyncio.create_task(self._event_loop()),
+        ]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.channel.close()
+
+    # ---- health -------------------------------------------------------------------------
+
+    async def poll(self) -> bool:
+        """One GetLoad: refresh load and health. Returns whether the worker is healthy."""
+        try:
+            resp = await self.stub.GetLoad(
+                worker_pb2.GetLoadRequest(),
+                timeout=self.config.health_timeout,
+                metadata=self.metadata,
+            )
+        except grpc.aio.AioRpcError:
+            if self.reachable:
+                logger.warning("worker %s (%s) is unreachable", self.worker_id, self.address)
+            self.reachable = False
+            self.breaker.record_failure()
+            return False
+        self.load = LoadReport(
+            resp.num_running,
+            resp.num_waiting,
+            resp.kv_tokens_used,
+            resp.kv_tokens_total,
+            resp.cache_hit_rate,
+        )
+        self.reachable = not resp.draining
+        if self.reachable:
+            self.breaker.record_success()
+        return self.reachable
+
+    async def _health_loop(self) -> None:
+        while True:
+            await self.poll()
+            await asyncio.sleep(self.config.health_interval)
+
+    # ---- cache events -------------------------------------------------------------------
+
+    async def _event_loop(self) -> None:
+        while True:
+            try:
+                await self._follow_events()
+            except grpc.aio.AioRpcError as e:
+                logger.debug("cache events of %s: %s", self.worker_id, e.code().name)
+            await asyncio.sleep(self.config.health_interval)
+
+    async def _follow_events(self) -> None:
+        """Subscribe, sync from a snapshot, then apply events until the stream ends."""
+        call = self.stub.StreamCacheEvents(
+            worker_pb2.StreamCacheEventsRequest(), metadata=self.metadata
+        )
+        try:
+            await self.resync()
+            async for resp in call:
+                ev = resp.event
+                s = self.summary
+                if ev.epoch == s.epoch and ev.sequence <= s.sequence:
+                    continue  # already in the snapshot
+                if ev.epoch != s.epoch or ev.sequence != s.sequence + 1:
+                    logger.info("cache events of %s: gap or new epoch; resync", self.worker_id)
+                    await self.resync()
+                    if ev.epoch != s.epoch or ev.sequence <= s.sequence:
+                        continue
+                    if ev.sequence != s.sequence + 1:
+                        return  # still a gap: resubscribe
+                self.apply(ev)
+        finally:
+            call.cancel()
+
+    def apply(self, ev: worker_pb2.CacheEvent) -> None:
+        s = self.summary
+        if ev.kind == worker_pb2.CACHE_EVENT_KIND_STORED:
+            s.store(ev.block_hashes)
+        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
+            s.remove(ev.block_hashes)
+        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_CLEARED:
+            s.clear()
+        s.sequence = ev.sequence
+
+    async def resync(self) -> None:
+        snap = await self.stub.GetCacheSnapshot(
+            worker_pb2.GetCacheSnapshotRequest(),
+            timeout=self.config.health_timeout * 5,
+            metadata=self.metadata,
+        )
+        present: set[int] = set()
+        for ev in snap.events:
+            if ev.kind == worker_pb2.CACHE_EVENT_KIND_STORED:
+                present.update(ev.block_hashes)
+            elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
+                present.difference_update(ev.block_hashes)
+            else:
+                present.clear()
+        self.summary.reset(snap.epoch, snap.sequence, present)
+        self.block_size = snap.block_size
+        self.resyncs += 1
+
+
+class WorkerPool:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self.index = SummaryIndex(config.summary_budget_bytes)
+        self.workers: dict[str, WorkerHandle] = {}
+        for i, address in enumerate(config.workers):
+            wid = f"worker-{i}"
+            self.workers[wid] = WorkerHandle(wid, address, self.index.add(wid), config)
+
+    def start(self) -> None:
+        for w in self.workers.values():
+            w.start()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(w.close() for w in self.workers.values()))
+
+    async def wait_healthy(self, timeout: float) -> bool:
+        """Poll until some worker is healthy (or `timeout` passes)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            results = await asyncio.gather(*(w.poll() for w in self.workers.values()))
+            if any(results):
+                return True
+            await asyncio.sleep(0.2)
+        return False

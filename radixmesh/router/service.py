@@ -1,0 +1,279 @@
+"""The `radixmesh.v1.Router` servicer: tokenize once, route, proxy the worker's stream.
+
+Generate: the prompt is tokenized here (chat template for messages), hashed into prefix
+blocks, matched against every worker's summary, and a policy picks the worker; the worker
+gets token ids. A worker that fails before the first chunk reaches the client (UNAVAILABLE
+or RESOURCE_EXHAUSTED) is left for another, up to `max_attempts` workers; once a chunk has
+been forwarded, a failure ends the stream with the worker's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+
+from radixmesh.client import convert
+from radixmesh.errors import (
+    Internal,
+    InvalidArgument,
+    RadixMeshError,
+    Unavailable,
+    entry_for,
+)
+from radixmesh.prefix import block_hashes
+from radixmesh.router.config import RouterConfig
+from radixmesh.router.policy import Policy, PolicyOptions, make_policy
+from radixmesh.router.pool import WorkerHandle, WorkerPool
+from radixmesh.tokenizer import TokenizerLike, validate_messages
+from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
+
+logger = logging.getLogger(__name__)
+
+FIELD_METADATA_KEY = "radixmesh-field"
+# Statuses after which another worker may serve the request (nothing reached the client).
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    def __init__(self, config: RouterConfig, pool: WorkerPool) -> None:
+        self.config = config
+        self.pool = pool
+        self.policy: Policy = make_policy(
+            config.policy, config.seed, PolicyOptions(config.request_cost_tokens)
+        )
+        self.tokenizer: TokenizerLike | None = None
+        self.model_info: common_pb2.ModelInfo | None = None
+        self.requests: dict[str, WorkerHandle] = {}  # request id -> the worker serving it
+        self.retries = 0
+
+    async def load_model_info(self) -> None:
+        """Ask a healthy worker what it serves and load the same tokenizer."""
+        for w in self.pool.workers.values():
+            if not w.healthy:
+                continue
+            resp = await w.stub.GetModelInfo(
+                worker_pb2.GetModelInfoRequest(), timeout=30, metadata=w.metadata
+            )
+            # The router only tokenizes; the loader builds a tokenizer without weights.
+            from radixmesh.worker.model.loader import load_tokenizer
+
+            self.tokenizer = await asyncio.to_thread(load_tokenizer, resp.info.tokenizer)
+            self.model_info = resp.info
+            return
+        raise Unavailable("no healthy worker to ask for the model")
+
+    # ---- routing ------------------------------------------------------------------------
+
+    def route(self, ids: list[int], exclude: set[str]) -> tuple[WorkerHandle, int]:
+        """The worker for a prompt and how many of its tokens that worker caches."""
+        hashes: dict[int, list[int]] = {}
+        cached: dict[str, int] = {}
+        candidates = []
+        for wid, w in self.pool.workers.items():
+            if w.block_size and w.block_size not in hashes:
+                hashes[w.block_size] = block_hashes(ids, w.block_size)
+            blocks = w.summary.match(hashes[w.block_size]) if w.block_size else 0
+            cached[wid] = blocks * w.block_size
+            c = w.candidate(cached[wid])
+            if wid in exclude:
+                c = type(c)(c.worker_id, False, c.cached_tokens, c.queued)
+            candidates.append(c)
+        chosen = self.pool.workers[self.policy.choose(len(ids), candidates)]
+        if chosen.block_size:
+            chosen.summary.add_tentative(hashes[chosen.block_size], self.config.tentative_ttl)
+            self.pool.index.enforce_budget()
+        return chosen, cached[chosen.worker_id]
+
+    def _input_ids(self, inp: common_pb2.Input) -> list[int]:
+        tok = self.tokenizer
+        if tok is None:
+            raise Unavailable("the router is still starting")
+        kind = inp.WhichOneof("kind")
+        if kind is None:
+            raise InvalidArgument("input", "empty input: set token_ids, text or messages")
+        if kind == "token_ids":
+            if not inp.token_ids.ids:
+                raise InvalidArgument("input.token_ids", "the token id list is empty")
+            return list(inp.token_ids.ids)
+        if kind == "text":
+            if not inp.text:
+                raise InvalidArgument("input.text", "the text is empty")
+            return tok.encode(inp.text)
+        messages = [{"role": m.role, "content": m.content} for m in inp.messages.messages]
+        try:
+            checked = validate_messages(messages)
+        except InvalidArgument as e:
+            raise InvalidArgument("input.messages", e.message) from None
+        return tok.encode_chat(checked)
+
+    # ---- generate -----------------------------------------------------------------------
+
+    async def Generate(
+        self, request: router_pb2.RouterGenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.RouterGenerateResponse]:
+        rid = request.request_id or uuid.uuid4().hex
+        try:
+            ids = self._input_ids(request.input)
+        except RadixMeshError as e:
+            await abort_rpc(context, e)
+        wreq = worker_pb2.GenerateRequest(
+            input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=ids)),
+            sampling_params=request.sampling_params,
+            request_id=rid,
+            stream=request.stream,
+        )
+        tried: set[str] = set()
+        last_error: grpc.aio.AioRpcError | None = None
+        while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
+            try:
+                worker, _ = self.route(ids, tried)
+            except RadixMeshError as e:
+                if last_error is not None:
+                    break
+                await abort_rpc(context, e)
+            tried.add(worker.worker_id)
+            forwarded = False
+            worker.in_flight += 1
+            self.requests[rid] = worker
+            call = worker.stub.Generate(wreq, metadata=worker.metadata)
+            try:
+                async for resp in call:
+                    forwarded = True
+                    yield router_pb2.RouterGenerateResponse(
+                        chunk=resp.chunk, worker_id=worker.worker_id
+                    )
+                worker.breaker.record_success()
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    worker.breaker.record_failure()
+                if forwarded or e.code() not in _RETRYABLE:
+                    await _pass_on(context, e)
+                logger.info("worker %s failed (%s); retrying", worker.worker_id, e.code().name)
+                last_error = e
+                self.retries += 1
+            finally:
+                call.cancel()
+                worker.in_flight -= 1
+                self.requests.pop(rid, None)
+        assert last_error is not None
+        await _pass_on(context, last_error)
+
+    # ---- the other RPCs -----------------------------------------------------------------
+
+    async def Select(
+        self, request: router_pb2.SelectRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.SelectResponse:
+        async def run() -> router_pb2.SelectResponse:
+            ids = self._input_ids(request.input)
+            sreq = convert.score_request(request.input, list(request.choices))
+            worker, _ = self.route(ids, set())
+            worker.in_flight += 1
+            try:
+                resp = await worker.stub.Score(sreq, metadata=worker.metadata)
+            finally:
+                worker.in_flight -= 1
+            sel = convert.selection_from_scores(list(request.choices), resp)
+            return router_pb2.SelectResponse(
+                index=sel.index,
+                text=sel.text,
+                normalized_logprobs=sel.normalized_logprobs,
+                sum_logprobs=sel.sum_logprobs,
+            )
+
+        return await _unary(context, run)
+
+    async def Abort(
+        self, request: router_pb2.RouterAbortRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RouterAbortResponse:
+        async def run() -> router_pb2.RouterAbortResponse:
+            worker = self.requests.get(request.request_id)
+            if worker is None:
+                return router_pb2.RouterAbortResponse(found=False)
+            resp = await worker.stub.Abort(
+                worker_pb2.AbortRequest(request_id=request.request_id), metadata=worker.metadata
+            )
+            return router_pb2.RouterAbortResponse(found=resp.found)
+
+        return await _unary(context, run)
+
+    async def ClusterStatus(
+        self, request: router_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.ClusterStatusResponse:
+        return router_pb2.ClusterStatusResponse(
+            workers=[
+                router_pb2.WorkerStatus(
+                    worker_id=w.worker_id,
+                    address=w.address,
+                    healthy=w.healthy,
+                    num_running=w.load.num_running,
+                    num_waiting=w.load.num_waiting,
+                    kv_tokens_used=w.load.kv_tokens_used,
+                    kv_tokens_total=w.load.kv_tokens_total,
+                    cache_hit_rate=w.load.cache_hit_rate,
+                    cached_blocks=w.summary.num_confirmed,
+                )
+                for w in self.pool.workers.values()
+            ]
+        )
+
+    async def FlushCache(
+        self, request: router_pb2.RouterFlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RouterFlushCacheResponse:
+        async def flush(w: WorkerHandle) -> bool:
+            try:
+                resp = await w.stub.FlushCache(
+                    worker_pb2.FlushCacheRequest(), timeout=30, metadata=w.metadata
+                )
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(resp.flushed)
+
+        results = await asyncio.gather(*(flush(w) for w in self.pool.workers.values()))
+        return router_pb2.RouterFlushCacheResponse(flushed=sum(results), total=len(results))
+
+    async def GetModelInfo(
+        self, request: router_pb2.RouterGetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RouterGetModelInfoResponse:
+        async def run() -> router_pb2.RouterGetModelInfoResponse:
+            if self.model_info is None:
+                raise Unavailable("the router is still starting")
+            return router_pb2.RouterGetModelInfoResponse(info=self.model_info)
+
+        return await _unary(context, run)
+
+
+async def abort_rpc(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
+    """End the RPC with the catalogue's status for `error`."""
+    entry = entry_for(error)
+    metadata: tuple[tuple[str, str], ...] = ()
+    if isinstance(error, InvalidArgument):
+        metadata = ((FIELD_METADATA_KEY, error.field),)
+    await context.abort(grpc.StatusCode[entry.grpc_status], str(error), trailing_metadata=metadata)
+    raise AssertionError("unreachable: context.abort raises")
+
+
+async def _pass_on(context: grpc.aio.ServicerContext, e: grpc.aio.AioRpcError) -> NoReturn:
+    """End the RPC with a worker's status, details and field metadata, as they came."""
+    field = [(k, v) for k, v in (e.trailing_metadata() or ()) if k == FIELD_METADATA_KEY]
+    await context.abort(e.code(), e.details() or "", trailing_metadata=tuple(field))
+    raise AssertionError("unreachable: context.abort raises")
+
+
+async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[Any]]) -> Any:
+    try:
+        return await run()
+    except RadixMeshError as e:
+        await abort_rpc(context, e)
+    except grpc.aio.AioRpcError as e:
+        await _pass_on(context, e)
+    except Exception as e:
+        if isinstance(e, grpc.aio.AbortError):
+            raise
+        logger.exception("RPC failed")
+        await abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
