@@ -11,7 +11,13 @@ def _c(wid: str, cached: int = 0, queued: int = 0, healthy: bool = True) -> Cand
 
 
 def test_registry_names() -> None:
-    assert sorted(POLICIES) == ["cache_aware", "least_load", "power_of_two", "random", "round_robin"]
+    assert sorted(POLICIES) == [
+        "cache_aware",
+        "least_load",
+        "power_of_two",
+        "random",
+        "round_robin",
+    ]
     with pytest.raises(InvalidArgument, match="policy: unknown policy 'nope'"):
         make_policy("nope")
 

@@ -1,0 +1,62 @@
+"""`radixmesh launch`: a router and workers as local processes, all stopped by Ctrl-C."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from radixmesh.client import Client
+from radixmesh.cluster.launch import LaunchConfig, free_port
+from radixmesh.errors import InvalidArgument
+
+pytestmark = pytest.mark.slow
+
+
+def _refuses(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return False
+    except OSError:
+        return True
+
+
+def test_launch_serves_and_stops_every_process_on_ctrl_c() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
+         "--workers", "2", "--port", str(port), "--dtype", "float32"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        ready = ""
+        while not ready.startswith("radixmesh cluster ready"):
+            assert time.monotonic() < deadline and proc.poll() is None
+            ready = proc.stdout.readline()
+        workers = re.findall(r"127\.0\.0\.1:\d+", ready.split("workers", 1)[1])
+        assert len(workers) == 2
+        with Client(f"127.0.0.1:{port}") as client:
+            out = client.generate("hello", sampling_params={"max_new_tokens": 3})
+        assert out.completion_tokens == 3
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert [_refuses(a) for a in [f"127.0.0.1:{port}", *workers]] == [True, True, True]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_launch_config_checks_its_fields() -> None:
+    with pytest.raises(InvalidArgument, match="workers: must be >= 1, got 0"):
+        LaunchConfig(model="dummy:tiny", workers=0)
+    with pytest.raises(InvalidArgument, match="worker_ports: give one port per worker"):
+        LaunchConfig(model="dummy:tiny", workers=2, worker_ports=(1,))
