@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -49,11 +50,17 @@ class LoadReport:
 
 class WorkerHandle:
     def __init__(
-        self, worker_id: str, address: str, summary: PrefixSummary, config: RouterConfig
+        self,
+        worker_id: str,
+        address: str,
+        summary: PrefixSummary,
+        config: RouterConfig,
+        on_grow: Callable[[], None] = lambda: None,
     ) -> None:
         self.worker_id = worker_id
         self.address = address
         self.summary = summary
+        self.on_grow = on_grow  # called after the summary grew (the pool enforces its budget)
         self.config = config
         self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
@@ -156,6 +163,7 @@ class WorkerHandle:
         s = self.summary
         if ev.kind == worker_pb2.CACHE_EVENT_KIND_STORED:
             s.store(ev.block_hashes)
+            self.on_grow()
         elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
             s.remove(ev.block_hashes)
         elif ev.kind == worker_pb2.CACHE_EVENT_KIND_CLEARED:
@@ -177,6 +185,7 @@ class WorkerHandle:
             else:
                 present.clear()
         self.summary.reset(snap.epoch, snap.sequence, present)
+        self.on_grow()
         self.block_size = snap.block_size
         self.resyncs += 1
 
@@ -188,7 +197,9 @@ class WorkerPool:
         self.workers: dict[str, WorkerHandle] = {}
         for i, address in enumerate(config.workers):
             wid = f"worker-{i}"
-            self.workers[wid] = WorkerHandle(wid, address, self.index.add(wid), config)
+            self.workers[wid] = WorkerHandle(
+                wid, address, self.index.add(wid), config, self.index.enforce_budget
+            )
 
     def start(self) -> None:
         for w in self.workers.values():

@@ -76,3 +76,30 @@ def test_budget_drops_tentative_before_confirmed() -> None:
     a.add_tentative(_hashes(1, first=500), ttl=60.0)
     index.enforce_budget()
     assert a.match(h) == 2 and len(a) == 2
+
+
+def test_pool_applies_events_within_the_budget() -> None:
+    import asyncio
+
+    from radixmesh.router.config import RouterConfig
+    from radixmesh.router.pool import WorkerPool
+    from radixmesh.v1 import worker_pb2
+
+    async def run() -> tuple[int, int, int]:
+        config = RouterConfig(workers=("127.0.0.1:1",), summary_budget_bytes=3 * BYTES_PER_BLOCK)
+        pool = WorkerPool(config)
+        handle = pool.workers["worker-0"]
+        h = _hashes(5)
+        stored = worker_pb2.CacheEvent(
+            epoch=1, sequence=1, kind=worker_pb2.CACHE_EVENT_KIND_STORED, block_hashes=h
+        )
+        handle.apply(stored)
+        removed = worker_pb2.CacheEvent(
+            epoch=1, sequence=2, kind=worker_pb2.CACHE_EVENT_KIND_REMOVED, block_hashes=h[4:]
+        )
+        handle.apply(removed)
+        await pool.close()
+        return handle.summary.num_confirmed, handle.summary.sequence, handle.summary.match(h[2:])
+
+    # 5 stored, the 2 oldest forgotten for the budget, then the newest removed.
+    assert asyncio.run(run()) == (2, 2, 2)
