@@ -190,3 +190,26 @@ def test_a_worker_killed_before_the_first_token_is_retried_elsewhere() -> None:
         assert second != first
         assert list(again.token_ids) == list(chunk.token_ids)
         assert again.cached_tokens == 0
+
+
+def test_abort_and_select_through_the_router(cluster: LocalCluster) -> None:
+    from radixmesh.client import Client
+
+    with Client(cluster.address) as client:
+        stream = client.generate(
+            "count forever",
+            sampling_params={"max_new_tokens": 2000, "ignore_eos": True},
+            request_id="long-one",
+            stream=True,
+        )
+        first = next(stream)
+        assert first.request_id == "long-one"
+        assert client.abort("long-one") is True
+        last = list(stream)[-1]
+        assert last.finish_reason == "abort"
+        assert client.abort("long-one") is False
+        sel = client.select("The sky is", ["blue", "green", "loud"])
+    assert sel.text == ["blue", "green", "loud"][sel.index]
+    assert len(sel.normalized_logprobs) == 3 and len(sel.sum_logprobs) == 3
+    best = max(range(3), key=lambda i: (sel.normalized_logprobs[i], -i))
+    assert sel.index == best
