@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
@@ -147,6 +147,19 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         items: list[ScheduledRequest] = []
         slots: list[torch.Tensor] = []
+        if not self._schedule_decode(budget, items, slots):
+            self._schedule_running(budget, items, slots)
+        budget -= sum(item.num_new_tokens for item in items)
+        if budget > 0:
+            self._admit(budget, items, slots)
+        if not items:
+            return None
+        return Batch(items=items, out_cache_loc=torch.cat(slots))
+
+    def _schedule_running(
+        self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]
+    ) -> None:
+        """Running requests in admission order, one allocation each (retracting if short)."""
         for req in list(self.running):
             if budget == 0:
                 break
@@ -159,11 +172,38 @@ class Scheduler:
             items.append(ScheduledRequest(req, n))
             slots.append(new)
             budget -= n
-        if budget > 0:
-            self._admit(budget, items, slots)
-        if not items:
-            return None
-        return Batch(items=items, out_cache_loc=torch.cat(slots))
+
+    def _schedule_decode(
+        self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]
+    ) -> bool:
+        """The common step where every running request decodes one token, batched.
+
+        Allocates every row's slot in one call and writes them into the table in one
+        indexed write: per-request calls cost ~10 us each, ~3 ms a step at batch 256.
+        The result is what `_schedule_running` would give when memory suffices. Returns
+        False, having allocated nothing, when this is not such a step or memory is short;
+        the per-request path then evicts and retracts as before.
+        """
+        running = self.running
+        if not running or len(running) > budget:
+            return False
+        if any(r.num_tokens - r.num_computed_tokens != 1 for r in running):
+            return False
+        existing = [r.num_computed_tokens for r in running]
+        # Only with pages does the last slot matter: a row mid-page takes the next one.
+        by_page = self.page_size > 1
+        last = [self._last_slot.get(r.rid, 0) for r in running] if by_page else []
+        new = self.allocator.alloc_next(existing, last)  # [B] on the CPU
+        if new is None:
+            return False
+        rows = cast("list[int]", [r.row for r in running])  # running requests hold a row
+        self.req_table.write_one_each(rows, existing, new)
+        if by_page:
+            self._last_slot.update(zip((r.rid for r in running), new.tolist(), strict=True))
+        self._allocated.update((r.rid, n + 1) for r, n in zip(running, existing, strict=True))
+        items.extend(ScheduledRequest(r, 1) for r in running)
+        slots.append(new.to(self.allocator.device))
+        return True
 
     def _admit(self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]) -> None:
         if not self.waiting:

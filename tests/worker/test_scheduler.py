@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
+from radixmesh.worker.batch import Batch, ForwardOutput
 from radixmesh.worker.request import FinishReason
 from tests.worker.factories import (
     Recorder,
@@ -241,3 +244,40 @@ def test_prompt_logprobs_of_a_one_token_prompt() -> None:
     w.scheduler.add_request(r)
     run_to_completion(w)
     assert r.input_token_logprobs == [(None, 5, None)]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_batched_decode_allocation_matches_the_per_request_path(page_size: int) -> None:
+    """Same slots every step with and without the batched decode path, through retractions."""
+
+    def run(batched: bool) -> tuple[list[list[int]], list[list[int]], int]:
+        w = make_worker(kv_cache_tokens=64, new_token_ratio=0.0, page_size=page_size)
+        if not batched:
+            w.scheduler._schedule_decode = lambda *args: False  # type: ignore[method-assign]
+        slots: list[list[int]] = []
+        inner = w.runner.forward
+
+        def forward(batch: Batch) -> ForwardOutput:
+            slots.append(batch.out_cache_loc.tolist())
+            return inner(batch)
+
+        w.scheduler.runner = _Forward(forward)
+        reqs = [
+            make_request(w, list(range(10 + 7 * i, 17 + 7 * i)), max_new_tokens=30)
+            for i in range(3)
+        ]
+        for r in reqs:
+            w.scheduler.add_request(r)
+        run_to_completion(w)  # asserts slot accounting after every step
+        assert all_free_after_flush(w)
+        return slots, [r.output_ids for r in reqs], w.scheduler.stats().num_retractions
+
+    batched, per_request = run(True), run(False)
+    assert batched == per_request
+    assert batched[2] > 0  # the pool is small enough to retract
+    assert sum(len(s) == 3 for s in batched[0]) > 10  # and the batched path ran
+
+
+class _Forward:
+    def __init__(self, fn: Callable[[Batch], ForwardOutput]) -> None:
+        self.forward = fn

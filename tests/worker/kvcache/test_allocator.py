@@ -128,3 +128,53 @@ def test_req_table_rows_and_writes() -> None:
     with pytest.raises(RuntimeError, match="double free"):
         t.free_row(1)
     assert t.alloc_row() == 1
+
+
+# ---- batched decode allocation ------------------------------------------------------------
+def test_alloc_next_page1_takes_one_slot_each_in_order() -> None:
+    a = KVAllocator(8)
+    assert a.alloc(2) is not None  # slots 1, 2
+    new = a.alloc_next([5, 9, 1], [])
+    assert new is not None and new.tolist() == [3, 4, 5]
+    assert a.num_free_slots == 2
+    assert a.alloc_next([1, 1, 1], []) is None  # 3 needed, 2 free: nothing taken
+    assert a.num_free_slots == 2
+
+
+def test_alloc_next_page4_matches_one_alloc_per_sequence() -> None:
+    # Pages 1-2, 3-4, 5: 6 tokens (last page half used), 8 (page full), 3 (one slot left).
+    def setup() -> tuple[KVAllocator, list[int], list[int]]:
+        a = KVAllocator(40, page_size=4)
+        seqs = [a.alloc(n) for n in (6, 8, 3)]
+        assert all(s is not None for s in seqs)
+        return a, [6, 8, 3], [int(s[-1]) for s in seqs]  # type: ignore[index]
+
+    one_by_one, existing, last = setup()
+    expected = [
+        one_by_one.alloc(1, last_slot=s, num_existing=n).tolist()  # type: ignore[union-attr]
+        for n, s in zip(existing, last, strict=True)
+    ]
+    batched, existing, last = setup()
+    new = batched.alloc_next(existing, last)
+    assert new is not None
+    assert new.tolist() == [e[0] for e in expected] == [10, 24, 23]
+    assert batched.num_free_pages == one_by_one.num_free_pages == 3
+
+
+def test_alloc_next_page4_exhaustion_allocates_nothing() -> None:
+    a = KVAllocator(12, page_size=4)  # pages 1 and 2 usable
+    first = a.alloc(4)
+    assert first is not None and a.num_free_pages == 1
+    assert a.alloc_next([4, 0], [7, 0]) is None  # two boundaries, one free page
+    assert a.num_free_pages == 1
+    new = a.alloc_next([4], [7])
+    assert new is not None and new.tolist() == [8] and a.num_free_pages == 0
+
+
+def test_req_table_write_one_each() -> None:
+    t = ReqToTokenTable(max_requests=3, max_context_len=4)
+    t.write_one_each([2, 0], [1, 3], _t(7, 9))
+    assert t.table.tolist() == [[0, 0, 0, 9], [0, 0, 0, 0], [0, 7, 0, 0]]
+    with pytest.raises(ValueError, match="outside the table"):
+        t.write_one_each([0], [4], _t(1))
+    t.write_one_each([], [], _t())
