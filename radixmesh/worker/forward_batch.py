@@ -61,20 +61,26 @@ class ForwardBatch:
     ) -> ForwardBatch:
         """Build from host lists; positions and seq_lens are derived."""
         device = req_to_token.device
-        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
-        positions = [p + i for p, e in zip(prefix_lens, extend_lens, strict=True) for i in range(e)]
 
         def tensor(xs: list[int]) -> torch.Tensor:
             return torch.tensor(xs, dtype=torch.int64, device=device)
 
+        prefix, extend = tensor(prefix_lens), tensor(extend_lens)
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+        if len(input_ids) == len(prefix_lens):  # decode only: each new token at its prefix end
+            positions = prefix
+        else:
+            positions = tensor(
+                [p + i for p, e in zip(prefix_lens, extend_lens, strict=True) for i in range(e)]
+            )
         return cls(
             input_ids=tensor(input_ids),
-            positions=tensor(positions),
+            positions=positions,
             out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int64),
             req_rows=tensor(req_rows),
-            seq_lens=tensor(seq_lens),
-            prefix_lens=tensor(prefix_lens),
-            extend_lens=tensor(extend_lens),
+            seq_lens=prefix + extend,
+            prefix_lens=prefix,
+            extend_lens=extend,
             req_to_token=req_to_token,
             seq_lens_cpu=seq_lens,
             prefix_lens_cpu=list(prefix_lens),

@@ -19,7 +19,7 @@ from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.request import Request
-from radixmesh.worker.sampler import Sampler, SamplingRow, token_logprobs
+from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids, token_logprobs
 
 if TYPE_CHECKING:  # imports triton: only where graphs are built
     from radixmesh.worker.cuda_graph import DecodeCudaGraphs
@@ -82,15 +82,21 @@ class ModelRunner:
         return out
 
     def _forward_batch(self, batch: Batch) -> ForwardBatch:
+        items = batch.items
+        prefix_lens = [item.req.num_computed_tokens for item in items]
         input_ids: list[int] = []
-        for item in batch.items:
-            input_ids.extend(item.req.token_ids[item.start : item.start + item.num_new_tokens])
+        for item, start in zip(items, prefix_lens, strict=True):
+            n, ids = item.num_new_tokens, item.req.token_ids
+            if n == 1:  # decode: no slice (a list copy) for one id
+                input_ids.append(ids[start])
+            else:
+                input_ids.extend(ids[start : start + n])
         return ForwardBatch.build(
             input_ids=input_ids,
             out_cache_loc=batch.out_cache_loc,
-            req_rows=[item.req.row for item in batch.items],  # type: ignore[misc]
-            prefix_lens=[item.start for item in batch.items],
-            extend_lens=[item.num_new_tokens for item in batch.items],
+            req_rows=[item.req.row for item in items],  # type: ignore[misc]
+            prefix_lens=prefix_lens,
+            extend_lens=[item.num_new_tokens for item in items],
             req_to_token=self.req_table.table,
         )
 
@@ -100,27 +106,23 @@ class ModelRunner:
         offset = 0
         for i, item in enumerate(batch.items):
             req, n = item.req, item.num_new_tokens
-            if item.samples and req.remaining_new_tokens > 0:
+            # Inlined `item.samples` and `req.remaining_new_tokens`: this runs per request
+            # per step, and the properties cost more than the arithmetic.
+            computed, params = req.num_computed_tokens, req.params
+            if computed + n == len(req.token_ids) and (
+                params.max_new_tokens > len(req.token_ids) - req.num_prompt_tokens
+            ):
                 rows.sample_rows.append(offset + n - 1)
                 rows.sample_items.append(i)
-            if req.wants_prompt_logprobs:
-                _add_prompt_rows(rows, i, item, offset)
+            if params.return_logprob and params.logprob_start_len is not None:
+                _add_prompt_rows(rows, i, item, offset)  # req.wants_prompt_logprobs
             offset += n
         return rows
 
     def _sample(
         self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput
     ) -> None:
-        sampling_rows = [
-            SamplingRow(
-                params=items[i].req.params,
-                prompt_ids=items[i].req.prompt_ids,
-                output_ids=items[i].req.output_ids,
-                stop_ids=items[i].req.stop_ids,
-                generator=items[i].req.generator,
-            )
-            for i in rows.sample_items
-        ]
+        sampling_rows = [_sampling_row(items[i].req) for i in rows.sample_items]
         res = self.sampler.sample(
             logits, sampling_rows, allowed=self._allowed([items[i].req for i in rows.sample_items])
         )
@@ -153,6 +155,18 @@ class ModelRunner:
                 top=[t[:top_n] for t in tops[at : at + count]] if tops else [],
             )
             at += count
+
+
+def _sampling_row(req: Request) -> SamplingRow:
+    # The output ids are a fresh list slice: built only when a rule reads them.
+    params = req.params
+    return SamplingRow(
+        params=params,
+        prompt_ids=req.prompt_ids,
+        output_ids=req.output_ids if reads_output_ids(params) else (),
+        stop_ids=req.stop_ids,
+        generator=req.generator,
+    )
 
 
 def _add_prompt_rows(rows: _Rows, i: int, item: ScheduledRequest, offset: int) -> None:

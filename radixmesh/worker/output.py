@@ -21,7 +21,11 @@ class OutputProcessor:
         self._pending: dict[str, tuple[list[int], list[str], list[Any], list[Any]]] = {}
 
     def _buf(self, req: Request) -> tuple[list[int], list[str], list[Any], list[Any]]:
-        return self._pending.setdefault(req.rid, ([], [], [], []))
+        # Not setdefault: that would build four lists per token only to drop them.
+        buf = self._pending.get(req.rid)
+        if buf is None:
+            buf = self._pending[req.rid] = ([], [], [], [])
+        return buf
 
     def append_token(
         self,
@@ -43,7 +47,7 @@ class OutputProcessor:
                 tops.append(top_entry)
         # A matched stop token stays in output_ids but not in the text (SGLang's
         # convention), unless no_stop_trim asks to keep it.
-        stop_token = req.num_output_tokens >= req.params.min_new_tokens and token in req.stop_ids
+        stop_token = token in req.stop_ids and req.num_output_tokens >= req.params.min_new_tokens
         if req.detokenizer is not None and (not stop_token or req.params.no_stop_trim):
             text.append(req.detokenizer.push([token]))
         self._check_finish(req, token, stop_token)
@@ -80,11 +84,12 @@ class OutputProcessor:
             have += 1
 
     def emit(self, req: Request) -> None:
-        ids, text, lps, tops = self._pending.pop(req.rid, ([], [], [], []))
-        if not ids and not req.finished:
+        buf = self._pending.pop(req.rid, None)
+        if (buf is None or not buf[0]) and not req.finished:
             return
         if req.sink is None:
             return
+        ids, text, lps, tops = buf or ([], [], [], [])
         req.sink(
             RequestOutput(
                 rid=req.rid,

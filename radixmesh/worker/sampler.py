@@ -87,6 +87,12 @@ def _needs_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
+def reads_output_ids(p: SamplingParams) -> bool:
+    """Whether sampling a row with these params reads its `output_ids` (else it may be
+    empty): penalties count them, min_new_tokens compares their number."""
+    return _needs_penalty(p) or p.min_new_tokens > 0
+
+
 def _min_tokens_active(row: SamplingRow) -> bool:
     return bool(row.stop_ids) and len(row.output_ids) < row.params.min_new_tokens
 
