@@ -2,9 +2,9 @@
 
 `radixmesh launch` starts each worker as `radixmesh worker` on its own loopback port and
 the router as `radixmesh router` in front of them, waits until the router's health check
-says SERVING (which needs a worker up and the tokenizer loaded), and then waits for
-SIGINT / SIGTERM or for any child to die; either way it stops every child (SIGTERM, then
-SIGKILL after `stop_timeout`).
+says SERVING (which needs a worker up and the tokenizer loaded) and the router sees every
+worker healthy, and then waits for SIGINT / SIGTERM or for any child to die; either way
+it stops every child (SIGTERM, then SIGKILL after `stop_timeout`).
 """
 
 from __future__ import annotations
@@ -90,14 +90,18 @@ class LocalCluster:
         self.router = subprocess.Popen(_cli(*router_args, *c.router_args), env=c.env)
 
     def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
-        """Block until the router serves (True) or `stop_requested()` (False); Unavailable
-        if a child dies or time runs out."""
+        """Block until the router serves and sees every worker healthy (True), or until
+        `stop_requested()` (False); Unavailable if a child dies or time runs out."""
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        from radixmesh.v1 import router_pb2, router_pb2_grpc
 
         deadline = time.monotonic() + self.config.ready_timeout
         with grpc.insecure_channel(self.address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
+            router = router_pb2_grpc.RouterStub(ch)
+            status_req = router_pb2.ClusterStatusRequest()
             while time.monotonic() < deadline:
                 if stop_requested():
                     return False
@@ -105,7 +109,9 @@ class LocalCluster:
                     raise Unavailable(f"{dead} exited during startup")
                 try:
                     resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    if resp.status == health_pb2.HealthCheckResponse.SERVING and all(
+                        w.healthy for w in router.ClusterStatus(status_req, timeout=1).workers
+                    ):
                         return True
                 except grpc.RpcError:
                     pass

@@ -2,7 +2,8 @@
 
 Each handle owns a gRPC channel and two background tasks on the router's loop:
 
-- a health loop that polls `GetLoad` every `health_interval` seconds: an answer (not
+- a health loop that polls `GetLoad` every `health_interval` seconds (an unhealthy worker
+  at least every `UNHEALTHY_PROBE_INTERVAL`): an answer (not
   draining) marks the worker healthy and refreshes its load; a failure marks it unhealthy
   and counts against its circuit breaker;
 - a cache-event loop that keeps the worker's `PrefixSummary` exact: it opens
@@ -28,6 +29,8 @@ from radixmesh.router.summary import PrefixSummary, SummaryIndex
 from radixmesh.v1 import worker_pb2, worker_pb2_grpc
 
 logger = logging.getLogger(__name__)
+
+UNHEALTHY_PROBE_INTERVAL = 0.5  # seconds between polls of a worker that is down
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -122,9 +125,11 @@ class WorkerHandle:
         return self.reachable
 
     async def _health_loop(self) -> None:
+        # An unhealthy worker is probed more often, so that it rejoins soon after it is up.
         while True:
-            await self.poll()
-            await asyncio.sleep(self.config.health_interval)
+            healthy = await self.poll()
+            interval = self.config.health_interval
+            await asyncio.sleep(interval if healthy else min(interval, UNHEALTHY_PROBE_INTERVAL))
 
     # ---- cache events -------------------------------------------------------------------
 
