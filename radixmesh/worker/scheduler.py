@@ -387,10 +387,13 @@ class Scheduler:
         now = time.monotonic()
         for i, item in enumerate(batch.items):
             req = item.req
-            samples, first_chunk = item.samples, item.start == 0  # before the counter moves
-            req.num_computed_tokens += item.num_new_tokens
+            # `item.samples` and `item.start`, inlined (per request per step), read before
+            # the counter moves.
+            start = req.num_computed_tokens
+            samples = start + item.num_new_tokens == len(req.token_ids)
+            req.num_computed_tokens = start + item.num_new_tokens
             plp = out.prompt_logprobs[i]
-            if plp is None and first_chunk and req.wants_prompt_logprobs:
+            if plp is None and start == 0 and req.wants_prompt_logprobs:
                 plp = PromptLogprobs(first=1, logprobs=[])  # a 1-token prompt: (None, tok)
             if plp is not None:
                 self.output.add_prompt_logprobs(req, plp)
