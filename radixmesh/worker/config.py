@@ -20,7 +20,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 @dataclass(frozen=True)
 class ModelConfig:
     model: str = "smollm2"  # alias, HF directory, .gguf path, or dummy:<preset>
-    dtype: str = "auto"  # auto: bfloat16 on CUDA and on CPUs with native bf16, else float32
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU (see worker.resolve_dtype)
     device: str = "auto"  # auto: cuda when available, else cpu
     context_length: int | None = None  # None: the model's own
     seed: int = 0  # for dummy weights and unseeded sampling

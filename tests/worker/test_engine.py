@@ -226,9 +226,9 @@ def test_logprobs_and_prompt_logprobs_match_transformers(
     assert_engine_idle_and_clean(engine)
 
 
-def test_default_dtype_engine_answers_and_shares_the_cache() -> None:
-    """The default (bf16 where the CPU has it) is a speed mode: answers stay right."""
-    eng = Engine("smollm2", kv_cache_tokens=2048)
+def test_bfloat16_engine_answers_and_shares_the_cache() -> None:
+    """bf16 on CPU is a speed mode (packed oneDNN bf16 GEMMs): answers stay right."""
+    eng = Engine("smollm2", dtype="bfloat16", kv_cache_tokens=2048)
     try:
         ids = eng.tokenizer.encode_chat(
             [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
@@ -272,5 +272,23 @@ def test_a_dead_scheduler_thread_fails_waiters_instead_of_hanging() -> None:
             eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
         with pytest.raises(Unavailable, match="device gone"):
             eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+    finally:
+        eng.shutdown()
+
+
+def test_default_dtype_keeps_greedy_answers_exact_across_cache_hits() -> None:
+    """A near-tie prompt (top-2 logprob gap 0.08): bf16 flips it on a cache hit, the
+    default (float32 on CPU) must not."""
+    eng = Engine("smollm2", kv_cache_tokens=2048)
+    try:
+        assert eng.worker.dtype.is_floating_point and eng.worker.dtype.itemsize == 4
+        ids = eng.tokenizer.encode_chat(
+            [{"role": "user", "content": "What is the capital of France?"}]
+        )
+        first = eng.generate(input_ids=ids, sampling_params=GREEDY)
+        again = eng.generate(input_ids=ids, sampling_params=GREEDY)
+        assert isinstance(first, dict) and isinstance(again, dict)
+        assert again["meta_info"]["cached_tokens"] == len(ids) - 1
+        assert again["output_ids"] == first["output_ids"]
     finally:
         eng.shutdown()
