@@ -333,11 +333,18 @@ class Engine:
                 self._check_alive()
 
     async def _aget(self, q: asyncio.Queue[RequestOutput]) -> RequestOutput:
-        while True:
-            try:
-                return await asyncio.wait_for(q.get(), timeout=_POLL_S)
-            except TimeoutError:
+        # Not asyncio.wait_for: on Python 3.11 it can swallow the caller's cancellation
+        # when the queue delivers at the same moment, and a cancelled (disconnected)
+        # stream must always reach its `finally` and abort the request.
+        getter = asyncio.ensure_future(q.get())
+        try:
+            while True:
+                done, _ = await asyncio.wait({getter}, timeout=_POLL_S)
+                if done:
+                    return getter.result()
                 self._check_alive()
+        finally:
+            getter.cancel()  # no-op when done
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         fut: Future[Any] = Future()
