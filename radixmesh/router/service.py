@@ -29,8 +29,9 @@ from radixmesh.prefix import block_hashes
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.policy import Policy, PolicyOptions, make_policy
 from radixmesh.router.pool import WorkerHandle, WorkerPool
-from radixmesh.tokenizer import TokenizerLike, validate_messages
+from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
+from radixmesh.wire import input_ids_from_proto
 
 logger = logging.getLogger(__name__)
 
@@ -90,26 +91,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return chosen, cached[chosen.worker_id]
 
     def _input_ids(self, inp: common_pb2.Input) -> list[int]:
-        tok = self.tokenizer
-        if tok is None:
+        if self.tokenizer is None:
             raise Unavailable("the router is still starting")
-        kind = inp.WhichOneof("kind")
-        if kind is None:
-            raise InvalidArgument("input", "empty input: set token_ids, text or messages")
-        if kind == "token_ids":
-            if not inp.token_ids.ids:
-                raise InvalidArgument("input.token_ids", "the token id list is empty")
-            return list(inp.token_ids.ids)
-        if kind == "text":
-            if not inp.text:
-                raise InvalidArgument("input.text", "the text is empty")
-            return tok.encode(inp.text)
-        messages = [{"role": m.role, "content": m.content} for m in inp.messages.messages]
-        try:
-            checked = validate_messages(messages)
-        except InvalidArgument as e:
-            raise InvalidArgument("input.messages", e.message) from None
-        return tok.encode_chat(checked)
+        return input_ids_from_proto(inp, self.tokenizer)
 
     # ---- generate -----------------------------------------------------------------------
 

@@ -206,8 +206,9 @@ class Scheduler:
         return True
 
     def _admit(self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]) -> None:
-        if not self.waiting:
-            return
+        full = len(self.running) >= self.config.max_running_requests
+        if not self.waiting or full or self.req_table.num_free_rows == 0:
+            return  # nothing can be admitted: don't pay for the policy's prefix matching
         reserved = self._reserved_tokens()
         admitted: list[Request] = []
         for req in self.policy.order(list(self.waiting)):

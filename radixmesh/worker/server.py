@@ -33,8 +33,8 @@ from radixmesh.errors import (
     Unavailable,
     entry_for,
 )
-from radixmesh.tokenizer import validate_messages
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from radixmesh.wire import input_ids_from_proto
 from radixmesh.worker.cache_event_hub import CacheEventHub
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.metrics import WorkerMetrics
@@ -290,24 +290,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             yield chunk
 
     def _input_ids(self, inp: common_pb2.Input) -> list[int]:
-        tok = self._engine().tokenizer
-        kind = inp.WhichOneof("kind")
-        if kind is None:
-            raise InvalidArgument("input", "empty input: set token_ids, text or messages")
-        if kind == "token_ids":
-            if not inp.token_ids.ids:
-                raise InvalidArgument("input.token_ids", "the token id list is empty")
-            return list(inp.token_ids.ids)
-        if kind == "text":
-            if not inp.text:
-                raise InvalidArgument("input.text", "the text is empty")
-            return tok.encode(inp.text)
-        messages = [{"role": m.role, "content": m.content} for m in inp.messages.messages]
-        try:
-            checked = validate_messages(messages)
-        except InvalidArgument as e:
-            raise InvalidArgument("input.messages", e.message) from None
-        return tok.encode_chat(checked)
+        return input_ids_from_proto(inp, self._engine().tokenizer)
 
     # ---- score / abort / load -----------------------------------------------------------
 

@@ -1,0 +1,31 @@
+"""Wire-type helpers shared by the two gRPC servers (worker and router).
+
+Only the servers' edges import this; inside, everything is plain values.
+"""
+
+from __future__ import annotations
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.tokenizer import TokenizerLike, validate_messages
+from radixmesh.v1 import common_pb2
+
+
+def input_ids_from_proto(inp: common_pb2.Input, tok: TokenizerLike) -> list[int]:
+    """The request's `Input` oneof (token ids, text or chat messages) -> token ids."""
+    kind = inp.WhichOneof("kind")
+    if kind is None:
+        raise InvalidArgument("input", "empty input: set token_ids, text or messages")
+    if kind == "token_ids":
+        if not inp.token_ids.ids:
+            raise InvalidArgument("input.token_ids", "the token id list is empty")
+        return list(inp.token_ids.ids)
+    if kind == "text":
+        if not inp.text:
+            raise InvalidArgument("input.text", "the text is empty")
+        return tok.encode(inp.text)
+    messages = [{"role": m.role, "content": m.content} for m in inp.messages.messages]
+    try:
+        checked = validate_messages(messages)
+    except InvalidArgument as e:
+        raise InvalidArgument("input.messages", e.message) from None
+    return tok.encode_chat(checked)
