@@ -7,14 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PROTOS = sorted((ROOT / "proto" / "radixmesh" / "v1").glob("*.proto"))
 
 
 def test_stubs_are_fresh(tmp_path: Path) -> None:
-    pytest.importorskip("grpc_tools")
     cmd = [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}"]
     cmd += [f"--python_out={tmp_path}", f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}"]
     subprocess.run(cmd + [str(p) for p in PROTOS], check=True)
@@ -29,8 +26,7 @@ def test_stubs_are_fresh(tmp_path: Path) -> None:
 
 def test_buf_lint() -> None:
     buf = shutil.which("buf") or str(Path(sys.executable).parent / "buf")
-    if not Path(buf).exists():
-        pytest.skip("buf (PyPI buf-bin) is not installed")
+    assert Path(buf).exists(), "buf (PyPI buf-bin, a dev dependency) is not installed"
     result = subprocess.run([buf, "lint"], cwd=ROOT / "proto", capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == ""

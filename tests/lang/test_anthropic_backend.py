@@ -16,7 +16,6 @@ from tests.lang.conftest import assert_idle
 from tests.lang.servers import serve
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("anthropic")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from tests.lang.conftest import assert_idle
 from tests.lang.servers import serve
 
 pytestmark = pytest.mark.slow
-pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")

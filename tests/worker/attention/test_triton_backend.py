@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-pytest.importorskip("triton")
+import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
 
 from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.attention.triton_backend import (

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-pytest.importorskip("triton")
+import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
 
 from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention,
