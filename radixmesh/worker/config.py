@@ -43,12 +43,19 @@ class ModelConfig:
             raise InvalidArgument("context_length", f"must be >= 2, got {self.context_length}")
 
 
+# The KV pool's byte budget on CPU when neither kv_cache_tokens nor kv_cache_bytes is set.
+DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     page_size: int = 1
-    # KV pool size: an explicit token count wins; else a byte budget.
+    # KV pool size: an explicit token count wins; else a byte budget; else, on CUDA,
+    # mem_fraction of the device memory that the weights, the activations of the largest
+    # step and the CUDA graphs leave (see worker/pool_sizing.py); on CPU 512 MiB.
     kv_cache_tokens: int | None = None
-    kv_cache_bytes: int = 512 * 1024 * 1024
+    kv_cache_bytes: int | None = None
+    mem_fraction: float = 0.9
     disable_radix_cache: bool = False
     # Cache events report page-aligned blocks of this many tokens (a multiple of page_size).
     event_block_size: int = 16
@@ -58,8 +65,10 @@ class CacheConfig:
             raise InvalidArgument("page_size", f"must be >= 1, got {self.page_size}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
             raise InvalidArgument("kv_cache_tokens", f"must be >= page_size ({self.page_size})")
-        if self.kv_cache_bytes <= 0:
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise InvalidArgument("kv_cache_bytes", f"must be > 0, got {self.kv_cache_bytes}")
+        if not 0.0 < self.mem_fraction <= 1.0:
+            raise InvalidArgument("mem_fraction", f"must be in (0, 1], got {self.mem_fraction}")
         if self.event_block_size % self.page_size:
             raise InvalidArgument(
                 "event_block_size",
@@ -96,11 +105,17 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
+    # Tensor-parallel ranks of this worker: rank 0 in this process, the rest spawned
+    # (gloo on CPU, NCCL on CUDA, rank r on cuda:r). See radixmesh/worker/tp/.
     tp_size: int = 1
+    # Seconds a collective (and start-up) may wait on a silent rank before failing.
+    tp_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:
             raise InvalidArgument("tp_size", f"must be >= 1, got {self.tp_size}")
+        if not self.tp_timeout > 0:
+            raise InvalidArgument("tp_timeout", f"must be > 0, got {self.tp_timeout}")
 
 
 GRAMMAR_BACKENDS = ("xgrammar", "outlines")

@@ -18,7 +18,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.attention.registry import create_attention_backend
-from radixmesh.worker.config import EngineConfig
+from radixmesh.worker.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.pool import KVPool
@@ -29,6 +29,14 @@ from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.model.loader import iter_weights, load_arch_config, load_tokenizer
 from radixmesh.worker.model_runner import ModelRunner
 from radixmesh.worker.output import OutputProcessor
+from radixmesh.worker.pool_sizing import (
+    PoolSizing,
+    ProfileStep,
+    decode_workspace_bytes,
+    graph_reserve_bytes,
+    profile_peak_bytes,
+    size_pool,
+)
 from radixmesh.worker.scheduler import Scheduler
 
 if TYPE_CHECKING:  # imports triton
@@ -104,6 +112,8 @@ class Worker:
         # After the weights: a first GGUF load converts once and caches the tokenizer too.
         self.tokenizer = load_tokenizer(mc.model)
         self.load_seconds = time.perf_counter() - t0
+        self.pool_sizing: PoolSizing | None = None  # set when the pool was auto-sized
+        self.graph_memory_bytes = 0  # device memory the CUDA graphs took (measured)
         self.kv_pool = self._build_pool()
         self.allocator = KVAllocator(self.kv_pool.num_slots, cc.page_size, device=self.device)
         self.context_len = self._context_len()
@@ -152,6 +162,7 @@ class Worker:
 
         assert isinstance(attn, TritonAttentionBackend), type(attn)
         t0 = time.perf_counter()
+        free_before, _ = torch.cuda.mem_get_info(self.device)
         graphs = DecodeCudaGraphs(
             self.model,
             attn,
@@ -163,10 +174,12 @@ class Worker:
             num_heads=self.arch.num_attention_heads // self.config.parallel.tp_size,
             max_context_len=self.context_len,
         )
+        self.graph_memory_bytes = free_before - torch.cuda.mem_get_info(self.device)[0]
         logger.info(
-            "captured decode CUDA graphs for batch sizes %s in %.1f s",
+            "captured decode CUDA graphs for batch sizes %s in %.1f s, %.2f GiB",
             graphs.ladder,
             time.perf_counter() - t0,
+            self.graph_memory_bytes / (1 << 30),
         )
         return graphs
 
@@ -177,8 +190,12 @@ class Worker:
         )
         if cc.kv_cache_tokens is not None:
             slots = cc.kv_cache_tokens + cc.page_size  # + the reserved page
+        elif cc.kv_cache_bytes is None and self.device.type == "cuda":
+            self.pool_sizing = self._auto_size_pool(per_slot)
+            logger.info(self.pool_sizing.describe())
+            slots = self.pool_sizing.num_slots
         else:
-            slots = cc.kv_cache_bytes // per_slot
+            slots = (cc.kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_slot
         slots -= slots % cc.page_size
         return KVPool(
             num_slots=slots,
@@ -187,6 +204,61 @@ class Worker:
             head_dim=arch.head_size,
             dtype=self.dtype,
             device=self.device,
+        )
+
+    def _auto_size_pool(self, bytes_per_slot: int) -> PoolSizing:
+        """Profile the largest step, then give the pool mem_fraction of what is left."""
+        sc, arch = self.config.scheduler, self.arch
+        backend = self.config.attention_backend
+        if backend == "auto":
+            backend = default_attention_backend(self.device)
+        limit = self.config.model.context_length or arch.max_position_embeddings
+        tokens = sc.max_num_batched_tokens
+        activation = self._profile_activation_bytes(backend, min(tokens, limit))
+        torch.cuda.empty_cache()  # the profile's pool and activations
+        free, _total = torch.cuda.mem_get_info(self.device)
+        graphs = 0
+        graph_bs = min(self.config.model.cuda_graph_max_batch_size, sc.max_running_requests)
+        if backend == "triton" and graph_bs > 0:
+            graphs = graph_reserve_bytes(
+                activation, tokens, graph_bs, self._graph_workspace_bytes(graph_bs, limit)
+            )
+        return size_pool(
+            free_bytes=free,
+            activation_bytes=activation,
+            graph_bytes=graphs,
+            bytes_per_slot=bytes_per_slot,
+            mem_fraction=self.config.cache.mem_fraction,
+            page_size=self.config.cache.page_size,
+        )
+
+    def _profile_activation_bytes(self, backend: str, max_seq_len: int) -> int:
+        sc, arch = self.config.scheduler, self.arch
+        step = ProfileStep(
+            self.model,
+            backend,
+            num_tokens=sc.max_num_batched_tokens,
+            max_seq_len=max_seq_len,
+            num_layers=arch.num_hidden_layers,
+            head_dim=arch.head_size,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        return profile_peak_bytes(
+            lambda: step.run(sc.max_running_requests, arch.vocab_size), self.device
+        )
+
+    def _graph_workspace_bytes(self, graph_bs: int, max_context_len: int) -> int:
+        from radixmesh.worker.attention.triton_backend import choose_num_splits
+        from radixmesh.worker.cuda_graph import batch_size_ladder
+
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        kv_heads = self.model.num_kv_heads
+        return decode_workspace_bytes(
+            batch_size_ladder(graph_bs),
+            lambda bs: choose_num_splits(bs, kv_heads, max_context_len, sms),
+            num_heads=self.arch.num_attention_heads // self.config.parallel.tp_size,
+            head_dim=self.arch.head_size,
         )
 
     def _context_len(self) -> int:

@@ -1,0 +1,192 @@
+"""How many KV slots the pool gets on a GPU when no size was asked for.
+
+After the weights load, the device's free memory has three users left: the activations
+of the largest forward step (measured by one profile forward at the step's token budget,
+with logits and sampling for the most rows a step can sample), the CUDA graphs' private
+memory (estimated from that profile: their batches are at most the graph ladder's largest
+decode batch) and the KV pool. The pool takes `mem_fraction` of what the first two leave;
+the rest is slack for allocator fragmentation and other small allocations (cuBLAS
+workspaces, NCCL buffers).
+
+`size_pool` is the arithmetic alone, so it is tested with injected numbers on any
+machine; `ProfileStep` runs the real model (on any device) and `profile_peak_bytes`
+measures its CUDA peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.attention.registry import create_attention_backend
+from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.kvcache.pool import KVPool
+from radixmesh.worker.model.llama import LlamaForCausalLM
+from radixmesh.worker.sampler import Sampler, SamplingRow
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class PoolSizing:
+    """One sizing decision: its inputs (bytes) and the slots it gives."""
+
+    free_bytes: int  # free device memory after the weights (and the profile) loaded
+    activation_bytes: int  # peak of the largest forward step, logits and sampling
+    graph_bytes: int  # reserved for CUDA graphs (0 when none are captured)
+    mem_fraction: float
+    bytes_per_slot: int  # K and V of one token over every layer
+    page_size: int
+    num_slots: int  # including the reserved padding page
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.num_slots * self.bytes_per_slot
+
+    @property
+    def num_tokens(self) -> int:
+        """Usable tokens (the reserved page excluded)."""
+        return self.num_slots - self.page_size
+
+    def describe(self) -> str:
+        left = self.free_bytes - self.activation_bytes - self.graph_bytes
+        return (
+            f"KV pool auto-sized: {self.free_bytes / GIB:.2f} GiB free after the weights - "
+            f"{self.activation_bytes / GIB:.2f} GiB activations (profile forward) - "
+            f"{self.graph_bytes / GIB:.2f} GiB CUDA graphs = {left / GIB:.2f} GiB; "
+            f"mem_fraction {self.mem_fraction} of it -> {self.pool_bytes / GIB:.2f} GiB = "
+            f"{self.num_tokens} tokens at {self.bytes_per_slot} bytes per token"
+        )
+
+
+def size_pool(
+    *,
+    free_bytes: int,
+    activation_bytes: int,
+    graph_bytes: int,
+    bytes_per_slot: int,
+    mem_fraction: float,
+    page_size: int,
+) -> PoolSizing:
+    """Slots = mem_fraction * (free - activations - graphs) / bytes_per_slot, whole pages.
+
+    Raises MemoryError when that leaves less than two pages (the reserved one and one
+    usable): the model does not fit with room for any KV cache.
+    """
+    if bytes_per_slot <= 0:
+        raise ValueError(f"bytes_per_slot: must be > 0, got {bytes_per_slot}")
+    left = free_bytes - activation_bytes - graph_bytes
+    slots = max(int(mem_fraction * left), 0) // bytes_per_slot
+    slots -= slots % page_size
+    if slots < 2 * page_size:
+        raise MemoryError(
+            f"no device memory left for the KV cache: {free_bytes} bytes free after the "
+            f"weights, {activation_bytes} for activations, {graph_bytes} for CUDA graphs "
+            f"({bytes_per_slot} bytes per token); use a smaller max_num_batched_tokens or "
+            "max_running_requests, or set kv_cache_tokens"
+        )
+    return PoolSizing(
+        free_bytes=free_bytes,
+        activation_bytes=activation_bytes,
+        graph_bytes=graph_bytes,
+        mem_fraction=mem_fraction,
+        bytes_per_slot=bytes_per_slot,
+        page_size=page_size,
+        num_slots=slots,
+    )
+
+
+def graph_reserve_bytes(
+    activation_bytes: int, profile_tokens: int, graph_batch_size: int, workspace_bytes: int
+) -> int:
+    """CUDA graph memory: the profile's activations scaled to the largest graph batch
+    (the graphs share one private pool, sized by the largest) plus the decode workspaces
+    that each graph keeps for itself. An overestimate: the profile's peak includes logits
+    and sampling, which graphs do not capture."""
+    if graph_batch_size <= 0:
+        return 0
+    share = min(graph_batch_size, profile_tokens) / profile_tokens
+    return int(activation_bytes * share) + workspace_bytes
+
+
+def decode_workspace_bytes(
+    ladder: list[int], num_splits: Callable[[int], int], num_heads: int, head_dim: int
+) -> int:
+    """Float32 partial outputs and log-sum-exps ([B, Hq, S, D + 1]) of every graph's
+    decode workspace; `num_splits(B)` is the split count the graph of batch B uses."""
+    return sum(4 * bs * num_heads * num_splits(bs) * (head_dim + 1) for bs in ladder)
+
+
+def profile_lengths(num_tokens: int, max_len: int) -> list[int]:
+    """Sequence lengths of the profile batch: `num_tokens` in all, none over `max_len`."""
+    full, rest = divmod(num_tokens, max_len)
+    return [max_len] * full + ([rest] if rest else [])
+
+
+class ProfileStep:
+    """The largest step the scheduler can build, on a throwaway pool: one prefill of
+    `num_tokens` tokens (sequences of at most `max_seq_len`), then logits and top-p
+    sampling for `num_sample_rows` rows. Build it first, then measure `run`: the pool and
+    inputs are not part of the step's peak."""
+
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        attention_backend: str,
+        *,
+        num_tokens: int,
+        max_seq_len: int,
+        num_layers: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        lengths = profile_lengths(num_tokens, max_seq_len)
+        self.pool = KVPool(
+            num_slots=num_tokens + 1,  # + the reserved padding slot 0
+            num_layers=num_layers,
+            num_kv_heads=model.num_kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            device=device,
+        )
+        self.attn = create_attention_backend(attention_backend, self.pool, head_dim**-0.5)
+        # [B, max len]: sequence b's tokens in consecutive slots after the padding slot
+        table = torch.zeros((len(lengths), max(lengths)), dtype=torch.int64)
+        start = 1
+        for row, n in enumerate(lengths):
+            table[row, :n] = torch.arange(start, start + n)
+            start += n
+        self.batch = ForwardBatch.build(
+            input_ids=[0] * num_tokens,
+            out_cache_loc=torch.arange(1, num_tokens + 1),
+            req_rows=list(range(len(lengths))),
+            prefix_lens=[0] * len(lengths),
+            extend_lens=lengths,
+            req_to_token=table.to(device),
+        )
+
+    @torch.inference_mode()
+    def run(self, num_sample_rows: int, vocab_size: int) -> list[int]:
+        """The forward, logits and sampling; returns the sampled ids."""
+        self.attn.prepare(self.batch)
+        hidden = self.model(self.batch, self.attn)  # [T, hidden]
+        rows = min(num_sample_rows, hidden.shape[0])
+        logits = self.model.compute_logits(hidden[:rows])  # [R, V] float32
+        params = SamplingParams(temperature=1.0, top_p=0.9)
+        sample_rows = [SamplingRow(params=params, prompt_ids=(), output_ids=())] * rows
+        return Sampler(vocab_size).sample(logits, sample_rows).token_ids
+
+
+def profile_peak_bytes(run: Callable[[], object], device: torch.device) -> int:
+    """Peak CUDA memory that `run()` allocates beyond what was allocated before it."""
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    run()
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.max_memory_allocated(device) - before)

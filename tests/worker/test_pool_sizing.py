@@ -1,0 +1,158 @@
+"""KV pool auto-sizing: the arithmetic with injected numbers (any machine), the profile
+step on the real dummy model (CPU), the CPU default, and on CUDA the sized pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.worker.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig
+from radixmesh.worker.kvcache.pool import KVPool
+from radixmesh.worker.pool_sizing import (
+    GIB,
+    ProfileStep,
+    decode_workspace_bytes,
+    graph_reserve_bytes,
+    profile_lengths,
+    size_pool,
+)
+from tests.worker.factories import make_worker
+
+
+def test_size_pool_takes_the_fraction_of_what_is_left() -> None:
+    s = size_pool(
+        free_bytes=10_000_000,
+        activation_bytes=1_000_000,
+        graph_bytes=500_000,
+        bytes_per_slot=1000,
+        mem_fraction=0.9,
+        page_size=1,
+    )
+    assert s.num_slots == 7650  # 0.9 * 8_500_000 / 1000
+    assert s.num_tokens == 7649  # the reserved padding slot
+    assert s.pool_bytes == 7_650_000
+
+
+def test_size_pool_rounds_down_to_whole_pages() -> None:
+    s = size_pool(
+        free_bytes=10_000_000,
+        activation_bytes=1_000_000,
+        graph_bytes=500_000,
+        bytes_per_slot=1000,
+        mem_fraction=0.9,
+        page_size=16,
+    )
+    assert s.num_slots == 7648
+    assert s.num_tokens == 7632
+
+
+def test_llama_3_8b_on_an_h200_reaches_the_issue_target() -> None:
+    # Llama-3-8B in bf16: 2 * 32 layers * 8 KV heads * 128 * 2 bytes = 128 KiB per token.
+    per_slot = KVPool.bytes_per_slot(32, 8, 128, torch.bfloat16)
+    assert per_slot == 131072
+    s = size_pool(
+        free_bytes=int(123.5 * GIB),  # ~139 GiB less ~15 GiB of weights and the context
+        activation_bytes=int(1.5 * GIB),
+        graph_bytes=int(0.25 * GIB),
+        bytes_per_slot=per_slot,
+        mem_fraction=0.9,
+        page_size=1,
+    )
+    assert s.num_slots == 897_638  # int(0.9 * 121.75 GiB) // 128 KiB
+    assert s.num_tokens >= 850_000
+    assert "897637 tokens at 131072 bytes per token" in s.describe()
+
+
+def test_size_pool_without_room_raises() -> None:
+    with pytest.raises(MemoryError, match="no device memory left for the KV cache"):
+        size_pool(
+            free_bytes=1_000_000,
+            activation_bytes=999_000,
+            graph_bytes=0,
+            bytes_per_slot=1000,
+            mem_fraction=0.9,
+            page_size=1,
+        )
+    with pytest.raises(MemoryError):  # activations alone exceed what is free
+        size_pool(
+            free_bytes=1_000,
+            activation_bytes=5_000,
+            graph_bytes=0,
+            bytes_per_slot=10,
+            mem_fraction=0.9,
+            page_size=1,
+        )
+
+
+def test_graph_reserve_scales_the_profile_to_the_largest_graph_batch() -> None:
+    assert graph_reserve_bytes(8_192_000, 8192, 256, 1000) == 256_000 + 1000
+    assert graph_reserve_bytes(8_192_000, 8192, 0, 1000) == 0  # no graphs
+    assert graph_reserve_bytes(4096, 64, 256, 10) == 4096 + 10  # batch over the profile
+
+
+def test_decode_workspace_bytes() -> None:
+    # 4 bytes * B * heads * splits * (D + 1), summed over the ladder
+    assert decode_workspace_bytes([1, 2], lambda bs: 3, num_heads=2, head_dim=4) == 360
+    assert decode_workspace_bytes([4], lambda bs: 8 // bs, num_heads=1, head_dim=1) == 64
+
+
+def test_profile_lengths() -> None:
+    assert profile_lengths(10, 4) == [4, 4, 2]
+    assert profile_lengths(8, 4) == [4, 4]
+    assert profile_lengths(3, 4) == [3]
+
+
+def test_mem_fraction_is_validated() -> None:
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(InvalidArgument) as err:
+            CacheConfig(mem_fraction=bad)
+        assert err.value.field == "mem_fraction"
+    with pytest.raises(InvalidArgument) as err:
+        CacheConfig(kv_cache_bytes=0)
+    assert err.value.field == "kv_cache_bytes"
+
+
+def test_profile_step_runs_the_largest_step_on_its_own_pool() -> None:
+    w = make_worker(device="cpu")
+    arch = w.arch
+    step = ProfileStep(
+        w.model,
+        "torch",
+        num_tokens=40,
+        max_seq_len=16,
+        num_layers=arch.num_hidden_layers,
+        head_dim=arch.head_size,
+        dtype=w.dtype,
+        device=w.device,
+    )
+    assert step.pool.num_slots == 41
+    assert step.batch.extend_lens_cpu == [16, 16, 8]
+    assert step.batch.out_cache_loc.tolist() == list(range(1, 41))
+    ids = step.run(num_sample_rows=6, vocab_size=arch.vocab_size)
+    assert len(ids) == 6 and all(0 <= t < arch.vocab_size for t in ids)
+    assert int(step.pool.k_buffers[0][1:].abs().sum() > 0) == 1  # the step wrote its KV
+    assert int(w.kv_pool.k_buffers[0].abs().sum()) == 0  # ...and not into the worker's
+
+
+def test_cpu_default_is_the_fixed_budget() -> None:
+    w = make_worker(device="cpu", kv_cache_tokens=None)
+    arch = w.arch
+    per_slot = KVPool.bytes_per_slot(
+        arch.num_hidden_layers, arch.num_key_value_heads, arch.head_size, w.dtype
+    )
+    assert w.pool_sizing is None
+    assert w.kv_pool.num_slots == DEFAULT_CPU_KV_CACHE_BYTES // per_slot
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_default_sizes_the_pool_from_free_memory() -> None:
+    w = make_worker(device="cuda", kv_cache_tokens=None, cuda_graph_max_batch_size=16)
+    s = w.pool_sizing
+    assert s is not None and s.activation_bytes > 0 and s.graph_bytes > 0
+    assert w.kv_pool.num_slots == s.num_slots
+    assert w.kv_pool.nbytes == s.pool_bytes
+    # The pool took its share; what it left covers activations and graphs, with slack.
+    free_after, _ = torch.cuda.mem_get_info()
+    assert free_after + w.graph_memory_bytes >= s.activation_bytes + s.graph_bytes
