@@ -92,10 +92,11 @@ class AsyncClient:
         async def once(t: float | None) -> Any:
             last = None
             async for resp in await self._generate_call(inp, params, request_id, False, t):
-                last = resp.chunk
+                last = resp
             return last
 
-        return convert.completion_from_proto(await self._retry(once, deadline))
+        resp = await self._retry(once, deadline)
+        return convert.completion_from_proto(resp.chunk, convert.served_by(resp))
 
     async def _generate_call(
         self,
@@ -129,7 +130,7 @@ class AsyncClient:
             call = await self._generate_call(inp, params, rid, True, deadline.remaining())
             try:
                 async for resp in call:
-                    chunk = convert.chunk_from_proto(resp.chunk)
+                    chunk = convert.chunk_from_proto(resp.chunk, convert.served_by(resp))
                     got_token = got_token or bool(chunk.token_ids)
                     yield chunk
                 return
@@ -215,6 +216,21 @@ class AsyncClient:
             Deadline(self.options.timeout),
         )
         return convert.load_from_proto(resp)
+
+    async def flush_cache(self) -> bool:
+        md = self.options.metadata()
+        deadline = Deadline(self.options.timeout)
+        if await self._resolve() == "router":
+            rreq = router_pb2.RouterFlushCacheRequest()
+            resp: Any = await self._retry(
+                lambda t: self._router.FlushCache(rreq, timeout=t, metadata=md), deadline
+            )
+            return bool(resp.flushed == resp.total)
+        wreq = worker_pb2.FlushCacheRequest()
+        resp = await self._retry(
+            lambda t: self._worker.FlushCache(wreq, timeout=t, metadata=md), deadline
+        )
+        return bool(resp.flushed)
 
     async def close(self) -> None:
         await self._channel.close()

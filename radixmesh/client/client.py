@@ -95,10 +95,10 @@ class Client:
         deadline = Deadline(timeout if timeout is not None else self.options.timeout)
         if stream:
             return self._stream(inp, params, request_id, deadline)
-        chunk = self._retry(
+        resp = self._retry(
             lambda t: self._generate_call(inp, params, request_id, False, t), deadline
         )
-        return convert.completion_from_proto(chunk)
+        return convert.completion_from_proto(resp.chunk, convert.served_by(resp))
 
     def _generate_call(
         self,
@@ -123,7 +123,7 @@ class Client:
             return call
         last = None
         for resp in call:
-            last = resp.chunk
+            last = resp
         return last
 
     def _stream(
@@ -139,7 +139,7 @@ class Client:
             call = self._generate_call(inp, params, rid, True, deadline.remaining())
             try:
                 for resp in call:
-                    chunk = convert.chunk_from_proto(resp.chunk)
+                    chunk = convert.chunk_from_proto(resp.chunk, convert.served_by(resp))
                     got_token = got_token or bool(chunk.token_ids)
                     yield chunk
                 return
@@ -226,6 +226,23 @@ class Client:
             Deadline(self.options.timeout),
         )
         return convert.load_from_proto(resp)
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache (every worker's, through a router); False if any refused
+        because requests were in flight."""
+        md = self.options.metadata()
+        deadline = Deadline(self.options.timeout)
+        if self._resolve() == "router":
+            rreq = router_pb2.RouterFlushCacheRequest()
+            resp: Any = self._retry(
+                lambda t: self._router.FlushCache(rreq, timeout=t, metadata=md), deadline
+            )
+            return bool(resp.flushed == resp.total)
+        wreq = worker_pb2.FlushCacheRequest()
+        resp = self._retry(
+            lambda t: self._worker.FlushCache(wreq, timeout=t, metadata=md), deadline
+        )
+        return bool(resp.flushed)
 
     def close(self) -> None:
         self._channel.close()

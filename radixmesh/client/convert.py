@@ -95,13 +95,19 @@ def chunk_fields(c: common_pb2.GenerateChunk) -> dict[str, Any]:
     return fields
 
 
-def chunk_from_proto(c: common_pb2.GenerateChunk) -> Chunk:
-    return Chunk(**chunk_fields(c))
+def served_by(resp: Any) -> str:
+    """The serving worker's id: a router's responses carry it, a worker's own do not."""
+    return str(getattr(resp, "worker_id", ""))
 
 
-def completion_from_proto(c: common_pb2.GenerateChunk) -> Completion:
+def chunk_from_proto(c: common_pb2.GenerateChunk, worker_id: str = "") -> Chunk:
+    return Chunk(**chunk_fields(c), worker_id=worker_id)
+
+
+def completion_from_proto(c: common_pb2.GenerateChunk, worker_id: str = "") -> Completion:
     return Completion(
         **chunk_fields(c),
+        worker_id=worker_id,
         input_logprobs=_logprobs(c.input_logprobs),
     )
 

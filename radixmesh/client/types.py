@@ -28,6 +28,7 @@ class Chunk:
     finish_message: str = ""  # why it was aborted
     logprobs: list[TokenLogprob] = field(default_factory=list)
     top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
+    worker_id: str = ""  # the worker that served it (set through a router)
 
 
 @dataclass(frozen=True)

@@ -87,11 +87,41 @@ class SglFunction:
         arguments = self._arguments(args, arguments)
         return run_program(self, resolve_backend(backend), arguments, sampling, stream)
 
-    async def run_async(self, *args: Any, **kwargs: Any) -> ProgramState:
-        """`run` without blocking the event loop; the program's calls run in parallel."""
-        state = await asyncio.to_thread(self.run, *args, **kwargs)
-        await asyncio.to_thread(state.sync)
-        return state
+    async def run_async(
+        self, *args: Any, backend: object | None = None, **kwargs: Any
+    ) -> ProgramState:
+        """`run` for asyncio: returns the finished state without blocking the event loop.
+
+        The program's body is synchronous Python that may block reading a variable, so it
+        runs in a thread (`asyncio.to_thread`) until it has queued its expressions; the
+        model calls run on the state's executor, and the coroutine then awaits the
+        executor's end as a future resolved from its thread. So a thread is held only
+        while the body runs, not for the whole program: gathering many programs is not
+        capped by the default executor's few threads."""
+        sampling, arguments = self._split(kwargs)
+        arguments = self._arguments(args, arguments)
+        return await _run_async(self, resolve_backend(backend), arguments, sampling)
+
+    async def run_batch_async(
+        self,
+        batch_kwargs: list[dict[str, Any]],
+        *,
+        backend: object | None = None,
+        **kwargs: Any,
+    ) -> list[ProgramState]:
+        """`run_batch` for asyncio: every program at once, after the template's prefill."""
+        if not isinstance(batch_kwargs, list) or not all(isinstance(b, dict) for b in batch_kwargs):
+            raise ValueError("batch_kwargs: expected a list of dicts of program arguments")
+        sampling, extra = self._split(kwargs)
+        if extra:
+            raise TypeError(
+                f"run_batch_async() got an unexpected keyword argument {next(iter(extra))!r}"
+            )
+        be = resolve_backend(backend)
+        batch = [self._arguments((), b) for b in batch_kwargs]
+        if len(batch) > 1:
+            await asyncio.to_thread(self.precache, be)
+        return list(await asyncio.gather(*(_run_async(self, be, a, sampling) for a in batch)))
 
     def run_batch(
         self,
@@ -167,6 +197,7 @@ def run_program(
     arguments: dict[str, Any],
     default_params: dict[str, Any],
     stream: bool,
+    wait: bool = True,
 ) -> ProgramState:
     executor = StreamExecutor(backend, arguments, default_params, stream=stream)
     state = ProgramState(executor)
@@ -177,8 +208,18 @@ def run_program(
         executor.fail(e)
     finally:
         executor.end()
-    if not stream:
+    if wait and not stream:
         executor.sync()
+    return state
+
+
+async def _run_async(
+    fn: SglFunction, backend: Backend, arguments: dict[str, Any], default_params: dict[str, Any]
+) -> ProgramState:
+    state = await asyncio.to_thread(
+        run_program, fn, backend, arguments, default_params, False, False
+    )
+    await state.stream_executor.wait_finished()
     return state
 
 

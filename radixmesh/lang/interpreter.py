@@ -10,9 +10,11 @@ every read raises it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from radixmesh.lang.backend.base import Backend, Context
@@ -57,6 +59,7 @@ class StreamExecutor:
         # (variable or None, text delta): what text_iter replays
         self.chunks: list[tuple[str | None, str]] = []
         self.finished = False
+        self._on_finish: list[Callable[[], None]] = []
         self._ended = False
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="radixmesh-lang", daemon=True)
@@ -83,6 +86,32 @@ class StreamExecutor:
         if not self._ended:
             self._ended = True
             self._queue.put(_END)
+
+    def when_finished(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the executor thread) once the program has ended and every
+        queued expression ran; at once if that already happened."""
+        with self._cond:
+            if not self.finished:
+                self._on_finish.append(callback)
+                return
+        callback()
+
+    async def wait_finished(self) -> None:
+        """Await `when_finished` without parking a thread: the executor thread resolves
+        a future on the awaiting event loop."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def resolve() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def notify() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                loop.call_soon_threadsafe(resolve)
+
+        self.when_finished(notify)
+        await done
 
     def get_var(self, name: str) -> Any:
         with self._cond:
@@ -143,8 +172,11 @@ class StreamExecutor:
             if expr is _END:
                 with self._cond:
                     self.finished = True
+                    callbacks, self._on_finish = self._on_finish, []
                     self._cond.notify_all()
                 self._queue.task_done()
+                for callback in callbacks:
+                    callback()
                 return
             try:
                 if self.error_ is None:

@@ -1,9 +1,7 @@
 """The in-process backend: a `radixmesh.Engine` in this Python process.
 
-`select` scores every choice with prompt logprobs: each choice is appended to the
-context, tokenized as a whole (so a choice that merges with the context's last token is
-scored as the model would see it), and the engine returns the logprobs from the first
-token that differs from the context's own tokens.
+`select` scores every choice with prompt logprobs (`scoring.py`, shared with the cluster
+backend); here all of a select's scoring requests go to the engine as one batch.
 """
 
 from __future__ import annotations
@@ -11,17 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from radixmesh.errors import InvalidArgument, RadixMeshError
+from radixmesh.errors import InvalidArgument
 from radixmesh.lang.backend.base import Backend, Context, GenResult
+from radixmesh.lang.backend.scoring import PREFILL_PARAMS, score_choices, score_params
+from radixmesh.lang.backend.scoring import check_finished as _check
 from radixmesh.lang.chat_template import ChatTemplate
 from radixmesh.lang.choices import TokenLogprob
 
 if TYPE_CHECKING:
     from radixmesh.worker.engine import Engine
-
-# The engine's prefill-only path (max_new_tokens=0) aborts today; one sampled token
-# costs nothing extra (it comes out of the same forward pass) and is discarded.
-_SCORE_TOKENS = 1
 
 
 class EngineBackend(Backend):
@@ -61,45 +57,23 @@ class EngineBackend(Backend):
     def score(
         self, ctx: Context, choices: list[str], unconditional: bool
     ) -> tuple[list[list[TokenLogprob]], list[list[TokenLogprob]] | None]:
-        context_ids = self.tokenizer.encode(ctx.text)
-        fulls = [self.tokenizer.encode(ctx.text + c) for c in choices]
-        starts = [max(_common_prefix(context_ids, f), 1) for f in fulls]
-        for choice, full, start in zip(choices, fulls, starts, strict=True):
-            if start >= len(full):
-                raise InvalidArgument("choices", f"choice {choice!r} adds no token to the text")
-        cond = self._prompt_logprobs(fulls, starts)
-        uncond = None
-        if unconditional:
-            uncond = self._prompt_logprobs(
-                [f[s:] for f, s in zip(fulls, starts, strict=True)], [0] * len(fulls)
-            )
-        return cond, uncond
+        return score_choices(self.tokenizer, ctx.text, choices, unconditional, self._logprobs)
 
-    def _prompt_logprobs(self, ids: list[list[int]], starts: list[int]) -> list[list[TokenLogprob]]:
-        params = [
-            {
-                "max_new_tokens": _SCORE_TOKENS,
-                "temperature": 0.0,
-                "return_logprob": True,
-                "logprob_start_len": s,
-            }
-            for s in starts
-        ]
+    def _logprobs(
+        self, ids: list[list[int]], starts: list[int]
+    ) -> list[list[tuple[float | None, int]]]:
+        """One batched engine call for every scoring request."""
+        params = [score_params(s) for s in starts]
         outs = self.engine.generate(input_ids=ids, sampling_params=params)
         assert isinstance(outs, list)
-        result = []
-        for out, seq, start in zip(outs, ids, starts, strict=True):
-            entries = _check(out["meta_info"])["input_token_logprobs"]
-            if not entries and start == 0 and len(seq) == 1:
-                # A one-token prompt has no prompt logprob; the engine then omits the
-                # first token's (None) entry as well.
-                entries = [(None, seq[0], None)]
-            result.append([(lp, tid, self.tokenizer.decode([tid])) for lp, tid, _ in entries])
-        return result
+        return [
+            [(lp, tid) for lp, tid, _ in _check(o["meta_info"])["input_token_logprobs"]]
+            for o in outs
+        ]
 
     def cache_prefix(self, text: str) -> None:
         if text:
-            self.engine.generate(text, {"max_new_tokens": _SCORE_TOKENS, "temperature": 0.0})
+            self.engine.generate(text, dict(PREFILL_PARAMS))
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
@@ -107,20 +81,3 @@ class EngineBackend(Backend):
     def shutdown(self) -> None:
         if self._owns:
             self.engine.shutdown()
-
-
-def _check(meta: dict[str, Any]) -> dict[str, Any]:
-    """Raise if the engine aborted the request (its message says why)."""
-    reason = meta.get("finish_reason") or {}
-    if reason.get("type") == "abort":
-        raise RadixMeshError(f"the engine aborted the request: {reason.get('message', '')}")
-    return meta
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -1,8 +1,8 @@
 """Backends by name, imported lazily, and the process-wide default backend.
 
 `set_default_backend` accepts a backend object, a `radixmesh.Engine` (wrapped in the
-in-process backend) or a registered name; anything else is rejected with the names
-that exist.
+in-process backend), a `Runtime` (its `.endpoint`) or a registered name; anything else
+is rejected with the names that exist.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ def as_backend(obj: object) -> Backend:
         return obj
     if isinstance(obj, str):
         return create_backend(obj)
+    if isinstance(getattr(obj, "endpoint", None), Backend):  # a Runtime, as in SGLang
+        endpoint: Backend = obj.endpoint  # type: ignore[attr-defined]
+        return endpoint
     if type(obj).__module__ == "radixmesh.worker.engine" and type(obj).__name__ == "Engine":
         with _lock:
             if obj not in _wrapped:
