@@ -24,6 +24,12 @@ class RouterConfig:
     breaker_failures: int = 3  # consecutive failures that open a worker's breaker
     breaker_cooldown: float = 5.0  # seconds an open breaker stays open before a trial
     max_attempts: int = 3  # workers a request may try when they fail before the first token
+    http_port: int | None = None  # the OpenAI-compatible HTTP API (None: off)
+    metrics_port: int | None = None  # Prometheus /metrics (None: only on the HTTP port)
+    # Clients must send `authorization: Bearer <one of these>` (empty: no authentication).
+    api_keys: tuple[str, ...] = ()
+    tls_cert: str | None = None  # PEM files; both set: gRPC and HTTP serve TLS
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -36,5 +42,13 @@ class RouterConfig:
         for name in ("tentative_ttl", "health_interval", "health_timeout", "breaker_cooldown"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(name, f"must be > 0, got {getattr(self, name)}")
+        for name in ("http_port", "metrics_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < 65536:
+                raise InvalidArgument(name, f"must be in [0, 65536), got {value}")
+        if any(not key for key in self.api_keys):
+            raise InvalidArgument("api_keys", "an API key must not be empty")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("tls_cert", "give both tls_cert and tls_key, or neither")
         if self.max_attempts < 1:
             raise InvalidArgument("max_attempts", f"must be >= 1, got {self.max_attempts}")

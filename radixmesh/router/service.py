@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any, NoReturn
 
 import grpc
@@ -27,6 +29,7 @@ from radixmesh.errors import (
 )
 from radixmesh.prefix import block_hashes
 from radixmesh.router.config import RouterConfig
+from radixmesh.router.metrics import RequestRecord, RouterMetrics
 from radixmesh.router.policy import Policy, PolicyOptions, make_policy
 from radixmesh.router.pool import WorkerHandle, WorkerPool
 from radixmesh.tokenizer import TokenizerLike
@@ -41,9 +44,12 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    def __init__(self, config: RouterConfig, pool: WorkerPool) -> None:
+    def __init__(
+        self, config: RouterConfig, pool: WorkerPool, metrics: RouterMetrics | None = None
+    ) -> None:
         self.config = config
         self.pool = pool
+        self.metrics = metrics if metrics is not None else RouterMetrics(pool)
         self.policy: Policy = make_policy(
             config.policy, config.seed, PolicyOptions(config.request_cost_tokens)
         )
@@ -72,6 +78,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     def route(self, ids: list[int], exclude: set[str]) -> tuple[WorkerHandle, int]:
         """The worker for a prompt and how many of its tokens that worker caches."""
+        started = time.perf_counter()
         hashes: dict[int, list[int]] = {}
         cached: dict[str, int] = {}
         candidates = []
@@ -88,6 +95,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if chosen.block_size:
             chosen.summary.add_tentative(hashes[chosen.block_size], self.config.tentative_ttl)
             self.pool.index.enforce_budget()
+        self.metrics.decision_seconds.observe(time.perf_counter() - started)
+        self.metrics.decisions.labels(self.policy.name, chosen.worker_id).inc()
         return chosen, cached[chosen.worker_id]
 
     def _input_ids(self, inp: common_pb2.Input) -> list[int]:
@@ -97,29 +106,31 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     # ---- generate -----------------------------------------------------------------------
 
-    async def Generate(
-        self, request: router_pb2.RouterGenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[router_pb2.RouterGenerateResponse]:
-        rid = request.request_id or uuid.uuid4().hex
-        try:
-            ids = self._input_ids(request.input)
-        except RadixMeshError as e:
-            await abort_rpc(context, e)
+    async def route_and_stream(
+        self, ids: list[int], params: common_pb2.SamplingParams, rid: str, *, stream: bool
+    ) -> AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]:
+        """Route a tokenized prompt; yield (worker id, chunk) as the worker streams them.
+
+        Both front ends (gRPC and HTTP) generate through here. Raises a `RadixMeshError`
+        when no worker can be chosen, or the worker's `grpc.aio.AioRpcError` (after
+        retries on other workers while nothing was yielded). Closing the generator early
+        (a client that went away) cancels the worker's call, which aborts the request there.
+        """
         wreq = worker_pb2.GenerateRequest(
             input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=ids)),
-            sampling_params=request.sampling_params,
+            sampling_params=params,
             request_id=rid,
-            stream=request.stream,
+            stream=stream,
         )
         tried: set[str] = set()
         last_error: grpc.aio.AioRpcError | None = None
         while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
             try:
                 worker, _ = self.route(ids, tried)
-            except RadixMeshError as e:
+            except RadixMeshError:
                 if last_error is not None:
                     break
-                await abort_rpc(context, e)
+                raise
             tried.add(worker.worker_id)
             forwarded = False
             worker.in_flight += 1
@@ -128,25 +139,47 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             try:
                 async for resp in call:
                     forwarded = True
-                    yield router_pb2.RouterGenerateResponse(
-                        chunk=resp.chunk, worker_id=worker.worker_id
-                    )
+                    if resp.chunk.HasField("finish"):
+                        self.metrics.prompt_tokens.inc(resp.chunk.prompt_tokens)
+                        self.metrics.cached_tokens.inc(resp.chunk.cached_tokens)
+                    yield worker.worker_id, resp.chunk
                 worker.breaker.record_success()
                 return
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
                     worker.breaker.record_failure()
                 if forwarded or e.code() not in _RETRYABLE:
-                    await _pass_on(context, e)
+                    raise
                 logger.info("worker %s failed (%s); retrying", worker.worker_id, e.code().name)
                 last_error = e
                 self.retries += 1
+                self.metrics.retries.inc()
             finally:
                 call.cancel()
                 worker.in_flight -= 1
                 self.requests.pop(rid, None)
         assert last_error is not None
-        await _pass_on(context, last_error)
+        raise last_error
+
+    async def Generate(
+        self, request: router_pb2.RouterGenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.RouterGenerateResponse]:
+        with self.metrics.request("grpc", "Generate") as record:
+            rid = request.request_id or uuid.uuid4().hex
+            try:
+                ids = self._input_ids(request.input)
+                chunks = self.route_and_stream(
+                    ids, request.sampling_params, rid, stream=request.stream
+                )
+                async with aclosing(chunks):
+                    async for worker_id, chunk in chunks:
+                        yield router_pb2.RouterGenerateResponse(chunk=chunk, worker_id=worker_id)
+            except RadixMeshError as e:
+                record.status = entry_for(e).grpc_status
+                await abort_rpc(context, e)
+            except grpc.aio.AioRpcError as e:
+                record.status = e.code().name
+                await _pass_on(context, e)
 
     # ---- the other RPCs -----------------------------------------------------------------
 
@@ -170,7 +203,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 sum_logprobs=sel.sum_logprobs,
             )
 
-        return await _unary(context, run)
+        with self.metrics.request("grpc", "Select") as record:
+            return await _unary(context, run, record)
 
     async def Abort(
         self, request: router_pb2.RouterAbortRequest, context: grpc.aio.ServicerContext
@@ -249,15 +283,23 @@ async def _pass_on(context: grpc.aio.ServicerContext, e: grpc.aio.AioRpcError) -
     raise AssertionError("unreachable: context.abort raises")
 
 
-async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[Any]]) -> Any:
+async def _unary(
+    context: grpc.aio.ServicerContext,
+    run: Callable[[], Awaitable[Any]],
+    record: RequestRecord | None = None,
+) -> Any:
+    record = record if record is not None else RequestRecord()
     try:
         return await run()
     except RadixMeshError as e:
+        record.status = entry_for(e).grpc_status
         await abort_rpc(context, e)
     except grpc.aio.AioRpcError as e:
+        record.status = e.code().name
         await _pass_on(context, e)
     except Exception as e:
         if isinstance(e, grpc.aio.AbortError):
             raise
         logger.exception("RPC failed")
+        record.status = "INTERNAL"
         await abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))

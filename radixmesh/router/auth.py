@@ -1,0 +1,67 @@
+"""API keys on the router: `authorization: Bearer <key>` on gRPC metadata and HTTP headers.
+
+Health checks and reflection stay open (load balancers and `grpcurl list` need them); every
+other RPC without a configured key gets UNAUTHENTICATED. Keys are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+DENIED_MESSAGE = "missing or wrong API key (send `authorization: Bearer <key>`)"
+
+
+def bearer_allowed(authorization: str | None, keys: Sequence[str]) -> bool:
+    """Whether an `authorization` value carries one of `keys` (no keys: everything passes)."""
+    if not keys:
+        return True
+    if authorization is None or not authorization.startswith("Bearer "):
+        return False
+    given = authorization.removeprefix("Bearer ").strip().encode()
+    # Compare with every key, so the time taken does not tell which one nearly matched.
+    return sum(hmac.compare_digest(given, k.encode()) for k in keys) > 0
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Denies RPCs without a valid key; `on_deny(method)` is called for each denial."""
+
+    _OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+    def __init__(
+        self, keys: Sequence[str], on_deny: Callable[[str], None] = lambda method: None
+    ) -> None:
+        self.keys = tuple(keys)
+        self.on_deny = on_deny
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:  # an unknown method: let gRPC answer UNIMPLEMENTED
+            return handler
+        method = details.method or ""
+        authorization = dict(details.invocation_metadata or ()).get("authorization")
+        if method.startswith(self._OPEN) or bearer_allowed(authorization, self.keys):
+            return handler
+        self.on_deny(method)
+        return _deny(handler)
+
+
+def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, DENIED_MESSAGE)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, DENIED_MESSAGE)
+        yield None  # pragma: no cover (makes this an async generator)
+
+    des, ser = handler.request_deserializer, handler.response_serializer
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
+    return grpc.unary_unary_rpc_method_handler(unary, des, ser)

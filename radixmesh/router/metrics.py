@@ -1,0 +1,163 @@
+"""The router's Prometheus metrics (`radixmesh_router_*`, base units, `_total` counters).
+
+Events are counted as they happen (requests per front end, endpoint and status; routing
+decisions per policy and worker; prompt and cached prompt tokens; retries; the routing
+decision latency). The worker pool's state (breakers, health, requests in flight, summary
+sizes) is read at scrape time by a custom collector, so the pool keeps plain fields and
+knows nothing of Prometheus.
+
+Statuses are gRPC status names on both front ends (an HTTP 429 counts as
+RESOURCE_EXHAUSTED), so one query covers gRPC and HTTP clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, get_args
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from radixmesh.router.breaker import BreakerState
+from radixmesh.router.summary import BYTES_PER_BLOCK
+
+if TYPE_CHECKING:
+    from radixmesh.router.pool import WorkerPool
+
+# A routing decision matches a prompt against every summary: microseconds to milliseconds.
+DECISION_BUCKETS = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1,
+)  # fmt: skip
+BREAKER_STATES: tuple[BreakerState, ...] = get_args(BreakerState)
+
+
+@dataclass
+class RequestRecord:
+    """What a front end learns about one request; its status is counted when it ends."""
+
+    status: str = "OK"
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        workers = list(self.pool.workers.values())
+        breaker = GaugeMetricFamily(
+            "radixmesh_router_worker_breaker_state",
+            "1 for the state each worker's circuit breaker is in, 0 for the others.",
+            labels=["worker", "state"],
+        )
+        healthy = GaugeMetricFamily(
+            "radixmesh_router_worker_healthy",
+            "1 if the worker answers health polls and its breaker lets requests through.",
+            labels=["worker"],
+        )
+        in_flight = GaugeMetricFamily(
+            "radixmesh_router_worker_requests_in_flight",
+            "Requests the router has on each worker now.",
+            labels=["worker"],
+        )
+        blocks = GaugeMetricFamily(
+            "radixmesh_router_summary_blocks",
+            "Prefix blocks in each worker's summary (confirmed and tentative).",
+            labels=["worker"],
+        )
+        for w in workers:
+            state = w.breaker.state
+            for s in BREAKER_STATES:
+                breaker.add_metric([w.worker_id, s], 1.0 if s == state else 0.0)
+            healthy.add_metric([w.worker_id], 1.0 if w.healthy else 0.0)
+            in_flight.add_metric([w.worker_id], w.in_flight)
+            blocks.add_metric([w.worker_id], len(w.summary))
+        yield from (breaker, healthy, in_flight, blocks)
+        yield GaugeMetricFamily(
+            "radixmesh_router_summary_bytes",
+            f"Accounted memory of every summary together ({BYTES_PER_BLOCK} bytes per block).",
+            value=self.pool.index.nbytes,
+        )
+        yield CounterMetricFamily(
+            "radixmesh_router_summary_forgotten_blocks",
+            "Summary blocks dropped to keep within the byte budget.",
+            value=self.pool.index.forgotten_blocks,
+        )
+
+
+class RouterMetrics:
+    """One registry per router (tests run several in one process)."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_PoolCollector(pool))
+        r = self.registry
+        self.requests = Counter(
+            "radixmesh_router_requests",
+            "Requests that ended, by front end, endpoint and gRPC status name.",
+            ["frontend", "endpoint", "status"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "radixmesh_router_requests_in_flight", "Requests the front ends serve now.", registry=r
+        )
+        self.decisions = Counter(
+            "radixmesh_router_routing_decisions",
+            "Routing decisions, by policy and chosen worker.",
+            ["policy", "worker"],
+            registry=r,
+        )
+        self.decision_seconds = Histogram(
+            "radixmesh_router_routing_decision_seconds",
+            "Time to choose a worker for one prompt (summary matches and the policy).",
+            buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "radixmesh_router_prompt_tokens",
+            "Prompt tokens of finished generations, as the workers report them.",
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "radixmesh_router_cached_prompt_tokens",
+            "Prompt tokens the workers served from their radix caches.",
+            registry=r,
+        )
+        self.retries = Counter(
+            "radixmesh_router_retries",
+            "Requests sent to another worker after one failed before the first token.",
+            registry=r,
+        )
+
+    @contextmanager
+    def request(self, frontend: str, endpoint: str) -> Iterator[RequestRecord]:
+        """Count a request in flight, then by the status the caller set on the record.
+
+        An exception that escapes with the status still OK counts as CANCELLED (the
+        client went away) or INTERNAL.
+        """
+        record = RequestRecord()
+        self.in_flight.inc()
+        try:
+            yield record
+        except BaseException as e:
+            if record.status == "OK":
+                cancelled = isinstance(e, (GeneratorExit, asyncio.CancelledError))
+                record.status = "CANCELLED" if cancelled else "INTERNAL"
+            raise
+        finally:
+            self.in_flight.dec()
+            self.requests.labels(frontend, endpoint, record.status).inc()
+
+    def exposition(self) -> bytes:
+        """The text format, as /metrics serves it."""
+        return bytes(generate_latest(self.registry))
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> Any:
+        """Expose /metrics on host:port (a daemon thread). Returns the server (shutdown())."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server
