@@ -52,6 +52,42 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "radixmesh.cluster.cli", *args]
 
 
+def wait_router_ready(
+    address: str,
+    timeout: float,
+    dead: Callable[[], str | None] = lambda: None,
+    stop_requested: Callable[[], bool] = lambda: False,
+) -> bool:
+    """Block until the router at `address` serves and sees every worker healthy (True), or
+    until `stop_requested()` (False); Unavailable if `dead()` names a dead part of the
+    cluster or `timeout` seconds pass."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from radixmesh.v1 import router_pb2, router_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        router = router_pb2_grpc.RouterStub(ch)
+        status_req = router_pb2.ClusterStatusRequest()
+        while time.monotonic() < deadline:
+            if stop_requested():
+                return False
+            if (gone := dead()) is not None:
+                raise Unavailable(f"{gone} exited during startup")
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING and all(
+                    w.healthy for w in router.ClusterStatus(status_req, timeout=1).workers
+                ):
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise Unavailable(f"the cluster was not ready within {timeout}s")
+
+
 class LocalCluster:
     """The processes of one local cluster. Use as a context manager, or start() / stop()."""
 
@@ -92,31 +128,9 @@ class LocalCluster:
     def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
         """Block until the router serves and sees every worker healthy (True), or until
         `stop_requested()` (False); Unavailable if a child dies or time runs out."""
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        from radixmesh.v1 import router_pb2, router_pb2_grpc
-
-        deadline = time.monotonic() + self.config.ready_timeout
-        with grpc.insecure_channel(self.address) as ch:
-            stub = health_pb2_grpc.HealthStub(ch)
-            router = router_pb2_grpc.RouterStub(ch)
-            status_req = router_pb2.ClusterStatusRequest()
-            while time.monotonic() < deadline:
-                if stop_requested():
-                    return False
-                if (dead := self.dead_child()) is not None:
-                    raise Unavailable(f"{dead} exited during startup")
-                try:
-                    resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if resp.status == health_pb2.HealthCheckResponse.SERVING and all(
-                        w.healthy for w in router.ClusterStatus(status_req, timeout=1).workers
-                    ):
-                        return True
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.2)
-        raise Unavailable(f"the cluster was not ready within {self.config.ready_timeout}s")
+        return wait_router_ready(
+            self.address, self.config.ready_timeout, self.dead_child, stop_requested
+        )
 
     def dead_child(self) -> str | None:
         for i, p in enumerate(self.workers):

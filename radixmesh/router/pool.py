@@ -10,6 +10,11 @@ Each handle owns a gRPC channel and two background tasks on the router's loop:
   `StreamCacheEvents`, then pulls `GetCacheSnapshot` and applies the events after it.
   A sequence gap, a new epoch or a broken stream means a resync (reconnect + snapshot).
 
+A worker that can move (a Ray actor restarted on another port or node) comes with a
+`Resolver`: while the worker does not answer, the health loop asks it for the current
+address at most every `RESOLVE_INTERVAL` and reconnects when the address changed. The
+new process has a new event epoch, so the event loop resyncs its summary from a snapshot.
+
 Only this module and `service.py` see protobuf; the summaries and policies see ints.
 """
 
@@ -17,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
 
+from radixmesh.errors import InvalidArgument
 from radixmesh.router.breaker import CircuitBreaker
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.policy import Candidate
@@ -31,6 +37,10 @@ from radixmesh.v1 import worker_pb2, worker_pb2_grpc
 logger = logging.getLogger(__name__)
 
 UNHEALTHY_PROBE_INTERVAL = 0.5  # seconds between polls of a worker that is down
+RESOLVE_INTERVAL = 1.0  # seconds between address look-ups of a worker that is down
+
+# The worker's current address, or None when it is not known right now.
+Resolver = Callable[[], Awaitable[str | None]]
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -59,14 +69,16 @@ class WorkerHandle:
         summary: PrefixSummary,
         config: RouterConfig,
         on_grow: Callable[[], None] = lambda: None,
+        resolve: Resolver | None = None,
     ) -> None:
         self.worker_id = worker_id
-        self.address = address
         self.summary = summary
         self.on_grow = on_grow  # called after the summary grew (the pool enforces its budget)
         self.config = config
-        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self.resolve = resolve
+        self._retired: list[grpc.aio.Channel] = []  # channels to a previous address
+        self._resolved_at = float("-inf")
+        self._connect(address)
         self.metadata: tuple[tuple[str, str], ...] = ()  # API keys: a later change
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown)
         self.reachable = False  # the last health poll answered and the worker is not draining
@@ -75,6 +87,30 @@ class WorkerHandle:
         self.resyncs = 0  # snapshot pulls (the first one included)
         self.block_size = 0  # the worker's event block size (from its snapshot)
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _connect(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+
+    async def re_resolve(self) -> bool:
+        """Ask the resolver where the worker is now; reconnect if it moved. Returns whether
+        the address changed. A failing resolver counts as 'not known now'."""
+        if self.resolve is None:
+            return False
+        self._resolved_at = asyncio.get_running_loop().time()
+        try:
+            address = await self.resolve()
+        except Exception as e:  # the resolver is the launcher's code (e.g. a Ray call)
+            logger.debug("resolving %s: %r", self.worker_id, e)
+            return False
+        if address is None or address == self.address:
+            return False
+        logger.info("worker %s moved: %s -> %s", self.worker_id, self.address, address)
+        # Calls on the old channel may still be unwinding in other tasks: close it later.
+        self._retired.append(self.channel)
+        self._connect(address)
+        return True
 
     @property
     def healthy(self) -> bool:
@@ -94,7 +130,8 @@ class WorkerHandle:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.channel.close()
+        for channel in [*self._retired, self.channel]:
+            await channel.close()
 
     # ---- health -------------------------------------------------------------------------
 
@@ -126,8 +163,12 @@ class WorkerHandle:
 
     async def _health_loop(self) -> None:
         # An unhealthy worker is probed more often, so that it rejoins soon after it is up.
+        loop = asyncio.get_running_loop()
         while True:
             healthy = await self.poll()
+            due = loop.time() - self._resolved_at >= RESOLVE_INTERVAL
+            if not healthy and due and await self.re_resolve():
+                healthy = await self.poll()
             interval = self.config.health_interval
             await asyncio.sleep(interval if healthy else min(interval, UNHEALTHY_PROBE_INTERVAL))
 
@@ -196,14 +237,19 @@ class WorkerHandle:
 
 
 class WorkerPool:
-    def __init__(self, config: RouterConfig) -> None:
+    """`resolvers`, if given, has one `Resolver` per address of `config.workers`."""
+
+    def __init__(self, config: RouterConfig, resolvers: Sequence[Resolver] = ()) -> None:
+        if resolvers and len(resolvers) != len(config.workers):
+            raise InvalidArgument("resolvers", "give one resolver per worker, or none")
         self.config = config
         self.index = SummaryIndex(config.summary_budget_bytes)
         self.workers: dict[str, WorkerHandle] = {}
         for i, address in enumerate(config.workers):
             wid = f"worker-{i}"
+            resolve = resolvers[i] if resolvers else None
             self.workers[wid] = WorkerHandle(
-                wid, address, self.index.add(wid), config, self.index.enforce_budget
+                wid, address, self.index.add(wid), config, self.index.enforce_budget, resolve
             )
 
     def start(self) -> None:

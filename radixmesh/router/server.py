@@ -1,7 +1,9 @@
-"""The router process: the Router service, health and reflection on one port.
+"""The router process: the Router service, health and reflection on one port; the
+OpenAI-compatible HTTP API (`http_port`) and Prometheus metrics (`metrics_port`) beside it.
 
-It starts listening at once (health NOT_SERVING), waits for a worker to answer, loads the
-tokenizer that worker names, then turns SERVING. SIGTERM / SIGINT stop it.
+It starts listening at once (health NOT_SERVING, HTTP 503), waits for a worker to answer,
+loads the tokenizer that worker names, then turns SERVING. SIGTERM / SIGINT stop it.
+API keys (`api_keys`) and TLS (`tls_cert` / `tls_key`) apply to the gRPC and HTTP ports.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from radixmesh.router.auth import ApiKeyInterceptor
 from radixmesh.router.config import RouterConfig
+from radixmesh.router.http import HttpFrontend
+from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.pool import WorkerPool
 from radixmesh.router.service import RouterServicer
 from radixmesh.v1 import router_pb2, router_pb2_grpc
@@ -31,23 +36,55 @@ _SERVER_OPTIONS = [
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 
 
-async def serve(config: RouterConfig, ready: asyncio.Event | None = None) -> int:
-    server = grpc.aio.server(options=_SERVER_OPTIONS)
-    pool = WorkerPool(config)
-    servicer = RouterServicer(config, pool)
+async def serve(
+    config: RouterConfig,
+    ready: asyncio.Event | None = None,
+    *,
+    pool: WorkerPool | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Serve until SIGTERM / SIGINT, or until `stop` is set when the caller owns it (off
+    the main thread, e.g. in a Ray actor, where signal handlers cannot be installed).
+    `pool`: the caller's (e.g. with address resolvers); default one from `config`."""
+    pool = pool if pool is not None else WorkerPool(config)
+    metrics = RouterMetrics(pool)
+    interceptors = []
+    if config.api_keys:
+        denied = metrics.requests.labels  # count denied RPCs like the ones that ran
+
+        def on_deny(method: str) -> None:
+            denied("grpc", method.rsplit("/", 1)[-1], "UNAUTHENTICATED").inc()
+
+        interceptors.append(ApiKeyInterceptor(config.api_keys, on_deny))
+    server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=interceptors)
+    servicer = RouterServicer(config, pool, metrics)
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    address = f"{config.host}:{config.port}"
+    if config.tls_cert and config.tls_key:
+        with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
+            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+        port = server.add_secure_port(address, creds)
+    else:
+        port = server.add_insecure_port(address)
     await _set_health(health_servicer, serving=False)
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    http = HttpFrontend(servicer, config)
+    if config.http_port is not None:
+        http_port = await http.start(config.host, config.http_port)
+        print(f"radixmesh router HTTP (OpenAI API) on port {http_port}", flush=True)
+    metrics_server = None
+    if config.metrics_port is not None:
+        metrics_server = metrics.serve(config.metrics_port, config.host)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
     logger.info("radixmesh router on port %d; waiting for workers", port)
     while not stop.is_set() and not await pool.wait_healthy(timeout=5.0):
         logger.info("no worker is healthy yet")
@@ -65,7 +102,10 @@ async def serve(config: RouterConfig, ready: asyncio.Event | None = None) -> int
             ready.set()
         await stop.wait()
     await _set_health(health_servicer, serving=False)
+    await http.stop()
     await server.stop(grace=2.0)
+    if metrics_server is not None:
+        metrics_server.shutdown()
     await pool.close()
     return 0
 

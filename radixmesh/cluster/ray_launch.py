@@ -1,0 +1,432 @@
+"""Ray mode of `radixmesh launch`: every worker and the router run as Ray actors.
+
+`radixmesh launch --ray` starts a local Ray instance; `--ray-address ADDR` (e.g. `auto`
+on a node of a running cluster) joins one. Ray is imported here, lazily, and nowhere
+else: the local launcher, the engine and the router run without it.
+
+Decisions:
+
+- **A worker actor owns a `radixmesh worker` subprocess** instead of serving gRPC in the
+  actor's own process. The worker server drains on SIGTERM through signal handlers, which
+  only the main thread of a process may install; tensor-parallel ranks are started by the
+  worker process itself; and a subprocess runs exactly the code and flags of
+  `radixmesh worker`, so the Ray mode cannot drift from the local one. The two lives are
+  tied both ways: the child gets `PR_SET_PDEATHSIG` (SIGKILL), so it dies with the actor
+  even when the actor is SIGKILLed (and a restarted actor never finds its old child
+  holding the GPU), and a watcher thread ends the actor process when the child dies, so
+  Ray restarts the actor (`max_restarts`, -1: forever) and with it the worker.
+- **Each (re)start picks a free port on its node**, and the router is given a resolver
+  per worker that asks the actor where it is now (`actor.address.remote()`). A fixed
+  port per worker would break when Ray restarts the actor on another node or the port
+  was taken meanwhile; a resolver follows the actor anywhere. The router itself stays
+  free of Ray: it receives addresses and plain `async () -> str | None` callables
+  (`radixmesh.router.pool.Resolver`). The restarted worker has a new cache-event epoch,
+  so the router's summary for it resyncs from a snapshot (pool.py's event loop).
+- **The router is an actor too** (restartable, on a fixed port): it runs the router's
+  `serve()` on an event loop of its own thread, with a stop event instead of signal
+  handlers. The driver only starts actors, waits for health, and stops everything on
+  SIGINT / SIGTERM.
+- **Tensor parallelism**: a worker with `tp_size` > 1 gets a placement group of
+  `tp_size` bundles (one GPU each on CUDA, one CPU each otherwise). The worker actor
+  holds bundle 0 and one small reservation actor holds each other bundle; the worker's
+  subprocess sees all of the group's GPUs (CUDA_VISIBLE_DEVICES) and runs its ranks on
+  them. The default strategy is STRICT_PACK, because the ranks are local processes of
+  one worker and cannot use another node's GPUs; PACK is accepted too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from radixmesh.cluster.launch import free_port, wait_router_ready
+from radixmesh.errors import InvalidArgument
+from radixmesh.router.config import RouterConfig
+from radixmesh.router.policy import POLICIES
+
+DEVICES = ("auto", "cuda", "cpu")
+STRATEGIES = ("STRICT_PACK", "PACK")
+_PR_SET_PDEATHSIG = 1
+_ANY_HOST = ("0.0.0.0", "::", "")
+
+
+@dataclass(frozen=True)
+class RayLaunchConfig:
+    model: str
+    workers: int = 2
+    policy: str = "cache_aware"
+    host: str = "127.0.0.1"  # bind address of router and workers; 0.0.0.0: advertise node IPs
+    port: int = 50050  # the router's
+    ray_address: str | None = None  # None: start a local Ray instance ("auto": join one)
+    tp_size: int = 1  # GPUs (or CPUs) per worker, reserved as one placement group
+    device: str = "auto"  # auto: cuda when the Ray cluster has GPUs, else cpu
+    cpus_per_worker: float = 1.0  # per tensor-parallel rank
+    router_cpus: float = 0.0  # the router mostly waits on sockets; 0 never blocks workers
+    max_restarts: int = -1  # Ray restarts a dead worker or router this often (-1: always)
+    placement_strategy: str = "STRICT_PACK"
+    worker_args: tuple[str, ...] = ()  # extra `radixmesh worker` flags, for every worker
+    # RouterConfig fields other than workers/host/port/policy, e.g. {"seed": 0}.
+    router_options: dict[str, Any] = field(default_factory=dict, compare=False)
+    ready_timeout: float = 300.0
+    stop_timeout: float = 10.0
+    resolve_timeout: float = 2.0  # seconds the router waits for an actor's address
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise InvalidArgument("workers", f"must be >= 1, got {self.workers}")
+        if self.tp_size < 1:
+            raise InvalidArgument("tp_size", f"must be >= 1, got {self.tp_size}")
+        if self.device not in DEVICES:
+            raise InvalidArgument("device", f"must be one of {DEVICES}, got {self.device!r}")
+        if self.cpus_per_worker < 0 or self.router_cpus < 0:
+            name = "cpus_per_worker" if self.cpus_per_worker < 0 else "router_cpus"
+            raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.max_restarts < -1:
+            raise InvalidArgument("max_restarts", f"must be >= -1, got {self.max_restarts}")
+        if self.placement_strategy not in STRATEGIES:
+            raise InvalidArgument(
+                "placement_strategy",
+                f"must be one of {STRATEGIES}, got {self.placement_strategy!r}",
+            )
+        if self.policy not in POLICIES:
+            raise InvalidArgument(
+                "policy", f"must be one of {sorted(POLICIES)}, got {self.policy!r}"
+            )
+        for key in ("workers", "host", "port", "policy"):
+            if key in self.router_options:
+                raise InvalidArgument("router_options", f"set {key!r} on the launch config")
+        self.router_config(("127.0.0.1:1",))  # validates port and router_options
+
+    def router_config(self, workers: tuple[str, ...]) -> RouterConfig:
+        return RouterConfig(
+            workers=workers,
+            host=self.host,
+            port=self.port,
+            policy=self.policy,
+            **self.router_options,
+        )
+
+
+def rank_resources(use_gpu: bool, cpus_per_rank: float) -> dict[str, float]:
+    """What one tensor-parallel rank asks Ray for (as actor options)."""
+    return {"num_gpus": 1.0, "num_cpus": cpus_per_rank} if use_gpu else {"num_cpus": cpus_per_rank}
+
+
+def bundles(tp_size: int, use_gpu: bool, cpus_per_rank: float) -> list[dict[str, float]]:
+    """The placement group of one worker: a bundle per tensor-parallel rank."""
+    bundle = {"GPU": 1.0, "CPU": cpus_per_rank} if use_gpu else {"CPU": cpus_per_rank}
+    return [{k: v for k, v in bundle.items() if v} for _ in range(tp_size)]
+
+
+def advertised_host(bind_host: str, node_ip: str) -> str:
+    """The address others reach a server at: the node's IP when it binds every interface."""
+    return node_ip if bind_host in _ANY_HOST else bind_host
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when the process that started it dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "radixmesh.cluster.cli", *args]
+
+
+# ---- actors (plain classes; `ray.remote` wraps them in `RayCluster.start`) ----------------
+
+
+class WorkerActor:
+    """One worker: a `radixmesh worker` subprocess on a free port of this node."""
+
+    def __init__(
+        self,
+        model: str,
+        host: str,
+        worker_args: tuple[str, ...],
+        stop_timeout: float,
+        gpu_peers: list[Any] | None = None,
+    ) -> None:
+        import ray
+
+        self.stop_timeout = stop_timeout
+        self.port = free_port(host if host not in _ANY_HOST else "0.0.0.0")
+        self._address = f"{advertised_host(host, ray.util.get_node_ip_address())}:{self.port}"
+        env = dict(os.environ)
+        if gpu_peers:  # tensor parallelism: this actor's GPU plus each reservation's
+            gpus = [*ray.get_gpu_ids(), *(g for ids in ray.get(gpu_peers) for g in ids)]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        args = ["worker", "--model", model, "--host", host, "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            _cli(*args, *worker_args), env=env, preexec_fn=_die_with_parent
+        )
+        self._stopping = False
+        threading.Thread(target=self._watch, name="watch-worker", daemon=True).start()
+
+    def _watch(self) -> None:
+        status = self.proc.wait()
+        if not self._stopping:  # the worker died: so does the actor, and Ray restarts it
+            print(f"radixmesh worker exited ({status}); restarting", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    def address(self) -> str:
+        return self._address
+
+    def pids(self) -> tuple[int, int]:
+        """(the actor's process, the worker subprocess)."""
+        return os.getpid(), self.proc.pid
+
+    def stop(self) -> int | None:
+        """SIGTERM the worker (it drains), SIGKILL after `stop_timeout`. Its exit status."""
+        self._stopping = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+class GpuReservation:
+    """Holds one bundle of a worker's placement group and says which GPUs Ray gave it."""
+
+    def gpu_ids(self) -> list[int | str]:
+        import ray
+
+        return list(ray.get_gpu_ids())
+
+
+class RouterActor:
+    """The router's `serve()` on an event loop in a thread of this actor."""
+
+    def __init__(self, config: RayLaunchConfig, workers: list[Any]) -> None:
+        import ray
+
+        from radixmesh.router.pool import WorkerPool
+        from radixmesh.router.server import serve
+
+        addresses = tuple(ray.get([w.address.remote() for w in workers]))
+        router_config = config.router_config(addresses)
+        host = advertised_host(config.host, ray.util.get_node_ip_address())
+        self._address = f"{host}:{config.port}"
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        resolvers = [self._resolver(w, config.resolve_timeout) for w in workers]
+        created = threading.Event()
+
+        async def main() -> None:
+            # gRPC aio channels belong to the loop they are made on: make the pool here.
+            self.pool = WorkerPool(router_config, resolvers)
+            created.set()
+            await serve(router_config, pool=self.pool, stop=self._stop)
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(main())
+
+        self._thread = threading.Thread(target=run, name="router", daemon=True)
+        self._thread.start()
+        created.wait()
+
+    @staticmethod
+    def _resolver(worker: Any, timeout: float) -> Callable[[], Any]:
+        async def resolve() -> str | None:
+            return str(await asyncio.wait_for(worker.address.remote(), timeout))
+
+        return resolve
+
+    def address(self) -> str:
+        return self._address
+
+    def summaries(self) -> dict[str, dict[str, Any]]:
+        """Per worker: the address the router uses and the state of its prefix summary."""
+
+        async def read() -> dict[str, dict[str, Any]]:
+            return {
+                wid: {
+                    "address": w.address,
+                    "healthy": w.healthy,
+                    "epoch": w.summary.epoch,
+                    "sequence": w.summary.sequence,
+                    "resyncs": w.resyncs,
+                    "cached_blocks": w.summary.num_confirmed,
+                }
+                for wid, w in self.pool.workers.items()
+            }
+
+        return asyncio.run_coroutine_threadsafe(read(), self._loop).result(timeout=10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+
+# ---- the driver ---------------------------------------------------------------------------
+
+
+class RayCluster:
+    """The actors of one Ray-mode cluster. Use as a context manager, or start() / stop()."""
+
+    def __init__(self, config: RayLaunchConfig) -> None:
+        self.config = config
+        self.workers: list[Any] = []  # WorkerActor handles
+        self.reservations: list[Any] = []
+        self.placement_groups: list[Any] = []
+        self.router: Any = None
+        self.address = ""
+        self._owns_ray = False
+
+    def _use_gpu(self) -> bool:
+        import ray
+
+        if self.config.device != "auto":
+            return self.config.device == "cuda"
+        return ray.cluster_resources().get("GPU", 0) > 0
+
+    def start(self) -> None:
+        import ray
+
+        c = self.config
+        if not ray.is_initialized():
+            ray.init(address=c.ray_address, include_dashboard=False)
+            self._owns_ray = True
+        use_gpu = self._use_gpu()
+        worker_args = c.worker_args
+        if c.tp_size > 1:
+            worker_args = (*worker_args, "--tp-size", str(c.tp_size))
+        for _ in range(c.workers):
+            self.workers.append(self._start_worker(ray, use_gpu, worker_args))
+        router_cls = ray.remote(RouterActor).options(
+            num_cpus=c.router_cpus, max_restarts=c.max_restarts
+        )
+        self.router = router_cls.remote(c, self.workers)
+        self.address = str(ray.get(self.router.address.remote()))
+
+    def _start_worker(self, ray: Any, use_gpu: bool, worker_args: tuple[str, ...]) -> Any:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        c = self.config
+        rank = rank_resources(use_gpu, c.cpus_per_worker)
+        if c.tp_size == 1:
+            actor = ray.remote(WorkerActor).options(max_restarts=c.max_restarts, **rank)
+            return actor.remote(c.model, c.host, worker_args, c.stop_timeout)
+        pg = placement_group(
+            bundles(c.tp_size, use_gpu, c.cpus_per_worker), strategy=c.placement_strategy
+        )
+        self.placement_groups.append(pg)
+
+        def in_bundle(i: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+
+        peers = [
+            ray.remote(GpuReservation)
+            .options(max_restarts=-1, scheduling_strategy=in_bundle(i), **rank)
+            .remote()
+            for i in range(1, c.tp_size)
+        ]
+        self.reservations.extend(peers)
+        gpu_peers = [p.gpu_ids.remote() for p in peers] if use_gpu else None
+        actor = ray.remote(WorkerActor).options(
+            max_restarts=c.max_restarts, scheduling_strategy=in_bundle(0), **rank
+        )
+        return actor.remote(c.model, c.host, worker_args, c.stop_timeout, gpu_peers)
+
+    def worker_addresses(self) -> list[str]:
+        import ray
+
+        return [str(a) for a in ray.get([w.address.remote() for w in self.workers])]
+
+    def router_gone(self) -> str | None:
+        """A message when the router actor is dead for good (its restarts used up)."""
+        import ray
+
+        try:
+            ray.get(self.router.address.remote(), timeout=30)
+        except ray.exceptions.RayActorError as e:
+            return f"the router actor ({type(e).__name__})"
+        except ray.exceptions.GetTimeoutError:
+            return None  # restarting
+        return None
+
+    def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
+        return wait_router_ready(
+            self.address, self.config.ready_timeout, stop_requested=stop_requested
+        )
+
+    def stop(self) -> None:
+        import ray
+
+        timeout = self.config.stop_timeout
+        calls = [self.router.stop.remote(timeout)] if self.router is not None else []
+        calls += [w.stop.remote() for w in self.workers]
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(calls, timeout=timeout + 5)
+        for actor in [self.router, *self.workers, *self.reservations]:
+            if actor is not None:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    ray.kill(actor, no_restart=True)
+        for pg in self.placement_groups:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.util.remove_placement_group(pg)
+        if self._owns_ray:
+            ray.shutdown()
+
+    def __enter__(self) -> RayCluster:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def launch(config: RayLaunchConfig) -> int:
+    """Run a Ray-mode cluster until SIGINT / SIGTERM or the router's final death."""
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    cluster = RayCluster(config)
+    try:
+        cluster.start()
+        if not cluster.wait_ready(lambda: stopping):
+            return 0
+        print(
+            f"radixmesh cluster ready (ray): router {cluster.address}, "
+            f"workers {', '.join(cluster.worker_addresses())}",
+            flush=True,
+        )
+        checked = time.monotonic()
+        while not stopping:
+            if time.monotonic() - checked >= 5.0:
+                checked = time.monotonic()
+                if (gone := cluster.router_gone()) is not None:
+                    print(f"radixmesh: {gone} is dead; stopping the cluster", file=sys.stderr)
+                    return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        cluster.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,163 @@
+"""Ray mode: router and workers as Ray actors on a real local Ray instance (dummy:tiny).
+
+One module-scoped cluster (two workers, float32) serves every test; the restart test
+kills one worker's actor process and the other worker's subprocess and checks that Ray
+restarts both, the router follows the new addresses and resyncs the summaries.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from radixmesh.client import Client
+from radixmesh.cluster.launch import free_port
+from radixmesh.cluster.ray_launch import (
+    RayCluster,
+    RayLaunchConfig,
+    advertised_host,
+    bundles,
+    rank_resources,
+)
+from radixmesh.errors import InvalidArgument
+from radixmesh.worker.engine import Engine
+
+WORKER_ARGS = ("--dtype", "float32", "--event-block-size", "16")
+PROMPTS = [[1, 5, 9, 200, 31, 7, 64, 12] * 3, [2, 8, 300, 41, 5] * 4]
+GREEDY = {"max_new_tokens": 6, "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[list[int]]:
+    """What an in-process engine on the same weights (dummy:tiny, seed 0) generates."""
+    engine = Engine(model="dummy:tiny", dtype="float32")
+    try:
+        outs = [engine.generate(input_ids=ids, sampling_params=GREEDY) for ids in PROMPTS]
+        return [list(o["output_ids"]) for o in outs]  # type: ignore[index,call-overload]
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RayCluster]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    config = RayLaunchConfig(
+        model="dummy:tiny",
+        workers=2,
+        port=free_port(),
+        worker_args=WORKER_ARGS,
+        router_options={"health_interval": 0.2, "seed": 0},
+        ready_timeout=120.0,
+    )
+    try:
+        with RayCluster(config) as c:
+            yield c
+    finally:
+        ray.shutdown()
+
+
+def _wait_for(predicate: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+    return value
+
+
+def _summaries(cluster: RayCluster) -> dict[str, dict[str, Any]]:
+    import ray
+
+    return dict(ray.get(cluster.router.summaries.remote()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (dead, not yet reaped by its parent) still answers kill(pid, 0).
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+def test_cluster_serves_the_engines_tokens_through_the_router(
+    cluster: RayCluster, expected: list[list[int]]
+) -> None:
+    with Client(cluster.address) as client:
+        outs = [client.generate(input_ids=ids, sampling_params=GREEDY) for ids in PROMPTS]
+    assert [o.token_ids for o in outs] == expected
+    assert {o.worker_id for o in outs} <= {"worker-0", "worker-1"}
+    assert sorted(_summaries(cluster)) == ["worker-0", "worker-1"]
+    assert cluster.worker_addresses() == [s["address"] for s in _summaries(cluster).values()]
+
+
+@pytest.mark.slow
+def test_ray_restarts_killed_workers_and_the_router_follows(
+    cluster: RayCluster, expected: list[list[int]]
+) -> None:
+    import ray
+
+    before = _summaries(cluster)
+    assert all(s["healthy"] and s["epoch"] != 0 for s in before.values())
+    actor_pid, child0 = ray.get(cluster.workers[0].pids.remote())
+    _, child1 = ray.get(cluster.workers[1].pids.remote())
+    ray.kill(cluster.workers[0], no_restart=False)  # the actor's process dies (SIGKILL)
+    os.kill(child1, 9)  # worker 1's subprocess dies; its actor exits so that Ray restarts it
+
+    def restarted() -> dict[str, dict[str, Any]] | None:
+        now = _summaries(cluster)
+        done = all(now[w]["healthy"] and now[w]["epoch"] != before[w]["epoch"] for w in now)
+        return now if done else None
+
+    after = _wait_for(restarted, timeout=90)
+    # The worker subprocess died with its actor (PR_SET_PDEATHSIG).
+    assert not _alive(child0) and not _alive(actor_pid)
+    new_pids = [ray.get(w.pids.remote()) for w in cluster.workers]
+    assert new_pids[0][0] != actor_pid and new_pids[1][1] != child1
+    # The router reaches each worker where its restarted actor says it is now, on the
+    # port its new subprocess picked, and pulled a fresh snapshot on the new epoch.
+    assert [s["address"] for s in after.values()] == cluster.worker_addresses()
+    for w in ("worker-0", "worker-1"):
+        assert after[w]["resyncs"] > before[w]["resyncs"]
+    with Client(cluster.address) as client:
+        outs = [client.generate(input_ids=ids, sampling_params=GREEDY) for ids in PROMPTS]
+    assert [o.token_ids for o in outs] == expected
+
+
+def test_ray_launch_config_checks_its_fields() -> None:
+    with pytest.raises(InvalidArgument, match="workers: must be >= 1, got 0"):
+        RayLaunchConfig(model="dummy:tiny", workers=0)
+    with pytest.raises(InvalidArgument, match="tp_size: must be >= 1, got 0"):
+        RayLaunchConfig(model="dummy:tiny", tp_size=0)
+    with pytest.raises(InvalidArgument, match="device: must be one of"):
+        RayLaunchConfig(model="dummy:tiny", device="tpu")
+    with pytest.raises(InvalidArgument, match="max_restarts: must be >= -1, got -2"):
+        RayLaunchConfig(model="dummy:tiny", max_restarts=-2)
+    with pytest.raises(InvalidArgument, match="placement_strategy: must be one of"):
+        RayLaunchConfig(model="dummy:tiny", placement_strategy="SPREAD")
+    with pytest.raises(InvalidArgument, match="policy: must be one of"):
+        RayLaunchConfig(model="dummy:tiny", policy="nope")
+    with pytest.raises(InvalidArgument, match="router_options: set 'port' on the launch"):
+        RayLaunchConfig(model="dummy:tiny", router_options={"port": 1})
+    with pytest.raises(InvalidArgument, match="health_interval: must be > 0"):
+        RayLaunchConfig(model="dummy:tiny", router_options={"health_interval": 0.0})
+
+
+def test_placement_bundles_and_addresses() -> None:
+    assert bundles(2, use_gpu=True, cpus_per_rank=1.0) == [
+        {"GPU": 1.0, "CPU": 1.0},
+        {"GPU": 1.0, "CPU": 1.0},
+    ]
+    assert bundles(4, use_gpu=True, cpus_per_rank=0.0) == [{"GPU": 1.0}] * 4
+    assert bundles(2, use_gpu=False, cpus_per_rank=2.0) == [{"CPU": 2.0}, {"CPU": 2.0}]
+    assert rank_resources(True, 1.0) == {"num_gpus": 1.0, "num_cpus": 1.0}
+    assert rank_resources(False, 0.5) == {"num_cpus": 0.5}
+    assert advertised_host("0.0.0.0", "10.1.2.3") == "10.1.2.3"
+    assert advertised_host("127.0.0.1", "10.1.2.3") == "127.0.0.1"
