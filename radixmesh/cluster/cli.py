@@ -152,6 +152,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     worker_args = shlex.split(args.worker_args)
     if args.dtype is not None:
         worker_args += ["--dtype", args.dtype]
+    if args.ray or args.ray_address is not None:
+        return _launch_ray(args, tuple(worker_args))
+    if args.tp_size != 1:
+        worker_args += ["--tp-size", str(args.tp_size)]
     config = LaunchConfig(
         model=args.model,
         workers=args.workers,
@@ -161,6 +165,41 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         worker_args=tuple(worker_args),
     )
     return launch(config)
+
+
+def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
+    from radixmesh.cluster.ray_launch import RayLaunchConfig, launch
+
+    router_options = {
+        name: getattr(args, name)
+        for name in ("http_port", "metrics_port", "seed")
+        if getattr(args, name, None) is not None
+    }
+    config = RayLaunchConfig(
+        model=args.model,
+        workers=args.workers,
+        policy=args.policy,
+        host=args.host,
+        port=args.port,
+        ray_address=args.ray_address,
+        tp_size=args.tp_size,
+        device=args.ray_device,
+        max_restarts=args.max_restarts,
+        cpus_per_worker=args.cpus_per_worker,
+        worker_args=worker_args,
+        router_options=router_options,
+    )
+    return launch(config)
+
+
+def _add_ray_options(parser: argparse.ArgumentParser) -> None:
+    ray = parser.add_argument_group("ray (router and workers as Ray actors)")
+    ray.add_argument("--ray", action="store_true", help="start a local Ray instance")
+    ray.add_argument("--ray-address", default=None, help="join a Ray cluster (e.g. auto)")
+    ray.add_argument("--tp-size", type=int, default=1, help="GPUs per worker (a placement group)")
+    ray.add_argument("--ray-device", default="auto", choices=("auto", "cuda", "cpu"))
+    ray.add_argument("--max-restarts", type=int, default=-1, help="per actor; -1: always")
+    ray.add_argument("--cpus-per-worker", type=float, default=1.0, help="per rank")
 
 
 def _add_launch_parser(sub: Any) -> None:
@@ -174,6 +213,7 @@ def _add_launch_parser(sub: Any) -> None:
     ln.add_argument("--port", type=int, default=50050, help="the router's port")
     ln.add_argument("--dtype", default=None)
     ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
+    _add_ray_options(ln)
     ln.set_defaults(func=_cmd_launch)
 
 

@@ -8,6 +8,11 @@ restarts both, the router follows the new addresses and resyncs the summaries.
 from __future__ import annotations
 
 import os
+import re
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -129,6 +134,49 @@ def test_ray_restarts_killed_workers_and_the_router_follows(
     with Client(cluster.address) as client:
         outs = [client.generate(input_ids=ids, sampling_params=GREEDY) for ids in PROMPTS]
     assert [o.token_ids for o in outs] == expected
+
+
+def _refuses(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return False
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_launch_ray_address_serves_and_stops_on_ctrl_c(cluster: RayCluster) -> None:
+    """`radixmesh launch --ray-address` joins the running Ray instance (a worker with no
+    CPU reserved, since the cluster's two CPUs are taken) and Ctrl-C stops its actors."""
+    import ray
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
+         "--workers", "1", "--port", str(port), "--dtype", "float32",
+         "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        ready = ""
+        while not ready.startswith("radixmesh cluster ready (ray)"):
+            assert time.monotonic() < deadline and proc.poll() is None
+            ready = proc.stdout.readline()
+        workers = re.findall(r"[0-9.]+:\d+", ready.split("workers", 1)[1])
+        assert len(workers) == 1 and workers[0] not in cluster.worker_addresses()
+        with Client(f"127.0.0.1:{port}") as client:
+            out = client.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
+        assert out.worker_id == "worker-0"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        assert [_refuses(a) for a in [f"127.0.0.1:{port}", *workers]] == [True, True]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_ray_launch_config_checks_its_fields() -> None:
