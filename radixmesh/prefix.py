@@ -26,7 +26,9 @@ cache hashes each tree node's tokens starting from its parent's last block hash)
 
 from __future__ import annotations
 
+import array
 import hashlib
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -59,20 +61,33 @@ def block_hashes(
     if n_blocks == 0:
         return []
     data = _pack_tokens(token_ids, n_blocks * block_size)
-    prev = ROOT_HASH if parent_hash is None else _check_hash(parent_hash)
+    prev = (ROOT_HASH if parent_hash is None else _check_hash(parent_hash)).to_bytes(8, "little")
     stride = 4 * block_size
-    view = memoryview(data)
+    # The router hashes every prompt on its routing path: one blake2b call per block on
+    # concatenated bytes, names bound locally (~0.5 us a block).
+    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
     out: list[int] = []
     for start in range(0, len(data), stride):
-        h = hashlib.blake2b(prev.to_bytes(8, "little"), digest_size=8)
-        h.update(view[start : start + stride])
-        prev = int.from_bytes(h.digest(), "little")
-        out.append(prev)
+        prev = blake2b(prev + data[start : start + stride], digest_size=8).digest()
+        out.append(from_bytes(prev, "little"))
     return out
+
+
+_U32 = next(code for code in "IL" if array.array(code).itemsize == 4)
 
 
 def _pack_tokens(token_ids: Sequence[int], n: int) -> bytes:
     """The first `n` token ids as little-endian uint32 bytes, range-checked."""
+    if isinstance(token_ids, list | tuple):
+        # array.array packs a list ~3x faster than numpy and range-checks it itself.
+        try:
+            packed = array.array(_U32, token_ids[:n])
+        except (OverflowError, TypeError):
+            pass  # out of range (or not plain ints): numpy below names the problem
+        else:
+            if sys.byteorder == "big":
+                packed.byteswap()
+            return packed.tobytes()
     arr = np.asarray(token_ids[:n], dtype=np.int64)
     if arr.ndim != 1:
         raise ValueError(f"token_ids: must be a flat sequence, got shape {arr.shape}")

@@ -12,12 +12,15 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from radixmesh.errors import InvalidArgument, Unavailable
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
+    """One worker as a policy sees it (a NamedTuple: the router builds one per worker per
+    request, and a frozen dataclass costs ~1 us each to build, 64 us at 64 workers)."""
+
     worker_id: str
     healthy: bool
     cached_tokens: int  # prompt tokens the worker's summary says it caches
@@ -48,8 +51,10 @@ class Policy(ABC):
 
     def _min(self, candidates: Sequence[Candidate], key: Callable[[Candidate], float]) -> str:
         """The candidate with the smallest key; ties broken at random."""
-        best = min(key(c) for c in candidates)
-        return self.rng.choice([c for c in candidates if key(c) == best]).worker_id
+        keys = [key(c) for c in candidates]
+        best = min(keys)
+        ties = [c for c, k in zip(candidates, keys, strict=True) if k == best]
+        return self.rng.choice(ties).worker_id
 
 
 class CacheAware(Policy):
