@@ -125,8 +125,37 @@ def _cmd_router(args: argparse.Namespace) -> int:
         summary_budget_bytes=args.summary_budget_bytes,
         tentative_ttl=args.tentative_ttl,
         health_interval=args.health_interval,
+        http_port=args.http_port,
+        metrics_port=args.metrics_port,
+        api_keys=router_api_keys(args.api_key),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     )
     return run(config)
+
+
+API_KEY_ENV = "RADIXMESH_API_KEY"  # comma-separated keys, when no --api-key is given
+
+
+def router_api_keys(flags: Sequence[str] | None) -> tuple[str, ...]:
+    import os
+
+    if flags:
+        return tuple(flags)
+    return tuple(k for k in os.environ.get(API_KEY_ENV, "").split(",") if k)
+
+
+def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP API")
+    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics")
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help=f"require `authorization: Bearer <key>` (repeatable; default: ${API_KEY_ENV})",
+    )
+    parser.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key)")
+    parser.add_argument("--tls-key", default=None, help="PEM private key")
 
 
 def _add_router_parser(sub: Any) -> None:
@@ -141,6 +170,7 @@ def _add_router_parser(sub: Any) -> None:
     rt.add_argument("--summary-budget-bytes", type=int, default=256 * 1024 * 1024)
     rt.add_argument("--tentative-ttl", type=float, default=5.0, help="seconds")
     rt.add_argument("--health-interval", type=float, default=1.0, help="seconds")
+    _add_router_security_options(rt)
     rt.set_defaults(func=_cmd_router)
 
 
@@ -156,6 +186,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         return _launch_ray(args, tuple(worker_args))
     if args.tp_size != 1:
         worker_args += ["--tp-size", str(args.tp_size)]
+    router_args: list[str] = []
+    for flag in ("http_port", "metrics_port"):
+        if getattr(args, flag) is not None:
+            router_args += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     config = LaunchConfig(
         model=args.model,
         workers=args.workers,
@@ -163,6 +197,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         worker_args=tuple(worker_args),
+        router_args=tuple(router_args),
+        api_keys=router_api_keys(args.api_key),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
     )
     return launch(config)
 
@@ -213,6 +251,7 @@ def _add_launch_parser(sub: Any) -> None:
     ln.add_argument("--port", type=int, default=50050, help="the router's port")
     ln.add_argument("--dtype", default=None)
     ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
+    _add_router_security_options(ln)
     _add_ray_options(ln)
     ln.set_defaults(func=_cmd_launch)
 

@@ -9,6 +9,7 @@ it stops every child (SIGTERM, then SIGKILL after `stop_timeout`).
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -31,6 +32,11 @@ class LaunchConfig:
     worker_ports: tuple[int, ...] = ()  # empty: free ports picked at launch
     worker_args: tuple[str, ...] = ()  # extra `radixmesh worker` flags, for every worker
     router_args: tuple[str, ...] = ()  # extra `radixmesh router` flags
+    # The router's API keys (handed over in its environment, not on its command line) and
+    # TLS files; the launcher uses them to check readiness (tls_cert as the root: self-signed).
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    tls_cert: str | None = None
+    tls_key: str | None = None
     ready_timeout: float = 300.0
     stop_timeout: float = 10.0
     env: dict[str, str] | None = field(default=None, compare=False)
@@ -57,17 +63,26 @@ def wait_router_ready(
     timeout: float,
     dead: Callable[[], str | None] = lambda: None,
     stop_requested: Callable[[], bool] = lambda: False,
+    *,
+    api_key: str | None = None,
+    root_certificates: bytes | None = None,
 ) -> bool:
     """Block until the router at `address` serves and sees every worker healthy (True), or
     until `stop_requested()` (False); Unavailable if `dead()` names a dead part of the
-    cluster or `timeout` seconds pass."""
+    cluster or `timeout` seconds pass. `root_certificates`: connect with TLS."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from radixmesh.v1 import router_pb2, router_pb2_grpc
 
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as ch:
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+    channel = (
+        grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates))
+        if root_certificates is not None
+        else grpc.insecure_channel(address)
+    )
+    with channel as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         router = router_pb2_grpc.RouterStub(ch)
         status_req = router_pb2.ClusterStatusRequest()
@@ -79,7 +94,8 @@ def wait_router_ready(
             try:
                 resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
                 if resp.status == health_pb2.HealthCheckResponse.SERVING and all(
-                    w.healthy for w in router.ClusterStatus(status_req, timeout=1).workers
+                    w.healthy
+                    for w in router.ClusterStatus(status_req, timeout=1, metadata=metadata).workers
                 ):
                     return True
             except grpc.RpcError:
@@ -123,13 +139,31 @@ class LocalCluster:
             "--policy",
             c.policy,
         ]
-        self.router = subprocess.Popen(_cli(*router_args, *c.router_args), env=c.env)
+        if c.tls_cert is not None and c.tls_key is not None:
+            router_args += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
+        env = c.env
+        if c.api_keys:
+            from radixmesh.cluster.cli import API_KEY_ENV
+
+            keys = ",".join(c.api_keys)
+            env = {**(c.env if c.env is not None else os.environ), API_KEY_ENV: keys}
+        self.router = subprocess.Popen(_cli(*router_args, *c.router_args), env=env)
 
     def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
         """Block until the router serves and sees every worker healthy (True), or until
         `stop_requested()` (False); Unavailable if a child dies or time runs out."""
+        c = self.config
+        root = None
+        if c.tls_cert is not None:
+            with open(c.tls_cert, "rb") as f:
+                root = f.read()
         return wait_router_ready(
-            self.address, self.config.ready_timeout, self.dead_child, stop_requested
+            self.address,
+            c.ready_timeout,
+            self.dead_child,
+            stop_requested,
+            api_key=c.api_keys[0] if c.api_keys else None,
+            root_certificates=root,
         )
 
     def dead_child(self) -> str | None:
