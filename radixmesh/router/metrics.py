@@ -65,7 +65,7 @@ class _PoolCollector(Collector):
             labels=["worker"],
         )
         blocks = GaugeMetricFamily(
-            "radixmesh_router_summary_blocks",
+            "radixmesh_router_prefix_index_blocks",
             "Prefix blocks in each worker's summary (confirmed and tentative).",
             labels=["worker"],
         )
@@ -78,12 +78,12 @@ class _PoolCollector(Collector):
             blocks.add_metric([w.worker_id], len(w.summary))
         yield from (breaker, healthy, in_flight, blocks)
         yield GaugeMetricFamily(
-            "radixmesh_router_summary_bytes",
+            "radixmesh_router_prefix_index_bytes",
             f"Accounted memory of every summary together ({BYTES_PER_BLOCK} bytes per block).",
             value=self.pool.index.nbytes,
         )
         yield CounterMetricFamily(
-            "radixmesh_router_summary_forgotten_blocks",
+            "radixmesh_router_prefix_index_forgotten_blocks",
             "Summary blocks dropped to keep within the byte budget.",
             value=self.pool.index.forgotten_blocks,
         )
