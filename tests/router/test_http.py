@@ -157,6 +157,23 @@ def test_streamed_completion_with_usage(tiny: HttpCluster) -> None:
     assert [e["choices"][0]["finish_reason"] for e in chunks][-1] == "length"
 
 
+def test_streamed_choices_interleave_and_each_finishes(tiny: HttpCluster) -> None:
+    body = {"model": MODEL, "prompt": ["one", "two"], "max_tokens": 3, "temperature": 0}
+    body["ignore_eos"] = True
+    whole = tiny.post("/v1/completions", body).json()["choices"]
+    events = _sse(tiny.post("/v1/completions", {**body, "stream": True}).text)
+    assert events[-1] == "[DONE]"
+    texts = {0: "", 1: ""}
+    finished = []
+    for e in events[:-1]:
+        (choice,) = e["choices"]
+        texts[choice["index"]] += choice["text"]
+        if choice["finish_reason"] is not None:
+            finished.append(choice["index"])
+    assert sorted(finished) == [0, 1]
+    assert [texts[0], texts[1]] == [c["text"] for c in whole]
+
+
 def test_chat_through_the_openai_client(tiny: HttpCluster) -> None:
     client = openai.OpenAI(base_url=tiny.url + "/v1", api_key="unused", max_retries=0)
     messages: Any = [{"role": "user", "content": "hello"}]
