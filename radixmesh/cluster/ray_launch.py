@@ -22,7 +22,8 @@ Decisions:
   free of Ray: it receives addresses and plain `async () -> str | None` callables
   (`radixmesh.router.pool.Resolver`). The restarted worker has a new cache-event epoch,
   so the router's summary for it resyncs from a snapshot (pool.py's event loop).
-- **The router is an actor too** (restartable, on a fixed port): it runs the router's
+- **The router is an actor too** (restartable, on a fixed port of the driver's node, so
+  that a Kubernetes Service on the Ray head finds it): it runs the router's
   `serve()` on an event loop of its own thread, with a stop event instead of signal
   handlers. The driver only starts actors, waits for health, and stops everything on
   SIGINT / SIGTERM.
@@ -309,8 +310,12 @@ class RayCluster:
             worker_args = (*worker_args, "--tp-size", str(c.tp_size))
         for _ in range(c.workers):
             self.workers.append(self._start_worker(ray, use_gpu, worker_args))
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # The router stays on the driver's node, where a Service (or the user) finds it.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         router_cls = ray.remote(RouterActor).options(
-            num_cpus=c.router_cpus, max_restarts=c.max_restarts
+            num_cpus=c.router_cpus, max_restarts=c.max_restarts, scheduling_strategy=here
         )
         self.router = router_cls.remote(c, self.workers)
         self.address = str(ray.get(self.router.address.remote()))
