@@ -7,15 +7,21 @@ Two implementations satisfy one protocol, `TokenizerLike`:
   any vocabulary size can run end to end.
 
 The router tokenizes each prompt once (chat template included) and the worker trusts those
-ids, so both must build the tokenizer the same way: through `load_tokenizer(spec)`.
+ids, so both must build the tokenizer the same way: through `tokenizer_for(spec, ...)`,
+from the files `radixmesh.model_source` resolves and what the model's architecture says
+about its vocabulary (the worker reads it from the model; the router from the worker's
+ModelInfo, so the router imports no worker code). `load_tokenizer(spec)` is the
+in-process shortcut that reads the architecture itself (through the worker's loader).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.model_source import cached_dir, resolve_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -244,12 +250,35 @@ class ByteTokenizer:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt))
 
 
-def load_tokenizer(spec: str) -> Tokenizer | ByteTokenizer:
-    """The tokenizer of a model spec ("smollm2", an HF directory, a .gguf path, dummy:<preset>).
+def tokenizer_for(
+    spec: str, *, vocab_size: int, eos_token_ids: Iterable[int], bos_token_id: int | None
+) -> Tokenizer | ByteTokenizer:
+    """The tokenizer of a model spec ("smollm2", an HF directory, a .gguf path,
+    dummy:<preset>), given the model's vocabulary size and eos / bos ids.
 
-    Model specs are resolved in one place, the model loader, which also knows the converted
-    weights cache (a cached GGUF tokenizer loads in a fraction of a second).
+    A GGUF's tokenizer is read from the worker's converted cache when there is one (a
+    fraction of a second) and else built from the GGUF's metadata: a router that only
+    tokenizes should not pay for (or store) a weight conversion.
     """
+    src = resolve_model(spec)
+    eos = tuple(eos_token_ids)
+    if src.kind == "dummy":
+        return ByteTokenizer(vocab_size, eos_token_ids=eos, bos_token_id=bos_token_id)
+    assert src.path is not None, src
+    if src.kind == "hf":
+        return Tokenizer.from_pretrained(src.path, vocab_size=vocab_size, eos_token_ids=eos)
+    converted = cached_dir(src.path)
+    if converted is not None:
+        return Tokenizer.from_pretrained(str(converted), vocab_size=vocab_size, eos_token_ids=eos)
+    path = Path(src.path)
+    return Tokenizer.from_pretrained(
+        str(path.parent), gguf_file=path.name, vocab_size=vocab_size, eos_token_ids=eos
+    )
+
+
+def load_tokenizer(spec: str) -> Tokenizer | ByteTokenizer:
+    """The tokenizer of a model spec, its vocabulary read from the model's architecture by
+    the worker's loader (in-process use; the router uses `tokenizer_for`)."""
     from radixmesh.worker.model.loader import load_tokenizer as _load  # lazy: imports torch
 
     return _load(spec)

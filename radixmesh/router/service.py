@@ -32,7 +32,7 @@ from radixmesh.router.config import RouterConfig
 from radixmesh.router.metrics import RequestRecord, RouterMetrics
 from radixmesh.router.policy import Policy, PolicyOptions, make_policy
 from radixmesh.router.pool import WorkerHandle, WorkerPool
-from radixmesh.tokenizer import TokenizerLike
+from radixmesh.tokenizer import TokenizerLike, tokenizer_for
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
 from radixmesh.wire import input_ids_from_proto
 
@@ -66,10 +66,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             resp = await w.stub.GetModelInfo(
                 worker_pb2.GetModelInfoRequest(), timeout=30, metadata=w.metadata
             )
-            # The router only tokenizes; the loader builds a tokenizer without weights.
-            from radixmesh.worker.model.loader import load_tokenizer
-
-            self.tokenizer = await asyncio.to_thread(load_tokenizer, resp.info.tokenizer)
+            # The router only tokenizes: the shared loader, fed the worker's vocabulary.
+            info = resp.info
+            self.tokenizer = await asyncio.to_thread(
+                tokenizer_for,
+                info.tokenizer,
+                vocab_size=info.vocab_size,
+                eos_token_ids=info.eos_token_ids,
+                bos_token_id=info.bos_token_id if info.HasField("bos_token_id") else None,
+            )
             self.model_info = resp.info
             return
         raise Unavailable("no healthy worker to ask for the model")

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import torch
 
 from radixmesh.errors import InvalidArgument
-from radixmesh.tokenizer import ByteTokenizer
 from radixmesh.worker.model.arch import PRESETS, LlamaArchConfig
 
 INIT_STD = 0.02
@@ -75,9 +74,3 @@ def iter_dummy_weights(
 def _tensor_seed(seed: int, name: str) -> int:
     digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # manual_seed wants a non-negative int64
-
-
-def dummy_tokenizer(arch: LlamaArchConfig) -> ByteTokenizer:
-    return ByteTokenizer(
-        arch.vocab_size, eos_token_ids=arch.eos_token_ids, bos_token_id=arch.bos_token_id
-    )

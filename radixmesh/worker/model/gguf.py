@@ -4,14 +4,14 @@ Dequantizing a GGUF and building its tokenizer takes seconds to minutes, so the 
 writes config.json, float32 safetensors and tokenizer files under
 `$RADIXMESH_CACHE_DIR` (default ~/.cache/radixmesh); later loads read that directory with
 the HF loader. The cache key covers the file's path, size and mtime and the converter's
-version, and each conversion is written to a temporary directory that is renamed into
-place, so a killed conversion never leaves a half-written cache.
+version (`radixmesh.model_source`, where the router finds the tokenizer too), and each
+conversion is written to a temporary directory that is renamed into place, so a killed
+conversion never leaves a half-written cache.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -27,11 +27,10 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.model_source import cache_dir_for, cached_dir  # the cache's location (shared)
 from radixmesh.tokenizer import Tokenizer
 from radixmesh.worker.model.arch import LlamaArchConfig
 
-# Bump when the conversion's output changes, so stale caches are not reused.
-CONVERTER_VERSION = 1
 SHARD_BYTES = 2 * 1024**3
 INDEX_FILE = "model.safetensors.index.json"
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
@@ -177,25 +176,6 @@ def _writable(a: np.ndarray) -> np.ndarray:
 
 
 # --- the converted cache -------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("RADIXMESH_CACHE_DIR") or "~/.cache/radixmesh").expanduser()
-
-
-def cache_dir_for(gguf_path: str | Path) -> Path:
-    """Where the conversion of this exact file (path, size, mtime) lives."""
-    path = Path(gguf_path).resolve()
-    st = path.stat()
-    key = f"{CONVERTER_VERSION}\0{path}\0{st.st_size}\0{st.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_root() / "gguf" / f"{path.stem}-{digest}"
-
-
-def cached_dir(gguf_path: str | Path) -> Path | None:
-    """The finished conversion, or None. config.json exists only in a renamed, whole cache."""
-    out = cache_dir_for(gguf_path)
-    return out if (out / "config.json").is_file() else None
 
 
 def ensure_converted(gguf_path: str | Path) -> Path:

