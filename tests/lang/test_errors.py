@@ -124,11 +124,25 @@ def test_no_backend() -> None:
         prog.run()
 
 
-def test_cluster_backend_says_which_issue_provides_it() -> None:
-    with pytest.raises(sgl.BackendUnavailable, match="gRPC and router issues"):
+def test_cluster_backend_bad_input() -> None:
+    from radixmesh.cluster.launch import free_port
+    from radixmesh.errors import InvalidArgument, Unavailable
+
+    with pytest.raises(InvalidArgument, match="speaks gRPC") as e:
         sgl.RuntimeEndpoint("http://localhost:30000")
-    with pytest.raises(sgl.BackendUnavailable, match="gRPC and router issues"):
-        sgl.Runtime(model="smollm2", workers=2)
+    assert e.value.field == "base_url"
+    with pytest.raises(InvalidArgument, match="expected 'host:port'") as e:
+        sgl.RuntimeEndpoint("localhost")
+    assert e.value.field == "base_url"
+    port = free_port()
+    with pytest.raises(Unavailable, match=f"no radixmesh router or worker answers at .*:{port}"):
+        sgl.RuntimeEndpoint(f"127.0.0.1:{port}")
+    with pytest.raises(InvalidArgument, match="not an engine option") as e:
+        sgl.Runtime(model="smollm2", workers=2, kv_cache_size=1)  # no such option
+    assert e.value.field == "kv_cache_size"
+    with pytest.raises(InvalidArgument, match="must be >= 1") as e:
+        sgl.Runtime(model="smollm2", workers=0)
+    assert e.value.field == "workers"
 
 
 def test_gen_outside_a_function() -> None:

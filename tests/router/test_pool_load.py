@@ -1,0 +1,28 @@
+"""A worker's queued work as the router's policy sees it, between two load reports."""
+
+from __future__ import annotations
+
+import asyncio
+
+from radixmesh.router.config import RouterConfig
+from radixmesh.router.pool import LoadReport, WorkerPool
+
+
+def test_requests_ended_since_the_load_report_are_not_queued() -> None:
+    async def run() -> list[int]:
+        pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))
+        handle = pool.workers["worker-0"]
+        # Polled while our request and two others (sent to the worker directly) ran.
+        handle.load = LoadReport(num_running=3)
+        handle.in_flight = 1
+        seen = [handle.candidate(0).queued]
+        handle.request_ended()  # the next turn of that chat must not count it
+        seen.append(handle.candidate(0).queued)
+        handle.in_flight += 1  # ... which is now in flight itself
+        seen.append(handle.candidate(0).queued)
+        handle.load = LoadReport(num_running=0)  # the next report; the others ended too
+        handle.ended_since_poll = 0
+        seen.append(handle.candidate(0).queued)
+        return seen
+
+    assert asyncio.run(run()) == [3, 2, 2, 1]
