@@ -84,6 +84,7 @@ class WorkerHandle:
         self.reachable = False  # the last health poll answered and the worker is not draining
         self.load = LoadReport()
         self.in_flight = 0  # requests the router has on this worker now
+        self.ended_since_poll = 0  # of the router's requests, those ended since `load` came
         self.resyncs = 0  # snapshot pulls (the first one included)
         self.block_size = 0  # the worker's event block size (from its snapshot)
         self._tasks: list[asyncio.Task[None]] = []
@@ -117,8 +118,17 @@ class WorkerHandle:
         return self.reachable and self.breaker.allows()
 
     def candidate(self, cached_tokens: int) -> Candidate:
-        queued = max(self.load.num_running + self.load.num_waiting, self.in_flight)
+        # The load report lags by up to a health interval and still counts requests that
+        # ended since: without subtracting them, a chat's next turn saw its own finished
+        # turn as queued work on the worker caching it, and went to a cold worker.
+        reported = self.load.num_running + self.load.num_waiting - self.ended_since_poll
+        queued = max(reported, self.in_flight)
         return Candidate(self.worker_id, self.healthy, cached_tokens, queued)
+
+    def request_ended(self) -> None:
+        """One of the router's requests on this worker ended (however it ended)."""
+        self.in_flight -= 1
+        self.ended_since_poll += 1
 
     def start(self) -> None:
         self._tasks = [
@@ -156,6 +166,7 @@ class WorkerHandle:
             resp.kv_tokens_total,
             resp.cache_hit_rate,
         )
+        self.ended_since_poll = 0
         self.reachable = not resp.draining
         if self.reachable:
             self.breaker.record_success()

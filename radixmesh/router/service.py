@@ -161,7 +161,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self.metrics.retries.inc()
             finally:
                 call.cancel()
-                worker.in_flight -= 1
+                worker.request_ended()
                 self.requests.pop(rid, None)
         assert last_error is not None
         raise last_error
@@ -199,7 +199,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             try:
                 resp = await worker.stub.Score(sreq, metadata=worker.metadata)
             finally:
-                worker.in_flight -= 1
+                worker.request_ended()
             sel = convert.selection_from_scores(list(request.choices), resp)
             return router_pb2.SelectResponse(
                 index=sel.index,
