@@ -208,11 +208,13 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
     from radixmesh.cluster.ray_launch import RayLaunchConfig, launch
 
-    router_options = {
+    router_options: dict[str, Any] = {
         name: getattr(args, name)
-        for name in ("http_port", "metrics_port", "seed")
+        for name in ("http_port", "metrics_port", "tls_cert", "tls_key")
         if getattr(args, name, None) is not None
     }
+    if api_keys := router_api_keys(args.api_key):
+        router_options["api_keys"] = api_keys
     config = RayLaunchConfig(
         model=args.model,
         workers=args.workers,

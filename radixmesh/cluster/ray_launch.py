@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -368,8 +369,16 @@ class RayCluster:
         return None
 
     def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
+        options = self.config.router_options
+        keys = options.get("api_keys", ())
+        cert = options.get("tls_cert")
+        root = Path(cert).read_bytes() if cert else None
         return wait_router_ready(
-            self.address, self.config.ready_timeout, stop_requested=stop_requested
+            self.address,
+            self.config.ready_timeout,
+            stop_requested=stop_requested,
+            api_key=keys[0] if keys else None,
+            root_certificates=root,
         )
 
     def stop(self) -> None:

@@ -148,14 +148,19 @@ def _refuses(address: str) -> bool:
 @pytest.mark.slow
 def test_launch_ray_address_serves_and_stops_on_ctrl_c(cluster: RayCluster) -> None:
     """`radixmesh launch --ray-address` joins the running Ray instance (a worker with no
-    CPU reserved, since the cluster's two CPUs are taken) and Ctrl-C stops its actors."""
+    CPU reserved, since the cluster's two CPUs are taken), passes the router options to
+    the router actor (an API key, the HTTP port) and Ctrl-C stops its actors."""
+    import urllib.error
+    import urllib.request
+
     import ray
 
-    port = free_port()
+    port, http_port = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
          "--workers", "1", "--port", str(port), "--dtype", "float32",
-         "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0"],
+         "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0",
+         "--api-key", "k1", "--http-port", str(http_port)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -167,12 +172,20 @@ def test_launch_ray_address_serves_and_stops_on_ctrl_c(cluster: RayCluster) -> N
             ready = proc.stdout.readline()
         workers = re.findall(r"[0-9.]+:\d+", ready.split("workers", 1)[1])
         assert len(workers) == 1 and workers[0] not in cluster.worker_addresses()
-        with Client(f"127.0.0.1:{port}") as client:
+        with Client(f"127.0.0.1:{port}", api_key="k1") as client:
             out = client.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
         assert out.worker_id == "worker-0"
+        models = f"http://127.0.0.1:{http_port}/v1/models"
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(models, timeout=10)
+        assert denied.value.code == 401
+        request = urllib.request.Request(models, headers={"Authorization": "Bearer k1"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.status == 200
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
-        assert [_refuses(a) for a in [f"127.0.0.1:{port}", *workers]] == [True, True]
+        addresses = [f"127.0.0.1:{port}", f"127.0.0.1:{http_port}", *workers]
+        assert [_refuses(a) for a in addresses] == [True, True, True]
     finally:
         if proc.poll() is None:
             proc.kill()
