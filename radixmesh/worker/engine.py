@@ -24,6 +24,7 @@ from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.request import Request, RequestOutput
+from radixmesh.worker.tp.followers import RankFailure
 from radixmesh.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class Engine:
         self._draining = False  # drain(): new requests get Unavailable
         self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
         self._thread.start()
+        if self.worker.followers is not None:  # a TP rank dying ends the engine
+            self.worker.followers.watch(self._on_rank_failure)
 
     # ---- public API -----------------------------------------------------------------
 
@@ -112,11 +115,16 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        if not self._thread.is_alive():
-            return
-        self._post(lambda: self.worker.scheduler.abort_all("engine shut down"))
-        self._inbox.put(None)
-        self._thread.join(timeout=30)
+        if self._thread.is_alive() and self._fatal is None:
+            self._post(lambda: self.worker.scheduler.abort_all("engine shut down"))
+            self._inbox.put(None)
+            self._thread.join(timeout=30)
+        self.worker.close()
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the engine stopped serving (a dead scheduler or TP rank); None while fine."""
+        return self._fatal
 
     def __enter__(self) -> Engine:
         return self
@@ -316,14 +324,25 @@ class Engine:
     # ---- the scheduler thread -------------------------------------------------------
 
     def _post(self, fn: Callable[[], None]) -> None:
-        if not self._thread.is_alive():
+        if self._fatal is not None or not self._thread.is_alive():
             raise Unavailable(self._fatal or "the engine is shut down")
         self._inbox.put(fn)
 
     def _check_alive(self) -> None:
-        """Waiters poll this: a dead scheduler thread must not leave them hanging."""
-        if not self._thread.is_alive():
+        """Waiters poll this: a dead scheduler thread (or TP rank) must not leave them
+        hanging. A TP failure counts at once: the scheduler thread may still be stuck
+        in a collective with the dead rank."""
+        if self._fatal is not None or not self._thread.is_alive():
             raise Unavailable(self._fatal or "the engine is shut down")
+
+    def _on_rank_failure(self, message: str) -> None:
+        """From the TP watchdog thread: fail every waiter, end the scheduler thread."""
+        self._fatal = message
+
+        def stop() -> None:
+            raise RankFailure(message)
+
+        self._inbox.put(stop)  # wakes an idle scheduler thread, which then ends
 
     def _get(self, q: queue.SimpleQueue[RequestOutput]) -> RequestOutput:
         while True:
@@ -365,6 +384,9 @@ class Engine:
     def _loop(self) -> None:
         try:
             self._serve()
+        except RankFailure as e:
+            self._fatal = f"the worker's tensor-parallel group failed: {e}"
+            logger.error("%s", self._fatal)
         except BaseException as e:  # e.g. a device error inside fail_all itself
             self._fatal = f"the engine's scheduler stopped: {type(e).__name__}: {e}"
             logger.exception("scheduler thread died")
@@ -388,7 +410,14 @@ class Engine:
             if sched.has_work():
                 try:
                     sched.step()
+                except RankFailure:
+                    raise
                 except Exception as e:  # a failed step must not wedge the engine
+                    followers = self.worker.followers
+                    if followers is not None:  # the TP ranks are out of step: fatal
+                        raise RankFailure(
+                            followers.failure or f"tensor-parallel step failed: {e!r}"
+                        ) from e
                     logger.exception("scheduler step failed")
                     sched.fail_all(f"internal error: {type(e).__name__}: {e}")
 

@@ -23,6 +23,7 @@ from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids, tok
 
 if TYPE_CHECKING:  # imports triton: only where graphs are built
     from radixmesh.worker.cuda_graph import DecodeCudaGraphs
+    from radixmesh.worker.tp.followers import FollowerRanks
 
 
 @dataclass
@@ -44,8 +45,11 @@ class ModelRunner:
         req_table: ReqToTokenTable,
         vocab_size: int,
         grammars: GrammarManager | None = None,
+        followers: FollowerRanks | None = None,
     ) -> None:
         self.model = model
+        # Rank 0 of a TP group: the other ranks run every forward with this one.
+        self.followers = followers
         self.attn = attn
         self.req_table = req_table
         self.sampler = Sampler(vocab_size)
@@ -56,6 +60,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: Batch) -> ForwardOutput:
         fb = self._forward_batch(batch)
+        if self.followers is not None:
+            pre = self._rows(batch)
+            self.followers.send_step(batch, fb, pre.sample_rows + pre.prompt_rows)
         if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
             hidden = self.decode_graphs.run(fb)  # [B, hidden]
         else:

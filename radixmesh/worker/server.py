@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import signal
 import time
@@ -555,13 +556,44 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     servicer.attach(engine, hub)
     await _set_health(health_servicer, serving=not stop.is_set())
     print(f"radixmesh worker serving {engine.config.model.model} on port {port}", flush=True)
-    await stop.wait()
+    if await _stopped_or_failed(stop, engine):
+        return await _fail(servicer, engine, health_servicer, hub, server)
     await _drain(config, servicer, engine, health_servicer)
     hub.close()
     await server.stop(grace=2.0)
     await asyncio.to_thread(engine.shutdown)
     logger.info("radixmesh worker stopped")
     return 0
+
+
+FAILURE_POLL_S = 0.2
+FAILURE_GRACE_S = 1.0  # in-flight streams see UNAVAILABLE (their waiters poll) before exit
+
+
+async def _stopped_or_failed(stop: asyncio.Event, engine: Engine) -> bool:
+    """Wait for SIGTERM / SIGINT (False) or for the engine to fail, e.g. a TP rank (True)."""
+    while not stop.is_set():
+        if engine.fatal is not None:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), FAILURE_POLL_S)
+    return False
+
+
+async def _fail(
+    servicer: WorkerServicer, engine: Engine, health_servicer: Any, hub: Any, server: Any
+) -> int:
+    """The engine cannot serve: NOT_SERVING, in-flight requests end UNAVAILABLE, exit 1
+    (so the launcher or Ray restarts the whole worker)."""
+    logger.error("worker failed, exiting: %s", engine.fatal)
+    await _set_health(health_servicer, serving=False)
+    deadline = time.monotonic() + FAILURE_GRACE_S
+    while servicer.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    hub.close()
+    await server.stop(grace=0.5)
+    await asyncio.to_thread(engine.shutdown)
+    return 1
 
 
 async def _set_health(servicer: Any, *, serving: bool) -> None:

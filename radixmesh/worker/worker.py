@@ -25,6 +25,7 @@ from radixmesh.worker.kvcache.pool import KVPool
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.layers.dense import pack_model_for_cpu
+from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.model.loader import iter_weights, load_arch_config, load_tokenizer
 from radixmesh.worker.model_runner import ModelRunner
@@ -38,6 +39,8 @@ from radixmesh.worker.pool_sizing import (
     size_pool,
 )
 from radixmesh.worker.scheduler import Scheduler
+from radixmesh.worker.tp.followers import FollowerRanks
+from radixmesh.worker.tp.group import rank_device
 
 if TYPE_CHECKING:  # imports triton
     from radixmesh.worker.cuda_graph import DecodeCudaGraphs
@@ -92,17 +95,38 @@ def default_attention_backend(device: torch.device) -> str:
 
 
 class Worker:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp: TPGroup | None = None) -> None:
+        """`tp`: given on ranks 1..N-1 of a TP group (tp/follower.py); rank 0 passes
+        None and, when tp_size > 1, spawns and joins the other ranks itself."""
+        self.followers: FollowerRanks | None = None
+        try:
+            self._build(config, tp)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the other TP ranks (if any) and leave the process group."""
+        if self.followers is not None:
+            self.followers.stop()
+
+    def _build(self, config: EngineConfig, tp: TPGroup | None) -> None:
         self.config = config
         mc, cc = config.model, config.cache
         self.device = resolve_device(mc.device)
+        if config.parallel.tp_size > 1:
+            self.device = rank_device(self.device, tp.rank if tp else 0)
+            if tp is None:  # rank 0: start the others; they build this same Worker
+                self.followers = FollowerRanks(config, self.device)
+                tp = self.followers.tp
+        self.tp = tp or SINGLE
         self.dtype = resolve_dtype(mc.dtype, self.device)
         if self.device.type == "cpu":
             keep_freed_memory_in_process()
         t0 = time.perf_counter()
         self.arch = load_arch_config(mc.model)
         torch.manual_seed(mc.seed)
-        self.model = LlamaForCausalLM(self.arch, dtype=self.dtype, device=self.device)
+        self.model = LlamaForCausalLM(self.arch, tp=self.tp, dtype=self.dtype, device=self.device)
         self.model.load_weights(
             iter_weights(mc.model, self.arch, dtype=self.dtype, device=self.device, seed=mc.seed)
         )
@@ -140,7 +164,12 @@ class Worker:
             compile_threads=gc.grammar_compile_threads,
         )
         self.runner = ModelRunner(
-            self.model, attn, self.req_table, self.arch.vocab_size, grammars=self.grammars
+            self.model,
+            attn,
+            self.req_table,
+            self.arch.vocab_size,
+            grammars=self.grammars,
+            followers=self.followers,
         )
         if self.device.type == "cuda" and backend == "triton" and mc.cuda_graph_max_batch_size:
             self.runner.decode_graphs = self._capture_decode_graphs(attn)
@@ -155,6 +184,8 @@ class Worker:
             grammars=self.grammars,
         )
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.arch.eos_token_ids)
+        if self.followers is not None:
+            self.followers.wait_ready()
 
     def _capture_decode_graphs(self, attn: AttentionBackend) -> DecodeCudaGraphs:
         from radixmesh.worker.attention.triton_backend import TritonAttentionBackend
@@ -185,8 +216,9 @@ class Worker:
 
     def _build_pool(self) -> KVPool:
         cc, arch = self.config.cache, self.arch
+        kv_heads = self.model.num_kv_heads  # this rank's share under TP
         per_slot = KVPool.bytes_per_slot(
-            arch.num_hidden_layers, arch.num_key_value_heads, arch.head_size, self.dtype
+            arch.num_hidden_layers, kv_heads, arch.head_size, self.dtype
         )
         if cc.kv_cache_tokens is not None:
             slots = cc.kv_cache_tokens + cc.page_size  # + the reserved page
@@ -196,11 +228,12 @@ class Worker:
             slots = self.pool_sizing.num_slots
         else:
             slots = (cc.kv_cache_bytes or DEFAULT_CPU_KV_CACHE_BYTES) // per_slot
+        slots = self.tp.min_over_ranks(slots, self.device)  # slot ids are shared by all ranks
         slots -= slots % cc.page_size
         return KVPool(
             num_slots=slots,
             num_layers=arch.num_hidden_layers,
-            num_kv_heads=arch.num_key_value_heads,
+            num_kv_heads=kv_heads,
             head_dim=arch.head_size,
             dtype=self.dtype,
             device=self.device,

@@ -38,6 +38,24 @@ class TPGroup:
             dist.all_reduce(x, group=self.group)
         return x
 
+    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite every rank's `x` with rank `src`'s, in place."""
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.broadcast(x, src=src, group=self.group)
+        return x
+
+    def min_over_ranks(self, n: int, device: torch.device) -> int:
+        """The smallest of every rank's `n` (ranks must agree on sizes, e.g. the KV pool)."""
+        if self.size == 1:
+            return n
+        import torch.distributed as dist
+
+        t = torch.tensor([n], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's `x` along `dim`, in rank order."""
         if self.size == 1:

@@ -1,0 +1,78 @@
+"""What rank 0 tells the other ranks each step, and how.
+
+Host-side lists (token ids, rows, lengths, which hidden rows need logits) travel as one
+pickled `StepHeader` over each follower's pipe: followers wait on a pipe, not a
+collective, so an idle worker never trips the collective timeout and a dead rank 0
+shows up as end-of-file. The device-side part (the new tokens' KV slots and the batch's
+req->token rows) is one broadcast of a packed int64 tensor over the process group, so on
+CUDA it never leaves the GPU: `[out_cache_loc (T) | req_to_token[req_rows, :L] (B * L)]`
+with L the longest sequence of the step.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+import torch
+
+from radixmesh.worker.batch import Batch
+from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.layers.parallel import TPGroup
+
+STOP = b"stop"  # the shutdown message (a pickled header never equals it)
+
+
+@dataclass(frozen=True)
+class StepHeader:
+    input_ids: list[int]  # [T]
+    req_rows: list[int]  # [B]
+    prefix_lens: list[int]  # [B]
+    extend_lens: list[int]  # [B]
+    logit_rows: list[int]  # hidden rows whose logits rank 0 computes (the LM head gathers)
+
+    @classmethod
+    def of(cls, batch: Batch, fb: ForwardBatch, logit_rows: list[int]) -> StepHeader:
+        """Rank 0: the header of a scheduled batch (host lists only: no device sync)."""
+        input_ids: list[int] = []
+        for item, start in zip(batch.items, fb.prefix_lens_cpu, strict=True):
+            input_ids.extend(item.req.token_ids[start : start + item.num_new_tokens])
+        req_rows: list[int] = [item.req.row for item in batch.items]  # type: ignore[misc]
+        return cls(input_ids, req_rows, fb.prefix_lens_cpu, fb.extend_lens_cpu, logit_rows)
+
+    @property
+    def max_len(self) -> int:
+        return max(p + e for p, e in zip(self.prefix_lens, self.extend_lens, strict=True))
+
+    def encode(self) -> bytes:
+        fields = (self.input_ids, self.req_rows, self.prefix_lens, self.extend_lens)
+        return pickle.dumps((*fields, self.logit_rows), protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def decode(cls, data: bytes) -> StepHeader:
+        return cls(*pickle.loads(data))
+
+
+def send_tables(
+    tp: TPGroup,
+    header: StepHeader,
+    out_cache_loc: torch.Tensor,
+    req_rows: torch.Tensor,
+    req_to_token: torch.Tensor,
+) -> None:
+    """Rank 0: broadcast the step's KV slots and table rows (see the module docstring)."""
+    rows = req_to_token.index_select(0, req_rows)[:, : header.max_len]  # [B, L]
+    packed = torch.cat([out_cache_loc.to(torch.int64), rows.reshape(-1).to(torch.int64)])
+    tp.broadcast(packed, src=0)
+
+
+def receive_tables(tp: TPGroup, header: StepHeader, req_to_token: torch.Tensor) -> torch.Tensor:
+    """Other ranks: receive the broadcast, write the rows into this rank's req->token
+    table (so the attention backends and CUDA graphs read it as on rank 0) and return
+    out_cache_loc [T]."""
+    t, b, n = len(header.input_ids), len(header.req_rows), header.max_len
+    packed = torch.empty(t + b * n, dtype=torch.int64, device=req_to_token.device)
+    tp.broadcast(packed, src=0)
+    rows = torch.tensor(header.req_rows, dtype=torch.int64, device=req_to_token.device)
+    req_to_token[rows, :n] = packed[t:].view(b, n).to(req_to_token.dtype)
+    return packed[:t]
