@@ -1,82 +1,147 @@
-"""The demo `make demo` runs: the bundled SmolLM2-135M-Instruct on CPU.
+"""The demo `make demo` runs: a local cluster (a router and two workers) on the bundled
+SmolLM2-135M-Instruct, on CPU, driven by a program in the frontend language.
 
-A short multi-turn chat (each turn reuses the previous turn's KV from the radix cache)
-and a batch of questions that share one long system prompt (prefilled once, then hit by
-every request). Prints answers and cached-token counts.
+1. a multi-turn chat: each turn re-reads the previous ones, which the router finds cached
+   on the worker that served them, so the chat stays there;
+2. a batch of questions sharing one system prompt (`run_batch` prefills the template
+   once; the router spreads the batch over both workers);
+3. a fork: one shared text expanded three ways in parallel.
+
+Prints the answers, the worker that served each request and the cache hit ratio
+(cached / prompt tokens), overall and per worker, then stops the cluster.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
 
-from radixmesh import Engine
+import radixmesh as sgl
 
-SYSTEM = "You are a helpful assistant. Answer briefly."
+SYSTEM = "You are a helpful assistant. Answer briefly, in one sentence."
+served: list[dict[str, Any]] = []  # meta_info of every gen, in order
 
 
-def chat(engine: Engine) -> None:
+def record(meta: dict[str, Any]) -> str:
+    served.append(meta)
+    return (
+        f"[{meta['worker_id']}, cached {meta['cached_tokens']}/{meta['prompt_tokens']} "
+        "prompt tokens]"
+    )
+
+
+@sgl.function
+def chat(s, questions):
+    s += sgl.system(SYSTEM)
+    for i, question in enumerate(questions):
+        s += sgl.user(question)
+        s += sgl.assistant(sgl.gen(f"answer_{i}", max_tokens=24))
+
+
+@sgl.function
+def capital(s, country):
+    s += sgl.system(SYSTEM)
+    s += sgl.user(f"What is the capital of {country}?")
+    s += sgl.assistant(sgl.gen("answer", max_tokens=16))
+
+
+@sgl.function
+def tips(s, topic):
+    s += f"Three short tips about {topic}, one line each.\n"
+    forks = s.fork(3)
+    for i, f in enumerate(forks):
+        f += f"Tip {i + 1}:" + sgl.gen("tip", max_tokens=14, stop="\n")
+    forks.join()
+
+
+def run_chat() -> None:
     print("== multi-turn chat ==")
-    messages = [{"role": "system", "content": SYSTEM}]
-    for question in (
+    questions = [
         "What is the capital of France? Answer in one word.",
         "What is the capital of Germany?",
         "And the capital of Italy?",
-    ):
-        messages.append({"role": "user", "content": question})
-        ids = engine.tokenizer.encode_chat(messages)
-        out = engine.generate(
-            input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 48}
-        )
-        assert isinstance(out, dict)
-        meta = out["meta_info"]
+    ]
+    s = chat.run(questions=questions, temperature=0)
+    for i, question in enumerate(questions):
         print(f"user: {question}")
-        print(f"assistant: {out['text'].strip()}")
-        print(
-            f"   prompt {meta['prompt_tokens']} tokens, cached {meta['cached_tokens']}, "
-            f"generated {meta['completion_tokens']}"
-        )
-        messages.append({"role": "assistant", "content": out["text"].strip()})
+        print(f"assistant: {s[f'answer_{i}'].strip()}  {record(s.get_meta_info(f'answer_{i}'))}")
 
 
-def shared_prefix_batch(engine: Engine) -> None:
-    print("\n== a batch sharing one system prompt ==")
-    questions = [
-        "What is the capital of Japan?",
-        "What is the capital of Italy?",
-        "What is the capital of Canada?",
-        "What is the capital of Egypt?",
-    ]
-    prompts = [
-        engine.tokenizer.encode_chat(
-            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
-        )
-        for q in questions
-    ]
-    t0 = time.perf_counter()
-    outs = engine.generate(
-        input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 24}
-    )
-    dt = time.perf_counter() - t0
-    assert isinstance(outs, list)
-    for q, out in zip(questions, outs, strict=True):
-        meta = out["meta_info"]
-        print(
-            f"{q} -> {out['text'].strip()}  "
-            f"(cached {meta['cached_tokens']}/{meta['prompt_tokens']} prompt tokens)"
-        )
-    stats = engine.get_stats()
-    print(f"batch took {dt:.2f}s; radix cache hit rate so far: {stats.cache_hit_rate:.0%}")
+def run_batch() -> None:
+    print("\n== 8 questions sharing one system prompt (run_batch) ==")
+    countries = ["Japan", "Italy", "Canada", "Egypt", "Spain", "Peru", "Kenya", "India"]
+    states = capital.run_batch([{"country": c} for c in countries], temperature=0)
+    for country, st in zip(countries, states, strict=True):
+        print(f"{country}: {st['answer'].strip()}  {record(st.get_meta_info('answer'))}")
+
+
+def run_fork() -> None:
+    print("\n== fork: one prefix, three branches in parallel ==")
+    s = tips.run(topic="sleep", temperature=0)
+    for i, meta in enumerate(s.get_meta_info("tip")):
+        print(f"Tip {i + 1}:{s['tip'][i]}  {record(meta)}")
+
+
+def report() -> None:
+    print("\n== cache hit ratio (cached / prompt tokens of the requests above) ==")
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for meta in served:
+        for key in ("all", meta["worker_id"]):
+            totals[key][0] += meta["cached_tokens"]
+            totals[key][1] += meta["prompt_tokens"]
+            totals[key][2] += 1
+    for key in ["all", *sorted(k for k in totals if k != "all")]:
+        cached, prompt, n = totals[key]
+        name = "overall" if key == "all" else key
+        print(f"{name:9s} {cached:5d} / {prompt:5d} = {cached / prompt:4.0%}  ({n} requests)")
+
+
+@contextlib.contextmanager
+def output_to(path: str) -> Iterator[None]:
+    """Point this process's stdout and stderr at `path` meanwhile: the processes started
+    inside inherit them, so the workers' and router's logs go to the file."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def main() -> None:
-    t0 = time.perf_counter()
-    engine = Engine("smollm2")
-    print(f"loaded smollm2 in {time.perf_counter() - t0:.1f}s\n")
-    try:
-        chat(engine)
-        shared_prefix_batch(engine)
-    finally:
-        engine.shutdown()
+    start = time.perf_counter()
+    log = os.path.join(tempfile.gettempdir(), f"radixmesh-demo-{os.getpid()}.log")
+    print(f"starting a router and 2 workers on smollm2 (CPU); their logs: {log}", flush=True)
+    with output_to(log):
+        runtime = sgl.Runtime(model="smollm2", workers=2)
+    with runtime:
+        print(
+            f"cluster ready in {time.perf_counter() - start:.1f}s: router {runtime.url}, "
+            f"workers {', '.join(runtime.worker_addresses)}\n",
+            flush=True,
+        )
+        sgl.set_default_backend(runtime)
+        run_chat()
+        run_batch()
+        run_fork()
+        report()
+        stopping = time.perf_counter()
+    print(
+        f"\ncluster stopped in {time.perf_counter() - stopping:.1f}s; "
+        f"demo took {time.perf_counter() - start:.1f}s"
+    )
 
 
 if __name__ == "__main__":

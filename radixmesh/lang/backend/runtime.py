@@ -9,7 +9,8 @@ and the router places them on the worker that caches their shared prefix.
 Each gen's meta_info has the engine's keys plus `worker_id`, the worker that served it.
 
 The client needs the model's tokenizer (for the chat template and to score choices): it
-loads the one the cluster names in its model info, like the router does.
+builds the one the cluster names in its model info, as the router does (the tokenizer
+files must be readable here; no worker code is imported).
 
 `Runtime` belongs to the launcher's side of DESIGN.md's import rule (only `cluster/`
 composes processes), but SGLang programs spell it `sgl.Runtime(...)`, so it is exported
@@ -56,7 +57,7 @@ class RuntimeEndpoint(Backend):
         max_concurrency: int = 64,
     ) -> None:
         from radixmesh.client import Client
-        from radixmesh.tokenizer import load_tokenizer
+        from radixmesh.tokenizer import tokenizer_for
 
         if max_concurrency < 1:
             raise InvalidArgument("max_concurrency", f"must be >= 1, got {max_concurrency}")
@@ -74,7 +75,13 @@ class RuntimeEndpoint(Backend):
         except Unavailable as e:
             self.client.close()
             raise Unavailable(f"no radixmesh router or worker answers at {self.target}: {e}") from e
-        self.tokenizer = load_tokenizer(self.model_info.tokenizer)
+        info = self.model_info
+        self.tokenizer = tokenizer_for(
+            info.tokenizer,
+            vocab_size=info.vocab_size,
+            eos_token_ids=info.eos_token_ids,
+            bos_token_id=info.bos_token_id,
+        )
         self.chat_template = ChatTemplate.from_tokenizer(self.tokenizer)
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="radixmesh-endpoint")
 
