@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offline import machine, versions
 
 from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.batch import Batch, ScheduledRequest
 from radixmesh.worker.constrained.bitmask import TokenBitmask
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.request import Request
@@ -184,6 +186,65 @@ def mask_overhead(
     }
 
 
+def mask_overhead_in_step(
+    engine: Engine, texts: list[str], constraint: dict[str, Any], batch: int, repeats: int
+) -> dict[str, Any]:
+    """What the mask adds to a real decode step: `ModelRunner.forward` (CUDA graph, logits,
+    sampler) over `batch` decode rows, all constrained vs the same rows unconstrained.
+
+    The rows sit inside the first string value of the template, at different depths. On
+    CUDA the bitmask is filled while the GPU runs the forward, so this is the exposed cost;
+    `mask_overhead` above times fill and apply on their own. Runs while the engine is idle,
+    on KV slots and table rows it takes and gives back.
+    """
+    w, tok = engine.worker, engine.tokenizer
+    params = SamplingParams(temperature=0, max_new_tokens=64, **constraint)
+    w.grammars.validate(params)
+    reqs, held = [], []
+    for i in range(batch):
+        prompt = tok.encode(texts[i % len(texts)])
+        out = tok.encode('{"full_name_of_the_person": "') + tok.encode("Alice Smith"[: i % 8])
+        req = Request(rid=f"s{i}", prompt_ids=prompt, params=params)
+        req.token_ids.extend(out)
+        w.grammars.attach(req)
+        assert not w.grammars.pending(req) and req.grammar and req.grammar.matcher
+        assert all(req.grammar.matcher.accept_token(t) for t in out)
+        row = w.req_table.alloc_row()
+        slots = w.allocator.alloc(len(req.token_ids))
+        assert row is not None and slots is not None
+        w.req_table.write(row, 0, slots)
+        req.row, req.num_computed_tokens = row, len(req.token_ids) - 1
+        reqs.append(req)
+        held.append(slots)
+    last = torch.stack([s[-1].cpu() for s in held])
+    step = Batch(items=[ScheduledRequest(r, 1) for r in reqs], out_cache_loc=last)
+    grammars = [r.grammar for r in reqs]
+    times: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for k in range(2 * repeats + 2):
+            constrained = k % 2 == 0
+            for r, g in zip(reqs, grammars, strict=True):
+                r.grammar = g if constrained else None
+            t0 = time.perf_counter()
+            out = w.runner.forward(step)
+            times[constrained].append(time.perf_counter() - t0)
+            assert all(t is not None for t in out.next_token_ids)
+    finally:
+        for r, slots in zip(reqs, held, strict=True):
+            w.allocator.free(slots)
+            assert r.row is not None
+            w.req_table.free_row(r.row)
+    on = statistics.median(times[True][1:])  # the first of each warms up
+    off = statistics.median(times[False][1:])
+    return {
+        "batch": batch,
+        "runner_forward_constrained_ms": 1e3 * on,
+        "runner_forward_unconstrained_ms": 1e3 * off,
+        "exposed_overhead_ms": 1e3 * (on - off),
+        "share_of_runner_forward": (on - off) / off,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -215,6 +276,10 @@ def main() -> None:
         on = run(engine, texts, params, jump=True)
         off = run(engine, texts, params, jump=False)
         overhead = mask_overhead(engine, texts, constraint, args.mask_batch, repeats=20)
+        in_step = mask_overhead_in_step(engine, texts, constraint, args.mask_batch, repeats=20)
+        in_step["share_of_engine_decode_step"] = (
+            in_step["exposed_overhead_ms"] / overhead["unconstrained_decode_step_ms"]
+        )
     finally:
         engine.shutdown()
 
@@ -231,6 +296,7 @@ def main() -> None:
         "throughput_ratio_on_vs_off": on["requests_per_s"] / off["requests_per_s"],
         "engine_steps_ratio_off_vs_on": off["engine_steps"] / max(on["engine_steps"], 1),
         "mask_overhead": overhead,
+        "mask_overhead_in_step": in_step,
     }
     for r in (on, off):
         print(
@@ -244,6 +310,13 @@ def main() -> None:
         f"mask at batch {overhead['batch']}: fill {overhead['fill_ms']:.2f} ms + apply "
         f"{overhead['apply_ms']:.2f} ms vs decode step {step_ms:.1f} ms "
         f"({100 * overhead['overhead_share']:.1f}%)"
+    )
+    print(
+        f"in a real step at batch {in_step['batch']}: runner forward "
+        f"{in_step['runner_forward_constrained_ms']:.2f} ms constrained vs "
+        f"{in_step['runner_forward_unconstrained_ms']:.2f} ms: exposed "
+        f"{in_step['exposed_overhead_ms']:.2f} ms = "
+        f"{100 * in_step['share_of_engine_decode_step']:.1f}% of an engine decode step"
     )
     print(f"example: {on['example']}")
     tag = "gpu" if torch.cuda.is_available() else "cpu"

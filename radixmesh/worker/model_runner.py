@@ -60,15 +60,19 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: Batch) -> ForwardOutput:
         fb = self._forward_batch(batch)
+        rows = self._rows(batch)
+        all_rows = rows.sample_rows + rows.prompt_rows
+        # Copied before the forward is launched: on CUDA this blocking copy would otherwise
+        # wait for the whole forward, and the host work after the launch (the grammar
+        # bitmask above all, see _sample) could no longer overlap the GPU.
+        index = torch.tensor(all_rows, dtype=torch.int64, device=self.req_table.table.device)
         if self.followers is not None:
-            pre = self._rows(batch)
-            self.followers.send_step(batch, fb, pre.sample_rows + pre.prompt_rows)
+            self.followers.send_step(batch, fb, all_rows)
         if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
             hidden = self.decode_graphs.run(fb)  # [B, hidden]
         else:
             self.attn.prepare(fb)
             hidden = self.model(fb, self.attn)  # [T, hidden]
-        rows = self._rows(batch)
         n_items = len(batch.items)
         out = ForwardOutput(
             next_token_ids=[None] * n_items,
@@ -76,10 +80,8 @@ class ModelRunner:
             top_logprobs=[None] * n_items,
             prompt_logprobs=[None] * n_items,
         )
-        all_rows = rows.sample_rows + rows.prompt_rows
         if not all_rows:
             return out
-        index = torch.tensor(all_rows, dtype=torch.int64, device=hidden.device)
         logits = self.model.compute_logits(hidden.index_select(0, index))  # [N, V] fp32
         n_sample = len(rows.sample_rows)
         if n_sample:
@@ -129,10 +131,11 @@ class ModelRunner:
     def _sample(
         self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput
     ) -> None:
+        # Host work while the GPU still runs the forward (nothing has waited for it yet):
+        # a constrained row's mask depends only on the tokens it has already accepted.
+        allowed = self._allowed([items[i].req for i in rows.sample_items], logits.device)
         sampling_rows = [_sampling_row(items[i].req) for i in rows.sample_items]
-        res = self.sampler.sample(
-            logits, sampling_rows, allowed=self._allowed([items[i].req for i in rows.sample_items])
-        )
+        res = self.sampler.sample(logits, sampling_rows, allowed=allowed)
         for j, i in enumerate(rows.sample_items):
             out.next_token_ids[i] = res.token_ids[j]
             if res.logprobs is not None:
@@ -140,12 +143,14 @@ class ModelRunner:
             if res.top_logprobs is not None:
                 out.top_logprobs[i] = res.top_logprobs[j]
 
-    def _allowed(self, reqs: list[Request]) -> TokenBitmask | None:
-        """One bitmask for the constrained rows only; None (no cost) when there are none."""
+    def _allowed(self, reqs: list[Request], device: torch.device) -> TokenBitmask | None:
+        """One bitmask for the constrained rows only; None (no cost) when there are none.
+        On CUDA it is filled in pinned memory, so its copy to the GPU does not block."""
         rows = [j for j, r in enumerate(reqs) if r.grammar is not None]
         if not rows or self.grammars is None:
             return None
-        return TokenBitmask(self.grammars.fill_bitmask([reqs[j] for j in rows]), rows)
+        bits = self.grammars.fill_bitmask([reqs[j] for j in rows], pin=device.type == "cuda")
+        return TokenBitmask(bits, rows)
 
     def _prompt_logprobs(
         self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput

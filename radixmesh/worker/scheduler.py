@@ -179,29 +179,39 @@ class Scheduler:
         """The common step where every running request decodes one token, batched.
 
         Allocates every row's slot in one call and writes them into the table in one
-        indexed write: per-request calls cost ~10 us each, ~3 ms a step at batch 256.
-        The result is what `_schedule_running` would give when memory suffices. Returns
-        False, having allocated nothing, when this is not such a step or memory is short;
-        the per-request path then evicts and retracts as before.
+        indexed write: per-request calls cost ~10 us each, ~3 ms a step at batch 256 (and
+        on CUDA a copy and a sync each). With page_size 1 a row may also take several
+        tokens (the forced tokens of a jump-forward, the rest of a prompt), as long as all
+        of them fit the budget. The result is what `_schedule_running` would give when
+        memory suffices. Returns False, having allocated nothing, when this is not such a
+        step or memory is short; the per-request path then evicts and retracts as before.
         """
         running = self.running
         if not running or len(running) > budget:
             return False
-        if any(r.num_tokens - r.num_computed_tokens != 1 for r in running):
-            return False
-        existing = [r.num_computed_tokens for r in running]
+        counts = [r.num_tokens - r.num_computed_tokens for r in running]
+        total = sum(counts)
         # Only with pages does the last slot matter: a row mid-page takes the next one.
         by_page = self.page_size > 1
+        if total > budget or min(counts) < 1 or (by_page and total != len(running)):
+            return False
+        existing = [r.num_computed_tokens for r in running]
+        rows = cast("list[int]", [r.row for r in running])  # running requests hold a row
+        positions, token_rows = existing, rows
+        if total != len(running):  # page_size 1: any free slot will do for each token
+            positions = [e + i for e, k in zip(existing, counts, strict=True) for i in range(k)]
+            token_rows = [row for row, k in zip(rows, counts, strict=True) for _ in range(k)]
         last = [self._last_slot.get(r.rid, 0) for r in running] if by_page else []
-        new = self.allocator.alloc_next(existing, last)  # [B] on the CPU
+        new = self.allocator.alloc_next(positions, last)  # [total] on the CPU
         if new is None:
             return False
-        rows = cast("list[int]", [r.row for r in running])  # running requests hold a row
-        self.req_table.write_one_each(rows, existing, new)
+        self.req_table.write_one_each(token_rows, positions, new)
         if by_page:
             self._last_slot.update(zip((r.rid for r in running), new.tolist(), strict=True))
-        self._allocated.update((r.rid, n + 1) for r, n in zip(running, existing, strict=True))
-        items.extend(ScheduledRequest(r, 1) for r in running)
+        self._allocated.update(
+            (r.rid, n + k) for r, n, k in zip(running, existing, counts, strict=True)
+        )
+        items.extend(ScheduledRequest(r, k) for r, k in zip(running, counts, strict=True))
         slots.append(new.to(self.allocator.device))
         return True
 
@@ -248,7 +258,8 @@ class Scheduler:
             reserved += need
 
     def _grammar_not_ready(self, req: Request) -> bool:
-        """Skip a request whose grammar still compiles; finish one whose compile failed."""
+        """Skip a request whose grammar still compiles; finish one whose compile failed.
+        A ready one gets the text its grammar forces at the start (jump-forward)."""
         if self.grammars is None or req.grammar is None:
             return False
         if self.grammars.pending(req):
@@ -256,6 +267,11 @@ class Scheduler:
         if req.grammar.error is not None:
             self.waiting.remove(req)
             self._finish_abort(req, req.grammar.error)
+            return True
+        self.grammars.jump_at_start(req, self.output)  # once: the text forced at the start
+        if req.finished:  # max_new_tokens or a stop string inside that text
+            self.waiting.remove(req)
+            self.output.emit(req)
             return True
         return False
 

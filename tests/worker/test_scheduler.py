@@ -278,6 +278,64 @@ def test_batched_decode_allocation_matches_the_per_request_path(page_size: int) 
     assert sum(len(s) == 3 for s in batched[0]) > 10  # and the batched path ran
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_batched_steps_with_forced_tokens_match_the_per_request_path(page_size: int) -> None:
+    """Rows that extend by several tokens (a jump-forward's forced tokens, appended after
+    every third sampled token here) take the batched path at page_size 1 with the same
+    slots as the per-request path; at page_size 4 the per-request path runs."""
+
+    def run(batched: bool) -> tuple[list[list[int]], list[list[int]], int]:
+        w = make_worker(kv_cache_tokens=256, new_token_ratio=0.0, page_size=page_size)
+        sched = w.scheduler
+        if not batched:
+            sched._schedule_decode = lambda *args: False  # type: ignore[method-assign]
+        hits: list[int] = []
+        inner_decode = sched._schedule_decode
+
+        def schedule_decode(budget: int, items: list, slots: list) -> bool:  # type: ignore[type-arg]
+            ok = inner_decode(budget, items, slots)
+            hits.extend(it.num_new_tokens for it in items if ok and it.num_new_tokens > 1)
+            return ok
+
+        sched._schedule_decode = schedule_decode  # type: ignore[method-assign]
+        append = sched.output.append_token
+
+        def append_forced(req, token, logprob, top):  # type: ignore[no-untyped-def]
+            append(req, token, logprob, top)
+            for k in (1, 2):  # like GrammarManager.append: stop once the request finished
+                if req.finished or req.num_output_tokens % 4 not in (1, 2):
+                    break
+                append(req, (token + k) % 200 + 3, None, None)
+
+        sched.output.append_token = append_forced  # type: ignore[method-assign]
+        slots: list[list[int]] = []
+        inner = w.runner.forward
+
+        def forward(batch: Batch) -> ForwardOutput:
+            slots.append(batch.out_cache_loc.tolist())
+            return inner(batch)
+
+        sched.runner = _Forward(forward)
+        reqs = [
+            make_request(w, list(range(10 + 7 * i, 17 + 7 * i)), max_new_tokens=30)
+            for i in range(3)
+        ]
+        for r in reqs:
+            sched.add_request(r)
+        run_to_completion(w)  # asserts slot accounting after every step
+        assert all_free_after_flush(w)
+        return slots, [r.output_ids for r in reqs], len(hits)
+
+    batched, per_request = run(True), run(False)
+    assert batched[:2] == per_request[:2]
+    assert [len(o) for o in batched[1]] == [30, 30, 30]
+    assert per_request[2] == 0
+    if page_size == 1:
+        assert batched[2] >= 10  # rows with forced tokens went through the batched path
+    else:
+        assert batched[2] == 0
+
+
 class _Forward:
     def __init__(self, fn: Callable[[Batch], ForwardOutput]) -> None:
         self.forward = fn

@@ -19,9 +19,11 @@ def num_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
-    """`[rows, ceil(V / 32)]` int32, every token allowed."""
-    return torch.full((rows, num_words(vocab_size)), -1, dtype=torch.int32)
+def allocate_bitmask(rows: int, vocab_size: int, *, pin: bool = False) -> torch.Tensor:
+    """`[rows, ceil(V / 32)]` int32 on the host, every token allowed; `pin`: in pinned
+    memory (needs CUDA), so that a non-blocking copy to the GPU is asynchronous."""
+    shape = (rows, num_words(vocab_size))
+    return torch.full(shape, -1, dtype=torch.int32, pin_memory=pin)
 
 
 def _byte_table(device: torch.device) -> torch.Tensor:

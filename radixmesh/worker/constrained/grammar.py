@@ -11,6 +11,7 @@ bit `t % 32` of word `t // 32` set when token `t` is allowed.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -64,6 +65,17 @@ class GrammarBackend(ABC):
     @abstractmethod
     def matcher(self, compiled: Any) -> Matcher:
         """A fresh matcher at the start of `compiled`."""
+
+    def fill_bitmasks(self, matchers: Sequence[Matcher], bitmask: torch.Tensor) -> None:
+        """Row j of `bitmask` for `matchers[j]`, for every j (a backend may fill the rows
+        in parallel; this default fills them one by one)."""
+        fill_each(matchers, bitmask)
+
+
+def fill_each(matchers: Sequence[Matcher], bitmask: torch.Tensor) -> None:
+    """Row j of `bitmask` for `matchers[j]`, one matcher at a time."""
+    for j, m in enumerate(matchers):
+        m.fill_bitmask(bitmask, j)
 
 
 def choices_regex(choices: list[str]) -> str:

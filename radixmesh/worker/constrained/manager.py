@@ -6,9 +6,11 @@ Lifecycle of a constrained request:
    naming the field and quoting the compiler.
 2. `attach(req)` (scheduler.add_request): the request holds its compile future;
    admission skips it while `pending(req)` (the batch never waits for a compile).
-3. `fill_bitmask(reqs)` (model runner): one `[M, W]` int32 mask for the sampled rows that
+3. `jump_at_start(req, output)` (admission): the text forced before any choice is
+   appended before the first step, so the prefill computes it.
+4. `fill_bitmask(reqs)` (model runner): one `[M, W]` int32 mask for the sampled rows that
    are constrained.
-4. `append(req, token, ...)` (process_output): the matcher accepts the sampled token,
+5. `append(req, token, ...)` (process_output): the matcher accepts the sampled token,
    the forced string after it is appended without decode steps (jump-forward), and a
    terminated or dead-end grammar finishes the request.
 """
@@ -28,7 +30,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.constrained.bitmask import allocate_bitmask
 from radixmesh.worker.constrained.compile_cache import CompileCache
-from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError, Matcher
+from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError, Matcher, fill_each
 from radixmesh.worker.constrained.jump_forward import apply_jump, retokenize
 from radixmesh.worker.constrained.registry import create_grammar_backend
 from radixmesh.worker.constrained.vocab import vocab_of
@@ -64,6 +66,7 @@ class RequestGrammar:
     num_forced_tokens: int = 0  # appended by jump-forward, never sampled
     num_jumps: int = 0
     num_sampled: int = 0  # decode steps that sampled for this request
+    started: bool = False  # jump_at_start has run
 
     def meta_info(self) -> dict[str, int]:
         return {
@@ -181,17 +184,26 @@ class GrammarManager:
             g.error = f"invalid {_LABELS[g.kind]}: {e}"
         return False
 
-    def fill_bitmask(self, reqs: Sequence[Request]) -> torch.Tensor:
-        """`[len(reqs), W]` int32 allowed-token mask, one row per constrained request.
+    def fill_bitmask(self, reqs: Sequence[Request], *, pin: bool = False) -> torch.Tensor:
+        """`[len(reqs), W]` int32 allowed-token mask, one row per constrained request
+        (in pinned host memory with `pin`).
 
         A row with no allowed token is a dead end: the request is marked and its row
         allows everything (its sample is discarded; `append` finishes it)."""
-        bits = allocate_bitmask(len(reqs), self.vocab_size)
-        for j, req in enumerate(reqs):
+        bits = allocate_bitmask(len(reqs), self.vocab_size, pin=pin)
+        matchers: list[Matcher] = []
+        for req in reqs:
             g = req.grammar
             assert g is not None and g.matcher is not None
-            g.matcher.fill_bitmask(bits, j)
-            if not bool(bits[j].any()):
+            matchers.append(g.matcher)
+        if self._cache is not None:  # the backend may fill the rows in parallel
+            self._cache.backend.fill_bitmasks(matchers, bits)
+        else:  # matchers made without this manager's backend
+            fill_each(matchers, bits)
+        for j, allows in enumerate(bits.ne(0).any(dim=1).tolist()):
+            if not allows:
+                g = reqs[j].grammar
+                assert g is not None
                 g.dead_end = True
                 bits[j].fill_(-1)
         return bits
@@ -224,6 +236,36 @@ class GrammarManager:
                 return
         if g.matcher.is_terminated():
             req.finish(FinishReason.STOP, token)
+
+    def jump_at_start(self, req: Request, output: TokenAppender) -> None:
+        """Before a request's first step, append the text its grammar forces at the start
+        (a JSON template's `{"first_key": "`), so that its prefill computes that text too
+        and samples the first free token: one step sooner than sampling `{` and then
+        jumping. Runs once per request, and only before it has any output."""
+        g = req.grammar
+        if g is None or g.matcher is None or g.started:
+            return
+        g.started = True
+        if not self.jump_forward or req.num_output_tokens or g.matcher.is_terminated():
+            return
+        forced = g.matcher.jump_forward_string()
+        if not forced:
+            return
+        tokens = self.tokenizer.encode(forced)
+        if b"".join(self._token_bytes[t] or b"\xff" for t in tokens) != forced.encode():
+            return  # not text that round-trips through the tokenizer
+        for k, t in enumerate(tokens):
+            if not g.matcher.accept_token(t):
+                g.matcher.rollback(k)
+                return
+        g.num_jumps += 1
+        self.stats.jump_forwards += 1
+        for t in tokens:
+            output.append_token(req, t, None, None)
+            g.num_forced_tokens += 1  # counted as appended: a request may finish inside
+            self.stats.forced_tokens += 1
+            if req.finished:
+                return
 
     def _jump(self, g: RequestGrammar, token: int) -> list[int]:
         assert g.matcher is not None

@@ -10,6 +10,7 @@ would be forced.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -65,6 +66,8 @@ class XGrammarBackend(GrammarBackend):
         # Our own cache (compile_cache.py) keeps compiled grammars; one compile thread
         # per call is enough on the worker's pool.
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        # Fills the rows of a step on a thread pool (half the cores).
+        self._batch = xgr.BatchGrammarMatcher(max_threads="auto")
 
     def compile(self, kind: str, text: str) -> Any:
         try:
@@ -83,6 +86,13 @@ class XGrammarBackend(GrammarBackend):
 
     def matcher(self, compiled: Any) -> Matcher:
         return XGrammarMatcher(compiled)
+
+    def fill_bitmasks(self, matchers: Sequence[Matcher], bitmask: torch.Tensor) -> None:
+        inner = []
+        for m in matchers:
+            assert isinstance(m, XGrammarMatcher), type(m)
+            inner.append(m._m)
+        self._batch.batch_fill_next_token_bitmask(inner, bitmask)
 
 
 # xgrammar 0.2.9 writes the characters of a length-bounded JSON string (minLength /

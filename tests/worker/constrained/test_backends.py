@@ -40,6 +40,23 @@ def test_regex_mask_accept_rollback_terminate(backend: GrammarBackend, tok: Toke
     assert m.is_terminated()
 
 
+def test_batched_fill_equals_row_by_row(backend: GrammarBackend, tok: Tokenizer) -> None:
+    compiled = backend.compile("regex", "(ab|[0-9]{2,3})-x")
+    matchers = [backend.matcher(compiled) for _ in range(5)]
+    for m, text in zip(matchers, ["", "4", "42", "ab", "ab-"], strict=True):
+        for t in tok.encode(text):
+            assert m.accept_token(t)
+    one_by_one = allocate_bitmask(5, VOCAB)
+    for j, m in enumerate(matchers):
+        m.fill_bitmask(one_by_one, j)
+    batched = torch.zeros_like(one_by_one)
+    backend.fill_bitmasks(matchers, batched)
+    assert torch.equal(batched, one_by_one)
+    rows = unpack_bitmask(batched, VOCAB)
+    assert set(torch.nonzero(rows[4]).view(-1).tolist()) == {tok.encode("x")[0]}
+    assert len(set(map(tuple, rows.tolist()))) == 5  # five states, five different masks
+
+
 def test_forced_string_of_a_literal_prefix(backend: GrammarBackend) -> None:
     m = backend.matcher(backend.compile("regex", "hello_world_[0-9]"))
     forced = m.jump_forward_string()

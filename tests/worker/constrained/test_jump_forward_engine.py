@@ -8,6 +8,7 @@ import json
 import jsonschema
 import pytest
 
+from radixmesh.worker.batch import Batch, ForwardOutput
 from radixmesh.worker.engine import Engine
 from tests.worker.conftest import assert_engine_idle_and_clean
 from tests.worker.constrained.schemas import SCHEMAS
@@ -78,3 +79,56 @@ def test_streaming_delivers_forced_text(engine: Engine, jump_forward: None) -> N
     assert isinstance(whole, dict)
     assert "".join(c["text"] for c in chunks) == whole["text"]
     assert any(len(c["output_ids"]) > 1 for c in chunks)  # a jump arrives as one chunk
+
+
+def test_text_forced_at_the_start_is_prefilled_not_sampled(
+    engine: Engine, jump_forward: None
+) -> None:
+    engine.worker.grammars.jump_forward = True
+    schema = SCHEMAS["long_fixed_keys"]
+    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "JSON please"}])
+    params = {"temperature": 0, "max_new_tokens": 160, "json_schema": json.dumps(schema)}
+    assert engine.flush_cache()  # the first step then computes the whole prompt
+    sched = engine.worker.scheduler
+    runner = sched.runner
+    first_steps: list[list[int]] = []
+
+    class Recording:
+        def forward(self, batch: Batch) -> ForwardOutput:
+            item = batch.items[0]
+            first_steps.append(item.req.token_ids[item.start : item.start + item.num_new_tokens])
+            return runner.forward(batch)
+
+    sched.runner = Recording()
+    try:
+        out = engine.generate(input_ids=prompt, sampling_params=params)
+    finally:
+        sched.runner = runner
+    assert isinstance(out, dict)
+    # The first step computes the prompt and the text forced at the start together, and
+    # samples the first free character of the first value.
+    start = '{"customer_full_legal_name": "'
+    first = first_steps[0]
+    assert first[: len(prompt)] == prompt
+    assert engine.tokenizer.decode(first[len(prompt) :]) == start
+    assert out["text"].startswith(start)
+    meta = out["meta_info"]
+    assert isinstance(meta, dict)
+    assert meta["decode_steps"] == len(first_steps)
+    assert meta["decode_steps"] + meta["forced_tokens"] == meta["completion_tokens"]
+    assert_engine_idle_and_clean(engine)
+
+
+def test_max_new_tokens_inside_the_start_text_finishes_without_a_step(
+    engine: Engine, jump_forward: None
+) -> None:
+    engine.worker.grammars.jump_forward = True
+    schema = json.dumps(SCHEMAS["long_fixed_keys"])
+    steps0 = engine.get_stats().num_steps
+    out = engine.generate("JSON:", {"temperature": 0, "max_new_tokens": 3, "json_schema": schema})
+    assert isinstance(out, dict)
+    assert len(out["output_ids"]) == 3
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 3}  # type: ignore[index]
+    assert out["meta_info"]["forced_tokens"] == 3  # type: ignore[index]
+    assert engine.get_stats().num_steps == steps0  # finished before any step
+    assert_engine_idle_and_clean(engine)
