@@ -26,8 +26,9 @@ import pytest
 import torch
 
 from radixmesh.client import Client
-from radixmesh.errors import Unavailable
+from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.worker.engine import Engine
+from radixmesh.worker.model.dummy import preset_arch
 from radixmesh.worker.tp.step import StepHeader
 from tests.worker.conftest import assert_engine_idle_and_clean
 
@@ -114,6 +115,15 @@ def test_step_header_round_trip() -> None:
     h = StepHeader([5, 6, 7, 9], [3, 0], [0, 10], [3, 1], logit_rows=[2, 3])
     assert StepHeader.decode(h.encode()) == h
     assert h.max_len == 11
+
+
+def test_dummy_preset_with_fewer_layers() -> None:
+    arch = preset_arch("llama-3-70b@layers=4")
+    assert (arch.num_hidden_layers, arch.hidden_size, arch.num_key_value_heads) == (4, 8192, 8)
+    with pytest.raises(InvalidArgument, match="layer count"):
+        preset_arch("tiny@layers=0")
+    with pytest.raises(InvalidArgument, match="unknown dummy preset 'nope'"):
+        preset_arch("nope@layers=2")
 
 
 @pytest.fixture(scope="class")

@@ -18,12 +18,24 @@ from radixmesh.worker.model.arch import PRESETS, LlamaArchConfig
 INIT_STD = 0.02
 
 
+LAYERS_SUFFIX = "@layers="
+
+
 def preset_arch(preset: str) -> LlamaArchConfig:
-    if preset not in PRESETS:
+    """A preset by name; `<preset>@layers=N` keeps its shape with N layers (benchmarks
+    of a model too large for the machine, stated as such)."""
+    name, _, layers = preset.partition(LAYERS_SUFFIX)
+    if name not in PRESETS:
         raise InvalidArgument(
-            "model", f"unknown dummy preset {preset!r}; presets: {', '.join(sorted(PRESETS))}"
+            "model", f"unknown dummy preset {name!r}; presets: {', '.join(sorted(PRESETS))}"
         )
-    return PRESETS[preset]
+    if not layers:
+        return PRESETS[name]
+    if not layers.isdigit() or int(layers) < 1:
+        raise InvalidArgument(
+            "model", f"{LAYERS_SUFFIX}: expected a layer count >= 1, got {layers!r}"
+        )
+    return PRESETS[name].replace(num_hidden_layers=int(layers))
 
 
 def parameter_shapes(arch: LlamaArchConfig) -> dict[str, tuple[int, ...]]:
