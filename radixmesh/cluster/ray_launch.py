@@ -424,6 +424,8 @@ def launch(config: RayLaunchConfig) -> int:
     cluster = RayCluster(config)
     try:
         cluster.start()
+        for s in previous:  # ray.init replaced SIGTERM's handler with a sys.exit
+            signal.signal(s, on_signal)
         if not cluster.wait_ready(lambda: stopping):
             return 0
         print(
