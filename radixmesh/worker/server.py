@@ -15,7 +15,9 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -627,4 +629,12 @@ def run(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return asyncio.run(serve(config, engine_options))
+    code = asyncio.run(serve(config, engine_options))
+    if code != 0:
+        # A failed TP group may leave a thread blocked in a collective that interpreter
+        # teardown would wait on: leave now, with the status the launcher acts on.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
