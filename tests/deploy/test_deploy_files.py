@@ -266,7 +266,12 @@ def test_rendered_chart_validates_and_runs_real_commands() -> None:
 
 def test_rendered_chart_with_tensor_parallel_cpu_and_service_monitors() -> None:
     values = {
-        "worker": {"tpSize": 2, "replicas": 3, "gpu": {"enabled": False}},
+        "worker": {
+            "tpSize": 2,
+            "replicas": 3,
+            "gpu": {"enabled": False},
+            "modelVolume": {"existingClaim": "llama-weights"},
+        },
         "serviceMonitor": {"enabled": True},
         "router": {"apiKeySecret": "radixmesh-keys"},
     }
@@ -285,8 +290,17 @@ def test_rendered_chart_with_tensor_parallel_cpu_and_service_monitors() -> None:
     assert build_parser().parse_args(_container_argv(sts, env)[1:]).tp_size == 2
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     assert "nvidia.com/gpu" not in container["resources"]["limits"]
-    (router_container,) = kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"]
+    (router,) = kinds["Deployment"]
+    kubernetes_validate.validate(router, K8S_VERSION, strict=True)
+    (router_container,) = router["spec"]["template"]["spec"]["containers"]
     assert router_container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "radixmesh-keys"
+    # Both load the tokenizer from the same claim (the router read-only).
+    for pod in (router["spec"]["template"]["spec"], sts["spec"]["template"]["spec"]):
+        (models,) = [v for v in pod["volumes"] if v["name"] == "models"]
+        assert models["persistentVolumeClaim"]["claimName"] == "llama-weights"
+    assert router_container["volumeMounts"] == [
+        {"name": "models", "mountPath": "/models", "readOnly": True}
+    ]
 
 
 # ---- KubeRay ------------------------------------------------------------------------------
