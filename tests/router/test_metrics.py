@@ -2,7 +2,8 @@
 `promtool check metrics`, the same text on the metrics port and on the HTTP port.
 
 The router polls health only every 30 s here, so a SIGKILLed worker stays "healthy" until
-requests fail on it: the last test drives its circuit breaker open with retries.
+requests fail on it: the last test drives its circuit breaker open with retries. The
+policy is round_robin, whose choices do not depend on when the summaries synced.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def mc() -> Iterator[MetricsCluster]:
     config = LaunchConfig(
         model=MODEL,
         workers=2,
+        policy="round_robin",
         port=free_port(),
         worker_args=("--dtype", "float32", "--event-block-size", "16"),
         router_args=(
@@ -82,7 +84,7 @@ def _get(samples: Samples, name: str, **labels: str) -> float:
 
 def _decisions(samples: Samples, worker: str) -> float:
     return _get(
-        samples, "radixmesh_router_routing_decisions_total", policy="cache_aware", worker=worker
+        samples, "radixmesh_router_routing_decisions_total", policy="round_robin", worker=worker
     )
 
 
@@ -144,29 +146,25 @@ def test_counters_move_by_exact_amounts(mc: MetricsCluster) -> None:
 
 
 def test_retries_open_the_breaker_of_a_dead_worker(mc: MetricsCluster) -> None:
-    """Last in the module: it kills the worker that caches a long prompt."""
-    prompt = "a long prompt that only one worker caches; " * 5
-    holder = mc.generate(prompt).worker_id
-    other = next(w for w in WORKERS if w != holder)
-    proc = mc.cluster.workers[WORKERS.index(holder)]
+    """Last in the module: it kills worker-0."""
+    dead, alive = WORKERS
+    proc = mc.cluster.workers[0]
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = mc.samples()
-    # cache_aware sends the prompt to the dead holder (it caches it, and the next health
-    # poll is 30 s away); each failure is retried on the other worker, and the third
-    # opens the holder's breaker, so the fourth request goes to the other one directly.
-    for _ in range(4):
-        assert mc.generate(prompt).worker_id == other
+    # round_robin keeps choosing the dead worker (the next health poll is 30 s away); a
+    # failed attempt is retried on the other worker, and the same parity comes round
+    # again. Three failures open the dead worker's breaker; from then on only the live
+    # one is chosen. Five requests: exactly three retries whichever worker came first.
+    for i in range(5):
+        assert mc.generate(f"request {i} after the kill").worker_id == alive
     after = mc.samples()
-    assert (
-        _get(after, "radixmesh_router_retries_total")
-        - _get(before, "radixmesh_router_retries_total")
-        == 3
-    )
-    assert _decisions(after, holder) - _decisions(before, holder) == 3
-    assert _decisions(after, other) - _decisions(before, other) == 4
+    retries = "radixmesh_router_retries_total"
+    assert _get(after, retries) - _get(before, retries) == 3
+    assert _decisions(after, dead) - _decisions(before, dead) == 3
+    assert _decisions(after, alive) - _decisions(before, alive) == 5
     state = "radixmesh_router_worker_breaker_state"
-    assert _get(after, state, worker=holder, state="open") == 1
-    assert _get(after, state, worker=holder, state="closed") == 0
-    assert _get(after, "radixmesh_router_worker_healthy", worker=holder) == 0
-    assert _get(after, "radixmesh_router_worker_healthy", worker=other) == 1
+    assert _get(after, state, worker=dead, state="open") == 1
+    assert _get(after, state, worker=dead, state="closed") == 0
+    assert _get(after, "radixmesh_router_worker_healthy", worker=dead) == 0
+    assert _get(after, "radixmesh_router_worker_healthy", worker=alive) == 1
