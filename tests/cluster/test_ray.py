@@ -56,6 +56,7 @@ def cluster() -> Iterator[RayCluster]:
         model="dummy:tiny",
         workers=2,
         port=free_port(),
+        cpus_per_worker=0.5,  # half of Ray's 2 CPUs; the tensor-parallel test takes the rest
         worker_args=WORKER_ARGS,
         router_options={"health_interval": 0.2, "seed": 0},
         ready_timeout=120.0,
@@ -134,6 +135,39 @@ def test_ray_restarts_killed_workers_and_the_router_follows(
     with Client(cluster.address) as client:
         outs = [client.generate(input_ids=ids, sampling_params=GREEDY) for ids in PROMPTS]
     assert [o.token_ids for o in outs] == expected
+
+
+@pytest.mark.slow
+def test_tensor_parallel_worker_gets_a_placement_group(
+    cluster: RayCluster, expected: list[list[int]]
+) -> None:
+    """A tp_size 2 worker (gloo on CPU): a STRICT_PACK group of two bundles, the worker
+    actor in bundle 0 and a reservation in bundle 1; its tokens equal tp 1's."""
+    import ray
+
+    config = RayLaunchConfig(
+        model="dummy:tiny",
+        workers=1,
+        port=free_port(),
+        tp_size=2,
+        cpus_per_worker=0.5,
+        worker_args=WORKER_ARGS,
+        ready_timeout=120.0,
+    )
+    with RayCluster(config) as tp:
+        (pg,) = tp.placement_groups
+        table = ray.util.placement_group_table(pg)
+        assert (table["strategy"], table["state"]) == ("STRICT_PACK", "CREATED")
+        assert list(table["bundles"].values()) == [{"CPU": 0.5}, {"CPU": 0.5}]
+        assert len(tp.reservations) == 1
+        _, child = ray.get(tp.workers[0].pids.remote())
+        with open(f"/proc/{child}/cmdline") as f:
+            argv = f.read().split("\0")
+        assert argv[argv.index("--tp-size") + 1] == "2"
+        with Client(tp.address) as client:
+            outs = [client.generate(input_ids=ids, sampling_params=GREEDY) for ids in PROMPTS]
+        assert [o.token_ids for o in outs] == expected
+    assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
 
 
 def _refuses(address: str) -> bool:
