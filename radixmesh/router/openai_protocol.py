@@ -99,8 +99,8 @@ def parse_request(
         raise InvalidArgument("echo", "echo is not supported")
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise InvalidArgument("stream_options", "must be an object")
+    if options is not None and (not isinstance(options, dict) or not stream):
+        raise InvalidArgument("stream_options", "must be an object, and only with stream: true")
     include_usage = bool(stream and options and _bool(options, "include_usage", False))
     top = _top_logprobs(body, chat)
     sampling = _sampling(body, chat, top)

@@ -18,7 +18,6 @@ from grpc_reflection.v1alpha import reflection
 
 from radixmesh.router.auth import ApiKeyInterceptor
 from radixmesh.router.config import RouterConfig
-from radixmesh.router.http import HttpFrontend
 from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.pool import WorkerPool
 from radixmesh.router.service import RouterServicer
@@ -73,8 +72,12 @@ async def serve(
         port = server.add_insecure_port(address)
     await _set_health(health_servicer, serving=False)
     await server.start()
-    http = HttpFrontend(servicer, config)
+    http = None
     if config.http_port is not None:
+        # Imported only when asked for: aiohttp is the HTTP API's dependency alone.
+        from radixmesh.router.http import HttpFrontend
+
+        http = HttpFrontend(servicer, config)
         http_port = await http.start(config.host, config.http_port)
         print(f"radixmesh router HTTP (OpenAI API) on port {http_port}", flush=True)
     metrics_server = None
@@ -102,7 +105,8 @@ async def serve(
             ready.set()
         await stop.wait()
     await _set_health(health_servicer, serving=False)
-    await http.stop()
+    if http is not None:
+        await http.stop()
     await server.stop(grace=2.0)
     if metrics_server is not None:
         metrics_server.shutdown()

@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh.client import Client
-from radixmesh.cluster.cli import router_api_keys
+from radixmesh.cluster.cli import build_parser, router_api_keys
 from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
 from radixmesh.errors import Unauthenticated
 from radixmesh.router.auth import bearer_allowed
@@ -50,6 +50,12 @@ def test_config_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RADIXMESH_API_KEY", "one,two")
     assert router_api_keys(None) == ("one", "two")
     assert router_api_keys(["flag"]) == ("flag",)
+    flags = ["--api-key", "k1", "--api-key", "k2", "--http-port", "8000"]
+    flags += ["--metrics-port", "9100", "--tls-cert", "c.pem", "--tls-key", "k.pem"]
+    for command in (["router", "--workers", "a:1"], ["launch", "--model", "m"]):
+        args = build_parser().parse_args([*command, *flags])
+        assert (args.api_key, args.http_port, args.metrics_port) == (["k1", "k2"], 8000, 9100)
+        assert (args.tls_cert, args.tls_key) == ("c.pem", "k.pem")
 
 
 # ---- a cluster with keys and TLS --------------------------------------------------------------

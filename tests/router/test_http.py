@@ -257,6 +257,8 @@ def test_json_schema_response_format_is_followed(tiny: HttpCluster) -> None:
         ({"prompt": []}, "prompt"),
         ({"frobnicate": 1}, "frobnicate"),
         ({"model": None}, "model"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+        ({"echo": True}, "echo"),
     ],
 )
 def test_invalid_fields_are_400_naming_the_param(
