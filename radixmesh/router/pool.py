@@ -111,6 +111,9 @@ class WorkerHandle:
         # Calls on the old channel may still be unwinding in other tasks: close it later.
         self._retired.append(self.channel)
         self._connect(address)
+        # A new process starts with an empty cache: forget the old one's blocks now, not
+        # at the snapshot the event loop pulls next (epoch 0: never synced).
+        self.summary.reset(0, 0, ())
         return True
 
     @property
