@@ -167,7 +167,9 @@ class WorkerActor:
         self._address = f"{advertised_host(host, ray.util.get_node_ip_address())}:{self.port}"
         env = dict(os.environ)
         if gpu_peers:  # tensor parallelism: this actor's GPU plus each reservation's
-            gpus = [*ray.get_gpu_ids(), *(g for ids in ray.get(gpu_peers) for g in ids)]
+            # Asked anew on every (re)start: handles outlive a restart, results may not.
+            peer_ids = ray.get([p.gpu_ids.remote() for p in gpu_peers])
+            gpus = [*ray.get_gpu_ids(), *(g for ids in peer_ids for g in ids)]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         args = ["worker", "--model", model, "--host", host, "--port", str(self.port)]
         self.proc = subprocess.Popen(
@@ -345,7 +347,7 @@ class RayCluster:
             for i in range(1, c.tp_size)
         ]
         self.reservations.extend(peers)
-        gpu_peers = [p.gpu_ids.remote() for p in peers] if use_gpu else None
+        gpu_peers = peers if use_gpu else None  # GpuReservation handles
         actor = ray.remote(WorkerActor).options(
             max_restarts=c.max_restarts, scheduling_strategy=in_bundle(0), **rank
         )
@@ -361,7 +363,7 @@ class RayCluster:
         import ray
 
         try:
-            ray.get(self.router.address.remote(), timeout=30)
+            ray.get(self.router.address.remote(), timeout=5)
         except ray.exceptions.RayActorError as e:
             return f"the router actor ({type(e).__name__})"
         except ray.exceptions.GetTimeoutError:

@@ -51,12 +51,14 @@ def expected() -> list[list[int]]:
 def cluster() -> Iterator[RayCluster]:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Two GPUs as Ray resources only (no CUDA here): the tensor-parallel test reserves them.
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     config = RayLaunchConfig(
         model="dummy:tiny",
         workers=2,
         port=free_port(),
         cpus_per_worker=0.5,  # half of Ray's 2 CPUs; the tensor-parallel test takes the rest
+        device="cpu",
         worker_args=WORKER_ARGS,
         router_options={"health_interval": 0.2, "seed": 0},
         ready_timeout=120.0,
@@ -141,8 +143,10 @@ def test_ray_restarts_killed_workers_and_the_router_follows(
 def test_tensor_parallel_worker_gets_a_placement_group(
     cluster: RayCluster, expected: list[list[int]]
 ) -> None:
-    """A tp_size 2 worker (gloo on CPU): a STRICT_PACK group of two bundles, the worker
-    actor in bundle 0 and a reservation in bundle 1; its tokens equal tp 1's."""
+    """A tp_size 2 worker on Ray's two (resource-only) GPUs: a STRICT_PACK group of two
+    GPU bundles, the worker actor in bundle 0 and a reservation in bundle 1; the worker
+    process sees both GPUs (it runs on CPU, gloo, since there is no CUDA here) and its
+    tokens equal tp 1's."""
     import ray
 
     config = RayLaunchConfig(
@@ -150,6 +154,7 @@ def test_tensor_parallel_worker_gets_a_placement_group(
         workers=1,
         port=free_port(),
         tp_size=2,
+        device="cuda",
         cpus_per_worker=0.5,
         worker_args=WORKER_ARGS,
         ready_timeout=120.0,
@@ -158,12 +163,15 @@ def test_tensor_parallel_worker_gets_a_placement_group(
         (pg,) = tp.placement_groups
         table = ray.util.placement_group_table(pg)
         assert (table["strategy"], table["state"]) == ("STRICT_PACK", "CREATED")
-        assert list(table["bundles"].values()) == [{"CPU": 0.5}, {"CPU": 0.5}]
+        assert list(table["bundles"].values()) == [{"GPU": 1.0, "CPU": 0.5}] * 2
         assert len(tp.reservations) == 1
         _, child = ray.get(tp.workers[0].pids.remote())
         with open(f"/proc/{child}/cmdline") as f:
             argv = f.read().split("\0")
         assert argv[argv.index("--tp-size") + 1] == "2"
+        with open(f"/proc/{child}/environ") as f:
+            env = dict(e.split("=", 1) for e in f.read().split("\0") if "=" in e)
+        assert sorted(env["CUDA_VISIBLE_DEVICES"].split(",")) == ["0", "1"]
         with Client(tp.address) as client:
             outs = [client.generate(input_ids=ids, sampling_params=GREEDY) for ids in PROMPTS]
         assert [o.token_ids for o in outs] == expected
@@ -195,6 +203,7 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(cluster: RayCluster) -> 
         [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
          "--workers", "1", "--port", str(port), "--dtype", "float32",
          "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0",
+         "--ray-device", "cpu",
          "--api-key", "k1", "--http-port", str(http_port)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
