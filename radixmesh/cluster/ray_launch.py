@@ -53,7 +53,7 @@ from types import FrameType
 from typing import Any
 
 from radixmesh.cluster.launch import free_port, wait_router_ready
-from radixmesh.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument, Unimplemented
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.policy import POLICIES
 
@@ -301,7 +301,12 @@ class RayCluster:
         return ray.cluster_resources().get("GPU", 0) > 0
 
     def start(self) -> None:
-        import ray
+        try:
+            import ray
+        except ImportError as e:
+            raise Unimplemented(
+                "ray_address", "Ray mode needs Ray: pip install 'radixmesh[ray]'"
+            ) from e
 
         c = self.config
         if not ray.is_initialized():
@@ -384,6 +389,8 @@ class RayCluster:
         )
 
     def stop(self) -> None:
+        if not (self._owns_ray or self.workers or self.reservations or self.router):
+            return  # nothing started (e.g. no Ray installed)
         import ray
 
         timeout = self.config.stop_timeout

@@ -266,3 +266,15 @@ def test_placement_bundles_and_addresses() -> None:
     assert rank_resources(False, 0.5) == {"num_cpus": 0.5}
     assert advertised_host("0.0.0.0", "10.1.2.3") == "10.1.2.3"
     assert advertised_host("127.0.0.1", "10.1.2.3") == "127.0.0.1"
+
+
+def test_launch_ray_without_ray_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from radixmesh.cluster.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    assert main(["launch", "--model", "dummy:tiny", "--ray"]) == 2
+    assert capsys.readouterr().err == (
+        "radixmesh: error: ray_address: Ray mode needs Ray: pip install 'radixmesh[ray]'\n"
+    )
