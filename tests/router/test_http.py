@@ -370,10 +370,18 @@ def test_client_disconnect_aborts_the_worker_request(smollm2: HttpCluster) -> No
 
 
 def test_no_healthy_worker_is_503(smollm2: HttpCluster) -> None:
-    """Last in the module: it kills the worker."""
+    """Last in the module: it kills the worker, mid-stream."""
+    conn, stream = smollm2.http.open_stream("/v1/chat/completions", LONG)
+    assert stream.status == 200
+    assert stream.readline().startswith(b"data: ")
     worker = smollm2.cluster.workers[0]
     worker.send_signal(signal.SIGKILL)
     worker.wait()
+    # The started stream ends with an error event, then [DONE].
+    events = _sse(stream.read().decode().lstrip("\n"))
+    conn.close()
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == "unavailable"
     body = {"model": "smollm2", "prompt": "hi", "max_tokens": 2}
     err = _error(smollm2.post("/v1/completions", body), 503)
     assert (err["type"], err["code"]) == ("service_unavailable_error", "unavailable")
