@@ -35,7 +35,9 @@ turns) and `noshare` (unique prompts: the control).
 
 Figures per trace x workers x policy: hit rate (cached prompt tokens / prompt tokens, from
 the workers' true caches), throughput (finished requests / makespan), time to first token
-p50 / p99. Then the routing decision latency at 64 workers holding 100k blocks each and
+p50 / p99. Then, apart: cache_aware by `request_cost_tokens`, and a what-if (not a
+registered policy) that also weighs the prefill tokens routed to a worker and not yet
+started. Then the routing decision latency at 64 workers holding 100k blocks each and
 the summaries' bytes per cached block (tracemalloc).
 
 Run: `.venv/bin/python bench/router_sim.py` (a few minutes); `--quick` for a small run;
@@ -68,6 +70,11 @@ from radixmesh.router.summary import BYTES_PER_BLOCK, SummaryIndex
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ORACLE = "oracle"
+# Not a registered policy: cache_aware's cost + PENDING_WEIGHT x the prefill tokens the
+# router has sent to the worker that have not started yet (the router would know: it sees
+# each stream's first chunk). An experiment for a possible policy change, reported apart.
+WHAT_IF = "what_if_pending_prefill"
+PENDING_WEIGHT = 0.5
 VOCAB = 32000
 
 
@@ -417,12 +424,16 @@ class SimRouter:
             self.index.add(w.wid)
         self.rng = random.Random(config.seed)
         self.policy: Policy | None = None
-        if policy != ORACLE:
+        self.what_if = policy == WHAT_IF
+        self.estimates: dict[int, int] = {}  # rid -> uncached tokens when routed (what-if)
+        if policy not in (ORACLE, WHAT_IF):
             options = PolicyOptions(request_cost_tokens=config.request_cost_tokens)
             self.policy = make_policy(policy, config.seed, options)
         self.by_id = {w.wid: w for w in workers}
 
     def route(self, req: Request) -> SimWorker:
+        if self.what_if:
+            return self._what_if(req)
         if self.policy is None:
             return self._oracle(req)
         matched = self.index.match(req.prompt_hashes)
@@ -442,6 +453,22 @@ class SimRouter:
         ]
         best = min(costs)
         return self.rng.choice([w for w, c in zip(self.workers, costs, strict=True) if c == best])
+
+    def _what_if(self, req: Request) -> SimWorker:
+        matched = self.index.match(req.prompt_hashes)
+        per_request, bs = self.config.request_cost_tokens, self.config.block_size
+        uncached = {w.wid: max(req.prompt_len - matched[w.wid] * bs, 0) for w in self.workers}
+        costs = []
+        for w in self.workers:
+            pending = sum(self.estimates[r.rid] for r in w.waiting)
+            pending += sum(self.estimates[r.req.rid] for r in w.prefilling)
+            costs.append(uncached[w.wid] + PENDING_WEIGHT * pending + per_request * w.queued)
+        best = min(costs)
+        chosen = self.rng.choice([w for w, c in zip(self.workers, costs, strict=True) if c == best])
+        self.estimates[req.rid] = uncached[chosen.wid]
+        self.index[chosen.wid].add_tentative(req.prompt_hashes, self.config.tentative_ttl)
+        self.index.enforce_budget()
+        return chosen
 
     def apply(self, wid: str, kind: str, hashes: list[int]) -> None:
         summary = self.index[wid]
@@ -561,7 +588,8 @@ def decision_latency(
     + its own tokens): hash it, match all summaries, build candidates, choose (cache_aware),
     add the prompt as tentative on the chosen worker. `rounds` rounds of `decisions`
     decisions; on a shared machine other processes only ever add time, so the round with
-    the lowest p99 is the headline and every round is kept.
+    the lowest p99 is the headline and every round is kept. Wall time (perf_counter) per
+    part, and the whole decision's thread CPU time too (immune to preemption).
     """
     rng = random.Random(seed)
     index = SummaryIndex(1 << 40)
@@ -576,9 +604,16 @@ def decision_latency(
     per_round = []
     for _ in range(rounds):
         prompts = [system + _tokens(rng, prompt_len - shared_len) for _ in range(decisions)]
-        parts: dict[str, list[float]] = {"total": [], "hash": [], "match": [], "choose": []}
+        parts: dict[str, list[float]] = {
+            "total": [],
+            "hash": [],
+            "match": [],
+            "choose": [],
+            "total_cpu": [],
+        }
         chosen_holder = 0
         for ids in prompts:
+            c0 = time.thread_time_ns()
             t0 = time.perf_counter_ns()
             hashes = block_hashes(ids, block_size)
             t1 = time.perf_counter_ns()
@@ -590,6 +625,7 @@ def decision_latency(
             wid = policy.choose(len(ids), candidates)
             index[wid].add_tentative(hashes, 5.0)
             t3 = time.perf_counter_ns()
+            parts["total_cpu"].append((time.thread_time_ns() - c0) / 1e3)
             for key, ns in (("total", t3 - t0), ("hash", t1 - t0), ("match", t2 - t1)):
                 parts[key].append(ns / 1e3)
             parts["choose"].append((t3 - t2) / 1e3)
@@ -610,6 +646,10 @@ def decision_latency(
         "decisions_per_round": decisions,
         "p50_us": best["total_p50_us"],
         "p99_us": best["total_p99_us"],
+        # The same decisions in thread CPU time: what is left without preemption by the
+        # other processes of a shared machine.
+        "cpu_p50_us": best["total_cpu_p50_us"],
+        "cpu_p99_us": best["total_cpu_p99_us"],
         "rounds": per_round,
     }
 
@@ -667,9 +707,27 @@ def run_sim(
     return rows
 
 
+def cost_sweep(
+    workers: int = 8, values: Sequence[int] = (16, 32, 64, 128, 256), seed: int = 0
+) -> list[dict[str, Any]]:
+    """cache_aware on the grouped trace for several `request_cost_tokens` (default 64)."""
+    trace = grouped_trace(workers, seed)
+    rows = []
+    for value in values:
+        config = SimConfig(workers=workers, request_cost_tokens=value, seed=seed)
+        rows.append({"request_cost_tokens": value, **simulate(trace, "cache_aware", config)})
+        r = rows[-1]
+        print(
+            f"request_cost_tokens {value:>4}: hit {r['hit_rate']:.1%}, "
+            f"{r['throughput_rps']:.1f} req/s, ttft p99 {r['ttft_p99_s'] * 1e3:.1f} ms",
+            flush=True,
+        )
+    return rows
+
+
 def _print_row(r: dict[str, Any]) -> None:
     print(
-        f"{r['trace']:<10} {r['workers']:>3} {r['policy']:<13} {r['hit_rate']:>7.1%} "
+        f"{r['trace']:<10} {r['workers']:>3} {r['policy']:<23} {r['hit_rate']:>7.1%} "
         f"{r['throughput_rps']:>9.1f} {r['ttft_p50_s'] * 1e3:>9.1f} {r['ttft_p99_s'] * 1e3:>10.1f}"
         f" {r['max_worker_share']:>6.3f}",
         flush=True,
@@ -728,7 +786,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.section in ("all", "sim"):
         print(
-            f"{'trace':<10} {'W':>3} {'policy':<13} {'hit':>7} {'req/s':>9} "
+            f"{'trace':<10} {'W':>3} {'policy':<23} {'hit':>7} {'req/s':>9} "
             f"{'ttft p50':>9} {'ttft p99':>10} {'share':>6}   (ms)"
         )
         rows = run_sim(worker_counts, args.traces, args.policies, args.seed)
@@ -736,6 +794,13 @@ def main(argv: list[str] | None = None) -> None:
         record["targets"] = targets(rows)
         for k, v in record["targets"].items():
             print(f"{k}: {v:.3f}")
+        if not args.quick:
+            print("cache_aware on the grouped trace at 8 workers, by request_cost_tokens:")
+            record["request_cost_tokens_sweep"] = cost_sweep(seed=args.seed)
+            print(f"what if cache_aware also weighed pending prefill (x{PENDING_WEIGHT}):")
+            record["what_if_pending_prefill"] = run_sim(
+                worker_counts, args.traces, [WHAT_IF], args.seed
+            )
     if args.section in ("all", "latency"):
         lat = decision_latency(decisions=300 if args.quick else 2000, rounds=1 if args.quick else 3)
         record["decision_latency"] = lat
@@ -743,7 +808,8 @@ def main(argv: list[str] | None = None) -> None:
             f"routing decision at {lat['workers']} workers x {lat['blocks_per_worker']} "
             f"blocks, {lat['prompt_len']}-token prompt: p50 {lat['p50_us']:.1f} us, "
             f"p99 {lat['p99_us']:.1f} us (best of {len(lat['rounds'])} rounds by p99; "
-            f"all p99: {', '.join(str(round(r['total_p99_us'])) for r in lat['rounds'])})"
+            f"all p99: {', '.join(str(round(r['total_p99_us'])) for r in lat['rounds'])}); "
+            f"thread CPU time p50 {lat['cpu_p50_us']:.1f} us, p99 {lat['cpu_p99_us']:.1f} us"
         )
     if args.section in ("all", "memory"):
         mem = summary_memory()
