@@ -337,6 +337,10 @@ class RayCluster:
         if c.tp_size == 1:
             actor = ray.remote(WorkerActor).options(max_restarts=c.max_restarts, **rank)
             return actor.remote(c.model, c.host, worker_args, c.stop_timeout)
+        if not use_gpu and c.cpus_per_worker <= 0:
+            raise InvalidArgument(
+                "cpus_per_worker", "must be > 0 for a CPU tensor-parallel worker (its bundles)"
+            )
         pg = placement_group(
             bundles(c.tp_size, use_gpu, c.cpus_per_worker), strategy=c.placement_strategy
         )
@@ -409,8 +413,8 @@ class RayCluster:
             ray.shutdown()
 
     def __enter__(self) -> RayCluster:
-        self.start()
         try:
+            self.start()
             self.wait_ready()
         except BaseException:
             self.stop()
