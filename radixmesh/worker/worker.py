@@ -128,7 +128,14 @@ class Worker:
         torch.manual_seed(mc.seed)
         self.model = LlamaForCausalLM(self.arch, tp=self.tp, dtype=self.dtype, device=self.device)
         self.model.load_weights(
-            iter_weights(mc.model, self.arch, dtype=self.dtype, device=self.device, seed=mc.seed)
+            iter_weights(
+                mc.model,
+                self.arch,
+                dtype=self.dtype,
+                device=self.device,
+                seed=mc.seed,
+                sliced=self.tp.size > 1,  # each rank reads only its slices
+            )
         )
         self.model.eval()
         if self.device.type == "cpu" and mc.pack_cpu_weights:

@@ -11,6 +11,7 @@ A process holds one TP group at a time, so each TP engine is class-scoped.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -24,11 +25,15 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from radixmesh.client import Client
 from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.worker.engine import Engine
-from radixmesh.worker.model.dummy import preset_arch
+from radixmesh.worker.layers.parallel import TPGroup
+from radixmesh.worker.model.dummy import iter_dummy_weights, preset_arch
+from radixmesh.worker.model.hf import iter_hf_weights
+from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.tp.step import StepHeader
 from tests.worker.conftest import assert_engine_idle_and_clean
 
@@ -124,6 +129,34 @@ def test_dummy_preset_with_fewer_layers() -> None:
         preset_arch("tiny@layers=0")
     with pytest.raises(InvalidArgument, match="unknown dummy preset 'nope'"):
         preset_arch("nope@layers=2")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_safetensors_slices_load_like_full_tensors(tmp_path: Path, rank: int) -> None:
+    """Each rank reading only its slices (LazySlice) gets exactly the parameters that
+    slicing full tensors gives; a layer-free check, no process group needed."""
+    arch = preset_arch("tiny").replace(tie_word_embeddings=False, attention_bias=True)
+    weights = dict(iter_dummy_weights(arch, dtype=torch.float32, device="cpu", seed=3))
+    weights = {k: v + 0.5 if k.endswith(".bias") else v for k, v in weights.items()}
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(arch.to_hf_dict()))
+    tp = TPGroup(rank=rank, size=2)
+    models = []
+    for sliced in (False, True):
+        model = LlamaForCausalLM(arch, tp=tp)
+        it = iter_hf_weights(tmp_path, arch, dtype=torch.float32, sliced=sliced)
+        model.load_weights(it)
+        models.append(dict(model.named_parameters()))
+    full, lazy = models
+    assert full.keys() == lazy.keys()
+    for name in full:
+        assert torch.equal(full[name], lazy[name]), name
+    q = weights["model.layers.0.self_attn.q_proj.weight"]  # [4 heads * 16, 64]
+    assert torch.equal(lazy["model.layers.0.self_attn.qkv_proj.weight"][:32], q[rank * 32 :][:32])
+    down = weights["model.layers.1.mlp.down_proj.weight"]  # [64, 128]: columns split
+    assert torch.equal(lazy["model.layers.1.mlp.down_proj.weight"], down[:, rank * 64 :][:, :64])
+    head = weights["lm_head.weight"]  # [512, 64]: vocabulary rows split
+    assert torch.equal(lazy["lm_head.weight"], head[rank * 256 :][:256])
 
 
 @pytest.fixture(scope="class")

@@ -14,7 +14,7 @@ from torch import nn
 
 from radixmesh.worker.layers.dense import PackableLinear, dense
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
-from radixmesh.worker.layers.weights import ShardId, new_parameter, set_weight_loader
+from radixmesh.worker.layers.weights import Loaded, ShardId, new_parameter, set_weight_loader
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -37,14 +37,14 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = new_parameter(self.shard_size, embedding_dim, dtype=dtype, device=device)
         set_weight_loader(self.weight, self.weight_loader)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
         if shard_id is not None:
             raise ValueError(f"unsharded parameter got shard {shard_id!r}")
         expected = (self.num_embeddings, self.embedding_dim)
         if tuple(loaded.shape) != expected:
             raise ValueError(f"shape mismatch: expected {expected}, got {tuple(loaded.shape)}")
         n = self.vocab_end - self.vocab_start
-        param.data[:n].copy_(loaded[self.vocab_start : self.vocab_end])
+        param.data[:n].copy_(loaded.narrow(0, self.vocab_start, n))
         param.data[n:].zero_()  # padding rows: zero embeddings, zero logits (then cut off)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from torch import nn
 from radixmesh.worker.layers.dense import PackableLinear, dense
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.weights import (
+    Loaded,
     ShardId,
     copy_checked,
     new_parameter,
@@ -71,7 +72,7 @@ class _ColumnSharded(PackableLinear):
             return shard_id
         raise ValueError(f"unknown shard {shard_id!r} for a layer of {len(self.pieces)} parts")
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
         """Copy this rank's rows of the full checkpoint tensor `loaded` (weight or bias)."""
         piece = self.pieces[self._piece_index(shard_id)]
         if loaded.shape[0] != piece.full_size:
@@ -214,7 +215,7 @@ class RowParallelLinear(PackableLinear):
             self.bias = new_parameter(out_features, dtype=dtype, device=device)
             set_weight_loader(self.bias, self.weight_loader)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
         if shard_id is not None:
             raise ValueError(f"unsharded parameter got shard {shard_id!r}")
         if param is self.bias:

@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.worker.layers.weights import LazySlice, Loaded
 from radixmesh.worker.model.arch import LlamaArchConfig
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -70,14 +71,21 @@ def iter_hf_weights(
     *,
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) for every parameter, cast to `dtype` on `device`."""
+    sliced: bool = False,
+) -> Iterator[tuple[str, Loaded]]:
+    """(HF name, tensor) for every parameter, cast to `dtype` on `device`.
+
+    sliced=True (tensor parallelism): `LazySlice`s instead, so each rank reads only the
+    rows or columns its layers keep; valid until the next item is requested."""
     for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 -- safe_open handles are not iterable
                 if _skip(name, arch):
                     continue
-                yield name, f.get_tensor(name).to(device=device, dtype=dtype)
+                if sliced:
+                    yield name, LazySlice(f.get_slice(name), dtype=dtype, device=device)
+                else:
+                    yield name, f.get_tensor(name).to(device=device, dtype=dtype)
 
 
 def _skip(name: str, arch: LlamaArchConfig) -> bool:

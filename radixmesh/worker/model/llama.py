@@ -27,7 +27,7 @@ from radixmesh.worker.layers.linear import (
 from radixmesh.worker.layers.norm import RMSNorm
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary
-from radixmesh.worker.layers.weights import ShardId, get_weight_loader
+from radixmesh.worker.layers.weights import Loaded, ShardId, get_weight_loader
 from radixmesh.worker.model.arch import LlamaArchConfig
 
 Device = torch.device | str | None
@@ -193,7 +193,7 @@ class LlamaForCausalLM(nn.Module):
         """Logits [N, vocab] float32 of the rows of `hidden` [N, hidden] the caller needs."""
         return self.lm_head(hidden).float()
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, Loaded]]) -> None:
         """Load full (unsharded) tensors under Hugging Face names; each parameter's
         weight_loader takes this rank's slice. Every parameter must be given exactly once."""
         params = dict(self.named_parameters())  # a tied lm_head.weight appears once

@@ -21,6 +21,7 @@ import torch
 from radixmesh import model_source
 from radixmesh.model_source import ModelSource
 from radixmesh.tokenizer import ByteTokenizer, Tokenizer, tokenizer_for
+from radixmesh.worker.layers.weights import Loaded
 from radixmesh.worker.model import dummy, hf
 from radixmesh.worker.model.arch import PRESETS, LlamaArchConfig
 
@@ -53,17 +54,22 @@ def iter_weights(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     seed: int = 0,
-) -> Iterator[tuple[str, torch.Tensor]]:
+    sliced: bool = False,
+) -> Iterator[tuple[str, Loaded]]:
     """(HF parameter name, full tensor) pairs; lm_head.weight only when not tied.
 
     `seed` matters only for dummy models. A GGUF is converted on first use (see gguf.py).
+    sliced=True (tensor parallelism): safetensors weights (HF and converted GGUF) come as
+    `LazySlice`s that read only the part a rank keeps. Dummy weights are always whole:
+    each tensor comes from its own seeded generator, so every TP size sees the same
+    model and tp 1 vs tp N logits compare.
     """
     src = resolve_model(spec)
     if src.kind == "dummy":
         return dummy.iter_dummy_weights(arch, dtype=dtype, device=device, seed=seed)
     path = _path(src)
     model_dir = _gguf().ensure_converted(path) if src.kind == "gguf" else path
-    return hf.iter_hf_weights(model_dir, arch, dtype=dtype, device=device)
+    return hf.iter_hf_weights(model_dir, arch, dtype=dtype, device=device, sliced=sliced)
 
 
 def load_tokenizer(spec: str) -> Tokenizer | ByteTokenizer:
