@@ -131,6 +131,9 @@ def _capture(
             model(batch, attn)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    # thread_local: under tensor parallelism the captured forward holds NCCL all-reduces,
+    # and c10d's watchdog thread queries earlier collectives' events meanwhile; in the
+    # default global mode such a call from another thread invalidates the capture.
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         out = model(batch, attn)  # [bs, hidden]
     return graph, out

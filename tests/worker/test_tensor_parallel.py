@@ -343,3 +343,32 @@ def test_worker_process_tp2_serves_then_exits_when_a_rank_dies(tmp_path: Path) -
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_cuda_tp2_with_graphs_matches_tp1() -> None:
+    """NCCL on cuda:0 and cuda:1, triton attention, decode CUDA graphs capturing the
+    all-reduces: float32 logits within 1e-4 of one GPU's, the same greedy tokens."""
+    model = "dummy:llama-3-8b@layers=2"
+    opts: dict[str, Any] = dict(
+        dtype="float32", kv_cache_tokens=8192, max_running_requests=8, device="cuda"
+    )
+    prompts = [[1000 + (37 * i + 11 * j) % 120000 for j in range(8 + 9 * i)] for i in range(8)]
+    ref = Engine(model, **opts)
+    try:
+        ref_tokens, ref_logits = _run(ref, prompts)
+    finally:
+        ref.shutdown()
+    torch.cuda.empty_cache()
+    eng = Engine(model, tp_size=2, **opts)
+    try:
+        graphs = eng.worker.runner.decode_graphs
+        assert graphs is not None
+        tokens, logits = _run(eng, prompts)
+        assert graphs.num_replays > 0
+        assert str(eng.worker.device) == "cuda:0"
+    finally:
+        eng.shutdown()
+    assert tokens == ref_tokens
+    _assert_same_logits(ref_logits, logits)
