@@ -229,6 +229,13 @@ class TestTinyTP2:
         _assert_same_logits(ref_logits, logits)
         assert tp2.worker.kv_pool.num_kv_heads == 1  # 2 KV heads over 2 ranks
 
+    def test_one_tp_engine_per_process(self, tp2: Engine) -> None:
+        with pytest.raises(InvalidArgument, match="tp_size: this process already holds"):
+            Engine("dummy:tiny", tp_size=2, **TINY_OPTIONS)
+        assert torch.distributed.is_initialized()  # the first engine's group is intact
+        out = tp2.generate(input_ids=[1, 2, 3], sampling_params=GREEDY)
+        assert isinstance(out, dict) and len(out["output_ids"]) == 6
+
     def test_shutdown_stops_every_rank(self, tp2: Engine) -> None:
         pids = _follower_pids(tp2)
         tp2.shutdown()

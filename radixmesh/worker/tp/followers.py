@@ -22,8 +22,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from radixmesh.errors import Unavailable
+from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.worker.batch import Batch
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.forward_batch import ForwardBatch
@@ -50,8 +51,15 @@ class FollowerRanks:
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
         from radixmesh.worker.tp.follower import follower_main  # it imports the worker
 
+        if dist.is_initialized():  # before spawning anything
+            raise InvalidArgument(
+                "tp_size",
+                "this process already holds a tensor-parallel group "
+                "(one TP engine per process: shut the other one down first)",
+            )
         pc = config.parallel
         self.size = pc.tp_size
+        self._joined = False  # whether this object initialized the process group
         self.timeout_s = pc.tp_timeout
         self.backend = backend_for(device)
         self.failure: str | None = None
@@ -84,6 +92,7 @@ class FollowerRanks:
             self.tp = init_group(
                 rank=0, size=self.size, store=store, device=device, timeout_s=self.timeout_s
             )
+            self._joined = True
         except BaseException:
             self.stop()
             raise
@@ -136,7 +145,7 @@ class FollowerRanks:
             conn.close()
         # A failed NCCL group may hang in destroy (a peer is gone mid-collective); the
         # process is about to exit anyway. gloo tears down locally.
-        if self.failure is None or self.backend == "gloo":
+        if self._joined and (self.failure is None or self.backend == "gloo"):
             destroy_group()
 
     # ---- internals ----------------------------------------------------------------
