@@ -3,12 +3,15 @@
 Programs (the shapes of the SGLang paper and tests/lang/): multi-turn chat, fork/join tip
 suggestion (5 branches), 2-level tree of thought, an LLM judge over 3 dimensions,
 few-shot select, regex extraction, and a shared-template batch. Each runs `--count`
-times through `run_batch` on the in-process engine, once with the radix cache and once
-without (`disable_radix_cache=True`), greedy, on the same weights.
+times through `run_batch` on the in-process engine (or, with `--backend cluster`, on a
+local cluster of `--workers` workers through `sgl.Runtime`), once with the radix cache
+and once without (`disable_radix_cache=True`), greedy, on the same weights. Each program
+is warmed up (2 programs) right before its timed run.
 
 Reports programs/s and the cache hit rate (cached prompt tokens / prompt tokens) per
 program and the on/off ratios; writes JSON to bench/results/programs-<device>-<date>.json.
-Run: `.venv/bin/python bench/programs.py [--count 16] [--programs tips,judge]`.
+Run: `.venv/bin/python bench/programs.py [--count 16] [--programs tips,judge]
+[--backend cluster --workers 2]`.
 """
 
 from __future__ import annotations
@@ -114,17 +117,20 @@ PROGRAMS: dict[str, Callable[..., Any]] = {
 }
 
 
-def run(engine: Engine, name: str, count: int) -> dict[str, Any]:
+Counts = Callable[[], tuple[int, int]]  # (prompt tokens, cached prompt tokens) so far
+
+
+def run(counts: Counts, name: str, count: int, flush: Callable[[], object]) -> dict[str, Any]:
     program = PROGRAMS[name]
-    engine.flush_cache()
-    before = engine.get_stats()
+    flush()
+    prompt_before, hits_before = counts()
     start = time.perf_counter()
     states = program.run_batch([{"i": i} for i in range(count)], temperature=0)  # type: ignore[attr-defined]
     seconds = time.perf_counter() - start
     errors = [str(st.error()) for st in states if st.error() is not None]
-    after = engine.get_stats()
-    prompt = after.prompt_tokens - before.prompt_tokens
-    hits = after.cache_hit_tokens - before.cache_hit_tokens
+    prompt_after, hits_after = counts()
+    prompt = prompt_after - prompt_before
+    hits = hits_after - hits_before
     return {
         "programs": count,
         "seconds": round(seconds, 3),
@@ -136,6 +142,40 @@ def run(engine: Engine, name: str, count: int) -> dict[str, Any]:
     }
 
 
+def warm_grammars(addresses: list[str]) -> None:
+    """Build each worker's grammar backend now: an engine builds it on its first
+    constrained request (~0.5-1 s of CPU), and the router decides which worker that is,
+    so one mode's timed run would pay it on a worker the warm-up never reached."""
+    from radixmesh.client import Client
+
+    for address in addresses:
+        with Client(address, service="worker") as client:
+            client.generate("Phone: ", {"max_new_tokens": 2, "regex": "[0-9]+"})
+
+
+def open_backend(args: argparse.Namespace, disable: bool) -> tuple[Any, Counts, Any]:
+    """The backend for one mode, its token counts, and what to close afterwards."""
+    options = {"device": args.device, "dtype": args.dtype, "disable_radix_cache": disable}
+    if args.backend == "cluster":
+        runtime = sgl.Runtime(model=args.model, workers=args.workers, **options)
+        assert runtime.endpoint is not None
+        warm_grammars(runtime.worker_addresses)
+        usage = runtime.endpoint.usage
+
+        def cluster_counts() -> tuple[int, int]:
+            total = usage.snapshot()["total"]
+            return total.prompt_tokens, total.cached_tokens
+
+        return runtime, cluster_counts, runtime
+    engine = Engine(args.model, **options)
+
+    def engine_counts() -> tuple[int, int]:
+        stats = engine.get_stats()
+        return stats.prompt_tokens, stats.cache_hit_tokens
+
+    return engine, engine_counts, engine
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -143,23 +183,32 @@ def main() -> None:
     ap.add_argument("--programs", default=",".join(PROGRAMS))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument(
+        "--backend",
+        choices=["engine", "cluster"],
+        default="engine",
+        help="engine: in-process; cluster: sgl.Runtime (router + --workers local workers)",
+    )
+    ap.add_argument("--workers", type=int, default=2, help="workers of --backend cluster")
+    ap.add_argument("--out", default=None, help="the JSON's path (default: bench/results/...)")
     args = ap.parse_args()
     names = args.programs.split(",")
     results: dict[str, dict[str, Any]] = {name: {} for name in names}
     for mode, disable in (("cache_on", False), ("cache_off", True)):
-        engine = Engine(
-            args.model, device=args.device, dtype=args.dtype, disable_radix_cache=disable
-        )
-        sgl.set_default_backend(engine)
-        run(engine, names[0], 2)  # warm-up
+        backend, counts, owner = open_backend(args, disable)
+        sgl.set_default_backend(backend)
         for name in names:
-            results[name][mode] = r = run(engine, name, args.count)
+            # Warm-up with this program first: its one-time costs (the grammar backend
+            # is built on an engine's first constrained request, ~0.5-1 s of CPU) must
+            # not land in the timed run of whichever program comes first.
+            run(counts, name, 2, sgl.flush_cache)
+            results[name][mode] = r = run(counts, name, args.count, sgl.flush_cache)
             print(
                 f"{mode:9s} {name:18s} {r['programs_per_s']:7.2f} programs/s  "
                 f"hit rate {r['cache_hit_rate']:.2f}  errors {len(r['errors'])}",
                 flush=True,
             )
-        engine.shutdown()
+        owner.shutdown()
     for r in results.values():
         on, off = r["cache_on"], r["cache_off"]
         r["speedup_cache_on_vs_off"] = round(on["programs_per_s"] / off["programs_per_s"], 3)
@@ -170,12 +219,16 @@ def main() -> None:
         "model": args.model,
         "device": args.device,
         "dtype": args.dtype,
+        "backend": args.backend,
+        "workers": args.workers if args.backend == "cluster" else None,
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "count": args.count,
         "results": results,
     }
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"programs-{args.device}-{time.strftime('%Y%m%d')}.json"
+    kind = "cluster-" if args.backend == "cluster" else ""
+    default = RESULTS / f"programs-{kind}{args.device}-{time.strftime('%Y%m%d')}.json"
+    path = Path(args.out) if args.out else default
     path.write_text(json.dumps(out, indent=2) + "\n")
     for name, r in results.items():
         print(f"{name:18s} cache on/off: {r['speedup_cache_on_vs_off']:.2f}x")

@@ -6,7 +6,8 @@ sampling-parameter dicts, and `select` scored from prompt logprobs exactly as in
 (`scoring.py`); only the transport differs. Scoring requests and the copies of an
 n > 1 `gen` go out concurrently (the gRPC API generates one completion per request),
 and the router places them on the worker that caches their shared prefix.
-Each gen's meta_info has the engine's keys plus `worker_id`, the worker that served it.
+Each gen's meta_info has the engine's keys plus `worker_id`, the worker that served it;
+`endpoint.usage` counts prompt / cached / completion tokens per worker over every request.
 
 The client needs the model's tokenizer (for the chat template and to score choices): it
 builds the one the cluster names in its model info, as the router does (the tokenizer
@@ -21,9 +22,11 @@ Runtime is created (the one place the language reaches into `cluster/`).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from radixmesh.errors import InvalidArgument, Unavailable
@@ -40,6 +43,42 @@ from radixmesh.lang.choices import TokenLogprob
 if TYPE_CHECKING:
     from radixmesh.client import Chunk, Completion
     from radixmesh.cluster.launch import LocalCluster
+
+
+@dataclass
+class WorkerUsage:
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class Usage:
+    """Token counts of every request an endpoint finished (prefills and scoring included),
+    per serving worker and in total (`usage.total`); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = WorkerUsage()
+        self.by_worker: dict[str, WorkerUsage] = {}
+
+    def add(self, meta: dict[str, Any]) -> None:
+        with self._lock:
+            for u in (self.total, self.by_worker.setdefault(meta["worker_id"], WorkerUsage())):
+                u.requests += 1
+                u.prompt_tokens += meta["prompt_tokens"]
+                u.cached_tokens += meta["cached_tokens"]
+                u.completion_tokens += meta["completion_tokens"]
+
+    def snapshot(self) -> dict[str, WorkerUsage]:
+        """A copy: {"total": ..., worker id: ...}."""
+        with self._lock:
+            items = {"total": self.total, **self.by_worker}
+            return {k: dataclasses.replace(v) for k, v in items.items()}
 
 
 class RuntimeEndpoint(Backend):
@@ -84,6 +123,7 @@ class RuntimeEndpoint(Backend):
         )
         self.chat_template = ChatTemplate.from_tokenizer(self.tokenizer)
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="radixmesh-endpoint")
+        self.usage = Usage()
 
     def get_model_name(self) -> str:
         return self.model_info.model
@@ -129,6 +169,8 @@ class RuntimeEndpoint(Backend):
             "finish_reason": reason,
             "worker_id": c.worker_id or self.target,
         }
+        if reason is not None:
+            self.usage.add(meta)
         if params.get("return_logprob"):
             meta["output_token_logprobs"] = _entries(c.logprobs)
             if params.get("top_logprobs_num"):
