@@ -15,7 +15,9 @@ what is modelled:
   chained hashes (`BlockCache`; not the worker's `RadixCache`, which needs a torch KV pool).
   A path is touched leaf-first so that ancestors are always more recent than their
   descendants: the least recently used unpinned block is then always a leaf, as in a
-  radix tree. Blocks of running requests are pinned. The worker publishes "stored" events
+  radix tree. Blocks of running requests are pinned, and the cache is the KV pool: a
+  request is admitted only when its prompt's blocks fit beside the pinned ones (output
+  tokens' KV is not counted). The worker publishes "stored" events
   at the end of the step that prefilled a prompt (and for prompt + output at finish) and
   "removed" events when it evicts; the router applies them `event_delay_s` later.
 - MODELLED: the cost of a forward step (`CostModel`): a fixed overhead, a cost per
@@ -256,12 +258,15 @@ class BlockCache:
         return n
 
     def insert(self, hashes: Sequence[int], pin: bool) -> tuple[list[int], list[int]] | None:
-        """Cache (and touch) a path; (stored, evicted) hashes, or None when it cannot fit."""
+        """Cache (and touch) a path; (stored, evicted) hashes, or None (and no change) when
+        it cannot fit because too much is pinned."""
         m = self.match(hashes)
         new = hashes[m:]
-        evicted = self._evict(len(self.blocks) + len(new) - self.capacity, set(hashes[:m]))
-        if len(self.blocks) + len(new) > self.capacity:
+        keep = set(hashes[:m])
+        need = len(self.blocks) + len(new) - self.capacity
+        if need > 0 and sum(1 for h, p in self.blocks.items() if not p and h not in keep) < need:
             return None
+        evicted = self._evict(need, keep)
         blocks = self.blocks
         for h in new:
             blocks[h] = 0
@@ -348,13 +353,15 @@ class SimWorker:
             uncached = req.prompt_len - matched * self.block_size
             if self.prefilling and new_tokens + uncached > budget:
                 break
+            result = self.cache.insert(req.prompt_hashes, pin=True)
+            if result is None and (self.running or self.prefilling):
+                break  # the KV cache is full of running requests' blocks: wait for them
             self.waiting.popleft()
             for h in req.prompt_hashes:
                 if self.pending[h] == 1:
                     del self.pending[h]
                 else:
                     self.pending[h] -= 1
-            result = self.cache.insert(req.prompt_hashes, pin=True)
             pinned: list[int] = []
             if result is not None:
                 stored, evicted = result
