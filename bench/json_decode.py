@@ -255,17 +255,22 @@ def main() -> None:
     ap.add_argument("--constraint", choices=["json_schema", "regex"], default="json_schema")
     ap.add_argument("--mask-batch", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
+    ap.add_argument("--kv-cache-bytes", type=int, default=1 << 30, help="0: auto on CUDA")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256, help="0: no graphs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
     load_before = os.getloadavg()
+    options: dict[str, Any] = {"kv_cache_bytes": args.kv_cache_bytes} if args.kv_cache_bytes else {}
     engine = Engine(
         args.model,
         device=args.device,
         dtype=args.dtype,
         max_running_requests=max(args.max_running_requests, args.mask_batch),
-        kv_cache_bytes=args.kv_cache_bytes,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
+        **options,
     )
     try:
         text = json.dumps(SCHEMA) if args.constraint == "json_schema" else REGEX

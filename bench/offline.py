@@ -15,6 +15,7 @@ The same script drives GPU runs: `--model dummy:llama-3-8b --device cuda --workl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -294,7 +295,10 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--workloads", choices=["cpu", "gpu"], default="cpu")
-    ap.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
+    ap.add_argument(
+        "--kv-cache-bytes", type=int, default=1 << 30, help="0: auto-size the pool on CUDA"
+    )
+    ap.add_argument("--mem-fraction", type=float, default=0.9, help="with --kv-cache-bytes 0")
     ap.add_argument("--max-running-requests", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256, help="0: no graphs")
@@ -310,10 +314,18 @@ def main() -> None:
         max_num_batched_tokens=args.max_num_batched_tokens,
         cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
     )
+    if not args.kv_cache_bytes:  # auto: mem_fraction of what weights and activations leave
+        del common["kv_cache_bytes"]
+        common["mem_fraction"] = args.mem_fraction
     rss_before = rss_bytes()
     engine = Engine(args.model, **common)
     rss_loaded = rss_bytes()
     pool_bytes = engine.worker.kv_pool.nbytes
+    sizing = engine.worker.pool_sizing
+    pool_sizing = (
+        None if sizing is None else {**dataclasses.asdict(sizing), "tokens": sizing.num_tokens}
+    )
+    graph_memory = engine.worker.graph_memory_bytes
     dtypes = {"radixmesh": str(engine.worker.dtype).replace("torch.", "")}
     make = gpu_workloads if args.workloads == "gpu" else cpu_workloads
     workloads = make(engine.tokenizer, engine.worker.arch.vocab_size)
@@ -330,10 +342,14 @@ def main() -> None:
     engine.shutdown()
     del engine
     gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # an auto-sized pool sizes itself from free memory
 
     off = Engine(args.model, disable_radix_cache=True, **common)
     off.generate(input_ids=workloads[1].prompts[:2], sampling_params={"max_new_tokens": 2})
     results["shared_prefix"]["radixmesh_cache_off"] = run_engine(off, workloads[1])
+    if args.workloads == "gpu":  # issue 7: the radix cache's cost where nothing is shared
+        results["throughput"]["radixmesh_cache_off"] = run_engine(off, workloads[0])
     off.shutdown()
     del off
     gc.collect()
@@ -375,8 +391,10 @@ def main() -> None:
         "rss_after_workloads": rss_after,
         "peak_rss_engine_phase": peak_ours,
         "kv_pool_bytes": pool_bytes,
-        "kv_budget_bytes": args.kv_cache_bytes,
-        "kv_pool_vs_budget": pool_bytes / args.kv_cache_bytes,
+        "kv_budget_bytes": args.kv_cache_bytes or pool_bytes,
+        "kv_pool_vs_budget": pool_bytes / (args.kv_cache_bytes or pool_bytes),
+        "kv_pool_sizing": pool_sizing,
+        "cuda_graph_memory_bytes": graph_memory,
         "process_minus_kv_pool": peak_ours - pool_bytes,
     }
     ratios = _ratios(results)
@@ -411,6 +429,10 @@ def _ratios(results: dict[str, Any]) -> dict[str, float]:
     if "transformers" in tp:
         r["throughput_vs_transformers"] = (
             tp["radixmesh"]["output_tok_per_s"] / tp["transformers"]["output_tok_per_s"]
+        )
+    if "radixmesh_cache_off" in tp:  # the cache's overhead where nothing is shared
+        r["throughput_cache_off_vs_on"] = (
+            tp["radixmesh_cache_off"]["output_tok_per_s"] / tp["radixmesh"]["output_tok_per_s"]
         )
     sp = results["shared_prefix"]
     r["shared_prefix_cache_on_vs_off"] = (
