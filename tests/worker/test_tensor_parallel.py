@@ -122,6 +122,19 @@ def test_step_header_round_trip() -> None:
     assert h.max_len == 11
 
 
+@pytest.mark.parametrize(
+    ("preset", "size", "message"),
+    [
+        ("smollm2-135m", 2, "the model's 9 attention heads do not split 2 ways"),
+        ("qwen2-7b", 7, "the model's 4 KV heads neither split 7 ways nor replicate evenly"),
+        ("smollm2-135m", 9, "the model's intermediate size 1536 does not split 9 ways"),
+    ],
+)
+def test_tp_size_the_model_cannot_take(preset: str, size: int, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"tp_size: {message}"):
+        Engine(f"dummy:{preset}", tp_size=size)
+
+
 def test_dummy_preset_with_fewer_layers() -> None:
     arch = preset_arch("llama-3-70b@layers=4")
     assert (arch.num_hidden_layers, arch.hidden_size, arch.num_key_value_heads) == (4, 8192, 8)

@@ -28,7 +28,14 @@ from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.worker.batch import Batch
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.forward_batch import ForwardBatch
-from radixmesh.worker.tp.group import backend_for, destroy_group, init_group, make_store
+from radixmesh.worker.model.loader import load_arch_config
+from radixmesh.worker.tp.group import (
+    backend_for,
+    check_tp_size,
+    destroy_group,
+    init_group,
+    make_store,
+)
 from radixmesh.worker.tp.step import STOP, StepHeader, send_tables
 
 logger = logging.getLogger(__name__)
@@ -58,6 +65,7 @@ class FollowerRanks:
                 "(one TP engine per process: shut the other one down first)",
             )
         pc = config.parallel
+        check_tp_size(load_arch_config(config.model.model), pc.tp_size)
         self.size = pc.tp_size
         self._joined = False  # whether this object initialized the process group
         self.timeout_s = pc.tp_timeout

@@ -8,7 +8,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from radixmesh.errors import InvalidArgument
 from radixmesh.worker.layers.parallel import TPGroup
+from radixmesh.worker.model.arch import LlamaArchConfig
 
 HOST = "127.0.0.1"  # the ranks of one worker share a host
 
@@ -18,6 +20,23 @@ def rank_device(base: torch.device, rank: int) -> torch.device:
     if base.type != "cuda":
         return base
     return torch.device("cuda", (base.index or 0) + rank)
+
+
+def check_tp_size(arch: LlamaArchConfig, size: int) -> None:
+    """InvalidArgument on tp_size when the model cannot be split `size` ways."""
+    heads, kv, inter = arch.num_attention_heads, arch.num_key_value_heads, arch.intermediate_size
+    if heads % size:
+        raise InvalidArgument(
+            "tp_size", f"the model's {heads} attention heads do not split {size} ways"
+        )
+    if (kv % size) if kv >= size else (size % kv):
+        raise InvalidArgument(
+            "tp_size", f"the model's {kv} KV heads neither split {size} ways nor replicate evenly"
+        )
+    if inter % size:
+        raise InvalidArgument(
+            "tp_size", f"the model's intermediate size {inter} does not split {size} ways"
+        )
 
 
 def backend_for(device: torch.device) -> str:
