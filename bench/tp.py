@@ -167,9 +167,9 @@ def run_child(args: argparse.Namespace, tp: int, out: Path) -> None:
             "kv_heads": arch.num_key_value_heads,
             "params": arch.num_params,
         }
+        out.write_text(json.dumps(res))  # before shutdown: a teardown hang loses nothing
     finally:
         engine.shutdown()
-    out.write_text(json.dumps(res))
 
 
 # ---- standalone all-reduce ------------------------------------------------------------------

@@ -151,9 +151,11 @@ class FollowerRanks:
                 proc.join(timeout=5.0)
         for conn in self.conns:
             conn.close()
-        # A failed NCCL group may hang in destroy (a peer is gone mid-collective); the
-        # process is about to exit anyway. gloo tears down locally.
-        if self._joined and (self.failure is None or self.backend == "gloo"):
+        # NCCL: never destroy. Seen on two H200s (2026-11-30): a follower hung in
+        # destroy_process_group after STOP, and rank 0's own destroy then hung with the peer
+        # killed; the process exits soon after anyway (one TP engine per process). gloo
+        # tears down locally, which lets CPU tests build several TP engines in a row.
+        if self._joined and self.backend == "gloo":
             destroy_group()
 
     # ---- internals ----------------------------------------------------------------
