@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256)
     ap.add_argument("--allreduce-iters", type=int, default=200)
     ap.add_argument("--allreduce-batches", default="1,64,256")
+    ap.add_argument(
+        "--profile-steps", type=int, default=64, help="CUDA: profile K batch-1 decode steps"
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU: dummy:tiny, small sizes")
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal
@@ -138,6 +141,34 @@ def decode_latency(engine: Engine, prompt: list[int], k: int) -> dict[str, Any]:
     }
 
 
+def profile_decode(engine: Engine, prompt: list[int], steps: int) -> dict[str, Any]:
+    """GPU time in NCCL kernels per batch-1 decode step, from torch.profiler (CUPTI sees
+    the scheduler thread's kernels, graph replays included where the driver reports them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = {"max_new_tokens": steps, "temperature": 0.0, "ignore_eos": True}
+    engine.flush_cache()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        engine.generate(input_ids=prompt, sampling_params=params)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+
+    def device_us(e: Any) -> float:
+        return float(getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0))
+
+    events = prof.key_averages()
+    nccl = sum(device_us(e) for e in events if "nccl" in e.key.lower())
+    kernels = sum(device_us(e) for e in events if e.key.startswith(("void ", "nccl", "triton")))
+    return {
+        "steps": steps,
+        "wall_ms_per_step": wall / steps * 1e3,
+        "nccl_kernel_ms_per_step": nccl / steps / 1e3,
+        "kernel_ms_per_step_approx": kernels / steps / 1e3,
+        "top_nccl": [(e.key, device_us(e)) for e in events if "nccl" in e.key.lower()][:5],
+    }
+
+
 def run_child(args: argparse.Namespace, tp: int, out: Path) -> None:
     """One TP size: build the engine, run the workloads, write JSON to `out`."""
     t0 = time.perf_counter()
@@ -153,6 +184,11 @@ def run_child(args: argparse.Namespace, tp: int, out: Path) -> None:
         for w in ws:
             engine.flush_cache()
             res[w.name] = {"workload": w.meta, **run_engine(engine, w)}
+        if args.profile_steps and engine.worker.device.type == "cuda":
+            try:
+                res["profile_batch1"] = profile_decode(engine, ws[0].prompts[0], args.profile_steps)
+            except Exception as e:  # the figures above stand without it
+                res["profile_batch1"] = {"error": f"{type(e).__name__}: {e}"}
         worker = engine.worker
         res["kv_pool_slots"] = worker.kv_pool.num_slots
         res["kv_heads_per_rank"] = worker.kv_pool.num_kv_heads
