@@ -61,8 +61,9 @@ class FollowerRanks:
         if dist.is_initialized():  # before spawning anything
             raise InvalidArgument(
                 "tp_size",
-                "this process already holds a tensor-parallel group "
-                "(one TP engine per process: shut the other one down first)",
+                "this process already holds a tensor-parallel group (one TP engine per "
+                "process; on CPU shut the other one down first, on CUDA the group lasts "
+                "as long as the process)",
             )
         pc = config.parallel
         check_tp_size(load_arch_config(config.model.model), pc.tp_size)
