@@ -229,3 +229,24 @@ def test_n_and_flush_cache(endpoint: RuntimeEndpoint) -> None:
     assert len(s["words"]) == 2 and s["words"][0] == s["words"][1]  # greedy twice
     assert len(s.get_meta_info("words")["choices"]) == 2
     assert sgl.flush_cache() is True
+
+
+def test_a_runtime_left_running_stops_at_interpreter_exit(smollm2_gguf: object) -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import radixmesh as sgl\n"
+        "rt = sgl.Runtime(model='smollm2', workers=1, kv_cache_tokens=2048)\n"
+        "print('pids', rt.cluster.router.pid, rt.cluster.workers[0].pid, flush=True)\n"
+    )  # no shutdown(): atexit does it
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+    )
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("pids "))
+    pids = [int(p) for p in line.split()[1:]]
+    assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
