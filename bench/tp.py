@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -289,8 +290,15 @@ def allreduce_times(args: argparse.Namespace, world: int, arch: dict[str, Any], 
 def main() -> None:
     args = parse_args()
     if args.child is not None:
-        run_child(args, int(args.child.split(":")[0]), Path(args.child.split(":", 1)[1]))
-        return
+        code = 0
+        try:
+            run_child(args, int(args.child.split(":")[0]), Path(args.child.split(":", 1)[1]))
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # an NCCL group's teardown must not block the parent
     sizes = [int(t) for t in args.tp.split(",")]
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -81,6 +81,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             print(out["text"])
     finally:
         engine.shutdown()
+    from radixmesh.worker.tp.group import exit_if_group_alive
+
+    exit_if_group_alive(0)  # TP on CUDA: the NCCL group outlives the engine
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -86,3 +87,15 @@ def init_group(
 def destroy_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_if_group_alive(code: int) -> None:
+    """End the process now (status `code`) when it still holds a process group.
+
+    An NCCL group is never destroyed (see FollowerRanks.stop), and interpreter teardown
+    may block on it; a CLI command that is done anyway leaves with os._exit instead.
+    A no-op without a group (tp 1, or gloo after shutdown)."""
+    if dist.is_available() and dist.is_initialized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
