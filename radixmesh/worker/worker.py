@@ -7,6 +7,7 @@ budget, then the req->token table sized by the context length and max running re
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib.util
 import logging
 import time
@@ -255,7 +256,8 @@ class Worker:
         limit = self.config.model.context_length or arch.max_position_embeddings
         tokens = sc.max_num_batched_tokens
         activation = self._profile_activation_bytes(backend, min(tokens, limit))
-        torch.cuda.empty_cache()  # the profile's pool and activations
+        gc.collect()  # nothing of the profile step may outlive it...
+        torch.cuda.empty_cache()  # ...and its pool and activations go back to the device
         free, _total = torch.cuda.mem_get_info(self.device)
         graphs = 0
         graph_bs = min(self.config.model.cuda_graph_max_batch_size, sc.max_running_requests)
