@@ -148,9 +148,13 @@ def test_cpu_default_is_the_fixed_budget() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_default_sizes_the_pool_from_free_memory() -> None:
-    w = make_worker(device="cuda", kv_cache_tokens=None, cuda_graph_max_batch_size=16)
+    # A small fraction: dummy:tiny needs ~0.5 KiB per token, 0.9 of an H200 is ~250M slots.
+    w = make_worker(
+        device="cuda", kv_cache_tokens=None, cuda_graph_max_batch_size=16, mem_fraction=0.05
+    )
     s = w.pool_sizing
     assert s is not None and s.activation_bytes > 0 and s.graph_bytes > 0
+    assert s.mem_fraction == 0.05
     assert w.kv_pool.num_slots == s.num_slots
     assert w.kv_pool.nbytes == s.pool_bytes
     # The pool took its share; what it left covers activations and graphs, with slack.
