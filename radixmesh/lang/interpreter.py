@@ -60,6 +60,7 @@ class StreamExecutor:
         self.chunks: list[tuple[str | None, str]] = []
         self.finished = False
         self._on_finish: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[], None]] = []
         self._ended = False
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="radixmesh-lang", daemon=True)
@@ -86,6 +87,27 @@ class StreamExecutor:
         if not self._ended:
             self._ended = True
             self._queue.put(_END)
+
+    def _wake_all(self) -> None:
+        """Under `_cond`: something changed; wake blocked readers and listeners."""
+        self._cond.notify_all()
+        for listener in self._listeners:
+            listener()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (from whichever thread changed the state, so it must be quick
+        and thread-safe) on every new chunk, variable, error or end."""
+        with self._cond:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        with self._cond:
+            self._listeners.remove(listener)
+
+    def poll_chunks(self, start: int, var: str | None) -> tuple[list[tuple[str | None, str]], bool]:
+        """`wait_chunks` without waiting."""
+        with self._cond:
+            return self.chunks[start:], self._over(var)
 
     def when_finished(self, callback: Callable[[], None]) -> None:
         """Call `callback` (from the executor thread) once the program has ended and every
@@ -136,7 +158,7 @@ class StreamExecutor:
                 self.error_ = error
             for event in self._var_done.values():
                 event.set()
-            self._cond.notify_all()
+            self._wake_all()
 
     def context(self) -> Context:
         role_text = self.text_[self.cur_role_begin_pos :] if self.cur_role else ""
@@ -173,7 +195,7 @@ class StreamExecutor:
                 with self._cond:
                     self.finished = True
                     callbacks, self._on_finish = self._on_finish, []
-                    self._cond.notify_all()
+                    self._wake_all()
                 self._queue.task_done()
                 for callback in callbacks:
                     callback()
@@ -209,7 +231,7 @@ class StreamExecutor:
         with self._cond:
             self.text_ += text
             self.chunks.append((var, text))
-            self._cond.notify_all()
+            self._wake_all()
 
     def _set_var(self, name: str | None, value: Any, meta: dict[str, Any] | None) -> None:
         if name is None:
@@ -219,7 +241,7 @@ class StreamExecutor:
             if meta is not None:
                 self.meta_info[name] = meta
             self._var_done.setdefault(name, threading.Event()).set()
-            self._cond.notify_all()
+            self._wake_all()
 
     def _gen(self, expr: Gen) -> None:
         params = {**self.default_params, **expr.params}

@@ -8,6 +8,7 @@ program is kept on the state and raised, as a `ProgramError`, by every read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -85,17 +86,33 @@ class ProgramState:
         return iter_chunks(self.stream_executor, var_name)
 
     async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        """`text_iter` for asyncio. The executor's thread wakes this coroutine through
+        the loop (no thread waits for chunks), so many streams can be read at once."""
         executor = self.stream_executor
-        i = 0
-        while True:
-            chunks, over = await asyncio.to_thread(executor.wait_chunks, i, var_name)
-            i += len(chunks)
-            for name, text in chunks:
-                if var_name is None or name == var_name:
-                    yield text
-            if over:
-                executor.raise_error()
-                return
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def listener() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is reading
+                loop.call_soon_threadsafe(wake.set)
+
+        executor.add_listener(listener)
+        try:
+            i = 0
+            while True:
+                wake.clear()  # before polling: a chunk that comes after the poll sets it
+                chunks, over = executor.poll_chunks(i, var_name)
+                i += len(chunks)
+                for name, text in chunks:
+                    if var_name is None or name == var_name:
+                        yield text
+                if over:
+                    executor.raise_error()
+                    return
+                if not chunks:
+                    await wake.wait()
+        finally:
+            executor.remove_listener(listener)
 
     # ---- branching ------------------------------------------------------------------
 

@@ -205,19 +205,30 @@ def test_streaming_and_async(endpoint: RuntimeEndpoint) -> None:
     assert "".join(pieces) == s.text()
     assert s.get_meta_info("answer_2")["worker_id"] in WORKERS
 
-    async def main() -> tuple[list[sgl.ProgramState], list[sgl.ProgramState]]:
+    async def read(st: sgl.ProgramState) -> str:
+        return "".join([piece async for piece in st.text_async_iter("answer_1")])
+
+    async def main() -> tuple[list[sgl.ProgramState], list[sgl.ProgramState], list[str]]:
         one = await asyncio.gather(
             *(multi_turn.run_async(question_1=q, question_2="Why?", temperature=0) for q in "AB")
         )
         batch = await qa.run_batch_async(
             [{"question": "What is the capital of Peru?"}] * 2, temperature=0
         )
-        return list(one), batch
+        # Four streams read at once: no thread waits for their chunks.
+        streams = [
+            multi_turn.run(question_1=q, question_2="Ok.", temperature=0, stream=True)
+            for q in ("Hi!", "Hello!", "Hey!", "Yo!")
+        ]
+        texts = await asyncio.gather(*(read(st) for st in streams))
+        await asyncio.gather(*(asyncio.to_thread(st.sync) for st in streams))  # answer_2 too
+        return list(one), batch, [t == st["answer_1"] for t, st in zip(texts, streams, strict=True)]
 
-    single, batch = asyncio.run(main())
+    single, batch, streamed_equal = asyncio.run(main())
     assert [st.error() for st in single + batch] == [None] * 4
     assert batch[0]["answer"] == batch[1]["answer"]
     assert all(st["answer_2"] for st in single)
+    assert streamed_equal == [True] * 4
 
 
 def test_n_and_flush_cache(endpoint: RuntimeEndpoint) -> None:
