@@ -1,10 +1,12 @@
 """Attention backend on Triton kernels over the paged KV pool (GPU; CPU via TRITON_INTERPRET).
 
 Per step `prepare` picks the kernel: a decode-only batch (one new token per sequence) runs
-flash-decoding with a split count sized to fill the GPU; any other batch runs the extend
-kernel over every row (decode rows are extends of one token). Per layer `forward` stores
-the new k/v with the store kernel, then attends. Metadata holds device tensors only, built
-once per step, so every layer's launches need no host-device sync.
+flash-decoding with a split count sized to fill the GPU; an extend-only batch runs the
+extend kernel; a batch with both (chunked prefill, jump-forward's forced tokens beside
+decoding rows) runs each kernel on its own rows, because the extend kernel computes a
+BLOCK_M-row tile for every one-row query (64x the work of a decode row). Per layer
+`forward` stores the new k/v with the store kernel, then attends. Metadata holds device
+tensors only, built once per step, so every layer's launches need no host-device sync.
 """
 
 from __future__ import annotations
@@ -36,6 +38,20 @@ class DecodeMeta:
 class ExtendMeta:
     q_start: torch.Tensor  # [B] first row of each sequence's new tokens
     max_extend: int
+
+
+@dataclass
+class MixedMeta:
+    """Decode rows through flash-decoding, the other sequences through the extend kernel."""
+
+    decode_tokens: torch.Tensor  # [Bd] the decode rows' positions in q
+    decode_req_rows: torch.Tensor  # [Bd]
+    decode_seq_lens: torch.Tensor  # [Bd]
+    decode: DecodeMeta
+    extend_req_rows: torch.Tensor  # [Be]
+    extend_prefix_lens: torch.Tensor  # [Be]
+    extend_lens: torch.Tensor  # [Be]
+    extend: ExtendMeta  # q_start [Be] into the whole q
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -72,6 +88,28 @@ class TritonAttentionBackend(AttentionBackend):
             starts.append(starts[-1] + n)
         q_start = torch.tensor(starts, dtype=torch.int64, device=batch.req_to_token.device)
         batch.attn_metadata = ExtendMeta(q_start, max(batch.extend_lens_cpu))
+        decode = [i for i, n in enumerate(batch.extend_lens_cpu) if n == 1]
+        if decode and len(decode) < batch.batch_size:
+            batch.attn_metadata = self._mixed(batch, decode, q_start)
+
+    def _mixed(self, batch: ForwardBatch, decode: list[int], q_start: torch.Tensor) -> MixedMeta:
+        lens = batch.extend_lens_cpu
+        extend = [i for i, n in enumerate(lens) if n > 1]
+        dev = q_start.device
+        d = torch.tensor(decode, dtype=torch.int64, device=dev)
+        e = torch.tensor(extend, dtype=torch.int64, device=dev)
+        longest = max(batch.seq_lens_cpu[i] for i in decode)
+        splits = choose_num_splits(len(decode), self.kv_pool.num_kv_heads, longest, self.num_sms)
+        return MixedMeta(
+            decode_tokens=q_start[d],
+            decode_req_rows=batch.req_rows[d],
+            decode_seq_lens=batch.seq_lens[d],
+            decode=DecodeMeta(splits),
+            extend_req_rows=batch.req_rows[e],
+            extend_prefix_lens=batch.prefix_lens[e],
+            extend_lens=batch.extend_lens[e],
+            extend=ExtendMeta(q_start[e], max(lens[i] for i in extend)),
+        )
 
     def forward(
         self,
@@ -102,6 +140,8 @@ class TritonAttentionBackend(AttentionBackend):
                 meta.num_splits,
                 meta.workspace,
             )
+        if isinstance(meta, MixedMeta):
+            return self._forward_mixed(q, k_buf, v_buf, out, batch, meta)
         assert isinstance(meta, ExtendMeta), type(meta)
         return extend_attention(
             q,
@@ -116,3 +156,46 @@ class TritonAttentionBackend(AttentionBackend):
             meta.max_extend,
             self.scale,
         )
+
+    def _forward_mixed(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        out: torch.Tensor,
+        batch: ForwardBatch,
+        meta: MixedMeta,
+    ) -> torch.Tensor:
+        """Extend rows straight into `out`; decode rows gathered ([Bd, Hq, D]), decoded and
+        scattered back. Every new k/v is already stored, so a decode row sees itself."""
+        q_dec = q.index_select(0, meta.decode_tokens)  # [Bd, Hq, D]
+        out_dec = torch.empty_like(q_dec)
+        if meta.decode.workspace is None:
+            bd, hq, d = q_dec.shape
+            meta.decode.workspace = decode_workspace(bd, hq, d, meta.decode.num_splits, q.device)
+        decode_attention(
+            q_dec,
+            k_buf,
+            v_buf,
+            out_dec,
+            batch.req_to_token,
+            meta.decode_req_rows,
+            meta.decode_seq_lens,
+            self.scale,
+            meta.decode.num_splits,
+            meta.decode.workspace,
+        )
+        extend_attention(
+            q,
+            k_buf,
+            v_buf,
+            out,
+            batch.req_to_token,
+            meta.extend_req_rows,
+            meta.extend_prefix_lens,
+            meta.extend_lens,
+            meta.extend.q_start,
+            meta.extend.max_extend,
+            self.scale,
+        )
+        return out.index_copy_(0, meta.decode_tokens, out_dec)

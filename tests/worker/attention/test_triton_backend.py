@@ -11,6 +11,7 @@ from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.attention.triton_backend import (
     DecodeMeta,
     ExtendMeta,
+    MixedMeta,
     TritonAttentionBackend,
     choose_num_splits,
 )
@@ -35,8 +36,16 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
         [(14, 1), (14, 1), (14, 1)],
         [(0, 12)],
         [(9, 5), (0, 3)],
+        [(20, 1), (31, 1), (15, 9), (4, 1), (40, 1)],
     ],
-    ids=["mixed", "decode-only", "decode-equal-lengths", "one-prompt", "extends-only"],
+    ids=[
+        "mixed",
+        "decode-only",
+        "decode-equal-lengths",
+        "one-prompt",
+        "extends-only",
+        "forced-tokens-beside-decodes",
+    ],
 )
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(8, 2), (4, 4)], ids=["gqa4", "mha"])
 def test_matches_reference(seqs: list[tuple[int, int]], num_heads: int, num_kv_heads: int) -> None:
@@ -45,8 +54,9 @@ def test_matches_reference(seqs: list[tuple[int, int]], num_heads: int, num_kv_h
     backend = create_attention_backend("triton", pool, scale)
     assert isinstance(backend, TritonAttentionBackend)
     backend.prepare(batch)
-    decode_only = all(e == 1 for _, e in seqs)
-    assert isinstance(batch.attn_metadata, DecodeMeta if decode_only else ExtendMeta)
+    decode_rows = sum(e == 1 for _, e in seqs)
+    kind = {len(seqs): DecodeMeta, 0: ExtendMeta}.get(decode_rows, MixedMeta)
+    assert type(batch.attn_metadata) is kind
     before = [buf.clone() for buf in pool.k_buffers + pool.v_buffers]
     out = backend.forward(q, k, v, LAYER, batch)
     out_again = backend.forward(q, k, v, LAYER, batch)  # a second layer reuses the metadata
