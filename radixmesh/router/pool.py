@@ -150,6 +150,9 @@ class WorkerHandle:
 
     async def poll(self) -> bool:
         """One GetLoad: refresh load and health. Returns whether the worker is healthy."""
+        # Requests that end while the poll is in flight may still be in its report: keep
+        # counting them as ended (at worst the report is undercounted; in_flight bounds it).
+        ended_before = self.ended_since_poll
         try:
             resp = await self.stub.GetLoad(
                 worker_pb2.GetLoadRequest(),
@@ -169,7 +172,7 @@ class WorkerHandle:
             resp.kv_tokens_total,
             resp.cache_hit_rate,
         )
-        self.ended_since_poll = 0
+        self.ended_since_poll -= ended_before
         self.reachable = not resp.draining
         if self.reachable:
             self.breaker.record_success()

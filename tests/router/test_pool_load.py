@@ -26,3 +26,24 @@ def test_requests_ended_since_the_load_report_are_not_queued() -> None:
         return seen
 
     assert asyncio.run(run()) == [3, 2, 2, 1]
+
+
+def test_a_request_ending_during_a_load_poll_stays_subtracted() -> None:
+    from radixmesh.v1 import worker_pb2
+
+    async def run() -> tuple[int, int]:
+        pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))
+        handle = pool.workers["worker-0"]
+        handle.in_flight = 3
+        handle.request_ended()  # before the poll: the report will not count it
+
+        class Stub:
+            async def GetLoad(self, request: object, **kwargs: object) -> object:
+                handle.request_ended()  # after the worker took its report of two running
+                return worker_pb2.GetLoadResponse(num_running=2)
+
+        handle.stub = Stub()  # type: ignore[assignment]
+        assert await handle.poll()
+        return handle.candidate(0).queued, handle.ended_since_poll
+
+    assert asyncio.run(run()) == (1, 1)
