@@ -112,12 +112,18 @@ def test_fork_join_tip_suggestion(endpoint: RuntimeEndpoint) -> None:
 
 
 def test_two_level_tree_of_thought(endpoint: RuntimeEndpoint) -> None:
+    before = endpoint.usage.snapshot()["total"]
     s = tree_of_thought.run(question="How many legs do three cats have?", temperature=0)
     text = s.text()
     assert re.findall(r"\[(\d\.\d)\]", text) == ["0.0", "0.1", "1.0", "1.1"]
     assert text.startswith("Question: How many legs do three cats have?\n[0.0]")
     assert text.endswith("Final answer:" + s["answer"])
-    assert s.get_meta_info("answer")["cached_tokens"] > 0
+    after = endpoint.usage.snapshot()["total"]
+    # 3 prefills (one per fork), 6 branch gens, the final gen
+    assert after.requests - before.requests == 10
+    # the second-level forks' prefixes (a block or more) lead the router to the worker
+    # that prefilled them; the question alone (11 tokens) is under one 16-token block
+    assert after.cached_tokens - before.cached_tokens > 0
 
 
 def test_llm_judge_three_dimensions(endpoint: RuntimeEndpoint) -> None:

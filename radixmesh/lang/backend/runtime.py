@@ -202,7 +202,8 @@ class RuntimeEndpoint(Backend):
 
     def cache_prefix(self, text: str) -> None:
         if text:
-            self.client.generate(text, dict(PREFILL_PARAMS))
+            out = self.client.generate(text, dict(PREFILL_PARAMS))
+            check_finished(self._meta(out, {}))  # counted in `usage` too
 
     def flush_cache(self) -> bool:
         return self.client.flush_cache()
