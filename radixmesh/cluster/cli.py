@@ -204,8 +204,23 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         api_keys=router_api_keys(args.api_key),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        gpus_per_worker=_gpus_per_worker(args),
     )
     return launch(config)
+
+
+def _gpus_per_worker(args: argparse.Namespace) -> int:
+    """Each local worker gets its own tp_size GPUs when the workers will run on CUDA."""
+    import shlex
+
+    words = shlex.split(args.worker_args)
+    devices = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--device"]
+    devices += [w.split("=", 1)[1] for w in words if w.startswith("--device=")]
+    if any(not d.startswith("cuda") and d != "auto" for d in devices):
+        return 0
+    import torch
+
+    return int(args.tp_size) if torch.cuda.is_available() else 0
 
 
 def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:

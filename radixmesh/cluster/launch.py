@@ -40,10 +40,15 @@ class LaunchConfig:
     ready_timeout: float = 300.0
     stop_timeout: float = 10.0
     env: dict[str, str] | None = field(default=None, compare=False)
+    # GPUs each worker gets (its TP size): worker i sees GPUs [i*g, (i+1)*g) of the visible
+    # ones through CUDA_VISIBLE_DEVICES. 0: the workers inherit the launcher's GPUs (CPU).
+    gpus_per_worker: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise InvalidArgument("workers", f"must be >= 1, got {self.workers}")
+        if self.gpus_per_worker < 0:
+            raise InvalidArgument("gpus_per_worker", f"must be >= 0, got {self.gpus_per_worker}")
         if self.worker_ports and len(self.worker_ports) != self.workers:
             raise InvalidArgument("worker_ports", "give one port per worker, or none")
 
@@ -52,6 +57,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def worker_gpu_env(c: LaunchConfig, index: int) -> dict[str, str] | None:
+    """Worker `index`'s environment: its own slice of the visible GPUs when
+    `gpus_per_worker` is set (so two TP-2 workers on four GPUs do not share cuda:0-1)."""
+    g = c.gpus_per_worker
+    if g == 0:
+        return c.env
+    base = c.env if c.env is not None else os.environ
+    visible = base.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(c.workers * g)]
+    mine = ids[index * g : (index + 1) * g]
+    if len(mine) < g:
+        raise InvalidArgument(
+            "gpus_per_worker",
+            f"{c.workers} workers x {g} GPUs need {c.workers * g} GPUs; {len(ids)} are visible",
+        )
+    return {**base, "CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
 
 def _cli(*args: str) -> list[str]:
@@ -125,9 +148,10 @@ class LocalCluster:
 
     def start(self) -> None:
         c = self.config
-        for port in self.worker_ports:
+        for i, port in enumerate(self.worker_ports):
             args = ["worker", "--model", c.model, "--host", c.host, "--port", str(port)]
-            self.workers.append(subprocess.Popen(_cli(*args, *c.worker_args), env=c.env))
+            env = worker_gpu_env(c, i)
+            self.workers.append(subprocess.Popen(_cli(*args, *c.worker_args), env=env))
         router_args = [
             "router",
             "--workers",

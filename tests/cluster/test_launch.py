@@ -12,7 +12,7 @@ import time
 import pytest
 
 from radixmesh.client import Client
-from radixmesh.cluster.launch import LaunchConfig, free_port
+from radixmesh.cluster.launch import LaunchConfig, free_port, worker_gpu_env
 from radixmesh.errors import InvalidArgument
 
 pytestmark = pytest.mark.slow
@@ -60,3 +60,18 @@ def test_launch_config_checks_its_fields() -> None:
         LaunchConfig(model="dummy:tiny", workers=0)
     with pytest.raises(InvalidArgument, match="worker_ports: give one port per worker"):
         LaunchConfig(model="dummy:tiny", workers=2, worker_ports=(1,))
+
+
+def test_each_local_worker_gets_its_own_gpus() -> None:
+    c = LaunchConfig(
+        model="m", workers=2, gpus_per_worker=2, env={"CUDA_VISIBLE_DEVICES": "3,4,5,6"}
+    )
+    assert [worker_gpu_env(c, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["3,4", "5,6"]
+    bare = LaunchConfig(model="m", workers=2, gpus_per_worker=1, env={"PATH": "/bin"})
+    assert [worker_gpu_env(bare, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["0", "1"]
+    assert worker_gpu_env(LaunchConfig(model="m", env={"A": "b"}), 1) == {"A": "b"}
+    short = LaunchConfig(
+        model="m", workers=3, gpus_per_worker=2, env={"CUDA_VISIBLE_DEVICES": "0,1"}
+    )
+    with pytest.raises(InvalidArgument, match="gpus_per_worker"):
+        worker_gpu_env(short, 1)
