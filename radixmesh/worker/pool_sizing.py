@@ -28,6 +28,11 @@ from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.sampler import Sampler, SamplingRow
 
 GIB = 1 << 30
+# The most slots auto-sizing gives: a small model on a large GPU would otherwise get
+# hundreds of millions of slots (dummy:tiny on an H200: ~250M), and the allocator's and
+# radix cache's host-side arrays grow with the slot count (~16 bytes per slot). 16M
+# tokens is ~18x what Llama-3-8B gets on an H200 (897k).
+MAX_AUTO_SLOTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,8 @@ def size_pool(
     mem_fraction: float,
     page_size: int,
 ) -> PoolSizing:
-    """Slots = mem_fraction * (free - activations - graphs) / bytes_per_slot, whole pages.
+    """Slots = mem_fraction * (free - activations - graphs) / bytes_per_slot, whole pages,
+    at most MAX_AUTO_SLOTS.
 
     Raises MemoryError when that leaves less than two pages (the reserved one and one
     usable): the model does not fit with room for any KV cache.
@@ -79,7 +85,7 @@ def size_pool(
     if bytes_per_slot <= 0:
         raise ValueError(f"bytes_per_slot: must be > 0, got {bytes_per_slot}")
     left = free_bytes - activation_bytes - graph_bytes
-    slots = max(int(mem_fraction * left), 0) // bytes_per_slot
+    slots = min(max(int(mem_fraction * left), 0) // bytes_per_slot, MAX_AUTO_SLOTS)
     slots -= slots % page_size
     if slots < 2 * page_size:
         raise MemoryError(

@@ -11,6 +11,7 @@ from radixmesh.worker.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig
 from radixmesh.worker.kvcache.pool import KVPool
 from radixmesh.worker.pool_sizing import (
     GIB,
+    MAX_AUTO_SLOTS,
     ProfileStep,
     decode_workspace_bytes,
     graph_reserve_bytes,
@@ -45,6 +46,18 @@ def test_size_pool_rounds_down_to_whole_pages() -> None:
     )
     assert s.num_slots == 7648
     assert s.num_tokens == 7632
+
+
+def test_a_small_model_on_a_large_gpu_is_capped() -> None:
+    s = size_pool(
+        free_bytes=130 * GIB,
+        activation_bytes=GIB,
+        graph_bytes=0,
+        bytes_per_slot=512,  # dummy:tiny-sized: ~250M slots uncapped
+        mem_fraction=0.9,
+        page_size=16,
+    )
+    assert s.num_slots == MAX_AUTO_SLOTS == 16_777_216
 
 
 def test_llama_3_8b_on_an_h200_reaches_the_issue_target() -> None:
