@@ -321,6 +321,7 @@ def main() -> None:
     engine = Engine(args.model, **common)
     rss_loaded = rss_bytes()
     pool_bytes = engine.worker.kv_pool.nbytes
+    pool_on_host = engine.worker.device.type == "cpu"
     sizing = engine.worker.pool_sizing
     pool_sizing = (
         None if sizing is None else {**dataclasses.asdict(sizing), "tokens": sizing.num_tokens}
@@ -395,7 +396,8 @@ def main() -> None:
         "kv_pool_vs_budget": pool_bytes / (args.kv_cache_bytes or pool_bytes),
         "kv_pool_sizing": pool_sizing,
         "cuda_graph_memory_bytes": graph_memory,
-        "process_minus_kv_pool": peak_ours - pool_bytes,
+        # Host RSS holds the pool only when it lives on the CPU.
+        "process_minus_kv_pool": peak_ours - (pool_bytes if pool_on_host else 0),
     }
     ratios = _ratios(results)
     report = {
