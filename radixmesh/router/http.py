@@ -28,9 +28,9 @@ import grpc
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from radixmesh.auth import bearer_allowed
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import CATALOGUE, InvalidArgument, RadixMeshError, Unavailable, entry_for
-from radixmesh.router.auth import bearer_allowed
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.openai_protocol import (
     OpenAIRequest,

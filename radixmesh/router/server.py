@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from radixmesh.router.auth import ApiKeyInterceptor
+from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.pool import WorkerPool

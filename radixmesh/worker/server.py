@@ -28,6 +28,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.errors import (
     Internal,
     InvalidArgument,
@@ -479,55 +480,13 @@ async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[
         await _abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
 
 
-# ---- authentication -------------------------------------------------------------------------
-
-
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <key>`, except on health checks and reflection."""
-
-    _OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
-
-    def __init__(self, api_key: str) -> None:
-        self.expected = f"Bearer {api_key}"
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None:  # an unknown method: let gRPC answer UNIMPLEMENTED
-            return handler
-        method = details.method or ""
-        metadata = dict(details.invocation_metadata or ())
-        if method.startswith(self._OPEN) or metadata.get("authorization") == self.expected:
-            return handler
-        return _deny(handler)
-
-
-def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    message = "missing or wrong API key (metadata `authorization: Bearer <key>`)"
-
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield None  # pragma: no cover (makes this an async generator)
-
-    des, ser = handler.request_deserializer, handler.response_serializer
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
-    return grpc.unary_unary_rpc_method_handler(unary, des, ser)
-
-
 # ---- the process ----------------------------------------------------------------------------
 
 
 async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     """Run a worker until SIGTERM / SIGINT, then drain. Returns the exit status."""
     loop = asyncio.get_running_loop()
-    interceptors = [ApiKeyInterceptor(config.api_key)] if config.api_key else []
+    interceptors = [ApiKeyInterceptor([config.api_key])] if config.api_key else []
     server = grpc.aio.server(
         options=grpc_options(config.max_message_bytes), interceptors=interceptors
     )

@@ -17,11 +17,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from radixmesh.auth import bearer_allowed
 from radixmesh.client import Client
 from radixmesh.cluster.cli import build_parser, router_api_keys
 from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
 from radixmesh.errors import Unauthenticated
-from radixmesh.router.auth import bearer_allowed
 from radixmesh.router.config import RouterConfig
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.router.http_helpers import Http

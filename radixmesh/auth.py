@@ -1,4 +1,6 @@
-"""API keys on the router: `authorization: Bearer <key>` on gRPC metadata and HTTP headers.
+"""API keys: `authorization: Bearer <key>` on gRPC metadata and HTTP headers.
+
+Shared by the worker's and the router's servers (one interceptor, one comparison).
 
 Health checks and reflection stay open (load balancers and `grpcurl list` need them); every
 other RPC without a configured key gets UNAUTHENTICATED. Keys are compared in constant time.
