@@ -212,8 +212,8 @@ class LocalCluster:
                 p.wait()
 
     def __enter__(self) -> LocalCluster:
-        self.start()
         try:
+            self.start()  # inside: a failed start stops the processes it did start
             self.wait_ready()
         except BaseException:
             self.stop()
