@@ -91,6 +91,9 @@ class SchedulerConfig:
     # A waiting request whose uncached prompt shares at least this many tokens with one
     # admitted in the same step waits one step and then hits the cache instead.
     in_batch_prefix_threshold: int = 32
+    # Overlap scheduling: build step n+1 (and process step n-1's tokens) while step n runs;
+    # next-token ids stay on the device until needed (see worker/overlap.py). tp_size 1.
+    overlap_schedule: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -141,6 +141,17 @@ class Sampler:
             _fill_logprobs(out, logits, token_ids, rows, lp_rows)
         return out
 
+    def sample_ids(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """`sample`'s token ids as a `[N]` tensor on the logits' device (no copy to the
+        host), for the overlap scheduler. The rows must not read host state that the
+        pending step would change: no logprobs, penalties or min_new_tokens."""
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits must be [N={len(rows)}, V], got {tuple(logits.shape)}")
+        logits = logits[:, : self.vocab_size]
+        if _all_plain_greedy(rows):
+            return logits.argmax(dim=-1)
+        return self._draw(self._apply_rules(logits, rows, None), rows)
+
     # --- hard rules: penalties, bans, masks -------------------------------------------
 
     def _apply_rules(

@@ -32,6 +32,7 @@ from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.output import OutputProcessor
+from radixmesh.worker.overlap import FutureLauncher, OverlapLoop, drop_placeholders
 from radixmesh.worker.policy import create_policy
 from radixmesh.worker.request import FinishReason, Request
 
@@ -91,11 +92,21 @@ class Scheduler:
         self._generated_tokens = 0
         self._num_retractions = 0
         self._num_steps = 0
+        self._overlap: OverlapLoop | None = None  # overlap_schedule (worker/overlap.py)
+        if config.overlap_schedule:
+            launcher = FutureLauncher(runner, config.max_running_requests)
+            self._overlap = OverlapLoop(self, launcher)
 
     # ---- the loop -------------------------------------------------------------------
 
     def step(self) -> list[Request]:
         """One iteration. Returns the requests that finished in it."""
+        if self._overlap is not None:
+            return self._overlap.step()
+        return self.step_sync()
+
+    def step_sync(self) -> list[Request]:
+        """schedule -> forward -> process_output, with nothing else in flight."""
         batch = self.schedule()
         if batch is None:
             return []
@@ -104,13 +115,16 @@ class Scheduler:
         return self.process_output(batch, out)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        inflight = self._overlap is not None and self._overlap.inflight is not None
+        return bool(self.waiting or self.running or inflight)
 
     # ---- requests in and out --------------------------------------------------------
 
     def add_request(self, req: Request) -> None:
         if self.grammars is not None:
             self.grammars.attach(req)  # starts (or finds) its compile; admission waits
+        if self._overlap is not None:
+            self._overlap.add(req)
         self.waiting.append(req)
 
     def abort(self, rid: str, reason: str = "aborted") -> bool:
@@ -135,6 +149,8 @@ class Scheduler:
     def fail_all(self, reason: str) -> None:
         """After a step raised: the step's KV writes may be partial, so nothing of a
         running request goes into the cache; its own slots are freed and its lock dropped."""
+        if self._overlap is not None:
+            self._overlap.inflight = None  # its tokens are not needed: all are aborted
         for req in list(self.running):
             self.running.remove(req)
             self._discard(req)
@@ -226,6 +242,8 @@ class Scheduler:
                 break
             if self._grammar_not_ready(req):
                 continue
+            if self._overlap is not None and req.token_ids[-1] < 0:
+                continue  # retracted while its last token was on the device (overlap.py)
             match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
             if self._shares_with(req, len(match.slots), admitted):
                 continue  # next step it hits the prefix this step computes
@@ -438,6 +456,8 @@ class Scheduler:
         return finished
 
     def _finish_abort(self, req: Request, reason: str) -> None:
+        if self._overlap is not None:
+            drop_placeholders(req)
         req.error = reason
         req.finish(FinishReason.ABORT)
         self.output.emit(req)

@@ -1,0 +1,246 @@
+"""Overlap scheduling (worker/overlap.py): the same tokens as the synchronous scheduler.
+
+Each test runs one workload with overlap_schedule off and on and compares outputs
+exactly, checking the slot accounting after every step and that the overlap run really
+deferred tokens (a running request's last id was a placeholder between steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.worker.engine import Engine
+from radixmesh.worker.request import FinishReason, Request
+from radixmesh.worker.worker import Worker
+from tests.worker.conftest import assert_engine_idle_and_clean
+from tests.worker.factories import (
+    all_free_after_flush,
+    assert_slots_accounted,
+    make_request,
+    make_worker,
+)
+
+Spec = tuple[list[int], dict[str, Any]]  # (prompt ids, sampling params)
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 37 + i * 11) % 250 + 3 for i in range(n)]
+
+
+def _run(overlap: bool, waves: list[list[Spec]], **opts: Any) -> tuple[list[Request], Worker, int]:
+    """Run each wave to completion in turn; returns the requests, the worker and how many
+    steps ended with a token still on the device."""
+    w = make_worker(overlap_schedule=overlap, **opts)
+    reqs: list[Request] = []
+    deferred = 0
+    for wave in waves:
+        for prompt, params in wave:
+            r = make_request(w, prompt, **params)
+            w.scheduler.add_request(r)
+            reqs.append(r)
+        steps = 0
+        while w.scheduler.has_work():
+            w.scheduler.step()
+            assert_slots_accounted(w)
+            deferred += any(r.token_ids[-1] < 0 for r in w.scheduler.running)
+            steps += 1
+            assert steps < 1000
+    return reqs, w, deferred
+
+
+def _check_clean(w: Worker, reqs: list[Request]) -> None:
+    for r in reqs:
+        assert r.finished
+        assert min(r.token_ids) >= 0  # no placeholder left behind
+        streamed = [t for out in r.outputs for t in out.new_token_ids]  # type: ignore[attr-defined]
+        assert streamed == r.output_ids
+        assert r.outputs[-1].finished  # type: ignore[attr-defined]
+        assert r.outputs[-1].meta_info["completion_tokens"] == len(r.output_ids)  # type: ignore[attr-defined]
+    assert w.cache.protected_size() == 0
+    assert w.req_table.num_free_rows == w.config.scheduler.max_running_requests
+    assert all_free_after_flush(w)
+
+
+def _same(waves: list[list[Spec]], **opts: Any) -> tuple[list[Request], Worker]:
+    sync, w_sync, deferred_sync = _run(False, waves, **opts)
+    over, w_over, deferred = _run(True, waves, **opts)
+    assert deferred_sync == 0 and deferred > 0
+    assert [r.output_ids for r in over] == [r.output_ids for r in sync]
+    assert [r.finish_reason for r in over] == [r.finish_reason for r in sync]
+    assert [r.matched_stop for r in over] == [r.matched_stop for r in sync]
+    assert w_over.scheduler.stats().generated_tokens == w_sync.scheduler.stats().generated_tokens
+    _check_clean(w_sync, sync)
+    _check_clean(w_over, over)
+    return over, w_over
+
+
+def test_lengths_and_stop_tokens_match_the_synchronous_scheduler() -> None:
+    # Learn some tokens the model emits, then stop on them.
+    probe, _, _ = _run(False, [[(_prompt(1, 9), {"max_new_tokens": 12})]])
+    stop_at = probe[0].output_ids[4]
+    first = probe[0].output_ids.index(stop_at)
+    wave: list[Spec] = [
+        (_prompt(1, 9), {"max_new_tokens": 12, "stop_token_ids": [stop_at]}),
+        (_prompt(2, 30), {"max_new_tokens": 1}),
+        (_prompt(3, 5), {"max_new_tokens": 2}),
+        (_prompt(4, 17), {"max_new_tokens": 23}),
+        (_prompt(5, 3), {"max_new_tokens": 7}),
+        (_prompt(1, 9), {"max_new_tokens": 12}),  # the same prompt: a cache hit
+    ]
+    over, _ = _same([wave])
+    assert over[0].finish_reason is FinishReason.STOP and over[0].matched_stop == stop_at
+    assert over[0].output_ids == probe[0].output_ids[: first + 1]
+    assert [len(r.output_ids) for r in over[1:]] == [1, 2, 23, 7, 12]
+    assert over[5].output_ids == probe[0].output_ids
+
+
+def test_chunked_prefill_and_a_second_wave_of_cache_hits() -> None:
+    wave1: list[Spec] = [(_prompt(i, 40 + 7 * i), {"max_new_tokens": 6 + i}) for i in range(4)]
+    # Second wave: each first-wave sequence (prompt + output) continued by a few tokens.
+    probe, _, _ = _run(False, [wave1], max_num_batched_tokens=32)
+    wave2: list[Spec] = [
+        (r.token_ids + _prompt(9 + i, 3), {"max_new_tokens": 5}) for i, r in enumerate(probe)
+    ]
+    over, _ = _same([wave1, wave2], max_num_batched_tokens=32)
+    # The overlap run also cached each first-wave request's last token (it was computed
+    # by the step that noticed the end): at least the prompt and all but one output token.
+    for first, second in zip(over[:4], over[4:], strict=True):
+        assert second.num_cached_tokens >= first.num_prompt_tokens + len(first.output_ids) - 1
+
+
+def test_retraction_under_memory_pressure() -> None:
+    wave: list[Spec] = [(_prompt(i, 12), {"max_new_tokens": 40}) for i in range(5)]
+    over, w = _same([wave], kv_cache_tokens=128, new_token_ratio=0.0)
+    assert w.scheduler.stats().num_retractions > 0
+    assert sum(r.num_retractions for r in over) == w.scheduler.stats().num_retractions
+
+
+def test_host_bound_requests_make_steps_synchronous_and_match() -> None:
+    wave: list[Spec] = [
+        (_prompt(1, 8), {"max_new_tokens": 9}),
+        (_prompt(2, 6), {"max_new_tokens": 5, "return_logprob": True, "top_logprobs_num": 2}),
+        (_prompt(3, 7), {"max_new_tokens": 6, "frequency_penalty": 0.5}),
+        (_prompt(4, 5), {"max_new_tokens": 0}),
+    ]
+    # A plain first wave so that the second wave's host-bound requests arrive while a
+    # token is on the device.
+    over, _ = _same([[(_prompt(5, 6), {"max_new_tokens": 8})], wave])
+    sync, _, _ = _run(False, [[(_prompt(5, 6), {"max_new_tokens": 8})], wave])
+    assert over[2].output_token_logprobs == sync[2].output_token_logprobs
+    assert over[2].output_top_logprobs == sync[2].output_top_logprobs
+    assert len(over[2].output_token_logprobs) == 5
+    assert over[4].output_ids == [] and over[4].finish_reason is FinishReason.LENGTH
+
+
+def test_abort_mid_run_frees_everything_and_leaves_the_others_unchanged() -> None:
+    specs: list[Spec] = [(_prompt(i, 6 + i), {"max_new_tokens": 15}) for i in range(4)]
+    sync, _, _ = _run(False, [specs])
+    w = make_worker(overlap_schedule=True)
+    reqs = [make_request(w, p, **params) for p, params in specs]
+    for r in reqs:
+        w.scheduler.add_request(r)
+    for _ in range(4):
+        w.scheduler.step()
+    assert reqs[1].token_ids[-1] < 0  # its last token is still on the device
+    assert w.scheduler.abort(reqs[1].rid)
+    assert_slots_accounted(w)
+    while w.scheduler.has_work():
+        w.scheduler.step()
+        assert_slots_accounted(w)
+    assert reqs[1].finish_reason is FinishReason.ABORT
+    assert reqs[1].output_ids == sync[1].output_ids[: len(reqs[1].output_ids)]
+    assert 0 < len(reqs[1].output_ids) < 15
+    assert [r.output_ids for i, r in enumerate(reqs) if i != 1] == [
+        r.output_ids for i, r in enumerate(sync) if i != 1
+    ]
+    _check_clean(w, reqs)
+
+
+def test_overlap_is_refused_with_tensor_parallelism() -> None:
+    with pytest.raises(InvalidArgument) as e:
+        make_worker(overlap_schedule=True, tp_size=2)
+    assert e.value.field == "overlap_schedule"
+
+
+# ---- the bundled model, through the Engine ----------------------------------------------
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+]
+
+
+@pytest.fixture(scope="module")
+def overlap_engine(smollm2_gguf: object) -> Iterator[Engine]:
+    eng = Engine(
+        "smollm2",
+        dtype="float32",
+        kv_cache_tokens=8192,
+        max_running_requests=16,
+        overlap_schedule=True,
+    )
+    yield eng
+    eng.shutdown()
+
+
+@pytest.mark.slow
+def test_smollm2_overlap_matches_sync_with_stops_eos_and_cache_hits(
+    engine: Engine, overlap_engine: Engine
+) -> None:
+    chat = engine.tokenizer.encode_chat([{"role": "user", "content": "Say hi in one word."}])
+    probe = engine.generate(PROMPTS[2], {"temperature": 0.0, "max_new_tokens": 24})
+    assert isinstance(probe, dict)
+    stop = probe["text"][8:14]  # spans tokens
+    params = [
+        {"temperature": 0.0, "max_new_tokens": 24, "stop": [stop]},
+        {"temperature": 0.0, "max_new_tokens": 3},
+        {"temperature": 0.0, "max_new_tokens": 17},
+        {"temperature": 0.0, "max_new_tokens": 9},
+        {"temperature": 0.0, "max_new_tokens": 1},
+    ]
+    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[3], PROMPTS[4]]
+    results = []
+    for eng in (engine, overlap_engine):
+        eng.flush_cache()
+        batch = eng.generate(prompts, params)
+        eos = eng.generate(input_ids=chat, sampling_params={"temperature": 0.0})
+        again = eng.generate(prompts, params)  # cache hits
+        assert isinstance(batch, list) and isinstance(again, list) and isinstance(eos, dict)
+        results.append((batch, eos, again))
+        assert_engine_idle_and_clean(eng)
+    (b0, e0, a0), (b1, e1, a1) = results
+    for x, y in ((b0, b1), (a0, a1), ([e0], [e1])):
+        assert [o["output_ids"] for o in y] == [o["output_ids"] for o in x]
+        assert [o["text"] for o in y] == [o["text"] for o in x]
+        assert [o["meta_info"]["finish_reason"] for o in y] == [
+            o["meta_info"]["finish_reason"] for o in x
+        ]
+    assert b1[0]["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert e1["meta_info"]["finish_reason"]["type"] == "stop"  # the model's EOS
+    assert all(o["meta_info"]["cached_tokens"] > 0 for o in a1)
+
+
+@pytest.mark.slow
+def test_smollm2_overlap_stream_close_aborts_and_a_regex_runs_synchronously(
+    overlap_engine: Engine, engine: Engine
+) -> None:
+    stream = overlap_engine.generate(
+        PROMPTS[0], {"temperature": 0.0, "max_new_tokens": 64}, stream=True
+    )
+    assert isinstance(stream, Iterator)
+    got = [next(stream) for _ in range(3)]
+    assert all(chunk["output_ids"] for chunk in got)
+    stream.close()  # aborts the request
+    regex = {"temperature": 0.0, "max_new_tokens": 16, "regex": "(yes|no), [a-z]+"}
+    want = engine.generate(PROMPTS[3], regex)
+    out = overlap_engine.generate(PROMPTS[3], regex)
+    assert isinstance(out, dict) and isinstance(want, dict)
+    assert out["output_ids"] == want["output_ids"]
+    assert_engine_idle_and_clean(overlap_engine)
