@@ -63,11 +63,22 @@ class CacheAware(Policy):
     name = "cache_aware"
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
+        # One pass, no per-candidate calls: the router runs this for every request over
+        # every worker. Same result and random draws as `_min(_healthy(...), cost)`.
         per_request = self.options.request_cost_tokens
-        return self._min(
-            self._healthy(candidates),
-            lambda c: max(prompt_tokens - c.cached_tokens, 0) + per_request * c.queued,
-        )
+        best = float("inf")
+        ties: list[str] = []
+        for worker_id, healthy, cached_tokens, queued in candidates:
+            if not healthy:
+                continue
+            cost = max(prompt_tokens - cached_tokens, 0) + per_request * queued
+            if cost < best:
+                best, ties = cost, [worker_id]
+            elif cost == best:
+                ties.append(worker_id)
+        if not ties:
+            raise Unavailable("no healthy worker to route to")
+        return self.rng.choice(ties)
 
 
 class RoundRobin(Policy):

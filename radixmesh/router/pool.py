@@ -88,6 +88,7 @@ class WorkerHandle:
         self.resyncs = 0  # snapshot pulls (the first one included)
         self.block_size = 0  # the worker's event block size (from its snapshot)
         self._tasks: list[asyncio.Task[None]] = []
+        self._candidate = Candidate(worker_id, False, 0, 0)  # the last one `candidate` built
 
     def _connect(self, address: str) -> None:
         self.address = address
@@ -126,7 +127,13 @@ class WorkerHandle:
         # turn as queued work on the worker caching it, and went to a cold worker.
         reported = self.load.num_running + self.load.num_waiting - self.ended_since_poll
         queued = max(reported, self.in_flight)
-        return Candidate(self.worker_id, self.healthy, cached_tokens, queued)
+        healthy = self.healthy
+        # Reused while unchanged: the router builds one per worker per request, and most
+        # workers' candidates are the same as for the last request.
+        c = self._candidate
+        if c.cached_tokens != cached_tokens or c.queued != queued or c.healthy != healthy:
+            c = self._candidate = Candidate(self.worker_id, healthy, cached_tokens, queued)
+        return c
 
     def request_ended(self) -> None:
         """One of the router's requests on this worker ended (however it ended)."""

@@ -65,24 +65,27 @@ class PrefixSummary:
         self._tentative.clear()
 
     def add_tentative(self, hashes: Iterable[int], ttl: float) -> None:
-        expiry = self.clock() + ttl
-        for h in hashes:
-            if h not in self._confirmed:
-                self._tentative[h] = expiry
+        expiry, confirmed = self.clock() + ttl, self._confirmed
+        self._tentative.update(dict.fromkeys([h for h in hashes if h not in confirmed], expiry))
 
     def match(self, hashes: Sequence[int]) -> int:
         """How many leading blocks of a prompt (its chained `hashes`) this worker holds."""
+        confirmed, tentative = self._confirmed, self._tentative
+        # Most workers lack a prompt's first block: answer them without the loop (the
+        # router matches every worker on every request).
+        if not hashes or (hashes[0] not in confirmed and hashes[0] not in tentative):
+            return 0
         now = self.clock()
         n = 0
         for h in hashes:
-            if h in self._confirmed:
+            if h in confirmed:
                 n += 1
                 continue
-            expiry = self._tentative.get(h)
+            expiry = tentative.get(h)
             if expiry is None:
                 break
             if expiry <= now:
-                del self._tentative[h]
+                del tentative[h]
                 break
             n += 1
         return n
@@ -145,4 +148,12 @@ class SummaryIndex:
 
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
         """Leading blocks of the prompt each worker holds."""
-        return {wid: s.match(hashes) for wid, s in self.summaries.items()}
+        if not hashes:
+            return dict.fromkeys(self.summaries, 0)
+        # `PrefixSummary.match`'s first test, inlined: most workers lack the prompt's first
+        # block, and a call per worker per request was most of the matching time.
+        first = hashes[0]
+        return {
+            wid: s.match(hashes) if first in s._confirmed or first in s._tentative else 0
+            for wid, s in self.summaries.items()
+        }
