@@ -19,6 +19,15 @@ from typing import Any
 import torch
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. On CUDA through pinned memory, without waiting: a plain
+    copy synchronizes with the stream, i.e. waits for a step still running there, which
+    would serialize the overlap scheduler's host work with the GPU (overlap.py)."""
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class ForwardBatch:
     input_ids: torch.Tensor  # [T] int64
@@ -63,7 +72,7 @@ class ForwardBatch:
         device = req_to_token.device
 
         def tensor(xs: list[int]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.int64, device=device)
+            return to_device(torch.tensor(xs, dtype=torch.int64), device)
 
         prefix, extend = tensor(prefix_lens), tensor(extend_lens)
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]

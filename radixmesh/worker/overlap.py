@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixmesh.worker.batch import Batch
+from radixmesh.worker.forward_batch import to_device
 from radixmesh.worker.model_runner import ModelRunner, _sampling_row
 from radixmesh.worker.request import FinishReason, Request
 from radixmesh.worker.sampler import reads_output_ids
@@ -110,7 +111,7 @@ class FutureLauncher:
         n = len(rows.sample_rows)
         assert n <= self.max_rows
         # Before the forward is launched: on CUDA a blocking copy would wait for it.
-        index = torch.tensor(rows.sample_rows, dtype=torch.int64, device=self.future.device)
+        index = to_device(torch.tensor(rows.sample_rows, dtype=torch.int64), self.future.device)
         graphs = runner.decode_graphs
         if graphs is not None and graphs.can_run(fb):
             hidden = graphs.run(fb)  # [B, hidden]

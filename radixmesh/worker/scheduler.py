@@ -28,6 +28,7 @@ import torch
 from radixmesh.worker.batch import Batch, ForwardOutput, PromptLogprobs, ScheduledRequest
 from radixmesh.worker.config import SchedulerConfig
 from radixmesh.worker.constrained.manager import GrammarManager
+from radixmesh.worker.forward_batch import to_device
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
@@ -221,14 +222,15 @@ class Scheduler:
         new = self.allocator.alloc_next(positions, last)  # [total] on the CPU
         if new is None:
             return False
-        self.req_table.write_one_each(token_rows, positions, new)
+        on_device = to_device(new, self.allocator.device)  # no wait for a step in flight
+        self.req_table.write_one_each(token_rows, positions, on_device)
         if by_page:
             self._last_slot.update(zip((r.rid for r in running), new.tolist(), strict=True))
         self._allocated.update(
             (r.rid, n + k) for r, n, k in zip(running, existing, counts, strict=True)
         )
         items.extend(ScheduledRequest(r, k) for r, k in zip(running, counts, strict=True))
-        slots.append(new.to(self.allocator.device))
+        slots.append(on_device)
         return True
 
     def _admit(self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]) -> None:

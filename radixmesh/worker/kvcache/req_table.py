@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from radixmesh.worker.forward_batch import to_device
+
 
 class ReqToTokenTable:
     def __init__(
@@ -78,8 +80,8 @@ class ReqToTokenTable:
             or max(positions) >= self.max_context_len
         ):
             raise ValueError(f"rows/positions: outside the table {tuple(self.table.shape)}")
-        index = torch.tensor([rows, positions], dtype=torch.int64, device=self.device)  # [2, B]
-        self.table[index[0], index[1]] = slots.to(self.device)
+        index = to_device(torch.tensor([rows, positions], dtype=torch.int64), self.device)  # [2, B]
+        self.table[index[0], index[1]] = to_device(slots, self.device)
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         """Slots of tokens start .. end-1 of `row` (a view into the table)."""
