@@ -20,6 +20,7 @@ GPU:  `python bench/json_decode.py --model dummy:llama-3-8b --documents 256 \
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import random
@@ -104,13 +105,41 @@ def prompts(engine: Engine, docs: list[str]) -> list[str]:
     ]
 
 
-def run(engine: Engine, texts: list[str], params: dict[str, Any], jump: bool) -> dict[str, Any]:
+def run(
+    engine: Engine,
+    texts: list[str],
+    params: dict[str, Any],
+    jump: bool,
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """One pass over `texts`; with `profile`, cProfile stats of the scheduler thread's
+    steps are written to that path (`python -m pstats PATH`)."""
     engine.worker.grammars.jump_forward = jump
     assert engine.flush_cache()
     steps0 = engine.get_stats().num_steps
+    sched = engine.worker.scheduler
+    prof = cProfile.Profile() if profile else None
+    if prof is not None:
+        step = sched.step
+
+        def profiled_step() -> Any:  # runs on the scheduler thread
+            assert prof is not None
+            prof.enable()
+            try:
+                return step()
+            finally:
+                prof.disable()
+
+        sched.step = profiled_step  # type: ignore[method-assign]
     t0 = time.perf_counter()
-    outs = engine.generate(texts, [params] * len(texts))
+    try:
+        outs = engine.generate(texts, [params] * len(texts))
+    finally:
+        if prof is not None:
+            del sched.step  # back to the class's method
     elapsed = time.perf_counter() - t0
+    if prof is not None and profile:
+        prof.dump_stats(profile)
     assert isinstance(outs, list)
     steps = engine.get_stats().num_steps - steps0
     metas = [o["meta_info"] for o in outs]
@@ -137,6 +166,10 @@ def run(engine: Engine, texts: list[str], params: dict[str, Any], jump: bool) ->
         "valid_json": valid,
         "example": outs[0]["text"],
     }
+
+
+def _rate(r: dict[str, Any]) -> float:
+    return float(r["requests_per_s"])
 
 
 def mask_overhead(
@@ -245,6 +278,22 @@ def mask_overhead_in_step(
     }
 
 
+def print_mask(overhead: dict[str, Any], in_step: dict[str, Any]) -> None:
+    step_ms = overhead["unconstrained_decode_step_ms"]
+    print(
+        f"mask at batch {overhead['batch']}: fill {overhead['fill_ms']:.2f} ms + apply "
+        f"{overhead['apply_ms']:.2f} ms vs decode step {step_ms:.1f} ms "
+        f"({100 * overhead['overhead_share']:.1f}%)"
+    )
+    print(
+        f"in a real step at batch {in_step['batch']}: runner forward "
+        f"{in_step['runner_forward_constrained_ms']:.2f} ms constrained vs "
+        f"{in_step['runner_forward_unconstrained_ms']:.2f} ms: exposed "
+        f"{in_step['exposed_overhead_ms']:.2f} ms = "
+        f"{100 * in_step['share_of_engine_decode_step']:.1f}% of an engine decode step"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -259,6 +308,20 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256, help="0: no graphs")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="PREFIX",
+        help="write cProfile stats of the scheduler's steps to PREFIX-on.prof / -off.prof",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run on/off alternately this many times and report the fastest of each "
+        "(a shared machine)",
+    )
+    ap.add_argument("--skip-mask", action="store_true", help="skip the two mask-overhead runs")
     args = ap.parse_args()
 
     load_before = os.getloadavg()
@@ -278,13 +341,20 @@ def main() -> None:
         params = {"temperature": 0, "max_new_tokens": args.max_new_tokens, **constraint}
         texts = prompts(engine, documents(args.documents))
         engine.generate(texts[:2], params)  # compile the grammar, warm up
-        on = run(engine, texts, params, jump=True)
-        off = run(engine, texts, params, jump=False)
-        overhead = mask_overhead(engine, texts, constraint, args.mask_batch, repeats=20)
-        in_step = mask_overhead_in_step(engine, texts, constraint, args.mask_batch, repeats=20)
-        in_step["share_of_engine_decode_step"] = (
-            in_step["exposed_overhead_ms"] / overhead["unconstrained_decode_step_ms"]
-        )
+        prof = args.profile
+        on = run(engine, texts, params, jump=True, profile=prof and f"{prof}-on.prof")
+        off = run(engine, texts, params, jump=False, profile=prof and f"{prof}-off.prof")
+        for _ in range(args.repeats - 1):  # alternate on/off; keep the fastest of each
+            on = max(on, run(engine, texts, params, jump=True), key=_rate)
+            off = max(off, run(engine, texts, params, jump=False), key=_rate)
+        overhead: dict[str, Any] = {}
+        in_step: dict[str, Any] = {}
+        if not args.skip_mask:
+            overhead = mask_overhead(engine, texts, constraint, args.mask_batch, repeats=20)
+            in_step = mask_overhead_in_step(engine, texts, constraint, args.mask_batch, repeats=20)
+            in_step["share_of_engine_decode_step"] = (
+                in_step["exposed_overhead_ms"] / overhead["unconstrained_decode_step_ms"]
+            )
     finally:
         engine.shutdown()
 
@@ -310,19 +380,13 @@ def main() -> None:
             f"forced share={r['forced_share']:.2f}  valid={r['valid_json']}/{r['requests']}"
         )
     print(f"throughput ratio on/off: {report['throughput_ratio_on_vs_off']:.2f}x")
-    step_ms = overhead["unconstrained_decode_step_ms"]
     print(
-        f"mask at batch {overhead['batch']}: fill {overhead['fill_ms']:.2f} ms + apply "
-        f"{overhead['apply_ms']:.2f} ms vs decode step {step_ms:.1f} ms "
-        f"({100 * overhead['overhead_share']:.1f}%)"
+        "ms per engine step: "
+        f"on {1e3 * on['seconds'] / max(on['engine_steps'], 1):.2f}, "
+        f"off {1e3 * off['seconds'] / max(off['engine_steps'], 1):.2f}"
     )
-    print(
-        f"in a real step at batch {in_step['batch']}: runner forward "
-        f"{in_step['runner_forward_constrained_ms']:.2f} ms constrained vs "
-        f"{in_step['runner_forward_unconstrained_ms']:.2f} ms: exposed "
-        f"{in_step['exposed_overhead_ms']:.2f} ms = "
-        f"{100 * in_step['share_of_engine_decode_step']:.1f}% of an engine decode step"
-    )
+    if overhead:
+        print_mask(overhead, in_step)
     print(f"example: {on['example']}")
     tag = "gpu" if torch.cuda.is_available() else "cpu"
     RESULTS.mkdir(exist_ok=True)

@@ -131,6 +131,11 @@ class GrammarConfig:
     grammar_backend: str = "xgrammar"
     # Ablation switch: sample forced strings token by token instead of appending them.
     disable_jump_forward: bool = False
+    # With decode CUDA graphs: a step whose multi-token rows are all forced output tokens
+    # runs as one decode row per token, so the graph replays it instead of an eager mixed
+    # step; the graphs then go up to min(cuda_graph_max_batch_size, 4 x
+    # max_running_requests) rows (the running rows plus their forced tokens).
+    jump_forward_decode_rows: bool = True
     # A constraint that has not compiled by then is rejected (InvalidArgument).
     grammar_compile_timeout: float = 30.0
     grammar_compile_threads: int = 1

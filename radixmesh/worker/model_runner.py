@@ -48,6 +48,11 @@ class ModelRunner:
         followers: FollowerRanks | None = None,
     ) -> None:
         self.model = model
+        # Up to this many tokens, a step whose multi-token rows all extend an output
+        # (jump-forward's forced tokens) runs as one decode row per token; see
+        # `_decode_shaped`. 0: never. The worker sets it to the largest decode CUDA graph.
+        self.decode_shaped_max_rows = 0
+        self.num_decode_shaped_steps = 0
         # Rank 0 of a TP group: the other ranks run every forward with this one.
         self.followers = followers
         self.attn = attn
@@ -100,14 +105,47 @@ class ModelRunner:
                 input_ids.append(ids[start])
             else:
                 input_ids.extend(ids[start : start + n])
+        req_rows: list[int] = [item.req.row for item in items]  # type: ignore[misc]
+        extend_lens = [item.num_new_tokens for item in items]
+        if len(input_ids) > len(items) and self._decode_shaped(items, prefix_lens, input_ids):
+            req_rows, prefix_lens, extend_lens = _one_row_per_token(
+                req_rows, prefix_lens, extend_lens
+            )
+            self.num_decode_shaped_steps += 1
         return ForwardBatch.build(
             input_ids=input_ids,
             out_cache_loc=batch.out_cache_loc,
-            req_rows=[item.req.row for item in items],  # type: ignore[misc]
+            req_rows=req_rows,
             prefix_lens=prefix_lens,
-            extend_lens=[item.num_new_tokens for item in items],
+            extend_lens=extend_lens,
             req_to_token=self.req_table.table,
         )
+
+    def _decode_shaped(
+        self, items: list[ScheduledRequest], prefix_lens: list[int], input_ids: list[int]
+    ) -> bool:
+        """Whether a step with multi-token rows runs as decode rows, one per new token.
+
+        New token i of a row that extends from `prefix` is exactly a decode row of the
+        same request with `prefix + i` tokens before it: every layer writes the KV of all
+        the step's tokens before its attention reads any, so that row sees keys 0 ..
+        prefix + i, the causal extend. A decode-shaped step replays the decode CUDA graph
+        (a mixed one cannot: on the H200 it cost 34 ms against 14 ms for a graph step,
+        with jump-forward putting forced tokens in ~93% of steps). Without graphs it does
+        not pay: on the CPU torch backend the padded attention over every row made the
+        JSON benchmark's jump-forward steps slower, so the worker enables it with graphs.
+
+        Only when every multi-token row extends past its prompt (jump-forward's forced
+        tokens: a handful each), so prompt prefills keep the extend kernels and their
+        numerics, and when the step has at most `decode_shaped_max_rows` tokens. Not with
+        tensor-parallel followers: their step header is per request.
+        """
+        if len(input_ids) > self.decode_shaped_max_rows or self.followers is not None:
+            return False
+        for item, start in zip(items, prefix_lens, strict=True):
+            if item.num_new_tokens > 1 and start < item.req.num_prompt_tokens:
+                return False
+        return True
 
     @staticmethod
     def _rows(batch: Batch) -> _Rows:
@@ -167,6 +205,23 @@ class ModelRunner:
                 top=[t[:top_n] for t in tops[at : at + count]] if tops else [],
             )
             at += count
+
+
+def _one_row_per_token(
+    req_rows: list[int], prefix_lens: list[int], extend_lens: list[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """Split each row of n new tokens into n one-token rows at prefixes p, p+1, ..., in
+    token order (input_ids, out_cache_loc and the hidden rows keep their layout)."""
+    rows: list[int] = []
+    prefixes: list[int] = []
+    for row, p, n in zip(req_rows, prefix_lens, extend_lens, strict=True):
+        if n == 1:
+            rows.append(row)
+            prefixes.append(p)
+        else:
+            rows.extend([row] * n)
+            prefixes.extend(range(p, p + n))
+    return rows, prefixes, [1] * len(rows)
 
 
 def _sampling_row(req: Request) -> SamplingRow:

@@ -184,6 +184,8 @@ class Worker:
         )
         if self.device.type == "cuda" and backend == "triton" and mc.cuda_graph_max_batch_size:
             self.runner.decode_graphs = self._capture_decode_graphs(attn)
+            if gc.jump_forward_decode_rows:  # forced tokens replay the graphs too
+                self.runner.decode_shaped_max_rows = self.runner.decode_graphs.ladder[-1]
         self.scheduler = Scheduler(
             sc,
             cache=self.cache,
@@ -198,6 +200,14 @@ class Worker:
         if self.followers is not None:
             self.followers.wait_ready()
 
+    def _graph_max_batch_size(self) -> int:
+        """The largest decode CUDA graph: one row per running request, or with
+        jump-forward decode rows (GrammarConfig) room for their forced tokens too."""
+        rows = self.config.scheduler.max_running_requests
+        if self.config.grammar.jump_forward_decode_rows:
+            rows *= 4
+        return min(self.config.model.cuda_graph_max_batch_size, rows)
+
     def _capture_decode_graphs(self, attn: AttentionBackend) -> DecodeCudaGraphs:
         from radixmesh.worker.attention.triton_backend import TritonAttentionBackend
         from radixmesh.worker.cuda_graph import DecodeCudaGraphs
@@ -209,10 +219,7 @@ class Worker:
             self.model,
             attn,
             self.req_table.table,
-            max_batch_size=min(
-                self.config.model.cuda_graph_max_batch_size,
-                self.config.scheduler.max_running_requests,
-            ),
+            max_batch_size=self._graph_max_batch_size(),
             num_heads=self.arch.num_attention_heads // self.config.parallel.tp_size,
             max_context_len=self.context_len,
         )
@@ -263,7 +270,7 @@ class Worker:
         torch.cuda.empty_cache()  # ...and its pool and activations go back to the device
         free, _total = torch.cuda.mem_get_info(self.device)
         graphs = 0
-        graph_bs = min(self.config.model.cuda_graph_max_batch_size, sc.max_running_requests)
+        graph_bs = self._graph_max_batch_size()
         if backend == "triton" and graph_bs > 0:
             graphs = graph_reserve_bytes(
                 activation, tokens, graph_bs, self._graph_workspace_bytes(graph_bs, limit)

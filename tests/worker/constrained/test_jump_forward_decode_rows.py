@@ -1,0 +1,102 @@
+"""Jump-forward's forced tokens run as decode rows (one per token), the shape the decode
+CUDA graph replays: the same tokens as the mixed extend step, on CPU with the torch
+backend (the worker turns it on only with graphs; these tests turn it on by hand)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from radixmesh.worker.engine import Engine
+from radixmesh.worker.model_runner import _one_row_per_token
+from tests.worker.conftest import assert_engine_idle_and_clean
+from tests.worker.constrained.schemas import SCHEMAS
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "full_name_of_the_person": {"type": "string", "maxLength": 12},
+        "age_of_the_person_in_years": {"type": "integer", "minimum": 0, "maximum": 120},
+        "favorite_programming_language": {"type": "string", "maxLength": 8},
+    },
+    "required": [
+        "full_name_of_the_person",
+        "age_of_the_person_in_years",
+        "favorite_programming_language",
+    ],
+    "additionalProperties": False,
+}
+
+
+def test_one_row_per_token() -> None:
+    rows, prefixes, lens = _one_row_per_token([5, 2, 7], [10, 40, 3], [1, 3, 2])
+    assert rows == [5, 2, 2, 2, 7, 7]
+    assert prefixes == [10, 40, 41, 42, 3, 4]
+    assert lens == [1, 1, 1, 1, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[Engine]:
+    eng = Engine("dummy:tiny", dtype="float32", kv_cache_tokens=16384, max_running_requests=8)
+    yield eng
+    eng.shutdown()
+
+
+def _generate(eng: Engine, prompts: list[str], params: dict[str, object], rows: int) -> list:
+    runner = eng.worker.runner
+    runner.decode_shaped_max_rows = rows
+    try:
+        assert eng.flush_cache()
+        outs = eng.generate(prompts, params)
+    finally:
+        runner.decode_shaped_max_rows = 0
+    assert isinstance(outs, list)
+    return outs
+
+
+def test_tiny_json_same_tokens_as_mixed_steps(tiny: Engine) -> None:
+    prompts = [f"document {i}: " + "x" * (3 * i) for i in range(8)]
+    params = {"temperature": 0, "max_new_tokens": 300, "json_schema": json.dumps(SCHEMA)}
+    runner = tiny.worker.runner
+    mixed = _generate(tiny, prompts, params, rows=0)
+    before = runner.num_decode_shaped_steps
+    shaped = _generate(tiny, prompts, params, rows=256)
+    n_shaped = runner.num_decode_shaped_steps - before
+    assert n_shaped > 0
+    for a, b in zip(mixed, shaped, strict=True):
+        assert a["output_ids"] == b["output_ids"]
+        assert set(json.loads(b["text"])) == set(SCHEMA["required"])
+        assert b["meta_info"]["forced_tokens"] == a["meta_info"]["forced_tokens"] > 60
+    # A step over the cap stays mixed (only small late steps fit 8 rows): same tokens.
+    before = runner.num_decode_shaped_steps
+    capped = _generate(tiny, prompts, params, rows=8)
+    assert runner.num_decode_shaped_steps - before < n_shaped
+    assert [o["output_ids"] for o in capped] == [o["output_ids"] for o in mixed]
+    assert_engine_idle_and_clean(tiny)
+
+
+@pytest.mark.slow
+def test_smollm2_same_text_as_mixed_steps(engine: Engine) -> None:
+    names = ["nested_object", "flat_person", "long_fixed_keys", "array_of_objects"]
+    prompts = [
+        engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Reply with JSON for a sample '{n}' record."}]
+        )
+        for n in names
+    ]
+    params = [
+        {"temperature": 0, "max_new_tokens": 160, "json_schema": json.dumps(SCHEMAS[n])}
+        for n in names
+    ]
+    runner = engine.worker.runner
+    assert engine.worker.grammars.jump_forward
+    mixed = _generate(engine, prompts, params, rows=0)  # type: ignore[arg-type]
+    before = runner.num_decode_shaped_steps
+    shaped = _generate(engine, prompts, params, rows=256)  # type: ignore[arg-type]
+    assert runner.num_decode_shaped_steps > before
+    for a, b in zip(mixed, shaped, strict=True):
+        assert a["text"] == b["text"]
+        assert a["output_ids"] == b["output_ids"]
+    assert_engine_idle_and_clean(engine)
