@@ -43,7 +43,8 @@ started. Then the routing decision latency at 64 workers holding 100k blocks eac
 the summaries' bytes per cached block (tracemalloc).
 
 Run: `.venv/bin/python bench/router_sim.py` (a few minutes); `--quick` for a small run;
-`--section sim|latency|memory` for one part.
+`--section` with one or more of sim, latency, memory for those parts only (written to
+`router_sim-<parts>-<date>.json`, leaving a full run's file alone).
 """
 
 from __future__ import annotations
@@ -774,7 +775,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[8, 16, 64])
     p.add_argument("--traces", nargs="+", default=list(TRACES), choices=list(TRACES))
     p.add_argument("--policies", nargs="+", default=[*sorted(POLICIES), ORACLE])
-    p.add_argument("--section", choices=["all", "sim", "latency", "memory"], default="all")
+    p.add_argument(
+        "--section",
+        nargs="+",
+        choices=["all", "sim", "latency", "memory"],
+        default=["all"],
+        help="parts to run; other than all, the JSON is router_sim-<parts>-<date>.json",
+    )
     p.add_argument("--quick", action="store_true", help="8 workers only, fewer decisions")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only; write no JSON")
@@ -797,7 +804,8 @@ def main(argv: list[str] | None = None) -> None:
             "seed": args.seed,
         },
     }
-    if args.section in ("all", "sim"):
+    sections = {"sim", "latency", "memory"} if "all" in args.section else set(args.section)
+    if "sim" in sections:
         print(
             f"{'trace':<10} {'W':>3} {'policy':<23} {'hit':>7} {'req/s':>9} "
             f"{'ttft p50':>9} {'ttft p99':>10} {'share':>6}   (ms)"
@@ -814,7 +822,7 @@ def main(argv: list[str] | None = None) -> None:
             record["what_if_pending_prefill"] = run_sim(
                 worker_counts, args.traces, [WHAT_IF], args.seed
             )
-    if args.section in ("all", "latency"):
+    if "latency" in sections:
         lat = decision_latency(decisions=300 if args.quick else 2000, rounds=1 if args.quick else 3)
         record["decision_latency"] = lat
         print(
@@ -824,7 +832,7 @@ def main(argv: list[str] | None = None) -> None:
             f"all p99: {', '.join(str(round(r['total_p99_us'])) for r in lat['rounds'])}); "
             f"thread CPU time p50 {lat['cpu_p50_us']:.1f} us, p99 {lat['cpu_p99_us']:.1f} us"
         )
-    if args.section in ("all", "memory"):
+    if "memory" in sections:
         mem = summary_memory()
         record["summary_memory"] = mem
         print(
@@ -833,7 +841,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
-        path = RESULTS / f"router_sim-{datetime.now(UTC):%Y%m%d}.json"
+        # A partial run gets its own file: it must not replace a full run's figures.
+        parts = "" if len(sections) == 3 else "".join(f"-{s}" for s in sorted(sections))
+        path = RESULTS / f"router_sim{parts}-{datetime.now(UTC):%Y%m%d}.json"
         path.write_text(json.dumps(record, indent=2) + "\n")
         print(f"wrote {path}")
 

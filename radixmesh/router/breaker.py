@@ -30,7 +30,8 @@ class CircuitBreaker:
         return "half_open" if self.clock() - self._opened_at >= self.cooldown else "open"
 
     def allows(self) -> bool:
-        return self.state != "open"
+        # A closed breaker answers without `state` (asked per worker per routing decision).
+        return self._opened_at is None or self.state != "open"
 
     def record_success(self) -> None:
         self.consecutive_failures = 0

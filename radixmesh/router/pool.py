@@ -125,9 +125,10 @@ class WorkerHandle:
         # The load report lags by up to a health interval and still counts requests that
         # ended since: without subtracting them, a chat's next turn saw its own finished
         # turn as queued work on the worker caching it, and went to a cold worker.
-        reported = self.load.num_running + self.load.num_waiting - self.ended_since_poll
+        load = self.load
+        reported = load.num_running + load.num_waiting - self.ended_since_poll
         queued = max(reported, self.in_flight)
-        healthy = self.healthy
+        healthy = self.reachable and self.breaker.allows()  # `healthy`, without a call
         # Reused while unchanged: the router builds one per worker per request, and most
         # workers' candidates are the same as for the last request.
         c = self._candidate

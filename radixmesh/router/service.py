@@ -88,10 +88,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         cached: dict[str, int] = {}
         candidates = []
         for wid, w in self.pool.workers.items():
-            if w.block_size and w.block_size not in hashes:
-                hashes[w.block_size] = block_hashes(ids, w.block_size)
-            blocks = w.summary.match(hashes[w.block_size]) if w.block_size else 0
-            cached[wid] = blocks * w.block_size
+            bs = w.block_size
+            if not bs:
+                cached[wid] = 0
+            else:
+                if bs not in hashes:
+                    hashes[bs] = block_hashes(ids, bs)
+                cached[wid] = w.summary.match(hashes[bs]) * bs
             c = w.candidate(cached[wid])
             if wid in exclude:
                 c = type(c)(c.worker_id, False, c.cached_tokens, c.queued)
