@@ -117,6 +117,10 @@ def run(
     engine.worker.grammars.jump_forward = jump
     assert engine.flush_cache()
     steps0 = engine.get_stats().num_steps
+    runner = engine.worker.runner
+    shaped0 = runner.num_decode_shaped_steps
+    graphs = runner.decode_graphs
+    replays0 = graphs.num_replays if graphs is not None else 0
     sched = engine.worker.scheduler
     prof = cProfile.Profile() if profile else None
     if prof is not None:
@@ -159,6 +163,9 @@ def run(
         "requests_per_s": len(texts) / elapsed,
         "output_tokens_per_s": completion / elapsed,
         "engine_steps": steps,
+        # Steps whose forced tokens ran as decode rows, and decode CUDA graph replays.
+        "decode_shaped_steps": runner.num_decode_shaped_steps - shaped0,
+        "graph_replays": (graphs.num_replays if graphs is not None else 0) - replays0,
         "completion_tokens": completion,
         "forced_tokens": forced,
         "forced_share": forced / completion if completion else 0.0,
@@ -307,6 +314,12 @@ def main() -> None:
     ap.add_argument("--kv-cache-bytes", type=int, default=1 << 30, help="0: auto on CUDA")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256, help="0: no graphs")
+    ap.add_argument(
+        "--jump-forward-decode-rows",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="forced tokens as decode rows (graph-replayed; CUDA graphs only)",
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument(
         "--profile",
@@ -333,6 +346,7 @@ def main() -> None:
         max_running_requests=max(args.max_running_requests, args.mask_batch),
         max_num_batched_tokens=args.max_num_batched_tokens,
         cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
+        jump_forward_decode_rows=args.jump_forward_decode_rows,
         **options,
     )
     try:
@@ -377,7 +391,8 @@ def main() -> None:
         print(
             f"jump_forward={r['jump_forward']!s:5}  {r['requests_per_s']:.2f} req/s  "
             f"steps={r['engine_steps']}  decode steps/req={r['decode_steps_per_request']:.1f}  "
-            f"forced share={r['forced_share']:.2f}  valid={r['valid_json']}/{r['requests']}"
+            f"forced share={r['forced_share']:.2f}  valid={r['valid_json']}/{r['requests']}  "
+            f"decode-shaped steps={r['decode_shaped_steps']}  graph replays={r['graph_replays']}"
         )
     print(f"throughput ratio on/off: {report['throughput_ratio_on_vs_off']:.2f}x")
     print(

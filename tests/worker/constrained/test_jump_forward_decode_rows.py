@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.model_runner import _one_row_per_token
@@ -100,3 +101,38 @@ def test_smollm2_same_text_as_mixed_steps(engine: Engine) -> None:
         assert a["text"] == b["text"]
         assert a["output_ids"] == b["output_ids"]
     assert_engine_idle_and_clean(engine)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_forced_tokens_replay_the_decode_graph() -> None:
+    pytest.importorskip("triton")
+    pytest.importorskip("xgrammar")
+    prompts = [f"document {i}: " + "x" * (3 * i) for i in range(8)]
+    params = {"temperature": 0, "max_new_tokens": 300, "json_schema": json.dumps(SCHEMA)}
+    outs, replays = {}, {}
+    for rows in (True, False):
+        eng = Engine(
+            "dummy:tiny",
+            device="cuda",
+            dtype="float32",
+            attention_backend="triton",
+            kv_cache_tokens=16384,
+            max_running_requests=16,
+            jump_forward_decode_rows=rows,
+        )
+        runner = eng.worker.runner
+        assert runner.decode_graphs is not None
+        # Room for the forced tokens (~30 bytes a key) beside the running rows.
+        assert runner.decode_graphs.ladder[-1] == (64 if rows else 16)
+        assert runner.decode_shaped_max_rows == (64 if rows else 0)
+        res = eng.generate(prompts, params)
+        assert isinstance(res, list)
+        outs[rows] = [r["output_ids"] for r in res]
+        replays[rows] = runner.decode_graphs.num_replays
+        assert (runner.num_decode_shaped_steps > 0) == rows
+        for r in res:
+            assert set(json.loads(r["text"])) == set(SCHEMA["required"])
+        eng.shutdown()
+    assert outs[True] == outs[False]
+    assert replays[True] > replays[False]
