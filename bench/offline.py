@@ -303,6 +303,7 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256, help="0: no graphs")
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--overlap-schedule", action="store_true", help="worker/overlap.py")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -313,6 +314,7 @@ def main() -> None:
         max_running_requests=args.max_running_requests,
         max_num_batched_tokens=args.max_num_batched_tokens,
         cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
+        overlap_schedule=args.overlap_schedule,
     )
     if not args.kv_cache_bytes:  # auto: mem_fraction of what weights and activations leave
         del common["kv_cache_bytes"]

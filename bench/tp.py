@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile-steps", type=int, default=64, help="CUDA: profile K batch-1 decode steps"
     )
     ap.add_argument("--smoke", action="store_true", help="CPU: dummy:tiny, small sizes")
+    ap.add_argument("--overlap-schedule", action="store_true", help="worker/overlap.py")
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal
     args = ap.parse_args(argv)
@@ -87,6 +88,7 @@ def engine_options(args: argparse.Namespace, tp: int) -> dict[str, Any]:
         max_running_requests=args.max_running_requests,
         max_num_batched_tokens=args.max_num_batched_tokens,
         cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
+        overlap_schedule=args.overlap_schedule,
     )
     if args.kv_cache_tokens is not None:
         opts["kv_cache_tokens"] = args.kv_cache_tokens
