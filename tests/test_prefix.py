@@ -71,6 +71,17 @@ def test_chaining_with_parent_hash() -> None:
     assert block_hashes(tokens[8:], 4, parent_hash=full[1]) == full[2:]
 
 
+def test_blocks_are_aligned_to_block_size() -> None:
+    tokens = np.random.default_rng(5).integers(0, 49152, size=10 * 8 + 5).tolist()
+    full = block_hashes(tokens, 8)
+    assert len(full) == 10
+    # Continuing from any block boundary gives the same hashes (the radix cache does this).
+    for k in range(1, 10):
+        assert block_hashes(tokens[k * 8 :], 8, parent_hash=full[k - 1]) == full[k:]
+    # Shifted by one token, the blocks are different blocks: no hash in common.
+    assert not set(block_hashes(tokens[1:], 8)) & set(full)
+
+
 def test_prefix_identity_and_sensitivity() -> None:
     a = block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)
     b = block_hashes([1, 2, 3, 4, 5, 6, 7, 9], 4)
