@@ -112,6 +112,17 @@ def test_chunked_prefill_and_a_second_wave_of_cache_hits() -> None:
         assert second.num_cached_tokens >= first.num_prompt_tokens + len(first.output_ids) - 1
 
 
+def test_pages_of_four_and_the_context_length() -> None:
+    wave: list[Spec] = [
+        (_prompt(1, 20), {"max_new_tokens": 50}),  # ends at the context length (32)
+        (_prompt(2, 5), {"max_new_tokens": 9}),
+        (_prompt(3, 11), {"max_new_tokens": 14}),
+    ]
+    over, _ = _same([wave], page_size=4, context_length=32)
+    assert [len(r.token_ids) for r in over] == [32, 14, 25]
+    assert [r.finish_reason for r in over] == [FinishReason.LENGTH] * 3
+
+
 def test_retraction_under_memory_pressure() -> None:
     wave: list[Spec] = [(_prompt(i, 12), {"max_new_tokens": 40}) for i in range(5)]
     over, w = _same([wave], kv_cache_tokens=128, new_token_ratio=0.0)
