@@ -434,7 +434,9 @@ class Scheduler:
                 plp = PromptLogprobs(first=1, logprobs=[])  # a 1-token prompt: (None, tok)
             if plp is not None:
                 self.output.add_prompt_logprobs(req, plp)
-            if item.num_new_tokens > 1:
+            # A prompt chunk goes into the tree for others to reuse; forced output tokens
+            # (jump-forward) do not, like decoded ones (~2% of a jump-forward step).
+            if item.num_new_tokens > 1 and start < req.num_prompt_tokens:
                 self._share_prefix(req)
             token = out.next_token_ids[i]
             if token is not None:
