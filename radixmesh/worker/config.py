@@ -92,7 +92,7 @@ class SchedulerConfig:
     # admitted in the same step waits one step and then hits the cache instead.
     in_batch_prefix_threshold: int = 32
     # Overlap scheduling: build step n+1 (and process step n-1's tokens) while step n runs;
-    # next-token ids stay on the device until needed (see worker/overlap.py). tp_size 1.
+    # next-token ids stay on the device until needed (see worker/overlap.py).
     overlap_schedule: bool = False
 
     def __post_init__(self) -> None:

@@ -28,7 +28,8 @@ accepted text), logprobs, penalties and min_new_tokens (they read the output ids
 max_new_tokens 0. The step first resolves the pending one, then runs the plain
 schedule -> forward -> process_output. So outputs are those of the synchronous scheduler.
 
-Tensor parallelism is not supported (the followers' step header carries host ids).
+Under tensor parallelism the followers get the resolved input ids in rank 0's per-step
+broadcast (tp/step.py), as they get the KV slots.
 """
 
 from __future__ import annotations
@@ -84,8 +85,6 @@ class FutureLauncher:
     def __init__(self, runner: object, max_rows: int) -> None:
         if not isinstance(runner, ModelRunner):
             raise ValueError("overlap_schedule: needs the engine's ModelRunner")
-        if runner.followers is not None:
-            raise ValueError("overlap_schedule: not supported with tensor parallelism")
         self.runner = runner
         self.max_rows = max_rows
         device = runner.req_table.table.device
@@ -112,6 +111,8 @@ class FutureLauncher:
         assert n <= self.max_rows
         # Before the forward is launched: on CUDA a blocking copy would wait for it.
         index = to_device(torch.tensor(rows.sample_rows, dtype=torch.int64), self.future.device)
+        if runner.followers is not None:  # they get the resolved ids in the broadcast
+            runner.followers.send_step(batch, fb, rows.sample_rows, ids_on_device=True)
         graphs = runner.decode_graphs
         if graphs is not None and graphs.can_run(fb):
             hidden = graphs.run(fb)  # [B, hidden]
@@ -194,9 +195,10 @@ class OverlapLoop:
         sched._num_steps += 1
         for item in items:  # process_output's counters, moved to launch
             req = item.req
-            req.num_computed_tokens += item.num_new_tokens
-            if item.num_new_tokens > 1:
-                sched._share_prefix(req)
+            start = req.num_computed_tokens
+            req.num_computed_tokens = start + item.num_new_tokens
+            if item.num_new_tokens > 1 and start < req.num_prompt_tokens:
+                sched._share_prefix(req)  # a prompt chunk, for others to reuse
         positions: list[int] = []
         placeholders: list[int] = []
         for j, i in enumerate(pending.sample_items):

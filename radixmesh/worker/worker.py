@@ -115,9 +115,6 @@ class Worker:
         self.config = config
         mc, cc = config.model, config.cache
         self.device = resolve_device(mc.device)
-        if config.scheduler.overlap_schedule and config.parallel.tp_size > 1:
-            # The followers' step header carries host-side input ids (worker/overlap.py).
-            raise InvalidArgument("overlap_schedule", "not supported with tp_size > 1")
         if config.parallel.tp_size > 1:
             self.device = rank_device(self.device, tp.rank if tp else 0)
             if tp is None:  # rank 0: start the others; they build this same Worker

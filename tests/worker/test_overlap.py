@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.request import FinishReason, Request
 from radixmesh.worker.worker import Worker
@@ -171,10 +170,33 @@ def test_abort_mid_run_frees_everything_and_leaves_the_others_unchanged() -> Non
     _check_clean(w, reqs)
 
 
-def test_overlap_is_refused_with_tensor_parallelism() -> None:
-    with pytest.raises(InvalidArgument) as e:
-        make_worker(overlap_schedule=True, tp_size=2)
-    assert e.value.field == "overlap_schedule"
+@pytest.mark.slow
+def test_tensor_parallel_followers_get_the_resolved_ids() -> None:
+    """tp 2 (gloo): rank 0 sends the ids still on its device in the step's broadcast."""
+    opts: dict[str, Any] = dict(
+        dtype="float32", kv_cache_tokens=2048, max_running_requests=8, max_num_batched_tokens=64
+    )
+    prompts = [[1 + (7 * i + 3 * j) % 500 for j in range(5 + 11 * i)] for i in range(6)]
+    params = [
+        {"temperature": 0.0, "max_new_tokens": 3 + 2 * i, "ignore_eos": True} for i in range(6)
+    ]
+    ref = Engine("dummy:tiny", **opts)
+    try:
+        want = ref.generate(input_ids=prompts, sampling_params=params)
+    finally:
+        ref.shutdown()
+    eng = Engine("dummy:tiny", tp_size=2, overlap_schedule=True, **opts)
+    try:
+        got = eng.generate(input_ids=prompts, sampling_params=params)
+        again = eng.generate(input_ids=prompts, sampling_params=params)  # cache hits
+        assert isinstance(want, list) and isinstance(got, list) and isinstance(again, list)
+        assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+        assert [o["output_ids"] for o in again] == [o["output_ids"] for o in want]
+        assert [len(o["output_ids"]) for o in got] == [3, 5, 7, 9, 11, 13]
+        assert all(o["meta_info"]["cached_tokens"] > 0 for o in again)
+        assert_engine_idle_and_clean(eng)
+    finally:
+        eng.shutdown()
 
 
 # ---- the bundled model, through the Engine ----------------------------------------------

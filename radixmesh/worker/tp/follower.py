@@ -79,7 +79,7 @@ def follow(runner: ModelRunner, tp: TPGroup, req_to_token: torch.Tensor, conn: C
         if data == STOP:
             return
         header = StepHeader.decode(data)
-        out_cache_loc = receive_tables(tp, header, req_to_token)
+        out_cache_loc, input_ids = receive_tables(tp, header, req_to_token)
         batch = ForwardBatch.build(
             input_ids=header.input_ids,
             out_cache_loc=out_cache_loc,
@@ -88,6 +88,8 @@ def follow(runner: ModelRunner, tp: TPGroup, req_to_token: torch.Tensor, conn: C
             extend_lens=header.extend_lens,
             req_to_token=req_to_token,
         )
+        if input_ids is not None:  # overlap: rank 0's resolved ids, not the placeholders
+            batch.input_ids = input_ids
         with torch.inference_mode():
             _forward(runner, batch, header.logit_rows)
 

@@ -122,18 +122,21 @@ class FollowerRanks:
         if failure is not None:
             on_failure(failure)
 
-    def send_step(self, batch: Batch, fb: ForwardBatch, logit_rows: list[int]) -> None:
-        """Describe this step to every follower; they run the forward with rank 0."""
+    def send_step(
+        self, batch: Batch, fb: ForwardBatch, logit_rows: list[int], ids_on_device: bool = False
+    ) -> None:
+        """Describe this step to every follower; they run the forward with rank 0.
+        `ids_on_device`: fb.input_ids hold tokens the host has not seen (overlap.py)."""
         if self.failure is not None:
             raise RankFailure(self.failure)
-        header = StepHeader.of(batch, fb, logit_rows)
+        header = StepHeader.of(batch, fb, logit_rows, ids_on_device)
         data = header.encode()
         try:
             for conn in self.conns:
                 conn.send_bytes(data)
         except OSError as e:  # BrokenPipeError: a follower is gone
             raise RankFailure(self.failure or f"a tensor-parallel rank is gone: {e}") from e
-        send_tables(self.tp, header, fb.out_cache_loc, fb.req_rows, fb.req_to_token)
+        send_tables(self.tp, header, fb.out_cache_loc, fb.req_rows, fb.req_to_token, fb.input_ids)
 
     def stop(self) -> None:
         """Tell every follower to exit, wait (then kill), and leave the process group."""
