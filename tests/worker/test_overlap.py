@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.request import FinishReason, Request
@@ -277,3 +278,40 @@ def test_smollm2_overlap_stream_close_aborts_and_a_regex_runs_synchronously(
     assert isinstance(out, dict) and isinstance(want, dict)
     assert out["output_ids"] == want["output_ids"]
     assert_engine_idle_and_clean(overlap_engine)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_overlap_matches_sync() -> None:
+    """On CUDA the forward really runs behind the host: pinned non-blocking copies, the
+    future buffer read by replayed decode graphs, one event per step."""
+    pytest.importorskip("triton")
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(11)]
+    params = [
+        {"temperature": 0.0, "max_new_tokens": 4 + 3 * i, "ignore_eos": True} for i in range(11)
+    ]
+    outs = {}
+    for overlap in (False, True):
+        eng = Engine(
+            "dummy:tiny",
+            device="cuda",
+            dtype="float32",
+            attention_backend="triton",
+            cuda_graph_max_batch_size=32,
+            kv_cache_tokens=4096,
+            max_running_requests=32,
+            overlap_schedule=overlap,
+        )
+        try:
+            res = eng.generate(input_ids=prompts, sampling_params=params)
+            again = eng.generate(input_ids=prompts, sampling_params=params)  # cache hits
+            assert isinstance(res, list) and isinstance(again, list)
+            assert [r["output_ids"] for r in again] == [r["output_ids"] for r in res]
+            outs[overlap] = [r["output_ids"] for r in res]
+            graphs = eng.worker.runner.decode_graphs
+            assert graphs is not None and graphs.num_replays >= 60
+            assert_engine_idle_and_clean(eng)
+        finally:
+            eng.shutdown()
+    assert [len(o) for o in outs[True]] == [4 + 3 * i for i in range(11)]
+    assert outs[True] == outs[False]
