@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from radixmesh.worker.config import EngineConfig
-from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.layers.parallel import TPGroup
 from radixmesh.worker.model_runner import ModelRunner
 from radixmesh.worker.tp.group import destroy_group, init_group, make_store, rank_device
@@ -103,7 +103,7 @@ def _forward(runner: ModelRunner, batch: ForwardBatch, logit_rows: list[int]) ->
         runner.attn.prepare(batch)
         hidden = runner.model(batch, runner.attn)  # [T, hidden]
     if logit_rows:
-        index = torch.tensor(logit_rows, dtype=torch.int64, device=hidden.device)
+        index = to_device(torch.tensor(logit_rows, dtype=torch.int64), hidden.device)
         runner.model.compute_logits(hidden.index_select(0, index))
 
 

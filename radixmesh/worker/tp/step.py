@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from radixmesh.worker.batch import Batch
-from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.layers.parallel import TPGroup
 
 STOP = b"stop"  # the shutdown message (a pickled header never equals it)
@@ -89,6 +89,7 @@ def receive_tables(
     ids = t if header.ids_on_device else 0
     packed = torch.empty(ids + t + b * n, dtype=torch.int64, device=req_to_token.device)
     tp.broadcast(packed, src=0)
-    rows = torch.tensor(header.req_rows, dtype=torch.int64, device=req_to_token.device)
+    # Not a blocking copy: on CUDA that would wait for this rank's previous step.
+    rows = to_device(torch.tensor(header.req_rows, dtype=torch.int64), req_to_token.device)
     req_to_token[rows, :n] = packed[ids + t :].view(b, n).to(req_to_token.dtype)
     return packed[ids : ids + t], (packed[:t] if ids else None)
