@@ -121,7 +121,11 @@ def test_ray_restarts_killed_workers_and_the_router_follows(
 
     def restarted() -> dict[str, dict[str, Any]] | None:
         now = _summaries(cluster)
-        done = all(now[w]["healthy"] and now[w]["epoch"] != before[w]["epoch"] for w in now)
+        # epoch 0 is the moved-but-not-yet-resynced state (pool.py resets the summary on
+        # a move); wait for the snapshot of the new process.
+        done = all(
+            now[w]["healthy"] and now[w]["epoch"] not in (0, before[w]["epoch"]) for w in now
+        )
         return now if done else None
 
     after = _wait_for(restarted, timeout=90)
