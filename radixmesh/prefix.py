@@ -164,3 +164,13 @@ def _check_hash(value: int) -> int:
     if not 0 <= value <= _MAX_HASH:
         raise ValueError(f"parent_hash: must be an unsigned 64-bit int, got {value}")
     return value
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

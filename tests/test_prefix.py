@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixmesh.prefix import ROOT_HASH, block_hashes, num_full_blocks
+from radixmesh.prefix import ROOT_HASH, block_hashes, common_prefix_len, num_full_blocks
 
 MASK = (1 << 64) - 1
 
@@ -158,3 +158,10 @@ def test_hashing_8k_tokens_is_fast() -> None:
         block_hashes(tokens, 16)
         best = min(best, time.perf_counter() - t0)
     assert best < 0.010, f"{best * 1e3:.2f} ms"
+
+
+def test_common_prefix_len() -> None:
+    assert common_prefix_len([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_len([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([7], [8]) == 0

@@ -37,6 +37,7 @@ from radixmesh.errors import (
     Unavailable,
     entry_for,
 )
+from radixmesh.prefix import common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import input_ids_from_proto
 from radixmesh.worker.cache_event_hub import CacheEventHub
@@ -167,15 +168,6 @@ def chunk_to_proto(
     if meta.get("finish_reason") is not None:
         msg.finish.CopyFrom(_finish(meta["finish_reason"]))
     return msg
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # ---- the servicer ---------------------------------------------------------------------------
@@ -328,7 +320,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             # Tokenize prompt + continuation together (how the model would see it) and keep
             # what lies past the shared prefix.
             full = tok.encode(inp.text + cont.text)
-            tail = full[_common_prefix(prompt, full) :]
+            tail = full[common_prefix_len(prompt, full) :]
             if tail and full[: len(full) - len(tail)] == prompt:
                 return tail
         return tok.encode(cont.text)

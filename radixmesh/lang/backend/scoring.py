@@ -15,6 +15,7 @@ from typing import Any
 
 from radixmesh.errors import InvalidArgument, RadixMeshError
 from radixmesh.lang.choices import TokenLogprob
+from radixmesh.prefix import common_prefix_len
 from radixmesh.tokenizer import TokenizerLike
 
 # The engine's prefill-only path (max_new_tokens=0) aborts today; one sampled token
@@ -41,7 +42,7 @@ def score_choices(
     """Logprobs of each choice's tokens after `text` (and alone, if `unconditional`)."""
     context_ids = tokenizer.encode(text)
     fulls = [tokenizer.encode(text + c) for c in choices]
-    starts = [max(common_prefix(context_ids, f), 1) for f in fulls]
+    starts = [max(common_prefix_len(context_ids, f), 1) for f in fulls]
     for choice, full, start in zip(choices, fulls, starts, strict=True):
         if start >= len(full):
             raise InvalidArgument("choices", f"choice {choice!r} adds no token to the text")
@@ -75,12 +76,3 @@ def check_finished(meta: dict[str, Any]) -> dict[str, Any]:
     if reason.get("type") == "abort":
         raise RadixMeshError(f"the engine aborted the request: {reason.get('message', '')}")
     return meta
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
