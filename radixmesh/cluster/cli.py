@@ -133,11 +133,20 @@ def _cmd_router(args: argparse.Namespace) -> int:
         api_keys=router_api_keys(args.api_key),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        worker_api_key=_worker_api_key(),
     )
     return run(config)
 
 
 API_KEY_ENV = "RADIXMESH_API_KEY"  # comma-separated keys, when no --api-key is given
+# The key the router sends to its workers (environment only: kept out of `ps`).
+WORKER_API_KEY_ENV = "RADIXMESH_WORKER_API_KEY"
+
+
+def _worker_api_key() -> str | None:
+    import os
+
+    return os.environ.get(WORKER_API_KEY_ENV) or None
 
 
 def router_api_keys(flags: Sequence[str] | None) -> tuple[str, ...]:
@@ -205,6 +214,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         gpus_per_worker=_gpus_per_worker(args),
+        worker_api_key=args.worker_api_key,
     )
     return launch(config)
 
@@ -271,6 +281,11 @@ def _add_launch_parser(sub: Any) -> None:
     ln.add_argument("--port", type=int, default=50050, help="the router's port")
     ln.add_argument("--dtype", default=None)
     ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
+    ln.add_argument(
+        "--worker-api-key",
+        default=None,
+        help="workers require this key; the router sends it (local launcher only)",
+    )
     _add_router_security_options(ln)
     _add_ray_options(ln)
     ln.set_defaults(func=_cmd_launch)

@@ -43,6 +43,9 @@ class LaunchConfig:
     # GPUs each worker gets (its TP size): worker i sees GPUs [i*g, (i+1)*g) of the visible
     # ones through CUDA_VISIBLE_DEVICES. 0: the workers inherit the launcher's GPUs (CPU).
     gpus_per_worker: int = 0
+    # Workers require this key (`radixmesh worker --api-key`); the router is given it in
+    # its environment and sends it on every worker call.
+    worker_api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -151,6 +154,8 @@ class LocalCluster:
         for i, port in enumerate(self.worker_ports):
             args = ["worker", "--model", c.model, "--host", c.host, "--port", str(port)]
             env = worker_gpu_env(c, i)
+            if c.worker_api_key:
+                args += ["--api-key", c.worker_api_key]
             self.workers.append(subprocess.Popen(_cli(*args, *c.worker_args), env=env))
         router_args = [
             "router",
@@ -165,12 +170,13 @@ class LocalCluster:
         ]
         if c.tls_cert is not None and c.tls_key is not None:
             router_args += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
-        env = c.env
-        if c.api_keys:
-            from radixmesh.cluster.cli import API_KEY_ENV
+        from radixmesh.cluster.cli import API_KEY_ENV, WORKER_API_KEY_ENV
 
-            keys = ",".join(c.api_keys)
-            env = {**(c.env if c.env is not None else os.environ), API_KEY_ENV: keys}
+        env = dict(c.env if c.env is not None else os.environ)
+        if c.api_keys:
+            env[API_KEY_ENV] = ",".join(c.api_keys)
+        if c.worker_api_key:
+            env[WORKER_API_KEY_ENV] = c.worker_api_key
         self.router = subprocess.Popen(_cli(*router_args, *c.router_args), env=env)
 
     def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixmesh.errors import InvalidArgument
 
@@ -30,6 +30,8 @@ class RouterConfig:
     api_keys: tuple[str, ...] = ()
     tls_cert: str | None = None  # PEM files; both set: gRPC and HTTP serve TLS
     tls_key: str | None = None
+    # The key the router sends to workers started with `--api-key` (None: none sent).
+    worker_api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -48,6 +50,8 @@ class RouterConfig:
                 raise InvalidArgument(name, f"must be in [0, 65536), got {value}")
         if any(not key for key in self.api_keys):
             raise InvalidArgument("api_keys", "an API key must not be empty")
+        if self.worker_api_key == "":
+            raise InvalidArgument("worker_api_key", "must not be empty (None: send no key)")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("tls_cert", "give both tls_cert and tls_key, or neither")
         if self.max_attempts < 1:

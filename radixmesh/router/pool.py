@@ -79,7 +79,10 @@ class WorkerHandle:
         self._retired: list[grpc.aio.Channel] = []  # channels to a previous address
         self._resolved_at = float("-inf")
         self._connect(address)
-        self.metadata: tuple[tuple[str, str], ...] = ()  # API keys: a later change
+        key = config.worker_api_key
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {key}"),) if key else ()
+        )
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown)
         self.reachable = False  # the last health poll answered and the worker is not draining
         self.load = LoadReport()

@@ -27,6 +27,7 @@ from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.router.http_helpers import Http
 
 KEYS = ("key-alpha", "key-beta")
+WORKER_KEY = "worker-key"
 
 
 # ---- without processes ------------------------------------------------------------------------
@@ -47,6 +48,9 @@ def test_config_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
         RouterConfig(workers=("a:1",), tls_key="k.pem")
     with pytest.raises(ValueError, match="http_port"):
         RouterConfig(workers=("a:1",), http_port=70000)
+    with pytest.raises(ValueError, match="worker_api_key"):
+        RouterConfig(workers=("a:1",), worker_api_key="")
+    assert "secret" not in repr(RouterConfig(workers=("a:1",), worker_api_key="secret"))
     monkeypatch.setenv("RADIXMESH_API_KEY", "one,two")
     assert router_api_keys(None) == ("one", "two")
     assert router_api_keys(["flag"]) == ("flag",)
@@ -98,6 +102,7 @@ def secure(certificate: tuple[Path, Path]) -> Iterator[SecureCluster]:
         api_keys=KEYS,
         tls_cert=str(cert),
         tls_key=str(key),
+        worker_api_key=WORKER_KEY,  # so every routed call below also proves the router sends it
         ready_timeout=120.0,
     )
     with LocalCluster(config) as cluster:
@@ -165,3 +170,18 @@ def test_https_needs_a_key(secure: SecureCluster) -> None:
     metrics = anonymous.get("/metrics").text
     denied = 'endpoint="/v1/models",frontend="http",status="UNAUTHENTICATED"'
     assert f"radixmesh_router_requests_total{{{denied}}} 1.0" in metrics.splitlines()
+
+
+@pytest.mark.slow
+def test_workers_with_a_key_are_reached_through_the_router(secure: SecureCluster) -> None:
+    worker = secure.cluster.worker_addresses[0]
+    with Client(worker, timeout=30) as direct, pytest.raises(Unauthenticated):
+        direct.generate("hello", {"max_new_tokens": 2})
+    with Client(worker, api_key=WORKER_KEY, timeout=30) as direct:
+        assert (
+            direct.generate("hello", {"max_new_tokens": 2, "ignore_eos": True}).completion_tokens
+            == 2
+        )
+    with Client(secure.address, api_key="key-beta", root_certificates=secure.root) as client:
+        out = client.generate("hello", {"max_new_tokens": 3, "ignore_eos": True})
+    assert out.completion_tokens == 3
