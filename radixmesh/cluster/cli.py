@@ -256,6 +256,7 @@ def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
         cpus_per_worker=args.cpus_per_worker,
         worker_args=worker_args,
         router_options=router_options,
+        worker_metrics_port=args.worker_metrics_port,
     )
     return launch(config)
 
@@ -268,6 +269,23 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
     ray.add_argument("--ray-device", default="auto", choices=("auto", "cuda", "cpu"))
     ray.add_argument("--max-restarts", type=int, default=-1, help="per actor; -1: always")
     ray.add_argument("--cpus-per-worker", type=float, default=1.0, help="per rank")
+    ray.add_argument(
+        "--worker-metrics-port",
+        type=_free_or_port,
+        default=None,
+        metavar="free|PORT",
+        help="each worker's /metrics: free (default: a free port per (re)start) or PORT "
+        "for every worker (one worker per node, as on KubeRay's GPU pods)",
+    )
+
+
+def _free_or_port(value: str) -> int | None:
+    if value == "free":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'free' or a port, got {value!r}") from None
 
 
 def _add_launch_parser(sub: Any) -> None:

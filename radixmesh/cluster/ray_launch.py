@@ -22,6 +22,15 @@ Decisions:
   free of Ray: it receives addresses and plain `async () -> str | None` callables
   (`radixmesh.router.pool.Resolver`). The restarted worker has a new cache-event epoch,
   so the router's summary for it resyncs from a snapshot (pool.py's event loop).
+  The worker's Prometheus port is picked the same way (`actor.metrics_address.remote()`
+  says where it is now; the driver prints them when the cluster is ready), unless
+  `worker_metrics_port` fixes one port for every worker: that is for one worker per node
+  (KubeRay's GPU pods, scraped through a headless Service on that port); two workers on
+  one node would collide on it.
+- **A worker whose restarts are used up** (a finite `max_restarts`) stays in the router,
+  which sees it unhealthy for good and routes to the others. The driver logs an error
+  naming it and keeps serving with the rest; when no worker is left it stops the cluster
+  and `launch` returns 1.
 - **The router is an actor too** (restartable, on a fixed port of the driver's node, so
   that a Kubernetes Service on the Ray head finds it): it runs the router's
   `serve()` on an event loop of its own thread, with a stop event instead of signal
@@ -77,6 +86,9 @@ class RayLaunchConfig:
     router_cpus: float = 0.0  # the router mostly waits on sockets; 0 never blocks workers
     max_restarts: int = -1  # Ray restarts a dead worker or router this often (-1: always)
     placement_strategy: str = "STRICT_PACK"
+    # None: each worker's /metrics on a free port per (re)start; N: on port N for every
+    # worker (one worker per node, e.g. KubeRay's GPU pods behind a headless Service).
+    worker_metrics_port: int | None = None
     worker_args: tuple[str, ...] = ()  # extra `radixmesh worker` flags, for every worker
     # RouterConfig fields other than workers/host/port/policy, e.g. {"seed": 0}.
     router_options: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -96,6 +108,14 @@ class RayLaunchConfig:
             raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
         if self.max_restarts < -1:
             raise InvalidArgument("max_restarts", f"must be >= -1, got {self.max_restarts}")
+        if self.worker_metrics_port is not None and not 0 < self.worker_metrics_port < 65536:
+            raise InvalidArgument(
+                "worker_metrics_port", f"must be in 1..65535, got {self.worker_metrics_port}"
+            )
+        if any(a == "--metrics-port" or a.startswith("--metrics-port=") for a in self.worker_args):
+            raise InvalidArgument(
+                "worker_args", "set the workers' metrics port with worker_metrics_port"
+            )
         if self.placement_strategy not in STRATEGIES:
             raise InvalidArgument(
                 "placement_strategy",
@@ -150,7 +170,8 @@ def _cli(*args: str) -> list[str]:
 
 
 class WorkerActor:
-    """One worker: a `radixmesh worker` subprocess on a free port of this node."""
+    """One worker: a `radixmesh worker` subprocess on a free port of this node, with its
+    /metrics on another free port (or on `metrics_port`, when given)."""
 
     def __init__(
         self,
@@ -159,12 +180,21 @@ class WorkerActor:
         worker_args: tuple[str, ...],
         stop_timeout: float,
         gpu_peers: list[Any] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         import ray
 
         self.stop_timeout = stop_timeout
-        self.port = free_port(host if host not in _ANY_HOST else "0.0.0.0")
-        self._address = f"{advertised_host(host, ray.util.get_node_ip_address())}:{self.port}"
+        bind = host if host not in _ANY_HOST else "0.0.0.0"
+        self.port = free_port(bind)
+        if metrics_port is None:  # a free one too, other than the gRPC port
+            metrics_port = self.port
+            while metrics_port == self.port:
+                metrics_port = free_port(bind)
+        self.metrics_port = metrics_port
+        advertised = advertised_host(host, ray.util.get_node_ip_address())
+        self._address = f"{advertised}:{self.port}"
+        self._metrics_address = f"{advertised}:{self.metrics_port}"
         env = dict(os.environ)
         if gpu_peers:  # tensor parallelism: this actor's GPU plus each reservation's
             # Asked anew on every (re)start: handles outlive a restart, results may not.
@@ -172,6 +202,7 @@ class WorkerActor:
             gpus = [*ray.get_gpu_ids(), *(g for ids in peer_ids for g in ids)]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         args = ["worker", "--model", model, "--host", host, "--port", str(self.port)]
+        args += ["--metrics-port", str(self.metrics_port)]
         self.proc = subprocess.Popen(
             _cli(*args, *worker_args), env=env, preexec_fn=_die_with_parent
         )
@@ -186,6 +217,10 @@ class WorkerActor:
 
     def address(self) -> str:
         return self._address
+
+    def metrics_address(self) -> str:
+        """host:port of this worker's Prometheus /metrics, as of its latest (re)start."""
+        return self._metrics_address
 
     def pids(self) -> tuple[int, int]:
         """(the actor's process, the worker subprocess)."""
@@ -336,7 +371,9 @@ class RayCluster:
         rank = rank_resources(use_gpu, c.cpus_per_worker)
         if c.tp_size == 1:
             actor = ray.remote(WorkerActor).options(max_restarts=c.max_restarts, **rank)
-            return actor.remote(c.model, c.host, worker_args, c.stop_timeout)
+            return actor.remote(
+                c.model, c.host, worker_args, c.stop_timeout, None, c.worker_metrics_port
+            )
         if not use_gpu and c.cpus_per_worker <= 0:
             raise InvalidArgument(
                 "cpus_per_worker", "must be > 0 for a CPU tensor-parallel worker (its bundles)"
@@ -360,12 +397,35 @@ class RayCluster:
         actor = ray.remote(WorkerActor).options(
             max_restarts=c.max_restarts, scheduling_strategy=in_bundle(0), **rank
         )
-        return actor.remote(c.model, c.host, worker_args, c.stop_timeout, gpu_peers)
+        return actor.remote(
+            c.model, c.host, worker_args, c.stop_timeout, gpu_peers, c.worker_metrics_port
+        )
 
     def worker_addresses(self) -> list[str]:
         import ray
 
         return [str(a) for a in ray.get([w.address.remote() for w in self.workers])]
+
+    def worker_metrics_addresses(self) -> list[str]:
+        import ray
+
+        return [str(a) for a in ray.get([w.metrics_address.remote() for w in self.workers])]
+
+    def dead_workers(self) -> list[str]:
+        """The ids (worker-i, as the router names them) of the worker actors that are dead
+        for good: their restarts used up, or killed without restart."""
+        import ray
+
+        refs = [w.address.remote() for w in self.workers]
+        dead = []
+        for i, ref in enumerate(refs):
+            try:
+                ray.get(ref, timeout=5)
+            except ray.exceptions.RayActorError:
+                dead.append(f"worker-{i}")
+            except ray.exceptions.GetTimeoutError:
+                pass  # restarting
+        return dead
 
     def router_gone(self) -> str | None:
         """A message when the router actor is dead for good (its restarts used up)."""
@@ -443,15 +503,30 @@ def launch(config: RayLaunchConfig) -> int:
             return 0
         print(
             f"radixmesh cluster ready (ray): router {cluster.address}, "
-            f"workers {', '.join(cluster.worker_addresses())}",
+            f"workers {', '.join(cluster.worker_addresses())}, "
+            f"worker metrics {', '.join(cluster.worker_metrics_addresses())}",
             flush=True,
         )
         checked = time.monotonic()
+        dead: set[str] = set()
         while not stopping:
             if time.monotonic() - checked >= 5.0:
                 checked = time.monotonic()
                 if (gone := cluster.router_gone()) is not None:
                     print(f"radixmesh: {gone} is dead; stopping the cluster", file=sys.stderr)
+                    return 1
+                for wid in cluster.dead_workers():
+                    if wid not in dead:
+                        dead.add(wid)
+                        left = len(cluster.workers) - len(dead)
+                        print(
+                            f"radixmesh: error: {wid} is dead for good (max_restarts "
+                            f"{config.max_restarts} used up); {left} worker(s) left",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                if len(dead) == len(cluster.workers):
+                    print("radixmesh: no worker left; stopping the cluster", file=sys.stderr)
                     return 1
             time.sleep(0.2)
         return 0

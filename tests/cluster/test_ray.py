@@ -7,6 +7,7 @@ restarts both, the router follows the new addresses and resyncs the summaries.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -182,6 +184,46 @@ def test_tensor_parallel_worker_gets_a_placement_group(
     assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
 
 
+def _scrape(address: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+@pytest.mark.slow
+def test_workers_on_one_node_have_distinct_reachable_metrics_ports(
+    cluster: RayCluster,
+) -> None:
+    """Both workers share the one local node: each (re)start picked its own free metrics
+    port (after the restart test, these are the restarted workers' ports)."""
+    import ray
+
+    metrics = cluster.worker_metrics_addresses()
+    grpc = cluster.worker_addresses()
+    assert metrics == [
+        str(a) for a in ray.get([w.metrics_address.remote() for w in cluster.workers])
+    ]
+    hosts = {a.rsplit(":", 1)[0] for a in metrics + grpc}
+    assert hosts == {"127.0.0.1"}
+    ports = {a.rsplit(":", 1)[1] for a in metrics + grpc}
+    assert len(ports) == 4
+    for address in metrics:
+        text = _scrape(address)
+        assert re.search(r"^radixmesh_num_requests_running 0\.0$", text, re.M), text[:500]
+
+
+def _worker_pid(port: str) -> int:
+    """The `radixmesh worker` process serving gRPC on `port`."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline") as f:
+                argv = f.read().split("\0")
+                if "worker" in argv and argv[argv.index("--port") + 1 :][:1] == [port]:
+                    return int(entry)
+    raise AssertionError(f"no worker on port {port}")
+
+
 def _refuses(address: str) -> bool:
     host, port = address.rsplit(":", 1)
     try:
@@ -192,11 +234,14 @@ def _refuses(address: str) -> bool:
 
 
 @pytest.mark.slow
-def test_launch_ray_address_serves_and_stops_on_sigterm(cluster: RayCluster) -> None:
-    """`radixmesh launch --ray-address` joins the running Ray instance (a worker with no
+def test_launch_ray_address_serves_and_stops_on_sigterm(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    """`radixmesh launch --ray-address` joins the running Ray instance (workers with no
     CPU reserved, since the cluster's two CPUs are taken), passes the router options to
-    the router actor (an API key, the HTTP port) and SIGTERM (which ray.init takes over)
-    stops its actors, as Ctrl-C does."""
+    the router actor (an API key, the HTTP port), prints the workers' metrics addresses,
+    logs a worker whose restarts are used up (--max-restarts 0) and serves on with the
+    other, and SIGTERM (which ray.init takes over) stops its actors, as Ctrl-C does."""
     import urllib.error
     import urllib.request
 
@@ -205,11 +250,11 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(cluster: RayCluster) -> 
     port, http_port = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
-         "--workers", "1", "--port", str(port), "--dtype", "float32",
+         "--workers", "2", "--port", str(port), "--dtype", "float32", "--max-restarts", "0",
          "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0",
          "--ray-device", "cpu",
          "--api-key", "k1", "--http-port", str(http_port)],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -218,11 +263,21 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(cluster: RayCluster) -> 
         while not ready.startswith("radixmesh cluster ready (ray)"):
             assert time.monotonic() < deadline and proc.poll() is None
             ready = proc.stdout.readline()
-        workers = re.findall(r"[0-9.]+:\d+", ready.split("workers", 1)[1])
-        assert len(workers) == 1 and workers[0] not in cluster.worker_addresses()
+        grpc, metrics = ready.split("workers", 1)[1].split("worker metrics")
+        workers = re.findall(r"[0-9.]+:\d+", grpc)
+        assert len(workers) == 2 and not set(workers) & set(cluster.worker_addresses())
+        scraped = [_scrape(a) for a in re.findall(r"[0-9.]+:\d+", metrics)]
+        assert len(scraped) == 2 and all("radixmesh_num_requests_running" in t for t in scraped)
+        os.kill(_worker_pid(workers[1].rsplit(":", 1)[1]), signal.SIGKILL)
+        log = (
+            "radixmesh: error: worker-1 is dead for good (max_restarts 0 used up); "
+            "1 worker(s) left\n"
+        )
+        _wait_for(lambda: log in (tmp_path / "stderr").read_text(), timeout=30)
+        assert proc.poll() is None
         with Client(f"127.0.0.1:{port}", api_key="k1") as client:
-            out = client.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)
-        assert out.worker_id == "worker-0"
+            outs = [client.generate(input_ids=PROMPTS[0], sampling_params=GREEDY) for _ in "ab"]
+        assert [o.worker_id for o in outs] == ["worker-0", "worker-0"]
         models = f"http://127.0.0.1:{http_port}/v1/models"
         with pytest.raises(urllib.error.HTTPError) as denied:
             urllib.request.urlopen(models, timeout=10)
@@ -233,7 +288,7 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(cluster: RayCluster) -> 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         addresses = [f"127.0.0.1:{port}", f"127.0.0.1:{http_port}", *workers]
-        assert [_refuses(a) for a in addresses] == [True, True, True]
+        assert [_refuses(a) for a in addresses] == [True] * 4
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -251,6 +306,10 @@ def test_ray_launch_config_checks_its_fields() -> None:
         RayLaunchConfig(model="dummy:tiny", max_restarts=-2)
     with pytest.raises(InvalidArgument, match="placement_strategy: must be one of"):
         RayLaunchConfig(model="dummy:tiny", placement_strategy="SPREAD")
+    with pytest.raises(InvalidArgument, match=r"worker_metrics_port: must be in 1\.\.65535, got 0"):
+        RayLaunchConfig(model="dummy:tiny", worker_metrics_port=0)
+    with pytest.raises(InvalidArgument, match="worker_args: set the workers' metrics port with"):
+        RayLaunchConfig(model="dummy:tiny", worker_args=("--metrics-port=9091",))
     with pytest.raises(InvalidArgument, match="policy: must be one of"):
         RayLaunchConfig(model="dummy:tiny", policy="nope")
     with pytest.raises(InvalidArgument, match="router_options: set 'port' on the launch"):

@@ -348,8 +348,11 @@ def test_kuberay_manifests() -> None:
         "auto",
         "0.0.0.0",
     )
-    worker_args = ["worker", "--model", "m", *shlex.split(args.worker_args)]
-    assert build_parser().parse_args(worker_args).metrics_port == 9091
+    # One worker per GPU pod, each with /metrics on the port the pods and Service expose.
+    assert (args.worker_metrics_port, args.worker_args) == (9091, "")
+    (worker_service,) = [s for s in kinds["Service"] if s["metadata"]["name"] != "radixmesh-router"]
+    assert [p["targetPort"] for p in worker_service["spec"]["ports"]] == [9091]
+    assert [p["containerPort"] for p in container["ports"]] == [9091]
 
 
 @pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
