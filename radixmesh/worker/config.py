@@ -139,6 +139,10 @@ class GrammarConfig:
     # A constraint that has not compiled by then is rejected (InvalidArgument).
     grammar_compile_timeout: float = 30.0
     grammar_compile_threads: int = 1
+    # Build the backend (xgrammar's tokenizer info, ~0.5 s on CPU) on a background thread
+    # at engine start, so the first constrained request does not wait for it. While it
+    # builds it shares the GIL with the first requests; False builds it on first use.
+    grammar_warmup: bool = True
 
     def __post_init__(self) -> None:
         if self.grammar_backend not in GRAMMAR_BACKENDS:

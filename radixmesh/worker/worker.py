@@ -196,6 +196,8 @@ class Worker:
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.arch.eos_token_ids)
         if self.followers is not None:
             self.followers.wait_ready()
+        if gc.grammar_warmup and self.tp.rank == 0:  # other ranks get their masks from rank 0
+            self.grammars.warmup()  # in the background: the first constrained request waits less
 
     def _graph_max_batch_size(self) -> int:
         """The largest decode CUDA graph: one row per running request, or with

@@ -13,13 +13,18 @@ Lifecycle of a constrained request:
 5. `append(req, token, ...)` (process_output): the matcher accepts the sampled token,
    the forced string after it is appended without decode steps (jump-forward), and a
    terminated or dead-end grammar finishes the request.
+
+The backend (the tokenizer's vocabulary read into the grammar library, ~0.5 s for
+smollm2 with xgrammar's import) is built once per worker. `warmup()` starts that build
+on a background thread at engine start, so the first constrained request waits only on
+what is left of it; without warmup the first request builds it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -86,7 +91,8 @@ class GrammarStats:
 
 
 class GrammarManager:
-    """Owns the grammar backend (built on first use) and its compile cache."""
+    """Owns the grammar backend (built by `warmup()` or on first use) and its compile
+    cache."""
 
     def __init__(
         self,
@@ -107,18 +113,46 @@ class GrammarManager:
         self.compile_timeout = compile_timeout
         self.compile_threads = compile_threads
         self._cache: CompileCache | None = None
+        self._build: Future[CompileCache] | None = None  # the backend build, once started
         self._token_bytes: list[bytes | None] = []
         self._lock = threading.Lock()
         self.stats = GrammarStats()
 
     # ---- compile ----------------------------------------------------------------------
 
+    def warmup(self) -> Future[CompileCache]:
+        """Start building the backend and its compile cache on a background thread (once;
+        later calls return the same future). A failed build is not kept: the next use
+        tries again and raises the same GrammarError as it would without warmup."""
+        with self._lock:
+            if self._build is None:
+                pool = ThreadPoolExecutor(1, thread_name_prefix="radixmesh-grammar-build")
+                self._build = pool.submit(self._build_cache)
+                pool.shutdown(wait=False)  # its one thread ends after the build
+            return self._build
+
+    @property
+    def build(self) -> Future[CompileCache] | None:
+        """The backend build once started (by warmup or a first use); None before."""
+        return self._build
+
+    @property
+    def ready(self) -> bool:
+        """True once the backend is built (by warmup or a first constrained request)."""
+        return self._cache is not None
+
     @property
     def cache(self) -> CompileCache:
-        with self._lock:
-            if self._cache is None:
-                self._cache = self._build_cache()
+        if self._cache is not None:
             return self._cache
+        build = self.warmup()
+        try:
+            return build.result()
+        except BaseException:
+            with self._lock:
+                if self._build is build and build.done():  # failed: the next use retries
+                    self._build = None
+            raise
 
     def _build_cache(self) -> CompileCache:
         vocab = vocab_of(self.tokenizer, self.vocab_size, self.stop_token_ids)
@@ -129,7 +163,8 @@ class GrammarManager:
         except ImportError as e:
             raise GrammarError(f"the {self.backend_name} backend is not installed ({e})") from e
         self._token_bytes = vocab.token_bytes
-        return CompileCache(backend, vocab.name, max_workers=self.compile_threads)
+        self._cache = CompileCache(backend, vocab.name, max_workers=self.compile_threads)
+        return self._cache
 
     def compile(self, kind: str, text: str) -> Future[Any]:
         return self.cache.get(kind, text)
