@@ -295,6 +295,44 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
             proc.wait()
 
 
+@pytest.mark.slow
+def test_launch_ray_exits_1_when_no_worker_is_left(cluster: RayCluster, tmp_path: Path) -> None:
+    """--max-restarts 0 and the only worker dies: the driver logs it, stops the cluster
+    and exits 1."""
+    import ray
+
+    port = free_port()
+    err = tmp_path / "stderr"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
+         "--workers", "1", "--port", str(port), "--dtype", "float32", "--max-restarts", "0",
+         "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0",
+         "--ray-device", "cpu"],
+        stdout=subprocess.PIPE, stderr=err.open("w"), text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        ready = ""
+        while not ready.startswith("radixmesh cluster ready (ray)"):
+            assert time.monotonic() < deadline and proc.poll() is None
+            ready = proc.stdout.readline()
+        (worker,) = re.findall(r"[0-9.]+:(\d+)", ready.split("workers", 1)[1].split(", worker")[0])
+        os.kill(_worker_pid(worker), signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+        lines = [line for line in err.read_text().splitlines() if line.startswith("radixmesh:")]
+        assert lines == [
+            "radixmesh: error: worker-0 is dead for good (max_restarts 0 used up); "
+            "0 worker(s) left",
+            "radixmesh: no worker left; stopping the cluster",
+        ]
+        assert _refuses(f"127.0.0.1:{port}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_ray_launch_config_checks_its_fields() -> None:
     with pytest.raises(InvalidArgument, match="workers: must be >= 1, got 0"):
         RayLaunchConfig(model="dummy:tiny", workers=0)
