@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Protocol
 
 from radixmesh.errors import InvalidArgument, Unavailable
 
@@ -196,6 +197,16 @@ class LocalCluster:
             root_certificates=root,
         )
 
+    def ready_line(self) -> str:
+        return (
+            f"radixmesh cluster ready: router {self.address}, "
+            f"workers {', '.join(self.worker_addresses)}"
+        )
+
+    def failure(self) -> str | None:
+        dead = self.dead_child()
+        return None if dead is None else f"{dead} exited"
+
     def dead_child(self) -> str | None:
         for i, p in enumerate(self.workers):
             if p.poll() is not None:
@@ -230,32 +241,49 @@ class LocalCluster:
         self.stop()
 
 
-def launch(config: LaunchConfig) -> int:
-    """Run a local cluster until SIGINT / SIGTERM or a child's death. Returns the status."""
+class Supervised(Protocol):
+    """What `supervise` runs: a cluster that starts, gets ready, is checked and stops."""
+
+    def start(self) -> None: ...
+    def wait_ready(self, stop_requested: Callable[[], bool]) -> bool: ...
+    def ready_line(self) -> str: ...
+    def failure(self) -> str | None: ...  # why the cluster must stop (status 1), or None
+    def stop(self) -> None: ...
+
+
+def supervise(cluster: Supervised, check_every: float = 0.2) -> int:
+    """Run `cluster` until SIGINT / SIGTERM (status 0) or its `failure()` (status 1),
+    then stop it and restore the signal handlers. Shared by the local and Ray launchers."""
     stopping = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = LocalCluster(config)
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, on_signal) for s in signals}
     try:
         cluster.start()
+        for s in signals:  # start may have replaced them (ray.init installs a sys.exit)
+            signal.signal(s, on_signal)
         if not cluster.wait_ready(lambda: stopping):
             return 0
-        print(
-            f"radixmesh cluster ready: router {cluster.address}, "
-            f"workers {', '.join(cluster.worker_addresses)}",
-            flush=True,
-        )
+        print(cluster.ready_line(), flush=True)
+        checked = float("-inf")
         while not stopping:
-            if (dead := cluster.dead_child()) is not None:
-                print(f"radixmesh: {dead} exited; stopping the cluster", file=sys.stderr)
-                return 1
+            if time.monotonic() - checked >= check_every:
+                checked = time.monotonic()
+                if (why := cluster.failure()) is not None:
+                    print(f"radixmesh: {why}; stopping the cluster", file=sys.stderr)
+                    return 1
             time.sleep(0.2)
         return 0
     finally:
         cluster.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def launch(config: LaunchConfig) -> int:
+    """Run a local cluster until SIGINT / SIGTERM or a child's death. Returns the status."""
+    return supervise(LocalCluster(config))

@@ -54,14 +54,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from radixmesh.cluster.launch import free_port, wait_router_ready
+from radixmesh.cluster.launch import free_port, supervise, wait_router_ready
 from radixmesh.errors import InvalidArgument, Unimplemented
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.policy import POLICIES
@@ -327,6 +325,7 @@ class RayCluster:
         self.router: Any = None
         self.address = ""
         self._owns_ray = False
+        self._dead: set[str] = set()  # workers dead for good, already logged
 
     def _use_gpu(self) -> bool:
         import ray
@@ -472,6 +471,32 @@ class RayCluster:
         if self._owns_ray:
             ray.shutdown()
 
+    def ready_line(self) -> str:
+        return (
+            f"radixmesh cluster ready (ray): router {self.address}, "
+            f"workers {', '.join(self.worker_addresses())}, "
+            f"worker metrics {', '.join(self.worker_metrics_addresses())}"
+        )
+
+    def failure(self) -> str | None:
+        """Why the cluster must stop: the router is dead for good, or every worker is.
+        A worker dead for good (its finite max_restarts used up) is logged once."""
+        if (gone := self.router_gone()) is not None:
+            return f"{gone} is dead"
+        for wid in self.dead_workers():
+            if wid not in self._dead:
+                self._dead.add(wid)
+                left = len(self.workers) - len(self._dead)
+                print(
+                    f"radixmesh: error: {wid} is dead for good (max_restarts "
+                    f"{self.config.max_restarts} used up); {left} worker(s) left",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if self.workers and len(self._dead) == len(self.workers):
+            return "no worker left"
+        return None
+
     def __enter__(self) -> RayCluster:
         try:
             self.start()
@@ -486,51 +511,6 @@ class RayCluster:
 
 
 def launch(config: RayLaunchConfig) -> int:
-    """Run a Ray-mode cluster until SIGINT / SIGTERM or the router's final death."""
-    stopping = False
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = RayCluster(config)
-    try:
-        cluster.start()
-        for s in previous:  # ray.init replaced SIGTERM's handler with a sys.exit
-            signal.signal(s, on_signal)
-        if not cluster.wait_ready(lambda: stopping):
-            return 0
-        print(
-            f"radixmesh cluster ready (ray): router {cluster.address}, "
-            f"workers {', '.join(cluster.worker_addresses())}, "
-            f"worker metrics {', '.join(cluster.worker_metrics_addresses())}",
-            flush=True,
-        )
-        checked = time.monotonic()
-        dead: set[str] = set()
-        while not stopping:
-            if time.monotonic() - checked >= 5.0:
-                checked = time.monotonic()
-                if (gone := cluster.router_gone()) is not None:
-                    print(f"radixmesh: {gone} is dead; stopping the cluster", file=sys.stderr)
-                    return 1
-                for wid in cluster.dead_workers():
-                    if wid not in dead:
-                        dead.add(wid)
-                        left = len(cluster.workers) - len(dead)
-                        print(
-                            f"radixmesh: error: {wid} is dead for good (max_restarts "
-                            f"{config.max_restarts} used up); {left} worker(s) left",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                if len(dead) == len(cluster.workers):
-                    print("radixmesh: no worker left; stopping the cluster", file=sys.stderr)
-                    return 1
-            time.sleep(0.2)
-        return 0
-    finally:
-        cluster.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    """Run a Ray-mode cluster until SIGINT / SIGTERM, the router's final death, or every
+    worker's (see `RayCluster.failure`)."""
+    return supervise(RayCluster(config), check_every=5.0)
