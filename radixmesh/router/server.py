@@ -13,10 +13,9 @@ import logging
 import signal
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from radixmesh.auth import ApiKeyInterceptor
+from radixmesh.grpc_server import add_health_and_reflection, bind, set_health
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.pool import WorkerPool
@@ -58,19 +57,10 @@ async def serve(
     server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=interceptors)
     servicer = RouterServicer(config, pool, metrics)
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    health_servicer = add_health_and_reflection(server, SERVICE_NAME)
     address = f"{config.host}:{config.port}"
-    if config.tls_cert and config.tls_key:
-        with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
-            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
-    await _set_health(health_servicer, serving=False)
+    port = bind(server, address, config.tls_cert, config.tls_key)
+    await set_health(health_servicer, SERVICE_NAME, serving=False)
     await server.start()
     http = None
     if config.http_port is not None:
@@ -94,7 +84,7 @@ async def serve(
     if not stop.is_set():
         await servicer.load_model_info()
         pool.start()
-        await _set_health(health_servicer, serving=True)
+        await set_health(health_servicer, SERVICE_NAME, serving=True)
         assert servicer.model_info is not None
         print(
             f"radixmesh router serving {servicer.model_info.model} on port {port} "
@@ -104,7 +94,7 @@ async def serve(
         if ready is not None:
             ready.set()
         await stop.wait()
-    await _set_health(health_servicer, serving=False)
+    await set_health(health_servicer, SERVICE_NAME, serving=False)
     if http is not None:
         await http.stop()
     await server.stop(grace=2.0)
@@ -112,16 +102,6 @@ async def serve(
         metrics_server.shutdown()
     await pool.close()
     return 0
-
-
-async def _set_health(servicer: health.aio.HealthServicer, *, serving: bool) -> None:
-    status = (
-        health_pb2.HealthCheckResponse.SERVING
-        if serving
-        else health_pb2.HealthCheckResponse.NOT_SERVING
-    )
-    for name in ("", SERVICE_NAME):
-        await servicer.set(name, status)
 
 
 def run(config: RouterConfig) -> int:

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.errors import (
@@ -37,6 +35,7 @@ from radixmesh.errors import (
     Unavailable,
     entry_for,
 )
+from radixmesh.grpc_server import add_health_and_reflection, bind, set_health
 from radixmesh.prefix import common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import input_ids_from_proto
@@ -484,19 +483,10 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     )
     servicer = WorkerServicer(config)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    health_servicer = add_health_and_reflection(server, SERVICE_NAME)
     address = f"{config.host}:{config.port}"
-    if config.tls_cert and config.tls_key:
-        with open(config.tls_key, "rb") as k, open(config.tls_cert, "rb") as c:
-            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
-    await _set_health(health_servicer, serving=False)
+    port = bind(server, address, config.tls_cert, config.tls_key)
+    await set_health(health_servicer, SERVICE_NAME, serving=False)
     await server.start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -507,7 +497,7 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     engine = await asyncio.to_thread(Engine, **engine_options)
     hub = CacheEventHub(engine, loop)
     servicer.attach(engine, hub)
-    await _set_health(health_servicer, serving=not stop.is_set())
+    await set_health(health_servicer, SERVICE_NAME, serving=not stop.is_set())
     print(f"radixmesh worker serving {engine.config.model.model} on port {port}", flush=True)
     if await _stopped_or_failed(stop, engine):
         return await _fail(servicer, engine, health_servicer, hub, server)
@@ -539,7 +529,7 @@ async def _fail(
     """The engine cannot serve: NOT_SERVING, in-flight requests end UNAVAILABLE, exit 1
     (so the launcher or Ray restarts the whole worker)."""
     logger.error("worker failed, exiting: %s", engine.fatal)
-    await _set_health(health_servicer, serving=False)
+    await set_health(health_servicer, SERVICE_NAME, serving=False)
     deadline = time.monotonic() + FAILURE_GRACE_S
     while servicer.in_flight and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -549,21 +539,11 @@ async def _fail(
     return 1
 
 
-async def _set_health(servicer: Any, *, serving: bool) -> None:
-    status = (
-        health_pb2.HealthCheckResponse.SERVING
-        if serving
-        else health_pb2.HealthCheckResponse.NOT_SERVING
-    )
-    for name in ("", SERVICE_NAME):
-        await servicer.set(name, status)
-
-
 async def _drain(
     config: ServerConfig, servicer: WorkerServicer, engine: Engine, health_servicer: Any
 ) -> None:
     logger.info("draining: %d requests in flight", len(servicer.in_flight))
-    await _set_health(health_servicer, serving=False)
+    await set_health(health_servicer, SERVICE_NAME, serving=False)
     engine.drain()
     deadline = time.monotonic() + config.drain_timeout
     while servicer.in_flight and time.monotonic() < deadline:
