@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# gRPC trailing metadata naming the field of an INVALID_ARGUMENT (set by the servers, read
+# by the client and by the router when it relays a worker's error).
+FIELD_METADATA_KEY = "radixmesh-field"
+
 
 class RadixMeshError(Exception):
     """Base class of every error radixmesh raises on purpose."""

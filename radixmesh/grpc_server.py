@@ -1,12 +1,16 @@
 """What every radixmesh gRPC server has, shared by the worker's and the router's: the
-standard health service and server reflection next to its own service, and one port,
-plaintext or TLS."""
+standard health service and server reflection next to its own service, one port,
+plaintext or TLS, and errors ended with the catalogue's status."""
 
 from __future__ import annotations
+
+from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from radixmesh.errors import FIELD_METADATA_KEY, InvalidArgument, entry_for
 
 
 def add_health_and_reflection(server: grpc.aio.Server, service: str) -> health.aio.HealthServicer:
@@ -38,3 +42,14 @@ async def set_health(servicer: health.aio.HealthServicer, service: str, *, servi
     )
     for name in ("", service):
         await servicer.set(name, status)
+
+
+async def abort_rpc(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
+    """End the RPC with the catalogue's status for `error` (never UNKNOWN); an
+    InvalidArgument names its field in the trailing metadata."""
+    entry = entry_for(error)
+    metadata: tuple[tuple[str, str], ...] = ()
+    if isinstance(error, InvalidArgument):
+        metadata = ((FIELD_METADATA_KEY, error.field),)
+    await context.abort(grpc.StatusCode[entry.grpc_status], str(error), trailing_metadata=metadata)
+    raise AssertionError("unreachable: context.abort raises")

@@ -8,13 +8,17 @@ from typing import Any
 
 import grpc
 
-from radixmesh.errors import InvalidArgument, RadixMeshError, error_from_status
+from radixmesh.errors import (
+    FIELD_METADATA_KEY,
+    InvalidArgument,
+    RadixMeshError,
+    error_from_status,
+)
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 
 from .types import Chunk, Completion, Load, ModelInfo, Selection, TokenLogprob
 
-FIELD_METADATA_KEY = "radixmesh-field"
 _FINISH = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_LENGTH: "length",

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from radixmesh.client.options import CHANNEL_OPTIONS
 from radixmesh.errors import InvalidArgument
 from radixmesh.router.breaker import CircuitBreaker
 from radixmesh.router.config import RouterConfig
@@ -41,15 +42,6 @@ RESOLVE_INTERVAL = 1.0  # seconds between address look-ups of a worker that is d
 
 # The worker's current address, or None when it is not known right now.
 Resolver = Callable[[], Awaitable[str | None]]
-
-_CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
 
 @dataclass
@@ -95,7 +87,7 @@ class WorkerHandle:
 
     def _connect(self, address: str) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
 
     async def re_resolve(self) -> bool:

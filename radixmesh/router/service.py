@@ -21,12 +21,13 @@ import grpc
 
 from radixmesh.client import convert
 from radixmesh.errors import (
+    FIELD_METADATA_KEY,
     Internal,
-    InvalidArgument,
     RadixMeshError,
     Unavailable,
     entry_for,
 )
+from radixmesh.grpc_server import abort_rpc
 from radixmesh.prefix import block_hashes
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.metrics import RequestRecord, RouterMetrics
@@ -38,7 +39,6 @@ from radixmesh.wire import input_ids_from_proto
 
 logger = logging.getLogger(__name__)
 
-FIELD_METADATA_KEY = "radixmesh-field"
 # Statuses after which another worker may serve the request (nothing reached the client).
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
@@ -272,16 +272,6 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return router_pb2.RouterGetModelInfoResponse(info=self.model_info)
 
         return await _unary(context, run)
-
-
-async def abort_rpc(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
-    """End the RPC with the catalogue's status for `error`."""
-    entry = entry_for(error)
-    metadata: tuple[tuple[str, str], ...] = ()
-    if isinstance(error, InvalidArgument):
-        metadata = ((FIELD_METADATA_KEY, error.field),)
-    await context.abort(grpc.StatusCode[entry.grpc_status], str(error), trailing_metadata=metadata)
-    raise AssertionError("unreachable: context.abort raises")
 
 
 async def _pass_on(context: grpc.aio.ServicerContext, e: grpc.aio.AioRpcError) -> NoReturn:

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 
@@ -33,9 +33,8 @@ from radixmesh.errors import (
     Overloaded,
     RadixMeshError,
     Unavailable,
-    entry_for,
 )
-from radixmesh.grpc_server import add_health_and_reflection, bind, set_health
+from radixmesh.grpc_server import abort_rpc, add_health_and_reflection, bind, set_health
 from radixmesh.prefix import common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import input_ids_from_proto
@@ -47,7 +46,6 @@ from radixmesh.worker.scheduler import SchedulerStats
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-FIELD_METADATA_KEY = "radixmesh-field"  # trailing metadata naming an invalid field
 
 # Sampling fields copied as they are; the `optional` ones only when set.
 _PLAIN_FIELDS = (
@@ -233,12 +231,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 yield worker_pb2.GenerateResponse(chunk=await self._collect(rid, chunks))
                 finished = True
         except RadixMeshError as e:
-            await _abort_rpc(context, e)
+            await abort_rpc(context, e)
         except Exception as e:
             if isinstance(e, grpc.aio.AbortError):
                 raise
             logger.exception("Generate failed")
-            await _abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
+            await abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
         finally:
             # A cancelled / disconnected / expired stream: abort it in the engine now.
             if stream is not None and not finished and self.engine is not None:
@@ -373,7 +371,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             self._engine()
         except RadixMeshError as e:
-            await _abort_rpc(context, e)
+            await abort_rpc(context, e)
         hub = self.hub
         assert hub is not None
         q = hub.subscribe()
@@ -449,26 +447,16 @@ def _event_proto(epoch: int, sequence: int, event: Any) -> worker_pb2.CacheEvent
     return msg
 
 
-async def _abort_rpc(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
-    """End the RPC with the catalogue's status for `error` (never UNKNOWN)."""
-    entry = entry_for(error)
-    metadata: tuple[tuple[str, str], ...] = ()
-    if isinstance(error, InvalidArgument):
-        metadata = ((FIELD_METADATA_KEY, error.field),)
-    await context.abort(grpc.StatusCode[entry.grpc_status], str(error), trailing_metadata=metadata)
-    raise AssertionError("unreachable: context.abort raises")
-
-
 async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[Any]]) -> Any:
     try:
         return await run()
     except RadixMeshError as e:
-        await _abort_rpc(context, e)
+        await abort_rpc(context, e)
     except Exception as e:
         if isinstance(e, grpc.aio.AbortError):
             raise
         logger.exception("RPC failed")
-        await _abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
+        await abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
 
 
 # ---- the process ----------------------------------------------------------------------------
