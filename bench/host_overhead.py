@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import random
 import statistics
@@ -37,6 +36,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: machine_info
+
+from machine_info import machine
 
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.batch import Batch
@@ -183,21 +185,6 @@ def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     best["wall_seconds"] = min(r["wall_seconds"] for r in runs)
     best["repeats"] = len(runs)
     return best
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {
-        "host": platform.node(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-    }
 
 
 def print_table(res: dict[str, Any]) -> None:

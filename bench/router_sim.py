@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import os
 import platform
 import random
 import sys
@@ -66,6 +65,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: machine_info
+
+from machine_info import machine
 
 from radixmesh.prefix import block_hashes
 from radixmesh.router.policy import POLICIES, Candidate, Policy, PolicyOptions, make_policy
@@ -758,16 +760,6 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cache_aware_hit_rate_vs_oracle": ca["hit_rate"] / oracle["hit_rate"],
         "cache_aware_throughput_vs_round_robin": ca["throughput_rps"] / rr["throughput_rps"],
     }
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count()}
 
 
 def main(argv: list[str] | None = None) -> None:
