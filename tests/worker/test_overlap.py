@@ -285,7 +285,6 @@ def test_smollm2_overlap_stream_close_aborts_and_a_regex_runs_synchronously(
 def test_cuda_graphs_overlap_matches_sync() -> None:
     """On CUDA the forward really runs behind the host: pinned non-blocking copies, the
     future buffer read by replayed decode graphs, one event per step."""
-    pytest.importorskip("triton")
     prompts = [[(7 * i + j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(11)]
     params = [
         {"temperature": 0.0, "max_new_tokens": 4 + 3 * i, "ignore_eos": True} for i in range(11)

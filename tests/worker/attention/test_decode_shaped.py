@@ -33,8 +33,6 @@ def decode_shaped(batch: ForwardBatch) -> ForwardBatch:
 @pytest.mark.parametrize("backend_name", ["torch", "triton"])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(8, 2), (4, 4)], ids=["gqa4", "mha"])
 def test_decode_rows_match_the_extend(backend_name: str, num_heads: int, num_kv_heads: int) -> None:
-    if backend_name == "triton":
-        pytest.importorskip("triton")
     # Forced runs of 9 and 3 tokens beside decoding rows of different lengths.
     seqs = [(20, 1), (31, 1), (15, 9), (4, 1), (40, 3)]
     pool, batch, q, k, v = make_case(seqs, num_heads, num_kv_heads, device=DEVICE)

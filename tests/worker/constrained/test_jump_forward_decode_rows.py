@@ -106,8 +106,6 @@ def test_smollm2_same_text_as_mixed_steps(engine: Engine) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_forced_tokens_replay_the_decode_graph() -> None:
-    pytest.importorskip("triton")
-    pytest.importorskip("xgrammar")
     prompts = [f"document {i}: " + "x" * (3 * i) for i in range(8)]
     params = {"temperature": 0, "max_new_tokens": 300, "json_schema": json.dumps(SCHEMA)}
     outs, replays = {}, {}
