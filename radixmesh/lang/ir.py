@@ -7,8 +7,9 @@ records them into a graph. Adding expressions (or strings) builds an `ExprList`,
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from radixmesh.lang.choices import ChoicesSamplingMethod
@@ -96,3 +97,26 @@ def _flatten(expr: Expr) -> list[Expr]:
 def flatten(expr: Expr) -> list[Expr]:
     """The leaf expressions of `expr`, in execution order."""
     return _flatten(expr)
+
+
+class RoleWriter(ABC):
+    """`s.system(x)`, `s.user(x)`, `s.assistant(x)`: `x` between the role's begin and end,
+    for anything that takes expressions with `+=` (the program state and the tracer's)."""
+
+    @abstractmethod
+    def __iadd__(self, other: object) -> Self: ...
+
+    def system(self, expr: object = None) -> None:
+        self._role("system", expr)
+
+    def user(self, expr: object = None) -> None:
+        self._role("user", expr)
+
+    def assistant(self, expr: object = None) -> None:
+        self._role("assistant", expr)
+
+    def _role(self, role: str, expr: object) -> None:
+        self += RoleBegin(role)
+        if expr is not None:
+            self += expr
+        self += RoleEnd(role)

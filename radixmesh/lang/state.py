@@ -14,10 +14,10 @@ from typing import Any
 
 from radixmesh.lang.errors import ProgramError
 from radixmesh.lang.interpreter import StreamExecutor, iter_chunks
-from radixmesh.lang.ir import RoleBegin, RoleEnd, to_expr
+from radixmesh.lang.ir import RoleWriter, to_expr
 
 
-class ProgramState:
+class ProgramState(RoleWriter):
     def __init__(self, executor: StreamExecutor) -> None:
         self.stream_executor = executor
         self.ret_value: Any = None  # what the program function returned
@@ -27,21 +27,6 @@ class ProgramState:
     def __iadd__(self, other: object) -> ProgramState:
         self.stream_executor.submit(to_expr(other))
         return self
-
-    def system(self, expr: object = None) -> None:
-        self._role("system", expr)
-
-    def user(self, expr: object = None) -> None:
-        self._role("user", expr)
-
-    def assistant(self, expr: object = None) -> None:
-        self._role("assistant", expr)
-
-    def _role(self, role: str, expr: object) -> None:
-        self += RoleBegin(role)
-        if expr is not None:
-            self += expr
-        self += RoleEnd(role)
 
     # ---- reading --------------------------------------------------------------------
 

@@ -15,7 +15,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from radixmesh.lang.chat_template import ChatTemplate
-from radixmesh.lang.ir import Constant, Expr, Gen, RoleBegin, RoleEnd, Select, flatten, to_expr
+from radixmesh.lang.ir import (
+    Constant,
+    Expr,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    RoleWriter,
+    Select,
+    flatten,
+    to_expr,
+)
 
 if TYPE_CHECKING:
     from radixmesh.lang.function import SglFunction
@@ -36,7 +46,7 @@ class Fork:
 
 
 @dataclass
-class TracerState:
+class TracerState(RoleWriter):
     """Duck-types `ProgramState` while tracing; `nodes` is the recorded graph."""
 
     nodes: list[Expr | Fork] = field(default_factory=list)
@@ -55,21 +65,6 @@ class TracerState:
 
     def get_meta_info(self, name: str) -> dict[str, Any]:
         return {}
-
-    def system(self, expr: object = None) -> None:
-        self._role("system", expr)
-
-    def user(self, expr: object = None) -> None:
-        self._role("user", expr)
-
-    def assistant(self, expr: object = None) -> None:
-        self._role("assistant", expr)
-
-    def _role(self, role: str, expr: object) -> None:
-        self += RoleBegin(role)
-        if expr is not None:
-            self += expr
-        self += RoleEnd(role)
 
     def fork(self, size: int = 1) -> TracerGroup:
         branches = [TracerState() for _ in range(size)]
