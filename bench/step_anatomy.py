@@ -1,0 +1,336 @@
+"""Where an engine step's time goes, by step kind: host phases and GPU kernels.
+
+Two workloads:
+  batch1  one request decoding --steps tokens (issue 8's latency figure), any --tp, with
+          or without --overlap-schedule. Host phases per step from wrappers around the
+          scheduler's parts, then the same run under torch.profiler: kernels per step,
+          the GPU's busy time (union of kernel intervals) against the wall time, and the
+          kernel time by kind (GEMM, NCCL, Triton, other).
+  json    bench/json_decode.py's workload (jump-forward on, then off): each step is
+          classified (graph decode, forced tokens as graphed decode rows, eager with a
+          prompt chunk, other eager) and timed in its host phases (schedule, forward +
+          sampling, process_output), with CUDA-event time of the model call.
+
+  python bench/step_anatomy.py --workload batch1 --tp 2 --overlap-schedule
+  python bench/step_anatomy.py --workload json --documents 256
+Prints a table per run and writes JSON (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine_info import machine
+
+from radixmesh.worker.batch import Batch
+from radixmesh.worker.engine import Engine
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class PhaseTimer:
+    """Wall time of wrapped callables, per phase name, for the current step."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = defaultdict(float)
+
+    def wrap(self, obj: Any, name: str, phase: str) -> None:
+        fn: Callable[..., Any] = getattr(obj, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.current[phase] += time.perf_counter() - t0
+
+        setattr(obj, name, timed)
+
+    def take(self) -> dict[str, float]:
+        out = {k: 1e3 * v for k, v in self.current.items()}
+        self.current = defaultdict(float)
+        return out
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(values),
+        "median": statistics.median(values),
+        "p90": sorted(values)[int(0.9 * (len(values) - 1))],
+    }
+
+
+# ---- batch 1 ----------------------------------------------------------------------------
+
+
+def _kernel_kind(name: str) -> str:
+    low = name.lower()
+    if "nccl" in low:
+        return "nccl"
+    if any(s in low for s in ("gemm", "nvjet", "xmma", "cutlass", "gemv", "sm90")):
+        return "gemm"
+    if low.startswith("triton") or "_kernel" in low and "at::" not in low:
+        return "triton"
+    return "other"
+
+
+def _kernel_profile(prof: Any, steps: int, wall_s: float) -> dict[str, Any]:
+    """Kernel count, summed and union time per step, and time by kind."""
+    intervals: list[tuple[float, float]] = []
+    by_kind: dict[str, float] = defaultdict(float)
+    by_name: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range is not None:
+            start, end = e.time_range.start, e.time_range.end
+            if end <= start:
+                continue
+            intervals.append((start, end))
+            by_kind[_kernel_kind(e.name)] += end - start
+            by_name[e.name] += end - start
+    intervals.sort()
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in intervals:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None and cur_s is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None and cur_s is not None:
+        busy += cur_e - cur_s
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
+    return {
+        "wall_ms_per_step": 1e3 * wall_s / steps,
+        "kernels_per_step": len(intervals) / steps,
+        "kernel_ms_per_step_sum": sum(e - s for s, e in intervals) / 1e3 / steps,
+        "gpu_busy_ms_per_step": busy / 1e3 / steps,
+        "by_kind_ms_per_step": {k: v / 1e3 / steps for k, v in by_kind.items()},
+        "top_kernels_ms_per_step": [(n[:90], t / 1e3 / steps) for n, t in top],
+    }
+
+
+def batch1(args: argparse.Namespace) -> dict[str, Any]:
+    engine = Engine(
+        args.model,
+        tp_size=args.tp,
+        overlap_schedule=args.overlap_schedule,
+        max_running_requests=args.max_running_requests,
+        cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
+        **({"kv_cache_tokens": args.kv_cache_tokens} if args.kv_cache_tokens else {}),
+    )
+    try:
+        vocab = engine.worker.arch.vocab_size
+        prompt = [(7 * i + 3) % (vocab - 1) + 1 for i in range(args.prompt_len)]
+        params = {"max_new_tokens": args.steps, "temperature": 0.0, "ignore_eos": True}
+        engine.generate(input_ids=prompt, sampling_params=params)  # warm-up
+        sched, runner = engine.worker.scheduler, engine.worker.runner
+        timer = PhaseTimer()
+        step_times: list[float] = []
+        phases: list[dict[str, float]] = []
+        timer.wrap(sched, "schedule", "schedule")
+        timer.wrap(sched, "process_output", "process_output")
+        timer.wrap(runner, "forward", "runner_forward")
+        if sched._overlap is not None:
+            timer.wrap(sched._overlap, "_launch", "launch")
+            timer.wrap(sched._overlap, "_resolve", "resolve")
+            timer.wrap(sched._overlap.launcher.runner.sampler, "sample_ids", "sample_ids")
+        if runner.followers is not None:
+            timer.wrap(runner.followers, "send_step", "send_step")
+        if runner.decode_graphs is not None:
+            timer.wrap(runner.decode_graphs, "run", "graph_run")
+        step = sched.step
+
+        def timed_step() -> Any:
+            t0 = time.perf_counter()
+            try:
+                return step()
+            finally:
+                step_times.append(1e3 * (time.perf_counter() - t0))
+                phases.append(timer.take())
+
+        sched.step = timed_step  # type: ignore[method-assign]
+        engine.flush_cache()
+        t0 = time.perf_counter()
+        engine.generate(input_ids=prompt, sampling_params=params)
+        wall = time.perf_counter() - t0
+        del sched.step
+        body = step_times[2:-2]  # the prefill and the tail out
+        names = sorted({k for p in phases for k in p})
+        host = {n: statistics.fmean(p.get(n, 0.0) for p in phases[2:-2]) for n in names}
+        res: dict[str, Any] = {
+            "tp": args.tp,
+            "overlap": args.overlap_schedule,
+            "steps": args.steps,
+            "wall_ms_per_token": 1e3 * wall / args.steps,
+            "step_ms": _summary(body),
+            "host_phase_ms_mean": host,
+        }
+        if torch.cuda.is_available():
+            from torch.profiler import ProfilerActivity, profile
+
+            engine.flush_cache()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                t0 = time.perf_counter()
+                engine.generate(input_ids=prompt, sampling_params=params)
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - t0
+            res["profile"] = _kernel_profile(prof, args.steps, wall)
+            if args.trace:
+                prof.export_chrome_trace(args.trace)
+        return res
+    finally:
+        engine.shutdown()
+
+
+# ---- json -------------------------------------------------------------------------------
+
+
+def _step_kind(batch: Batch, graph_replayed: bool, decode_shaped: bool) -> str:
+    if graph_replayed:
+        return "graph_forced_rows" if decode_shaped else "graph_decode"
+    if any(it.num_new_tokens > 1 and it.start < it.req.num_prompt_tokens for it in batch.items):
+        return "eager_with_prompt"
+    return "eager_other"
+
+
+def json_steps(args: argparse.Namespace) -> dict[str, Any]:
+    from json_decode import SCHEMA, documents, prompts
+
+    engine = Engine(
+        args.model,
+        max_running_requests=64,
+        max_num_batched_tokens=2048,
+        cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
+        kv_cache_bytes=16_000_000_000 if torch.cuda.is_available() else 1 << 30,
+    )
+    try:
+        params = {"temperature": 0, "max_new_tokens": 400, "json_schema": json.dumps(SCHEMA)}
+        texts = prompts(engine, documents(args.documents))
+        engine.generate(texts[:2], params)
+        sched, runner = engine.worker.scheduler, engine.worker.runner
+        graphs = runner.decode_graphs
+        timer = PhaseTimer()
+        timer.wrap(sched, "schedule", "schedule")
+        timer.wrap(sched, "process_output", "process_output")
+        records: list[dict[str, Any]] = []
+        forward = runner.forward
+        model = runner.model
+
+        def timed_forward(batch: Batch) -> Any:
+            replays = graphs.num_replays if graphs is not None else 0
+            shaped = runner.num_decode_shaped_steps
+            t0 = time.perf_counter()
+            out = forward(batch)
+            fwd = 1e3 * (time.perf_counter() - t0)
+            replayed = graphs is not None and graphs.num_replays > replays
+            kind = _step_kind(batch, replayed, runner.num_decode_shaped_steps > shaped)
+            records.append(
+                {
+                    "kind": kind,
+                    "rows": len(batch.items),
+                    "tokens": sum(it.num_new_tokens for it in batch.items),
+                    "forward_ms": fwd,
+                }
+            )
+            return out
+
+        runner.forward = timed_forward  # type: ignore[method-assign]
+        del model
+        runs = {}
+        for jump in (True, False):
+            engine.worker.grammars.jump_forward = jump
+            assert engine.flush_cache()
+            records.clear()
+            step = sched.step
+            step_ms: list[float] = []
+            phase: list[dict[str, float]] = []
+
+            def timed_step() -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return step()
+                finally:
+                    step_ms.append(1e3 * (time.perf_counter() - t0))
+                    phase.append(timer.take())
+
+            sched.step = timed_step  # type: ignore[method-assign]
+            t0 = time.perf_counter()
+            engine.generate(texts, [params] * len(texts))
+            wall = time.perf_counter() - t0
+            del sched.step
+            kinds: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+            for rec, total, ph in zip(records, step_ms, phase, strict=False):
+                k = kinds[rec["kind"]]
+                k["step_ms"].append(total)
+                k["forward_ms"].append(rec["forward_ms"])
+                k["schedule_ms"].append(ph.get("schedule", 0.0))
+                k["process_ms"].append(ph.get("process_output", 0.0))
+                k["rows"].append(rec["rows"])
+                k["tokens"].append(rec["tokens"])
+            summary = {
+                name: {
+                    "steps": len(v["step_ms"]),
+                    "total_s": sum(v["step_ms"]) / 1e3,
+                    **{f"{m}_mean": statistics.fmean(x) for m, x in v.items()},
+                }
+                for name, v in kinds.items()
+            }
+            runs["on" if jump else "off"] = {
+                "seconds": wall,
+                "requests_per_s": len(texts) / wall,
+                "steps": len(step_ms),
+                "step_seconds_sum": sum(step_ms) / 1e3,
+                "by_kind": summary,
+            }
+        runs["ratio_on_vs_off"] = runs["on"]["requests_per_s"] / runs["off"]["requests_per_s"]
+        return runs
+    finally:
+        engine.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--workload", choices=["batch1", "json"], default="batch1")
+    ap.add_argument("--model", default="dummy:llama-3-8b")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--overlap-schedule", action="store_true")
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--documents", type=int, default=256)
+    ap.add_argument("--max-running-requests", type=int, default=256)
+    ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256)
+    ap.add_argument("--kv-cache-tokens", type=int, default=None)
+    ap.add_argument("--trace", default=None, help="batch1: write a Chrome trace here")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    res = batch1(args) if args.workload == "batch1" else json_steps(args)
+    report = {
+        "benchmark": "step_anatomy",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine(),
+        "torch": torch.__version__,
+        "args": vars(args),
+        "result": res,
+    }
+    print(json.dumps(res, indent=1))
+    path = Path(args.out) if args.out else RESULTS / f"step_anatomy-{args.workload}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
