@@ -315,7 +315,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--kv-cache-bytes", type=int, default=1 << 30, help="0: auto on CUDA")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256, help="0: no graphs")
+    ap.add_argument("--cuda-graph-max-batch-size", type=int, default=512, help="0: no graphs")
     ap.add_argument(
         "--jump-forward-decode-rows",
         action=argparse.BooleanOptionalAction,

@@ -82,7 +82,7 @@ def _kernel_kind(name: str) -> str:
         return "nccl"
     if any(s in low for s in ("gemm", "nvjet", "xmma", "cutlass", "gemv", "sm90")):
         return "gemm"
-    if low.startswith("triton") or "_kernel" in low and "at::" not in low:
+    if low.startswith("triton") or ("_kernel" in low and "at::" not in low):
         return "triton"
     return "other"
 
@@ -206,6 +206,23 @@ def _step_kind(batch: Batch, graph_replayed: bool, decode_shaped: bool) -> str:
     return "eager_other"
 
 
+def _time_steps(
+    sched: Any, timer: PhaseTimer, step_ms: list[float], phase: list[dict[str, float]]
+) -> None:
+    """Wrap `sched.step` (until `del sched.step`): wall time and host phases per step."""
+    step = sched.step
+
+    def timed_step() -> Any:
+        t0 = time.perf_counter()
+        try:
+            return step()
+        finally:
+            step_ms.append(1e3 * (time.perf_counter() - t0))
+            phase.append(timer.take())
+
+    sched.step = timed_step
+
+
 def json_steps(args: argparse.Namespace) -> dict[str, Any]:
     from json_decode import SCHEMA, documents, prompts
 
@@ -254,19 +271,9 @@ def json_steps(args: argparse.Namespace) -> dict[str, Any]:
             engine.worker.grammars.jump_forward = jump
             assert engine.flush_cache()
             records.clear()
-            step = sched.step
             step_ms: list[float] = []
             phase: list[dict[str, float]] = []
-
-            def timed_step() -> Any:
-                t0 = time.perf_counter()
-                try:
-                    return step()
-                finally:
-                    step_ms.append(1e3 * (time.perf_counter() - t0))
-                    phase.append(timer.take())
-
-            sched.step = timed_step  # type: ignore[method-assign]
+            _time_steps(sched, timer, step_ms, phase)
             t0 = time.perf_counter()
             engine.generate(texts, [params] * len(texts))
             wall = time.perf_counter() - t0

@@ -29,6 +29,13 @@ class ModelConfig:
     # CUDA + triton attention: capture decode steps as CUDA graphs for batches up to this
     # size (capped by max_running_requests); 0 turns graphs off.
     cuda_graph_max_batch_size: int = 256
+    # With decode CUDA graphs: a step whose prompt chunks are short runs them as decode
+    # rows (one per token; ModelRunner._decode_shaped) and replays the graph instead of an
+    # eager step, when the chunks' attention reads, summed over their tokens (each reads
+    # every key before it), are at most this many keys: 65,536 is one ~360-token prompt
+    # from scratch or three of ~190. Longer prompts and long cached prefixes keep the extend
+    # kernel, which reads each key once per tile. 0: prompt chunks always run eagerly.
+    cuda_graph_prefill_reads: int = 65536
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -36,6 +43,10 @@ class ModelConfig:
         if self.cuda_graph_max_batch_size < 0:
             raise InvalidArgument(
                 "cuda_graph_max_batch_size", f"must be >= 0, got {self.cuda_graph_max_batch_size}"
+            )
+        if self.cuda_graph_prefill_reads < 0:
+            raise InvalidArgument(
+                "cuda_graph_prefill_reads", f"must be >= 0, got {self.cuda_graph_prefill_reads}"
             )
         if self.dtype not in DTYPES:
             raise InvalidArgument("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")

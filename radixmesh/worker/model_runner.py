@@ -48,10 +48,13 @@ class ModelRunner:
         followers: FollowerRanks | None = None,
     ) -> None:
         self.model = model
-        # Up to this many tokens, a step whose multi-token rows all extend an output
-        # (jump-forward's forced tokens) runs as one decode row per token; see
+        # Up to this many tokens, a step whose multi-token rows are jump-forward's forced
+        # tokens (with `decode_shaped_forced`) or short prompt chunks (within
+        # `decode_shaped_prompt_reads`) runs as one decode row per token; see
         # `_decode_shaped`. 0: never. The worker sets it to the largest decode CUDA graph.
         self.decode_shaped_max_rows = 0
+        self.decode_shaped_forced = True
+        self.decode_shaped_prompt_reads = 0
         self.num_decode_shaped_steps = 0
         # Rank 0 of a TP group: the other ranks run every forward with this one.
         self.followers = followers
@@ -135,15 +138,29 @@ class ModelRunner:
         not pay: on the CPU torch backend the padded attention over every row made the
         JSON benchmark's jump-forward steps slower, so the worker enables it with graphs.
 
-        Only when every multi-token row extends past its prompt (jump-forward's forced
-        tokens: a handful each), so prompt prefills keep the extend kernels and their
-        numerics, and when the step has at most `decode_shaped_max_rows` tokens. Not with
-        tensor-parallel followers: their step header is per request.
+        Which multi-token rows qualify: jump-forward's forced output tokens (a handful
+        each; `decode_shaped_forced`), and prompt chunks as long as the step's chunks read
+        at most `decode_shaped_prompt_reads` keys in all (token i of a chunk from prefix p
+        reads p + i + 1 keys, where the extend kernel reads each key once per tile). So
+        admitting a short prompt beside running requests replays the graph too; on the
+        H200 an eager admission step of the JSON workload cost ~45 ms against ~13 ms for
+        a graph step (bench/step_anatomy.py). The decode kernel sums a row's keys in
+        another order than the extend kernel: the same math, not the same bits. At most
+        `decode_shaped_max_rows` tokens in all. Not with tensor-parallel followers: their
+        step header is per request.
         """
         if len(input_ids) > self.decode_shaped_max_rows or self.followers is not None:
             return False
+        budget = self.decode_shaped_prompt_reads
         for item, start in zip(items, prefix_lens, strict=True):
-            if item.num_new_tokens > 1 and start < item.req.num_prompt_tokens:
+            n = item.num_new_tokens
+            if n == 1:
+                continue
+            if start < item.req.num_prompt_tokens:  # a prompt chunk
+                budget -= n * start + n * (n + 1) // 2
+                if budget < 0:
+                    return False
+            elif not self.decode_shaped_forced:
                 return False
         return True
 

@@ -10,6 +10,7 @@ import ctypes
 import gc
 import importlib.util
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -181,7 +182,10 @@ class Worker:
         )
         if self.device.type == "cuda" and backend == "triton" and mc.cuda_graph_max_batch_size:
             self.runner.decode_graphs = self._capture_decode_graphs(attn)
-            if gc.jump_forward_decode_rows:  # forced tokens replay the graphs too
+            # Forced tokens and short prompt chunks replay the graphs too, as decode rows.
+            self.runner.decode_shaped_forced = gc.jump_forward_decode_rows
+            self.runner.decode_shaped_prompt_reads = mc.cuda_graph_prefill_reads
+            if gc.jump_forward_decode_rows or mc.cuda_graph_prefill_reads:
                 self.runner.decode_shaped_max_rows = self.runner.decode_graphs.ladder[-1]
         self.scheduler = Scheduler(
             sc,
@@ -200,11 +204,14 @@ class Worker:
             self.grammars.warmup()  # in the background: the first constrained request waits less
 
     def _graph_max_batch_size(self) -> int:
-        """The largest decode CUDA graph: one row per running request, or with
-        jump-forward decode rows (GrammarConfig) room for their forced tokens too."""
+        """The largest decode CUDA graph: one row per running request; with jump-forward
+        decode rows (GrammarConfig) room for their forced tokens too, and with graphed
+        prefill (ModelConfig.cuda_graph_prefill_reads) room for one prompt that fits its
+        read budget (n tokens from scratch read n (n + 1) / 2 keys)."""
         rows = self.config.scheduler.max_running_requests
         if self.config.grammar.jump_forward_decode_rows:
             rows *= 4
+        rows += math.isqrt(2 * self.config.model.cuda_graph_prefill_reads)
         return min(self.config.model.cuda_graph_max_batch_size, rows)
 
     def _capture_decode_graphs(self, attn: AttentionBackend) -> DecodeCudaGraphs:

@@ -35,14 +35,28 @@ def decode_shaped(batch: ForwardBatch) -> ForwardBatch:
 def test_decode_rows_match_the_extend(backend_name: str, num_heads: int, num_kv_heads: int) -> None:
     # Forced runs of 9 and 3 tokens beside decoding rows of different lengths.
     seqs = [(20, 1), (31, 1), (15, 9), (4, 1), (40, 3)]
+    _check_decode_rows(backend_name, seqs, num_heads, num_kv_heads)
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "triton"])
+def test_prompt_chunks_as_decode_rows_match_the_extend(backend_name: str) -> None:
+    # A prompt from scratch (12 tokens) and a chunk over a cached prefix, beside decodes.
+    seqs = [(20, 1), (0, 12), (7, 5), (33, 1)]
+    _check_decode_rows(backend_name, seqs, 8, 2)
+
+
+def _check_decode_rows(
+    backend_name: str, seqs: list[tuple[int, int]], num_heads: int, num_kv_heads: int
+) -> None:
     pool, batch, q, k, v = make_case(seqs, num_heads, num_kv_heads, device=DEVICE)
     scale = HEAD_DIM**-0.5
     backend = create_attention_backend(backend_name, pool, scale)
     backend.prepare(batch)
     mixed = backend.forward(q, k, v, LAYER, batch)
     shaped = decode_shaped(batch)
-    assert shaped.is_decode_only and shaped.batch_size == 1 + 1 + 9 + 1 + 3
-    assert shaped.seq_lens_cpu[2:11] == list(range(16, 25))
+    assert shaped.is_decode_only and shaped.batch_size == sum(n for _, n in seqs)
+    expected = [p + i + 1 for p, n in seqs for i in range(n)]
+    assert shaped.seq_lens_cpu == expected
     assert torch.equal(shaped.positions, batch.positions)  # same tokens, same places
     backend.prepare(shaped)
     out = backend.forward(q, k, v, LAYER, shaped)

@@ -118,6 +118,7 @@ def test_cuda_forced_tokens_replay_the_decode_graph() -> None:
             kv_cache_tokens=16384,
             max_running_requests=16,
             jump_forward_decode_rows=rows,
+            cuda_graph_prefill_reads=0,  # prompts stay eager: only forced tokens differ
         )
         runner = eng.worker.runner
         assert runner.decode_graphs is not None
@@ -134,3 +135,29 @@ def test_cuda_forced_tokens_replay_the_decode_graph() -> None:
         eng.shutdown()
     assert outs[True] == outs[False]
     assert replays[True] > replays[False]
+
+
+def test_tiny_short_prompts_run_as_decode_rows(tiny: Engine) -> None:
+    """Admission steps with short prompt chunks take the decode shape too (the worker
+    enables it with CUDA graphs, within `cuda_graph_prefill_reads`): same tokens as the
+    extend path; over the read budget a step stays mixed."""
+    prompts = [f"document {i}: " + "x" * (3 * i) for i in range(8)]
+    params = {"temperature": 0, "max_new_tokens": 40}
+    runner = tiny.worker.runner
+    mixed = _generate(tiny, prompts, params, rows=0)
+    runner.decode_shaped_prompt_reads = 65536
+    try:
+        before = runner.num_decode_shaped_steps
+        shaped = _generate(tiny, prompts, params, rows=256)
+        n_shaped = runner.num_decode_shaped_steps - before
+        # 8 prompts of 13..34 tokens, all admitted in the first step (~1,800 reads).
+        assert n_shaped == 1
+        assert [o["output_ids"] for o in shaped] == [o["output_ids"] for o in mixed]
+        runner.decode_shaped_prompt_reads = 100  # the first prompt alone reads 91
+        before = runner.num_decode_shaped_steps
+        capped = _generate(tiny, prompts, params, rows=256)
+        assert runner.num_decode_shaped_steps == before
+        assert [o["output_ids"] for o in capped] == [o["output_ids"] for o in mixed]
+    finally:
+        runner.decode_shaped_prompt_reads = 0
+    assert_engine_idle_and_clean(tiny)
