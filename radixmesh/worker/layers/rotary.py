@@ -7,7 +7,9 @@ and "llama3" (Llama 3.1: long wavelengths divided by `factor`, a smooth ramp bet
 
 cos/sin are tabulated once for every position up to `max_position` in the model dtype
 (as the reference rounds them); the model looks them up once per step and every layer
-reuses them.
+reuses them. `apply_rotary_` is what the model calls: on CUDA one Triton kernel that
+rotates in place (`layers/kernels/rotary.py`), elsewhere `apply_rotary`'s PyTorch ops,
+which are also the kernel's reference.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from radixmesh.worker.layers import kernels
 
 
 def rope_inv_freq(
@@ -103,3 +107,15 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """Rotate x [T, H, D] by the angles of cos/sin [T, 1, D] from RotaryEmbedding."""
     swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # [T, H, D]: [x2 | x1]
     return x * cos + swapped * sin
+
+
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`apply_rotary` that may overwrite x: the fused CUDA kernel rotates x [T, H, D] in
+    place (any token/head strides, e.g. q and k inside the fused qkv output) and returns
+    it; the PyTorch path returns a new tensor. Use the result; do not read x afterwards."""
+    if kernels.enabled(x):
+        from radixmesh.worker.layers.kernels.rotary import rotary_
+
+        rotary_(x, cos, sin)
+        return x
+    return apply_rotary(x, cos, sin)

@@ -3,7 +3,11 @@
 Reads like transformers' `modeling_llama.py`: embed -> N x (RMSNorm, attention with
 rotary, residual, RMSNorm, SiLU MLP, residual) -> norm. Differences are for speed only:
 q/k/v and gate/up are fused projections (one matmul each), cos/sin are looked up once per
-step, and attention goes through an `AttentionBackend` over the paged KV pool. Tensor
+step, attention goes through an `AttentionBackend` over the paged KV pool, and each
+residual add is done by the norm that follows it (vLLM-style): a layer takes and returns
+(hidden, residual), where hidden is the last sub-layer's output not yet added in, and
+`RMSNorm(hidden, residual)` adds it into the residual stream in place and normalizes the
+sum, one kernel on CUDA. The sums and the norms' inputs are the reference's. Tensor
 parallelism lives in the layers; this file never sees a rank.
 """
 
@@ -26,7 +30,7 @@ from radixmesh.worker.layers.linear import (
 )
 from radixmesh.worker.layers.norm import RMSNorm
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
-from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary
+from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary_
 from radixmesh.worker.layers.weights import Loaded, ShardId, get_weight_loader
 from radixmesh.worker.model.arch import LlamaArchConfig
 
@@ -70,8 +74,9 @@ class LlamaAttention(nn.Module):
         t, h, hkv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D]
         qk, v = qkv.split([(h + hkv) * d, hkv * d], dim=-1)
-        # q and k sit side by side in the fused output: rotate both with one set of ops.
-        qk = apply_rotary(qk.view(t, h + hkv, d), *cos_sin)  # [T, Hq + Hkv, D]
+        # q and k sit side by side in the fused output: rotate both at once (in place on
+        # CUDA: one kernel over the strided view).
+        qk = apply_rotary_(qk.view(t, h + hkv, d), *cos_sin)  # [T, Hq + Hkv, D]
         q, k = qk.split([h, hkv], dim=1)  # [T, Hq, D], [T, Hkv, D]
         out = attn.forward(q, k, v.view(t, hkv, d), self.layer_id, batch)  # [T, Hq, D]
         return self.o_proj(out.reshape(t, h * d))  # [T, hidden]
@@ -107,16 +112,23 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
+        residual: torch.Tensor | None,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
         attn: AttentionBackend,
-    ) -> torch.Tensor:
-        residual = hidden
-        hidden = self.self_attn(self.input_layernorm(hidden), cos_sin, batch, attn)
-        hidden = residual + hidden
-        residual = hidden
-        hidden = self.mlp(self.post_attention_layernorm(hidden))
-        return residual + hidden  # [T, hidden]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) -> (MLP output, residual stream before it), each [T, hidden].
+
+        The first layer gets the embeddings and residual None; later layers get the
+        previous layer's MLP output, which the input norm adds into the residual stream.
+        """
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, cos_sin, batch, attn)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
@@ -143,9 +155,12 @@ class LlamaModel(nn.Module):
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids)  # [T, hidden]
         cos_sin = self.rotary_emb(batch.positions)  # once per step, shared by every layer
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            hidden = layer(hidden, cos_sin, batch, attn)
-        return self.norm(hidden)  # [T, hidden]
+            hidden, residual = layer(hidden, residual, cos_sin, batch, attn)
+        if residual is None:  # no layers
+            return self.norm(hidden)
+        return self.norm(hidden, residual)[0]  # [T, hidden]
 
 
 # Checkpoint projections that live inside a fused parameter here: (checkpoint piece,

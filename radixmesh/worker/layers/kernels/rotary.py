@@ -1,0 +1,88 @@
+"""Rotary embedding in place: q and k heads [T, H, D] rotated by cos/sin [T, 1, D].
+
+The tables are RotaryEmbedding's full-width ones (sin carries the rotation's sign), so
+with x = [x1 | x2] the result is [x1 * cos1 + x2 * sin1 | x2 * cos2 + x1 * sin2], the
+halves of `apply_rotary`'s x * cos + [x2 | x1] * sin. Each product and the sum are
+rounded to x's dtype, as the three PyTorch ops round them, and the kernel is compiled
+without mul-add fusion, so the result equals `apply_rotary` bit for bit.
+
+One program per (token, block of heads) loads its rows completely before it stores
+them, so rotating in place is safe. x may be a view with any token and head strides
+(q and k inside the fused qkv output); its head dim must be contiguous.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mul_add(a, cos, b, sin, DTYPE: tl.constexpr):
+    """a * cos + b * sin, each product and the sum rounded to DTYPE."""
+    ac = (a.to(tl.float32) * cos.to(tl.float32)).to(DTYPE)
+    bs = (b.to(tl.float32) * sin.to(tl.float32)).to(DTYPE)
+    return (ac.to(tl.float32) + bs.to(tl.float32)).to(DTYPE)
+
+
+@triton.jit
+def _rotary_kernel(
+    X,
+    Cos,
+    Sin,
+    num_heads,
+    stride_xt,
+    stride_xh,
+    stride_cos,
+    stride_sin,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask_d = offs_d < HALF
+    mask = (offs_h[:, None] < num_heads) & mask_d[None, :]
+    cos = Cos + t * stride_cos + offs_d
+    sin = Sin + t * stride_sin + offs_d
+    cos1 = tl.load(cos, mask=mask_d, other=0.0)[None, :]
+    cos2 = tl.load(cos + HALF, mask=mask_d, other=0.0)[None, :]
+    sin1 = tl.load(sin, mask=mask_d, other=0.0)[None, :]
+    sin2 = tl.load(sin + HALF, mask=mask_d, other=0.0)[None, :]
+    x1_ptr = X + t * stride_xt + offs_h[:, None] * stride_xh + offs_d[None, :]
+    x1 = tl.load(x1_ptr, mask=mask, other=0.0)  # [BLOCK_H, BLOCK_HALF]
+    x2 = tl.load(x1_ptr + HALF, mask=mask, other=0.0)
+    dtype = X.dtype.element_ty
+    tl.store(x1_ptr, _mul_add(x1, cos1, x2, sin1, dtype), mask=mask)
+    tl.store(x1_ptr + HALF, _mul_add(x2, cos2, x1, sin2, dtype), mask=mask)
+
+
+def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate x [T, H, D] in place by cos/sin [T, 1, D] (RotaryEmbedding's tables)."""
+    t, h, d = x.shape
+    assert d % 2 == 0 and cos.shape == sin.shape == (t, 1, d), (x.shape, cos.shape, sin.shape)
+    assert cos.dtype == sin.dtype == x.dtype, (x.dtype, cos.dtype, sin.dtype)
+    assert x.stride(2) == cos.stride(2) == sin.stride(2) == 1
+    if t == 0 or h == 0:
+        return
+    half = d // 2
+    block_half = triton.next_power_of_2(half)
+    # About 2K elements per program: a decode step's 40 heads of 128 dims are 3 programs.
+    block_h = min(triton.next_power_of_2(h), max(1, 1024 // block_half))
+    _rotary_kernel[(t, triton.cdiv(h, block_h))](
+        x,
+        cos,
+        sin,
+        h,
+        x.stride(0),
+        x.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        HALF=half,
+        BLOCK_H=block_h,
+        BLOCK_HALF=block_half,
+        num_warps=4,
+        enable_fp_fusion=False,
+    )
