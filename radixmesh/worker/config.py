@@ -124,6 +124,9 @@ class ParallelConfig:
     tp_size: int = 1
     # Seconds a collective (and start-up) may wait on a silent rank before failing.
     tp_timeout: float = 120.0
+    # CUDA: small all-reduces (decode steps) in one kernel over PyTorch symmetric memory
+    # instead of NCCL (tp/one_shot.py); falls back to NCCL where it is unavailable.
+    tp_one_shot_all_reduce: bool = True
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:

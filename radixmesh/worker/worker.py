@@ -7,6 +7,7 @@ budget, then the req->token table sized by the context length and max running re
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import gc
 import importlib.util
 import logging
@@ -43,6 +44,7 @@ from radixmesh.worker.pool_sizing import (
 from radixmesh.worker.scheduler import Scheduler
 from radixmesh.worker.tp.followers import FollowerRanks
 from radixmesh.worker.tp.group import rank_device
+from radixmesh.worker.tp.one_shot import try_one_shot
 
 if TYPE_CHECKING:  # imports triton
     from radixmesh.worker.cuda_graph import DecodeCudaGraphs
@@ -123,6 +125,10 @@ class Worker:
                 tp = self.followers.tp
         self.tp = tp or SINGLE
         self.dtype = resolve_dtype(mc.dtype, self.device)
+        if self.tp.size > 1 and config.parallel.tp_one_shot_all_reduce:
+            fast = try_one_shot(self.device, self.dtype)  # every rank, here: a collective
+            if fast is not None:
+                self.tp = dataclasses.replace(self.tp, fast_all_reduce=fast)
         if self.device.type == "cpu":
             keep_freed_memory_in_process()
         t0 = time.perf_counter()

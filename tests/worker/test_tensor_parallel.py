@@ -369,7 +369,8 @@ def test_worker_process_tp2_serves_then_exits_when_a_rank_dies(tmp_path: Path) -
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_cuda_tp2_with_graphs_matches_tp1() -> None:
     """NCCL on cuda:0 and cuda:1, triton attention, decode CUDA graphs capturing the
-    all-reduces: float32 logits within 1e-4 of one GPU's, the same greedy tokens."""
+    all-reduces (one-shot over symmetric memory for the small ones): float32 logits within
+    1e-4 of one GPU's, the same greedy tokens."""
     model = "dummy:llama-3-8b@layers=2"
     opts: dict[str, Any] = dict(
         dtype="float32", kv_cache_tokens=8192, max_running_requests=8, device="cuda"
@@ -385,6 +386,8 @@ def test_cuda_tp2_with_graphs_matches_tp1() -> None:
     try:
         graphs = eng.worker.runner.decode_graphs
         assert graphs is not None
+        # Decode steps' all-reduces go through symmetric memory (tp/one_shot.py).
+        assert eng.worker.tp.fast_all_reduce is not None
         tokens, logits = _run(eng, prompts)
         assert graphs.num_replays > 0
         assert str(eng.worker.device) == "cuda:0"

@@ -6,6 +6,7 @@ a global. With `size == 1` every collective is a no-op, so CPU runs need no proc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,9 @@ class TPGroup:
     rank: int = 0
     size: int = 1
     group: Any = None  # torch.distributed.ProcessGroup; None: the default group
+    # Optional faster path for small all-reduces (tp/one_shot.py): called with the tensor,
+    # returns True when it has summed it in place, False to leave it to the group.
+    fast_all_reduce: Callable[[torch.Tensor], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -32,6 +36,8 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the group, in place."""
+        if self.fast_all_reduce is not None and self.fast_all_reduce(x):
+            return x
         if self.size > 1:
             import torch.distributed as dist
 
