@@ -73,6 +73,12 @@ class IncrementalDetokenizer:
         return self._pieces[0] if self._pieces else ""
 
     @property
+    def has_stops(self) -> bool:
+        """Whether stop strings may end the text (then pushes must be token by token to
+        know which token ended it)."""
+        return bool(self._stops)
+
+    @property
     def matched_stop(self) -> str | None:
         """The stop string that ended the text, once one did."""
         return self._matched

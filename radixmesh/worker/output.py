@@ -54,6 +54,35 @@ class OutputProcessor:
         if req.finished and req.detokenizer is not None:
             text.append(req.detokenizer.finish())
 
+    def append_forced(self, req: Request, tokens: list[int]) -> None:
+        """Tokens a grammar forced (jump-forward: no logprob), with the same result as
+        `append_token` one at a time, but in one detokenizer push when nothing can end
+        the request before the last of them: no stop token or stop string among them,
+        no logprobs, and room for all under max_new_tokens and the context length. A
+        jump appends ~10 tokens; one at a time they cost ~10 us each on the H200's host."""
+        detok = req.detokenizer
+        params = req.params
+        room = min(params.max_new_tokens - req.num_output_tokens, self.context_len - req.num_tokens)
+        if (
+            len(tokens) > room
+            or params.return_logprob
+            or (detok is not None and detok.has_stops)
+            or not req.stop_ids.isdisjoint(tokens)
+        ):
+            for t in tokens:
+                self.append_token(req, t, None, None)
+                if req.finished:
+                    return
+            return
+        req.token_ids.extend(tokens)
+        ids, text, _, _ = self._buf(req)
+        ids.extend(tokens)
+        if detok is not None:
+            text.append(detok.push(tokens))
+        self._check_finish(req, tokens[-1], False)
+        if req.finished and detok is not None:
+            text.append(detok.finish())
+
     def _check_finish(self, req: Request, token: int, stop_token: bool) -> None:
         params = req.params
         n_out = req.num_output_tokens

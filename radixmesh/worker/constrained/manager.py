@@ -49,7 +49,7 @@ _LABELS = {
 }
 
 
-class TokenAppender(Protocol):  # OutputProcessor.append_token
+class TokenAppender(Protocol):  # OutputProcessor.append_token / append_forced
     def append_token(
         self,
         req: Request,
@@ -57,6 +57,8 @@ class TokenAppender(Protocol):  # OutputProcessor.append_token
         logprob: float | None,
         top: list[tuple[int, float]] | None,
     ) -> None: ...
+
+    def append_forced(self, req: Request, tokens: list[int]) -> None: ...
 
 
 @dataclass(eq=False)
@@ -262,13 +264,14 @@ class GrammarManager:
         tokens = [token]
         if self.jump_forward and not g.matcher.is_terminated():
             tokens = self._jump(g, token)
-        for k, t in enumerate(tokens):
-            if k == 0 and t == token:
-                output.append_token(req, t, logprob, top)
-            else:  # forced by the grammar: probability 1 under the constraint
-                output.append_token(req, t, None, None)
-            if req.finished:
-                return
+        forced = tokens
+        if tokens[0] == token:  # else jump-forward's retokenization replaced it
+            output.append_token(req, token, logprob, top)
+            forced = tokens[1:]
+        if forced and not req.finished:  # probability 1 under the constraint
+            output.append_forced(req, forced)
+        if req.finished:
+            return
         if g.matcher.is_terminated():
             req.finish(FinishReason.STOP, token)
 

@@ -1,0 +1,73 @@
+"""OutputProcessor.append_forced: the same request state and emitted text as appending
+the forced tokens one at a time, in every case that can end a request mid-way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.tokenizer import ByteTokenizer
+from radixmesh.worker.detokenizer import IncrementalDetokenizer
+from radixmesh.worker.output import OutputProcessor
+from radixmesh.worker.request import Request, RequestOutput
+
+TOK = ByteTokenizer(512, eos_token_ids=[2])
+PROMPT = TOK.encode("Extract: ")
+FORCED = TOK.encode('", "city": "')  # 12 tokens
+
+
+def _request(stop_ids: frozenset[int] = frozenset(), **params: Any) -> Request:
+    sp = SamplingParams(temperature=0.0, **params)
+    req = Request(rid="r", prompt_ids=list(PROMPT), params=sp, stop_ids=stop_ids)
+    req.detokenizer = IncrementalDetokenizer(TOK, PROMPT, stop=sp.stop)
+    return req
+
+
+def _run(bulk: bool, context_len: int = 4096, **kw: Any) -> tuple[Any, ...]:
+    out = OutputProcessor(context_len)
+    req = _request(**kw)
+    got: list[RequestOutput] = []
+    req.sink = got.append
+    out.append_token(req, TOK.encode("A")[0], -0.5, None)  # a sampled token first
+    if bulk:
+        out.append_forced(req, FORCED)
+    else:
+        for t in FORCED:
+            out.append_token(req, t, None, None)
+            if req.finished:
+                break
+    out.emit(req)
+    return (
+        req.token_ids,
+        req.finish_reason,
+        req.matched_stop,
+        [(o.new_token_ids, o.text_delta, o.finished) for o in got],
+        req.output_token_logprobs,
+    )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},  # one push
+        {"max_new_tokens": 13},  # ends exactly on the last forced token
+        {"max_new_tokens": 5},  # ends inside the forced run
+        {"stop": ["city"]},  # a stop string inside it
+        {"stop_ids": frozenset({TOK.encode(":")[0]}), "max_new_tokens": 64},  # a stop token
+        {"return_logprob": True},
+        {"context_len": len(PROMPT) + 7},  # the context ends inside it
+    ],
+    ids=["plain", "len-at-end", "len-inside", "stop-str", "stop-tok", "logprobs", "context"],
+)
+def test_forced_run_equals_token_by_token(kw: dict[str, Any]) -> None:
+    kw = dict(kw)
+    context = kw.pop("context_len", 4096)
+    assert _run(True, context, **kw) == _run(False, context, **kw)
+
+
+def test_plain_run_is_one_push() -> None:
+    tokens, reason, _, emitted, _ = _run(True)
+    assert reason is None and tokens[len(PROMPT) :] == TOK.encode('A", "city": "')
+    assert emitted == [(TOK.encode('A", "city": "'), 'A", "city": "', False)]
