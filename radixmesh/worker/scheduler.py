@@ -260,15 +260,16 @@ class Scheduler:
                 break  # keep the policy's order: no smaller request jumps ahead
             prefix = len(match.slots)
             n = min(req.num_tokens - prefix, budget)
-            new = self._alloc(req, n, num_existing=prefix, last_slot=None)
-            if new is None:  # reservation is an estimate; memory is the truth
+            host = self._alloc(req, n, num_existing=prefix, last_slot=None)
+            if host is None:  # reservation is an estimate; memory is the truth
                 self.cache.dec_lock_ref(match.last_node)
                 self.req_table.free_row(row)
                 break
+            new = to_device(host, self.allocator.device)
             self.waiting.remove(req)
             self._start(req, row, match.slots, match.last_node)
             self.req_table.write(row, prefix, new)
-            self._last_slot[req.rid] = int(new[-1])
+            self._last_slot[req.rid] = int(host[-1])
             self._allocated[req.rid] = prefix + n
             self.running.append(req)
             admitted.append(req)
@@ -344,25 +345,30 @@ class Scheduler:
     def _alloc(
         self, req: Request, n: int, *, num_existing: int, last_slot: int | None
     ) -> torch.Tensor | None:
-        new = self.allocator.alloc(n, last_slot=last_slot, num_existing=num_existing)
+        """Slots for n tokens, on the host (evicting if short): the caller reads the last
+        one there and moves them to the device without a wait (on CUDA a blocking copy
+        and `int(slots[-1])` would each wait for a step in flight under overlap)."""
+        alloc = self.allocator.alloc
+        new = alloc(n, last_slot=last_slot, num_existing=num_existing, on_host=True)
         if new is None:
             self.cache.evict(n + self.page_size)
-            new = self.allocator.alloc(n, last_slot=last_slot, num_existing=num_existing)
+            new = alloc(n, last_slot=last_slot, num_existing=num_existing, on_host=True)
         return new
 
     def _alloc_or_retract(self, req: Request, n: int) -> torch.Tensor | None:
         """Slots for `req`'s next n tokens, retracting newer requests if memory is short."""
         while True:
-            new = self._alloc(
+            host = self._alloc(
                 req,
                 n,
                 num_existing=req.num_computed_tokens,
                 last_slot=self._last_slot.get(req.rid),
             )
-            if new is not None:
+            if host is not None:
                 assert req.row is not None
+                new = to_device(host, self.allocator.device)
                 self.req_table.write(req.row, req.num_computed_tokens, new)
-                self._last_slot[req.rid] = int(new[-1])
+                self._last_slot[req.rid] = int(host[-1])
                 self._allocated[req.rid] = req.num_computed_tokens + n
                 return new
             victim = self.running[-1]

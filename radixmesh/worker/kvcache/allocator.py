@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from radixmesh.worker.forward_batch import to_device
+
 
 class KVAllocator:
     def __init__(self, num_slots: int, page_size: int = 1, device: torch.device | str = "cpu"):
@@ -70,9 +72,15 @@ class KVAllocator:
 
     # ---- alloc / free --------------------------------------------------------------------
     def alloc(
-        self, num_tokens: int, *, last_slot: int | None = None, num_existing: int = 0
+        self,
+        num_tokens: int,
+        *,
+        last_slot: int | None = None,
+        num_existing: int = 0,
+        on_host: bool = False,
     ) -> torch.Tensor | None:
-        """Slots [num_tokens] int64 (on `device`) for the next tokens of a sequence.
+        """Slots [num_tokens] int64 (on `device`, or the CPU with `on_host`) for the next
+        tokens of a sequence.
 
         The sequence already has `num_existing` tokens, the last in `last_slot`; when its
         last page is partly used, the new tokens first take slots last_slot+1, ... of that
@@ -97,7 +105,7 @@ class KVAllocator:
         if len(head):
             new = np.concatenate([head, new])
         out = torch.from_numpy(new)  # `new` is always a fresh array: safe to share
-        return out if self.device.type == "cpu" else out.to(self.device)
+        return out if on_host or self.device.type == "cpu" else to_device(out, self.device)
 
     def alloc_next(self, num_existing: list[int], last_slots: list[int]) -> torch.Tensor | None:
         """One slot each for the next token of many sequences (a decode step), in one call.
