@@ -16,6 +16,10 @@ part() { [[ " $PARTS " == *" $1 "* ]]; }
 D=$(date +%Y%m%d); S=$(date +%s)
 el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
 
+if part tests; then
+  timeout 120 python -m pytest -q -m gpu -p no:cacheprovider tests/worker > "$OUT/gpu-tests.log" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/gpu-tests.log"; el tests
+fi
 if part offline; then
   timeout -s INT 560 python bench/offline.py --model dummy:llama-3-8b --device cuda --workloads gpu \
     --kv-cache-bytes 0 --max-running-requests 256 --max-num-batched-tokens 8192 --repeats 3 \
