@@ -27,11 +27,14 @@ def _refuses(address: str) -> bool:
         return True
 
 
-def test_launch_serves_and_stops_every_process_on_ctrl_c() -> None:
+@pytest.mark.parametrize(("workers", "tp"), [(2, 1), (1, 2)], ids=["2-workers", "tp2-worker-gloo"])
+def test_launch_serves_and_stops_every_process_on_ctrl_c(workers: int, tp: int) -> None:
+    """Two plain workers; one worker that is a tensor-parallel group of 2 ranks (gloo)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
-         "--workers", "2", "--port", str(port), "--dtype", "float32"],
+         "--workers", str(workers), "--tp-size", str(tp), "--port", str(port),
+         "--dtype", "float32"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -41,14 +44,14 @@ def test_launch_serves_and_stops_every_process_on_ctrl_c() -> None:
         while not ready.startswith("radixmesh cluster ready"):
             assert time.monotonic() < deadline and proc.poll() is None
             ready = proc.stdout.readline()
-        workers = re.findall(r"127\.0\.0\.1:\d+", ready.split("workers", 1)[1])
-        assert len(workers) == 2
+        addresses = re.findall(r"127\.0\.0\.1:\d+", ready.split("workers", 1)[1])
+        assert len(addresses) == workers
         with Client(f"127.0.0.1:{port}") as client:
             out = client.generate("hello", sampling_params={"max_new_tokens": 3})
         assert out.completion_tokens == 3
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
-        assert [_refuses(a) for a in [f"127.0.0.1:{port}", *workers]] == [True, True, True]
+        assert all(_refuses(a) for a in [f"127.0.0.1:{port}", *addresses])
     finally:
         if proc.poll() is None:
             proc.kill()
