@@ -1,11 +1,7 @@
 # Device call: all-reduce microbench, JSON decode ratio, batch-1 anatomy (tp 1, 2).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-pip install --no-index --no-deps --target /tmp/site .whl/grammar/*.whl .whl/grpc/*.whl -q 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD
-S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
 PARTS=${PARTS:-"ar json b1"}
-part() { [[ " $PARTS " == *" $1 "* ]]; }
+source bench/device_env.sh
 part ar && { timeout 90 python bench/allreduce.py --world 2 --out $OUT/allreduce.json > $OUT/allreduce.log 2>&1; echo ar rc=$?; el ar; }
 part json && { timeout 150 python bench/json_decode.py --model dummy:llama-3-8b --documents 256 \
   --max-running-requests 64 --max-new-tokens 400 --kv-cache-bytes 16000000000 \

@@ -7,14 +7,8 @@
 #                                      `radixmesh launch --tp-size 2`
 # Carry .whl (see bench/h200_session.sh). Results and logs go to $OUT.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-pip install --no-index --no-deps --target /tmp/site .whl/grammar/*.whl .whl/grpc/*.whl -q 2>/dev/null
-export PYTHONPATH=/tmp/site:$PWD
 PARTS=${PARTS:-"json tp"}
-part() { [[ " $PARTS " == *" $1 "* ]]; }
-D=$(date +%Y%m%d); S=$(date +%s)
-el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
+source bench/device_env.sh
 
 if part tests; then
   timeout 120 python -m pytest -q -m gpu -p no:cacheprovider tests/worker > "$OUT/gpu-tests.log" 2>&1
@@ -46,27 +40,6 @@ if part tp70; then
     --out "$OUT/tp-70b-gpu-$D.json" > "$OUT/tp70.log" 2>&1
   echo "tp70 rc=$?"; grep -A2 "^run " "$OUT/tp70.log"; tail -3 "$OUT/tp70.log"; el tp70
 fi
-if part launch; then
-  python -m radixmesh.cluster.cli launch --model dummy:llama-3-8b --workers 1 --tp-size 2 \
-    --port 50050 > "$OUT/launch-tp2.log" 2>&1 &
-  L=$!
-  timeout 100 python - <<'PY'
-import time
-from radixmesh.client import Client
-deadline = time.time() + 90
-while True:
-    try:
-        with Client("127.0.0.1:50050", timeout=30) as c:
-            out = c.generate(input_ids=list(range(1, 65)),
-                             sampling_params={"temperature": 0, "max_new_tokens": 8})
-            print("launch --tp-size 2 answered:", out.token_ids, out.finish_reason)
-            break
-    except Exception as e:  # not ready yet
-        if time.time() > deadline:
-            print("launch --tp-size 2 did not answer:", type(e).__name__, e)
-            break
-        time.sleep(2)
-PY
-  kill -INT $L; wait $L; echo "launch rc=$?"; el launch
-fi
+# `radixmesh launch --tp-size 2` serving through the router: h200_session.sh's part.
+part launch && PARTS=launch bash bench/h200_session.sh
 true

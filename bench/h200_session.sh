@@ -6,14 +6,8 @@
 # and protobuf as in the venv: the machine's grpcio 1.84 is older than the 1.85.1 our
 # generated stubs and grpc_health require) carried; see ENV.md.
 set -u
-export NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-pip install --no-index --no-deps --target /tmp/site .whl/grammar/*.whl .whl/grpc/*.whl -q 2>/dev/null
 PARTS=${PARTS:-"tests tp offline json launch"}
-part() { [[ " $PARTS " == *" $1 "* ]]; }
-export PYTHONPATH=/tmp/site:$PWD
-D=$(date +%Y%m%d); S=$(date +%s)
-el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
+source bench/device_env.sh
 
 # 1. GPU tests (TP over NCCL, overlap, jump-forward decode rows, graphs, pool sizing).
 part tests && timeout 100 python -m pytest -q -m gpu --continue-on-collection-errors -p no:cacheprovider \

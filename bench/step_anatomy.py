@@ -87,6 +87,23 @@ def _kernel_kind(name: str) -> str:
     return "other"
 
 
+def profile_generation(
+    engine: Engine, prompt: list[int], params: dict[str, Any]
+) -> tuple[Any, float]:
+    """One generation (cache flushed first) under torch.profiler (CPU and CUDA activity):
+    the profile and the wall seconds. CUPTI sees the scheduler thread's kernels, graph
+    replays included."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.flush_cache()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        engine.generate(input_ids=prompt, sampling_params=params)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    return prof, wall
+
+
 def _kernel_profile(prof: Any, steps: int, wall_s: float) -> dict[str, Any]:
     """Kernel count, summed and union time per step, and time by kind."""
     intervals: list[tuple[float, float]] = []
@@ -151,17 +168,7 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
             timer.wrap(runner.followers, "send_step", "send_step")
         if runner.decode_graphs is not None:
             timer.wrap(runner.decode_graphs, "run", "graph_run")
-        step = sched.step
-
-        def timed_step() -> Any:
-            t0 = time.perf_counter()
-            try:
-                return step()
-            finally:
-                step_times.append(1e3 * (time.perf_counter() - t0))
-                phases.append(timer.take())
-
-        sched.step = timed_step  # type: ignore[method-assign]
+        _time_steps(sched, timer, step_times, phases)
         engine.flush_cache()
         t0 = time.perf_counter()
         engine.generate(input_ids=prompt, sampling_params=params)
@@ -179,14 +186,7 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
             "host_phase_ms_mean": host,
         }
         if torch.cuda.is_available():
-            from torch.profiler import ProfilerActivity, profile
-
-            engine.flush_cache()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                t0 = time.perf_counter()
-                engine.generate(input_ids=prompt, sampling_params=params)
-                torch.cuda.synchronize()
-                wall = time.perf_counter() - t0
+            prof, wall = profile_generation(engine, prompt, params)
             res["profile"] = _kernel_profile(prof, args.steps, wall)
             if args.trace:
                 prof.export_chrome_trace(args.trace)
@@ -244,7 +244,6 @@ def json_steps(args: argparse.Namespace) -> dict[str, Any]:
         timer.wrap(sched, "process_output", "process_output")
         records: list[dict[str, Any]] = []
         forward = runner.forward
-        model = runner.model
 
         def timed_forward(batch: Batch) -> Any:
             replays = graphs.num_replays if graphs is not None else 0
@@ -265,7 +264,6 @@ def json_steps(args: argparse.Namespace) -> dict[str, Any]:
             return out
 
         runner.forward = timed_forward  # type: ignore[method-assign]
-        del model
         runs = {}
         for jump in (True, False):
             engine.worker.grammars.jump_forward = jump

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from offline import Workload, gpu_workloads, machine, run_engine
+from step_anatomy import profile_generation
 
 from radixmesh.worker.engine import Engine
 
@@ -145,17 +146,10 @@ def decode_latency(engine: Engine, prompt: list[int], k: int) -> dict[str, Any]:
 
 
 def profile_decode(engine: Engine, prompt: list[int], steps: int) -> dict[str, Any]:
-    """GPU time in NCCL kernels per batch-1 decode step, from torch.profiler (CUPTI sees
-    the scheduler thread's kernels, graph replays included where the driver reports them)."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """GPU time in NCCL kernels per batch-1 decode step, from torch.profiler
+    (`step_anatomy.profile_generation`; its `--workload batch1` breaks down the rest)."""
     params = {"max_new_tokens": steps, "temperature": 0.0, "ignore_eos": True}
-    engine.flush_cache()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        engine.generate(input_ids=prompt, sampling_params=params)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+    prof, wall = profile_generation(engine, prompt, params)
 
     def device_us(e: Any) -> float:
         return float(getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -242,15 +242,7 @@ class WorkerHandle:
             timeout=self.config.health_timeout * 5,
             metadata=self.metadata,
         )
-        present: set[int] = set()
-        for ev in snap.events:
-            if ev.kind == worker_pb2.CACHE_EVENT_KIND_STORED:
-                present.update(ev.block_hashes)
-            elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
-                present.difference_update(ev.block_hashes)
-            else:
-                present.clear()
-        self.summary.reset(snap.epoch, snap.sequence, present)
+        self.summary.reset(snap.epoch, snap.sequence, snapshot_blocks(snap.events))
         self.on_grow()
         self.block_size = snap.block_size
         self.resyncs += 1
@@ -289,3 +281,16 @@ class WorkerPool:
                 return True
             await asyncio.sleep(0.2)
         return False
+
+
+def snapshot_blocks(events: Iterable[worker_pb2.CacheEvent]) -> set[int]:
+    """The block hashes a worker's cache snapshot (its events, in order) leaves present."""
+    present: set[int] = set()
+    for ev in events:
+        if ev.kind == worker_pb2.CACHE_EVENT_KIND_STORED:
+            present.update(ev.block_hashes)
+        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
+            present.difference_update(ev.block_hashes)
+        else:
+            present.clear()
+    return present

@@ -182,12 +182,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 async with aclosing(chunks):
                     async for worker_id, chunk in chunks:
                         yield router_pb2.RouterGenerateResponse(chunk=chunk, worker_id=worker_id)
-            except RadixMeshError as e:
-                record.status = entry_for(e).grpc_status
-                await abort_rpc(context, e)
-            except grpc.aio.AioRpcError as e:
-                record.status = e.code().name
-                await _pass_on(context, e)
+            except (RadixMeshError, grpc.aio.AioRpcError) as e:
+                await _fail(context, e, record)
 
     # ---- the other RPCs -----------------------------------------------------------------
 
@@ -274,6 +270,19 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return await _unary(context, run)
 
 
+async def _fail(
+    context: grpc.aio.ServicerContext,
+    e: RadixMeshError | grpc.aio.AioRpcError,
+    record: RequestRecord,
+) -> NoReturn:
+    """End the RPC with our error's status, or a worker's as it came; record which."""
+    if isinstance(e, RadixMeshError):
+        record.status = entry_for(e).grpc_status
+        await abort_rpc(context, e)
+    record.status = e.code().name
+    await _pass_on(context, e)
+
+
 async def _pass_on(context: grpc.aio.ServicerContext, e: grpc.aio.AioRpcError) -> NoReturn:
     """End the RPC with a worker's status, details and field metadata, as they came."""
     field = [(k, v) for k, v in (e.trailing_metadata() or ()) if k == FIELD_METADATA_KEY]
@@ -289,12 +298,8 @@ async def _unary(
     record = record if record is not None else RequestRecord()
     try:
         return await run()
-    except RadixMeshError as e:
-        record.status = entry_for(e).grpc_status
-        await abort_rpc(context, e)
-    except grpc.aio.AioRpcError as e:
-        record.status = e.code().name
-        await _pass_on(context, e)
+    except (RadixMeshError, grpc.aio.AioRpcError) as e:
+        await _fail(context, e, record)
     except Exception as e:
         if isinstance(e, grpc.aio.AbortError):
             raise

@@ -265,12 +265,9 @@ class Scheduler:
                 self.cache.dec_lock_ref(match.last_node)
                 self.req_table.free_row(row)
                 break
-            new = to_device(host, self.allocator.device)
             self.waiting.remove(req)
             self._start(req, row, match.slots, match.last_node)
-            self.req_table.write(row, prefix, new)
-            self._last_slot[req.rid] = int(host[-1])
-            self._allocated[req.rid] = prefix + n
+            new = self._record(req, row, prefix, host)
             self.running.append(req)
             admitted.append(req)
             items.append(ScheduledRequest(req, n))
@@ -355,6 +352,15 @@ class Scheduler:
             new = alloc(n, last_slot=last_slot, num_existing=num_existing, on_host=True)
         return new
 
+    def _record(self, req: Request, row: int, start: int, host: torch.Tensor) -> torch.Tensor:
+        """Enter new slots (allocated on the host) for tokens start.. of `req` in its table
+        row and the bookkeeping; returns them on the device."""
+        new = to_device(host, self.allocator.device)
+        self.req_table.write(row, start, new)
+        self._last_slot[req.rid] = int(host[-1])
+        self._allocated[req.rid] = start + len(host)
+        return new
+
     def _alloc_or_retract(self, req: Request, n: int) -> torch.Tensor | None:
         """Slots for `req`'s next n tokens, retracting newer requests if memory is short."""
         while True:
@@ -366,11 +372,7 @@ class Scheduler:
             )
             if host is not None:
                 assert req.row is not None
-                new = to_device(host, self.allocator.device)
-                self.req_table.write(req.row, req.num_computed_tokens, new)
-                self._last_slot[req.rid] = int(host[-1])
-                self._allocated[req.rid] = req.num_computed_tokens + n
-                return new
+                return self._record(req, req.row, req.num_computed_tokens, host)
             victim = self.running[-1]
             self.retract(victim)
             if victim is req:

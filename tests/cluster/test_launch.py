@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from radixmesh.client import Client
 from radixmesh.cluster.launch import LaunchConfig, free_port, worker_gpu_env
 from radixmesh.errors import InvalidArgument
+from tests.cluster.processes import ready_line, refuses
 
 pytestmark = pytest.mark.slow
-
-
-def _refuses(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=1):
-            return False
-    except OSError:
-        return True
 
 
 @pytest.mark.parametrize(("workers", "tp"), [(2, 1), (1, 2)], ids=["2-workers", "tp2-worker-gloo"])
@@ -38,12 +28,7 @@ def test_launch_serves_and_stops_every_process_on_ctrl_c(workers: int, tp: int) 
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 120
-        ready = ""
-        while not ready.startswith("radixmesh cluster ready"):
-            assert time.monotonic() < deadline and proc.poll() is None
-            ready = proc.stdout.readline()
+        ready = ready_line(proc, "radixmesh cluster ready")
         addresses = re.findall(r"127\.0\.0\.1:\d+", ready.split("workers", 1)[1])
         assert len(addresses) == workers
         with Client(f"127.0.0.1:{port}") as client:
@@ -51,7 +36,7 @@ def test_launch_serves_and_stops_every_process_on_ctrl_c(workers: int, tp: int) 
         assert out.completion_tokens == 3
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
-        assert all(_refuses(a) for a in [f"127.0.0.1:{port}", *addresses])
+        assert all(refuses(a) for a in [f"127.0.0.1:{port}", *addresses])
     finally:
         if proc.poll() is None:
             proc.kill()

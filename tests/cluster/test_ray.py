@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from radixmesh.cluster.ray_launch import (
 )
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
+from tests.cluster.processes import ready_line, refuses
 
 WORKER_ARGS = ("--dtype", "float32", "--event-block-size", "16")
 PROMPTS = [[1, 5, 9, 200, 31, 7, 64, 12] * 3, [2, 8, 300, 41, 5] * 4]
@@ -224,15 +224,6 @@ def _worker_pid(port: str) -> int:
     raise AssertionError(f"no worker on port {port}")
 
 
-def _refuses(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=1):
-            return False
-    except OSError:
-        return True
-
-
 @pytest.mark.slow
 def test_launch_ray_address_serves_and_stops_on_sigterm(
     cluster: RayCluster, tmp_path: Path
@@ -257,12 +248,7 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
         stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 120
-        ready = ""
-        while not ready.startswith("radixmesh cluster ready (ray)"):
-            assert time.monotonic() < deadline and proc.poll() is None
-            ready = proc.stdout.readline()
+        ready = ready_line(proc, "radixmesh cluster ready (ray)")
         grpc, metrics = ready.split("workers", 1)[1].split("worker metrics")
         workers = re.findall(r"[0-9.]+:\d+", grpc)
         assert len(workers) == 2 and not set(workers) & set(cluster.worker_addresses())
@@ -288,7 +274,7 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         addresses = [f"127.0.0.1:{port}", f"127.0.0.1:{http_port}", *workers]
-        assert [_refuses(a) for a in addresses] == [True] * 4
+        assert [refuses(a) for a in addresses] == [True] * 4
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -311,12 +297,7 @@ def test_launch_ray_exits_1_when_no_worker_is_left(cluster: RayCluster, tmp_path
         stdout=subprocess.PIPE, stderr=err.open("w"), text=True,
     )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 120
-        ready = ""
-        while not ready.startswith("radixmesh cluster ready (ray)"):
-            assert time.monotonic() < deadline and proc.poll() is None
-            ready = proc.stdout.readline()
+        ready = ready_line(proc, "radixmesh cluster ready (ray)")
         (worker,) = re.findall(r"[0-9.]+:(\d+)", ready.split("workers", 1)[1].split(", worker")[0])
         os.kill(_worker_pid(worker), signal.SIGKILL)
         assert proc.wait(timeout=60) == 1
@@ -326,7 +307,7 @@ def test_launch_ray_exits_1_when_no_worker_is_left(cluster: RayCluster, tmp_path
             "0 worker(s) left",
             "radixmesh: no worker left; stopping the cluster",
         ]
-        assert _refuses(f"127.0.0.1:{port}")
+        assert refuses(f"127.0.0.1:{port}")
     finally:
         if proc.poll() is None:
             proc.kill()

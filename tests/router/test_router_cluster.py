@@ -30,6 +30,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.router.pool import snapshot_blocks
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 pytestmark = pytest.mark.slow
@@ -146,15 +147,7 @@ def _flush(address: str) -> None:
 def _snapshot_blocks(address: str) -> int:
     with grpc.insecure_channel(address) as ch:
         snap = worker_pb2_grpc.WorkerStub(ch).GetCacheSnapshot(worker_pb2.GetCacheSnapshotRequest())
-    present: set[int] = set()
-    for ev in snap.events:
-        if ev.kind == worker_pb2.CACHE_EVENT_KIND_STORED:
-            present.update(ev.block_hashes)
-        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
-            present.difference_update(ev.block_hashes)
-        else:
-            present.clear()
-    return len(present)
+    return len(snapshot_blocks(snap.events))
 
 
 def _prefix(group: int) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
 from radixmesh.router.config import RouterConfig
-from radixmesh.router.pool import WorkerHandle
+from radixmesh.router.pool import WorkerHandle, snapshot_blocks
 from radixmesh.router.summary import PrefixSummary
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
@@ -64,15 +64,7 @@ def _status(address: str) -> dict[str, router_pb2.WorkerStatus]:
 def _snapshot_blocks(address: str) -> int:
     with grpc.insecure_channel(address) as ch:
         snap = worker_pb2_grpc.WorkerStub(ch).GetCacheSnapshot(worker_pb2.GetCacheSnapshotRequest())
-    present: set[int] = set()
-    for ev in snap.events:
-        if ev.kind == worker_pb2.CACHE_EVENT_KIND_STORED:
-            present.update(ev.block_hashes)
-        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
-            present.difference_update(ev.block_hashes)
-        else:
-            present.clear()
-    return len(present)
+    return len(snapshot_blocks(snap.events))
 
 
 def _wait_for(predicate: object, timeout: float = 10.0) -> None:

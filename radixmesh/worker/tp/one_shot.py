@@ -40,7 +40,7 @@ class OneShotAllReduce:
 
         self.group_name: str = group.group_name
         self.dtype = dtype
-        numel = max_bytes // torch.empty(0, dtype=dtype).element_size()
+        numel = max_bytes // dtype.itemsize
         self.buf = symm_mem.empty(numel, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buf, group)
         ops = torch.ops.symm_mem
