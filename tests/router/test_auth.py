@@ -7,9 +7,7 @@ with a key, so the cluster coming up at all already exercises both.
 
 from __future__ import annotations
 
-import shutil
 import ssl
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from radixmesh.errors import Unauthenticated
 from radixmesh.router.config import RouterConfig
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.router.http_helpers import Http
+from tests.tls import self_signed
 
 KEYS = ("key-alpha", "key-beta")
 WORKER_KEY = "worker-key"
@@ -67,17 +66,7 @@ def test_config_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    assert openssl is not None, "the openssl CLI is needed to make a test certificate"
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 class SecureCluster:

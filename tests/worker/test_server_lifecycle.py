@@ -7,7 +7,6 @@ ends with finish_reason "abort") and the process exits 0.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh.client import Client
+from tests.tls import self_signed
 
 pytestmark = pytest.mark.slow
 
@@ -28,19 +28,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    assert openssl is not None, "the openssl CLI is needed to make a test certificate"
-    key, cert = tmp / "key.pem", tmp / "cert.pem"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return key, cert
 
 
 def _health_statuses_until_serving(target: str, creds: grpc.ChannelCredentials) -> list[str]:
@@ -63,7 +50,7 @@ def _health_statuses_until_serving(target: str, creds: grpc.ChannelCredentials) 
 
 
 def test_loading_tls_and_drain_timeout(tmp_path: Path, smollm2_gguf: Path) -> None:
-    key, cert = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     port = _free_port()
     cmd = [sys.executable, "-m", "radixmesh.cluster.cli", "worker", "--model", "smollm2"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--drain-timeout", "1"]

@@ -4,6 +4,7 @@ maxLength, arrays a maxItems)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 NAME = {"type": "string", "minLength": 1, "maxLength": 16}
@@ -190,3 +191,19 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["grid"],
     },
 }
+
+
+def schema_requests(tokenizer: Any, names: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Chat prompts asking for a sample record of each named schema, and greedy params
+    (160 new tokens) constrained by it."""
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Reply with JSON for a sample '{n}' record."}]
+        )
+        for n in names
+    ]
+    params = [
+        {"temperature": 0, "max_new_tokens": 160, "json_schema": json.dumps(SCHEMAS[n])}
+        for n in names
+    ]
+    return prompts, params

@@ -13,7 +13,7 @@ import torch
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.model_runner import _one_row_per_token
 from tests.worker.conftest import assert_engine_idle_and_clean
-from tests.worker.constrained.schemas import SCHEMAS
+from tests.worker.constrained.schemas import schema_requests
 
 SCHEMA = {
     "type": "object",
@@ -81,16 +81,7 @@ def test_tiny_json_same_tokens_as_mixed_steps(tiny: Engine) -> None:
 @pytest.mark.slow
 def test_smollm2_same_text_as_mixed_steps(engine: Engine) -> None:
     names = ["nested_object", "flat_person", "long_fixed_keys", "array_of_objects"]
-    prompts = [
-        engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Reply with JSON for a sample '{n}' record."}]
-        )
-        for n in names
-    ]
-    params = [
-        {"temperature": 0, "max_new_tokens": 160, "json_schema": json.dumps(SCHEMAS[n])}
-        for n in names
-    ]
+    prompts, params = schema_requests(engine.tokenizer, names)
     runner = engine.worker.runner
     assert engine.worker.grammars.jump_forward
     mixed = _generate(engine, prompts, params, rows=0)  # type: ignore[arg-type]

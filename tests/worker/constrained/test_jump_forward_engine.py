@@ -11,7 +11,7 @@ import pytest
 from radixmesh.worker.batch import Batch, ForwardOutput
 from radixmesh.worker.engine import Engine
 from tests.worker.conftest import assert_engine_idle_and_clean
-from tests.worker.constrained.schemas import SCHEMAS
+from tests.worker.constrained.schemas import SCHEMAS, schema_requests
 
 pytestmark = pytest.mark.slow
 
@@ -26,16 +26,7 @@ OTHERS = ["long_fixed_keys", "array_of_objects", "optional_fields", "top_level_a
 def run(engine: Engine, names: list[str], jump: bool) -> list[dict[str, object]]:
     engine.worker.grammars.jump_forward = jump
     assert engine.flush_cache()  # the second run must not lean on the first one's KV
-    prompts = [
-        engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Reply with JSON for a sample '{n}' record."}]
-        )
-        for n in names
-    ]
-    params = [
-        {"temperature": 0, "max_new_tokens": 160, "json_schema": json.dumps(SCHEMAS[n])}
-        for n in names
-    ]
+    prompts, params = schema_requests(engine.tokenizer, names)
     outs = engine.generate(prompts, params)
     assert isinstance(outs, list)
     return outs
