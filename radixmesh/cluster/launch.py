@@ -9,6 +9,7 @@ it stops every child (SIGTERM, then SIGKILL after `stop_timeout`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -151,6 +152,10 @@ class LocalCluster:
         return [f"{self.config.host}:{p}" for p in self.worker_ports]
 
     def start(self) -> None:
+        self.start_workers()
+        self.start_router()
+
+    def start_workers(self) -> None:
         c = self.config
         for i, port in enumerate(self.worker_ports):
             args = ["worker", "--model", c.model, "--host", c.host, "--port", str(port)]
@@ -158,6 +163,9 @@ class LocalCluster:
             if c.worker_api_key:
                 args += ["--api-key", c.worker_api_key]
             self.workers.append(subprocess.Popen(_cli(*args, *c.worker_args), env=env))
+
+    def start_router(self) -> None:
+        c = self.config
         router_args = [
             "router",
             "--workers",
@@ -179,6 +187,15 @@ class LocalCluster:
         if c.worker_api_key:
             env[WORKER_API_KEY_ENV] = c.worker_api_key
         self.router = subprocess.Popen(_cli(*router_args, *c.router_args), env=env)
+
+    def replace_router(self, policy: str) -> None:
+        """Stop the router and start one with another routing policy in front of the same
+        workers (their caches stay as they are), then wait until it is ready."""
+        if self.router is not None:
+            _stop([self.router], self.config.stop_timeout)
+        self.config = dataclasses.replace(self.config, policy=policy)
+        self.start_router()
+        self.wait_ready()
 
     def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
         """Block until the router serves and sees every worker healthy (True), or until
@@ -216,17 +233,7 @@ class LocalCluster:
         return None
 
     def stop(self) -> None:
-        procs = [p for p in [self.router, *self.workers] if p is not None]
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.config.stop_timeout
-        for p in procs:
-            try:
-                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop([p for p in [self.router, *self.workers] if p is not None], self.config.stop_timeout)
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -239,6 +246,20 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """SIGTERM each process, then SIGKILL whatever still runs after `timeout` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 class Supervised(Protocol):

@@ -62,7 +62,10 @@ _STATUS_NAMES = {200: "OK", 404: "NOT_FOUND", 405: "UNIMPLEMENTED"} | {
 }
 _STATUS_KEY = "radixmesh_status"  # request key: a status that the HTTP status does not show
 
-Chunks = AsyncGenerator[tuple[int, common_pb2.GenerateChunk], None]
+# (choice index, serving worker id, chunk)
+Chunks = AsyncGenerator[tuple[int, str, common_pb2.GenerateChunk], None]
+# Names the worker that served a single-choice request (benchmarks and debugging read it).
+WORKER_HEADER = "X-Radixmesh-Worker"
 
 
 class ApiError(Exception):
@@ -256,33 +259,33 @@ class HttpFrontend:
         if len(jobs) == 1:  # no tasks needed
             stream = route(jobs[0][1], jobs[0][2], rid, stream=req.stream)
             async with aclosing(stream):
-                async for _, chunk in stream:
-                    yield 0, chunk
+                async for worker, chunk in stream:
+                    yield 0, worker, chunk
             return
-        queue: asyncio.Queue[tuple[int, common_pb2.GenerateChunk | None, BaseException | None]]
-        queue = asyncio.Queue()
+        Item = tuple[int, str, common_pb2.GenerateChunk | None, BaseException | None]
+        queue: asyncio.Queue[Item] = asyncio.Queue()
 
         async def pump(index: int, ids: list[int], params: common_pb2.SamplingParams) -> None:
             try:
                 stream = route(ids, params, f"{rid}-{index}", stream=req.stream)
                 async with aclosing(stream):
-                    async for _, chunk in stream:
-                        queue.put_nowait((index, chunk, None))
-                queue.put_nowait((index, None, None))
+                    async for worker, chunk in stream:
+                        queue.put_nowait((index, worker, chunk, None))
+                queue.put_nowait((index, "", None, None))
             except Exception as e:
-                queue.put_nowait((index, None, e))
+                queue.put_nowait((index, "", None, e))
 
         tasks = [asyncio.create_task(pump(*job)) for job in jobs]
         try:
             remaining = len(tasks)
             while remaining:
-                index, got, error = await queue.get()
+                index, worker, got, error = await queue.get()
                 if error is not None:
                     raise error
                 if got is None:
                     remaining -= 1
                 else:
-                    yield index, got
+                    yield index, worker, got
         finally:
             for t in tasks:
                 t.cancel()
@@ -296,7 +299,9 @@ class HttpFrontend:
         reasons: list[str | None] = [None] * total
         logprobs: list[dict[str, Any] | None] = [None] * total
         usage = Usage()
-        async for index, chunk in chunks:
+        workers: set[str] = set()
+        async for index, worker, chunk in chunks:
+            workers.add(worker)
             if req.top_logprobs is not None:
                 lp = logprobs_json(chunk, tok, chat=req.chat, offset=len(texts[index]))
                 logprobs[index] = _join_logprobs(logprobs[index], lp)
@@ -310,7 +315,7 @@ class HttpFrontend:
             for i in range(total)
         ]
         body["usage"] = usage.to_json()
-        return web.json_response(body)
+        return web.json_response(body, headers={WORKER_HEADER: ",".join(sorted(workers))})
 
     async def _stream(
         self,
@@ -322,9 +327,10 @@ class HttpFrontend:
     ) -> web.StreamResponse:
         # Wait for the first chunk before the 200: errors until then get their own status.
         item = await anext(chunks, None)
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        if item is not None and len(req.prompts) * req.n == 1:
+            headers[WORKER_HEADER] = item[1]
+        resp = web.StreamResponse(headers=headers)
         await resp.prepare(request)
         base = envelope(req, rid, chunk=True)
         if req.include_usage:
@@ -342,7 +348,7 @@ class HttpFrontend:
         usage = Usage()
         try:
             while item is not None:
-                index, chunk = item
+                index, _, chunk = item
                 lp = None
                 if req.top_logprobs is not None:
                     lp = logprobs_json(chunk, tok, chat=req.chat, offset=offsets[index])
@@ -350,7 +356,11 @@ class HttpFrontend:
                 reason = finish_reason(chunk)
                 if reason is not None:
                     usage.add(chunk, first_choice=index % req.n == 0)
-                if chunk.text or reason is not None:
+                if req.continuous_usage and (chunk.token_ids or reason is not None):
+                    choice = choice_json(req, index, chunk.text, reason, lp, delta=True)
+                    usage_now = Usage.of_chunk(chunk).to_json()
+                    await send({**base, "choices": [choice], "usage": usage_now})
+                elif chunk.text or reason is not None:
                     choice = choice_json(req, index, chunk.text, reason, lp, delta=True)
                     await send({**base, "choices": [choice]})
                 item = await anext(chunks, None)

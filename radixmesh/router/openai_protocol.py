@@ -67,6 +67,9 @@ class OpenAIRequest:
     stream: bool
     include_usage: bool
     top_logprobs: int | None  # None: no logprobs; else this many alternatives per token
+    # stream_options.continuous_usage_stats: every streamed chunk that brings tokens is
+    # sent (even when they decode to no text) with the choice's running usage.
+    continuous_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -102,6 +105,7 @@ def parse_request(
     if options is not None and (not isinstance(options, dict) or not stream):
         raise InvalidArgument("stream_options", "must be an object, and only with stream: true")
     include_usage = bool(stream and options and _bool(options, "include_usage", False))
+    continuous = bool(stream and options and _bool(options, "continuous_usage_stats", False))
     top = _top_logprobs(body, chat)
     sampling = _sampling(body, chat, top)
     if chat and "max_new_tokens" not in sampling:
@@ -116,7 +120,9 @@ def parse_request(
         if params.get("seed") is not None:
             params["seed"] = params["seed"] + j  # n choices of one seed must differ
         per_choice.append(_to_proto(params))
-    return OpenAIRequest(chat, model, prompts, per_choice, n, stream, include_usage, top)
+    return OpenAIRequest(
+        chat, model, prompts, per_choice, n, stream, include_usage, top, continuous
+    )
 
 
 def _to_proto(params: dict[str, Any]) -> common_pb2.SamplingParams:
@@ -251,6 +257,11 @@ class Usage:
         if first_choice:
             self.prompt_tokens += chunk.prompt_tokens
             self.cached_tokens += chunk.cached_tokens
+
+    @classmethod
+    def of_chunk(cls, chunk: common_pb2.GenerateChunk) -> Usage:
+        """One choice's usage so far (a chunk's counts are cumulative)."""
+        return cls(chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens)
 
     def to_json(self) -> dict[str, Any]:
         return {

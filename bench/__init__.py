@@ -1,0 +1,1 @@
+"""radixmesh's benchmarks (run as `python -m bench.<name>` from the repository root)."""

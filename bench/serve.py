@@ -1,0 +1,345 @@
+"""The online serving benchmark: a cluster (router + workers) under load over time.
+
+Sends a seeded workload (`random`, `shared-prefix`, `multi-turn`, or the language's
+`programs`) to a router's OpenAI HTTP API (`--backend openai-completions` / `openai-chat`)
+or its gRPC API (`--backend grpc`), open loop at each `--rates` value (Poisson arrivals)
+or at a fixed `--concurrency`, and reports per run what SGLang's `bench_serving` reports:
+request and token throughput, TTFT / ITL / TPOT / E2E percentiles, goodput under an SLO,
+the cache hit rate (overall, per worker, and against the trace's ideal) and failures by
+kind. Prints a table; writes JSON and two plots (latency against request rate; per-worker
+hit rate over time) to `--out-dir` (bench/results by default).
+
+Against a running router:
+    python -m bench.serve --grpc localhost:50050 --http http://localhost:8000 \\
+        --workload shared-prefix --rates 2,4,8
+Or start a local cluster and compare routing policies on the same workers (the router is
+restarted per policy; worker caches are flushed before every run):
+    python -m bench.serve --launch --model smollm2 --workers 2 \\
+        --policies cache_aware,round_robin --workload shared-prefix --rates 2,4
+`--direct` sends the gRPC load straight to the first worker (the router's own cost is the
+difference to the same load through the router).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.machine_info import machine
+from bench.serving import programs, report
+from bench.serving.clients import BACKENDS, make_backend
+from bench.serving.runner import LoadSpec, run_load
+from bench.serving.workloads import (
+    Mode,
+    Workload,
+    describe,
+    multi_turn_workload,
+    random_workload,
+    shared_prefix_workload,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORKLOAD_NAMES = ("random", "shared-prefix", "multi-turn", "programs")
+
+
+@dataclass
+class Target:
+    """Where the load goes: the router's gRPC address, its HTTP base URL, the model."""
+
+    grpc: str
+    http: str
+    model: str
+    workers: list[str]  # worker gRPC addresses (known when launched here)
+    policy: str
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi or lo)
+
+
+def _rates(text: str) -> list[float]:
+    return [float("inf") if r == "inf" else float(r) for r in text.split(",") if r]
+
+
+def build_workload(name: str, args: argparse.Namespace, mode: Mode, tokenizer: Any) -> Workload:
+    common = {"mode": mode, "seed": args.seed, "tokenizer": tokenizer}
+    if name == "random":
+        return random_workload(
+            num_requests=args.num_requests,
+            input_len=_range(args.input_len),
+            output_len=_range(args.output_len),
+            **common,
+        )
+    if name == "shared-prefix":
+        per_group = max(args.num_requests // args.groups, 1)
+        return shared_prefix_workload(
+            num_groups=args.groups,
+            requests_per_group=per_group,
+            prefix_len=args.prefix_len,
+            question_len=args.question_len,
+            output_len=_range(args.output_len)[1],
+            **common,
+        )
+    if name == "multi-turn":
+        return multi_turn_workload(
+            num_conversations=max(args.num_requests // args.turns, 1),
+            turns=args.turns,
+            system_len=args.prefix_len,
+            message_len=args.question_len,
+            output_len=_range(args.output_len)[1],
+            think_time=args.think_time,
+            **common,
+        )
+    raise ValueError(f"workload: unknown {name!r}; choose from {', '.join(WORKLOAD_NAMES)}")
+
+
+def _mode(args: argparse.Namespace, model: str) -> Mode:
+    if args.mode != "auto":
+        return args.mode  # type: ignore[no-any-return]
+    return "ids" if model.startswith("dummy:") else "text"
+
+
+def _tokenizer(target: Target) -> Any:
+    from radixmesh.client import Client
+    from radixmesh.tokenizer import tokenizer_for
+
+    with Client(target.grpc) as c:
+        info = c.model_info()
+    return tokenizer_for(
+        info.tokenizer,
+        vocab_size=info.vocab_size,
+        eos_token_ids=info.eos_token_ids,
+        bos_token_id=info.bos_token_id,
+    )
+
+
+def flush(target: Target) -> None:
+    """Empty every worker's cache (so each run starts cold), waiting out requests that a
+    finished run may still be unwinding."""
+    from radixmesh.client import Client
+
+    for address in target.workers or [target.grpc]:
+        with Client(address) as c:
+            deadline = time.monotonic() + 30
+            while not c.flush_cache() and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+
+async def _one_run(
+    workload: Workload, target: Target, args: argparse.Namespace, spec: LoadSpec
+) -> dict[str, Any]:
+    grpc_target = target.workers[0] if args.direct else target.grpc
+    backend = make_backend(
+        args.backend, http_url=target.http, grpc_target=grpc_target, model=target.model
+    )
+    try:
+        if args.warmup:
+            warm = random_workload(
+                num_requests=args.warmup,
+                input_len=(32, 64),
+                output_len=(4, 4),
+                mode=workload.mode,
+                seed=args.seed + 1,
+                tokenizer=_tokenizer(target),
+            )
+            await run_load(warm, backend, LoadSpec(max_concurrency=args.warmup))
+        run = await run_load(workload, backend, spec)
+    finally:
+        await backend.close()
+    slo = report.Slo(args.slo_ttft, args.slo_tpot)
+    summary = report.summarize(run.results, run.duration, slo)
+    return {
+        "workload": workload.name,
+        "workload_params": workload.params,
+        "policy": "direct" if args.direct else target.policy,
+        "backend": args.backend,
+        "load": spec.label,
+        "request_rate": None if spec.request_rate == float("inf") else spec.request_rate,
+        "max_concurrency": spec.max_concurrency,
+        "rate_achieved": summary["request_throughput"],
+        "summary": summary,
+        "hit_timeline": report.hit_rate_timeline(run.results),
+    }
+
+
+def run_all(target: Target, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every workload at every load against one router (one policy)."""
+    runs = []
+    specs = [
+        LoadSpec(request_rate=r, max_concurrency=c, seed=args.seed)
+        for r in _rates(args.rates)
+        for c in ([int(x) for x in args.concurrency.split(",")] if args.concurrency else [None])
+    ]
+    for name in args.workload.split(","):
+        for spec in specs:
+            flush(target)
+            if name == "programs":
+                run = programs.run_programs(target.grpc, args, spec)
+                run["policy"] = target.policy
+            else:
+                mode = _mode(args, target.model)
+                workload = build_workload(name, args, mode, _tokenizer(target))
+                print(f"{target.policy}: {describe([workload])}, {spec.label}", flush=True)
+                run = asyncio.run(_one_run(workload, target, args, spec))
+            runs.append(run)
+            print(tables([run]).splitlines()[1], flush=True)
+    return runs
+
+
+@contextmanager
+def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
+    """A local cluster as `--model`, `--workers`, `--worker-args` say, with HTTP."""
+    import shlex
+
+    from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+
+    policies = args.policies.split(",")
+    http_port = free_port()
+    config = LaunchConfig(
+        model=args.model,
+        workers=args.workers,
+        policy=policies[0],
+        port=free_port(),
+        worker_args=tuple(shlex.split(args.worker_args)),
+        router_args=("--http-port", str(http_port)),
+        ready_timeout=args.ready_timeout,
+        gpus_per_worker=args.gpus_per_worker,
+    )
+    with LocalCluster(config) as cluster:
+        target = Target(
+            grpc=cluster.address,
+            http=f"http://127.0.0.1:{http_port}",
+            model=_served_model(cluster.address),
+            workers=cluster.worker_addresses,
+            policy=policies[0],
+        )
+        yield cluster, target
+
+
+def _served_model(address: str) -> str:
+    from radixmesh.client import Client
+
+    with Client(address) as c:
+        return c.model_info().model
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    runs: list[dict[str, Any]] = []
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    if args.launch:
+        with launched(args) as (cluster, target):
+            for i, policy in enumerate(args.policies.split(",")):
+                if i:
+                    cluster.replace_router(policy)
+                    target.policy = policy
+                runs += run_all(target, args)
+    else:
+        model = _served_model(args.grpc)
+        target = Target(args.grpc, args.http or "", model, [], args.policies.split(",")[0])
+        runs = run_all(target, args)
+    result = write(args, runs, started)
+    print()
+    print(tables(runs))
+    return result
+
+
+def tables(runs: list[dict[str, Any]]) -> str:
+    plain = [r for r in runs if r["workload"] != "programs"]
+    progs = [r for r in runs if r["workload"] == "programs"]
+    parts = [report.table(plain)] if plain else []
+    return "\n".join(parts + ([programs.table(progs)] if progs else []))
+
+
+def write(args: argparse.Namespace, runs: list[dict[str, Any]], started: str) -> dict[str, Any]:
+    import aiohttp
+    import grpc
+
+    import radixmesh
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"serve-{args.name}"
+    result = {
+        "benchmark": "serve",
+        "date": started,
+        "machine": machine(),
+        "versions": {
+            "python": platform.python_version(),
+            "radixmesh": radixmesh.__version__,
+            "grpcio": grpc.__version__,
+            "aiohttp": aiohttp.__version__,
+        },
+        "command": vars(args),
+        "runs": runs,
+    }
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    plain = [r for r in runs if r["workload"] != "programs"]
+    if plain:
+        report.plot_latency(plain, out_dir / f"{stem}-latency.png")
+        report.plot_hit_timeline(plain, out_dir / f"{stem}-hits.png")
+    print(f"wrote {out_dir / stem}.json (+ plots)")
+    return result
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = ap.add_argument_group("where")
+    where.add_argument("--launch", action="store_true", help="start a local cluster here")
+    where.add_argument("--grpc", default=None, help="a running router's gRPC address")
+    where.add_argument("--http", default=None, help="a running router's HTTP base URL")
+    where.add_argument("--model", default="smollm2", help="with --launch")
+    where.add_argument("--workers", type=int, default=2, help="with --launch")
+    where.add_argument("--worker-args", default="", help="with --launch: `radixmesh worker` flags")
+    where.add_argument("--gpus-per-worker", type=int, default=0, help="with --launch")
+    where.add_argument("--policies", default="cache_aware", help="with --launch: one run each")
+    where.add_argument("--ready-timeout", type=float, default=600.0)
+    where.add_argument("--direct", action="store_true", help="grpc load straight to worker 0")
+    load = ap.add_argument_group("load")
+    load.add_argument("--backend", default="openai-completions", choices=BACKENDS)
+    load.add_argument("--workload", default="random", help=f"any of {', '.join(WORKLOAD_NAMES)}")
+    load.add_argument(
+        "--mode",
+        default="auto",
+        choices=("auto", "ids", "text"),
+        help="prompts as token ids or text (auto: ids for dummy: models)",
+    )
+    load.add_argument("--rates", default="inf", help="sessions/s, comma-separated; inf: at once")
+    load.add_argument("--concurrency", default=None, help="max sessions in flight (list)")
+    load.add_argument("--num-requests", type=int, default=64)
+    load.add_argument("--input-len", default="128-512", help="random: prompt tokens lo-hi")
+    load.add_argument("--output-len", default="64-128", help="output tokens lo-hi (ignore_eos)")
+    load.add_argument("--groups", type=int, default=8, help="shared-prefix: prefixes")
+    load.add_argument("--prefix-len", type=int, default=1024, help="prefix / system tokens")
+    load.add_argument("--question-len", type=int, default=64, help="question / message tokens")
+    load.add_argument("--turns", type=int, default=4, help="multi-turn: turns a conversation")
+    load.add_argument("--think-time", type=float, default=0.5, help="multi-turn: seconds")
+    load.add_argument("--programs", default="tips_fork5,judge_3,multi_turn,few_shot_select")
+    load.add_argument("--warmup", type=int, default=4, help="requests before each run")
+    load.add_argument("--seed", type=int, default=0)
+    out = ap.add_argument_group("report")
+    out.add_argument("--slo-ttft", type=float, default=1.0, help="goodput SLO, seconds")
+    out.add_argument("--slo-tpot", type=float, default=0.05, help="goodput SLO, seconds")
+    out.add_argument("--name", default="run", help="result files: serve-<name>.json/.png")
+    out.add_argument("--out-dir", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    if not args.launch and not args.grpc:
+        ap.error("give --launch or --grpc (and --http for the OpenAI backends)")
+    if args.direct and not args.launch:
+        ap.error("--direct needs --launch (it sends to the first launched worker)")
+    if args.direct and args.backend != "grpc":
+        ap.error("--direct needs --backend grpc (workers speak gRPC only)")
+    return args
+
+
+if __name__ == "__main__":
+    main()
