@@ -21,12 +21,12 @@ S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 per_gpu=""; [ "$GPUS" = 1 ] || per_gpu="--gpus-per-worker 1"
 WORKER="--kv-cache-tokens $KV_TOKENS --max-running-requests 128 --max-num-batched-tokens 8192"
-serve() { python3 -m bench.serve --launch --model "$MODEL" --out-dir "$OUT" $per_gpu "$@"; }
+SERVE="python3 -m bench.serve --launch --model $MODEL --out-dir $OUT $per_gpu"
 
 # Routing policies on the shared-prefix workload: 24 prefixes of 4,096 tokens (98k tokens,
 # more than one worker's 64k pool), 8 questions each, at a sweep of request rates.
 if part policies; then
-  timeout 400 serve --workers 2 --worker-args "$WORKER" --name "shared-prefix-$MACHINE" \
+  timeout 400 $SERVE --workers 2 --worker-args "$WORKER" --name "shared-prefix-$MACHINE" \
     --policies cache_aware,round_robin,least_load --workload shared-prefix \
     --groups 24 --num-requests 192 --prefix-len 4096 --question-len 64 --output-len 128 \
     --rates 8,16,inf > "$OUT/policies.log" 2>&1
@@ -34,7 +34,7 @@ if part policies; then
 fi
 # No sharing (the control): 256 x (512 in, 256 out), all at once and at 16 req/s.
 if part random; then
-  timeout 150 serve --workers 2 --worker-args "$WORKER" --name "random-$MACHINE" \
+  timeout 150 $SERVE --workers 2 --worker-args "$WORKER" --name "random-$MACHINE" \
     --policies cache_aware,round_robin --workload random --num-requests 256 \
     --input-len 512 --output-len 256 --rates 16,inf > "$OUT/random.log" 2>&1
   echo "random rc=$?"; grep -E "^(random|workload)" "$OUT/random.log" | tail -5; el random
