@@ -75,11 +75,9 @@ from radixmesh.router.summary import BYTES_PER_BLOCK, SummaryIndex
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ORACLE = "oracle"
-# Not a registered policy: cache_aware's cost + PENDING_WEIGHT x the prefill tokens the
-# router has sent to the worker that have not started yet (the router would know: it sees
-# each stream's first chunk). An experiment for a possible policy change, reported apart.
-WHAT_IF = "what_if_pending_prefill"
-PENDING_WEIGHT = 0.5
+# cache_aware with a part of its cost switched off (not a registered policy): what the
+# pending-prefill term buys, reported apart.
+ABLATIONS: dict[str, dict[str, Any]] = {"cache_aware_no_pending": {"pending_prefill_weight": 0.0}}
 VOCAB = 32000
 
 
@@ -227,8 +225,15 @@ def noshare_trace(
     return out
 
 
+def hot_trace(workers: int, seed: int, block_size: int = 16) -> list[Request]:
+    """The grouped trace with one hot group: Zipf(1.5) over 2 groups per worker, so the
+    most popular group alone brings about half of all requests."""
+    return grouped_trace(workers, seed, block_size, groups_per_worker=2, zipf=1.5)
+
+
 TRACES: dict[str, Callable[..., list[Request]]] = {
     "grouped": grouped_trace,
+    "hot": hot_trace,
     "multiturn": multiturn_trace,
     "noshare": noshare_trace,
 }
@@ -434,25 +439,34 @@ class SimRouter:
             self.index.add(w.wid)
         self.rng = random.Random(config.seed)
         self.policy: Policy | None = None
-        self.what_if = policy == WHAT_IF
-        self.estimates: dict[int, int] = {}  # rid -> uncached tokens when routed (what-if)
-        if policy not in (ORACLE, WHAT_IF):
-            options = PolicyOptions(request_cost_tokens=config.request_cost_tokens)
-            self.policy = make_policy(policy, config.seed, options)
+        # rid -> uncached tokens when routed: the router's pending-prefill estimate, counted
+        # while the request waits or prefills (the real router: until its first chunk).
+        self.estimates: dict[int, int] = {}
+        if policy != ORACLE:
+            overrides = ABLATIONS.get(policy, {})
+            options = PolicyOptions(request_cost_tokens=config.request_cost_tokens, **overrides)
+            name = "cache_aware" if policy in ABLATIONS else policy
+            self.policy = make_policy(name, config.seed, options)
         self.by_id = {w.wid: w for w in workers}
 
     def route(self, req: Request) -> SimWorker:
-        if self.what_if:
-            return self._what_if(req)
         if self.policy is None:
             return self._oracle(req)
         matched = self.index.match(req.prompt_hashes)
         bs = self.config.block_size
-        candidates = [Candidate(w.wid, True, matched[w.wid] * bs, w.queued) for w in self.workers]
+        candidates = [
+            Candidate(w.wid, True, matched[w.wid] * bs, w.queued, self._pending(w))
+            for w in self.workers
+        ]
         chosen = self.by_id[self.policy.choose(req.prompt_len, candidates)]
+        self.estimates[req.rid] = max(req.prompt_len - matched[chosen.wid] * bs, 0)
         self.index[chosen.wid].add_tentative(req.prompt_hashes, self.config.tentative_ttl)
         self.index.enforce_budget()
         return chosen
+
+    def _pending(self, w: SimWorker) -> int:
+        pending = sum(self.estimates[r.rid] for r in w.waiting)
+        return pending + sum(self.estimates[r.req.rid] for r in w.prefilling)
 
     def _oracle(self, req: Request) -> SimWorker:
         """cache_aware's cost from the truth: true caches (+ queued prompts), exact queues."""
@@ -463,22 +477,6 @@ class SimRouter:
         ]
         best = min(costs)
         return self.rng.choice([w for w, c in zip(self.workers, costs, strict=True) if c == best])
-
-    def _what_if(self, req: Request) -> SimWorker:
-        matched = self.index.match(req.prompt_hashes)
-        per_request, bs = self.config.request_cost_tokens, self.config.block_size
-        uncached = {w.wid: max(req.prompt_len - matched[w.wid] * bs, 0) for w in self.workers}
-        costs = []
-        for w in self.workers:
-            pending = sum(self.estimates[r.rid] for r in w.waiting)
-            pending += sum(self.estimates[r.req.rid] for r in w.prefilling)
-            costs.append(uncached[w.wid] + PENDING_WEIGHT * pending + per_request * w.queued)
-        best = min(costs)
-        chosen = self.rng.choice([w for w, c in zip(self.workers, costs, strict=True) if c == best])
-        self.estimates[req.rid] = uncached[chosen.wid]
-        self.index[chosen.wid].add_tentative(req.prompt_hashes, self.config.tentative_ttl)
-        self.index.enforce_budget()
-        return chosen
 
     def apply(self, wid: str, kind: str, hashes: list[int]) -> None:
         summary = self.index[wid]
@@ -810,10 +808,8 @@ def main(argv: list[str] | None = None) -> None:
         if not args.quick:
             print("cache_aware on the grouped trace at 8 workers, by request_cost_tokens:")
             record["request_cost_tokens_sweep"] = cost_sweep(seed=args.seed)
-            print(f"what if cache_aware also weighed pending prefill (x{PENDING_WEIGHT}):")
-            record["what_if_pending_prefill"] = run_sim(
-                worker_counts, args.traces, [WHAT_IF], args.seed
-            )
+            print("cache_aware with parts of its cost switched off:")
+            record["ablations"] = run_sim(worker_counts, args.traces, list(ABLATIONS), args.seed)
     if "latency" in sections:
         lat = decision_latency(decisions=300 if args.quick else 2000, rounds=1 if args.quick else 3)
         record["decision_latency"] = lat

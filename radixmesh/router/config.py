@@ -17,8 +17,10 @@ class RouterConfig:
     # Every summary together may hold this many bytes (accounted per block, see summary.py).
     summary_budget_bytes: int = 256 * 1024 * 1024
     tentative_ttl: float = 5.0  # seconds a routed prompt counts as cached before events
-    # cache_aware: a queued or running request costs this many prefill tokens.
+    # cache_aware: a queued or running request costs this many prefill tokens, and each
+    # prompt token routed to a worker and not prefilled yet this much (router/policy.py).
     request_cost_tokens: int = 64
+    pending_prefill_weight: float = 0.5
     health_interval: float = 1.0  # seconds between GetLoad polls of each worker
     health_timeout: float = 2.0
     breaker_failures: int = 3  # consecutive failures that open a worker's breaker
@@ -54,5 +56,9 @@ class RouterConfig:
             raise InvalidArgument("worker_api_key", "must not be empty (None: send no key)")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("tls_cert", "give both tls_cert and tls_key, or neither")
+        if not self.pending_prefill_weight >= 0:
+            raise InvalidArgument(
+                "pending_prefill_weight", f"must be >= 0, got {self.pending_prefill_weight}"
+            )
         if self.max_attempts < 1:
             raise InvalidArgument("max_attempts", f"must be >= 1, got {self.max_attempts}")

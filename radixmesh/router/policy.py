@@ -25,11 +25,17 @@ class Candidate(NamedTuple):
     healthy: bool
     cached_tokens: int  # prompt tokens the worker's summary says it caches
     queued: int  # requests running or waiting on the worker (its report or ours, the larger)
+    # Prompt tokens the router sent to the worker that it has not prefilled yet (each
+    # request's uncached tokens when it was routed, until its first token comes back).
+    pending_prefill: int = 0
 
 
 @dataclass(frozen=True)
 class PolicyOptions:
     request_cost_tokens: int = 64  # cache_aware: a queued request's cost in prefill tokens
+    # cache_aware: weight of the prefill work already waiting on a worker. A new request
+    # waits for it (its time to first token grows with it) even where it hits the cache.
+    pending_prefill_weight: float = 0.5
 
 
 class Policy(ABC):
@@ -58,20 +64,29 @@ class Policy(ABC):
 
 
 class CacheAware(Policy):
-    """Cost = prompt tokens the worker must prefill + request_cost_tokens per queued request."""
+    """Cost = prompt tokens the worker must prefill + pending_prefill_weight x the prefill
+    tokens already waiting there + request_cost_tokens per queued request.
+
+    The last two terms are the load: a hot prefix's requests stay on the worker caching it
+    until its queue costs more than prefilling the prefix elsewhere, then spill over (the
+    router simulator's `hot` trace; docs/router-sim.md)."""
 
     name = "cache_aware"
 
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
-        # One pass, no per-candidate calls: the router runs this for every request over
+        # Plain loops, no per-candidate calls: the router runs this for every request over
         # every worker. Same result and random draws as `_min(_healthy(...), cost)`.
-        per_request = self.options.request_cost_tokens
+        o = self.options
         best = float("inf")
         ties: list[str] = []
-        for worker_id, healthy, cached_tokens, queued in candidates:
+        for worker_id, healthy, cached_tokens, queued, pending in candidates:
             if not healthy:
                 continue
-            cost = max(prompt_tokens - cached_tokens, 0) + per_request * queued
+            cost = (
+                max(prompt_tokens - cached_tokens, 0)
+                + o.pending_prefill_weight * pending
+                + o.request_cost_tokens * queued
+            )
             if cost < best:
                 best, ties = cost, [worker_id]
             elif cost == best:

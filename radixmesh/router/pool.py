@@ -79,6 +79,9 @@ class WorkerHandle:
         self.reachable = False  # the last health poll answered and the worker is not draining
         self.load = LoadReport()
         self.in_flight = 0  # requests the router has on this worker now
+        # Uncached prompt tokens of the router's requests here that have not started
+        # streaming (their prefill is queued or running): cache_aware weighs them.
+        self.pending_prefill = 0
         self.ended_since_poll = 0  # of the router's requests, those ended since `load` came
         self.resyncs = 0  # snapshot pulls (the first one included)
         self.block_size = 0  # the worker's event block size (from its snapshot)
@@ -127,9 +130,25 @@ class WorkerHandle:
         # Reused while unchanged: the router builds one per worker per request, and most
         # workers' candidates are the same as for the last request.
         c = self._candidate
-        if c.cached_tokens != cached_tokens or c.queued != queued or c.healthy != healthy:
-            c = self._candidate = Candidate(self.worker_id, healthy, cached_tokens, queued)
+        pending = self.pending_prefill
+        if (
+            c.cached_tokens != cached_tokens
+            or c.queued != queued
+            or c.healthy != healthy
+            or c.pending_prefill != pending
+        ):
+            c = Candidate(self.worker_id, healthy, cached_tokens, queued, pending)
+            self._candidate = c
         return c
+
+    def request_started(self, pending_prefill: int) -> None:
+        """One of the router's requests, with this many uncached prompt tokens, was sent."""
+        self.in_flight += 1
+        self.pending_prefill += pending_prefill
+
+    def request_streaming(self, pending_prefill: int) -> None:
+        """That request's first chunk came back (or it ended before one did)."""
+        self.pending_prefill -= pending_prefill
 
     def request_ended(self) -> None:
         """One of the router's requests on this worker ended (however it ended)."""

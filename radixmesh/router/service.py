@@ -50,9 +50,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.config = config
         self.pool = pool
         self.metrics = metrics if metrics is not None else RouterMetrics(pool)
-        self.policy: Policy = make_policy(
-            config.policy, config.seed, PolicyOptions(config.request_cost_tokens)
+        options = PolicyOptions(
+            request_cost_tokens=config.request_cost_tokens,
+            pending_prefill_weight=config.pending_prefill_weight,
         )
+        self.policy: Policy = make_policy(config.policy, config.seed, options)
         self.tokenizer: TokenizerLike | None = None
         self.model_info: common_pb2.ModelInfo | None = None
         self.requests: dict[str, WorkerHandle] = {}  # request id -> the worker serving it
@@ -97,7 +99,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 cached[wid] = w.summary.match(hashes[bs]) * bs
             c = w.candidate(cached[wid])
             if wid in exclude:
-                c = type(c)(c.worker_id, False, c.cached_tokens, c.queued)
+                c = c._replace(healthy=False)
             candidates.append(c)
         chosen = self.pool.workers[self.policy.choose(len(ids), candidates)]
         if chosen.block_size:
@@ -123,34 +125,50 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         when no worker can be chosen, or the worker's `grpc.aio.AioRpcError` (after
         retries on other workers while nothing was yielded). Closing the generator early
         (a client that went away) cancels the worker's call, which aborts the request there.
+
+        The worker always streams: its first chunk tells the router that the prefill is
+        done (cache_aware's pending-prefill term stops counting the request then). For a
+        client that asked for no stream, the chunks are joined into one here.
         """
         wreq = worker_pb2.GenerateRequest(
             input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=ids)),
             sampling_params=params,
             request_id=rid,
-            stream=stream,
+            stream=True,
         )
         tried: set[str] = set()
         last_error: grpc.aio.AioRpcError | None = None
         while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
             try:
-                worker, _ = self.route(ids, tried)
+                worker, cached = self.route(ids, tried)
             except RadixMeshError:
                 if last_error is not None:
                     break
                 raise
             tried.add(worker.worker_id)
-            forwarded = False
-            worker.in_flight += 1
+            started = forwarded = False  # the worker streamed / the caller got a chunk
+            pending = len(ids) - cached  # prefill work queued there until the first chunk
+            worker.request_started(pending)
             self.requests[rid] = worker
             call = worker.stub.Generate(wreq, metadata=worker.metadata)
+            joined = _Joined()
             try:
                 async for resp in call:
+                    if not started:
+                        started = True
+                        worker.request_streaming(pending)
+                    chunk = resp.chunk
+                    if chunk.HasField("finish"):
+                        self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
+                        self.metrics.cached_tokens.inc(chunk.cached_tokens)
+                    if stream:
+                        forwarded = True
+                        yield worker.worker_id, chunk
+                    else:
+                        joined.add(chunk)
+                if not stream:
                     forwarded = True
-                    if resp.chunk.HasField("finish"):
-                        self.metrics.prompt_tokens.inc(resp.chunk.prompt_tokens)
-                        self.metrics.cached_tokens.inc(resp.chunk.cached_tokens)
-                    yield worker.worker_id, resp.chunk
+                    yield worker.worker_id, joined.chunk()
                 worker.breaker.record_success()
                 return
             except grpc.aio.AioRpcError as e:
@@ -164,6 +182,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self.metrics.retries.inc()
             finally:
                 call.cancel()
+                if not started:
+                    worker.request_streaming(pending)
                 worker.request_ended()
                 self.requests.pop(rid, None)
         assert last_error is not None
@@ -193,11 +213,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         async def run() -> router_pb2.SelectResponse:
             ids = self._input_ids(request.input)
             sreq = convert.score_request(request.input, list(request.choices))
-            worker, _ = self.route(ids, set())
-            worker.in_flight += 1
+            worker, cached = self.route(ids, set())
+            worker.request_started(len(ids) - cached)
             try:
                 resp = await worker.stub.Score(sreq, metadata=worker.metadata)
             finally:
+                worker.request_streaming(len(ids) - cached)
                 worker.request_ended()
             sel = convert.selection_from_scores(list(request.choices), resp)
             return router_pb2.SelectResponse(
@@ -268,6 +289,23 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return router_pb2.RouterGetModelInfoResponse(info=self.model_info)
 
         return await _unary(context, run)
+
+
+class _Joined:
+    """A worker's streamed chunks as the one chunk of a non-streaming reply: repeated
+    fields (token ids, logprobs) concatenated, counts and the finish from the last chunk."""
+
+    def __init__(self) -> None:
+        self._chunk = common_pb2.GenerateChunk()
+        self._text: list[str] = []
+
+    def add(self, chunk: common_pb2.GenerateChunk) -> None:
+        self._text.append(chunk.text)
+        self._chunk.MergeFrom(chunk)  # appends repeated fields, overwrites set scalars
+
+    def chunk(self) -> common_pb2.GenerateChunk:
+        self._chunk.text = "".join(self._text)
+        return self._chunk
 
 
 async def _fail(

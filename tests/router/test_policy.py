@@ -6,8 +6,10 @@ from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.router.policy import POLICIES, Candidate, PolicyOptions, make_policy
 
 
-def _c(wid: str, cached: int = 0, queued: int = 0, healthy: bool = True) -> Candidate:
-    return Candidate(wid, healthy, cached, queued)
+def _c(
+    wid: str, cached: int = 0, queued: int = 0, healthy: bool = True, pending: int = 0
+) -> Candidate:
+    return Candidate(wid, healthy, cached, queued, pending)
 
 
 def test_registry_names() -> None:
@@ -34,6 +36,22 @@ def test_cache_aware_weighs_queued_work() -> None:
     assert p.choose(128, [_c("w0"), _c("w1", cached=96, queued=2)]) == "w0"
     # w1: 32 + 64 = 96 < 128
     assert p.choose(128, [_c("w0"), _c("w1", cached=96, queued=1)]) == "w1"
+
+
+def test_cache_aware_weighs_prefill_already_waiting() -> None:
+    options = PolicyOptions(request_cost_tokens=64, pending_prefill_weight=0.5)
+    p = make_policy("cache_aware", seed=0, options=options)
+    # w1 caches the prompt but has a 4,096-token prefill waiting: 0 + 2048 + 64 = 2112,
+    # against w0's cold 1,024-token prefill: 1024 + 0 + 64 = 1088.
+    cands = [_c("w0", queued=1), _c("w1", cached=1024, queued=1, pending=4096)]
+    assert p.choose(1024, cands) == "w0"
+    # With less waiting there (1,024 tokens: 0 + 512 + 64 = 576), the cache wins.
+    cands = [_c("w0", queued=1), _c("w1", cached=1024, queued=1, pending=1024)]
+    assert p.choose(1024, cands) == "w1"
+    # Weight 0: the waiting prefill is ignored.
+    off = make_policy("cache_aware", seed=0, options=PolicyOptions(pending_prefill_weight=0))
+    cands = [_c("w0", queued=1), _c("w1", cached=1024, queued=1, pending=4096)]
+    assert off.choose(1024, cands) == "w1"
 
 
 def test_cache_aware_skips_unhealthy_and_breaks_ties_at_random() -> None:

@@ -47,3 +47,22 @@ def test_a_request_ending_during_a_load_poll_stays_subtracted() -> None:
         return handle.candidate(0).queued, handle.ended_since_poll
 
     assert asyncio.run(run()) == (1, 1)
+
+
+def test_pending_prefill_counts_requests_until_they_stream() -> None:
+    async def run() -> list[tuple[int, int]]:
+        pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))
+        handle = pool.workers["worker-0"]
+        seen = []
+        handle.request_started(4000)  # a cold prompt
+        handle.request_started(64)  # a cached one: only its uncached tail waits
+        seen.append((handle.candidate(0).pending_prefill, handle.in_flight))
+        handle.request_streaming(4000)  # the cold one's first chunk
+        seen.append((handle.candidate(0).pending_prefill, handle.in_flight))
+        handle.request_streaming(64)  # the other failed before streaming
+        handle.request_ended()
+        handle.request_ended()
+        seen.append((handle.candidate(0).pending_prefill, handle.in_flight))
+        return seen
+
+    assert asyncio.run(run()) == [(4064, 2), (64, 2), (0, 0)]
