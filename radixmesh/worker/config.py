@@ -87,12 +87,27 @@ class CacheConfig:
             )
 
 
+# Batch sizes when none is given: on CPU, small steps keep latency sane; on CUDA, the
+# sizes measured best for an 8B model on an H200 (docs/performance.md: the engine with no
+# options against the tuned run), the running cap shrunk for small KV pools.
+CPU_MAX_RUNNING_REQUESTS = 64
+CPU_MAX_NUM_BATCHED_TOKENS = 2048
+CUDA_MAX_RUNNING_REQUESTS = 256
+CUDA_MAX_NUM_BATCHED_TOKENS = 8192
+CUDA_SMALL_GPU_BATCHED_TOKENS = 4096  # GPUs under 40 GiB: less activation memory per step
+# With an auto running cap on CUDA, at most one running request per this many pool tokens.
+CUDA_POOL_TOKENS_PER_REQUEST = 512
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     policy: str = "lpm"
-    max_running_requests: int = 64
+    # None: CPU_MAX_RUNNING_REQUESTS on CPU; on CUDA CUDA_MAX_RUNNING_REQUESTS, at most one
+    # per CUDA_POOL_TOKENS_PER_REQUEST tokens of the KV pool (and at least 16).
+    max_running_requests: int | None = None
     # Token budget of one forward step; long prompts are prefilled in chunks of this.
-    max_num_batched_tokens: int = 2048
+    # None: CPU_MAX_NUM_BATCHED_TOKENS on CPU, CUDA_MAX_NUM_BATCHED_TOKENS on CUDA.
+    max_num_batched_tokens: int | None = None
     # Fraction of each running request's remaining max_new_tokens that admission reserves.
     new_token_ratio: float = 0.4
     # Beyond this many waiting requests, lpm/dfs-weight fall back to fcfs (matching every
@@ -109,12 +124,49 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise InvalidArgument("policy", f"must be one of {POLICIES}, got {self.policy!r}")
-        if self.max_running_requests < 1:
+        if self.max_running_requests is not None and self.max_running_requests < 1:
             raise InvalidArgument("max_running_requests", "must be >= 1")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise InvalidArgument("max_num_batched_tokens", "must be >= 1")
         if not 0.0 <= self.new_token_ratio <= 1.0:
             raise InvalidArgument("new_token_ratio", "must be in [0, 1]")
+
+    @property
+    def running_cap(self) -> int:
+        """max_running_requests, once resolved (`batch_defaults`)."""
+        assert self.max_running_requests is not None, "unresolved SchedulerConfig"
+        return self.max_running_requests
+
+    @property
+    def token_budget(self) -> int:
+        """max_num_batched_tokens, once resolved (`batch_defaults`)."""
+        assert self.max_num_batched_tokens is not None, "unresolved SchedulerConfig"
+        return self.max_num_batched_tokens
+
+
+def batch_defaults(sc: SchedulerConfig, device_type: str, device_bytes: int = 0) -> SchedulerConfig:
+    """The scheduler config with its unset batch sizes filled in for the device. On CUDA
+    the running cap is the largest it may be; `fit_running_to_pool` lowers it once the KV
+    pool's size is known (pool sizing needs the cap first: the graphs and profile use it)."""
+    cuda = device_type == "cuda"
+    running = sc.max_running_requests
+    if running is None:
+        running = CUDA_MAX_RUNNING_REQUESTS if cuda else CPU_MAX_RUNNING_REQUESTS
+    tokens = sc.max_num_batched_tokens
+    if tokens is None:
+        small = device_bytes < 40 * (1 << 30)
+        tokens = (
+            (CUDA_SMALL_GPU_BATCHED_TOKENS if small else CUDA_MAX_NUM_BATCHED_TOKENS)
+            if cuda
+            else CPU_MAX_NUM_BATCHED_TOKENS
+        )
+    return dataclasses.replace(sc, max_running_requests=running, max_num_batched_tokens=tokens)
+
+
+def fit_running_to_pool(resolved: SchedulerConfig, pool_tokens: int) -> SchedulerConfig:
+    """An auto running cap on CUDA, lowered for a small KV pool (see SchedulerConfig)."""
+    cap = max(16, pool_tokens // CUDA_POOL_TOKENS_PER_REQUEST)
+    return dataclasses.replace(resolved, max_running_requests=min(resolved.running_cap, cap))
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,9 @@ class Engine:
     """`Engine(model="smollm2", **options)`; options are `EngineConfig` fields, flat."""
 
     def __init__(self, model: str = "smollm2", **options: Any) -> None:
-        self.config = EngineConfig.from_options(model=model, **options)
-        self.worker = Worker(self.config)
+        self.worker = Worker(EngineConfig.from_options(model=model, **options))
+        # The worker's: batch sizes left unset are filled in for its device.
+        self.config = self.worker.config
         self.tokenizer = self.worker.tokenizer
         self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._closed = False

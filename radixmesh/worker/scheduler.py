@@ -95,7 +95,7 @@ class Scheduler:
         self._num_steps = 0
         self._overlap: OverlapLoop | None = None  # overlap_schedule (worker/overlap.py)
         if config.overlap_schedule:
-            launcher = FutureLauncher(runner, config.max_running_requests)
+            launcher = FutureLauncher(runner, config.running_cap)
             self._overlap = OverlapLoop(self, launcher)
 
     # ---- the loop -------------------------------------------------------------------
@@ -161,7 +161,7 @@ class Scheduler:
     # ---- schedule -------------------------------------------------------------------
 
     def schedule(self) -> Batch | None:
-        budget = self.config.max_num_batched_tokens
+        budget = self.config.token_budget
         items: list[ScheduledRequest] = []
         slots: list[torch.Tensor] = []
         if not self._schedule_decode(budget, items, slots):
@@ -234,13 +234,13 @@ class Scheduler:
         return True
 
     def _admit(self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]) -> None:
-        full = len(self.running) >= self.config.max_running_requests
+        full = len(self.running) >= self.config.running_cap
         if not self.waiting or full or self.req_table.num_free_rows == 0:
             return  # nothing can be admitted: don't pay for the policy's prefix matching
         reserved = self._reserved_tokens()
         admitted: list[Request] = []
         for req in self.policy.order(list(self.waiting)):
-            if budget == 0 or len(self.running) >= self.config.max_running_requests:
+            if budget == 0 or len(self.running) >= self.config.running_cap:
                 break
             if self._grammar_not_ready(req):
                 continue

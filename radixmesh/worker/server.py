@@ -183,7 +183,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def attach(self, engine: Engine, hub: CacheEventHub) -> None:
         sc = engine.config.scheduler
         if not self.config.max_in_flight:
-            self.max_in_flight = sc.max_running_requests + sc.max_queued_requests
+            self.max_in_flight = sc.running_cap + sc.max_queued_requests
         self.engine, self.hub = engine, hub
 
     def read_stats(self) -> SchedulerStats | None:

@@ -21,7 +21,12 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.attention.registry import create_attention_backend
-from radixmesh.worker.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
+from radixmesh.worker.config import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    EngineConfig,
+    batch_defaults,
+    fit_running_to_pool,
+)
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.pool import KVPool
@@ -115,7 +120,6 @@ class Worker:
             self.followers.stop()
 
     def _build(self, config: EngineConfig, tp: TPGroup | None) -> None:
-        self.config = config
         mc, cc = config.model, config.cache
         self.device = resolve_device(mc.device)
         if config.parallel.tp_size > 1:
@@ -123,6 +127,8 @@ class Worker:
             if tp is None:  # rank 0: start the others; they build this same Worker
                 self.followers = FollowerRanks(config, self.device)
                 tp = self.followers.tp
+        auto_running = config.scheduler.max_running_requests is None
+        self.config = config = self._with_batch_defaults(config)
         self.tp = tp or SINGLE
         self.dtype = resolve_dtype(mc.dtype, self.device)
         if self.tp.size > 1 and config.parallel.tp_one_shot_all_reduce:
@@ -154,10 +160,13 @@ class Worker:
         self.pool_sizing: PoolSizing | None = None  # set when the pool was auto-sized
         self.graph_memory_bytes = 0  # device memory the CUDA graphs took (measured)
         self.kv_pool = self._build_pool()
+        if auto_running and self.device.type == "cuda":
+            sc = fit_running_to_pool(config.scheduler, self.kv_pool.num_slots)
+            self.config = config = dataclasses.replace(config, scheduler=sc)
         self.allocator = KVAllocator(self.kv_pool.num_slots, cc.page_size, device=self.device)
         self.context_len = self._context_len()
         sc = config.scheduler
-        self.req_table = ReqToTokenTable(sc.max_running_requests, self.context_len, self.device)
+        self.req_table = ReqToTokenTable(sc.running_cap, self.context_len, self.device)
         self.cache = RadixCache(
             self.allocator,
             cc.page_size,
@@ -209,12 +218,20 @@ class Worker:
         if gc.grammar_warmup and self.tp.rank == 0:  # other ranks get their masks from rank 0
             self.grammars.warmup()  # in the background: the first constrained request waits less
 
+    def _with_batch_defaults(self, config: EngineConfig) -> EngineConfig:
+        """`config` with the scheduler's unset batch sizes filled in for this device."""
+        memory = 0
+        if self.device.type == "cuda":
+            memory = torch.cuda.get_device_properties(self.device).total_memory
+        sc = batch_defaults(config.scheduler, self.device.type, memory)
+        return dataclasses.replace(config, scheduler=sc)
+
     def _graph_max_batch_size(self) -> int:
         """The largest decode CUDA graph: one row per running request; with jump-forward
         decode rows (GrammarConfig) room for their forced tokens too, and with graphed
         prefill (ModelConfig.cuda_graph_prefill_reads) room for one prompt that fits its
         read budget (n tokens from scratch read n (n + 1) / 2 keys)."""
-        rows = self.config.scheduler.max_running_requests
+        rows = self.config.scheduler.running_cap
         if self.config.grammar.jump_forward_decode_rows:
             rows *= 4
         rows += math.isqrt(2 * self.config.model.cuda_graph_prefill_reads)
@@ -276,7 +293,7 @@ class Worker:
         if backend == "auto":
             backend = default_attention_backend(self.device)
         limit = self.config.model.context_length or arch.max_position_embeddings
-        tokens = sc.max_num_batched_tokens
+        tokens = sc.token_budget
         activation = self._profile_activation_bytes(backend, min(tokens, limit))
         gc.collect()  # nothing of the profile step may outlive it...
         torch.cuda.empty_cache()  # ...and its pool and activations go back to the device
@@ -301,7 +318,7 @@ class Worker:
         step = ProfileStep(
             self.model,
             backend,
-            num_tokens=sc.max_num_batched_tokens,
+            num_tokens=sc.token_budget,
             max_seq_len=max_seq_len,
             num_layers=arch.num_hidden_layers,
             head_dim=arch.head_size,
@@ -309,7 +326,7 @@ class Worker:
             device=self.device,
         )
         return profile_peak_bytes(
-            lambda: step.run(sc.max_running_requests, arch.vocab_size), self.device
+            lambda: step.run(sc.running_cap, arch.vocab_size), self.device
         )
 
     def _graph_workspace_bytes(self, graph_bs: int, max_context_len: int) -> int:
