@@ -198,6 +198,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         return _launch_ray(args, tuple(worker_args))
     if args.tp_size != 1:
         worker_args += ["--tp-size", str(args.tp_size)]
+    gpus, visible = _gpus(args)
     router_args: list[str] = []
     for flag in ("http_port", "metrics_port"):
         if getattr(args, flag) is not None:
@@ -213,24 +214,29 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         api_keys=router_api_keys(args.api_key),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
-        gpus_per_worker=_gpus_per_worker(args),
+        gpus_per_worker=gpus,
+        workers_per_gpu=args.workers_per_gpu,
+        visible_gpus=visible,
         worker_api_key=args.worker_api_key,
     )
     return launch(config)
 
 
-def _gpus_per_worker(args: argparse.Namespace) -> int:
-    """Each local worker gets its own tp_size GPUs when the workers will run on CUDA."""
+def _gpus(args: argparse.Namespace) -> tuple[int, int | None]:
+    """(GPUs per local worker, GPUs visible): each worker gets its own tp_size GPUs when
+    the workers will run on CUDA; (0, None) when they will not."""
     import shlex
 
     words = shlex.split(args.worker_args)
     devices = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--device"]
     devices += [w.split("=", 1)[1] for w in words if w.startswith("--device=")]
     if any(not d.startswith("cuda") and d != "auto" for d in devices):
-        return 0
+        return 0, None
     import torch
 
-    return int(args.tp_size) if torch.cuda.is_available() else 0
+    if not torch.cuda.is_available():
+        return 0, None
+    return int(args.tp_size), torch.cuda.device_count()
 
 
 def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
@@ -298,6 +304,12 @@ def _add_launch_parser(sub: Any) -> None:
     ln.add_argument("--host", default="127.0.0.1")
     ln.add_argument("--port", type=int, default=50050, help="the router's port")
     ln.add_argument("--dtype", default=None)
+    ln.add_argument(
+        "--workers-per-gpu",
+        type=int,
+        default=1,
+        help="on CUDA: workers sharing each GPU (each takes 1/N of its memory)",
+    )
     ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
     ln.add_argument(
         "--worker-api-key",

@@ -42,9 +42,16 @@ class LaunchConfig:
     ready_timeout: float = 300.0
     stop_timeout: float = 10.0
     env: dict[str, str] | None = field(default=None, compare=False)
-    # GPUs each worker gets (its TP size): worker i sees GPUs [i*g, (i+1)*g) of the visible
-    # ones through CUDA_VISIBLE_DEVICES. 0: the workers inherit the launcher's GPUs (CPU).
+    # GPUs each worker gets (its TP size): worker i sees GPUs [j*g, (j+1)*g) of the visible
+    # ones through CUDA_VISIBLE_DEVICES, j = i // workers_per_gpu. 0: the workers inherit
+    # the launcher's GPUs (CPU).
     gpus_per_worker: int = 0
+    # Workers that share each GPU (group of gpus_per_worker GPUs); each is told to take
+    # 1 / workers_per_gpu of its memory (`--gpu-memory-share`).
+    workers_per_gpu: int = 1
+    # GPUs the launcher sees when CUDA_VISIBLE_DEVICES is unset (torch.cuda.device_count()
+    # at launch); None: not checked.
+    visible_gpus: int | None = None
     # Workers require this key (`radixmesh worker --api-key`); the router is given it in
     # its environment and sends it on every worker call.
     worker_api_key: str | None = field(default=None, repr=False)
@@ -54,6 +61,8 @@ class LaunchConfig:
             raise InvalidArgument("workers", f"must be >= 1, got {self.workers}")
         if self.gpus_per_worker < 0:
             raise InvalidArgument("gpus_per_worker", f"must be >= 0, got {self.gpus_per_worker}")
+        if self.workers_per_gpu < 1:
+            raise InvalidArgument("workers_per_gpu", f"must be >= 1, got {self.workers_per_gpu}")
         if self.worker_ports and len(self.worker_ports) != self.workers:
             raise InvalidArgument("worker_ports", "give one port per worker, or none")
 
@@ -64,22 +73,51 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def gpu_ids(c: LaunchConfig) -> list[str]:
+    """The GPUs the workers are spread over: CUDA_VISIBLE_DEVICES, else all detected."""
+    base = c.env if c.env is not None else os.environ
+    if visible := base.get("CUDA_VISIBLE_DEVICES"):
+        return visible.split(",")
+    count = c.visible_gpus if c.visible_gpus is not None else c.workers * c.gpus_per_worker
+    return [str(i) for i in range(count)]
+
+
+def check_gpus(c: LaunchConfig) -> None:
+    """InvalidArgument, before anything starts, when the workers need more GPUs than exist."""
+    g, k = c.gpus_per_worker, c.workers_per_gpu
+    if g == 0:
+        return
+    have = len(gpu_ids(c))
+    need = -(-c.workers // k) * g  # ceil(workers / k) groups of g GPUs
+    if need > have:
+        share = -(-c.workers * g // have) if have else 0
+        hint = f"; --workers-per-gpu {share} lets {share} workers share each GPU" if have else ""
+        raise InvalidArgument(
+            "workers",
+            f"{c.workers} workers x {g} GPUs ({k} per GPU) need {need} GPUs; "
+            f"{have} {'is' if have == 1 else 'are'} visible{hint}",
+        )
+
+
 def worker_gpu_env(c: LaunchConfig, index: int) -> dict[str, str] | None:
     """Worker `index`'s environment: its own slice of the visible GPUs when
-    `gpus_per_worker` is set (so two TP-2 workers on four GPUs do not share cuda:0-1)."""
+    `gpus_per_worker` is set (so two TP-2 workers on four GPUs do not share cuda:0-1),
+    shared with the `workers_per_gpu` - 1 workers next to it."""
     g = c.gpus_per_worker
     if g == 0:
         return c.env
+    check_gpus(c)
     base = c.env if c.env is not None else os.environ
-    visible = base.get("CUDA_VISIBLE_DEVICES")
-    ids = visible.split(",") if visible else [str(i) for i in range(c.workers * g)]
-    mine = ids[index * g : (index + 1) * g]
-    if len(mine) < g:
-        raise InvalidArgument(
-            "gpus_per_worker",
-            f"{c.workers} workers x {g} GPUs need {c.workers * g} GPUs; {len(ids)} are visible",
-        )
+    group = index // c.workers_per_gpu
+    mine = gpu_ids(c)[group * g : (group + 1) * g]
     return {**base, "CUDA_VISIBLE_DEVICES": ",".join(mine)}
+
+
+def worker_args(c: LaunchConfig) -> tuple[str, ...]:
+    """Flags every worker gets beyond model and address: the memory share of a shared GPU."""
+    if c.gpus_per_worker and c.workers_per_gpu > 1:
+        return ("--gpu-memory-share", f"{1 / c.workers_per_gpu:.6f}", *c.worker_args)
+    return c.worker_args
 
 
 def _cli(*args: str) -> list[str]:
@@ -157,12 +195,13 @@ class LocalCluster:
 
     def start_workers(self) -> None:
         c = self.config
+        check_gpus(c)
         for i, port in enumerate(self.worker_ports):
             args = ["worker", "--model", c.model, "--host", c.host, "--port", str(port)]
             env = worker_gpu_env(c, i)
             if c.worker_api_key:
                 args += ["--api-key", c.worker_api_key]
-            self.workers.append(subprocess.Popen(_cli(*args, *c.worker_args), env=env))
+            self.workers.append(subprocess.Popen(_cli(*args, *worker_args(c)), env=env))
 
     def start_router(self) -> None:
         c = self.config

@@ -67,6 +67,10 @@ class CacheConfig:
     kv_cache_tokens: int | None = None
     kv_cache_bytes: int | None = None
     mem_fraction: float = 0.9
+    # The share of the GPU's memory this worker may take in all (weights, activations,
+    # graphs, KV pool) when it auto-sizes its pool: `radixmesh launch --workers-per-gpu N`
+    # gives each of N workers on one GPU 1/N. 1.0: whatever the device has free.
+    gpu_memory_share: float = 1.0
     disable_radix_cache: bool = False
     # Cache events report page-aligned blocks of this many tokens (a multiple of page_size).
     event_block_size: int = 16
@@ -80,6 +84,10 @@ class CacheConfig:
             raise InvalidArgument("kv_cache_bytes", f"must be > 0, got {self.kv_cache_bytes}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise InvalidArgument("mem_fraction", f"must be in (0, 1], got {self.mem_fraction}")
+        if not 0.0 < self.gpu_memory_share <= 1.0:
+            raise InvalidArgument(
+                "gpu_memory_share", f"must be in (0, 1], got {self.gpu_memory_share}"
+            )
         if self.event_block_size % self.page_size:
             raise InvalidArgument(
                 "event_block_size",

@@ -103,6 +103,11 @@ def default_attention_backend(device: torch.device) -> str:
     return "torch"
 
 
+# Device memory a worker's process holds outside PyTorch's caching allocator: the CUDA
+# context, cuBLAS / Triton workspaces (about 0.5-0.8 GiB seen with torch 2.11 on an H200).
+CUDA_CONTEXT_BYTES = 1 << 30
+
+
 class Worker:
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None) -> None:
         """`tp`: given on ranks 1..N-1 of a TP group (tp/follower.py); rank 0 passes
@@ -297,7 +302,7 @@ class Worker:
         activation = self._profile_activation_bytes(backend, min(tokens, limit))
         gc.collect()  # nothing of the profile step may outlive it...
         torch.cuda.empty_cache()  # ...and its pool and activations go back to the device
-        free, _total = torch.cuda.mem_get_info(self.device)
+        free = self._free_device_bytes()
         graphs = 0
         graph_bs = self._graph_max_batch_size()
         if backend == "triton" and graph_bs > 0:
@@ -313,6 +318,17 @@ class Worker:
             page_size=self.config.cache.page_size,
         )
 
+    def _free_device_bytes(self) -> int:
+        """What the device has free, at most what this worker's memory share leaves: its
+        share of the whole device less what it holds (the caching allocator's reserve and
+        CUDA_CONTEXT_BYTES for the context and library workspaces)."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        share = self.config.cache.gpu_memory_share
+        if share >= 1.0:
+            return int(free)
+        held = torch.cuda.memory_reserved(self.device) + CUDA_CONTEXT_BYTES
+        return max(min(int(free), int(share * total) - held), 0)
+
     def _profile_activation_bytes(self, backend: str, max_seq_len: int) -> int:
         sc, arch = self.config.scheduler, self.arch
         step = ProfileStep(
@@ -325,9 +341,7 @@ class Worker:
             dtype=self.dtype,
             device=self.device,
         )
-        return profile_peak_bytes(
-            lambda: step.run(sc.running_cap, arch.vocab_size), self.device
-        )
+        return profile_peak_bytes(lambda: step.run(sc.running_cap, arch.vocab_size), self.device)
 
     def _graph_workspace_bytes(self, graph_bs: int, max_context_len: int) -> int:
         from radixmesh.worker.attention.triton_backend import choose_num_splits
