@@ -167,7 +167,7 @@ async def _one_run(
         "max_concurrency": spec.max_concurrency,
         "rate_achieved": summary["request_throughput"],
         "summary": summary,
-        "hit_timeline": report.hit_rate_timeline(run.results),
+        "hit_timeline": report.hit_rate_timeline(run.results, run.duration),
     }
 
 

@@ -90,15 +90,15 @@ def summarize(results: Sequence[RequestResult], duration: float, slo: Slo) -> di
 
 
 def hit_rate_timeline(
-    results: Sequence[RequestResult], bins: int = 20
+    results: Sequence[RequestResult], duration: float, bins: int = 20
 ) -> dict[str, list[float | None]]:
-    """Per worker, the hit rate of the requests sent in each of `bins` equal time slices
-    (None where a worker got none); key "t" holds the slices' midpoints in seconds."""
+    """Per worker, the hit rate of the requests sent in each of `bins` equal slices of
+    the run's `duration` (None where a worker got none); "t" holds the slices' midpoints
+    in seconds."""
     ok = [r for r in results if r.ok]
-    if not ok:
+    if not ok or duration <= 0:
         return {"t": []}
-    end = max(r.start for r in ok) + 1e-9
-    width = end / bins
+    width = duration / bins
     prompt: dict[str, list[int]] = defaultdict(lambda: [0] * bins)
     cached: dict[str, list[int]] = defaultdict(lambda: [0] * bins)
     for r in ok:
