@@ -16,8 +16,8 @@ Or start a local cluster and compare routing policies on the same workers (the r
 restarted per policy; worker caches are flushed before every run):
     python -m bench.serve --launch --model smollm2 --workers 2 \\
         --policies cache_aware,round_robin --workload shared-prefix --rates 2,4
-`--direct` sends the gRPC load straight to the first worker (the router's own cost is the
-difference to the same load through the router).
+`--backend` takes a list; `grpc-direct` sends the gRPC load straight to the first worker
+(the router's own cost is the difference to the same load through the router).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine_info import machine
-from bench.serving import programs, report
+from bench.serving import offline, programs, report
 from bench.serving.clients import BACKENDS, make_backend
 from bench.serving.runner import LoadSpec, run_load
 from bench.serving.workloads import (
@@ -135,11 +135,17 @@ def flush(target: Target) -> None:
 
 
 async def _one_run(
-    workload: Workload, target: Target, args: argparse.Namespace, spec: LoadSpec
+    workload: Workload, target: Target, args: argparse.Namespace, spec: LoadSpec, name: str
 ) -> dict[str, Any]:
-    grpc_target = target.workers[0] if args.direct else target.grpc
+    direct = name == "grpc-direct"
+    if direct and not target.workers:
+        raise ValueError("backend: grpc-direct needs --launch (it sends to the first worker)")
+    grpc_target = target.workers[0] if direct else target.grpc
     backend = make_backend(
-        args.backend, http_url=target.http, grpc_target=grpc_target, model=target.model
+        "grpc" if direct else name,
+        http_url=target.http,
+        grpc_target=grpc_target,
+        model=target.model,
     )
     try:
         if args.warmup:
@@ -160,8 +166,8 @@ async def _one_run(
     return {
         "workload": workload.name,
         "workload_params": workload.params,
-        "policy": "direct" if args.direct else target.policy,
-        "backend": args.backend,
+        "policy": "direct" if direct else target.policy,
+        "backend": name,
         "load": spec.label,
         "request_rate": None if spec.request_rate == float("inf") else spec.request_rate,
         "max_concurrency": spec.max_concurrency,
@@ -185,13 +191,18 @@ def run_all(target: Target, args: argparse.Namespace) -> list[dict[str, Any]]:
             if name == "programs":
                 run = programs.run_programs(target.grpc, args, spec)
                 run["policy"] = target.policy
-            else:
-                mode = _mode(args, target.model)
-                workload = build_workload(name, args, mode, _tokenizer(target))
-                print(f"{target.policy}: {describe([workload])}, {spec.label}", flush=True)
-                run = asyncio.run(_one_run(workload, target, args, spec))
-            runs.append(run)
-            print(tables([run]).splitlines()[1], flush=True)
+                runs.append(run)
+                print(tables([run]).splitlines()[1], flush=True)
+                continue
+            mode = _mode(args, target.model)
+            workload = build_workload(name, args, mode, _tokenizer(target))
+            for backend in args.backend.split(","):
+                print(f"{target.policy} {backend}: {describe([workload])}, {spec.label}")
+                run = asyncio.run(_one_run(workload, target, args, spec, backend))
+                runs.append(run)
+                print(tables([run]).splitlines()[1], flush=True)
+                if backend != args.backend.split(",")[-1]:
+                    flush(target)
     return runs
 
 
@@ -236,7 +247,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     runs: list[dict[str, Any]] = []
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    if args.launch:
+    if args.offline:
+        runs = run_offline_all(args)
+    elif args.launch:
         with launched(args) as (cluster, target):
             for i, policy in enumerate(args.policies.split(",")):
                 if i:
@@ -254,10 +267,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def tables(runs: list[dict[str, Any]]) -> str:
+    if all(r["policy"] == "offline" for r in runs):
+        return "\n".join(
+            f"offline {r['workload']}: {r['summary']['output_throughput']:.0f} output tok/s"
+            for r in runs
+        )
     plain = [r for r in runs if r["workload"] != "programs"]
     progs = [r for r in runs if r["workload"] == "programs"]
     parts = [report.table(plain)] if plain else []
     return "\n".join(parts + ([programs.table(progs)] if progs else []))
+
+
+def run_offline_all(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each workload on an in-process Engine (`--worker-args` as its options)."""
+    from radixmesh.tokenizer import load_tokenizer
+
+    mode = _mode(args, args.model)
+    tokenizer = load_tokenizer(args.model)
+    runs = []
+    for name in args.workload.split(","):
+        workload = build_workload(name, args, mode, tokenizer)
+        print(f"offline engine: {describe([workload])}", flush=True)
+        runs.append(offline.run_offline(args.model, args.worker_args, workload))
+        s = runs[-1]["summary"]
+        print(
+            f"offline {name}: {s['request_throughput']:.2f} req/s, "
+            f"{s['output_throughput']:.0f} output tok/s",
+            flush=True,
+        )
+    return runs
 
 
 def write(args: argparse.Namespace, runs: list[dict[str, Any]], started: str) -> dict[str, Any]:
@@ -283,7 +321,7 @@ def write(args: argparse.Namespace, runs: list[dict[str, Any]], started: str) ->
         "runs": runs,
     }
     (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    plain = [r for r in runs if r["workload"] != "programs"]
+    plain = [r for r in runs if r["workload"] != "programs" and r["policy"] != "offline"]
     if plain:
         report.plot_latency(plain, out_dir / f"{stem}-latency.png")
         report.plot_hit_timeline(plain, out_dir / f"{stem}-hits.png")
@@ -295,6 +333,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = ap.add_argument_group("where")
     where.add_argument("--launch", action="store_true", help="start a local cluster here")
+    where.add_argument(
+        "--offline",
+        action="store_true",
+        help="no cluster: the workload on an in-process Engine (--model, --worker-args)",
+    )
     where.add_argument("--grpc", default=None, help="a running router's gRPC address")
     where.add_argument("--http", default=None, help="a running router's HTTP base URL")
     where.add_argument("--model", default="smollm2", help="with --launch")
@@ -303,9 +346,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--gpus-per-worker", type=int, default=0, help="with --launch")
     where.add_argument("--policies", default="cache_aware", help="with --launch: one run each")
     where.add_argument("--ready-timeout", type=float, default=600.0)
-    where.add_argument("--direct", action="store_true", help="grpc load straight to worker 0")
     load = ap.add_argument_group("load")
-    load.add_argument("--backend", default="openai-completions", choices=BACKENDS)
+    load.add_argument(
+        "--backend", default="openai-completions", help=f"any of {', '.join(BACKENDS)}"
+    )
     load.add_argument("--workload", default="random", help=f"any of {', '.join(WORKLOAD_NAMES)}")
     load.add_argument(
         "--mode",
@@ -332,12 +376,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     out.add_argument("--name", default="run", help="result files: serve-<name>.json/.png")
     out.add_argument("--out-dir", default=str(RESULTS))
     args = ap.parse_args(argv)
-    if not args.launch and not args.grpc:
-        ap.error("give --launch or --grpc (and --http for the OpenAI backends)")
-    if args.direct and not args.launch:
-        ap.error("--direct needs --launch (it sends to the first launched worker)")
-    if args.direct and args.backend != "grpc":
-        ap.error("--direct needs --backend grpc (workers speak gRPC only)")
+    if not args.launch and not args.grpc and not args.offline:
+        ap.error("give --launch, --offline or --grpc (and --http for the OpenAI backends)")
+    for backend in args.backend.split(","):
+        if backend not in BACKENDS:
+            ap.error(f"--backend: unknown {backend!r}; choose from {', '.join(BACKENDS)}")
     return args
 
 

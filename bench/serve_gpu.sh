@@ -6,7 +6,7 @@
 # set (GROUPS x PREFIX tokens) is larger than one worker's pool and placement decides hits.
 # Python packages the machine lacks travel as wheels in .whl/ (installed to /tmp/site).
 set -u
-PARTS=${PARTS:-"policies random"}
+PARTS=${PARTS:-"single policies random"}
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
 MODEL=${MODEL:-dummy:llama-3-8b}
 GPUS=${GPUS:-1}
@@ -22,20 +22,36 @@ part() { [[ " $PARTS " == *" $1 "* ]]; }
 per_gpu=""; [ "$GPUS" = 1 ] || per_gpu="--gpus-per-worker 1"
 WORKER="--kv-cache-tokens $KV_TOKENS --max-running-requests 128 --max-num-batched-tokens 8192"
 SERVE="python3 -m bench.serve --launch --model $MODEL --out-dir $OUT $per_gpu"
+OFFLINE="python3 -m bench.serve --offline --model $MODEL --out-dir $OUT"
+P1="--workload random --num-requests 256 --input-len 512 --output-len 256"
 
+# One worker on the whole GPU, every engine option at its default, on P1 (256 requests of
+# 512 random tokens, 256 out): the offline engine with defaults and with the tuned sizes,
+# then the worker serving the same workload through the router over HTTP and gRPC and
+# straight to its gRPC port, at 64 and 256 concurrent streams (serving overhead, router cost).
+if part single; then
+  timeout 150 $OFFLINE $P1 --name "offline-defaults-$MACHINE" > "$OUT/offline-defaults.log" 2>&1
+  echo "offline defaults rc=$?"; tail -1 "$OUT/offline-defaults.log"; el offline-defaults
+  timeout 150 $OFFLINE $P1 --name "offline-tuned-$MACHINE" \
+    --worker-args "--max-running-requests 256 --max-num-batched-tokens 8192" \
+    > "$OUT/offline-tuned.log" 2>&1
+  echo "offline tuned rc=$?"; tail -1 "$OUT/offline-tuned.log"; el offline-tuned
+  timeout 280 $SERVE --workers 1 $P1 --backend openai-completions,grpc,grpc-direct \
+    --concurrency 64,256 --name "single-worker-$MACHINE" > "$OUT/single.log" 2>&1
+  echo "single rc=$?"; grep -A7 "^workload" "$OUT/single.log" | tail -7; el single
+fi
 # Routing policies on the shared-prefix workload: 24 prefixes of 4,096 tokens (98k tokens,
 # more than one worker's 64k pool), 8 questions each, at a sweep of request rates.
 if part policies; then
   timeout 400 $SERVE --workers 2 --worker-args "$WORKER" --name "shared-prefix-$MACHINE" \
-    --policies cache_aware,round_robin,least_load --workload shared-prefix \
+    --policies "${POLICIES:-cache_aware,round_robin}" --workload shared-prefix \
     --groups 24 --num-requests 192 --prefix-len 4096 --question-len 64 --output-len 128 \
-    --rates 8,16,inf > "$OUT/policies.log" 2>&1
-  echo "policies rc=$?"; grep -E "^(shared|workload)" "$OUT/policies.log" | tail -10; el policies
+    --rates "${RATES:-8,12,16,20,24,inf}" > "$OUT/policies.log" 2>&1
+  echo "policies rc=$?"; grep -A14 "^workload" "$OUT/policies.log" | tail -14; el policies
 fi
-# No sharing (the control): 256 x (512 in, 256 out), all at once and at 16 req/s.
+# No sharing (the control): P1 at 16 req/s and all at once.
 if part random; then
   timeout 150 $SERVE --workers 2 --worker-args "$WORKER" --name "random-$MACHINE" \
-    --policies cache_aware,round_robin --workload random --num-requests 256 \
-    --input-len 512 --output-len 256 --rates 16,inf > "$OUT/random.log" 2>&1
-  echo "random rc=$?"; grep -E "^(random|workload)" "$OUT/random.log" | tail -5; el random
+    --policies cache_aware,round_robin $P1 --rates 16,inf > "$OUT/random.log" 2>&1
+  echo "random rc=$?"; grep -A4 "^workload" "$OUT/random.log" | tail -4; el random
 fi

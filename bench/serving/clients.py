@@ -208,4 +208,5 @@ def make_backend(
     raise ValueError(f"backend: unknown {name!r}; choose openai-completions, openai-chat, grpc")
 
 
-BACKENDS = ("openai-completions", "openai-chat", "grpc")
+# grpc-direct: the grpc backend aimed at a worker instead of the router (bench/serve.py).
+BACKENDS = ("openai-completions", "openai-chat", "grpc", "grpc-direct")

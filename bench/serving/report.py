@@ -111,40 +111,31 @@ def hit_rate_timeline(
     return out
 
 
-ROW = "{:<14} {:<13} {:>10} {:>6} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7} {:>6} {:>5}"
+ROW = "{:<14} {:<12} {:<6} {:>14} {:>7} {:>7} {:>9} {:>8} {:>8} {:>7} {:>7} {:>7} {:>5} {:>5}"
+VIA = {"openai-completions": "http", "openai-chat": "chat", "grpc": "grpc", "grpc-direct": "direct"}
 
 
 def table(runs: Sequence[dict[str, Any]]) -> str:
-    """One line per run: throughput, latency percentiles, hit rate against the ideal."""
+    """One line per run: throughput, latency percentiles (ms), hit rate against the ideal."""
     lines = [
         ROW.format(
-            "workload",
-            "policy",
-            "load",
-            "done",
-            "req/s",
-            "out tok/s",
-            "TTFT p50",
-            "TTFT p99",
-            "ITL p50",
-            "ITL p99",
-            "goodput",
-            "hit",
-            "/ideal",
+            "workload", "policy", "via", "load", "done", "req/s", "out tok/s", "TTFT p50",
+            "TTFT p99", "ITL p50", "ITL p99", "goodput", "hit", "/ideal",
         ),
-    ]
+    ]  # fmt: skip
     for run in runs:
         s = run["summary"]
         lines.append(
             ROW.format(
                 run["workload"][:14],
-                run["policy"][:13],
-                run["load"][:10],
+                run["policy"][:12],
+                VIA.get(run.get("backend", ""), "?"),
+                run["load"][:14],
                 f"{s['completed']}/{s['requests']}",
                 f"{s['request_throughput']:.2f}",
                 f"{s['output_throughput']:.0f}",
-                f"{s['ttft_ms']['p50']:.0f}ms",
-                f"{s['ttft_ms']['p99']:.0f}ms",
+                f"{s['ttft_ms']['p50']:.0f}",
+                f"{s['ttft_ms']['p99']:.0f}",
                 f"{s['itl_ms']['p50']:.1f}",
                 f"{s['itl_ms']['p99']:.1f}",
                 f"{s['goodput']:.2f}",

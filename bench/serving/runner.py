@@ -33,8 +33,8 @@ class LoadSpec:
     @property
     def label(self) -> str:
         rate = "inf" if self.request_rate == float("inf") else f"{self.request_rate:g}"
-        cap = f", concurrency {self.max_concurrency}" if self.max_concurrency else ""
-        return f"rate {rate}/s{cap}"
+        cap = f" c={self.max_concurrency}" if self.max_concurrency else ""
+        return f"{rate}/s{cap}"
 
 
 @dataclass

@@ -112,7 +112,7 @@ def test_multi_turn_over_grpc_resends_history_that_hits(
     s = run["summary"]
     assert (s["requests"], s["completed"], s["failures"]) == (12, 12, {})
     assert s["cache"]["hit_rate"] > 0.3  # later turns resend their history
-    assert run["load"] == "rate inf/s, concurrency 4"
+    assert run["load"] == "inf/s c=4"
 
 
 def test_random_and_programs_and_the_files_written(
