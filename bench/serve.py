@@ -236,6 +236,18 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
         yield cluster, target
 
 
+def _wait_serving(address: str, timeout: float) -> None:
+    """Until the router or worker at `address` says SERVING (a model may still be loading)."""
+    from radixmesh.client import Client
+
+    deadline = time.monotonic() + timeout
+    with Client(address) as c:
+        while not c.health(timeout=2.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{address} did not serve within {timeout:.0f} s")
+            time.sleep(0.5)
+
+
 def _served_model(address: str) -> str:
     from radixmesh.client import Client
 
@@ -257,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     target.policy = policy
                 runs += run_all(target, args)
     else:
+        _wait_serving(args.grpc, args.ready_timeout)
         model = _served_model(args.grpc)
         target = Target(args.grpc, args.http or "", model, [], args.policies.split(",")[0])
         runs = run_all(target, args)

@@ -40,6 +40,20 @@ if part single; then
     --concurrency 64,256 --name "single-worker-$MACHINE" > "$OUT/single.log" 2>&1
   echo "single rc=$?"; grep -A7 "^workload" "$OUT/single.log" | tail -7; el single
 fi
+# The GIL's switch interval in the worker (its scheduler thread and its gRPC event loop
+# share one interpreter): P1 at 256 streams straight to one worker, Python's default 5 ms
+# against 0.5 ms.
+if part gil; then
+  for si in 0.005 0.0005; do
+    port=$((50100 + ${#si}))
+    python3 -c "import sys; sys.setswitchinterval($si); from radixmesh.cluster.cli import main; \
+      sys.exit(main(['worker', '--model', '$MODEL', '--port', '$port']))" > "$OUT/gil-$si.log" 2>&1 &
+    W=$!
+    timeout 200 python3 -m bench.serve --grpc 127.0.0.1:$port --backend grpc $P1 --concurrency 256 \
+      --ready-timeout 180 --name "gil-$si-$MACHINE" --out-dir "$OUT" >> "$OUT/gil-$si.log" 2>&1
+    echo "gil $si rc=$?"; grep -A1 "^workload" "$OUT/gil-$si.log" | tail -1; kill $W; wait $W; el "gil $si"
+  done
+fi
 # Routing policies on the shared-prefix workload: 24 prefixes of 4,096 tokens (98k tokens,
 # more than one worker's 64k pool), 8 questions each, at a sweep of request rates.
 if part policies; then

@@ -9,10 +9,13 @@ disconnect reaches the scheduler between two steps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import queue
 import threading
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -46,6 +49,10 @@ class Engine:
         self._closed = False
         self._fatal: str | None = None  # why the scheduler thread died, if it did
         self._draining = False  # drain(): new requests get Unavailable
+        # Per event loop: hands that loop's requests their outputs (see _Mailbox).
+        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+            weakref.WeakKeyDictionary()
+        )
         self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
         self._thread.start()
         if self.worker.followers is not None:  # a TP rank dying ends the engine
@@ -289,12 +296,11 @@ class Engine:
 
     async def _asubmit(self, req: Request) -> asyncio.Queue[RequestOutput]:
         loop = asyncio.get_running_loop()
+        mailbox = self._mailboxes.get(loop)
+        if mailbox is None:
+            mailbox = self._mailboxes[loop] = _Mailbox(loop)
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
-
-        def sink(out: RequestOutput) -> None:
-            loop.call_soon_threadsafe(q.put_nowait, out)
-
-        req.sink = sink
+        req.sink = functools.partial(mailbox.put, q)
         self._post(lambda: self.worker.scheduler.add_request(req))
         return q
 
@@ -316,6 +322,10 @@ class Engine:
         try:
             while not done:
                 out = await self._aget(q)
+                # A consumer that fell behind takes what queued up as one chunk: under
+                # load, fewer and larger messages instead of a backlog of small ones.
+                while not out.finished and not q.empty():
+                    out = _merged(out, q.get_nowait())
                 done = out.finished
                 yield _chunk(out)
         finally:
@@ -353,6 +363,8 @@ class Engine:
                 self._check_alive()
 
     async def _aget(self, q: asyncio.Queue[RequestOutput]) -> RequestOutput:
+        if not q.empty():  # the common case under load: no waiting, no timer
+            return q.get_nowait()
         # Not asyncio.wait_for: on Python 3.11 it can swallow the caller's cancellation
         # when the queue delivers at the same moment, and a cancelled (disconnected)
         # stream must always reach its `finally` and abort the request.
@@ -442,6 +454,52 @@ def _normalize_params(params: Params, count: int) -> list[SamplingParams]:
         return [SamplingParams.from_dict(p) for p in params]
     one = SamplingParams.from_dict(params)
     return [one] * count
+
+
+class _Mailbox:
+    """Outputs from the scheduler thread to the queues of one event loop's requests.
+
+    One wake-up of the loop (`call_soon_threadsafe`, a write to its self-pipe) carries
+    every output that arrived since the loop last drained: a step that produces a token for
+    256 streams wakes the loop once, not 256 times."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]] = []
+        self._scheduled = False
+
+    def put(self, q: asyncio.Queue[RequestOutput], out: RequestOutput) -> None:
+        """From the scheduler thread."""
+        with self._lock:
+            self._items.append((q, out))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        # A closed loop (RuntimeError): its requests' consumers are gone already.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for q, out in items:
+            q.put_nowait(out)
+
+
+def _merged(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """Two consecutive outputs of one request as one (deltas joined, b's state)."""
+    return RequestOutput(
+        rid=b.rid,
+        new_token_ids=a.new_token_ids + b.new_token_ids,
+        text_delta=a.text_delta + b.text_delta,
+        finished=b.finished,
+        meta_info=b.meta_info,
+        new_token_logprobs=a.new_token_logprobs + b.new_token_logprobs,
+        new_top_logprobs=a.new_top_logprobs + b.new_top_logprobs,
+        error=b.error,
+    )
 
 
 class _Accumulator:
