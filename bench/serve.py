@@ -323,7 +323,7 @@ def write(args: argparse.Namespace, runs: list[dict[str, Any]], started: str) ->
     result = {
         "benchmark": "serve",
         "date": started,
-        "machine": machine(),
+        "machine": {**machine(), **_gpus()},
         "versions": {
             "python": platform.python_version(),
             "radixmesh": radixmesh.__version__,
@@ -338,8 +338,23 @@ def write(args: argparse.Namespace, runs: list[dict[str, Any]], started: str) ->
     if plain:
         report.plot_latency(plain, out_dir / f"{stem}-latency.png")
         report.plot_hit_timeline(plain, out_dir / f"{stem}-hits.png")
-    print(f"wrote {out_dir / stem}.json (+ plots)")
+    print(f"wrote {out_dir / stem}.json" + (" and its plots" if plain else ""))
     return result
+
+
+def _gpus() -> dict[str, Any]:
+    """The GPUs the workers ran on (nvidia-smi; this process itself may not load torch)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"gpus": [line.strip() for line in out.stdout.splitlines() if line.strip()]}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
