@@ -98,6 +98,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        engine_process=args.engine_process,
     )
     return run(config, engine_options(args))
 
@@ -111,6 +112,12 @@ def _add_worker_parser(sub: Any) -> None:
     wk.add_argument("--api-key", default=None, help="require `authorization: Bearer <key>`")
     wk.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key)")
     wk.add_argument("--tls-key", default=None, help="PEM private key")
+    wk.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine in a child process, apart from the gRPC server",
+    )
     add_engine_options(wk)
     wk.set_defaults(func=_cmd_worker)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass
+from typing import Any
 
-from radixmesh.worker.engine import Engine
 from radixmesh.worker.kvcache.events import CacheEvent
 
 
@@ -33,7 +33,8 @@ class Snapshot:
 
 
 class CacheEventHub:
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop, max_queue: int = 65536):
+    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, max_queue: int = 65536):
+        """`engine`: an Engine or an EngineProcess (add_cache_listener, cache_snapshot)."""
         self.engine = engine
         self.loop = loop
         self.max_queue = max_queue
@@ -42,7 +43,7 @@ class CacheEventHub:
         self._subscribers: set[asyncio.Queue[NumberedEvent | None]] = set()
         engine.add_cache_listener(self._on_event)
 
-    def _on_event(self, event: CacheEvent) -> None:  # on the scheduler thread
+    def _on_event(self, event: CacheEvent) -> None:  # on the engine's event thread
         self._sequence += 1
         item = NumberedEvent(self.epoch, self._sequence, event)
         self.loop.call_soon_threadsafe(self._fan_out, item)
@@ -71,8 +72,7 @@ class CacheEventHub:
     async def snapshot(self) -> Snapshot:
         """The cache's contents and the sequence number they reflect, read atomically."""
 
-        def read() -> Snapshot:
-            return Snapshot(self.epoch, self._sequence, self.engine.worker.cache.snapshot())
-
-        snap: Snapshot = await asyncio.to_thread(self.engine.call, read)
-        return snap
+        sequence, events = await asyncio.to_thread(
+            self.engine.cache_snapshot, lambda: self._sequence
+        )
+        return Snapshot(self.epoch, sequence, events)

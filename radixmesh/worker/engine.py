@@ -25,6 +25,7 @@ from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
+from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.request import Request, RequestOutput
 from radixmesh.worker.tp.followers import RankFailure
@@ -155,6 +156,41 @@ class Engine:
         if rid is not None:
             reqs[0].rid = rid
         return self._astream(reqs[0])
+
+    def submit(
+        self,
+        input_ids: list[int],
+        sampling_params: Params,
+        rid: str,
+        sink: Callable[[RequestOutput], None],
+    ) -> None:
+        """Validate one request (raises InvalidArgument / Unavailable) and start it under
+        `rid`, handing each step's output to `sink` on the scheduler thread (which must
+        only hand it on). The engine process's child serves its server through this."""
+        reqs, _ = self._make_requests(None, input_ids, sampling_params)
+        if len(reqs) != 1:
+            raise InvalidArgument("sampling_params.n", "a stream takes n=1")
+        req = reqs[0]
+        req.rid = rid
+        req.sink = sink
+        self._post(lambda: self.worker.scheduler.add_request(req))
+
+    @property
+    def info(self) -> EngineInfo:
+        """What the worker server tells clients about the model."""
+        w = self.worker
+        return EngineInfo(
+            model=self.config.model.model,
+            context_len=w.context_len,
+            vocab_size=w.arch.vocab_size,
+            eos_ids=frozenset(w.eos_ids),
+            bos_token_id=self.tokenizer.bos_token_id,
+        )
+
+    def cache_snapshot(self, stamp: Callable[[], int]) -> tuple[int, list[CacheEvent]]:
+        """The radix cache's contents with `stamp()`, both read on the scheduler thread,
+        where cache events fire: a listener's event count stamps exactly this snapshot."""
+        return self._call(lambda: (stamp(), self.worker.cache.snapshot()))
 
     async def async_score(
         self, input_ids: list[int], continuations: list[list[int]]
@@ -289,7 +325,7 @@ class Engine:
             while not done:
                 out = self._get(q)
                 done = out.finished
-                yield _chunk(out)
+                yield out.as_chunk()
         finally:
             if not done:  # the consumer stopped early: free the request's KV
                 self.abort(req.rid)
@@ -325,9 +361,9 @@ class Engine:
                 # A consumer that fell behind takes what queued up as one chunk: under
                 # load, fewer and larger messages instead of a backlog of small ones.
                 while not out.finished and not q.empty():
-                    out = _merged(out, q.get_nowait())
+                    out = out.then(q.get_nowait())
                 done = out.finished
-                yield _chunk(out)
+                yield out.as_chunk()
         finally:
             if not done:
                 self.abort(req.rid)
@@ -488,20 +524,6 @@ class _Mailbox:
             q.put_nowait(out)
 
 
-def _merged(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    """Two consecutive outputs of one request as one (deltas joined, b's state)."""
-    return RequestOutput(
-        rid=b.rid,
-        new_token_ids=a.new_token_ids + b.new_token_ids,
-        text_delta=a.text_delta + b.text_delta,
-        finished=b.finished,
-        meta_info=b.meta_info,
-        new_token_logprobs=a.new_token_logprobs + b.new_token_logprobs,
-        new_top_logprobs=a.new_top_logprobs + b.new_top_logprobs,
-        error=b.error,
-    )
-
-
 class _Accumulator:
     def __init__(self) -> None:
         self.ids: list[int] = []
@@ -515,16 +537,3 @@ class _Accumulator:
 
     def result(self) -> dict[str, Any]:
         return {"text": "".join(self.text), "output_ids": self.ids, "meta_info": self.meta}
-
-
-def _chunk(out: RequestOutput) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "text": out.text_delta,
-        "output_ids": out.new_token_ids,
-        "meta_info": out.meta_info,
-    }
-    if out.new_token_logprobs:
-        chunk["output_token_logprobs"] = out.new_token_logprobs
-    if out.new_top_logprobs:
-        chunk["output_top_logprobs"] = out.new_top_logprobs
-    return chunk

@@ -40,6 +40,7 @@ from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import input_ids_from_proto
 from radixmesh.worker.cache_event_hub import CacheEventHub
 from radixmesh.worker.engine import Engine
+from radixmesh.worker.engine_process import EngineProcess
 from radixmesh.worker.metrics import WorkerMetrics
 from radixmesh.worker.scheduler import SchedulerStats
 
@@ -81,6 +82,9 @@ class ServerConfig:
     # Generate streams in flight beyond which new ones get RESOURCE_EXHAUSTED; None: the
     # engine's max_running_requests + max_queued_requests.
     max_in_flight: int | None = None
+    # Run the engine in a child process (worker/engine_process.py says why); False: in this
+    # process, beside the gRPC event loop.
+    engine_process: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -173,14 +177,14 @@ def chunk_to_proto(
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.engine: Engine | None = None
+        self.engine: Engine | EngineProcess | None = None
         self.hub: CacheEventHub | None = None
         self.metrics = WorkerMetrics(self.read_stats)
         self.in_flight: set[str] = set()
         self.max_in_flight = config.max_in_flight or 0
         self._load_samples: collections.deque[tuple[float, int]] = collections.deque()
 
-    def attach(self, engine: Engine, hub: CacheEventHub) -> None:
+    def attach(self, engine: Engine | EngineProcess, hub: CacheEventHub) -> None:
         sc = engine.config.scheduler
         if not self.config.max_in_flight:
             self.max_in_flight = sc.running_cap + sc.max_queued_requests
@@ -190,7 +194,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         engine = self.engine
         return None if engine is None else engine.get_stats()
 
-    def _engine(self) -> Engine:
+    def _engine(self) -> Engine | EngineProcess:
         if self.engine is None:
             raise Unavailable("the model is still loading")
         return self.engine
@@ -415,20 +419,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.GetModelInfoResponse:
         async def run() -> worker_pb2.GetModelInfoResponse:
             engine = self._engine()
-            tok = engine.tokenizer
+            tok, facts = engine.tokenizer, engine.info
             template = getattr(getattr(tok, "hf_tokenizer", None), "chat_template", None)
             info = common_pb2.ModelInfo(
-                model=engine.config.model.model,
-                context_length=engine.worker.context_len,
-                vocab_size=engine.worker.arch.vocab_size,
+                model=facts.model,
+                context_length=facts.context_len,
+                vocab_size=facts.vocab_size,
                 page_size=engine.config.cache.page_size,
                 event_block_size=engine.config.cache.event_block_size,
-                tokenizer=engine.config.model.model,
+                tokenizer=facts.model,
                 chat_template=template if isinstance(template, str) else "",
-                eos_token_ids=sorted(engine.worker.eos_ids),
+                eos_token_ids=sorted(facts.eos_ids),
             )
-            if tok.bos_token_id is not None:
-                info.bos_token_id = tok.bos_token_id
+            if facts.bos_token_id is not None:
+                info.bos_token_id = facts.bos_token_id
             return worker_pb2.GetModelInfoResponse(info=info)
 
         return await _unary(context, run)
@@ -482,7 +486,11 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     if config.metrics_port is not None:
         servicer.metrics.serve(config.metrics_port, config.host)
     logger.info("radixmesh worker listening on %s:%d; loading the model", config.host, port)
-    engine = await asyncio.to_thread(Engine, **engine_options)
+    engine: Engine | EngineProcess
+    if config.engine_process:
+        engine = await asyncio.to_thread(EngineProcess, engine_options)
+    else:
+        engine = await asyncio.to_thread(Engine, **engine_options)
     hub = CacheEventHub(engine, loop)
     servicer.attach(engine, hub)
     await set_health(health_servicer, SERVICE_NAME, serving=not stop.is_set())
@@ -501,7 +509,7 @@ FAILURE_POLL_S = 0.2
 FAILURE_GRACE_S = 1.0  # in-flight streams see UNAVAILABLE (their waiters poll) before exit
 
 
-async def _stopped_or_failed(stop: asyncio.Event, engine: Engine) -> bool:
+async def _stopped_or_failed(stop: asyncio.Event, engine: Engine | EngineProcess) -> bool:
     """Wait for SIGTERM / SIGINT (False) or for the engine to fail, e.g. a TP rank (True)."""
     while not stop.is_set():
         if engine.fatal is not None:
@@ -512,7 +520,11 @@ async def _stopped_or_failed(stop: asyncio.Event, engine: Engine) -> bool:
 
 
 async def _fail(
-    servicer: WorkerServicer, engine: Engine, health_servicer: Any, hub: Any, server: Any
+    servicer: WorkerServicer,
+    engine: Engine | EngineProcess,
+    health_servicer: Any,
+    hub: Any,
+    server: Any,
 ) -> int:
     """The engine cannot serve: NOT_SERVING, in-flight requests end UNAVAILABLE, exit 1
     (so the launcher or Ray restarts the whole worker)."""
@@ -528,7 +540,10 @@ async def _fail(
 
 
 async def _drain(
-    config: ServerConfig, servicer: WorkerServicer, engine: Engine, health_servicer: Any
+    config: ServerConfig,
+    servicer: WorkerServicer,
+    engine: Engine | EngineProcess,
+    health_servicer: Any,
 ) -> None:
     logger.info("draining: %d requests in flight", len(servicer.in_flight))
     await set_health(health_servicer, SERVICE_NAME, serving=False)

@@ -1,0 +1,439 @@
+"""An `Engine` in a child process, behind the API the worker's gRPC server uses.
+
+The scheduler is host-bound at large batches: a decode step of 256 requests spends more
+time in Python (scheduling, sampling bookkeeping, detokenizing) than on the GPU. In one
+process, the gRPC event loop that streams those 256 tokens a step shares the scheduler
+thread's interpreter lock, and its per-message work is added to every step (the worker
+served 55% of the offline engine's throughput that way on an H200: docs/performance.md).
+So the worker runs its engine in a child process, as SGLang and vLLM run their engine
+cores apart from their API servers: the server process owns the sockets, the child owns
+the model and the scheduler, and they talk over two pipes.
+
+- commands (server -> child): submit, abort, abort_all, drain, call (flush, stats, score,
+  cache snapshot), shutdown. The child validates a submission on a thread of its own pool
+  (a grammar may take a while to compile) and answers a bad one with its error.
+- results (child -> server): one message per burst: everything the scheduler produced
+  since the last send (a step's outputs for every running request, cache events, call
+  results), in order. A reader thread in the server routes each output to its stream's
+  asyncio queue, one loop wake-up per burst, and calls the cache listener with the events
+  in the order the radix cache fired them.
+
+The child ignores SIGINT / SIGTERM (the server drains, then sends shutdown) and exits when
+its command pipe closes, so a killed server never leaves an engine behind. A dead child
+makes `fatal` say so; every open stream then ends with `Unavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any
+
+from radixmesh.errors import (
+    InvalidArgument,
+    RadixMeshError,
+    Unavailable,
+    entry_for,
+    error_from_status,
+)
+from radixmesh.worker.config import EngineConfig
+from radixmesh.worker.engine_info import EngineInfo
+from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
+from radixmesh.worker.request import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+Stamp = Callable[[], int]
+_POLL_S = 0.5  # how often a waiter checks that the child is alive
+
+
+# ---- errors across the pipe ----------------------------------------------------------------
+
+
+def _pack(e: BaseException) -> tuple[str, str, str | None]:
+    """An exception as plain values (our errors' constructors take extra arguments, so
+    they do not pickle): gRPC status name, message, field."""
+    if not isinstance(e, RadixMeshError | ValueError):
+        return "INTERNAL", f"{type(e).__name__}: {e}", None
+    return entry_for(e).grpc_status, str(e), getattr(e, "field", None)
+
+
+def _unpack(packed: tuple[str, str, str | None]) -> RadixMeshError:
+    error = error_from_status(*packed)
+    error.grpc_status = None  # raised here, not rebuilt from a client's status
+    return error
+
+
+# ---- the server's side ---------------------------------------------------------------------
+
+
+class EngineProcess:
+    """`EngineProcess(options)`: start an engine with these `Engine(**options)` options in
+    a child process and block until it serves (or raise why it could not start)."""
+
+    def __init__(self, options: dict[str, Any], *, start_method: str = "spawn") -> None:
+        ctx: Any = mp.get_context(start_method)
+        cmd_read, self._cmd = ctx.Pipe(duplex=False)
+        self._out, out_write = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=_child_main,
+            args=(cmd_read, out_write, options),
+            name="radixmesh-engine",
+            daemon=False,
+        )
+        self._proc.start()
+        cmd_read.close()
+        out_write.close()
+        self._send_lock = threading.Lock()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._calls: dict[int, tuple[Future[Any], Stamp | None]] = {}
+        self._call_ids = itertools.count()
+        self._listeners: list[CacheListener] = []
+        self._fatal: str | None = None
+        self._draining = False
+        first = self._recv_first()
+        self.config: EngineConfig = first["config"]
+        self.info: EngineInfo = first["info"]
+        self.tokenizer = _tokenizer(self.info)
+        self._reader = threading.Thread(target=self._read, name="radixmesh-engine-reader")
+        self._reader.daemon = True
+        self._reader.start()
+
+    def _recv_first(self) -> dict[str, Any]:
+        try:
+            kind, payload = self._out.recv()
+        except EOFError:
+            self._proc.join(timeout=10)
+            raise Unavailable(
+                f"the engine process exited while starting (status {self._proc.exitcode})"
+            ) from None
+        if kind == "failed":
+            self._proc.join(timeout=30)
+            raise _unpack(payload)
+        assert kind == "ready", kind
+        return dict(payload)
+
+    # ---- the API the server uses (the same as Engine's) ------------------------------------
+
+    def async_stream(
+        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream one request; a bad one raises its error at the first iteration."""
+        if self._draining:
+            raise Unavailable("the worker is draining: it takes no new requests")
+        self._check_alive()
+        return self._astream(list(input_ids), dict(sampling_params), rid or uuid.uuid4().hex)
+
+    async def async_score(
+        self, input_ids: list[int], continuations: list[list[int]]
+    ) -> list[list[float]]:
+        result = await asyncio.wrap_future(self._call("score", input_ids, continuations))
+        return list(result)
+
+    def abort(self, rid: str) -> None:
+        self._send(("abort", rid))
+
+    def abort_all(self, reason: str = "aborted") -> None:
+        self._send(("abort_all", reason))
+
+    def flush_cache(self) -> bool:
+        return bool(self._wait(self._call("flush_cache")))
+
+    def get_stats(self) -> Any:
+        return self._wait(self._call("get_stats"))
+
+    def drain(self) -> None:
+        self._draining = True
+        self._send(("drain",))
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def fatal(self) -> str | None:
+        return self._fatal
+
+    def add_cache_listener(self, fn: CacheListener) -> None:
+        """fn gets every cache event, in order, on the reader thread (hand it on only)."""
+        self._listeners.append(fn)
+
+    def cache_snapshot(self, stamp: Stamp) -> tuple[int, list[CacheEvent]]:
+        """The radix cache's contents and `stamp()` taken right after the last event that
+        they include was delivered to the listeners (so a listener's count stamps them)."""
+        return tuple(self._wait(self._call("cache_snapshot", stamp=stamp)))
+
+    def shutdown(self) -> None:
+        if self._proc.is_alive():
+            self._send(("shutdown",))
+            self._proc.join(timeout=60)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._cmd.close()
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    async def _astream(
+        self, ids: list[int], params: dict[str, Any], rid: str
+    ) -> AsyncIterator[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        if rid in self._streams:
+            raise InvalidArgument("request_id", f"request {rid!r} is already in flight")
+        self._streams[rid] = (loop, q)
+        done = False
+        try:
+            self._send(("submit", rid, ids, params))
+            while not done:
+                out = await self._next(q)
+                while not out.finished and not q.empty():
+                    nxt = q.get_nowait()
+                    if isinstance(nxt, BaseException):
+                        raise nxt
+                    out = out.then(nxt)
+                done = out.finished
+                yield out.as_chunk()
+        finally:
+            self._streams.pop(rid, None)
+            if not done:
+                self.abort(rid)
+
+    async def _next(self, q: asyncio.Queue[Any]) -> RequestOutput:
+        while True:
+            if q.empty():
+                try:
+                    item = await asyncio.wait_for(q.get(), _POLL_S)
+                except TimeoutError:
+                    self._check_alive()
+                    continue
+            else:
+                item = q.get_nowait()
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def _check_alive(self) -> None:
+        if self._fatal is not None:
+            raise Unavailable(self._fatal)
+
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        self._check_alive()
+        try:
+            with self._send_lock:
+                self._cmd.send(msg)
+        except (OSError, EOFError, ValueError) as e:  # the child is gone
+            raise Unavailable(f"the engine process is gone: {e}") from None
+
+    def _call(self, name: str, *args: Any, stamp: Stamp | None = None) -> Future[Any]:
+        fut: Future[Any] = Future()
+        cid = next(self._call_ids)
+        self._calls[cid] = (fut, stamp)
+        try:
+            self._send(("call", cid, name, args))
+        except Unavailable as e:
+            self._calls.pop(cid, None)
+            fut.set_exception(e)
+        return fut
+
+    def _wait(self, fut: Future[Any]) -> Any:
+        while True:
+            try:
+                return fut.result(timeout=_POLL_S)
+            except TimeoutError:
+                self._check_alive()
+
+    def _read(self) -> None:
+        """The reader thread: route every result the child sends, until it is gone."""
+        try:
+            while True:
+                self._dispatch(self._out.recv())
+        except (EOFError, OSError):
+            pass
+        self._proc.join(timeout=5)
+        status = self._proc.exitcode
+        self._fatal = self._fatal or f"the engine process exited (status {status})"
+        error = Unavailable(self._fatal)
+        for fut, _ in list(self._calls.values()):
+            if not fut.done():
+                fut.set_exception(error)
+        for loop, q in list(self._streams.values()):
+            loop.call_soon_threadsafe(q.put_nowait, error)
+
+    def _dispatch(self, batch: list[tuple[Any, ...]]) -> None:
+        wakes: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+        for item in batch:
+            kind = item[0]
+            if kind == "out" or kind == "error":
+                stream = self._streams.get(item[1])
+                if stream is not None:
+                    value = item[2] if kind == "out" else _unpack(item[2])
+                    wakes.setdefault(stream[0], []).append((stream[1], value))
+            elif kind == "event":
+                for fn in self._listeners:
+                    fn(item[1])
+            elif kind == "result" or kind == "raise":
+                fut, stamp = self._calls.pop(item[1])
+                if kind == "raise":
+                    fut.set_exception(_unpack(item[2]))
+                else:
+                    value = item[2]
+                    fut.set_result((stamp(), value) if stamp is not None else value)
+            elif kind == "fatal":
+                self._fatal = str(item[1])
+        for loop, items in wakes.items():  # one wake-up per loop for the whole burst
+            loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for q, value in items:
+        q.put_nowait(value)
+
+
+def _tokenizer(info: EngineInfo) -> Any:
+    from radixmesh.tokenizer import tokenizer_for
+
+    return tokenizer_for(
+        info.model,
+        vocab_size=info.vocab_size,
+        eos_token_ids=info.eos_ids,
+        bos_token_id=info.bos_token_id,
+    )
+
+
+# ---- the child's side ----------------------------------------------------------------------
+
+
+class _Outbox:
+    """What the child has for the server, sent in bursts by one sender thread: the
+    scheduler thread only appends (a lock and a list), it never waits on the pipe."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._items: list[tuple[Any, ...]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="radixmesh-outbox", daemon=True)
+        self._thread.start()
+
+    def put(self, item: tuple[Any, ...]) -> None:
+        with self._cond:
+            self._items.append(item)
+            if len(self._items) == 1:
+                self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._items and not self._closed:
+                    self._cond.wait()
+                items, self._items = self._items, []
+                closed = self._closed
+            if items:
+                try:
+                    self.conn.send(items)
+                except (OSError, EOFError):
+                    return  # the server is gone; the command loop sees it too
+            if closed:
+                return
+
+
+def _child_main(cmd: Connection, out: Connection, options: dict[str, Any]) -> None:
+    # The server process handles signals (it drains, then sends shutdown); Ctrl-C in a
+    # terminal reaches the whole process group, and must not kill the engine under it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from radixmesh.worker.engine import Engine
+
+    try:
+        engine = Engine(**options)
+    except BaseException as e:
+        out.send(("failed", _pack(e)))
+        return
+    outbox = _Outbox(out)
+    engine.add_cache_listener(lambda ev: outbox.put(("event", ev)))
+    out.send(("ready", {"config": engine.config, "info": engine.info}))
+    _serve_commands(engine, cmd, outbox)
+    outbox.close()
+    os._exit(0)  # TP followers and pools are down; skip interpreter teardown
+
+
+def _serve_commands(engine: Any, cmd: Connection, outbox: _Outbox) -> None:
+    # Validation may compile a grammar (seconds): a pool keeps the command loop free, with
+    # a few threads so one slow compile does not hold up other requests' admission.
+    pool = ThreadPoolExecutor(4, thread_name_prefix="radixmesh-engine-cmd")
+    watch = threading.Thread(target=_watch_fatal, args=(engine, outbox), daemon=True)
+    watch.start()
+    try:
+        while True:
+            try:
+                msg = cmd.recv()
+            except (EOFError, OSError):
+                return  # the server is gone
+            kind = msg[0]
+            if kind == "submit":
+                pool.submit(_submit, engine, outbox, *msg[1:])
+            elif kind == "abort":
+                engine.abort(msg[1])
+            elif kind == "abort_all":
+                engine.abort_all(msg[1])
+            elif kind == "drain":
+                engine.drain()
+            elif kind == "call":
+                pool.submit(_run_call, engine, outbox, *msg[1:])
+            elif kind == "shutdown":
+                return
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        engine.shutdown()
+
+
+def _submit(engine: Any, outbox: _Outbox, rid: str, ids: list[int], params: Any) -> None:
+    try:
+        engine.submit(ids, params, rid, lambda o: outbox.put(("out", rid, o)))
+    except BaseException as e:
+        outbox.put(("error", rid, _pack(e)))
+
+
+def _run_call(engine: Any, outbox: _Outbox, cid: int, name: str, args: tuple[Any, ...]) -> None:
+    try:
+        if name == "score":
+            value: Any = asyncio.run(engine.async_score(*args))
+        elif name == "cache_snapshot":
+            # Queued from the scheduler thread itself, right behind the events the snapshot
+            # includes and before any later one: the server stamps it in that order.
+            engine.call(lambda: outbox.put(("result", cid, engine.worker.cache.snapshot())))
+            return
+        else:
+            value = getattr(engine, name)(*args)
+    except BaseException as e:
+        outbox.put(("raise", cid, _pack(e)))
+        return
+    outbox.put(("result", cid, value))
+
+
+def _watch_fatal(engine: Any, outbox: _Outbox) -> None:
+    """Tell the server when the engine can no longer serve (a dead scheduler or TP rank)."""
+    stop = threading.Event()
+    while not stop.wait(0.2):
+        if engine.fatal is not None:
+            outbox.put(("fatal", engine.fatal))
+            return
