@@ -301,7 +301,7 @@ def run_offline_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name in args.workload.split(","):
         workload = build_workload(name, args, mode, tokenizer)
         print(f"offline engine: {describe([workload])}", flush=True)
-        runs.append(offline.run_offline(args.model, args.worker_args, workload))
+        runs.append(offline.run_offline(args.model, args.worker_args, workload, args.repeats))
         s = runs[-1]["summary"]
         print(
             f"offline {name}: {s['request_throughput']:.2f} req/s, "
@@ -397,6 +397,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     load.add_argument("--think-time", type=float, default=0.5, help="multi-turn: seconds")
     load.add_argument("--programs", default="tips_fork5,judge_3,multi_turn,few_shot_select")
     load.add_argument("--warmup", type=int, default=4, help="requests before each run")
+    load.add_argument("--repeats", type=int, default=1, help="--offline: runs (the median)")
     load.add_argument("--seed", type=int, default=0)
     out = ap.add_argument_group("report")
     out.add_argument("--slo-ttft", type=float, default=1.0, help="goodput SLO, seconds")

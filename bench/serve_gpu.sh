@@ -30,9 +30,10 @@ P1="--workload random --num-requests 256 --input-len 512 --output-len 256"
 # then the worker serving the same workload through the router over HTTP and gRPC and
 # straight to its gRPC port, at 64 and 256 concurrent streams (serving overhead, router cost).
 if part single; then
-  timeout 150 $OFFLINE $P1 --name "offline-defaults-$MACHINE" > "$OUT/offline-defaults.log" 2>&1
+  timeout 150 $OFFLINE $P1 --repeats 3 --name "offline-defaults-$MACHINE" \
+    > "$OUT/offline-defaults.log" 2>&1
   echo "offline defaults rc=$?"; tail -1 "$OUT/offline-defaults.log"; el offline-defaults
-  timeout 150 $OFFLINE $P1 --name "offline-tuned-$MACHINE" \
+  timeout 150 $OFFLINE $P1 --repeats 3 --name "offline-tuned-$MACHINE" \
     --worker-args "--max-running-requests 256 --max-num-batched-tokens 8192" \
     > "$OUT/offline-tuned.log" 2>&1
   echo "offline tuned rc=$?"; tail -1 "$OUT/offline-tuned.log"; el offline-tuned

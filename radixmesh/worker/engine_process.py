@@ -48,7 +48,7 @@ from radixmesh.errors import (
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
-from radixmesh.worker.request import RequestOutput
+from radixmesh.worker.request_output import RequestOutput
 
 logger = logging.getLogger(__name__)
 

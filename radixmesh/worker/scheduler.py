@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Protocol, cast
 
 import torch
@@ -36,30 +35,11 @@ from radixmesh.worker.output import OutputProcessor
 from radixmesh.worker.overlap import FutureLauncher, OverlapLoop, drop_placeholders
 from radixmesh.worker.policy import create_policy
 from radixmesh.worker.request import FinishReason, Request
+from radixmesh.worker.stats import SchedulerStats
 
 
 class ModelRunnerLike(Protocol):  # the one method the scheduler needs (model_runner.py)
     def forward(self, batch: Batch) -> ForwardOutput: ...
-
-
-@dataclass
-class SchedulerStats:
-    num_running: int
-    num_waiting: int
-    kv_slots_used: int  # held by running requests or the tree
-    kv_slots_total: int
-    cache_size: int
-    cache_hit_tokens: int
-    prompt_tokens: int
-    generated_tokens: int
-    num_retractions: int
-    num_steps: int
-    constrained_requests: int = 0
-    jump_forward_tokens: int = 0  # output tokens appended without a decode step
-
-    @property
-    def cache_hit_rate(self) -> float:
-        return self.cache_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 class Scheduler:

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -39,10 +39,12 @@ from radixmesh.prefix import common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import input_ids_from_proto
 from radixmesh.worker.cache_event_hub import CacheEventHub
-from radixmesh.worker.engine import Engine
 from radixmesh.worker.engine_process import EngineProcess
 from radixmesh.worker.metrics import WorkerMetrics
-from radixmesh.worker.scheduler import SchedulerStats
+from radixmesh.worker.stats import SchedulerStats
+
+if TYPE_CHECKING:
+    from radixmesh.worker.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -490,6 +492,8 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     if config.engine_process:
         engine = await asyncio.to_thread(EngineProcess, engine_options)
     else:
+        from radixmesh.worker.engine import Engine
+
         engine = await asyncio.to_thread(Engine, **engine_options)
     hub = CacheEventHub(engine, loop)
     servicer.attach(engine, hub)

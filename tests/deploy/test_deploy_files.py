@@ -104,7 +104,7 @@ def _worker_metric_names() -> set[str]:
     from prometheus_client.exposition import generate_latest
 
     from radixmesh.worker.metrics import WorkerMetrics
-    from radixmesh.worker.scheduler import SchedulerStats
+    from radixmesh.worker.stats import SchedulerStats
 
     stats = SchedulerStats(2, 1, 10, 100, 5, 3, 8, 4, 0, 7)
     text = generate_latest(WorkerMetrics(lambda: stats).registry).decode()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,7 +114,18 @@ def test_counters_move_by_exact_amounts(mc: MetricsCluster) -> None:
         empty = router_pb2.RouterGenerateRequest(input=common_pb2.Input(text=""))
         with pytest.raises(grpc.RpcError):
             list(router_pb2_grpc.RouterStub(ch).Generate(empty, timeout=10))
-    after = mc.samples()
+    # The router counts a refused RPC as its handler unwinds, which may be just after the
+    # client has the status: read the metrics until that count is in (or 5 s pass).
+    grpc_invalid = {"frontend": "grpc", "endpoint": "Generate", "status": "INVALID_ARGUMENT"}
+    deadline = time.monotonic() + 5
+    while True:
+        after = mc.samples()
+        counted = _get(after, "radixmesh_router_requests_total", **grpc_invalid)
+        if counted > _get(before, "radixmesh_router_requests_total", **grpc_invalid):
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
 
     def moved(name: str, **labels: str) -> float:
         return _get(after, name, **labels) - _get(before, name, **labels)

@@ -1,0 +1,26 @@
+"""SchedulerStats: a worker's counters, as the scheduler reports them (no torch here: the
+worker's server process reads them without loading the engine's modules)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_slots_used: int  # held by running requests or the tree
+    kv_slots_total: int
+    cache_size: int
+    cache_hit_tokens: int
+    prompt_tokens: int
+    generated_tokens: int
+    num_retractions: int
+    num_steps: int
+    constrained_requests: int = 0
+    jump_forward_tokens: int = 0  # output tokens appended without a decode step
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cache_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
