@@ -20,6 +20,8 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 @dataclass(frozen=True)
 class ModelConfig:
     model: str = "smollm2"  # alias, HF directory, .gguf path, or dummy:<preset>
+    # The name clients see (ModelInfo, /v1/models, the metrics' model_name); None: `model`.
+    served_model_name: str | None = None
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU (see worker.resolve_dtype)
     device: str = "auto"  # auto: cuda when available, else cpu
     context_length: int | None = None  # None: the model's own

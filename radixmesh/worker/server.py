@@ -171,11 +171,11 @@ def chunk_to_proto(
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, model_name: str = "") -> None:
         self.config = config
         self.engine: Engine | None = None
         self.hub: CacheEventHub | None = None
-        self.metrics = WorkerMetrics(self.read_stats)
+        self.metrics = WorkerMetrics(self.read_stats, model_name)
         self.in_flight: set[str] = set()
         self.max_in_flight = config.max_in_flight or 0
         self._load_samples: collections.deque[tuple[float, int]] = collections.deque()
@@ -280,6 +280,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 last = now
             if chunk["meta_info"]["finish_reason"] is not None:
                 m.e2e.observe(now - start)
+                m.observe_finished(chunk["meta_info"])
             yield chunk
 
     def _input_ids(self, inp: common_pb2.Input) -> list[int]:
@@ -418,7 +419,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             tok = engine.tokenizer
             template = getattr(getattr(tok, "hf_tokenizer", None), "chat_template", None)
             info = common_pb2.ModelInfo(
-                model=engine.config.model.model,
+                model=engine.config.model.served_model_name or engine.config.model.model,
                 context_length=engine.worker.context_len,
                 vocab_size=engine.worker.arch.vocab_size,
                 page_size=engine.config.cache.page_size,
@@ -462,6 +463,14 @@ async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[
 # ---- the process ----------------------------------------------------------------------------
 
 
+def served_model_name(engine_options: dict[str, Any]) -> str:
+    """The name clients see (ModelInfo.model, the metrics' model_name label)."""
+    from radixmesh.worker.config import ModelConfig
+
+    model = engine_options.get("model") or ModelConfig.model
+    return str(engine_options.get("served_model_name") or model)
+
+
 async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     """Run a worker until SIGTERM / SIGINT, then drain. Returns the exit status."""
     loop = asyncio.get_running_loop()
@@ -469,7 +478,7 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     server = grpc.aio.server(
         options=grpc_options(config.max_message_bytes), interceptors=interceptors
     )
-    servicer = WorkerServicer(config)
+    servicer = WorkerServicer(config, served_model_name(engine_options))
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, SERVICE_NAME)
     address = f"{config.host}:{config.port}"
