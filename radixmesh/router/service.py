@@ -76,6 +76,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 vocab_size=info.vocab_size,
                 eos_token_ids=info.eos_token_ids,
                 bos_token_id=info.bos_token_id if info.HasField("bos_token_id") else None,
+                download_dir=self.config.download_dir,
+                chat_template=info.chat_template or None,
             )
             self.model_info = resp.info
             return

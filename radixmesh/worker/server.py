@@ -42,6 +42,7 @@ from radixmesh.worker.cache_event_hub import CacheEventHub
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.metrics import WorkerMetrics
 from radixmesh.worker.scheduler import SchedulerStats
+from radixmesh.worker.stats_log import log_stats
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +78,13 @@ class ServerConfig:
     api_key: str | None = None  # clients must send `authorization: Bearer <key>`
     tls_cert: str | None = None  # PEM files; both set: serve TLS
     tls_key: str | None = None
+    tls_client_ca: str | None = None  # PEM CA bundle: clients must present a certificate
     max_message_bytes: int = 64 * 1024 * 1024
     # Generate streams in flight beyond which new ones get RESOURCE_EXHAUSTED; None: the
     # engine's max_running_requests + max_queued_requests.
     max_in_flight: int | None = None
+    # Seconds between stats log lines while serving (logged when they changed); 0: none.
+    log_stats_interval: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -89,6 +93,12 @@ class ServerConfig:
             raise InvalidArgument("drain_timeout", f"must be >= 0, got {self.drain_timeout}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("tls_cert", "give both tls_cert and tls_key, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise InvalidArgument("tls_client_ca", "client certificates need tls_cert/tls_key")
+        if self.log_stats_interval < 0:
+            raise InvalidArgument(
+                "log_stats_interval", f"must be >= 0, got {self.log_stats_interval}"
+            )
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -424,7 +434,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 vocab_size=engine.worker.arch.vocab_size,
                 page_size=engine.config.cache.page_size,
                 event_block_size=engine.config.cache.event_block_size,
-                tokenizer=engine.config.model.model,
+                tokenizer=engine.worker.tokenizer_spec,
                 chat_template=template if isinstance(template, str) else "",
                 eos_token_ids=sorted(engine.worker.eos_ids),
             )
@@ -482,7 +492,7 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, SERVICE_NAME)
     address = f"{config.host}:{config.port}"
-    port = bind(server, address, config.tls_cert, config.tls_key)
+    port = bind(server, address, config.tls_cert, config.tls_key, config.tls_client_ca)
     await set_health(health_servicer, SERVICE_NAME, serving=False)
     await server.start()
     stop = asyncio.Event()
@@ -496,8 +506,12 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     servicer.attach(engine, hub)
     await set_health(health_servicer, SERVICE_NAME, serving=not stop.is_set())
     print(f"radixmesh worker serving {engine.config.model.model} on port {port}", flush=True)
-    if await _stopped_or_failed(stop, engine):
-        return await _fail(servicer, engine, health_servicer, hub, server)
+    stats_log = asyncio.create_task(log_stats(engine, config.log_stats_interval))
+    try:
+        if await _stopped_or_failed(stop, engine):
+            return await _fail(servicer, engine, health_servicer, hub, server)
+    finally:
+        stats_log.cancel()
     await _drain(config, servicer, engine, health_servicer)
     hub.close()
     await server.stop(grace=2.0)
