@@ -37,18 +37,21 @@ proto: setup
 proto-lint: setup
 	cd proto && ../$(VENV)/bin/buf lint
 
-# promtool (Debian package `prometheus`) for the metrics test: the binary alone, unpacked
-# into $(TOOLS); best effort, so a machine without apt still runs the rest of the suite.
+# promtool and the Prometheus server (Debian package `prometheus`) for the metrics and
+# deploy tests: the binaries alone, unpacked into $(TOOLS) (no service is installed).
 TOOLS := .tools
-tools: $(TOOLS)/bin/promtool
+PROMETHEUS_DEB := $(TOOLS)/deb/root/usr/bin
+tools: $(TOOLS)/bin/promtool $(TOOLS)/bin/prometheus
 
-$(TOOLS)/bin/promtool:
-	mkdir -p $(TOOLS)/bin $(TOOLS)/deb
-	if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; \
-	else (cd $(TOOLS)/deb && (apt-get download prometheus 2>/dev/null || \
-		(apt-get update -qq && apt-get download prometheus)) && \
-		dpkg -x prometheus_*.deb root && ln -sf "$$PWD/root/usr/bin/promtool" ../bin/promtool) \
-		|| echo "promtool unavailable: the metrics format test will skip"; fi
+$(PROMETHEUS_DEB)/prometheus:
+	mkdir -p $(TOOLS)/deb
+	cd $(TOOLS)/deb && (apt-get download prometheus 2>/dev/null || \
+		(apt-get update -qq && apt-get download prometheus)) && dpkg -x prometheus_*.deb root
+	touch $@
+
+$(TOOLS)/bin/promtool $(TOOLS)/bin/prometheus: $(PROMETHEUS_DEB)/prometheus
+	mkdir -p $(TOOLS)/bin
+	ln -sf "$(CURDIR)/$(PROMETHEUS_DEB)/$(@F)" $@
 
 lint: setup
 	$(VENV)/bin/ruff check radixmesh tests bench examples
