@@ -7,7 +7,7 @@ PIP := $(VPY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck bench clean proto proto-lint tools
+.PHONY: setup demo test lint typecheck bench clean proto proto-lint tools image image-cpu image-lint
 
 setup: $(STAMP)
 
@@ -52,6 +52,20 @@ $(PROMETHEUS_DEB)/prometheus:
 $(TOOLS)/bin/promtool $(TOOLS)/bin/prometheus: $(PROMETHEUS_DEB)/prometheus
 	mkdir -p $(TOOLS)/bin
 	ln -sf "$(CURDIR)/$(PROMETHEUS_DEB)/$(@F)" $@
+
+# Container images (need a Docker daemon): the CUDA one and the CPU one, both with the
+# bundled model; tags match the Helm chart's default image. `make image-lint` (hadolint,
+# also run by `make test`) needs no daemon.
+IMAGE ?= ghcr.io/radixmesh/radixmesh
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	docker build -f Dockerfile -t $(IMAGE):$(VERSION) .
+
+image-cpu:
+	docker build -f Dockerfile.cpu -t $(IMAGE):$(VERSION)-cpu .
+
+image-lint: setup
+	$(VENV)/bin/hadolint --failure-threshold info Dockerfile Dockerfile.cpu
 
 lint: setup
 	$(VENV)/bin/ruff check radixmesh tests bench examples

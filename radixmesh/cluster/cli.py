@@ -382,7 +382,49 @@ def build_parser() -> argparse.ArgumentParser:
     _add_router_parser(sub)
     _add_launch_parser(sub)
     _add_download_parser(sub)
+    _add_health_parser(sub)
     return parser
+
+
+HEALTH_ADDRESS_ENV = "RADIXMESH_HEALTH_ADDRESS"  # the images set it (their HEALTHCHECK)
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the server at the address answers grpc.health.v1 with SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    if args.tls_ca:
+        with open(args.tls_ca, "rb") as f:
+            creds = grpc.ssl_channel_credentials(f.read())
+        channel = grpc.secure_channel(args.address, creds)
+    else:
+        channel = grpc.insecure_channel(args.address)
+    with channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=args.timeout
+            )
+        except grpc.RpcError as e:
+            print(f"radixmesh: {args.address}: {e.code().name}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    print(f"{args.address}: {status}")
+    return 0 if resp.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def _add_health_parser(sub: Any) -> None:
+    import os
+
+    hc = sub.add_parser("health", help="exit 0 if a worker or router serves (gRPC health)")
+    hc.add_argument(
+        "--address",
+        default=os.environ.get(HEALTH_ADDRESS_ENV, "127.0.0.1:50051"),
+        help=f"host:port (default: ${HEALTH_ADDRESS_ENV} or 127.0.0.1:50051)",
+    )
+    hc.add_argument("--tls-ca", default=None, help="connect with TLS, trusting this CA")
+    hc.add_argument("--timeout", type=float, default=5.0, help="seconds")
+    hc.set_defaults(func=_cmd_health)
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
