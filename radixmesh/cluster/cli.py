@@ -12,6 +12,7 @@ import sys
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from radixmesh.errors import RadixMeshError
@@ -395,9 +396,12 @@ def _cmd_health(args: argparse.Namespace) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     if args.tls_ca:
-        with open(args.tls_ca, "rb") as f:
-            creds = grpc.ssl_channel_credentials(f.read())
-        channel = grpc.secure_channel(args.address, creds)
+        files = [args.tls_ca, args.tls_key, args.tls_cert]
+        pem = [Path(p).read_bytes() if p else None for p in files]
+        options = []
+        if args.tls_server_name:
+            options.append(("grpc.ssl_target_name_override", args.tls_server_name))
+        channel = grpc.secure_channel(args.address, grpc.ssl_channel_credentials(*pem), options)
     else:
         channel = grpc.insecure_channel(args.address)
     with channel:
@@ -423,6 +427,9 @@ def _add_health_parser(sub: Any) -> None:
         help=f"host:port (default: ${HEALTH_ADDRESS_ENV} or 127.0.0.1:50051)",
     )
     hc.add_argument("--tls-ca", default=None, help="connect with TLS, trusting this CA")
+    hc.add_argument("--tls-server-name", default=None, help="the name the certificate carries")
+    hc.add_argument("--tls-cert", default=None, help="client certificate (mutual TLS)")
+    hc.add_argument("--tls-key", default=None, help="its private key")
     hc.add_argument("--timeout", type=float, default=5.0, help="seconds")
     hc.set_defaults(func=_cmd_health)
 
