@@ -7,7 +7,7 @@ PIP := $(VPY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck bench clean proto proto-lint tools image image-cpu image-lint
+.PHONY: setup demo test lint typecheck bench clean proto proto-lint tools image image-cpu image-lint deploy-check
 
 setup: $(STAMP)
 
@@ -66,6 +66,12 @@ image-cpu:
 
 image-lint: setup
 	$(VENV)/bin/hadolint --failure-threshold info Dockerfile Dockerfile.cpu
+
+# Everything about deploy/ that needs no cluster: render and lint the chart, validate its
+# manifests (Kubernetes and CRD schemas), yamllint, promtool, hadolint, and the dashboard
+# and alerts against a real Prometheus scraping a local cluster (tests/deploy).
+deploy-check: setup tools
+	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(VPY) -m pytest -q tests/deploy
 
 lint: setup
 	$(VENV)/bin/ruff check radixmesh tests bench examples
