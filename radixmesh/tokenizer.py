@@ -146,6 +146,17 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.hf_tokenizer.chat_template)
 
+    def set_chat_template(self, template: str, source: str = "chat_template") -> None:
+        """Replace the model's chat template (a Jinja string); a template that does not
+        render one user message is an InvalidArgument naming `source`."""
+        previous = self.hf_tokenizer.chat_template
+        self.hf_tokenizer.chat_template = template
+        try:
+            self.apply_chat_template([{"role": "user", "content": "hi"}])
+        except Exception as e:
+            self.hf_tokenizer.chat_template = previous
+            raise InvalidArgument("chat_template", f"{source}: {type(e).__name__}: {e}") from e
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids = self.hf_tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return [int(i) for i in ids]
@@ -251,17 +262,39 @@ class ByteTokenizer:
 
 
 def tokenizer_for(
-    spec: str, *, vocab_size: int, eos_token_ids: Iterable[int], bos_token_id: int | None
+    spec: str,
+    *,
+    vocab_size: int,
+    eos_token_ids: Iterable[int],
+    bos_token_id: int | None,
+    download_dir: str | None = None,
+    chat_template: str | None = None,
 ) -> Tokenizer | ByteTokenizer:
-    """The tokenizer of a model spec ("smollm2", an HF directory, a .gguf path,
-    dummy:<preset>), given the model's vocabulary size and eos / bos ids.
+    """The tokenizer of a model spec ("smollm2", an HF directory, a .gguf path, a hub id,
+    dummy:<preset>), given the model's vocabulary size and eos / bos ids, with
+    `chat_template` (a Jinja string) replacing the model's own when given.
 
     A GGUF's tokenizer is read from the worker's converted cache when there is one (a
     fraction of a second) and else built from the GGUF's metadata: a router that only
-    tokenizes should not pay for (or store) a weight conversion.
+    tokenizes should not pay for (or store) a weight conversion. Of a hub model only the
+    tokenizer files are fetched (`download_dir`: the hub cache to use).
     """
-    src = resolve_model(spec)
-    eos = tuple(eos_token_ids)
+    tok = _tokenizer_for(spec, vocab_size, tuple(eos_token_ids), bos_token_id, download_dir)
+    if chat_template:
+        if not isinstance(tok, Tokenizer):
+            raise InvalidArgument("chat_template", "dummy models use the built-in template")
+        tok.set_chat_template(chat_template)
+    return tok
+
+
+def _tokenizer_for(
+    spec: str,
+    vocab_size: int,
+    eos: tuple[int, ...],
+    bos_token_id: int | None,
+    download_dir: str | None,
+) -> Tokenizer | ByteTokenizer:
+    src = resolve_model(spec, download_dir=download_dir, weights=False)
     if src.kind == "dummy":
         return ByteTokenizer(vocab_size, eos_token_ids=eos, bos_token_id=bos_token_id)
     assert src.path is not None, src

@@ -12,6 +12,7 @@ import sys
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from radixmesh.errors import RadixMeshError
@@ -88,6 +89,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    import os
+
     from radixmesh.worker.server import ServerConfig, run
 
     config = ServerConfig(
@@ -95,10 +98,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         port=args.port,
         metrics_port=args.metrics_port,
         drain_timeout=args.drain_timeout,
-        api_key=args.api_key,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         engine_process=args.engine_process,
+        tls_client_ca=args.tls_client_ca,
+        log_stats_interval=args.log_stats_interval,
     )
     return run(config, engine_options(args))
 
@@ -109,7 +114,11 @@ def _add_worker_parser(sub: Any) -> None:
     wk.add_argument("--port", type=int, default=50051)
     wk.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
     wk.add_argument("--drain-timeout", type=float, default=30.0, help="seconds, on SIGTERM")
-    wk.add_argument("--api-key", default=None, help="require `authorization: Bearer <key>`")
+    wk.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require `authorization: Bearer <key>` (default: ${API_KEY_ENV}, kept out of ps)",
+    )
     wk.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key)")
     wk.add_argument("--tls-key", default=None, help="PEM private key")
     wk.add_argument(
@@ -117,6 +126,10 @@ def _add_worker_parser(sub: Any) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="run the engine in a child process, apart from the gRPC server",
+    )
+    wk.add_argument("--tls-client-ca", default=None, help="require client certificates (mTLS)")
+    wk.add_argument(
+        "--log-stats-interval", type=float, default=10.0, help="seconds between stats lines"
     )
     add_engine_options(wk)
     wk.set_defaults(func=_cmd_worker)
@@ -140,7 +153,14 @@ def _cmd_router(args: argparse.Namespace) -> int:
         api_keys=router_api_keys(args.api_key),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
         worker_api_key=_worker_api_key(),
+        download_dir=args.download_dir,
+        worker_tls_ca=args.worker_tls_ca,
+        worker_tls_cert=args.worker_tls_cert,
+        worker_tls_key=args.worker_tls_key,
+        worker_tls_server_name=args.worker_tls_server_name,
+        discovery_interval=args.discovery_interval,
     )
     return run(config)
 
@@ -177,11 +197,29 @@ def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", default=None, help="PEM private key")
 
 
+def _add_router_tls_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-client-ca", default=None, help="require client certificates")
+    tls = parser.add_argument_group("router -> worker TLS")
+    tls.add_argument("--worker-tls-ca", default=None, help="CA of the workers' certificates")
+    tls.add_argument("--worker-tls-cert", default=None, help="client certificate (mTLS)")
+    tls.add_argument("--worker-tls-key", default=None, help="its private key")
+    tls.add_argument(
+        "--worker-tls-server-name", default=None, help="name the workers' certificates carry"
+    )
+
+
 def _add_router_parser(sub: Any) -> None:
     from radixmesh.router.policy import POLICIES
 
     rt = sub.add_parser("router", help="route requests over workers (radixmesh.v1.Router)")
-    rt.add_argument("--workers", required=True, help="worker addresses, host:port,host:port")
+    rt.add_argument(
+        "--workers",
+        required=True,
+        help="worker addresses, host:port,host:port; dns:name:port for every address a "
+        "name resolves to (re-resolved: a headless Service)",
+    )
+    rt.add_argument("--discovery-interval", type=float, default=5.0, help="seconds")
+    rt.add_argument("--download-dir", default=None, help="Hugging Face hub cache")
     rt.add_argument("--host", default="0.0.0.0")
     rt.add_argument("--port", type=int, default=50050)
     rt.add_argument("--policy", default="cache_aware", choices=sorted(POLICIES))
@@ -190,6 +228,7 @@ def _add_router_parser(sub: Any) -> None:
     rt.add_argument("--tentative-ttl", type=float, default=5.0, help="seconds")
     rt.add_argument("--health-interval", type=float, default=1.0, help="seconds")
     _add_router_security_options(rt)
+    _add_router_tls_options(rt)
     rt.set_defaults(func=_cmd_router)
 
 
@@ -201,13 +240,16 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     worker_args = shlex.split(args.worker_args)
     if args.dtype is not None:
         worker_args += ["--dtype", args.dtype]
+    for flag in ("revision", "download_dir", "served_model_name", "chat_template"):
+        if getattr(args, flag) is not None:
+            worker_args += ["--" + flag.replace("_", "-"), getattr(args, flag)]
     if args.ray or args.ray_address is not None:
         return _launch_ray(args, tuple(worker_args))
     if args.tp_size != 1:
         worker_args += ["--tp-size", str(args.tp_size)]
     gpus, visible = _gpus(args)
     router_args: list[str] = []
-    for flag in ("http_port", "metrics_port"):
+    for flag in ("http_port", "metrics_port", "download_dir"):
         if getattr(args, flag) is not None:
             router_args += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     config = LaunchConfig(
@@ -317,6 +359,10 @@ def _add_launch_parser(sub: Any) -> None:
         default=1,
         help="on CUDA: workers sharing each GPU (each takes 1/N of its memory)",
     )
+    ln.add_argument("--revision", default=None, help="of a hub model (org/name)")
+    ln.add_argument("--download-dir", default=None, help="Hugging Face hub cache")
+    ln.add_argument("--served-model-name", default=None, help="the name clients see")
+    ln.add_argument("--chat-template", default=None, help="Jinja file replacing the model's")
     ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
     ln.add_argument(
         "--worker-api-key",
@@ -343,7 +389,80 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker_parser(sub)
     _add_router_parser(sub)
     _add_launch_parser(sub)
+    _add_download_parser(sub)
+    _add_health_parser(sub)
     return parser
+
+
+HEALTH_ADDRESS_ENV = "RADIXMESH_HEALTH_ADDRESS"  # the images set it (their HEALTHCHECK)
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the server at the address answers grpc.health.v1 with SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    if args.tls_ca:
+        files = [args.tls_ca, args.tls_key, args.tls_cert]
+        pem = [Path(p).read_bytes() if p else None for p in files]
+        options = []
+        if args.tls_server_name:
+            options.append(("grpc.ssl_target_name_override", args.tls_server_name))
+        channel = grpc.secure_channel(args.address, grpc.ssl_channel_credentials(*pem), options)
+    else:
+        channel = grpc.insecure_channel(args.address)
+    with channel:
+        try:
+            resp = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=args.timeout
+            )
+        except grpc.RpcError as e:
+            print(f"radixmesh: {args.address}: {e.code().name}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+    print(f"{args.address}: {status}")
+    return 0 if resp.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def _add_health_parser(sub: Any) -> None:
+    import os
+
+    hc = sub.add_parser("health", help="exit 0 if a worker or router serves (gRPC health)")
+    hc.add_argument(
+        "--address",
+        default=os.environ.get(HEALTH_ADDRESS_ENV, "127.0.0.1:50051"),
+        help=f"host:port (default: ${HEALTH_ADDRESS_ENV} or 127.0.0.1:50051)",
+    )
+    hc.add_argument("--tls-ca", default=None, help="connect with TLS, trusting this CA")
+    hc.add_argument("--tls-server-name", default=None, help="the name the certificate carries")
+    hc.add_argument("--tls-cert", default=None, help="client certificate (mutual TLS)")
+    hc.add_argument("--tls-key", default=None, help="its private key")
+    hc.add_argument("--timeout", type=float, default=5.0, help="seconds")
+    hc.set_defaults(func=_cmd_health)
+
+
+def _cmd_download(args: argparse.Namespace) -> int:
+    from radixmesh import hub
+
+    model = hub.parse_hub_id(args.model, args.revision)
+    if model is None:
+        from radixmesh.errors import InvalidArgument
+
+        raise InvalidArgument("model", f"{args.model!r} is not a hub id (org/name[@revision])")
+    path = hub.snapshot(model, args.download_dir, weights=not args.tokenizer_only)
+    print(path)
+    return 0
+
+
+def _add_download_parser(sub: Any) -> None:
+    dl = sub.add_parser(
+        "download", help="fetch a hub model into the Hugging Face cache; print its directory"
+    )
+    dl.add_argument("model", help="org/name[@revision]")
+    dl.add_argument("--revision", default=None)
+    dl.add_argument("--download-dir", default=None, help="the hub cache (default: HF's)")
+    dl.add_argument("--tokenizer-only", action="store_true", help="what a router needs")
+    dl.set_defaults(func=_cmd_download)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,10 +6,14 @@ from dataclasses import dataclass, field
 
 from radixmesh.errors import InvalidArgument
 
+DNS_PREFIX = "dns:"
+
 
 @dataclass(frozen=True)
 class RouterConfig:
-    workers: tuple[str, ...]  # worker addresses, host:port
+    # Worker addresses, host:port; `dns:name:port` stands for every address the name
+    # resolves to, re-resolved every `discovery_interval` (a headless Service's pods).
+    workers: tuple[str, ...]
     host: str = "0.0.0.0"
     port: int = 50050
     policy: str = "cache_aware"
@@ -34,6 +38,18 @@ class RouterConfig:
     tls_key: str | None = None
     # The key the router sends to workers started with `--api-key` (None: none sent).
     worker_api_key: str | None = field(default=None, repr=False)
+    # The Hugging Face hub cache for the tokenizer of a hub model (None: huggingface_hub's).
+    download_dir: str | None = None
+    # With tls_cert/tls_key: clients must present a certificate this CA signed (mTLS).
+    tls_client_ca: str | None = None
+    # Router -> worker TLS: the CA that signed the workers' certificates (set: TLS), the
+    # router's own certificate for workers that require one, and the name to check the
+    # workers' certificates against when they are reached by IP address (DNS discovery).
+    worker_tls_ca: str | None = None
+    worker_tls_cert: str | None = None
+    worker_tls_key: str | None = None
+    worker_tls_server_name: str | None = None
+    discovery_interval: float = 5.0  # seconds between look-ups of `dns:` worker names
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -60,5 +76,20 @@ class RouterConfig:
             raise InvalidArgument(
                 "pending_prefill_weight", f"must be >= 0, got {self.pending_prefill_weight}"
             )
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise InvalidArgument("tls_client_ca", "client certificates need tls_cert/tls_key")
+        if (self.worker_tls_cert is None) != (self.worker_tls_key is None):
+            raise InvalidArgument(
+                "worker_tls_cert", "give both worker_tls_cert and worker_tls_key, or neither"
+            )
+        if self.worker_tls_ca is None and (self.worker_tls_cert or self.worker_tls_server_name):
+            raise InvalidArgument("worker_tls_ca", "router -> worker TLS needs worker_tls_ca")
+        if self.discovery_interval <= 0:
+            raise InvalidArgument(
+                "discovery_interval", f"must be > 0, got {self.discovery_interval}"
+            )
+        for address in self.workers:
+            if address.startswith(DNS_PREFIX) and ":" not in address[len(DNS_PREFIX) :]:
+                raise InvalidArgument("workers", f"{address!r}: expected dns:name:port")
         if self.max_attempts < 1:
             raise InvalidArgument("max_attempts", f"must be >= 1, got {self.max_attempts}")

@@ -103,9 +103,12 @@ class ApiError(Exception):
         return web.json_response(self.to_json(), status=self.status)
 
 
-def ssl_context(cert: str, key: str) -> ssl.SSLContext:
+def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
+    if client_ca:  # mutual TLS: clients must present a certificate this CA signed
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
     return context
 
 
@@ -132,7 +135,9 @@ class HttpFrontend:
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (TLS when configured). Returns the bound port."""
         c = self.config
-        context = ssl_context(c.tls_cert, c.tls_key) if c.tls_cert and c.tls_key else None
+        context = None
+        if c.tls_cert and c.tls_key:
+            context = ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca)
         # handler_cancellation: a disconnected client cancels its handler (and the worker call).
         runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None)
         await runner.setup()

@@ -34,6 +34,15 @@ DECISION_BUCKETS = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1,
 )  # fmt: skip
 BREAKER_STATES: tuple[BreakerState, ...] = get_args(BreakerState)
+# Seen by a client of the router: the worker's latency plus routing and proxying.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+E2E_BUCKETS = (
+    0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
 
 
 @dataclass
@@ -130,6 +139,26 @@ class RouterMetrics:
         self.retries = Counter(
             "radixmesh_router_retries",
             "Requests sent to another worker after one failed before the first token.",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "radixmesh_router_time_to_first_token_seconds",
+            "Time from routing a generation to the first chunk a worker streamed back "
+            "(retries included).",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "radixmesh_router_e2e_request_latency_seconds",
+            "Time from routing a generation to its last chunk (retries included).",
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.worker_requests = Counter(
+            "radixmesh_router_worker_requests",
+            "Generations sent to each worker that ended, by gRPC status name (a retried "
+            "attempt counts on the worker that failed it).",
+            ["worker", "status"],
             registry=r,
         )
 

@@ -30,7 +30,7 @@ import grpc
 from radixmesh.client.options import CHANNEL_OPTIONS
 from radixmesh.errors import InvalidArgument
 from radixmesh.router.breaker import CircuitBreaker
-from radixmesh.router.config import RouterConfig
+from radixmesh.router.config import DNS_PREFIX, RouterConfig
 from radixmesh.router.policy import Candidate
 from radixmesh.router.summary import PrefixSummary, SummaryIndex
 from radixmesh.v1 import worker_pb2, worker_pb2_grpc
@@ -90,7 +90,15 @@ class WorkerHandle:
 
     def _connect(self, address: str) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        c = self.config
+        if c.worker_tls_ca is None:
+            self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            options: list[tuple[str, int | str]] = [*CHANNEL_OPTIONS]
+            if c.worker_tls_server_name:  # workers found by IP carry a name in their certs
+                options.append(("grpc.ssl_target_name_override", c.worker_tls_server_name))
+            creds = worker_channel_credentials(c)
+            self.channel = grpc.aio.secure_channel(address, creds, options=options)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
 
     async def re_resolve(self) -> bool:
@@ -276,7 +284,10 @@ class WorkerPool:
         self.config = config
         self.index = SummaryIndex(config.summary_budget_bytes)
         self.workers: dict[str, WorkerHandle] = {}
+        self._started = False
         for i, address in enumerate(config.workers):
+            if address.startswith(DNS_PREFIX):
+                continue  # its addresses come and go (router/discovery.py)
             wid = f"worker-{i}"
             resolve = resolvers[i] if resolvers else None
             self.workers[wid] = WorkerHandle(
@@ -284,8 +295,24 @@ class WorkerPool:
             )
 
     def start(self) -> None:
+        self._started = True
         for w in self.workers.values():
             w.start()
+
+    def add_worker(self, worker_id: str, address: str) -> WorkerHandle:
+        """A worker that appeared (discovery); polled at once if the pool runs."""
+        summary = self.index.add(worker_id)
+        handle = WorkerHandle(worker_id, address, summary, self.config, self.index.enforce_budget)
+        self.workers[worker_id] = handle
+        if self._started:
+            handle.start()
+        return handle
+
+    def remove_worker(self, worker_id: str) -> WorkerHandle:
+        """A worker that went away: no new request is routed to it. The caller closes the
+        handle once the requests on it have ended."""
+        self.index.summaries.pop(worker_id, None)
+        return self.workers.pop(worker_id)
 
     async def close(self) -> None:
         await asyncio.gather(*(w.close() for w in self.workers.values()))
@@ -300,6 +327,21 @@ class WorkerPool:
                 return True
             await asyncio.sleep(0.2)
         return False
+
+
+def worker_channel_credentials(c: RouterConfig) -> grpc.ChannelCredentials:
+    """TLS to workers: their CA, and the router's own certificate when they require one."""
+    assert c.worker_tls_ca is not None
+
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(
+        read(c.worker_tls_ca), read(c.worker_tls_key), read(c.worker_tls_cert)
+    )
 
 
 def snapshot_blocks(events: Iterable[worker_pb2.CacheEvent]) -> set[int]:

@@ -17,6 +17,7 @@ import grpc
 from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.grpc_server import add_health_and_reflection, bind, set_health
 from radixmesh.router.config import RouterConfig
+from radixmesh.router.discovery import DnsDiscovery, dns_names
 from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.pool import WorkerPool
 from radixmesh.router.service import RouterServicer
@@ -45,6 +46,11 @@ async def serve(
     the main thread, e.g. in a Ray actor, where signal handlers cannot be installed).
     `pool`: the caller's (e.g. with address resolvers); default one from `config`."""
     pool = pool if pool is not None else WorkerPool(config)
+    discovery = None
+    if names := dns_names(config):
+        discovery = DnsDiscovery(pool, names, config.discovery_interval)
+        await discovery.refresh()
+        discovery.start()
     metrics = RouterMetrics(pool)
     interceptors = []
     if config.api_keys:
@@ -59,7 +65,7 @@ async def serve(
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, SERVICE_NAME)
     address = f"{config.host}:{config.port}"
-    port = bind(server, address, config.tls_cert, config.tls_key)
+    port = bind(server, address, config.tls_cert, config.tls_key, config.tls_client_ca)
     await set_health(health_servicer, SERVICE_NAME, serving=False)
     await server.start()
     http = None
@@ -100,6 +106,8 @@ async def serve(
     await server.stop(grace=2.0)
     if metrics_server is not None:
         metrics_server.shutdown()
+    if discovery is not None:
+        await discovery.close()
     await pool.close()
     return 0
 

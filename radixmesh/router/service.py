@@ -76,6 +76,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 vocab_size=info.vocab_size,
                 eos_token_ids=info.eos_token_ids,
                 bos_token_id=info.bos_token_id if info.HasField("bos_token_id") else None,
+                download_dir=self.config.download_dir,
+                chat_template=info.chat_template or None,
             )
             self.model_info = resp.info
             return
@@ -138,6 +140,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         )
         tried: set[str] = set()
         last_error: grpc.aio.AioRpcError | None = None
+        t0 = time.perf_counter()  # for the router-side latency histograms
         while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
             try:
                 worker, cached = self.route(ids, tried)
@@ -147,6 +150,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 raise
             tried.add(worker.worker_id)
             started = forwarded = False  # the worker streamed / the caller got a chunk
+            status = "CANCELLED"  # unless the stream ends or fails first
             pending = len(ids) - cached  # prefill work queued there until the first chunk
             worker.request_started(pending)
             self.requests[rid] = worker
@@ -157,8 +161,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     if not started:
                         started = True
                         worker.request_streaming(pending)
+                        self.metrics.ttft.observe(time.perf_counter() - t0)
                     chunk = resp.chunk
                     if chunk.HasField("finish"):
+                        self.metrics.e2e.observe(time.perf_counter() - t0)
                         self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
                         self.metrics.cached_tokens.inc(chunk.cached_tokens)
                     if stream:
@@ -170,8 +176,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     forwarded = True
                     yield worker.worker_id, joined.chunk()
                 worker.breaker.record_success()
+                status = "OK"
                 return
             except grpc.aio.AioRpcError as e:
+                status = e.code().name
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
                     worker.breaker.record_failure()
                 if forwarded or e.code() not in _RETRYABLE:
@@ -185,6 +193,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 if not started:
                     worker.request_streaming(pending)
                 worker.request_ended()
+                self.metrics.worker_requests.labels(worker.worker_id, status).inc()
                 self.requests.pop(rid, None)
         assert last_error is not None
         raise last_error

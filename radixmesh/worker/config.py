@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from radixmesh.errors import InvalidArgument
@@ -19,7 +20,16 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str = "smollm2"  # alias, HF directory, .gguf path, or dummy:<preset>
+    # smollm2, an HF directory, a .gguf path, a hub id (org/name[@revision]), dummy:<preset>
+    model: str = "smollm2"
+    # The name clients see (ModelInfo, /v1/models, the metrics' model_name); None: `model`.
+    served_model_name: str | None = None
+    revision: str | None = None  # of a hub model: a branch, tag or commit (or model@rev)
+    # The Hugging Face hub cache to read and download into; None: huggingface_hub's own
+    # ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub).
+    download_dir: str | None = None
+    # A Jinja chat template file that replaces the model's own (on the router too).
+    chat_template: str | None = None
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU (see worker.resolve_dtype)
     device: str = "auto"  # auto: cuda when available, else cpu
     context_length: int | None = None  # None: the model's own
@@ -52,6 +62,11 @@ class ModelConfig:
             raise InvalidArgument("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         if self.context_length is not None and self.context_length < 2:
             raise InvalidArgument("context_length", f"must be >= 2, got {self.context_length}")
+        for name in ("served_model_name", "revision", "download_dir", "chat_template"):
+            if getattr(self, name) == "":
+                raise InvalidArgument(name, "must not be empty (None: unset)")
+        if self.chat_template is not None and not Path(self.chat_template).is_file():
+            raise InvalidArgument("chat_template", f"{self.chat_template} is not a file")
 
 
 # The KV pool's byte budget on CPU when neither kv_cache_tokens nor kv_cache_bytes is set.

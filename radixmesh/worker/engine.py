@@ -178,9 +178,13 @@ class Engine:
     @property
     def info(self) -> EngineInfo:
         """What the worker server tells clients about the model."""
-        w = self.worker
+        w, mc = self.worker, self.config.model
+        template = getattr(getattr(self.tokenizer, "hf_tokenizer", None), "chat_template", None)
         return EngineInfo(
-            model=self.config.model.model,
+            model=mc.model,
+            served_model=mc.served_model_name or mc.model,
+            tokenizer_spec=w.tokenizer_spec,
+            chat_template=template if isinstance(template, str) else "",
             context_len=w.context_len,
             vocab_size=w.arch.vocab_size,
             eos_ids=frozenset(w.eos_ids),

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineInfo:
-    model: str
+    model: str  # the model option as given
+    served_model: str  # the name clients use (--served-model-name, else the model)
+    tokenizer_spec: str  # where the tokenizer's files are (a hub id pinned to a commit)
+    chat_template: str  # the template in use ("": the tokenizer has none of its own)
     context_len: int
     vocab_size: int
     eos_ids: frozenset[int]

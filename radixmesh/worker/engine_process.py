@@ -103,7 +103,7 @@ class EngineProcess:
         first = self._recv_first()
         self.config: EngineConfig = first["config"]
         self.info: EngineInfo = first["info"]
-        self.tokenizer = _tokenizer(self.info)
+        self.tokenizer = _tokenizer(self.info, options.get("download_dir"))
         self._reader = threading.Thread(target=self._read, name="radixmesh-engine-reader")
         self._reader.daemon = True
         self._reader.start()
@@ -299,14 +299,18 @@ def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
         q.put_nowait(value)
 
 
-def _tokenizer(info: EngineInfo) -> Any:
+def _tokenizer(info: EngineInfo, download_dir: str | None) -> Any:
+    """The server's own copy of the engine's tokenizer (for text inputs and chats): the
+    files the engine loaded, with the template it uses."""
     from radixmesh.tokenizer import tokenizer_for
 
     return tokenizer_for(
-        info.model,
+        info.tokenizer_spec,
         vocab_size=info.vocab_size,
         eos_token_ids=info.eos_ids,
         bos_token_id=info.bos_token_id,
+        download_dir=download_dir,
+        chat_template=info.chat_template or None,
     )
 
 

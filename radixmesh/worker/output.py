@@ -133,6 +133,18 @@ class OutputProcessor:
         )
 
 
+def _phase_times(req: Request, now: float) -> dict[str, float]:
+    """Seconds spent waiting for admission, in prefill (admission to the first token) and
+    in decode (first token to the end), for the phases the request reached."""
+    if req.admit_time is None:
+        return {"queue_time": now - req.arrival_time}
+    times = {"queue_time": req.admit_time - req.arrival_time}
+    if req.first_token_time is not None:
+        times["prefill_time"] = req.first_token_time - req.admit_time
+        times["decode_time"] = now - req.first_token_time
+    return times
+
+
 def meta_info(req: Request) -> dict[str, Any]:
     info: dict[str, Any] = {
         "id": req.rid,
@@ -150,7 +162,9 @@ def meta_info(req: Request) -> dict[str, Any]:
         if req.error is not None:
             reason["message"] = req.error
         info["finish_reason"] = reason
-        info["e2e_latency"] = time.monotonic() - req.arrival_time
+        now = time.monotonic()
+        info["e2e_latency"] = now - req.arrival_time
+        info.update(_phase_times(req, now))
     if req.num_retractions:
         info["num_retractions"] = req.num_retractions
     if req.grammar is not None:  # forced_tokens, jump_forwards, decode_steps

@@ -56,6 +56,7 @@ class Request:
     error: str | None = None
     num_retractions: int = 0
     admitted: bool = False
+    admit_time: float | None = None  # when first admitted (a retraction keeps it)
     first_token_time: float | None = None
     # Logprobs accumulated for the final meta_info.
     output_token_logprobs: list[tuple[float, int, None]] = field(default_factory=list)

@@ -299,6 +299,7 @@ class Scheduler:
             self.req_table.write(row, 0, prefix_slots)
         if not req.admitted:  # count a prompt's cache hit once, not again after retraction
             req.admitted = True
+            req.admit_time = time.monotonic()
             req.num_cached_tokens = len(prefix_slots)
             self._prompt_tokens += req.num_prompt_tokens
             self._cache_hit_tokens += len(prefix_slots)

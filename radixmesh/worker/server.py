@@ -42,6 +42,7 @@ from radixmesh.worker.cache_event_hub import CacheEventHub
 from radixmesh.worker.engine_process import EngineProcess
 from radixmesh.worker.metrics import WorkerMetrics
 from radixmesh.worker.stats import SchedulerStats
+from radixmesh.worker.stats_log import log_stats
 
 if TYPE_CHECKING:
     from radixmesh.worker.engine import Engine
@@ -80,6 +81,7 @@ class ServerConfig:
     api_key: str | None = None  # clients must send `authorization: Bearer <key>`
     tls_cert: str | None = None  # PEM files; both set: serve TLS
     tls_key: str | None = None
+    tls_client_ca: str | None = None  # PEM CA bundle: clients must present a certificate
     max_message_bytes: int = 64 * 1024 * 1024
     # Generate streams in flight beyond which new ones get RESOURCE_EXHAUSTED; None: the
     # engine's max_running_requests + max_queued_requests.
@@ -87,6 +89,8 @@ class ServerConfig:
     # Run the engine in a child process (worker/engine_process.py says why); False: in this
     # process, beside the gRPC event loop.
     engine_process: bool = True
+    # Seconds between stats log lines while serving (logged when they changed); 0: none.
+    log_stats_interval: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -95,6 +99,12 @@ class ServerConfig:
             raise InvalidArgument("drain_timeout", f"must be >= 0, got {self.drain_timeout}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgument("tls_cert", "give both tls_cert and tls_key, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise InvalidArgument("tls_client_ca", "client certificates need tls_cert/tls_key")
+        if self.log_stats_interval < 0:
+            raise InvalidArgument(
+                "log_stats_interval", f"must be >= 0, got {self.log_stats_interval}"
+            )
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -177,11 +187,11 @@ def chunk_to_proto(
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, model_name: str = "") -> None:
         self.config = config
         self.engine: Engine | EngineProcess | None = None
         self.hub: CacheEventHub | None = None
-        self.metrics = WorkerMetrics(self.read_stats)
+        self.metrics = WorkerMetrics(self.read_stats, model_name)
         self.in_flight: set[str] = set()
         self.max_in_flight = config.max_in_flight or 0
         self._load_samples: collections.deque[tuple[float, int]] = collections.deque()
@@ -286,6 +296,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 last = now
             if chunk["meta_info"]["finish_reason"] is not None:
                 m.e2e.observe(now - start)
+                m.observe_finished(chunk["meta_info"])
             yield chunk
 
     def _input_ids(self, inp: common_pb2.Input) -> list[int]:
@@ -424,12 +435,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             tok, facts = engine.tokenizer, engine.info
             template = getattr(getattr(tok, "hf_tokenizer", None), "chat_template", None)
             info = common_pb2.ModelInfo(
-                model=facts.model,
+                model=facts.served_model,
                 context_length=facts.context_len,
                 vocab_size=facts.vocab_size,
                 page_size=engine.config.cache.page_size,
                 event_block_size=engine.config.cache.event_block_size,
-                tokenizer=facts.model,
+                tokenizer=facts.tokenizer_spec,
                 chat_template=template if isinstance(template, str) else "",
                 eos_token_ids=sorted(facts.eos_ids),
             )
@@ -468,6 +479,14 @@ async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[
 # ---- the process ----------------------------------------------------------------------------
 
 
+def served_model_name(engine_options: dict[str, Any]) -> str:
+    """The name clients see (ModelInfo.model, the metrics' model_name label)."""
+    from radixmesh.worker.config import ModelConfig
+
+    model = engine_options.get("model") or ModelConfig.model
+    return str(engine_options.get("served_model_name") or model)
+
+
 async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     """Run a worker until SIGTERM / SIGINT, then drain. Returns the exit status."""
     loop = asyncio.get_running_loop()
@@ -475,11 +494,11 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     server = grpc.aio.server(
         options=grpc_options(config.max_message_bytes), interceptors=interceptors
     )
-    servicer = WorkerServicer(config)
+    servicer = WorkerServicer(config, served_model_name(engine_options))
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, SERVICE_NAME)
     address = f"{config.host}:{config.port}"
-    port = bind(server, address, config.tls_cert, config.tls_key)
+    port = bind(server, address, config.tls_cert, config.tls_key, config.tls_client_ca)
     await set_health(health_servicer, SERVICE_NAME, serving=False)
     await server.start()
     stop = asyncio.Event()
@@ -499,8 +518,12 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     servicer.attach(engine, hub)
     await set_health(health_servicer, SERVICE_NAME, serving=not stop.is_set())
     print(f"radixmesh worker serving {engine.config.model.model} on port {port}", flush=True)
-    if await _stopped_or_failed(stop, engine):
-        return await _fail(servicer, engine, health_servicer, hub, server)
+    stats_log = asyncio.create_task(log_stats(engine, config.log_stats_interval))
+    try:
+        if await _stopped_or_failed(stop, engine):
+            return await _fail(servicer, engine, health_servicer, hub, server)
+    finally:
+        stats_log.cancel()
     await _drain(config, servicer, engine, health_servicer)
     hub.close()
     await server.stop(grace=2.0)

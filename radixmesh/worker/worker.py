@@ -13,12 +13,15 @@ import importlib.util
 import logging
 import math
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from tqdm import tqdm
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
+from radixmesh.tokenizer import Tokenizer
 from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.config import (
@@ -35,7 +38,12 @@ from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.layers.dense import pack_model_for_cpu
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.model.llama import LlamaForCausalLM
-from radixmesh.worker.model.loader import iter_weights, load_arch_config, load_tokenizer
+from radixmesh.worker.model.loader import (
+    iter_weights,
+    load_arch_config,
+    load_tokenizer,
+    locate_model,
+)
 from radixmesh.worker.model_runner import ModelRunner
 from radixmesh.worker.output import OutputProcessor
 from radixmesh.worker.pool_sizing import (
@@ -126,11 +134,17 @@ class Worker:
 
     def _build(self, config: EngineConfig, tp: TPGroup | None) -> None:
         mc, cc = config.model, config.cache
+        # A hub id becomes its snapshot directory here, once (downloaded if need be); the
+        # router loads the tokenizer of the same commit (`tokenizer_spec`).
+        files, self.tokenizer_spec = locate_model(mc)
         self.device = resolve_device(mc.device)
         if config.parallel.tp_size > 1:
             self.device = rank_device(self.device, tp.rank if tp else 0)
             if tp is None:  # rank 0: start the others; they build this same Worker
-                self.followers = FollowerRanks(config, self.device)
+                model = dataclasses.replace(mc, model=files, revision=None)
+                self.followers = FollowerRanks(
+                    dataclasses.replace(config, model=model), self.device
+                )
                 tp = self.followers.tp
         auto_running = config.scheduler.max_running_requests is None
         self.config = config = self._with_batch_defaults(config)
@@ -143,24 +157,30 @@ class Worker:
         if self.device.type == "cpu":
             keep_freed_memory_in_process()
         t0 = time.perf_counter()
-        self.arch = load_arch_config(mc.model)
+        self.arch = load_arch_config(files)
         torch.manual_seed(mc.seed)
         self.model = LlamaForCausalLM(self.arch, tp=self.tp, dtype=self.dtype, device=self.device)
+        weights = iter_weights(
+            files,
+            self.arch,
+            dtype=self.dtype,
+            device=self.device,
+            seed=mc.seed,
+            sliced=self.tp.size > 1,  # each rank reads only its slices
+        )
         self.model.load_weights(
-            iter_weights(
-                mc.model,
-                self.arch,
-                dtype=self.dtype,
-                device=self.device,
-                seed=mc.seed,
-                sliced=self.tp.size > 1,  # each rank reads only its slices
-            )
+            tqdm(weights, desc="loading weights", unit=" tensors", disable=self.tp.rank != 0)
         )
         self.model.eval()
         if self.device.type == "cpu" and mc.pack_cpu_weights:
             pack_model_for_cpu(self.model)
         # After the weights: a first GGUF load converts once and caches the tokenizer too.
-        self.tokenizer = load_tokenizer(mc.model)
+        self.tokenizer = load_tokenizer(files)
+        if mc.chat_template is not None:
+            template = Path(mc.chat_template).read_text()
+            if not isinstance(self.tokenizer, Tokenizer):
+                raise InvalidArgument("chat_template", "dummy models use the built-in template")
+            self.tokenizer.set_chat_template(template, source=mc.chat_template)
         self.load_seconds = time.perf_counter() - t0
         self.pool_sizing: PoolSizing | None = None  # set when the pool was auto-sized
         self.graph_memory_bytes = 0  # device memory the CUDA graphs took (measured)

@@ -210,7 +210,8 @@ def test_workers_on_one_node_have_distinct_reachable_metrics_ports(
     assert len(ports) == 4
     for address in metrics:
         text = _scrape(address)
-        assert re.search(r"^radixmesh_num_requests_running 0\.0$", text, re.M), text[:500]
+        running = r'^radixmesh_num_requests_running\{model_name="dummy:tiny"\} 0\.0$'
+        assert re.search(running, text, re.M), text[:500]
 
 
 def _worker_pid(port: str) -> int:

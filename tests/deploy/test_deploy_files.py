@@ -21,17 +21,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
 from radixmesh.cluster.cli import build_parser
+from tests.deploy import crds
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "radixmesh"
 PROMETHEUS = DEPLOY / "prometheus"
 K8S_VERSION = "1.30.0"
-CRDS = {"RayCluster", "RayJob", "ServiceMonitor"}
 
 
 def _promtool() -> str:
@@ -107,7 +108,7 @@ def _worker_metric_names() -> set[str]:
     from radixmesh.worker.stats import SchedulerStats
 
     stats = SchedulerStats(2, 1, 10, 100, 5, 3, 8, 4, 0, 7)
-    text = generate_latest(WorkerMetrics(lambda: stats).registry).decode()
+    text = generate_latest(WorkerMetrics(lambda: stats, "m").registry).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
 
 
@@ -157,7 +158,7 @@ def _queried_metrics() -> dict[str, set[str]]:
 def test_every_queried_metric_is_exported() -> None:
     exported = _worker_metric_names() | _router_metric_names() | {"up"}
     queried = _queried_metrics()
-    assert len(queried) == 9 + 34  # 9 alerts, 34 panel queries
+    assert len(queried) == 9 + 54  # 9 alerts, 54 panel queries
     missing = {w: sorted(names - exported) for w, names in queried.items() if names - exported}
     assert missing == {}
     used = set().union(*queried.values())
@@ -197,7 +198,7 @@ def test_yaml_files_are_yamllint_clean() -> None:
     files = [
         p
         for p in sorted(DEPLOY.rglob("*.y*ml"))
-        if "templates" not in p.parts and p.name != ".yamllint.yaml"
+        if "templates" not in p.parts and p.name != ".yamllint.yaml" and not p.is_symlink()
     ]
     assert len(files) == 7
     _run(
@@ -210,23 +211,43 @@ def test_yaml_files_are_yamllint_clean() -> None:
 
 
 def test_rendered_manifests_are_yamllint_clean(tmp_path: Path) -> None:
-    """The chart's output (leading blank lines aside, which Helm's own split drops; long
-    lines allowed: the worker list is one string)."""
+    """The chart's output with every option on (leading blank lines aside, which Helm's
+    own split drops; long lines allowed; the PrometheusRule's groups as toYaml writes
+    them, sequences not indented)."""
     import helm_python as helm
 
-    values = {"serviceMonitor": {"enabled": True}, "router": {"apiKeySecret": "keys"}}
-    files = helm.Chart.load(str(CHART)).render(values, name="radixmesh", namespace="llm")
+    files = helm.Chart.load(str(CHART)).render(EVERYTHING, name="radixmesh", namespace="llm")
     written = []
     for path, text in files.items():
         if path.endswith(".yaml"):
             written.append(tmp_path / Path(path).name)
             written[-1].write_text(text.strip() + "\n")
-    assert len(written) == 4
-    config = f"{{extends: {DEPLOY / '.yamllint.yaml'}, rules: {{line-length: disable}}}}"
+    assert len(written) == 3
+    rules = "{line-length: disable, indentation: {indent-sequences: whatever}}"
+    config = f"{{extends: {DEPLOY / '.yamllint.yaml'}, rules: {rules}}}"
     _run(_yamllint(), "--strict", "-d", config, *map(str, written))
 
 
 # ---- Helm ---------------------------------------------------------------------------------
+
+EVERYTHING: dict[str, Any] = {
+    "model": {
+        "name": "org/model",
+        "revision": "v1",
+        "servedModelName": "served",
+        "chatTemplate": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        "download": {"enabled": True, "tokenSecret": "hf-token"},
+    },
+    "router": {"apiKeySecret": "client-keys"},
+    "auth": {"workerApiKeySecret": "worker-key"},
+    "tls": {
+        "router": {"secretName": "router-tls", "clientCASecret": "client-ca"},
+        "worker": {"secretName": "worker-tls", "mutual": True, "clientSecretName": "rt-client"},
+    },
+    "serviceMonitor": {"enabled": True},
+    "prometheusRule": {"enabled": True},
+    "grafanaDashboard": {"enabled": True, "folder": "LLM"},
+}
 
 
 def test_helm_chart_lints_clean() -> None:
@@ -237,27 +258,36 @@ def test_helm_chart_lints_clean() -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
+def _containers(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = doc["spec"]["template"]["spec"]
+    return {c["name"]: c for c in spec.get("initContainers", []) + spec["containers"]}
+
+
+def _argv(container: dict[str, Any]) -> list[str]:
+    return [*container["command"], *container["args"]][1:]
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
 def test_rendered_chart_validates_and_runs_real_commands() -> None:
     docs = _render()
     kinds = _by_kind(docs)
-    assert sorted(kinds) == ["ConfigMap", "Deployment", "Service", "StatefulSet"]
+    assert sorted(kinds) == ["Deployment", "PodDisruptionBudget", "Service", "StatefulSet"]
     for doc in docs:
         _validate(doc, K8S_VERSION, strict=True)
-    env = kinds["ConfigMap"][0]["data"]
-    assert env["RADIXMESH_WORKERS"] == (
-        "radixmesh-worker-0.radixmesh-worker.llm.svc:50051,"
-        "radixmesh-worker-1.radixmesh-worker.llm.svc:50051"
-    )
     parser = build_parser()
-    router = parser.parse_args(_container_argv(kinds["Deployment"][0], env)[1:])
-    assert (router.command, router.workers, router.port) == (
+    (router,) = kinds["Deployment"]
+    router_args = parser.parse_args(_argv(_containers(router)["router"]))
+    assert (router_args.command, router_args.workers, router_args.port) == (
         "router",
-        env["RADIXMESH_WORKERS"],
+        "dns:radixmesh-worker.llm.svc:50051",
         50050,
     )
-    assert (router.http_port, router.metrics_port) == (8000, 9090)
+    assert (router_args.http_port, router_args.metrics_port) == (8000, 9090)
     (sts,) = kinds["StatefulSet"]
-    worker = parser.parse_args(_container_argv(sts, env)[1:])
+    worker = parser.parse_args(_argv(_containers(sts)["worker"]))
     assert (worker.command, worker.model, worker.port, worker.metrics_port) == (
         "worker",
         "smollm2",
@@ -266,48 +296,143 @@ def test_rendered_chart_validates_and_runs_real_commands() -> None:
     )
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["startupProbe"]["grpc"] == {"port": 50051}
     services = {s["metadata"]["name"]: s["spec"] for s in kinds["Service"]}
     assert services["radixmesh-worker"]["clusterIP"] == "None"
     assert [p["port"] for p in services["radixmesh-router"]["ports"]] == [50050, 8000, 9090]
-
-
-def test_rendered_chart_with_tensor_parallel_cpu_and_service_monitors() -> None:
-    values = {
-        "worker": {
-            "tpSize": 2,
-            "replicas": 3,
-            "gpu": {"enabled": False},
-            "modelVolume": {"existingClaim": "llama-weights"},
-        },
-        "serviceMonitor": {"enabled": True},
-        "router": {"apiKeySecret": "radixmesh-keys"},
+    budgets = {
+        p["metadata"]["name"]: p["spec"]["maxUnavailable"] for p in kinds["PodDisruptionBudget"]
     }
-    kinds = _by_kind(_render(values))
-    assert [m["metadata"]["name"] for m in kinds["ServiceMonitor"]] == [
-        "radixmesh-router",
-        "radixmesh-worker",
-    ]
-    for monitor in kinds["ServiceMonitor"]:
-        (endpoint,) = monitor["spec"]["endpoints"]
-        assert endpoint["port"] == "metrics"
-    env = kinds["ConfigMap"][0]["data"]
-    assert env["RADIXMESH_WORKERS"].count(",") == 2 and env["RADIXMESH_TP_SIZE"] == "2"
+    assert budgets == {"radixmesh-router": 1, "radixmesh-worker": 1}
+
+
+def test_scaling_workers_leaves_the_router_alone() -> None:
+    """The router finds workers through DNS: its Deployment does not change with
+    worker.replicas, so `helm upgrade --set worker.replicas=N` restarts nothing."""
+    routers = []
+    for n in (2, 5):
+        kinds = _by_kind(_render({"worker": {"replicas": n}}))
+        (sts,) = kinds["StatefulSet"]
+        assert sts["spec"]["replicas"] == n
+        routers.append(kinds["Deployment"][0])
+    assert routers[0] == routers[1]
+
+
+def test_every_option_renders_valid_resources_and_commands() -> None:
+    docs = _render(EVERYTHING)
+    kinds = _by_kind(docs)
+    assert sorted(kinds) == [
+        "ConfigMap", "Deployment", "PodDisruptionBudget", "PrometheusRule", "Service",
+        "ServiceMonitor", "StatefulSet",
+    ]  # fmt: skip
+    for doc in docs:
+        if doc["kind"] in crds.kinds():
+            crds.validate(doc)
+        else:
+            _validate(doc, K8S_VERSION, strict=True)
+    parser = build_parser()
     (sts,) = kinds["StatefulSet"]
-    _validate(sts, K8S_VERSION, strict=True)
-    assert build_parser().parse_args(_container_argv(sts, env)[1:]).tp_size == 2
-    (container,) = sts["spec"]["template"]["spec"]["containers"]
-    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    w = _containers(sts)
+    download = parser.parse_args(_argv(w["download-model"]))
+    assert (download.command, download.model, download.revision, download.tokenizer_only) == (
+        "download", "org/model", "v1", False,
+    )  # fmt: skip
+    assert download.download_dir == "/models/huggingface/hub"
+    assert _env(w["download-model"])["HF_TOKEN"]["secretKeyRef"] == {
+        "name": "hf-token", "key": "token",
+    }  # fmt: skip
+    worker = parser.parse_args(_argv(w["worker"]))
+    assert (worker.model, worker.revision, worker.served_model_name) == (
+        "org/model",
+        "v1",
+        "served",
+    )
+    assert worker.download_dir == download.download_dir
+    assert worker.chat_template == "/etc/radixmesh/chat-template/template.jinja"
+    tls = "/etc/radixmesh/tls/worker"
+    assert (worker.tls_cert, worker.tls_key, worker.tls_client_ca) == (
+        f"{tls}/tls.crt", f"{tls}/tls.key", f"{tls}/ca.crt",
+    )  # fmt: skip
+    env = _env(w["worker"])
+    assert env["HF_HUB_OFFLINE"] == "1"
+    # The worker key comes from the Secret through the environment, never argv.
+    assert env["RADIXMESH_API_KEY"]["secretKeyRef"] == {
+        "name": "worker-key",
+        "key": "worker-api-key",
+    }
+    assert not any("worker-key" in a or "api-key" in a for a in _argv(w["worker"]))
+    probe = parser.parse_args(w["worker"]["readinessProbe"]["exec"]["command"][1:])
+    assert (probe.command, probe.address, probe.tls_ca) == (
+        "health",
+        "127.0.0.1:50051",
+        f"{tls}/ca.crt",
+    )
+    assert (probe.tls_server_name, probe.tls_cert) == ("radixmesh-worker.llm.svc", f"{tls}/tls.crt")
+    mounts = {m["mountPath"] for m in w["worker"]["volumeMounts"]}
+    assert {tls, "/etc/radixmesh/chat-template", "/models"} <= mounts
     (router,) = kinds["Deployment"]
-    _validate(router, K8S_VERSION, strict=True)
-    (router_container,) = router["spec"]["template"]["spec"]["containers"]
-    assert router_container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "radixmesh-keys"
-    # Both load the tokenizer from the same claim (the router read-only).
-    for pod in (router["spec"]["template"]["spec"], sts["spec"]["template"]["spec"]):
-        (models,) = [v for v in pod["volumes"] if v["name"] == "models"]
-        assert models["persistentVolumeClaim"]["claimName"] == "llama-weights"
-    assert router_container["volumeMounts"] == [
-        {"name": "models", "mountPath": "/models", "readOnly": True}
-    ]
+    r = _containers(router)
+    assert parser.parse_args(_argv(r["download-model"])).tokenizer_only
+    args = parser.parse_args(_argv(r["router"]))
+    assert (args.tls_cert, args.tls_client_ca) == (
+        "/etc/radixmesh/tls/router/tls.crt", "/etc/radixmesh/tls/client-ca/ca.crt",
+    )  # fmt: skip
+    assert (args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_server_name) == (
+        "/etc/radixmesh/tls/worker-ca/ca.crt", "/etc/radixmesh/tls/worker-client/tls.crt",
+        "radixmesh-worker.llm.svc",
+    )  # fmt: skip
+    renv = _env(r["router"])
+    assert renv["RADIXMESH_WORKER_API_KEY"]["secretKeyRef"]["name"] == "worker-key"
+    assert renv["RADIXMESH_API_KEY"]["secretKeyRef"]["name"] == "client-keys"
+    # The router sees only the workers' CA, never their private key.
+    volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["worker-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    # ServiceMonitors: jobLabel in .spec (the CRD schema refuses it under endpoints).
+    for monitor in kinds["ServiceMonitor"]:
+        assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/component"
+    (rule,) = kinds["PrometheusRule"]
+    alerts = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())
+    assert rule["spec"]["groups"] == alerts["groups"]
+    maps = {m["metadata"]["name"]: m for m in kinds["ConfigMap"]}
+    dashboard = maps["radixmesh-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["radixmesh.json"]) == json.loads(
+        (DEPLOY / "grafana" / "radixmesh.json").read_text()
+    )
+    template = maps["radixmesh-chat-template"]["data"]["template.jinja"]
+    assert template == EVERYTHING["model"]["chatTemplate"]
+
+
+def test_a_misplaced_field_fails_the_crd_schema() -> None:
+    (monitor, _) = _by_kind(_render(EVERYTHING))["ServiceMonitor"]
+    monitor["spec"]["endpoints"][0]["jobLabel"] = monitor["spec"].pop("jobLabel")
+    with pytest.raises(jsonschema.ValidationError, match="'jobLabel' was unexpected"):
+        crds.validate(monitor)
+
+
+def test_values_schema_refuses_bad_values() -> None:
+    import helm_python as helm
+
+    for bad in ({"worker": {"tpSize": 0}}, {"router": {"policy": "fastest"}}, {"modle": {}}):
+        with pytest.raises(helm.errors.HelmValuesError):
+            _render(bad)
+
+
+def test_chart_readme_lists_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    leaves = []
+
+    def walk(node: Any, path: list[str]) -> None:
+        opaque = path[-1:] in (["resources"], ["nodeSelector"], ["affinity"], ["labels"])
+        if isinstance(node, dict) and node and not opaque:
+            for key, value in node.items():
+                walk(value, [*path, key])
+        else:
+            leaves.append(".".join(path))
+
+    walk(values, [])
+    listed = re.findall(r"^\| `([\w.]+)` \|", (CHART / "README.md").read_text(), re.M)
+    assert listed == leaves
 
 
 # ---- KubeRay ------------------------------------------------------------------------------
@@ -322,7 +447,7 @@ def test_kuberay_manifests() -> None:
     kinds = _by_kind(docs)
     assert sorted(kinds) == ["RayCluster", "RayJob", "Service"]
     for doc in docs:
-        if doc["kind"] not in CRDS:
+        if doc["kind"] not in crds.kinds():
             _validate(doc, K8S_VERSION, strict=True)
     (cluster,) = kinds["RayCluster"]
     assert cluster["apiVersion"] == "ray.io/v1"
@@ -356,11 +481,14 @@ def test_kuberay_manifests() -> None:
 
 
 @pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
-def test_kuberay_custom_resources_have_their_required_keys(name: str) -> None:
-    for doc in yaml.safe_load_all((DEPLOY / "ray" / name).read_text()):
+def test_kuberay_custom_resources_match_their_crds(name: str) -> None:
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "ray" / name).read_text())]
+    custom = [d for d in docs if d["kind"] in crds.kinds()]
+    assert custom
+    for doc in custom:
+        crds.validate(doc)
+    for doc in docs:
         if doc["kind"] == "RayCluster":
-            assert {"rayVersion", "headGroupSpec", "workerGroupSpecs"} <= set(doc["spec"])
-            for group in doc["spec"]["workerGroupSpecs"]:
-                assert {"groupName", "replicas", "rayStartParams", "template"} <= set(group)
-        elif doc["kind"] == "RayJob":
-            assert {"entrypoint", "clusterSelector"} <= set(doc["spec"])
+            assert doc["spec"]["enableInTreeAutoscaling"] is True
+            (group,) = doc["spec"]["workerGroupSpecs"]
+            assert (group["minReplicas"], group["replicas"]) == (0, 0)

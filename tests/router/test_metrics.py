@@ -145,6 +145,11 @@ def test_counters_move_by_exact_amounts(mc: MetricsCluster) -> None:
     cached = usage["prompt_tokens_details"]["cached_tokens"] + resp.chunk.cached_tokens
     assert moved("radixmesh_router_cached_prompt_tokens_total") == cached
     assert moved("radixmesh_router_retries_total") == 0
+    # Router-side latency: the two generations that reached a worker, one count each.
+    assert moved("radixmesh_router_time_to_first_token_seconds_count") == 2
+    assert moved("radixmesh_router_e2e_request_latency_seconds_count") == 2
+    ended = "radixmesh_router_worker_requests_total"
+    assert sum(moved(ended, worker=w, status="OK") for w in WORKERS) == 2
     assert _get(after, "radixmesh_router_requests_in_flight") == 0
     blocks = 0.0
     for w in WORKERS:
@@ -175,6 +180,17 @@ def test_retries_open_the_breaker_of_a_dead_worker(mc: MetricsCluster) -> None:
     assert _get(after, retries) - _get(before, retries) == 3
     assert _decisions(after, dead) - _decisions(before, dead) == 3
     assert _decisions(after, alive) - _decisions(before, alive) == 5
+    ended = "radixmesh_router_worker_requests_total"
+    assert (
+        _get(after, ended, worker=dead, status="UNAVAILABLE")
+        - _get(before, ended, worker=dead, status="UNAVAILABLE")
+        == 3
+    )
+    assert (
+        _get(after, ended, worker=alive, status="OK")
+        - _get(before, ended, worker=alive, status="OK")
+        == 5
+    )
     state = "radixmesh_router_worker_breaker_state"
     assert _get(after, state, worker=dead, state="open") == 1
     assert _get(after, state, worker=dead, state="closed") == 0

