@@ -6,7 +6,7 @@
 # set (GROUPS x PREFIX tokens) is larger than one worker's pool and placement decides hits.
 # Python packages the machine lacks travel as wheels in .whl/ (installed to /tmp/site).
 set -u
-PARTS=${PARTS:-"single policies random"}
+PARTS=${PARTS:-"single router policies random"}
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
 MODEL=${MODEL:-dummy:llama-3-8b}
 GPUS=${GPUS:-1}
@@ -54,6 +54,14 @@ if part gil; then
       --ready-timeout 180 --name "gil-$si-$MACHINE" --out-dir "$OUT" >> "$OUT/gil-$si.log" 2>&1
     echo "gil $si rc=$?"; grep -A1 "^workload" "$OUT/gil-$si.log" | tail -1; kill $W; wait $W; el "gil $si"
   done
+fi
+# The router's own cost: 512 short requests (64 tokens in, 32 out) at 64 concurrent streams
+# straight to one worker and through the router, alternating, twice each.
+if part router; then
+  timeout 200 $SERVE --workers 1 --workload random --num-requests 512 --input-len 64 \
+    --output-len 32 --concurrency 64 --backend grpc-direct,grpc,grpc-direct,grpc \
+    --name "router-cost-$MACHINE" > "$OUT/router.log" 2>&1
+  echo "router rc=$?"; grep -A4 "^workload" "$OUT/router.log" | tail -4; el router
 fi
 # Routing policies on the shared-prefix workload: 24 prefixes of 4,096 tokens (98k tokens,
 # more than one worker's 64k pool), 8 questions each, at a sweep of request rates.
