@@ -196,13 +196,13 @@ def run_all(target: Target, args: argparse.Namespace) -> list[dict[str, Any]]:
                 continue
             mode = _mode(args, target.model)
             workload = build_workload(name, args, mode, _tokenizer(target))
-            for backend in args.backend.split(","):
+            for i, backend in enumerate(args.backend.split(",")):
+                if i:
+                    flush(target)  # each backend's run starts as cold as the first
                 print(f"{target.policy} {backend}: {describe([workload])}, {spec.label}")
                 run = asyncio.run(_one_run(workload, target, args, spec, backend))
                 runs.append(run)
                 print(tables([run]).splitlines()[1], flush=True)
-                if backend != args.backend.split(",")[-1]:
-                    flush(target)
     return runs
 
 

@@ -56,10 +56,10 @@ if part gil; then
   done
 fi
 # The router's own cost: 512 short requests (64 tokens in, 32 out) at 64 concurrent streams
-# straight to one worker and through the router, alternating, twice each.
+# through the router and straight to one worker, alternating (the first run warms up).
 if part router; then
   timeout 200 $SERVE --workers 1 --workload random --num-requests 512 --input-len 64 \
-    --output-len 32 --concurrency 64 --backend grpc-direct,grpc,grpc-direct,grpc \
+    --output-len 32 --concurrency 64 --backend grpc,grpc-direct,grpc,grpc-direct,grpc \
     --name "router-cost-$MACHINE" > "$OUT/router.log" 2>&1
   echo "router rc=$?"; grep -A4 "^workload" "$OUT/router.log" | tail -4; el router
 fi
