@@ -6,7 +6,7 @@
 # set (GROUPS x PREFIX tokens) is larger than one worker's pool and placement decides hits.
 # Python packages the machine lacks travel as wheels in .whl/ (installed to /tmp/site).
 set -u
-PARTS=${PARTS:-"single router policies random"}
+PARTS=${PARTS:-"single router policies turns random"}
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
 MODEL=${MODEL:-dummy:llama-3-8b}
 GPUS=${GPUS:-1}
@@ -71,6 +71,16 @@ if part policies; then
     --groups 24 --num-requests 192 --prefix-len 4096 --question-len 64 --output-len 128 \
     --rates "${RATES:-8,12,16,20,24,inf}" > "$OUT/policies.log" 2>&1
   echo "policies rc=$?"; grep -A14 "^workload" "$OUT/policies.log" | tail -14; el policies
+fi
+# Multi-turn chats (24 conversations of 4 turns over a 2,048-token system prompt each,
+# 1 s think time, over gRPC: the replies' ids are resent) and the language's programs
+# (through RuntimeEndpoint), with each policy.
+if part turns; then
+  timeout 190 $SERVE --workers 2 --worker-args "$WORKER" --name "multi-turn-$MACHINE" \
+    --policies cache_aware,round_robin,least_load --backend grpc --workload multi-turn,programs \
+    --num-requests 96 --turns 4 --prefix-len 2048 --question-len 64 --output-len 64 \
+    --think-time 1.0 --rates 6 > "$OUT/turns.log" 2>&1
+  echo "turns rc=$?"; grep -A8 "^workload" "$OUT/turns.log" | tail -9; el turns
 fi
 # No sharing (the control): P1 at 16 req/s and all at once.
 if part random; then
