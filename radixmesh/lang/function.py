@@ -7,12 +7,14 @@ import functools
 import inspect
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from radixmesh.lang.backend.base import Backend
 from radixmesh.lang.backend.registry import resolve_backend
+from radixmesh.lang.global_config import global_config
 from radixmesh.lang.interpreter import StreamExecutor
 from radixmesh.lang.state import ProgramState
 from radixmesh.lang.tracer import TracerState, constant_prefix, trace_program
@@ -22,8 +24,10 @@ logger = logging.getLogger(__name__)
 
 def _defaults(
     max_new_tokens: int = 128,
+    n: int = 1,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = -1,
@@ -85,7 +89,9 @@ class SglFunction:
         """Run once. With stream=True the state returns at once for text_iter()."""
         sampling, arguments = self._split(kwargs)
         arguments = self._arguments(args, arguments)
-        return run_program(self, resolve_backend(backend), arguments, sampling, stream)
+        return run_program(
+            self, resolve_backend(backend), arguments, sampling, stream, use_thread=use_thread
+        )
 
     async def run_async(
         self, *args: Any, backend: object | None = None, **kwargs: Any
@@ -125,36 +131,46 @@ class SglFunction:
 
     def run_batch(
         self,
-        batch_kwargs: list[dict[str, Any]],
+        batch_kwargs: list[dict[str, Any]] | list[list[Any]],
         *,
         backend: object | None = None,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
+        generator_style: bool = False,
         **kwargs: Any,
-    ) -> list[ProgramState]:
-        """Run once per argument dict. A failing program keeps its error on its state."""
-        if not isinstance(batch_kwargs, list) or not all(isinstance(b, dict) for b in batch_kwargs):
-            raise ValueError("batch_kwargs: expected a list of dicts of program arguments")
+    ) -> Any:
+        """Run once per argument dict (or list of positional arguments). A failing program
+        keeps its error on its state. `generator_style`: yield the states in order as
+        they finish instead of returning the list."""
         sampling, extra = self._split(kwargs)
         if extra:
             raise TypeError(f"run_batch() got an unexpected keyword argument {next(iter(extra))!r}")
         be = resolve_backend(backend)
-        batch = [self._arguments((), b) for b in batch_kwargs]
-        if len(batch) > 1:
+        batch = self._batch(batch_kwargs)
+        if len(batch) > 1 and global_config.enable_precache_with_tracing:
             self.precache(be)
         threads = _num_threads(num_threads, len(batch))
+        states = _run_all(self, be, batch, sampling, threads, progress_bar)
+        return states if generator_style else list(states)
 
-        def one(arguments: dict[str, Any]) -> ProgramState:
-            return run_program(self, be, arguments, sampling, stream=False)
+    def cache(self, backend: object | None = None) -> str:
+        """Prefill the program's constant prefix on `backend` (SGLang's name for precache)."""
+        return self.precache(resolve_backend(backend))
 
-        with ThreadPoolExecutor(threads) as pool:
-            futures = [pool.submit(one, a) for a in batch]
-            if progress_bar:
-                from tqdm.auto import tqdm
-
-                for f in tqdm(futures, total=len(futures)):
-                    f.result()
-            return [f.result() for f in futures]
+    def _batch(self, batch_kwargs: Any) -> list[dict[str, Any]]:
+        if not isinstance(batch_kwargs, list | tuple):
+            raise ValueError("batch_kwargs: expected a list of dicts of program arguments")
+        batch = []
+        for item in batch_kwargs:
+            if isinstance(item, dict):
+                batch.append(self._arguments((), item))
+            elif isinstance(item, list | tuple):  # positional arguments, as in SGLang
+                batch.append(self._arguments(tuple(item), {}))
+            else:
+                raise ValueError(
+                    "batch_kwargs: expected a list of dicts (or lists) of program arguments"
+                )
+        return batch
 
     def trace(self, *, backend: object | None = None, **kwargs: Any) -> TracerState:
         """The program's graph; arguments not given are placeholders."""
@@ -198,19 +214,63 @@ def run_program(
     default_params: dict[str, Any],
     stream: bool,
     wait: bool = True,
+    use_thread: bool = True,
 ) -> ProgramState:
-    executor = StreamExecutor(backend, arguments, default_params, stream=stream)
+    """Run the body now; with `stream` and `use_thread`, in a thread of its own so the
+    state returns at once (SGLang's streaming run) and text_iter follows it."""
+    executor = StreamExecutor(
+        backend,
+        arguments,
+        default_params,
+        stream=stream,
+        num_api_spec_tokens=fn.num_api_spec_tokens,
+    )
     state = ProgramState(executor)
-    try:
-        state.ret_value = fn.func(state, **arguments)
-    except Exception as e:  # kept on the state: the batch goes on
-        executor.sync()
-        executor.fail(e)
-    finally:
-        executor.end()
+
+    def body() -> None:
+        try:
+            state.ret_value = fn.func(state, **arguments)
+        except Exception as e:  # kept on the state: the batch goes on
+            executor.sync()
+            executor.fail(e)
+        finally:
+            executor.end()
+        if global_config.verbosity >= 2:
+            executor.sync()
+            print(executor.text_)
+
+    if stream and use_thread:
+        threading.Thread(target=body, name="radixmesh-program", daemon=True).start()
+        return state
+    body()
     if wait and not stream:
         executor.sync()
     return state
+
+
+def _run_all(
+    fn: SglFunction,
+    backend: Backend,
+    batch: list[dict[str, Any]],
+    sampling: dict[str, Any],
+    threads: int,
+    progress_bar: bool,
+) -> Iterator[ProgramState]:
+    """The batch's states in order, each yielded once its program finished."""
+    bar = None
+    if progress_bar:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(batch))
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(run_program, fn, backend, a, sampling, False) for a in batch]
+        for f in futures:
+            state = f.result()
+            if bar is not None:
+                bar.update()
+            yield state
+    if bar is not None:
+        bar.close()
 
 
 async def _run_async(
@@ -224,8 +284,8 @@ async def _run_async(
 
 
 def _num_threads(num_threads: int | str, batch_size: int) -> int:
-    if num_threads == "auto":
-        return max(1, min(batch_size, 16 * (os.cpu_count() or 1), 64))
+    if num_threads == "auto":  # SGLang's count: the programs mostly wait on the model
+        return max(1, min(batch_size, max(96, 16 * (os.cpu_count() or 1))))
     if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads: expected 'auto' or an integer >= 1, got {num_threads!r}")
     return num_threads

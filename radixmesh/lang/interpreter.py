@@ -19,7 +19,12 @@ from typing import Any
 
 from radixmesh.lang.backend.base import Backend, Context
 from radixmesh.lang.errors import ProgramError
+from radixmesh.lang.global_config import global_config
 from radixmesh.lang.ir import (
+    REGEX_BOOL,
+    REGEX_FLOAT,
+    REGEX_INT,
+    REGEX_STR,
     Constant,
     Expr,
     Gen,
@@ -27,11 +32,16 @@ from radixmesh.lang.ir import (
     RoleBegin,
     RoleEnd,
     Select,
+    SeparateReasoning,
+    VarScopeBegin,
+    VarScopeEnd,
+    Video,
     flatten,
 )
+from radixmesh.lang.reasoning import split_reasoning
+from radixmesh.lang.speculative import ChatSpeculation, CompletionSpeculation
 
-_INT_REGEX = r"[-+]?[0-9]+"
-_STR_REGEX = r'"[^"\\\n]*"'
+_DTYPE_REGEX = {int: REGEX_INT, float: REGEX_FLOAT, str: REGEX_STR, bool: REGEX_BOOL}
 _END = object()
 
 
@@ -42,11 +52,24 @@ class StreamExecutor:
         arguments: dict[str, Any],
         default_params: dict[str, Any],
         stream: bool = False,
+        num_api_spec_tokens: int | None = None,
     ) -> None:
         self.backend = backend
         self.arguments = arguments
         self.default_params = default_params
         self.stream = stream
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self._completion_spec: CompletionSpeculation | None = None
+        self._chat_spec: ChatSpeculation | None = None
+        if num_api_spec_tokens is not None:
+            if self.stream:
+                raise ValueError("stream: speculative execution does not stream")
+            if backend.is_chat_model:
+                self._chat_spec = ChatSpeculation(num_api_spec_tokens)
+            else:
+                self._completion_spec = CompletionSpeculation(num_api_spec_tokens)
+        self._scopes: dict[str, int] = {}  # var_scope name -> where its text starts
+        self._spans: dict[str, tuple[int, int]] = {}  # gen variable -> its text's span
         self.text_ = ""
         self.messages_: list[dict[str, str]] = []
         self.variables: dict[str, Any] = {}
@@ -185,6 +208,7 @@ class StreamExecutor:
         self.meta_info = dict(other.meta_info)
         self.cur_role = other.cur_role
         self.cur_role_begin_pos = other.cur_role_begin_pos
+        self._spans = dict(other._spans)
 
     # ---- executor thread ------------------------------------------------------------
 
@@ -219,16 +243,35 @@ class StreamExecutor:
             self._role_begin(expr.role)
         elif isinstance(expr, RoleEnd):
             self._role_end(expr.role)
-        elif isinstance(expr, Image):
+        elif isinstance(expr, VarScopeBegin):
+            self._scopes[expr.name] = len(self.text_)
+        elif isinstance(expr, VarScopeEnd):
+            start = self._scopes.pop(expr.name, None)
+            if start is None:
+                raise ValueError(f"var_scope {expr.name!r} ends but never began")
+            self._set_var(expr.name, self.text_[start:], None)
+        elif isinstance(expr, SeparateReasoning):
+            self._separate_reasoning(expr)
+        elif isinstance(expr, Image | Video):
+            kind = "image" if isinstance(expr, Image) else "video"
             raise ValueError(
-                "sgl.image / sgl.video: the backend has no multimodal model (radixmesh "
-                "serves text-only Llama-family models)"
+                f"sgl.{kind}: the backend has no multimodal model (radixmesh serves "
+                "text-only Llama-family models)"
             )
         else:
             raise TypeError(f"cannot execute {type(expr).__name__}")
 
-    def _fill(self, text: str, var: str | None = None) -> None:
+    def _fill(self, text: str, var: str | None = None, structural: bool = False) -> None:
+        """Append `text` (a variable's, when `var`; a role's marks, when `structural`)."""
+        spec = not structural and var is None
+        if spec and self._chat_spec is not None and self.cur_role == "assistant":
+            self._chat_spec.fill(text)  # written when the turn ends
+            return
+        if spec and self._completion_spec is not None:
+            self._completion_spec.fill(text)
         with self._cond:
+            if var is not None:
+                self._spans[var] = (len(self.text_), len(self.text_) + len(text))
             self.text_ += text
             self.chunks.append((var, text))
             self._wake_all()
@@ -243,14 +286,31 @@ class StreamExecutor:
             self._var_done.setdefault(name, threading.Event()).set()
             self._wake_all()
 
-    def _gen(self, expr: Gen) -> None:
+    def _params(self, expr: Gen) -> dict[str, Any]:
+        """The run's defaults, the gen's own arguments, then what its dtype implies."""
         params = {**self.default_params, **expr.params}
-        if expr.dtype is int:
-            params["regex"] = _INT_REGEX
-        elif expr.dtype is str:
-            params["regex"] = _STR_REGEX
-        params = {k: v for k, v in params.items() if v is not None}
+        if expr.dtype is not None:
+            params["regex"] = _DTYPE_REGEX[expr.dtype]
+            params.pop("json_schema", None)
+            if expr.dtype in (int, float):  # where the pattern lets a number end
+                params["stop"] = [*_as_list(params.get("stop")), " ", "\n"]
+        if not global_config.skip_special_tokens_in_output:
+            params["skip_special_tokens"] = False
+        if not params.get("stop_regex"):
+            params.pop("stop_regex", None)
+        return {k: v for k, v in params.items() if v is not None}
+
+    def _gen(self, expr: Gen) -> None:
+        params = self._params(expr)
         ctx = self.context()
+        if self._chat_spec is not None and self.cur_role == "assistant":
+            self._chat_spec.gen(expr.name, params)  # generated when the turn ends
+            return
+        if self._completion_spec is not None:
+            taken, spec_meta = self._completion_spec.gen(self.backend, ctx, params)
+            self._fill(taken, expr.name)
+            self._set_var(expr.name, taken, spec_meta)
+            return
         if self.stream and params.get("n", 1) == 1:
             pieces: list[str] = []
             meta: dict[str, Any] = {}
@@ -260,12 +320,12 @@ class StreamExecutor:
                 self._fill(delta, expr.name)
             self._set_var(expr.name, "".join(pieces), meta)
             return
-        text, meta = self.backend.generate(ctx, params)
-        if isinstance(text, list):  # n > 1: the variable holds every completion
-            self._set_var(expr.name, text, meta)
+        result, meta = self.backend.generate(ctx, params)
+        if isinstance(result, list):  # n > 1: the variable holds every completion
+            self._set_var(expr.name, result, meta)
             return
-        self._fill(text, expr.name)
-        self._set_var(expr.name, text, meta)
+        self._fill(result, expr.name)
+        self._set_var(expr.name, result, meta)
 
     def _select(self, expr: Select) -> None:
         decision = self.backend.select(
@@ -283,21 +343,53 @@ class StreamExecutor:
             self._fill(template.default_system_prompt)
             self._role_end("system")
         self.cur_role = role
-        self._fill(template.prefix(role))
+        self._fill(template.prefix(role), structural=True)
         self.cur_role_begin_pos = len(self.text_)
 
     def _role_end(self, role: str) -> None:
         if self.cur_role != role:
             raise ValueError(f"role {role!r} ends but the open role is {self.cur_role!r}")
+        if self._chat_spec is not None and role == "assistant":
+            spec, self._chat_spec = self._chat_spec, None  # the turn's text is written now
+            try:
+                for term in spec.finish(self.backend, self.context()):
+                    self._fill(term.text, term.name if term.is_gen else None)
+                    if term.is_gen:
+                        self._set_var(term.name, term.text, {})
+            finally:
+                self._chat_spec = spec
         content = self.text_[self.cur_role_begin_pos :].lstrip()
-        self._fill(self.backend.chat_template.suffix(role))
+        self._fill(self.backend.chat_template.suffix(role), structural=True)
         self.messages_.append({"role": role, "content": content})
         self.cur_role = None
+
+    def _separate_reasoning(self, expr: SeparateReasoning) -> None:
+        for name in expr.names:
+            text = self.variables.get(name)
+            if not isinstance(text, str):
+                raise ValueError(f"separate_reasoning: variable {name!r} holds no text")
+            reasoning, answer = split_reasoning(text, expr.model_type)
+            start, end = self._spans.get(name, (len(self.text_), len(self.text_)))
+            if self.text_[start:end] == text:  # the state's text keeps the answer only
+                with self._cond:
+                    self.text_ = self.text_[:start] + answer + self.text_[end:]
+            self._set_var(name, answer, self.meta_info.get(name))
+            self._set_var(f"{name}_reasoning_content", reasoning, None)
+
+
+def _as_list(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
 
 
 def _names(expr: Expr) -> list[str]:
     if isinstance(expr, Gen | Select) and expr.name is not None:
         return [expr.name]
+    if isinstance(expr, VarScopeBegin):
+        return [expr.name]
+    if isinstance(expr, SeparateReasoning):
+        return [*expr.names, *(f"{n}_reasoning_content" for n in expr.names)]
     return []
 
 

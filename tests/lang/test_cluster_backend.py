@@ -17,7 +17,6 @@ import pytest
 
 import radixmesh as sgl
 from radixmesh.client import Client
-from radixmesh.lang.backend import registry
 from radixmesh.lang.backend.base import Context
 from radixmesh.lang.backend.engine import EngineBackend
 from radixmesh.lang.backend.runtime import RuntimeEndpoint
@@ -32,6 +31,7 @@ from tests.lang.test_programs import (
     typed,
 )
 from tests.lang.test_select import CHOICES, PROMPT, few_shot
+from tests.lang.test_sglang_programs import check_programs
 
 pytestmark = pytest.mark.slow
 WORKERS = {"worker-0", "worker-1"}
@@ -53,7 +53,7 @@ def endpoint(runtime: sgl.Runtime) -> Iterator[RuntimeEndpoint]:
     assert runtime.endpoint.flush_cache()
     sgl.set_default_backend(runtime)  # a Runtime stands for its endpoint, as in SGLang
     yield runtime.endpoint
-    registry._default = None
+    sgl.global_config.default_backend = None
     assert_idle(runtime)
 
 
@@ -95,6 +95,13 @@ def test_multi_turn_chat_sticks_to_one_worker(endpoint: RuntimeEndpoint) -> None
     assert second["worker_id"] == first["worker_id"]  # the router follows the cached turn
     assert second["cached_tokens"] >= 49
     assert second["finish_reason"]["type"] == "stop"
+
+
+def test_sglang_programs_on_the_cluster(endpoint: RuntimeEndpoint) -> None:
+    """The engine test's SGLang programs, unchanged, through the router."""
+    metas = check_programs(endpoint)
+    assert metas[1]["worker_id"] == metas[0]["worker_id"]  # the second turn follows the first
+    assert metas[1]["cached_tokens"] >= 49
 
 
 def test_fork_join_tip_suggestion(endpoint: RuntimeEndpoint) -> None:

@@ -38,6 +38,8 @@ class Backend(ABC):
     """A model provider. `params` use the engine's sampling-parameter names."""
 
     chat_template: ChatTemplate
+    # Speaks messages, not text: a gen must start an assistant turn (see speculative.py).
+    is_chat_model = False
 
     @abstractmethod
     def generate(self, ctx: Context, params: dict[str, Any]) -> GenResult:
@@ -79,6 +81,10 @@ class Backend(ABC):
 
     def flush_cache(self) -> bool:
         return False
+
+    def get_server_info(self) -> dict[str, Any]:
+        """What serves the backend's requests (SGLang's server info, where there is one)."""
+        return {"backend": type(self).__name__}
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release what the backend owns."""

@@ -78,6 +78,17 @@ class EngineBackend(Backend):
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
 
+    def get_server_info(self) -> dict[str, Any]:
+        import dataclasses
+
+        stats = self.engine.get_stats()
+        return {
+            "model_path": self.engine.config.model.model,
+            "context_length": self.engine.worker.context_len,
+            **dataclasses.asdict(self.engine.config),
+            "stats": vars(stats) if hasattr(stats, "__dict__") else stats,
+        }
+
     def shutdown(self) -> None:
         if self._owns:
             self.engine.shutdown()

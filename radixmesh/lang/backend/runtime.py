@@ -21,15 +21,17 @@ Runtime is created (the one place the language reaches into `cluster/`).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import dataclasses
+import json
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from radixmesh.errors import InvalidArgument, Unavailable
+from radixmesh.errors import InvalidArgument, RadixMeshError, Unavailable
 from radixmesh.lang.backend.base import Backend, Context, GenResult
 from radixmesh.lang.backend.scoring import (
     PREFILL_PARAMS,
@@ -37,7 +39,7 @@ from radixmesh.lang.backend.scoring import (
     score_choices,
     score_params,
 )
-from radixmesh.lang.chat_template import ChatTemplate
+from radixmesh.lang.chat_template import ChatTemplate, named_template
 from radixmesh.lang.choices import TokenLogprob
 
 if TYPE_CHECKING:
@@ -82,12 +84,18 @@ class Usage:
 
 
 class RuntimeEndpoint(Backend):
-    """`RuntimeEndpoint("host:port", api_key=None)`: a router's (or a worker's) gRPC address."""
+    """`RuntimeEndpoint(base_url, api_key=None, verify=None, chat_template_name=None)`:
+    a router (or a worker). `base_url` is its gRPC address "host:port", or the router's
+    HTTP URL (SGLang's form), from which the client reads the gRPC port and speaks gRPC.
+    `verify`: a CA file (PEM) for TLS. `chat_template_name`: one of SGLang's template
+    names instead of the model's own template."""
 
     def __init__(
         self,
         base_url: str,
         api_key: str | None = None,
+        verify: str | bool | None = None,
+        chat_template_name: str | None = None,
         *,
         tls: bool = False,
         root_certificates: bytes | None = None,
@@ -100,11 +108,15 @@ class RuntimeEndpoint(Backend):
 
         if max_concurrency < 1:
             raise InvalidArgument("max_concurrency", f"must be >= 1, got {max_concurrency}")
-        self.target = _target(base_url)
+        if isinstance(verify, str):
+            root_certificates = _read_pem(verify)
+        self.base_url = base_url
+        self.api_key = api_key
+        self.target, https = resolve_target(base_url, api_key, verify)
         self.client = Client(
             self.target,
             api_key=api_key,
-            tls=tls,
+            tls=tls or https,
             root_certificates=root_certificates,
             timeout=timeout,
             max_retries=max_retries,
@@ -122,12 +134,12 @@ class RuntimeEndpoint(Backend):
             bos_token_id=info.bos_token_id,
             chat_template=info.chat_template or None,
         )
-        self.chat_template = ChatTemplate.from_tokenizer(self.tokenizer)
+        if chat_template_name is not None:
+            self.chat_template = named_template(chat_template_name)
+        else:
+            self.chat_template = ChatTemplate.from_tokenizer(self.tokenizer)
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="radixmesh-endpoint")
         self.usage = Usage()
-
-    def get_model_name(self) -> str:
-        return self.model_info.model
 
     # ---- generate -------------------------------------------------------------------
 
@@ -209,45 +221,72 @@ class RuntimeEndpoint(Backend):
     def flush_cache(self) -> bool:
         return self.client.flush_cache()
 
+    def get_server_info(self) -> dict[str, Any]:
+        info = dataclasses.asdict(self.model_info)
+        return {"model_path": info.pop("model"), **info, "target": self.target}
+
+    def get_model_name(self) -> str:
+        return self.model_info.model
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
 
+# SGLang's server arguments that mean the same as one of ours, under our name.
+_SERVER_ARGS = {"mem_fraction_static": "mem_fraction", "random_seed": "seed"}
+
+
 class Runtime:
-    """`Runtime(model="smollm2", workers=1, **engine_options)`: a local cluster (a router
-    and `workers` worker processes, each `radixmesh worker` with these engine options) and
-    a `RuntimeEndpoint` to it, `.endpoint`. Stop it with `shutdown()` or a `with` block;
-    a Runtime still running when the interpreter exits is shut down then."""
+    """`Runtime(model_path="smollm2", dp_size=1, **server_args)`: a local cluster (a
+    router and `dp_size` worker processes, each `radixmesh worker` with these engine
+    options) and a `RuntimeEndpoint` to it, `.endpoint`. `url` is the router's HTTP API
+    (SGLang's native one beside OpenAI's), `address` its gRPC API. Stop it with
+    `shutdown()` or a `with` block; one still running at interpreter exit is stopped then.
+    Also `model=` / `workers=` (our names), `policy=`, `host=`, `port=` (the router's
+    gRPC port), `launch_timeout=`."""
 
     def __init__(
         self,
-        model: str | None = None,
-        workers: int = 1,
+        log_level: str = "error",
+        launch_timeout: float = 300.0,
         *,
-        model_path: str | None = None,  # SGLang's name for `model`
+        model: str | None = None,
+        model_path: str | None = None,
+        workers: int | None = None,
+        dp_size: int | None = None,
         policy: str = "cache_aware",
         host: str = "127.0.0.1",
         port: int | None = None,
-        ready_timeout: float = 300.0,
-        **engine_options: Any,
+        **server_args: Any,
     ) -> None:
+        from radixmesh.cluster.launch import free_port
         from radixmesh.cluster.runtime import start_local_cluster
 
         if model is not None and model_path is not None:
             raise InvalidArgument("model_path", "give model or model_path, not both")
+        if workers is not None and dp_size is not None:
+            raise InvalidArgument("dp_size", "give workers or dp_size, not both")
+        if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise InvalidArgument("log_level", f"not a log level: {log_level!r}")
+        self.log_level = log_level
+        engine_options = {_SERVER_ARGS.get(k, k): v for k, v in server_args.items()}
         self._lock = threading.Lock()
         self.endpoint: RuntimeEndpoint | None = None
+        self.http_port = free_port(host)
         self.cluster: LocalCluster | None = start_local_cluster(
             model or model_path or "smollm2",
-            workers,
+            next((n for n in (workers, dp_size) if n is not None), 1),
             policy=policy,
             host=host,
             port=port,
-            ready_timeout=ready_timeout,
+            ready_timeout=launch_timeout,
             engine_options=engine_options,
+            http_port=self.http_port,
         )
         atexit.register(self.shutdown)
+        self.url = f"http://{host}:{self.http_port}"
+        self.generate_url = self.url + "/generate"
         try:
             self.endpoint = RuntimeEndpoint(self.cluster.address)
         except BaseException:
@@ -255,7 +294,7 @@ class Runtime:
             raise
 
     @property
-    def url(self) -> str:
+    def address(self) -> str:
         """The router's gRPC address, for `RuntimeEndpoint` or the SDK's `Client`."""
         if self.cluster is None:
             raise Unavailable("this Runtime has been shut down")
@@ -264,6 +303,83 @@ class Runtime:
     @property
     def worker_addresses(self) -> list[str]:
         return [] if self.cluster is None else self.cluster.worker_addresses
+
+    def _endpoint(self) -> RuntimeEndpoint:
+        if self.endpoint is None:
+            raise Unavailable("this Runtime has been shut down")
+        return self.endpoint
+
+    def cache_prefix(self, prefix: str) -> None:
+        self._endpoint().cache_prefix(prefix)
+
+    def get_tokenizer(self) -> Any:
+        return self._endpoint().tokenizer
+
+    def start_profile(self) -> None:
+        raise InvalidArgument("start_profile", "profiling runs through bench/step_anatomy.py")
+
+    stop_profile = start_profile
+
+    def generate(
+        self,
+        prompt: str | list[str],
+        sampling_params: dict[str, Any] | None = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        lora_path: Any = None,
+        session_id: Any = None,
+    ) -> str:
+        """POST /generate on the router (SGLang's native API); the reply as JSON text."""
+        if lora_path is not None or session_id is not None:
+            field = "lora_path" if lora_path is not None else "session_id"
+            raise InvalidArgument(field, "LoRA adapters and sessions are not served")
+        body = {
+            "text": prompt,
+            "sampling_params": sampling_params,
+            "return_logprob": return_logprob,
+            "logprob_start_len": logprob_start_len,
+            "top_logprobs_num": top_logprobs_num,
+        }
+        return _post_json(self.generate_url, {k: v for k, v in body.items() if v is not None})
+
+    def encode(self, prompt: str | list[str]) -> str:
+        """The prompt's token ids, as JSON text ({"input_ids": ...})."""
+        tok = self._endpoint().tokenizer
+        if isinstance(prompt, str):
+            return json.dumps({"input_ids": tok.encode(prompt)})
+        return json.dumps([{"input_ids": tok.encode(p)} for p in prompt])
+
+    async def async_generate(
+        self,
+        prompt: str,
+        sampling_params: dict[str, Any] | None = None,
+        session_id: Any = None,
+    ) -> AsyncIterator[str]:
+        """Stream a completion's text deltas from the router's /generate."""
+        if session_id is not None:
+            raise InvalidArgument("session_id", "sessions are not served")
+        import aiohttp
+
+        body = {"text": prompt, "sampling_params": sampling_params or {}, "stream": True}
+        seen = 0
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.generate_url, json=body) as resp,
+        ):
+            async for line in resp.content:
+                if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                    continue
+                data = json.loads(line[5:])
+                if "text" not in data:
+                    raise RadixMeshError(str(data.get("error", data)))
+                yield data["text"][seen:]
+                seen = len(data["text"])
+
+    add_request = async_generate
+
+    async def get_server_info(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self._endpoint().get_server_info)
 
     def shutdown(self) -> None:
         """Close the endpoint and stop every process (idempotent)."""
@@ -283,22 +399,69 @@ class Runtime:
         self.shutdown()
 
 
-def _target(base_url: str) -> str:
-    """ "host:port" from what users pass (a bare address or grpc://host:port)."""
+def _post_json(url: str, body: dict[str, Any]) -> str:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=600) as resp:
+            return str(resp.read().decode())
+    except urllib.error.HTTPError as e:
+        return str(e.read().decode())
+
+
+def resolve_target(
+    base_url: str, api_key: str | None = None, verify: str | bool | None = None
+) -> tuple[str, bool]:
+    """("host:port" of the gRPC API, whether it is TLS) from what users pass: a gRPC
+    address ("host:port", "grpc://host:port") or a router's HTTP URL, whose
+    `/get_server_info` names the router's gRPC port."""
     if not isinstance(base_url, str) or not base_url:
-        raise InvalidArgument("base_url", f"expected 'host:port', got {base_url!r}")
+        raise InvalidArgument("base_url", f"expected 'host:port' or a URL, got {base_url!r}")
     if base_url.startswith(("http://", "https://")):
-        raise InvalidArgument(
-            "base_url",
-            f"RuntimeEndpoint speaks gRPC: give the router's gRPC address 'host:port', not "
-            f"{base_url!r} (the router's HTTP port serves the OpenAI-compatible API: use "
-            "sgl.OpenAI(model, base_url=...) for it)",
-        )
+        return _grpc_of_http(base_url.rstrip("/"), api_key, verify)
     target = base_url.removeprefix("grpc://").rstrip("/")
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise InvalidArgument("base_url", f"expected 'host:port', got {base_url!r}")
-    return target
+    return target, False
+
+
+def _grpc_of_http(url: str, api_key: str | None, verify: str | bool | None) -> tuple[str, bool]:
+    import json
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        if verify is False:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(url + "/get_server_info", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as resp:
+            info = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise Unavailable(f"no radixmesh router answers at {url}: {e}") from e
+    port = info.get("grpc_port") if isinstance(info, dict) else None
+    if not isinstance(port, int):
+        raise InvalidArgument("base_url", f"{url} is not a radixmesh router (no grpc_port)")
+    host = urllib.parse.urlsplit(url).hostname or "127.0.0.1"
+    return f"{host}:{port}", url.startswith("https://")
+
+
+def _read_pem(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidArgument("verify", f"cannot read the CA file {path!r}: {e}") from None
 
 
 def _entries(logprobs: list[Any]) -> list[tuple[float | None, int, None]]:
