@@ -274,9 +274,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             ]
         )
 
-    async def FlushCache(
-        self, request: router_pb2.RouterFlushCacheRequest, context: grpc.aio.ServicerContext
-    ) -> router_pb2.RouterFlushCacheResponse:
+    async def flush_all(self) -> tuple[int, int]:
+        """Flush every worker's cache: (how many flushed, how many workers)."""
+
         async def flush(w: WorkerHandle) -> bool:
             try:
                 resp = await w.stub.FlushCache(
@@ -287,7 +287,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return bool(resp.flushed)
 
         results = await asyncio.gather(*(flush(w) for w in self.pool.workers.values()))
-        return router_pb2.RouterFlushCacheResponse(flushed=sum(results), total=len(results))
+        return sum(results), len(results)
+
+    async def FlushCache(
+        self, request: router_pb2.RouterFlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RouterFlushCacheResponse:
+        flushed, total = await self.flush_all()
+        return router_pb2.RouterFlushCacheResponse(flushed=flushed, total=total)
 
     async def GetModelInfo(
         self, request: router_pb2.RouterGetModelInfoRequest, context: grpc.aio.ServicerContext

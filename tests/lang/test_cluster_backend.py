@@ -104,6 +104,37 @@ def test_sglang_programs_on_the_cluster(endpoint: RuntimeEndpoint) -> None:
     assert metas[1]["cached_tokens"] >= 49
 
 
+def test_runtime_speaks_sglangs_http_api(runtime: sgl.Runtime, endpoint: RuntimeEndpoint) -> None:
+    """Runtime's SGLang methods go through the router's native HTTP API (`runtime.url`)."""
+    import json
+
+    assert runtime.url.startswith("http://") and runtime.generate_url == runtime.url + "/generate"
+    out = json.loads(
+        runtime.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0})
+    )
+    assert out["meta_info"]["completion_tokens"] == 4
+    assert (
+        out["text"]
+        == endpoint.client.generate(
+            "The capital of France is", {"max_new_tokens": 4, "temperature": 0}
+        ).text
+    )
+
+    async def stream() -> list[str]:
+        gen = runtime.async_generate("1, 2, 3,", {"max_new_tokens": 5, "temperature": 0})
+        return [piece async for piece in gen]
+
+    pieces = asyncio.run(stream())
+    assert len(pieces) > 1
+    assert (
+        "".join(pieces)
+        == json.loads(runtime.generate("1, 2, 3,", {"max_new_tokens": 5, "temperature": 0}))["text"]
+    )
+    assert json.loads(runtime.encode("hi"))["input_ids"] == runtime.get_tokenizer().encode("hi")
+    info = asyncio.run(runtime.get_server_info())
+    assert info["model_path"] == "smollm2" and info["target"] == runtime.address
+
+
 def test_fork_join_tip_suggestion(endpoint: RuntimeEndpoint) -> None:
     s = tip_suggestion.run(temperature=0)
     tips = s["detailed_tip"]
