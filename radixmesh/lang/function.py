@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from radixmesh.lang import bridge
 from radixmesh.lang.backend.base import Backend
 from radixmesh.lang.backend.registry import resolve_backend
 from radixmesh.lang.global_config import global_config
@@ -96,37 +97,36 @@ class SglFunction:
     async def run_async(
         self, *args: Any, backend: object | None = None, **kwargs: Any
     ) -> ProgramState:
-        """`run` for asyncio: returns the finished state without blocking the event loop.
+        """`run` for asyncio: the finished state, without blocking the event loop.
 
-        The program's body is synchronous Python that may block reading a variable, so it
-        runs in a thread (`asyncio.to_thread`) until it has queued its expressions; the
-        model calls run on the state's executor, and the coroutine then awaits the
-        executor's end as a future resolved from its thread. So a thread is held only
-        while the body runs, not for the whole program: gathering many programs is not
-        capped by the default executor's few threads."""
+        The program's body runs on this loop's thread in a greenlet: where it reads a
+        variable the model has not written yet, it yields to the loop until the value is
+        there. The model calls run as tasks on this loop over the backend's asyncio
+        client, so any number of programs run at once on one thread."""
         sampling, arguments = self._split(kwargs)
         arguments = self._arguments(args, arguments)
         return await _run_async(self, resolve_backend(backend), arguments, sampling)
 
     async def run_batch_async(
         self,
-        batch_kwargs: list[dict[str, Any]],
+        batch_kwargs: list[dict[str, Any]] | list[list[Any]],
         *,
         backend: object | None = None,
         **kwargs: Any,
     ) -> list[ProgramState]:
-        """`run_batch` for asyncio: every program at once, after the template's prefill."""
-        if not isinstance(batch_kwargs, list) or not all(isinstance(b, dict) for b in batch_kwargs):
-            raise ValueError("batch_kwargs: expected a list of dicts of program arguments")
+        """`run_batch` for asyncio: every program at once on this loop, after the
+        template's prefill. A failing program keeps its error on its state."""
         sampling, extra = self._split(kwargs)
         if extra:
             raise TypeError(
                 f"run_batch_async() got an unexpected keyword argument {next(iter(extra))!r}"
             )
         be = resolve_backend(backend)
-        batch = [self._arguments((), b) for b in batch_kwargs]
-        if len(batch) > 1:
-            await asyncio.to_thread(self.precache, be)
+        batch = self._batch(batch_kwargs)
+        if len(batch) > 1 and global_config.enable_precache_with_tracing:
+            prefix = self.traced_prefix(be)
+            if prefix:
+                await be.acache_prefix(prefix)
         return list(await asyncio.gather(*(_run_async(self, be, a, sampling) for a in batch)))
 
     def run_batch(
@@ -178,14 +178,18 @@ class SglFunction:
 
     def precache(self, backend: Backend) -> str:
         """Prefill the program's constant prefix; returns it ("" if tracing failed)."""
-        try:
-            prefix = constant_prefix(trace_program(self, {}), backend.chat_template)
-        except Exception as e:  # a program the tracer cannot follow just runs uncached
-            logger.debug("tracing %s failed: %s", self.func.__name__, e)
-            return ""
+        prefix = self.traced_prefix(backend)
         if prefix:
             backend.cache_prefix(prefix)
         return prefix
+
+    def traced_prefix(self, backend: Backend) -> str:
+        """The text every run starts with, by tracing ("" if the tracer cannot follow)."""
+        try:
+            return constant_prefix(trace_program(self, {}), backend.chat_template)
+        except Exception as e:  # a program the tracer cannot follow just runs uncached
+            logger.debug("tracing %s failed: %s", self.func.__name__, e)
+            return ""
 
     # ---- helpers --------------------------------------------------------------------
 
@@ -219,33 +223,33 @@ def run_program(
     """Run the body now; with `stream` and `use_thread`, in a thread of its own so the
     state returns at once (SGLang's streaming run) and text_iter follows it."""
     executor = StreamExecutor(
-        backend,
-        arguments,
-        default_params,
-        stream=stream,
-        num_api_spec_tokens=fn.num_api_spec_tokens,
+        backend, arguments, default_params, stream, num_api_spec_tokens=fn.num_api_spec_tokens
     )
     state = ProgramState(executor)
-
-    def body() -> None:
-        try:
-            state.ret_value = fn.func(state, **arguments)
-        except Exception as e:  # kept on the state: the batch goes on
-            executor.sync()
-            executor.fail(e)
-        finally:
-            executor.end()
-        if global_config.verbosity >= 2:
-            executor.sync()
-            print(executor.text_)
-
     if stream and use_thread:
-        threading.Thread(target=body, name="radixmesh-program", daemon=True).start()
+        threading.Thread(
+            target=_body, args=(fn, state, arguments), name="radixmesh-program", daemon=True
+        ).start()
         return state
-    body()
+    _body(fn, state, arguments)
     if wait and not stream:
         executor.sync()
     return state
+
+
+def _body(fn: SglFunction, state: ProgramState, arguments: dict[str, Any]) -> None:
+    """The program's function on its state; what it raises is kept on the state."""
+    executor = state.stream_executor
+    try:
+        state.ret_value = fn.func(state, **arguments)
+    except Exception as e:  # kept on the state: the batch goes on
+        executor.sync()
+        executor.fail(e)
+    finally:
+        executor.end()
+    if global_config.verbosity >= 2:
+        executor.sync()
+        print(executor.text_)
 
 
 def _run_all(
@@ -276,10 +280,16 @@ def _run_all(
 async def _run_async(
     fn: SglFunction, backend: Backend, arguments: dict[str, Any], default_params: dict[str, Any]
 ) -> ProgramState:
-    state = await asyncio.to_thread(
-        run_program, fn, backend, arguments, default_params, False, False
+    executor = StreamExecutor(
+        backend,
+        arguments,
+        default_params,
+        num_api_spec_tokens=fn.num_api_spec_tokens,
+        loop=asyncio.get_running_loop(),
     )
-    await state.stream_executor.wait_finished()
+    state = ProgramState(executor)
+    await bridge.run_body(lambda: _body(fn, state, arguments))
+    await executor.wait_finished()
     return state
 
 

@@ -41,7 +41,7 @@ class CompletionSpeculation:
     def fill(self, value: str) -> None:
         self.text = self.text[len(value) :] if self.text.startswith(value) else ""
 
-    def gen(
+    async def gen(
         self, backend: Backend, ctx: Context, params: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
         meta: dict[str, Any] = {}
@@ -49,7 +49,7 @@ class CompletionSpeculation:
         if not self.text:
             call = {k: v for k, v in params.items() if k != "stop"}
             call["max_new_tokens"] = max(limit, self.num_tokens)
-            text, meta = backend.generate(ctx, call)
+            text, meta = await backend.agenerate(ctx, call)
             if not isinstance(text, str):
                 raise InvalidArgument("n", "speculative execution generates one completion")
             self.text = text
@@ -90,14 +90,14 @@ class ChatSpeculation:
                 )
         self.terms.append(Term("", True, name, params.get("stop")))
 
-    def finish(self, backend: Backend, ctx: Context) -> list[Term]:
+    async def finish(self, backend: Backend, ctx: Context) -> list[Term]:
         """One call for the turn; the terms with each gen's text filled in."""
         terms, self.terms = self.terms, []
         params, self.params = {**self.params, "max_new_tokens": self.num_tokens}, {}
         if not any(t.is_gen for t in terms):
             return terms
         for _ in range(MAX_TRIES):
-            reply, _meta = backend.generate(ctx, params)
+            reply, _meta = await backend.agenerate(ctx, params)
             matched = _match(terms, reply if isinstance(reply, str) else reply[0])
             if matched is not None:
                 return matched

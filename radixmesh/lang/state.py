@@ -7,13 +7,12 @@ program is kept on the state and raised, as a `ProgramError`, by every read.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from radixmesh.lang import bridge
 from radixmesh.lang.errors import ProgramError
-from radixmesh.lang.interpreter import StreamExecutor, iter_chunks
+from radixmesh.lang.interpreter import StreamExecutor, aiter_chunks, iter_chunks
 from radixmesh.lang.ir import Expr, RoleWriter, to_expr
 
 
@@ -75,40 +74,13 @@ class ProgramState(RoleWriter):
         """Text as it is generated: the whole state, or one variable's deltas."""
         return iter_chunks(self.stream_executor, var_name)
 
-    async def text_async_iter(
+    def text_async_iter(
         self, var_name: str | None = None, return_meta_data: bool = False
     ) -> AsyncIterator[Any]:
-        """`text_iter` for asyncio. The executor's thread wakes this coroutine through
-        the loop (no thread waits for chunks), so many streams can be read at once.
-        `return_meta_data`: (text, the variable's meta_info so far) pairs."""
-        executor = self.stream_executor
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-
-        def listener() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is reading
-                loop.call_soon_threadsafe(wake.set)
-
-        executor.add_listener(listener)
-        try:
-            i = 0
-            while True:
-                wake.clear()  # before polling: a chunk that comes after the poll sets it
-                chunks, over = executor.poll_chunks(i, var_name)
-                i += len(chunks)
-                for name, text in chunks:
-                    if var_name is None or name == var_name:
-                        if return_meta_data:
-                            yield text, executor.meta_info.get(name or "", {})
-                        else:
-                            yield text
-                if over:
-                    executor.raise_error()
-                    return
-                if not chunks:
-                    await wake.wait()
-        finally:
-            executor.remove_listener(listener)
+        """`text_iter` for asyncio: awaits the state's executor on its event loop, so many
+        streams are read at once on one thread. `return_meta_data`: (text, the
+        variable's meta_info so far) pairs."""
+        return aiter_chunks(self.stream_executor, var_name, return_meta_data)
 
     # ---- branching ------------------------------------------------------------------
 
@@ -128,7 +100,7 @@ class ProgramState(RoleWriter):
         parent.sync()
         parent.raise_error()
         if size > 1:
-            parent.backend.cache_prefix(parent.text_)
+            bridge.wait(parent.loop, parent.backend.acache_prefix(parent.text_))
         branches = [self._branch() for _ in range(size)]
         return ProgramStateGroup(branches, self, fork_pos=len(parent.text_))
 
@@ -147,7 +119,7 @@ class ProgramState(RoleWriter):
     def _branch_executor(self) -> StreamExecutor:
         parent = self.stream_executor
         child = StreamExecutor(
-            parent.backend, parent.arguments, parent.default_params, parent.stream
+            parent.backend, parent.arguments, parent.default_params, parent.stream, loop=parent.loop
         )
         child.copy_from(parent)
         return child

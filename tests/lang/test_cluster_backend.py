@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -273,6 +274,45 @@ def test_streaming_and_async(endpoint: RuntimeEndpoint) -> None:
     assert batch[0]["answer"] == batch[1]["answer"]
     assert all(st["answer_2"] for st in single)
     assert streamed_equal == [True] * 4
+
+
+@sgl.function
+def ask(s, i):
+    s += f"Question {i}: what comes after {i}? Answer:" + sgl.gen("a", max_tokens=2)
+    if s["a"] is not None:  # a read in the body: it waits on the loop, not on a thread
+        s += "\nSure?" + sgl.select("sure", choices=[" yes", " no"])
+
+
+def test_200_concurrent_programs_on_one_thread(endpoint: RuntimeEndpoint) -> None:
+    """run_async over the async gRPC client: 200 programs at once on the loop's thread."""
+
+    async def main() -> tuple[int, int, list[sgl.ProgramState], list[str]]:
+        before = threading.active_count()
+        peak = before
+        running = True
+
+        async def watch() -> None:
+            nonlocal peak
+            while running:
+                peak = max(peak, threading.active_count())
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.create_task(watch())
+        states = await asyncio.gather(*(ask.run_async(i=i, temperature=0) for i in range(200)))
+        streamed = ask.run_async(i=7, temperature=0)
+        running = False
+        await watcher
+        state = await streamed
+        pieces = [p async for p in state.text_async_iter()]
+        return before, peak, list(states), pieces
+
+    before, peak, states, pieces = asyncio.run(main())
+    assert peak <= before + 4, (before, peak)  # no thread per program (grpc's own few)
+    assert [st.error() for st in states] == [None] * 200
+    assert {st["sure"] for st in states} <= {" yes", " no"}
+    assert states[7].text() == "".join(pieces)
+    workers = {st.get_meta_info("a")["worker_id"] for st in states}
+    assert workers == WORKERS  # the router spread them
 
 
 def test_n_and_flush_cache(endpoint: RuntimeEndpoint) -> None:

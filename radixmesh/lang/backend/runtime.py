@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import dataclasses
 import json
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +37,7 @@ from radixmesh.errors import InvalidArgument, RadixMeshError, Unavailable
 from radixmesh.lang.backend.base import Backend, Context, GenResult
 from radixmesh.lang.backend.scoring import (
     PREFILL_PARAMS,
+    ascore_choices,
     check_finished,
     score_choices,
     score_params,
@@ -43,7 +46,7 @@ from radixmesh.lang.chat_template import ChatTemplate, named_template
 from radixmesh.lang.choices import TokenLogprob
 
 if TYPE_CHECKING:
-    from radixmesh.client import Chunk, Completion
+    from radixmesh.client import AsyncClient, Chunk, Completion
     from radixmesh.cluster.launch import LocalCluster
 
 
@@ -113,14 +116,18 @@ class RuntimeEndpoint(Backend):
         self.base_url = base_url
         self.api_key = api_key
         self.target, https = resolve_target(base_url, api_key, verify)
-        self.client = Client(
-            self.target,
-            api_key=api_key,
-            tls=tls or https,
-            root_certificates=root_certificates,
-            timeout=timeout,
-            max_retries=max_retries,
-        )
+        self._options: dict[str, Any] = {
+            "api_key": api_key,
+            "tls": tls or https,
+            "root_certificates": root_certificates,
+            "timeout": timeout,
+            "max_retries": max_retries,
+        }
+        self.client = Client(self.target, **self._options)
+        # One asyncio client per event loop (a grpc.aio channel belongs to its loop).
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient]
+        self._async_clients = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
         try:
             self.model_info = self.client.model_info()
         except Unavailable as e:
@@ -154,6 +161,62 @@ class RuntimeEndpoint(Backend):
     def _complete(self, text: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         out = self.client.generate(text, params)
         return out.text, check_finished(self._meta(out, params))
+
+    # ---- asyncio: the same calls over the async gRPC client, no thread per request ----
+
+    def aclient(self) -> AsyncClient:
+        """The asyncio client of the running event loop (made on first use)."""
+        from radixmesh.client import AsyncClient
+
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._async_clients.get(loop)
+            if client is None:
+                client = AsyncClient(self.target, **self._options)
+                self._async_clients[loop] = client
+        return client
+
+    async def agenerate(self, ctx: Context, params: dict[str, Any]) -> GenResult:
+        n = params.get("n", 1)
+        if n == 1:
+            return await self._acomplete(ctx.text, params)
+        one = {**params, "n": 1}
+        outs = await asyncio.gather(*(self._acomplete(ctx.text, one) for _ in range(n)))
+        return [text for text, _ in outs], {"choices": [meta for _, meta in outs]}
+
+    async def _acomplete(self, text: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        out = await self.aclient().generate(text, params)
+        return out.text, check_finished(self._meta(out, params))
+
+    async def agenerate_stream(
+        self, ctx: Context, params: dict[str, Any]
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        if params.get("n", 1) != 1:
+            raise InvalidArgument("n", "streaming generates one completion (n=1)")
+        async for chunk in await self.aclient().generate(ctx.text, params, stream=True):
+            yield chunk.text, check_finished(self._meta(chunk, params))
+
+    async def ascore(
+        self, ctx: Context, choices: list[str], unconditional: bool
+    ) -> tuple[list[list[TokenLogprob]], list[list[TokenLogprob]] | None]:
+        return await ascore_choices(
+            self.tokenizer, ctx.text, choices, unconditional, self._alogprobs
+        )
+
+    async def _alogprobs(
+        self, ids: list[list[int]], starts: list[int]
+    ) -> list[list[tuple[float | None, int]]]:
+        async def one(seq: list[int], start: int) -> list[tuple[float | None, int]]:
+            out = await self.aclient().generate(input_ids=seq, sampling_params=score_params(start))
+            check_finished(self._meta(out, {}))
+            return [(e.logprob, e.token_id) for e in out.input_logprobs]
+
+        return list(await asyncio.gather(*(one(s, st) for s, st in zip(ids, starts, strict=True))))
+
+    async def acache_prefix(self, text: str) -> None:
+        if text:
+            out = await self.aclient().generate(text, dict(PREFILL_PARAMS))
+            check_finished(self._meta(out, {}))
 
     def generate_stream(
         self, ctx: Context, params: dict[str, Any]
@@ -231,6 +294,12 @@ class RuntimeEndpoint(Backend):
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+        with self._lock:
+            clients, self._async_clients = dict(self._async_clients), weakref.WeakKeyDictionary()
+        for loop, client in clients.items():
+            if not loop.is_closed():
+                with contextlib.suppress(RuntimeError):
+                    asyncio.run_coroutine_threadsafe(client.close(), loop)
 
 
 # SGLang's server arguments that mean the same as one of ours, under our name.
