@@ -42,7 +42,7 @@ _LAZY = {
     "OpenAI": "radixmesh.lang.backend.openai",
     "Anthropic": "radixmesh.lang.backend.anthropic",
     "RuntimeEndpoint": "radixmesh.lang.backend.runtime",
-    "Runtime": "radixmesh.lang.backend.runtime",
+    "Runtime": "radixmesh.lang.backend.local_runtime",
     "EngineBackend": "radixmesh.lang.backend.engine",
     "Crusoe": "radixmesh.lang.backend.crusoe",
     "LiteLLM": "radixmesh.lang.backend.litellm",

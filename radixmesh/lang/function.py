@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from radixmesh.client.types import ProgramHint
 from radixmesh.lang import bridge
 from radixmesh.lang.backend.base import Backend
 from radixmesh.lang.backend.registry import resolve_backend
@@ -123,11 +124,14 @@ class SglFunction:
             )
         be = resolve_backend(backend)
         batch = self._batch(batch_kwargs)
+        program = None
         if len(batch) > 1 and global_config.enable_precache_with_tracing:
             prefix = self.traced_prefix(be)
             if prefix:
-                await be.acache_prefix(prefix)
-        return list(await asyncio.gather(*(_run_async(self, be, a, sampling) for a in batch)))
+                program = be.program_hint(prefix)
+                await be.acache_prefix(prefix, program)
+        runs = (_run_async(self, be, a, sampling, program) for a in batch)
+        return list(await asyncio.gather(*runs))
 
     def run_batch(
         self,
@@ -147,10 +151,14 @@ class SglFunction:
             raise TypeError(f"run_batch() got an unexpected keyword argument {next(iter(extra))!r}")
         be = resolve_backend(backend)
         batch = self._batch(batch_kwargs)
+        program = None
         if len(batch) > 1 and global_config.enable_precache_with_tracing:
-            self.precache(be)
+            prefix = self.traced_prefix(be)
+            if prefix:
+                program = be.program_hint(prefix)  # the batch's requests stay together
+                be.cache_prefix(prefix, program)
         threads = _num_threads(num_threads, len(batch))
-        states = _run_all(self, be, batch, sampling, threads, progress_bar)
+        states = _run_all(self, be, batch, sampling, threads, progress_bar, program)
         return states if generator_style else list(states)
 
     def cache(self, backend: object | None = None) -> str:
@@ -219,12 +227,14 @@ def run_program(
     stream: bool,
     wait: bool = True,
     use_thread: bool = True,
+    program: ProgramHint | None = None,
 ) -> ProgramState:
     """Run the body now; with `stream` and `use_thread`, in a thread of its own so the
     state returns at once (SGLang's streaming run) and text_iter follows it."""
     executor = StreamExecutor(
         backend, arguments, default_params, stream, num_api_spec_tokens=fn.num_api_spec_tokens
     )
+    executor.program = program
     state = ProgramState(executor)
     if stream and use_thread:
         threading.Thread(
@@ -259,6 +269,7 @@ def _run_all(
     sampling: dict[str, Any],
     threads: int,
     progress_bar: bool,
+    program: ProgramHint | None = None,
 ) -> Iterator[ProgramState]:
     """The batch's states in order, each yielded once its program finished."""
     bar = None
@@ -267,7 +278,10 @@ def _run_all(
 
         bar = tqdm(total=len(batch))
     with ThreadPoolExecutor(threads) as pool:
-        futures = [pool.submit(run_program, fn, backend, a, sampling, False) for a in batch]
+        futures = [
+            pool.submit(run_program, fn, backend, a, sampling, False, True, True, program)
+            for a in batch
+        ]
         for f in futures:
             state = f.result()
             if bar is not None:
@@ -278,7 +292,11 @@ def _run_all(
 
 
 async def _run_async(
-    fn: SglFunction, backend: Backend, arguments: dict[str, Any], default_params: dict[str, Any]
+    fn: SglFunction,
+    backend: Backend,
+    arguments: dict[str, Any],
+    default_params: dict[str, Any],
+    program: ProgramHint | None = None,
 ) -> ProgramState:
     executor = StreamExecutor(
         backend,
@@ -287,6 +305,7 @@ async def _run_async(
         num_api_spec_tokens=fn.num_api_spec_tokens,
         loop=asyncio.get_running_loop(),
     )
+    executor.program = program
     state = ProgramState(executor)
     await bridge.run_body(lambda: _body(fn, state, arguments))
     await executor.wait_finished()

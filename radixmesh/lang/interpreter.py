@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import threading
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from radixmesh.client.types import ProgramHint
 from radixmesh.lang import bridge
 from radixmesh.lang.backend.base import Backend, Context
 from radixmesh.lang.errors import ProgramError
@@ -84,6 +87,8 @@ class StreamExecutor:
         self.cur_role_begin_pos = 0
         self.chunks: Chunks = []
         self.finished = False
+        # The fork / batch this state belongs to, sent with its requests (programs.py).
+        self.program: ProgramHint | None = None
         # Under _lock (callers append from any thread; the loop drains):
         self._lock = threading.Lock()
         self._queue: deque[Expr] = deque()
@@ -92,6 +97,8 @@ class StreamExecutor:
         self._draining = False
         self._ended = False
         self._task: asyncio.Task[None] | None = None
+        self._where: dict[int, str] = {}  # queued expression -> the program line it came from
+        self.error_where = ""  # the program line whose expression failed
         self._waiters: list[asyncio.Future[None]] = []  # the loop's only
 
     # ---- caller side (any thread) ---------------------------------------------------
@@ -99,10 +106,12 @@ class StreamExecutor:
     def submit(self, expr: Expr) -> None:
         if self._ended:
             raise ProgramError("this program state has ended; it takes no more expressions")
+        where = program_line()
         with self._lock:
             for leaf in flatten(expr):
                 self._pending.update(_names(leaf))
                 self._queue.append(leaf)
+                self._where[id(leaf)] = where
                 self._unfinished += 1
         self._kick()
 
@@ -126,18 +135,20 @@ class StreamExecutor:
 
     def raise_error(self) -> None:
         if self.error_ is not None:
-            raise ProgramError(f"the program failed: {self.error_}") from self.error_
+            at = f" at {self.error_where}" if self.error_where else ""
+            raise ProgramError(f"the program failed{at}: {self.error_}") from self.error_
 
-    def fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException, where: str = "") -> None:
         """Record `error` (the first one wins) and wake every reader."""
         with self._lock:
             if self.error_ is None:
                 self.error_ = error
+                self.error_where = where
         self._call(self._wake)
 
     def context(self) -> Context:
         role_text = self.text_[self.cur_role_begin_pos :] if self.cur_role else ""
-        return Context(self.text_, list(self.messages_), self.cur_role, role_text)
+        return Context(self.text_, list(self.messages_), self.cur_role, role_text, self.program)
 
     def copy_from(self, other: StreamExecutor) -> None:
         self.text_ = other.text_
@@ -147,6 +158,7 @@ class StreamExecutor:
         self.cur_role = other.cur_role
         self.cur_role_begin_pos = other.cur_role_begin_pos
         self._spans = dict(other._spans)
+        self.program = other.program
 
     def chunks_after(self, start: int, var: str | None) -> tuple[Chunks, bool]:
         """Chunks from index `start` on, waiting for one, and whether no more will come
@@ -219,11 +231,12 @@ class StreamExecutor:
                     finish = self._ended
                     break
                 expr = self._queue.popleft()
+                where = self._where.pop(id(expr), "")
             try:
                 if self.error_ is None:
                     await self._execute(expr)
             except Exception as e:  # recorded; surfaced when the state is read
-                self.fail(e)
+                self.fail(e, where)
             finally:
                 with self._lock:
                     self._unfinished -= 1
@@ -372,6 +385,20 @@ class StreamExecutor:
                 self.text_ = self.text_[:start] + answer + self.text_[end:]
             self._set_var(name, answer, self.meta_info.get(name))
             self._set_var(f"{name}_reasoning_content", reasoning, None)
+
+
+_LANG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def program_line() -> str:
+    """ "file:line" of the program code that appended (the first caller outside the
+    language's own modules), for errors that surface later."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_LANG_DIR):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return ""
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def _as_list(stop: Any) -> list[str]:

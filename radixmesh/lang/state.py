@@ -99,9 +99,16 @@ class ProgramState(RoleWriter):
         parent = self.stream_executor
         parent.sync()
         parent.raise_error()
-        if size > 1:
-            bridge.wait(parent.loop, parent.backend.acache_prefix(parent.text_))
         branches = [self._branch() for _ in range(size)]
+        if size > 1:
+            # The branches are one program, whose shared prefix is this state's text:
+            # the router keeps them with the prefill below (a batch's forks each get
+            # their own, so different programs' forks can spread over the workers).
+            program = parent.backend.program_hint(parent.text_) or parent.program
+            bridge.wait(parent.loop, parent.backend.acache_prefix(parent.text_, program))
+            parent.program = program  # the source goes on from the same prefix
+            for branch in branches:
+                branch.stream_executor.program = program
         return ProgramStateGroup(branches, self, fork_pos=len(parent.text_))
 
     def copy(self, position_ids_offset: list[int] | None = None) -> ProgramState:

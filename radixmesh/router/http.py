@@ -43,6 +43,7 @@ from radixmesh.router.openai_protocol import (
     openai_field,
     parse_request,
 )
+from radixmesh.router.programs import ProgramHint
 from radixmesh.router.service import RouterServicer
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
@@ -277,11 +278,22 @@ class HttpFrontend:
                 yield item
 
     async def stream_jobs(
-        self, jobs: list[Job], rid: str, *, stream: bool, rids: list[str] | None = None
+        self,
+        jobs: list[Job],
+        rid: str,
+        *,
+        stream: bool,
+        rids: list[str] | None = None,
+        hint: ProgramHint | None = None,
     ) -> JobChunks:
         """Every job's chunks as (index, worker id, chunk), the jobs generated at once.
-        Request ids: `rids[index]`, else `rid` (one job) or `rid-index`."""
-        route = self.servicer.route_and_stream
+        Request ids: `rids[index]`, else `rid` (one job) or `rid-index`. `hint`: the
+        program they all belong to."""
+
+        def route(
+            ids: list[int], params: common_pb2.SamplingParams, rid: str, *, stream: bool
+        ) -> AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]:
+            return self.servicer.route_and_stream(ids, params, rid, stream=stream, hint=hint)
 
         def rid_of(index: int) -> str:
             if rids is not None:

@@ -155,7 +155,9 @@ class SglangApi:
         states = [OutputState(req, i, rids[i], tok) for i in range(len(req.outputs))]
         jobs = [(i, req.prompts[o.prompt], o.params) for i, o in enumerate(req.outputs)]
         started = time.perf_counter()
-        chunks = self.frontend.stream_jobs(jobs, rid, stream=req.stream, rids=rids)
+        chunks = self.frontend.stream_jobs(
+            jobs, rid, stream=req.stream, rids=rids, hint=req.program
+        )
         async with aclosing(chunks):
             if req.stream:
                 return await self._stream(request, req, states, chunks, started)

@@ -20,6 +20,8 @@ from typing import Any
 
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument
+from radixmesh.router.programs import ProgramHint
+from radixmesh.router.service import program_hint
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
 
@@ -75,6 +77,7 @@ class GenerateRequest:
     stream: bool
     text_in_logprobs: bool
     rids: list[str] | None
+    program: ProgramHint | None = None  # radixmesh's `program` field (program-aware routing)
 
 
 def parse_generate(body: Any, tokenizer: TokenizerLike) -> GenerateRequest:
@@ -97,9 +100,22 @@ def parse_generate(body: Any, tokenizer: TokenizerLike) -> GenerateRequest:
         batch = True
     rids = _rids(body.get("rid"), len(outputs))
     text = _bool(body.get("return_text_in_logprobs", False), "return_text_in_logprobs")
-    return GenerateRequest(
-        prompts, outputs, batch, _bool(body.get("stream", False), "stream"), text, rids
-    )
+    stream = _bool(body.get("stream", False), "stream")
+    return GenerateRequest(prompts, outputs, batch, stream, text, rids, _program(body))
+
+
+def _program(body: Mapping[str, Any]) -> ProgramHint | None:
+    """radixmesh's optional `program`: {"program_id": str, "shared_prefix_tokens": int}."""
+    raw = body.get("program")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"program_id", "shared_prefix_tokens"}:
+        raise InvalidArgument("program", "an object with program_id and shared_prefix_tokens")
+    pid = raw.get("program_id")
+    if not isinstance(pid, str) or not pid:
+        raise InvalidArgument("program.program_id", "must be a non-empty string")
+    tokens = _int(raw.get("shared_prefix_tokens", 0), "program.shared_prefix_tokens", 0, 1 << 31)
+    return program_hint(pid, tokens)
 
 
 def _check_fields(body: Mapping[str, Any]) -> None:

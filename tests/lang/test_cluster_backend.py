@@ -147,7 +147,8 @@ def test_fork_join_tip_suggestion(endpoint: RuntimeEndpoint) -> None:
         "Here are five tips for staying healthy: sleep, water, walking, vegetables, friends.\n\n"
     )
     metas = s.get_meta_info("detailed_tip")  # join gathers one meta_info per branch
-    assert prefilled_worker_hits(metas, len(prefix) - 1) >= 1
+    # The branches are one program: they stay with the prefix the fork prefilled.
+    assert prefilled_worker_hits(metas, len(prefix) - 1) == 5
 
 
 def test_two_level_tree_of_thought(endpoint: RuntimeEndpoint) -> None:
@@ -211,6 +212,9 @@ def test_regex_constrained_extraction_and_typed_gens(endpoint: RuntimeEndpoint) 
 
 
 def test_run_batch_of_16_shares_the_template(endpoint: RuntimeEndpoint) -> None:
+    """Program-aware routing: the batch's requests carry its program id, so the router
+    keeps them with the prefix it prefilled; without the ids the policy spreads them
+    (a queued request costs more than this small prefix) and the other worker misses."""
     countries = ["France", "Germany", "Italy", "Spain", "Japan", "China", "Egypt", "Peru"] * 2
     batch = [{"question": f"What is the capital of {c}?"} for c in countries]
     states = qa.run_batch(batch, temperature=0)
@@ -222,8 +226,16 @@ def test_run_batch_of_16_shares_the_template(endpoint: RuntimeEndpoint) -> None:
     metas = [st.get_meta_info("answer") for st in states]
     assert [st.error() for st in states] == [None] * 16
     assert [st.messages()[1]["content"] for st in states] == [b["question"] for b in batch]
-    assert prefilled_worker_hits(metas, prefix_tokens) >= 1
+    assert prefilled_worker_hits(metas, prefix_tokens) == 16  # all together, all cached
     assert states[0]["answer"] == states[8]["answer"]  # same question, greedy
+    assert endpoint.flush_cache()
+    endpoint.program_hints = False
+    try:
+        untagged = [st.get_meta_info("answer") for st in qa.run_batch(batch, temperature=0)]
+    finally:
+        endpoint.program_hints = True
+    assert {m["worker_id"] for m in untagged} == WORKERS
+    assert sum(m["cached_tokens"] for m in metas) > sum(m["cached_tokens"] for m in untagged)
 
 
 def test_a_failing_program_keeps_its_error_while_the_batch_finishes(

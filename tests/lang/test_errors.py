@@ -40,8 +40,11 @@ def test_bad_sampling_parameter_surfaces_on_the_state(backend: Engine) -> None:
     s = prog.run()
     err = s.error()
     assert isinstance(err, InvalidArgument) and err.field == "top_p"
-    with pytest.raises(sgl.ProgramError, match="top_p") as info:
+    with pytest.raises(sgl.ProgramError, match=r"failed at test_errors.py:\d+: .*top_p") as info:
         s["b"]  # later expressions are skipped; their reads raise the first error
+    # The message names the program line that appended the failing gen.
+    line = prog.func.__code__.co_firstlineno + 2
+    assert f"test_errors.py:{line}:" in str(info.value)
     assert info.value.__cause__ is err
     assert_idle(backend)
 

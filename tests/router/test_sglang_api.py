@@ -228,6 +228,21 @@ def test_bad_input_names_the_field(cluster: Cluster) -> None:
     assert cluster.generate(fine)["meta_info"]["prompt_tokens"] == 5
 
 
+def test_program_field_keeps_a_batch_on_one_worker(cluster: Cluster) -> None:
+    shared = "A long shared instruction that every request of this batch starts with. " * 2
+    body = {
+        "text": [shared + f"Item {i}:" for i in range(8)],
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        "program": {"program_id": "batch-42", "shared_prefix_tokens": 30},
+    }
+    outs = cluster.generate(body)
+    assert len({o["meta_info"]["worker_id"] for o in outs}) == 1
+    bad = {"text": "x", "program": {"program_id": "", "shared_prefix_tokens": 1}}
+    error(cluster.http.post("/generate", bad), 400, "program.program_id")
+    bad = {"text": "x", "program": {"program_id": "p" * 200}}
+    error(cluster.http.post("/generate", bad), 400, "program_id")
+
+
 def test_our_runtime_endpoint_takes_the_http_url(cluster: Cluster) -> None:
     endpoint = sgl.RuntimeEndpoint(cluster.url)
     assert endpoint.target == cluster.cluster.address  # the gRPC port, read off the URL

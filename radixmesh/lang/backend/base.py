@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from radixmesh.client.types import ProgramHint
 from radixmesh.lang.chat_template import ChatTemplate
 from radixmesh.lang.choices import (
     ChoicesDecision,
@@ -32,6 +33,7 @@ class Context:
     messages: list[dict[str, str]]
     role: str | None  # the role being written, None outside roles
     role_text: str  # text written since that role began
+    program: ProgramHint | None = None  # the fork / batch the state belongs to, if any
 
 
 GenResult = tuple[str | list[str], dict[str, Any]]
@@ -136,11 +138,16 @@ class Backend(ABC):
         cond, uncond = await self.ascore(ctx, choices, method.requires_unconditional_logprobs)
         return _decide(method, choices, cond, uncond)
 
-    async def acache_prefix(self, text: str) -> None:
-        await in_thread(self.cache_prefix, text)
+    async def acache_prefix(self, text: str, program: ProgramHint | None = None) -> None:
+        await in_thread(self.cache_prefix, text, program)
 
-    def cache_prefix(self, text: str) -> None:  # noqa: B027 - optional hook
+    def cache_prefix(self, text: str, program: ProgramHint | None = None) -> None:  # noqa: B027
         """Prefill `text` so later requests that start with it hit the cache."""
+
+    def program_hint(self, prefix: str) -> ProgramHint | None:
+        """A new program id for requests that share `prefix` (a fork's branches, a
+        batch), for backends whose router places programs (None: no such thing)."""
+        return None
 
     def flush_cache(self) -> bool:
         return False

@@ -22,6 +22,7 @@ from radixmesh.lang.chat_template import ChatTemplate
 from radixmesh.lang.choices import TokenLogprob
 
 if TYPE_CHECKING:
+    from radixmesh.client.types import ProgramHint
     from radixmesh.worker.engine import Engine
 
 
@@ -91,11 +92,11 @@ class EngineBackend(Backend):
         params = [score_params(s) for s in starts]
         return _entries(await self.engine.async_generate(input_ids=ids, sampling_params=params))
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str, program: ProgramHint | None = None) -> None:
         if text:
             self.engine.generate(text, dict(PREFILL_PARAMS))
 
-    async def acache_prefix(self, text: str) -> None:
+    async def acache_prefix(self, text: str, program: ProgramHint | None = None) -> None:
         if text:
             await self.engine.async_generate(text, dict(PREFILL_PARAMS))
 

@@ -1,4 +1,4 @@
-"""The cluster backend: `RuntimeEndpoint` over the gRPC client SDK, `Runtime` launching one.
+"""The cluster backend: `RuntimeEndpoint` over the gRPC client SDK (sync and asyncio).
 
 `RuntimeEndpoint("host:port")` talks to a router (or to one worker directly; the SDK
 asks the target which it is). It sends the engine backend's requests: the same
@@ -13,27 +13,27 @@ The client needs the model's tokenizer (for the chat template and to score choic
 builds the one the cluster names in its model info, as the router does (the tokenizer
 files must be readable here; no worker code is imported).
 
-`Runtime` belongs to the launcher's side of DESIGN.md's import rule (only `cluster/`
-composes processes), but SGLang programs spell it `sgl.Runtime(...)`, so it is exported
-here; the launching itself is `radixmesh.cluster.runtime`, imported lazily when a
-Runtime is created (the one place the language reaches into `cluster/`).
+Forks and batches tag their requests with a program id (`program_hint`): the router keeps
+a program's requests with its shared prefix (radixmesh/router/programs.py).
+`Runtime`, which launches a cluster, is local_runtime.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import dataclasses
 import json
 import threading
+import uuid
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from radixmesh.errors import InvalidArgument, RadixMeshError, Unavailable
+from radixmesh.client.types import ProgramHint
+from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.lang.backend.base import Backend, Context, GenResult
 from radixmesh.lang.backend.scoring import (
     PREFILL_PARAMS,
@@ -47,7 +47,6 @@ from radixmesh.lang.choices import TokenLogprob
 
 if TYPE_CHECKING:
     from radixmesh.client import AsyncClient, Chunk, Completion
-    from radixmesh.cluster.launch import LocalCluster
 
 
 @dataclass
@@ -147,20 +146,30 @@ class RuntimeEndpoint(Backend):
             self.chat_template = ChatTemplate.from_tokenizer(self.tokenizer)
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="radixmesh-endpoint")
         self.usage = Usage()
+        # Tag forks' and batches' requests with their program (program-aware routing).
+        self.program_hints = True
 
     # ---- generate -------------------------------------------------------------------
 
     def generate(self, ctx: Context, params: dict[str, Any]) -> GenResult:
         n = params.get("n", 1)
         if n == 1:
-            return self._complete(ctx.text, params)
+            return self._complete(ctx, params)
         one = {**params, "n": 1}
-        outs = list(self._pool.map(lambda _: self._complete(ctx.text, one), range(n)))
+        outs = list(self._pool.map(lambda _: self._complete(ctx, one), range(n)))
         return [text for text, _ in outs], {"choices": [meta for _, meta in outs]}
 
-    def _complete(self, text: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        out = self.client.generate(text, params)
+    def _complete(self, ctx: Context, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        out = self.client.generate(ctx.text, params, program=self._program(ctx.program))
         return out.text, check_finished(self._meta(out, params))
+
+    def _program(self, program: ProgramHint | None) -> ProgramHint | None:
+        return program if self.program_hints else None
+
+    def program_hint(self, prefix: str) -> ProgramHint | None:
+        if not self.program_hints or not prefix:
+            return None
+        return ProgramHint(uuid.uuid4().hex, len(self.tokenizer.encode(prefix)))
 
     # ---- asyncio: the same calls over the async gRPC client, no thread per request ----
 
@@ -179,13 +188,14 @@ class RuntimeEndpoint(Backend):
     async def agenerate(self, ctx: Context, params: dict[str, Any]) -> GenResult:
         n = params.get("n", 1)
         if n == 1:
-            return await self._acomplete(ctx.text, params)
+            return await self._acomplete(ctx, params)
         one = {**params, "n": 1}
-        outs = await asyncio.gather(*(self._acomplete(ctx.text, one) for _ in range(n)))
+        outs = await asyncio.gather(*(self._acomplete(ctx, one) for _ in range(n)))
         return [text for text, _ in outs], {"choices": [meta for _, meta in outs]}
 
-    async def _acomplete(self, text: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        out = await self.aclient().generate(text, params)
+    async def _acomplete(self, ctx: Context, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        program = self._program(ctx.program)
+        out = await self.aclient().generate(ctx.text, params, program=program)
         return out.text, check_finished(self._meta(out, params))
 
     async def agenerate_stream(
@@ -193,29 +203,40 @@ class RuntimeEndpoint(Backend):
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         if params.get("n", 1) != 1:
             raise InvalidArgument("n", "streaming generates one completion (n=1)")
-        async for chunk in await self.aclient().generate(ctx.text, params, stream=True):
+        program = self._program(ctx.program)
+        stream = await self.aclient().generate(ctx.text, params, stream=True, program=program)
+        async for chunk in stream:
             yield chunk.text, check_finished(self._meta(chunk, params))
 
     async def ascore(
         self, ctx: Context, choices: list[str], unconditional: bool
     ) -> tuple[list[list[TokenLogprob]], list[list[TokenLogprob]] | None]:
-        return await ascore_choices(
-            self.tokenizer, ctx.text, choices, unconditional, self._alogprobs
-        )
+        program = self._program(ctx.program)
+
+        async def logprobs(
+            ids: list[list[int]], starts: list[int]
+        ) -> list[list[tuple[float | None, int]]]:
+            return await self._alogprobs(ids, starts, program)
+
+        return await ascore_choices(self.tokenizer, ctx.text, choices, unconditional, logprobs)
 
     async def _alogprobs(
-        self, ids: list[list[int]], starts: list[int]
+        self, ids: list[list[int]], starts: list[int], program: ProgramHint | None = None
     ) -> list[list[tuple[float | None, int]]]:
         async def one(seq: list[int], start: int) -> list[tuple[float | None, int]]:
-            out = await self.aclient().generate(input_ids=seq, sampling_params=score_params(start))
+            out = await self.aclient().generate(
+                input_ids=seq, sampling_params=score_params(start), program=program
+            )
             check_finished(self._meta(out, {}))
             return [(e.logprob, e.token_id) for e in out.input_logprobs]
 
         return list(await asyncio.gather(*(one(s, st) for s, st in zip(ids, starts, strict=True))))
 
-    async def acache_prefix(self, text: str) -> None:
+    async def acache_prefix(self, text: str, program: ProgramHint | None = None) -> None:
         if text:
-            out = await self.aclient().generate(text, dict(PREFILL_PARAMS))
+            out = await self.aclient().generate(
+                text, dict(PREFILL_PARAMS), program=self._program(program)
+            )
             check_finished(self._meta(out, {}))
 
     def generate_stream(
@@ -223,7 +244,8 @@ class RuntimeEndpoint(Backend):
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         if params.get("n", 1) != 1:
             raise InvalidArgument("n", "streaming generates one completion (n=1)")
-        for chunk in self.client.generate(ctx.text, params, stream=True):
+        program = self._program(ctx.program)
+        for chunk in self.client.generate(ctx.text, params, stream=True, program=program):
             yield chunk.text, check_finished(self._meta(chunk, params))
 
     def _meta(self, c: Chunk, params: dict[str, Any]) -> dict[str, Any]:
@@ -276,9 +298,9 @@ class RuntimeEndpoint(Backend):
 
         return list(self._pool.map(one, ids, starts))
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str, program: ProgramHint | None = None) -> None:
         if text:
-            out = self.client.generate(text, dict(PREFILL_PARAMS))
+            out = self.client.generate(text, dict(PREFILL_PARAMS), program=self._program(program))
             check_finished(self._meta(out, {}))  # counted in `usage` too
 
     def flush_cache(self) -> bool:
@@ -302,186 +324,6 @@ class RuntimeEndpoint(Backend):
                     asyncio.run_coroutine_threadsafe(client.close(), loop)
 
 
-# SGLang's server arguments that mean the same as one of ours, under our name.
-_SERVER_ARGS = {"mem_fraction_static": "mem_fraction", "random_seed": "seed"}
-
-
-class Runtime:
-    """`Runtime(model_path="smollm2", dp_size=1, **server_args)`: a local cluster (a
-    router and `dp_size` worker processes, each `radixmesh worker` with these engine
-    options) and a `RuntimeEndpoint` to it, `.endpoint`. `url` is the router's HTTP API
-    (SGLang's native one beside OpenAI's), `address` its gRPC API. Stop it with
-    `shutdown()` or a `with` block; one still running at interpreter exit is stopped then.
-    Also `model=` / `workers=` (our names), `policy=`, `host=`, `port=` (the router's
-    gRPC port), `launch_timeout=`."""
-
-    def __init__(
-        self,
-        log_level: str = "error",
-        launch_timeout: float = 300.0,
-        *,
-        model: str | None = None,
-        model_path: str | None = None,
-        workers: int | None = None,
-        dp_size: int | None = None,
-        policy: str = "cache_aware",
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        **server_args: Any,
-    ) -> None:
-        from radixmesh.cluster.launch import free_port
-        from radixmesh.cluster.runtime import start_local_cluster
-
-        if model is not None and model_path is not None:
-            raise InvalidArgument("model_path", "give model or model_path, not both")
-        if workers is not None and dp_size is not None:
-            raise InvalidArgument("dp_size", "give workers or dp_size, not both")
-        if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-            raise InvalidArgument("log_level", f"not a log level: {log_level!r}")
-        self.log_level = log_level
-        engine_options = {_SERVER_ARGS.get(k, k): v for k, v in server_args.items()}
-        self._lock = threading.Lock()
-        self.endpoint: RuntimeEndpoint | None = None
-        self.http_port = free_port(host)
-        self.cluster: LocalCluster | None = start_local_cluster(
-            model or model_path or "smollm2",
-            next((n for n in (workers, dp_size) if n is not None), 1),
-            policy=policy,
-            host=host,
-            port=port,
-            ready_timeout=launch_timeout,
-            engine_options=engine_options,
-            http_port=self.http_port,
-        )
-        atexit.register(self.shutdown)
-        self.url = f"http://{host}:{self.http_port}"
-        self.generate_url = self.url + "/generate"
-        try:
-            self.endpoint = RuntimeEndpoint(self.cluster.address)
-        except BaseException:
-            self.shutdown()
-            raise
-
-    @property
-    def address(self) -> str:
-        """The router's gRPC address, for `RuntimeEndpoint` or the SDK's `Client`."""
-        if self.cluster is None:
-            raise Unavailable("this Runtime has been shut down")
-        return self.cluster.address
-
-    @property
-    def worker_addresses(self) -> list[str]:
-        return [] if self.cluster is None else self.cluster.worker_addresses
-
-    def _endpoint(self) -> RuntimeEndpoint:
-        if self.endpoint is None:
-            raise Unavailable("this Runtime has been shut down")
-        return self.endpoint
-
-    def cache_prefix(self, prefix: str) -> None:
-        self._endpoint().cache_prefix(prefix)
-
-    def get_tokenizer(self) -> Any:
-        return self._endpoint().tokenizer
-
-    def start_profile(self) -> None:
-        raise InvalidArgument("start_profile", "profiling runs through bench/step_anatomy.py")
-
-    stop_profile = start_profile
-
-    def generate(
-        self,
-        prompt: str | list[str],
-        sampling_params: dict[str, Any] | None = None,
-        return_logprob: bool | list[bool] = False,
-        logprob_start_len: int | list[int] | None = None,
-        top_logprobs_num: int | list[int] | None = None,
-        lora_path: Any = None,
-        session_id: Any = None,
-    ) -> str:
-        """POST /generate on the router (SGLang's native API); the reply as JSON text."""
-        if lora_path is not None or session_id is not None:
-            field = "lora_path" if lora_path is not None else "session_id"
-            raise InvalidArgument(field, "LoRA adapters and sessions are not served")
-        body = {
-            "text": prompt,
-            "sampling_params": sampling_params,
-            "return_logprob": return_logprob,
-            "logprob_start_len": logprob_start_len,
-            "top_logprobs_num": top_logprobs_num,
-        }
-        return _post_json(self.generate_url, {k: v for k, v in body.items() if v is not None})
-
-    def encode(self, prompt: str | list[str]) -> str:
-        """The prompt's token ids, as JSON text ({"input_ids": ...})."""
-        tok = self._endpoint().tokenizer
-        if isinstance(prompt, str):
-            return json.dumps({"input_ids": tok.encode(prompt)})
-        return json.dumps([{"input_ids": tok.encode(p)} for p in prompt])
-
-    async def async_generate(
-        self,
-        prompt: str,
-        sampling_params: dict[str, Any] | None = None,
-        session_id: Any = None,
-    ) -> AsyncIterator[str]:
-        """Stream a completion's text deltas from the router's /generate."""
-        if session_id is not None:
-            raise InvalidArgument("session_id", "sessions are not served")
-        import aiohttp
-
-        body = {"text": prompt, "sampling_params": sampling_params or {}, "stream": True}
-        seen = 0
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(self.generate_url, json=body) as resp,
-        ):
-            async for line in resp.content:
-                if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
-                    continue
-                data = json.loads(line[5:])
-                if "text" not in data:
-                    raise RadixMeshError(str(data.get("error", data)))
-                yield data["text"][seen:]
-                seen = len(data["text"])
-
-    add_request = async_generate
-
-    async def get_server_info(self) -> dict[str, Any]:
-        return await asyncio.to_thread(self._endpoint().get_server_info)
-
-    def shutdown(self) -> None:
-        """Close the endpoint and stop every process (idempotent)."""
-        with self._lock:
-            endpoint, self.endpoint = self.endpoint, None
-            cluster, self.cluster = self.cluster, None
-        if endpoint is not None:
-            endpoint.shutdown()
-        if cluster is not None:
-            cluster.stop()
-        atexit.unregister(self.shutdown)
-
-    def __enter__(self) -> Runtime:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
-
-def _post_json(url: str, body: dict[str, Any]) -> str:
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=600) as resp:
-            return str(resp.read().decode())
-    except urllib.error.HTTPError as e:
-        return str(e.read().decode())
-
-
 def resolve_target(
     base_url: str, api_key: str | None = None, verify: str | bool | None = None
 ) -> tuple[str, bool]:
@@ -500,7 +342,6 @@ def resolve_target(
 
 
 def _grpc_of_http(url: str, api_key: str | None, verify: str | bool | None) -> tuple[str, bool]:
-    import json
     import ssl
     import urllib.error
     import urllib.parse
