@@ -83,14 +83,31 @@ class SglFunction:
     def run(
         self,
         *args: Any,
+        max_new_tokens: int = 128,
+        n: int = 1,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
         stream: bool = False,
         backend: object | None = None,
         use_thread: bool = True,
         **kwargs: Any,
     ) -> ProgramState:
-        """Run once. With stream=True the state returns at once for text_iter()."""
-        sampling, arguments = self._split(kwargs)
-        arguments = self._arguments(args, arguments)
+        """Run once (SGLang's arguments: the run-wide sampling defaults, then the
+        program's own). With stream=True the state returns at once for text_iter()."""
+        sampling = _sampling(locals())
+        arguments = self._arguments(args, kwargs)
         return run_program(
             self, resolve_backend(backend), arguments, sampling, stream, use_thread=use_thread
         )
@@ -137,18 +154,31 @@ class SglFunction:
         self,
         batch_kwargs: list[dict[str, Any]] | list[list[Any]],
         *,
+        max_new_tokens: int = 128,
+        n: int = 1,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        stop_regex: str | list[str] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool | None = None,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
         backend: object | None = None,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
         generator_style: bool = False,
-        **kwargs: Any,
     ) -> Any:
         """Run once per argument dict (or list of positional arguments). A failing program
         keeps its error on its state. `generator_style`: yield the states in order as
         they finish instead of returning the list."""
-        sampling, extra = self._split(kwargs)
-        if extra:
-            raise TypeError(f"run_batch() got an unexpected keyword argument {next(iter(extra))!r}")
+        sampling = _sampling(locals())
         be = resolve_backend(backend)
         batch = self._batch(batch_kwargs)
         program = None
@@ -217,6 +247,12 @@ class SglFunction:
         arguments = dict(bound.arguments)
         arguments.pop(next(iter(arguments)))  # the state
         return arguments
+
+
+def _sampling(given: dict[str, Any]) -> dict[str, Any]:
+    """The run-wide sampling defaults from a run method's arguments."""
+    names = inspect.signature(_defaults).parameters
+    return _defaults(**{k: given[k] for k in names})
 
 
 def run_program(
