@@ -89,8 +89,10 @@ class StreamExecutor:
         self.finished = False
         # The fork / batch this state belongs to, sent with its requests (programs.py).
         self.program: ProgramHint | None = None
-        # Under _lock (callers append from any thread; the loop drains):
-        self._lock = threading.Lock()
+        # Under _lock (callers append from any thread; the loop drains). Reentrant: a
+        # state's finalizer ends its executor, and garbage collection may run it on any
+        # thread at any allocation, the lock's own holder included.
+        self._lock = threading.RLock()
         self._queue: deque[Expr] = deque()
         self._unfinished = 0  # expressions submitted and not yet executed
         self._pending: Counter[str] = Counter()  # variable -> queued expressions setting it
