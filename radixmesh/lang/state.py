@@ -90,10 +90,8 @@ class ProgramState(RoleWriter):
         """`size` copies of this state that continue independently (in parallel).
 
         The shared text is prefilled once first, so every branch hits the cache.
-        `position_ids_offset` (SGLang's) must be None: branches continue at their text's
-        own positions."""
-        if position_ids_offset is not None:
-            raise ValueError("position_ids_offset: not supported (branches keep their positions)")
+        `position_ids_offset` is accepted and unused, as in SGLang's interpreter: branches
+        continue at their text's own positions."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
         parent = self.stream_executor
@@ -114,8 +112,6 @@ class ProgramState(RoleWriter):
     def copy(self, position_ids_offset: list[int] | None = None) -> ProgramState:
         """One branch of this state. Also SGLang's form, `with s.copy() as c:`, which
         joins the branch's new variables back into this state when the block ends."""
-        if position_ids_offset is not None:
-            raise ValueError("position_ids_offset: not supported (branches keep their positions)")
         self.stream_executor.sync()
         self.stream_executor.raise_error()
         return _Copy(self._branch_executor(), self)
