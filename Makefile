@@ -7,7 +7,7 @@ PIP := $(VPY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck bench clean proto proto-lint tools image image-cpu image-lint deploy-check
+.PHONY: setup demo test lint typecheck bench clean proto proto-lint tools image image-cpu image-lint deploy-check sglang-client
 
 setup: $(STAMP)
 
@@ -25,8 +25,20 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VPY) examples/demo.py
 
-test: setup tools
+test: setup tools sglang-client
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(VPY) -m pytest -q $(PYTEST_ARGS)
+
+# The real SGLang frontend (its client, not its GPU runtime), for the tests that run its
+# RuntimeEndpoint against the router (tests/router/test_sglang_api.py). Installed into its
+# own folder, outside the venv: importing sglang patches transformers, so only a test's
+# subprocess puts it on its path. --no-deps with what the frontend imports.
+SGLANG_SITE := .sglang-site
+sglang-client: $(SGLANG_SITE)/.installed
+
+$(SGLANG_SITE)/.installed: | setup
+	$(PIP) install -q --no-deps --target $(SGLANG_SITE) sglang==0.5.23 orjson pybase64 \
+		pillow starlette msgspec pyzmq ipython traitlets
+	touch $@
 
 # The v1 stubs: generated from proto/ into radixmesh/v1/ (checked in; a test fails when
 # they are stale). Imports read `from radixmesh.v1 import ...`, so they resolve in-package.
@@ -82,4 +94,4 @@ bench: setup
 	$(VPY) bench/offline.py
 
 clean:
-	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) $(SGLANG_SITE) .pytest_cache .mypy_cache .ruff_cache

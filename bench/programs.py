@@ -5,8 +5,10 @@ suggestion (5 branches), 2-level tree of thought, an LLM judge over 3 dimensions
 few-shot select, regex extraction, and a shared-template batch. Each runs `--count`
 times through `run_batch` on the in-process engine (or, with `--backend cluster`, on a
 local cluster of `--workers` workers through `sgl.Runtime`), once with the radix cache
-and once without (`disable_radix_cache=True`), greedy, on the same weights. Each program
-is warmed up (2 programs) right before its timed run.
+and once without (`disable_radix_cache=True`), greedy, on the same weights; on a cluster
+also with the cache but with program-aware routing off (`cache_on_untagged`: the
+requests carry no program ids). Each program is warmed up (2 programs) right before its
+timed run.
 
 Reports programs/s and the cache hit rate (cached prompt tokens / prompt tokens) per
 program and the on/off ratios; writes JSON to bench/results/programs-<device>-<date>.json.
@@ -153,12 +155,15 @@ def warm_grammars(addresses: list[str]) -> None:
             client.generate("Phone: ", {"max_new_tokens": 2, "regex": "[0-9]+"})
 
 
-def open_backend(args: argparse.Namespace, disable: bool) -> tuple[Any, Counts, Any]:
+def open_backend(
+    args: argparse.Namespace, disable: bool, program_hints: bool = True
+) -> tuple[Any, Counts, Any]:
     """The backend for one mode, its token counts, and what to close afterwards."""
     options = {"device": args.device, "dtype": args.dtype, "disable_radix_cache": disable}
     if args.backend == "cluster":
         runtime = sgl.Runtime(model=args.model, workers=args.workers, **options)
         assert runtime.endpoint is not None
+        runtime.endpoint.program_hints = program_hints
         warm_grammars(runtime.worker_addresses)
         usage = runtime.endpoint.usage
 
@@ -194,8 +199,11 @@ def main() -> None:
     args = ap.parse_args()
     names = args.programs.split(",")
     results: dict[str, dict[str, Any]] = {name: {} for name in names}
-    for mode, disable in (("cache_on", False), ("cache_off", True)):
-        backend, counts, owner = open_backend(args, disable)
+    modes = [("cache_on", False, True), ("cache_off", True, True)]
+    if args.backend == "cluster":  # program-aware routing off: the router sees no program ids
+        modes.insert(1, ("cache_on_untagged", False, False))
+    for mode, disable, hints in modes:
+        backend, counts, owner = open_backend(args, disable, hints)
         sgl.set_default_backend(backend)
         for name in names:
             # Warm-up with this program first: its one-time costs (the grammar backend
@@ -212,6 +220,9 @@ def main() -> None:
     for r in results.values():
         on, off = r["cache_on"], r["cache_off"]
         r["speedup_cache_on_vs_off"] = round(on["programs_per_s"] / off["programs_per_s"], 3)
+        if "cache_on_untagged" in r:
+            untagged = r["cache_on_untagged"]
+            r["cached_tokens_tagged_vs_untagged"] = [on["cached_tokens"], untagged["cached_tokens"]]
     out = {
         "benchmark": "programs",
         "date": time.strftime("%Y-%m-%d"),
@@ -231,7 +242,11 @@ def main() -> None:
     path = Path(args.out) if args.out else default
     path.write_text(json.dumps(out, indent=2) + "\n")
     for name, r in results.items():
-        print(f"{name:18s} cache on/off: {r['speedup_cache_on_vs_off']:.2f}x")
+        line = f"{name:18s} cache on/off: {r['speedup_cache_on_vs_off']:.2f}x"
+        if "cached_tokens_tagged_vs_untagged" in r:
+            tagged, untagged = r["cached_tokens_tagged_vs_untagged"]
+            line += f"  cached tokens with / without program ids: {tagged} / {untagged}"
+        print(line)
     print("wrote", path)
 
 

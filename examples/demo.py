@@ -128,7 +128,7 @@ def main() -> None:
         runtime = sgl.Runtime(model="smollm2", workers=2)
     with runtime:
         print(
-            f"cluster ready in {time.perf_counter() - start:.1f}s: router {runtime.url}, "
+            f"cluster ready in {time.perf_counter() - start:.1f}s: router {runtime.address}, "
             f"workers {', '.join(runtime.worker_addresses)}\n",
             flush=True,
         )

@@ -21,6 +21,7 @@ __all__ = [
     "InvalidArgument",
     "RadixMeshError",
     "SamplingParams",
+    "ServerArgs",
     "__version__",
     *_lang.__all__,
 ]
@@ -31,6 +32,10 @@ def __getattr__(name: str) -> Any:
         from radixmesh.worker.engine import Engine
 
         return Engine
+    if name == "ServerArgs":  # SGLang's name for the engine's configuration
+        from radixmesh.worker.config import EngineConfig
+
+        return EngineConfig
     if name in _lang.__all__:  # the frontend language (SGLang's API), see radixmesh.lang
         return getattr(_lang, name)
     raise AttributeError(f"module 'radixmesh' has no attribute {name!r}")

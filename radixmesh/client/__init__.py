@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from radixmesh.client.async_client import AsyncClient
 from radixmesh.client.client import Client
-from radixmesh.client.types import Chunk, Completion, Load, ModelInfo, Selection, TokenLogprob
+from radixmesh.client.types import (
+    Chunk,
+    Completion,
+    Load,
+    ModelInfo,
+    ProgramHint,
+    Selection,
+    TokenLogprob,
+)
 from radixmesh.errors import (
     DeadlineExceeded,
     Internal,
@@ -32,6 +40,7 @@ __all__ = [
     "Load",
     "ModelInfo",
     "Overloaded",
+    "ProgramHint",
     "RadixMeshError",
     "RequestAborted",
     "Selection",

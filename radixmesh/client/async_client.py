@@ -14,7 +14,7 @@ from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, wo
 from . import convert
 from .client import Params, Service
 from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, retryable
-from .types import Chunk, Completion, Load, ModelInfo, Selection
+from .types import Chunk, Completion, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
 
@@ -56,6 +56,7 @@ class AsyncClient:
         stream: Literal[False] = False,
         request_id: str = "",
         timeout: float | None = None,
+        program: ProgramHint | None = None,
     ) -> Completion: ...
 
     @overload
@@ -69,6 +70,7 @@ class AsyncClient:
         stream: Literal[True],
         request_id: str = "",
         timeout: float | None = None,
+        program: ProgramHint | None = None,
     ) -> AsyncGenerator[Chunk, None]: ...
 
     async def generate(
@@ -81,17 +83,18 @@ class AsyncClient:
         stream: bool = False,
         request_id: str = "",
         timeout: float | None = None,
+        program: ProgramHint | None = None,
     ) -> Completion | AsyncGenerator[Chunk, None]:
         """Like `Client.generate`; stream=True -> an async iterator of Chunks."""
         inp = convert.make_input(prompt, messages, input_ids)
         params = convert.make_params(sampling_params)
         deadline = Deadline(timeout if timeout is not None else self.options.timeout)
         if stream:
-            return self._stream(inp, params, request_id, deadline)
+            return self._stream(inp, params, request_id, deadline, program)
 
         async def once(t: float | None) -> Any:
             last = None
-            async for resp in await self._generate_call(inp, params, request_id, False, t):
+            async for resp in await self._generate_call(inp, params, request_id, False, t, program):
                 last = resp
             return last
 
@@ -105,12 +108,16 @@ class AsyncClient:
         rid: str,
         stream: bool,
         timeout: float | None,
+        program: ProgramHint | None = None,
     ) -> Any:
         md = self.options.metadata()
         if await self._resolve() == "router":
             req: Any = router_pb2.RouterGenerateRequest(
                 input=inp, sampling_params=params, request_id=rid, stream=stream
             )
+            if program is not None:
+                req.program_id = program.program_id
+                req.shared_prefix_tokens = program.shared_prefix_tokens
             return self._router.Generate(req, timeout=timeout, metadata=md)
         req = worker_pb2.GenerateRequest(
             input=inp, sampling_params=params, request_id=rid, stream=stream
@@ -123,11 +130,12 @@ class AsyncClient:
         params: common_pb2.SamplingParams,
         rid: str,
         deadline: Deadline,
+        program: ProgramHint | None = None,
     ) -> AsyncGenerator[Chunk, None]:
         attempt = 0
         got_token = False
         while True:
-            call = await self._generate_call(inp, params, rid, True, deadline.remaining())
+            call = await self._generate_call(inp, params, rid, True, deadline.remaining(), program)
             try:
                 async for resp in call:
                     chunk = convert.chunk_from_proto(resp.chunk, convert.served_by(resp))

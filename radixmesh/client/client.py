@@ -18,7 +18,7 @@ from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, wo
 
 from . import convert
 from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, retryable
-from .types import Chunk, Completion, Load, ModelInfo, Selection
+from .types import Chunk, Completion, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
 Service = Literal["auto", "worker", "router"]
@@ -62,6 +62,7 @@ class Client:
         stream: Literal[False] = False,
         request_id: str = "",
         timeout: float | None = None,
+        program: ProgramHint | None = None,
     ) -> Completion: ...
 
     @overload
@@ -75,6 +76,7 @@ class Client:
         stream: Literal[True],
         request_id: str = "",
         timeout: float | None = None,
+        program: ProgramHint | None = None,
     ) -> Generator[Chunk, None, None]: ...
 
     def generate(
@@ -87,6 +89,7 @@ class Client:
         stream: bool = False,
         request_id: str = "",
         timeout: float | None = None,
+        program: ProgramHint | None = None,
     ) -> Completion | Generator[Chunk, None, None]:
         """Complete text, chat messages or token ids. stream=True -> an iterator of Chunks
         (closing it early cancels the request on the server)."""
@@ -94,9 +97,9 @@ class Client:
         params = convert.make_params(sampling_params)
         deadline = Deadline(timeout if timeout is not None else self.options.timeout)
         if stream:
-            return self._stream(inp, params, request_id, deadline)
+            return self._stream(inp, params, request_id, deadline, program)
         resp = self._retry(
-            lambda t: self._generate_call(inp, params, request_id, False, t), deadline
+            lambda t: self._generate_call(inp, params, request_id, False, t, program), deadline
         )
         return convert.completion_from_proto(resp.chunk, convert.served_by(resp))
 
@@ -107,12 +110,16 @@ class Client:
         rid: str,
         stream: bool,
         timeout: float | None,
+        program: ProgramHint | None = None,
     ) -> Any:
         md = self.options.metadata()
         if self._resolve() == "router":
             req: Any = router_pb2.RouterGenerateRequest(
                 input=inp, sampling_params=params, request_id=rid, stream=stream
             )
+            if program is not None:
+                req.program_id = program.program_id
+                req.shared_prefix_tokens = program.shared_prefix_tokens
             call = self._router.Generate(req, timeout=timeout, metadata=md)
         else:
             req = worker_pb2.GenerateRequest(
@@ -132,11 +139,12 @@ class Client:
         params: common_pb2.SamplingParams,
         rid: str,
         deadline: Deadline,
+        program: ProgramHint | None = None,
     ) -> Generator[Chunk, None, None]:
         attempt = 0
         got_token = False
         while True:
-            call = self._generate_call(inp, params, rid, True, deadline.remaining())
+            call = self._generate_call(inp, params, rid, True, deadline.remaining(), program)
             try:
                 for resp in call:
                     chunk = convert.chunk_from_proto(resp.chunk, convert.served_by(resp))

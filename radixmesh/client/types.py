@@ -71,3 +71,13 @@ class Load:
     generation_throughput: float
     draining: bool
     num_in_flight: int
+
+
+@dataclass(frozen=True)
+class ProgramHint:
+    """Which program a request belongs to (a fork's branches, a batch's programs) and how
+    many prompt tokens its requests share: a router keeps them on one worker while that
+    worker's load allows (see docs/language.md). Ignored by a worker."""
+
+    program_id: str
+    shared_prefix_tokens: int = 0

@@ -148,6 +148,7 @@ def _cmd_router(args: argparse.Namespace) -> int:
         summary_budget_bytes=args.summary_budget_bytes,
         tentative_ttl=args.tentative_ttl,
         health_interval=args.health_interval,
+        program_max_queued=args.program_max_queued,
         http_port=args.http_port,
         metrics_port=args.metrics_port,
         api_keys=router_api_keys(args.api_key),
@@ -227,6 +228,12 @@ def _add_router_parser(sub: Any) -> None:
     rt.add_argument("--summary-budget-bytes", type=int, default=256 * 1024 * 1024)
     rt.add_argument("--tentative-ttl", type=float, default=5.0, help="seconds")
     rt.add_argument("--health-interval", type=float, default=1.0, help="seconds")
+    rt.add_argument(
+        "--program-max-queued",
+        type=int,
+        default=32,
+        help="a program's requests stay on its worker while it has fewer queued (0: off)",
+    )
     _add_router_security_options(rt)
     _add_router_tls_options(rt)
     rt.set_defaults(func=_cmd_router)

@@ -41,9 +41,11 @@ def start_local_cluster(
     port: int | None = None,
     ready_timeout: float = 300.0,
     engine_options: Mapping[str, Any] | None = None,
+    http_port: int | None = None,
 ) -> LocalCluster:
     """A started cluster whose router serves and sees every worker healthy; on failure
-    every process is stopped before the error propagates."""
+    every process is stopped before the error propagates. `http_port`: the router's HTTP
+    API (OpenAI's and SGLang's) on that port too."""
     config = LaunchConfig(
         model=model,
         workers=workers,
@@ -51,6 +53,7 @@ def start_local_cluster(
         host=host,
         port=port or free_port(host),
         worker_args=worker_flags(engine_options or {}),
+        router_args=() if http_port is None else ("--http-port", str(http_port)),
         ready_timeout=ready_timeout,
     )
     cluster = LocalCluster(config)

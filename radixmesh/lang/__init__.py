@@ -15,8 +15,10 @@ from radixmesh.lang.api import (
     gen,
     gen_int,
     gen_string,
+    get_server_info,
     image,
     select,
+    separate_reasoning,
     system,
     system_begin,
     system_end,
@@ -33,20 +35,26 @@ from radixmesh.lang.choices import (
 )
 from radixmesh.lang.errors import BackendUnavailable, ProgramError
 from radixmesh.lang.function import SglFunction, function
+from radixmesh.lang.global_config import global_config
 from radixmesh.lang.state import ProgramState, ProgramStateGroup
 
 _LAZY = {
     "OpenAI": "radixmesh.lang.backend.openai",
     "Anthropic": "radixmesh.lang.backend.anthropic",
     "RuntimeEndpoint": "radixmesh.lang.backend.runtime",
-    "Runtime": "radixmesh.lang.backend.runtime",
+    "Runtime": "radixmesh.lang.backend.local_runtime",
     "EngineBackend": "radixmesh.lang.backend.engine",
+    "Crusoe": "radixmesh.lang.backend.crusoe",
+    "LiteLLM": "radixmesh.lang.backend.litellm",
+    "VertexAI": "radixmesh.lang.backend.vertexai",
 }
 
 __all__ = [
     "Anthropic",
     "BackendUnavailable",
+    "Crusoe",
     "EngineBackend",
+    "LiteLLM",
     "OpenAI",
     "ProgramError",
     "ProgramState",
@@ -54,6 +62,7 @@ __all__ = [
     "Runtime",
     "RuntimeEndpoint",
     "SglFunction",
+    "VertexAI",
     "assistant",
     "assistant_begin",
     "assistant_end",
@@ -62,10 +71,13 @@ __all__ = [
     "gen",
     "gen_int",
     "gen_string",
+    "get_server_info",
+    "global_config",
     "greedy_token_selection",
     "image",
     "register_backend",
     "select",
+    "separate_reasoning",
     "set_default_backend",
     "system",
     "system_begin",

@@ -8,7 +8,20 @@ from typing import Any
 
 from radixmesh.lang.backend.registry import get_default_backend, resolve_backend
 from radixmesh.lang.choices import ChoicesSamplingMethod, token_length_normalized
-from radixmesh.lang.ir import Expr, ExprList, Gen, Image, RoleBegin, RoleEnd, Select, to_expr
+from radixmesh.lang.ir import (
+    Expr,
+    ExprList,
+    Gen,
+    Image,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SeparateReasoning,
+    Video,
+    flatten,
+    to_expr,
+)
+from radixmesh.lang.reasoning import check_model_type
 
 _PARAMS = [
     "max_tokens",
@@ -16,6 +29,7 @@ _PARAMS = [
     "n",
     "stop",
     "stop_token_ids",
+    "stop_regex",
     "temperature",
     "top_p",
     "top_k",
@@ -40,6 +54,7 @@ def gen(
     n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -59,7 +74,9 @@ def gen(
 ) -> Expr:
     """A model call whose text is appended to the state (and stored as `name`).
 
-    With `choices`, this is `select`. Arguments left None take the run's defaults."""
+    With `choices`, this is `select`. Arguments left None take the run's defaults.
+    `dtype` (int, float, str, bool or their names) constrains the text to SGLang's
+    pattern for it (`ir.REGEX_INT`, ...) and wins over `regex`; the value stays text."""
     _check_name(name)
     if choices:
         return select(
@@ -83,24 +100,52 @@ def gen(
     return Gen(name, params, _dtype(dtype))
 
 
-def gen_int(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> Expr:
-    """An integer (constrained by a regex; needs a backend with regex support)."""
-    return _typed(name, max_tokens, int, kwargs)
+def gen_int(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+) -> Expr:
+    """`gen(..., dtype=int)`: an integer (needs a backend with regex support)."""
+    given = dict(locals())
+    return gen(**given, dtype=int)
 
 
-def gen_string(name: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> Expr:
-    """A double-quoted string (constrained by a regex; needs regex support)."""
-    return _typed(name, max_tokens, str, kwargs)
-
-
-def _typed(name: str | None, max_tokens: int | None, dtype: type, kwargs: dict[str, Any]) -> Expr:
-    for key in ("choices", "regex", "json_schema", "dtype", "min_tokens"):
-        if key in kwargs:
-            raise TypeError(f"gen_{dtype.__name__}() got an unexpected keyword argument {key!r}")
-    expr = gen(name, max_tokens, **kwargs)
-    assert isinstance(expr, Gen)
-    expr.dtype = dtype
-    return expr
+def gen_string(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+) -> Expr:
+    """`gen(..., dtype=str)`: a double-quoted string (needs regex support)."""
+    given = dict(locals())
+    return gen(**given, dtype=str)
 
 
 def select(
@@ -129,7 +174,20 @@ def image(expr: object) -> Expr:
 
 def video(path: object, num_frames: int) -> Expr:
     """Videos need a multimodal model too; executing this fails like `image`."""
-    return Image(path)
+    return Video(path, num_frames)
+
+
+def separate_reasoning(expr: object = None, model_type: str | None = None) -> Expr:
+    """`expr`, then its gens' reasoning moved out of their variables: `name` keeps the
+    answer and `name_reasoning_content` gets the thinking (`<think>...</think>` and the
+    like, per `model_type`); the state's text keeps the answer only."""
+    check_model_type(model_type)
+    assert model_type is not None
+    body = to_expr(expr) if expr is not None else ExprList([])
+    names = [e.name for e in flatten(body) if isinstance(e, Gen | Select)]
+    if any(n is None for n in names) or not names:
+        raise ValueError("name: separate_reasoning needs named gen or select expressions")
+    return ExprList([body, SeparateReasoning(model_type, [n for n in names if n])])
 
 
 def _role(role: str, expr: object = None) -> Expr:
@@ -181,14 +239,31 @@ def flush_cache(backend: object | None = None) -> bool:
     return resolve_backend(backend).flush_cache()
 
 
+def get_server_info(backend: object | None = None) -> dict[str, Any] | None:
+    """What the backend serves (model, limits, workers); None when no backend is set."""
+    if backend is None and get_default_backend() is None:
+        return None
+    return resolve_backend(backend).get_server_info()
+
+
 def _check_name(name: object) -> None:
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"name: a variable name must be a non-empty string, got {name!r}")
 
 
+_DTYPES: dict[Any, type] = {t: t for t in (int, float, str, bool)} | {
+    "int": int,
+    "float": float,
+    "str": str,
+    "string": str,
+    "bool": bool,
+}
+
+
 def _dtype(dtype: type | str | None) -> type | None:
-    if dtype in (None, int, str):
-        return dtype
-    if dtype in ("int", "str"):
-        return int if dtype == "int" else str
-    raise ValueError(f"dtype: expected int or str, got {dtype!r}")
+    if dtype is None:
+        return None
+    try:
+        return _DTYPES[dtype]
+    except (KeyError, TypeError):
+        raise ValueError(f"dtype: expected int, float, str or bool, got {dtype!r}") from None

@@ -61,3 +61,40 @@ class ChatTemplate:
 # For backends that speak messages, not text (OpenAI chat, Anthropic): roles leave no
 # marks in the text, and messages() carries the structure.
 PLAIN = ChatTemplate({r: ("", "") for r in ROLES}, None)
+
+
+def _same(prefixes: dict[str, str], suffix: str) -> dict[str, tuple[str, str]]:
+    return {r: (prefixes[r], suffix) for r in ROLES}
+
+
+def _chatml(role: str) -> str:
+    return f"<|im_start|>{role}\n"
+
+
+def _llama3(role: str) -> str:
+    return f"<|start_header_id|>{role}<|end_header_id|>\n\n"
+
+
+# Templates by SGLang's names, for `RuntimeEndpoint(..., chat_template_name=...)` (by
+# default the template comes from the model's own tokenizer instead).
+NAMED: dict[str, ChatTemplate] = {
+    "default": ChatTemplate(_same({r: f"{r.upper()}:" for r in ROLES}, "\n")),
+    "chatml": ChatTemplate(_same({r: _chatml(r) for r in ROLES}, "<|im_end|>\n")),
+    "qwen": ChatTemplate(
+        _same({r: _chatml(r) for r in ROLES}, "<|im_end|>\n"), "You are a helpful assistant."
+    ),
+    "llama-3-instruct": ChatTemplate(_same({r: _llama3(r) for r in ROLES}, "<|eot_id|>")),
+    "claude": ChatTemplate(
+        {"system": ("", ""), "user": ("\n\nHuman: ", ""), "assistant": ("\n\nAssistant:", "")}
+    ),
+}
+
+
+def named_template(name: str) -> ChatTemplate:
+    if name not in NAMED:
+        from radixmesh.errors import InvalidArgument
+
+        raise InvalidArgument(
+            "chat_template_name", f"unknown template {name!r}; known: {', '.join(sorted(NAMED))}"
+        )
+    return NAMED[name]

@@ -8,11 +8,22 @@ records them into a graph. Adding expressions (or strings) builds an `ExprList`,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from radixmesh.lang.choices import ChoicesSamplingMethod
+
+
+# What `gen(dtype=...)` constrains the output to (SGLang's patterns). Numbers may end in
+# spaces or newlines: that is how a model says the number is over, and the stop strings
+# " " and "\n" that come with int and float cut them off again.
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
 
 
 class Expr:
@@ -72,6 +83,30 @@ class Image(Expr):
 
 
 @dataclass(eq=False)
+class Video(Expr):
+    path: object
+    num_frames: int
+
+
+@dataclass(eq=False)
+class VarScopeBegin(Expr):
+    name: str
+
+
+@dataclass(eq=False)
+class VarScopeEnd(Expr):
+    name: str
+
+
+@dataclass(eq=False)
+class SeparateReasoning(Expr):
+    """Split the reasoning out of the variables the expressions before it set."""
+
+    model_type: str
+    names: list[str]
+
+
+@dataclass(eq=False)
 class ExprList(Expr):
     exprs: list[Expr]
 
@@ -100,23 +135,37 @@ def flatten(expr: Expr) -> list[Expr]:
 
 
 class RoleWriter(ABC):
-    """`s.system(x)`, `s.user(x)`, `s.assistant(x)`: `x` between the role's begin and end,
-    for anything that takes expressions with `+=` (the program state and the tracer's)."""
+    """The state methods that write structure, for anything that takes expressions with
+    `+=` (the program state and the tracer's): `s.user(x)` appends `x` between the role's
+    begin and end; `with s.user():` does the same for everything appended in the block;
+    `with s.var_scope("v"):` stores the text appended in the block as variable `v`."""
 
     @abstractmethod
     def __iadd__(self, other: object) -> Self: ...
 
-    def system(self, expr: object = None) -> None:
-        self._role("system", expr)
+    def system(self, expr: object = None) -> Any:
+        return self._role("system", expr)
 
-    def user(self, expr: object = None) -> None:
-        self._role("user", expr)
+    def user(self, expr: object = None) -> Any:
+        return self._role("user", expr)
 
-    def assistant(self, expr: object = None) -> None:
-        self._role("assistant", expr)
+    def assistant(self, expr: object = None) -> Any:
+        return self._role("assistant", expr)
 
-    def _role(self, role: str, expr: object) -> None:
-        self += RoleBegin(role)
-        if expr is not None:
-            self += expr
-        self += RoleEnd(role)
+    def _role(self, role: str, expr: object) -> Any:
+        if expr is None:
+            return self._scope(RoleBegin(role), RoleEnd(role))
+        written = ExprList([RoleBegin(role), to_expr(expr), RoleEnd(role)])
+        self += written
+        return written
+
+    def var_scope(self, name: str) -> Any:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name: a variable name must be a non-empty string, got {name!r}")
+        return self._scope(VarScopeBegin(name), VarScopeEnd(name))
+
+    @contextmanager
+    def _scope(self, begin: Expr, end: Expr) -> Iterator[None]:
+        self += begin
+        yield
+        self += end

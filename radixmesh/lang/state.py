@@ -7,14 +7,13 @@ program is kept on the state and raised, as a `ProgramError`, by every read.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from radixmesh.lang import bridge
 from radixmesh.lang.errors import ProgramError
-from radixmesh.lang.interpreter import StreamExecutor, iter_chunks
-from radixmesh.lang.ir import RoleWriter, to_expr
+from radixmesh.lang.interpreter import StreamExecutor, aiter_chunks, iter_chunks
+from radixmesh.lang.ir import Expr, RoleWriter, to_expr
 
 
 class ProgramState(RoleWriter):
@@ -25,6 +24,8 @@ class ProgramState(RoleWriter):
     # ---- writing --------------------------------------------------------------------
 
     def __iadd__(self, other: object) -> ProgramState:
+        if other is None:
+            raise ValueError("cannot append None to a program state")
         self.stream_executor.submit(to_expr(other))
         return self
 
@@ -39,6 +40,9 @@ class ProgramState(RoleWriter):
     def set_var(self, name: str, value: Any) -> None:
         self.stream_executor.sync()
         self.stream_executor.variables[name] = value
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
 
     def __contains__(self, name: str) -> bool:
         self.stream_executor.sync()
@@ -70,69 +74,77 @@ class ProgramState(RoleWriter):
         """Text as it is generated: the whole state, or one variable's deltas."""
         return iter_chunks(self.stream_executor, var_name)
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
-        """`text_iter` for asyncio. The executor's thread wakes this coroutine through
-        the loop (no thread waits for chunks), so many streams can be read at once."""
-        executor = self.stream_executor
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-
-        def listener() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is reading
-                loop.call_soon_threadsafe(wake.set)
-
-        executor.add_listener(listener)
-        try:
-            i = 0
-            while True:
-                wake.clear()  # before polling: a chunk that comes after the poll sets it
-                chunks, over = executor.poll_chunks(i, var_name)
-                i += len(chunks)
-                for name, text in chunks:
-                    if var_name is None or name == var_name:
-                        yield text
-                if over:
-                    executor.raise_error()
-                    return
-                if not chunks:
-                    await wake.wait()
-        finally:
-            executor.remove_listener(listener)
+    def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """`text_iter` for asyncio: awaits the state's executor on its event loop, so many
+        streams are read at once on one thread. `return_meta_data`: (text, the
+        variable's meta_info so far) pairs."""
+        return aiter_chunks(self.stream_executor, var_name, return_meta_data)
 
     # ---- branching ------------------------------------------------------------------
 
-    def fork(self, size: int = 1) -> ProgramStateGroup:
+    def fork(
+        self, size: int = 1, position_ids_offset: list[int] | None = None
+    ) -> ProgramStateGroup:
         """`size` copies of this state that continue independently (in parallel).
 
-        The shared text is prefilled once first, so every branch hits the cache."""
+        The shared text is prefilled once first, so every branch hits the cache.
+        `position_ids_offset` is accepted and unused, as in SGLang's interpreter: branches
+        continue at their text's own positions."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"fork size must be an integer >= 1, got {size!r}")
         parent = self.stream_executor
         parent.sync()
         parent.raise_error()
-        if size > 1:
-            parent.backend.cache_prefix(parent.text_)
         branches = [self._branch() for _ in range(size)]
+        if size > 1:
+            # The branches are one program, whose shared prefix is this state's text:
+            # the router keeps them with the prefill below (a batch's forks each get
+            # their own, so different programs' forks can spread over the workers).
+            program = parent.backend.program_hint(parent.text_) or parent.program
+            bridge.wait(parent.loop, parent.backend.acache_prefix(parent.text_, program))
+            parent.program = program  # the source goes on from the same prefix
+            for branch in branches:
+                branch.stream_executor.program = program
         return ProgramStateGroup(branches, self, fork_pos=len(parent.text_))
 
-    def copy(self) -> ProgramState:
+    def copy(self, position_ids_offset: list[int] | None = None) -> ProgramState:
+        """One branch of this state. Also SGLang's form, `with s.copy() as c:`, which
+        joins the branch's new variables back into this state when the block ends."""
         self.stream_executor.sync()
         self.stream_executor.raise_error()
-        return self._branch()
+        return _Copy(self._branch_executor(), self)
 
     def _branch(self) -> ProgramState:
+        return ProgramState(self._branch_executor())
+
+    def _branch_executor(self) -> StreamExecutor:
         parent = self.stream_executor
         child = StreamExecutor(
-            parent.backend, parent.arguments, parent.default_params, parent.stream
+            parent.backend, parent.arguments, parent.default_params, parent.stream, loop=parent.loop
         )
         child.copy_from(parent)
-        return ProgramState(child)
+        return child
 
     def __repr__(self) -> str:
         return f"ProgramState({self.text()!r})"
 
     def __del__(self) -> None:
         self.stream_executor.end()
+
+
+class _Copy(ProgramState):
+    def __init__(self, executor: StreamExecutor, src: ProgramState) -> None:
+        super().__init__(executor)
+        self._src = src
+        self._fork_pos = len(src.stream_executor.text_)
+
+    def __enter__(self) -> ProgramState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ProgramStateGroup([self], self._src, self._fork_pos).join()
 
 
 class ProgramStateGroup:
@@ -151,11 +163,21 @@ class ProgramStateGroup:
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
 
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """What `forks[i] += x` stores back: the same branch (`+=` appends in place)."""
+        if value is not self.states[i]:
+            raise ValueError("a fork's branches cannot be replaced; append to them with +=")
+
     def __iter__(self) -> Iterator[ProgramState]:
         return iter(self.states)
 
     def __iadd__(self, other: object) -> ProgramStateGroup:
-        if isinstance(other, list):
+        """One expression for every branch, a list / tuple of one per branch, or a
+        function of the branch's index (`forks += lambda i: ...`)."""
+        if callable(other) and not isinstance(other, Expr):
+            for i, state in enumerate(self.states):
+                state += other(i)
+        elif isinstance(other, list | tuple):
             if len(other) != len(self.states):
                 raise ValueError(f"got {len(other)} items for {len(self.states)} branches")
             for state, item in zip(self.states, other, strict=True):
@@ -169,9 +191,10 @@ class ProgramStateGroup:
     def join(self, mode: str = "gather_variable") -> None:
         """Wait for every branch and bring its results to the source state.
 
-        gather_variable: each variable a branch created becomes a list (one value per
-        branch) on the source state, and so does its meta_info. concate_and_append: the
-        text every branch added is appended to the source state, in branch order."""
+        gather_variable: each variable the source state did not have and a branch
+        created becomes a list on the source state (one value per branch that set it, in
+        branch order), and so does its meta_info. concate_and_append: the text every
+        branch added is appended to the source state, in branch order."""
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(
                 f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}"
@@ -185,25 +208,17 @@ class ProgramStateGroup:
         src = self.src_state.stream_executor
         src.sync()
         if mode == "concate_and_append":
-            for state in self.states:
-                self.src_state += state.stream_executor.text_[self.fork_pos :]
-            return
-        self._gather(src)
+            self.src_state += "".join(s.stream_executor.text_[self.fork_pos :] for s in self)
+            src.sync()
+        else:
+            self._gather(src)
+        for state in self.states:
+            state.stream_executor.end()
 
     def _gather(self, src: StreamExecutor) -> None:
-        names: list[str] = []
+        known = set(src.variables)
         for state in self.states:
-            for name, value in state.stream_executor.variables.items():
-                fresh = name not in src.variables or src.variables[name] is not value
-                if fresh and name not in names:
-                    names.append(name)
-        for name in names:
-            if name in src.variables:
-                raise ProgramError(
-                    f"join: variable {name!r} already exists in the source state; "
-                    "give the branches' variables names of their own"
-                )
-        for name in names:
-            branches = [s.stream_executor for s in self.states]
-            src.variables[name] = [b.variables.get(name) for b in branches]
-            src.meta_info[name] = [b.meta_info.get(name, {}) for b in branches]
+            branch = state.stream_executor
+            for name in branch.variables.keys() - known:
+                src.variables.setdefault(name, []).append(branch.variables[name])
+                src.meta_info.setdefault(name, []).append(branch.meta_info.get(name, {}))

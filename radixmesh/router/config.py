@@ -30,6 +30,9 @@ class RouterConfig:
     breaker_failures: int = 3  # consecutive failures that open a worker's breaker
     breaker_cooldown: float = 5.0  # seconds an open breaker stays open before a trial
     max_attempts: int = 3  # workers a request may try when they fail before the first token
+    # Program-aware routing (programs.py): a tagged program's requests stay on the worker
+    # holding its prefix while it runs or queues fewer requests than this (0: off).
+    program_max_queued: int = 32
     http_port: int | None = None  # the OpenAI-compatible HTTP API (None: off)
     metrics_port: int | None = None  # Prometheus /metrics (None: only on the HTTP port)
     # Clients must send `authorization: Bearer <one of these>` (empty: no authentication).
@@ -56,7 +59,12 @@ class RouterConfig:
             raise InvalidArgument("workers", "give at least one worker address")
         if not 0 <= self.port < 65536:
             raise InvalidArgument("port", f"must be in [0, 65536), got {self.port}")
-        for name in ("summary_budget_bytes", "request_cost_tokens", "breaker_failures"):
+        for name in (
+            "summary_budget_bytes",
+            "request_cost_tokens",
+            "breaker_failures",
+            "program_max_queued",
+        ):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
         for name in ("tentative_ttl", "health_interval", "health_timeout", "breaker_cooldown"):

@@ -1,7 +1,8 @@
-"""The router's OpenAI-compatible HTTP API (aiohttp, on the router's own event loop).
+"""The router's HTTP API (aiohttp, on the router's own event loop): OpenAI's and SGLang's.
 
 Endpoints: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (SSE when
-`stream`), `GET /health`, `GET /metrics`. Generation goes through the gRPC servicer's
+`stream`), `GET /health`, `GET /metrics`, and SGLang's native API (`/generate`,
+`/get_model_info`, ...: sglang_api.py). Generation goes through the gRPC servicer's
 `route_and_stream`, the one routing / retry / proxy path of the router; this module only
 parses OpenAI requests and formats replies (openai_protocol.py).
 
@@ -42,6 +43,7 @@ from radixmesh.router.openai_protocol import (
     openai_field,
     parse_request,
 )
+from radixmesh.router.programs import ProgramHint
 from radixmesh.router.service import RouterServicer
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
@@ -62,10 +64,14 @@ _STATUS_NAMES = {200: "OK", 404: "NOT_FOUND", 405: "UNIMPLEMENTED"} | {
 }
 _STATUS_KEY = "radixmesh_status"  # request key: a status that the HTTP status does not show
 
-# (choice index, serving worker id, chunk)
+# (choice or output index, serving worker id, chunk)
 Chunks = AsyncGenerator[tuple[int, str, common_pb2.GenerateChunk], None]
+JobChunks = Chunks
+# (output index, token ids, sampling parameters)
+Job = tuple[int, list[int], common_pb2.SamplingParams]
 # Names the worker that served a single-choice request (benchmarks and debugging read it).
 WORKER_HEADER = "X-Radixmesh-Worker"
+_OPEN_PATHS = ("/health", "/metrics")  # probes and scrapers: no API key, no request metrics
 
 
 class ApiError(Exception):
@@ -113,10 +119,13 @@ def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCon
 
 
 class HttpFrontend:
-    def __init__(self, servicer: RouterServicer, config: RouterConfig) -> None:
+    def __init__(
+        self, servicer: RouterServicer, config: RouterConfig, grpc_port: int | None = None
+    ) -> None:
         self.servicer = servicer
         self.config = config
         self.metrics = servicer.metrics
+        self.grpc_port = grpc_port  # the router's gRPC port (SGLang clients read it)
         self.started = int(time.time())
         self._runner: web.AppRunner | None = None
 
@@ -130,6 +139,9 @@ class HttpFrontend:
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        from radixmesh.router.sglang_api import SglangApi
+
+        SglangApi(self).register(app)
         return app
 
     async def start(self, host: str, port: int) -> int:
@@ -154,7 +166,7 @@ class HttpFrontend:
     async def _middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if not request.path.startswith("/v1/"):
+        if request.path in _OPEN_PATHS:
             return await self._answer(request, handler)
         route = request.match_info.route.resource
         endpoint = route.canonical if route is not None else "other"
@@ -254,27 +266,55 @@ class HttpFrontend:
             return await self._collect(req, rid, chunks, tok)
 
     async def _choices(self, req: OpenAIRequest, rid: str) -> Chunks:
-        """Every choice's chunks as (choice index, chunk), the choices generated at once."""
+        """Every choice's chunks as (choice index, worker id, chunk), generated at once."""
         jobs = [
             (i * req.n + j, ids, req.params[j])
             for i, ids in enumerate(req.prompts)
             for j in range(req.n)
         ]
-        route = self.servicer.route_and_stream
+        chunks = self.stream_jobs(jobs, rid, stream=req.stream)
+        async with aclosing(chunks):
+            async for item in chunks:
+                yield item
+
+    async def stream_jobs(
+        self,
+        jobs: list[Job],
+        rid: str,
+        *,
+        stream: bool,
+        rids: list[str] | None = None,
+        hint: ProgramHint | None = None,
+    ) -> JobChunks:
+        """Every job's chunks as (index, worker id, chunk), the jobs generated at once.
+        Request ids: `rids[index]`, else `rid` (one job) or `rid-index`. `hint`: the
+        program they all belong to."""
+
+        def route(
+            ids: list[int], params: common_pb2.SamplingParams, rid: str, *, stream: bool
+        ) -> AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]:
+            return self.servicer.route_and_stream(ids, params, rid, stream=stream, hint=hint)
+
+        def rid_of(index: int) -> str:
+            if rids is not None:
+                return rids[index]
+            return rid if len(jobs) == 1 else f"{rid}-{index}"
+
         if len(jobs) == 1:  # no tasks needed
-            stream = route(jobs[0][1], jobs[0][2], rid, stream=req.stream)
-            async with aclosing(stream):
-                async for worker, chunk in stream:
-                    yield 0, worker, chunk
+            index, ids, params = jobs[0]
+            chunks = route(ids, params, rid_of(index), stream=stream)
+            async with aclosing(chunks):
+                async for worker, chunk in chunks:
+                    yield index, worker, chunk
             return
         Item = tuple[int, str, common_pb2.GenerateChunk | None, BaseException | None]
         queue: asyncio.Queue[Item] = asyncio.Queue()
 
         async def pump(index: int, ids: list[int], params: common_pb2.SamplingParams) -> None:
             try:
-                stream = route(ids, params, f"{rid}-{index}", stream=req.stream)
-                async with aclosing(stream):
-                    async for worker, chunk in stream:
+                chunks = route(ids, params, rid_of(index), stream=stream)
+                async with aclosing(chunks):
+                    async for worker, chunk in chunks:
                         queue.put_nowait((index, worker, chunk, None))
                 queue.put_nowait((index, "", None, None))
             except Exception as e:

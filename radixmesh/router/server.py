@@ -1,5 +1,5 @@
 """The router process: the Router service, health and reflection on one port; the
-OpenAI-compatible HTTP API (`http_port`) and Prometheus metrics (`metrics_port`) beside it.
+HTTP API, OpenAI's and SGLang's (`http_port`) and Prometheus metrics (`metrics_port`) beside it.
 
 It starts listening at once (health NOT_SERVING, HTTP 503), waits for a worker to answer,
 loads the tokenizer that worker names, then turns SERVING. SIGTERM / SIGINT stop it.
@@ -73,9 +73,9 @@ async def serve(
         # Imported only when asked for: aiohttp is the HTTP API's dependency alone.
         from radixmesh.router.http import HttpFrontend
 
-        http = HttpFrontend(servicer, config)
+        http = HttpFrontend(servicer, config, grpc_port=port)
         http_port = await http.start(config.host, config.http_port)
-        print(f"radixmesh router HTTP (OpenAI API) on port {http_port}", flush=True)
+        print(f"radixmesh router HTTP (OpenAI and SGLang APIs) on port {http_port}", flush=True)
     metrics_server = None
     if config.metrics_port is not None:
         metrics_server = metrics.serve(config.metrics_port, config.host)

@@ -23,6 +23,7 @@ from radixmesh.client import convert
 from radixmesh.errors import (
     FIELD_METADATA_KEY,
     Internal,
+    InvalidArgument,
     RadixMeshError,
     Unavailable,
     entry_for,
@@ -33,6 +34,7 @@ from radixmesh.router.config import RouterConfig
 from radixmesh.router.metrics import RequestRecord, RouterMetrics
 from radixmesh.router.policy import Policy, PolicyOptions, make_policy
 from radixmesh.router.pool import WorkerHandle, WorkerPool
+from radixmesh.router.programs import ProgramHint, ProgramTable
 from radixmesh.tokenizer import TokenizerLike, tokenizer_for
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
 from radixmesh.wire import input_ids_from_proto
@@ -59,6 +61,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.model_info: common_pb2.ModelInfo | None = None
         self.requests: dict[str, WorkerHandle] = {}  # request id -> the worker serving it
         self.retries = 0
+        self.programs = ProgramTable(config.program_max_queued)
 
     async def load_model_info(self) -> None:
         """Ask a healthy worker what it serves and load the same tokenizer."""
@@ -85,8 +88,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     # ---- routing ------------------------------------------------------------------------
 
-    def route(self, ids: list[int], exclude: set[str]) -> tuple[WorkerHandle, int]:
-        """The worker for a prompt and how many of its tokens that worker caches."""
+    def route(
+        self, ids: list[int], exclude: set[str], hint: ProgramHint | None = None
+    ) -> tuple[WorkerHandle, int]:
+        """The worker for a prompt and how many of its tokens that worker caches; a
+        program's request stays with its program while that worker's load allows."""
         started = time.perf_counter()
         hashes: dict[int, list[int]] = {}
         cached: dict[str, int] = {}
@@ -103,7 +109,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             if wid in exclude:
                 c = c._replace(healthy=False)
             candidates.append(c)
-        chosen = self.pool.workers[self.policy.choose(len(ids), candidates)]
+        chosen_id = self.programs.home(hint, candidates)
+        if chosen_id is None:
+            chosen_id = self.policy.choose(len(ids), candidates)
+            self.programs.placed(hint, chosen_id)
+        chosen = self.pool.workers[chosen_id]
         if chosen.block_size:
             chosen.summary.add_tentative(hashes[chosen.block_size], self.config.tentative_ttl)
             self.pool.index.enforce_budget()
@@ -119,7 +129,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     # ---- generate -----------------------------------------------------------------------
 
     async def route_and_stream(
-        self, ids: list[int], params: common_pb2.SamplingParams, rid: str, *, stream: bool
+        self,
+        ids: list[int],
+        params: common_pb2.SamplingParams,
+        rid: str,
+        *,
+        stream: bool,
+        hint: ProgramHint | None = None,
     ) -> AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]:
         """Route a tokenized prompt; yield (worker id, chunk) as the worker streams them.
 
@@ -143,7 +159,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         t0 = time.perf_counter()  # for the router-side latency histograms
         while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
             try:
-                worker, cached = self.route(ids, tried)
+                worker, cached = self.route(ids, tried, hint)
             except RadixMeshError:
                 if last_error is not None:
                     break
@@ -205,8 +221,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             rid = request.request_id or uuid.uuid4().hex
             try:
                 ids = self._input_ids(request.input)
+                hint = program_hint(request.program_id, request.shared_prefix_tokens)
                 chunks = self.route_and_stream(
-                    ids, request.sampling_params, rid, stream=request.stream
+                    ids, request.sampling_params, rid, stream=request.stream, hint=hint
                 )
                 async with aclosing(chunks):
                     async for worker_id, chunk in chunks:
@@ -274,9 +291,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             ]
         )
 
-    async def FlushCache(
-        self, request: router_pb2.RouterFlushCacheRequest, context: grpc.aio.ServicerContext
-    ) -> router_pb2.RouterFlushCacheResponse:
+    async def flush_all(self) -> tuple[int, int]:
+        """Flush every worker's cache: (how many flushed, how many workers)."""
+
         async def flush(w: WorkerHandle) -> bool:
             try:
                 resp = await w.stub.FlushCache(
@@ -287,7 +304,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return bool(resp.flushed)
 
         results = await asyncio.gather(*(flush(w) for w in self.pool.workers.values()))
-        return router_pb2.RouterFlushCacheResponse(flushed=sum(results), total=len(results))
+        return sum(results), len(results)
+
+    async def FlushCache(
+        self, request: router_pb2.RouterFlushCacheRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RouterFlushCacheResponse:
+        flushed, total = await self.flush_all()
+        return router_pb2.RouterFlushCacheResponse(flushed=flushed, total=total)
 
     async def GetModelInfo(
         self, request: router_pb2.RouterGetModelInfoRequest, context: grpc.aio.ServicerContext
@@ -315,6 +338,18 @@ class _Joined:
     def chunk(self) -> common_pb2.GenerateChunk:
         self._chunk.text = "".join(self._text)
         return self._chunk
+
+
+MAX_PROGRAM_ID = 128
+
+
+def program_hint(program_id: str, shared_prefix_tokens: int) -> ProgramHint | None:
+    """A request's program hint (None without an id); a client's id is bounded."""
+    if not program_id:
+        return None
+    if len(program_id) > MAX_PROGRAM_ID:
+        raise InvalidArgument("program_id", f"at most {MAX_PROGRAM_ID} characters")
+    return ProgramHint(program_id, shared_prefix_tokens)
 
 
 async def _fail(

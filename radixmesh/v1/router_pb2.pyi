@@ -8,16 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouterGenerateRequest(_message.Message):
-    __slots__ = ("input", "sampling_params", "request_id", "stream")
+    __slots__ = ("input", "sampling_params", "request_id", "stream", "program_id", "shared_prefix_tokens")
     INPUT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARED_PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     input: _common_pb2.Input
     sampling_params: _common_pb2.SamplingParams
     request_id: str
     stream: bool
-    def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., stream: _Optional[bool] = ...) -> None: ...
+    program_id: str
+    shared_prefix_tokens: int
+    def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., stream: _Optional[bool] = ..., program_id: _Optional[str] = ..., shared_prefix_tokens: _Optional[int] = ...) -> None: ...
 
 class RouterGenerateResponse(_message.Message):
     __slots__ = ("chunk", "worker_id")

@@ -5,7 +5,6 @@ from collections.abc import Iterator
 import pytest
 
 import radixmesh as sgl
-from radixmesh.lang.backend import registry
 from radixmesh.worker.engine import Engine
 
 
@@ -23,7 +22,7 @@ def backend(engine: Engine) -> Iterator[Engine]:
     assert engine.flush_cache()
     sgl.set_default_backend(engine)
     yield engine
-    registry._default = None
+    sgl.global_config.default_backend = None
 
 
 def assert_idle(eng: Engine) -> None:

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,6 +43,10 @@ def _finish(meta: dict[str, Any]) -> str:
     return "length" if meta["finish_reason"]["type"] == "length" else "stop"
 
 
+# Requests served per path, by every server here (tests read differences).
+REQUESTS: Counter[str] = Counter()
+
+
 class _Handler(BaseHTTPRequestHandler):
     engine: Engine
 
@@ -50,6 +55,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        REQUESTS[self.path] += 1
         routes = {
             "/v1/chat/completions": self._chat,
             "/v1/completions": self._completions,

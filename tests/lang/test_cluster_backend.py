@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,6 @@ import pytest
 
 import radixmesh as sgl
 from radixmesh.client import Client
-from radixmesh.lang.backend import registry
 from radixmesh.lang.backend.base import Context
 from radixmesh.lang.backend.engine import EngineBackend
 from radixmesh.lang.backend.runtime import RuntimeEndpoint
@@ -32,6 +32,7 @@ from tests.lang.test_programs import (
     typed,
 )
 from tests.lang.test_select import CHOICES, PROMPT, few_shot
+from tests.lang.test_sglang_programs import check_programs
 
 pytestmark = pytest.mark.slow
 WORKERS = {"worker-0", "worker-1"}
@@ -53,7 +54,7 @@ def endpoint(runtime: sgl.Runtime) -> Iterator[RuntimeEndpoint]:
     assert runtime.endpoint.flush_cache()
     sgl.set_default_backend(runtime)  # a Runtime stands for its endpoint, as in SGLang
     yield runtime.endpoint
-    registry._default = None
+    sgl.global_config.default_backend = None
     assert_idle(runtime)
 
 
@@ -97,6 +98,44 @@ def test_multi_turn_chat_sticks_to_one_worker(endpoint: RuntimeEndpoint) -> None
     assert second["finish_reason"]["type"] == "stop"
 
 
+def test_sglang_programs_on_the_cluster(endpoint: RuntimeEndpoint) -> None:
+    """The engine test's SGLang programs, unchanged, through the router."""
+    metas = check_programs(endpoint)
+    assert metas[1]["worker_id"] == metas[0]["worker_id"]  # the second turn follows the first
+    assert metas[1]["cached_tokens"] >= 49
+
+
+def test_runtime_speaks_sglangs_http_api(runtime: sgl.Runtime, endpoint: RuntimeEndpoint) -> None:
+    """Runtime's SGLang methods go through the router's native HTTP API (`runtime.url`)."""
+    import json
+
+    assert runtime.url.startswith("http://") and runtime.generate_url == runtime.url + "/generate"
+    out = json.loads(
+        runtime.generate("The capital of France is", {"max_new_tokens": 4, "temperature": 0})
+    )
+    assert out["meta_info"]["completion_tokens"] == 4
+    assert (
+        out["text"]
+        == endpoint.client.generate(
+            "The capital of France is", {"max_new_tokens": 4, "temperature": 0}
+        ).text
+    )
+
+    async def stream() -> list[str]:
+        gen = runtime.async_generate("1, 2, 3,", {"max_new_tokens": 5, "temperature": 0})
+        return [piece async for piece in gen]
+
+    pieces = asyncio.run(stream())
+    assert len(pieces) > 1
+    assert (
+        "".join(pieces)
+        == json.loads(runtime.generate("1, 2, 3,", {"max_new_tokens": 5, "temperature": 0}))["text"]
+    )
+    assert json.loads(runtime.encode("hi"))["input_ids"] == runtime.get_tokenizer().encode("hi")
+    info = asyncio.run(runtime.get_server_info())
+    assert info["model_path"] == "smollm2" and info["target"] == runtime.address
+
+
 def test_fork_join_tip_suggestion(endpoint: RuntimeEndpoint) -> None:
     s = tip_suggestion.run(temperature=0)
     tips = s["detailed_tip"]
@@ -108,7 +147,8 @@ def test_fork_join_tip_suggestion(endpoint: RuntimeEndpoint) -> None:
         "Here are five tips for staying healthy: sleep, water, walking, vegetables, friends.\n\n"
     )
     metas = s.get_meta_info("detailed_tip")  # join gathers one meta_info per branch
-    assert prefilled_worker_hits(metas, len(prefix) - 1) >= 1
+    # The branches are one program: they stay with the prefix the fork prefilled.
+    assert prefilled_worker_hits(metas, len(prefix) - 1) == 5
 
 
 def test_two_level_tree_of_thought(endpoint: RuntimeEndpoint) -> None:
@@ -172,6 +212,9 @@ def test_regex_constrained_extraction_and_typed_gens(endpoint: RuntimeEndpoint) 
 
 
 def test_run_batch_of_16_shares_the_template(endpoint: RuntimeEndpoint) -> None:
+    """Program-aware routing: the batch's requests carry its program id, so the router
+    keeps them with the prefix it prefilled; without the ids the policy spreads them
+    (a queued request costs more than this small prefix) and the other worker misses."""
     countries = ["France", "Germany", "Italy", "Spain", "Japan", "China", "Egypt", "Peru"] * 2
     batch = [{"question": f"What is the capital of {c}?"} for c in countries]
     states = qa.run_batch(batch, temperature=0)
@@ -183,8 +226,16 @@ def test_run_batch_of_16_shares_the_template(endpoint: RuntimeEndpoint) -> None:
     metas = [st.get_meta_info("answer") for st in states]
     assert [st.error() for st in states] == [None] * 16
     assert [st.messages()[1]["content"] for st in states] == [b["question"] for b in batch]
-    assert prefilled_worker_hits(metas, prefix_tokens) >= 1
+    assert prefilled_worker_hits(metas, prefix_tokens) == 16  # all together, all cached
     assert states[0]["answer"] == states[8]["answer"]  # same question, greedy
+    assert endpoint.flush_cache()
+    endpoint.program_hints = False
+    try:
+        untagged = [st.get_meta_info("answer") for st in qa.run_batch(batch, temperature=0)]
+    finally:
+        endpoint.program_hints = True
+    assert {m["worker_id"] for m in untagged} == WORKERS
+    assert sum(m["cached_tokens"] for m in metas) > sum(m["cached_tokens"] for m in untagged)
 
 
 def test_a_failing_program_keeps_its_error_while_the_batch_finishes(
@@ -235,6 +286,45 @@ def test_streaming_and_async(endpoint: RuntimeEndpoint) -> None:
     assert batch[0]["answer"] == batch[1]["answer"]
     assert all(st["answer_2"] for st in single)
     assert streamed_equal == [True] * 4
+
+
+@sgl.function
+def ask(s, i):
+    s += f"Question {i}: what comes after {i}? Answer:" + sgl.gen("a", max_tokens=2)
+    if s["a"] is not None:  # a read in the body: it waits on the loop, not on a thread
+        s += "\nSure?" + sgl.select("sure", choices=[" yes", " no"])
+
+
+def test_200_concurrent_programs_on_one_thread(endpoint: RuntimeEndpoint) -> None:
+    """run_async over the async gRPC client: 200 programs at once on the loop's thread."""
+
+    async def main() -> tuple[int, int, list[sgl.ProgramState], list[str]]:
+        before = threading.active_count()
+        peak = before
+        running = True
+
+        async def watch() -> None:
+            nonlocal peak
+            while running:
+                peak = max(peak, threading.active_count())
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.create_task(watch())
+        states = await asyncio.gather(*(ask.run_async(i=i, temperature=0) for i in range(200)))
+        streamed = ask.run_async(i=7, temperature=0)
+        running = False
+        await watcher
+        state = await streamed
+        pieces = [p async for p in state.text_async_iter()]
+        return before, peak, list(states), pieces
+
+    before, peak, states, pieces = asyncio.run(main())
+    assert peak <= before + 4, (before, peak)  # no thread per program (grpc's own few)
+    assert [st.error() for st in states] == [None] * 200
+    assert {st["sure"] for st in states} <= {" yes", " no"}
+    assert states[7].text() == "".join(pieces)
+    workers = {st.get_meta_info("a")["worker_id"] for st in states}
+    assert workers == WORKERS  # the router spread them
 
 
 def test_n_and_flush_cache(endpoint: RuntimeEndpoint) -> None:

@@ -6,7 +6,6 @@ import pytest
 
 import radixmesh as sgl
 from radixmesh.errors import InvalidArgument
-from radixmesh.lang.backend import registry
 from radixmesh.worker.engine import Engine
 from tests.lang.conftest import assert_idle
 
@@ -41,8 +40,11 @@ def test_bad_sampling_parameter_surfaces_on_the_state(backend: Engine) -> None:
     s = prog.run()
     err = s.error()
     assert isinstance(err, InvalidArgument) and err.field == "top_p"
-    with pytest.raises(sgl.ProgramError, match="top_p") as info:
+    with pytest.raises(sgl.ProgramError, match=r"failed at test_errors.py:\d+: .*top_p") as info:
         s["b"]  # later expressions are skipped; their reads raise the first error
+    # The message names the program line that appended the failing gen.
+    line = prog.func.__code__.co_firstlineno + 2
+    assert f"test_errors.py:{line}:" in str(info.value)
     assert info.value.__cause__ is err
     assert_idle(backend)
 
@@ -61,21 +63,6 @@ def test_failing_fork_branch(backend: Engine) -> None:
     s = prog.run()
     with pytest.raises(sgl.ProgramError, match=r"fork branch 1 failed: .*temperature"):
         s.text()
-    assert_idle(backend)
-
-
-@pytest.mark.slow
-def test_join_variable_name_clash(backend: Engine) -> None:
-    @sgl.function
-    def prog(s):
-        s += "A" + sgl.gen("x", max_tokens=1)
-        forks = s.fork(2)
-        forks += sgl.gen("y", max_tokens=1)
-        s += sgl.gen("y", max_tokens=1)
-        forks.join()
-
-    with pytest.raises(sgl.ProgramError, match="variable 'y' already exists"):
-        prog.run(temperature=0).text()
     assert_idle(backend)
 
 
@@ -114,7 +101,7 @@ def test_unknown_backend() -> None:
 
 
 def test_no_backend() -> None:
-    registry._default = None
+    sgl.global_config.default_backend = None
 
     @sgl.function
     def prog(s):
@@ -128,13 +115,12 @@ def test_cluster_backend_bad_input() -> None:
     from radixmesh.cluster.launch import free_port
     from radixmesh.errors import InvalidArgument, Unavailable
 
-    with pytest.raises(InvalidArgument, match="speaks gRPC") as e:
-        sgl.RuntimeEndpoint("http://localhost:30000")
-    assert e.value.field == "base_url"
+    port = free_port()
+    with pytest.raises(Unavailable, match=f"no radixmesh router answers at http://.*:{port}"):
+        sgl.RuntimeEndpoint(f"http://127.0.0.1:{port}")
     with pytest.raises(InvalidArgument, match="expected 'host:port'") as e:
         sgl.RuntimeEndpoint("localhost")
     assert e.value.field == "base_url"
-    port = free_port()
     with pytest.raises(Unavailable, match=f"no radixmesh router or worker answers at .*:{port}"):
         sgl.RuntimeEndpoint(f"127.0.0.1:{port}")
     with pytest.raises(InvalidArgument, match="not an engine option") as e:
@@ -163,8 +149,8 @@ def test_bad_primitive_arguments() -> None:
         sgl.select("a", choices=["x"], choices_method="greedy")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="name: a variable name must be a non-empty string"):
         sgl.gen(3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="dtype: expected int or str"):
-        sgl.gen("a", dtype=float)
+    with pytest.raises(ValueError, match="dtype: expected int, float, str or bool"):
+        sgl.gen("a", dtype=complex)
     with pytest.raises(TypeError, match="unexpected keyword argument 'regex'"):
         sgl.gen_int("a", regex="x")
 

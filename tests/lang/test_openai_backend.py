@@ -14,7 +14,7 @@ import radixmesh as sgl
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
 from tests.lang.conftest import assert_idle
-from tests.lang.servers import serve
+from tests.lang.servers import REQUESTS, serve
 
 pytestmark = pytest.mark.slow
 
@@ -135,3 +135,34 @@ def test_what_the_api_cannot_do(base_url: str) -> None:
 
     err = no_role.run(backend=chat).error()
     assert isinstance(err, InvalidArgument) and "right after the assistant role" in str(err)
+
+
+def test_api_speculative_execution(engine: Engine, base_url: str) -> None:
+    """num_api_spec_tokens: one call serves several gens, with the same text as one call
+    per gen (greedy), for completion models and for a chat model's assistant turn."""
+
+    def count(s):
+        s += "Count to five: one, two," + sgl.gen("a", max_tokens=4, stop=",")
+        s += "," + sgl.gen("b", max_tokens=4, stop=",") + "," + sgl.gen("c", stop=",")
+
+    completion = sgl.OpenAI("smollm2", base_url=base_url, api_key="test", is_chat_model=False)
+    before = REQUESTS["/v1/completions"]
+    plain = sgl.function(count).run(backend=completion, temperature=0)
+    assert REQUESTS["/v1/completions"] - before == 3
+    spec = sgl.function(num_api_spec_tokens=16)(count).run(backend=completion, temperature=0)
+    assert REQUESTS["/v1/completions"] - before == 4  # the gens share one speculation
+    assert [spec[v] for v in "abc"] == [plain[v] for v in "abc"] == [" three", " four", " five"]
+    assert spec.text() == plain.text()
+
+    @sgl.function(num_api_spec_tokens=24)
+    def turn(s):
+        s += sgl.user("What is the capital of France? Answer in one sentence.")
+        s += sgl.assistant(sgl.gen("head", stop=" is") + " is" + sgl.gen("tail", stop="."))
+
+    chat = sgl.OpenAI("smollm2", base_url=base_url, api_key="test")
+    before = REQUESTS["/v1/chat/completions"]
+    s = turn.run(backend=chat, temperature=0)
+    assert REQUESTS["/v1/chat/completions"] - before == 1  # one call for the whole turn
+    assert s["head"] + " is" + s["tail"] == "The capital of France is Paris"
+    assert s.messages()[-1]["content"] == "The capital of France is Paris"
+    assert_idle(engine)

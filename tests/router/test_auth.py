@@ -156,6 +156,10 @@ def test_https_needs_a_key(secure: SecureCluster) -> None:
     assert keyed.get("/v1/models").json()["data"][0]["id"] == "dummy:tiny"
     body = {"model": "dummy:tiny", "prompt": "hi", "max_tokens": 2, "ignore_eos": True}
     assert keyed.post("/v1/completions", body).json()["usage"]["completion_tokens"] == 2
+    native = {"text": "hi", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
+    assert anonymous.post("/generate", native).status_code == 401  # SGLang's API too
+    assert anonymous.get("/get_server_info").status_code == 401
+    assert keyed.post("/generate", native).json()["meta_info"]["completion_tokens"] == 2
     metrics = anonymous.get("/metrics").text
     denied = 'endpoint="/v1/models",frontend="http",status="UNAUTHENTICATED"'
     assert f"radixmesh_router_requests_total{{{denied}}} 1.0" in metrics.splitlines()

@@ -45,6 +45,8 @@ _CONSTRAINTS = ("regex", "json_schema", "ebnf", "choices")
 class Anthropic(Backend):
     """`Anthropic(model_name, **client_kwargs)` (api_key=, base_url=, ...)."""
 
+    is_chat_model = True
+
     def __init__(self, model_name: str, **client_kwargs: Any) -> None:
         import anthropic
 

@@ -44,23 +44,32 @@ _NEUTRAL: dict[str, Any] = {
 _CONSTRAINTS = ("regex", "json_schema", "ebnf", "choices")
 
 
+# Completion (not chat) models among OpenAI's, when is_chat_model is not given (SGLang's).
+INSTRUCT_MODEL_NAMES = ("gpt-3.5-turbo-instruct",)
+
+
 class OpenAI(Backend):
-    """`OpenAI(model_name, base_url=..., api_key=...)`; extra kwargs go to `openai.OpenAI`."""
+    """`OpenAI(model_name, base_url=..., api_key=...)`; extra arguments go to
+    `openai.OpenAI` (`openai.AzureOpenAI` with `is_azure=True`)."""
 
     def __init__(
         self,
         model_name: str,
         is_chat_model: bool | None = None,
         chat_template: ChatTemplate | None = None,
+        is_azure: bool = False,
+        *client_args: Any,
         **client_kwargs: Any,
     ) -> None:
         import openai
 
-        client_kwargs.setdefault("api_key", os.environ.get("OPENAI_API_KEY", "EMPTY"))
-        self.client = openai.OpenAI(**client_kwargs)
+        if not is_azure:
+            client_kwargs.setdefault("api_key", os.environ.get("OPENAI_API_KEY", "EMPTY"))
+        client_type = openai.AzureOpenAI if is_azure else openai.OpenAI
+        self.client = client_type(*client_args, **client_kwargs)
         self.model_name = model_name
         if is_chat_model is None:
-            is_chat_model = "instruct" not in model_name  # gpt-3.5-turbo-instruct, davinci
+            is_chat_model = model_name not in INSTRUCT_MODEL_NAMES
         self.is_chat_model = is_chat_model
         self.chat_template = PLAIN if is_chat_model else (chat_template or PLAIN)
 
@@ -92,13 +101,7 @@ class OpenAI(Backend):
             yield piece, {"finish_reason": finish}
 
     def _request(self, ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
-        for key in _CONSTRAINTS:
-            if params.get(key) is not None:
-                raise InvalidArgument(key, f"the OpenAI backend does not support {key} constraints")
-        for key, neutral in _NEUTRAL.items():
-            value = params.get(key, neutral)
-            if value not in (neutral, None, [], ()):
-                raise InvalidArgument(key, f"the OpenAI API has no {key} ({key}={value!r})")
+        check_expressible(params, "OpenAI")
         request: dict[str, Any] = {"model": self.model_name}
         for key, field in _MAPPED.items():
             if params.get(key) not in (None, [], ()):
@@ -157,6 +160,23 @@ class OpenAI(Backend):
             )
             segments.append(prompt[lp.text_offset[first] :])
         return scored, segments
+
+
+def check_expressible(
+    params: dict[str, Any],
+    api: str,
+    extra_neutral: dict[str, Any] | None = None,
+    supported: tuple[str, ...] = (),
+) -> None:
+    """Raise for what an OpenAI-like API cannot express: constraints, and sampling knobs
+    set to anything but their neutral value (`supported` ones excepted)."""
+    for key in _CONSTRAINTS:
+        if params.get(key) is not None:
+            raise InvalidArgument(key, f"the {api} backend does not support {key} constraints")
+    for key, neutral in {**_NEUTRAL, "stop_regex": None, **(extra_neutral or {})}.items():
+        value = params.get(key, neutral)
+        if key not in supported and value not in (neutral, None, [], ()):
+            raise InvalidArgument(key, f"the {api} API has no {key} ({key}={value!r})")
 
 
 def _index(choice: Any) -> int:

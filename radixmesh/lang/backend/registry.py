@@ -1,5 +1,6 @@
 """Backends by name, imported lazily, and the process-wide default backend.
 
+The default lives in `global_config.default_backend` (SGLang's place for it).
 `set_default_backend` accepts a backend object, a `radixmesh.Engine` (wrapped in the
 in-process backend), a `Runtime` (its `.endpoint`) or a registered name; anything else
 is rejected with the names that exist.
@@ -13,6 +14,7 @@ import weakref
 from typing import Any
 
 from radixmesh.lang.backend.base import Backend
+from radixmesh.lang.global_config import global_config
 
 # name -> "module:attribute" of a factory taking keyword options
 _REGISTRY: dict[str, str] = {
@@ -21,7 +23,6 @@ _REGISTRY: dict[str, str] = {
     "anthropic": "radixmesh.lang.backend.anthropic:Anthropic",
     "runtime": "radixmesh.lang.backend.runtime:RuntimeEndpoint",
 }
-_default: Backend | None = None
 _wrapped: weakref.WeakKeyDictionary[Any, Backend] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
@@ -67,20 +68,21 @@ def as_backend(obj: object) -> Backend:
 
 
 def set_default_backend(backend: object) -> None:
-    global _default
-    _default = as_backend(backend)
+    global_config.default_backend = as_backend(backend)
 
 
 def get_default_backend() -> Backend | None:
-    return _default
+    default = global_config.default_backend
+    return None if default is None else as_backend(default)
 
 
 def resolve_backend(backend: object | None) -> Backend:
     if backend is not None:
         return as_backend(backend)
-    if _default is None:
+    default = get_default_backend()
+    if default is None:
         raise ValueError(
             "backend: no backend given and no default set; call "
             "radixmesh.set_default_backend(radixmesh.Engine(...)) or pass backend="
         )
-    return _default
+    return default

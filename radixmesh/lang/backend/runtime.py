@@ -1,4 +1,4 @@
-"""The cluster backend: `RuntimeEndpoint` over the gRPC client SDK, `Runtime` launching one.
+"""The cluster backend: `RuntimeEndpoint` over the gRPC client SDK (sync and asyncio).
 
 `RuntimeEndpoint("host:port")` talks to a router (or to one worker directly; the SDK
 asks the target which it is). It sends the engine backend's requests: the same
@@ -13,36 +13,40 @@ The client needs the model's tokenizer (for the chat template and to score choic
 builds the one the cluster names in its model info, as the router does (the tokenizer
 files must be readable here; no worker code is imported).
 
-`Runtime` belongs to the launcher's side of DESIGN.md's import rule (only `cluster/`
-composes processes), but SGLang programs spell it `sgl.Runtime(...)`, so it is exported
-here; the launching itself is `radixmesh.cluster.runtime`, imported lazily when a
-Runtime is created (the one place the language reaches into `cluster/`).
+Forks and batches tag their requests with a program id (`program_hint`): the router keeps
+a program's requests with its shared prefix (radixmesh/router/programs.py).
+`Runtime`, which launches a cluster, is local_runtime.py's.
 """
 
 from __future__ import annotations
 
-import atexit
+import asyncio
+import contextlib
 import dataclasses
+import json
 import threading
-from collections.abc import Iterator
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from radixmesh.client.types import ProgramHint
 from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.lang.backend.base import Backend, Context, GenResult
 from radixmesh.lang.backend.scoring import (
     PREFILL_PARAMS,
+    ascore_choices,
     check_finished,
     score_choices,
     score_params,
 )
-from radixmesh.lang.chat_template import ChatTemplate
+from radixmesh.lang.chat_template import ChatTemplate, named_template
 from radixmesh.lang.choices import TokenLogprob
 
 if TYPE_CHECKING:
-    from radixmesh.client import Chunk, Completion
-    from radixmesh.cluster.launch import LocalCluster
+    from radixmesh.client import AsyncClient, Chunk, Completion
 
 
 @dataclass
@@ -82,12 +86,18 @@ class Usage:
 
 
 class RuntimeEndpoint(Backend):
-    """`RuntimeEndpoint("host:port", api_key=None)`: a router's (or a worker's) gRPC address."""
+    """`RuntimeEndpoint(base_url, api_key=None, verify=None, chat_template_name=None)`:
+    a router (or a worker). `base_url` is its gRPC address "host:port", or the router's
+    HTTP URL (SGLang's form), from which the client reads the gRPC port and speaks gRPC.
+    `verify`: a CA file (PEM) for TLS. `chat_template_name`: one of SGLang's template
+    names instead of the model's own template."""
 
     def __init__(
         self,
         base_url: str,
         api_key: str | None = None,
+        verify: str | bool | None = None,
+        chat_template_name: str | None = None,
         *,
         tls: bool = False,
         root_certificates: bytes | None = None,
@@ -100,15 +110,23 @@ class RuntimeEndpoint(Backend):
 
         if max_concurrency < 1:
             raise InvalidArgument("max_concurrency", f"must be >= 1, got {max_concurrency}")
-        self.target = _target(base_url)
-        self.client = Client(
-            self.target,
-            api_key=api_key,
-            tls=tls,
-            root_certificates=root_certificates,
-            timeout=timeout,
-            max_retries=max_retries,
-        )
+        if isinstance(verify, str):
+            root_certificates = _read_pem(verify)
+        self.base_url = base_url
+        self.api_key = api_key
+        self.target, https = resolve_target(base_url, api_key, verify)
+        self._options: dict[str, Any] = {
+            "api_key": api_key,
+            "tls": tls or https,
+            "root_certificates": root_certificates,
+            "timeout": timeout,
+            "max_retries": max_retries,
+        }
+        self.client = Client(self.target, **self._options)
+        # One asyncio client per event loop (a grpc.aio channel belongs to its loop).
+        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient]
+        self._async_clients = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
         try:
             self.model_info = self.client.model_info()
         except Unavailable as e:
@@ -122,33 +140,112 @@ class RuntimeEndpoint(Backend):
             bos_token_id=info.bos_token_id,
             chat_template=info.chat_template or None,
         )
-        self.chat_template = ChatTemplate.from_tokenizer(self.tokenizer)
+        if chat_template_name is not None:
+            self.chat_template = named_template(chat_template_name)
+        else:
+            self.chat_template = ChatTemplate.from_tokenizer(self.tokenizer)
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="radixmesh-endpoint")
         self.usage = Usage()
-
-    def get_model_name(self) -> str:
-        return self.model_info.model
+        # Tag forks' and batches' requests with their program (program-aware routing).
+        self.program_hints = True
 
     # ---- generate -------------------------------------------------------------------
 
     def generate(self, ctx: Context, params: dict[str, Any]) -> GenResult:
         n = params.get("n", 1)
         if n == 1:
-            return self._complete(ctx.text, params)
+            return self._complete(ctx, params)
         one = {**params, "n": 1}
-        outs = list(self._pool.map(lambda _: self._complete(ctx.text, one), range(n)))
+        outs = list(self._pool.map(lambda _: self._complete(ctx, one), range(n)))
         return [text for text, _ in outs], {"choices": [meta for _, meta in outs]}
 
-    def _complete(self, text: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        out = self.client.generate(text, params)
+    def _complete(self, ctx: Context, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        out = self.client.generate(ctx.text, params, program=self._program(ctx.program))
         return out.text, check_finished(self._meta(out, params))
+
+    def _program(self, program: ProgramHint | None) -> ProgramHint | None:
+        return program if self.program_hints else None
+
+    def program_hint(self, prefix: str) -> ProgramHint | None:
+        if not self.program_hints or not prefix:
+            return None
+        return ProgramHint(uuid.uuid4().hex, len(self.tokenizer.encode(prefix)))
+
+    # ---- asyncio: the same calls over the async gRPC client, no thread per request ----
+
+    def aclient(self) -> AsyncClient:
+        """The asyncio client of the running event loop (made on first use)."""
+        from radixmesh.client import AsyncClient
+
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            client = self._async_clients.get(loop)
+            if client is None:
+                client = AsyncClient(self.target, **self._options)
+                self._async_clients[loop] = client
+        return client
+
+    async def agenerate(self, ctx: Context, params: dict[str, Any]) -> GenResult:
+        n = params.get("n", 1)
+        if n == 1:
+            return await self._acomplete(ctx, params)
+        one = {**params, "n": 1}
+        outs = await asyncio.gather(*(self._acomplete(ctx, one) for _ in range(n)))
+        return [text for text, _ in outs], {"choices": [meta for _, meta in outs]}
+
+    async def _acomplete(self, ctx: Context, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        program = self._program(ctx.program)
+        out = await self.aclient().generate(ctx.text, params, program=program)
+        return out.text, check_finished(self._meta(out, params))
+
+    async def agenerate_stream(
+        self, ctx: Context, params: dict[str, Any]
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        if params.get("n", 1) != 1:
+            raise InvalidArgument("n", "streaming generates one completion (n=1)")
+        program = self._program(ctx.program)
+        stream = await self.aclient().generate(ctx.text, params, stream=True, program=program)
+        async for chunk in stream:
+            yield chunk.text, check_finished(self._meta(chunk, params))
+
+    async def ascore(
+        self, ctx: Context, choices: list[str], unconditional: bool
+    ) -> tuple[list[list[TokenLogprob]], list[list[TokenLogprob]] | None]:
+        program = self._program(ctx.program)
+
+        async def logprobs(
+            ids: list[list[int]], starts: list[int]
+        ) -> list[list[tuple[float | None, int]]]:
+            return await self._alogprobs(ids, starts, program)
+
+        return await ascore_choices(self.tokenizer, ctx.text, choices, unconditional, logprobs)
+
+    async def _alogprobs(
+        self, ids: list[list[int]], starts: list[int], program: ProgramHint | None = None
+    ) -> list[list[tuple[float | None, int]]]:
+        async def one(seq: list[int], start: int) -> list[tuple[float | None, int]]:
+            out = await self.aclient().generate(
+                input_ids=seq, sampling_params=score_params(start), program=program
+            )
+            check_finished(self._meta(out, {}))
+            return [(e.logprob, e.token_id) for e in out.input_logprobs]
+
+        return list(await asyncio.gather(*(one(s, st) for s, st in zip(ids, starts, strict=True))))
+
+    async def acache_prefix(self, text: str, program: ProgramHint | None = None) -> None:
+        if text:
+            out = await self.aclient().generate(
+                text, dict(PREFILL_PARAMS), program=self._program(program)
+            )
+            check_finished(self._meta(out, {}))
 
     def generate_stream(
         self, ctx: Context, params: dict[str, Any]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         if params.get("n", 1) != 1:
             raise InvalidArgument("n", "streaming generates one completion (n=1)")
-        for chunk in self.client.generate(ctx.text, params, stream=True):
+        program = self._program(ctx.program)
+        for chunk in self.client.generate(ctx.text, params, stream=True, program=program):
             yield chunk.text, check_finished(self._meta(chunk, params))
 
     def _meta(self, c: Chunk, params: dict[str, Any]) -> dict[str, Any]:
@@ -201,104 +298,80 @@ class RuntimeEndpoint(Backend):
 
         return list(self._pool.map(one, ids, starts))
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str, program: ProgramHint | None = None) -> None:
         if text:
-            out = self.client.generate(text, dict(PREFILL_PARAMS))
+            out = self.client.generate(text, dict(PREFILL_PARAMS), program=self._program(program))
             check_finished(self._meta(out, {}))  # counted in `usage` too
 
     def flush_cache(self) -> bool:
         return self.client.flush_cache()
 
+    def get_server_info(self) -> dict[str, Any]:
+        info = dataclasses.asdict(self.model_info)
+        return {"model_path": info.pop("model"), **info, "target": self.target}
+
+    def get_model_name(self) -> str:
+        return self.model_info.model
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
-
-
-class Runtime:
-    """`Runtime(model="smollm2", workers=1, **engine_options)`: a local cluster (a router
-    and `workers` worker processes, each `radixmesh worker` with these engine options) and
-    a `RuntimeEndpoint` to it, `.endpoint`. Stop it with `shutdown()` or a `with` block;
-    a Runtime still running when the interpreter exits is shut down then."""
-
-    def __init__(
-        self,
-        model: str | None = None,
-        workers: int = 1,
-        *,
-        model_path: str | None = None,  # SGLang's name for `model`
-        policy: str = "cache_aware",
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        ready_timeout: float = 300.0,
-        **engine_options: Any,
-    ) -> None:
-        from radixmesh.cluster.runtime import start_local_cluster
-
-        if model is not None and model_path is not None:
-            raise InvalidArgument("model_path", "give model or model_path, not both")
-        self._lock = threading.Lock()
-        self.endpoint: RuntimeEndpoint | None = None
-        self.cluster: LocalCluster | None = start_local_cluster(
-            model or model_path or "smollm2",
-            workers,
-            policy=policy,
-            host=host,
-            port=port,
-            ready_timeout=ready_timeout,
-            engine_options=engine_options,
-        )
-        atexit.register(self.shutdown)
-        try:
-            self.endpoint = RuntimeEndpoint(self.cluster.address)
-        except BaseException:
-            self.shutdown()
-            raise
-
-    @property
-    def url(self) -> str:
-        """The router's gRPC address, for `RuntimeEndpoint` or the SDK's `Client`."""
-        if self.cluster is None:
-            raise Unavailable("this Runtime has been shut down")
-        return self.cluster.address
-
-    @property
-    def worker_addresses(self) -> list[str]:
-        return [] if self.cluster is None else self.cluster.worker_addresses
-
-    def shutdown(self) -> None:
-        """Close the endpoint and stop every process (idempotent)."""
         with self._lock:
-            endpoint, self.endpoint = self.endpoint, None
-            cluster, self.cluster = self.cluster, None
-        if endpoint is not None:
-            endpoint.shutdown()
-        if cluster is not None:
-            cluster.stop()
-        atexit.unregister(self.shutdown)
-
-    def __enter__(self) -> Runtime:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+            clients, self._async_clients = dict(self._async_clients), weakref.WeakKeyDictionary()
+        for loop, client in clients.items():
+            if not loop.is_closed():
+                with contextlib.suppress(RuntimeError):
+                    asyncio.run_coroutine_threadsafe(client.close(), loop)
 
 
-def _target(base_url: str) -> str:
-    """ "host:port" from what users pass (a bare address or grpc://host:port)."""
+def resolve_target(
+    base_url: str, api_key: str | None = None, verify: str | bool | None = None
+) -> tuple[str, bool]:
+    """("host:port" of the gRPC API, whether it is TLS) from what users pass: a gRPC
+    address ("host:port", "grpc://host:port") or a router's HTTP URL, whose
+    `/get_server_info` names the router's gRPC port."""
     if not isinstance(base_url, str) or not base_url:
-        raise InvalidArgument("base_url", f"expected 'host:port', got {base_url!r}")
+        raise InvalidArgument("base_url", f"expected 'host:port' or a URL, got {base_url!r}")
     if base_url.startswith(("http://", "https://")):
-        raise InvalidArgument(
-            "base_url",
-            f"RuntimeEndpoint speaks gRPC: give the router's gRPC address 'host:port', not "
-            f"{base_url!r} (the router's HTTP port serves the OpenAI-compatible API: use "
-            "sgl.OpenAI(model, base_url=...) for it)",
-        )
+        return _grpc_of_http(base_url.rstrip("/"), api_key, verify)
     target = base_url.removeprefix("grpc://").rstrip("/")
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise InvalidArgument("base_url", f"expected 'host:port', got {base_url!r}")
-    return target
+    return target, False
+
+
+def _grpc_of_http(url: str, api_key: str | None, verify: str | bool | None) -> tuple[str, bool]:
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    context = None
+    if url.startswith("https://"):
+        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        if verify is False:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(url + "/get_server_info", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as resp:
+            info = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise Unavailable(f"no radixmesh router answers at {url}: {e}") from e
+    port = info.get("grpc_port") if isinstance(info, dict) else None
+    if not isinstance(port, int):
+        raise InvalidArgument("base_url", f"{url} is not a radixmesh router (no grpc_port)")
+    host = urllib.parse.urlsplit(url).hostname or "127.0.0.1"
+    return f"{host}:{port}", url.startswith("https://")
+
+
+def _read_pem(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidArgument("verify", f"cannot read the CA file {path!r}: {e}") from None
 
 
 def _entries(logprobs: list[Any]) -> list[tuple[float | None, int, None]]:

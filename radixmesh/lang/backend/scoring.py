@@ -10,7 +10,7 @@ Backends differ only in how they run a list of such scoring requests
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from radixmesh.errors import InvalidArgument, RadixMeshError
@@ -25,6 +25,9 @@ PREFILL_PARAMS: dict[str, Any] = {"max_new_tokens": SCORE_TOKENS, "temperature":
 
 # (token ids, logprob start) per request -> (logprob, token id) entries per request
 PromptLogprobs = Callable[[list[list[int]], list[int]], list[list[tuple[float | None, int]]]]
+AsyncPromptLogprobs = Callable[
+    [list[list[int]], list[int]], Awaitable[list[list[tuple[float | None, int]]]]
+]
 
 
 def score_params(logprob_start_len: int) -> dict[str, Any]:
@@ -40,34 +43,64 @@ def score_choices(
     prompt_logprobs: PromptLogprobs,
 ) -> tuple[list[list[TokenLogprob]], list[list[TokenLogprob]] | None]:
     """Logprobs of each choice's tokens after `text` (and alone, if `unconditional`)."""
+    fulls, starts = _plan(tokenizer, text, choices)
+    cond = _scored(tokenizer, prompt_logprobs(fulls, starts), fulls, starts)
+    if not unconditional:
+        return cond, None
+    tails = _tails(fulls, starts)
+    return cond, _scored(
+        tokenizer, prompt_logprobs(tails, [0] * len(tails)), tails, [0] * len(tails)
+    )
+
+
+async def ascore_choices(
+    tokenizer: TokenizerLike,
+    text: str,
+    choices: list[str],
+    unconditional: bool,
+    prompt_logprobs: AsyncPromptLogprobs,
+) -> tuple[list[list[TokenLogprob]], list[list[TokenLogprob]] | None]:
+    """`score_choices` with an asyncio runner of the scoring requests."""
+    fulls, starts = _plan(tokenizer, text, choices)
+    cond = _scored(tokenizer, await prompt_logprobs(fulls, starts), fulls, starts)
+    if not unconditional:
+        return cond, None
+    tails = _tails(fulls, starts)
+    zeros = [0] * len(tails)
+    return cond, _scored(tokenizer, await prompt_logprobs(tails, zeros), tails, zeros)
+
+
+def _plan(
+    tokenizer: TokenizerLike, text: str, choices: list[str]
+) -> tuple[list[list[int]], list[int]]:
+    """Each choice's full token ids and where its own tokens start."""
     context_ids = tokenizer.encode(text)
     fulls = [tokenizer.encode(text + c) for c in choices]
     starts = [max(common_prefix_len(context_ids, f), 1) for f in fulls]
     for choice, full, start in zip(choices, fulls, starts, strict=True):
         if start >= len(full):
             raise InvalidArgument("choices", f"choice {choice!r} adds no token to the text")
-    cond = _scored(tokenizer, prompt_logprobs, fulls, starts)
-    uncond = None
-    if unconditional:
-        tails = [f[s:] for f, s in zip(fulls, starts, strict=True)]
-        uncond = _scored(tokenizer, prompt_logprobs, tails, [0] * len(tails))
-    return cond, uncond
+    return fulls, starts
+
+
+def _tails(fulls: list[list[int]], starts: list[int]) -> list[list[int]]:
+    return [f[s:] for f, s in zip(fulls, starts, strict=True)]
 
 
 def _scored(
     tokenizer: TokenizerLike,
-    prompt_logprobs: PromptLogprobs,
+    results: list[list[tuple[float | None, int]]],
     ids: list[list[int]],
     starts: list[int],
 ) -> list[list[TokenLogprob]]:
-    result = []
-    for entries, seq, start in zip(prompt_logprobs(ids, starts), ids, starts, strict=True):
+    scored = []
+    for entries, seq, start in zip(results, ids, starts, strict=True):
         if not entries and start == 0 and len(seq) == 1:
             # A one-token prompt has no prompt logprob; the engine then omits the
             # first token's (None) entry as well.
             entries = [(None, seq[0])]
-        result.append([(lp, tid, tokenizer.decode([tid])) for lp, tid in entries])
-    return result
+        scored.append([(lp, tid, tokenizer.decode([tid])) for lp, tid in entries])
+    return scored
 
 
 def check_finished(meta: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,208 @@
+"""SGLang's native HTTP API on the router, beside OpenAI's (http.py).
+
+`POST /generate` (text or input_ids, one prompt or a batch, SGLang's `sampling_params`,
+streaming as SGLang's SSE events with the text so far), `GET /get_model_info` and
+`/model_info`, `GET /get_server_info` and `/server_info` (with the router's gRPC port, so a
+client given this URL can speak gRPC), `GET|POST /flush_cache` (every worker),
+`GET /health_generate` (one token through the router), `POST /concate_and_append_request`
+(acknowledged: see `concate_and_append`). Generation runs through the same
+`route_and_stream` as every other front end; parsing and reply shapes are
+sglang_protocol.py's. Errors: the HTTP frontend's `{"error": {...}}` with status 400 / 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from aiohttp import web
+
+import radixmesh
+from radixmesh.client.convert import error_from_rpc
+from radixmesh.errors import InvalidArgument, RadixMeshError
+from radixmesh.router.sglang_protocol import (
+    GenerateRequest,
+    OutputState,
+    parse_generate,
+    sglang_field,
+)
+from radixmesh.v1 import common_pb2
+
+if TYPE_CHECKING:
+    from radixmesh.router.http import ApiError, HttpFrontend, JobChunks
+
+HEALTH_TIMEOUT = 20.0  # seconds /health_generate waits for its token
+
+
+class SglangApi:
+    def __init__(self, frontend: HttpFrontend) -> None:
+        self.frontend = frontend
+        self.servicer = frontend.servicer
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_route("POST", "/generate", self.generate)
+        app.router.add_route("PUT", "/generate", self.generate)
+        for path in ("/get_model_info", "/model_info"):
+            app.router.add_get(path, self.model_info)
+        for path in ("/get_server_info", "/server_info"):
+            app.router.add_get(path, self.server_info)
+        app.router.add_route("GET", "/flush_cache", self.flush_cache)
+        app.router.add_route("POST", "/flush_cache", self.flush_cache)
+        app.router.add_get("/health_generate", self.health_generate)
+        app.router.add_post("/concate_and_append_request", self.concate_and_append)
+
+    # ---- information ----------------------------------------------------------------------
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        info = self.frontend._ready()[1]
+        return web.json_response(
+            {
+                "model_path": info.model,
+                "served_model_name": info.model,
+                "tokenizer_path": info.tokenizer,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "context_length": info.context_length,
+            }
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        info = self.frontend._ready()[1]
+        config = self.frontend.config
+        workers = [
+            {
+                "worker_id": w.worker_id,
+                "address": w.address,
+                "healthy": w.healthy,
+                "num_running": w.load.num_running,
+                "num_waiting": w.load.num_waiting,
+                "kv_tokens_used": w.load.kv_tokens_used,
+                "kv_tokens_total": w.load.kv_tokens_total,
+            }
+            for w in self.servicer.pool.workers.values()
+        ]
+        return web.json_response(
+            {
+                "model_path": info.model,
+                "tokenizer_path": info.tokenizer,
+                "context_length": info.context_length,
+                "page_size": info.page_size,
+                "version": radixmesh.__version__,
+                "grpc_port": self.frontend.grpc_port,
+                "policy": config.policy,
+                "internal_states": workers,
+            }
+        )
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        flushed, total = await self.servicer.flush_all()
+        if flushed == total:
+            return web.Response(text=f"Cache flushed on {total} workers.\n")
+        text = f"{total - flushed} of {total} workers did not flush (busy or unreachable).\n"
+        return web.Response(text=text, status=400)
+
+    async def concate_and_append(self, request: web.Request) -> web.Response:
+        """SGLang's client calls this when a join concatenates branches (its parallel
+        encoding). The client has appended the branches' text itself and sends it with
+        its next request, whose cached prefix the radix cache reuses: nothing to do here."""
+        return web.json_response({"success": True})
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        """200 once one token comes back through the router, else 503."""
+        info = self.frontend._ready()[1]
+        token = info.bos_token_id if info.HasField("bos_token_id") else 0
+        params = common_pb2.SamplingParams(max_new_tokens=1, temperature=0.0)
+        chunks = self.servicer.route_and_stream(
+            [token], params, f"health-{uuid.uuid4().hex}", stream=False
+        )
+        try:
+            async with aclosing(chunks), asyncio.timeout(HEALTH_TIMEOUT):
+                async for _ in chunks:
+                    return web.Response(status=200)
+        except (TimeoutError, RadixMeshError, grpc.aio.AioRpcError):
+            pass
+        return web.Response(status=503)
+
+    # ---- generation -----------------------------------------------------------------------
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._generate(request)
+        except (RadixMeshError, ValueError, grpc.aio.AioRpcError) as e:
+            raise api_error(e) from None
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        from radixmesh.router.http import ApiError
+
+        tok, _ = self.frontend._ready()
+        try:
+            body = json.loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
+        req = await asyncio.to_thread(parse_generate, body, tok)
+        rid = uuid.uuid4().hex
+        rids = req.rids or [
+            rid if len(req.outputs) == 1 else f"{rid}-{i}" for i in range(len(req.outputs))
+        ]
+        states = [OutputState(req, i, rids[i], tok) for i in range(len(req.outputs))]
+        jobs = [(i, req.prompts[o.prompt], o.params) for i, o in enumerate(req.outputs)]
+        started = time.perf_counter()
+        chunks = self.frontend.stream_jobs(
+            jobs, rid, stream=req.stream, rids=rids, hint=req.program
+        )
+        async with aclosing(chunks):
+            if req.stream:
+                return await self._stream(request, req, states, chunks, started)
+            async for index, worker_id, chunk in chunks:
+                states[index].add(chunk, worker_id)
+        out = [s.to_json(time.perf_counter() - started) for s in states]
+        return web.json_response(out if req.batch else out[0])
+
+    async def _stream(
+        self,
+        request: web.Request,
+        req: GenerateRequest,
+        states: list[OutputState],
+        chunks: JobChunks,
+        started: float,
+    ) -> web.StreamResponse:
+        # Wait for the first chunk before the 200: errors until then get their own status.
+        item = await anext(chunks, None)
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+
+        async def send(payload: Any) -> None:
+            await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+        try:
+            while item is not None:
+                index, worker_id, chunk = item
+                states[index].add(chunk, worker_id)
+                await send(states[index].to_json(time.perf_counter() - started))
+                item = await anext(chunks, None)
+        except (RadixMeshError, grpc.aio.AioRpcError) as e:
+            await send(api_error(e).to_json())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def api_error(e: BaseException) -> ApiError:
+    """The HTTP error for `e`, naming the field as SGLang's API does."""
+    from radixmesh.router.http import ApiError
+
+    if isinstance(e, grpc.aio.AioRpcError):
+        e = error_from_rpc(e)
+    if isinstance(e, InvalidArgument):
+        return ApiError(400, e.message, sglang_field(e.field), "invalid_argument")
+    return ApiError.from_exception(e)
