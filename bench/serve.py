@@ -44,6 +44,7 @@ from bench.serving.workloads import (
     multi_turn_workload,
     random_workload,
     shared_prefix_workload,
+    warmup_workload,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -149,15 +150,13 @@ async def _one_run(
     )
     try:
         if args.warmup:
-            warm = random_workload(
-                num_requests=args.warmup,
-                input_len=(32, 64),
-                output_len=(4, 4),
-                mode=workload.mode,
-                seed=args.seed + 1,
-                tokenizer=_tokenizer(target),
+            # The workload's own prompt lengths, at once: the first timed requests must not
+            # pay for compiling the kernels of new shapes (hundreds of ms a shape on a GPU).
+            warm = warmup_workload(
+                workload, args.warmup, seed=args.seed + 1, tokenizer=_tokenizer(target)
             )
-            await run_load(warm, backend, LoadSpec(max_concurrency=args.warmup))
+            await run_load(warm, backend, LoadSpec())
+            await asyncio.to_thread(flush, target)
         run = await run_load(workload, backend, spec)
     finally:
         await backend.close()
@@ -396,7 +395,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     load.add_argument("--turns", type=int, default=4, help="multi-turn: turns a conversation")
     load.add_argument("--think-time", type=float, default=0.5, help="multi-turn: seconds")
     load.add_argument("--programs", default="tips_fork5,judge_3,multi_turn,few_shot_select")
-    load.add_argument("--warmup", type=int, default=4, help="requests before each run")
+    load.add_argument(
+        "--warmup", type=int, default=16, help="requests shaped like the run's, before it"
+    )
     load.add_argument("--repeats", type=int, default=1, help="--offline: runs (the median)")
     load.add_argument("--seed", type=int, default=0)
     out = ap.add_argument_group("report")

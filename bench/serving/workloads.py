@@ -205,6 +205,19 @@ def multi_turn_workload(
     return Workload("multi-turn", mode, tuple(sessions), params)
 
 
+def warmup_workload(
+    workload: Workload, num_requests: int, *, seed: int, tokenizer: TokenizerLike | None
+) -> Workload:
+    """Requests shaped like `workload`'s first turns (the same prompt lengths, 8 output
+    tokens) but of fresh random tokens, so the kernels a run's shapes need are compiled
+    before it while its prefixes stay uncached."""
+    rng = random.Random(seed)
+    maker = PromptMaker(workload.mode, rng, tokenizer)
+    lengths = [maker.length(s.turns[0].message) for s in workload.sessions[:num_requests]]
+    sessions = tuple(Session((Turn(maker.make(n), 8, 0),)) for n in lengths)
+    return Workload(f"{workload.name}-warmup", workload.mode, sessions)
+
+
 def _join(a: Prompt, b: Prompt) -> Prompt:
     if isinstance(a, list) and isinstance(b, list):
         return a + b

@@ -10,6 +10,7 @@ from bench.serving.workloads import (
     multi_turn_workload,
     random_workload,
     shared_prefix_workload,
+    warmup_workload,
 )
 from radixmesh.tokenizer import ByteTokenizer, TokenizerLike, load_tokenizer
 
@@ -104,3 +105,20 @@ def test_text_prompts_have_about_the_token_count(smollm2: TokenizerLike) -> None
         assert abs(len(smollm2.encode(prompt)) - n) <= 2
     with pytest.raises(ValueError, match="mode: text prompts need the model's tokenizer"):
         PromptMaker("text", random.Random(0), None)
+
+
+def test_warmup_has_the_workloads_prompt_lengths_and_none_of_its_tokens() -> None:
+    w = shared_prefix_workload(
+        num_groups=2,
+        requests_per_group=3,
+        prefix_len=40,
+        question_len=5,
+        output_len=9,
+        mode="ids",
+        seed=3,
+    )
+    warm = warmup_workload(w, 4, seed=4, tokenizer=None)
+    assert [len(s.turns[0].message) for s in warm.sessions] == [45] * 4
+    assert {s.turns[0].max_tokens for s in warm.sessions} == {8}
+    prefixes = {tuple(s.turns[0].message[:40]) for s in w.sessions}  # type: ignore[index]
+    assert not prefixes & {tuple(s.turns[0].message[:40]) for s in warm.sessions}  # type: ignore[index]
