@@ -365,6 +365,11 @@ def _child_main(cmd: Connection, out: Connection, options: dict[str, Any]) -> No
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # tqdm's default lock is a multiprocessing one, whose semaphore the child's os._exit
+    # would leave to the resource tracker (a "leaked semaphore" warning at every stop).
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     from radixmesh.worker.engine import Engine
 
     try:
