@@ -162,6 +162,7 @@ def _cmd_router(args: argparse.Namespace) -> int:
         worker_tls_key=args.worker_tls_key,
         worker_tls_server_name=args.worker_tls_server_name,
         discovery_interval=args.discovery_interval,
+        strict_openai=args.strict_openai,
     )
     return run(config)
 
@@ -188,6 +189,11 @@ def router_api_keys(flags: Sequence[str] | None) -> tuple[str, ...]:
 def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP API")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics")
+    parser.add_argument(
+        "--strict-openai",
+        action="store_true",
+        help="refuse unknown fields in OpenAI requests (400) instead of ignoring them",
+    )
     parser.add_argument(
         "--api-key",
         action="append",
@@ -259,6 +265,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     for flag in ("http_port", "metrics_port", "download_dir"):
         if getattr(args, flag) is not None:
             router_args += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    if args.strict_openai:
+        router_args.append("--strict-openai")
     config = LaunchConfig(
         model=args.model,
         workers=args.workers,
@@ -305,6 +313,8 @@ def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
     }
     if api_keys := router_api_keys(args.api_key):
         router_options["api_keys"] = api_keys
+    if args.strict_openai:
+        router_options["strict_openai"] = True
     config = RayLaunchConfig(
         model=args.model,
         workers=args.workers,

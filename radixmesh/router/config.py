@@ -34,6 +34,8 @@ class RouterConfig:
     # holding its prefix while it runs or queues fewer requests than this (0: off).
     program_max_queued: int = 32
     http_port: int | None = None  # the OpenAI-compatible HTTP API (None: off)
+    # Unknown fields in OpenAI requests: False: logged and ignored; True: 400 naming them.
+    strict_openai: bool = False
     metrics_port: int | None = None  # Prometheus /metrics (None: only on the HTTP port)
     # Clients must send `authorization: Bearer <one of these>` (empty: no authentication).
     api_keys: tuple[str, ...] = ()

@@ -1,26 +1,25 @@
-"""The router's HTTP API (aiohttp, on the router's own event loop): OpenAI's and SGLang's.
+"""The router's HTTP server (aiohttp, on the router's own event loop): OpenAI's API and SGLang's.
 
-Endpoints: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (SSE when
-`stream`), `GET /health`, `GET /metrics`, and SGLang's native API (`/generate`,
-`/get_model_info`, ...: sglang_api.py). Generation goes through the gRPC servicer's
-`route_and_stream`, the one routing / retry / proxy path of the router; this module only
-parses OpenAI requests and formats replies (openai_protocol.py).
+`GET /health` and `GET /metrics` are served here; the OpenAI-compatible API (`/v1/...`,
+`/tokenize`, `/detokenize`, `/openapi.json`: openai/routes.py) and SGLang's native API
+(`/generate`, `/get_model_info`, ...: sglang_api.py) register their routes on the app.
+Generation goes through `stream_jobs`, over the gRPC servicer's `route_and_stream`, the
+one routing / retry / proxy path of the router.
 
 Errors use OpenAI's layout `{"error": {"message", "type", "param", "code"}}` with the
-catalogue's HTTP status (400 naming the field as `param`, 401, 404, 429, 503). An error
-after a stream started is sent as one `data: {"error": ...}` event before `[DONE]`.
-A client that disconnects cancels its handler (`handler_cancellation`), which closes the
-worker call: the worker aborts the request and frees its KV.
+catalogue's HTTP status (400 naming the field as `param`, 401, 404, 429, 503; see
+api_error.py). An error after a stream started is sent as one `data: {"error": ...}`
+event before `[DONE]`. A client that disconnects cancels its handler
+(`handler_cancellation`), which closes the worker call: the worker aborts the request and
+frees its KV.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 import time
-import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
@@ -30,19 +29,10 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from radixmesh.auth import bearer_allowed
-from radixmesh.client.convert import error_from_rpc
-from radixmesh.errors import CATALOGUE, InvalidArgument, RadixMeshError, Unavailable, entry_for
+from radixmesh.errors import RadixMeshError, Unavailable
+from radixmesh.router.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.config import RouterConfig
-from radixmesh.router.openai_protocol import (
-    OpenAIRequest,
-    Usage,
-    choice_json,
-    envelope,
-    finish_reason,
-    logprobs_json,
-    openai_field,
-    parse_request,
-)
+from radixmesh.router.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
 from radixmesh.router.service import RouterServicer
 from radixmesh.tokenizer import TokenizerLike
@@ -50,63 +40,14 @@ from radixmesh.v1 import common_pb2
 
 logger = logging.getLogger(__name__)
 
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "service_unavailable_error",
-}
-# HTTP status -> the gRPC status name requests are counted under (metrics.py).
-_STATUS_NAMES = {200: "OK", 404: "NOT_FOUND", 405: "UNIMPLEMENTED"} | {
-    e.http_status: e.grpc_status for e in CATALOGUE
-}
-_STATUS_KEY = "radixmesh_status"  # request key: a status that the HTTP status does not show
+__all__ = ["ApiError", "HttpFrontend", "JobChunks", "ssl_context"]
 
-# (choice or output index, serving worker id, chunk)
-Chunks = AsyncGenerator[tuple[int, str, common_pb2.GenerateChunk], None]
-JobChunks = Chunks
+# (output index, serving worker id, chunk)
+JobChunks = AsyncGenerator[tuple[int, str, common_pb2.GenerateChunk], None]
 # (output index, token ids, sampling parameters)
 Job = tuple[int, list[int], common_pb2.SamplingParams]
-# Names the worker that served a single-choice request (benchmarks and debugging read it).
-WORKER_HEADER = "X-Radixmesh-Worker"
-_OPEN_PATHS = ("/health", "/metrics")  # probes and scrapers: no API key, no request metrics
-
-
-class ApiError(Exception):
-    """An error reply: HTTP status, message, the offending field and a short code."""
-
-    def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    @classmethod
-    def from_exception(cls, e: BaseException) -> ApiError:
-        if isinstance(e, grpc.aio.AioRpcError):
-            e = error_from_rpc(e)
-        entry = entry_for(e)
-        if isinstance(e, InvalidArgument):
-            return cls(entry.http_status, e.message, openai_field(e.field), "invalid_argument")
-        return cls(entry.http_status, str(e), None, entry.grpc_status.lower())
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": _ERROR_TYPES.get(self.status, "server_error"),
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-    def response(self) -> web.Response:
-        return web.json_response(self.to_json(), status=self.status)
+# Probes, scrapers and the API's description: no API key, no request metrics.
+_OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
 
 
 def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
@@ -137,8 +78,7 @@ class HttpFrontend:
         app.router.add_get("/metrics", self.metrics_text)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        OpenAIRoutes(self).register(app)
         from radixmesh.router.sglang_api import SglangApi
 
         SglangApi(self).register(app)
@@ -182,7 +122,7 @@ class HttpFrontend:
                 except ConnectionResetError:
                     record.status = "CANCELLED"
                     raise
-            record.status = request.get(_STATUS_KEY) or _STATUS_NAMES.get(resp.status, "UNKNOWN")
+            record.status = request.get(STATUS_KEY) or STATUS_NAMES.get(resp.status, "UNKNOWN")
             return resp
 
     async def _answer(
@@ -244,39 +184,6 @@ class HttpFrontend:
 
     # ---- generation --------------------------------------------------------------------
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
-
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
-
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        tok, info = self._ready()
-        try:
-            body = json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
-        req = parse_request(body, chat=chat, tokenizer=tok, context_length=info.context_length)
-        self._check_model(req.model)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        chunks = self._choices(req, rid)
-        async with aclosing(chunks):
-            if req.stream:
-                return await self._stream(request, req, rid, chunks, tok)
-            return await self._collect(req, rid, chunks, tok)
-
-    async def _choices(self, req: OpenAIRequest, rid: str) -> Chunks:
-        """Every choice's chunks as (choice index, worker id, chunk), generated at once."""
-        jobs = [
-            (i * req.n + j, ids, req.params[j])
-            for i, ids in enumerate(req.prompts)
-            for j in range(req.n)
-        ]
-        chunks = self.stream_jobs(jobs, rid, stream=req.stream)
-        async with aclosing(chunks):
-            async for item in chunks:
-                yield item
-
     async def stream_jobs(
         self,
         jobs: list[Job],
@@ -335,92 +242,3 @@ class HttpFrontend:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _collect(
-        self, req: OpenAIRequest, rid: str, chunks: Chunks, tok: TokenizerLike
-    ) -> web.Response:
-        total = len(req.prompts) * req.n
-        texts = [""] * total
-        reasons: list[str | None] = [None] * total
-        logprobs: list[dict[str, Any] | None] = [None] * total
-        usage = Usage()
-        workers: set[str] = set()
-        async for index, worker, chunk in chunks:
-            workers.add(worker)
-            if req.top_logprobs is not None:
-                lp = logprobs_json(chunk, tok, chat=req.chat, offset=len(texts[index]))
-                logprobs[index] = _join_logprobs(logprobs[index], lp)
-            texts[index] += chunk.text
-            if chunk.HasField("finish"):
-                reasons[index] = finish_reason(chunk)
-                usage.add(chunk, first_choice=index % req.n == 0)
-        body = envelope(req, rid, chunk=False)
-        body["choices"] = [
-            choice_json(req, i, texts[i], reasons[i], logprobs[i], delta=False)
-            for i in range(total)
-        ]
-        body["usage"] = usage.to_json()
-        return web.json_response(body, headers={WORKER_HEADER: ",".join(sorted(workers))})
-
-    async def _stream(
-        self,
-        request: web.Request,
-        req: OpenAIRequest,
-        rid: str,
-        chunks: Chunks,
-        tok: TokenizerLike,
-    ) -> web.StreamResponse:
-        # Wait for the first chunk before the 200: errors until then get their own status.
-        item = await anext(chunks, None)
-        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        if item is not None and len(req.prompts) * req.n == 1:
-            headers[WORKER_HEADER] = item[1]
-        resp = web.StreamResponse(headers=headers)
-        await resp.prepare(request)
-        base = envelope(req, rid, chunk=True)
-        if req.include_usage:
-            base["usage"] = None
-
-        async def send(payload: dict[str, Any]) -> None:
-            await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-
-        if req.chat:  # OpenAI opens each chat choice with the role
-            for i in range(len(req.prompts) * req.n):
-                choice = choice_json(req, i, "", None, None, delta=True)
-                choice["delta"] = {"role": "assistant", "content": ""}
-                await send({**base, "choices": [choice]})
-        offsets = [0] * (len(req.prompts) * req.n)
-        usage = Usage()
-        try:
-            while item is not None:
-                index, _, chunk = item
-                lp = None
-                if req.top_logprobs is not None:
-                    lp = logprobs_json(chunk, tok, chat=req.chat, offset=offsets[index])
-                offsets[index] += len(chunk.text)
-                reason = finish_reason(chunk)
-                if reason is not None:
-                    usage.add(chunk, first_choice=index % req.n == 0)
-                if req.continuous_usage and (chunk.token_ids or reason is not None):
-                    choice = choice_json(req, index, chunk.text, reason, lp, delta=True)
-                    usage_now = Usage.of_chunk(chunk).to_json()
-                    await send({**base, "choices": [choice], "usage": usage_now})
-                elif chunk.text or reason is not None:
-                    choice = choice_json(req, index, chunk.text, reason, lp, delta=True)
-                    await send({**base, "choices": [choice]})
-                item = await anext(chunks, None)
-        except (RadixMeshError, grpc.aio.AioRpcError) as e:
-            error = ApiError.from_exception(e)
-            request[_STATUS_KEY] = _STATUS_NAMES.get(error.status, "UNKNOWN")
-            await send(error.to_json())
-        if req.include_usage:
-            await send({**base, "choices": [], "usage": usage.to_json()})
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-
-def _join_logprobs(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
-    if a is None:
-        return b
-    return {k: a[k] + b[k] for k in b}

@@ -1,0 +1,69 @@
+"""HTTP error replies in OpenAI's layout: `{"error": {"message", "type", "param", "code"}}`.
+
+Shared by every HTTP handler of the router (http.py and the OpenAI routes): the status is
+the error catalogue's, `param` names the field in the spelling the client sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from radixmesh.client.convert import error_from_rpc
+from radixmesh.errors import CATALOGUE, InvalidArgument, entry_for
+from radixmesh.router.openai.convert import openai_field
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+# HTTP status -> the gRPC status name requests are counted under (metrics.py).
+STATUS_NAMES = {200: "OK", 404: "NOT_FOUND", 405: "UNIMPLEMENTED"} | {
+    e.http_status: e.grpc_status for e in CATALOGUE
+}
+STATUS_KEY = "radixmesh_status"  # request key: a status that the HTTP status does not show
+
+
+class ApiError(Exception):
+    """An error reply: HTTP status, message, the offending field and a short code."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @classmethod
+    def from_exception(
+        cls, e: BaseException, field_name: Callable[[str], str] = openai_field
+    ) -> ApiError:
+        """`field_name` maps the field an InvalidArgument names to the client's spelling."""
+        if isinstance(e, grpc.aio.AioRpcError):
+            e = error_from_rpc(e)
+        entry = entry_for(e)
+        if isinstance(e, InvalidArgument):
+            return cls(entry.http_status, e.message, field_name(e.field), "invalid_argument")
+        return cls(entry.http_status, str(e), None, entry.grpc_status.lower())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": ERROR_TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> web.Response:
+        return web.json_response(self.to_json(), status=self.status)

@@ -1,0 +1,247 @@
+"""Serving a parsed completions / chat request: fan out its choices, reply whole or as SSE.
+
+Every choice (prompt x n) is one worker request through the router's `route_and_stream`;
+their chunks interleave as they come. The whole reply is built from response models
+(responses.py); a stream sends one chunk per worker chunk, then the usage chunk (with
+`stream_options.include_usage`) and `[DONE]`. Errors before the first chunk get their own
+HTTP status; after it, one `data: {"error": ...}` event ends the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from radixmesh.errors import RadixMeshError
+from radixmesh.router.api_error import STATUS_KEY, STATUS_NAMES, ApiError
+from radixmesh.router.openai import responses as rs
+from radixmesh.router.openai.convert import Generation
+from radixmesh.router.openai.reply import (
+    UsageCounter,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    join_completion_logprobs,
+)
+from radixmesh.tokenizer import TokenizerLike
+from radixmesh.v1 import common_pb2
+
+Chunks = AsyncGenerator[tuple[int, common_pb2.GenerateChunk], None]
+Route = Callable[..., AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]]
+
+
+async def choices(route: Route, gen: Generation, rid: str) -> Chunks:
+    """Every choice's chunks as (choice index, chunk), the choices generated at once."""
+    jobs = [
+        (i * gen.n + j, ids, gen.params[j])
+        for i, ids in enumerate(gen.prompts)
+        for j in range(gen.n)
+    ]
+    if len(jobs) == 1:  # no tasks needed
+        stream = route(jobs[0][1], jobs[0][2], rid, stream=gen.stream)
+        async with aclosing(stream):
+            async for _, chunk in stream:
+                yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, common_pb2.GenerateChunk | None, BaseException | None]]
+    queue = asyncio.Queue()
+
+    async def pump(index: int, ids: list[int], params: common_pb2.SamplingParams) -> None:
+        try:
+            stream = route(ids, params, f"{rid}-{index}", stream=gen.stream)
+            async with aclosing(stream):
+                async for _, chunk in stream:
+                    queue.put_nowait((index, chunk, None))
+            queue.put_nowait((index, None, None))
+        except Exception as e:
+            queue.put_nowait((index, None, e))
+
+    tasks = [asyncio.create_task(pump(*job)) for job in jobs]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, got, error = await queue.get()
+            if error is not None:
+                raise error
+            if got is None:
+                remaining -= 1
+            else:
+                yield index, got
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def collect(gen: Generation, rid: str, chunks: Chunks, tok: TokenizerLike) -> dict[str, Any]:
+    """The whole reply (a `chat.completion` or a `text_completion`)."""
+    total = gen.num_choices
+    texts = [""] * total
+    reasons: list[rs.FinishReason | None] = [None] * total
+    chat_lps: list[list[rs.TokenLogprob]] = [[] for _ in range(total)]
+    text_lps: list[rs.CompletionLogprobs | None] = [None] * total
+    usage = UsageCounter(gen.n)
+    async for index, chunk in chunks:
+        if gen.top_logprobs is not None:
+            if gen.chat:
+                chat_lps[index] += chat_logprobs(chunk, tok)
+            else:
+                lp = completion_logprobs(chunk.logprobs, chunk.top_logprobs, tok, len(texts[index]))
+                text_lps[index] = join_completion_logprobs(text_lps[index], lp)
+        texts[index] += chunk.text
+        usage.add(index, chunk)
+        reasons[index] = finish_reason(chunk) or reasons[index]
+    if gen.chat:
+        return rs.ChatCompletion(
+            id=rid,
+            created=gen.created,
+            model=gen.model,
+            choices=[
+                rs.ChatChoice(
+                    index=i,
+                    message=rs.ChatMessage(content=texts[i]),
+                    logprobs=None if gen.top_logprobs is None else rs.ChatLogprobs(content=lps),
+                    finish_reason=reasons[i],
+                )
+                for i, lps in enumerate(chat_lps)
+            ],
+            usage=usage.usage(),
+        ).dump()
+    return rs.Completion(
+        id=rid,
+        created=gen.created,
+        model=gen.model,
+        choices=[
+            rs.CompletionChoice(
+                index=i, text=texts[i], logprobs=text_lps[i], finish_reason=reasons[i]
+            )
+            for i in range(total)
+        ],
+        usage=usage.usage(),
+    ).dump()
+
+
+class _Sse:
+    """One SSE response: `data: <json>` events."""
+
+    def __init__(self, resp: web.StreamResponse) -> None:
+        self.resp = resp
+
+    async def send(self, payload: dict[str, Any] | str) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        await self.resp.write(b"data: " + data.encode() + b"\n\n")
+
+
+async def stream(
+    request: web.Request,
+    gen: Generation,
+    rid: str,
+    chunks: Chunks,
+    tok: TokenizerLike,
+    error: Callable[[BaseException], ApiError],
+) -> web.StreamResponse:
+    """The reply as SSE. `error` turns a failure after the first chunk into its event."""
+    # Wait for the first chunk before the 200: errors until then get their own status.
+    item = await anext(chunks, None)
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    sse = _Sse(resp)
+    events = _ChunkEvents(gen, rid, tok)
+    try:
+        for payload in events.opening():
+            await sse.send(payload)
+        while item is not None:
+            for payload in events.of(*item):
+                await sse.send(payload)
+            item = await anext(chunks, None)
+    except (RadixMeshError, grpc.aio.AioRpcError) as e:
+        api_error = error(e)
+        request[STATUS_KEY] = STATUS_NAMES.get(api_error.status, "UNKNOWN")
+        await sse.send(api_error.to_json())
+    if gen.include_usage:
+        await sse.send(events.usage_event())
+    await sse.send("[DONE]")
+    await resp.write_eof()
+    return resp
+
+
+class _ChunkEvents:
+    """The SSE payloads of a stream, chunk by chunk."""
+
+    def __init__(self, gen: Generation, rid: str, tok: TokenizerLike) -> None:
+        self.gen = gen
+        self.rid = rid
+        self.tok = tok
+        self.offsets = [0] * gen.num_choices  # completions' text_offset per choice
+        self.usage = UsageCounter(gen.n)
+
+    def _envelope(self, choices: list[Any]) -> dict[str, Any]:
+        g = self.gen
+        model: rs.ChatCompletionChunk | rs.Completion
+        if g.chat:
+            model = rs.ChatCompletionChunk(
+                id=self.rid, created=g.created, model=g.model, choices=choices
+            )
+        else:
+            model = rs.Completion(id=self.rid, created=g.created, model=g.model, choices=choices)
+        if g.continuous_usage:
+            model.usage = self.usage.usage()
+        elif g.include_usage:
+            model.usage = None
+        return model.dump()
+
+    def opening(self) -> list[dict[str, Any]]:
+        if not self.gen.chat:
+            return []
+        # OpenAI opens each chat choice with the role.
+        return [
+            self._envelope(
+                [
+                    rs.ChunkChoice(
+                        index=i,
+                        delta=rs.Delta(role="assistant", content=""),
+                        logprobs=None,
+                        finish_reason=None,
+                    )
+                ]
+            )
+            for i in range(self.gen.num_choices)
+        ]
+
+    def of(self, index: int, chunk: common_pb2.GenerateChunk) -> list[dict[str, Any]]:
+        g = self.gen
+        self.usage.add(index, chunk)
+        reason = finish_reason(chunk)
+        if not chunk.text and reason is None:
+            return []
+        choice: rs.ChunkChoice | rs.CompletionChoice
+        if g.chat:
+            lps = None
+            if g.top_logprobs is not None:
+                lps = rs.ChatLogprobs(content=chat_logprobs(chunk, self.tok))
+            delta = rs.Delta(content=chunk.text) if chunk.text else rs.Delta()
+            choice = rs.ChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=reason)
+        else:
+            text_lps = None
+            if g.top_logprobs is not None:
+                text_lps = completion_logprobs(
+                    chunk.logprobs, chunk.top_logprobs, self.tok, self.offsets[index]
+                )
+            choice = rs.CompletionChoice(
+                index=index, text=chunk.text, logprobs=text_lps, finish_reason=reason
+            )
+        self.offsets[index] += len(chunk.text)
+        return [self._envelope([choice])]
+
+    def usage_event(self) -> dict[str, Any]:
+        payload = self._envelope([])
+        payload["usage"] = self.usage.usage().dump()
+        return payload

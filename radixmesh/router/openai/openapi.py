@@ -1,0 +1,130 @@
+"""The OpenAPI 3.1 description of the router's HTTP API, built from the pydantic models.
+
+Served at `GET /openapi.json`. Request bodies are described by the request models
+(validation schemas), replies by the response models (serialization schemas); every
+authenticated route lists the errors it can answer with OpenAI's error body.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from radixmesh.router.openai import requests as rq
+from radixmesh.router.openai import responses as rs
+
+_REF = "#/components/schemas/{model}"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str
+    summary: str
+    request: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    streams: bool = False  # `stream: true` answers text/event-stream
+    authenticated: bool = True
+    content_type: str = "application/json"
+
+
+ENDPOINTS = (
+    Endpoint("get", "/v1/models", "The served model, as a list", response=rs.ModelList),
+    Endpoint("get", "/v1/models/{model}", "The served model", response=rs.Model),
+    Endpoint(
+        "post",
+        "/v1/completions",
+        "Complete prompts (text or token ids)",
+        rq.CompletionRequest,
+        rs.Completion,
+        streams=True,
+    ),
+    Endpoint(
+        "post",
+        "/v1/chat/completions",
+        "Complete a chat, with tool calling",
+        rq.ChatCompletionRequest,
+        rs.ChatCompletion,
+        streams=True,
+    ),
+    Endpoint("get", "/health", "200 while a worker is healthy, else 503", authenticated=False),
+    Endpoint(
+        "get",
+        "/metrics",
+        "Prometheus metrics",
+        authenticated=False,
+        content_type="text/plain",
+    ),
+    Endpoint("get", "/openapi.json", "This description", authenticated=False),
+)
+_ERRORS = {
+    "400": "Invalid request (`param` names the field)",
+    "401": "Missing or wrong API key",
+    "404": "Unknown model or route",
+    "429": "Every worker tried is full",
+    "503": "No healthy worker, or the router is starting",
+}
+
+
+@functools.cache
+def openapi_document(version: str) -> dict[str, Any]:
+    models: list[tuple[type[BaseModel], Any]] = [(rs.ErrorResponse, "serialization")]
+    for e in ENDPOINTS:
+        if e.request is not None:
+            models.append((e.request, "validation"))
+        if e.response is not None:
+            models.append((e.response, "serialization"))
+    names, schemas = models_json_schema(models, ref_template=_REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for e in ENDPOINTS:
+        paths.setdefault(e.path, {})[e.method] = _operation(e, names)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "radixmesh router",
+            "version": version,
+            "description": "OpenAI-compatible API of a radixmesh cluster (see docs/router-http.md)",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+def _operation(e: Endpoint, names: dict[tuple[Any, Any], Any]) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": e.summary, "operationId": _operation_id(e)}
+    if e.path == "/v1/models/{model}":
+        op["parameters"] = [
+            {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+        ]
+    if e.request is not None:
+        ref = names[(e.request, "validation")]
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+    ok: dict[str, Any] = {"description": "OK"}
+    if e.response is not None:
+        ok["content"] = {"application/json": {"schema": names[(e.response, "serialization")]}}
+    elif e.content_type != "application/json":
+        ok["content"] = {e.content_type: {"schema": {"type": "string"}}}
+    if e.streams:
+        ok.setdefault("content", {})["text/event-stream"] = {
+            "schema": {"type": "string", "description": "SSE chunks, then `data: [DONE]`"}
+        }
+    op["responses"] = {"200": ok}
+    if e.authenticated:
+        error = {
+            "content": {"application/json": {"schema": names[(rs.ErrorResponse, "serialization")]}}
+        }
+        op["responses"] |= {code: {"description": d, **error} for code, d in _ERRORS.items()}
+        op["security"] = [{"bearer": []}]
+    return op
+
+
+def _operation_id(e: Endpoint) -> str:
+    words = [w for w in e.path.replace("{", "").replace("}", "").split("/") if w]
+    return e.method + "_" + "_".join(w.replace(".", "_") for w in words)

@@ -1,0 +1,247 @@
+"""OpenAI's request bodies as pydantic models: field names, types and shapes.
+
+The ranges of sampling fields are checked once, by `SamplingParams` (the schema the worker
+validates with), so a bad value reads the same over HTTP and gRPC; these models check what
+only the OpenAI API has (`n`, `logprobs`, message and tool shapes). Types are strict: a
+string is not a number and 1 is not `true`.
+
+Unknown top-level fields are kept in `model_extra` (the conversion layer logs and drops
+them, or refuses them under `--strict-openai`); unknown keys inside nested objects are
+ignored. Fields OpenAI defines that radixmesh accepts and ignores are declared (`user`,
+`metadata`, ...), so they are not "unknown"; fields that would change the output and
+cannot be honoured are declared too, for the conversion layer to refuse by name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+MAX_EMBEDDING_INPUTS = 2048
+
+
+class Body(BaseModel):
+    """A request body: unknown top-level fields are kept for the caller to judge."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class Part(BaseModel):
+    """An object inside a body: unknown keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+
+# ---- messages -----------------------------------------------------------------------------
+
+
+class TextPart(Part):
+    type: Literal["text"]
+    text: str
+
+
+Content = str | list[TextPart]
+
+
+class FunctionCall(Part):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Part):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(Part):
+    role: Literal["system", "developer"]
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(Part):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class AssistantMessage(Part):
+    role: Literal["assistant"]
+    content: Content | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+    name: str | None = None
+
+
+class ToolMessage(Part):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+
+
+def _role(message: Any) -> str | None:
+    role = message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
+    return "role system" if role == "developer" else f"role {role}"
+
+
+# Tags are not identifiers, so `error_param` leaves them out of the field path.
+Message = Annotated[
+    Annotated[SystemMessage, Tag("role system")]
+    | Annotated[UserMessage, Tag("role user")]
+    | Annotated[AssistantMessage, Tag("role assistant")]
+    | Annotated[ToolMessage, Tag("role tool")],
+    Discriminator(
+        _role,
+        custom_error_type="invalid_role",
+        custom_error_message="role must be system, developer, user, assistant or tool",
+    ),
+]
+
+# ---- tools and formats --------------------------------------------------------------------
+
+
+class FunctionDefinition(Part):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Part):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Part):
+    name: str
+
+
+class NamedToolChoice(Part):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(Part):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Part):
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+    format: dict[str, Any] | None = None  # type structural_tag: xgrammar's structural tag
+
+
+class StreamOptions(Part):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # usage on every chunk (vLLM's extension)
+
+
+# ---- generation ---------------------------------------------------------------------------
+
+
+class Sampling(Body):
+    """The fields completions and chat completions share."""
+
+    model: str
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    # SGLang's extensions.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    # Accepted and ignored: they do not change the output.
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+
+
+PromptItem = str | list[int]
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[int] | list[PromptItem]
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool | None = None
+    best_of: int | None = None  # only == n (refused otherwise)
+    suffix: str | None = None  # refused when not empty
+
+
+class ChatCompletionRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    separate_reasoning: bool | None = None  # `<think>...</think>` -> reasoning_content
+    reasoning_effort: Any = None  # ignored
+    # Refused: radixmesh cannot produce audio, predicted outputs, web search or the
+    # deprecated `functions` (use `tools`).
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+
+
+# ---- other endpoints ----------------------------------------------------------------------
+
+
+class EmbeddingRequest(Body):
+    model: str
+    input: str | list[int] | list[str] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = None  # only the model's hidden size (refused otherwise)
+    user: Any = None
+    # radixmesh's extensions: how hidden states become one vector.
+    pooling: Literal["mean", "last"] | None = None
+    normalize: bool | None = None
+
+
+class TokenizeRequest(Body):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    tools: list[Tool] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(Body):
+    model: str | None = None
+    tokens: list[int]
+    skip_special_tokens: bool | None = None

@@ -1,0 +1,95 @@
+"""The OpenAI-compatible endpoints, registered on the router's HTTP app (http.py).
+
+`POST /v1/completions`, `POST /v1/chat/completions`: parsed by convert.py, served by
+generation.py through the router's one routing / retry / proxy path. Validation and
+tokenization run in a thread, so a long prompt does not stall the event loop (bodies are
+at most 64 MiB, the app's limit). `GET /openapi.json`: the description (openapi.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from aiohttp import web
+
+import radixmesh
+from radixmesh.errors import RadixMeshError
+from radixmesh.router.api_error import ApiError
+from radixmesh.router.openai import generation
+from radixmesh.router.openai.convert import Generation, parse_chat, parse_completion
+from radixmesh.router.openai.openapi import openapi_document
+
+if TYPE_CHECKING:
+    from radixmesh.router.http import HttpFrontend
+
+
+class OpenAIRoutes:
+    def __init__(self, frontend: HttpFrontend) -> None:
+        self.frontend = frontend
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/openapi.json", self.openapi)
+
+    @property
+    def strict(self) -> bool:
+        return self.frontend.config.strict_openai
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(radixmesh.__version__))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        tok, info = self.frontend._ready()
+        body = await read_json(request)
+        parse = parse_chat if chat else parse_completion
+        gen: Generation = await asyncio.to_thread(
+            parse, body, tokenizer=tok, context_length=info.context_length, strict=self.strict
+        )
+        self.frontend._check_model(gen.model)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        route = self.frontend.servicer.route_and_stream
+        chunks = _named_errors(generation.choices(route, gen, rid), gen)
+        async with aclosing(chunks):
+            if gen.stream:
+                return await generation.stream(
+                    request, gen, rid, chunks, tok, lambda e: _api_error(e, gen)
+                )
+            return web.json_response(await generation.collect(gen, rid, chunks, tok))
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
+
+
+def _api_error(e: BaseException, gen: Generation) -> ApiError:
+    return ApiError.from_exception(e, gen.openai_field)
+
+
+async def _named_errors(chunks: generation.Chunks, gen: Generation) -> generation.Chunks:
+    """The chunks; a worker's error before the first one becomes an ApiError naming the
+    client's field (a constraint's compile error names `response_format`, not `json_schema`)."""
+    first = True
+    async with aclosing(chunks):
+        try:
+            async for item in chunks:
+                first = False
+                yield item
+        except (RadixMeshError, ValueError, grpc.aio.AioRpcError) as e:
+            if first:
+                raise _api_error(e, gen) from e
+            raise
