@@ -40,6 +40,10 @@ class SamplingParams:
     top_logprobs_num: int = 0
     # First prompt position whose logprob is returned (None: no prompt logprobs).
     logprob_start_len: int | None = None
+    # Added to the logits of these tokens before sampling (OpenAI's logit_bias: -100 bans a
+    # token, +100 all but forces it). Given as a mapping {token id: bias} (ids may be
+    # decimal strings, as JSON sends them); kept as (id, bias) pairs sorted by id.
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # Constraints (implemented by the constrained-decoding issue).
     regex: str | None = None
     json_schema: str | None = None
@@ -58,6 +62,7 @@ class SamplingParams:
             )
         if self.choices is not None and not isinstance(self.choices, tuple):
             object.__setattr__(self, "choices", tuple(_seq("choices", self.choices)))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         self._validate()
 
     @classmethod
@@ -113,11 +118,15 @@ class SamplingParams:
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({self.max_new_tokens}) "
                 f"exceeds the context length ({context_len})",
             )
-        for tid in self.stop_token_ids:
-            if not 0 <= tid < vocab_size:
-                raise InvalidArgument(
-                    "stop_token_ids", f"token id {tid} is outside the vocabulary [0, {vocab_size})"
-                )
+        for name, ids in (
+            ("stop_token_ids", self.stop_token_ids),
+            ("logit_bias", [t for t, _ in self.logit_bias]),
+        ):
+            for tid in ids:
+                if not 0 <= tid < vocab_size:
+                    raise InvalidArgument(
+                        name, f"token id {tid} is outside the vocabulary [0, {vocab_size})"
+                    )
         if self.logprob_start_len is not None and self.logprob_start_len >= prompt_len:
             raise InvalidArgument(
                 "logprob_start_len",
@@ -177,9 +186,34 @@ class SamplingParams:
             )
         if self.choices is not None and not self.choices:
             raise InvalidArgument("choices", "the choices list is empty")
+        for _, bias in self.logit_bias:
+            _float("logit_bias", bias)
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise InvalidArgument("logit_bias", f"biases must be in [-100, 100], got {bias}")
 
 
 _NULLABLE = {"seed", "logprob_start_len", "regex", "json_schema", "ebnf", "choices"}
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_TOKENS = 1024  # OpenAI takes up to 300; a bound on the work per step
+
+
+def _bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
+    """A {token id: bias} mapping (or pairs) as (id, bias) pairs sorted by id."""
+    items = value.items() if isinstance(value, Mapping) else _seq("logit_bias", value)
+    pairs = {}
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise InvalidArgument("logit_bias", f"expected {{token id: bias}}, got {item!r}")
+        key, bias = item
+        if isinstance(key, str) and key.isascii() and key.isdigit():
+            key = int(key)
+        _int("logit_bias", key, lo=0)
+        pairs[key] = bias
+    if len(pairs) > MAX_LOGIT_BIAS_TOKENS:
+        raise InvalidArgument(
+            "logit_bias", f"at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(pairs)}"
+        )
+    return tuple(sorted(pairs.items()))
 
 
 def _seq(name: str, value: Any) -> Sequence[Any]:

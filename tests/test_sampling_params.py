@@ -31,6 +31,10 @@ def test_defaults_and_from_dict() -> None:
         ({"regex": "a", "json_schema": "{}"}, "json_schema"),
         ({"choices": []}, "choices"),
         ({"logprob_start_len": -1}, "logprob_start_len"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {1: 100.5}}, "logit_bias"),
+        ({"logit_bias": {1: "up"}}, "logit_bias"),
+        ({"logit_bias": {i: 1 for i in range(1025)}}, "logit_bias"),
     ],
 )
 def test_invalid_values_name_the_field(kwargs: dict[str, object], field: str) -> None:
@@ -52,3 +56,11 @@ def test_validate_for_model_limits() -> None:
         p.validate_for(prompt_len=5, context_len=16, vocab_size=100)
     with pytest.raises(InvalidArgument, match="max_new_tokens"):
         p.validate_for(prompt_len=7, context_len=16, vocab_size=100)
+
+
+def test_logit_bias_is_kept_as_sorted_pairs() -> None:
+    p = SamplingParams.from_dict({"logit_bias": {"7": -100, 3: 2.5}})
+    assert p.logit_bias == ((3, 2.5), (7, -100))
+    assert hash(p) == hash(SamplingParams(logit_bias=[(7, -100), (3, 2.5)]))
+    with pytest.raises(InvalidArgument, match="logit_bias"):
+        p.validate_for(prompt_len=1, context_len=256, vocab_size=7)

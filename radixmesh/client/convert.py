@@ -62,6 +62,7 @@ def make_params(params: Mapping[str, Any] | SamplingParams | None) -> common_pb2
         **{name: getattr(sp, name) for name in _PLAIN},
         stop=list(sp.stop),
         stop_token_ids=list(sp.stop_token_ids),
+        logit_bias=dict(sp.logit_bias),
     )
     for name in _OPTIONAL:
         value = getattr(sp, name)
@@ -113,6 +114,7 @@ def completion_from_proto(c: common_pb2.GenerateChunk, worker_id: str = "") -> C
         **chunk_fields(c),
         worker_id=worker_id,
         input_logprobs=_logprobs(c.input_logprobs),
+        input_top_logprobs=[_logprobs(t.tokens) for t in c.input_top_logprobs],
     )
 
 

@@ -36,6 +36,7 @@ class Completion(Chunk):
     """A whole generation (the non-streaming result)."""
 
     input_logprobs: list[TokenLogprob] = field(default_factory=list)
+    input_top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 One `Sampler.sample` call turns the last-position logits of a batch (`[N, V]`) into one
 token per row. Each row carries its own `SamplingParams`; the pipeline, row-batched, is
 
-    penalties (repetition, frequency, presence)
+    logit_bias (added to the listed tokens' logits)
+      -> penalties (repetition, frequency, presence)
       -> min_new_tokens ban of stop ids
       -> vocab_mask / allowed (allowed tokens; `allowed` is constrained decoding's one
          packed bitmask per step, for its rows only)
@@ -100,8 +101,9 @@ def _min_tokens_active(row: SamplingRow) -> bool:
 class Sampler:
     """Samples one token per row of `[N, V]` logits; see the module docstring for order.
 
-    Logprobs are `log_softmax` of the logits after penalties, the min_new_tokens ban and
-    the vocab mask, but before temperature, top-k, top-p and min-p. That is the model's
+    Logprobs are `log_softmax` of the logits after logit_bias, penalties, the
+    min_new_tokens ban and the vocab mask, but before temperature, top-k, top-p and min-p.
+    That is the model's
     distribution under the request's hard rules, which is what OpenAI-style logprobs and
     `select` scoring compare across choices; a sampling temperature would distort it.
     """
@@ -161,12 +163,16 @@ class Sampler:
         vocab_mask: torch.Tensor | None,
         allowed: TokenBitmask | None = None,
     ) -> torch.Tensor:
-        """`[N, V]` float logits after penalties, bans and the mask; never the caller's."""
+        """`[N, V]` float logits after bias, penalties, bans and the mask; never the
+        caller's."""
         pen_rows = [i for i, r in enumerate(rows) if _needs_penalty(r.params)]
         bans = self._ban_pairs(rows)
-        if not pen_rows and not bans and vocab_mask is None and allowed is None:
+        bias_rows = [i for i, r in enumerate(rows) if r.params.logit_bias]
+        if not pen_rows and not bans and not bias_rows and vocab_mask is None and allowed is None:
             return logits.float()  # nothing downstream writes into it
         logits = logits.float().contiguous().clone()  # [N, V]
+        if bias_rows:
+            self._apply_bias(logits, rows, bias_rows)
         if pen_rows:
             self._apply_penalties(logits.view(-1), rows, pen_rows)
         if bans:
@@ -177,6 +183,22 @@ class Sampler:
         if allowed is not None:
             allowed.apply_(logits)
         return logits
+
+    def _apply_bias(
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], bias_rows: list[int]
+    ) -> None:
+        """`logits[row, token] += bias` for each row's logit_bias (ids < vocab_size: the
+        request was validated against the model's vocabulary)."""
+        row_idx, tok_idx, values = [], [], []
+        for i in bias_rows:
+            for token, bias in rows[i].params.logit_bias:
+                row_idx.append(i)
+                tok_idx.append(token)
+                values.append(bias)
+        dev = logits.device
+        logits[torch.tensor(row_idx, device=dev), torch.tensor(tok_idx, device=dev)] += (
+            torch.tensor(values, dtype=logits.dtype, device=dev)
+        )
 
     def _apply_penalties(
         self, flat: torch.Tensor, rows: Sequence[SamplingRow], pen_rows: list[int]
@@ -263,6 +285,8 @@ def _all_plain_greedy(rows: Sequence[SamplingRow]) -> bool:
     for r in rows:
         p = r.params
         if not p.is_greedy or p.return_logprob or _needs_penalty(p) or _min_tokens_active(r):
+            return False
+        if p.logit_bias:
             return False
     return True
 

@@ -131,6 +131,7 @@ def params_from_proto(p: common_pb2.SamplingParams) -> dict[str, Any]:
             params[name] = getattr(p, name)
     params["stop"] = list(p.stop)
     params["stop_token_ids"] = list(p.stop_token_ids)
+    params["logit_bias"] = dict(p.logit_bias)
     kind = p.WhichOneof("constraint")
     if kind == "choices":
         params["choices"] = list(p.choices.choices)
@@ -177,6 +178,9 @@ def chunk_to_proto(
         completion_tokens=meta["completion_tokens"],
         cached_tokens=meta["cached_tokens"],
         input_logprobs=_logprobs(meta.get("input_token_logprobs", [])),
+        input_top_logprobs=[
+            common_pb2.TopLogprobs(tokens=_logprobs(t)) for t in meta.get("input_top_logprobs", [])
+        ],
     )
     if meta.get("finish_reason") is not None:
         msg.finish.CopyFrom(_finish(meta["finish_reason"]))

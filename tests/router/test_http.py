@@ -267,7 +267,9 @@ def test_json_schema_response_format_is_followed(tiny: HttpCluster) -> None:
         ({"prompt": []}, "prompt"),
         ({"model": None}, "model"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
-        ({"echo": True}, "echo"),
+        ({"echo": True, "logprobs": 1, "stream": True}, "echo"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"512": 1}}, "logit_bias"),  # outside the vocabulary: the worker check
     ],
 )
 def test_invalid_fields_are_400_naming_the_param(

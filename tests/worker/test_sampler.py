@@ -294,6 +294,36 @@ def test_all_penalties_combined_and_rows_independent() -> None:
     assert torch.allclose(got1, torch.log_softmax(logits[1], -1), atol=1e-6)
 
 
+def test_logit_bias_matches_a_reference() -> None:
+    """Biased rows sample and score as softmax(logits + bias); other rows are untouched."""
+    logits = torch.randn(3, 40)
+    bias = {3: 100.0, 7: -2.5, 11: 4.0}
+    rows = [
+        row(logit_bias=bias, temperature=0.0, return_logprob=True, top_logprobs_num=40),
+        row(temperature=0.0, return_logprob=True, top_logprobs_num=40),
+        row(logit_bias={int(logits[2].argmax()): -100.0}, temperature=0.0),
+    ]
+    reference = logits[0].clone()
+    for token, b in bias.items():
+        reference[token] += b
+    out = Sampler(40).sample(logits, rows)
+    assert out.top_logprobs is not None
+    assert out.token_ids[0] == 3  # +100 forces it
+    got0 = torch.tensor([lp for _, lp in sorted(out.top_logprobs[0])])
+    assert torch.allclose(got0, torch.log_softmax(reference, -1), atol=1e-6)
+    got1 = torch.tensor([lp for _, lp in sorted(out.top_logprobs[1])])
+    assert torch.allclose(got1, torch.log_softmax(logits[1], -1), atol=1e-6)
+    # -100 bans the greedy choice: the runner-up wins.
+    assert out.token_ids[2] == int(logits[2].topk(2).indices[1])
+
+
+def test_logit_bias_shifts_the_sampled_distribution() -> None:
+    logits = torch.zeros(8)
+    counts = torch.bincount(draws(logits, 4000, logit_bias={2: math.log(4.0)}), minlength=8)
+    # Token 2 weighs 4, the seven others 1 each: 4/11 of the draws.
+    assert abs(counts[2].item() / 4000 - 4 / 11) < 0.03
+
+
 def test_min_new_tokens_bans_stop_ids() -> None:
     logits = torch.tensor([[0.0, 5.0, 9.0, 8.0]]).expand(3, -1).contiguous()
     rows = [

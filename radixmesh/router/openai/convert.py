@@ -9,6 +9,7 @@ are logged once per name and dropped, or refused with `strict`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -46,6 +47,7 @@ PARAMS = {
     "regex": "regex",
     "ebnf": "ebnf",
     "json_schema": "json_schema",
+    "logit_bias": "logit_bias",
 }
 _OPENAI_NAME = {v: k for k, v in PARAMS.items()}
 _COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -69,6 +71,8 @@ class Generation:
     include_usage: bool
     continuous_usage: bool  # usage on every streamed chunk
     top_logprobs: int | None  # None: no logprobs; else this many alternatives per token
+    # Completions' echo: each prompt's text, which its choices' text starts with.
+    echo: list[str] | None = None
     # SamplingParams field -> the OpenAI field it came from, for the worker's errors.
     fields: Mapping[str, str] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -126,6 +130,26 @@ def refuse(name: str, why: str) -> None:
     raise InvalidArgument(name, why)
 
 
+# ---- tokenize -----------------------------------------------------------------------------
+
+
+def parse_tokenize(
+    body: Any, *, tokenizer: TokenizerLike, strict: bool = False
+) -> rq.TokenizeRequest:
+    """Validated; exactly one of prompt and messages."""
+    req = validate(rq.TokenizeRequest, body, strict=strict)
+    if (req.prompt is None) == (req.messages is None):
+        refuse("prompt", "give exactly one of prompt and messages")
+    return req
+
+
+def tokenize(req: rq.TokenizeRequest, tok: TokenizerLike) -> list[int]:
+    if req.messages is not None:
+        return chat_ids(req.messages, tok, req.add_generation_prompt is not False)
+    assert req.prompt is not None
+    return tok.encode(req.prompt, add_special_tokens=bool(req.add_special_tokens))
+
+
 # ---- completions and chat -----------------------------------------------------------------
 
 
@@ -138,13 +162,17 @@ def parse_completion(
         refuse("best_of", "only best_of == n is supported")
     if req.suffix:
         refuse("suffix", "suffix (insertion) is not supported")
-    if req.echo:
-        refuse("echo", "echo is not supported")
-    prompts = _prompts(req.prompt, tokenizer)
+    prompts, texts = _prompts(req.prompt, tokenizer)
     top = req.logprobs
     sampling = _sampling(req, top)
     sampling.setdefault("max_new_tokens", _COMPLETIONS_MAX_TOKENS)
-    return _generation(req, False, prompts, sampling, top, {})
+    if req.echo and top is not None:
+        if req.stream:
+            # Prompt logprobs come with a request's last chunk, after its first text.
+            refuse("echo", "echo with logprobs is not supported when streaming")
+        sampling["logprob_start_len"] = 0  # the prompt's logprobs, from its first token
+    gen = _generation(req, False, prompts, sampling, top, {})
+    return dataclasses.replace(gen, echo=texts) if req.echo else gen
 
 
 def parse_chat(
@@ -161,7 +189,7 @@ def parse_chat(
     if schema is not None:
         sampling[schema[0]] = schema[1]
         fields[schema[0]] = "response_format"
-    prompts = [tokenizer.encode_chat(_plain_messages(req.messages))]
+    prompts = [chat_ids(req.messages, tokenizer)]
     if "max_new_tokens" not in sampling:
         # OpenAI's chat default: as many tokens as the context leaves.
         sampling["max_new_tokens"] = max(context_length - len(prompts[0]), 1)
@@ -250,6 +278,13 @@ def _response_format(fmt: rq.ResponseFormat | None) -> tuple[str, str] | None:
     return None
 
 
+def chat_ids(
+    messages: list[rq.Message], tok: TokenizerLike, add_generation_prompt: bool = True
+) -> list[int]:
+    """The prompt of a chat: the messages through the model's chat template."""
+    return tok.encode_chat(_plain_messages(messages), add_generation_prompt)
+
+
 def _plain_messages(messages: list[rq.Message]) -> list[dict[str, str]]:
     """Messages as the chat template takes them: role and text (parts joined)."""
     out = []
@@ -267,8 +302,11 @@ def text_of(content: rq.Content | None) -> str:
     return "".join(part.text for part in content)
 
 
-def _prompts(raw: str | list[int] | list[rq.PromptItem], tok: TokenizerLike) -> list[list[int]]:
-    """A string, a token list, or a list of either (a batch of prompts)."""
+def _prompts(
+    raw: str | list[int] | list[rq.PromptItem], tok: TokenizerLike
+) -> tuple[list[list[int]], list[str]]:
+    """A string, a token list, or a list of either (a batch of prompts): token ids and
+    text of each (token ids are decoded)."""
     items: list[rq.PromptItem]
     if isinstance(raw, str) or (raw and all(isinstance(t, int) for t in raw)):
         items = [raw]  # type: ignore[list-item]
@@ -276,17 +314,23 @@ def _prompts(raw: str | list[int] | list[rq.PromptItem], tok: TokenizerLike) -> 
         items = list(raw)  # type: ignore[arg-type]
     if not items:
         refuse("prompt", "give a string, a list of token ids, or a list of those")
-    prompts = []
+    prompts, texts = [], []
     for i, p in enumerate(items):
         name = "prompt" if len(items) == 1 else f"prompt[{i}]"
         if isinstance(p, str):
             if not p:
                 refuse(name, "the prompt is empty")
             prompts.append(tok.encode(p))
+            texts.append(p)
         else:
-            if not p:
-                refuse(name, "the token id list is empty")
-            if any(t < 0 or t >= tok.vocab_size for t in p):
-                refuse(name, f"token ids must be in [0, {tok.vocab_size})")
-            prompts.append(list(p))
-    return prompts
+            prompts.append(token_ids(p, tok, name))
+            texts.append(tok.decode(p, skip_special_tokens=False))
+    return prompts, texts
+
+
+def token_ids(ids: list[int], tok: TokenizerLike, name: str) -> list[int]:
+    if not ids:
+        refuse(name, "the token id list is empty")
+    if any(t < 0 or t >= tok.vocab_size for t in ids):
+        refuse(name, f"token ids must be in [0, {tok.vocab_size})")
+    return list(ids)

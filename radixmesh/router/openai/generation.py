@@ -28,6 +28,7 @@ from radixmesh.router.openai.reply import (
     completion_logprobs,
     finish_reason,
     join_completion_logprobs,
+    prompt_logprobs,
 )
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
@@ -81,49 +82,64 @@ async def choices(route: Route, gen: Generation, rid: str) -> Chunks:
 
 async def collect(gen: Generation, rid: str, chunks: Chunks, tok: TokenizerLike) -> dict[str, Any]:
     """The whole reply (a `chat.completion` or a `text_completion`)."""
+    if gen.chat:
+        return await _collect_chat(gen, rid, chunks, tok)
+    return await _collect_completion(gen, rid, chunks, tok)
+
+
+async def _collect_chat(
+    gen: Generation, rid: str, chunks: Chunks, tok: TokenizerLike
+) -> dict[str, Any]:
     total = gen.num_choices
     texts = [""] * total
     reasons: list[rs.FinishReason | None] = [None] * total
-    chat_lps: list[list[rs.TokenLogprob]] = [[] for _ in range(total)]
-    text_lps: list[rs.CompletionLogprobs | None] = [None] * total
+    lps: list[list[rs.TokenLogprob]] = [[] for _ in range(total)]
     usage = UsageCounter(gen.n)
     async for index, chunk in chunks:
         if gen.top_logprobs is not None:
-            if gen.chat:
-                chat_lps[index] += chat_logprobs(chunk, tok)
-            else:
-                lp = completion_logprobs(chunk.logprobs, chunk.top_logprobs, tok, len(texts[index]))
-                text_lps[index] = join_completion_logprobs(text_lps[index], lp)
+            lps[index] += chat_logprobs(chunk, tok)
         texts[index] += chunk.text
         usage.add(index, chunk)
         reasons[index] = finish_reason(chunk) or reasons[index]
-    if gen.chat:
-        return rs.ChatCompletion(
-            id=rid,
-            created=gen.created,
-            model=gen.model,
-            choices=[
-                rs.ChatChoice(
-                    index=i,
-                    message=rs.ChatMessage(content=texts[i]),
-                    logprobs=None if gen.top_logprobs is None else rs.ChatLogprobs(content=lps),
-                    finish_reason=reasons[i],
-                )
-                for i, lps in enumerate(chat_lps)
-            ],
-            usage=usage.usage(),
-        ).dump()
+    choices = [
+        rs.ChatChoice(
+            index=i,
+            message=rs.ChatMessage(content=texts[i]),
+            logprobs=None if gen.top_logprobs is None else rs.ChatLogprobs(content=lps[i]),
+            finish_reason=reasons[i],
+        )
+        for i in range(total)
+    ]
+    return rs.ChatCompletion(
+        id=rid, created=gen.created, model=gen.model, choices=choices, usage=usage.usage()
+    ).dump()
+
+
+async def _collect_completion(
+    gen: Generation, rid: str, chunks: Chunks, tok: TokenizerLike
+) -> dict[str, Any]:
+    total = gen.num_choices
+    heads = [gen.echo[i // gen.n] if gen.echo else "" for i in range(total)]
+    texts = list(heads)
+    reasons: list[rs.FinishReason | None] = [None] * total
+    lps: list[rs.CompletionLogprobs | None] = [None] * total
+    usage = UsageCounter(gen.n)
+    async for index, chunk in chunks:
+        if gen.top_logprobs is not None:
+            lp = completion_logprobs(chunk.logprobs, chunk.top_logprobs, tok, len(texts[index]))
+            joined = join_completion_logprobs(lps[index], lp)
+            if gen.echo and chunk.input_logprobs:  # the last chunk: the prompt's, first
+                joined = join_completion_logprobs(prompt_logprobs(chunk, tok), joined)
+            lps[index] = joined
+        texts[index] += chunk.text
+        usage.add(index, chunk)
+        reasons[index] = finish_reason(chunk) or reasons[index]
+    choices = [
+        rs.CompletionChoice(index=i, text=texts[i], logprobs=lps[i], finish_reason=reasons[i])
+        for i in range(total)
+    ]
     return rs.Completion(
-        id=rid,
-        created=gen.created,
-        model=gen.model,
-        choices=[
-            rs.CompletionChoice(
-                index=i, text=texts[i], logprobs=text_lps[i], finish_reason=reasons[i]
-            )
-            for i in range(total)
-        ],
-        usage=usage.usage(),
+        id=rid, created=gen.created, model=gen.model, choices=choices, usage=usage.usage()
     ).dump()
 
 
@@ -199,8 +215,22 @@ class _ChunkEvents:
         return model.dump()
 
     def opening(self) -> list[dict[str, Any]]:
-        if not self.gen.chat:
-            return []
+        g = self.gen
+        if not g.chat:  # echo: each choice's text starts with its prompt
+            if not g.echo:
+                return []
+            for i in range(g.num_choices):
+                self.offsets[i] = len(g.echo[i // g.n])
+            return [
+                self._envelope(
+                    [
+                        rs.CompletionChoice(
+                            index=i, text=g.echo[i // g.n], logprobs=None, finish_reason=None
+                        )
+                    ]
+                )
+                for i in range(g.num_choices)
+            ]
         # OpenAI opens each chat choice with the role.
         return [
             self._envelope(

@@ -51,6 +51,16 @@ ENDPOINTS = (
         rs.ChatCompletion,
         streams=True,
     ),
+    Endpoint(
+        "post",
+        "/tokenize",
+        "Text or messages -> token ids",
+        rq.TokenizeRequest,
+        rs.TokenizeResponse,
+    ),
+    Endpoint(
+        "post", "/detokenize", "Token ids -> text", rq.DetokenizeRequest, rs.DetokenizeResponse
+    ),
     Endpoint("get", "/health", "200 while a worker is healthy, else 503", authenticated=False),
     Endpoint(
         "get",

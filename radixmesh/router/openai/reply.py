@@ -93,6 +93,14 @@ def completion_logprobs(
     )
 
 
+def prompt_logprobs(chunk: common_pb2.GenerateChunk, tok: TokenizerLike) -> rs.CompletionLogprobs:
+    """The prompt's logprobs (echo), from a last chunk; the first token has none."""
+    lps = completion_logprobs(chunk.input_logprobs, chunk.input_top_logprobs, tok, 0)
+    if lps.top_logprobs:
+        lps.top_logprobs[0] = None
+    return lps
+
+
 def join_completion_logprobs(
     a: rs.CompletionLogprobs | None, b: rs.CompletionLogprobs
 ) -> rs.CompletionLogprobs:

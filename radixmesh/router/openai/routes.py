@@ -3,7 +3,8 @@
 `POST /v1/completions`, `POST /v1/chat/completions`: parsed by convert.py, served by
 generation.py through the router's one routing / retry / proxy path. Validation and
 tokenization run in a thread, so a long prompt does not stall the event loop (bodies are
-at most 64 MiB, the app's limit). `GET /openapi.json`: the description (openapi.py).
+at most 64 MiB, the app's limit). `POST /tokenize` and `POST /detokenize` answer from the
+router's own tokenizer (the model's); `GET /openapi.json`: the description (openapi.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ import radixmesh
 from radixmesh.errors import RadixMeshError
 from radixmesh.router.api_error import ApiError
 from radixmesh.router.openai import generation
-from radixmesh.router.openai.convert import Generation, parse_chat, parse_completion
+from radixmesh.router.openai import requests as rq
+from radixmesh.router.openai import responses as rs
+from radixmesh.router.openai.convert import (
+    Generation,
+    parse_chat,
+    parse_completion,
+    parse_tokenize,
+    token_ids,
+    tokenize,
+    validate,
+)
 from radixmesh.router.openai.openapi import openapi_document
 
 if TYPE_CHECKING:
@@ -35,6 +46,8 @@ class OpenAIRoutes:
     def register(self, app: web.Application) -> None:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/openapi.json", self.openapi)
 
     @property
@@ -43,6 +56,36 @@ class OpenAIRoutes:
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_document(radixmesh.__version__))
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        tok, info = self.frontend._ready()
+        body = await read_json(request)
+
+        def run() -> rs.TokenizeResponse:
+            req = parse_tokenize(body, tokenizer=tok, strict=self.strict)
+            if req.model is not None:
+                self.frontend._check_model(req.model)
+            ids = tokenize(req, tok)
+            strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
+            return rs.TokenizeResponse(
+                tokens=ids, count=len(ids), max_model_len=info.context_length, token_strs=strs
+            )
+
+        return web.json_response((await asyncio.to_thread(run)).dump())
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        tok, _ = self.frontend._ready()
+        body = await read_json(request)
+
+        def run() -> rs.DetokenizeResponse:
+            req = validate(rq.DetokenizeRequest, body, strict=self.strict)
+            if req.model is not None:
+                self.frontend._check_model(req.model)
+            ids = token_ids(req.tokens, tok, "tokens") if req.tokens else []
+            text = tok.decode(ids, skip_special_tokens=bool(req.skip_special_tokens))
+            return rs.DetokenizeResponse(prompt=text)
+
+        return web.json_response((await asyncio.to_thread(run)).dump())
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)

@@ -98,11 +98,22 @@ def test_chat_errors_name_the_field(fields: dict[str, Any], param: str) -> None:
         ({"prompt": {"text": "x"}}, "prompt"),
         ({"logprobs": 21}, "logprobs"),
         ({"best_of": 3}, "best_of"),
+        ({"echo": True, "logprobs": 0, "stream": True}, "echo"),
+        ({"logit_bias": {"one": 1}}, "logit_bias"),
+        ({"logit_bias": {"1": 100.5}}, "logit_bias"),
         ({"suffix": "tail"}, "suffix"),
     ],
 )
 def test_completion_errors_name_the_field(fields: dict[str, Any], param: str) -> None:
     assert field_of(completion, **fields) == param
+
+
+def test_echo_and_logit_bias() -> None:
+    gen = completion(prompt=["ab", [99, 100]], echo=True, logprobs=1, logit_bias={"7": -100})
+    assert gen.echo == ["ab", "cd"]  # token prompts are decoded
+    assert gen.params[0].logprob_start_len == 0  # the prompt's logprobs from the first token
+    assert dict(gen.params[0].logit_bias) == {7: -100.0}
+    assert completion(echo=True).params[0].HasField("logprob_start_len") is False
 
 
 def test_a_body_that_is_not_an_object() -> None:
