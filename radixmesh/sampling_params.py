@@ -44,11 +44,14 @@ class SamplingParams:
     # token, +100 all but forces it). Given as a mapping {token id: bias} (ids may be
     # decimal strings, as JSON sends them); kept as (id, bias) pairs sorted by id.
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # Constraints (implemented by the constrained-decoding issue).
+    # Constraints on the output, at most one.
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
     choices: tuple[str, ...] | None = None
+    # xgrammar's structural tag (JSON): fixed text around JSON-schema parts, e.g. a tool
+    # call `<tool_call>{"name": "f", "arguments": <f's schema>}</tool_call>`.
+    structural_tag: str | None = None
 
     def __post_init__(self) -> None:
         # Accept lists / single strings for the sequence fields, store tuples.
@@ -101,6 +104,7 @@ class SamplingParams:
                 ("regex", self.regex),
                 ("json_schema", self.json_schema),
                 ("ebnf", self.ebnf),
+                ("structural_tag", self.structural_tag),
             )
             if v is not None
         ]
@@ -177,9 +181,7 @@ class SamplingParams:
         _int("top_logprobs_num", self.top_logprobs_num, lo=0)
         if self.logprob_start_len is not None:
             _int("logprob_start_len", self.logprob_start_len, lo=0)
-        constraints = [
-            k for k in ("regex", "json_schema", "ebnf", "choices") if getattr(self, k) is not None
-        ]
+        constraints = [k for k in CONSTRAINT_KINDS if getattr(self, k) is not None]
         if len(constraints) > 1:
             raise InvalidArgument(
                 constraints[1], f"only one constraint may be set, got {', '.join(constraints)}"
@@ -192,7 +194,8 @@ class SamplingParams:
                 raise InvalidArgument("logit_bias", f"biases must be in [-100, 100], got {bias}")
 
 
-_NULLABLE = {"seed", "logprob_start_len", "regex", "json_schema", "ebnf", "choices"}
+CONSTRAINT_KINDS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")
+_NULLABLE = {"seed", "logprob_start_len", *CONSTRAINT_KINDS}
 MAX_LOGIT_BIAS = 100.0
 MAX_LOGIT_BIAS_TOKENS = 1024  # OpenAI takes up to 300; a bound on the work per step
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.model_source import cached_dir, resolve_model
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 ROLES = ("system", "user", "assistant")
 
 Message = dict[str, str]
+# A message of a tool conversation, as Hugging Face chat templates take it: `tool_calls`
+# on assistant messages (arguments as dicts), `tool` messages with `tool_call_id`.
+ToolMessage = dict[str, Any]
 
 
 @runtime_checkable
@@ -51,6 +54,11 @@ class TokenizerLike(Protocol):
     @property
     def has_chat_template(self) -> bool: ...
 
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders tools itself (`encode_tool_chat`)."""
+        ...
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
@@ -64,6 +72,16 @@ class TokenizerLike(Protocol):
     def encode_chat(
         self, messages: list[Message], add_generation_prompt: bool = True
     ) -> list[int]: ...
+
+    def encode_tool_chat(
+        self,
+        messages: list[ToolMessage],
+        tools: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """A tool conversation through the template's own tool section (the caller
+        validated the messages; `tools` are OpenAI's `{"type": "function", ...}`)."""
+        ...
 
 
 def validate_messages(messages: object) -> list[Message]:
@@ -194,6 +212,31 @@ class Tokenizer:
         # again would give Llama-style models a double BOS.
         return self.encode(self.apply_chat_template(messages, add_generation_prompt))
 
+    @property
+    def supports_tools(self) -> bool:
+        template = self.hf_tokenizer.chat_template
+        return isinstance(template, str) and "tools" in template
+
+    def encode_tool_chat(
+        self,
+        messages: list[ToolMessage],
+        tools: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        if not self.supports_tools:
+            raise InvalidArgument("tools", "this model's chat template has no tool section")
+        try:
+            text = self.hf_tokenizer.apply_chat_template(
+                messages,
+                tools=cast("list[Any]", tools),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except Exception as e:  # the template's own checks (jinja2's raise_exception)
+            raise InvalidArgument("messages", f"the chat template refused them: {e}") from e
+        assert isinstance(text, str)
+        return self.encode(text)
+
 
 class ByteTokenizer:
     """Bytes as tokens, for `dummy:` models that ship no tokenizer.
@@ -259,6 +302,18 @@ class ByteTokenizer:
 
     def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+
+    @property
+    def supports_tools(self) -> bool:
+        return False
+
+    def encode_tool_chat(
+        self,
+        messages: list[ToolMessage],
+        tools: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        raise InvalidArgument("tools", "the byte tokenizer's chat template has no tool section")
 
 
 def tokenizer_for(

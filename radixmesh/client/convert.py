@@ -70,7 +70,7 @@ def make_params(params: Mapping[str, Any] | SamplingParams | None) -> common_pb2
             setattr(msg, name, value)
     if sp.choices is not None:
         msg.choices.CopyFrom(common_pb2.Choices(choices=list(sp.choices)))
-    for name in ("regex", "json_schema", "ebnf"):
+    for name in ("regex", "json_schema", "ebnf", "structural_tag"):
         if getattr(sp, name) is not None:
             setattr(msg, name, getattr(sp, name))
     return msg

@@ -163,6 +163,8 @@ def _cmd_router(args: argparse.Namespace) -> int:
         worker_tls_server_name=args.worker_tls_server_name,
         discovery_interval=args.discovery_interval,
         strict_openai=args.strict_openai,
+        tool_call_parser=args.tool_call_parser,
+        separate_reasoning=args.separate_reasoning,
     )
     return run(config)
 
@@ -187,12 +189,25 @@ def router_api_keys(flags: Sequence[str] | None) -> tuple[str, ...]:
 
 
 def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
+    from radixmesh.router.config import TOOL_CALL_PARSERS
+
     parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP API")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics")
     parser.add_argument(
         "--strict-openai",
         action="store_true",
         help="refuse unknown fields in OpenAI requests (400) instead of ignoring them",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=TOOL_CALL_PARSERS,
+        help="the model's tool-call syntax (default: read from its chat template)",
+    )
+    parser.add_argument(
+        "--separate-reasoning",
+        action="store_true",
+        help="return <think>...</think> as reasoning_content unless a request says otherwise",
     )
     parser.add_argument(
         "--api-key",
@@ -265,8 +280,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     for flag in ("http_port", "metrics_port", "download_dir"):
         if getattr(args, flag) is not None:
             router_args += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
-    if args.strict_openai:
-        router_args.append("--strict-openai")
+    for flag in ("strict_openai", "separate_reasoning"):
+        if getattr(args, flag):
+            router_args.append("--" + flag.replace("_", "-"))
+    if args.tool_call_parser != "auto":
+        router_args += ["--tool-call-parser", args.tool_call_parser]
     config = LaunchConfig(
         model=args.model,
         workers=args.workers,
@@ -313,8 +331,11 @@ def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
     }
     if api_keys := router_api_keys(args.api_key):
         router_options["api_keys"] = api_keys
-    if args.strict_openai:
-        router_options["strict_openai"] = True
+    for flag in ("strict_openai", "separate_reasoning"):
+        if getattr(args, flag):
+            router_options[flag] = True
+    if args.tool_call_parser != "auto":
+        router_options["tool_call_parser"] = args.tool_call_parser
     config = RayLaunchConfig(
         model=args.model,
         workers=args.workers,

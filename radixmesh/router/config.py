@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.router.openai.tool_parsers import PARSERS
+
+TOOL_CALL_PARSERS = ("auto", *PARSERS)
 
 DNS_PREFIX = "dns:"
 
@@ -36,6 +39,10 @@ class RouterConfig:
     http_port: int | None = None  # the OpenAI-compatible HTTP API (None: off)
     # Unknown fields in OpenAI requests: False: logged and ignored; True: 400 naming them.
     strict_openai: bool = False
+    # The tool-call syntax (router/openai/tool_parsers.py); auto: from the chat template.
+    tool_call_parser: str = "auto"
+    # Chat replies' `<think>...</think>` as reasoning_content by default (requests may say).
+    separate_reasoning: bool = False
     metrics_port: int | None = None  # Prometheus /metrics (None: only on the HTTP port)
     # Clients must send `authorization: Bearer <one of these>` (empty: no authentication).
     api_keys: tuple[str, ...] = ()
@@ -101,5 +108,10 @@ class RouterConfig:
         for address in self.workers:
             if address.startswith(DNS_PREFIX) and ":" not in address[len(DNS_PREFIX) :]:
                 raise InvalidArgument("workers", f"{address!r}: expected dns:name:port")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise InvalidArgument(
+                "tool_call_parser",
+                f"must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}",
+            )
         if self.max_attempts < 1:
             raise InvalidArgument("max_attempts", f"must be >= 1, got {self.max_attempts}")

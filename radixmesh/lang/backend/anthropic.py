@@ -16,6 +16,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.lang.backend.base import Backend, Context, GenResult
 from radixmesh.lang.chat_template import PLAIN
 from radixmesh.lang.choices import TokenLogprob
+from radixmesh.sampling_params import CONSTRAINT_KINDS
 
 _MAPPED = {
     "max_new_tokens": "max_tokens",
@@ -39,7 +40,6 @@ _NEUTRAL: dict[str, Any] = {
     "top_logprobs_num": None,
     "seed": None,
 }
-_CONSTRAINTS = ("regex", "json_schema", "ebnf", "choices")
 
 
 class Anthropic(Backend):
@@ -69,7 +69,7 @@ class Anthropic(Backend):
         }
 
     def _request(self, ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
-        for key in _CONSTRAINTS:
+        for key in CONSTRAINT_KINDS:
             if params.get(key) is not None:
                 raise InvalidArgument(
                     key, f"the Anthropic backend does not support {key} constraints"

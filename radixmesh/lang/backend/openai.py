@@ -18,6 +18,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.lang.backend.base import Backend, Context, GenResult
 from radixmesh.lang.chat_template import PLAIN, ChatTemplate
 from radixmesh.lang.choices import TokenLogprob
+from radixmesh.sampling_params import CONSTRAINT_KINDS
 
 # engine name -> OpenAI request field
 _MAPPED = {
@@ -41,7 +42,6 @@ _NEUTRAL: dict[str, Any] = {
     "logprob_start_len": None,
     "top_logprobs_num": None,
 }
-_CONSTRAINTS = ("regex", "json_schema", "ebnf", "choices")
 
 
 # Completion (not chat) models among OpenAI's, when is_chat_model is not given (SGLang's).
@@ -170,7 +170,7 @@ def check_expressible(
 ) -> None:
     """Raise for what an OpenAI-like API cannot express: constraints, and sampling knobs
     set to anything but their neutral value (`supported` ones excepted)."""
-    for key in _CONSTRAINTS:
+    for key in CONSTRAINT_KINDS:
         if params.get(key) is not None:
             raise InvalidArgument(key, f"the {api} backend does not support {key} constraints")
     for key, neutral in {**_NEUTRAL, "stop_regex": None, **(extra_neutral or {})}.items():

@@ -22,6 +22,8 @@ from pydantic import BaseModel, ValidationError
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument
 from radixmesh.router.openai import requests as rq
+from radixmesh.router.openai import tools
+from radixmesh.sampling_params import CONSTRAINT_KINDS
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
 
@@ -73,6 +75,10 @@ class Generation:
     top_logprobs: int | None  # None: no logprobs; else this many alternatives per token
     # Completions' echo: each prompt's text, which its choices' text starts with.
     echo: list[str] | None = None
+    tool_plan: tools.ToolPlan | None = None  # chat with tools: how calls are made and parsed
+    # separate_reasoning: the prompt's last characters (a template that opens `<think>`
+    # starts the reply in reasoning); None: no reasoning_content.
+    reasoning_tail: str | None = None
     # SamplingParams field -> the OpenAI field it came from, for the worker's errors.
     fields: Mapping[str, str] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -145,7 +151,7 @@ def parse_tokenize(
 
 def tokenize(req: rq.TokenizeRequest, tok: TokenizerLike) -> list[int]:
     if req.messages is not None:
-        return chat_ids(req.messages, tok, req.add_generation_prompt is not False)
+        return chat_ids(req, tok, req.add_generation_prompt is not False)
     assert req.prompt is not None
     return tok.encode(req.prompt, add_special_tokens=bool(req.add_special_tokens))
 
@@ -175,8 +181,21 @@ def parse_completion(
     return dataclasses.replace(gen, echo=texts) if req.echo else gen
 
 
+@dataclass(frozen=True)
+class ChatOptions:
+    """The router's settings for chat requests."""
+
+    tool_call_parser: str = "auto"  # a syntax of tool_parsers.PARSERS, or auto
+    separate_reasoning: bool = False  # the default of the request's separate_reasoning
+
+
 def parse_chat(
-    body: Any, *, tokenizer: TokenizerLike, context_length: int, strict: bool = False
+    body: Any,
+    *,
+    tokenizer: TokenizerLike,
+    context_length: int,
+    strict: bool = False,
+    options: ChatOptions = ChatOptions(),
 ) -> Generation:
     req = validate(rq.ChatCompletionRequest, body, strict=strict)
     _refuse_unsupported_chat(req)
@@ -185,15 +204,31 @@ def parse_chat(
     top = (req.top_logprobs or 0) if req.logprobs else None
     sampling = _sampling(req, top)
     fields: dict[str, str] = {}
-    schema = _response_format(req.response_format)
-    if schema is not None:
-        sampling[schema[0]] = schema[1]
-        fields[schema[0]] = "response_format"
-    prompts = [chat_ids(req.messages, tokenizer)]
+    constraint = _response_format(req.response_format)
+    tools.check_tools(req)
+    syntax = tools.syntax_of(tokenizer, options.tool_call_parser)
+    plan = tools.plan(req, syntax)
+    if plan is not None and plan.structural_tag is not None:
+        if constraint is not None or any(k in sampling for k in CONSTRAINT_KINDS):
+            refuse("tool_choice", "a required tool call cannot be combined with another constraint")
+        constraint = ("structural_tag", plan.structural_tag)
+        fields["structural_tag"] = "tools"
+    elif constraint is not None:
+        fields[constraint[0]] = "response_format"
+    if constraint is not None:
+        sampling[constraint[0]] = constraint[1]
+    if plan is not None and plan.parser is not None and syntax == "mistral":
+        sampling.setdefault("skip_special_tokens", False)  # [TOOL_CALLS] is a special token
+    prompts = [chat_ids(req, tokenizer)]
     if "max_new_tokens" not in sampling:
         # OpenAI's chat default: as many tokens as the context leaves.
         sampling["max_new_tokens"] = max(context_length - len(prompts[0]), 1)
-    return _generation(req, True, prompts, sampling, top, fields)
+    gen = _generation(req, True, prompts, sampling, top, fields)
+    separate = (
+        options.separate_reasoning if req.separate_reasoning is None else req.separate_reasoning
+    )
+    tail = tokenizer.decode(prompts[0][-8:], skip_special_tokens=False)
+    return dataclasses.replace(gen, tool_plan=plan, reasoning_tail=tail if separate else None)
 
 
 def _refuse_unsupported_chat(req: rq.ChatCompletionRequest) -> None:
@@ -205,8 +240,6 @@ def _refuse_unsupported_chat(req: rq.ChatCompletionRequest) -> None:
     for name in ("functions", "function_call"):
         if getattr(req, name) is not None:
             refuse(name, f"the deprecated {name} is not supported: use tools / tool_choice")
-    if req.tools or req.tool_choice is not None or req.parallel_tool_calls is not None:
-        refuse("tools", "tool calling is not supported")
 
 
 def _generation(
@@ -274,15 +307,21 @@ def _response_format(fmt: rq.ResponseFormat | None) -> tuple[str, str] | None:
             refuse("response_format.json_schema", "needs an object with a `schema` object")
         assert fmt.json_schema is not None
         return "json_schema", json.dumps(fmt.json_schema.schema_)
-    refuse("response_format.type", f"{fmt.type} is not supported")
-    return None
+    if fmt.format is None:
+        refuse("response_format.format", "a structural_tag needs its `format` object")
+    return "structural_tag", json.dumps({"type": "structural_tag", "format": fmt.format})
 
 
 def chat_ids(
-    messages: list[rq.Message], tok: TokenizerLike, add_generation_prompt: bool = True
+    req: rq.ChatCompletionRequest | rq.TokenizeRequest,
+    tok: TokenizerLike,
+    add_generation_prompt: bool = True,
 ) -> list[int]:
-    """The prompt of a chat: the messages through the model's chat template."""
-    return tok.encode_chat(_plain_messages(messages), add_generation_prompt)
+    """The prompt of a chat: the messages (and tools) through the model's chat template."""
+    assert req.messages is not None
+    if req.tools or tools.has_tool_messages(req.messages):
+        return tools.prompt_ids(req, tok, add_generation_prompt)
+    return tok.encode_chat(_plain_messages(req.messages), add_generation_prompt)
 
 
 def _plain_messages(messages: list[rq.Message]) -> list[dict[str, str]]:
@@ -290,16 +329,8 @@ def _plain_messages(messages: list[rq.Message]) -> list[dict[str, str]]:
     out = []
     for m in messages:
         role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": text_of(m.content)})
+        out.append({"role": role, "content": rq.text_of(m.content)})
     return out
-
-
-def text_of(content: rq.Content | None) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.text for part in content)
 
 
 def _prompts(

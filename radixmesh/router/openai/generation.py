@@ -22,6 +22,7 @@ from radixmesh.errors import RadixMeshError
 from radixmesh.router.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.openai import responses as rs
 from radixmesh.router.openai.convert import Generation
+from radixmesh.router.openai.message import Message, MessageStream
 from radixmesh.router.openai.reply import (
     UsageCounter,
     chat_logprobs,
@@ -91,24 +92,29 @@ async def _collect_chat(
     gen: Generation, rid: str, chunks: Chunks, tok: TokenizerLike
 ) -> dict[str, Any]:
     total = gen.num_choices
-    texts = [""] * total
+    streams = [MessageStream.of(gen) for _ in range(total)]
+    messages = [Message() for _ in range(total)]
     reasons: list[rs.FinishReason | None] = [None] * total
     lps: list[list[rs.TokenLogprob]] = [[] for _ in range(total)]
     usage = UsageCounter(gen.n)
     async for index, chunk in chunks:
         if gen.top_logprobs is not None:
             lps[index] += chat_logprobs(chunk, tok)
-        texts[index] += chunk.text
-        usage.add(index, chunk)
         reasons[index] = finish_reason(chunk) or reasons[index]
+        stream = streams[index]
+        if stream is None:
+            messages[index].content += chunk.text
+        else:
+            messages[index].add(stream.step(chunk.text, last=reasons[index] is not None))
+        usage.add(index, chunk)
     choices = [
         rs.ChatChoice(
             index=i,
-            message=rs.ChatMessage(content=texts[i]),
+            message=m.reply(gen.reasoning_tail is not None),
             logprobs=None if gen.top_logprobs is None else rs.ChatLogprobs(content=lps[i]),
-            finish_reason=reasons[i],
+            finish_reason=m.finish_reason(reasons[i]),
         )
-        for i in range(total)
+        for i, m in enumerate(messages)
     ]
     return rs.ChatCompletion(
         id=rid, created=gen.created, model=gen.model, choices=choices, usage=usage.usage()
@@ -198,6 +204,7 @@ class _ChunkEvents:
         self.tok = tok
         self.offsets = [0] * gen.num_choices  # completions' text_offset per choice
         self.usage = UsageCounter(gen.n)
+        self.streams = [MessageStream.of(gen) for _ in range(gen.num_choices)]
 
     def _envelope(self, choices: list[Any]) -> dict[str, Any]:
         g = self.gen
@@ -254,10 +261,12 @@ class _ChunkEvents:
             return []
         choice: rs.ChunkChoice | rs.CompletionChoice
         if g.chat:
+            delta, reason = self._delta(index, chunk.text, reason)
             lps = None
             if g.top_logprobs is not None:
                 lps = rs.ChatLogprobs(content=chat_logprobs(chunk, self.tok))
-            delta = rs.Delta(content=chunk.text) if chunk.text else rs.Delta()
+            elif not delta.model_fields_set and reason is None:
+                return []  # held back (a tool call or a marker in the making)
             choice = rs.ChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=reason)
         else:
             text_lps = None
@@ -270,6 +279,34 @@ class _ChunkEvents:
             )
         self.offsets[index] += len(chunk.text)
         return [self._envelope([choice])]
+
+    def _delta(
+        self, index: int, text: str, reason: rs.FinishReason | None
+    ) -> tuple[rs.Delta, rs.FinishReason | None]:
+        stream = self.streams[index]
+        if stream is None:
+            return (rs.Delta(content=text) if text else rs.Delta()), reason
+        part = stream.step(text, last=reason is not None)
+        delta = rs.Delta()
+        if part.content:
+            delta.content = part.content
+        if part.reasoning:
+            delta.reasoning_content = part.reasoning
+        if part.calls:
+            delta.tool_calls = [
+                rs.ToolCallDelta(
+                    index=part.first_call + k,
+                    id=call.id,
+                    type="function",
+                    function=rs.FunctionCallDelta(
+                        name=call.function.name, arguments=call.function.arguments
+                    ),
+                )
+                for k, call in enumerate(part.calls)
+            ]
+        if stream.num_calls and reason == "stop":
+            reason = "tool_calls"
+        return delta, reason
 
     def usage_event(self) -> dict[str, Any]:
         payload = self._envelope([])

@@ -46,6 +46,15 @@ class TextPart(Part):
 Content = str | list[TextPart]
 
 
+def text_of(content: Content | None) -> str:
+    """A message's text: the string, or its text parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
 class FunctionCall(Part):
     name: str
     arguments: str  # JSON text, as OpenAI sends it

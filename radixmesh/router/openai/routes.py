@@ -25,6 +25,7 @@ from radixmesh.router.openai import generation
 from radixmesh.router.openai import requests as rq
 from radixmesh.router.openai import responses as rs
 from radixmesh.router.openai.convert import (
+    ChatOptions,
     Generation,
     parse_chat,
     parse_completion,
@@ -96,10 +97,26 @@ class OpenAIRoutes:
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         tok, info = self.frontend._ready()
         body = await read_json(request)
-        parse = parse_chat if chat else parse_completion
-        gen: Generation = await asyncio.to_thread(
-            parse, body, tokenizer=tok, context_length=info.context_length, strict=self.strict
-        )
+        gen: Generation
+        if chat:
+            c = self.frontend.config
+            options = ChatOptions(c.tool_call_parser, c.separate_reasoning)
+            gen = await asyncio.to_thread(
+                parse_chat,
+                body,
+                tokenizer=tok,
+                context_length=info.context_length,
+                strict=self.strict,
+                options=options,
+            )
+        else:
+            gen = await asyncio.to_thread(
+                parse_completion,
+                body,
+                tokenizer=tok,
+                context_length=info.context_length,
+                strict=self.strict,
+            )
         self.frontend._check_model(gen.model)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         route = self.frontend.servicer.route_and_stream

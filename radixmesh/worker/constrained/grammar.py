@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-KINDS = ("regex", "json_schema", "ebnf", "choices")
+KINDS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")
 
 
 class GrammarError(Exception):

@@ -46,6 +46,7 @@ _LABELS = {
     "json_schema": "JSON schema",
     "ebnf": "EBNF grammar",
     "choices": "choices",
+    "structural_tag": "structural tag",
 }
 
 

@@ -1,5 +1,5 @@
-"""xgrammar: JSON schema, regex and EBNF compiled into a pushdown automaton with
-precomputed token masks (the default backend).
+"""xgrammar: JSON schema, regex, EBNF and structural tags compiled into a pushdown
+automaton with precomputed token masks (the default backend).
 
 JSON schemas compile with `any_whitespace=False`: the output has one fixed layout
 (`{"key": value, ...}`), so the keys and separators between values are forced strings
@@ -151,6 +151,8 @@ class XGrammarBackend(GrammarBackend):
                 return self._compiler.compile_grammar(text)
             if kind == "choices":
                 return self._compiler.compile_regex(choices_regex(text.split("\x00")))
+            if kind == "structural_tag":
+                return self._compiler.compile_grammar(xgr.Grammar.from_structural_tag(text))
         except (RuntimeError, ValueError) as e:
             raise GrammarError(_clean(str(e))) from e
         raise GrammarError(f"unknown constraint kind {kind!r}")

@@ -86,10 +86,31 @@ def test_bad_regex_raises_grammar_error(backend: GrammarBackend) -> None:
         backend.compile("regex", "[0-9")
 
 
-def test_outlines_has_no_ebnf(tok: Tokenizer) -> None:
+def test_outlines_has_no_ebnf_or_structural_tag(tok: Tokenizer) -> None:
     oc = create_grammar_backend("outlines", vocab_of(tok, VOCAB, [EOS]))  # type: ignore[arg-type]
     with pytest.raises(GrammarError, match="does not support ebnf"):
         oc.compile("ebnf", 'root ::= "a"')
+    with pytest.raises(GrammarError, match="does not support structural_tag"):
+        oc.compile("structural_tag", "{}")
+
+
+def test_xgrammar_structural_tag(tok: Tokenizer) -> None:
+    """Fixed text around a JSON-schema part (a tool call), forced where it is fixed."""
+    xg = create_grammar_backend("xgrammar", vocab_of(tok, VOCAB, [EOS]))  # type: ignore[arg-type]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    content = {"type": "json_schema", "json_schema": schema}
+    fmt = {"type": "tag", "begin": "<call>", "content": content, "end": "</call>"}
+    m = xg.matcher(
+        xg.compile("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
+    )
+    assert m.jump_forward_string().startswith("<call>")
+    for t in tok.encode('<call>{"n": 7}</call>'):
+        assert m.accept_token(t)
+    assert allowed(xg, m) == {EOS}
+    with pytest.raises(GrammarError, match="Format type not recognized"):
+        xg.compile(
+            "structural_tag", json.dumps({"type": "structural_tag", "format": {"type": "x"}})
+        )
 
 
 def test_unknown_backend_name() -> None:

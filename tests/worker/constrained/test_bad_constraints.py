@@ -29,6 +29,7 @@ BAD = [
     ),
     ({"ebnf": "root ::= ("}, "ebnf", "invalid EBNF grammar: EBNF parser error at line 1"),
     ({"ebnf": 'start ::= "a"'}, "ebnf", "invalid EBNF grammar:"),  # no root rule
+    ({"structural_tag": "{not json"}, "structural_tag", "invalid structural tag: Invalid JSON"),
     ({"choices": []}, "choices", "the choices list is empty"),
     ({"choices": ["yes", ""]}, "choices", "choices must be non-empty strings, got ''"),
 ]
