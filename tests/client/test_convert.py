@@ -23,6 +23,8 @@ from radixmesh.worker.server import chunk_to_proto, params_from_proto
         {"json_schema": '{"type": "object"}'},
         {"ebnf": 'root ::= "yes" | "no"'},
         {"choices": ["yes", "no"]},
+        {"structural_tag": '{"type": "structural_tag", "format": {"type": "any_text"}}'},
+        {"logit_bias": {"5": -100, 7: 2.5}},
     ],
 )
 def test_sampling_params_roundtrip(params: dict[str, object]) -> None:

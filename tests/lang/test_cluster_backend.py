@@ -8,6 +8,7 @@ meta_info (with the worker that served it), select decisions equal to the engine
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 from collections import defaultdict
@@ -209,6 +210,37 @@ def test_regex_constrained_extraction_and_typed_gens(endpoint: RuntimeEndpoint) 
     assert re.fullmatch(r'"[^"\\\n]*"', t["color"])
     obj = json.loads(t["obj"])
     assert set(obj) == {"name", "age"} and isinstance(obj["age"], int)
+
+
+def test_logit_bias_and_structural_tags_reach_the_workers(endpoint: RuntimeEndpoint) -> None:
+    """Both travel in the gRPC SamplingParams: from the endpoint's backend calls (the
+    engine's parameter names) and its SDK client, through the router, to a worker."""
+    (banana,) = endpoint.tokenizer.encode(" banana")
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "tag",
+            "begin": "<call>",
+            "content": {
+                "type": "json_schema",
+                "json_schema": {"type": "integer", "minimum": 1, "maximum": 9},
+            },
+            "end": "</call>",
+        },
+    }
+    ctx = Context("The capital of France is", [], None, "")
+    params = {"max_new_tokens": 2, "temperature": 0.0, "logit_bias": {banana: 100}}
+    text, meta = endpoint.generate(ctx, params)
+    assert (text, meta["finish_reason"]["type"]) == (" banana banana", "length")
+    text, _ = asyncio.run(
+        endpoint.agenerate(
+            Context("A number: ", [], None, ""),
+            {"max_new_tokens": 12, "temperature": 0.0, "structural_tag": json.dumps(tag)},
+        )
+    )
+    assert isinstance(text, str) and re.fullmatch(r"<call>[1-9]</call>", text)
+    out = endpoint.client.generate("Hello", params)
+    assert out.text == " banana banana"
 
 
 def test_run_batch_of_16_shares_the_template(endpoint: RuntimeEndpoint) -> None:
