@@ -40,8 +40,8 @@ def test_stubs_import_and_name_the_services() -> None:
     assert worker.full_name == "radixmesh.v1.Worker"
     assert [m.name for m in worker.methods] == [
         "Generate", "Score", "Abort", "GetLoad", "StreamCacheEvents", "GetCacheSnapshot",
-        "FlushCache", "GetModelInfo",
+        "FlushCache", "GetModelInfo", "Embed",
     ]  # fmt: skip
     assert [m.name for m in router.methods] == [
-        "Generate", "Select", "Abort", "ClusterStatus", "FlushCache", "GetModelInfo",
+        "Generate", "Select", "Abort", "ClusterStatus", "FlushCache", "GetModelInfo", "Embed",
     ]  # fmt: skip

@@ -11,6 +11,7 @@ from radixmesh.client.client import Client
 from radixmesh.client.types import (
     Chunk,
     Completion,
+    Embedding,
     Load,
     ModelInfo,
     ProgramHint,
@@ -35,6 +36,7 @@ __all__ = [
     "Client",
     "Completion",
     "DeadlineExceeded",
+    "Embedding",
     "Internal",
     "InvalidArgument",
     "Load",

@@ -14,7 +14,7 @@ from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, wo
 from . import convert
 from .client import Params, Service
 from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, retryable
-from .types import Chunk, Completion, Load, ModelInfo, ProgramHint, Selection
+from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
 
@@ -172,6 +172,33 @@ class AsyncClient:
             lambda t: self._worker.Score(req, timeout=t, metadata=md), deadline
         )
         return convert.selection_from_scores(list(choices), scores)
+
+    async def embed(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[Mapping[str, str]] | None = None,
+        input_ids: Sequence[int] | None = None,
+        pooling: str = "mean",
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> Embedding:
+        """Like `Client.embed`."""
+        inp = convert.make_input(prompt, messages, input_ids)
+        kind = convert.pooling(pooling)
+        deadline = Deadline(timeout if timeout is not None else self.options.timeout)
+        md = self.options.metadata()
+        if await self._resolve() == "router":
+            rreq = router_pb2.RouterEmbedRequest(input=inp, pooling=kind, request_id=request_id)
+            resp = await self._retry(
+                lambda t: self._router.Embed(rreq, timeout=t, metadata=md), deadline
+            )
+            return convert.embedding_from_proto(resp.embedding, resp.worker_id)
+        wreq = worker_pb2.EmbedRequest(input=inp, pooling=kind, request_id=request_id)
+        wresp = await self._retry(
+            lambda t: self._worker.Embed(wreq, timeout=t, metadata=md), deadline
+        )
+        return convert.embedding_from_proto(wresp.embedding)
 
     # ---- control ----------------------------------------------------------------------
 

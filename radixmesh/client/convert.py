@@ -17,7 +17,7 @@ from radixmesh.errors import (
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 
-from .types import Chunk, Completion, Load, ModelInfo, Selection, TokenLogprob
+from .types import Chunk, Completion, Embedding, Load, ModelInfo, Selection, TokenLogprob
 
 _FINISH = {
     common_pb2.FINISH_REASON_STOP: "stop",
@@ -143,6 +143,7 @@ def model_info_from_proto(m: common_pb2.ModelInfo) -> ModelInfo:
         chat_template=m.chat_template,
         eos_token_ids=list(m.eos_token_ids),
         bos_token_id=m.bos_token_id if m.HasField("bos_token_id") else None,
+        hidden_size=m.hidden_size,
     )
 
 
@@ -157,6 +158,19 @@ def load_from_proto(m: worker_pb2.GetLoadResponse) -> Load:
         draining=m.draining,
         num_in_flight=m.num_in_flight,
     )
+
+
+_POOLING = {"mean": common_pb2.POOLING_MEAN, "last": common_pb2.POOLING_LAST}
+
+
+def pooling(name: str) -> common_pb2.Pooling:
+    if name not in _POOLING:
+        raise InvalidArgument("pooling", f"must be mean or last, got {name!r}")
+    return _POOLING[name]
+
+
+def embedding_from_proto(e: common_pb2.Embedding, worker_id: str = "") -> Embedding:
+    return Embedding(list(e.values), e.prompt_tokens, e.cached_tokens, worker_id)
 
 
 def score_request(inp: common_pb2.Input, choices: Sequence[str]) -> worker_pb2.ScoreRequest:

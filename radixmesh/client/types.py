@@ -40,6 +40,17 @@ class Completion(Chunk):
 
 
 @dataclass(frozen=True)
+class Embedding:
+    """A prompt's final hidden states (after the model's last norm), pooled: the mean over
+    its positions or the last position's (not normalized)."""
+
+    values: list[float]
+    prompt_tokens: int
+    cached_tokens: int
+    worker_id: str = ""  # the worker that computed it (set through a router)
+
+
+@dataclass(frozen=True)
 class Selection:
     index: int
     text: str
@@ -58,6 +69,7 @@ class ModelInfo:
     chat_template: str
     eos_token_ids: list[int]
     bos_token_id: int | None
+    hidden_size: int = 0  # an embedding's length (0: a worker that does not say)
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,62 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             except (RadixMeshError, grpc.aio.AioRpcError) as e:
                 await _fail(context, e, record)
 
+    # ---- embed --------------------------------------------------------------------------
+
+    async def route_and_embed(
+        self, ids: list[int], pooling: common_pb2.Pooling, rid: str
+    ) -> tuple[str, common_pb2.Embedding]:
+        """A tokenized prompt's embedding and the worker that computed it, routed and
+        retried as `route_and_stream` routes and retries a generation."""
+        wreq = worker_pb2.EmbedRequest(
+            input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=ids)),
+            pooling=pooling,
+            request_id=rid,
+        )
+        tried: set[str] = set()
+        last_error: grpc.aio.AioRpcError | None = None
+        while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
+            try:
+                worker, _ = self.route(ids, tried)
+            except RadixMeshError:
+                if last_error is not None:
+                    break
+                raise
+            tried.add(worker.worker_id)
+            worker.in_flight += 1
+            self.requests[rid] = worker
+            try:
+                resp = await worker.stub.Embed(wreq, metadata=worker.metadata)
+                worker.breaker.record_success()
+                self.metrics.prompt_tokens.inc(resp.embedding.prompt_tokens)
+                self.metrics.cached_tokens.inc(resp.embedding.cached_tokens)
+                return worker.worker_id, resp.embedding
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                    worker.breaker.record_failure()
+                if e.code() not in _RETRYABLE:
+                    raise
+                last_error = e
+                self.retries += 1
+                self.metrics.retries.inc()
+            finally:
+                worker.request_ended()
+                self.requests.pop(rid, None)
+        assert last_error is not None
+        raise last_error
+
+    async def Embed(
+        self, request: router_pb2.RouterEmbedRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.RouterEmbedResponse:
+        async def run() -> router_pb2.RouterEmbedResponse:
+            ids = self._input_ids(request.input)
+            rid = request.request_id or uuid.uuid4().hex
+            worker_id, embedding = await self.route_and_embed(ids, request.pooling, rid)
+            return router_pb2.RouterEmbedResponse(embedding=embedding, worker_id=worker_id)
+
+        with self.metrics.request("grpc", "Embed") as record:
+            return await _unary(context, run, record)
+
     # ---- the other RPCs -----------------------------------------------------------------
 
     async def Select(

@@ -13,10 +13,19 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORT: _ClassVar[FinishReason]
+
+class Pooling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POOLING_UNSPECIFIED: _ClassVar[Pooling]
+    POOLING_MEAN: _ClassVar[Pooling]
+    POOLING_LAST: _ClassVar[Pooling]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
+POOLING_UNSPECIFIED: Pooling
+POOLING_MEAN: Pooling
+POOLING_LAST: Pooling
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -165,8 +174,18 @@ class GenerateChunk(_message.Message):
     input_top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., input_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., input_top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ...) -> None: ...
 
+class Embedding(_message.Message):
+    __slots__ = ("values", "prompt_tokens", "cached_tokens")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    prompt_tokens: int
+    cached_tokens: int
+    def __init__(self, values: _Optional[_Iterable[float]] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "context_length", "vocab_size", "page_size", "event_block_size", "tokenizer", "chat_template", "eos_token_ids", "bos_token_id")
+    __slots__ = ("model", "context_length", "vocab_size", "page_size", "event_block_size", "tokenizer", "chat_template", "eos_token_ids", "bos_token_id", "hidden_size")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +195,7 @@ class ModelInfo(_message.Message):
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     BOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     model: str
     context_length: int
     vocab_size: int
@@ -185,4 +205,5 @@ class ModelInfo(_message.Message):
     chat_template: str
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     bos_token_id: int
-    def __init__(self, model: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., page_size: _Optional[int] = ..., event_block_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ...) -> None: ...
+    hidden_size: int
+    def __init__(self, model: _Optional[str] = ..., context_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., page_size: _Optional[int] = ..., event_block_size: _Optional[int] = ..., tokenizer: _Optional[str] = ..., chat_template: _Optional[str] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., hidden_size: _Optional[int] = ...) -> None: ...

@@ -116,3 +116,21 @@ class RouterGetModelInfoResponse(_message.Message):
     INFO_FIELD_NUMBER: _ClassVar[int]
     info: _common_pb2.ModelInfo
     def __init__(self, info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ...) -> None: ...
+
+class RouterEmbedRequest(_message.Message):
+    __slots__ = ("input", "pooling", "request_id")
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    input: _common_pb2.Input
+    pooling: _common_pb2.Pooling
+    request_id: str
+    def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., pooling: _Optional[_Union[_common_pb2.Pooling, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class RouterEmbedResponse(_message.Message):
+    __slots__ = ("embedding", "worker_id")
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    embedding: _common_pb2.Embedding
+    worker_id: str
+    def __init__(self, embedding: _Optional[_Union[_common_pb2.Embedding, _Mapping]] = ..., worker_id: _Optional[str] = ...) -> None: ...

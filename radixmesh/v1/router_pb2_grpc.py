@@ -65,6 +65,11 @@ class RouterStub:
                 request_serializer=radixmesh_dot_v1_dot_router__pb2.RouterGetModelInfoRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_router__pb2.RouterGetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/radixmesh.v1.Router/Embed',
+                request_serializer=radixmesh_dot_v1_dot_router__pb2.RouterEmbedRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_router__pb2.RouterEmbedResponse.FromString,
+                _registered_method=True)
 
 
 class RouterServicer:
@@ -113,6 +118,13 @@ class RouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """A prompt's pooled final hidden states, from the worker caching most of it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +157,11 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=radixmesh_dot_v1_dot_router__pb2.RouterGetModelInfoRequest.FromString,
                     response_serializer=radixmesh_dot_v1_dot_router__pb2.RouterGetModelInfoResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=radixmesh_dot_v1_dot_router__pb2.RouterEmbedRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_router__pb2.RouterEmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +327,33 @@ class Router:
             '/radixmesh.v1.Router/GetModelInfo',
             radixmesh_dot_v1_dot_router__pb2.RouterGetModelInfoRequest.SerializeToString,
             radixmesh_dot_v1_dot_router__pb2.RouterGetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.Router/Embed',
+            radixmesh_dot_v1_dot_router__pb2.RouterEmbedRequest.SerializeToString,
+            radixmesh_dot_v1_dot_router__pb2.RouterEmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

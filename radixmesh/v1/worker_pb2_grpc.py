@@ -75,6 +75,11 @@ class WorkerStub:
                 request_serializer=radixmesh_dot_v1_dot_worker__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_worker__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/radixmesh.v1.Worker/Embed',
+                request_serializer=radixmesh_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -137,6 +142,13 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """A prompt's pooled final hidden states (no sampling).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -179,6 +191,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=radixmesh_dot_v1_dot_worker__pb2.GetModelInfoRequest.FromString,
                     response_serializer=radixmesh_dot_v1_dot_worker__pb2.GetModelInfoResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=radixmesh_dot_v1_dot_worker__pb2.EmbedRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_worker__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +415,33 @@ class Worker:
             '/radixmesh.v1.Worker/GetModelInfo',
             radixmesh_dot_v1_dot_worker__pb2.GetModelInfoRequest.SerializeToString,
             radixmesh_dot_v1_dot_worker__pb2.GetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.Worker/Embed',
+            radixmesh_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
+            radixmesh_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

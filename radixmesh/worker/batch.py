@@ -44,6 +44,16 @@ class PromptLogprobs:
 
 
 @dataclass
+class PooledRows:
+    """Final hidden states of one item's prompt positions `first`, ..., `first + count - 1`,
+    pooled on the device: their float32 sum (mean pooling) or the last one's (last)."""
+
+    first: int
+    count: int
+    value: torch.Tensor  # [hidden] float32
+
+
+@dataclass
 class ForwardOutput:
     """Per item of the batch (same order): the sampled token and logprobs."""
 
@@ -51,3 +61,5 @@ class ForwardOutput:
     logprobs: list[float | None]
     top_logprobs: list[list[tuple[int, float]] | None]
     prompt_logprobs: list[PromptLogprobs | None]
+    # Embedding requests' rows of this step (None for the others).
+    hidden: list[PooledRows | None] = field(default_factory=list)

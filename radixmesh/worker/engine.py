@@ -27,7 +27,8 @@ from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
-from radixmesh.worker.request import Request, RequestOutput
+from radixmesh.worker.request import HiddenPool, Pooling, Request, RequestOutput
+from radixmesh.worker.request_output import embedding_result
 from radixmesh.worker.tp.followers import RankFailure
 from radixmesh.worker.worker import Worker
 
@@ -103,6 +104,34 @@ class Engine:
         results = [await self._acollect(q, r.rid) for q, r in zip(queues, reqs, strict=True)]
         return results[0] if single and len(results) == 1 else results
 
+    def encode(
+        self, prompt: Prompt = None, input_ids: InputIds = None, pooling: str = "mean"
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Embeddings: each prompt's final hidden states (after the model's last norm),
+        pooled: "mean" over every position or the "last" position's. No token is
+        sampled. One prompt -> a dict {"embedding", "meta_info"}; a list -> a list."""
+        reqs, single = self._make_embed_requests(prompt, input_ids, pooling)
+        queues = self._submit_all(reqs)
+        try:
+            results = [self._collect(q) for q in queues]
+        except BaseException:
+            for r in reqs:
+                self.abort(r.rid)
+            raise
+        if not single:
+            return [embedding_result(r) for r in results]
+        return embedding_result(results[0])
+
+    async def async_encode(
+        self, input_ids: list[int], pooling: str = "mean", rid: str | None = None
+    ) -> dict[str, Any]:
+        """`encode` for one tokenized prompt under a caller-chosen id (so `abort(rid)`
+        reaches it); cancelling the caller aborts the request."""
+        (req,), _ = self._make_embed_requests(None, input_ids, pooling)
+        if rid is not None:
+            req.rid = rid
+        return embedding_result(await self._acollect(await self._asubmit(req), req.rid))
+
     def abort(self, rid: str) -> None:
         def run() -> None:
             self.worker.scheduler.abort(rid, "aborted by the client")
@@ -163,11 +192,16 @@ class Engine:
         sampling_params: Params,
         rid: str,
         sink: Callable[[RequestOutput], None],
+        pooling: str | None = None,
     ) -> None:
         """Validate one request (raises InvalidArgument / Unavailable) and start it under
         `rid`, handing each step's output to `sink` on the scheduler thread (which must
-        only hand it on). The engine process's child serves its server through this."""
-        reqs, _ = self._make_requests(None, input_ids, sampling_params)
+        only hand it on). The engine process's child serves its server through this.
+        With `pooling`, an embedding request (see `encode`; `sampling_params` unused)."""
+        if pooling is not None:
+            reqs, _ = self._make_embed_requests(None, input_ids, pooling)
+        else:
+            reqs, _ = self._make_requests(None, input_ids, sampling_params)
         if len(reqs) != 1:
             raise InvalidArgument("sampling_params.n", "a stream takes n=1")
         req = reqs[0]
@@ -189,6 +223,7 @@ class Engine:
             vocab_size=w.arch.vocab_size,
             eos_ids=frozenset(w.eos_ids),
             bos_token_id=self.tokenizer.bos_token_id,
+            hidden_size=w.arch.hidden_size,
         )
 
     def cache_snapshot(self, stamp: Callable[[], int]) -> tuple[int, list[CacheEvent]]:
@@ -262,6 +297,18 @@ class Engine:
             for _ in range(params.n):
                 reqs.append(self._request(ids, params.replace(n=1) if params.n > 1 else params))
         return reqs, single and params_list[0].n == 1
+
+    def _make_embed_requests(
+        self, prompt: Prompt, input_ids: InputIds, pooling: str
+    ) -> tuple[list[Request], bool]:
+        try:
+            kind = Pooling(pooling)
+        except ValueError:
+            raise InvalidArgument("pooling", f"must be mean or last, got {pooling!r}") from None
+        reqs, single = self._make_requests(prompt, input_ids, _PREFILL_ONLY)
+        for r in reqs:
+            r.hidden_pool = HiddenPool(kind)
+        return reqs, single
 
     def _normalize_inputs(
         self, prompt: Prompt, input_ids: InputIds
@@ -476,6 +523,7 @@ class Engine:
 
 
 _POLL_S = 0.5  # how often a waiter checks that the scheduler thread is alive
+_PREFILL_ONLY = SamplingParams(max_new_tokens=0)  # embedding requests sample nothing
 
 
 def _nothing() -> None:
@@ -533,11 +581,16 @@ class _Accumulator:
         self.ids: list[int] = []
         self.text: list[str] = []
         self.meta: dict[str, Any] = {}
+        self.embedding: list[float] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.ids.extend(out.new_token_ids)
         self.text.append(out.text_delta)
         self.meta = out.meta_info
+        self.embedding = out.embedding
 
     def result(self) -> dict[str, Any]:
-        return {"text": "".join(self.text), "output_ids": self.ids, "meta_info": self.meta}
+        result = {"text": "".join(self.text), "output_ids": self.ids, "meta_info": self.meta}
+        if self.embedding is not None:
+            result["embedding"] = self.embedding
+        return result

@@ -15,3 +15,4 @@ class EngineInfo:
     vocab_size: int
     eos_ids: frozenset[int]
     bos_token_id: int | None
+    hidden_size: int  # the width of the final hidden states (an embedding's length)

@@ -9,9 +9,10 @@ So the worker runs its engine in a child process, as SGLang and vLLM run their e
 cores apart from their API servers: the server process owns the sockets, the child owns
 the model and the scheduler, and they talk over two pipes.
 
-- commands (server -> child): submit, abort, abort_all, drain, call (flush, stats, score,
-  cache snapshot), shutdown. The child validates a submission on a thread of its own pool
-  (a grammar may take a while to compile) and answers a bad one with its error.
+- commands (server -> child): submit (a generation, or an embedding with its pooling),
+  abort, abort_all, drain, call (flush, stats, score, cache snapshot), shutdown. The
+  child validates a submission on a thread of its own pool (a grammar may take a while
+  to compile) and answers a bad one with its error.
 - results (child -> server): one message per burst: everything the scheduler produced
   since the last send (a step's outputs for every running request, cache events, call
   results), in order. A reader thread in the server routes each output to its stream's
@@ -48,7 +49,7 @@ from radixmesh.errors import (
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
-from radixmesh.worker.request_output import RequestOutput
+from radixmesh.worker.request_output import RequestOutput, embedding_result
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,19 @@ class EngineProcess:
         self._check_alive()
         return self._astream(list(input_ids), dict(sampling_params), rid or uuid.uuid4().hex)
 
+    async def async_encode(
+        self, input_ids: list[int], pooling: str = "mean", rid: str | None = None
+    ) -> dict[str, Any]:
+        """An embedding (see `Engine.encode`); cancelling the caller aborts the request."""
+        if self._draining:
+            raise Unavailable("the worker is draining: it takes no new requests")
+        self._check_alive()
+        last: dict[str, Any] = {}
+        stream = self._astream(list(input_ids), {}, rid or uuid.uuid4().hex, pooling)
+        async for chunk in stream:
+            last = chunk
+        return embedding_result(last)
+
     async def async_score(
         self, input_ids: list[int], continuations: list[list[int]]
     ) -> list[list[float]]:
@@ -184,7 +198,7 @@ class EngineProcess:
     # ---- plumbing --------------------------------------------------------------------------
 
     async def _astream(
-        self, ids: list[int], params: dict[str, Any], rid: str
+        self, ids: list[int], params: dict[str, Any], rid: str, pooling: str | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Any] = asyncio.Queue()
@@ -193,7 +207,7 @@ class EngineProcess:
         self._streams[rid] = (loop, q)
         done = False
         try:
-            self._send(("submit", rid, ids, params))
+            self._send(("submit", rid, ids, params, pooling))
             while not done:
                 out = await self._next(q)
                 while not out.finished and not q.empty():
@@ -415,9 +429,11 @@ def _serve_commands(engine: Any, cmd: Connection, outbox: _Outbox) -> None:
         engine.shutdown()
 
 
-def _submit(engine: Any, outbox: _Outbox, rid: str, ids: list[int], params: Any) -> None:
+def _submit(
+    engine: Any, outbox: _Outbox, rid: str, ids: list[int], params: Any, pooling: str | None
+) -> None:
     try:
-        engine.submit(ids, params, rid, lambda o: outbox.put(("out", rid, o)))
+        engine.submit(ids, params, rid, lambda o: outbox.put(("out", rid, o)), pooling)
     except BaseException as e:
         outbox.put(("error", rid, _pack(e)))
 

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixmesh.worker.attention.base import AttentionBackend
-from radixmesh.worker.batch import Batch, ForwardOutput, PromptLogprobs, ScheduledRequest
+from radixmesh.worker.batch import (
+    Batch,
+    ForwardOutput,
+    PooledRows,
+    PromptLogprobs,
+    ScheduledRequest,
+)
 from radixmesh.worker.constrained.bitmask import TokenBitmask
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.forward_batch import ForwardBatch
@@ -87,6 +93,7 @@ class ModelRunner:
             logprobs=[None] * n_items,
             top_logprobs=[None] * n_items,
             prompt_logprobs=[None] * n_items,
+            hidden=_pooled(batch.items, hidden),
         )
         if not all_rows:
             return out
@@ -222,6 +229,23 @@ class ModelRunner:
                 top=[t[:top_n] for t in tops[at : at + count]] if tops else [],
             )
             at += count
+
+
+def _pooled(items: list[ScheduledRequest], hidden: torch.Tensor) -> list[PooledRows | None]:
+    """The rows embedding requests want from this step's `[T, hidden]` final hidden
+    states, pooled on the device (one sum or row each, not the rows)."""
+    out: list[PooledRows | None] = [None] * len(items)
+    offset = 0
+    for i, item in enumerate(items):
+        req, n = item.req, item.num_new_tokens
+        pool = req.hidden_pool
+        if pool is not None:
+            lo, hi = pool.wanted(item.start, n, req.num_tokens)
+            if hi > lo:
+                rows = hidden[offset + lo : offset + hi].float()  # [k, hidden]
+                out[i] = PooledRows(item.start + lo, hi - lo, rows.sum(dim=0))
+        offset += n
+    return out
 
 
 def _one_row_per_token(

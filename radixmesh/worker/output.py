@@ -129,6 +129,7 @@ class OutputProcessor:
                 new_token_logprobs=lps,
                 new_top_logprobs=tops,
                 error=req.error,
+                embedding=_embedding(req),
             )
         )
 
@@ -143,6 +144,13 @@ def _phase_times(req: Request, now: float) -> dict[str, float]:
         times["prefill_time"] = req.first_token_time - req.admit_time
         times["decode_time"] = now - req.first_token_time
     return times
+
+
+def _embedding(req: Request) -> list[float] | None:
+    pool = req.hidden_pool
+    if pool is None or not req.finished or req.error is not None or pool.total is None:
+        return None
+    return pool.vector()
 
 
 def meta_info(req: Request) -> dict[str, Any]:

@@ -22,6 +22,43 @@ from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.request_output import RequestOutput
 
 
+class Pooling(enum.StrEnum):
+    MEAN = "mean"  # the mean of every prompt position's final hidden state
+    LAST = "last"  # the last prompt position's
+
+
+@dataclass
+class HiddenPool:
+    """An embedding request's pooled final hidden states, filled chunk by chunk.
+
+    Mean pooling sums positions 0, 1, ... in order; rows of positions already counted
+    (recomputed after a retraction) are left out, so each position counts once."""
+
+    pooling: Pooling
+    total: torch.Tensor | None = None  # [hidden] float32: the sum, or the last row
+    count: int = 0  # positions pooled so far (mean)
+
+    def wanted(self, start: int, num_new: int, num_tokens: int) -> tuple[int, int]:
+        """Which of a step's rows (positions start.. start + num_new) to pool, as a range
+        of row offsets within the step's rows for this request."""
+        if self.pooling is Pooling.LAST:
+            end = start + num_new
+            return (num_new - 1, num_new) if end == num_tokens else (0, 0)
+        return max(self.count - start, 0), num_new
+
+    def add(self, first: int, count: int, value: torch.Tensor) -> None:
+        if self.pooling is Pooling.LAST:
+            self.total = value
+        elif first == self.count:
+            self.total = value if self.total is None else self.total + value
+            self.count += count
+
+    def vector(self) -> list[float]:
+        assert self.total is not None
+        v = self.total / self.count if self.pooling is Pooling.MEAN else self.total
+        return [float(x) for x in v.cpu().tolist()]
+
+
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # eos, a stop token id or a stop string
     LENGTH = "length"  # max_new_tokens or the context length
@@ -65,6 +102,8 @@ class Request:
     input_top_logprobs: list[list[tuple[float, int, None]]] = field(default_factory=list)
     # Set by the policy (lpm/dfs-weight) when it ordered the queue this step.
     prefix_hint: int = 0
+    # Embedding requests (max_new_tokens 0): their pooled final hidden states.
+    hidden_pool: HiddenPool | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)
@@ -103,6 +142,8 @@ class Request:
         logits to sample from; prompt logprobs need their positions computed.
         """
         limit = self.num_tokens - 1
+        if self.hidden_pool is not None and self.hidden_pool.pooling is Pooling.MEAN:
+            return 0  # every position's hidden state is needed: none from the cache
         if self.wants_prompt_logprobs and self.params.logprob_start_len is not None:
             # Token i's logprob comes from position i-1's logits: compute from start-1.
             limit = min(limit, self.params.logprob_start_len - 1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixmesh.errors import RequestAborted
+
 
 @dataclass
 class RequestOutput:
@@ -20,6 +22,7 @@ class RequestOutput:
     new_token_logprobs: list[tuple[float, int, None]] = field(default_factory=list)
     new_top_logprobs: list[list[tuple[float, int, None]]] = field(default_factory=list)
     error: str | None = None
+    embedding: list[float] | None = None  # an embedding request's, when it finished
 
     def then(self, later: RequestOutput) -> RequestOutput:
         """This output and the request's next one as one: deltas joined, the later state."""
@@ -32,6 +35,7 @@ class RequestOutput:
             new_token_logprobs=self.new_token_logprobs + later.new_token_logprobs,
             new_top_logprobs=self.new_top_logprobs + later.new_top_logprobs,
             error=later.error,
+            embedding=later.embedding,
         )
 
     def as_chunk(self) -> dict[str, Any]:
@@ -45,4 +49,15 @@ class RequestOutput:
             chunk["output_token_logprobs"] = self.new_token_logprobs
         if self.new_top_logprobs:
             chunk["output_top_logprobs"] = self.new_top_logprobs
+        if self.embedding is not None:
+            chunk["embedding"] = self.embedding
         return chunk
+
+
+def embedding_result(result: dict[str, Any]) -> dict[str, Any]:
+    """An embedding request's final chunk (or whole result) as {"embedding", "meta_info"};
+    one that ended without its vector (aborted) raises RequestAborted with the reason."""
+    if "embedding" not in result:
+        reason = result["meta_info"].get("finish_reason") or {}
+        raise RequestAborted(reason.get("message") or "the embedding request was aborted")
+    return {"embedding": result["embedding"], "meta_info": result["meta_info"]}

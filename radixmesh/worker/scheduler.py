@@ -423,6 +423,9 @@ class Scheduler:
                 plp = PromptLogprobs(first=1, logprobs=[])  # a 1-token prompt: (None, tok)
             if plp is not None:
                 self.output.add_prompt_logprobs(req, plp)
+            pooled = out.hidden[i] if out.hidden else None
+            if pooled is not None and req.hidden_pool is not None:
+                req.hidden_pool.add(pooled.first, pooled.count, pooled.value)
             # A prompt chunk goes into the tree for others to reuse; forced output tokens
             # (jump-forward) do not, like decoded ones (~2% of a jump-forward step).
             if item.num_new_tokens > 1 and start < req.num_prompt_tokens:

@@ -1,12 +1,13 @@
 """The gRPC worker server: the `radixmesh.v1.Worker` service over one `Engine`.
 
-Protobuf types live here and nowhere else in the worker. The server starts listening
+Protobuf types live here and in convert.py (the engine's values <-> messages) and nowhere
+else in the worker. The server starts listening
 before the model loads (health NOT_SERVING, RPCs UNAVAILABLE), turns SERVING once the
 engine is up, and on SIGTERM / SIGINT drains: NOT_SERVING, new requests UNAVAILABLE,
 requests in flight finish up to `drain_timeout`, the rest are aborted, then it exits.
 
-A Generate stream that the client cancels, disconnects or lets pass its deadline is
-aborted in the engine (its KV is back before the next scheduler step).
+A Generate stream (or an Embed call) that the client cancels, disconnects or lets pass
+its deadline is aborted in the engine (its KV is back before the next scheduler step).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from radixmesh.prefix import common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import input_ids_from_proto
 from radixmesh.worker.cache_event_hub import CacheEventHub
+from radixmesh.worker.convert import chunk_to_proto, event_proto, params_from_proto, pooling_name
 from radixmesh.worker.engine_process import EngineProcess
 from radixmesh.worker.metrics import WorkerMetrics
 from radixmesh.worker.stats import SchedulerStats
@@ -50,26 +52,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-
-# Sampling fields copied as they are; the `optional` ones only when set.
-_PLAIN_FIELDS = (
-    "min_new_tokens", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
-    "no_stop_trim", "return_logprob", "top_logprobs_num",
-)  # fmt: skip
-_OPTIONAL_FIELDS = (
-    "max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty",
-    "skip_special_tokens", "seed", "logprob_start_len",
-)  # fmt: skip
-_FINISH = {
-    "stop": common_pb2.FINISH_REASON_STOP,
-    "length": common_pb2.FINISH_REASON_LENGTH,
-    "abort": common_pb2.FINISH_REASON_ABORT,
-}
-_EVENT_KIND = {
-    "stored": worker_pb2.CACHE_EVENT_KIND_STORED,
-    "removed": worker_pb2.CACHE_EVENT_KIND_REMOVED,
-    "cleared": worker_pb2.CACHE_EVENT_KIND_CLEARED,
-}
 
 
 @dataclass(frozen=True)
@@ -119,72 +101,6 @@ def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ]
-
-
-# ---- proto <-> engine ---------------------------------------------------------------------
-
-
-def params_from_proto(p: common_pb2.SamplingParams) -> dict[str, Any]:
-    params: dict[str, Any] = {name: getattr(p, name) for name in _PLAIN_FIELDS}
-    for name in _OPTIONAL_FIELDS:
-        if p.HasField(name):
-            params[name] = getattr(p, name)
-    params["stop"] = list(p.stop)
-    params["stop_token_ids"] = list(p.stop_token_ids)
-    params["logit_bias"] = dict(p.logit_bias)
-    kind = p.WhichOneof("constraint")
-    if kind == "choices":
-        params["choices"] = list(p.choices.choices)
-    elif kind is not None:
-        params[kind] = getattr(p, kind)
-    return params
-
-
-def _logprobs(entries: list[Any]) -> list[common_pb2.TokenLogprob]:
-    out = []
-    for lp, tid, _ in entries:
-        msg = common_pb2.TokenLogprob(token_id=tid)
-        if lp is not None:
-            msg.logprob = lp
-        out.append(msg)
-    return out
-
-
-def _finish(reason: dict[str, Any]) -> common_pb2.Finish:
-    msg = common_pb2.Finish(reason=_FINISH[reason["type"]], message=reason.get("message", ""))
-    matched = reason.get("matched")
-    if isinstance(matched, str):
-        msg.matched_text = matched
-    elif isinstance(matched, int):
-        msg.matched_token_id = matched
-    return msg
-
-
-def chunk_to_proto(
-    rid: str,
-    token_ids: list[int],
-    text: str,
-    meta: dict[str, Any],
-    logprobs: list[Any],
-    top: list[list[Any]] | None = None,
-) -> common_pb2.GenerateChunk:
-    msg = common_pb2.GenerateChunk(
-        request_id=rid,
-        token_ids=token_ids,
-        text=text,
-        logprobs=_logprobs(logprobs),
-        top_logprobs=[common_pb2.TopLogprobs(tokens=_logprobs(t)) for t in top or []],
-        prompt_tokens=meta["prompt_tokens"],
-        completion_tokens=meta["completion_tokens"],
-        cached_tokens=meta["cached_tokens"],
-        input_logprobs=_logprobs(meta.get("input_token_logprobs", [])),
-        input_top_logprobs=[
-            common_pb2.TopLogprobs(tokens=_logprobs(t)) for t in meta.get("input_top_logprobs", [])
-        ],
-    )
-    if meta.get("finish_reason") is not None:
-        msg.finish.CopyFrom(_finish(meta["finish_reason"]))
-    return msg
 
 
 # ---- the servicer ---------------------------------------------------------------------------
@@ -306,6 +222,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _input_ids(self, inp: common_pb2.Input) -> list[int]:
         return input_ids_from_proto(inp, self._engine().tokenizer)
 
+    # ---- embed --------------------------------------------------------------------------
+
+    async def Embed(
+        self, request: worker_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.EmbedResponse:
+        rid = request.request_id or uuid.uuid4().hex
+
+        async def run() -> worker_pb2.EmbedResponse:
+            engine = self._engine()
+            if len(self.in_flight) >= self.max_in_flight:
+                raise Overloaded(f"{len(self.in_flight)} requests in flight: the queue is full")
+            if rid in self.in_flight:
+                raise InvalidArgument("request_id", f"request {rid!r} is already in flight")
+            ids = self._input_ids(request.input)
+            self.in_flight.add(rid)
+            try:  # a cancelled call cancels async_encode, which aborts the request
+                out = await engine.async_encode(ids, pooling_name(request.pooling), rid)
+            finally:
+                self.in_flight.discard(rid)
+            meta = out["meta_info"]
+            embedding = common_pb2.Embedding(
+                values=out["embedding"],
+                prompt_tokens=meta["prompt_tokens"],
+                cached_tokens=meta["cached_tokens"],
+            )
+            return worker_pb2.EmbedResponse(embedding=embedding)
+
+        return await _unary(context, run)
+
     # ---- score / abort / load -----------------------------------------------------------
 
     async def Score(
@@ -399,7 +344,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             while (item := await q.get()) is not None:
                 yield worker_pb2.StreamCacheEventsResponse(
-                    event=_event_proto(hub.epoch, item.sequence, item.event)
+                    event=event_proto(hub.epoch, item.sequence, item.event)
                 )
         finally:
             hub.unsubscribe(q)
@@ -415,7 +360,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 epoch=snap.epoch,
                 sequence=snap.sequence,
                 block_size=engine.config.cache.event_block_size,
-                events=[_event_proto(snap.epoch, snap.sequence, e) for e in snap.events],
+                events=[event_proto(snap.epoch, snap.sequence, e) for e in snap.events],
             )
 
         return await _unary(context, run)
@@ -447,25 +392,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 tokenizer=facts.tokenizer_spec,
                 chat_template=template if isinstance(template, str) else "",
                 eos_token_ids=sorted(facts.eos_ids),
+                hidden_size=facts.hidden_size,
             )
             if facts.bos_token_id is not None:
                 info.bos_token_id = facts.bos_token_id
             return worker_pb2.GetModelInfoResponse(info=info)
 
         return await _unary(context, run)
-
-
-def _event_proto(epoch: int, sequence: int, event: Any) -> worker_pb2.CacheEvent:
-    msg = worker_pb2.CacheEvent(
-        epoch=epoch,
-        sequence=sequence,
-        kind=_EVENT_KIND[event.kind],
-        block_hashes=list(event.block_hashes),
-        num_tokens=event.num_tokens,
-    )
-    if event.parent_hash is not None:
-        msg.parent_hash = event.parent_hash
-    return msg
 
 
 async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[Any]]) -> Any:

@@ -7,7 +7,7 @@ import pytest
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
-from radixmesh.worker.server import chunk_to_proto, params_from_proto
+from radixmesh.worker.convert import chunk_to_proto, params_from_proto
 
 
 @pytest.mark.parametrize(

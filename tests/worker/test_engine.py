@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
 from tests.worker.conftest import assert_engine_idle_and_clean
 
@@ -223,6 +224,34 @@ def test_logprobs_and_prompt_logprobs_match_transformers(
     top = meta["output_top_logprobs"][0]
     assert len(top) == 3 and top[0][1] == out["output_ids"][0]  # greedy = the top token
     assert [lp for lp, _, _ in top] == sorted((lp for lp, _, _ in top), reverse=True)
+    assert_engine_idle_and_clean(engine)
+
+
+def test_encode_pools_the_final_hidden_states_of_transformers(
+    engine: Engine, hf_smollm2: object
+) -> None:
+    """Mean and last pooling equal transformers' last_hidden_state on the same weights,
+    also when the prompt's start is cached (mean pooling recomputes it)."""
+    import torch
+
+    ids = engine.tokenizer.encode(PROMPTS[3] + " " + PROMPTS[4])
+    engine.generate(input_ids=ids[:12], sampling_params={"max_new_tokens": 1})  # cache a prefix
+    with torch.no_grad():
+        ref = hf_smollm2.model(torch.tensor([ids])).last_hidden_state[0]  # type: ignore[attr-defined]
+    for pooling, expected in (("mean", ref.mean(dim=0)), ("last", ref[-1])):
+        out = engine.encode(input_ids=ids, pooling=pooling)
+        assert isinstance(out, dict)
+        got = torch.tensor(out["embedding"])
+        assert got.shape == (576,)
+        assert torch.allclose(got, expected, atol=1e-4), (pooling, (got - expected).abs().max())
+        assert out["meta_info"]["prompt_tokens"] == len(ids)
+        assert out["meta_info"]["completion_tokens"] == 0
+    cached = engine.encode(input_ids=ids, pooling="last")
+    assert isinstance(cached, dict) and cached["meta_info"]["cached_tokens"] > 0
+    batch = engine.encode([PROMPTS[0], PROMPTS[1]])
+    assert isinstance(batch, list) and len(batch) == 2
+    with pytest.raises(InvalidArgument, match="pooling"):
+        engine.encode(PROMPTS[0], pooling="max")
     assert_engine_idle_and_clean(engine)
 
 

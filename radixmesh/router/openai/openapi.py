@@ -53,6 +53,13 @@ ENDPOINTS = (
     ),
     Endpoint(
         "post",
+        "/v1/embeddings",
+        "Pooled final hidden states of the served model",
+        rq.EmbeddingRequest,
+        rs.EmbeddingList,
+    ),
+    Endpoint(
+        "post",
         "/tokenize",
         "Text or messages -> token ids",
         rq.TokenizeRequest,

@@ -176,11 +176,16 @@ class Embedding(Reply):
     embedding: list[float] | str  # base64 of little-endian float32 with encoding_format base64
 
 
+class EmbeddingUsage(Reply):
+    prompt_tokens: int
+    total_tokens: int
+
+
 class EmbeddingList(Reply):
     object: Literal["list"] = "list"
     data: list[Embedding]
     model: str
-    usage: Usage
+    usage: EmbeddingUsage
 
 
 class TokenizeResponse(Reply):

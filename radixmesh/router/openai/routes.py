@@ -34,6 +34,7 @@ from radixmesh.router.openai.convert import (
     tokenize,
     validate,
 )
+from radixmesh.router.openai.embeddings import embed_all, parse_embeddings
 from radixmesh.router.openai.openapi import openapi_document
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class OpenAIRoutes:
     def register(self, app: web.Application) -> None:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/openapi.json", self.openapi)
@@ -57,6 +59,22 @@ class OpenAIRoutes:
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_document(radixmesh.__version__))
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        tok, info = self.frontend._ready()
+        body = await read_json(request)
+        job = await asyncio.to_thread(
+            parse_embeddings,
+            body,
+            tokenizer=tok,
+            context_length=info.context_length,
+            hidden_size=info.hidden_size,
+            strict=self.strict,
+        )
+        self.frontend._check_model(job.model)
+        route = self.frontend.servicer.route_and_embed
+        reply = await embed_all(job, route, "embd-" + uuid.uuid4().hex)
+        return web.json_response(reply.dump())
 
     async def tokenize(self, request: web.Request) -> web.Response:
         tok, info = self.frontend._ready()
