@@ -247,13 +247,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         last_error: grpc.aio.AioRpcError | None = None
         while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
             try:
-                worker, _ = self.route(ids, tried)
+                worker, cached = self.route(ids, tried)
             except RadixMeshError:
                 if last_error is not None:
                     break
                 raise
             tried.add(worker.worker_id)
-            worker.in_flight += 1
+            pending = len(ids) - cached  # prefill work queued there until the answer
+            worker.request_started(pending)
             self.requests[rid] = worker
             try:
                 resp = await worker.stub.Embed(wreq, metadata=worker.metadata)
@@ -270,6 +271,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self.retries += 1
                 self.metrics.retries.inc()
             finally:
+                worker.request_streaming(pending)
                 worker.request_ended()
                 self.requests.pop(rid, None)
         assert last_error is not None

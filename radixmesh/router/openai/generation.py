@@ -26,6 +26,7 @@ from radixmesh.router.openai.message import Message, MessageStream
 from radixmesh.router.openai.reply import (
     UsageCounter,
     chat_logprobs,
+    choice_usage,
     completion_logprobs,
     finish_reason,
     join_completion_logprobs,
@@ -36,10 +37,13 @@ from radixmesh.v1 import common_pb2
 
 Chunks = AsyncGenerator[tuple[int, common_pb2.GenerateChunk], None]
 Route = Callable[..., AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]]
+# Names the workers that served a reply (benchmarks and debugging read it).
+WORKER_HEADER = "X-Radixmesh-Worker"
 
 
-async def choices(route: Route, gen: Generation, rid: str) -> Chunks:
-    """Every choice's chunks as (choice index, chunk), the choices generated at once."""
+async def choices(route: Route, gen: Generation, rid: str, workers: set[str]) -> Chunks:
+    """Every choice's chunks as (choice index, chunk), the choices generated at once; the
+    workers that serve them are added to `workers`."""
     jobs = [
         (i * gen.n + j, ids, gen.params[j])
         for i, ids in enumerate(gen.prompts)
@@ -48,7 +52,8 @@ async def choices(route: Route, gen: Generation, rid: str) -> Chunks:
     if len(jobs) == 1:  # no tasks needed
         stream = route(jobs[0][1], jobs[0][2], rid, stream=gen.stream)
         async with aclosing(stream):
-            async for _, chunk in stream:
+            async for worker, chunk in stream:
+                workers.add(worker)
                 yield 0, chunk
         return
     queue: asyncio.Queue[tuple[int, common_pb2.GenerateChunk | None, BaseException | None]]
@@ -58,7 +63,8 @@ async def choices(route: Route, gen: Generation, rid: str) -> Chunks:
         try:
             stream = route(ids, params, f"{rid}-{index}", stream=gen.stream)
             async with aclosing(stream):
-                async for _, chunk in stream:
+                async for worker, chunk in stream:
+                    workers.add(worker)
                     queue.put_nowait((index, chunk, None))
             queue.put_nowait((index, None, None))
         except Exception as e:
@@ -167,13 +173,16 @@ async def stream(
     chunks: Chunks,
     tok: TokenizerLike,
     error: Callable[[BaseException], ApiError],
+    workers: set[str],
 ) -> web.StreamResponse:
-    """The reply as SSE. `error` turns a failure after the first chunk into its event."""
+    """The reply as SSE. `error` turns a failure after the first chunk into its event;
+    `workers` has the serving worker once the first chunk came (`choices` fills it)."""
     # Wait for the first chunk before the 200: errors until then get their own status.
     item = await anext(chunks, None)
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    if item is not None and gen.num_choices == 1:
+        headers[WORKER_HEADER] = ",".join(sorted(workers))
+    resp = web.StreamResponse(headers=headers)
     await resp.prepare(request)
     sse = _Sse(resp)
     events = _ChunkEvents(gen, rid, tok)
@@ -206,7 +215,10 @@ class _ChunkEvents:
         self.usage = UsageCounter(gen.n)
         self.streams = [MessageStream.of(gen) for _ in range(gen.num_choices)]
 
-    def _envelope(self, choices: list[Any]) -> dict[str, Any]:
+    def _envelope(
+        self, choices: list[Any], chunk: common_pb2.GenerateChunk | None = None
+    ) -> dict[str, Any]:
+        """A payload; with continuous usage, a chunk's carries its choice's usage so far."""
         g = self.gen
         model: rs.ChatCompletionChunk | rs.Completion
         if g.chat:
@@ -215,9 +227,9 @@ class _ChunkEvents:
             )
         else:
             model = rs.Completion(id=self.rid, created=g.created, model=g.model, choices=choices)
-        if g.continuous_usage:
-            model.usage = self.usage.usage()
-        elif g.include_usage:
+        if g.continuous_usage and chunk is not None:
+            model.usage = choice_usage(chunk)
+        elif g.include_usage or g.continuous_usage:
             model.usage = None
         return model.dump()
 
@@ -257,7 +269,9 @@ class _ChunkEvents:
         g = self.gen
         self.usage.add(index, chunk)
         reason = finish_reason(chunk)
-        if not chunk.text and reason is None:
+        # With continuous usage every chunk that brings tokens goes out, text or not.
+        counts = g.continuous_usage and bool(chunk.token_ids)
+        if not chunk.text and reason is None and not counts:
             return []
         choice: rs.ChunkChoice | rs.CompletionChoice
         if g.chat:
@@ -265,7 +279,7 @@ class _ChunkEvents:
             lps = None
             if g.top_logprobs is not None:
                 lps = rs.ChatLogprobs(content=chat_logprobs(chunk, self.tok))
-            elif not delta.model_fields_set and reason is None:
+            elif not delta.model_fields_set and reason is None and not counts:
                 return []  # held back (a tool call or a marker in the making)
             choice = rs.ChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=reason)
         else:
@@ -278,7 +292,7 @@ class _ChunkEvents:
                 index=index, text=chunk.text, logprobs=text_lps, finish_reason=reason
             )
         self.offsets[index] += len(chunk.text)
-        return [self._envelope([choice])]
+        return [self._envelope([choice], chunk)]
 
     def _delta(
         self, index: int, text: str, reason: rs.FinishReason | None

@@ -49,6 +49,16 @@ class UsageCounter:
         )
 
 
+def choice_usage(chunk: common_pb2.GenerateChunk) -> rs.Usage:
+    """One choice's usage so far (a chunk's counts are cumulative)."""
+    return rs.Usage(
+        prompt_tokens=chunk.prompt_tokens,
+        completion_tokens=chunk.completion_tokens,
+        total_tokens=chunk.prompt_tokens + chunk.completion_tokens,
+        prompt_tokens_details=rs.PromptTokensDetails(cached_tokens=chunk.cached_tokens),
+    )
+
+
 def _lp(e: common_pb2.TokenLogprob) -> float | None:
     return e.logprob if e.HasField("logprob") else None
 

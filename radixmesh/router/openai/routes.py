@@ -35,6 +35,7 @@ from radixmesh.router.openai.convert import (
     validate,
 )
 from radixmesh.router.openai.embeddings import embed_all, parse_embeddings
+from radixmesh.router.openai.generation import WORKER_HEADER
 from radixmesh.router.openai.openapi import openapi_document
 
 if TYPE_CHECKING:
@@ -138,13 +139,15 @@ class OpenAIRoutes:
         self.frontend._check_model(gen.model)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         route = self.frontend.servicer.route_and_stream
-        chunks = _named_errors(generation.choices(route, gen, rid), gen)
+        workers: set[str] = set()
+        chunks = _named_errors(generation.choices(route, gen, rid, workers), gen)
         async with aclosing(chunks):
             if gen.stream:
                 return await generation.stream(
-                    request, gen, rid, chunks, tok, lambda e: _api_error(e, gen)
+                    request, gen, rid, chunks, tok, lambda e: _api_error(e, gen), workers
                 )
-            return web.json_response(await generation.collect(gen, rid, chunks, tok))
+            body = await generation.collect(gen, rid, chunks, tok)
+        return web.json_response(body, headers={WORKER_HEADER: ",".join(sorted(workers))})
 
 
 async def read_json(request: web.Request) -> Any:

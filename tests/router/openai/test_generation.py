@@ -88,9 +88,12 @@ def test_usage_per_choice_and_on_every_chunk(smollm2: Smollm2Cluster) -> None:
         stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
     )
     chunks = list(stream)
-    assert all(c.usage is not None for c in chunks)
-    completion = [c.usage.completion_tokens for c in chunks if c.usage is not None]
-    assert completion == sorted(completion)  # cumulative
+    # Each token-bearing chunk carries its choice's usage so far; the role chunks none.
+    running: dict[int, list[int]] = {0: [], 1: []}
+    for c in chunks[:-1]:
+        if c.usage is not None:
+            running[c.choices[0].index].append(c.usage.completion_tokens)
+    assert running == {0: [1, 2, 3, 4, 5], 1: [1, 2, 3, 4, 5]}
     final = chunks[-1]
     assert final.choices == [] and final.usage is not None
     # Each choice's tokens count; the prompt once (both choices share it).
@@ -98,8 +101,20 @@ def test_usage_per_choice_and_on_every_chunk(smollm2: Smollm2Cluster) -> None:
     prompt = smollm2.http.post("/tokenize", {"messages": QUESTION}).json()["count"]
     assert final.usage.prompt_tokens == prompt
     assert final.usage.total_tokens == prompt + 10
+    assert {c.usage.prompt_tokens for c in chunks[:-1] if c.usage is not None} == {prompt}
     finished = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
     assert sorted(finished) == [0, 1]
+
+
+def test_the_serving_worker_is_named_in_a_header(smollm2: Smollm2Cluster) -> None:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    assert smollm2.http.post("/v1/completions", body).headers["x-radixmesh-worker"] == "worker-0"
+    conn, resp = smollm2.http.open_stream("/v1/completions", {**body, "stream": True})
+    try:
+        assert resp.getheader("X-Radixmesh-Worker") == "worker-0"
+        resp.read()
+    finally:
+        conn.close()
 
 
 def test_models_retrieve(smollm2: Smollm2Cluster) -> None:
