@@ -52,6 +52,18 @@ def test_same_tokens_as_the_in_process_engine(proc: EngineProcess) -> None:
     assert proc.config.scheduler.max_running_requests == 64  # resolved in the child
 
 
+def test_embeddings_come_back_from_the_child(proc: EngineProcess) -> None:
+    ids = proc.tokenizer.encode("Embeddings cross the pipe too.")
+    mean = asyncio.run(proc.async_encode(ids))
+    last = asyncio.run(proc.async_encode(ids, "last"))
+    assert proc.info.hidden_size == len(mean["embedding"]) == len(last["embedding"]) == 576
+    assert mean["embedding"] != last["embedding"]
+    assert mean["meta_info"]["prompt_tokens"] == len(ids)
+    with pytest.raises(InvalidArgument) as e:
+        asyncio.run(proc.async_encode(ids, "max"))
+    assert e.value.field == "pooling"
+
+
 def test_bad_requests_raise_their_error_naming_the_field(proc: EngineProcess) -> None:
     with pytest.raises(InvalidArgument) as e:
         _stream(proc, [1, 2, 3], {"max_new_tokens": -1})
