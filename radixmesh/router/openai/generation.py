@@ -1,15 +1,15 @@
 """Serving a parsed completions / chat request: fan out its choices, reply whole or as SSE.
 
-Every choice (prompt x n) is one worker request through the router's `route_and_stream`;
-their chunks interleave as they come. The whole reply is built from response models
-(responses.py); a stream sends one chunk per worker chunk, then the usage chunk (with
-`stream_options.include_usage`) and `[DONE]`. Errors before the first chunk get their own
-HTTP status; after it, one `data: {"error": ...}` event ends the stream.
+Every choice (prompt x n) is one worker request through the HTTP front end's `stream_jobs`
+(over the router's `route_and_stream`); their chunks interleave as they come. The whole
+reply is built from response models (responses.py); a stream sends one chunk per worker
+chunk, then the usage chunk (with `stream_options.include_usage`) and `[DONE]`. Errors
+before the first chunk get their own HTTP status; after it, one `data: {"error": ...}`
+event ends the stream.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -36,55 +36,25 @@ from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
 
 Chunks = AsyncGenerator[tuple[int, common_pb2.GenerateChunk], None]
-Route = Callable[..., AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]]
+# The HTTP front end's `stream_jobs`: (index, token ids, params) jobs -> (index, worker, chunk).
+StreamJobs = Callable[..., AsyncGenerator[tuple[int, str, common_pb2.GenerateChunk], None]]
 # Names the workers that served a reply (benchmarks and debugging read it).
 WORKER_HEADER = "X-Radixmesh-Worker"
 
 
-async def choices(route: Route, gen: Generation, rid: str, workers: set[str]) -> Chunks:
-    """Every choice's chunks as (choice index, chunk), the choices generated at once; the
-    workers that serve them are added to `workers`."""
+async def choices(stream_jobs: StreamJobs, gen: Generation, rid: str, workers: set[str]) -> Chunks:
+    """Every choice's chunks as (choice index, chunk), the choices generated at once
+    (choice index = prompt x n + choice); the workers that serve them go into `workers`."""
     jobs = [
         (i * gen.n + j, ids, gen.params[j])
         for i, ids in enumerate(gen.prompts)
         for j in range(gen.n)
     ]
-    if len(jobs) == 1:  # no tasks needed
-        stream = route(jobs[0][1], jobs[0][2], rid, stream=gen.stream)
-        async with aclosing(stream):
-            async for worker, chunk in stream:
-                workers.add(worker)
-                yield 0, chunk
-        return
-    queue: asyncio.Queue[tuple[int, common_pb2.GenerateChunk | None, BaseException | None]]
-    queue = asyncio.Queue()
-
-    async def pump(index: int, ids: list[int], params: common_pb2.SamplingParams) -> None:
-        try:
-            stream = route(ids, params, f"{rid}-{index}", stream=gen.stream)
-            async with aclosing(stream):
-                async for worker, chunk in stream:
-                    workers.add(worker)
-                    queue.put_nowait((index, chunk, None))
-            queue.put_nowait((index, None, None))
-        except Exception as e:
-            queue.put_nowait((index, None, e))
-
-    tasks = [asyncio.create_task(pump(*job)) for job in jobs]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            index, got, error = await queue.get()
-            if error is not None:
-                raise error
-            if got is None:
-                remaining -= 1
-            else:
-                yield index, got
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    chunks = stream_jobs(jobs, rid, stream=gen.stream)
+    async with aclosing(chunks):
+        async for index, worker, chunk in chunks:
+            workers.add(worker)
+            yield index, chunk
 
 
 async def collect(gen: Generation, rid: str, chunks: Chunks, tok: TokenizerLike) -> dict[str, Any]:

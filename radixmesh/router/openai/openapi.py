@@ -2,7 +2,8 @@
 
 Served at `GET /openapi.json`. Request bodies are described by the request models
 (validation schemas), replies by the response models (serialization schemas); every
-authenticated route lists the errors it can answer with OpenAI's error body.
+authenticated route lists the errors it can answer with OpenAI's error body. SGLang's
+native routes (sglang_api.py) are listed with free-form JSON bodies.
 """
 
 from __future__ import annotations
@@ -30,8 +31,22 @@ class Endpoint:
     streams: bool = False  # `stream: true` answers text/event-stream
     authenticated: bool = True
     content_type: str = "application/json"
+    free_body: bool = False  # a JSON object body without a model here (SGLang's API)
 
 
+# SGLang's native API (router/sglang_api.py): (method, path, what, takes a JSON body).
+_SGLANG = (
+    ("post", "/generate", "text or input_ids with SGLang's sampling_params", True),
+    ("put", "/generate", "text or input_ids with SGLang's sampling_params", True),
+    ("get", "/get_model_info", "the served model", False),
+    ("get", "/model_info", "the served model", False),
+    ("get", "/get_server_info", "the cluster: model, policy, workers' load, gRPC port", False),
+    ("get", "/server_info", "the cluster: model, policy, workers' load, gRPC port", False),
+    ("get", "/flush_cache", "flush every worker's cache", False),
+    ("post", "/flush_cache", "flush every worker's cache", False),
+    ("get", "/health_generate", "one token generated through the router", False),
+    ("post", "/concate_and_append_request", "acknowledged (a join's bookkeeping)", True),
+)
 ENDPOINTS = (
     Endpoint("get", "/v1/models", "The served model, as a list", response=rs.ModelList),
     Endpoint("get", "/v1/models/{model}", "The served model", response=rs.Model),
@@ -69,6 +84,16 @@ ENDPOINTS = (
         "post", "/detokenize", "Token ids -> text", rq.DetokenizeRequest, rs.DetokenizeResponse
     ),
     Endpoint("get", "/health", "200 while a worker is healthy, else 503", authenticated=False),
+    *(
+        Endpoint(
+            method,
+            path,
+            f"SGLang's native API: {what} (docs/router-http.md)",
+            streams=body and path == "/generate",
+            free_body=body,
+        )
+        for method, path, what, body in _SGLANG
+    ),
     Endpoint(
         "get",
         "/metrics",
@@ -120,9 +145,9 @@ def _operation(e: Endpoint, names: dict[tuple[Any, Any], Any]) -> dict[str, Any]
         op["parameters"] = [
             {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
         ]
-    if e.request is not None:
-        ref = names[(e.request, "validation")]
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+    if e.request is not None or e.free_body:
+        schema = names[(e.request, "validation")] if e.request is not None else {"type": "object"}
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
     ok: dict[str, Any] = {"description": "OK"}
     if e.response is not None:
         ok["content"] = {"application/json": {"schema": names[(e.response, "serialization")]}}

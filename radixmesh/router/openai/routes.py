@@ -138,9 +138,10 @@ class OpenAIRoutes:
             )
         self.frontend._check_model(gen.model)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        route = self.frontend.servicer.route_and_stream
         workers: set[str] = set()
-        chunks = _named_errors(generation.choices(route, gen, rid, workers), gen)
+        chunks = _named_errors(
+            generation.choices(self.frontend.stream_jobs, gen, rid, workers), gen
+        )
         async with aclosing(chunks):
             if gen.stream:
                 return await generation.stream(
