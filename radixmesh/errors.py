@@ -12,6 +12,11 @@ from dataclasses import dataclass
 # gRPC trailing metadata naming the field of an INVALID_ARGUMENT (set by the servers, read
 # by the client and by the router when it relays a worker's error).
 FIELD_METADATA_KEY = "radixmesh-field"
+# Trailing metadata of a RESOURCE_EXHAUSTED that a radixmesh server sent because it is
+# overloaded (`Overloaded`), with the seconds after which a retry may succeed. gRPC itself
+# answers RESOURCE_EXHAUSTED for a message or metadata over its size limits: without this
+# key the status means the request is too large, which no other server takes either.
+OVERLOADED_METADATA_KEY = "radixmesh-retry-after"
 
 
 class RadixMeshError(Exception):
@@ -31,7 +36,12 @@ class InvalidArgument(RadixMeshError, ValueError):
 
 
 class Overloaded(RadixMeshError):
-    """The worker cannot take more requests now (queue full)."""
+    """The worker or router cannot take more requests now (queue full, rate limited).
+    `retry_after`: seconds after which a retry may succeed."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Unavailable(RadixMeshError):

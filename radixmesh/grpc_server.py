@@ -10,7 +10,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from radixmesh.errors import FIELD_METADATA_KEY, InvalidArgument, entry_for
+from radixmesh.errors import (
+    FIELD_METADATA_KEY,
+    OVERLOADED_METADATA_KEY,
+    InvalidArgument,
+    Overloaded,
+    entry_for,
+)
+
+# gRPC sends a status message in a trailer (percent-encoded: up to 3x its UTF-8 size) and
+# all trailers together may hold ~16 KB; a longer message would turn the status into
+# RESOURCE_EXHAUSTED. Messages and field names are cut to these many UTF-8 bytes.
+MAX_STATUS_BYTES = 2048
+MAX_FIELD_CHARS = 128
 
 
 def add_health_and_reflection(server: grpc.aio.Server, service: str) -> health.aio.HealthServicer:
@@ -60,10 +72,33 @@ async def set_health(servicer: health.aio.HealthServicer, service: str, *, servi
 
 async def abort_rpc(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
     """End the RPC with the catalogue's status for `error` (never UNKNOWN); an
-    InvalidArgument names its field in the trailing metadata."""
+    InvalidArgument names its field in the trailing metadata, an Overloaded says when to
+    retry. The message is cut to fit in a trailer."""
     entry = entry_for(error)
     metadata: tuple[tuple[str, str], ...] = ()
+    message = str(error)
     if isinstance(error, InvalidArgument):
-        metadata = ((FIELD_METADATA_KEY, error.field),)
-    await context.abort(grpc.StatusCode[entry.grpc_status], str(error), trailing_metadata=metadata)
+        field = metadata_safe(error.field)
+        metadata = ((FIELD_METADATA_KEY, field),)
+        message = f"{field}: {error.message}"
+    elif isinstance(error, Overloaded):
+        metadata = ((OVERLOADED_METADATA_KEY, f"{error.retry_after:g}"),)
+    await context.abort(
+        grpc.StatusCode[entry.grpc_status], status_message(message), trailing_metadata=metadata
+    )
     raise AssertionError("unreachable: context.abort raises")
+
+
+def status_message(message: str) -> str:
+    """`message` cut to MAX_STATUS_BYTES of UTF-8 (lone surrogates replaced)."""
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_STATUS_BYTES:
+        return data.decode()
+    return data[:MAX_STATUS_BYTES].decode("utf-8", "ignore") + "... (cut)"
+
+
+def metadata_safe(field: str) -> str:
+    """A field name as a metadata value: printable ASCII, at most MAX_FIELD_CHARS (a
+    client's unknown key may be anything)."""
+    safe = "".join(ch if " " <= ch <= "~" else "?" for ch in field[:MAX_FIELD_CHARS])
+    return safe if len(field) <= MAX_FIELD_CHARS else safe + "..."

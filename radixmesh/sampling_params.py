@@ -15,6 +15,15 @@ from typing import Any
 
 from radixmesh.errors import InvalidArgument
 
+# Stop strings are matched against the text after every step: their count and length are
+# work a client could otherwise make unbounded.
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 1000
+MAX_STOP_TOKEN_IDS = 1024
+# Top logprobs per token: the default cap (vLLM's --max-logprobs default); a server may
+# configure another (the full vocabulary made an 86 MB message and stalled workers).
+MAX_TOP_LOGPROBS = 20
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -112,8 +121,20 @@ class SamplingParams:
             set_.append(("choices", "\x00".join(self.choices)))
         return set_[0] if set_ else None
 
-    def validate_for(self, *, prompt_len: int, context_len: int, vocab_size: int) -> None:
-        """Checks that need the model: lengths against the context, ids against the vocab."""
+    def validate_for(
+        self,
+        *,
+        prompt_len: int,
+        context_len: int,
+        vocab_size: int,
+        max_top_logprobs: int = MAX_TOP_LOGPROBS,
+    ) -> None:
+        """Checks that need the model or the server: lengths against the context, ids
+        against the vocabulary, top logprobs against the server's cap."""
+        if self.top_logprobs_num > max_top_logprobs:
+            raise InvalidArgument(
+                "top_logprobs_num", f"at most {max_top_logprobs}, got {self.top_logprobs_num}"
+            )
         if prompt_len == 0:
             raise InvalidArgument("prompt", "the prompt is empty")
         if prompt_len + self.max_new_tokens > context_len:
@@ -138,8 +159,8 @@ class SamplingParams:
             )
 
     def _validate(self) -> None:
-        _int("max_new_tokens", self.max_new_tokens, lo=0)
-        _int("min_new_tokens", self.min_new_tokens, lo=0)
+        _int("max_new_tokens", self.max_new_tokens, lo=0, hi=_UINT32)
+        _int("min_new_tokens", self.min_new_tokens, lo=0, hi=_UINT32)
         if self.min_new_tokens > self.max_new_tokens:
             raise InvalidArgument(
                 "min_new_tokens",
@@ -151,7 +172,7 @@ class SamplingParams:
         _float("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidArgument("top_p", f"must be in (0, 1], got {self.top_p}")
-        _int("top_k", self.top_k, lo=-1)
+        _int("top_k", self.top_k, lo=-1, hi=_INT32)
         if self.top_k == 0:
             raise InvalidArgument("top_k", "must be -1 (disabled) or >= 1, got 0")
         _float("min_p", self.min_p)
@@ -167,20 +188,44 @@ class SamplingParams:
             _float(name, value)
             if not -2.0 <= value <= 2.0:
                 raise InvalidArgument(name, f"must be in [-2, 2], got {value}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidArgument(
+                "stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}"
+            )
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise InvalidArgument("stop", f"stop strings must be non-empty strings, got {s!r}")
+                raise InvalidArgument(
+                    "stop", f"stop strings must be non-empty strings, got {_short(s)}"
+                )
+            if len(s) > MAX_STOP_CHARS:
+                raise InvalidArgument(
+                    "stop", f"a stop string has {len(s)} characters; at most {MAX_STOP_CHARS}"
+                )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidArgument(
+                "stop_token_ids",
+                f"at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}",
+            )
         for tid in self.stop_token_ids:
-            _int("stop_token_ids", tid, lo=0)
+            _int("stop_token_ids", tid, lo=0, hi=_UINT32)
         for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim", "return_logprob"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgument(name, f"must be a bool, got {getattr(self, name)!r}")
         if self.seed is not None:
-            _int("seed", self.seed, lo=0)
-        _int("n", self.n, lo=1)
-        _int("top_logprobs_num", self.top_logprobs_num, lo=0)
+            _int("seed", self.seed, lo=0, hi=2**64 - 1)
+        _int("n", self.n, lo=1, hi=_UINT32)
+        _int("top_logprobs_num", self.top_logprobs_num, lo=0, hi=_UINT32)
         if self.logprob_start_len is not None:
-            _int("logprob_start_len", self.logprob_start_len, lo=0)
+            _int("logprob_start_len", self.logprob_start_len, lo=0, hi=_UINT32)
+        for name in ("regex", "json_schema", "ebnf", "structural_tag"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise InvalidArgument(name, f"must be a string, got {type(value).__name__}")
+        for c in self.choices or ():
+            if not isinstance(c, str) or not c:
+                raise InvalidArgument(
+                    "choices", f"choices must be non-empty strings, got {_short(c)}"
+                )
         constraints = [k for k in CONSTRAINT_KINDS if getattr(self, k) is not None]
         if len(constraints) > 1:
             raise InvalidArgument(
@@ -206,11 +251,11 @@ def _bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
     pairs = {}
     for item in items:
         if not isinstance(item, tuple | list) or len(item) != 2:
-            raise InvalidArgument("logit_bias", f"expected {{token id: bias}}, got {item!r}")
+            raise InvalidArgument("logit_bias", f"expected {{token id: bias}}, got {_short(item)}")
         key, bias = item
         if isinstance(key, str) and key.isascii() and key.isdigit():
             key = int(key)
-        _int("logit_bias", key, lo=0)
+        _int("logit_bias", key, lo=0, hi=_UINT32)
         pairs[key] = bias
     if len(pairs) > MAX_LOGIT_BIAS_TOKENS:
         raise InvalidArgument(
@@ -225,16 +270,32 @@ def _seq(name: str, value: Any) -> Sequence[Any]:
     return value
 
 
-def _int(name: str, value: Any, *, lo: int) -> None:
+# The wire's integer types (common.proto): a larger value could not be sent on.
+_UINT32 = 2**32 - 1
+_INT32 = 2**31 - 1
+
+
+def _int(name: str, value: Any, *, lo: int, hi: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(name, f"must be an integer, got {value!r}")
+        raise InvalidArgument(name, f"must be an integer, got {_short(value)}")
     if value < lo:
         raise InvalidArgument(name, f"must be >= {lo}, got {value}")
+    if value > hi:
+        raise InvalidArgument(name, f"must be <= {hi}, got {_short(value)}")
 
 
 def _float(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InvalidArgument(name, f"must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(name, f"must be a number, got {_short(value)}")
+    number = value if not isinstance(value, int) or abs(value) < 2**1000 else math.inf
+    if not math.isfinite(number):
+        raise InvalidArgument(name, f"must be a finite number, got {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    """A client's value in an error message, at most 80 characters of its repr."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**60 else "a huge integer"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 __all__ = ["SamplingParams"]

@@ -64,3 +64,36 @@ def test_logit_bias_is_kept_as_sorted_pairs() -> None:
     assert hash(p) == hash(SamplingParams(logit_bias=[(7, -100), (3, 2.5)]))
     with pytest.raises(InvalidArgument, match="logit_bias"):
         p.validate_for(prompt_len=1, context_len=256, vocab_size=7)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "message"),
+    [
+        ({"stop": ["x"] * 33}, "stop", "at most 32 stop strings, got 33"),
+        ({"stop": ["x" * 1001]}, "stop", "a stop string has 1001 characters; at most 1000"),
+        ({"stop_token_ids": [1] * 1025}, "stop_token_ids", "at most 1024 ids, got 1025"),
+        ({"max_new_tokens": 2**32}, "max_new_tokens", "must be <= 4294967295, got 4294967296"),
+        ({"seed": 10**100}, "seed", "must be <= 18446744073709551615, got a huge integer"),
+        ({"top_k": 2**31}, "top_k", "must be <= 2147483647, got 2147483648"),
+        ({"temperature": float("inf")}, "temperature", "must be a finite number, got inf"),
+        ({"top_p": 10**400}, "top_p", "must be a finite number, got a huge integer"),
+        ({"regex": 123}, "regex", "must be a string, got int"),
+        ({"json_schema": {"type": "object"}}, "json_schema", "must be a string, got dict"),
+        ({"choices": ["a", 5]}, "choices", "choices must be non-empty strings, got 5"),
+        ({"stop": ["x" * 200, 7]}, "stop", "stop strings must be non-empty strings, got 7"),
+    ],
+)
+def test_bounds_and_types_name_the_field(
+    kwargs: dict[str, object], field: str, message: str
+) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        SamplingParams.from_dict(kwargs)
+    assert (err.value.field, err.value.message) == (field, message)
+
+
+def test_top_logprobs_are_capped_by_the_server() -> None:
+    p = SamplingParams(return_logprob=True, top_logprobs_num=21)
+    with pytest.raises(InvalidArgument) as err:
+        p.validate_for(prompt_len=2, context_len=64, vocab_size=100)
+    assert (err.value.field, err.value.message) == ("top_logprobs_num", "at most 20, got 21")
+    p.validate_for(prompt_len=2, context_len=256, vocab_size=100, max_top_logprobs=50)

@@ -10,7 +10,9 @@ import grpc
 
 from radixmesh.errors import (
     FIELD_METADATA_KEY,
+    OVERLOADED_METADATA_KEY,
     InvalidArgument,
+    Overloaded,
     RadixMeshError,
     error_from_status,
 )
@@ -193,8 +195,34 @@ def selection_from_proto(resp: router_pb2.SelectResponse) -> Selection:
 
 
 def error_from_rpc(e: grpc.RpcError) -> RadixMeshError:
-    """A typed exception (the catalogue's) carrying the status name and message."""
+    """A typed exception (the catalogue's) carrying the status name and message.
+
+    RESOURCE_EXHAUSTED is `Overloaded` when a server said so (its retry-after metadata);
+    without it gRPC itself refused a message over its size limit: an InvalidArgument, as
+    no other server would take it either."""
     code: grpc.StatusCode = e.code()
     details: str = e.details() or code.name
     metadata = dict(e.trailing_metadata() or ())
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        after = metadata.get(OVERLOADED_METADATA_KEY)
+        if after is None:
+            return error_from_status("INVALID_ARGUMENT", f"the message is too large: {details}")
+        error = error_from_status(code.name, details)
+        if isinstance(error, Overloaded):
+            error.retry_after = _seconds(after)
+        return error
     return error_from_status(code.name, details, metadata.get(FIELD_METADATA_KEY))
+
+
+def is_overloaded(e: grpc.RpcError) -> bool:
+    """Whether a server refused the call for load (another may take it), not for size."""
+    if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return False
+    return any(k == OVERLOADED_METADATA_KEY for k, _ in e.trailing_metadata() or ())
+
+
+def _seconds(text: str | bytes) -> float:
+    try:
+        return max(float(text), 0.0)
+    except ValueError:
+        return 1.0

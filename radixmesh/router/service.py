@@ -2,9 +2,10 @@
 
 Generate: the prompt is tokenized here (chat template for messages), hashed into prefix
 blocks, matched against every worker's summary, and a policy picks the worker; the worker
-gets token ids. A worker that fails before the first chunk reaches the client (UNAVAILABLE
-or RESOURCE_EXHAUSTED) is left for another, up to `max_attempts` workers; once a chunk has
-been forwarded, a failure ends the stream with the worker's status.
+gets token ids. A worker that fails before the first chunk reaches the client (UNAVAILABLE,
+or overloaded: RESOURCE_EXHAUSTED with retry-after metadata) is left for another, up to
+`max_attempts` workers; once a chunk has been forwarded, a failure ends the stream with
+the worker's status.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import grpc
 from radixmesh.client import convert
 from radixmesh.errors import (
     FIELD_METADATA_KEY,
+    OVERLOADED_METADATA_KEY,
     Internal,
     InvalidArgument,
     RadixMeshError,
@@ -41,8 +43,12 @@ from radixmesh.wire import input_ids_from_proto
 
 logger = logging.getLogger(__name__)
 
-# Statuses after which another worker may serve the request (nothing reached the client).
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+def retryable(e: grpc.aio.AioRpcError) -> bool:
+    """Whether another worker may serve a request that failed so before its first chunk:
+    the worker was unavailable or overloaded (never a message over gRPC's size limits,
+    also RESOURCE_EXHAUSTED, which every worker would refuse)."""
+    return e.code() == grpc.StatusCode.UNAVAILABLE or convert.is_overloaded(e)
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
@@ -198,7 +204,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 status = e.code().name
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
                     worker.breaker.record_failure()
-                if forwarded or e.code() not in _RETRYABLE:
+                if forwarded or not retryable(e):
                     raise
                 logger.info("worker %s failed (%s); retrying", worker.worker_id, e.code().name)
                 last_error = e
@@ -265,7 +271,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE:
                     worker.breaker.record_failure()
-                if e.code() not in _RETRYABLE:
+                if not retryable(e):
                     raise
                 last_error = e
                 self.retries += 1
@@ -424,9 +430,13 @@ async def _fail(
 
 
 async def _pass_on(context: grpc.aio.ServicerContext, e: grpc.aio.AioRpcError) -> NoReturn:
-    """End the RPC with a worker's status, details and field metadata, as they came."""
-    field = [(k, v) for k, v in (e.trailing_metadata() or ()) if k == FIELD_METADATA_KEY]
-    await context.abort(e.code(), e.details() or "", trailing_metadata=tuple(field))
+    """End the RPC with a worker's status, details and field or retry metadata, as they
+    came; a RESOURCE_EXHAUSTED that is not overload (a size limit) as INVALID_ARGUMENT."""
+    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not convert.is_overloaded(e):
+        await abort_rpc(context, convert.error_from_rpc(e))
+    keys = (FIELD_METADATA_KEY, OVERLOADED_METADATA_KEY)
+    kept = [(k, v) for k, v in (e.trailing_metadata() or ()) if k in keys]
+    await context.abort(e.code(), e.details() or "", trailing_metadata=tuple(kept))
     raise AssertionError("unreachable: context.abort raises")
 
 

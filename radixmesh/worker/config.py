@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.sampling_params import MAX_TOP_LOGPROBS
+from radixmesh.worker.constrained.limits import ConstraintLimits
 
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -143,6 +145,8 @@ class SchedulerConfig:
     # Overlap scheduling: build step n+1 (and process step n-1's tokens) while step n runs;
     # next-token ids stay on the device until needed (see worker/overlap.py).
     overlap_schedule: bool = False
+    # The most top logprobs a request may ask for per token (top_logprobs_num).
+    max_top_logprobs: int = MAX_TOP_LOGPROBS
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -153,6 +157,10 @@ class SchedulerConfig:
             raise InvalidArgument("max_num_batched_tokens", "must be >= 1")
         if not 0.0 <= self.new_token_ratio <= 1.0:
             raise InvalidArgument("new_token_ratio", "must be in [0, 1]")
+        if self.max_queued_requests < 0:
+            raise InvalidArgument("max_queued_requests", "must be >= 0")
+        if self.max_top_logprobs < 0:
+            raise InvalidArgument("max_top_logprobs", "must be >= 0")
 
     @property
     def running_cap(self) -> int:
@@ -225,9 +233,19 @@ class GrammarConfig:
     # step; the graphs then go up to min(cuda_graph_max_batch_size, 4 x
     # max_running_requests) rows (the running rows plus their forced tokens).
     jump_forward_decode_rows: bool = True
-    # A constraint that has not compiled by then is rejected (InvalidArgument).
-    grammar_compile_timeout: float = 30.0
-    grammar_compile_threads: int = 1
+    # Compiles run in this many processes (worker/constrained/compile_pool.py); a compile
+    # running longer than the timeout (seconds) is stopped and its request rejected
+    # (InvalidArgument), as is one whose process grows by more than the memory bytes.
+    # 0 processes: compile on a thread of the engine's process, with no limit.
+    grammar_compile_processes: int = 2
+    grammar_compile_timeout: float = 10.0
+    grammar_compile_memory_bytes: int = 1 << 30
+    # Bounds checked before a compile (InvalidArgument past one): a constraint's UTF-8
+    # bytes, its nesting (JSON containers, regex / EBNF groups), its repetition counts
+    # (`{n,m}`, a schema's min/max length, items, properties).
+    grammar_max_bytes: int = 128 * 1024
+    grammar_max_depth: int = 128
+    grammar_max_repetition: int = 10_000
     # Build the backend (xgrammar's tokenizer info, ~0.5 s on CPU) on a background thread
     # at engine start, so the first constrained request does not wait for it. While it
     # builds it shares the GIL with the first requests; False builds it on first use.
@@ -241,8 +259,22 @@ class GrammarConfig:
             )
         if not self.grammar_compile_timeout > 0:
             raise InvalidArgument("grammar_compile_timeout", "must be > 0")
-        if self.grammar_compile_threads < 1:
-            raise InvalidArgument("grammar_compile_threads", "must be >= 1")
+        if self.grammar_compile_processes < 0:
+            raise InvalidArgument("grammar_compile_processes", "must be >= 0")
+        for name in (
+            "grammar_compile_memory_bytes",
+            "grammar_max_bytes",
+            "grammar_max_depth",
+            "grammar_max_repetition",
+        ):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(name, f"must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def limits(self) -> ConstraintLimits:
+        return ConstraintLimits(
+            self.grammar_max_bytes, self.grammar_max_depth, self.grammar_max_repetition
+        )
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ disconnect reaches the scheduler between two steps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import queue
@@ -23,12 +22,15 @@ from typing import Any
 
 from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.admission import Admission
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
+from radixmesh.worker.mailbox import Mailbox
 from radixmesh.worker.request import HiddenPool, Pooling, Request, RequestOutput
 from radixmesh.worker.request_output import embedding_result
+from radixmesh.worker.score import score_of, score_requests
 from radixmesh.worker.tp.followers import RankFailure
 from radixmesh.worker.worker import Worker
 
@@ -51,8 +53,10 @@ class Engine:
         self._closed = False
         self._fatal: str | None = None  # why the scheduler thread died, if it did
         self._draining = False  # drain(): new requests get Unavailable
-        # Per event loop: hands that loop's requests their outputs (see _Mailbox).
-        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+        sc = self.config.scheduler
+        self.admission = Admission(sc.running_cap + sc.max_queued_requests)
+        # Per event loop: hands that loop's requests their outputs (see Mailbox).
+        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
             weakref.WeakKeyDictionary()
         )
         self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
@@ -74,7 +78,9 @@ class Engine:
         SGLang's argument order (prompt, sampling_params, input_ids), so positional calls
         written for SGLang work. stream=True -> an iterator of chunks whose "text" and
         "output_ids" are deltas (the last one carries the final meta_info)."""
-        reqs, single = self._make_requests(prompt, input_ids, sampling_params)
+        reqs, single, compiles = self._make_requests(prompt, input_ids, sampling_params)
+        for done in compiles:  # the caller's thread waits; the scheduler never does
+            done.result()
         if stream:
             if not single or len(reqs) != 1:
                 raise InvalidArgument("stream", "streaming takes one prompt with n=1")
@@ -95,13 +101,21 @@ class Engine:
         input_ids: InputIds = None,
         stream: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
-        reqs, single = self._make_requests(prompt, input_ids, sampling_params)
+        reqs, single, compiles = self._make_requests(prompt, input_ids, sampling_params)
         if stream:
             if not single or len(reqs) != 1:
                 raise InvalidArgument("stream", "streaming takes one prompt with n=1")
-            return self._astream(reqs[0])
-        queues = [await self._asubmit(r) for r in reqs]
-        results = [await self._acollect(q, r.rid) for q, r in zip(queues, reqs, strict=True)]
+            return self._astream(reqs[0], compiles)
+        for done in compiles:
+            await asyncio.wrap_future(done)
+        self.admission.reserve(len(reqs))
+        queues = [self._asubmit(r) for r in reqs]
+        try:
+            results = [await self._acollect(q) for q in queues]
+        except BaseException:  # cancelled (a client went away): stop every one of them
+            for r in reqs:
+                self.abort(r.rid)
+            raise
         return results[0] if single and len(results) == 1 else results
 
     def encode(
@@ -130,9 +144,19 @@ class Engine:
         (req,), _ = self._make_embed_requests(None, input_ids, pooling)
         if rid is not None:
             req.rid = rid
-        return embedding_result(await self._acollect(await self._asubmit(req), req.rid))
+        self.admission.reserve(1)
+        q = self._asubmit(req)
+        try:
+            return embedding_result(await self._acollect(q))
+        except BaseException:  # cancelled: the request must not run on
+            self.abort(req.rid)
+            raise
 
     def abort(self, rid: str) -> None:
+        if self.admission.take(rid) is not None:
+            return  # it ends as aborted when its compile settles (see `submit`)
+        self.admission.leave(rid)  # gone by the next step: its place is free now
+
         def run() -> None:
             self.worker.scheduler.abort(rid, "aborted by the client")
 
@@ -179,12 +203,12 @@ class Engine:
 
         Validates now (raises InvalidArgument / Unavailable before anything runs); the
         request is submitted on the first iteration. Closing the iterator early aborts it."""
-        reqs, _ = self._make_requests(None, input_ids, sampling_params)
+        reqs, _, compiles = self._make_requests(None, input_ids, sampling_params)
         if len(reqs) != 1:
             raise InvalidArgument("sampling_params.n", "a stream takes n=1")
         if rid is not None:
             reqs[0].rid = rid
-        return self._astream(reqs[0])
+        return self._astream(reqs[0], compiles)
 
     def submit(
         self,
@@ -193,21 +217,51 @@ class Engine:
         rid: str,
         sink: Callable[[RequestOutput], None],
         pooling: str | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
     ) -> None:
-        """Validate one request (raises InvalidArgument / Unavailable) and start it under
-        `rid`, handing each step's output to `sink` on the scheduler thread (which must
-        only hand it on). The engine process's child serves its server through this.
-        With `pooling`, an embedding request (see `encode`; `sampling_params` unused)."""
+        """Validate one request (raises InvalidArgument / Overloaded / Unavailable) and
+        start it under `rid`, handing each step's output to `sink` on the scheduler thread
+        (which must only hand it on). The engine process's child serves its server
+        through this. With `pooling`, an embedding request (see `encode`;
+        `sampling_params` unused).
+
+        A constraint compiles first, with no thread waiting for it: the request starts
+        when it compiled, or `on_error` gets its InvalidArgument (without `on_error`,
+        this call waits for the compile and raises)."""
         if pooling is not None:
             reqs, _ = self._make_embed_requests(None, input_ids, pooling)
+            compiles: list[Future[None]] = []
         else:
-            reqs, _ = self._make_requests(None, input_ids, sampling_params)
+            reqs, _, compiles = self._make_requests(None, input_ids, sampling_params)
         if len(reqs) != 1:
             raise InvalidArgument("sampling_params.n", "a stream takes n=1")
         req = reqs[0]
         req.rid = rid
         req.sink = sink
-        self._post(lambda: self.worker.scheduler.add_request(req))
+        if not compiles or on_error is None:
+            for done in compiles:
+                done.result()
+            self.admission.reserve(1)
+            self._enqueue(req)
+            return
+        self.admission.reserve(1)
+        self.admission.hold(req)
+        compiles[0].add_done_callback(lambda f: self._compiled(req, f, on_error))
+
+    def _compiled(
+        self, req: Request, done: Future[None], on_error: Callable[[BaseException], None]
+    ) -> None:
+        """`submit`'s request once its constraint compiled (on the compile pool's thread)."""
+        aborted = self.admission.take(req.rid) is None
+        error = done.exception()
+        if error is not None:
+            self.admission.release(1)
+            on_error(error)
+            return
+        try:
+            self._enqueue(req, abort=aborted)
+        except Unavailable as e:
+            on_error(e)
 
     @property
     def info(self) -> EngineInfo:
@@ -234,29 +288,14 @@ class Engine:
     async def async_score(
         self, input_ids: list[int], continuations: list[list[int]]
     ) -> list[list[float]]:
-        """Logprob of each continuation token given the prompt (and the tokens before it).
-
-        One request per continuation, with prompt logprobs from the prompt's end: the
-        prompt's KV is shared through the radix cache."""
-        if not input_ids:
-            raise InvalidArgument("input", "the prompt is empty")
-        if not continuations:
-            raise InvalidArgument("continuations", "no continuations to score")
-        for i, cont in enumerate(continuations):
-            if not cont:
-                raise InvalidArgument(f"continuations[{i}]", "the continuation is empty")
-        params = SamplingParams(
-            max_new_tokens=1,
-            temperature=0.0,
-            return_logprob=True,
-            logprob_start_len=len(input_ids),
-        )
+        """Logprob of each continuation token given the prompt (and the tokens before it):
+        one request per continuation (worker/score.py). Cancelling it aborts them all."""
+        prompts, params = score_requests(input_ids, continuations)
         results = await self.async_generate(
-            input_ids=[input_ids + cont for cont in continuations],
-            sampling_params=[params] * len(continuations),
+            input_ids=prompts, sampling_params=[params] * len(prompts)
         )
         assert isinstance(results, list)
-        return [[float(lp) for lp, _, _ in r["meta_info"]["input_token_logprobs"]] for r in results]
+        return [score_of(r["meta_info"]) for r in results]
 
     def add_cache_listener(self, fn: CacheListener, snapshot: bool = False) -> list[CacheEvent]:
         """Attach a cache-event listener on the scheduler thread (where events fire).
@@ -285,8 +324,10 @@ class Engine:
 
     def _make_requests(
         self, prompt: Prompt, input_ids: InputIds, sampling_params: Params
-    ) -> tuple[list[Request], bool]:
-        """Validate everything first: a bad item rejects the call before anything runs."""
+    ) -> tuple[list[Request], bool, list[Future[None]]]:
+        """Validate everything first: a bad item rejects the call before anything runs.
+        Returns the requests, whether the call was for one, and the futures of their
+        constraints' compiles (started here; each settles with None or an InvalidArgument)."""
         if self._draining:
             raise Unavailable("the worker is draining: it takes no new requests")
         ids_list, single = self._normalize_inputs(prompt, input_ids)
@@ -294,9 +335,32 @@ class Engine:
         reqs: list[Request] = []
         for ids, params in zip(ids_list, params_list, strict=True):
             self.worker.validate(ids, params)
+            self.worker.grammars.check(params)
             for _ in range(params.n):
                 reqs.append(self._request(ids, params.replace(n=1) if params.n > 1 else params))
-        return reqs, single and params_list[0].n == 1
+        self.admission.check(len(reqs))
+        compiles = []
+        for params in {id(p): p for p in params_list}.values():
+            if (done := self.worker.grammars.prepare(params)) is not None:
+                compiles.append(done)
+        return reqs, single and params_list[0].n == 1, compiles
+
+    def _enqueue(self, req: Request, *, abort: bool = False) -> None:
+        """Hand a reserved request to the scheduler; its finish releases its place.
+        `abort`: it was aborted before it got here (it ends at once, with its output)."""
+        assert req.sink is not None
+        req.sink = self.admission.counted(req.rid, req.sink)
+
+        def run() -> None:
+            self.worker.scheduler.add_request(req)
+            if abort:
+                self.worker.scheduler.abort(req.rid, "aborted by the client")
+
+        try:
+            self._post(run)
+        except Unavailable:
+            self.admission.leave(req.rid)
+            raise
 
     def _make_embed_requests(
         self, prompt: Prompt, input_ids: InputIds, pooling: str
@@ -305,7 +369,7 @@ class Engine:
             kind = Pooling(pooling)
         except ValueError:
             raise InvalidArgument("pooling", f"must be mean or last, got {pooling!r}") from None
-        reqs, single = self._make_requests(prompt, input_ids, _PREFILL_ONLY)
+        reqs, single, _ = self._make_requests(prompt, input_ids, _PREFILL_ONLY)
         for r in reqs:
             r.hidden_pool = HiddenPool(kind)
         return reqs, single
@@ -353,12 +417,14 @@ class Engine:
         # n > 1 and repeated prompts need nothing special here: the scheduler defers a
         # request whose prompt starts like one it admitted in the same step, so copies
         # after the first hit the cache (see Scheduler._shares_with).
+        self.admission.reserve(len(reqs))
         return [self._submit(r) for r in reqs]
 
     def _submit(self, req: Request) -> queue.SimpleQueue[RequestOutput]:
+        """A reserved request into the scheduler; its outputs come to the queue."""
         q: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()
         req.sink = q.put
-        self._post(lambda: self.worker.scheduler.add_request(req))
+        self._enqueue(req)
         return q
 
     def _collect(self, q: queue.SimpleQueue[RequestOutput]) -> dict[str, Any]:
@@ -370,6 +436,7 @@ class Engine:
                 return acc.result()
 
     def _stream(self, req: Request) -> Iterator[dict[str, Any]]:
+        self.admission.reserve(1)
         q = self._submit(req)
         done = False
         try:
@@ -381,30 +448,33 @@ class Engine:
             if not done:  # the consumer stopped early: free the request's KV
                 self.abort(req.rid)
 
-    async def _asubmit(self, req: Request) -> asyncio.Queue[RequestOutput]:
+    def _asubmit(self, req: Request) -> asyncio.Queue[RequestOutput]:
+        """A reserved request into the scheduler; its outputs come to a queue of the
+        running event loop."""
         loop = asyncio.get_running_loop()
         mailbox = self._mailboxes.get(loop)
         if mailbox is None:
-            mailbox = self._mailboxes[loop] = _Mailbox(loop)
+            mailbox = self._mailboxes[loop] = Mailbox(loop)
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         req.sink = functools.partial(mailbox.put, q)
-        self._post(lambda: self.worker.scheduler.add_request(req))
+        self._enqueue(req)
         return q
 
-    async def _acollect(self, q: asyncio.Queue[RequestOutput], rid: str) -> dict[str, Any]:
+    async def _acollect(self, q: asyncio.Queue[RequestOutput]) -> dict[str, Any]:
         acc = _Accumulator()
-        try:
-            while True:
-                out = await self._aget(q)
-                acc.add(out)
-                if out.finished:
-                    return acc.result()
-        except asyncio.CancelledError:
-            self.abort(rid)
-            raise
+        while True:
+            out = await self._aget(q)
+            acc.add(out)
+            if out.finished:
+                return acc.result()
 
-    async def _astream(self, req: Request) -> AsyncIterator[dict[str, Any]]:
-        q = await self._asubmit(req)
+    async def _astream(
+        self, req: Request, compiles: list[Future[None]]
+    ) -> AsyncIterator[dict[str, Any]]:
+        for compiled in compiles:
+            await asyncio.wrap_future(compiled)
+        self.admission.reserve(1)
+        q = self._asubmit(req)
         done = False
         try:
             while not done:
@@ -542,38 +612,6 @@ def _normalize_params(params: Params, count: int) -> list[SamplingParams]:
         return [SamplingParams.from_dict(p) for p in params]
     one = SamplingParams.from_dict(params)
     return [one] * count
-
-
-class _Mailbox:
-    """Outputs from the scheduler thread to the queues of one event loop's requests.
-
-    One wake-up of the loop (`call_soon_threadsafe`, a write to its self-pipe) carries
-    every output that arrived since the loop last drained: a step that produces a token for
-    256 streams wakes the loop once, not 256 times."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]] = []
-        self._scheduled = False
-
-    def put(self, q: asyncio.Queue[RequestOutput], out: RequestOutput) -> None:
-        """From the scheduler thread."""
-        with self._lock:
-            self._items.append((q, out))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        # A closed loop (RuntimeError): its requests' consumers are gone already.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-            self._scheduled = False
-        for q, out in items:
-            q.put_nowait(out)
 
 
 class _Accumulator:

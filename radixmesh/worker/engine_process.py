@@ -10,9 +10,11 @@ cores apart from their API servers: the server process owns the sockets, the chi
 the model and the scheduler, and they talk over two pipes.
 
 - commands (server -> child): submit (a generation, or an embedding with its pooling),
-  abort, abort_all, drain, call (flush, stats, score, cache snapshot), shutdown. The
-  child validates a submission on a thread of its own pool (a grammar may take a while
-  to compile) and answers a bad one with its error.
+  abort, abort_all, drain, call (flush, stats, cache snapshot), shutdown. The child
+  validates a submission on a thread of its own pool and answers a bad one with its
+  error; a constraint compiles in the engine's compile processes meanwhile, with no
+  thread waiting for it. Score sends one submission per continuation, so that a
+  cancelled score aborts every one of them.
 - results (child -> server): one message per burst: everything the scheduler produced
   since the last send (a step's outputs for every running request, cache events, call
   results), in order. A reader thread in the server routes each output to its stream's
@@ -50,6 +52,7 @@ from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.request_output import RequestOutput, embedding_result
+from radixmesh.worker.score import score_of, score_requests
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +153,15 @@ class EngineProcess:
     async def async_score(
         self, input_ids: list[int], continuations: list[list[int]]
     ) -> list[list[float]]:
-        result = await asyncio.wrap_future(self._call("score", input_ids, continuations))
-        return list(result)
+        """See `Engine.async_score`; cancelling it aborts every continuation's request."""
+        prompts, params = score_requests(input_ids, continuations)
+        base = uuid.uuid4().hex
+
+        async def one(i: int, ids: list[int]) -> list[float]:
+            chunks = [c async for c in self.async_stream(ids, params, f"{base}-{i}")]
+            return score_of(chunks[-1]["meta_info"])
+
+        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
     def abort(self, rid: str) -> None:
         self._send(("abort", rid))
@@ -403,6 +413,7 @@ def _serve_commands(engine: Any, cmd: Connection, outbox: _Outbox) -> None:
     # Validation may compile a grammar (seconds): a pool keeps the command loop free, with
     # a few threads so one slow compile does not hold up other requests' admission.
     pool = ThreadPoolExecutor(4, thread_name_prefix="radixmesh-engine-cmd")
+    submissions = _Submissions()
     watch = threading.Thread(target=_watch_fatal, args=(engine, outbox), daemon=True)
     watch.start()
     try:
@@ -413,9 +424,11 @@ def _serve_commands(engine: Any, cmd: Connection, outbox: _Outbox) -> None:
                 return  # the server is gone
             kind = msg[0]
             if kind == "submit":
-                pool.submit(_submit, engine, outbox, *msg[1:])
+                submissions.start(msg[1])
+                pool.submit(_submit, engine, outbox, submissions, *msg[1:])
             elif kind == "abort":
-                engine.abort(msg[1])
+                if not submissions.abort_later(msg[1]):
+                    engine.abort(msg[1])
             elif kind == "abort_all":
                 engine.abort_all(msg[1])
             elif kind == "drain":
@@ -429,26 +442,62 @@ def _serve_commands(engine: Any, cmd: Connection, outbox: _Outbox) -> None:
         engine.shutdown()
 
 
+class _Submissions:
+    """Submissions still on the pool's threads: an abort that overtakes its submission
+    (the command loop handles it at once) is applied once the request is in the engine."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[str, bool] = {}  # rid -> aborted meanwhile
+
+    def start(self, rid: str) -> None:
+        with self._lock:
+            self._pending[rid] = False
+
+    def abort_later(self, rid: str) -> bool:
+        with self._lock:
+            if rid not in self._pending:
+                return False
+            self._pending[rid] = True
+            return True
+
+    def done(self, rid: str) -> bool:
+        """The submission of `rid` ran; whether it was aborted meanwhile."""
+        with self._lock:
+            return self._pending.pop(rid, False)
+
+
 def _submit(
-    engine: Any, outbox: _Outbox, rid: str, ids: list[int], params: Any, pooling: str | None
+    engine: Any,
+    outbox: _Outbox,
+    submissions: _Submissions,
+    rid: str,
+    ids: list[int],
+    params: Any,
+    pooling: str | None,
 ) -> None:
-    try:
-        engine.submit(ids, params, rid, lambda o: outbox.put(("out", rid, o)), pooling)
-    except BaseException as e:
+    def fail(e: BaseException) -> None:
         outbox.put(("error", rid, _pack(e)))
+
+    try:  # a constraint compiles in the background; `fail` gets its error
+        engine.submit(ids, params, rid, lambda o: outbox.put(("out", rid, o)), pooling, fail)
+    except BaseException as e:
+        submissions.done(rid)
+        fail(e)
+        return
+    if submissions.done(rid):
+        engine.abort(rid)
 
 
 def _run_call(engine: Any, outbox: _Outbox, cid: int, name: str, args: tuple[Any, ...]) -> None:
     try:
-        if name == "score":
-            value: Any = asyncio.run(engine.async_score(*args))
-        elif name == "cache_snapshot":
+        if name == "cache_snapshot":
             # Queued from the scheduler thread itself, right behind the events the snapshot
             # includes and before any later one: the server stamps it in that order.
             engine.call(lambda: outbox.put(("result", cid, engine.worker.cache.snapshot())))
             return
         else:
-            value = getattr(engine, name)(*args)
+            value: Any = getattr(engine, name)(*args)
     except BaseException as e:
         outbox.put(("raise", cid, _pack(e)))
         return

@@ -72,6 +72,7 @@ class Scheduler:
         self._cache_hit_tokens = 0
         self._generated_tokens = 0
         self._num_retractions = 0
+        self._num_aborted = 0
         self._num_steps = 0
         self._overlap: OverlapLoop | None = None  # overlap_schedule (worker/overlap.py)
         if config.overlap_schedule:
@@ -457,6 +458,7 @@ class Scheduler:
         req.error = reason
         req.finish(FinishReason.ABORT)
         self.output.emit(req)
+        self._num_aborted += 1
 
     # ---- stats ----------------------------------------------------------------------
 
@@ -475,6 +477,7 @@ class Scheduler:
             num_steps=self._num_steps,
             constrained_requests=self.grammars.stats.requests if self.grammars else 0,
             jump_forward_tokens=self.grammars.stats.forced_tokens if self.grammars else 0,
+            num_aborted=self._num_aborted,
         )
 
     def slots_held_by_requests(self) -> int:

@@ -113,6 +113,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.hub: CacheEventHub | None = None
         self.metrics = WorkerMetrics(self.read_stats, model_name)
         self.in_flight: set[str] = set()
+        self.scoring = 0  # continuations of Score calls in flight (each one request)
         self.max_in_flight = config.max_in_flight or 0
         self._load_samples: collections.deque[tuple[float, int]] = collections.deque()
 
@@ -121,6 +122,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if not self.config.max_in_flight:
             self.max_in_flight = sc.running_cap + sc.max_queued_requests
         self.engine, self.hub = engine, hub
+
+    @property
+    def busy(self) -> int:
+        """Requests in flight: Generate streams and Score continuations."""
+        return len(self.in_flight) + self.scoring
 
     def read_stats(self) -> SchedulerStats | None:
         engine = self.engine
@@ -141,8 +147,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         finished = False
         try:
             engine = self._engine()
-            if len(self.in_flight) >= self.max_in_flight:
-                raise Overloaded(f"{len(self.in_flight)} requests in flight: the queue is full")
+            self._admit(1)
             if rid in self.in_flight:
                 raise InvalidArgument("request_id", f"request {rid!r} is already in flight")
             ids = self._input_ids(request.input)
@@ -178,6 +183,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if stream is not None and not finished and self.engine is not None:
                 self.engine.abort(rid)
             self.in_flight.discard(rid)
+
+    def _admit(self, n: int) -> None:
+        """Overloaded unless n more requests fit (Generate streams and Score continuations
+        count alike)."""
+        busy = len(self.in_flight) + self.scoring
+        if busy + n > self.max_in_flight:
+            raise Overloaded(
+                f"{busy} requests in flight, {n} more would pass the limit of "
+                f"{self.max_in_flight}: the queue is full"
+            )
 
     async def _collect(
         self, rid: str, chunks: AsyncIterator[dict[str, Any]]
@@ -231,8 +246,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
         async def run() -> worker_pb2.EmbedResponse:
             engine = self._engine()
-            if len(self.in_flight) >= self.max_in_flight:
-                raise Overloaded(f"{len(self.in_flight)} requests in flight: the queue is full")
+            self._admit(1)
             if rid in self.in_flight:
                 raise InvalidArgument("request_id", f"request {rid!r} is already in flight")
             ids = self._input_ids(request.input)
@@ -258,9 +272,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.ScoreResponse:
         async def run() -> worker_pb2.ScoreResponse:
             engine = self._engine()
+            self._admit(len(request.continuations))
             prompt = self._input_ids(request.input)
             conts = [self._continuation(request.input, prompt, c) for c in request.continuations]
-            scores = await engine.async_score(prompt, conts)
+            self.scoring += len(conts)
+            try:  # a cancelled call cancels async_score, which aborts every continuation
+                scores = await engine.async_score(prompt, conts)
+            finally:
+                self.scoring -= len(conts)
             return worker_pb2.ScoreResponse(
                 scores=[
                     worker_pb2.ContinuationScore(
@@ -314,7 +333,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 cache_hit_rate=s.cache_hit_rate,
                 generation_throughput=self._throughput(s.generated_tokens),
                 draining=engine.draining,
-                num_in_flight=len(self.in_flight),
+                num_in_flight=len(self.in_flight) + self.scoring,
             )
 
         return await _unary(context, run)
@@ -495,7 +514,7 @@ async def _fail(
     logger.error("worker failed, exiting: %s", engine.fatal)
     await set_health(health_servicer, SERVICE_NAME, serving=False)
     deadline = time.monotonic() + FAILURE_GRACE_S
-    while servicer.in_flight and time.monotonic() < deadline:
+    while servicer.busy and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     hub.close()
     await server.stop(grace=0.5)
@@ -513,13 +532,13 @@ async def _drain(
     await set_health(health_servicer, SERVICE_NAME, serving=False)
     engine.drain()
     deadline = time.monotonic() + config.drain_timeout
-    while servicer.in_flight and time.monotonic() < deadline:
+    while servicer.busy and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    if servicer.in_flight:
-        logger.info("drain timeout: aborting %d requests", len(servicer.in_flight))
+    if servicer.busy:
+        logger.info("drain timeout: aborting %d requests", servicer.busy)
         engine.abort_all("the worker is shutting down")
         deadline = time.monotonic() + 5.0
-        while servicer.in_flight and time.monotonic() < deadline:
+        while servicer.busy and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
 

@@ -20,6 +20,7 @@ class SchedulerStats:
     num_steps: int
     constrained_requests: int = 0
     jump_forward_tokens: int = 0  # output tokens appended without a decode step
+    num_aborted: int = 0  # requests that ended aborted (by a client, a failure, shutdown)
 
     @property
     def cache_hit_rate(self) -> float:

@@ -128,9 +128,13 @@ class Worker:
             raise
 
     def close(self) -> None:
-        """Stop the other TP ranks (if any) and leave the process group."""
+        """Stop the other TP ranks (if any), leave the process group and stop the grammar
+        compile processes."""
         if self.followers is not None:
             self.followers.stop()
+        grammars: GrammarManager | None = getattr(self, "grammars", None)
+        if grammars is not None:
+            grammars.shutdown()
 
     def _build(self, config: EngineConfig, tp: TPGroup | None) -> None:
         mc, cc = config.model, config.cache
@@ -210,7 +214,9 @@ class Worker:
             backend=gc.grammar_backend,
             jump_forward=not gc.disable_jump_forward,
             compile_timeout=gc.grammar_compile_timeout,
-            compile_threads=gc.grammar_compile_threads,
+            compile_processes=gc.grammar_compile_processes,
+            compile_memory_bytes=gc.grammar_compile_memory_bytes,
+            limits=gc.limits,
         )
         self.runner = ModelRunner(
             self.model,
@@ -394,9 +400,11 @@ class Worker:
                     "input_ids", f"token id {t!r} is outside the vocabulary [0, {vocab})"
                 )
         params.validate_for(
-            prompt_len=len(input_ids), context_len=self.context_len, vocab_size=vocab
+            prompt_len=len(input_ids),
+            context_len=self.context_len,
+            vocab_size=vocab,
+            max_top_logprobs=self.config.scheduler.max_top_logprobs,
         )
-        self.grammars.validate(params)  # compiles (cached) and waits, on the caller's thread
 
     def flush_cache(self) -> bool:
         if self.scheduler.has_work():

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from radixmesh.client import convert
-from radixmesh.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument, Overloaded
+from radixmesh.grpc_server import MAX_STATUS_BYTES, metadata_safe, status_message
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.convert import chunk_to_proto, params_from_proto
 
@@ -79,3 +81,44 @@ def test_matched_stop_token_id_and_abort_message() -> None:
         chunk_to_proto("r", [], "", {**meta, "finish_reason": reason}, [])
     )
     assert (aborted.finish_reason, aborted.finish_message) == ("abort", "aborted by the client")
+
+
+class _Rpc(grpc.RpcError):
+    """A failed call as the client sees one: code, details, trailing metadata."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, md: tuple[tuple[str, str], ...]):
+        self._code, self._details, self._md = code, details, md
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._md
+
+
+def test_overload_and_size_limits_are_told_apart() -> None:
+    full = _Rpc(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full", (("radixmesh-retry-after", "2.5"),)
+    )
+    error = convert.error_from_rpc(full)
+    assert isinstance(error, Overloaded) and error.retry_after == 2.5
+    assert convert.is_overloaded(full)
+    big = _Rpc(grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max (9 vs. 4)", ())
+    error = convert.error_from_rpc(big)
+    assert isinstance(error, InvalidArgument) and not convert.is_overloaded(big)
+    assert (error.field, error.message) == (
+        "request",
+        "the message is too large: Received message larger than max (9 vs. 4)",
+    )
+
+
+def test_status_messages_and_field_names_fit_in_a_trailer() -> None:
+    assert status_message("short") == "short"
+    cut = status_message("é" * 5000)
+    assert len(cut.encode()) <= MAX_STATUS_BYTES + 10 and cut.endswith("... (cut)")
+    assert status_message("\ud800 lone") == "? lone"
+    assert metadata_safe("sampling_params.ключ\n") == "sampling_params.?????"
+    assert metadata_safe("x" * 500) == "x" * 128 + "..."

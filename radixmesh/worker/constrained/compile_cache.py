@@ -1,20 +1,29 @@
 """Asynchronous grammar compilation with a cache of compiled grammars.
 
 `get(kind, text)` returns a future at once: the cached one when the same constraint was
-seen before (compiled or still compiling), else a new compile on the pool. Failures are
-cached too, so a repeated bad schema costs nothing. Keys are (kind, text) within one
-cache; a cache belongs to one backend built for one tokenizer, whose fingerprint is part
-of the key anyway so caches can never be shared across tokenizers by mistake.
+seen before (compiled or still compiling), else a new compile. Failures are cached too,
+so a repeated bad (or too expensive) constraint costs nothing. Keys are (kind, text)
+within one cache; a cache belongs to one backend built for one tokenizer, whose
+fingerprint is part of the key anyway so caches can never be shared across tokenizers.
+
+Compiles run in the compile pool's processes (compile_pool.py); what they send back is
+loaded into a grammar on one thread here, never on the scheduler thread or an event loop.
+The cache holds at most `max_entries` grammars and about `max_bytes` of them (their
+serialized size), dropping the least recently used first.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from radixmesh.worker.constrained.grammar import GrammarBackend
+from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError
+
+Submit = Callable[[str, str], "Future[str | bytes]"]
+_Key = tuple[str, str, str, str]
 
 
 class CompileCache:
@@ -23,14 +32,22 @@ class CompileCache:
         backend: GrammarBackend,
         tokenizer_key: str,
         *,
-        max_workers: int = 1,
+        submit: Submit | None = None,
         max_entries: int = 1024,
+        max_bytes: int = 256 * 1024 * 1024,
     ) -> None:
+        """`submit(kind, text)`: compile elsewhere and return the serialized grammar
+        (compile_pool.CompilePool.submit); None: `backend.compile` on a thread here."""
         self.backend = backend
         self.tokenizer_key = tokenizer_key
         self.max_entries = max_entries
-        self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="radixmesh-grammar")
-        self._futures: OrderedDict[tuple[str, str, str, str], Future[Any]] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._submit = submit
+        # Loads results (and, without `submit`, compiles) off every caller's thread.
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="radixmesh-grammar")
+        self._futures: OrderedDict[_Key, Future[Any]] = OrderedDict()
+        self._sizes: dict[_Key, int] = {}
+        self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -44,14 +61,54 @@ class CompileCache:
                 self.hits += 1
                 return fut
             self.misses += 1
-            fut = self._pool.submit(self.backend.compile, kind, text)
+            fut = self._start(key, kind, text)
             self._futures[key] = fut
-            while len(self._futures) > self.max_entries:
-                self._futures.popitem(last=False)  # requests holding it keep their future
+            self._evict()
             return fut
+
+    def _start(self, key: _Key, kind: str, text: str) -> Future[Any]:
+        if self._submit is None:
+            return self._pool.submit(self.backend.compile, kind, text)
+        out: Future[Any] = Future()
+        remote = self._submit(kind, text)
+        remote.add_done_callback(lambda f: self._load_later(key, f, out))
+        return out
+
+    def _load_later(self, key: _Key, remote: Future[str | bytes], out: Future[Any]) -> None:
+        try:
+            self._pool.submit(self._load, key, remote, out)
+        except RuntimeError:  # shut down
+            out.set_exception(GrammarError("the worker is shutting down"))
+
+    def _load(self, key: _Key, remote: Future[str | bytes], out: Future[Any]) -> None:
+        try:
+            data = remote.result()
+            grammar = self.backend.load(data)
+        except BaseException as e:
+            out.set_exception(e)
+            return
+        out.set_result(grammar)
+        with self._lock:
+            if self._futures.get(key) is out:
+                self._sizes[key] = len(data)
+                self._bytes += len(data)
+                self._evict()
+
+    def _evict(self) -> None:
+        # Requests that hold an evicted future keep it; only the cache lets go.
+        while len(self._futures) > self.max_entries or (
+            self._bytes > self.max_bytes and len(self._futures) > 1
+        ):
+            key, _ = self._futures.popitem(last=False)
+            self._bytes -= self._sizes.pop(key, 0)
 
     def __len__(self) -> int:
         return len(self._futures)
+
+    @property
+    def num_bytes(self) -> int:
+        """The serialized size of the grammars held (those compiled in this process: 0)."""
+        return self._bytes
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

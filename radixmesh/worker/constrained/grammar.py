@@ -1,8 +1,10 @@
 """The grammar-backend interface: compile a constraint once, then one matcher per request.
 
-A backend is built for one tokenizer (the model's) and one vocabulary size. `compile` is
-called from a worker thread pool and may be slow; everything on `Matcher` runs on the
-scheduler thread, once per request per step, and must be cheap.
+A backend is built for one tokenizer (the model's) and one vocabulary size. Compiles may
+be slow and a client controls their cost, so the worker runs them in other processes
+(compile_pool.py): a backend describes its compiler there with a picklable
+`CompilerSpec`, and `load`s what that compiler sends back. Everything on `Matcher` runs
+on the scheduler thread, once per request per step, and must be cheap.
 
 Bitmask layout (shared by every backend and by `bitmask.py`): int32 `[rows, ceil(V / 32)]`,
 bit `t % 32` of word `t // 32` set when token `t` is allowed.
@@ -10,9 +12,11 @@ bit `t % 32` of word `t // 32` set when token `t` is allowed.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -21,6 +25,31 @@ KINDS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")
 
 class GrammarError(Exception):
     """The constraint does not compile; the message is the compiler's own words."""
+
+
+class CompileStopped(GrammarError):
+    """The compile was stopped at a limit (time, CPU, memory); the message reads on from
+    "the <constraint> " ("did not compile within 10 s ...")."""
+
+
+class GrammarCompiler(Protocol):
+    """A backend's compiler in a pool process: the compiled grammar, serialized."""
+
+    def compile_serialized(self, kind: str, text: str) -> str | bytes: ...
+
+
+@dataclass(frozen=True)
+class CompilerSpec:
+    """How another process builds a backend's compiler: `module.factory(*args)`."""
+
+    module: str
+    factory: str
+    args: tuple[Any, ...]
+
+    def build(self) -> GrammarCompiler:
+        factory = getattr(importlib.import_module(self.module), self.factory)
+        compiler: GrammarCompiler = factory(*self.args)
+        return compiler
 
 
 class Matcher(ABC):
@@ -60,7 +89,16 @@ class GrammarBackend(ABC):
     @abstractmethod
     def compile(self, kind: str, text: str) -> Any:
         """Compile `text` of kind `kind` (one of KINDS; choices are '\\x00'-joined) into an
-        opaque compiled grammar. Raises GrammarError with the compiler's message."""
+        opaque compiled grammar, in this process. Raises GrammarError with the compiler's
+        message."""
+
+    @abstractmethod
+    def compiler_spec(self) -> CompilerSpec:
+        """The compiler of this backend for a pool process (compile_pool.py)."""
+
+    @abstractmethod
+    def load(self, data: str | bytes) -> Any:
+        """The compiled grammar that this backend's compiler serialized as `data`."""
 
     @abstractmethod
     def matcher(self, compiled: Any) -> Matcher:

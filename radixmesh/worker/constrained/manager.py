@@ -1,23 +1,27 @@
 """What the worker calls for constrained requests: validate, attach, mask, advance.
 
 Lifecycle of a constrained request:
-1. `validate(params)` (the caller's thread, before anything is queued): compile through
-   the cache and wait up to the compile timeout; a bad constraint raises InvalidArgument
-   naming the field and quoting the compiler.
-2. `attach(req)` (scheduler.add_request): the request holds its compile future;
+1. `check(params)` (the caller's thread): the constraint's size, nesting and repetition
+   against the limits (limits.py), at once.
+2. `prepare(params)`: a future that settles when the constraint has compiled (in the
+   compile pool's processes, compile_pool.py) or failed: then with an InvalidArgument
+   naming the field and quoting the compiler. The engine queues the request only after
+   it settles, without a thread waiting for it (`validate` waits: for sync callers).
+3. `attach(req)` (scheduler.add_request): the request holds its compile future;
    admission skips it while `pending(req)` (the batch never waits for a compile).
-3. `jump_at_start(req, output)` (admission): the text forced before any choice is
+4. `jump_at_start(req, output)` (admission): the text forced before any choice is
    appended before the first step, so the prefill computes it.
-4. `fill_bitmask(reqs)` (model runner): one `[M, W]` int32 mask for the sampled rows that
+5. `fill_bitmask(reqs)` (model runner): one `[M, W]` int32 mask for the sampled rows that
    are constrained.
-5. `append(req, token, ...)` (process_output): the matcher accepts the sampled token,
+6. `append(req, token, ...)` (process_output): the matcher accepts the sampled token,
    the forced string after it is appended without decode steps (jump-forward), and a
    terminated or dead-end grammar finishes the request.
 
 The backend (the tokenizer's vocabulary read into the grammar library, ~0.5 s for
 smollm2 with xgrammar's import) is built once per worker. `warmup()` starts that build
 on a background thread at engine start, so the first constrained request waits only on
-what is left of it; without warmup the first request builds it.
+what is left of it; without warmup the first request builds it. The compile processes
+start with the first compile (~2 s on a CPU: they import the grammar library once).
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -35,8 +38,16 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.constrained.bitmask import allocate_bitmask
 from radixmesh.worker.constrained.compile_cache import CompileCache
-from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError, Matcher, fill_each
+from radixmesh.worker.constrained.compile_pool import CompileLimits, CompilePool
+from radixmesh.worker.constrained.grammar import (
+    CompileStopped,
+    GrammarBackend,
+    GrammarError,
+    Matcher,
+    fill_each,
+)
 from radixmesh.worker.constrained.jump_forward import apply_jump, retokenize
+from radixmesh.worker.constrained.limits import ConstraintLimits
 from radixmesh.worker.constrained.registry import create_grammar_backend
 from radixmesh.worker.constrained.vocab import vocab_of
 from radixmesh.worker.request import FinishReason, Request
@@ -48,6 +59,9 @@ _LABELS = {
     "choices": "choices",
     "structural_tag": "structural tag",
 }
+# Compiler messages quote the constraint; gRPC carries an error's message in a trailer
+# (~16 KB in all), so a long one is cut here.
+MAX_MESSAGE_CHARS = 1000
 
 
 class TokenAppender(Protocol):  # OutputProcessor.append_token / append_forced
@@ -106,15 +120,22 @@ class GrammarManager:
         backend: str = "xgrammar",
         jump_forward: bool = True,
         compile_timeout: float = 30.0,
-        compile_threads: int = 1,
+        compile_processes: int = 2,
+        compile_memory_bytes: int = 1 << 30,
+        limits: ConstraintLimits | None = None,
     ) -> None:
+        """`compile_processes` = 0 compiles on a thread in this process (no time or memory
+        limit: for tests of the manager alone)."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
         self.backend_name = backend
         self.jump_forward = jump_forward  # the ablation switch; may be flipped at runtime
-        self.compile_timeout = compile_timeout
-        self.compile_threads = compile_threads
+        self.compile_limits = CompileLimits(
+            compile_timeout, compile_memory_bytes, compile_processes
+        )
+        self.limits = limits or ConstraintLimits()
+        self._pool: CompilePool | None = None
         self._cache: CompileCache | None = None
         self._build: Future[CompileCache] | None = None  # the backend build, once started
         self._token_bytes: list[bytes | None] = []
@@ -166,32 +187,56 @@ class GrammarManager:
         except ImportError as e:
             raise GrammarError(f"the {self.backend_name} backend is not installed ({e})") from e
         self._token_bytes = vocab.token_bytes
-        self._cache = CompileCache(backend, vocab.name, max_workers=self.compile_threads)
+        submit = None
+        if self.compile_limits.processes:
+            self._pool = CompilePool(backend.compiler_spec(), self.compile_limits)
+            submit = self._pool.submit
+        self._cache = CompileCache(backend, vocab.name, submit=submit)
         return self._cache
 
     def compile(self, kind: str, text: str) -> Future[Any]:
         return self.cache.get(kind, text)
 
-    def validate(self, params: SamplingParams) -> None:
-        """Compile the constraint (cached) and wait; InvalidArgument naming the field."""
+    def check(self, params: SamplingParams) -> None:
+        """The constraint against the limits, at once; InvalidArgument naming the field."""
         constraint = params.constraint
         if constraint is None:
             return
         kind, text = constraint
-        if kind == "choices":
-            for c in params.choices or ():
-                if not isinstance(c, str) or not c:
-                    raise InvalidArgument(
-                        "choices", f"choices must be non-empty strings, got {c!r}"
-                    )
+        self.limits.check(kind, text)
+
+    def prepare(self, params: SamplingParams) -> Future[None] | None:
+        """Check and start compiling the constraint (None without one): the future settles
+        when it compiled, or with an InvalidArgument naming the field."""
+        self.check(params)
+        constraint = params.constraint
+        if constraint is None:
+            return None
+        kind, text = constraint
+        done: Future[None] = Future()
         try:
-            self.compile(kind, text).result(timeout=self.compile_timeout)
-        except FutureTimeout:
-            raise InvalidArgument(
-                kind, f"the {_LABELS[kind]} did not compile within {self.compile_timeout} s"
-            ) from None
-        except GrammarError as e:
-            raise InvalidArgument(kind, f"invalid {_LABELS[kind]}: {e}") from e
+            compiling = self.compile(kind, text)
+        except GrammarError as e:  # no usable tokenizer
+            done.set_exception(_invalid(kind, e))
+            return done
+
+        def settle(f: Future[Any]) -> None:
+            error = f.exception()
+            if error is None:
+                done.set_result(None)
+            elif isinstance(error, GrammarError):
+                done.set_exception(_invalid(kind, error))
+            else:
+                done.set_exception(error)
+
+        compiling.add_done_callback(settle)
+        return done
+
+    def validate(self, params: SamplingParams) -> None:
+        """`prepare` and wait (sync callers and tests; the engine waits on no thread)."""
+        done = self.prepare(params)
+        if done is not None:
+            done.result()
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -219,7 +264,7 @@ class GrammarManager:
         try:
             g.matcher = self.cache.backend.matcher(g.future.result())
         except GrammarError as e:
-            g.error = f"invalid {_LABELS[g.kind]}: {e}"
+            g.error = _invalid(g.kind, e).message
         return False
 
     def fill_bitmask(self, reqs: Sequence[Request], *, pin: bool = False) -> torch.Tensor:
@@ -328,3 +373,16 @@ class GrammarManager:
     def shutdown(self) -> None:
         if self._cache is not None:
             self._cache.shutdown()
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+def _invalid(kind: str, error: GrammarError) -> InvalidArgument:
+    """The request's error for a constraint that did not compile: the compiler's words,
+    cut to MAX_MESSAGE_CHARS."""
+    why = str(error)
+    if len(why) > MAX_MESSAGE_CHARS:
+        why = f"{why[:MAX_MESSAGE_CHARS]}... ({len(why) - MAX_MESSAGE_CHARS} more characters)"
+    if isinstance(error, CompileStopped):
+        return InvalidArgument(kind, f"the {_LABELS[kind]} {why}")
+    return InvalidArgument(kind, f"invalid {_LABELS[kind]}: {why}")

@@ -9,12 +9,14 @@ time, less than xgrammar's character-level view; it is enough for ablations.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import outlines_core as oc
 import torch
 
 from radixmesh.worker.constrained.grammar import (
+    CompilerSpec,
     GrammarBackend,
     GrammarError,
     Matcher,
@@ -78,11 +80,32 @@ class OutlinesBackend(GrammarBackend):
     def __init__(self, vocab: Vocab) -> None:
         self._eos = vocab.stop_token_ids[0]
         self._bytes = vocab.token_bytes
-        table: dict[bytes, list[int]] = {}
+        self._table: dict[bytes, list[int]] = {}
         for i, b in enumerate(self._bytes):
             if b is not None and i not in vocab.stop_token_ids:
-                table.setdefault(b, []).append(i)
-        self._vocab = oc.Vocabulary(self._eos, table)
+                self._table.setdefault(b, []).append(i)
+        self._compiler = OutlinesCompiler(self._eos, self._table)
+
+    def compile(self, kind: str, text: str) -> Any:
+        return self._compiler.compile(kind, text)
+
+    def compiler_spec(self) -> CompilerSpec:
+        return CompilerSpec(__name__, "OutlinesCompiler", (self._eos, self._table))
+
+    def load(self, data: str | bytes) -> Any:
+        # The bytes come from this worker's own compile process (never from a client).
+        assert isinstance(data, bytes)
+        return pickle.loads(data)
+
+    def matcher(self, compiled: Any) -> Matcher:
+        return OutlinesMatcher(compiled, self._eos, self._bytes)
+
+
+class OutlinesCompiler:
+    """Builds token-level indexes over one vocabulary (here or in a pool process)."""
+
+    def __init__(self, eos: int, table: dict[bytes, list[int]]) -> None:
+        self._vocab = oc.Vocabulary(eos, table)
 
     def compile(self, kind: str, text: str) -> Any:
         try:
@@ -96,10 +119,10 @@ class OutlinesBackend(GrammarBackend):
                 raise GrammarError(f"the outlines backend does not support {kind}")
             return oc.Index(regex, self._vocab)
         except (ValueError, RuntimeError, TypeError) as e:
-            raise GrammarError(str(e)) from e
+            raise GrammarError(str(e)) from None
 
-    def matcher(self, compiled: Any) -> Matcher:
-        return OutlinesMatcher(compiled, self._eos, self._bytes)
+    def compile_serialized(self, kind: str, text: str) -> bytes:
+        return pickle.dumps(self.compile(kind, text))
 
 
 def _common_prefix(items: list[bytes]) -> bytes:

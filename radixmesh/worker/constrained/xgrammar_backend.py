@@ -25,6 +25,7 @@ import torch
 import xgrammar as xgr
 
 from radixmesh.worker.constrained.grammar import (
+    CompilerSpec,
     GrammarBackend,
     GrammarError,
     Matcher,
@@ -134,28 +135,23 @@ class XGrammarBackend(GrammarBackend):
                 vocab_size=len(token_bytes),
                 stop_token_ids=stop_ids,
             )
-        # Our own cache (compile_cache.py) keeps compiled grammars; one compile thread
-        # per call is enough on the worker's pool.
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._info = info
+        self._compiler = XGrammarCompiler(info)
         # Fills the rows of a step on a thread pool (half the cores).
         self._batch = xgr.BatchGrammarMatcher(max_threads="auto")
 
     def compile(self, kind: str, text: str) -> Any:
+        return self._compiler.compile(kind, text)
+
+    def compiler_spec(self) -> CompilerSpec:
+        return CompilerSpec(__name__, "XGrammarCompiler", (self._info.serialize_json(),))
+
+    def load(self, data: str | bytes) -> Any:
+        text = data.decode() if isinstance(data, bytes) else data
         try:
-            if kind == "json_schema":
-                grammar = xgr.Grammar.from_json_schema(text, any_whitespace=False)
-                return self._compiler.compile_grammar(_json_safe(str(grammar)))
-            if kind == "regex":
-                return self._compiler.compile_regex(text)
-            if kind == "ebnf":
-                return self._compiler.compile_grammar(text)
-            if kind == "choices":
-                return self._compiler.compile_regex(choices_regex(text.split("\x00")))
-            if kind == "structural_tag":
-                return self._compiler.compile_grammar(xgr.Grammar.from_structural_tag(text))
+            return xgr.CompiledGrammar.deserialize_json(text, self._info)
         except (RuntimeError, ValueError) as e:
-            raise GrammarError(_clean(str(e))) from e
-        raise GrammarError(f"unknown constraint kind {kind!r}")
+            raise GrammarError(f"the compiled grammar did not load: {_clean(str(e))}") from e
 
     def matcher(self, compiled: Any) -> Matcher:
         return XGrammarMatcher(compiled, self._compact)
@@ -171,6 +167,36 @@ class XGrammarBackend(GrammarBackend):
         narrow = xgr.allocate_token_bitmask(len(inner), len(self._compact.kept))
         self._batch.batch_fill_next_token_bitmask(inner, narrow)
         self._compact.widen(narrow, bitmask)
+
+
+class XGrammarCompiler:
+    """Compiles for one tokenizer (`TokenizerInfo`, or its JSON in a pool process)."""
+
+    def __init__(self, info: xgr.TokenizerInfo | str) -> None:
+        if isinstance(info, str):
+            info = xgr.TokenizerInfo.deserialize_json(info)
+        # Our own cache (compile_cache.py) keeps compiled grammars; one thread a compile.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def compile(self, kind: str, text: str) -> xgr.CompiledGrammar:
+        try:
+            if kind == "json_schema":
+                grammar = xgr.Grammar.from_json_schema(text, any_whitespace=False)
+                return self._compiler.compile_grammar(_json_safe(str(grammar)))
+            if kind == "regex":
+                return self._compiler.compile_regex(text)
+            if kind == "ebnf":
+                return self._compiler.compile_grammar(text)
+            if kind == "choices":
+                return self._compiler.compile_regex(choices_regex(text.split("\x00")))
+            if kind == "structural_tag":
+                return self._compiler.compile_grammar(xgr.Grammar.from_structural_tag(text))
+        except (RuntimeError, ValueError) as e:
+            raise GrammarError(_clean(str(e))) from None
+        raise GrammarError(f"unknown constraint kind {kind!r}")
+
+    def compile_serialized(self, kind: str, text: str) -> str:
+        return str(self.compile(kind, text).serialize_json())
 
 
 # xgrammar 0.2.9 writes the characters of a length-bounded JSON string (minLength /

@@ -4,6 +4,7 @@ anything is scheduled; a dead-end grammar finishes the request with a clear reas
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,10 +13,17 @@ import torch
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.constrained.compile_cache import CompileCache
-from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError, Matcher
+from radixmesh.worker.constrained.compile_pool import CompilePool
+from radixmesh.worker.constrained.grammar import (
+    CompilerSpec,
+    GrammarBackend,
+    GrammarError,
+    Matcher,
+)
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.engine import Engine
 from tests.worker.conftest import assert_engine_idle_and_clean
+from tests.worker.constrained.compilers import SPEC
 
 BAD = [
     ({"regex": "[0-9"}, "regex", "invalid regex: Regex parsing error at position 5: Unclosed '['"),
@@ -64,7 +72,7 @@ def test_dead_end_finishes_with_a_clear_reason(engine: Engine) -> None:
 
 
 class SlowBackend(GrammarBackend):
-    """Compiles only when released: makes the timeout and the pending path exact."""
+    """Compiles only when released: makes the pending path exact."""
 
     name = "slow"
 
@@ -77,28 +85,54 @@ class SlowBackend(GrammarBackend):
             raise GrammarError("no good")
         return text
 
+    def compiler_spec(self) -> CompilerSpec:
+        return SPEC
+
+    def load(self, data: str | bytes) -> Any:
+        return data
+
     def matcher(self, compiled: Any) -> Matcher:
         raise NotImplementedError
 
 
-def slow_manager(timeout: float) -> tuple[GrammarManager, SlowBackend]:
-    mgr = GrammarManager(None, 32, [0], compile_timeout=timeout)
+def slow_manager() -> tuple[GrammarManager, SlowBackend]:
+    mgr = GrammarManager(None, 32, [0], compile_processes=0)
     backend = SlowBackend()
-    mgr._cache = CompileCache(backend, "test")
+    mgr._cache = CompileCache(backend, "test")  # compiles on a thread here
     return mgr, backend
 
 
-def test_compile_timeout_is_invalid_argument() -> None:
-    mgr, backend = slow_manager(timeout=0.05)
+@pytest.fixture(scope="module")
+def pooled() -> Iterator[GrammarManager]:
+    """A manager compiling in processes, with the test compilers (compilers.py)."""
+    mgr = GrammarManager(None, 32, [0], compile_timeout=1.0, compile_memory_bytes=128 << 20)
+    pool = CompilePool(SPEC, mgr.compile_limits)
+    mgr._pool = pool
+    mgr._cache = CompileCache(SlowBackend(), "test", submit=pool.submit)
+    yield mgr
+    mgr.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("sleep:60", "the regex did not compile within 1 s (the compile was stopped)"),
+        (f"allocate:{1 << 30}", "the regex needed more than 128 MiB to compile"),
+        ("fail:" + "x" * 5000, "invalid regex: " + "x" * 1000 + "... (4000 more characters)"),
+    ],
+    ids=["time", "memory", "long-message"],
+)
+def test_a_stopped_or_failed_compile_is_invalid_argument(
+    pooled: GrammarManager, text: str, message: str
+) -> None:
     with pytest.raises(InvalidArgument) as err:
-        mgr.validate(SamplingParams(regex="a+"))
-    assert err.value.field == "regex"
-    assert err.value.message == "the regex did not compile within 0.05 s"
-    backend.release.set()
+        pooled.validate(SamplingParams(regex=text))
+    assert (err.value.field, err.value.message) == ("regex", message)
+    pooled.validate(SamplingParams(regex="echo:fine"))  # the pool serves on
 
 
 def test_compile_cache_shares_futures_and_caches_failures() -> None:
-    mgr, backend = slow_manager(timeout=5)
+    mgr, backend = slow_manager()
     first = mgr.compile("regex", "a+")
     assert mgr.compile("regex", "a+") is first
     assert mgr.compile("json_schema", "a+") is not first
@@ -109,6 +143,15 @@ def test_compile_cache_shares_futures_and_caches_failures() -> None:
     with pytest.raises(InvalidArgument, match="invalid regex: no good"):
         mgr.validate(SamplingParams(regex="bad"))
     assert (mgr.cache.hits, mgr.cache.misses) == (2, 3)
+
+
+def test_prepare_waits_on_no_thread() -> None:
+    mgr, backend = slow_manager()
+    done = mgr.prepare(SamplingParams(regex="a+"))
+    assert done is not None and not done.done()  # returned at once, compiling
+    backend.release.set()
+    assert done.result(timeout=5) is None
+    assert mgr.prepare(SamplingParams()) is None  # nothing to compile
 
 
 def test_unknown_token_bytes_is_invalid_argument() -> None:

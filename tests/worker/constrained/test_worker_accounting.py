@@ -74,17 +74,17 @@ def test_outlines_regex_and_choices(smollm2_gguf: object) -> None:
 def test_admission_waits_for_the_compile(smollm2_gguf: object) -> None:
     """A request whose grammar still compiles is skipped; others run meanwhile."""
     worker = make_worker("smollm2")
-    gate = worker.grammars.cache  # build the backend, then hold its compile
+    gate = worker.grammars.cache  # build the backend, then hold its compile's result
     import threading
 
     release = threading.Event()
-    compile_ = gate.backend.compile
+    load = gate.backend.load
 
-    def held(kind: str, text: str) -> object:
-        release.wait(10)
-        return compile_(kind, text)
+    def held(data: str | bytes) -> object:
+        release.wait(30)
+        return load(data)
 
-    gate.backend.compile = held  # type: ignore[method-assign]
+    gate.backend.load = held  # type: ignore[method-assign]
     prompt = worker.tokenizer.encode("Number:")
     slow = make_request(worker, prompt, max_new_tokens=8, regex="[0-9]{3}")
     free = make_request(worker, prompt, max_new_tokens=3)
