@@ -144,14 +144,14 @@ def run(counts: Counts, name: str, count: int, flush: Callable[[], object]) -> d
     }
 
 
-def warm_grammars(addresses: list[str]) -> None:
+def warm_grammars(addresses: list[str], api_key: str | None) -> None:
     """Build each worker's grammar backend now: an engine builds it on its first
     constrained request (~0.5-1 s of CPU), and the router decides which worker that is,
     so one mode's timed run would pay it on a worker the warm-up never reached."""
     from radixmesh.client import Client
 
     for address in addresses:
-        with Client(address, service="worker") as client:
+        with Client(address, service="worker", api_key=api_key) as client:
             client.generate("Phone: ", {"max_new_tokens": 2, "regex": "[0-9]+"})
 
 
@@ -164,7 +164,7 @@ def open_backend(
         runtime = sgl.Runtime(model=args.model, workers=args.workers, **options)
         assert runtime.endpoint is not None
         runtime.endpoint.program_hints = program_hints
-        warm_grammars(runtime.worker_addresses)
+        warm_grammars(runtime.worker_addresses, runtime.worker_api_key)
         usage = runtime.endpoint.usage
 
         def cluster_counts() -> tuple[int, int]:

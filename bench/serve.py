@@ -60,6 +60,7 @@ class Target:
     model: str
     workers: list[str]  # worker gRPC addresses (known when launched here)
     policy: str
+    worker_key: str | None = None  # the key those workers require
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -129,7 +130,7 @@ def flush(target: Target) -> None:
     from radixmesh.client import Client
 
     for address in target.workers or [target.grpc]:
-        with Client(address) as c:
+        with Client(address, api_key=target.worker_key if target.workers else None) as c:
             deadline = time.monotonic() + 30
             while not c.flush_cache() and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -147,6 +148,7 @@ async def _one_run(
         http_url=target.http,
         grpc_target=grpc_target,
         model=target.model,
+        api_key=target.worker_key if direct else None,
     )
     try:
         if args.warmup:
@@ -231,6 +233,7 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
             model=_served_model(cluster.address),
             workers=cluster.worker_addresses,
             policy=policies[0],
+            worker_key=cluster.worker_key,
         )
         yield cluster, target
 

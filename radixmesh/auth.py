@@ -8,6 +8,7 @@ other RPC without a configured key gets UNAUTHENTICATED. Keys are compared in co
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -15,17 +16,45 @@ from typing import Any
 import grpc
 
 DENIED_MESSAGE = "missing or wrong API key (send `authorization: Bearer <key>`)"
+ADMIN_MESSAGE = "this needs an admin key (send `authorization: Bearer <admin key>`)"
 
 
-def bearer_allowed(authorization: str | None, keys: Sequence[str]) -> bool:
+def bearer_token(authorization: str | bytes | None) -> bytes | None:
+    """The token of an `authorization: Bearer <token>` value; None when there is none or
+    the value is malformed (bytes that are not UTF-8, characters a header cannot carry)."""
+    if authorization is None:
+        return None
+    try:
+        raw = (
+            authorization
+            if isinstance(authorization, bytes)
+            else authorization.encode("utf-8", "strict")
+        )
+    except UnicodeEncodeError:  # lone surrogates: bytes the server could not decode
+        return None
+    if not raw.startswith(b"Bearer "):
+        return None
+    token = raw.removeprefix(b"Bearer ").strip()
+    return token or None
+
+
+def bearer_allowed(authorization: str | bytes | None, keys: Sequence[str]) -> bool:
     """Whether an `authorization` value carries one of `keys` (no keys: everything passes)."""
     if not keys:
         return True
-    if authorization is None or not authorization.startswith("Bearer "):
+    given = bearer_token(authorization)
+    if given is None:
         return False
-    given = authorization.removeprefix("Bearer ").strip().encode()
     # Compare with every key, so the time taken does not tell which one nearly matched.
     return sum(hmac.compare_digest(given, k.encode()) for k in keys) > 0
+
+
+def caller_of(authorization: str | bytes | None) -> str:
+    """Who sent a request, as far as the router can tell: a digest of its key ("" with no
+    key). Request ids are scoped to it, so one caller cannot reach another's requests.
+    Never the key itself: it may be logged or kept in memory for the request's life."""
+    token = bearer_token(authorization)
+    return "" if token is None else hashlib.sha256(token).hexdigest()[:16]
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):

@@ -64,6 +64,10 @@ class Unauthenticated(RadixMeshError):
     """The API key is missing or wrong."""
 
 
+class PermissionDenied(RadixMeshError):
+    """The API key is valid but not allowed this (an admin RPC without an admin key)."""
+
+
 class Internal(RadixMeshError):
     """A bug: the server failed in a way the request did not cause."""
 
@@ -91,6 +95,7 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
     CatalogueEntry(Unavailable, "UNAVAILABLE", 503, "draining, loading or shut down"),
     CatalogueEntry(DeadlineExceeded, "DEADLINE_EXCEEDED", 504, "the caller's deadline passed"),
     CatalogueEntry(Unauthenticated, "UNAUTHENTICATED", 401, "a missing or wrong API key"),
+    CatalogueEntry(PermissionDenied, "PERMISSION_DENIED", 403, "an admin RPC without an admin key"),
     CatalogueEntry(RequestAborted, "ABORTED", 409, "the request was aborted"),
     CatalogueEntry(Internal, "INTERNAL", 500, "a server bug"),
 )

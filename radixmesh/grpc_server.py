@@ -4,9 +4,11 @@ plaintext or TLS, and errors ended with the catalogue's status."""
 
 from __future__ import annotations
 
-from typing import NoReturn
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -23,6 +25,65 @@ from radixmesh.errors import (
 # RESOURCE_EXHAUSTED. Messages and field names are cut to these many UTF-8 bytes.
 MAX_STATUS_BYTES = 2048
 MAX_FIELD_CHARS = 128
+
+
+class _Undecodable:
+    """What a request that did not parse deserializes to (the handler answers it)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):
+    """A request that is not valid protobuf (a string field with invalid UTF-8, a
+    truncated message) gets INVALID_ARGUMENT naming `request`, not gRPC's UNKNOWN.
+    Install it first, so that it guards what later interceptors return too."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not (details.method or "").startswith("/radixmesh."):
+            return handler  # health and reflection: gRPC's own services
+        if handler.unary_unary is None and handler.unary_stream is None:
+            return handler  # no client-streaming RPCs here
+        return _guarded(handler)
+
+
+def _guarded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    parse = handler.request_deserializer
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except (DecodeError, UnicodeDecodeError, ValueError) as e:
+            return _Undecodable(e)
+
+    async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext) -> NoReturn:
+        why = f"the message does not parse (invalid UTF-8 in a string?): {request.error}"
+        await abort_rpc(context, InvalidArgument("request", why))
+
+    ser = handler.response_serializer
+    if handler.unary_stream is not None:
+        inner_stream = handler.unary_stream
+
+        async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            if isinstance(request, _Undecodable):
+                await refuse(request, context)
+            async for item in inner_stream(request, context):
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(streaming, deserialize, ser)
+    inner = handler.unary_unary
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await refuse(request, context)
+        return await inner(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(unary, deserialize, ser)
 
 
 def add_health_and_reflection(server: grpc.aio.Server, service: str) -> health.aio.HealthServicer:

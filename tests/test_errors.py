@@ -11,6 +11,7 @@ from radixmesh.errors import (
     Internal,
     InvalidArgument,
     Overloaded,
+    PermissionDenied,
     RadixMeshError,
     RequestAborted,
     Unauthenticated,
@@ -62,6 +63,10 @@ def test_unauthenticated() -> None:
     _roundtrip(Unauthenticated("missing or wrong API key"), "UNAUTHENTICATED", 401)
 
 
+def test_permission_denied() -> None:
+    _roundtrip(PermissionDenied("this needs an admin key"), "PERMISSION_DENIED", 403)
+
+
 def test_request_aborted() -> None:
     _roundtrip(RequestAborted("aborted by the client"), "ABORTED", 409)
 
@@ -71,7 +76,7 @@ def test_internal() -> None:
 
 
 def test_catalogue_has_one_entry_per_class_and_no_unknown() -> None:
-    assert len({e.error for e in CATALOGUE}) == len(CATALOGUE) == 8
+    assert len({e.error for e in CATALOGUE}) == len(CATALOGUE) == 9
     assert all(e.grpc_status != "UNKNOWN" for e in CATALOGUE)
 
 

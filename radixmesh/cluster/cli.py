@@ -152,6 +152,7 @@ def _cmd_router(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         metrics_port=args.metrics_port,
         api_keys=router_api_keys(args.api_key),
+        admin_keys=router_api_keys(args.admin_key, ADMIN_KEY_ENV),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
@@ -172,6 +173,8 @@ def _cmd_router(args: argparse.Namespace) -> int:
 API_KEY_ENV = "RADIXMESH_API_KEY"  # comma-separated keys, when no --api-key is given
 # The key the router sends to its workers (environment only: kept out of `ps`).
 WORKER_API_KEY_ENV = "RADIXMESH_WORKER_API_KEY"
+# The router's admin keys (FlushCache, ClusterStatus, aborting any request), comma-separated.
+ADMIN_KEY_ENV = "RADIXMESH_ADMIN_KEY"
 
 
 def _worker_api_key() -> str | None:
@@ -180,12 +183,13 @@ def _worker_api_key() -> str | None:
     return os.environ.get(WORKER_API_KEY_ENV) or None
 
 
-def router_api_keys(flags: Sequence[str] | None) -> tuple[str, ...]:
+def router_api_keys(flags: Sequence[str] | None, env: str = API_KEY_ENV) -> tuple[str, ...]:
+    """The keys given by flags, else those in the environment variable `env`."""
     import os
 
     if flags:
         return tuple(flags)
-    return tuple(k for k in os.environ.get(API_KEY_ENV, "").split(",") if k)
+    return tuple(k for k in os.environ.get(env, "").split(",") if k)
 
 
 def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
@@ -214,6 +218,13 @@ def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         help=f"require `authorization: Bearer <key>` (repeatable; default: ${API_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--admin-key",
+        action="append",
+        default=None,
+        help="require this key for FlushCache, ClusterStatus and aborting others' requests "
+        f"(repeatable; default: ${ADMIN_KEY_ENV}; none: the API keys)",
     )
     parser.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key)")
     parser.add_argument("--tls-key", default=None, help="PEM private key")
@@ -263,6 +274,7 @@ def _add_router_parser(sub: Any) -> None:
 def _cmd_launch(args: argparse.Namespace) -> int:
     import shlex
 
+    from radixmesh.cluster.child import RestartPolicy
     from radixmesh.cluster.launch import LaunchConfig, launch
 
     worker_args = shlex.split(args.worker_args)
@@ -294,12 +306,16 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         worker_args=tuple(worker_args),
         router_args=tuple(router_args),
         api_keys=router_api_keys(args.api_key),
+        admin_keys=router_api_keys(args.admin_key, ADMIN_KEY_ENV),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         gpus_per_worker=gpus,
         workers_per_gpu=args.workers_per_gpu,
         visible_gpus=visible,
-        worker_api_key=args.worker_api_key,
+        worker_api_key=_worker_api_key(),
+        restart=RestartPolicy(
+            5 if args.max_restarts is None else args.max_restarts, args.restart_backoff
+        ),
     )
     return launch(config)
 
@@ -331,6 +347,8 @@ def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
     }
     if api_keys := router_api_keys(args.api_key):
         router_options["api_keys"] = api_keys
+    if admin_keys := router_api_keys(args.admin_key, ADMIN_KEY_ENV):
+        router_options["admin_keys"] = admin_keys
     for flag in ("strict_openai", "separate_reasoning"):
         if getattr(args, flag):
             router_options[flag] = True
@@ -345,7 +363,7 @@ def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
         ray_address=args.ray_address,
         tp_size=args.tp_size,
         device=args.ray_device,
-        max_restarts=args.max_restarts,
+        max_restarts=-1 if args.max_restarts is None else args.max_restarts,
         cpus_per_worker=args.cpus_per_worker,
         worker_args=worker_args,
         router_options=router_options,
@@ -360,7 +378,18 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
     ray.add_argument("--ray-address", default=None, help="join a Ray cluster (e.g. auto)")
     ray.add_argument("--tp-size", type=int, default=1, help="GPUs per worker (a placement group)")
     ray.add_argument("--ray-device", default="auto", choices=("auto", "cuda", "cpu"))
-    ray.add_argument("--max-restarts", type=int, default=-1, help="per actor; -1: always")
+    ray.add_argument(
+        "--max-restarts",
+        type=int,
+        default=None,
+        help="restarts of each dead worker or router (local default 5; Ray: -1, always)",
+    )
+    ray.add_argument(
+        "--restart-backoff",
+        type=float,
+        default=1.0,
+        help="seconds before a local child's first restart, doubling each time",
+    )
     ray.add_argument("--cpus-per-worker", type=float, default=1.0, help="per rank")
     ray.add_argument(
         "--worker-metrics-port",
@@ -402,11 +431,6 @@ def _add_launch_parser(sub: Any) -> None:
     ln.add_argument("--served-model-name", default=None, help="the name clients see")
     ln.add_argument("--chat-template", default=None, help="Jinja file replacing the model's")
     ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
-    ln.add_argument(
-        "--worker-api-key",
-        default=None,
-        help="workers require this key; the router sends it (local launcher only)",
-    )
     _add_router_security_options(ln)
     _add_ray_options(ln)
     ln.set_defaults(func=_cmd_launch)

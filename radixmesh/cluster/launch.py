@@ -3,14 +3,21 @@
 `radixmesh launch` starts each worker as `radixmesh worker` on its own loopback port and
 the router as `radixmesh router` in front of them, waits until the router's health check
 says SERVING (which needs a worker up and the tokenizer loaded) and the router sees every
-worker healthy, and then waits for SIGINT / SIGTERM or for any child to die; either way
-it stops every child (SIGTERM, then SIGKILL after `stop_timeout`).
+worker healthy, and then serves until SIGINT / SIGTERM, when it stops every child
+(SIGTERM, then SIGKILL after `stop_timeout`). A child that dies meanwhile is restarted
+(child.py: backoff, at most `restart.max_restarts` times) while the others serve on; the
+launcher gives up only when no worker or no router is left.
+
+Workers always require a key: the given `worker_api_key` or one generated at launch,
+handed to workers and router in their environment, never on a command line (`ps`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Protocol
 
+from radixmesh.cluster.child import Child, RestartPolicy
 from radixmesh.errors import InvalidArgument, Unavailable
 
 
@@ -52,9 +60,13 @@ class LaunchConfig:
     # GPUs the launcher sees when CUDA_VISIBLE_DEVICES is unset (torch.cuda.device_count()
     # at launch); None: not checked.
     visible_gpus: int | None = None
-    # Workers require this key (`radixmesh worker --api-key`); the router is given it in
-    # its environment and sends it on every worker call.
+    # Workers require this key (given in their environment); the router is given it in
+    # its environment and sends it on every worker call. None: a key generated at launch.
     worker_api_key: str | None = field(default=None, repr=False)
+    # Keys for the router's admin RPCs (FlushCache, ClusterStatus, aborting any request),
+    # in its environment; the launcher checks readiness with the first.
+    admin_keys: tuple[str, ...] = field(default=(), repr=False)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -171,15 +183,30 @@ def wait_router_ready(
 
 
 class LocalCluster:
-    """The processes of one local cluster. Use as a context manager, or start() / stop()."""
+    """The processes of one local cluster. Use as a context manager, or start() / stop().
+
+    `failure()` (which `supervise` calls every 0.2 s) also restarts dead children."""
 
     def __init__(self, config: LaunchConfig) -> None:
         self.config = config
         self.worker_ports = list(config.worker_ports) or [
             free_port(config.host) for _ in range(config.workers)
         ]
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.router: subprocess.Popen[bytes] | None = None
+        self.worker_key = config.worker_api_key or secrets.token_urlsafe(32)
+        self.worker_children = [
+            Child(f"worker {i}", functools.partial(self._launch_worker, i), config.restart)
+            for i in range(config.workers)
+        ]
+        self.router_child = Child("the router", self._launch_router, config.restart)
+
+    @property
+    def workers(self) -> list[subprocess.Popen[bytes]]:
+        """Each worker's current process (a restarted worker's newest)."""
+        return [c.proc for c in self.worker_children if c.proc is not None]
+
+    @property
+    def router(self) -> subprocess.Popen[bytes] | None:
+        return self.router_child.proc
 
     @property
     def address(self) -> str:
@@ -194,16 +221,25 @@ class LocalCluster:
         self.start_router()
 
     def start_workers(self) -> None:
+        check_gpus(self.config)
+        for child in self.worker_children:
+            child.start()
+
+    def _launch_worker(self, i: int) -> subprocess.Popen[bytes]:
+        from radixmesh.cluster.cli import API_KEY_ENV
+
         c = self.config
-        check_gpus(c)
-        for i, port in enumerate(self.worker_ports):
-            args = ["worker", "--model", c.model, "--host", c.host, "--port", str(port)]
-            env = worker_gpu_env(c, i)
-            if c.worker_api_key:
-                args += ["--api-key", c.worker_api_key]
-            self.workers.append(subprocess.Popen(_cli(*args, *worker_args(c)), env=env))
+        args = ["worker", "--model", c.model, "--host", c.host]
+        args += ["--port", str(self.worker_ports[i])]
+        env = dict(worker_gpu_env(c, i) or (c.env if c.env is not None else os.environ))
+        env[API_KEY_ENV] = self.worker_key  # the worker's own key, whatever the user's
+        return subprocess.Popen(_cli(*args, *worker_args(c)), env=env)
 
     def start_router(self) -> None:
+        self.router_child = Child("the router", self._launch_router, self.config.restart)
+        self.router_child.start()
+
+    def _launch_router(self) -> subprocess.Popen[bytes]:
         c = self.config
         router_args = [
             "router",
@@ -218,14 +254,16 @@ class LocalCluster:
         ]
         if c.tls_cert is not None and c.tls_key is not None:
             router_args += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
-        from radixmesh.cluster.cli import API_KEY_ENV, WORKER_API_KEY_ENV
+        from radixmesh.cluster.cli import ADMIN_KEY_ENV, API_KEY_ENV, WORKER_API_KEY_ENV
 
         env = dict(c.env if c.env is not None else os.environ)
+        env.pop(API_KEY_ENV, None)  # only the keys given to the launcher
         if c.api_keys:
             env[API_KEY_ENV] = ",".join(c.api_keys)
-        if c.worker_api_key:
-            env[WORKER_API_KEY_ENV] = c.worker_api_key
-        self.router = subprocess.Popen(_cli(*router_args, *c.router_args), env=env)
+        if c.admin_keys:
+            env[ADMIN_KEY_ENV] = ",".join(c.admin_keys)
+        env[WORKER_API_KEY_ENV] = self.worker_key
+        return subprocess.Popen(_cli(*router_args, *c.router_args), env=env)
 
     def replace_router(self, policy: str) -> None:
         """Stop the router and start one with another routing policy in front of the same
@@ -244,12 +282,13 @@ class LocalCluster:
         if c.tls_cert is not None:
             with open(c.tls_cert, "rb") as f:
                 root = f.read()
+        keys = c.admin_keys or c.api_keys
         return wait_router_ready(
             self.address,
             c.ready_timeout,
             self.dead_child,
             stop_requested,
-            api_key=c.api_keys[0] if c.api_keys else None,
+            api_key=keys[0] if keys else None,
             root_certificates=root,
         )
 
@@ -260,15 +299,20 @@ class LocalCluster:
         )
 
     def failure(self) -> str | None:
-        dead = self.dead_child()
-        return None if dead is None else f"{dead} exited"
+        """Restart the children that died (see child.py); why the cluster must stop (no
+        worker left, or no router), or None."""
+        for child in [*self.worker_children, self.router_child]:
+            child.tend()
+        if all(c.gave_up for c in self.worker_children):
+            return "every worker exited for good"
+        if self.router_child.gave_up:
+            return "the router exited for good"
+        return None
 
     def dead_child(self) -> str | None:
-        for i, p in enumerate(self.workers):
-            if p.poll() is not None:
-                return f"worker {i} (exit status {p.returncode})"
-        if self.router is not None and self.router.poll() is not None:
-            return f"the router (exit status {self.router.returncode})"
+        for child in [*self.worker_children, self.router_child]:
+            if (dead := child.dead()) is not None:
+                return dead
         return None
 
     def stop(self) -> None:
@@ -345,5 +389,6 @@ def supervise(cluster: Supervised, check_every: float = 0.2) -> int:
 
 
 def launch(config: LaunchConfig) -> int:
-    """Run a local cluster until SIGINT / SIGTERM or a child's death. Returns the status."""
+    """Run a local cluster until SIGINT / SIGTERM, or until no worker or no router is left
+    (restarts used up). Returns the status."""
     return supervise(LocalCluster(config))

@@ -31,6 +31,9 @@ Decisions:
   which sees it unhealthy for good and routes to the others. The driver logs an error
   naming it and keeps serving with the rest; when no worker is left it stops the cluster
   and `launch` returns 1.
+- **Workers always require a key**: the router option `worker_api_key`, or one generated
+  at start; each worker actor puts it in its subprocess's environment (never on its
+  command line) and the router sends it on every worker call.
 - **The router is an actor too** (restartable, on a fixed port of the driver's node, so
   that a Kubernetes Service on the Ray head finds it): it runs the router's
   `serve()` on an event loop of its own thread, with a stop event instead of signal
@@ -49,7 +52,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -179,8 +184,11 @@ class WorkerActor:
         stop_timeout: float,
         gpu_peers: list[Any] | None = None,
         metrics_port: int | None = None,
+        api_key: str | None = None,
     ) -> None:
         import ray
+
+        from radixmesh.cluster.cli import API_KEY_ENV
 
         self.stop_timeout = stop_timeout
         bind = host if host not in _ANY_HOST else "0.0.0.0"
@@ -194,6 +202,8 @@ class WorkerActor:
         self._address = f"{advertised}:{self.port}"
         self._metrics_address = f"{advertised}:{self.metrics_port}"
         env = dict(os.environ)
+        if api_key is not None:  # in the environment, never on the command line
+            env[API_KEY_ENV] = api_key
         if gpu_peers:  # tensor parallelism: this actor's GPU plus each reservation's
             # Asked anew on every (re)start: handles outlive a restart, results may not.
             peer_ids = ray.get([p.gpu_ids.remote() for p in gpu_peers])
@@ -343,6 +353,9 @@ class RayCluster:
             ) from e
 
         c = self.config
+        if not c.router_options.get("worker_api_key"):  # workers always require a key
+            options = {**c.router_options, "worker_api_key": secrets.token_urlsafe(32)}
+            self.config = c = dataclasses.replace(c, router_options=options)
         if not ray.is_initialized():
             ray.init(address=c.ray_address, include_dashboard=False)
             self._owns_ray = True
@@ -367,11 +380,12 @@ class RayCluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         c = self.config
+        key = c.router_options["worker_api_key"]
         rank = rank_resources(use_gpu, c.cpus_per_worker)
         if c.tp_size == 1:
             actor = ray.remote(WorkerActor).options(max_restarts=c.max_restarts, **rank)
             return actor.remote(
-                c.model, c.host, worker_args, c.stop_timeout, None, c.worker_metrics_port
+                c.model, c.host, worker_args, c.stop_timeout, None, c.worker_metrics_port, key
             )
         if not use_gpu and c.cpus_per_worker <= 0:
             raise InvalidArgument(
@@ -397,7 +411,7 @@ class RayCluster:
             max_restarts=c.max_restarts, scheduling_strategy=in_bundle(0), **rank
         )
         return actor.remote(
-            c.model, c.host, worker_args, c.stop_timeout, gpu_peers, c.worker_metrics_port
+            c.model, c.host, worker_args, c.stop_timeout, gpu_peers, c.worker_metrics_port, key
         )
 
     def worker_addresses(self) -> list[str]:
@@ -440,7 +454,7 @@ class RayCluster:
 
     def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
         options = self.config.router_options
-        keys = options.get("api_keys", ())
+        keys = options.get("admin_keys") or options.get("api_keys", ())
         cert = options.get("tls_cert")
         root = Path(cert).read_bytes() if cert else None
         return wait_router_ready(

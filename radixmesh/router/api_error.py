@@ -19,6 +19,7 @@ from radixmesh.router.openai.convert import openai_field
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     429: "rate_limit_error",

@@ -45,7 +45,10 @@ class RouterConfig:
     separate_reasoning: bool = False
     metrics_port: int | None = None  # Prometheus /metrics (None: only on the HTTP port)
     # Clients must send `authorization: Bearer <one of these>` (empty: no authentication).
-    api_keys: tuple[str, ...] = ()
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # FlushCache, ClusterStatus and aborting another caller's request need one of these
+    # (they are API keys too); empty: any API key may (or anyone, without API keys).
+    admin_keys: tuple[str, ...] = field(default=(), repr=False)
     tls_cert: str | None = None  # PEM files; both set: gRPC and HTTP serve TLS
     tls_key: str | None = None
     # The key the router sends to workers started with `--api-key` (None: none sent).
@@ -62,6 +65,11 @@ class RouterConfig:
     worker_tls_key: str | None = None
     worker_tls_server_name: str | None = None
     discovery_interval: float = 5.0  # seconds between look-ups of `dns:` worker names
+
+    @property
+    def caller_keys(self) -> tuple[str, ...]:
+        """Every key a client may call with (API and admin keys); empty: anyone may."""
+        return (*self.api_keys, *self.admin_keys) if self.api_keys else ()
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -83,8 +91,10 @@ class RouterConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value < 65536:
                 raise InvalidArgument(name, f"must be in [0, 65536), got {value}")
-        if any(not key for key in self.api_keys):
-            raise InvalidArgument("api_keys", "an API key must not be empty")
+        for name in ("api_keys", "admin_keys"):
+            for key in getattr(self, name):
+                if not key or not key.isascii() or not key.isprintable() or " " in key:
+                    raise InvalidArgument(name, "a key must be printable ASCII without spaces")
         if self.worker_api_key == "":
             raise InvalidArgument("worker_api_key", "must not be empty (None: send no key)")
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -111,7 +111,7 @@ class HttpFrontend:
         route = request.match_info.route.resource
         endpoint = route.canonical if route is not None else "other"
         with self.metrics.request("http", endpoint) as record:
-            if not bearer_allowed(request.headers.get("Authorization"), self.config.api_keys):
+            if not bearer_allowed(request.headers.get("Authorization"), self.config.caller_keys):
                 resp: web.StreamResponse = ApiError(
                     401, "missing or wrong API key (send `Authorization: Bearer <key>`)",
                     None, "invalid_api_key",
@@ -192,15 +192,18 @@ class HttpFrontend:
         stream: bool,
         rids: list[str] | None = None,
         hint: ProgramHint | None = None,
+        caller: str = "",
     ) -> JobChunks:
         """Every job's chunks as (index, worker id, chunk), the jobs generated at once.
-        Request ids: `rids[index]`, else `rid` (one job) or `rid-index`. `hint`: the
-        program they all belong to."""
+        Request ids: `rids[index]`, else `rid` (one job) or `rid-index`, the caller's
+        (`caller`: auth.caller_of its key). `hint`: the program they all belong to."""
 
         def route(
             ids: list[int], params: common_pb2.SamplingParams, rid: str, *, stream: bool
         ) -> AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]:
-            return self.servicer.route_and_stream(ids, params, rid, stream=stream, hint=hint)
+            return self.servicer.route_and_stream(
+                ids, params, rid, stream=stream, hint=hint, caller=caller
+            )
 
         def rid_of(index: int) -> str:
             if rids is not None:

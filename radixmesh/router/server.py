@@ -3,7 +3,8 @@ HTTP API, OpenAI's and SGLang's (`http_port`) and Prometheus metrics (`metrics_p
 
 It starts listening at once (health NOT_SERVING, HTTP 503), waits for a worker to answer,
 loads the tokenizer that worker names, then turns SERVING. SIGTERM / SIGINT stop it.
-API keys (`api_keys`) and TLS (`tls_cert` / `tls_key`) apply to the gRPC and HTTP ports.
+API keys (`api_keys`; `admin_keys` for FlushCache, ClusterStatus and aborting any request)
+and TLS (`tls_cert` / `tls_key`) apply to the gRPC and HTTP ports.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import signal
 import grpc
 
 from radixmesh.auth import ApiKeyInterceptor
-from radixmesh.grpc_server import add_health_and_reflection, bind, set_health
+from radixmesh.grpc_server import DecodeGuard, add_health_and_reflection, bind, set_health
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.discovery import DnsDiscovery, dns_names
 from radixmesh.router.metrics import RouterMetrics
@@ -52,14 +53,14 @@ async def serve(
         await discovery.refresh()
         discovery.start()
     metrics = RouterMetrics(pool)
-    interceptors = []
-    if config.api_keys:
+    interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
+    if config.caller_keys:
         denied = metrics.requests.labels  # count denied RPCs like the ones that ran
 
         def on_deny(method: str) -> None:
             denied("grpc", method.rsplit("/", 1)[-1], "UNAUTHENTICATED").inc()
 
-        interceptors.append(ApiKeyInterceptor(config.api_keys, on_deny))
+        interceptors.append(ApiKeyInterceptor(config.caller_keys, on_deny))
     server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=interceptors)
     servicer = RouterServicer(config, pool, metrics)
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server)

@@ -20,12 +20,14 @@ from typing import Any, NoReturn
 
 import grpc
 
+from radixmesh.auth import ADMIN_MESSAGE, bearer_allowed, caller_of
 from radixmesh.client import convert
 from radixmesh.errors import (
     FIELD_METADATA_KEY,
     OVERLOADED_METADATA_KEY,
     Internal,
     InvalidArgument,
+    PermissionDenied,
     RadixMeshError,
     Unavailable,
     entry_for,
@@ -65,7 +67,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.policy: Policy = make_policy(config.policy, config.seed, options)
         self.tokenizer: TokenizerLike | None = None
         self.model_info: common_pb2.ModelInfo | None = None
-        self.requests: dict[str, WorkerHandle] = {}  # request id -> the worker serving it
+        # (caller, request id) -> the worker serving it and the id it has there: a caller
+        # reaches only its own requests (auth.caller_of), and ids never collide on a worker.
+        self.requests: dict[tuple[str, str], tuple[WorkerHandle, str]] = {}
         self.retries = 0
         self.programs = ProgramTable(config.program_max_queued)
 
@@ -142,8 +146,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         *,
         stream: bool,
         hint: ProgramHint | None = None,
+        caller: str = "",
     ) -> AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]:
         """Route a tokenized prompt; yield (worker id, chunk) as the worker streams them.
+        `rid` is the caller's id for it (`caller`: auth.caller_of its key); the worker gets
+        an id of the router's own.
 
         Both front ends (gRPC and HTTP) generate through here. Raises a `RadixMeshError`
         when no worker can be chosen, or the worker's `grpc.aio.AioRpcError` (after
@@ -154,10 +161,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         done (cache_aware's pending-prefill term stops counting the request then). For a
         client that asked for no stream, the chunks are joined into one here.
         """
+        key = (caller, rid)
+        if key in self.requests:
+            raise InvalidArgument("request_id", f"request {rid[:128]!r} is already in flight")
+        worker_rid = uuid.uuid4().hex
         wreq = worker_pb2.GenerateRequest(
             input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=ids)),
             sampling_params=params,
-            request_id=rid,
+            request_id=worker_rid,
             stream=True,
         )
         tried: set[str] = set()
@@ -175,7 +186,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             status = "CANCELLED"  # unless the stream ends or fails first
             pending = len(ids) - cached  # prefill work queued there until the first chunk
             worker.request_started(pending)
-            self.requests[rid] = worker
+            self.requests[key] = (worker, worker_rid)
             call = worker.stub.Generate(wreq, metadata=worker.metadata)
             joined = _Joined()
             try:
@@ -185,6 +196,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                         worker.request_streaming(pending)
                         self.metrics.ttft.observe(time.perf_counter() - t0)
                     chunk = resp.chunk
+                    chunk.request_id = rid
                     if chunk.HasField("finish"):
                         self.metrics.e2e.observe(time.perf_counter() - t0)
                         self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
@@ -216,7 +228,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     worker.request_streaming(pending)
                 worker.request_ended()
                 self.metrics.worker_requests.labels(worker.worker_id, status).inc()
-                self.requests.pop(rid, None)
+                self.requests.pop(key, None)
         assert last_error is not None
         raise last_error
 
@@ -229,7 +241,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 ids = self._input_ids(request.input)
                 hint = program_hint(request.program_id, request.shared_prefix_tokens)
                 chunks = self.route_and_stream(
-                    ids, request.sampling_params, rid, stream=request.stream, hint=hint
+                    ids,
+                    request.sampling_params,
+                    rid,
+                    stream=request.stream,
+                    hint=hint,
+                    caller=_caller(context),
                 )
                 async with aclosing(chunks):
                     async for worker_id, chunk in chunks:
@@ -240,14 +257,18 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     # ---- embed --------------------------------------------------------------------------
 
     async def route_and_embed(
-        self, ids: list[int], pooling: common_pb2.Pooling, rid: str
+        self, ids: list[int], pooling: common_pb2.Pooling, rid: str, caller: str = ""
     ) -> tuple[str, common_pb2.Embedding]:
         """A tokenized prompt's embedding and the worker that computed it, routed and
         retried as `route_and_stream` routes and retries a generation."""
+        key = (caller, rid)
+        if key in self.requests:
+            raise InvalidArgument("request_id", f"request {rid[:128]!r} is already in flight")
+        worker_rid = uuid.uuid4().hex
         wreq = worker_pb2.EmbedRequest(
             input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=ids)),
             pooling=pooling,
-            request_id=rid,
+            request_id=worker_rid,
         )
         tried: set[str] = set()
         last_error: grpc.aio.AioRpcError | None = None
@@ -261,7 +282,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             tried.add(worker.worker_id)
             pending = len(ids) - cached  # prefill work queued there until the answer
             worker.request_started(pending)
-            self.requests[rid] = worker
+            self.requests[key] = (worker, worker_rid)
             try:
                 resp = await worker.stub.Embed(wreq, metadata=worker.metadata)
                 worker.breaker.record_success()
@@ -279,7 +300,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             finally:
                 worker.request_streaming(pending)
                 worker.request_ended()
-                self.requests.pop(rid, None)
+                self.requests.pop(key, None)
         assert last_error is not None
         raise last_error
 
@@ -289,7 +310,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         async def run() -> router_pb2.RouterEmbedResponse:
             ids = self._input_ids(request.input)
             rid = request.request_id or uuid.uuid4().hex
-            worker_id, embedding = await self.route_and_embed(ids, request.pooling, rid)
+            worker_id, embedding = await self.route_and_embed(
+                ids, request.pooling, rid, _caller(context)
+            )
             return router_pb2.RouterEmbedResponse(embedding=embedding, worker_id=worker_id)
 
         with self.metrics.request("grpc", "Embed") as record:
@@ -325,19 +348,37 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.RouterAbortRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RouterAbortResponse:
         async def run() -> router_pb2.RouterAbortResponse:
-            worker = self.requests.get(request.request_id)
-            if worker is None:
+            found = self.find_request(request.request_id, _caller(context), self._admin(context))
+            if found is None:
                 return router_pb2.RouterAbortResponse(found=False)
+            worker, worker_rid = found
             resp = await worker.stub.Abort(
-                worker_pb2.AbortRequest(request_id=request.request_id), metadata=worker.metadata
+                worker_pb2.AbortRequest(request_id=worker_rid), metadata=worker.metadata
             )
             return router_pb2.RouterAbortResponse(found=resp.found)
 
         return await _unary(context, run)
 
+    def find_request(self, rid: str, caller: str, admin: bool) -> tuple[WorkerHandle, str] | None:
+        """The worker serving the caller's request `rid` and its id there; an admin finds
+        anyone's (the caller's own first)."""
+        found = self.requests.get((caller, rid))
+        if found is None and admin:
+            found = next((v for (_, r), v in self.requests.items() if r == rid), None)
+        return found
+
+    def _admin(self, context: grpc.aio.ServicerContext) -> bool:
+        keys = self.config.admin_keys
+        return not keys or bearer_allowed(_authorization(context), keys)
+
+    async def _require_admin(self, context: grpc.aio.ServicerContext) -> None:
+        if not self._admin(context):
+            await abort_rpc(context, PermissionDenied(ADMIN_MESSAGE))
+
     async def ClusterStatus(
         self, request: router_pb2.ClusterStatusRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.ClusterStatusResponse:
+        await self._require_admin(context)
         return router_pb2.ClusterStatusResponse(
             workers=[
                 router_pb2.WorkerStatus(
@@ -373,6 +414,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def FlushCache(
         self, request: router_pb2.RouterFlushCacheRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RouterFlushCacheResponse:
+        await self._require_admin(context)
         flushed, total = await self.flush_all()
         return router_pb2.RouterFlushCacheResponse(flushed=flushed, total=total)
 
@@ -405,6 +447,17 @@ class _Joined:
 
 
 MAX_PROGRAM_ID = 128
+
+
+def _authorization(context: grpc.aio.ServicerContext) -> str | bytes | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            return value
+    return None
+
+
+def _caller(context: grpc.aio.ServicerContext) -> str:
+    return caller_of(_authorization(context))
 
 
 def program_hint(program_id: str, shared_prefix_tokens: int) -> ProgramHint | None:

@@ -23,8 +23,9 @@ import grpc
 from aiohttp import web
 
 import radixmesh
+from radixmesh.auth import ADMIN_MESSAGE, bearer_allowed, caller_of
 from radixmesh.client.convert import error_from_rpc
-from radixmesh.errors import InvalidArgument, RadixMeshError
+from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError
 from radixmesh.router.sglang_protocol import (
     GenerateRequest,
     OutputState,
@@ -103,6 +104,9 @@ class SglangApi:
         )
 
     async def flush_cache(self, request: web.Request) -> web.Response:
+        admin_keys = self.frontend.config.admin_keys
+        if admin_keys and not bearer_allowed(request.headers.get("Authorization"), admin_keys):
+            raise PermissionDenied(ADMIN_MESSAGE)
         flushed, total = await self.servicer.flush_all()
         if flushed == total:
             return web.Response(text=f"Cache flushed on {total} workers.\n")
@@ -156,7 +160,12 @@ class SglangApi:
         jobs = [(i, req.prompts[o.prompt], o.params) for i, o in enumerate(req.outputs)]
         started = time.perf_counter()
         chunks = self.frontend.stream_jobs(
-            jobs, rid, stream=req.stream, rids=rids, hint=req.program
+            jobs,
+            rid,
+            stream=req.stream,
+            rids=rids,
+            hint=req.program,
+            caller=caller_of(request.headers.get("Authorization")),
         )
         async with aclosing(chunks):
             if req.stream:

@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -35,7 +35,13 @@ from radixmesh.errors import (
     RadixMeshError,
     Unavailable,
 )
-from radixmesh.grpc_server import abort_rpc, add_health_and_reflection, bind, set_health
+from radixmesh.grpc_server import (
+    DecodeGuard,
+    abort_rpc,
+    add_health_and_reflection,
+    bind,
+    set_health,
+)
 from radixmesh.prefix import common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import input_ids_from_proto
@@ -60,7 +66,8 @@ class ServerConfig:
     port: int = 50051
     metrics_port: int | None = None
     drain_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGTERM
-    api_key: str | None = None  # clients must send `authorization: Bearer <key>`
+    # Clients must send `authorization: Bearer <key>`.
+    api_key: str | None = field(default=None, repr=False)
     tls_cert: str | None = None  # PEM files; both set: serve TLS
     tls_key: str | None = None
     tls_client_ca: str | None = None  # PEM CA bundle: clients must present a certificate
@@ -446,7 +453,9 @@ def served_model_name(engine_options: dict[str, Any]) -> str:
 async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     """Run a worker until SIGTERM / SIGINT, then drain. Returns the exit status."""
     loop = asyncio.get_running_loop()
-    interceptors = [ApiKeyInterceptor([config.api_key])] if config.api_key else []
+    interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
+    if config.api_key:
+        interceptors.append(ApiKeyInterceptor([config.api_key]))
     server = grpc.aio.server(
         options=grpc_options(config.max_message_bytes), interceptors=interceptors
     )

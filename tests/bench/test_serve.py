@@ -51,6 +51,7 @@ def cluster() -> Iterator[tuple[LocalCluster, serve.Target]]:
             model=serve._served_model(c.address),
             workers=c.worker_addresses,
             policy="cache_aware",
+            worker_key=c.worker_key,
         )
         yield c, target
 

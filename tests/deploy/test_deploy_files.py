@@ -12,6 +12,7 @@ that the worker's or the router's registry exports.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import shlex
@@ -219,7 +220,7 @@ def test_rendered_manifests_are_yamllint_clean(tmp_path: Path) -> None:
     files = helm.Chart.load(str(CHART)).render(EVERYTHING, name="radixmesh", namespace="llm")
     written = []
     for path, text in files.items():
-        if path.endswith(".yaml"):
+        if path.endswith(".yaml") and text.strip():  # secret.yaml: empty with a user Secret
             written.append(tmp_path / Path(path).name)
             written[-1].write_text(text.strip() + "\n")
     assert len(written) == 3
@@ -238,7 +239,7 @@ EVERYTHING: dict[str, Any] = {
         "chatTemplate": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
         "download": {"enabled": True, "tokenSecret": "hf-token"},
     },
-    "router": {"apiKeySecret": "client-keys"},
+    "router": {"apiKeySecret": "client-keys", "adminKeySecret": "admin-keys"},
     "auth": {"workerApiKeySecret": "worker-key"},
     "tls": {
         "router": {"secretName": "router-tls", "clientCASecret": "client-ca"},
@@ -274,9 +275,19 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
 def test_rendered_chart_validates_and_runs_real_commands() -> None:
     docs = _render()
     kinds = _by_kind(docs)
-    assert sorted(kinds) == ["Deployment", "PodDisruptionBudget", "Service", "StatefulSet"]
+    assert sorted(kinds) == [
+        "Deployment", "PodDisruptionBudget", "Secret", "Service", "StatefulSet",
+    ]  # fmt: skip
     for doc in docs:
         _validate(doc, K8S_VERSION, strict=True)
+    # Workers always require a key: one the chart generates, in their environment and
+    # the router's, never on a command line.
+    (secret,) = kinds["Secret"]
+    assert secret["metadata"]["name"] == "radixmesh-worker-key"
+    assert len(base64.b64decode(secret["data"]["worker-api-key"])) == 40
+    ref = {"secretKeyRef": {"name": "radixmesh-worker-key", "key": "worker-api-key"}}
+    assert _env(_containers(kinds["StatefulSet"][0])["worker"])["RADIXMESH_API_KEY"] == ref
+    assert _env(_containers(kinds["Deployment"][0])["router"])["RADIXMESH_WORKER_API_KEY"] == ref
     parser = build_parser()
     (router,) = kinds["Deployment"]
     router_args = parser.parse_args(_argv(_containers(router)["router"]))
@@ -384,6 +395,7 @@ def test_every_option_renders_valid_resources_and_commands() -> None:
     renv = _env(r["router"])
     assert renv["RADIXMESH_WORKER_API_KEY"]["secretKeyRef"]["name"] == "worker-key"
     assert renv["RADIXMESH_API_KEY"]["secretKeyRef"]["name"] == "client-keys"
+    assert renv["RADIXMESH_ADMIN_KEY"]["secretKeyRef"] == {"name": "admin-keys", "key": "admin-key"}
     # The router sees only the workers' CA, never their private key.
     volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
     assert volumes["worker-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]

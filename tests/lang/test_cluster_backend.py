@@ -62,7 +62,7 @@ def endpoint(runtime: sgl.Runtime) -> Iterator[RuntimeEndpoint]:
 def assert_idle(runtime: sgl.Runtime) -> None:
     """No request left running or queued on any worker."""
     for address in runtime.worker_addresses:
-        with Client(address, service="worker") as client:
+        with Client(address, service="worker", api_key=runtime.worker_api_key) as client:
             load = client.load()
         assert (load.num_running, load.num_waiting, load.num_in_flight) == (0, 0, 0)
 

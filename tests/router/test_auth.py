@@ -7,9 +7,12 @@ with a key, so the cluster coming up at all already exercises both.
 
 from __future__ import annotations
 
+import http.client
+import json
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -21,12 +24,12 @@ from radixmesh.cluster.cli import build_parser, router_api_keys
 from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
 from radixmesh.errors import Unauthenticated
 from radixmesh.router.config import RouterConfig
-from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.router.http_helpers import Http
 from tests.tls import self_signed
 
 KEYS = ("key-alpha", "key-beta")
-WORKER_KEY = "worker-key"
+ADMIN = "admin-key"
 
 
 # ---- without processes ------------------------------------------------------------------------
@@ -89,11 +92,11 @@ def secure(certificate: tuple[Path, Path]) -> Iterator[SecureCluster]:
         worker_args=("--dtype", "float32"),
         router_args=("--http-port", str(http_port)),
         api_keys=KEYS,
+        admin_keys=(ADMIN,),
         tls_cert=str(cert),
         tls_key=str(key),
-        worker_api_key=WORKER_KEY,  # so every routed call below also proves the router sends it
-        ready_timeout=120.0,
-    )
+        ready_timeout=120.0,  # the workers' key is generated: every routed call proves it
+    )  # reaches the router (and the readiness check proves the admin key works)
     with LocalCluster(config) as cluster:
         yield SecureCluster(cluster, http_port, cert)
 
@@ -170,7 +173,7 @@ def test_workers_with_a_key_are_reached_through_the_router(secure: SecureCluster
     worker = secure.cluster.worker_addresses[0]
     with Client(worker, timeout=30) as direct, pytest.raises(Unauthenticated):
         direct.generate("hello", {"max_new_tokens": 2})
-    with Client(worker, api_key=WORKER_KEY, timeout=30) as direct:
+    with Client(worker, api_key=secure.cluster.worker_key, timeout=30) as direct:
         assert (
             direct.generate("hello", {"max_new_tokens": 2, "ignore_eos": True}).completion_tokens
             == 2
@@ -178,3 +181,187 @@ def test_workers_with_a_key_are_reached_through_the_router(secure: SecureCluster
     with Client(secure.address, api_key="key-beta", root_certificates=secure.root) as client:
         out = client.generate("hello", {"max_new_tokens": 3, "ignore_eos": True})
     assert out.completion_tokens == 3
+
+
+# ---- the auth matrix: every RPC and endpoint, with and without keys ---------------------------
+
+NONE, WRONG, MALFORMED, API, ADMIN_KEY = "none", "wrong", "malformed", "api", "admin"
+_HEADERS = {
+    NONE: (),
+    WRONG: (("authorization", "Bearer key-gamma"),),
+    MALFORMED: (("authorization", "key-alpha"),),  # no scheme
+    API: (("authorization", "Bearer key-alpha"),),
+    ADMIN_KEY: (("authorization", f"Bearer {ADMIN}"),),
+}
+_SKY = common_pb2.Input(text="The sky is")
+# Router RPCs: (name, request, admin only); Generate streams.
+_ROUTER_RPCS: list[tuple[str, Any, bool]] = [
+    ("Generate", GENERATE, False),
+    ("Select", router_pb2.SelectRequest(input=_SKY, choices=["a", "b"]), False),
+    ("Abort", router_pb2.RouterAbortRequest(request_id="x"), False),
+    ("GetModelInfo", router_pb2.RouterGetModelInfoRequest(), False),
+    ("ClusterStatus", router_pb2.ClusterStatusRequest(), True),
+    ("FlushCache", router_pb2.RouterFlushCacheRequest(), True),
+]  # fmt: skip
+
+
+def _status(stub: Any, name: str, request: Any, md: Any, timeout: float = 30) -> grpc.StatusCode:
+    """The status of one call (a stream read to its end)."""
+    try:
+        out = getattr(stub, name)(request, metadata=md, timeout=timeout)
+        if name in ("Generate", "StreamCacheEvents"):
+            next(iter(out), None)
+    except grpc.RpcError as e:
+        return e.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def _router_expected(key: str, admin_only: bool) -> grpc.StatusCode:
+    if key in (NONE, WRONG, MALFORMED):
+        return grpc.StatusCode.UNAUTHENTICATED
+    if admin_only and key == API:
+        return grpc.StatusCode.PERMISSION_DENIED
+    return grpc.StatusCode.OK
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(_HEADERS))
+def test_router_rpcs_by_key(secure: SecureCluster, key: str) -> None:
+    creds = grpc.ssl_channel_credentials(secure.root)
+    with grpc.secure_channel(secure.address, creds) as ch:
+        stub = router_pb2_grpc.RouterStub(ch)
+        for name, request, admin_only in _ROUTER_RPCS:
+            got = _status(stub, name, request, _HEADERS[key])
+            assert got == _router_expected(key, admin_only), (name, key)
+
+
+_TOKENS = common_pb2.Input(token_ids=common_pb2.TokenIds(ids=[104, 105]))
+_BANG = worker_pb2.Continuation(text="!")
+_WORKER_RPCS: list[tuple[str, Any]] = [
+    ("Generate", worker_pb2.GenerateRequest(input=_TOKENS, stream=True)),
+    ("Score", worker_pb2.ScoreRequest(input=_TOKENS, continuations=[_BANG])),
+    ("Abort", worker_pb2.AbortRequest(request_id="x")),
+    ("GetLoad", worker_pb2.GetLoadRequest()),
+    ("GetCacheSnapshot", worker_pb2.GetCacheSnapshotRequest()),
+    ("FlushCache", worker_pb2.FlushCacheRequest()),
+    ("GetModelInfo", worker_pb2.GetModelInfoRequest()),
+    ("StreamCacheEvents", worker_pb2.StreamCacheEventsRequest()),
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["none", "client", "admin", "worker"])
+def test_worker_rpcs_need_the_worker_key(secure: SecureCluster, key: str) -> None:
+    tokens = {"client": "key-alpha", "admin": ADMIN, "worker": secure.cluster.worker_key}
+    md = (("authorization", f"Bearer {tokens[key]}"),) if key in tokens else ()
+    with grpc.insecure_channel(secure.cluster.worker_addresses[0]) as ch:
+        stub = worker_pb2_grpc.WorkerStub(ch)
+        for name, request in _WORKER_RPCS:
+            timeout = 1 if name == "StreamCacheEvents" else 30
+            got = _status(stub, name, request, md, timeout)
+            if key != "worker":
+                assert got == grpc.StatusCode.UNAUTHENTICATED, name
+            else:  # the event stream stays open: its 1 s deadline passes
+                assert got in (grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED), name
+
+
+_HI = [{"role": "user", "content": "hi"}]
+_HTTP = [  # (method, path, body, admin only)
+    ("GET", "/v1/models", None, False),
+    ("GET", "/v1/models/dummy:tiny", None, False),
+    ("POST", "/v1/completions", {"model": "dummy:tiny", "prompt": "hi", "max_tokens": 1}, False),
+    ("POST", "/v1/chat/completions", {"model": "dummy:tiny", "messages": _HI}, False),
+    ("POST", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1}}, False),
+    ("GET", "/get_model_info", None, False),
+    ("GET", "/get_server_info", None, False),
+    ("GET", "/health_generate", None, False),
+    ("POST", "/flush_cache", None, True),
+]  # fmt: skip
+
+
+def _http(secure: SecureCluster, method: str, path: str, body: Any, auth: bytes | None) -> int:
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", secure.http_port, timeout=60, context=secure.ssl
+    )
+    try:
+        conn.putrequest(method, path)
+        data = json.dumps(body).encode() if body is not None else b""
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(len(data)))
+        if auth is not None:
+            conn.putheader("Authorization", auth)
+        conn.endheaders(data)
+        resp = conn.getresponse()
+        payload = resp.read()
+        if resp.status >= 400:  # every error is JSON naming its type
+            assert json.loads(payload)["error"]["type"], payload
+        return resp.status
+    finally:
+        conn.close()
+
+
+_HTTP_AUTH: dict[str, bytes | None] = {
+    NONE: None,
+    WRONG: b"Bearer key-gamma",
+    MALFORMED: b"Bearer \xff\xfe key",  # not UTF-8
+    API: b"Bearer key-beta",
+    ADMIN_KEY: f"Bearer {ADMIN}".encode(),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(_HTTP_AUTH))
+def test_http_endpoints_by_key(secure: SecureCluster, key: str) -> None:
+    for method, path, body, admin_only in _HTTP:
+        got = _http(secure, method, path, body, _HTTP_AUTH[key])
+        if key in (NONE, WRONG, MALFORMED):
+            want = 401
+        elif admin_only and key == API:
+            want = 403
+        else:
+            want = 200
+        assert got == want, (method, path, key)
+    for path in ("/health", "/metrics"):  # open to probes and scrapers
+        assert _http(secure, "GET", path, None, _HTTP_AUTH[key]) == 200
+
+
+@pytest.mark.slow
+def test_request_ids_are_scoped_to_their_caller(secure: SecureCluster) -> None:
+    params = {"max_new_tokens": 2000, "ignore_eos": True}
+    with (
+        Client(secure.address, api_key="key-alpha", root_certificates=secure.root) as alpha,
+        Client(secure.address, api_key="key-beta", root_certificates=secure.root) as beta,
+        Client(secure.address, api_key=ADMIN, root_certificates=secure.root) as admin,
+    ):
+        mine = alpha.generate("count", params, request_id="shared-id", stream=True)
+        assert next(mine).request_id == "shared-id"
+        # Another caller may use the same id at the same time, and cannot abort alpha's.
+        theirs = beta.generate("count", params, request_id="shared-id", stream=True)
+        assert next(theirs).request_id == "shared-id"
+        assert beta.abort("shared-id") is True  # its own
+        assert list(theirs)[-1].finish_reason == "abort"
+        assert beta.abort("shared-id") is False  # alpha's stays out of reach
+        assert admin.abort("shared-id") is True  # an admin reaches anyone's
+        assert list(mine)[-1].finish_reason == "abort"
+
+
+@pytest.mark.slow
+def test_keys_stay_off_command_lines_and_out_of_output(secure: SecureCluster) -> None:
+    procs = [secure.cluster.router, *secure.cluster.workers]
+    for proc in procs:
+        assert proc is not None
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        for secret in (*KEYS, ADMIN, secure.cluster.worker_key):
+            assert secret.encode() not in cmdline
+    worker_env = Path(f"/proc/{secure.cluster.workers[0].pid}/environ").read_bytes()
+    assert f"RADIXMESH_API_KEY={secure.cluster.worker_key}".encode() in worker_env.split(b"\0")
+    metrics = Http(secure.http_port, context=secure.ssl).get("/metrics").text
+    for secret in (*KEYS, ADMIN, secure.cluster.worker_key):
+        assert secret not in metrics
+    c = secure.cluster.config
+    assert not any(k in repr(c) for k in (*KEYS, ADMIN))
+    router = RouterConfig(workers=("a:1",), api_keys=KEYS, admin_keys=(ADMIN,), worker_api_key="w")
+    assert not any(k in repr(router) for k in (*KEYS, ADMIN, "'w'"))
+    from radixmesh.worker.server import ServerConfig
+
+    assert "sekrit" not in repr(ServerConfig(api_key="sekrit"))

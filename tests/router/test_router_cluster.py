@@ -48,6 +48,8 @@ WORKER_ARGS = (
     str(POOL_TOKENS),
 )
 SHORT = common_pb2.SamplingParams(max_new_tokens=2, temperature=0.0)
+WORKER_KEY = "test-worker-key"  # the launcher's workers always require one
+WORKER_MD = (("authorization", f"Bearer {WORKER_KEY}"),)
 
 
 def _launch(worker_args: tuple[str, ...] = WORKER_ARGS) -> LocalCluster:
@@ -59,6 +61,7 @@ def _launch(worker_args: tuple[str, ...] = WORKER_ARGS) -> LocalCluster:
             worker_args=worker_args,
             router_args=("--health-interval", "0.2", "--seed", "0"),
             ready_timeout=120.0,
+            worker_api_key=WORKER_KEY,
         )
     )
 
@@ -77,7 +80,8 @@ class ExtraRouter:
         cmd = [sys.executable, "-m", "radixmesh.cluster.cli", "router"]
         cmd += ["--workers", ",".join(workers), "--host", "127.0.0.1"]
         cmd += ["--port", self.address.rsplit(":", 1)[1], "--health-interval", "0.2", *args]
-        self.proc = subprocess.Popen(cmd)
+        env = {**os.environ, "RADIXMESH_WORKER_API_KEY": WORKER_KEY}
+        self.proc = subprocess.Popen(cmd, env=env)
 
     def __enter__(self) -> ExtraRouter:
         try:
@@ -146,7 +150,9 @@ def _flush(address: str) -> None:
 
 def _snapshot_blocks(address: str) -> int:
     with grpc.insecure_channel(address) as ch:
-        snap = worker_pb2_grpc.WorkerStub(ch).GetCacheSnapshot(worker_pb2.GetCacheSnapshotRequest())
+        snap = worker_pb2_grpc.WorkerStub(ch).GetCacheSnapshot(
+            worker_pb2.GetCacheSnapshotRequest(), metadata=WORKER_MD
+        )
     return len(snapshot_blocks(snap.events))
 
 
@@ -236,7 +242,9 @@ def test_a_worker_killed_mid_run() -> None:
             with grpc.insecure_channel(c.worker_addresses[index]) as wch:
                 load = worker_pb2_grpc.WorkerStub(wch).GetLoad
 
-                _wait_for(lambda: load(worker_pb2.GetLoadRequest()).num_waiting == 1)
+                _wait_for(
+                    lambda: load(worker_pb2.GetLoadRequest(), metadata=WORKER_MD).num_waiting == 1
+                )
             t0 = time.monotonic()
             os.kill(c.workers[index].pid, signal.SIGKILL)
             c.workers[index].wait()

@@ -24,6 +24,8 @@ from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, wo
 pytestmark = pytest.mark.slow
 
 WORKER_ARGS = ("--dtype", "float32", "--event-block-size", "16")
+WORKER_KEY = "test-worker-key"  # the launcher's workers always require one
+WORKER_MD = (("authorization", f"Bearer {WORKER_KEY}"),)
 GREEDY = common_pb2.SamplingParams(max_new_tokens=4, temperature=0.0)
 
 
@@ -34,6 +36,7 @@ def _cluster(**kw: object) -> LocalCluster:
         port=free_port(),
         worker_args=WORKER_ARGS,
         ready_timeout=120.0,
+        worker_api_key=WORKER_KEY,
         **kw,  # type: ignore[arg-type]
     )
     return LocalCluster(config)
@@ -63,7 +66,9 @@ def _status(address: str) -> dict[str, router_pb2.WorkerStatus]:
 
 def _snapshot_blocks(address: str) -> int:
     with grpc.insecure_channel(address) as ch:
-        snap = worker_pb2_grpc.WorkerStub(ch).GetCacheSnapshot(worker_pb2.GetCacheSnapshotRequest())
+        snap = worker_pb2_grpc.WorkerStub(ch).GetCacheSnapshot(
+            worker_pb2.GetCacheSnapshotRequest(), metadata=WORKER_MD
+        )
     return len(snapshot_blocks(snap.events))
 
 
@@ -112,7 +117,7 @@ def test_summary_resyncs_from_a_snapshot_after_a_gap(cluster: LocalCluster) -> N
 
     async def run() -> tuple[int, int, int]:
         address = cluster.worker_addresses[0]
-        config = RouterConfig(workers=(address,), health_interval=0.2)
+        config = RouterConfig(workers=(address,), health_interval=0.2, worker_api_key=WORKER_KEY)
         handle = WorkerHandle("w", address, PrefixSummary(), config)
         handle.start()
         try:
@@ -126,7 +131,7 @@ def test_summary_resyncs_from_a_snapshot_after_a_gap(cluster: LocalCluster) -> N
                     input=common_pb2.Input(text="delta " * 20 + str(time.time())),
                     sampling_params=GREEDY,
                 )
-                async for _ in stub.Generate(req):
+                async for _ in stub.Generate(req, metadata=WORKER_MD):
                     pass
             deadline = time.monotonic() + 10
             while handle.resyncs < 2 and time.monotonic() < deadline:

@@ -10,6 +10,7 @@ router's own tokenizer (the model's); `GET /openapi.json`: the description (open
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
 from contextlib import aclosing
@@ -19,6 +20,7 @@ import grpc
 from aiohttp import web
 
 import radixmesh
+from radixmesh.auth import caller_of
 from radixmesh.errors import RadixMeshError
 from radixmesh.router.api_error import ApiError
 from radixmesh.router.openai import generation
@@ -139,9 +141,9 @@ class OpenAIRoutes:
         self.frontend._check_model(gen.model)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         workers: set[str] = set()
-        chunks = _named_errors(
-            generation.choices(self.frontend.stream_jobs, gen, rid, workers), gen
-        )
+        caller = caller_of(request.headers.get("Authorization"))
+        stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
+        chunks = _named_errors(generation.choices(stream_jobs, gen, rid, workers), gen)
         async with aclosing(chunks):
             if gen.stream:
                 return await generation.stream(

@@ -108,3 +108,8 @@ grpc:
   port: {{ $port }}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the workers' key: the user's, or the one this chart generates. */}}
+{{- define "radixmesh.workerKeySecret" -}}
+{{ .Values.auth.workerApiKeySecret | default (printf "%s-worker-key" (include "radixmesh.fullname" .)) }}
+{{- end -}}

@@ -1,0 +1,78 @@
+"""The launcher's restarts (cluster/child.py): a dead child comes back after a backoff that
+doubles, until its restarts are used up; a live one is left alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from radixmesh.cluster.child import Child, RestartPolicy
+from radixmesh.errors import InvalidArgument
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _exits() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+
+
+def test_restarts_with_doubling_backoff_then_gives_up(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock()
+    launches: list[subprocess.Popen[bytes]] = []
+
+    def launch() -> subprocess.Popen[bytes]:
+        launches.append(_exits())
+        return launches[-1]
+
+    child = Child("worker 0", launch, RestartPolicy(max_restarts=2, backoff=1.0), clock)
+    child.start()
+    delays = []
+    while not child.gave_up:
+        assert child.proc is not None
+        child.proc.wait()
+        child.tend()  # schedules the restart, or gives up
+        if child.gave_up:
+            break
+        assert child.restart_at is not None
+        delays.append(child.restart_at - clock.now)
+        clock.now = child.restart_at - 0.01
+        child.tend()
+        assert len(launches) == child.restarts + 1  # not due yet
+        clock.now = child.restart_at
+        child.tend()
+    assert delays == [1.0, 2.0]
+    assert (len(launches), child.restarts, child.dead()) == (3, 2, "worker 0 (exit status 3)")
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "radixmesh: worker 0 exited (status 3); restarting in 1 s (1 of 2)",
+        "radixmesh: worker 0 exited (status 3); restarting in 2 s (2 of 2)",
+        "radixmesh: worker 0 exited (status 3); restarted 2 times, not again",
+    ]
+
+
+def test_a_live_child_is_left_alone() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        child = Child("the router", lambda: proc, RestartPolicy(), Clock())
+        child.start()
+        child.tend()
+        assert child.alive and child.restart_at is None and child.dead() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_policy_checks_and_caps_its_backoff() -> None:
+    assert [RestartPolicy(backoff=4.0, max_backoff=10.0).delay(n) for n in range(4)] == [
+        4.0, 8.0, 10.0, 10.0,
+    ]  # fmt: skip
+    with pytest.raises(InvalidArgument, match="max_restarts: must be >= 0"):
+        RestartPolicy(max_restarts=-1)
