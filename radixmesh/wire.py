@@ -10,9 +10,20 @@ from radixmesh.tokenizer import TokenizerLike, validate_messages
 from radixmesh.v1 import common_pb2
 
 
-def input_ids_from_proto(inp: common_pb2.Input, tok: TokenizerLike) -> list[int]:
-    """The request's `Input` oneof (token ids, text or chat messages) -> token ids."""
+def input_ids_from_proto(
+    inp: common_pb2.Input, tok: TokenizerLike, *, max_text_bytes: int | None = None
+) -> list[int]:
+    """The request's `Input` oneof (token ids, text or chat messages) -> token ids; text
+    (all messages' content together) past `max_text_bytes` UTF-8 bytes is refused before
+    it is tokenized."""
     kind = inp.WhichOneof("kind")
+    if max_text_bytes is not None and kind in ("text", "messages"):
+        texts = [inp.text] if kind == "text" else [m.content for m in inp.messages.messages]
+        size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+        if size > max_text_bytes:
+            raise InvalidArgument(
+                f"input.{kind}", f"{size} bytes of text; at most {max_text_bytes} are allowed"
+            )
     if kind is None:
         raise InvalidArgument("input", "empty input: set token_ids, text or messages")
     if kind == "token_ids":

@@ -166,8 +166,41 @@ def _cmd_router(args: argparse.Namespace) -> int:
         strict_openai=args.strict_openai,
         tool_call_parser=args.tool_call_parser,
         separate_reasoning=args.separate_reasoning,
+        **{name: getattr(args, name) for name, _ in ROUTER_LIMITS},
     )
     return run(config)
+
+
+# RouterConfig's admission and limit fields, a flag each (help: the field's comment block
+# in router/config.py and docs/reliability.md).
+ROUTER_LIMITS = (
+    ("max_concurrent_requests", "requests on the workers at once (0: no cap)"),
+    ("max_queued_requests", "requests waiting for a turn beyond that"),
+    ("queue_timeout", "seconds a request may wait for a turn"),
+    ("rate_limit", "requests a second per caller (0: no limit)"),
+    ("rate_burst", "requests at once per caller (0: the rate, rounded up)"),
+    ("stream_stall_timeout", "seconds a worker stream may send nothing"),
+    ("drain_timeout", "seconds requests in flight get to finish on SIGTERM"),
+    ("max_prompt_bytes", "UTF-8 bytes of prompt text per request"),
+    ("max_body_bytes", "bytes of an HTTP request body"),
+    ("max_choices", "prompts x n per request (and choices of a select)"),
+    ("max_top_logprobs", "top logprobs per token"),
+)
+
+
+def _add_router_limits(parser: argparse.ArgumentParser) -> None:
+    from radixmesh.router.config import RouterConfig
+
+    group = parser.add_argument_group("admission and limits (docs/reliability.md)")
+    defaults = {f.name: f.default for f in dataclasses.fields(RouterConfig)}
+    for name, what in ROUTER_LIMITS:
+        default = defaults[name]
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(default),
+            default=default,
+            help=f"{what} (default: {default})",
+        )
 
 
 API_KEY_ENV = "RADIXMESH_API_KEY"  # comma-separated keys, when no --api-key is given
@@ -268,6 +301,7 @@ def _add_router_parser(sub: Any) -> None:
     )
     _add_router_security_options(rt)
     _add_router_tls_options(rt)
+    _add_router_limits(rt)
     rt.set_defaults(func=_cmd_router)
 
 
@@ -288,7 +322,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     if args.tp_size != 1:
         worker_args += ["--tp-size", str(args.tp_size)]
     gpus, visible = _gpus(args)
-    router_args: list[str] = []
+    router_args: list[str] = shlex.split(args.router_args)
     for flag in ("http_port", "metrics_port", "download_dir"):
         if getattr(args, flag) is not None:
             router_args += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -431,6 +465,9 @@ def _add_launch_parser(sub: Any) -> None:
     ln.add_argument("--served-model-name", default=None, help="the name clients see")
     ln.add_argument("--chat-template", default=None, help="Jinja file replacing the model's")
     ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
+    ln.add_argument(
+        "--router-args", default="", help="more `radixmesh router` flags, quoted (local only)"
+    )
     _add_router_security_options(ln)
     _add_ray_options(ln)
     ln.set_defaults(func=_cmd_launch)

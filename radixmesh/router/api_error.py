@@ -6,6 +6,7 @@ the error catalogue's, `param` names the field in the spelling the client sent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ import grpc
 from aiohttp import web
 
 from radixmesh.client.convert import error_from_rpc
-from radixmesh.errors import CATALOGUE, InvalidArgument, entry_for
+from radixmesh.errors import CATALOGUE, InvalidArgument, Overloaded, entry_for
 from radixmesh.router.openai.convert import openai_field
 
 ERROR_TYPES = {
@@ -22,6 +23,7 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
@@ -36,13 +38,19 @@ class ApiError(Exception):
     """An error reply: HTTP status, message, the offending field and a short code."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after = retry_after  # seconds: the Retry-After header of a 429
 
     @classmethod
     def from_exception(
@@ -54,7 +62,8 @@ class ApiError(Exception):
         entry = entry_for(e)
         if isinstance(e, InvalidArgument):
             return cls(entry.http_status, e.message, field_name(e.field), "invalid_argument")
-        return cls(entry.http_status, str(e), None, entry.grpc_status.lower())
+        after = e.retry_after if isinstance(e, Overloaded) else None
+        return cls(entry.http_status, str(e), None, entry.grpc_status.lower(), after)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,4 +76,7 @@ class ApiError(Exception):
         }
 
     def response(self) -> web.Response:
-        return web.json_response(self.to_json(), status=self.status)
+        headers = {}
+        if self.retry_after is not None:  # whole seconds, at least one (RFC 9110)
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        return web.json_response(self.to_json(), status=self.status, headers=headers)

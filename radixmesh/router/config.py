@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.router.limits import RequestLimits
 from radixmesh.router.openai.tool_parsers import PARSERS
 
 TOOL_CALL_PARSERS = ("auto", *PARSERS)
@@ -65,6 +66,30 @@ class RouterConfig:
     worker_tls_key: str | None = None
     worker_tls_server_name: str | None = None
     discovery_interval: float = 5.0  # seconds between look-ups of `dns:` worker names
+    # Admission (router/admission.py): requests on the workers at once (0: no cap), how
+    # many more wait for a turn and how long; per caller, `rate_limit` requests a second
+    # on average and `rate_burst` at once (0: no limit). Past these: 429 / Retry-After.
+    max_concurrent_requests: int = 1024
+    max_queued_requests: int = 1024
+    queue_timeout: float = 30.0
+    rate_limit: float = 0.0
+    rate_burst: int = 0
+    # A worker stream that sends nothing for this long is given up (a hung worker): before
+    # its first chunk the request goes to another worker, after it ends with UNAVAILABLE.
+    stream_stall_timeout: float = 30.0
+    # On SIGTERM: seconds the requests in flight get to finish (new ones: UNAVAILABLE / 503)
+    # before those left end with an error (SSE: an error event, then [DONE]).
+    drain_timeout: float = 30.0
+    # What one client request may be (checked before tokenizing): its prompt text in
+    # UTF-8 bytes, its HTTP body, its choices (prompts x n), its top logprobs per token.
+    max_prompt_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_choices: int = 256
+    max_top_logprobs: int = 20
+
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(self.max_prompt_bytes, self.max_choices, self.max_top_logprobs)
 
     @property
     def caller_keys(self) -> tuple[str, ...]:
@@ -123,5 +148,18 @@ class RouterConfig:
                 "tool_call_parser",
                 f"must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}",
             )
+        for name in ("max_concurrent_requests", "max_queued_requests", "rate_burst"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in ("max_prompt_bytes", "max_body_bytes", "max_choices"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("queue_timeout", "stream_stall_timeout"):
+            if not getattr(self, name) > 0:
+                raise InvalidArgument(name, f"must be > 0, got {getattr(self, name)}")
+        if not self.rate_limit >= 0 or not self.drain_timeout >= 0 or self.max_top_logprobs < 0:
+            name = "rate_limit" if not self.rate_limit >= 0 else "drain_timeout"
+            name = name if self.max_top_logprobs >= 0 else "max_top_logprobs"
+            raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
         if self.max_attempts < 1:
             raise InvalidArgument("max_attempts", f"must be >= 1, got {self.max_attempts}")

@@ -28,8 +28,8 @@ import grpc
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from radixmesh.auth import bearer_allowed
-from radixmesh.errors import RadixMeshError, Unavailable
+from radixmesh.auth import bearer_allowed, caller_of
+from radixmesh.errors import Overloaded, RadixMeshError, Unavailable
 from radixmesh.router.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.openai.routes import OpenAIRoutes
@@ -73,7 +73,9 @@ class HttpFrontend:
     # ---- the server -------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
+        app = web.Application(
+            middlewares=[self._middleware], client_max_size=self.config.max_body_bytes
+        )
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_text)
         app.router.add_get("/v1/models", self.models)
@@ -118,7 +120,11 @@ class HttpFrontend:
                 ).response()  # fmt: skip
             else:
                 try:
+                    if request.method == "POST":  # the API's work: each call takes a token
+                        self.servicer.rate.take(caller_of(request.headers.get("Authorization")))
                     resp = await self._answer(request, handler)
+                except Overloaded as e:
+                    resp = ApiError.from_exception(e).response()
                 except ConnectionResetError:
                     record.status = "CANCELLED"
                     raise
@@ -137,6 +143,10 @@ class HttpFrontend:
         except web.HTTPMethodNotAllowed:
             message = f"{request.method} is not allowed on {request.path}"
             return ApiError(405, message, None, "method_not_allowed").response()
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.config.max_body_bytes
+            message = f"the body is larger than {limit} bytes"
+            return ApiError(413, message, None, "request_too_large").response()
         except (RadixMeshError, ValueError, grpc.aio.AioRpcError) as e:
             return ApiError.from_exception(e).response()
 
@@ -144,6 +154,8 @@ class HttpFrontend:
 
     async def health(self, request: web.Request) -> web.Response:
         healthy = sum(w.healthy for w in self.servicer.pool.workers.values())
+        if self.servicer.admission.closed is not None:
+            raise ApiError(503, self.servicer.admission.closed, None, "unavailable")
         if self.servicer.model_info is None or not healthy:
             raise ApiError(503, "no healthy worker", None, "unavailable")
         return web.json_response({"status": "ok", "healthy_workers": healthy})

@@ -27,6 +27,7 @@ from radixmesh.router.breaker import BreakerState
 from radixmesh.router.summary import BYTES_PER_BLOCK
 
 if TYPE_CHECKING:
+    from radixmesh.router.admission import Admission, RateLimiter
     from radixmesh.router.pool import WorkerPool
 
 # A routing decision matches a prompt against every summary: microseconds to milliseconds.
@@ -73,6 +74,12 @@ class _PoolCollector(Collector):
             "Requests the router has on each worker now.",
             labels=["worker"],
         )
+        pending = GaugeMetricFamily(
+            "radixmesh_router_worker_pending_prefill_tokens",
+            "Uncached prompt tokens of the router's requests on each worker that have not "
+            "streamed yet (cache_aware weighs them).",
+            labels=["worker"],
+        )
         blocks = GaugeMetricFamily(
             "radixmesh_router_prefix_index_blocks",
             "Prefix blocks in each worker's summary (confirmed and tentative).",
@@ -84,8 +91,9 @@ class _PoolCollector(Collector):
                 breaker.add_metric([w.worker_id, s], 1.0 if s == state else 0.0)
             healthy.add_metric([w.worker_id], 1.0 if w.healthy else 0.0)
             in_flight.add_metric([w.worker_id], w.in_flight)
+            pending.add_metric([w.worker_id], w.pending_prefill)
             blocks.add_metric([w.worker_id], len(w.summary))
-        yield from (breaker, healthy, in_flight, blocks)
+        yield from (breaker, healthy, in_flight, pending, blocks)
         yield GaugeMetricFamily(
             "radixmesh_router_prefix_index_bytes",
             f"Accounted memory of every summary together ({BYTES_PER_BLOCK} bytes per block).",
@@ -96,6 +104,33 @@ class _PoolCollector(Collector):
             "Summary blocks dropped to keep within the byte budget.",
             value=self.pool.index.forgotten_blocks,
         )
+
+
+class _AdmissionCollector(Collector):
+    def __init__(self, admission: Admission, rate: RateLimiter) -> None:
+        self.admission = admission
+        self.rate = rate
+
+    def collect(self) -> Iterator[Metric]:
+        a = self.admission
+        yield GaugeMetricFamily(
+            "radixmesh_router_admitted_requests",
+            "Requests holding an admission slot (on a worker now).",
+            value=a.active,
+        )
+        yield GaugeMetricFamily(
+            "radixmesh_router_queued_requests",
+            "Requests waiting for an admission slot.",
+            value=a.waiting,
+        )
+        refused = CounterMetricFamily(
+            "radixmesh_router_refused_requests",
+            "Requests refused before any worker saw them (429), by reason.",
+            labels=["reason"],
+        )
+        refused.add_metric(["queue"], a.refused)
+        refused.add_metric(["rate_limit"], self.rate.refused)
+        yield refused
 
 
 class RouterMetrics:
@@ -181,6 +216,10 @@ class RouterMetrics:
         finally:
             self.in_flight.dec()
             self.requests.labels(frontend, endpoint, record.status).inc()
+
+    def watch_admission(self, admission: Admission, rate: RateLimiter) -> None:
+        """Export the admission queue and the rate limiter (router/admission.py)."""
+        self.registry.register(_AdmissionCollector(admission, rate))
 
     def exposition(self) -> bytes:
         """The text format, as /metrics serves it."""

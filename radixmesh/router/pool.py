@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
 
 from radixmesh.client.options import CHANNEL_OPTIONS
-from radixmesh.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument, Overloaded
 from radixmesh.router.breaker import CircuitBreaker
 from radixmesh.router.config import DNS_PREFIX, RouterConfig
 from radixmesh.router.policy import Candidate
@@ -83,6 +84,8 @@ class WorkerHandle:
         # streaming (their prefill is queued or running): cache_aware weighs them.
         self.pending_prefill = 0
         self.ended_since_poll = 0  # of the router's requests, those ended since `load` came
+        # Until then (time.monotonic()) the worker said it is full: not routed to meanwhile.
+        self.full_until = 0.0
         self.resyncs = 0  # snapshot pulls (the first one included)
         self.block_size = 0  # the worker's event block size (from its snapshot)
         self._tasks: list[asyncio.Task[None]] = []
@@ -125,7 +128,16 @@ class WorkerHandle:
 
     @property
     def healthy(self) -> bool:
-        return self.reachable and self.breaker.allows()
+        return self.reachable and self.breaker.allows() and not self.full
+
+    @property
+    def full(self) -> bool:
+        return self.full_until > 0 and time.monotonic() < self.full_until
+
+    def shed(self, error: Overloaded) -> None:
+        """The worker refused a request as overloaded: route around it for as long as it
+        said (its Retry-After), so that requests are not sent to it only to be refused."""
+        self.full_until = time.monotonic() + max(error.retry_after, 0.0)
 
     def candidate(self, cached_tokens: int) -> Candidate:
         # The load report lags by up to a health interval and still counts requests that
@@ -134,7 +146,7 @@ class WorkerHandle:
         load = self.load
         reported = load.num_running + load.num_waiting - self.ended_since_poll
         queued = max(reported, self.in_flight)
-        healthy = self.reachable and self.breaker.allows()  # `healthy`, without a call
+        healthy = self.reachable and self.breaker.allows() and not self.full
         # Reused while unchanged: the router builds one per worker per request, and most
         # workers' candidates are the same as for the last request.
         c = self._candidate

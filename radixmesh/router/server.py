@@ -2,7 +2,9 @@
 HTTP API, OpenAI's and SGLang's (`http_port`) and Prometheus metrics (`metrics_port`) beside it.
 
 It starts listening at once (health NOT_SERVING, HTTP 503), waits for a worker to answer,
-loads the tokenizer that worker names, then turns SERVING. SIGTERM / SIGINT stop it.
+loads the tokenizer that worker names, then turns SERVING. SIGTERM / SIGINT drain it:
+NOT_SERVING, new requests UNAVAILABLE (503), those in flight get `drain_timeout` seconds,
+then the rest end with UNAVAILABLE (an SSE stream: an error event, then [DONE]).
 API keys (`api_keys`; `admin_keys` for FlushCache, ClusterStatus and aborting any request)
 and TLS (`tls_cert` / `tls_key`) apply to the gRPC and HTTP ports.
 """
@@ -102,15 +104,38 @@ async def serve(
             ready.set()
         await stop.wait()
     await set_health(health_servicer, SERVICE_NAME, serving=False)
+    await drain(servicer, config.drain_timeout)
     if http is not None:
         await http.stop()
-    await server.stop(grace=2.0)
+    await server.stop(grace=1.0)
     if metrics_server is not None:
         metrics_server.shutdown()
     if discovery is not None:
         await discovery.close()
     await pool.close()
     return 0
+
+
+# Seconds the streams stopped at the end of a drain get to send their error (an SSE error
+# event and [DONE], a gRPC status) before the servers close their connections.
+STOPPED_STREAMS_GRACE = 2.0
+
+
+async def drain(servicer: RouterServicer, timeout: float) -> None:
+    """New requests get UNAVAILABLE (503); those in flight get `timeout` seconds to
+    finish; the rest are stopped with an error their clients see (not a cut stream)."""
+    servicer.admission.close("the router is shutting down: it takes no new requests")
+    logger.info("draining: %d requests in flight", servicer.admission.active)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while servicer.admission.active and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if servicer.admission.active:
+        logger.info("drain timeout: stopping %d requests", servicer.admission.active)
+        servicer.stop_streams("the router shut down before the request finished")
+        deadline = loop.time() + STOPPED_STREAMS_GRACE
+        while servicer.admission.active and loop.time() < deadline:
+            await asyncio.sleep(0.05)
 
 
 def run(config: RouterConfig) -> int:

@@ -12,38 +12,42 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 
-from radixmesh.auth import ADMIN_MESSAGE, bearer_allowed, caller_of
+from radixmesh.auth import ADMIN_MESSAGE, bearer_allowed
 from radixmesh.client import convert
 from radixmesh.errors import (
-    FIELD_METADATA_KEY,
-    OVERLOADED_METADATA_KEY,
-    Internal,
     InvalidArgument,
+    Overloaded,
     PermissionDenied,
     RadixMeshError,
     Unavailable,
-    entry_for,
 )
 from radixmesh.grpc_server import abort_rpc
 from radixmesh.prefix import block_hashes
+from radixmesh.router.admission import Admission, RateLimiter
 from radixmesh.router.config import RouterConfig
-from radixmesh.router.metrics import RequestRecord, RouterMetrics
-from radixmesh.router.policy import Policy, PolicyOptions, make_policy
+from radixmesh.router.metrics import RouterMetrics
+from radixmesh.router.policy import Candidate, Policy, PolicyOptions, make_policy
 from radixmesh.router.pool import WorkerHandle, WorkerPool
 from radixmesh.router.programs import ProgramHint, ProgramTable
+from radixmesh.router.rpc import authorization, caller_of_call, fail, unary
 from radixmesh.tokenizer import TokenizerLike, tokenizer_for
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
 from radixmesh.wire import input_ids_from_proto
 
 logger = logging.getLogger(__name__)
+
+
+class WorkerStalled(Unavailable):
+    """A worker's stream sent nothing for `stream_stall_timeout` seconds (hung)."""
 
 
 def retryable(e: grpc.aio.AioRpcError) -> bool:
@@ -72,6 +76,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.requests: dict[tuple[str, str], tuple[WorkerHandle, str]] = {}
         self.retries = 0
         self.programs = ProgramTable(config.program_max_queued)
+        self.admission = Admission(
+            config.max_concurrent_requests, config.max_queued_requests, config.queue_timeout
+        )
+        self.rate = RateLimiter(
+            config.rate_limit, config.rate_burst or math.ceil(config.rate_limit)
+        )
+        self.metrics.watch_admission(self.admission, self.rate)
+        # The stall timeouts of worker streams being read now (`stop_streams` fires them).
+        self._reads: set[asyncio.Timeout] = set()
+        self.stopping: str | None = None  # why the streams left were stopped (shutdown)
 
     async def load_model_info(self) -> None:
         """Ask a healthy worker what it serves and load the same tokenizer."""
@@ -121,7 +135,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             candidates.append(c)
         chosen_id = self.programs.home(hint, candidates)
         if chosen_id is None:
-            chosen_id = self.policy.choose(len(ids), candidates)
+            try:
+                chosen_id = self.policy.choose(len(ids), candidates)
+            except Unavailable:
+                # Workers that said they are full are left out while others can serve;
+                # when none can, one of them gets the request (it may have room now).
+                chosen_id = self.policy.choose(len(ids), self._with_full(candidates, exclude))
             self.programs.placed(hint, chosen_id)
         chosen = self.pool.workers[chosen_id]
         if chosen.block_size:
@@ -131,10 +150,30 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.metrics.decisions.labels(self.policy.name, chosen.worker_id).inc()
         return chosen, cached[chosen.worker_id]
 
-    def _input_ids(self, inp: common_pb2.Input) -> list[int]:
-        if self.tokenizer is None:
+    def _with_full(self, candidates: list[Candidate], exclude: set[str]) -> list[Candidate]:
+        """`candidates` with the workers that are only full (up, breaker closed) healthy."""
+        workers = self.pool.workers
+        return [
+            c._replace(healthy=True)
+            if not c.healthy
+            and c.worker_id not in exclude
+            and workers[c.worker_id].full
+            and workers[c.worker_id].reachable
+            and workers[c.worker_id].breaker.allows()
+            else c
+            for c in candidates
+        ]
+
+    async def _input_ids(self, inp: common_pb2.Input) -> list[int]:
+        """The prompt's token ids; text is tokenized on a thread (a long prompt must not
+        stall the loop), after its size is checked."""
+        tok = self.tokenizer
+        if tok is None:
             raise Unavailable("the router is still starting")
-        return input_ids_from_proto(inp, self.tokenizer)
+        limit = self.config.max_prompt_bytes
+        if inp.WhichOneof("kind") == "token_ids":
+            return input_ids_from_proto(inp, tok, max_text_bytes=limit)
+        return await asyncio.to_thread(input_ids_from_proto, inp, tok, max_text_bytes=limit)
 
     # ---- generate -----------------------------------------------------------------------
 
@@ -172,65 +211,115 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             stream=True,
         )
         tried: set[str] = set()
-        last_error: grpc.aio.AioRpcError | None = None
+        last_error: grpc.aio.AioRpcError | WorkerStalled | None = None
         t0 = time.perf_counter()  # for the router-side latency histograms
-        while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
-            try:
-                worker, cached = self.route(ids, tried, hint)
-            except RadixMeshError:
-                if last_error is not None:
-                    break
-                raise
-            tried.add(worker.worker_id)
-            started = forwarded = False  # the worker streamed / the caller got a chunk
-            status = "CANCELLED"  # unless the stream ends or fails first
-            pending = len(ids) - cached  # prefill work queued there until the first chunk
-            worker.request_started(pending)
-            self.requests[key] = (worker, worker_rid)
-            call = worker.stub.Generate(wreq, metadata=worker.metadata)
-            joined = _Joined()
-            try:
-                async for resp in call:
-                    if not started:
-                        started = True
-                        worker.request_streaming(pending)
-                        self.metrics.ttft.observe(time.perf_counter() - t0)
-                    chunk = resp.chunk
-                    chunk.request_id = rid
-                    if chunk.HasField("finish"):
-                        self.metrics.e2e.observe(time.perf_counter() - t0)
-                        self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
-                        self.metrics.cached_tokens.inc(chunk.cached_tokens)
-                    if stream:
-                        forwarded = True
-                        yield worker.worker_id, chunk
-                    else:
-                        joined.add(chunk)
-                if not stream:
-                    forwarded = True
-                    yield worker.worker_id, joined.chunk()
-                worker.breaker.record_success()
-                status = "OK"
-                return
-            except grpc.aio.AioRpcError as e:
-                status = e.code().name
-                if e.code() == grpc.StatusCode.UNAVAILABLE:
-                    worker.breaker.record_failure()
-                if forwarded or not retryable(e):
+        async with self.admission.slot():  # before routing: a refusal leaves no load behind
+            while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
+                try:
+                    worker, cached = self.route(ids, tried, hint)
+                except RadixMeshError:
+                    if last_error is not None:
+                        break
                     raise
-                logger.info("worker %s failed (%s); retrying", worker.worker_id, e.code().name)
-                last_error = e
-                self.retries += 1
-                self.metrics.retries.inc()
-            finally:
-                call.cancel()
-                if not started:
-                    worker.request_streaming(pending)
-                worker.request_ended()
-                self.metrics.worker_requests.labels(worker.worker_id, status).inc()
-                self.requests.pop(key, None)
-        assert last_error is not None
-        raise last_error
+                tried.add(worker.worker_id)
+                started = forwarded = False  # the worker streamed / the caller got a chunk
+                status = "CANCELLED"  # unless the stream ends or fails first
+                pending = len(ids) - cached  # prefill queued there until the first chunk
+                worker.request_started(pending)
+                self.requests[key] = (worker, worker_rid)
+                call = worker.stub.Generate(wreq, metadata=worker.metadata)
+                joined = _Joined()
+                try:
+                    async for resp in self._responses(call, worker):
+                        if not started:
+                            started = True
+                            worker.request_streaming(pending)
+                            self.metrics.ttft.observe(time.perf_counter() - t0)
+                        chunk = resp.chunk
+                        chunk.request_id = rid
+                        if chunk.HasField("finish"):
+                            self.metrics.e2e.observe(time.perf_counter() - t0)
+                            self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
+                            self.metrics.cached_tokens.inc(chunk.cached_tokens)
+                        if stream:
+                            forwarded = True
+                            yield worker.worker_id, chunk
+                        else:
+                            joined.add(chunk)
+                    if not stream:
+                        forwarded = True
+                        yield worker.worker_id, joined.chunk()
+                    worker.breaker.record_success()
+                    status = "OK"
+                    return
+                except (grpc.aio.AioRpcError, WorkerStalled) as e:
+                    status = self._failed(worker, e, give_up=forwarded)
+                    last_error = e
+                finally:
+                    call.cancel()
+                    if not started:
+                        worker.request_streaming(pending)
+                    worker.request_ended()
+                    self.metrics.worker_requests.labels(worker.worker_id, status).inc()
+                    self.requests.pop(key, None)
+            assert last_error is not None
+            raise last_error
+
+    async def _responses(
+        self, call: Any, worker: WorkerHandle
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """A worker's stream, given up when it sends nothing for `stream_stall_timeout`, or
+        when `stop_streams` stops it (the router shuts down): then Unavailable."""
+        timeout = self.config.stream_stall_timeout
+        while True:
+            if self.stopping is not None:
+                raise Unavailable(self.stopping)
+            try:
+                async with asyncio.timeout(timeout) as deadline:
+                    self._reads.add(deadline)
+                    try:
+                        resp = await call.read()
+                    finally:
+                        self._reads.discard(deadline)
+            except TimeoutError:
+                if self.stopping is not None:
+                    raise Unavailable(self.stopping) from None
+                raise WorkerStalled(
+                    f"worker {worker.worker_id} sent nothing for {timeout:g} s"
+                ) from None
+            if resp is grpc.aio.EOF:
+                return
+            yield resp
+
+    def stop_streams(self, why: str) -> None:
+        """End every worker stream still in flight: its request fails with
+        Unavailable(why) (an SSE stream sends it as an error event, then [DONE])."""
+        self.stopping = why
+        now = asyncio.get_running_loop().time()
+        for deadline in list(self._reads):
+            deadline.reschedule(now)
+
+    def _failed(
+        self, worker: WorkerHandle, e: grpc.aio.AioRpcError | WorkerStalled, *, give_up: bool
+    ) -> str:
+        """Account a worker call that failed; return its status name, or raise when the
+        request cannot go to another worker (it started streaming, or every worker would
+        refuse it as this one did, or the router is shutting down)."""
+        status = "UNAVAILABLE" if isinstance(e, WorkerStalled) else e.code().name
+        if status == "UNAVAILABLE":
+            worker.breaker.record_failure()
+        if self.stopping is not None:
+            raise Unavailable(self.stopping) from None
+        if isinstance(e, grpc.aio.AioRpcError) and convert.is_overloaded(e):
+            full = convert.error_from_rpc(e)
+            assert isinstance(full, Overloaded)
+            worker.shed(full)
+        if give_up or not (isinstance(e, WorkerStalled) or retryable(e)):
+            raise e
+        logger.info("worker %s failed (%s); retrying", worker.worker_id, status)
+        self.retries += 1
+        self.metrics.retries.inc()
+        return status
 
     async def Generate(
         self, request: router_pb2.RouterGenerateRequest, context: grpc.aio.ServicerContext
@@ -238,7 +327,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         with self.metrics.request("grpc", "Generate") as record:
             rid = request.request_id or uuid.uuid4().hex
             try:
-                ids = self._input_ids(request.input)
+                self.rate.take(caller_of_call(context))
+                top = request.sampling_params.top_logprobs_num
+                self.config.limits.check_top_logprobs("sampling_params.top_logprobs_num", top)
+                ids = await self._input_ids(request.input)
                 hint = program_hint(request.program_id, request.shared_prefix_tokens)
                 chunks = self.route_and_stream(
                     ids,
@@ -246,13 +338,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     rid,
                     stream=request.stream,
                     hint=hint,
-                    caller=_caller(context),
+                    caller=caller_of_call(context),
                 )
                 async with aclosing(chunks):
                     async for worker_id, chunk in chunks:
                         yield router_pb2.RouterGenerateResponse(chunk=chunk, worker_id=worker_id)
             except (RadixMeshError, grpc.aio.AioRpcError) as e:
-                await _fail(context, e, record)
+                await fail(context, e, record)
 
     # ---- embed --------------------------------------------------------------------------
 
@@ -270,6 +362,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             pooling=pooling,
             request_id=worker_rid,
         )
+        async with self.admission.slot():
+            return await self._embed(ids, wreq, key, worker_rid)
+
+    async def _embed(
+        self, ids: list[int], wreq: worker_pb2.EmbedRequest, key: tuple[str, str], worker_rid: str
+    ) -> tuple[str, common_pb2.Embedding]:
         tried: set[str] = set()
         last_error: grpc.aio.AioRpcError | None = None
         while len(tried) < min(self.config.max_attempts, len(self.pool.workers)):
@@ -308,15 +406,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.RouterEmbedRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RouterEmbedResponse:
         async def run() -> router_pb2.RouterEmbedResponse:
-            ids = self._input_ids(request.input)
+            self.rate.take(caller_of_call(context))
+            ids = await self._input_ids(request.input)
             rid = request.request_id or uuid.uuid4().hex
             worker_id, embedding = await self.route_and_embed(
-                ids, request.pooling, rid, _caller(context)
+                ids, request.pooling, rid, caller_of_call(context)
             )
             return router_pb2.RouterEmbedResponse(embedding=embedding, worker_id=worker_id)
 
         with self.metrics.request("grpc", "Embed") as record:
-            return await _unary(context, run, record)
+            return await unary(context, run, record)
 
     # ---- the other RPCs -----------------------------------------------------------------
 
@@ -324,15 +423,21 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.SelectRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.SelectResponse:
         async def run() -> router_pb2.SelectResponse:
-            ids = self._input_ids(request.input)
+            self.rate.take(caller_of_call(context))
+            if len(request.choices) > self.config.max_choices:
+                raise InvalidArgument(
+                    "choices", f"at most {self.config.max_choices}, got {len(request.choices)}"
+                )
+            ids = await self._input_ids(request.input)
             sreq = convert.score_request(request.input, list(request.choices))
-            worker, cached = self.route(ids, set())
-            worker.request_started(len(ids) - cached)
-            try:
-                resp = await worker.stub.Score(sreq, metadata=worker.metadata)
-            finally:
-                worker.request_streaming(len(ids) - cached)
-                worker.request_ended()
+            async with self.admission.slot():  # one slot; the worker counts each choice
+                worker, cached = self.route(ids, set())
+                worker.request_started(len(ids) - cached)
+                try:  # a cancelled call cancels the score: the worker aborts every choice
+                    resp = await worker.stub.Score(sreq, metadata=worker.metadata)
+                finally:
+                    worker.request_streaming(len(ids) - cached)
+                    worker.request_ended()
             sel = convert.selection_from_scores(list(request.choices), resp)
             return router_pb2.SelectResponse(
                 index=sel.index,
@@ -342,13 +447,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             )
 
         with self.metrics.request("grpc", "Select") as record:
-            return await _unary(context, run, record)
+            return await unary(context, run, record)
 
     async def Abort(
         self, request: router_pb2.RouterAbortRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RouterAbortResponse:
         async def run() -> router_pb2.RouterAbortResponse:
-            found = self.find_request(request.request_id, _caller(context), self._admin(context))
+            me, admin = caller_of_call(context), self._admin(context)
+            found = self.find_request(request.request_id, me, admin)
             if found is None:
                 return router_pb2.RouterAbortResponse(found=False)
             worker, worker_rid = found
@@ -357,7 +463,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             )
             return router_pb2.RouterAbortResponse(found=resp.found)
 
-        return await _unary(context, run)
+        return await unary(context, run)
 
     def find_request(self, rid: str, caller: str, admin: bool) -> tuple[WorkerHandle, str] | None:
         """The worker serving the caller's request `rid` and its id there; an admin finds
@@ -369,7 +475,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     def _admin(self, context: grpc.aio.ServicerContext) -> bool:
         keys = self.config.admin_keys
-        return not keys or bearer_allowed(_authorization(context), keys)
+        return not keys or bearer_allowed(authorization(context), keys)
 
     async def _require_admin(self, context: grpc.aio.ServicerContext) -> None:
         if not self._admin(context):
@@ -426,7 +532,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 raise Unavailable("the router is still starting")
             return router_pb2.RouterGetModelInfoResponse(info=self.model_info)
 
-        return await _unary(context, run)
+        return await unary(context, run)
 
 
 class _Joined:
@@ -449,17 +555,6 @@ class _Joined:
 MAX_PROGRAM_ID = 128
 
 
-def _authorization(context: grpc.aio.ServicerContext) -> str | bytes | None:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            return value
-    return None
-
-
-def _caller(context: grpc.aio.ServicerContext) -> str:
-    return caller_of(_authorization(context))
-
-
 def program_hint(program_id: str, shared_prefix_tokens: int) -> ProgramHint | None:
     """A request's program hint (None without an id); a client's id is bounded."""
     if not program_id:
@@ -467,45 +562,3 @@ def program_hint(program_id: str, shared_prefix_tokens: int) -> ProgramHint | No
     if len(program_id) > MAX_PROGRAM_ID:
         raise InvalidArgument("program_id", f"at most {MAX_PROGRAM_ID} characters")
     return ProgramHint(program_id, shared_prefix_tokens)
-
-
-async def _fail(
-    context: grpc.aio.ServicerContext,
-    e: RadixMeshError | grpc.aio.AioRpcError,
-    record: RequestRecord,
-) -> NoReturn:
-    """End the RPC with our error's status, or a worker's as it came; record which."""
-    if isinstance(e, RadixMeshError):
-        record.status = entry_for(e).grpc_status
-        await abort_rpc(context, e)
-    record.status = e.code().name
-    await _pass_on(context, e)
-
-
-async def _pass_on(context: grpc.aio.ServicerContext, e: grpc.aio.AioRpcError) -> NoReturn:
-    """End the RPC with a worker's status, details and field or retry metadata, as they
-    came; a RESOURCE_EXHAUSTED that is not overload (a size limit) as INVALID_ARGUMENT."""
-    if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not convert.is_overloaded(e):
-        await abort_rpc(context, convert.error_from_rpc(e))
-    keys = (FIELD_METADATA_KEY, OVERLOADED_METADATA_KEY)
-    kept = [(k, v) for k, v in (e.trailing_metadata() or ()) if k in keys]
-    await context.abort(e.code(), e.details() or "", trailing_metadata=tuple(kept))
-    raise AssertionError("unreachable: context.abort raises")
-
-
-async def _unary(
-    context: grpc.aio.ServicerContext,
-    run: Callable[[], Awaitable[Any]],
-    record: RequestRecord | None = None,
-) -> Any:
-    record = record if record is not None else RequestRecord()
-    try:
-        return await run()
-    except (RadixMeshError, grpc.aio.AioRpcError) as e:
-        await _fail(context, e, record)
-    except Exception as e:
-        if isinstance(e, grpc.aio.AbortError):
-            raise
-        logger.exception("RPC failed")
-        record.status = "INTERNAL"
-        await abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))

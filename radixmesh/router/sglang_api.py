@@ -144,14 +144,15 @@ class SglangApi:
             raise api_error(e) from None
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
-        from radixmesh.router.http import ApiError
+        from radixmesh.router.openai.routes import read_json
 
         tok, _ = self.frontend._ready()
-        try:
-            body = json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
+        limits = self.frontend.config.limits
+        body = await read_json(request, limits)
         req = await asyncio.to_thread(parse_generate, body, tok)
+        limits.check_choices("sampling_params.n", 1, len(req.outputs))  # prompts x n
+        for output in req.outputs:
+            limits.check_top_logprobs("top_logprobs_num", output.params.top_logprobs_num)
         rid = uuid.uuid4().hex
         rids = req.rids or [
             rid if len(req.outputs) == 1 else f"{rid}-{i}" for i in range(len(req.outputs))

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,11 +25,11 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
 from radixmesh.router.pool import snapshot_blocks
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.router.routers import ExtraRouter
 
 pytestmark = pytest.mark.slow
 
@@ -70,46 +68,6 @@ def _launch(worker_args: tuple[str, ...] = WORKER_ARGS) -> LocalCluster:
 def cluster() -> Iterator[LocalCluster]:
     with _launch() as c:
         yield c
-
-
-class ExtraRouter:
-    """One more `radixmesh router` process in front of a cluster's workers."""
-
-    def __init__(self, workers: list[str], *args: str) -> None:
-        self.address = f"127.0.0.1:{free_port()}"
-        cmd = [sys.executable, "-m", "radixmesh.cluster.cli", "router"]
-        cmd += ["--workers", ",".join(workers), "--host", "127.0.0.1"]
-        cmd += ["--port", self.address.rsplit(":", 1)[1], "--health-interval", "0.2", *args]
-        env = {**os.environ, "RADIXMESH_WORKER_API_KEY": WORKER_KEY}
-        self.proc = subprocess.Popen(cmd, env=env)
-
-    def __enter__(self) -> ExtraRouter:
-        try:
-            _wait_for(self._ready, timeout=60.0)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def _ready(self) -> bool:
-        assert self.proc.poll() is None, "the router exited"
-        try:
-            with grpc.insecure_channel(self.address) as ch:
-                health = health_pb2_grpc.HealthStub(ch).Check(
-                    health_pb2.HealthCheckRequest(), timeout=1
-                )
-        except grpc.RpcError:
-            return False
-        serving = health.status == health_pb2.HealthCheckResponse.SERVING
-        return serving and all(w.healthy for w in _status(self.address).values())
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -179,7 +137,7 @@ def test_cache_aware_caches_more_than_round_robin_in_small_pools(cluster: LocalC
     _flush(cluster.address)
     aware = _grouped_workload(cluster.address)
     _flush(cluster.address)
-    with ExtraRouter(cluster.worker_addresses, "--policy", "round_robin") as rr:
+    with ExtraRouter(cluster, "--policy", "round_robin") as rr:
         robin = _grouped_workload(rr.address)
     # round_robin alternates workers strictly, so a group's triple is split 2 + 1.
     assert [w for _, w, _ in robin] == [f"worker-{i % 2}" for i in range(24)]
@@ -198,9 +156,7 @@ def test_cache_aware_caches_more_than_round_robin_in_small_pools(cluster: LocalC
 def test_a_tiny_summary_budget_evicts_and_still_routes(cluster: LocalCluster) -> None:
     budget = 20 * 100  # 20 blocks at BYTES_PER_BLOCK = 100; one 300-token prefix is 18
     _flush(cluster.address)
-    with ExtraRouter(
-        cluster.worker_addresses, "--summary-budget-bytes", str(budget), "--seed", "0"
-    ) as small:
+    with ExtraRouter(cluster, "--summary-budget-bytes", str(budget), "--seed", "0") as small:
         served = [_generate(small.address, f"{_prefix(g)} budget {g}") for g in range(4)]
         assert all(len(r.chunk.token_ids) == 2 for r in served)
         assert {r.worker_id for r in served} <= {"worker-0", "worker-1"}

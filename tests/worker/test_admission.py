@@ -92,7 +92,7 @@ def test_aborted_while_its_grammar_compiles(engine: Engine) -> None:
     errors: list[BaseException] = []
     try:
         params = {"max_new_tokens": 8, "regex": "[a-c]{8}x"}
-        engine.submit([1, 2], params, "compiling", outputs.put, errors.append)
+        engine.submit([1, 2], params, "compiling", outputs.put, on_error=errors.append)
         assert engine.admission.outstanding == 1
         engine.abort("compiling")
         release.set()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import uuid
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -21,8 +20,9 @@ from aiohttp import web
 
 import radixmesh
 from radixmesh.auth import caller_of
-from radixmesh.errors import RadixMeshError
+from radixmesh.errors import InvalidArgument, RadixMeshError
 from radixmesh.router.api_error import ApiError
+from radixmesh.router.limits import RequestLimits, parse_json
 from radixmesh.router.openai import generation
 from radixmesh.router.openai import requests as rq
 from radixmesh.router.openai import responses as rs
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 class OpenAIRoutes:
     def __init__(self, frontend: HttpFrontend) -> None:
         self.frontend = frontend
+        self.limits = frontend.config.limits
 
     def register(self, app: web.Application) -> None:
         app.router.add_post("/v1/completions", self.completions)
@@ -65,7 +66,7 @@ class OpenAIRoutes:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         tok, info = self.frontend._ready()
-        body = await read_json(request)
+        body = await read_json(request, self.limits)
         job = await asyncio.to_thread(
             parse_embeddings,
             body,
@@ -81,7 +82,7 @@ class OpenAIRoutes:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         tok, info = self.frontend._ready()
-        body = await read_json(request)
+        body = await read_json(request, self.limits)
 
         def run() -> rs.TokenizeResponse:
             req = parse_tokenize(body, tokenizer=tok, strict=self.strict)
@@ -97,7 +98,7 @@ class OpenAIRoutes:
 
     async def detokenize(self, request: web.Request) -> web.Response:
         tok, _ = self.frontend._ready()
-        body = await read_json(request)
+        body = await read_json(request, self.limits)
 
         def run() -> rs.DetokenizeResponse:
             req = validate(rq.DetokenizeRequest, body, strict=self.strict)
@@ -117,7 +118,7 @@ class OpenAIRoutes:
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         tok, info = self.frontend._ready()
-        body = await read_json(request)
+        body = await read_json(request, self.limits)
         gen: Generation
         if chat:
             c = self.frontend.config
@@ -139,6 +140,9 @@ class OpenAIRoutes:
                 strict=self.strict,
             )
         self.frontend._check_model(gen.model)
+        field = "n" if chat or len(gen.prompts) == 1 else "prompt"
+        self.limits.check_choices(field, len(gen.prompts), gen.n)
+        self.limits.check_top_logprobs("top_logprobs" if chat else "logprobs", gen.top_logprobs)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         workers: set[str] = set()
         caller = caller_of(request.headers.get("Authorization"))
@@ -153,11 +157,14 @@ class OpenAIRoutes:
         return web.json_response(body, headers={WORKER_HEADER: ",".join(sorted(workers))})
 
 
-async def read_json(request: web.Request) -> Any:
+async def read_json(request: web.Request, limits: RequestLimits) -> Any:
+    """The body as JSON (router/limits.py), its prompt text within the limit."""
     try:
-        return json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the body is not valid JSON: {e}", None, "invalid_json") from None
+        body = await parse_json(await request.read())
+    except InvalidArgument as e:
+        raise ApiError(400, e.message, None, "invalid_json") from None
+    limits.check_prompt_bytes(body)
+    return body
 
 
 def _api_error(e: BaseException, gen: Generation) -> ApiError:

@@ -11,7 +11,9 @@ stopped and it shares the engine's memory, so compiles run in `pebble` process p
   backstop for compilers that use several threads;
 - each process's address space is capped at what it uses when idle plus `memory_bytes`
   (RLIMIT_AS): an allocation past it fails inside the compiler (MemoryError) or ends the
-  process, never the worker.
+  process, never the worker;
+- the processes run at a lower priority (nice +10) than the engine: a compile takes
+  the CPU that serving leaves.
 
 A process compiles with a `GrammarCompiler` that a backend describes by a picklable
 `CompilerSpec`, and sends back the compiled grammar serialized (xgrammar's JSON, a pickled
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import resource
 import signal
 import threading
@@ -41,6 +44,7 @@ from radixmesh.worker.constrained.grammar import (
 if TYPE_CHECKING:
     from pebble import ProcessPool
 
+COMPILE_NICENESS = 10  # added to the compile processes' nice value
 _EXIT_REASONS = {
     -signal.SIGXCPU: "it used up its CPU-time limit",
     -signal.SIGKILL: "it was killed (out of memory?)",
@@ -151,6 +155,8 @@ def _init(spec: CompilerSpec, memory_bytes: int) -> None:
     # pebble handles SIGTERM in Python, which native code never returns to: take the
     # default action back, so a compile that ran out of time ends when it is told to.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Below the scheduler: a client's compile must not take the CPU that serving needs.
+    os.nice(COMPILE_NICENESS)
     _compiler = spec.build()
     limit = _address_space_bytes() + memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.nesting import json_depth
 
 _LABELS = {
     "regex": "regex",
@@ -95,28 +96,6 @@ class ConstraintLimits:
                 )
             if key == "pattern" and isinstance(value, str):
                 self._check_pattern("json_schema", "JSON schema's pattern", value)
-
-
-def json_depth(text: str) -> int:
-    """The deepest nesting of JSON arrays and objects in `text` (strings skipped)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def pattern_depth(text: str, *, regex: bool) -> int:

@@ -59,7 +59,10 @@ def test_the_sdk_embeds_through_the_router_and_on_a_worker(smollm2: Smollm2Clust
         assert e.values == pytest.approx(raw["data"][0]["embedding"], abs=1e-6)
         last = client.embed(TEXTS[1], pooling="last")
         assert last.values != e.values
-    with Client(smollm2.cluster.worker_addresses[0], service="worker") as worker:
+    worker_key = smollm2.cluster.worker_key
+    with Client(
+        smollm2.cluster.worker_addresses[0], service="worker", api_key=worker_key
+    ) as worker:
         assert worker.embed(TEXTS[1]).values == pytest.approx(e.values, abs=1e-6)
 
 

@@ -1,0 +1,215 @@
+"""Admission control at the router (router/admission.py): the slot queue and the token
+buckets on their own, then a 3,000-request burst against a launched one-worker cluster
+that admits 16 at once and queues 32: the rest are shed with 429 and a Retry-After at
+once, the router's memory stays bounded, every admitted request completes, and the
+workers' load accounting (pending prefill, requests in flight) is back to zero."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.errors import Overloaded, Unavailable
+from radixmesh.router.admission import Admission, RateLimiter
+from tests.router.http_helpers import Http
+from tests.router.routers import ExtraRouter
+
+# ---- the parts alone ---------------------------------------------------------------------
+
+
+def test_slots_queue_then_refuse_and_hand_over_in_order() -> None:
+    async def run() -> None:
+        a = Admission(max_concurrent=2, max_queued=1, queue_timeout=5.0)
+        order: list[str] = []
+        hold = asyncio.Event()
+
+        async def request(name: str) -> None:
+            async with a.slot():
+                order.append(name)
+                await hold.wait()
+
+        first = [asyncio.create_task(request(n)) for n in ("a", "b", "c")]
+        await asyncio.sleep(0.01)
+        assert (a.active, a.waiting, order) == (2, 1, ["a", "b"])
+        with pytest.raises(Overloaded) as e:  # the queue is full: refused at once
+            await request("d")
+        assert e.value.retry_after == 1.0 and a.refused == 1
+        hold.set()
+        await asyncio.gather(*first)
+        assert (a.active, a.waiting, order) == (0, 0, ["a", "b", "c"])
+
+    asyncio.run(run())
+
+
+def test_a_wait_past_the_timeout_is_refused_and_leaks_no_slot() -> None:
+    async def run() -> None:
+        a = Admission(max_concurrent=1, max_queued=4, queue_timeout=0.05)
+        async with a.slot():
+            with pytest.raises(Overloaded, match=r"no turn within 0\.05 s"):
+                async with a.slot():
+                    pass
+            waiter = asyncio.create_task(a.slot().__aenter__())
+            await asyncio.sleep(0)
+            waiter.cancel()  # a client gone while it waited
+            await asyncio.gather(waiter, return_exceptions=True)
+        assert (a.active, a.waiting) == (0, 0)
+        a.close("draining")
+        with pytest.raises(Unavailable, match="draining"):
+            async with a.slot():
+                pass
+
+    asyncio.run(run())
+
+
+def test_token_buckets_per_caller() -> None:
+    now = [0.0]
+    limiter = RateLimiter(rate=2.0, burst=3, clock=lambda: now[0])
+    for _ in range(3):
+        limiter.take("alpha")
+    with pytest.raises(Overloaded) as e:
+        limiter.take("alpha")
+    assert e.value.retry_after == pytest.approx(0.5)
+    limiter.take("beta")  # another caller has its own bucket
+    now[0] = 0.5  # one token back
+    limiter.take("alpha")
+    with pytest.raises(Overloaded):
+        limiter.take("alpha")
+    assert limiter.refused == 2
+    RateLimiter(rate=0.0, burst=0).take("anyone")  # no limit
+
+
+# ---- a burst against a cluster -----------------------------------------------------------
+
+CONCURRENT, QUEUED = 16, 32
+BURST = 3000
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[LocalCluster, int]]:
+    http_port = free_port()
+    router_args = (
+        "--http-port", str(http_port), "--health-interval", "0.2",
+        "--max-concurrent-requests", str(CONCURRENT), "--max-queued-requests", str(QUEUED),
+        "--queue-timeout", "20",
+    )  # fmt: skip
+    config = LaunchConfig(
+        model="dummy:tiny",
+        workers=1,
+        port=free_port(),
+        worker_args=("--dtype", "float32"),
+        router_args=router_args,
+        ready_timeout=120.0,
+    )
+    with LocalCluster(config) as c:
+        yield c, http_port
+
+
+BODY = json.dumps(
+    {"model": "dummy:tiny", "prompt": "burst ", "max_tokens": 8, "ignore_eos": True}
+).encode()
+
+
+async def _post(port: int, key: str = "") -> tuple[int, dict[str, str], bytes]:
+    """One POST /v1/completions on its own connection (asyncio streams, no client lib)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        writer.write(head.encode() + BODY)
+        await writer.drain()
+        raw = await reader.read()
+    finally:
+        writer.close()
+    header, _, body = raw.partition(b"\r\n\r\n")
+    lines = header.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+def _metric(port: int, name: str) -> float:
+    text = Http(port).get("/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+@pytest.mark.slow
+def test_a_burst_is_shed_with_429_and_memory_stays_bounded(
+    cluster: tuple[LocalCluster, int],
+) -> None:
+    c, port = cluster
+    assert c.router is not None
+    router = psutil.Process(c.router.pid)
+    rss_before = router.memory_info().rss
+
+    async def burst() -> list[tuple[int, dict[str, str], bytes]]:
+        limit = asyncio.Semaphore(500)  # this process's open sockets
+
+        async def one() -> tuple[int, dict[str, str], bytes]:
+            async with limit:
+                return await _post(port)
+
+        return await asyncio.gather(*(one() for _ in range(BURST)))
+
+    peak = 0
+    t0 = time.monotonic()
+    results = asyncio.run(burst())
+    took = time.monotonic() - t0
+    peak = max(peak, router.memory_info().rss)
+    statuses = [s for s, _, _ in results]
+    ok, shed = statuses.count(200), statuses.count(429)
+    assert ok + shed == BURST, sorted(set(statuses))
+    assert ok >= CONCURRENT + QUEUED and shed > BURST // 2
+    for status, headers, body in results:
+        if status == 429:
+            assert int(headers["retry-after"]) >= 1
+            error = json.loads(body)["error"]
+            assert (error["type"], error["code"]) == ("rate_limit_error", "resource_exhausted")
+        else:
+            assert json.loads(body)["usage"]["completion_tokens"] == 8
+    assert peak - rss_before < 150 * 2**20, (rss_before, peak)
+    # Nothing refused or shed left load behind on the worker's accounting.
+    deadline = time.monotonic() + 10
+    while _metric(port, "radixmesh_router_admitted_requests") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _metric(port, "radixmesh_router_worker_pending_prefill_tokens") == 0
+    assert _metric(port, "radixmesh_router_worker_requests_in_flight") == 0
+    assert _metric(port, "radixmesh_router_queued_requests") == 0
+    assert _metric(port, 'radixmesh_router_refused_requests_total{reason="queue"}') == shed
+    print(f"burst of {BURST}: {ok} served, {shed} shed in {took:.1f} s; router RSS "
+          f"{rss_before / 2**20:.0f} -> {peak / 2**20:.0f} MiB")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_caller_past_its_rate_gets_429_with_retry_after(
+    cluster: tuple[LocalCluster, int],
+) -> None:
+    """A second router on the same worker, with keys and a rate limit of one request every
+    two seconds, in bursts of up to five."""
+    c, _ = cluster
+    args = ("--rate-limit", "0.5", "--rate-burst", "5", "--api-key", "alpha", "--api-key", "b")
+    with ExtraRouter(c, *args, http=True, key="alpha") as limited:
+        port = limited.http_port
+        assert port is not None
+
+        async def run(key: str, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+            # At once: the bucket gets a token back every 2 s.
+            return list(await asyncio.gather(*(_post(port, key) for _ in range(count))))
+
+        results = asyncio.run(run("alpha", 8))
+        assert sorted(s for s, _, _ in results) == [200] * 5 + [429] * 3
+        for status, headers, body in results:
+            if status == 429:
+                assert headers["retry-after"] in ("1", "2")  # what the bucket lacks
+                message = json.loads(body)["error"]["message"]
+                assert message == "rate limit: 0.5 requests a second (burst 5)"
+        assert [s for s, _, _ in asyncio.run(run("b", 5))] == [200] * 5  # its own bucket
+        refused = 'radixmesh_router_refused_requests_total{reason="rate_limit"}'
+        assert _metric(port, refused) == 3
