@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,8 +88,44 @@ def _loads(raw: bytes) -> Any:
     if json_depth(text) > MAX_JSON_DEPTH:
         raise InvalidArgument("body", f"the JSON nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as e:
         raise InvalidArgument("body", f"the body is not valid JSON: {e}") from None
     except RecursionError:  # defensive: json_depth bounds the nesting
         raise InvalidArgument("body", "the JSON nests too deeply") from None
+    if _SURROGATE_ESCAPE.search(text) and (where := lone_surrogate(value)) is not None:
+        raise InvalidArgument(
+            where, "not valid Unicode: it holds a lone surrogate (\\ud800-\\udfff)"
+        )
+    return value
+
+
+# A \u escape of a UTF-16 surrogate: only these can put a lone one into a decoded string.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The path (`messages[0].content`, a key itself as `keys`) of the first string in a
+    JSON value that holds a lone surrogate, or None."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if not _encodes(v):
+                return path or "body"
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if not _encodes(k):
+                    return f"{path}.keys" if path else "keys"
+                stack.append((f"{path}.{k}" if path else k, item))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(v))
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

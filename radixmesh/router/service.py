@@ -327,6 +327,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         with self.metrics.request("grpc", "Generate") as record:
             rid = request.request_id or uuid.uuid4().hex
             try:
+                if len(rid) > MAX_REQUEST_ID:
+                    raise InvalidArgument("request_id", f"at most {MAX_REQUEST_ID} characters")
                 self.rate.take(caller_of_call(context))
                 top = request.sampling_params.top_logprobs_num
                 self.config.limits.check_top_logprobs("sampling_params.top_logprobs_num", top)
@@ -553,6 +555,7 @@ class _Joined:
 
 
 MAX_PROGRAM_ID = 128
+MAX_REQUEST_ID = 256
 
 
 def program_hint(program_id: str, shared_prefix_tokens: int) -> ProgramHint | None:

@@ -162,6 +162,8 @@ async def read_json(request: web.Request, limits: RequestLimits) -> Any:
     try:
         body = await parse_json(await request.read())
     except InvalidArgument as e:
+        if e.field != "body":  # a field that no text can hold (a lone surrogate)
+            raise ApiError(400, e.message, e.field, "invalid_argument") from None
         raise ApiError(400, e.message, None, "invalid_json") from None
     limits.check_prompt_bytes(body)
     return body

@@ -33,8 +33,7 @@ BOMB = json.dumps(
     {
         "type": "object",
         "properties": {
-            f"key_{i}": {"type": "string", "pattern": "([a-z0-9]{1,50}-){1,50}"}
-            for i in range(20)
+            f"key_{i}": {"type": "string", "pattern": "([a-z0-9]{1,50}-){1,50}"} for i in range(20)
         },
     }
 )
