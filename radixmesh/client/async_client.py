@@ -13,7 +13,7 @@ from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, wo
 
 from . import convert
 from .client import Params, Service
-from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, retryable
+from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, channel_target, retryable
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
@@ -35,9 +35,9 @@ class AsyncClient:
         self.options = ClientOptions(api_key, tls, root_certificates, timeout, max_retries)
         if self.options.secure:
             creds = self.options.credentials()
-            self._channel = grpc.aio.secure_channel(target, creds, CHANNEL_OPTIONS)
+            self._channel = grpc.aio.secure_channel(channel_target(target), creds, CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.aio.insecure_channel(target, CHANNEL_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(channel_target(target), CHANNEL_OPTIONS)
         self._worker = worker_pb2_grpc.WorkerStub(self._channel)
         self._router = router_pb2_grpc.RouterStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)

@@ -2,6 +2,8 @@
 
 `service="auto"` asks the target once whether it serves `radixmesh.v1.Router` and falls
 back to `radixmesh.v1.Worker` (so the same client talks to `radixmesh worker` directly).
+A target of several comma-separated routers (`host:port,host:port`) fails over between
+them (options.channel_target); a request that failed before its first token is retried.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from radixmesh.sampling_params import SamplingParams
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 from . import convert
-from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, retryable
+from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, channel_target, retryable
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
@@ -41,9 +43,9 @@ class Client:
         self.options = ClientOptions(api_key, tls, root_certificates, timeout, max_retries)
         if self.options.secure:
             creds = self.options.credentials()
-            self._channel = grpc.secure_channel(target, creds, CHANNEL_OPTIONS)
+            self._channel = grpc.secure_channel(channel_target(target), creds, CHANNEL_OPTIONS)
         else:
-            self._channel = grpc.insecure_channel(target, CHANNEL_OPTIONS)
+            self._channel = grpc.insecure_channel(channel_target(target), CHANNEL_OPTIONS)
         self._worker = worker_pb2_grpc.WorkerStub(self._channel)
         self._router = router_pb2_grpc.RouterStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
+import socket
 import time
 from dataclasses import dataclass
 
 import grpc
+
+from radixmesh.errors import InvalidArgument
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -58,3 +62,30 @@ class Deadline:
 
 def retryable(e: grpc.RpcError, attempt: int, options: ClientOptions) -> bool:
     return bool(e.code() == grpc.StatusCode.UNAVAILABLE and attempt < options.max_retries)
+
+
+def channel_target(target: str) -> str:
+    """A gRPC target for `target`: one `host:port` as it is, or several comma-separated
+    (routers in front of the same workers) as one static list that gRPC's pick_first
+    tries in order: a client whose router goes away fails over to the next. Host names
+    in a list are resolved once, here (gRPC's ipv4: / ipv6: lists take addresses)."""
+    if "," not in target or ":/" in target or target.startswith(("ipv4:", "ipv6:", "dns:")):
+        return target
+    addresses = []
+    for item in target.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise InvalidArgument("target", f"{item!r} is not host:port")
+        host = host.strip("[]")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            info = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+            ip = ipaddress.ip_address(info[0][4][0])
+        addresses.append((ip, int(port)))
+    families = {ip.version for ip, _ in addresses}
+    if len(families) > 1:
+        raise InvalidArgument("target", "give addresses of one family (IPv4 or IPv6)")
+    if families == {6}:
+        return "ipv6:" + ",".join(f"[{ip}]:{port}" for ip, port in addresses)
+    return "ipv4:" + ",".join(f"{ip}:{port}" for ip, port in addresses)
