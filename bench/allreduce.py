@@ -127,7 +127,7 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], q: Any) -> Non
     if rank == 0:
         q.put(out)
     dist.barrier()
-    os._exit(0)  # NCCL teardown can hang (radixmesh/worker/tp/followers.py)
+    os._exit(0)  # NCCL teardown can hang (radixmesh/worker/tp/leader.py)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -291,7 +291,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
 
 def run_offline_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each workload on an in-process Engine (`--worker-args` as its options)."""
-    from radixmesh.tokenizer import load_tokenizer
+    from radixmesh.worker.model.loader import load_tokenizer
 
     mode = _mode(args, args.model)
     tokenizer = load_tokenizer(args.model)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from radixmesh.cluster.env import API_KEY_ENV, HEALTH_ADDRESS_ENV, WORKER_API_KEY_ENV
 from radixmesh.errors import RadixMeshError
 
 
@@ -167,11 +168,6 @@ def _cmd_router(args: argparse.Namespace) -> int:
         separate_reasoning=args.separate_reasoning,
     )
     return run(config)
-
-
-API_KEY_ENV = "RADIXMESH_API_KEY"  # comma-separated keys, when no --api-key is given
-# The key the router sends to its workers (environment only: kept out of `ps`).
-WORKER_API_KEY_ENV = "RADIXMESH_WORKER_API_KEY"
 
 
 def _worker_api_key() -> str | None:
@@ -430,9 +426,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_download_parser(sub)
     _add_health_parser(sub)
     return parser
-
-
-HEALTH_ADDRESS_ENV = "RADIXMESH_HEALTH_ADDRESS"  # the images set it (their HEALTHCHECK)
 
 
 def _cmd_health(args: argparse.Namespace) -> int:

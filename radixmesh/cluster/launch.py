@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Protocol
 
+from radixmesh.cluster.env import API_KEY_ENV, WORKER_API_KEY_ENV
 from radixmesh.errors import InvalidArgument, Unavailable
 
 
@@ -218,8 +219,6 @@ class LocalCluster:
         ]
         if c.tls_cert is not None and c.tls_key is not None:
             router_args += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
-        from radixmesh.cluster.cli import API_KEY_ENV, WORKER_API_KEY_ENV
-
         env = dict(c.env if c.env is not None else os.environ)
         if c.api_keys:
             env[API_KEY_ENV] = ",".join(c.api_keys)

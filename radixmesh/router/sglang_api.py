@@ -25,6 +25,7 @@ from aiohttp import web
 import radixmesh
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import InvalidArgument, RadixMeshError
+from radixmesh.router.api_error import ApiError
 from radixmesh.router.sglang_protocol import (
     GenerateRequest,
     OutputState,
@@ -34,7 +35,7 @@ from radixmesh.router.sglang_protocol import (
 from radixmesh.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from radixmesh.router.http import ApiError, HttpFrontend, JobChunks
+    from radixmesh.router.http import HttpFrontend, JobChunks
 
 HEALTH_TIMEOUT = 20.0  # seconds /health_generate waits for its token
 
@@ -140,8 +141,6 @@ class SglangApi:
             raise api_error(e) from None
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
-        from radixmesh.router.http import ApiError
-
         tok, _ = self.frontend._ready()
         try:
             body = json.loads(await request.read())
@@ -199,8 +198,6 @@ class SglangApi:
 
 def api_error(e: BaseException) -> ApiError:
     """The HTTP error for `e`, naming the field as SGLang's API does."""
-    from radixmesh.router.http import ApiError
-
     if isinstance(e, grpc.aio.AioRpcError):
         e = error_from_rpc(e)
     if isinstance(e, InvalidArgument):

@@ -29,7 +29,7 @@ from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.request import HiddenPool, Pooling, Request, RequestOutput
 from radixmesh.worker.request_output import embedding_result
-from radixmesh.worker.tp.followers import RankFailure
+from radixmesh.worker.tp.leader import RankFailure
 from radixmesh.worker.worker import Worker
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ which tokens go into a batch and where their KV lives (the req->token table).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -29,7 +29,15 @@ from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids, tok
 
 if TYPE_CHECKING:  # imports triton: only where graphs are built
     from radixmesh.worker.cuda_graph import DecodeCudaGraphs
-    from radixmesh.worker.tp.followers import FollowerRanks
+
+
+class Followers(Protocol):
+    """The other ranks of rank 0's tensor-parallel group (`tp.leader.FollowerRanks`): told
+    each step before rank 0 runs it, they run the same forward in lockstep."""
+
+    def send_step(
+        self, batch: Batch, fb: ForwardBatch, logit_rows: list[int], ids_on_device: bool = False
+    ) -> None: ...
 
 
 @dataclass
@@ -51,16 +59,22 @@ class ModelRunner:
         req_table: ReqToTokenTable,
         vocab_size: int,
         grammars: GrammarManager | None = None,
-        followers: FollowerRanks | None = None,
+        followers: Followers | None = None,
+        decode_graphs: DecodeCudaGraphs | None = None,
+        decode_shaped_max_rows: int = 0,
+        decode_shaped_forced: bool = True,
+        decode_shaped_prompt_reads: int = 0,
     ) -> None:
+        """`decode_graphs`: captured on CUDA with a capture-safe backend (cuda_graph.py).
+        Up to `decode_shaped_max_rows` tokens (the worker gives the largest graph), a step
+        whose multi-token rows are jump-forward's forced tokens (with
+        `decode_shaped_forced`) or short prompt chunks (within `decode_shaped_prompt_reads`)
+        runs as one decode row per token; see `_decode_shaped`. 0: never. The three stay
+        switches a caller may flip between steps (ablations)."""
         self.model = model
-        # Up to this many tokens, a step whose multi-token rows are jump-forward's forced
-        # tokens (with `decode_shaped_forced`) or short prompt chunks (within
-        # `decode_shaped_prompt_reads`) runs as one decode row per token; see
-        # `_decode_shaped`. 0: never. The worker sets it to the largest decode CUDA graph.
-        self.decode_shaped_max_rows = 0
-        self.decode_shaped_forced = True
-        self.decode_shaped_prompt_reads = 0
+        self.decode_shaped_max_rows = decode_shaped_max_rows
+        self.decode_shaped_forced = decode_shaped_forced
+        self.decode_shaped_prompt_reads = decode_shaped_prompt_reads
         self.num_decode_shaped_steps = 0
         # Rank 0 of a TP group: the other ranks run every forward with this one.
         self.followers = followers
@@ -68,8 +82,7 @@ class ModelRunner:
         self.req_table = req_table
         self.sampler = Sampler(vocab_size)
         self.grammars = grammars
-        # Set by the worker on CUDA with a capture-safe backend (see cuda_graph.py).
-        self.decode_graphs: DecodeCudaGraphs | None = None
+        self.decode_graphs = decode_graphs
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> ForwardOutput:
