@@ -209,19 +209,21 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
     """A local cluster as `--model`, `--workers`, `--worker-args` say, with HTTP."""
     import shlex
 
-    from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+    from radixmesh.cluster.launch import LocalCluster, free_port
+    from radixmesh.cluster.spec import LaunchSpec
 
     policies = args.policies.split(",")
     http_port = free_port()
-    config = LaunchConfig(
+    config = LaunchSpec(
         model=args.model,
         workers=args.workers,
         policy=policies[0],
         port=free_port(),
+        tp_size=max(args.gpus_per_worker, 1),
+        device="cuda" if args.gpus_per_worker else "auto",
         worker_args=tuple(shlex.split(args.worker_args)),
-        router_args=("--http-port", str(http_port)),
+        router_options={"http_port": http_port},
         ready_timeout=args.ready_timeout,
-        gpus_per_worker=args.gpus_per_worker,
     )
     with LocalCluster(config) as cluster:
         target = Target(
@@ -340,7 +342,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--model", default="smollm2", help="with --launch")
     where.add_argument("--workers", type=int, default=2, help="with --launch")
     where.add_argument("--worker-args", default="", help="with --launch: `radixmesh worker` flags")
-    where.add_argument("--gpus-per-worker", type=int, default=0, help="with --launch")
+    where.add_argument(
+        "--gpus-per-worker",
+        type=int,
+        default=0,
+        help="with --launch: each worker's own GPUs (its TP size); 0: they share the visible ones",
+    )
     where.add_argument("--policies", default="cache_aware", help="with --launch: one run each")
     where.add_argument("--ready-timeout", type=float, default=600.0)
     load = ap.add_argument_group("load")

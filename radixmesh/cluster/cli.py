@@ -13,10 +13,13 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixmesh.cluster.env import API_KEY_ENV, HEALTH_ADDRESS_ENV, WORKER_API_KEY_ENV
 from radixmesh.errors import RadixMeshError
+
+if TYPE_CHECKING:
+    from radixmesh.cluster.spec import RayOptions
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -259,7 +262,7 @@ def _add_router_parser(sub: Any) -> None:
 def _cmd_launch(args: argparse.Namespace) -> int:
     import shlex
 
-    from radixmesh.cluster.launch import LaunchConfig, launch
+    from radixmesh.cluster.spec import LaunchSpec
 
     worker_args = shlex.split(args.worker_args)
     if args.dtype is not None:
@@ -267,87 +270,71 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     for flag in ("revision", "download_dir", "served_model_name", "chat_template"):
         if getattr(args, flag) is not None:
             worker_args += ["--" + flag.replace("_", "-"), getattr(args, flag)]
-    if args.ray or args.ray_address is not None:
-        return _launch_ray(args, tuple(worker_args))
-    if args.tp_size != 1:
-        worker_args += ["--tp-size", str(args.tp_size)]
-    gpus, visible = _gpus(args)
-    router_args: list[str] = []
-    for flag in ("http_port", "metrics_port", "download_dir"):
-        if getattr(args, flag) is not None:
-            router_args += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    ray = args.ray or args.ray_address is not None
+    router_options: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("http_port", "metrics_port") + (() if ray else ("download_dir",))
+        if getattr(args, name, None) is not None
+    }
     for flag in ("strict_openai", "separate_reasoning"):
         if getattr(args, flag):
-            router_args.append("--" + flag.replace("_", "-"))
+            router_options[flag] = True
     if args.tool_call_parser != "auto":
-        router_args += ["--tool-call-parser", args.tool_call_parser]
-    config = LaunchConfig(
+        router_options["tool_call_parser"] = args.tool_call_parser
+    device, visible = (args.ray_device, None) if ray else _local_device(args)
+    spec = LaunchSpec(
         model=args.model,
         workers=args.workers,
         policy=args.policy,
         host=args.host,
         port=args.port,
+        tp_size=args.tp_size,
+        device=device,
         worker_args=tuple(worker_args),
-        router_args=tuple(router_args),
+        router_options=router_options,
         api_keys=router_api_keys(args.api_key),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
-        gpus_per_worker=gpus,
+        worker_api_key=None if ray else args.worker_api_key,
         workers_per_gpu=args.workers_per_gpu,
         visible_gpus=visible,
-        worker_api_key=args.worker_api_key,
+        ray=_ray_options(args) if ray else None,
     )
-    return launch(config)
+    if spec.ray is not None:
+        from radixmesh.cluster.ray_launch import launch as launch_ray
+
+        return launch_ray(spec)
+    from radixmesh.cluster.launch import launch
+
+    return launch(spec)
 
 
-def _gpus(args: argparse.Namespace) -> tuple[int, int | None]:
-    """(GPUs per local worker, GPUs visible): each worker gets its own tp_size GPUs when
-    the workers will run on CUDA; (0, None) when they will not."""
+def _ray_options(args: argparse.Namespace) -> RayOptions:
+    from radixmesh.cluster.spec import RayOptions
+
+    return RayOptions(
+        address=args.ray_address,
+        max_restarts=args.max_restarts,
+        cpus_per_worker=args.cpus_per_worker,
+        worker_metrics_port=args.worker_metrics_port,
+    )
+
+
+def _local_device(args: argparse.Namespace) -> tuple[str, int | None]:
+    """(where local workers run, GPUs visible): CUDA, each worker on its own tp_size GPUs,
+    when the workers will run on CUDA; the CPU when they will not."""
     import shlex
 
     words = shlex.split(args.worker_args)
     devices = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--device"]
     devices += [w.split("=", 1)[1] for w in words if w.startswith("--device=")]
     if any(not d.startswith("cuda") and d != "auto" for d in devices):
-        return 0, None
+        return "cpu", None
     import torch
 
     if not torch.cuda.is_available():
-        return 0, None
-    return int(args.tp_size), torch.cuda.device_count()
-
-
-def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
-    from radixmesh.cluster.ray_launch import RayLaunchConfig, launch
-
-    router_options: dict[str, Any] = {
-        name: getattr(args, name)
-        for name in ("http_port", "metrics_port", "tls_cert", "tls_key")
-        if getattr(args, name, None) is not None
-    }
-    if api_keys := router_api_keys(args.api_key):
-        router_options["api_keys"] = api_keys
-    for flag in ("strict_openai", "separate_reasoning"):
-        if getattr(args, flag):
-            router_options[flag] = True
-    if args.tool_call_parser != "auto":
-        router_options["tool_call_parser"] = args.tool_call_parser
-    config = RayLaunchConfig(
-        model=args.model,
-        workers=args.workers,
-        policy=args.policy,
-        host=args.host,
-        port=args.port,
-        ray_address=args.ray_address,
-        tp_size=args.tp_size,
-        device=args.ray_device,
-        max_restarts=args.max_restarts,
-        cpus_per_worker=args.cpus_per_worker,
-        worker_args=worker_args,
-        router_options=router_options,
-        worker_metrics_port=args.worker_metrics_port,
-    )
-    return launch(config)
+        return "cpu", None
+    return "cuda", torch.cuda.device_count()
 
 
 def _add_ray_options(parser: argparse.ArgumentParser) -> None:

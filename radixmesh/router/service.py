@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
@@ -165,54 +166,67 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     break
                 raise
             tried.add(worker.worker_id)
-            started = forwarded = False  # the worker streamed / the caller got a chunk
-            status = "CANCELLED"  # unless the stream ends or fails first
-            pending = len(ids) - cached  # prefill work queued there until the first chunk
-            worker.request_started(pending)
-            self.requests[rid] = worker
-            call = worker.stub.Generate(wreq, metadata=worker.metadata)
-            joined = _Joined()
+            attempt = _Attempt(worker, pending=len(ids) - cached, started_at=t0)
             try:
-                async for resp in call:
-                    if not started:
-                        started = True
-                        worker.request_streaming(pending)
-                        self.metrics.ttft.observe(time.perf_counter() - t0)
-                    chunk = resp.chunk
-                    if chunk.HasField("finish"):
-                        self.metrics.e2e.observe(time.perf_counter() - t0)
-                        self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
-                        self.metrics.cached_tokens.inc(chunk.cached_tokens)
-                    if stream:
-                        forwarded = True
+                async with aclosing(self._stream_from(attempt, wreq, rid, stream)) as chunks:
+                    async for chunk in chunks:
                         yield worker.worker_id, chunk
-                    else:
-                        joined.add(chunk)
-                if not stream:
-                    forwarded = True
-                    yield worker.worker_id, joined.chunk()
-                worker.breaker.record_success()
-                status = "OK"
                 return
             except grpc.aio.AioRpcError as e:
-                status = e.code().name
-                if e.code() == grpc.StatusCode.UNAVAILABLE:
-                    worker.breaker.record_failure()
-                if forwarded or e.code() not in _RETRYABLE:
+                if attempt.forwarded or e.code() not in _RETRYABLE:
                     raise
                 logger.info("worker %s failed (%s); retrying", worker.worker_id, e.code().name)
                 last_error = e
                 self.retries += 1
                 self.metrics.retries.inc()
-            finally:
-                call.cancel()
-                if not started:
-                    worker.request_streaming(pending)
-                worker.request_ended()
-                self.metrics.worker_requests.labels(worker.worker_id, status).inc()
-                self.requests.pop(rid, None)
         assert last_error is not None
         raise last_error
+
+    async def _stream_from(
+        self, attempt: _Attempt, wreq: worker_pb2.GenerateRequest, rid: str, stream: bool
+    ) -> AsyncGenerator[common_pb2.GenerateChunk, None]:
+        """One worker's Generate call: its chunks (joined into one unless `stream`), with
+        the worker's load, breaker and the router's metrics kept as the call goes."""
+        worker, pending = attempt.worker, attempt.pending
+        started = False  # the worker streamed
+        status = "CANCELLED"  # unless the stream ends or fails first
+        worker.request_started(pending)  # prefill work queued there until the first chunk
+        self.requests[rid] = worker
+        call = worker.stub.Generate(wreq, metadata=worker.metadata)
+        joined = _Joined()
+        try:
+            async for resp in call:
+                if not started:
+                    started = True
+                    worker.request_streaming(pending)
+                    self.metrics.ttft.observe(time.perf_counter() - attempt.started_at)
+                chunk = resp.chunk
+                if chunk.HasField("finish"):
+                    self.metrics.e2e.observe(time.perf_counter() - attempt.started_at)
+                    self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
+                    self.metrics.cached_tokens.inc(chunk.cached_tokens)
+                if stream:
+                    attempt.forwarded = True
+                    yield chunk
+                else:
+                    joined.add(chunk)
+            if not stream:
+                attempt.forwarded = True
+                yield joined.chunk()
+            worker.breaker.record_success()
+            status = "OK"
+        except grpc.aio.AioRpcError as e:
+            status = e.code().name
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                worker.breaker.record_failure()
+            raise
+        finally:
+            call.cancel()
+            if not started:
+                worker.request_streaming(pending)
+            worker.request_ended()
+            self.metrics.worker_requests.labels(worker.worker_id, status).inc()
+            self.requests.pop(rid, None)
 
     async def Generate(
         self, request: router_pb2.RouterGenerateRequest, context: grpc.aio.ServicerContext
@@ -379,6 +393,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return router_pb2.RouterGetModelInfoResponse(info=self.model_info)
 
         return await _unary(context, run)
+
+
+@dataclass
+class _Attempt:
+    """One try of a request on one worker."""
+
+    worker: WorkerHandle
+    pending: int  # the prompt tokens it has to prefill (not cached there)
+    started_at: float  # perf_counter() when the request reached the router
+    forwarded: bool = False  # the caller got a chunk: no retry elsewhere after this
 
 
 class _Joined:

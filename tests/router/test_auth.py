@@ -18,7 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixmesh.auth import bearer_allowed
 from radixmesh.client import Client
 from radixmesh.cluster.cli import build_parser, router_api_keys
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import Unauthenticated
 from radixmesh.router.config import RouterConfig
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
@@ -82,12 +83,12 @@ class SecureCluster:
 def secure(certificate: tuple[Path, Path]) -> Iterator[SecureCluster]:
     cert, key = certificate
     http_port = free_port()
-    config = LaunchConfig(
+    config = LaunchSpec(
         model="dummy:tiny",
         workers=1,
         port=free_port(),
         worker_args=("--dtype", "float32"),
-        router_args=("--http-port", str(http_port)),
+        router_options={"http_port": http_port},
         api_keys=KEYS,
         tls_cert=str(cert),
         tls_key=str(key),
