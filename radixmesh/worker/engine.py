@@ -27,8 +27,8 @@ from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
-from radixmesh.worker.request import HiddenPool, Pooling, Request, RequestOutput
-from radixmesh.worker.request_output import embedding_result
+from radixmesh.worker.request import HiddenPool, Pooling, Request
+from radixmesh.worker.request_output import MetaInfo, RequestOutput, embedding_of
 from radixmesh.worker.tp.leader import RankFailure
 from radixmesh.worker.worker import Worker
 
@@ -81,7 +81,7 @@ class Engine:
             return self._stream(reqs[0])
         queues = self._submit_all(reqs)
         try:
-            results = [self._collect(q) for q in queues]
+            results = [self._collect(q).result() for q in queues]
         except BaseException:  # Ctrl-C in the caller: don't leave its requests running
             for r in reqs:
                 self.abort(r.rid)
@@ -101,7 +101,9 @@ class Engine:
                 raise InvalidArgument("stream", "streaming takes one prompt with n=1")
             return self._astream(reqs[0])
         queues = [await self._asubmit(r) for r in reqs]
-        results = [await self._acollect(q, r.rid) for q, r in zip(queues, reqs, strict=True)]
+        results = [
+            (await self._acollect(q, r.rid)).result() for q, r in zip(queues, reqs, strict=True)
+        ]
         return results[0] if single and len(results) == 1 else results
 
     def encode(
@@ -113,24 +115,25 @@ class Engine:
         reqs, single = self._make_embed_requests(prompt, input_ids, pooling)
         queues = self._submit_all(reqs)
         try:
-            results = [self._collect(q) for q in queues]
+            results = [_embedding_dict(self._collect(q).output()) for q in queues]
         except BaseException:
             for r in reqs:
                 self.abort(r.rid)
             raise
-        if not single:
-            return [embedding_result(r) for r in results]
-        return embedding_result(results[0])
+        return results[0] if single else results
 
     async def async_encode(
         self, input_ids: list[int], pooling: str = "mean", rid: str | None = None
-    ) -> dict[str, Any]:
+    ) -> RequestOutput:
         """`encode` for one tokenized prompt under a caller-chosen id (so `abort(rid)`
-        reaches it); cancelling the caller aborts the request."""
+        reaches it): its final output, whose `embedding` is set (else RequestAborted);
+        cancelling the caller aborts the request."""
         (req,), _ = self._make_embed_requests(None, input_ids, pooling)
         if rid is not None:
             req.rid = rid
-        return embedding_result(await self._acollect(await self._asubmit(req), req.rid))
+        out = (await self._acollect(await self._asubmit(req), req.rid)).output()
+        embedding_of(out)
+        return out
 
     def abort(self, rid: str) -> None:
         def run() -> None:
@@ -174,8 +177,8 @@ class Engine:
 
     def async_stream(
         self, input_ids: list[int], sampling_params: Params = None, rid: str | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Stream one request under a caller-chosen id (so `abort(rid)` reaches it).
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs under a caller-chosen id (so `abort(rid)` reaches it).
 
         Validates now (raises InvalidArgument / Unavailable before anything runs); the
         request is submitted on the first iteration. Closing the iterator early aborts it."""
@@ -184,7 +187,7 @@ class Engine:
             raise InvalidArgument("sampling_params.n", "a stream takes n=1")
         if rid is not None:
             reqs[0].rid = rid
-        return self._astream(reqs[0])
+        return self._aoutputs(reqs[0])
 
     def submit(
         self,
@@ -251,12 +254,16 @@ class Engine:
             return_logprob=True,
             logprob_start_len=len(input_ids),
         )
-        results = await self.async_generate(
-            input_ids=[input_ids + cont for cont in continuations],
-            sampling_params=[params] * len(continuations),
-        )
-        assert isinstance(results, list)
-        return [[float(lp) for lp, _, _ in r["meta_info"]["input_token_logprobs"]] for r in results]
+        prompts = [input_ids + cont for cont in continuations]
+        reqs, _ = self._make_requests(None, prompts, [params] * len(continuations))
+        queues = [await self._asubmit(r) for r in reqs]
+        scores = []
+        for q, r in zip(queues, reqs, strict=True):
+            meta = (await self._acollect(q, r.rid)).meta
+            # Scored from the prompt's end (>= 1): every entry has its logprob.
+            lps = meta.input_token_logprobs if meta is not None else None
+            scores.append([float(lp) for lp, _, _ in lps or [] if lp is not None])
+        return scores
 
     def add_cache_listener(self, fn: CacheListener, snapshot: bool = False) -> list[CacheEvent]:
         """Attach a cache-event listener on the scheduler thread (where events fire).
@@ -361,13 +368,13 @@ class Engine:
         self._post(lambda: self.worker.scheduler.add_request(req))
         return q
 
-    def _collect(self, q: queue.SimpleQueue[RequestOutput]) -> dict[str, Any]:
+    def _collect(self, q: queue.SimpleQueue[RequestOutput]) -> _Accumulator:
         acc = _Accumulator()
         while True:
             out = self._get(q)
             acc.add(out)
             if out.finished:
-                return acc.result()
+                return acc
 
     def _stream(self, req: Request) -> Iterator[dict[str, Any]]:
         q = self._submit(req)
@@ -391,19 +398,23 @@ class Engine:
         self._post(lambda: self.worker.scheduler.add_request(req))
         return q
 
-    async def _acollect(self, q: asyncio.Queue[RequestOutput], rid: str) -> dict[str, Any]:
+    async def _acollect(self, q: asyncio.Queue[RequestOutput], rid: str) -> _Accumulator:
         acc = _Accumulator()
         try:
             while True:
                 out = await self._aget(q)
                 acc.add(out)
                 if out.finished:
-                    return acc.result()
+                    return acc
         except asyncio.CancelledError:
             self.abort(rid)
             raise
 
     async def _astream(self, req: Request) -> AsyncIterator[dict[str, Any]]:
+        async for out in self._aoutputs(req):
+            yield out.as_chunk()
+
+    async def _aoutputs(self, req: Request) -> AsyncIterator[RequestOutput]:
         q = await self._asubmit(req)
         done = False
         try:
@@ -414,7 +425,7 @@ class Engine:
                 while not out.finished and not q.empty():
                     out = out.then(q.get_nowait())
                 done = out.finished
-                yield out.as_chunk()
+                yield out
         finally:
             if not done:
                 self.abort(req.rid)
@@ -576,11 +587,18 @@ class _Mailbox:
             q.put_nowait(out)
 
 
+def _embedding_dict(out: RequestOutput) -> dict[str, Any]:
+    """An embedding request's result at the Python API's edge: {"embedding", "meta_info"}."""
+    return {"embedding": embedding_of(out), "meta_info": out.meta_info.to_dict()}
+
+
 class _Accumulator:
+    """A request's outputs joined: its ids and text, and its latest MetaInfo."""
+
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.text: list[str] = []
-        self.meta: dict[str, Any] = {}
+        self.meta: MetaInfo | None = None
         self.embedding: list[float] | None = None
 
     def add(self, out: RequestOutput) -> None:
@@ -590,7 +608,22 @@ class _Accumulator:
         self.embedding = out.embedding
 
     def result(self) -> dict[str, Any]:
-        result = {"text": "".join(self.text), "output_ids": self.ids, "meta_info": self.meta}
+        """SGLang's result dict (the Python API's edge)."""
+        assert self.meta is not None
+        meta = self.meta.to_dict()
+        result = {"text": "".join(self.text), "output_ids": self.ids, "meta_info": meta}
         if self.embedding is not None:
             result["embedding"] = self.embedding
         return result
+
+    def output(self) -> RequestOutput:
+        """The request's outputs as one (its final state)."""
+        assert self.meta is not None
+        return RequestOutput(
+            rid=self.meta.id,
+            new_token_ids=self.ids,
+            text_delta="".join(self.text),
+            finished=self.meta.finish is not None,
+            meta_info=self.meta,
+            embedding=self.embedding,
+        )

@@ -29,7 +29,7 @@ from radixmesh.worker.config import SchedulerConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.forward_batch import to_device
 from radixmesh.worker.kvcache.allocator import KVAllocator
-from radixmesh.worker.kvcache.radix_cache import RadixCache
+from radixmesh.worker.kvcache.radix_cache import RadixCache, TreeNode
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.output import OutputProcessor
 from radixmesh.worker.overlap import FutureLauncher, OverlapLoop, drop_placeholders
@@ -290,7 +290,7 @@ class Scheduler:
                 return True
         return False
 
-    def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: object) -> None:
+    def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: TreeNode) -> None:
         req.row = row
         req.last_node = node
         req.num_shared_tokens = len(prefix_slots)
@@ -370,7 +370,7 @@ class Scheduler:
 
     def _release(self, req: Request) -> None:
         """Give a request's KV to the cache (which frees what it does not keep)."""
-        assert req.row is not None
+        assert req.row is not None and req.last_node is not None
         n = req.num_computed_tokens
         slots = self.req_table.table[req.row, :n].clone()
         self.cache.cache_finished(req.token_ids[:n], slots, req.last_node)
@@ -382,7 +382,7 @@ class Scheduler:
         self._allocated.pop(req.rid, None)
 
     def _discard(self, req: Request) -> None:
-        assert req.row is not None
+        assert req.row is not None and req.last_node is not None
         end = self._allocated.pop(req.rid, req.num_computed_tokens)
         own = self.req_table.table[req.row, req.num_shared_tokens : end]
         if own.numel():
@@ -396,7 +396,7 @@ class Scheduler:
 
     def _share_prefix(self, req: Request) -> None:
         """After a prefill chunk, put the computed prefix in the tree so others reuse it."""
-        assert req.row is not None
+        assert req.row is not None and req.last_node is not None
         n = req.num_computed_tokens - req.num_computed_tokens % self.page_size
         if n == 0 or self.cache.disabled:
             return
