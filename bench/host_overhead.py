@@ -8,8 +8,9 @@ batch-256 decode step (docs/performance.md). Each part of `Scheduler.step` is ti
   build           ModelRunner._forward_batch (ForwardBatch from the batch)
   model           attention prepare + model forward + logits
   sampling        the rest of ModelRunner.forward around the sampler (rows, SamplingRows)
-  sampler         Sampler.sample (for greedy rows: one argmax over [B, V] and its .tolist())
-  process_output  Scheduler.process_output (stop checks, detokenizing, emit)
+  sampler         Sampler.draw (for greedy rows: one argmax over [B, V])
+  process_output  Scheduler.process_output (reading the tokens back, stop checks,
+                  detokenizing, emit)
 
 Workload: 256 requests x 64 random prompt tokens, 64 new tokens each, greedy,
 ignore_eos, float32, with an incremental detokenizer per request as the engine sets up.
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runner._forward_batch = timer.wrap("build", runner._forward_batch)  # type: ignore[method-assign]
     runner.attn.prepare = timer.wrap("model", runner.attn.prepare)  # type: ignore[method-assign]
     runner.model = TimedModel(runner.model, timer)  # type: ignore[assignment]
-    runner.sampler.sample = timer.wrap("sampler", runner.sampler.sample)  # type: ignore[method-assign]
+    runner.sampler.draw = timer.wrap("sampler", runner.sampler.draw)  # type: ignore[method-assign]
     forward = runner.forward
     batches: list[Batch] = []
 

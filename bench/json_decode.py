@@ -260,9 +260,9 @@ def mask_overhead_in_step(
             for r, g in zip(reqs, grammars, strict=True):
                 r.grammar = g if constrained else None
             t0 = time.perf_counter()
-            out = w.runner.forward(step)
+            ids = w.runner.forward(step).next_token_ids()  # the step's tokens, read back
             times[constrained].append(time.perf_counter() - t0)
-            assert all(t is not None for t in out.next_token_ids)
+            assert all(t is not None for t in ids)
     finally:
         for r, slots in zip(reqs, held, strict=True):
             w.allocator.free(slots)

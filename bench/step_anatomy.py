@@ -151,11 +151,9 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
         phases: list[dict[str, float]] = []
         timer.wrap(sched, "schedule", "schedule")
         timer.wrap(sched, "process_output", "process_output")
+        timer.wrap(sched, "launch", "launch")
         timer.wrap(runner, "forward", "runner_forward")
-        if sched._overlap is not None:
-            timer.wrap(sched._overlap, "_launch", "launch")
-            timer.wrap(sched._overlap, "_resolve", "resolve")
-            timer.wrap(sched._overlap.launcher.runner.sampler, "sample_ids", "sample_ids")
+        timer.wrap(runner.sampler, "draw", "sampler")
         if runner.followers is not None:
             timer.wrap(runner.followers, "send_step", "send_step")
         if runner.decode_graphs is not None:

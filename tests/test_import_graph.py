@@ -29,9 +29,6 @@ ALLOWED: dict[frozenset[str], str] = {
         "the HTTP front end registers its route modules, which type it (HttpFrontend); a "
         "Protocol of what they use of it would break the circle"
     ),
-    frozenset({"radixmesh.worker.overlap", "radixmesh.worker.scheduler"}): (
-        "overlap.py still holds its own copy of the step, driven by the scheduler"
-    ),
 }
 
 

@@ -9,7 +9,6 @@ disconnect reaches the scheduler between two steps.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import queue
@@ -27,8 +26,9 @@ from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
+from radixmesh.worker.mailbox import Mailbox
 from radixmesh.worker.request import HiddenPool, Pooling, Request
-from radixmesh.worker.request_output import MetaInfo, RequestOutput, embedding_of
+from radixmesh.worker.request_output import Accumulator, RequestOutput, embedding_of
 from radixmesh.worker.tp.leader import RankFailure
 from radixmesh.worker.worker import Worker
 
@@ -51,8 +51,8 @@ class Engine:
         self._closed = False
         self._fatal: str | None = None  # why the scheduler thread died, if it did
         self._draining = False  # drain(): new requests get Unavailable
-        # Per event loop: hands that loop's requests their outputs (see _Mailbox).
-        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+        # Per event loop: hands that loop's requests their outputs (see Mailbox).
+        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
             weakref.WeakKeyDictionary()
         )
         self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
@@ -368,8 +368,8 @@ class Engine:
         self._post(lambda: self.worker.scheduler.add_request(req))
         return q
 
-    def _collect(self, q: queue.SimpleQueue[RequestOutput]) -> _Accumulator:
-        acc = _Accumulator()
+    def _collect(self, q: queue.SimpleQueue[RequestOutput]) -> Accumulator:
+        acc = Accumulator()
         while True:
             out = self._get(q)
             acc.add(out)
@@ -392,14 +392,14 @@ class Engine:
         loop = asyncio.get_running_loop()
         mailbox = self._mailboxes.get(loop)
         if mailbox is None:
-            mailbox = self._mailboxes[loop] = _Mailbox(loop)
+            mailbox = self._mailboxes[loop] = Mailbox(loop)
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         req.sink = functools.partial(mailbox.put, q)
         self._post(lambda: self.worker.scheduler.add_request(req))
         return q
 
-    async def _acollect(self, q: asyncio.Queue[RequestOutput], rid: str) -> _Accumulator:
-        acc = _Accumulator()
+    async def _acollect(self, q: asyncio.Queue[RequestOutput], rid: str) -> Accumulator:
+        acc = Accumulator()
         try:
             while True:
                 out = await self._aget(q)
@@ -555,75 +555,6 @@ def _normalize_params(params: Params, count: int) -> list[SamplingParams]:
     return [one] * count
 
 
-class _Mailbox:
-    """Outputs from the scheduler thread to the queues of one event loop's requests.
-
-    One wake-up of the loop (`call_soon_threadsafe`, a write to its self-pipe) carries
-    every output that arrived since the loop last drained: a step that produces a token for
-    256 streams wakes the loop once, not 256 times."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]] = []
-        self._scheduled = False
-
-    def put(self, q: asyncio.Queue[RequestOutput], out: RequestOutput) -> None:
-        """From the scheduler thread."""
-        with self._lock:
-            self._items.append((q, out))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        # A closed loop (RuntimeError): its requests' consumers are gone already.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-            self._scheduled = False
-        for q, out in items:
-            q.put_nowait(out)
-
-
 def _embedding_dict(out: RequestOutput) -> dict[str, Any]:
     """An embedding request's result at the Python API's edge: {"embedding", "meta_info"}."""
     return {"embedding": embedding_of(out), "meta_info": out.meta_info.to_dict()}
-
-
-class _Accumulator:
-    """A request's outputs joined: its ids and text, and its latest MetaInfo."""
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.text: list[str] = []
-        self.meta: MetaInfo | None = None
-        self.embedding: list[float] | None = None
-
-    def add(self, out: RequestOutput) -> None:
-        self.ids.extend(out.new_token_ids)
-        self.text.append(out.text_delta)
-        self.meta = out.meta_info
-        self.embedding = out.embedding
-
-    def result(self) -> dict[str, Any]:
-        """SGLang's result dict (the Python API's edge)."""
-        assert self.meta is not None
-        meta = self.meta.to_dict()
-        result = {"text": "".join(self.text), "output_ids": self.ids, "meta_info": meta}
-        if self.embedding is not None:
-            result["embedding"] = self.embedding
-        return result
-
-    def output(self) -> RequestOutput:
-        """The request's outputs as one (its final state)."""
-        assert self.meta is not None
-        return RequestOutput(
-            rid=self.meta.id,
-            new_token_ids=self.ids,
-            text_delta="".join(self.text),
-            finished=self.meta.finish is not None,
-            meta_info=self.meta,
-            embedding=self.embedding,
-        )

@@ -156,3 +156,40 @@ def embedding_of(out: RequestOutput) -> list[float]:
         message = finish.message if finish is not None else None
         raise RequestAborted(message or "the embedding request was aborted")
     return out.embedding
+
+
+class Accumulator:
+    """A request's outputs joined: its ids and text, and its latest MetaInfo."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.meta: MetaInfo | None = None
+        self.embedding: list[float] | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.ids.extend(out.new_token_ids)
+        self.text.append(out.text_delta)
+        self.meta = out.meta_info
+        self.embedding = out.embedding
+
+    def result(self) -> dict[str, Any]:
+        """SGLang's result dict (the Python API's edge)."""
+        assert self.meta is not None
+        meta = self.meta.to_dict()
+        result = {"text": "".join(self.text), "output_ids": self.ids, "meta_info": meta}
+        if self.embedding is not None:
+            result["embedding"] = self.embedding
+        return result
+
+    def output(self) -> RequestOutput:
+        """The request's outputs as one (its final state)."""
+        assert self.meta is not None
+        return RequestOutput(
+            rid=self.meta.id,
+            new_token_ids=self.ids,
+            text_delta="".join(self.text),
+            finished=self.meta.finish is not None,
+            meta_info=self.meta,
+            embedding=self.embedding,
+        )
