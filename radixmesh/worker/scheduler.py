@@ -490,8 +490,12 @@ class Scheduler:
         ids = req.token_ids
         if pos >= len(ids) or ids[pos] != out.tokens.placeholder(j):
             return False
-        tail = ids[pos + 1 :]  # the placeholder of a step launched since (overlap)
-        del ids[pos:]
+        if pos == len(ids) - 1:  # the common case: nothing launched since
+            ids.pop()
+            tail: list[int] = []
+        else:
+            tail = ids[pos + 1 :]  # the placeholder of a step launched since (overlap)
+            del ids[pos:]
         if req.first_token_time is None:
             req.first_token_time = now
         self._generated_tokens += 1
