@@ -91,7 +91,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 bench: setup
-	$(VPY) bench/offline.py
+	$(VPY) -m bench.offline
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(SGLANG_SITE) .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,7 @@ call, eager loop and graph replay of --calls calls, and whether the sums are rig
 Multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1): the one-shot
 kernel reads the peers' buffers over NVLink (P2P loads), no multimem.
 
-  python bench/allreduce.py --world 2            # two H200s
+  python -m bench.allreduce --world 2            # two H200s
 Writes JSON (--out) and prints a table.
 """
 
@@ -16,21 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 import traceback
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from machine_info import machine
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench import record
 
 
 def _rank(rank: int, world: int, port: int, args: dict[str, Any], q: Any) -> None:
@@ -134,17 +127,17 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], q: Any) -> Non
     if rank == 0:
         q.put(out)
     dist.barrier()
-    os._exit(0)  # NCCL teardown can hang (radixmesh/worker/tp/followers.py)
+    os._exit(0)  # NCCL teardown can hang (radixmesh/worker/tp/leader.py)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--batches", default="1,8,64,256")
     ap.add_argument("--calls", type=int, default=64)
-    ap.add_argument("--out", default=None)
-    a = ap.parse_args()
+    record.add_output_arguments(ap)
+    a = ap.parse_args(argv)
     import torch.multiprocessing as mp
 
     from radixmesh.cluster.launch import free_port
@@ -163,17 +156,8 @@ def main() -> None:
     for p in procs:
         p.join(timeout=300)
     res = q.get() if not q.empty() else {"error": [p.exitcode for p in procs]}
-    report = {
-        "benchmark": "allreduce",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(),
-        "torch": torch.__version__,
-        "args": vars(a),
-        "result": res,
-    }
     print(json.dumps(res, indent=1))
-    path = Path(a.out) if a.out else RESULTS / f"allreduce-{time.strftime('%Y%m%d')}.json"
-    path.write_text(json.dumps(report, indent=2))
+    record.write("allreduce", a, {"result": res})
 
 
 if __name__ == "__main__":

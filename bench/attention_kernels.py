@@ -7,26 +7,21 @@ ceiling, and the engine's greedy tokens with the triton vs torch backend.
    device-to-device copy; extend kernel on 16 x 512 new tokens over 1536-token prefixes.
 3. Engine on `dummy:llama-3-8b`: greedy tokens of 16 prompts, triton vs torch backend.
 
-Run on a CUDA machine: `python bench/attention_kernels.py [--out DIR] [--skip-engine]`.
-Prints a table and writes attention-kernels-<date>.json under bench/results/ (or --out).
+Run on a CUDA machine: `python -m bench.attention_kernels [--out DIR] [--skip-engine]`.
+Prints a table and writes its record (bench/record.py) to bench/results/ or --out.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
-import triton
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench import record
 from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention,
     decode_attention_ref,
@@ -217,16 +212,13 @@ def engine_parity(n_prompts: int, new_tokens: int, dtype: str) -> dict[str, Any]
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default=None)
+    record.add_output_arguments(ap)
     ap.add_argument("--skip-engine", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.manual_seed(0)
     report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "gpu": torch.cuda.get_device_name(0),
-        "versions": {"torch": torch.__version__, "triton": triton.__version__},
         "shapes": {"num_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "dtype": "bfloat16"},
     }
     report["store"] = [check_store(s) for s in range(2)]
@@ -241,10 +233,7 @@ def main() -> None:
     report["extend_timing"] = [time_extend(16, 1536, 512), time_extend(64, 0, 512)]
     if not args.skip_engine:
         report["engine_parity"] = [engine_parity(16, 32, dt) for dt in ("float32", "bfloat16")]
-    out_dir = Path(args.out) if args.out else Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"attention-kernels-{time.strftime('%Y%m%d')}.json"
-    path.write_text(json.dumps(report, indent=2))
+    path = record.write("attention_kernels", args, report)
 
     ok = all(c["exact"] for c in report["store"]) and all(
         not c["nan"] and c["rel_err"] < 1e-2 for c in report["extend"] + report["decode"]

@@ -1,4 +1,4 @@
-"""What the radix cache costs where nothing is shared (issue 7: <= 0.5%), measured on one
+"""What the radix cache costs where nothing is shared (the target: <= 0.5%), measured on one
 engine with the cache switched on and off between runs.
 
 Two engines (bench/offline.py's cache-on and cache-off runs) differ in more than the
@@ -10,7 +10,7 @@ on, ...) so that drift cancels; the cache is flushed before each run and switche
 switch reads it per call, so this is what `disable_radix_cache=True` runs). Reports every
 run's seconds, the medians and the ratio of mean times with a rough 95% interval.
 
-  python bench/cache_overhead.py --pairs 2          # CUDA: dummy:llama-3-8b, pool auto-sized
+  python -m bench.cache_overhead --pairs 2          # CUDA: dummy:llama-3-8b, pool auto-sized
 """
 
 from __future__ import annotations
@@ -18,25 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from machine_info import machine
-from offline import gpu_workloads, run_engine
-
+from bench import record
+from bench.offline import gpu_workloads, run_engine
 from radixmesh.worker.engine import Engine
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="dummy:llama-3-8b")
     ap.add_argument("--pairs", type=int, default=2, help="ABBA blocks: 2 runs on + 2 off each")
@@ -44,8 +33,8 @@ def main() -> None:
     ap.add_argument("--max-running-requests", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--kv-cache-tokens", type=int, default=None, help="default: auto on CUDA")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
     opts: dict[str, Any] = dict(
         max_running_requests=args.max_running_requests,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -83,17 +72,7 @@ def main() -> None:
         "overhead_95_interval": [ratio - half, ratio + half],
     }
     print(json.dumps(res, indent=1))
-    report = {
-        "benchmark": "cache_overhead",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(),
-        "torch": torch.__version__,
-        "args": vars(args),
-        "result": res,
-    }
-    default = RESULTS / f"cache-overhead-{time.strftime('%Y%m%d')}.json"
-    path = Path(args.out) if args.out else default
-    path.write_text(json.dumps(report, indent=2))
+    record.write("cache_overhead", args, {"result": res})
 
 
 if __name__ == "__main__":

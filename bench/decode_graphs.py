@@ -1,32 +1,33 @@
 """Decode CUDA graphs on the GPU: greedy tokens and throughput with graphs on vs off.
 
-`python bench/decode_graphs.py` on a CUDA machine, dummy:llama-3-8b in bf16: 16 prompts x
+`python -m bench.decode_graphs` on a CUDA machine, dummy:llama-3-8b in bf16: 16 prompts x
 32 greedy tokens (decode batch 16, a ladder size: no padding) must give the same tokens,
 then 256 x (512 in, 64 out) output tokens per second with each setting.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench import record
 from radixmesh.worker.engine import Engine
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
     rng = random.Random(0)
     small = [[rng.randrange(256, 128000) for _ in range(rng.randrange(8, 600))] for _ in range(16)]
     big = [[rng.randrange(256, 128000) for _ in range(512)] for _ in range(256)]
     greedy = {"temperature": 0.0, "max_new_tokens": 32, "ignore_eos": True}
-    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report: dict[str, Any] = {}
     tokens = {}
     for graphs in (256, 0):
         t0 = time.perf_counter()
@@ -60,8 +61,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     report["identical_greedy"] = sum(a == b for a, b in zip(tokens[256], tokens[0], strict=True))
     print(json.dumps(report, indent=1))
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "results"
-    (out / f"decode-graphs-{time.strftime('%Y%m%d')}.json").write_text(json.dumps(report, indent=2))
+    record.write("decode_graphs", args, report)
 
 
 if __name__ == "__main__":

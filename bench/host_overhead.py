@@ -2,44 +2,34 @@
 
 The model's own time is negligible with `dummy:tiny`, so what a step costs here is the
 scheduler's host work: on the GPU that work is serial with the device and bounds a
-batch-256 decode step (bench/NOTES-gpu.md). Each part of `Scheduler.step` is timed:
+batch-256 decode step (docs/performance.md). Each part of `Scheduler.step` is timed:
 
   schedule        Scheduler.schedule (allocation, req->token table, admission)
   build           ModelRunner._forward_batch (ForwardBatch from the batch)
   model           attention prepare + model forward + logits
   sampling        the rest of ModelRunner.forward around the sampler (rows, SamplingRows)
-  sampler         Sampler.sample (for greedy rows: one argmax over [B, V] and its .tolist())
-  process_output  Scheduler.process_output (stop checks, detokenizing, emit)
+  sampler         Sampler.draw (for greedy rows: one argmax over [B, V])
+  process_output  Scheduler.process_output (reading the tokens back, stop checks,
+                  detokenizing, emit)
 
 Workload: 256 requests x 64 random prompt tokens, 64 new tokens each, greedy,
 ignore_eos, float32, with an incremental detokenizer per request as the engine sets up.
 Prints a table (decode steps at full batch, and all steps) and writes JSON to
 bench/results/. The machine may be shared: the run is repeated and each figure is the
 best of the repeats (noise only ever adds time).
-Run: `.venv/bin/python bench/host_overhead.py [--tag before]`.
+Run: `.venv/bin/python -m bench.host_overhead [--clock thread] [--name NAME]`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: machine_info
-
-from machine_info import machine
-
+from bench import record
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.batch import Batch
 from radixmesh.worker.config import EngineConfig
@@ -47,7 +37,6 @@ from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.request import Request, RequestOutput
 from radixmesh.worker.worker import Worker
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = ("schedule", "build", "model", "sampling", "sampler", "process_output")
 # Wall time by default. On a shared machine `--clock thread` (the scheduler thread's CPU
 # time) is steadier for the host parts; it leaves out torch's intra-op threads.
@@ -119,7 +108,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runner._forward_batch = timer.wrap("build", runner._forward_batch)  # type: ignore[method-assign]
     runner.attn.prepare = timer.wrap("model", runner.attn.prepare)  # type: ignore[method-assign]
     runner.model = TimedModel(runner.model, timer)  # type: ignore[assignment]
-    runner.sampler.sample = timer.wrap("sampler", runner.sampler.sample)  # type: ignore[method-assign]
+    runner.sampler.draw = timer.wrap("sampler", runner.sampler.draw)  # type: ignore[method-assign]
     forward = runner.forward
     batches: list[Batch] = []
 
@@ -198,7 +187,7 @@ def print_table(res: dict[str, Any]) -> None:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -206,28 +195,15 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
-    ap.add_argument("--tag", default="", help="suffix of the result file (e.g. before, after)")
-    args = ap.parse_args()
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
     global clock
     clock = CLOCKS[args.clock]
     res = best_of([run(args) for _ in range(args.repeats)])
     print_table(res)
-    now = datetime.now(UTC)
-    record = {
-        "benchmark": "host_overhead",
-        "model": "dummy:tiny",
-        "dtype": "float32",
-        "workload": vars(args),
-        "date": now.strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "machine": machine(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__},
-        "results": res,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    tag = (f"-{args.clock}" if args.clock != "wall" else "") + (f"-{args.tag}" if args.tag else "")
-    name = f"host_overhead-cpu-{now:%Y%m%d}{tag}.json"
-    (RESULTS / name).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {RESULTS / name}")
+    figures = {"model": "dummy:tiny", "dtype": "float32", "results": res}
+    clock_name = None if args.clock == "wall" else args.clock
+    record.write("host_overhead", args, figures, name=clock_name)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ Mask overhead: the time to fill one bitmask for B constrained rows and apply it 
 `[B, V]` logits, against one unconstrained decode step at batch B.
 
 Prints a summary and writes JSON to bench/results/ (machine, date, versions, figures).
-CPU:  `.venv/bin/python bench/json_decode.py`
-GPU:  `python bench/json_decode.py --model dummy:llama-3-8b --documents 256 \
+CPU:  `.venv/bin/python -m bench.json_decode`
+GPU:  `python -m bench.json_decode --model dummy:llama-3-8b --documents 256 \
           --max-running-requests 64 --max-new-tokens 400 --kv-cache-bytes 16000000000`
 (dummy models use the byte tokenizer: random weights, but every output obeys the schema.)
 """
@@ -25,25 +25,17 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from offline import machine, versions
-
+from bench import record
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.batch import Batch, ScheduledRequest
 from radixmesh.worker.constrained.bitmask import TokenBitmask
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.request import Request
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 NAME = {"type": "string", "maxLength": 24}
 SCHEMA: dict[str, Any] = {
@@ -268,9 +260,9 @@ def mask_overhead_in_step(
             for r, g in zip(reqs, grammars, strict=True):
                 r.grammar = g if constrained else None
             t0 = time.perf_counter()
-            out = w.runner.forward(step)
+            ids = w.runner.forward(step).next_token_ids()  # the step's tokens, read back
             times[constrained].append(time.perf_counter() - t0)
-            assert all(t is not None for t in out.next_token_ids)
+            assert all(t is not None for t in ids)
     finally:
         for r, slots in zip(reqs, held, strict=True):
             w.allocator.free(slots)
@@ -303,7 +295,7 @@ def print_mask(overhead: dict[str, Any], in_step: dict[str, Any]) -> None:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--device", default="auto")
@@ -322,7 +314,7 @@ def main() -> None:
         default=True,
         help="forced tokens as decode rows (graph-replayed; CUDA graphs only)",
     )
-    ap.add_argument("--out", default=None)
+    record.add_output_arguments(ap)
     ap.add_argument(
         "--profile",
         default=None,
@@ -337,7 +329,7 @@ def main() -> None:
         "(a shared machine)",
     )
     ap.add_argument("--skip-mask", action="store_true", help="skip the two mask-overhead runs")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     load_before = os.getloadavg()
     options: dict[str, Any] = {"kv_cache_bytes": args.kv_cache_bytes} if args.kv_cache_bytes else {}
@@ -382,11 +374,6 @@ def main() -> None:
         engine.shutdown()
 
     report = {
-        "benchmark": "json_decode",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(),
-        "versions": versions(),
-        "args": vars(args),
         "load_average_before_after": [load_before[0], os.getloadavg()[0]],
         "dtype": str(engine.worker.dtype),
         "jump_forward_on": on,
@@ -416,15 +403,7 @@ def main() -> None:
     if overhead:
         print_mask(overhead, in_step)
     print(f"example: {on['example']}")
-    tag = "gpu" if torch.cuda.is_available() else "cpu"
-    RESULTS.mkdir(exist_ok=True)
-    path = (
-        Path(args.out)
-        if args.out
-        else RESULTS / f"json_decode-{tag}-{time.strftime('%Y%m%d')}.json"
-    )
-    path.write_text(json.dumps(report, indent=2))
-    print(f"wrote {path}")
+    record.write("json_decode", args, report)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""KV capacity on one GPU (issue 7): the auto-sized KV pool of a model, and what it left.
+"""KV capacity on one GPU: the auto-sized KV pool of a model, and what it left.
 
 Builds an engine with no pool size given, so the worker profiles its largest step and
 gives the pool `mem_fraction` of what the weights, that step's activations and the CUDA
@@ -7,8 +7,8 @@ as measured after capture, and the pool's share of what weights and activations 
 then serves a batch that fills most of the pool, to show the budget holds under load.
 Writes JSON to bench/results/ (or --out).
 
-GPU: `python bench/kv_capacity.py --model dummy:llama-3-8b --out $OUT/kv-capacity.json`
-Issue 7's target: >= 850k tokens for dummy:llama-3-8b (128 KiB per token) on one H200.
+GPU: `python -m bench.kv_capacity --model dummy:llama-3-8b --out $OUT/kv-capacity.json`
+The target: >= 850k tokens for dummy:llama-3-8b (128 KiB per token) on one H200.
 """
 
 from __future__ import annotations
@@ -18,23 +18,17 @@ import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from offline import machine, versions
-
+from bench import record
 from radixmesh.worker.engine import Engine
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GIB = 1 << 30
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="dummy:llama-3-8b")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -43,8 +37,8 @@ def main() -> None:
     ap.add_argument("--mem-fraction", type=float, default=0.9)
     ap.add_argument("--target-tokens", type=int, default=850_000)
     ap.add_argument("--no-load-test", action="store_true")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("kv_capacity.py needs CUDA (on CPU the pool is a fixed 512 MiB by default)")
 
@@ -62,11 +56,8 @@ def main() -> None:
         report = measure(engine, args, free_before, total, time.perf_counter() - t0)
     finally:
         engine.shutdown()
-    print(json.dumps({k: v for k, v in report.items() if k not in ("machine",)}, indent=1))
-    RESULTS.mkdir(exist_ok=True)
-    path = Path(args.out) if args.out else RESULTS / f"kv-capacity-{time.strftime('%Y%m%d')}.json"
-    path.write_text(json.dumps(report, indent=2))
-    print(f"wrote {path}")
+    print(json.dumps(report, indent=1))
+    record.write("kv_capacity", args, report)
 
 
 def measure(
@@ -78,11 +69,6 @@ def measure(
     weights = sum(p.numel() * p.element_size() for p in w.model.parameters())
     left_by_weights_and_activations = s.free_bytes - s.activation_bytes
     report: dict[str, Any] = {
-        "benchmark": "kv_capacity",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(),
-        "versions": versions(),
-        "args": vars(args),
         "engine_start_seconds": start_s,
         "device_total_bytes": total,
         "free_before_engine_bytes": free_before,

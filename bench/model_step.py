@@ -6,7 +6,7 @@ Steps (the runner's view: prepare + forward + logits of the rows it samples):
   prefill  one 512-token prompt, logits of its last token
 Default shape: smollm2-135m (30 layers, hidden 576, 9 heads, 3 KV heads, vocab 49152).
 
-Run: `.venv/bin/python bench/model_step.py [--preset smollm2-135m] [--dtypes float32 bfloat16]
+Run: `.venv/bin/python -m bench.model_step [--preset smollm2-135m] [--dtypes float32 bfloat16]
 [--repeats 20] [--no-hf] [--threads N]`. Prints a table in milliseconds (median).
 """
 
@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench import record
 from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.kvcache.pool import KVPool
@@ -165,14 +162,15 @@ class Transformers:
         }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="smollm2-135m", choices=sorted(PRESETS))
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
-    args = parser.parse_args()
+    record.add_output_arguments(parser)
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     arch = PRESETS[args.preset]
@@ -186,6 +184,7 @@ def main() -> None:
     )
     print(f"load average {_load()} (other processes on this machine skew timings)")
     print(f"{'impl':<14}{'dtype':<10}{'decode ms':>11}{'tok/s':>9}{'prefill ms':>12}{'tok/s':>9}")
+    rows = []
     for name in args.dtypes:
         dtype = getattr(torch, name)
         impls: dict[str, Ours | Transformers] = {"radixmesh": Ours(arch, dtype)}
@@ -201,7 +200,17 @@ def main() -> None:
                 f"{DECODE_BATCH / decode[label] * 1e3:>9.0f}{prefill[label]:>12.1f}"
                 f"{PREFILL_LEN / prefill[label] * 1e3:>9.0f}"
             )
+            rows.append(
+                {
+                    "impl": label,
+                    "dtype": name,
+                    "decode_ms": decode[label],
+                    "prefill_ms": prefill[label],
+                }
+            )
     print(f"load average {_load()}")
+    shape = {"decode_batch": DECODE_BATCH, "decode_context": DECODE_CONTEXT, "prefill": PREFILL_LEN}
+    record.write("model_step", args, {"shape": shape, "medians": rows}, name=args.preset)
 
 
 def _load() -> str:

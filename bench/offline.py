@@ -8,7 +8,7 @@ The baseline is `model.generate` on one left-padded batch of the same prompts (i
 case on CPU: one batched call). Both run greedy in float32 on the same weights.
 
 Prints a table and writes JSON to bench/results/ (machine, date, versions, figures).
-Run: `.venv/bin/python bench/offline.py [--model smollm2] [--skip-baseline]`.
+Run: `.venv/bin/python -m bench.offline [--model smollm2] [--skip-baseline]`.
 The same script drives GPU runs: `--model dummy:llama-3-8b --device cuda --workloads gpu`.
 """
 
@@ -17,27 +17,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import os
-import platform
 import random
 import resource
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: machine_info
-
-from machine_info import machine
-
+from bench import record
 from radixmesh.worker.engine import Engine
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 QUESTIONS = [
     "Explain how a bicycle stays upright.",
@@ -275,17 +265,7 @@ def load_hf_model(spec: str, device: str, dtype: torch.dtype) -> Any:
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
 
 
-def versions() -> dict[str, str]:
-    import transformers
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--device", default="auto")
@@ -307,8 +287,8 @@ def main() -> None:
         help="run the throughput workload this many times on the cache-on and cache-off "
         "engines and report the median (the cache-overhead ratio needs the spread)",
     )
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
 
     common = dict(
         device=args.device,
@@ -355,7 +335,7 @@ def main() -> None:
     off = Engine(args.model, disable_radix_cache=True, **common)
     off.generate(input_ids=workloads[1].prompts[:2], sampling_params={"max_new_tokens": 2})
     results["shared_prefix"]["radixmesh_cache_off"] = run_engine(off, workloads[1])
-    if args.workloads == "gpu":  # issue 7: the radix cache's cost where nothing is shared
+    if args.workloads == "gpu":  # the radix cache's cost where nothing is shared
         results["throughput"]["radixmesh_cache_off"] = run_engine_repeated(
             off, workloads[0], args.repeats
         )
@@ -408,29 +388,18 @@ def main() -> None:
         "process_minus_kv_pool": peak_ours - (pool_bytes if pool_on_host else 0),
     }
     ratios = _ratios(results)
-    report = {
-        "benchmark": "offline",
+    figures = {
         "model": args.model,
-        "dtype_option": args.dtype,
         "options": {k: v for k, v in common.items() if k not in ("device", "dtype")},
         "notes": notes,
         "dtypes": dtypes,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(),
-        "versions": versions(),
         "results": results,
         "ratios": ratios,
         "memory": memory,
     }
     print(f"dtypes: {dtypes}")
     _print_table(results, ratios, memory)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tag = ("gpu" if args.workloads == "gpu" else "cpu") + (
-        "" if args.dtype == "auto" else f"-{args.dtype}"
-    )
-    path = Path(args.out) if args.out else RESULTS / f"offline-{tag}-{time.strftime('%Y%m%d')}.json"
-    path.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {path}")
+    record.write("offline", args, figures, name=None if args.dtype == "auto" else args.dtype)
 
 
 def _ratios(results: dict[str, Any]) -> dict[str, float]:

@@ -9,31 +9,24 @@ machine is shared: the comparison uses the process's CPU time, steadier than wal
 when other processes take the cores; torch runs one thread). The gain is on CUDA, where
 the forward runs asynchronously: there run bench/offline.py or bench/tp.py with
 --overlap-schedule.
-Run: `.venv/bin/python bench/overlap.py [--requests 256]`.
+Run: `.venv/bin/python -m bench.overlap [--requests 256]`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import sys
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench import record
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.request import Request, RequestOutput
 from radixmesh.worker.worker import Worker
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def run_once(args: argparse.Namespace, overlap: bool) -> dict[str, Any]:
@@ -77,15 +70,15 @@ def run_once(args: argparse.Namespace, overlap: bool) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for _ in range(args.repeats):
@@ -93,7 +86,7 @@ def main() -> None:
             runs[mode].append(run_once(args, mode == "on"))
     assert runs["on"][0]["tokens"] == runs["off"][0]["tokens"], "overlap changed the tokens"
     out_tokens = args.requests * args.new_tokens
-    result: dict[str, Any] = {"config": vars(args), "time": datetime.now(UTC).isoformat()}
+    result: dict[str, Any] = {}
     for mode, rs in runs.items():
         best = min(rs, key=lambda r: r["cpu_s"])
         result[mode] = {
@@ -111,10 +104,7 @@ def main() -> None:
         )
     result["on_vs_off_cpu"] = result["on"]["best_cpu_s"] / result["off"]["best_cpu_s"]
     print(f"on/off CPU time: {result['on_vs_off_cpu']:.3f}; identical tokens: yes")
-    RESULTS.mkdir(exist_ok=True)
-    path = Path(args.out) if args.out else RESULTS / "overlap-cpu-20261130.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    record.write("overlap", args, result)
 
 
 if __name__ == "__main__":

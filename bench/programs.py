@@ -11,30 +11,22 @@ requests carry no program ids). Each program is warmed up (2 programs) right bef
 timed run.
 
 Reports programs/s and the cache hit rate (cached prompt tokens / prompt tokens) per
-program and the on/off ratios; writes JSON to bench/results/programs-<device>-<date>.json.
-Run: `.venv/bin/python bench/programs.py [--count 16] [--programs tips,judge]
+program and the on/off ratios; writes JSON to bench/results/programs[-cluster]-<machine>.json.
+Run: `.venv/bin/python -m bench.programs [--count 16] [--programs tips,judge]
 [--backend cluster --workers 2]`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch
-
 import radixmesh as sgl
+from bench import record
 from radixmesh.worker.engine import Engine
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TOPICS = ["sleep", "tea", "running", "reading", "cooking", "music", "travel", "gardening"]
 COUNTRIES = ["France", "Germany", "Italy", "Spain", "Japan", "China", "Egypt", "Peru"]
 
@@ -181,7 +173,7 @@ def open_backend(
     return engine, engine_counts, engine
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--count", type=int, default=16)
@@ -195,8 +187,8 @@ def main() -> None:
         help="engine: in-process; cluster: sgl.Runtime (router + --workers local workers)",
     )
     ap.add_argument("--workers", type=int, default=2, help="workers of --backend cluster")
-    ap.add_argument("--out", default=None, help="the JSON's path (default: bench/results/...)")
-    args = ap.parse_args()
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
     names = args.programs.split(",")
     results: dict[str, dict[str, Any]] = {name: {} for name in names}
     modes = [("cache_on", False, True), ("cache_off", True, True)]
@@ -223,31 +215,14 @@ def main() -> None:
         if "cache_on_untagged" in r:
             untagged = r["cache_on_untagged"]
             r["cached_tokens_tagged_vs_untagged"] = [on["cached_tokens"], untagged["cached_tokens"]]
-    out = {
-        "benchmark": "programs",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor()},
-        "model": args.model,
-        "device": args.device,
-        "dtype": args.dtype,
-        "backend": args.backend,
-        "workers": args.workers if args.backend == "cluster" else None,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__},
-        "count": args.count,
-        "results": results,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    kind = "cluster-" if args.backend == "cluster" else ""
-    default = RESULTS / f"programs-{kind}{args.device}-{time.strftime('%Y%m%d')}.json"
-    path = Path(args.out) if args.out else default
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    kind = "cluster" if args.backend == "cluster" else None
+    record.write("programs", args, {"results": results}, name=kind)
     for name, r in results.items():
         line = f"{name:18s} cache on/off: {r['speedup_cache_on_vs_off']:.2f}x"
         if "cached_tokens_tagged_vs_untagged" in r:
             tagged, untagged = r["cached_tokens_tagged_vs_untagged"]
             line += f"  cached tokens with / without program ids: {tagged} / {untagged}"
         print(line)
-    print("wrote", path)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.machine_info import machine
+from bench import record
 from bench.serving import offline, programs, report
 from bench.serving.clients import BACKENDS, make_backend
 from bench.serving.runner import LoadSpec, run_load
@@ -47,7 +46,7 @@ from bench.serving.workloads import (
     warmup_workload,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = record.RESULTS
 WORKLOAD_NAMES = ("random", "shared-prefix", "multi-turn", "programs")
 
 
@@ -212,19 +211,21 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
     """A local cluster as `--model`, `--workers`, `--worker-args` say, with HTTP."""
     import shlex
 
-    from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+    from radixmesh.cluster.launch import LocalCluster, free_port
+    from radixmesh.cluster.spec import LaunchSpec
 
     policies = args.policies.split(",")
     http_port = free_port()
-    config = LaunchConfig(
+    config = LaunchSpec(
         model=args.model,
         workers=args.workers,
         policy=policies[0],
         port=free_port(),
+        tp_size=max(args.gpus_per_worker, 1),
+        device="cuda" if args.gpus_per_worker else "auto",
         worker_args=tuple(shlex.split(args.worker_args)),
-        router_args=("--http-port", str(http_port)),
+        router_options={"http_port": http_port},
         ready_timeout=args.ready_timeout,
-        gpus_per_worker=args.gpus_per_worker,
     )
     with LocalCluster(config) as cluster:
         target = Target(
@@ -260,7 +261,7 @@ def _served_model(address: str) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     runs: list[dict[str, Any]] = []
-    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    started = record.now()
     if args.offline:
         runs = run_offline_all(args)
     elif args.launch:
@@ -295,7 +296,7 @@ def tables(runs: list[dict[str, Any]]) -> str:
 
 def run_offline_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each workload on an in-process Engine (`--worker-args` as its options)."""
-    from radixmesh.tokenizer import load_tokenizer
+    from radixmesh.worker.model.loader import load_tokenizer
 
     mode = _mode(args, args.model)
     tokenizer = load_tokenizer(args.model)
@@ -314,27 +315,13 @@ def run_offline_all(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def write(args: argparse.Namespace, runs: list[dict[str, Any]], started: str) -> dict[str, Any]:
-    import aiohttp
-    import grpc
-
-    import radixmesh
+    import aiohttp  # noqa: F401  (its version goes in the record)
+    import grpc  # noqa: F401
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"serve-{args.name}"
-    result = {
-        "benchmark": "serve",
-        "date": started,
-        "machine": {**machine(), **_gpus()},
-        "versions": {
-            "python": platform.python_version(),
-            "radixmesh": radixmesh.__version__,
-            "grpcio": grpc.__version__,
-            "aiohttp": aiohttp.__version__,
-        },
-        "command": vars(args),
-        "runs": runs,
-    }
+    result = {**record.header("serve", args, started), "runs": runs}
     (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     plain = [r for r in runs if r["workload"] != "programs" and r["policy"] != "offline"]
     if plain:
@@ -342,21 +329,6 @@ def write(args: argparse.Namespace, runs: list[dict[str, Any]], started: str) ->
         report.plot_hit_timeline(plain, out_dir / f"{stem}-hits.png")
     print(f"wrote {out_dir / stem}.json" + (" and its plots" if plain else ""))
     return result
-
-
-def _gpus() -> dict[str, Any]:
-    """The GPUs the workers ran on (nvidia-smi; this process itself may not load torch)."""
-    import shutil
-    import subprocess
-
-    if shutil.which("nvidia-smi") is None:
-        return {}
-    query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
-    try:
-        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {"gpus": [line.strip() for line in out.stdout.splitlines() if line.strip()]}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -373,7 +345,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--model", default="smollm2", help="with --launch")
     where.add_argument("--workers", type=int, default=2, help="with --launch")
     where.add_argument("--worker-args", default="", help="with --launch: `radixmesh worker` flags")
-    where.add_argument("--gpus-per-worker", type=int, default=0, help="with --launch")
+    where.add_argument(
+        "--gpus-per-worker",
+        type=int,
+        default=0,
+        help="with --launch: each worker's own GPUs (its TP size); 0: they share the visible ones",
+    )
     where.add_argument("--policies", default="cache_aware", help="with --launch: one run each")
     where.add_argument("--ready-timeout", type=float, default=600.0)
     load = ap.add_argument_group("load")

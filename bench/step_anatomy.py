@@ -1,7 +1,7 @@
 """Where an engine step's time goes, by step kind: host phases and GPU kernels.
 
 Two workloads:
-  batch1  one request decoding --steps tokens (issue 8's latency figure), any --tp, with
+  batch1  one request decoding --steps tokens (the TP latency figure), any --tp, with
           or without --overlap-schedule. Host phases per step from wrappers around the
           scheduler's parts, then the same run under torch.profiler: kernels per step,
           the GPU's busy time (union of kernel intervals) against the wall time, and the
@@ -11,8 +11,8 @@ Two workloads:
           prompt chunk, other eager) and timed in its host phases (schedule, forward +
           sampling, process_output), with CUDA-event time of the model call.
 
-  python bench/step_anatomy.py --workload batch1 --tp 2 --overlap-schedule
-  python bench/step_anatomy.py --workload json --documents 256
+  python -m bench.step_anatomy --workload batch1 --tp 2 --overlap-schedule
+  python -m bench.step_anatomy --workload json --documents 256
 Prints a table per run and writes JSON (--out).
 """
 
@@ -21,24 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from machine_info import machine
-
+from bench import record
 from radixmesh.worker.batch import Batch
 from radixmesh.worker.engine import Engine
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class PhaseTimer:
@@ -159,11 +151,9 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
         phases: list[dict[str, float]] = []
         timer.wrap(sched, "schedule", "schedule")
         timer.wrap(sched, "process_output", "process_output")
+        timer.wrap(sched, "launch", "launch")
         timer.wrap(runner, "forward", "runner_forward")
-        if sched._overlap is not None:
-            timer.wrap(sched._overlap, "_launch", "launch")
-            timer.wrap(sched._overlap, "_resolve", "resolve")
-            timer.wrap(sched._overlap.launcher.runner.sampler, "sample_ids", "sample_ids")
+        timer.wrap(runner.sampler, "draw", "sampler")
         if runner.followers is not None:
             timer.wrap(runner.followers, "send_step", "send_step")
         if runner.decode_graphs is not None:
@@ -306,7 +296,7 @@ def json_steps(args: argparse.Namespace) -> dict[str, Any]:
         engine.shutdown()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--workload", choices=["batch1", "json"], default="batch1")
     ap.add_argument("--model", default="dummy:llama-3-8b")
@@ -319,22 +309,12 @@ def main() -> None:
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--trace", default=None, help="batch1: write a Chrome trace here")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
     res = batch1(args) if args.workload == "batch1" else json_steps(args)
-    report = {
-        "benchmark": "step_anatomy",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(),
-        "torch": torch.__version__,
-        "args": vars(args),
-        "result": res,
-    }
     print(json.dumps(res, indent=1))
-    path = Path(args.out) if args.out else RESULTS / f"step_anatomy-{args.workload}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
-    print(f"wrote {path}")
+    name = args.workload if args.workload == "json" else f"b1-tp{args.tp}"
+    record.write("step_anatomy", args, {"result": res}, name=name)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Tensor parallelism (issue 8): one worker at tp 1 and tp 2 (or any --tp list), side by side.
+"""Tensor parallelism: one worker at tp 1 and tp 2 (or any --tp list), side by side.
 
 For each TP size, in its own child process (so each run starts with every GPU empty):
   throughput      N x (512 in, 256 out), greedy, ignore_eos (bench/offline.py's GPU
@@ -12,11 +12,11 @@ over the same group shape (a loop of --allreduce-iters, after warm-up), per call
 decode step (2 per layer + 1 for the embedding; the LM head's all-gather not counted).
 
 GPU run (two H200s; the lead's):
-  python bench/tp.py                       # dummy:llama-3-8b, tp 1 and 2, full sizes
-  python bench/tp.py --model dummy:llama-3-70b --layers 20 --tp 2   # only if it fits
+  python -m bench.tp                       # dummy:llama-3-8b, tp 1 and 2, full sizes
+  python -m bench.tp --model dummy:llama-3-70b --layers 20 --tp 2   # only if it fits
 CPU smoke check (gloo, seconds):
-  python bench/tp.py --smoke               # dummy:tiny, 8 requests, small sizes
-Writes bench/results/tp-{gpu|cpu}-<date>.json and prints a table.
+  python -m bench.tp --smoke               # dummy:tiny, 8 requests, small sizes
+Writes bench/results/tp-<machine>.json (or --out) and prints a table.
 """
 
 from __future__ import annotations
@@ -35,15 +35,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from offline import Workload, gpu_workloads, machine, run_engine
-from step_anatomy import profile_generation
-
+from bench import record
+from bench.offline import Workload, gpu_workloads, run_engine
+from bench.step_anatomy import profile_generation
 from radixmesh.worker.engine import Engine
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--smoke", action="store_true", help="CPU: dummy:tiny, small sizes")
     ap.add_argument("--overlap-schedule", action="store_true", help="worker/overlap.py")
-    ap.add_argument("--out", default=None)
+    record.add_output_arguments(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal
     args = ap.parse_args(argv)
     if args.smoke:
@@ -283,8 +280,9 @@ def allreduce_times(args: argparse.Namespace, world: int, arch: dict[str, Any], 
 # ---- driver ---------------------------------------------------------------------------------
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     if args.child is not None:
         code = 0
         try:
@@ -300,14 +298,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for tp in sizes:
             out = Path(tmp) / f"tp{tp}.json"
-            cmd = [sys.executable, __file__, *sys.argv[1:], "--child", f"{tp}:{out}"]
+            cmd = [sys.executable, "-m", "bench.tp", *argv, "--child", f"{tp}:{out}"]
             print(f"== tp {tp}: {' '.join(cmd[1:])}", flush=True)
-            rc = subprocess.run(cmd).returncode
+            rc = subprocess.run(cmd, cwd=ROOT).returncode
             if rc != 0 and args.cuda_graph_max_batch_size > 0 and torch.cuda.is_available():
                 # Keep the figures if only graph capture failed; the JSON says so.
                 print(f"== tp {tp} failed (rc {rc}): again without CUDA graphs", flush=True)
                 cmd += ["--cuda-graph-max-batch-size", "0"]
-                if subprocess.run(cmd).returncode == 0:
+                if subprocess.run(cmd, cwd=ROOT).returncode == 0:
                     note = {"note": f"first run failed (rc {rc}); this one has no CUDA graphs"}
                     rc = 0
                     out.write_text(json.dumps({**json.loads(out.read_text()), **note}))
@@ -319,23 +317,15 @@ def main() -> None:
             if tp > 1:
                 allreduce[f"tp{tp}"] = allreduce_times(args, tp, ok[0]["arch"], ok[0]["dtype"])
     report = {
-        "benchmark": "tp",
         "model": model_spec(args),
         "note": f"dummy preset with --layers {args.layers}" if args.layers else "",
-        "options": {k: v for k, v in vars(args).items() if k != "child"},
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": machine(),
-        "torch": torch.__version__,
         "runs": runs,
         "allreduce": allreduce,
         "ratios": _ratios(runs),
     }
     _print_table(runs, allreduce)
-    kind = "gpu" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
-    path = Path(args.out) if args.out else RESULTS / f"tp-{kind}-{time.strftime('%Y%m%d')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {path}")
+    name = "smoke" if args.smoke else (f"layers{args.layers}" if args.layers else None)
+    record.write("tp", args, report, name=name)
 
 
 def _ratios(runs: dict[str, Any]) -> dict[str, float]:

@@ -10,8 +10,8 @@ The router tokenizes each prompt once (chat template included) and the worker tr
 ids, so both must build the tokenizer the same way: through `tokenizer_for(spec, ...)`,
 from the files `radixmesh.model_source` resolves and what the model's architecture says
 about its vocabulary (the worker reads it from the model; the router from the worker's
-ModelInfo, so the router imports no worker code). `load_tokenizer(spec)` is the
-in-process shortcut that reads the architecture itself (through the worker's loader).
+ModelInfo, so the router imports no worker code). In process,
+`radixmesh.worker.model.loader.load_tokenizer(spec)` reads the architecture itself.
 """
 
 from __future__ import annotations
@@ -362,11 +362,3 @@ def _tokenizer_for(
     return Tokenizer.from_pretrained(
         str(path.parent), gguf_file=path.name, vocab_size=vocab_size, eos_token_ids=eos
     )
-
-
-def load_tokenizer(spec: str) -> Tokenizer | ByteTokenizer:
-    """The tokenizer of a model spec, its vocabulary read from the model's architecture by
-    the worker's loader (in-process use; the router uses `tokenizer_for`)."""
-    from radixmesh.worker.model.loader import load_tokenizer as _load  # lazy: imports torch
-
-    return _load(spec)

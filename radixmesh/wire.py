@@ -1,13 +1,77 @@
-"""Wire-type helpers shared by the two gRPC servers (worker and router).
+"""radixmesh.v1 messages <-> Python values, both directions, for every edge that speaks
+protobuf: the worker's and the router's servers and the client SDK.
 
-Only the servers' edges import this; inside, everything is plain values.
+Each message's fields are named here once. Inside the processes everything is plain:
+the engine's `RequestOutput` / `MetaInfo`, `SamplingParams` dicts, `EngineInfo`,
+`SchedulerStats`, cache events; the client builds its own dataclasses from the field
+dicts this module reads out of a message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 from radixmesh.errors import InvalidArgument
+from radixmesh.sampling_params import SamplingParams
 from radixmesh.tokenizer import TokenizerLike, validate_messages
-from radixmesh.v1 import common_pb2
+from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
+
+if TYPE_CHECKING:  # value types only: the client and the router never load the engine
+    from radixmesh.worker.engine_info import EngineInfo
+    from radixmesh.worker.kvcache.events import CacheEvent
+    from radixmesh.worker.request_output import Finish, RequestOutput
+    from radixmesh.worker.stats import SchedulerStats
+
+# Sampling fields copied as they are; the `optional` ones only when set.
+_PLAIN = (
+    "min_new_tokens", "min_p", "frequency_penalty", "presence_penalty", "ignore_eos",
+    "no_stop_trim", "return_logprob", "top_logprobs_num",
+)  # fmt: skip
+_OPTIONAL = (
+    "max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty",
+    "skip_special_tokens", "seed", "logprob_start_len",
+)  # fmt: skip
+_CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
+_DEFAULTS = SamplingParams()
+_FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+}
+_FINISH_NAME = {v: k for k, v in _FINISH.items()}
+_POOLING = {"mean": common_pb2.POOLING_MEAN, "last": common_pb2.POOLING_LAST}
+_POOLING_NAME: dict[int, str] = {
+    common_pb2.POOLING_UNSPECIFIED: "mean",
+    common_pb2.POOLING_MEAN: "mean",
+    common_pb2.POOLING_LAST: "last",
+}
+_EVENT_KIND = {
+    "stored": worker_pb2.CACHE_EVENT_KIND_STORED,
+    "removed": worker_pb2.CACHE_EVENT_KIND_REMOVED,
+    "cleared": worker_pb2.CACHE_EVENT_KIND_CLEARED,
+}
+
+Messages = Sequence[Mapping[str, str]]
+LogprobEntry = tuple[float | None, int, None]  # SGLang's (logprob, token id, None)
+
+
+# ---- the prompt ---------------------------------------------------------------------------
+
+
+def input_to_proto(
+    prompt: str | None, messages: Messages | None, input_ids: Sequence[int] | None
+) -> common_pb2.Input:
+    given = [v for v in (prompt, messages, input_ids) if v is not None]
+    if len(given) != 1:
+        raise InvalidArgument("prompt", "give exactly one of prompt, messages and input_ids")
+    if prompt is not None:
+        return common_pb2.Input(text=prompt)
+    if messages is not None:
+        msgs = [common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in messages]
+        return common_pb2.Input(messages=common_pb2.ChatMessages(messages=msgs))
+    assert input_ids is not None
+    return common_pb2.Input(token_ids=common_pb2.TokenIds(ids=list(input_ids)))
 
 
 def input_ids_from_proto(
@@ -40,3 +104,275 @@ def input_ids_from_proto(
     except InvalidArgument as e:
         raise InvalidArgument("input.messages", e.message) from None
     return tok.encode_chat(checked)
+
+
+# ---- sampling parameters ------------------------------------------------------------------
+
+
+def params_to_proto(params: Mapping[str, Any] | SamplingParams | None) -> common_pb2.SamplingParams:
+    """Validate here (the same checks as the server: a ValueError naming the field)."""
+    sp = SamplingParams.from_dict(params)
+    if sp.n != 1:
+        raise InvalidArgument("n", "the gRPC API generates one completion per request")
+    msg = common_pb2.SamplingParams(
+        **{name: getattr(sp, name) for name in _PLAIN},
+        stop=list(sp.stop),
+        stop_token_ids=list(sp.stop_token_ids),
+        logit_bias=dict(sp.logit_bias),
+    )
+    for name in _OPTIONAL:
+        value = getattr(sp, name)
+        if value is not None and value != getattr(_DEFAULTS, name):
+            setattr(msg, name, value)
+    if sp.choices is not None:
+        msg.choices.CopyFrom(common_pb2.Choices(choices=list(sp.choices)))
+    for name in _CONSTRAINTS:
+        if getattr(sp, name) is not None:
+            setattr(msg, name, getattr(sp, name))
+    return msg
+
+
+def params_from_proto(p: common_pb2.SamplingParams) -> dict[str, Any]:
+    params: dict[str, Any] = {name: getattr(p, name) for name in _PLAIN}
+    for name in _OPTIONAL:
+        if p.HasField(name):
+            params[name] = getattr(p, name)
+    params["stop"] = list(p.stop)
+    params["stop_token_ids"] = list(p.stop_token_ids)
+    params["logit_bias"] = dict(p.logit_bias)
+    kind = p.WhichOneof("constraint")
+    if kind == "choices":
+        params["choices"] = list(p.choices.choices)
+    elif kind is not None:
+        params[kind] = getattr(p, kind)
+    return params
+
+
+# ---- generated chunks ---------------------------------------------------------------------
+
+
+def _logprobs_to_proto(entries: Sequence[LogprobEntry]) -> list[common_pb2.TokenLogprob]:
+    out = []
+    for lp, tid, _ in entries:
+        msg = common_pb2.TokenLogprob(token_id=tid)
+        if lp is not None:
+            msg.logprob = lp
+        out.append(msg)
+    return out
+
+
+def _finish_to_proto(finish: Finish) -> common_pb2.Finish:
+    msg = common_pb2.Finish(reason=_FINISH[finish.reason], message=finish.message or "")
+    if isinstance(finish.matched, str):
+        msg.matched_text = finish.matched
+    elif isinstance(finish.matched, int):
+        msg.matched_token_id = finish.matched
+    return msg
+
+
+def chunk_to_proto(
+    rid: str, out: RequestOutput, *, whole: bool = False
+) -> common_pb2.GenerateChunk:
+    """One step's output (its deltas), or with `whole` a request's outputs joined into
+    one (`RequestOutput.then`), whose logprobs are then the final lists of its MetaInfo."""
+    meta = out.meta_info
+    logprobs = out.new_token_logprobs
+    top = out.new_top_logprobs
+    if whole:
+        logprobs = meta.output_token_logprobs or []
+        top = meta.output_top_logprobs or []
+    msg = common_pb2.GenerateChunk(
+        request_id=rid,
+        token_ids=out.new_token_ids,
+        text=out.text_delta,
+        logprobs=_logprobs_to_proto(logprobs),
+        top_logprobs=[common_pb2.TopLogprobs(tokens=_logprobs_to_proto(t)) for t in top],
+        prompt_tokens=meta.prompt_tokens,
+        completion_tokens=meta.completion_tokens,
+        cached_tokens=meta.cached_tokens,
+        input_logprobs=_logprobs_to_proto(meta.input_token_logprobs or []),
+        input_top_logprobs=[
+            common_pb2.TopLogprobs(tokens=_logprobs_to_proto(t))
+            for t in meta.input_top_logprobs or []
+        ],
+    )
+    if meta.finish is not None:
+        msg.finish.CopyFrom(_finish_to_proto(meta.finish))
+    return msg
+
+
+def logprobs_fields(entries: Sequence[common_pb2.TokenLogprob]) -> list[tuple[int, float | None]]:
+    """(token id, logprob or None) per entry."""
+    return [(e.token_id, e.logprob if e.HasField("logprob") else None) for e in entries]
+
+
+def chunk_fields(c: common_pb2.GenerateChunk) -> dict[str, Any]:
+    """A chunk's fields as plain values (logprobs as `logprobs_fields` pairs)."""
+    fields: dict[str, Any] = {
+        "request_id": c.request_id,
+        "token_ids": list(c.token_ids),
+        "text": c.text,
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "cached_tokens": c.cached_tokens,
+        "logprobs": logprobs_fields(c.logprobs),
+        "top_logprobs": [logprobs_fields(t.tokens) for t in c.top_logprobs],
+        "input_logprobs": logprobs_fields(c.input_logprobs),
+        "input_top_logprobs": [logprobs_fields(t.tokens) for t in c.input_top_logprobs],
+    }
+    if c.HasField("finish"):
+        fields["finish_reason"] = _FINISH_NAME.get(c.finish.reason)
+        fields["finish_message"] = c.finish.message
+        matched = c.finish.WhichOneof("matched")
+        if matched is not None:
+            fields["matched_stop"] = getattr(c.finish, matched)
+    return fields
+
+
+# ---- the model, the load, the cache --------------------------------------------------------
+
+
+def model_info_to_proto(
+    info: EngineInfo, page_size: int, event_block_size: int, chat_template: str
+) -> common_pb2.ModelInfo:
+    msg = common_pb2.ModelInfo(
+        model=info.served_model,
+        context_length=info.context_len,
+        vocab_size=info.vocab_size,
+        page_size=page_size,
+        event_block_size=event_block_size,
+        tokenizer=info.tokenizer_spec,
+        chat_template=chat_template,
+        eos_token_ids=sorted(info.eos_ids),
+        hidden_size=info.hidden_size,
+    )
+    if info.bos_token_id is not None:
+        msg.bos_token_id = info.bos_token_id
+    return msg
+
+
+def model_info_fields(m: common_pb2.ModelInfo) -> dict[str, Any]:
+    return {
+        "model": m.model,
+        "context_length": m.context_length,
+        "vocab_size": m.vocab_size,
+        "page_size": m.page_size,
+        "event_block_size": m.event_block_size,
+        "tokenizer": m.tokenizer,
+        "chat_template": m.chat_template,
+        "eos_token_ids": list(m.eos_token_ids),
+        "bos_token_id": m.bos_token_id if m.HasField("bos_token_id") else None,
+        "hidden_size": m.hidden_size,
+    }
+
+
+def load_to_proto(
+    s: SchedulerStats, throughput: float, draining: bool, in_flight: int
+) -> worker_pb2.GetLoadResponse:
+    return worker_pb2.GetLoadResponse(
+        num_running=s.num_running,
+        num_waiting=s.num_waiting,
+        kv_tokens_used=s.kv_slots_used,
+        kv_tokens_total=s.kv_slots_total,
+        cache_hit_rate=s.cache_hit_rate,
+        generation_throughput=throughput,
+        draining=draining,
+        num_in_flight=in_flight,
+    )
+
+
+def load_fields(m: worker_pb2.GetLoadResponse) -> dict[str, Any]:
+    return {
+        "num_running": m.num_running,
+        "num_waiting": m.num_waiting,
+        "kv_tokens_used": m.kv_tokens_used,
+        "kv_tokens_total": m.kv_tokens_total,
+        "cache_hit_rate": m.cache_hit_rate,
+        "generation_throughput": m.generation_throughput,
+        "draining": m.draining,
+        "num_in_flight": m.num_in_flight,
+    }
+
+
+def event_to_proto(epoch: int, sequence: int, event: CacheEvent) -> worker_pb2.CacheEvent:
+    msg = worker_pb2.CacheEvent(
+        epoch=epoch,
+        sequence=sequence,
+        kind=_EVENT_KIND[event.kind],
+        block_hashes=list(event.block_hashes),
+        num_tokens=event.num_tokens,
+    )
+    if event.parent_hash is not None:
+        msg.parent_hash = event.parent_hash
+    return msg
+
+
+# ---- embeddings ---------------------------------------------------------------------------
+
+
+def pooling_to_proto(name: str) -> common_pb2.Pooling:
+    if name not in _POOLING:
+        raise InvalidArgument("pooling", f"must be mean or last, got {name!r}")
+    return _POOLING[name]
+
+
+def pooling_from_proto(value: int) -> str:
+    """The engine's name of a Pooling value ("mean" when unspecified)."""
+    if value not in _POOLING_NAME:
+        raise InvalidArgument("pooling", f"unknown pooling {value}")
+    return _POOLING_NAME[value]
+
+
+def embedding_to_proto(out: RequestOutput) -> common_pb2.Embedding:
+    """An embedding request's final output (its `embedding` set) as the message."""
+    assert out.embedding is not None, "not an embedding request's final output"
+    return common_pb2.Embedding(
+        values=out.embedding,
+        prompt_tokens=out.meta_info.prompt_tokens,
+        cached_tokens=out.meta_info.cached_tokens,
+    )
+
+
+def embedding_fields(e: common_pb2.Embedding) -> dict[str, Any]:
+    return {
+        "values": list(e.values),
+        "prompt_tokens": e.prompt_tokens,
+        "cached_tokens": e.cached_tokens,
+    }
+
+
+# ---- scoring (select) ---------------------------------------------------------------------
+
+
+def score_request(inp: common_pb2.Input, choices: Sequence[str]) -> worker_pb2.ScoreRequest:
+    if not choices:
+        raise InvalidArgument("choices", "the choices list is empty")
+    return worker_pb2.ScoreRequest(
+        input=inp, continuations=[worker_pb2.Continuation(text=c) for c in choices]
+    )
+
+
+def score_response(
+    continuations: Sequence[list[int]], scores: Sequence[list[float]], prompt_tokens: int
+) -> worker_pb2.ScoreResponse:
+    return worker_pb2.ScoreResponse(
+        scores=[
+            worker_pb2.ContinuationScore(token_ids=ids, logprobs=lps, sum_logprob=float(sum(lps)))
+            for ids, lps in zip(continuations, scores, strict=True)
+        ],
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def score_sums(resp: worker_pb2.ScoreResponse) -> list[tuple[float, int]]:
+    """(sum of logprobs, token count) per continuation."""
+    return [(s.sum_logprob, len(s.logprobs)) for s in resp.scores]
+
+
+def selection_fields(resp: router_pb2.SelectResponse) -> dict[str, Any]:
+    return {
+        "index": resp.index,
+        "text": resp.text,
+        "normalized_logprobs": list(resp.normalized_logprobs),
+        "sum_logprobs": list(resp.sum_logprobs),
+    }

@@ -10,7 +10,8 @@ import pytest
 
 from radixmesh import model_source
 from radixmesh.errors import InvalidArgument
-from radixmesh.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_for
+from radixmesh.tokenizer import ByteTokenizer, Tokenizer, tokenizer_for
+from radixmesh.worker.model.loader import load_tokenizer
 
 TEXT = "Routers tokenize once; workers trust the ids."
 

@@ -10,7 +10,8 @@ from tokenizers import decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from radixmesh.errors import InvalidArgument
-from radixmesh.tokenizer import ByteTokenizer, Tokenizer, TokenizerLike, load_tokenizer
+from radixmesh.tokenizer import ByteTokenizer, Tokenizer, TokenizerLike
+from radixmesh.worker.model.loader import load_tokenizer
 
 TEXT = "Hello, world! Prefixes — ünïcödé 你好 🙂\n\tdone."
 CHAT = [

@@ -13,9 +13,18 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from radixmesh.cluster.env import (
+    ADMIN_KEY_ENV,
+    API_KEY_ENV,
+    HEALTH_ADDRESS_ENV,
+    WORKER_API_KEY_ENV,
+)
 from radixmesh.errors import RadixMeshError
+
+if TYPE_CHECKING:
+    from radixmesh.cluster.spec import RayOptions
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -188,6 +197,15 @@ ROUTER_LIMITS = (
 )
 
 
+def _router_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The limit flags given other values than RouterConfig's defaults."""
+    from radixmesh.router.config import RouterConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RouterConfig)}
+    values = {name: getattr(args, name) for name, _ in ROUTER_LIMITS}
+    return {name: v for name, v in values.items() if v != defaults[name]}
+
+
 def _add_router_limits(parser: argparse.ArgumentParser) -> None:
     from radixmesh.router.config import RouterConfig
 
@@ -201,13 +219,6 @@ def _add_router_limits(parser: argparse.ArgumentParser) -> None:
             default=default,
             help=f"{what} (default: {default})",
         )
-
-
-API_KEY_ENV = "RADIXMESH_API_KEY"  # comma-separated keys, when no --api-key is given
-# The key the router sends to its workers (environment only: kept out of `ps`).
-WORKER_API_KEY_ENV = "RADIXMESH_WORKER_API_KEY"
-# The router's admin keys (FlushCache, ClusterStatus, aborting any request), comma-separated.
-ADMIN_KEY_ENV = "RADIXMESH_ADMIN_KEY"
 
 
 def _worker_api_key() -> str | None:
@@ -309,7 +320,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import shlex
 
     from radixmesh.cluster.child import RestartPolicy
-    from radixmesh.cluster.launch import LaunchConfig, launch
+    from radixmesh.cluster.spec import LaunchSpec
 
     worker_args = shlex.split(args.worker_args)
     if args.dtype is not None:
@@ -317,93 +328,76 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     for flag in ("revision", "download_dir", "served_model_name", "chat_template"):
         if getattr(args, flag) is not None:
             worker_args += ["--" + flag.replace("_", "-"), getattr(args, flag)]
-    if args.ray or args.ray_address is not None:
-        return _launch_ray(args, tuple(worker_args))
-    if args.tp_size != 1:
-        worker_args += ["--tp-size", str(args.tp_size)]
-    gpus, visible = _gpus(args)
-    router_args: list[str] = shlex.split(args.router_args)
-    for flag in ("http_port", "metrics_port", "download_dir"):
-        if getattr(args, flag) is not None:
-            router_args += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    ray = args.ray or args.ray_address is not None
+    router_options: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("http_port", "metrics_port") + (() if ray else ("download_dir",))
+        if getattr(args, name, None) is not None
+    }
     for flag in ("strict_openai", "separate_reasoning"):
         if getattr(args, flag):
-            router_args.append("--" + flag.replace("_", "-"))
+            router_options[flag] = True
     if args.tool_call_parser != "auto":
-        router_args += ["--tool-call-parser", args.tool_call_parser]
-    config = LaunchConfig(
+        router_options["tool_call_parser"] = args.tool_call_parser
+    router_options |= _router_limits(args)
+    device, visible = (args.ray_device, None) if ray else _local_device(args)
+    spec = LaunchSpec(
         model=args.model,
         workers=args.workers,
         policy=args.policy,
         host=args.host,
         port=args.port,
+        tp_size=args.tp_size,
+        device=device,
         worker_args=tuple(worker_args),
-        router_args=tuple(router_args),
+        router_options=router_options,
         api_keys=router_api_keys(args.api_key),
         admin_keys=router_api_keys(args.admin_key, ADMIN_KEY_ENV),
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
-        gpus_per_worker=gpus,
+        worker_api_key=_worker_api_key(),
         workers_per_gpu=args.workers_per_gpu,
         visible_gpus=visible,
-        worker_api_key=_worker_api_key(),
         restart=RestartPolicy(
             5 if args.max_restarts is None else args.max_restarts, args.restart_backoff
         ),
+        ray=_ray_options(args) if ray else None,
     )
-    return launch(config)
+    if spec.ray is not None:
+        from radixmesh.cluster.ray_launch import launch as launch_ray
+
+        return launch_ray(spec)
+    from radixmesh.cluster.launch import launch
+
+    return launch(spec)
 
 
-def _gpus(args: argparse.Namespace) -> tuple[int, int | None]:
-    """(GPUs per local worker, GPUs visible): each worker gets its own tp_size GPUs when
-    the workers will run on CUDA; (0, None) when they will not."""
+def _ray_options(args: argparse.Namespace) -> RayOptions:
+    from radixmesh.cluster.spec import RayOptions
+
+    return RayOptions(
+        address=args.ray_address,
+        max_restarts=-1 if args.max_restarts is None else args.max_restarts,
+        cpus_per_worker=args.cpus_per_worker,
+        worker_metrics_port=args.worker_metrics_port,
+    )
+
+
+def _local_device(args: argparse.Namespace) -> tuple[str, int | None]:
+    """(where local workers run, GPUs visible): CUDA, each worker on its own tp_size GPUs,
+    when the workers will run on CUDA; the CPU when they will not."""
     import shlex
 
     words = shlex.split(args.worker_args)
     devices = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--device"]
     devices += [w.split("=", 1)[1] for w in words if w.startswith("--device=")]
     if any(not d.startswith("cuda") and d != "auto" for d in devices):
-        return 0, None
+        return "cpu", None
     import torch
 
     if not torch.cuda.is_available():
-        return 0, None
-    return int(args.tp_size), torch.cuda.device_count()
-
-
-def _launch_ray(args: argparse.Namespace, worker_args: tuple[str, ...]) -> int:
-    from radixmesh.cluster.ray_launch import RayLaunchConfig, launch
-
-    router_options: dict[str, Any] = {
-        name: getattr(args, name)
-        for name in ("http_port", "metrics_port", "tls_cert", "tls_key")
-        if getattr(args, name, None) is not None
-    }
-    if api_keys := router_api_keys(args.api_key):
-        router_options["api_keys"] = api_keys
-    if admin_keys := router_api_keys(args.admin_key, ADMIN_KEY_ENV):
-        router_options["admin_keys"] = admin_keys
-    for flag in ("strict_openai", "separate_reasoning"):
-        if getattr(args, flag):
-            router_options[flag] = True
-    if args.tool_call_parser != "auto":
-        router_options["tool_call_parser"] = args.tool_call_parser
-    config = RayLaunchConfig(
-        model=args.model,
-        workers=args.workers,
-        policy=args.policy,
-        host=args.host,
-        port=args.port,
-        ray_address=args.ray_address,
-        tp_size=args.tp_size,
-        device=args.ray_device,
-        max_restarts=-1 if args.max_restarts is None else args.max_restarts,
-        cpus_per_worker=args.cpus_per_worker,
-        worker_args=worker_args,
-        router_options=router_options,
-        worker_metrics_port=args.worker_metrics_port,
-    )
-    return launch(config)
+        return "cpu", None
+    return "cuda", torch.cuda.device_count()
 
 
 def _add_ray_options(parser: argparse.ArgumentParser) -> None:
@@ -465,10 +459,8 @@ def _add_launch_parser(sub: Any) -> None:
     ln.add_argument("--served-model-name", default=None, help="the name clients see")
     ln.add_argument("--chat-template", default=None, help="Jinja file replacing the model's")
     ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
-    ln.add_argument(
-        "--router-args", default="", help="more `radixmesh router` flags, quoted (local only)"
-    )
     _add_router_security_options(ln)
+    _add_router_limits(ln)
     _add_ray_options(ln)
     ln.set_defaults(func=_cmd_launch)
 
@@ -491,9 +483,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_download_parser(sub)
     _add_health_parser(sub)
     return parser
-
-
-HEALTH_ADDRESS_ENV = "RADIXMESH_HEALTH_ADDRESS"  # the images set it (their HEALTHCHECK)
 
 
 def _cmd_health(args: argparse.Namespace) -> int:

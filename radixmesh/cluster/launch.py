@@ -24,59 +24,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Protocol
 
-from radixmesh.cluster.child import Child, RestartPolicy
+from radixmesh.cluster.child import Child
+from radixmesh.cluster.env import ADMIN_KEY_ENV, API_KEY_ENV, WORKER_API_KEY_ENV
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import InvalidArgument, Unavailable
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    model: str
-    workers: int = 2
-    policy: str = "cache_aware"
-    host: str = "127.0.0.1"
-    port: int = 50050  # the router's
-    worker_ports: tuple[int, ...] = ()  # empty: free ports picked at launch
-    worker_args: tuple[str, ...] = ()  # extra `radixmesh worker` flags, for every worker
-    router_args: tuple[str, ...] = ()  # extra `radixmesh router` flags
-    # The router's API keys (handed over in its environment, not on its command line) and
-    # TLS files; the launcher uses them to check readiness (tls_cert as the root: self-signed).
-    api_keys: tuple[str, ...] = field(default=(), repr=False)
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    ready_timeout: float = 300.0
-    stop_timeout: float = 10.0
-    env: dict[str, str] | None = field(default=None, compare=False)
-    # GPUs each worker gets (its TP size): worker i sees GPUs [j*g, (j+1)*g) of the visible
-    # ones through CUDA_VISIBLE_DEVICES, j = i // workers_per_gpu. 0: the workers inherit
-    # the launcher's GPUs (CPU).
-    gpus_per_worker: int = 0
-    # Workers that share each GPU (group of gpus_per_worker GPUs); each is told to take
-    # 1 / workers_per_gpu of its memory (`--gpu-memory-share`).
-    workers_per_gpu: int = 1
-    # GPUs the launcher sees when CUDA_VISIBLE_DEVICES is unset (torch.cuda.device_count()
-    # at launch); None: not checked.
-    visible_gpus: int | None = None
-    # Workers require this key (given in their environment); the router is given it in
-    # its environment and sends it on every worker call. None: a key generated at launch.
-    worker_api_key: str | None = field(default=None, repr=False)
-    # Keys for the router's admin RPCs (FlushCache, ClusterStatus, aborting any request),
-    # in its environment; the launcher checks readiness with the first.
-    admin_keys: tuple[str, ...] = field(default=(), repr=False)
-    restart: RestartPolicy = field(default_factory=RestartPolicy)
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise InvalidArgument("workers", f"must be >= 1, got {self.workers}")
-        if self.gpus_per_worker < 0:
-            raise InvalidArgument("gpus_per_worker", f"must be >= 0, got {self.gpus_per_worker}")
-        if self.workers_per_gpu < 1:
-            raise InvalidArgument("workers_per_gpu", f"must be >= 1, got {self.workers_per_gpu}")
-        if self.worker_ports and len(self.worker_ports) != self.workers:
-            raise InvalidArgument("worker_ports", "give one port per worker, or none")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -85,7 +39,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def gpu_ids(c: LaunchConfig) -> list[str]:
+def gpu_ids(c: LaunchSpec) -> list[str]:
     """The GPUs the workers are spread over: CUDA_VISIBLE_DEVICES, else all detected."""
     base = c.env if c.env is not None else os.environ
     if visible := base.get("CUDA_VISIBLE_DEVICES"):
@@ -94,7 +48,7 @@ def gpu_ids(c: LaunchConfig) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def check_gpus(c: LaunchConfig) -> None:
+def check_gpus(c: LaunchSpec) -> None:
     """InvalidArgument, before anything starts, when the workers need more GPUs than exist."""
     g, k = c.gpus_per_worker, c.workers_per_gpu
     if g == 0:
@@ -111,7 +65,7 @@ def check_gpus(c: LaunchConfig) -> None:
         )
 
 
-def worker_gpu_env(c: LaunchConfig, index: int) -> dict[str, str] | None:
+def worker_gpu_env(c: LaunchSpec, index: int) -> dict[str, str] | None:
     """Worker `index`'s environment: its own slice of the visible GPUs when
     `gpus_per_worker` is set (so two TP-2 workers on four GPUs do not share cuda:0-1),
     shared with the `workers_per_gpu` - 1 workers next to it."""
@@ -125,11 +79,15 @@ def worker_gpu_env(c: LaunchConfig, index: int) -> dict[str, str] | None:
     return {**base, "CUDA_VISIBLE_DEVICES": ",".join(mine)}
 
 
-def worker_args(c: LaunchConfig) -> tuple[str, ...]:
-    """Flags every worker gets beyond model and address: the memory share of a shared GPU."""
+def worker_args(c: LaunchSpec) -> tuple[str, ...]:
+    """Flags every worker gets beyond model and address: its TP size, the memory share of
+    a shared GPU."""
+    args = c.worker_args
+    if c.tp_size > 1:
+        args = (*args, "--tp-size", str(c.tp_size))
     if c.gpus_per_worker and c.workers_per_gpu > 1:
-        return ("--gpu-memory-share", f"{1 / c.workers_per_gpu:.6f}", *c.worker_args)
-    return c.worker_args
+        return ("--gpu-memory-share", f"{1 / c.workers_per_gpu:.6f}", *args)
+    return args
 
 
 def _cli(*args: str) -> list[str]:
@@ -187,7 +145,7 @@ class LocalCluster:
 
     `failure()` (which `supervise` calls every 0.2 s) also restarts dead children."""
 
-    def __init__(self, config: LaunchConfig) -> None:
+    def __init__(self, config: LaunchSpec) -> None:
         self.config = config
         self.worker_ports = list(config.worker_ports) or [
             free_port(config.host) for _ in range(config.workers)
@@ -226,8 +184,6 @@ class LocalCluster:
             child.start()
 
     def _launch_worker(self, i: int) -> subprocess.Popen[bytes]:
-        from radixmesh.cluster.cli import API_KEY_ENV
-
         c = self.config
         args = ["worker", "--model", c.model, "--host", c.host]
         args += ["--port", str(self.worker_ports[i])]
@@ -254,8 +210,6 @@ class LocalCluster:
         ]
         if c.tls_cert is not None and c.tls_key is not None:
             router_args += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
-        from radixmesh.cluster.cli import ADMIN_KEY_ENV, API_KEY_ENV, WORKER_API_KEY_ENV
-
         env = dict(c.env if c.env is not None else os.environ)
         env.pop(API_KEY_ENV, None)  # only the keys given to the launcher
         if c.api_keys:
@@ -263,7 +217,7 @@ class LocalCluster:
         if c.admin_keys:
             env[ADMIN_KEY_ENV] = ",".join(c.admin_keys)
         env[WORKER_API_KEY_ENV] = self.worker_key
-        return subprocess.Popen(_cli(*router_args, *c.router_args), env=env)
+        return subprocess.Popen(_cli(*router_args, *c.router_flags()), env=env)
 
     def replace_router(self, policy: str) -> None:
         """Stop the router and start one with another routing policy in front of the same
@@ -388,7 +342,7 @@ def supervise(cluster: Supervised, check_every: float = 0.2) -> int:
             signal.signal(s, handler)
 
 
-def launch(config: LaunchConfig) -> int:
+def launch(config: LaunchSpec) -> int:
     """Run a local cluster until SIGINT / SIGTERM, or until no worker or no router is left
     (restarts used up). Returns the status."""
     return supervise(LocalCluster(config))

@@ -60,87 +60,15 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from radixmesh.cluster.launch import free_port, supervise, wait_router_ready
+from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import InvalidArgument, Unimplemented
-from radixmesh.router.config import RouterConfig
-from radixmesh.router.policy import POLICIES
 
-DEVICES = ("auto", "cuda", "cpu")
-STRATEGIES = ("STRICT_PACK", "PACK")
 _PR_SET_PDEATHSIG = 1
 _ANY_HOST = ("0.0.0.0", "::", "")
-
-
-@dataclass(frozen=True)
-class RayLaunchConfig:
-    model: str
-    workers: int = 2
-    policy: str = "cache_aware"
-    host: str = "127.0.0.1"  # bind address of router and workers; 0.0.0.0: advertise node IPs
-    port: int = 50050  # the router's
-    ray_address: str | None = None  # None: start a local Ray instance ("auto": join one)
-    tp_size: int = 1  # GPUs (or CPUs) per worker, reserved as one placement group
-    device: str = "auto"  # auto: cuda when the Ray cluster has GPUs, else cpu
-    cpus_per_worker: float = 1.0  # per tensor-parallel rank
-    router_cpus: float = 0.0  # the router mostly waits on sockets; 0 never blocks workers
-    max_restarts: int = -1  # Ray restarts a dead worker or router this often (-1: always)
-    placement_strategy: str = "STRICT_PACK"
-    # None: each worker's /metrics on a free port per (re)start; N: on port N for every
-    # worker (one worker per node, e.g. KubeRay's GPU pods behind a headless Service).
-    worker_metrics_port: int | None = None
-    worker_args: tuple[str, ...] = ()  # extra `radixmesh worker` flags, for every worker
-    # RouterConfig fields other than workers/host/port/policy, e.g. {"seed": 0}.
-    router_options: dict[str, Any] = field(default_factory=dict, compare=False)
-    ready_timeout: float = 300.0
-    stop_timeout: float = 10.0
-    resolve_timeout: float = 2.0  # seconds the router waits for an actor's address
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise InvalidArgument("workers", f"must be >= 1, got {self.workers}")
-        if self.tp_size < 1:
-            raise InvalidArgument("tp_size", f"must be >= 1, got {self.tp_size}")
-        if self.device not in DEVICES:
-            raise InvalidArgument("device", f"must be one of {DEVICES}, got {self.device!r}")
-        if self.cpus_per_worker < 0 or self.router_cpus < 0:
-            name = "cpus_per_worker" if self.cpus_per_worker < 0 else "router_cpus"
-            raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
-        if self.max_restarts < -1:
-            raise InvalidArgument("max_restarts", f"must be >= -1, got {self.max_restarts}")
-        if self.worker_metrics_port is not None and not 0 < self.worker_metrics_port < 65536:
-            raise InvalidArgument(
-                "worker_metrics_port", f"must be in 1..65535, got {self.worker_metrics_port}"
-            )
-        if any(a == "--metrics-port" or a.startswith("--metrics-port=") for a in self.worker_args):
-            raise InvalidArgument(
-                "worker_args", "set the workers' metrics port with worker_metrics_port"
-            )
-        if self.placement_strategy not in STRATEGIES:
-            raise InvalidArgument(
-                "placement_strategy",
-                f"must be one of {STRATEGIES}, got {self.placement_strategy!r}",
-            )
-        if self.policy not in POLICIES:
-            raise InvalidArgument(
-                "policy", f"must be one of {sorted(POLICIES)}, got {self.policy!r}"
-            )
-        for key in ("workers", "host", "port", "policy"):
-            if key in self.router_options:
-                raise InvalidArgument("router_options", f"set {key!r} on the launch config")
-        self.router_config(("127.0.0.1:1",))  # validates port and router_options
-
-    def router_config(self, workers: tuple[str, ...]) -> RouterConfig:
-        return RouterConfig(
-            workers=workers,
-            host=self.host,
-            port=self.port,
-            policy=self.policy,
-            **self.router_options,
-        )
 
 
 def rank_resources(use_gpu: bool, cpus_per_rank: float) -> dict[str, float]:
@@ -188,7 +116,7 @@ class WorkerActor:
     ) -> None:
         import ray
 
-        from radixmesh.cluster.cli import API_KEY_ENV
+        from radixmesh.cluster.env import API_KEY_ENV
 
         self.stop_timeout = stop_timeout
         bind = host if host not in _ANY_HOST else "0.0.0.0"
@@ -259,7 +187,7 @@ class GpuReservation:
 class RouterActor:
     """The router's `serve()` on an event loop in a thread of this actor."""
 
-    def __init__(self, config: RayLaunchConfig, workers: list[Any]) -> None:
+    def __init__(self, config: LaunchSpec, workers: list[Any]) -> None:
         import ray
 
         from radixmesh.router.pool import WorkerPool
@@ -271,7 +199,8 @@ class RouterActor:
         self._address = f"{host}:{config.port}"
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
-        resolvers = [self._resolver(w, config.resolve_timeout) for w in workers]
+        timeout = (config.ray or RayOptions()).resolve_timeout
+        resolvers = [self._resolver(w, timeout) for w in workers]
         created = threading.Event()
 
         async def main() -> None:
@@ -327,8 +256,9 @@ class RouterActor:
 class RayCluster:
     """The actors of one Ray-mode cluster. Use as a context manager, or start() / stop()."""
 
-    def __init__(self, config: RayLaunchConfig) -> None:
+    def __init__(self, config: LaunchSpec) -> None:
         self.config = config
+        self.options = config.ray or RayOptions()
         self.workers: list[Any] = []  # WorkerActor handles
         self.reservations: list[Any] = []
         self.placement_groups: list[Any] = []
@@ -352,12 +282,11 @@ class RayCluster:
                 "ray_address", "Ray mode needs Ray: pip install 'radixmesh[ray]'"
             ) from e
 
-        c = self.config
-        if not c.router_options.get("worker_api_key"):  # workers always require a key
-            options = {**c.router_options, "worker_api_key": secrets.token_urlsafe(32)}
-            self.config = c = dataclasses.replace(c, router_options=options)
+        c, o = self.config, self.options
+        if not c.worker_api_key:  # workers always require a key
+            self.config = c = dataclasses.replace(c, worker_api_key=secrets.token_urlsafe(32))
         if not ray.is_initialized():
-            ray.init(address=c.ray_address, include_dashboard=False)
+            ray.init(address=o.address, include_dashboard=False)
             self._owns_ray = True
         use_gpu = self._use_gpu()
         worker_args = c.worker_args
@@ -370,7 +299,7 @@ class RayCluster:
         # The router stays on the driver's node, where a Service (or the user) finds it.
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         router_cls = ray.remote(RouterActor).options(
-            num_cpus=c.router_cpus, max_restarts=c.max_restarts, scheduling_strategy=here
+            num_cpus=o.router_cpus, max_restarts=o.max_restarts, scheduling_strategy=here
         )
         self.router = router_cls.remote(c, self.workers)
         self.address = str(ray.get(self.router.address.remote()))
@@ -379,20 +308,20 @@ class RayCluster:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        c = self.config
-        key = c.router_options["worker_api_key"]
-        rank = rank_resources(use_gpu, c.cpus_per_worker)
+        c, o = self.config, self.options
+        key = c.worker_api_key
+        rank = rank_resources(use_gpu, o.cpus_per_worker)
         if c.tp_size == 1:
-            actor = ray.remote(WorkerActor).options(max_restarts=c.max_restarts, **rank)
+            actor = ray.remote(WorkerActor).options(max_restarts=o.max_restarts, **rank)
             return actor.remote(
-                c.model, c.host, worker_args, c.stop_timeout, None, c.worker_metrics_port, key
+                c.model, c.host, worker_args, c.stop_timeout, None, o.worker_metrics_port, key
             )
-        if not use_gpu and c.cpus_per_worker <= 0:
+        if not use_gpu and o.cpus_per_worker <= 0:
             raise InvalidArgument(
                 "cpus_per_worker", "must be > 0 for a CPU tensor-parallel worker (its bundles)"
             )
         pg = placement_group(
-            bundles(c.tp_size, use_gpu, c.cpus_per_worker), strategy=c.placement_strategy
+            bundles(c.tp_size, use_gpu, o.cpus_per_worker), strategy=o.placement_strategy
         )
         self.placement_groups.append(pg)
 
@@ -408,10 +337,10 @@ class RayCluster:
         self.reservations.extend(peers)
         gpu_peers = peers if use_gpu else None  # GpuReservation handles
         actor = ray.remote(WorkerActor).options(
-            max_restarts=c.max_restarts, scheduling_strategy=in_bundle(0), **rank
+            max_restarts=o.max_restarts, scheduling_strategy=in_bundle(0), **rank
         )
         return actor.remote(
-            c.model, c.host, worker_args, c.stop_timeout, gpu_peers, c.worker_metrics_port, key
+            c.model, c.host, worker_args, c.stop_timeout, gpu_peers, o.worker_metrics_port, key
         )
 
     def worker_addresses(self) -> list[str]:
@@ -453,9 +382,8 @@ class RayCluster:
         return None
 
     def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
-        options = self.config.router_options
-        keys = options.get("admin_keys") or options.get("api_keys", ())
-        cert = options.get("tls_cert")
+        keys = self.config.admin_keys or self.config.api_keys
+        cert = self.config.tls_cert
         root = Path(cert).read_bytes() if cert else None
         return wait_router_ready(
             self.address,
@@ -503,7 +431,7 @@ class RayCluster:
                 left = len(self.workers) - len(self._dead)
                 print(
                     f"radixmesh: error: {wid} is dead for good (max_restarts "
-                    f"{self.config.max_restarts} used up); {left} worker(s) left",
+                    f"{self.options.max_restarts} used up); {left} worker(s) left",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -524,7 +452,7 @@ class RayCluster:
         self.stop()
 
 
-def launch(config: RayLaunchConfig) -> int:
+def launch(config: LaunchSpec) -> int:
     """Run a Ray-mode cluster until SIGINT / SIGTERM, the router's final death, or every
     worker's (see `RayCluster.failure`)."""
     return supervise(RayCluster(config), check_every=5.0)

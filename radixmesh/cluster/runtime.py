@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import InvalidArgument
 
 
@@ -46,14 +47,14 @@ def start_local_cluster(
     """A started cluster whose router serves and sees every worker healthy; on failure
     every process is stopped before the error propagates. `http_port`: the router's HTTP
     API (OpenAI's and SGLang's) on that port too."""
-    config = LaunchConfig(
+    config = LaunchSpec(
         model=model,
         workers=workers,
         policy=policy,
         host=host,
         port=port or free_port(host),
         worker_args=worker_flags(engine_options or {}),
-        router_args=() if http_port is None else ("--http-port", str(http_port)),
+        router_options={} if http_port is None else {"http_port": http_port},
         ready_timeout=ready_timeout,
     )
     cluster = LocalCluster(config)

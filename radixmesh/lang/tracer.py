@@ -11,8 +11,9 @@ that depends on a placeholder can at worst warm the wrong text; results are unaf
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from radixmesh.lang.chat_template import ChatTemplate
 from radixmesh.lang.ir import (
@@ -26,9 +27,6 @@ from radixmesh.lang.ir import (
     flatten,
     to_expr,
 )
-
-if TYPE_CHECKING:
-    from radixmesh.lang.function import SglFunction
 
 _MARK = "\x00"
 
@@ -103,7 +101,16 @@ class TracerGroup:
         pass
 
 
-def trace_program(fn: SglFunction, arguments: dict[str, Any]) -> TracerState:
+class Traceable(Protocol):
+    """What the tracer needs of a program (`SglFunction`): its body, the names of its
+    arguments after the state, and the arguments bound to it already."""
+
+    func: Callable[..., Any]
+    arg_names: list[str]
+    bind_arguments: dict[str, Any]
+
+
+def trace_program(fn: Traceable, arguments: dict[str, Any]) -> TracerState:
     """Run `fn` on a tracer state; arguments not given (and without a default) become
     placeholders."""
     params = inspect.signature(fn.func).parameters

@@ -1,7 +1,8 @@
 """HTTP error replies in OpenAI's layout: `{"error": {"message", "type", "param", "code"}}`.
 
-Shared by every HTTP handler of the router (http.py and the OpenAI routes): the status is
-the error catalogue's, `param` names the field in the spelling the client sent.
+Shared by every HTTP handler of the router (http.py, the OpenAI and SGLang routes): the
+status is the error catalogue's, `param` names the field in the spelling the client sent.
+`read_json` reads a request's body with its errors as these replies.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import CATALOGUE, InvalidArgument, Overloaded, entry_for
+from radixmesh.router.limits import RequestLimits, parse_json
 from radixmesh.router.openai.convert import openai_field
 
 ERROR_TYPES = {
@@ -80,3 +82,15 @@ class ApiError(Exception):
         if self.retry_after is not None:  # whole seconds, at least one (RFC 9110)
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
         return web.json_response(self.to_json(), status=self.status, headers=headers)
+
+
+async def read_json(request: web.Request, limits: RequestLimits) -> Any:
+    """The body as JSON (router/limits.py), its prompt text within the limit."""
+    try:
+        body = await parse_json(await request.read())
+    except InvalidArgument as e:
+        if e.field != "body":  # a field that no text can hold (a lone surrogate)
+            raise ApiError(400, e.message, e.field, "invalid_argument") from None
+        raise ApiError(400, e.message, None, "invalid_json") from None
+    limits.check_prompt_bytes(body)
+    return body

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import Any
 
 import grpc
 
@@ -55,15 +56,7 @@ async def serve(
         await discovery.refresh()
         discovery.start()
     metrics = RouterMetrics(pool)
-    interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
-    if config.caller_keys:
-        denied = metrics.requests.labels  # count denied RPCs like the ones that ran
-
-        def on_deny(method: str) -> None:
-            denied("grpc", method.rsplit("/", 1)[-1], "UNAUTHENTICATED").inc()
-
-        interceptors.append(ApiKeyInterceptor(config.caller_keys, on_deny))
-    server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=interceptors)
+    server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=_interceptors(config, metrics))
     servicer = RouterServicer(config, pool, metrics)
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, SERVICE_NAME)
@@ -82,24 +75,9 @@ async def serve(
     metrics_server = None
     if config.metrics_port is not None:
         metrics_server = metrics.serve(config.metrics_port, config.host)
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop if stop is not None else _stop_on_signals()
     logger.info("radixmesh router on port %d; waiting for workers", port)
-    while not stop.is_set() and not await pool.wait_healthy(timeout=5.0):
-        logger.info("no worker is healthy yet")
-    if not stop.is_set():
-        await servicer.load_model_info()
-        pool.start()
-        await set_health(health_servicer, SERVICE_NAME, serving=True)
-        assert servicer.model_info is not None
-        print(
-            f"radixmesh router serving {servicer.model_info.model} on port {port} "
-            f"({len(pool.workers)} workers, policy {config.policy})",
-            flush=True,
-        )
+    if await _start_serving(servicer, pool, health_servicer, stop, port):
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -136,6 +114,48 @@ async def drain(servicer: RouterServicer, timeout: float) -> None:
         deadline = loop.time() + STOPPED_STREAMS_GRACE
         while servicer.admission.active and loop.time() < deadline:
             await asyncio.sleep(0.05)
+
+
+def _interceptors(config: RouterConfig, metrics: RouterMetrics) -> list[Any]:
+    """Undecodable messages become INVALID_ARGUMENT; callers' keys (with the admin keys)."""
+    interceptors: list[Any] = [DecodeGuard()]
+    if not config.caller_keys:
+        return interceptors
+    denied = metrics.requests.labels  # count denied RPCs like the ones that ran
+
+    def on_deny(method: str) -> None:
+        denied("grpc", method.rsplit("/", 1)[-1], "UNAUTHENTICATED").inc()
+
+    interceptors.append(ApiKeyInterceptor(config.caller_keys, on_deny))
+    return interceptors
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _start_serving(
+    servicer: RouterServicer, pool: WorkerPool, health: Any, stop: asyncio.Event, port: int
+) -> bool:
+    """Wait for a healthy worker, read the model, then SERVING. False: stopped first."""
+    while not stop.is_set() and not await pool.wait_healthy(timeout=5.0):
+        logger.info("no worker is healthy yet")
+    if stop.is_set():
+        return False
+    await servicer.load_model_info()
+    pool.start()
+    await set_health(health, SERVICE_NAME, serving=True)
+    assert servicer.model_info is not None
+    print(
+        f"radixmesh router serving {servicer.model_info.model} on port {port} "
+        f"({len(pool.workers)} workers, policy {servicer.config.policy})",
+        flush=True,
+    )
+    return True
 
 
 def run(config: RouterConfig) -> int:

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from dataclasses import dataclass
 
 import grpc
 
@@ -39,15 +39,12 @@ from radixmesh.router.policy import Candidate, Policy, PolicyOptions, make_polic
 from radixmesh.router.pool import WorkerHandle, WorkerPool
 from radixmesh.router.programs import ProgramHint, ProgramTable
 from radixmesh.router.rpc import authorization, caller_of_call, fail, unary
+from radixmesh.router.stream_watch import StreamWatch, WorkerStalled
 from radixmesh.tokenizer import TokenizerLike, tokenizer_for
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
 from radixmesh.wire import input_ids_from_proto
 
 logger = logging.getLogger(__name__)
-
-
-class WorkerStalled(Unavailable):
-    """A worker's stream sent nothing for `stream_stall_timeout` seconds (hung)."""
 
 
 def retryable(e: grpc.aio.AioRpcError) -> bool:
@@ -83,9 +80,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             config.rate_limit, config.rate_burst or math.ceil(config.rate_limit)
         )
         self.metrics.watch_admission(self.admission, self.rate)
-        # The stall timeouts of worker streams being read now (`stop_streams` fires them).
-        self._reads: set[asyncio.Timeout] = set()
-        self.stopping: str | None = None  # why the streams left were stopped (shutdown)
+        self.streams = StreamWatch(config.stream_stall_timeout)
 
     async def load_model_info(self) -> None:
         """Ask a healthy worker what it serves and load the same tokenizer."""
@@ -222,104 +217,93 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                         break
                     raise
                 tried.add(worker.worker_id)
-                started = forwarded = False  # the worker streamed / the caller got a chunk
-                status = "CANCELLED"  # unless the stream ends or fails first
-                pending = len(ids) - cached  # prefill queued there until the first chunk
-                worker.request_started(pending)
-                self.requests[key] = (worker, worker_rid)
-                call = worker.stub.Generate(wreq, metadata=worker.metadata)
-                joined = _Joined()
+                attempt = _Attempt(worker, pending=len(ids) - cached, started_at=t0)
                 try:
-                    async for resp in self._responses(call, worker):
-                        if not started:
-                            started = True
-                            worker.request_streaming(pending)
-                            self.metrics.ttft.observe(time.perf_counter() - t0)
-                        chunk = resp.chunk
-                        chunk.request_id = rid
-                        if chunk.HasField("finish"):
-                            self.metrics.e2e.observe(time.perf_counter() - t0)
-                            self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
-                            self.metrics.cached_tokens.inc(chunk.cached_tokens)
-                        if stream:
-                            forwarded = True
+                    async with aclosing(self._stream_from(attempt, wreq, key, stream)) as chunks:
+                        async for chunk in chunks:
                             yield worker.worker_id, chunk
-                        else:
-                            joined.add(chunk)
-                    if not stream:
-                        forwarded = True
-                        yield worker.worker_id, joined.chunk()
-                    worker.breaker.record_success()
-                    status = "OK"
                     return
                 except (grpc.aio.AioRpcError, WorkerStalled) as e:
-                    status = self._failed(worker, e, give_up=forwarded)
+                    self._failed(worker, e, give_up=attempt.forwarded)
                     last_error = e
-                finally:
-                    call.cancel()
-                    if not started:
-                        worker.request_streaming(pending)
-                    worker.request_ended()
-                    self.metrics.worker_requests.labels(worker.worker_id, status).inc()
-                    self.requests.pop(key, None)
             assert last_error is not None
             raise last_error
-
-    async def _responses(
-        self, call: Any, worker: WorkerHandle
-    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        """A worker's stream, given up when it sends nothing for `stream_stall_timeout`, or
-        when `stop_streams` stops it (the router shuts down): then Unavailable."""
-        timeout = self.config.stream_stall_timeout
-        while True:
-            if self.stopping is not None:
-                raise Unavailable(self.stopping)
-            try:
-                async with asyncio.timeout(timeout) as deadline:
-                    self._reads.add(deadline)
-                    try:
-                        resp = await call.read()
-                    finally:
-                        self._reads.discard(deadline)
-            except TimeoutError:
-                if self.stopping is not None:
-                    raise Unavailable(self.stopping) from None
-                raise WorkerStalled(
-                    f"worker {worker.worker_id} sent nothing for {timeout:g} s"
-                ) from None
-            if resp is grpc.aio.EOF:
-                return
-            yield resp
 
     def stop_streams(self, why: str) -> None:
         """End every worker stream still in flight: its request fails with
         Unavailable(why) (an SSE stream sends it as an error event, then [DONE])."""
-        self.stopping = why
-        now = asyncio.get_running_loop().time()
-        for deadline in list(self._reads):
-            deadline.reschedule(now)
+        self.streams.stop(why)
 
     def _failed(
         self, worker: WorkerHandle, e: grpc.aio.AioRpcError | WorkerStalled, *, give_up: bool
-    ) -> str:
-        """Account a worker call that failed; return its status name, or raise when the
-        request cannot go to another worker (it started streaming, or every worker would
-        refuse it as this one did, or the router is shutting down)."""
-        status = "UNAVAILABLE" if isinstance(e, WorkerStalled) else e.code().name
-        if status == "UNAVAILABLE":
-            worker.breaker.record_failure()
-        if self.stopping is not None:
-            raise Unavailable(self.stopping) from None
+    ) -> None:
+        """After a worker call failed: raise when the request cannot go to another worker
+        (it started streaming, or every worker would refuse it as this one did, or the
+        router is shutting down); else count the retry."""
+        if self.streams.stopping is not None:
+            raise Unavailable(self.streams.stopping) from None
         if isinstance(e, grpc.aio.AioRpcError) and convert.is_overloaded(e):
             full = convert.error_from_rpc(e)
             assert isinstance(full, Overloaded)
             worker.shed(full)
         if give_up or not (isinstance(e, WorkerStalled) or retryable(e)):
             raise e
+        status = "UNAVAILABLE" if isinstance(e, WorkerStalled) else e.code().name
         logger.info("worker %s failed (%s); retrying", worker.worker_id, status)
         self.retries += 1
         self.metrics.retries.inc()
-        return status
+
+    async def _stream_from(
+        self,
+        attempt: _Attempt,
+        wreq: worker_pb2.GenerateRequest,
+        key: tuple[str, str],
+        stream: bool,
+    ) -> AsyncGenerator[common_pb2.GenerateChunk, None]:
+        """One worker's Generate call: its chunks (joined into one unless `stream`) under
+        the caller's request id (`key`: caller, id), with the worker's load, breaker and
+        the router's metrics kept as the call goes."""
+        worker, pending = attempt.worker, attempt.pending
+        started = False  # the worker streamed
+        status = "CANCELLED"  # unless the stream ends or fails first
+        worker.request_started(pending)  # prefill work queued there until the first chunk
+        self.requests[key] = (worker, wreq.request_id)
+        call = worker.stub.Generate(wreq, metadata=worker.metadata)
+        joined = _Joined()
+        try:
+            async for resp in self.streams.read(call, worker.worker_id):
+                if not started:
+                    started = True
+                    worker.request_streaming(pending)
+                    self.metrics.ttft.observe(time.perf_counter() - attempt.started_at)
+                chunk = resp.chunk
+                chunk.request_id = key[1]
+                if chunk.HasField("finish"):
+                    self.metrics.e2e.observe(time.perf_counter() - attempt.started_at)
+                    self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
+                    self.metrics.cached_tokens.inc(chunk.cached_tokens)
+                if stream:
+                    attempt.forwarded = True
+                    yield chunk
+                else:
+                    joined.add(chunk)
+            if not stream:
+                attempt.forwarded = True
+                yield joined.chunk()
+            worker.breaker.record_success()
+            status = "OK"
+        except (grpc.aio.AioRpcError, WorkerStalled) as e:
+            status = "UNAVAILABLE" if isinstance(e, WorkerStalled) else e.code().name
+            if status == "UNAVAILABLE":
+                worker.breaker.record_failure()
+            raise
+        finally:
+            call.cancel()
+            if not started:
+                worker.request_streaming(pending)
+            worker.request_ended()
+            self.metrics.worker_requests.labels(worker.worker_id, status).inc()
+            self.requests.pop(key, None)
 
     async def Generate(
         self, request: router_pb2.RouterGenerateRequest, context: grpc.aio.ServicerContext
@@ -535,6 +519,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return router_pb2.RouterGetModelInfoResponse(info=self.model_info)
 
         return await unary(context, run)
+
+
+@dataclass
+class _Attempt:
+    """One try of a request on one worker."""
+
+    worker: WorkerHandle
+    pending: int  # the prompt tokens it has to prefill (not cached there)
+    started_at: float  # perf_counter() when the request reached the router
+    forwarded: bool = False  # the caller got a chunk: no retry elsewhere after this
 
 
 class _Joined:

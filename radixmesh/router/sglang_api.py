@@ -26,6 +26,7 @@ import radixmesh
 from radixmesh.auth import ADMIN_MESSAGE, bearer_allowed, caller_of
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError
+from radixmesh.router.api_error import ApiError, read_json
 from radixmesh.router.sglang_protocol import (
     GenerateRequest,
     OutputState,
@@ -35,7 +36,7 @@ from radixmesh.router.sglang_protocol import (
 from radixmesh.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from radixmesh.router.http import ApiError, HttpFrontend, JobChunks
+    from radixmesh.router.http import HttpFrontend, JobChunks
 
 HEALTH_TIMEOUT = 20.0  # seconds /health_generate waits for its token
 
@@ -144,8 +145,6 @@ class SglangApi:
             raise api_error(e) from None
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
-        from radixmesh.router.openai.routes import read_json
-
         tok, _ = self.frontend._ready()
         limits = self.frontend.config.limits
         body = await read_json(request, limits)
@@ -209,8 +208,6 @@ class SglangApi:
 
 def api_error(e: BaseException) -> ApiError:
     """The HTTP error for `e`, naming the field as SGLang's API does."""
-    from radixmesh.router.http import ApiError
-
     if isinstance(e, grpc.aio.AioRpcError):
         e = error_from_rpc(e)
     if isinstance(e, InvalidArgument):

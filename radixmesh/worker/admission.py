@@ -18,7 +18,8 @@ import threading
 from collections.abc import Callable
 
 from radixmesh.errors import Overloaded
-from radixmesh.worker.request import Request, RequestOutput
+from radixmesh.worker.request import Request
+from radixmesh.worker.request_output import RequestOutput
 
 
 class Admission:

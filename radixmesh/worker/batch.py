@@ -54,12 +54,63 @@ class PooledRows:
 
 
 @dataclass
-class ForwardOutput:
-    """Per item of the batch (same order): the sampled token and logprobs."""
+class PendingTokens:
+    """The ids a step sampled, one per sampled item (`sample_items`, ascending item
+    indices): on the device, where the next step's inputs may read them before the host
+    has them, and copied to the host behind the forward. Sampled row j also stands in a
+    request's token ids as `placeholder(j)` (< 0) until the host has read it."""
 
-    next_token_ids: list[int | None]
+    sample_items: list[int]
+    ids: torch.Tensor  # [N] on the device
+    host: torch.Tensor  # [N] on the host (pinned and filled asynchronously on CUDA)
+    event: torch.cuda.Event | None = None  # recorded after the copy; None on the CPU
+    base: int = 1  # placeholder(j) = -(base + j)
+
+    def placeholder(self, j: int) -> int:
+        return -(self.base + j)
+
+    def token_ids(self) -> list[int]:
+        """Waits for this step alone, not for the steps launched after it."""
+        if self.event is not None:
+            self.event.synchronize()
+        return [int(t) for t in self.host.tolist()]
+
+
+NO_TOKENS = PendingTokens([], torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64))
+
+
+@dataclass
+class ForwardOutput:
+    """Per item of the batch (same order): the sampled token and logprobs. The tokens are
+    pending (`tokens`); logprobs are on the host, computed only for the items that ask
+    (which waits for the step)."""
+
+    tokens: PendingTokens
     logprobs: list[float | None]
     top_logprobs: list[list[tuple[int, float]] | None]
     prompt_logprobs: list[PromptLogprobs | None]
     # Embedding requests' rows of this step (None for the others).
     hidden: list[PooledRows | None] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, num_items: int) -> ForwardOutput:
+        none: list[None] = [None] * num_items
+        return cls(NO_TOKENS, list(none), list(none), list(none), list(none))
+
+    def next_token_ids(self) -> list[int | None]:
+        """Per item: its sampled token, or None (waits for this step's tokens)."""
+        out: list[int | None] = [None] * len(self.logprobs)
+        for i, token in zip(self.tokens.sample_items, self.tokens.token_ids(), strict=True):
+            out[i] = token
+        return out
+
+
+@dataclass
+class Launched:
+    """A step the scheduler launched: its batch, its pending output, and where each sampled
+    request's placeholder token stands (so resolving puts the real token there)."""
+
+    batch: Batch
+    out: ForwardOutput
+    samples: list[bool]  # per item: the step reached the end of the sequence
+    positions: list[int]  # per sampled row: the index of its placeholder in req.token_ids

@@ -32,7 +32,7 @@ class ModelConfig:
     download_dir: str | None = None
     # A Jinja chat template file that replaces the model's own (on the router too).
     chat_template: str | None = None
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU (see worker.resolve_dtype)
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU (see device.resolve_dtype)
     device: str = "auto"  # auto: cuda when available, else cpu
     context_length: int | None = None  # None: the model's own
     seed: int = 0  # for dummy weights and unseeded sampling

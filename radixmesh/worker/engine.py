@@ -26,19 +26,24 @@ from radixmesh.worker.admission import Admission
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.engine_info import EngineInfo
+from radixmesh.worker.engine_inputs import (
+    InputIds,
+    Params,
+    Prompt,
+    normalize_inputs,
+    normalize_params,
+)
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.mailbox import Mailbox
-from radixmesh.worker.request import HiddenPool, Pooling, Request, RequestOutput
-from radixmesh.worker.request_output import embedding_result
+from radixmesh.worker.request import HiddenPool, Pooling, Request
+from radixmesh.worker.request_output import Accumulator, RequestOutput, embedding_of
 from radixmesh.worker.score import score_of, score_requests
-from radixmesh.worker.tp.followers import RankFailure
+from radixmesh.worker.tp.leader import RankFailure
 from radixmesh.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
-Prompt = str | list[str] | None
-InputIds = list[int] | list[list[int]] | None
-Params = dict[str, Any] | SamplingParams | list[dict[str, Any]] | list[SamplingParams] | None
+__all__ = ["Engine", "InputIds", "Params", "Prompt"]
 
 
 class Engine:
@@ -87,7 +92,7 @@ class Engine:
             return self._stream(reqs[0])
         queues = self._submit_all(reqs)
         try:
-            results = [self._collect(q) for q in queues]
+            results = [self._collect(q).result() for q in queues]
         except BaseException:  # Ctrl-C in the caller: don't leave its requests running
             for r in reqs:
                 self.abort(r.rid)
@@ -108,14 +113,7 @@ class Engine:
             return self._astream(reqs[0], compiles)
         for done in compiles:
             await asyncio.wrap_future(done)
-        self.admission.reserve(len(reqs))
-        queues = [self._asubmit(r) for r in reqs]
-        try:
-            results = [await self._acollect(q) for q in queues]
-        except BaseException:  # cancelled (a client went away): stop every one of them
-            for r in reqs:
-                self.abort(r.rid)
-            raise
+        results = [acc.result() for acc in await self._arun(reqs)]
         return results[0] if single and len(results) == 1 else results
 
     def encode(
@@ -127,30 +125,26 @@ class Engine:
         reqs, single = self._make_embed_requests(prompt, input_ids, pooling)
         queues = self._submit_all(reqs)
         try:
-            results = [self._collect(q) for q in queues]
+            results = [_embedding_dict(self._collect(q).output()) for q in queues]
         except BaseException:
             for r in reqs:
                 self.abort(r.rid)
             raise
-        if not single:
-            return [embedding_result(r) for r in results]
-        return embedding_result(results[0])
+        return results[0] if single else results
 
     async def async_encode(
         self, input_ids: list[int], pooling: str = "mean", rid: str | None = None
-    ) -> dict[str, Any]:
+    ) -> RequestOutput:
         """`encode` for one tokenized prompt under a caller-chosen id (so `abort(rid)`
-        reaches it); cancelling the caller aborts the request."""
+        reaches it): its final output, whose `embedding` is set (else RequestAborted);
+        cancelling the caller aborts the request."""
         (req,), _ = self._make_embed_requests(None, input_ids, pooling)
         if rid is not None:
             req.rid = rid
-        self.admission.reserve(1)
-        q = self._asubmit(req)
-        try:
-            return embedding_result(await self._acollect(q))
-        except BaseException:  # cancelled: the request must not run on
-            self.abort(req.rid)
-            raise
+        (acc,) = await self._arun([req])
+        out = acc.output()
+        embedding_of(out)
+        return out
 
     def abort(self, rid: str) -> None:
         if self.admission.take(rid) is not None:
@@ -198,8 +192,8 @@ class Engine:
 
     def async_stream(
         self, input_ids: list[int], sampling_params: Params = None, rid: str | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Stream one request under a caller-chosen id (so `abort(rid)` reaches it).
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs under a caller-chosen id (so `abort(rid)` reaches it).
 
         Validates now (raises InvalidArgument / Unavailable before anything runs); the
         request is submitted on the first iteration. Closing the iterator early aborts it."""
@@ -208,7 +202,7 @@ class Engine:
             raise InvalidArgument("sampling_params.n", "a stream takes n=1")
         if rid is not None:
             reqs[0].rid = rid
-        return self._astream(reqs[0], compiles)
+        return self._aoutputs(reqs[0], compiles)
 
     def submit(
         self,
@@ -291,11 +285,8 @@ class Engine:
         """Logprob of each continuation token given the prompt (and the tokens before it):
         one request per continuation (worker/score.py). Cancelling it aborts them all."""
         prompts, params = score_requests(input_ids, continuations)
-        results = await self.async_generate(
-            input_ids=prompts, sampling_params=[params] * len(prompts)
-        )
-        assert isinstance(results, list)
-        return [score_of(r["meta_info"]) for r in results]
+        reqs, _, _ = self._make_requests(None, prompts, [params] * len(prompts))
+        return [score_of(acc.output().meta_info) for acc in await self._arun(reqs)]
 
     def add_cache_listener(self, fn: CacheListener, snapshot: bool = False) -> list[CacheEvent]:
         """Attach a cache-event listener on the scheduler thread (where events fire).
@@ -330,8 +321,8 @@ class Engine:
         constraints' compiles (started here; each settles with None or an InvalidArgument)."""
         if self._draining:
             raise Unavailable("the worker is draining: it takes no new requests")
-        ids_list, single = self._normalize_inputs(prompt, input_ids)
-        params_list = _normalize_params(sampling_params, len(ids_list))
+        ids_list, single = normalize_inputs(self.tokenizer, prompt, input_ids)
+        params_list = normalize_params(sampling_params, len(ids_list))
         reqs: list[Request] = []
         for ids, params in zip(ids_list, params_list, strict=True):
             self.worker.validate(ids, params)
@@ -374,29 +365,6 @@ class Engine:
             r.hidden_pool = HiddenPool(kind)
         return reqs, single
 
-    def _normalize_inputs(
-        self, prompt: Prompt, input_ids: InputIds
-    ) -> tuple[list[list[int]], bool]:
-        if (prompt is None) == (input_ids is None):
-            raise InvalidArgument("prompt", "give exactly one of prompt and input_ids")
-        if prompt is not None:
-            if isinstance(prompt, str):
-                return [self.tokenizer.encode(prompt)], True
-            if not isinstance(prompt, list) or not all(isinstance(p, str) for p in prompt):
-                raise InvalidArgument("prompt", "expected a string or a list of strings")
-            if not prompt:
-                raise InvalidArgument("prompt", "the prompt list is empty")
-            return [self.tokenizer.encode(p) for p in prompt], False
-        assert input_ids is not None
-        if not isinstance(input_ids, list) or not input_ids:
-            raise InvalidArgument("input_ids", "expected a non-empty list of token ids")
-        items: list[Any] = list(input_ids)
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
-            return [items], True
-        if all(isinstance(x, list) for x in items):
-            return [list(x) for x in items], False
-        raise InvalidArgument("input_ids", "expected a list of ints or a list of lists of ints")
-
     def _request(self, ids: list[int], params: SamplingParams) -> Request:
         req = Request(
             rid=uuid.uuid4().hex,
@@ -427,13 +395,13 @@ class Engine:
         self._enqueue(req)
         return q
 
-    def _collect(self, q: queue.SimpleQueue[RequestOutput]) -> dict[str, Any]:
-        acc = _Accumulator()
+    def _collect(self, q: queue.SimpleQueue[RequestOutput]) -> Accumulator:
+        acc = Accumulator()
         while True:
             out = self._get(q)
             acc.add(out)
             if out.finished:
-                return acc.result()
+                return acc
 
     def _stream(self, req: Request) -> Iterator[dict[str, Any]]:
         self.admission.reserve(1)
@@ -460,17 +428,35 @@ class Engine:
         self._enqueue(req)
         return q
 
-    async def _acollect(self, q: asyncio.Queue[RequestOutput]) -> dict[str, Any]:
-        acc = _Accumulator()
+    async def _arun(self, reqs: list[Request]) -> list[Accumulator]:
+        """Reserve, submit and collect `reqs`; cancelling the caller (a client went away)
+        aborts every one of them."""
+        self.admission.reserve(len(reqs))
+        queues = [self._asubmit(r) for r in reqs]
+        try:
+            return [await self._acollect(q) for q in queues]
+        except BaseException:
+            for r in reqs:
+                self.abort(r.rid)
+            raise
+
+    async def _acollect(self, q: asyncio.Queue[RequestOutput]) -> Accumulator:
+        acc = Accumulator()
         while True:
             out = await self._aget(q)
             acc.add(out)
             if out.finished:
-                return acc.result()
+                return acc
 
     async def _astream(
         self, req: Request, compiles: list[Future[None]]
     ) -> AsyncIterator[dict[str, Any]]:
+        async for out in self._aoutputs(req, compiles):
+            yield out.as_chunk()
+
+    async def _aoutputs(
+        self, req: Request, compiles: list[Future[None]]
+    ) -> AsyncIterator[RequestOutput]:
         for compiled in compiles:
             await asyncio.wrap_future(compiled)
         self.admission.reserve(1)
@@ -484,7 +470,7 @@ class Engine:
                 while not out.finished and not q.empty():
                     out = out.then(q.get_nowait())
                 done = out.finished
-                yield out.as_chunk()
+                yield out
         finally:
             if not done:
                 self.abort(req.rid)
@@ -603,32 +589,6 @@ def _nothing() -> None:
 _NOTHING: Callable[[], None] = _nothing
 
 
-def _normalize_params(params: Params, count: int) -> list[SamplingParams]:
-    if isinstance(params, list):
-        if len(params) != count:
-            raise InvalidArgument(
-                "sampling_params", f"got {len(params)} sampling params for {count} prompts"
-            )
-        return [SamplingParams.from_dict(p) for p in params]
-    one = SamplingParams.from_dict(params)
-    return [one] * count
-
-
-class _Accumulator:
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-        self.text: list[str] = []
-        self.meta: dict[str, Any] = {}
-        self.embedding: list[float] | None = None
-
-    def add(self, out: RequestOutput) -> None:
-        self.ids.extend(out.new_token_ids)
-        self.text.append(out.text_delta)
-        self.meta = out.meta_info
-        self.embedding = out.embedding
-
-    def result(self) -> dict[str, Any]:
-        result = {"text": "".join(self.text), "output_ids": self.ids, "meta_info": self.meta}
-        if self.embedding is not None:
-            result["embedding"] = self.embedding
-        return result
+def _embedding_dict(out: RequestOutput) -> dict[str, Any]:
+    """An embedding request's result at the Python API's edge: {"embedding", "meta_info"}."""
+    return {"embedding": embedding_of(out), "meta_info": out.meta_info.to_dict()}

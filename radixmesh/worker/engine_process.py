@@ -51,7 +51,7 @@ from radixmesh.errors import (
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
-from radixmesh.worker.request_output import RequestOutput, embedding_result
+from radixmesh.worker.request_output import RequestOutput, embedding_of
 from radixmesh.worker.score import score_of, score_requests
 
 logger = logging.getLogger(__name__)
@@ -130,8 +130,8 @@ class EngineProcess:
 
     def async_stream(
         self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Stream one request; a bad one raises its error at the first iteration."""
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs; a bad one raises its error at the first iteration."""
         if self._draining:
             raise Unavailable("the worker is draining: it takes no new requests")
         self._check_alive()
@@ -139,16 +139,19 @@ class EngineProcess:
 
     async def async_encode(
         self, input_ids: list[int], pooling: str = "mean", rid: str | None = None
-    ) -> dict[str, Any]:
-        """An embedding (see `Engine.encode`); cancelling the caller aborts the request."""
+    ) -> RequestOutput:
+        """An embedding (see `Engine.async_encode`): the request's final output, whose
+        `embedding` is set (else RequestAborted); cancelling the caller aborts it."""
         if self._draining:
             raise Unavailable("the worker is draining: it takes no new requests")
         self._check_alive()
-        last: dict[str, Any] = {}
+        joined: RequestOutput | None = None
         stream = self._astream(list(input_ids), {}, rid or uuid.uuid4().hex, pooling)
-        async for chunk in stream:
-            last = chunk
-        return embedding_result(last)
+        async for out in stream:
+            joined = out if joined is None else joined.then(out)
+        assert joined is not None  # a stream ends with its finished output
+        embedding_of(joined)
+        return joined
 
     async def async_score(
         self, input_ids: list[int], continuations: list[list[int]]
@@ -158,8 +161,11 @@ class EngineProcess:
         base = uuid.uuid4().hex
 
         async def one(i: int, ids: list[int]) -> list[float]:
-            chunks = [c async for c in self.async_stream(ids, params, f"{base}-{i}")]
-            return score_of(chunks[-1]["meta_info"])
+            last = None
+            async for out in self.async_stream(ids, params, f"{base}-{i}"):
+                last = out
+            assert last is not None  # a stream ends with its finished output
+            return score_of(last.meta_info)
 
         return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
@@ -209,7 +215,7 @@ class EngineProcess:
 
     async def _astream(
         self, ids: list[int], params: dict[str, Any], rid: str, pooling: str | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Any] = asyncio.Queue()
         if rid in self._streams:
@@ -226,7 +232,7 @@ class EngineProcess:
                         raise nxt
                     out = out.then(nxt)
                 done = out.finished
-                yield out.as_chunk()
+                yield out
         finally:
             self._streams.pop(rid, None)
             if not done:

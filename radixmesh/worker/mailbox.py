@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import threading
 
-from radixmesh.worker.request import RequestOutput
+from radixmesh.worker.request_output import RequestOutput
 
 
 class Mailbox:

@@ -3,7 +3,7 @@
 Gauges and counters are read from `SchedulerStats` at scrape time (a custom collector),
 so the scheduler keeps plain counters and knows nothing of Prometheus. The server
 observes the per-request histograms: latencies as chunks stream, and on the final chunk
-the phases the engine timed (`queue_time`, `prefill_time`, `decode_time` in meta_info),
+the phases the engine timed (`MetaInfo.queue_time`, `prefill_time`, `decode_time`),
 the prompt and generation lengths and the finish reason. Names follow Prometheus
 conventions (`radixmesh_` prefix, base units, `_total` counters); every series carries
 `model_name` (the served model name), so one dashboard can tell models apart.
@@ -11,13 +11,14 @@ conventions (`radixmesh_` prefix, base units, `_total` counters); every series c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from radixmesh.worker.request_output import MetaInfo
 from radixmesh.worker.stats import SchedulerStats
 
 TTFT_BUCKETS = (
@@ -151,18 +152,18 @@ class WorkerMetrics:
         )
         self.finished = {r: success.labels(model_name, r) for r in FINISH_REASONS}
 
-    def observe_finished(self, meta: Mapping[str, Any]) -> None:
-        """A request's final meta_info: its phases, lengths and finish reason."""
-        for key, hist in (
-            ("queue_time", self.queue_time),
-            ("prefill_time", self.prefill_time),
-            ("decode_time", self.decode_time),
+    def observe_finished(self, meta: MetaInfo) -> None:
+        """A request's final MetaInfo: its phases, lengths and finish reason."""
+        for seconds, hist in (
+            (meta.queue_time, self.queue_time),
+            (meta.prefill_time, self.prefill_time),
+            (meta.decode_time, self.decode_time),
         ):
-            if key in meta:
-                hist.observe(meta[key])
-        self.prompt_len.observe(meta["prompt_tokens"])
-        self.generation_len.observe(meta["completion_tokens"])
-        reason = meta["finish_reason"]["type"]
+            if seconds is not None:
+                hist.observe(seconds)
+        self.prompt_len.observe(meta.prompt_tokens)
+        self.generation_len.observe(meta.completion_tokens)
+        reason = meta.finish.reason if meta.finish is not None else None
         if reason in self.finished:
             self.finished[reason].inc()
 

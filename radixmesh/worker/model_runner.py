@@ -2,12 +2,19 @@
 
 It owns the model, the KV pool, the attention backend and the sampler; the scheduler owns
 which tokens go into a batch and where their KV lives (the req->token table).
+
+`forward` never waits for the device: the sampled ids come back pending
+(`batch.PendingTokens`: on the device, copied to the host behind the forward). Each step's
+ids also go to a `future` buffer on the device, so a request whose last token the host has
+not read yet stands for it with a placeholder id (< 0), which the next step's inputs
+resolve there (the overlap scheduler launches step n+1 before it reads step n's tokens).
+Only logprobs, which the host computes, wait for the step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -15,13 +22,14 @@ from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.batch import (
     Batch,
     ForwardOutput,
+    PendingTokens,
     PooledRows,
     PromptLogprobs,
     ScheduledRequest,
 )
 from radixmesh.worker.constrained.bitmask import TokenBitmask
 from radixmesh.worker.constrained.manager import GrammarManager
-from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.request import Request
@@ -29,7 +37,15 @@ from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids, tok
 
 if TYPE_CHECKING:  # imports triton: only where graphs are built
     from radixmesh.worker.cuda_graph import DecodeCudaGraphs
-    from radixmesh.worker.tp.followers import FollowerRanks
+
+
+class Followers(Protocol):
+    """The other ranks of rank 0's tensor-parallel group (`tp.leader.FollowerRanks`): told
+    each step before rank 0 runs it, they run the same forward in lockstep."""
+
+    def send_step(
+        self, batch: Batch, fb: ForwardBatch, logit_rows: list[int], ids_on_device: bool = False
+    ) -> None: ...
 
 
 @dataclass
@@ -51,16 +67,22 @@ class ModelRunner:
         req_table: ReqToTokenTable,
         vocab_size: int,
         grammars: GrammarManager | None = None,
-        followers: FollowerRanks | None = None,
+        followers: Followers | None = None,
+        decode_graphs: DecodeCudaGraphs | None = None,
+        decode_shaped_max_rows: int = 0,
+        decode_shaped_forced: bool = True,
+        decode_shaped_prompt_reads: int = 0,
     ) -> None:
+        """`decode_graphs`: captured on CUDA with a capture-safe backend (cuda_graph.py).
+        Up to `decode_shaped_max_rows` tokens (the worker gives the largest graph), a step
+        whose multi-token rows are jump-forward's forced tokens (with
+        `decode_shaped_forced`) or short prompt chunks (within `decode_shaped_prompt_reads`)
+        runs as one decode row per token; see `_decode_shaped`. 0: never. The three stay
+        switches a caller may flip between steps (ablations)."""
         self.model = model
-        # Up to this many tokens, a step whose multi-token rows are jump-forward's forced
-        # tokens (with `decode_shaped_forced`) or short prompt chunks (within
-        # `decode_shaped_prompt_reads`) runs as one decode row per token; see
-        # `_decode_shaped`. 0: never. The worker sets it to the largest decode CUDA graph.
-        self.decode_shaped_max_rows = 0
-        self.decode_shaped_forced = True
-        self.decode_shaped_prompt_reads = 0
+        self.decode_shaped_max_rows = decode_shaped_max_rows
+        self.decode_shaped_forced = decode_shaped_forced
+        self.decode_shaped_prompt_reads = decode_shaped_prompt_reads
         self.num_decode_shaped_steps = 0
         # Rank 0 of a TP group: the other ranks run every forward with this one.
         self.followers = followers
@@ -68,33 +90,35 @@ class ModelRunner:
         self.req_table = req_table
         self.sampler = Sampler(vocab_size)
         self.grammars = grammars
-        # Set by the worker on CUDA with a capture-safe backend (see cuda_graph.py).
-        self.decode_graphs: DecodeCudaGraphs | None = None
+        self.decode_graphs = decode_graphs
+        # Two steps' sampled ids (parity 0 and 1: one is read back while the next runs),
+        # each at most one per table row; index 0 unused, so every placeholder is < 0.
+        rows = req_table.max_requests
+        device = req_table.table.device
+        self.future = torch.zeros(1 + 2 * rows, dtype=torch.int64, device=device)
+        self._host: list[torch.Tensor] = []
+        if device.type == "cuda":
+            self._host = [torch.empty(rows, dtype=torch.int64, pin_memory=True) for _ in "01"]
+        self._parity = 0
 
     @torch.inference_mode()
     def forward(self, batch: Batch) -> ForwardOutput:
-        fb = self._forward_batch(batch)
+        fb, pending_inputs = self._forward_batch(batch)
         rows = self._rows(batch)
         all_rows = rows.sample_rows + rows.prompt_rows
-        # Copied before the forward is launched: on CUDA this blocking copy would otherwise
+        # Copied before the forward is launched: on CUDA a blocking copy would otherwise
         # wait for the whole forward, and the host work after the launch (the grammar
         # bitmask above all, see _sample) could no longer overlap the GPU.
-        index = torch.tensor(all_rows, dtype=torch.int64, device=self.req_table.table.device)
-        if self.followers is not None:
-            self.followers.send_step(batch, fb, all_rows)
+        index = to_device(torch.tensor(all_rows, dtype=torch.int64), self.future.device)
+        if self.followers is not None:  # placeholders: they get the resolved ids too
+            self.followers.send_step(batch, fb, all_rows, ids_on_device=pending_inputs)
         if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
             hidden = self.decode_graphs.run(fb)  # [B, hidden]
         else:
             self.attn.prepare(fb)
             hidden = self.model(fb, self.attn)  # [T, hidden]
-        n_items = len(batch.items)
-        out = ForwardOutput(
-            next_token_ids=[None] * n_items,
-            logprobs=[None] * n_items,
-            top_logprobs=[None] * n_items,
-            prompt_logprobs=[None] * n_items,
-            hidden=_pooled(batch.items, hidden),
-        )
+        out = ForwardOutput.empty(len(batch.items))
+        out.hidden = _pooled(batch.items, hidden)
         if not all_rows:
             return out
         logits = self.model.compute_logits(hidden.index_select(0, index))  # [N, V] fp32
@@ -105,7 +129,9 @@ class ModelRunner:
             self._prompt_logprobs(batch.items, rows, logits[n_sample:], out)
         return out
 
-    def _forward_batch(self, batch: Batch) -> ForwardBatch:
+    def _forward_batch(self, batch: Batch) -> tuple[ForwardBatch, bool]:
+        """The step's ForwardBatch, its placeholders resolved from `future` on the device,
+        and whether it had any."""
         items = batch.items
         prefix_lens = [item.req.num_computed_tokens for item in items]
         input_ids: list[int] = []
@@ -122,7 +148,7 @@ class ModelRunner:
                 req_rows, prefix_lens, extend_lens
             )
             self.num_decode_shaped_steps += 1
-        return ForwardBatch.build(
+        fb = ForwardBatch.build(
             input_ids=input_ids,
             out_cache_loc=batch.out_cache_loc,
             req_rows=req_rows,
@@ -130,6 +156,11 @@ class ModelRunner:
             extend_lens=extend_lens,
             req_to_token=self.req_table.table,
         )
+        pending = bool(input_ids) and min(input_ids) < 0
+        if pending:
+            given = fb.input_ids
+            fb.input_ids = torch.where(given < 0, self.future[given.neg().clamp_(min=0)], given)
+        return fb, pending
 
     def _decode_shaped(
         self, items: list[ScheduledRequest], prefix_lens: list[int], input_ids: list[int]
@@ -197,13 +228,28 @@ class ModelRunner:
         # a constrained row's mask depends only on the tokens it has already accepted.
         allowed = self._allowed([items[i].req for i in rows.sample_items], logits.device)
         sampling_rows = [_sampling_row(items[i].req) for i in rows.sample_items]
-        res = self.sampler.sample(logits, sampling_rows, allowed=allowed)
+        res = self.sampler.draw(logits, sampling_rows, allowed=allowed)
+        out.tokens = self._pending(res.token_ids, rows.sample_items)
         for j, i in enumerate(rows.sample_items):
-            out.next_token_ids[i] = res.token_ids[j]
             if res.logprobs is not None:
                 out.logprobs[i] = res.logprobs[j]
             if res.top_logprobs is not None:
                 out.top_logprobs[i] = res.top_logprobs[j]
+
+    def _pending(self, ids: torch.Tensor, sample_items: list[int]) -> PendingTokens:
+        """`ids` ([N] on the device) into this step's half of `future`, and to the host
+        behind the forward (an event marks the copy's end)."""
+        parity, self._parity = self._parity, self._parity ^ 1
+        n = len(sample_items)
+        base = 1 + parity * self.req_table.max_requests
+        self.future[base : base + n] = ids
+        if not self._host:
+            return PendingTokens(sample_items, ids, ids, None, base)
+        host = self._host[parity][:n]
+        host.copy_(ids, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingTokens(sample_items, ids, host, event, base)
 
     def _allowed(self, reqs: list[Request], device: torch.device) -> TokenBitmask | None:
         """One bitmask for the constrained rows only; None (no cost) when there are none.

@@ -2,7 +2,7 @@
 
 The scheduler calls `append_token` for every sampled token and `emit` once per step per
 request; `emit` hands the step's delta (new ids, new text, new logprobs) to the
-request's sink, and the full `meta_info` with it.
+request's sink, and the request's `MetaInfo` with it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from radixmesh.worker.batch import PromptLogprobs
-from radixmesh.worker.request import FinishReason, Request, RequestOutput
+from radixmesh.worker.request import FinishReason, Request
+from radixmesh.worker.request_output import Finish, MetaInfo, RequestOutput
 
 
 class OutputProcessor:
@@ -153,37 +154,36 @@ def _embedding(req: Request) -> list[float] | None:
     return pool.vector()
 
 
-def meta_info(req: Request) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "id": req.rid,
-        "prompt_tokens": req.num_prompt_tokens,
-        "completion_tokens": req.num_output_tokens,
-        "cached_tokens": req.num_cached_tokens,
-        "finish_reason": None,
-    }
-    if req.finish_reason is not None:
-        reason: dict[str, Any] = {"type": req.finish_reason.value}
-        if req.matched_stop is not None:
-            reason["matched"] = req.matched_stop
-        if req.finish_reason is FinishReason.LENGTH:
-            reason["length"] = req.num_output_tokens
-        if req.error is not None:
-            reason["message"] = req.error
-        info["finish_reason"] = reason
+def finish_of(req: Request) -> Finish | None:
+    if req.finish_reason is None:
+        return None
+    length = req.num_output_tokens if req.finish_reason is FinishReason.LENGTH else None
+    return Finish(req.finish_reason.value, req.matched_stop, length, req.error)
+
+
+def meta_info(req: Request) -> MetaInfo:
+    info = MetaInfo(
+        id=req.rid,
+        prompt_tokens=req.num_prompt_tokens,
+        completion_tokens=req.num_output_tokens,
+        cached_tokens=req.num_cached_tokens,
+        finish=finish_of(req),
+        num_retractions=req.num_retractions,
+        grammar=None if req.grammar is None else req.grammar.counts(),
+    )
+    if req.finished:
         now = time.monotonic()
-        info["e2e_latency"] = now - req.arrival_time
-        info.update(_phase_times(req, now))
-    if req.num_retractions:
-        info["num_retractions"] = req.num_retractions
-    if req.grammar is not None:  # forced_tokens, jump_forwards, decode_steps
-        info.update(req.grammar.meta_info())
-    # Full logprob lists only on the final message; streamed chunks carry their deltas.
-    if req.params.return_logprob and req.finished:
-        info["output_token_logprobs"] = list(req.output_token_logprobs)
-        if req.params.top_logprobs_num:
-            info["output_top_logprobs"] = list(req.output_top_logprobs)
-        if req.params.logprob_start_len is not None:
-            info["input_token_logprobs"] = list(req.input_token_logprobs)
-            if req.params.top_logprobs_num:
-                info["input_top_logprobs"] = list(req.input_top_logprobs)
+        info.e2e_latency = now - req.arrival_time
+        for name, seconds in _phase_times(req, now).items():
+            setattr(info, name, seconds)
+        # Full logprob lists only on the final message; streamed chunks carry their deltas.
+        params = req.params
+        if params.return_logprob:
+            info.output_token_logprobs = list(req.output_token_logprobs)
+            if params.top_logprobs_num:
+                info.output_top_logprobs = list(req.output_top_logprobs)
+            if params.logprob_start_len is not None:
+                info.input_token_logprobs = list(req.input_token_logprobs)
+                if params.top_logprobs_num:
+                    info.input_top_logprobs = list(req.input_top_logprobs)
     return info

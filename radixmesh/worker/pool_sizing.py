@@ -15,6 +15,8 @@ measures its CUDA peak.
 
 from __future__ import annotations
 
+import gc
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,8 +24,10 @@ import torch
 
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.attention.registry import create_attention_backend
+from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.kvcache.pool import KVPool
+from radixmesh.worker.model.arch import LlamaArchConfig
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.sampler import Sampler, SamplingRow
 
@@ -33,6 +37,9 @@ GIB = 1 << 30
 # radix cache's host-side arrays grow with the slot count (~16 bytes per slot). 16M
 # tokens is ~18x what Llama-3-8B gets on an H200 (897k).
 MAX_AUTO_SLOTS = 1 << 24
+# Device memory a worker's process holds outside PyTorch's caching allocator: the CUDA
+# context, cuBLAS / Triton workspaces (about 0.5-0.8 GiB seen with torch 2.11 on an H200).
+CUDA_CONTEXT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -196,3 +203,90 @@ def profile_peak_bytes(run: Callable[[], object], device: torch.device) -> int:
     run()
     torch.cuda.synchronize(device)
     return int(torch.cuda.max_memory_allocated(device) - before)
+
+
+def graph_max_batch_size(config: EngineConfig) -> int:
+    """The largest decode CUDA graph: one row per running request; with jump-forward
+    decode rows (GrammarConfig) room for their forced tokens too, and with graphed
+    prefill (ModelConfig.cuda_graph_prefill_reads) room for one prompt that fits its
+    read budget (n tokens from scratch read n (n + 1) / 2 keys)."""
+    rows = config.scheduler.running_cap
+    if config.grammar.jump_forward_decode_rows:
+        rows *= 4
+    rows += math.isqrt(2 * config.model.cuda_graph_prefill_reads)
+    return min(config.model.cuda_graph_max_batch_size, rows)
+
+
+@dataclass(frozen=True)
+class ModelOnDevice:
+    """What auto-sizing profiles: the loaded model, its shape and where it runs."""
+
+    model: LlamaForCausalLM
+    arch: LlamaArchConfig
+    device: torch.device
+    dtype: torch.dtype
+    attention_backend: str  # resolved: "torch" or "triton"
+    num_heads: int  # query heads on this rank
+
+
+def auto_size_pool(m: ModelOnDevice, config: EngineConfig, bytes_per_slot: int) -> PoolSizing:
+    """Profile the largest step, then give the pool mem_fraction of what is left."""
+    sc = config.scheduler
+    limit = config.model.context_length or m.arch.max_position_embeddings
+    tokens = sc.token_budget
+    activation = _profile_activation_bytes(m, config, min(tokens, limit))
+    gc.collect()  # nothing of the profile step may outlive it...
+    torch.cuda.empty_cache()  # ...and its pool and activations go back to the device
+    graphs = 0
+    graph_bs = graph_max_batch_size(config)
+    if m.attention_backend == "triton" and graph_bs > 0:
+        workspace = _graph_workspace_bytes(m, graph_bs, limit)
+        graphs = graph_reserve_bytes(activation, tokens, graph_bs, workspace)
+    return size_pool(
+        free_bytes=free_device_bytes(m.device, config.cache.gpu_memory_share),
+        activation_bytes=activation,
+        graph_bytes=graphs,
+        bytes_per_slot=bytes_per_slot,
+        mem_fraction=config.cache.mem_fraction,
+        page_size=config.cache.page_size,
+    )
+
+
+def _profile_activation_bytes(m: ModelOnDevice, config: EngineConfig, max_seq_len: int) -> int:
+    sc = config.scheduler
+    step = ProfileStep(
+        m.model,
+        m.attention_backend,
+        num_tokens=sc.token_budget,
+        max_seq_len=max_seq_len,
+        num_layers=m.arch.num_hidden_layers,
+        head_dim=m.arch.head_size,
+        dtype=m.dtype,
+        device=m.device,
+    )
+    return profile_peak_bytes(lambda: step.run(sc.running_cap, m.arch.vocab_size), m.device)
+
+
+def free_device_bytes(device: torch.device, share: float) -> int:
+    """What the device has free, at most what this worker's memory share leaves: its
+    share of the whole device less what it holds (the caching allocator's reserve and
+    CUDA_CONTEXT_BYTES for the context and library workspaces)."""
+    free, total = torch.cuda.mem_get_info(device)
+    if share >= 1.0:
+        return int(free)
+    held = torch.cuda.memory_reserved(device) + CUDA_CONTEXT_BYTES
+    return max(min(int(free), int(share * total) - held), 0)
+
+
+def _graph_workspace_bytes(m: ModelOnDevice, graph_bs: int, max_context_len: int) -> int:
+    from radixmesh.worker.attention.triton_backend import choose_num_splits
+    from radixmesh.worker.cuda_graph import batch_size_ladder
+
+    sms = torch.cuda.get_device_properties(m.device).multi_processor_count
+    kv_heads = m.model.num_kv_heads
+    return decode_workspace_bytes(
+        batch_size_ladder(graph_bs),
+        lambda bs: choose_num_splits(bs, kv_heads, max_context_len, sms),
+        num_heads=m.num_heads,
+        head_dim=m.arch.head_size,
+    )

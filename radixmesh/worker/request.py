@@ -14,12 +14,17 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixmesh.sampling_params import SamplingParams
-from radixmesh.worker.request_output import RequestOutput
+from radixmesh.worker.request_output import PromptTokenLogprob, RequestOutput, TokenLogprob
+
+if TYPE_CHECKING:
+    from radixmesh.worker.constrained.request_grammar import RequestGrammar
+    from radixmesh.worker.detokenizer import IncrementalDetokenizer
+    from radixmesh.worker.kvcache.radix_cache import TreeNode
 
 
 class Pooling(enum.StrEnum):
@@ -82,12 +87,11 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the radix cache (first admission)
     row: int | None = None  # row in the req->token table while running
-    last_node: Any = None  # the radix node locked for this request's shared prefix
+    last_node: TreeNode | None = None  # the radix node locked for its shared prefix
     num_shared_tokens: int = 0  # leading tokens whose slots belong to the tree (locked)
     generator: torch.Generator | None = None
-    detokenizer: Any = None
-    # constrained.manager.RequestGrammar when params set a constraint (attached on add).
-    grammar: Any = None
+    detokenizer: IncrementalDetokenizer | None = None
+    grammar: RequestGrammar | None = None  # when params set a constraint (attached on add)
     finish_reason: FinishReason | None = None
     matched_stop: str | int | None = None
     error: str | None = None
@@ -96,10 +100,10 @@ class Request:
     admit_time: float | None = None  # when first admitted (a retraction keeps it)
     first_token_time: float | None = None
     # Logprobs accumulated for the final meta_info.
-    output_token_logprobs: list[tuple[float, int, None]] = field(default_factory=list)
-    output_top_logprobs: list[list[tuple[float, int, None]]] = field(default_factory=list)
-    input_token_logprobs: list[tuple[float | None, int, None]] = field(default_factory=list)
-    input_top_logprobs: list[list[tuple[float, int, None]]] = field(default_factory=list)
+    output_token_logprobs: list[TokenLogprob] = field(default_factory=list)
+    output_top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
+    input_token_logprobs: list[PromptTokenLogprob] = field(default_factory=list)
+    input_top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
     # Set by the policy (lpm/dfs-weight) when it ordered the queue this step.
     prefix_hint: int = 0
     # Embedding requests (max_new_tokens 0): their pooled final hidden states.

@@ -71,6 +71,15 @@ class SampleOutput:
     top_logprobs: list[TopLogprobs] | None = None  # [N][top_logprobs_num]
 
 
+@dataclass
+class Draw:
+    """`SampleOutput` with the tokens still on the device (`Sampler.draw`)."""
+
+    token_ids: torch.Tensor  # [N]
+    logprobs: list[float | None] | None = None  # [N]
+    top_logprobs: list[TopLogprobs] | None = None  # [N][top_logprobs_num]
+
+
 def stop_token_set(params: SamplingParams, eos_ids: Sequence[int]) -> frozenset[int]:
     """The ids that end a request with `params`: EOS (unless ignore_eos) + stop_token_ids."""
     eos = () if params.ignore_eos else tuple(eos_ids)
@@ -120,7 +129,19 @@ class Sampler:
         vocab_mask: torch.Tensor | None = None,
         allowed: TokenBitmask | None = None,
     ) -> SampleOutput:
-        """Sample `[N, V]` float logits (not modified) for `rows` (len N).
+        """`draw`, with the tokens read back to the host."""
+        d = self.draw(logits, rows, vocab_mask, allowed)
+        return SampleOutput(d.token_ids.tolist(), d.logprobs, d.top_logprobs)
+
+    def draw(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        vocab_mask: torch.Tensor | None = None,
+        allowed: TokenBitmask | None = None,
+    ) -> Draw:
+        """Sample `[N, V]` float logits (not modified) for `rows` (len N): the tokens stay
+        on the logits' device; logprobs, for the rows that ask, come back to the host.
 
         `vocab_mask` is `[N, V]` bool, True where a token is allowed; each row must allow at
         least one token that is not otherwise banned. Columns past `vocab_size` (padding of
@@ -132,27 +153,15 @@ class Sampler:
         logits = logits[:, : self.vocab_size]  # [N, V]
         if vocab_mask is None and allowed is None and _all_plain_greedy(rows):
             # The common benchmark path: one kernel, no copies.
-            return SampleOutput(token_ids=logits.argmax(dim=-1).tolist())
+            return Draw(token_ids=logits.argmax(dim=-1))
 
         # [N, V]: our own copy if any rule applied, else the caller's, which is only read.
         logits = self._apply_rules(logits, rows, vocab_mask, allowed)
-        token_ids = self._draw(logits, rows)  # [N]
-        out = SampleOutput(token_ids=token_ids.tolist())
+        out = Draw(token_ids=self._draw(logits, rows))  # [N]
         lp_rows = [i for i, r in enumerate(rows) if r.params.return_logprob]
         if lp_rows:
-            _fill_logprobs(out, logits, token_ids, rows, lp_rows)
+            _fill_logprobs(out, logits, out.token_ids, rows, lp_rows)
         return out
-
-    def sample_ids(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        """`sample`'s token ids as a `[N]` tensor on the logits' device (no copy to the
-        host), for the overlap scheduler. The rows must not read host state that the
-        pending step would change: no logprobs, penalties or min_new_tokens."""
-        if logits.dim() != 2 or logits.shape[0] != len(rows):
-            raise ValueError(f"logits must be [N={len(rows)}, V], got {tuple(logits.shape)}")
-        logits = logits[:, : self.vocab_size]
-        if _all_plain_greedy(rows):
-            return logits.argmax(dim=-1)
-        return self._draw(self._apply_rules(logits, rows, None), rows)
 
     # --- hard rules: penalties, bans, masks -------------------------------------------
 
@@ -410,7 +419,7 @@ def _cdf_draw(x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
 
 
 def _fill_logprobs(
-    out: SampleOutput,
+    out: Draw,
     logits: torch.Tensor,
     token_ids: torch.Tensor,
     rows: Sequence[SamplingRow],
@@ -453,6 +462,7 @@ def token_logprobs(
 
 
 __all__ = [
+    "Draw",
     "SampleOutput",
     "Sampler",
     "SamplingRow",

@@ -1,4 +1,11 @@
-"""Continuous batching over the radix cache: `step()` = schedule -> forward -> process_output.
+"""Continuous batching over the radix cache: `step()` = schedule -> launch -> process_output.
+
+One step, in three parts: `schedule` builds a batch; `launch` runs the model runner's
+forward on it (which does not wait for the device) and moves the counters, leaving each
+sampled request a placeholder token; `process_output` reads the step's tokens back and
+does the rest (stop checks, text, streaming, finishing). `step` runs them in that order;
+the overlap scheduler (overlap.py) runs the next step's schedule and launch before this
+step's process_output.
 
 Each step has a token budget (`max_num_batched_tokens`). Running requests go first, in
 admission order: one token each when decoding, a chunk of the remaining prompt when a
@@ -24,17 +31,18 @@ from typing import Protocol, cast
 
 import torch
 
-from radixmesh.worker.batch import Batch, ForwardOutput, PromptLogprobs, ScheduledRequest
+from radixmesh.worker.batch import Batch, ForwardOutput, Launched, PromptLogprobs, ScheduledRequest
 from radixmesh.worker.config import SchedulerConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.forward_batch import to_device
 from radixmesh.worker.kvcache.allocator import KVAllocator
-from radixmesh.worker.kvcache.radix_cache import RadixCache
+from radixmesh.worker.kvcache.radix_cache import RadixCache, TreeNode
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.output import OutputProcessor
-from radixmesh.worker.overlap import FutureLauncher, OverlapLoop, drop_placeholders
+from radixmesh.worker.overlap import OverlapLoop
 from radixmesh.worker.policy import create_policy
 from radixmesh.worker.request import FinishReason, Request
+from radixmesh.worker.sampler import reads_output_ids
 from radixmesh.worker.stats import SchedulerStats
 
 
@@ -74,10 +82,8 @@ class Scheduler:
         self._num_retractions = 0
         self._num_aborted = 0
         self._num_steps = 0
-        self._overlap: OverlapLoop | None = None  # overlap_schedule (worker/overlap.py)
-        if config.overlap_schedule:
-            launcher = FutureLauncher(runner, config.running_cap)
-            self._overlap = OverlapLoop(self, launcher)
+        self._host_bound: list[Request] = []  # unfinished requests that need synchronous steps
+        self._overlap = OverlapLoop(self) if config.overlap_schedule else None
 
     # ---- the loop -------------------------------------------------------------------
 
@@ -88,25 +94,32 @@ class Scheduler:
         return self.step_sync()
 
     def step_sync(self) -> list[Request]:
-        """schedule -> forward -> process_output, with nothing else in flight."""
+        """schedule -> launch -> process_output, with nothing else in flight."""
         batch = self.schedule()
         if batch is None:
             return []
-        out = self.runner.forward(batch)
-        self._num_steps += 1
-        return self.process_output(batch, out)
+        return self.process_output(self.launch(batch))
 
     def has_work(self) -> bool:
         inflight = self._overlap is not None and self._overlap.inflight is not None
         return bool(self.waiting or self.running or inflight)
+
+    def needs_host_tokens(self) -> bool:
+        """Whether a present request's next step reads its previous token on the host:
+        grammars (the mask and jump-forward read the accepted text), logprobs, penalties
+        and min_new_tokens (they read the output ids), max_new_tokens 0. The overlap
+        scheduler steps synchronously while one is."""
+        if self._host_bound:
+            self._host_bound = [r for r in self._host_bound if not r.finished]
+        return bool(self._host_bound)
 
     # ---- requests in and out --------------------------------------------------------
 
     def add_request(self, req: Request) -> None:
         if self.grammars is not None:
             self.grammars.attach(req)  # starts (or finds) its compile; admission waits
-        if self._overlap is not None:
-            self._overlap.add(req)
+        if _needs_host_tokens(req):
+            self._host_bound.append(req)
         self.waiting.append(req)
 
     def abort(self, rid: str, reason: str = "aborted") -> bool:
@@ -204,7 +217,7 @@ class Scheduler:
         if new is None:
             return False
         on_device = to_device(new, self.allocator.device)  # no wait for a step in flight
-        self.req_table.write_one_each(token_rows, positions, on_device)
+        self.req_table.write_one_each(token_rows, positions, new, on_device)
         if by_page:
             self._last_slot.update(zip((r.rid for r in running), new.tolist(), strict=True))
         self._allocated.update(
@@ -225,7 +238,7 @@ class Scheduler:
                 break
             if self._grammar_not_ready(req):
                 continue
-            if self._overlap is not None and req.token_ids[-1] < 0:
+            if req.token_ids[-1] < 0:
                 continue  # retracted while its last token was on the device (overlap.py)
             match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
             if self._shares_with(req, len(match.slots), admitted):
@@ -291,7 +304,7 @@ class Scheduler:
                 return True
         return False
 
-    def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: object) -> None:
+    def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: TreeNode) -> None:
         req.row = row
         req.last_node = node
         req.num_shared_tokens = len(prefix_slots)
@@ -338,7 +351,7 @@ class Scheduler:
         """Enter new slots (allocated on the host) for tokens start.. of `req` in its table
         row and the bookkeeping; returns them on the device."""
         new = to_device(host, self.allocator.device)
-        self.req_table.write(row, start, new)
+        self.req_table.write(row, start, host, new)
         self._last_slot[req.rid] = int(host[-1])
         self._allocated[req.rid] = start + len(host)
         return new
@@ -371,9 +384,9 @@ class Scheduler:
 
     def _release(self, req: Request) -> None:
         """Give a request's KV to the cache (which frees what it does not keep)."""
-        assert req.row is not None
+        assert req.row is not None and req.last_node is not None
         n = req.num_computed_tokens
-        slots = self.req_table.table[req.row, :n].clone()
+        slots = self.req_table.read(req.row, 0, n).clone()
         self.cache.cache_finished(req.token_ids[:n], slots, req.last_node)
         self.req_table.free_row(req.row)
         req.row = None
@@ -383,9 +396,9 @@ class Scheduler:
         self._allocated.pop(req.rid, None)
 
     def _discard(self, req: Request) -> None:
-        assert req.row is not None
+        assert req.row is not None and req.last_node is not None
         end = self._allocated.pop(req.rid, req.num_computed_tokens)
-        own = self.req_table.table[req.row, req.num_shared_tokens : end]
+        own = self.req_table.read(req.row, req.num_shared_tokens, end)
         if own.numel():
             self.allocator.free(own.clone())
         self.cache.dec_lock_ref(req.last_node)
@@ -397,64 +410,116 @@ class Scheduler:
 
     def _share_prefix(self, req: Request) -> None:
         """After a prefill chunk, put the computed prefix in the tree so others reuse it."""
-        assert req.row is not None
+        assert req.row is not None and req.last_node is not None
         n = req.num_computed_tokens - req.num_computed_tokens % self.page_size
         if n == 0 or self.cache.disabled:
             return
-        slots = self.req_table.table[req.row, :n].clone()
+        slots = self.req_table.read(req.row, 0, n).clone()
         shared, node = self.cache.cache_unfinished(req.token_ids[:n], slots, req.last_node)
         self.req_table.write(req.row, 0, shared)
         req.last_node = node
         req.num_shared_tokens = n
 
-    # ---- process_output -------------------------------------------------------------
+    # ---- launch and process_output ------------------------------------------------------
 
-    def process_output(self, batch: Batch, out: ForwardOutput) -> list[Request]:
-        finished: list[Request] = []
-        now = time.monotonic()
-        for i, item in enumerate(batch.items):
+    def launch(self, batch: Batch) -> Launched:
+        """Run the forward (it does not wait for the device) and move the counters: each
+        item's computed tokens, a prompt chunk into the tree for others to reuse, and a
+        placeholder for each sampled token until `process_output` reads it."""
+        items = batch.items
+        out = self.runner.forward(batch)
+        self._num_steps += 1
+        samples: list[bool] = []
+        for item in items:
             req = item.req
-            # `item.samples` and `item.start`, inlined (per request per step), read before
-            # the counter moves.
             start = req.num_computed_tokens
-            samples = start + item.num_new_tokens == len(req.token_ids)
+            samples.append(start + item.num_new_tokens == len(req.token_ids))
             req.num_computed_tokens = start + item.num_new_tokens
+            # Forced output tokens (jump-forward) stay out of the tree, like decoded ones
+            # (~2% of a jump-forward step).
+            if item.num_new_tokens > 1 and start < req.num_prompt_tokens:
+                self._share_prefix(req)
+        positions: list[int] = []
+        for j, i in enumerate(out.tokens.sample_items):
+            ids = items[i].req.token_ids
+            positions.append(len(ids))
+            ids.append(out.tokens.placeholder(j))
+        return Launched(batch, out, samples, positions)
+
+    def process_output(self, launched: Launched) -> list[Request]:
+        """A launched step's results, once its tokens are on the host (this waits for it)."""
+        out = launched.out
+        tokens = out.tokens.token_ids()
+        sampled_at = {i: j for j, i in enumerate(out.tokens.sample_items)}
+        now = time.monotonic()
+        finished: list[Request] = []
+        for i, item in enumerate(launched.batch.items):
+            req = item.req
+            if req.finished:  # ended (or was aborted) in an earlier step: drop the token
+                continue
             plp = out.prompt_logprobs[i]
-            if plp is None and start == 0 and req.wants_prompt_logprobs:
-                plp = PromptLogprobs(first=1, logprobs=[])  # a 1-token prompt: (None, tok)
+            if plp is None and item.num_new_tokens and req.wants_prompt_logprobs:
+                plp = self._first_prompt_logprob(req, item)
             if plp is not None:
                 self.output.add_prompt_logprobs(req, plp)
             pooled = out.hidden[i] if out.hidden else None
             if pooled is not None and req.hidden_pool is not None:
                 req.hidden_pool.add(pooled.first, pooled.count, pooled.value)
-            # A prompt chunk goes into the tree for others to reuse; forced output tokens
-            # (jump-forward) do not, like decoded ones (~2% of a jump-forward step).
-            if item.num_new_tokens > 1 and start < req.num_prompt_tokens:
-                self._share_prefix(req)
-            token = out.next_token_ids[i]
-            if token is not None:
-                if req.first_token_time is None:
-                    req.first_token_time = now
-                self._generated_tokens += 1
-                if req.grammar is not None and self.grammars is not None:
-                    # Accepts the token, appends it and any forced string (jump-forward).
-                    self.grammars.append(
-                        req, token, out.logprobs[i], out.top_logprobs[i], self.output
-                    )
-                else:
-                    self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
-            elif samples and req.remaining_new_tokens <= 0:
+            j = sampled_at.get(i)
+            if j is not None:
+                if not self._take_token(req, launched.positions[j], j, tokens[j], out, i, now):
+                    continue  # its placeholder is gone: aborted since the launch
+            elif launched.samples[i] and req.remaining_new_tokens <= 0:
                 req.finish(FinishReason.LENGTH)  # max_new_tokens=0: prefill only
             if req.finished:
-                self.running.remove(req)
-                self._release(req)
+                self._end(req)
                 finished.append(req)
             self.output.emit(req)
         return finished
 
+    @staticmethod
+    def _first_prompt_logprob(req: Request, item: ScheduledRequest) -> PromptLogprobs | None:
+        """A 1-token prompt's (None, token) entry, which no logits score."""
+        start = req.num_computed_tokens - item.num_new_tokens
+        return PromptLogprobs(first=1, logprobs=[]) if start == 0 else None
+
+    def _take_token(
+        self, req: Request, pos: int, j: int, token: int, out: ForwardOutput, i: int, now: float
+    ) -> bool:
+        """Put sampled row j's token where its placeholder stands, through the output path
+        (stop checks, text, the grammar and its forced tokens). False when it is gone."""
+        ids = req.token_ids
+        if pos >= len(ids) or ids[pos] != out.tokens.placeholder(j):
+            return False
+        if pos == len(ids) - 1:  # the common case: nothing launched since
+            ids.pop()
+            tail: list[int] = []
+        else:
+            tail = ids[pos + 1 :]  # the placeholder of a step launched since (overlap)
+            del ids[pos:]
+        if req.first_token_time is None:
+            req.first_token_time = now
+        self._generated_tokens += 1
+        if req.grammar is not None and self.grammars is not None:
+            # Accepts the token, appends it and any forced string (jump-forward).
+            self.grammars.append(req, token, out.logprobs[i], out.top_logprobs[i], self.output)
+        else:
+            self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
+        if tail and not req.finished:
+            ids.extend(tail)
+        return True
+
+    def _end(self, req: Request) -> None:
+        """A request that finished: its KV to the cache, out of the running (or, retracted
+        while its token was pending, out of the waiting) requests."""
+        if req.row is not None:
+            self.running.remove(req)
+            self._release(req)
+        else:
+            self.waiting.remove(req)
+
     def _finish_abort(self, req: Request, reason: str) -> None:
-        if self._overlap is not None:
-            drop_placeholders(req)
+        _drop_placeholders(req)
         req.error = reason
         req.finish(FinishReason.ABORT)
         self.output.emit(req)
@@ -488,3 +553,17 @@ class Scheduler:
             own = req.num_computed_tokens - req.num_shared_tokens
             held += -(-own // page) * page
         return held
+
+
+def _needs_host_tokens(req: Request) -> bool:
+    p = req.params
+    return (
+        req.grammar is not None or p.return_logprob or reads_output_ids(p) or p.max_new_tokens == 0
+    )
+
+
+def _drop_placeholders(req: Request) -> None:
+    """Remove a request's pending tokens (it is being aborted)."""
+    ids = req.token_ids
+    while len(ids) > req.num_prompt_tokens and ids[-1] < 0:
+        ids.pop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.worker.request_output import MetaInfo
 
 
 def score_requests(
@@ -33,6 +34,7 @@ def score_requests(
     return [input_ids + cont for cont in continuations], params
 
 
-def score_of(meta_info: dict[str, Any]) -> list[float]:
-    """A scoring request's result: the logprob of each continuation token."""
-    return [float(lp) for lp, _, _ in meta_info["input_token_logprobs"]]
+def score_of(meta: MetaInfo) -> list[float]:
+    """A scoring request's result: the logprob of each continuation token (scored from
+    the prompt's end, >= 1: every entry has its logprob)."""
+    return [float(lp) for lp, _, _ in meta.input_token_logprobs or [] if lp is not None]

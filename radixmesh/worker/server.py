@@ -1,7 +1,7 @@
 """The gRPC worker server: the `radixmesh.v1.Worker` service over one `Engine`.
 
-Protobuf types live here and in convert.py (the engine's values <-> messages) and nowhere
-else in the worker. The server starts listening
+Protobuf types live here and nowhere else in the worker; `radixmesh.wire` converts the
+engine's outputs, stats and events to messages. The server starts listening
 before the model loads (health NOT_SERVING, RPCs UNAVAILABLE), turns SERVING once the
 engine is up, and on SIGTERM / SIGINT drains: NOT_SERVING, new requests UNAVAILABLE,
 requests in flight finish up to `drain_timeout`, the rest are aborted, then it exits.
@@ -44,9 +44,18 @@ from radixmesh.grpc_server import (
 )
 from radixmesh.prefix import common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from radixmesh.wire import input_ids_from_proto
+from radixmesh.wire import (
+    chunk_to_proto,
+    embedding_to_proto,
+    event_to_proto,
+    input_ids_from_proto,
+    load_to_proto,
+    model_info_to_proto,
+    params_from_proto,
+    pooling_from_proto,
+    score_response,
+)
 from radixmesh.worker.cache_event_hub import CacheEventHub
-from radixmesh.worker.convert import chunk_to_proto, event_proto, params_from_proto, pooling_name
 from radixmesh.worker.engine_process import EngineProcess
 from radixmesh.worker.metrics import WorkerMetrics
 from radixmesh.worker.stats import SchedulerStats
@@ -54,6 +63,7 @@ from radixmesh.worker.stats_log import log_stats
 
 if TYPE_CHECKING:
     from radixmesh.worker.engine import Engine
+    from radixmesh.worker.request_output import RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +160,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         rid = request.request_id or uuid.uuid4().hex
-        stream: AsyncIterator[dict[str, Any]] | None = None
+        stream: AsyncIterator[RequestOutput] | None = None
         finished = False
         try:
             engine = self._engine()
@@ -161,22 +171,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             params = params_from_proto(request.sampling_params)
             stream = engine.async_stream(ids, params, rid=rid)
             self.in_flight.add(rid)
-            chunks = self._timed(stream)
+            outputs = self._timed(stream)
             if request.stream:
-                async for chunk in chunks:
-                    finished = chunk["meta_info"]["finish_reason"] is not None
-                    yield worker_pb2.GenerateResponse(
-                        chunk=chunk_to_proto(
-                            rid,
-                            chunk["output_ids"],
-                            chunk["text"],
-                            chunk["meta_info"],
-                            chunk.get("output_token_logprobs", []),
-                            chunk.get("output_top_logprobs"),
-                        )
-                    )
+                async for out in outputs:
+                    finished = out.finished
+                    yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, out))
             else:
-                yield worker_pb2.GenerateResponse(chunk=await self._collect(rid, chunks))
+                joined = await self._join(outputs)
+                yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, joined, whole=True))
                 finished = True
         except RadixMeshError as e:
             await abort_rpc(context, e)
@@ -201,33 +203,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"{self.max_in_flight}: the queue is full"
             )
 
-    async def _collect(
-        self, rid: str, chunks: AsyncIterator[dict[str, Any]]
-    ) -> common_pb2.GenerateChunk:
-        ids: list[int] = []
-        text: list[str] = []
-        meta: dict[str, Any] = {}
-        async for chunk in chunks:
-            ids.extend(chunk["output_ids"])
-            text.append(chunk["text"])
-            meta = chunk["meta_info"]
-        return chunk_to_proto(
-            rid,
-            ids,
-            "".join(text),
-            meta,
-            meta.get("output_token_logprobs", []),
-            meta.get("output_top_logprobs"),
-        )
+    @staticmethod
+    async def _join(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+        joined: RequestOutput | None = None
+        async for out in outputs:
+            joined = out if joined is None else joined.then(out)
+        assert joined is not None  # a stream ends with its finished output
+        return joined
 
-    async def _timed(self, stream: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    async def _timed(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         """Observe time-to-first-token, inter-token and end-to-end latency."""
         m = self.metrics
         start = last = time.monotonic()
         first = True
-        async for chunk in stream:
+        async for out in stream:
             now = time.monotonic()
-            n = len(chunk["output_ids"])
+            n = len(out.new_token_ids)
             if n and first:
                 m.ttft.observe(now - start)
                 first = False
@@ -236,10 +227,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     m.itl.observe((now - last) / n)
             if n:
                 last = now
-            if chunk["meta_info"]["finish_reason"] is not None:
+            if out.finished:
                 m.e2e.observe(now - start)
-                m.observe_finished(chunk["meta_info"])
-            yield chunk
+                m.observe_finished(out.meta_info)
+            yield out
 
     def _input_ids(self, inp: common_pb2.Input) -> list[int]:
         return input_ids_from_proto(inp, self._engine().tokenizer)
@@ -259,16 +250,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             ids = self._input_ids(request.input)
             self.in_flight.add(rid)
             try:  # a cancelled call cancels async_encode, which aborts the request
-                out = await engine.async_encode(ids, pooling_name(request.pooling), rid)
+                out = await engine.async_encode(ids, pooling_from_proto(request.pooling), rid)
             finally:
                 self.in_flight.discard(rid)
-            meta = out["meta_info"]
-            embedding = common_pb2.Embedding(
-                values=out["embedding"],
-                prompt_tokens=meta["prompt_tokens"],
-                cached_tokens=meta["cached_tokens"],
-            )
-            return worker_pb2.EmbedResponse(embedding=embedding)
+            return worker_pb2.EmbedResponse(embedding=embedding_to_proto(out))
 
         return await _unary(context, run)
 
@@ -287,15 +272,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 scores = await engine.async_score(prompt, conts)
             finally:
                 self.scoring -= len(conts)
-            return worker_pb2.ScoreResponse(
-                scores=[
-                    worker_pb2.ContinuationScore(
-                        token_ids=ids, logprobs=lps, sum_logprob=float(sum(lps))
-                    )
-                    for ids, lps in zip(conts, scores, strict=True)
-                ],
-                prompt_tokens=len(prompt),
-            )
+            return score_response(conts, scores, len(prompt))
 
         return await _unary(context, run)
 
@@ -332,16 +309,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         async def run() -> worker_pb2.GetLoadResponse:
             engine = self._engine()
             s: SchedulerStats = await asyncio.to_thread(engine.get_stats)
-            return worker_pb2.GetLoadResponse(
-                num_running=s.num_running,
-                num_waiting=s.num_waiting,
-                kv_tokens_used=s.kv_slots_used,
-                kv_tokens_total=s.kv_slots_total,
-                cache_hit_rate=s.cache_hit_rate,
-                generation_throughput=self._throughput(s.generated_tokens),
-                draining=engine.draining,
-                num_in_flight=len(self.in_flight) + self.scoring,
-            )
+            throughput = self._throughput(s.generated_tokens)
+            return load_to_proto(s, throughput, engine.draining, self.busy)
 
         return await _unary(context, run)
 
@@ -370,7 +339,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             while (item := await q.get()) is not None:
                 yield worker_pb2.StreamCacheEventsResponse(
-                    event=event_proto(hub.epoch, item.sequence, item.event)
+                    event=event_to_proto(hub.epoch, item.sequence, item.event)
                 )
         finally:
             hub.unsubscribe(q)
@@ -386,7 +355,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 epoch=snap.epoch,
                 sequence=snap.sequence,
                 block_size=engine.config.cache.event_block_size,
-                events=[event_proto(snap.epoch, snap.sequence, e) for e in snap.events],
+                events=[event_to_proto(snap.epoch, snap.sequence, e) for e in snap.events],
             )
 
         return await _unary(context, run)
@@ -407,21 +376,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.GetModelInfoResponse:
         async def run() -> worker_pb2.GetModelInfoResponse:
             engine = self._engine()
-            tok, facts = engine.tokenizer, engine.info
-            template = getattr(getattr(tok, "hf_tokenizer", None), "chat_template", None)
-            info = common_pb2.ModelInfo(
-                model=facts.served_model,
-                context_length=facts.context_len,
-                vocab_size=facts.vocab_size,
-                page_size=engine.config.cache.page_size,
-                event_block_size=engine.config.cache.event_block_size,
-                tokenizer=facts.tokenizer_spec,
-                chat_template=template if isinstance(template, str) else "",
-                eos_token_ids=sorted(facts.eos_ids),
-                hidden_size=facts.hidden_size,
+            template = getattr(
+                getattr(engine.tokenizer, "hf_tokenizer", None), "chat_template", None
             )
-            if facts.bos_token_id is not None:
-                info.bos_token_id = facts.bos_token_id
+            cache = engine.config.cache
+            info = model_info_to_proto(
+                engine.info,
+                cache.page_size,
+                cache.event_block_size,
+                template if isinstance(template, str) else "",
+            )
             return worker_pb2.GetModelInfoResponse(info=info)
 
         return await _unary(context, run)

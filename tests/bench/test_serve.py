@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from bench import serve
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 
 # A small KV pool per worker (1,500 tokens) under a shared-prefix set of 6 x 300 tokens:
 # one worker cannot hold every prefix, so where the router sends each group decides hits.
@@ -37,12 +38,12 @@ SHARED = [
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[LocalCluster, serve.Target]]:
     http_port = free_port()
-    config = LaunchConfig(
+    config = LaunchSpec(
         model="smollm2",
         workers=2,
         port=free_port(),
         worker_args=WORKER_ARGS,
-        router_args=("--http-port", str(http_port)),
+        router_options={"http_port": http_port},
     )
     with LocalCluster(config) as c:
         target = serve.Target(

@@ -12,7 +12,8 @@ from bench.serving.workloads import (
     shared_prefix_workload,
     warmup_workload,
 )
-from radixmesh.tokenizer import ByteTokenizer, TokenizerLike, load_tokenizer
+from radixmesh.tokenizer import ByteTokenizer, TokenizerLike
+from radixmesh.worker.model.loader import load_tokenizer
 
 
 @pytest.fixture(scope="module")

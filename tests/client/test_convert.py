@@ -1,4 +1,5 @@
-"""Client <-> server conversions agree: what the SDK sends, the server reads back."""
+"""Client <-> server conversions agree (radixmesh.wire, both directions): what the SDK
+sends, the server reads back, and what the worker's engine produced reaches the SDK."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument, Overloaded
 from radixmesh.grpc_server import MAX_STATUS_BYTES, metadata_safe, status_message
 from radixmesh.sampling_params import SamplingParams
-from radixmesh.worker.convert import chunk_to_proto, params_from_proto
+from radixmesh.wire import chunk_to_proto, params_from_proto
+from radixmesh.worker.request_output import Finish, MetaInfo, RequestOutput
+
+
+def _output(
+    ids: list[int], text: str, finish: Finish | None, logprobs: list | None = None, **meta: object
+) -> RequestOutput:
+    info = MetaInfo(
+        id="r", prompt_tokens=5, completion_tokens=2, cached_tokens=4, finish=finish, **meta
+    )
+    return RequestOutput("r", ids, text, finish is not None, info, logprobs or [])
 
 
 @pytest.mark.parametrize(
@@ -54,32 +65,27 @@ def test_input_takes_exactly_one_kind() -> None:
 
 
 def test_chunk_roundtrip_with_finish_and_logprobs() -> None:
-    meta = {
-        "prompt_tokens": 5,
-        "completion_tokens": 2,
-        "cached_tokens": 4,
-        "finish_reason": {"type": "stop", "matched": "."},
-        "input_token_logprobs": [(None, 11, None), (-0.5, 12, None)],
-    }
-    msg = chunk_to_proto("r1", [7, 8], " a.", meta, [(-0.25, 7, None), (-1.0, 8, None)])
-    out = convert.completion_from_proto(msg)
-    assert (out.request_id, out.token_ids, out.text) == ("r1", [7, 8], " a.")
-    assert (out.prompt_tokens, out.completion_tokens, out.cached_tokens) == (5, 2, 4)
-    assert (out.finish_reason, out.matched_stop) == ("stop", ".")
-    assert [(lp.token_id, lp.logprob) for lp in out.logprobs] == [(7, -0.25), (8, -1.0)]
-    assert [(lp.token_id, lp.logprob) for lp in out.input_logprobs] == [(11, None), (12, -0.5)]
+    out = _output(
+        [7, 8],
+        " a.",
+        Finish("stop", matched="."),
+        [(-0.25, 7, None), (-1.0, 8, None)],
+        input_token_logprobs=[(None, 11, None), (-0.5, 12, None)],
+    )
+    msg = chunk_to_proto("r1", out)
+    got = convert.completion_from_proto(msg)
+    assert (got.request_id, got.token_ids, got.text) == ("r1", [7, 8], " a.")
+    assert (got.prompt_tokens, got.completion_tokens, got.cached_tokens) == (5, 2, 4)
+    assert (got.finish_reason, got.matched_stop) == ("stop", ".")
+    assert [(lp.token_id, lp.logprob) for lp in got.logprobs] == [(7, -0.25), (8, -1.0)]
+    assert [(lp.token_id, lp.logprob) for lp in got.input_logprobs] == [(11, None), (12, -0.5)]
 
 
 def test_matched_stop_token_id_and_abort_message() -> None:
-    meta = {"prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 0}
-    stop = chunk_to_proto(
-        "r", [2], "", {**meta, "finish_reason": {"type": "stop", "matched": 2}}, []
-    )
+    stop = chunk_to_proto("r", _output([2], "", Finish("stop", matched=2)))
     assert convert.chunk_from_proto(stop).matched_stop == 2
-    reason = {"type": "abort", "message": "aborted by the client"}
-    aborted = convert.chunk_from_proto(
-        chunk_to_proto("r", [], "", {**meta, "finish_reason": reason}, [])
-    )
+    reason = Finish("abort", message="aborted by the client")
+    aborted = convert.chunk_from_proto(chunk_to_proto("r", _output([], "", reason)))
     assert (aborted.finish_reason, aborted.finish_message) == ("abort", "aborted by the client")
 
 
@@ -122,3 +128,38 @@ def test_status_messages_and_field_names_fit_in_a_trailer() -> None:
     assert status_message("\ud800 lone") == "? lone"
     assert metadata_safe("sampling_params.ключ\n") == "sampling_params.?????"
     assert metadata_safe("x" * 500) == "x" * 128 + "..."
+
+
+def test_a_whole_request_carries_its_final_logprob_lists() -> None:
+    final = [(-0.5, 3, None), (-0.25, 4, None)]
+    out = _output([3, 4], "ab", Finish("length", length=2), output_token_logprobs=final)
+    assert convert.completion_from_proto(chunk_to_proto("r", out)).logprobs == []
+    whole = convert.completion_from_proto(chunk_to_proto("r", out, whole=True))
+    assert [(lp.token_id, lp.logprob) for lp in whole.logprobs] == [(3, -0.5), (4, -0.25)]
+    assert whole.finish_reason == "length"
+
+
+def test_meta_info_to_dict_is_sglangs_shape() -> None:
+    info = MetaInfo(
+        id="r",
+        prompt_tokens=3,
+        completion_tokens=2,
+        cached_tokens=1,
+        finish=Finish("length", length=2),
+        e2e_latency=0.5,
+        queue_time=0.1,
+        output_token_logprobs=[(-0.5, 3, None)],
+    )
+    assert info.to_dict() == {
+        "id": "r",
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "cached_tokens": 1,
+        "finish_reason": {"type": "length", "length": 2},
+        "e2e_latency": 0.5,
+        "queue_time": 0.1,
+        "output_token_logprobs": [(-0.5, 3, None)],
+    }
+    assert list(info.to_dict())[:5] == [
+        "id", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
+    ]  # fmt: skip

@@ -10,13 +10,8 @@ import sys
 import pytest
 
 from radixmesh.client import Client
-from radixmesh.cluster.launch import (
-    LaunchConfig,
-    check_gpus,
-    free_port,
-    worker_args,
-    worker_gpu_env,
-)
+from radixmesh.cluster.launch import check_gpus, free_port, worker_args, worker_gpu_env
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import InvalidArgument
 from tests.cluster.processes import ready_line, refuses
 
@@ -51,49 +46,49 @@ def test_launch_serves_and_stops_every_process_on_ctrl_c(workers: int, tp: int) 
 
 def test_launch_config_checks_its_fields() -> None:
     with pytest.raises(InvalidArgument, match="workers: must be >= 1, got 0"):
-        LaunchConfig(model="dummy:tiny", workers=0)
+        LaunchSpec(model="dummy:tiny", workers=0)
     with pytest.raises(InvalidArgument, match="worker_ports: give one port per worker"):
-        LaunchConfig(model="dummy:tiny", workers=2, worker_ports=(1,))
+        LaunchSpec(model="dummy:tiny", workers=2, worker_ports=(1,))
 
 
 def test_each_local_worker_gets_its_own_gpus() -> None:
-    c = LaunchConfig(
-        model="m", workers=2, gpus_per_worker=2, env={"CUDA_VISIBLE_DEVICES": "3,4,5,6"}
+    c = LaunchSpec(
+        model="m", workers=2, tp_size=2, device="cuda", env={"CUDA_VISIBLE_DEVICES": "3,4,5,6"}
     )
     assert [worker_gpu_env(c, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["3,4", "5,6"]
-    bare = LaunchConfig(model="m", workers=2, gpus_per_worker=1, env={"PATH": "/bin"})
+    bare = LaunchSpec(model="m", workers=2, tp_size=1, device="cuda", env={"PATH": "/bin"})
     assert [worker_gpu_env(bare, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["0", "1"]
-    assert worker_gpu_env(LaunchConfig(model="m", env={"A": "b"}), 1) == {"A": "b"}
-    short = LaunchConfig(
-        model="m", workers=3, gpus_per_worker=2, env={"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert worker_gpu_env(LaunchSpec(model="m", env={"A": "b"}), 1) == {"A": "b"}
+    short = LaunchSpec(
+        model="m", workers=3, tp_size=2, device="cuda", env={"CUDA_VISIBLE_DEVICES": "0,1"}
     )
     with pytest.raises(InvalidArgument, match=r"workers: 3 workers x 2 GPUs \(1 per GPU\) need 6"):
         worker_gpu_env(short, 1)
 
 
 def test_the_launcher_checks_the_gpus_it_sees() -> None:
-    two = LaunchConfig(model="m", workers=2, gpus_per_worker=1, visible_gpus=1, env={})
+    two = LaunchSpec(model="m", workers=2, tp_size=1, device="cuda", visible_gpus=1, env={})
     message = (
         "workers: 2 workers x 1 GPUs (1 per GPU) need 2 GPUs; 1 is visible; "
         "--workers-per-gpu 2 lets 2 workers share each GPU"
     )
     with pytest.raises(InvalidArgument, match=re.escape(message)):
         check_gpus(two)
-    none = LaunchConfig(model="m", workers=1, gpus_per_worker=1, visible_gpus=0, env={})
+    none = LaunchSpec(model="m", workers=1, tp_size=1, device="cuda", visible_gpus=0, env={})
     with pytest.raises(InvalidArgument, match=r"need 1 GPUs; 0 are visible$"):
         check_gpus(none)
-    check_gpus(LaunchConfig(model="m", workers=2, visible_gpus=0))  # CPU workers: no check
+    check_gpus(LaunchSpec(model="m", workers=2, visible_gpus=0))  # CPU workers: no check
 
 
 def test_workers_can_share_a_gpu_each_with_its_share_of_memory() -> None:
-    c = LaunchConfig(
-        model="m", workers=4, gpus_per_worker=1, workers_per_gpu=2, visible_gpus=2, env={},
+    c = LaunchSpec(
+        model="m", workers=4, tp_size=1, device="cuda", workers_per_gpu=2, visible_gpus=2, env={},
         worker_args=("--dtype", "bfloat16"),
     )  # fmt: skip
     check_gpus(c)
     assert [worker_gpu_env(c, i)["CUDA_VISIBLE_DEVICES"] for i in range(4)] == ["0", "0", "1", "1"]
     assert worker_args(c) == ("--gpu-memory-share", "0.500000", "--dtype", "bfloat16")
-    alone = LaunchConfig(model="m", workers=2, gpus_per_worker=1, visible_gpus=2, env={})
+    alone = LaunchSpec(model="m", workers=2, tp_size=1, device="cuda", visible_gpus=2, env={})
     assert worker_args(alone) == ()
     with pytest.raises(InvalidArgument, match="workers_per_gpu: must be >= 1"):
-        LaunchConfig(model="m", workers_per_gpu=0)
+        LaunchSpec(model="m", workers_per_gpu=0)

@@ -22,13 +22,8 @@ import pytest
 
 from radixmesh.client import Client
 from radixmesh.cluster.launch import free_port
-from radixmesh.cluster.ray_launch import (
-    RayCluster,
-    RayLaunchConfig,
-    advertised_host,
-    bundles,
-    rank_resources,
-)
+from radixmesh.cluster.ray_launch import RayCluster, advertised_host, bundles, rank_resources
+from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
 from tests.cluster.processes import ready_line, refuses
@@ -55,15 +50,16 @@ def cluster() -> Iterator[RayCluster]:
 
     # Two GPUs as Ray resources only (no CUDA here): the tensor-parallel test reserves them.
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
-    config = RayLaunchConfig(
+    config = LaunchSpec(
         model="dummy:tiny",
         workers=2,
         port=free_port(),
-        cpus_per_worker=0.5,  # half of Ray's 2 CPUs; the tensor-parallel test takes the rest
         device="cpu",
         worker_args=WORKER_ARGS,
         router_options={"health_interval": 0.2, "seed": 0},
         ready_timeout=120.0,
+        # Half of Ray's 2 CPUs; the tensor-parallel test takes the rest.
+        ray=RayOptions(cpus_per_worker=0.5),
     )
     try:
         with RayCluster(config) as c:
@@ -155,15 +151,15 @@ def test_tensor_parallel_worker_gets_a_placement_group(
     tokens equal tp 1's."""
     import ray
 
-    config = RayLaunchConfig(
+    config = LaunchSpec(
         model="dummy:tiny",
         workers=1,
         port=free_port(),
         tp_size=2,
         device="cuda",
-        cpus_per_worker=0.5,
         worker_args=WORKER_ARGS,
         ready_timeout=120.0,
+        ray=RayOptions(cpus_per_worker=0.5),
     )
     with RayCluster(config) as tp:
         (pg,) = tp.placement_groups
@@ -315,27 +311,27 @@ def test_launch_ray_exits_1_when_no_worker_is_left(cluster: RayCluster, tmp_path
             proc.wait()
 
 
-def test_ray_launch_config_checks_its_fields() -> None:
+def test_the_launch_spec_checks_its_ray_fields() -> None:
     with pytest.raises(InvalidArgument, match="workers: must be >= 1, got 0"):
-        RayLaunchConfig(model="dummy:tiny", workers=0)
+        LaunchSpec(model="dummy:tiny", workers=0, ray=RayOptions())
     with pytest.raises(InvalidArgument, match="tp_size: must be >= 1, got 0"):
-        RayLaunchConfig(model="dummy:tiny", tp_size=0)
+        LaunchSpec(model="dummy:tiny", tp_size=0, ray=RayOptions())
     with pytest.raises(InvalidArgument, match="device: must be one of"):
-        RayLaunchConfig(model="dummy:tiny", device="tpu")
+        LaunchSpec(model="dummy:tiny", device="tpu", ray=RayOptions())
     with pytest.raises(InvalidArgument, match="max_restarts: must be >= -1, got -2"):
-        RayLaunchConfig(model="dummy:tiny", max_restarts=-2)
+        LaunchSpec(model="dummy:tiny", ray=RayOptions(max_restarts=-2))
     with pytest.raises(InvalidArgument, match="placement_strategy: must be one of"):
-        RayLaunchConfig(model="dummy:tiny", placement_strategy="SPREAD")
+        LaunchSpec(model="dummy:tiny", ray=RayOptions(placement_strategy="SPREAD"))
     with pytest.raises(InvalidArgument, match=r"worker_metrics_port: must be in 1\.\.65535, got 0"):
-        RayLaunchConfig(model="dummy:tiny", worker_metrics_port=0)
+        LaunchSpec(model="dummy:tiny", ray=RayOptions(worker_metrics_port=0))
     with pytest.raises(InvalidArgument, match="worker_args: set the workers' metrics port with"):
-        RayLaunchConfig(model="dummy:tiny", worker_args=("--metrics-port=9091",))
+        LaunchSpec(model="dummy:tiny", worker_args=("--metrics-port=9091",), ray=RayOptions())
     with pytest.raises(InvalidArgument, match="policy: must be one of"):
-        RayLaunchConfig(model="dummy:tiny", policy="nope")
+        LaunchSpec(model="dummy:tiny", policy="nope", ray=RayOptions())
     with pytest.raises(InvalidArgument, match="router_options: set 'port' on the launch"):
-        RayLaunchConfig(model="dummy:tiny", router_options={"port": 1})
+        LaunchSpec(model="dummy:tiny", router_options={"port": 1}, ray=RayOptions())
     with pytest.raises(InvalidArgument, match="health_interval: must be > 0"):
-        RayLaunchConfig(model="dummy:tiny", router_options={"health_interval": 0.0})
+        LaunchSpec(model="dummy:tiny", router_options={"health_interval": 0.0}, ray=RayOptions())
 
 
 def test_placement_bundles_and_addresses() -> None:

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import Overloaded, Unavailable
 from radixmesh.router.admission import Admission, RateLimiter
 from tests.router.http_helpers import Http
@@ -93,17 +94,17 @@ BURST = 3000
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[tuple[LocalCluster, int]]:
     http_port = free_port()
-    router_args = (
-        "--http-port", str(http_port), "--health-interval", "0.2",
-        "--max-concurrent-requests", str(CONCURRENT), "--max-queued-requests", str(QUEUED),
-        "--queue-timeout", "20",
-    )  # fmt: skip
-    config = LaunchConfig(
+    router_options = {
+        "http_port": http_port, "health_interval": 0.2,
+        "max_concurrent_requests": CONCURRENT, "max_queued_requests": QUEUED,
+        "queue_timeout": 20.0,
+    }  # fmt: skip
+    config = LaunchSpec(
         model="dummy:tiny",
         workers=1,
         port=free_port(),
         worker_args=("--dtype", "float32"),
-        router_args=router_args,
+        router_options=router_options,
         ready_timeout=120.0,
     )
     with LocalCluster(config) as c:

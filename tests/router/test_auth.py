@@ -21,7 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixmesh.auth import bearer_allowed
 from radixmesh.client import Client
 from radixmesh.cluster.cli import build_parser, router_api_keys
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import Unauthenticated
 from radixmesh.router.config import RouterConfig
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -85,12 +86,12 @@ class SecureCluster:
 def secure(certificate: tuple[Path, Path]) -> Iterator[SecureCluster]:
     cert, key = certificate
     http_port = free_port()
-    config = LaunchConfig(
+    config = LaunchSpec(
         model="dummy:tiny",
         workers=1,
         port=free_port(),
         worker_args=("--dtype", "float32"),
-        router_args=("--http-port", str(http_port)),
+        router_options={"http_port": http_port},
         api_keys=KEYS,
         admin_keys=(ADMIN,),
         tls_cert=str(cert),

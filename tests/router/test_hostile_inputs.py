@@ -22,7 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import FIELD_METADATA_KEY
 from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 from tests.router.http_helpers import Http
@@ -47,18 +48,17 @@ class Target:
 @pytest.fixture(scope="module")
 def target() -> Iterator[Target]:
     http_port = free_port()
-    router_args = (
-        "--http-port", str(http_port), "--health-interval", "0.2",
-        "--max-prompt-bytes", str(MAX_PROMPT_BYTES), "--max-body-bytes", str(MAX_BODY_BYTES),
-        "--max-choices", str(MAX_CHOICES),
-    )  # fmt: skip
+    router_options = {
+        "http_port": http_port, "health_interval": 0.2, "max_prompt_bytes": MAX_PROMPT_BYTES,
+        "max_body_bytes": MAX_BODY_BYTES, "max_choices": MAX_CHOICES,
+    }  # fmt: skip
     worker_args = ("--dtype", "float32", "--grammar-max-bytes", "16384")
-    config = LaunchConfig(
+    config = LaunchSpec(
         model=MODEL,
         workers=1,
         port=free_port(),
         worker_args=worker_args,
-        router_args=router_args,
+        router_options=router_options,
         ready_timeout=120.0,
     )
     with LocalCluster(config) as c:

@@ -20,7 +20,8 @@ import grpc
 import openai
 import pytest
 
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.router.http_helpers import Http, Response
 
@@ -53,12 +54,12 @@ class HttpCluster:
 
 def _start(model: str, workers: int, worker_args: tuple[str, ...]) -> Iterator[HttpCluster]:
     http_port = free_port()
-    config = LaunchConfig(
+    config = LaunchSpec(
         model=model,
         workers=workers,
         port=free_port(),
         worker_args=worker_args,
-        router_args=("--http-port", str(http_port), "--seed", "0", "--health-interval", "0.2"),
+        router_options={"http_port": http_port, "seed": 0, "health_interval": 0.2},
         ready_timeout=240.0,
     )
     with LocalCluster(config) as cluster:

@@ -20,7 +20,8 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.router.summary import BYTES_PER_BLOCK
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.router.http_helpers import Http
@@ -63,16 +64,18 @@ class MetricsCluster:
 @pytest.fixture(scope="module")
 def mc() -> Iterator[MetricsCluster]:
     http_port, metrics_port = free_port(), free_port()
-    config = LaunchConfig(
+    config = LaunchSpec(
         model=MODEL,
         workers=2,
         policy="round_robin",
         port=free_port(),
         worker_args=("--dtype", "float32", "--event-block-size", "16"),
-        router_args=(
-            *("--http-port", str(http_port), "--metrics-port", str(metrics_port)),
-            *("--health-interval", "30", "--seed", "0"),
-        ),
+        router_options={
+            "http_port": http_port,
+            "metrics_port": metrics_port,
+            "health_interval": 30.0,
+            "seed": 0,
+        },
         ready_timeout=120.0,
     )
     with LocalCluster(config) as cluster:

@@ -26,7 +26,8 @@ from typing import Any
 import grpc
 import pytest
 
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.router.pool import snapshot_blocks
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from tests.router.routers import ExtraRouter
@@ -52,12 +53,12 @@ WORKER_MD = (("authorization", f"Bearer {WORKER_KEY}"),)
 
 def _launch(worker_args: tuple[str, ...] = WORKER_ARGS) -> LocalCluster:
     return LocalCluster(
-        LaunchConfig(
+        LaunchSpec(
             model="dummy:tiny",
             workers=2,
             port=free_port(),
             worker_args=worker_args,
-            router_args=("--health-interval", "0.2", "--seed", "0"),
+            router_options={"health_interval": 0.2, "seed": 0},
             ready_timeout=120.0,
             worker_api_key=WORKER_KEY,
         )

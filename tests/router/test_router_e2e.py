@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.pool import WorkerHandle, snapshot_blocks
 from radixmesh.router.summary import PrefixSummary
@@ -30,7 +31,7 @@ GREEDY = common_pb2.SamplingParams(max_new_tokens=4, temperature=0.0)
 
 
 def _cluster(**kw: object) -> LocalCluster:
-    config = LaunchConfig(
+    config = LaunchSpec(
         model="dummy:tiny",
         workers=2,
         port=free_port(),
@@ -44,7 +45,7 @@ def _cluster(**kw: object) -> LocalCluster:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with _cluster(router_args=("--health-interval", "0.2", "--seed", "0")) as c:
+    with _cluster(router_options={"health_interval": 0.2, "seed": 0}) as c:
         yield c
 
 
@@ -176,7 +177,7 @@ def test_bad_input_is_invalid_argument(cluster: LocalCluster) -> None:
 
 def test_a_worker_killed_before_the_first_token_is_retried_elsewhere() -> None:
     # A long health interval: the router has not noticed the death when the request comes.
-    with _cluster(router_args=("--health-interval", "60", "--seed", "0")) as c:
+    with _cluster(router_options={"health_interval": 60.0, "seed": 0}) as c:
         prompt = "a prompt whose prefix one worker caches " * 3
         first, chunk = _generate(c.address, prompt)
         index = int(first.removeprefix("worker-"))

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from radixmesh.client import Client
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,7 @@ PARAMS = {"max_new_tokens": 12, "temperature": 0.0}
 def test_chat_through_the_router_equals_the_engine(smollm2_gguf: Path) -> None:
     from radixmesh.worker.engine import Engine
 
-    config = LaunchConfig(model="smollm2", workers=2, port=free_port(), ready_timeout=240.0)
+    config = LaunchSpec(model="smollm2", workers=2, port=free_port(), ready_timeout=240.0)
     with LocalCluster(config) as cluster, Client(cluster.address) as client:
         done = client.generate(messages=MESSAGES, sampling_params=PARAMS)
         streamed = [

@@ -21,7 +21,8 @@ import pytest
 
 import radixmesh as sgl
 from radixmesh.client import Client
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from tests.router.http_helpers import Http, Response
 
 pytestmark = pytest.mark.slow
@@ -49,12 +50,12 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(smollm2_gguf: object) -> Iterator[Cluster]:
     http_port = free_port()
-    config = LaunchConfig(
+    config = LaunchSpec(
         model="smollm2",
         workers=2,
         port=free_port(),
         worker_args=("--dtype", "float32", "--kv-cache-tokens", "8192"),
-        router_args=("--http-port", str(http_port), "--seed", "0", "--health-interval", "0.2"),
+        router_options={"http_port": http_port, "seed": 0, "health_interval": 0.2},
         ready_timeout=240.0,
     )
     with LocalCluster(config) as c:

@@ -97,7 +97,8 @@ def test_aborted_while_its_grammar_compiles(engine: Engine) -> None:
         engine.abort("compiling")
         release.set()
         out = outputs.get(timeout=30)
-        assert out.finished and out.meta_info["finish_reason"]["type"] == "abort"
+        assert out.finished and out.meta_info.finish is not None
+        assert out.meta_info.finish.reason == "abort"
         assert out.new_token_ids == [] and not errors
         _wait(lambda: _idle(engine))
     finally:

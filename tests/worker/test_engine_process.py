@@ -31,7 +31,7 @@ def proc() -> Iterator[EngineProcess]:
 
 def _stream(p: EngineProcess, ids: list[int], params: dict[str, Any]) -> list[dict[str, Any]]:
     async def run() -> list[dict[str, Any]]:
-        return [c async for c in p.async_stream(ids, params)]
+        return [c.as_chunk() async for c in p.async_stream(ids, params)]
 
     return asyncio.run(run())
 
@@ -56,9 +56,10 @@ def test_embeddings_come_back_from_the_child(proc: EngineProcess) -> None:
     ids = proc.tokenizer.encode("Embeddings cross the pipe too.")
     mean = asyncio.run(proc.async_encode(ids))
     last = asyncio.run(proc.async_encode(ids, "last"))
-    assert proc.info.hidden_size == len(mean["embedding"]) == len(last["embedding"]) == 576
-    assert mean["embedding"] != last["embedding"]
-    assert mean["meta_info"]["prompt_tokens"] == len(ids)
+    assert mean.embedding is not None and last.embedding is not None
+    assert proc.info.hidden_size == len(mean.embedding) == len(last.embedding) == 576
+    assert mean.embedding != last.embedding
+    assert mean.meta_info.prompt_tokens == len(ids)
     with pytest.raises(InvalidArgument) as e:
         asyncio.run(proc.async_encode(ids, "max"))
     assert e.value.field == "pooling"
@@ -79,7 +80,7 @@ def test_a_stream_closed_early_is_aborted_and_frees_its_kv(proc: EngineProcess) 
         stream = proc.async_stream([5] * 40, {"max_new_tokens": 400, "ignore_eos": True})
         got = 0
         async for c in stream:
-            got += len(c["output_ids"])
+            got += len(c.new_token_ids)
             if got >= 3:
                 break
         await stream.aclose()  # type: ignore[attr-defined]

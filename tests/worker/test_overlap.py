@@ -59,7 +59,7 @@ def _check_clean(w: Worker, reqs: list[Request]) -> None:
         streamed = [t for out in r.outputs for t in out.new_token_ids]  # type: ignore[attr-defined]
         assert streamed == r.output_ids
         assert r.outputs[-1].finished  # type: ignore[attr-defined]
-        assert r.outputs[-1].meta_info["completion_tokens"] == len(r.output_ids)  # type: ignore[attr-defined]
+        assert r.outputs[-1].meta_info.completion_tokens == len(r.output_ids)  # type: ignore[attr-defined]
     assert w.cache.protected_size() == 0
     assert w.req_table.num_free_rows == w.config.scheduler.max_running_requests
     assert all_free_after_flush(w)

@@ -83,7 +83,7 @@ def test_abort_mid_decode_returns_every_slot() -> None:
     assert w.scheduler.abort("x")
     assert_slots_accounted(w)
     assert r.finish_reason is FinishReason.ABORT
-    assert r.outputs[-1].finished and r.outputs[-1].meta_info["finish_reason"]["type"] == "abort"
+    assert r.outputs[-1].finished and r.outputs[-1].meta_info.finish.reason == "abort"
     assert [q.rid for q in w.scheduler.running] == ["y"]
     run_to_completion(w)
     assert other.finish_reason is FinishReason.LENGTH
@@ -139,7 +139,7 @@ def test_lpm_reuses_cache_and_reports_cached_tokens() -> None:
     run_to_completion(w)
     assert b.num_cached_tokens == 32
     assert rec.steps[0] == [("b", 4)]  # only the uncached suffix is computed
-    assert b.outputs[-1].meta_info["cached_tokens"] == 32
+    assert b.outputs[-1].meta_info.cached_tokens == 32
 
 
 def test_dfs_weight_runs_the_heavier_subtree_first() -> None:

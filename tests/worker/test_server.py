@@ -496,3 +496,20 @@ def test_worker_cli_help_lists_the_flags() -> None:
     ).stdout
     for flag in ("--model", "--port", "--metrics-port", "--drain-timeout", "--api-key"):
         assert flag in out
+
+
+def test_the_server_process_loads_no_torch() -> None:
+    """The gRPC server's process keeps the engine's modules (and torch) out: the engine
+    runs in its child process, and what crosses the pipe unpickles without torch."""
+    code = (
+        "import sys\n"
+        "import radixmesh.worker.server\n"
+        "from radixmesh.worker.request_output import RequestOutput\n"
+        "heavy = sorted(m for m in ('torch', 'triton', 'transformers', 'radixmesh.worker.engine')"
+        " if m in sys.modules)\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]"

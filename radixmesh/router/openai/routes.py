@@ -13,16 +13,15 @@ import asyncio
 import functools
 import uuid
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
 
 import radixmesh
 from radixmesh.auth import caller_of
-from radixmesh.errors import InvalidArgument, RadixMeshError
-from radixmesh.router.api_error import ApiError
-from radixmesh.router.limits import RequestLimits, parse_json
+from radixmesh.errors import RadixMeshError
+from radixmesh.router.api_error import ApiError, read_json
 from radixmesh.router.openai import generation
 from radixmesh.router.openai import requests as rq
 from radixmesh.router.openai import responses as rs
@@ -155,18 +154,6 @@ class OpenAIRoutes:
                 )
             body = await generation.collect(gen, rid, chunks, tok)
         return web.json_response(body, headers={WORKER_HEADER: ",".join(sorted(workers))})
-
-
-async def read_json(request: web.Request, limits: RequestLimits) -> Any:
-    """The body as JSON (router/limits.py), its prompt text within the limit."""
-    try:
-        body = await parse_json(await request.read())
-    except InvalidArgument as e:
-        if e.field != "body":  # a field that no text can hold (a lone surrogate)
-            raise ApiError(400, e.message, e.field, "invalid_argument") from None
-        raise ApiError(400, e.message, None, "invalid_json") from None
-    limits.check_prompt_bytes(body)
-    return body
 
 
 def _api_error(e: BaseException, gen: Generation) -> ApiError:

@@ -60,7 +60,7 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
 
     Many waves pay even when one would fill the GPU: on the H200 at batch 256, context 4k,
     8 KV heads (2048 programs, 15.5 waves) one split read KV at 87% of copy bandwidth and
-    two splits at 95% (bench/results/attention-kernels-20261130.json)."""
+    two splits at 95% (bench/results/attention_kernels-h200.json)."""
     programs = batch_size * num_kv_heads
     for_waves = -(-WAVES * num_sms // programs)
     for_length = -(-max_seq_len // MIN_KEYS_PER_SPLIT)

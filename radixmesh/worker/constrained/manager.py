@@ -49,6 +49,7 @@ from radixmesh.worker.constrained.grammar import (
 from radixmesh.worker.constrained.jump_forward import apply_jump, retokenize
 from radixmesh.worker.constrained.limits import ConstraintLimits
 from radixmesh.worker.constrained.registry import create_grammar_backend
+from radixmesh.worker.constrained.request_grammar import RequestGrammar
 from radixmesh.worker.constrained.vocab import vocab_of
 from radixmesh.worker.request import FinishReason, Request
 
@@ -74,28 +75,6 @@ class TokenAppender(Protocol):  # OutputProcessor.append_token / append_forced
     ) -> None: ...
 
     def append_forced(self, req: Request, tokens: list[int]) -> None: ...
-
-
-@dataclass(eq=False)
-class RequestGrammar:
-    """One request's constraint: its compile future, then its matcher and counters."""
-
-    kind: str
-    future: Future[Any]
-    matcher: Matcher | None = None
-    error: str | None = None
-    dead_end: bool = False
-    num_forced_tokens: int = 0  # appended by jump-forward, never sampled
-    num_jumps: int = 0
-    num_sampled: int = 0  # decode steps that sampled for this request
-    started: bool = False  # jump_at_start has run
-
-    def meta_info(self) -> dict[str, int]:
-        return {
-            "forced_tokens": self.num_forced_tokens,
-            "jump_forwards": self.num_jumps,
-            "decode_steps": self.num_sampled,
-        }
 
 
 @dataclass

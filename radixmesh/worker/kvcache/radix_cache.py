@@ -130,7 +130,8 @@ class RadixCache:
         self.disable = disable
         self.event_block_size = event_block_size
         self._listeners = CacheEventListeners()
-        self._empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
+        # Slots live on the host: comparing and freeing them never waits for the device.
+        self._empty = torch.empty(0, dtype=torch.int64)
         self._next_id = 0
         self._queried = self._matched = self._evicted = 0
         self.root = TreeNode([], self._empty, None, 0, self._new_id())

@@ -9,6 +9,11 @@ slot 0 (harmless for padded CUDA-graph batches).
 Ownership: the scheduler allocates a row when it admits a request and frees it when the
 request finishes or is preempted; the table owns no KV slots (the allocator and the radix
 cache do). Not thread-safe: the scheduler thread is the only caller.
+
+On a GPU the table lives on the device (attention reads it there) and `host` mirrors it:
+writes take host slots and go to both, and the scheduler's bookkeeping (the radix cache's
+inserts and frees, a request's own slots) reads the mirror, so it never waits for a step
+still running on the device. On the CPU `host` is the table itself.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ class ReqToTokenTable:
         self.table = torch.zeros(
             (max_requests, max_context_len), dtype=torch.int64, device=self.device
         )
+        # [max_requests, max_context_len] int64 on the host: the same contents
+        self.host = (
+            self.table if self.device.type == "cpu" else torch.zeros_like(self.table, device="cpu")
+        )
         self._free_rows = list(range(max_requests - 1, -1, -1))  # pop() hands out 0 first
         self._is_free = [True] * max_requests
 
@@ -56,17 +65,28 @@ class ReqToTokenTable:
         self._is_free[row] = True
         self._free_rows.append(row)
 
-    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
-        """Record that tokens start .. start+len(slots)-1 of `row` live in `slots`."""
+    def write(
+        self, row: int, start: int, slots: torch.Tensor, on_device: torch.Tensor | None = None
+    ) -> None:
+        """Record that tokens start .. start+len(slots)-1 of `row` live in `slots` (on the
+        host; `on_device`: the same slots, already copied to the table's device)."""
         self._check_row(row)
         end = start + slots.numel()
         if start < 0 or end > self.max_context_len:
             raise ValueError(
                 f"start: tokens {start}..{end - 1} exceed max_context_len {self.max_context_len}"
             )
-        self.table[row, start:end] = slots
+        self.host[row, start:end] = slots
+        if self.host is not self.table:
+            self.table[row, start:end] = on_device if on_device is not None else self._to(slots)
 
-    def write_one_each(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
+    def write_one_each(
+        self,
+        rows: list[int],
+        positions: list[int],
+        slots: torch.Tensor,
+        on_device: torch.Tensor | None = None,
+    ) -> None:
         """Record one token per row: token positions[i] of rows[i] lives in slots[i].
 
         One indexed write for a whole decode step instead of a copy (on CUDA a kernel) per
@@ -80,13 +100,19 @@ class ReqToTokenTable:
             or max(positions) >= self.max_context_len
         ):
             raise ValueError(f"rows/positions: outside the table {tuple(self.table.shape)}")
-        index = to_device(torch.tensor([rows, positions], dtype=torch.int64), self.device)  # [2, B]
-        self.table[index[0], index[1]] = to_device(slots, self.device)
+        index = torch.tensor([rows, positions], dtype=torch.int64)  # [2, B]
+        self.host[index[0], index[1]] = slots
+        if self.host is not self.table:
+            index = self._to(index)
+            self.table[index[0], index[1]] = on_device if on_device is not None else self._to(slots)
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
-        """Slots of tokens start .. end-1 of `row` (a view into the table)."""
+        """Slots of tokens start .. end-1 of `row`, from the host mirror (a view into it)."""
         self._check_row(row)
-        return self.table[row, start:end]
+        return self.host[row, start:end]
+
+    def _to(self, t: torch.Tensor) -> torch.Tensor:
+        return to_device(t, self.device)
 
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.max_requests:

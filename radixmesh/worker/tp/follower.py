@@ -1,11 +1,12 @@
 """Ranks 1..N-1: build this rank's shard of the worker, then run forwards as told.
 
 A follower builds the same `Worker` as rank 0 (same code path, so KV pool sizing and
-CUDA-graph capture run their collectives in lockstep) but only ever uses its model
-runner: each step it reads a `StepHeader` from its pipe, receives the KV slot tables,
-runs the forward, and computes its vocabulary shard of the logits rank 0 asked for.
-It exits on STOP (code 0), and with code 1 when rank 0 is gone (end-of-file on the
-pipe or a new parent pid) or anything fails, so no rank outlives its worker.
+CUDA-graph capture run their collectives in lockstep; worker.py's `follower_main` is the
+process's entry point) but only ever uses its model runner: each step it reads a
+`StepHeader` from its pipe, receives the KV slot tables, runs the forward, and computes
+its vocabulary shard of the logits rank 0 asked for. It exits on STOP (code 0), and with
+code 1 when rank 0 is gone (end-of-file on the pipe or a new parent pid) or anything
+fails, so no rank outlives its worker.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import torch
 
 from radixmesh.worker.config import EngineConfig
+from radixmesh.worker.device import resolve_device
 from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.layers.parallel import TPGroup
 from radixmesh.worker.model_runner import ModelRunner
@@ -32,18 +35,21 @@ logger = logging.getLogger(__name__)
 PARENT_POLL_S = 0.5
 
 
-def follower_main(
-    config: EngineConfig, rank: int, port: int, conn: Connection, parent_pid: int
+# What a follower builds before it follows: its model runner and req->token table (rank 0's
+# `Worker`, built on this rank's share of the group; worker.py's `follower_main`).
+Build = Callable[[TPGroup], tuple[ModelRunner, torch.Tensor]]
+
+
+def run_follower(
+    config: EngineConfig, rank: int, port: int, conn: Connection, parent_pid: int, build: Build
 ) -> None:
-    """The spawned process's entry point."""
+    """A follower process's life: join rank 0's group, build, follow, exit."""
     _exit_with_parent(parent_pid)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s tp-rank{rank} %(name)s: %(message)s"
     )
     pc = config.parallel
     try:
-        from radixmesh.worker.worker import Worker, resolve_device
-
         device = rank_device(resolve_device(config.model.device), rank)
         if device.type == "cpu":  # share the cores with the other ranks
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // pc.tp_size))
@@ -53,14 +59,14 @@ def follower_main(
         tp = init_group(
             rank=rank, size=pc.tp_size, store=store, device=device, timeout_s=pc.tp_timeout
         )
-        worker = Worker(config, tp=tp)
+        runner, req_to_token = build(tp)
         conn.send(("ready",))
     except BaseException as e:
         traceback.print_exc()
         _send_quietly(conn, ("error", f"{type(e).__name__}: {e}"))
         os._exit(1)
     try:
-        follow(worker.runner, tp, worker.req_table.table, conn)
+        follow(runner, tp, req_to_token, conn)
     except EOFError:
         logger.error("rank 0 is gone: exiting")
         os._exit(1)

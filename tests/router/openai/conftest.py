@@ -10,7 +10,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from radixmesh.cluster.launch import LaunchConfig, LocalCluster, free_port
+from radixmesh.cluster.launch import LocalCluster, free_port
+from radixmesh.cluster.spec import LaunchSpec
 from tests.router.http_helpers import Http
 
 MODEL = "smollm2"
@@ -26,12 +27,12 @@ class Smollm2Cluster:
 @pytest.fixture(scope="package")
 def smollm2(smollm2_gguf: Path) -> Iterator[Smollm2Cluster]:
     http_port = free_port()
-    config = LaunchConfig(
+    config = LaunchSpec(
         model=MODEL,
         workers=1,
         port=free_port(),
         worker_args=("--dtype", "float32"),
-        router_args=("--http-port", str(http_port), "--health-interval", "0.2"),
+        router_options={"http_port": http_port, "health_interval": 0.2},
         ready_timeout=240.0,
     )
     with LocalCluster(config) as cluster:

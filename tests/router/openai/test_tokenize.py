@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from radixmesh.tokenizer import Tokenizer, load_tokenizer
+from radixmesh.tokenizer import Tokenizer
+from radixmesh.worker.model.loader import load_tokenizer
 from tests.router.openai.frontend import Frontend
 
 MODEL = "smollm2"

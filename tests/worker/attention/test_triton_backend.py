@@ -15,7 +15,7 @@ from radixmesh.worker.attention.triton_backend import (
     TritonAttentionBackend,
     choose_num_splits,
 )
-from radixmesh.worker.worker import default_attention_backend
+from radixmesh.worker.device import default_attention_backend
 from tests.worker.attention.test_torch_backend import (
     HEAD_DIM,
     LAYER,

@@ -182,7 +182,7 @@ class NothingAllowed(Matcher):
 def test_empty_mask_marks_a_dead_end_and_allows_everything() -> None:
     from concurrent.futures import Future
 
-    from radixmesh.worker.constrained.manager import RequestGrammar
+    from radixmesh.worker.constrained.request_grammar import RequestGrammar
     from radixmesh.worker.request import FinishReason, Request
 
     mgr = GrammarManager(None, 40, [0])

@@ -94,6 +94,8 @@ def test_admission_waits_for_the_compile(smollm2_gguf: object) -> None:
         worker.scheduler.step()
     assert free.finished and not slow.admitted
     release.set()
+    assert slow.grammar is not None
+    slow.grammar.future.result(timeout=60)  # idle steps are fast: wait out the compile here
     run_to_completion(worker)
     assert re.fullmatch("[0-9]{3}", text_of(worker, slow))
 

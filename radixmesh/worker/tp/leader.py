@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 10.0  # a follower that has not exited this long after STOP is killed
 
 
+FollowerMain = Callable[[EngineConfig, int, int, Connection, int], None]
+
+
 class RankFailure(Unavailable):
     """A tensor-parallel rank died or a collective failed: the worker cannot go on."""
 
@@ -55,9 +58,9 @@ class FollowerRanks:
     rank 0's own model is up, `send_step()` before every forward, `stop()` at the end.
     """
 
-    def __init__(self, config: EngineConfig, device: torch.device) -> None:
-        from radixmesh.worker.tp.follower import follower_main  # it imports the worker
-
+    def __init__(self, config: EngineConfig, device: torch.device, entry: FollowerMain) -> None:
+        """`entry` is the follower processes' entry point (worker.py's `follower_main`):
+        called as entry(config, rank, store port, pipe end, rank 0's pid)."""
         if dist.is_initialized():  # before spawning anything
             raise InvalidArgument(
                 "tp_size",
@@ -83,7 +86,7 @@ class FollowerRanks:
         for rank in range(1, self.size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             proc = ctx.Process(
-                target=follower_main,
+                target=entry,
                 args=(config, rank, store.port, child_end, os.getpid()),
                 name=f"radixmesh-tp-rank{rank}",
                 daemon=True,

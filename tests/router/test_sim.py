@@ -1,35 +1,19 @@
-"""The router simulator (bench/router_sim.py) on tiny seeded traces: fast and exact."""
+"""The router simulator on tiny seeded traces: fast and exact."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
+from bench import router_sim
 from radixmesh.prefix import block_hashes
+from radixmesh.router import sim
 
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "bench" / "router_sim.py"
-    spec = importlib.util.spec_from_file_location("router_sim", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["router_sim"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-sim = _load()
-
-
-def _tiny_grouped(seed: int = 0) -> list:  # 4 workers x 3 groups x 6 requests = 72
+def _tiny_grouped(seed: int = 0) -> list[sim.Request]:  # 4 workers x 3 groups x 6 requests = 72
     return sim.grouped_trace(4, seed, groups_per_worker=3, requests_per_group=6)
 
 
-def _config(seed: int = 0) -> object:
+def _config(seed: int = 0) -> sim.SimConfig:
     # 4 workers caching 4,096 tokens each: 12 groups of 2,048-token prefixes need 6 caches.
     return sim.SimConfig(workers=4, capacity_tokens=4096, seed=seed)
 
@@ -97,11 +81,11 @@ def test_multiturn_later_turns_hit_their_history() -> None:
 
 
 def test_decision_latency_and_memory_run_small() -> None:
-    lat = sim.decision_latency(
+    lat = router_sim.decision_latency(
         workers=4, blocks_per_worker=100, decisions=20, rounds=1, prompt_len=256, shared_len=128
     )
     assert lat["rounds"][0]["chose_a_holder"] == 1.0  # the holders cache 128 of 256 tokens
     assert lat["p50_us"] > 0
-    mem = sim.summary_memory(workers=2, blocks_per_worker=1000)
+    mem = router_sim.summary_memory(workers=2, blocks_per_worker=1000)
     assert mem["blocks"] == 2000
     assert 40 < mem["bytes_per_block"] < 200

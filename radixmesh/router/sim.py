@@ -1,0 +1,550 @@
+"""Router simulator: the real routing policies and prefix summaries over simulated workers.
+
+A discrete-event simulation of a cluster of W workers behind the router. What is real and
+what is modelled:
+
+- REAL: `radixmesh.router.policy` (`make_policy`, `Candidate`: every registered policy),
+  `radixmesh.router.summary` (`SummaryIndex`: per-worker summaries under a byte budget,
+  tentative entries with a time-to-live on the simulated clock) and the shared block
+  hashing `radixmesh.prefix.block_hashes`. The router step mirrors
+  `RouterServicer.route`: match the prompt's chained hashes against every summary, build
+  one `Candidate` per worker (queued = the worker's running + waiting requests, which the
+  real router knows from its own in-flight counts), let the policy choose, add the prompt
+  as tentative on the chosen worker, enforce the budget.
+- MODELLED: each worker's radix cache, at block granularity: a block-LRU keyed by the same
+  chained hashes (`BlockCache`; not the worker's `RadixCache`, which needs a torch KV pool).
+  A path is touched leaf-first so that ancestors are always more recent than their
+  descendants: the least recently used unpinned block is then always a leaf, as in a
+  radix tree. Blocks of running requests are pinned, and the cache is the KV pool: a
+  request is admitted only when its prompt's blocks fit beside the pinned ones (output
+  tokens' KV is not counted). The worker publishes "stored" events
+  at the end of the step that prefilled a prompt (and for prompt + output at finish) and
+  "removed" events when it evicts; the router applies them `event_delay_s` later.
+- MODELLED: the cost of a forward step (`CostModel`): a fixed overhead, a cost per
+  uncached prompt token prefilled in the step and a cost per running sequence decoded;
+  continuous batching up to `max_batch` requests and `max_prefill_tokens` per step.
+
+The oracle is cache_aware's cost computed from the truth instead of the summaries: each
+worker's TRUE cache contents (the block-LRU, plus the prompts already queued there, which
+it will hold by the time a new request runs; no event delay, no budget, no time-to-live)
+and its exact queue length.
+
+Traces (seeded, token ids random): `grouped` (4 x W groups of a 2,048-token system prompt,
+a unique 64-token question each, 16 output tokens, Poisson arrivals, group popularity
+Zipf(0.6); the prompts together need ~4 worker caches at W=8), `multiturn` (conversations
+of 6 turns, each turn's prompt is the whole history plus a new message, think time between
+turns) and `noshare` (unique prompts: the control).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixmesh.prefix import block_hashes
+from radixmesh.router.policy import Candidate, Policy, PolicyOptions, make_policy
+from radixmesh.router.summary import SummaryIndex
+
+ORACLE = "oracle"
+# cache_aware with a part of its cost switched off (not a registered policy): what the
+# pending-prefill term buys, reported apart.
+ABLATIONS: dict[str, dict[str, Any]] = {"cache_aware_no_pending": {"pending_prefill_weight": 0.0}}
+VOCAB = 32000
+
+
+# ---- configuration ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per forward step: step_s + prefill_token_s * new tokens + decode_seq_s * B."""
+
+    step_s: float = 0.010
+    prefill_token_s: float = 50e-6  # ~20k prefill tokens/s: an 8B model on one GPU
+    decode_seq_s: float = 0.15e-3
+    max_batch: int = 64  # running requests per worker
+    max_prefill_tokens: int = 8192  # new prompt tokens per step (at least one request)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    workers: int
+    capacity_tokens: int = 16384  # each worker's KV cache
+    block_size: int = 16  # the event block size (router and worker hash the same blocks)
+    cost: CostModel = field(default_factory=CostModel)
+    event_delay_s: float = 0.005  # a cache event's trip from worker to router
+    tentative_ttl: float = 5.0  # RouterConfig's default
+    request_cost_tokens: int = 64  # RouterConfig's default
+    summary_budget_bytes: int = 256 * 1024 * 1024
+    seed: int = 0
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self.capacity_tokens // self.block_size
+
+
+@dataclass
+class Request:
+    rid: int
+    arrival: float  # absolute; for a later turn, seconds after the previous turn finishes
+    prompt_len: int
+    output_len: int
+    prompt_hashes: list[int]
+    full_hashes: list[int]  # prompt + output (what the worker caches at finish)
+    after: int | None = None  # the previous turn's rid (multi-turn)
+
+
+# ---- traces -----------------------------------------------------------------------------
+
+
+def random_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def _poisson(rng: random.Random, rate: float, n: int) -> list[float]:
+    t, out = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def grouped_trace(
+    workers: int,
+    seed: int,
+    block_size: int = 16,
+    groups_per_worker: int = 4,
+    requests_per_group: int = 24,
+    prefix_len: int = 2048,
+    question_len: int = 64,
+    output_len: int = 16,
+    rate_per_worker: float = 40.0,
+    zipf: float = 0.6,
+) -> list[Request]:
+    """Many groups of requests sharing a long system prompt; popularity Zipf-skewed."""
+    rng = random.Random(seed)
+    n_groups = groups_per_worker * workers
+    prefixes = [random_tokens(rng, prefix_len) for _ in range(n_groups)]
+    prefix_hashes = [block_hashes(p, block_size) for p in prefixes]
+    weights = [1.0 / (g + 1) ** zipf for g in range(n_groups)]
+    n = requests_per_group * n_groups
+    arrivals = _poisson(rng, rate_per_worker * workers, n)
+    out = []
+    for rid, (arrival, g) in enumerate(
+        zip(arrivals, rng.choices(range(n_groups), weights, k=n), strict=True)
+    ):
+        question, answer = random_tokens(rng, question_len), random_tokens(rng, output_len)
+        # Continue the group's chain (the prefix is block-aligned) instead of rehashing it.
+        root = prefix_hashes[g]
+        ph = root + block_hashes(question, block_size, root[-1])
+        full = root + block_hashes(question + answer, block_size, root[-1])
+        out.append(Request(rid, arrival, prefix_len + question_len, output_len, ph, full))
+    return out
+
+
+def multiturn_trace(
+    workers: int,
+    seed: int,
+    block_size: int = 16,
+    chats_per_worker: int = 12,
+    turns: int = 6,
+    first_len: int = 512,
+    message_len: int = 128,
+    output_len: int = 64,
+    start_rate_per_worker: float = 2.0,
+    think_s: float = 2.0,
+) -> list[Request]:
+    """Chats: each turn's prompt is the previous prompt + its answer + a new message."""
+    rng = random.Random(seed)
+    n_chats = chats_per_worker * workers
+    starts = _poisson(rng, start_rate_per_worker * workers, n_chats)
+    out: list[Request] = []
+    for start in starts:
+        history: list[int] = []
+        prev: int | None = None
+        for turn in range(turns):
+            history = history + random_tokens(rng, first_len if turn == 0 else message_len)
+            answer = random_tokens(rng, output_len)
+            full = block_hashes(history + answer, block_size)
+            prompt = full[: len(history) // block_size]
+            arrival = start if prev is None else rng.expovariate(1.0 / think_s)
+            rid = len(out)
+            out.append(Request(rid, arrival, len(history), output_len, prompt, full, prev))
+            history, prev = history + answer, rid
+    return out
+
+
+def noshare_trace(
+    workers: int,
+    seed: int,
+    block_size: int = 16,
+    requests_per_worker: int = 48,
+    prompt_len: int = 1024,
+    output_len: int = 64,
+    rate_per_worker: float = 10.0,
+) -> list[Request]:
+    """Unique prompts: nothing to share (the control)."""
+    rng = random.Random(seed)
+    n = requests_per_worker * workers
+    out = []
+    for rid, arrival in enumerate(_poisson(rng, rate_per_worker * workers, n)):
+        ids = random_tokens(rng, prompt_len + output_len)
+        full = block_hashes(ids, block_size)
+        out.append(
+            Request(rid, arrival, prompt_len, output_len, full[: prompt_len // block_size], full)
+        )
+    return out
+
+
+def hot_trace(workers: int, seed: int, block_size: int = 16) -> list[Request]:
+    """The grouped trace with one hot group: Zipf(1.5) over 2 groups per worker, so the
+    most popular group alone brings about half of all requests."""
+    return grouped_trace(workers, seed, block_size, groups_per_worker=2, zipf=1.5)
+
+
+TRACES: dict[str, Callable[..., list[Request]]] = {
+    "grouped": grouped_trace,
+    "hot": hot_trace,
+    "multiturn": multiturn_trace,
+    "noshare": noshare_trace,
+}
+
+
+# ---- a worker ---------------------------------------------------------------------------
+
+
+class BlockCache:
+    """A worker's radix cache at block granularity: LRU over chained block hashes.
+
+    Every access touches a path leaf-first, so a block is always more recent than its
+    descendants and the LRU order evicts leaves before their parents (as a radix tree
+    does). Pinned blocks (held by running requests) are never evicted.
+    """
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.capacity = capacity_blocks
+        self.blocks: OrderedDict[int, int] = OrderedDict()  # hash -> pins; LRU first
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def match(self, hashes: Sequence[int]) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            n += 1
+        return n
+
+    def insert(self, hashes: Sequence[int], pin: bool) -> tuple[list[int], list[int]] | None:
+        """Cache (and touch) a path; (stored, evicted) hashes, or None (and no change) when
+        it cannot fit because too much is pinned."""
+        m = self.match(hashes)
+        new = hashes[m:]
+        keep = set(hashes[:m])
+        need = len(self.blocks) + len(new) - self.capacity
+        if need > 0 and sum(1 for h, p in self.blocks.items() if not p and h not in keep) < need:
+            return None
+        evicted = self._evict(need, keep)
+        blocks = self.blocks
+        for h in new:
+            blocks[h] = 0
+        for h in reversed(hashes):
+            blocks.move_to_end(h)
+            if pin:
+                blocks[h] += 1
+        return list(new), evicted
+
+    def unpin(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            self.blocks[h] -= 1
+
+    def _evict(self, n: int, keep: set[int]) -> list[int]:
+        """Drop up to `n` unpinned blocks, least recently used first, none of `keep`."""
+        if n <= 0:
+            return []
+        victims = []
+        for h, pins in self.blocks.items():
+            if pins == 0 and h not in keep:
+                victims.append(h)
+                if len(victims) == n:
+                    break
+        for h in victims:
+            del self.blocks[h]
+        return victims
+
+
+@dataclass
+class Running:
+    req: Request
+    pinned: list[int]  # the prompt blocks this request pins ([] when it ran uncached)
+    generated: int = 0
+
+
+@dataclass
+class Outcome:
+    worker: int = -1
+    cached_tokens: int = 0
+    first_token: float = 0.0
+    finish: float = 0.0
+    arrival: float = 0.0
+
+
+class SimWorker:
+    def __init__(self, index: int, config: SimConfig) -> None:
+        self.index = index
+        self.wid = f"worker-{index}"
+        self.cost = config.cost
+        self.block_size = config.block_size
+        self.cache = BlockCache(config.capacity_blocks)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Running] = []
+        self.prefilling: list[Running] = []  # admitted in the step under way
+        self.busy = False
+        # The prompt blocks of the waiting requests: cached by the time a new request runs.
+        self.pending: dict[int, int] = {}  # hash -> waiting requests holding it
+
+    @property
+    def queued(self) -> int:
+        return len(self.running) + len(self.prefilling) + len(self.waiting)
+
+    def will_cache(self, hashes: Sequence[int]) -> int:
+        """Leading blocks the worker holds or will hold once its waiting requests run."""
+        n = 0
+        for h in hashes:
+            if h not in self.cache.blocks and h not in self.pending:
+                break
+            n += 1
+        return n
+
+    def enqueue(self, req: Request) -> None:
+        self.waiting.append(req)
+        for h in req.prompt_hashes:
+            self.pending[h] = self.pending.get(h, 0) + 1
+
+    def start_step(self, outcomes: list[Outcome], events: list[tuple[str, list[int]]]) -> float:
+        """Admit what fits, return the step's duration (0: nothing to do)."""
+        budget = self.cost.max_prefill_tokens
+        new_tokens = 0
+        while self.waiting and len(self.running) + len(self.prefilling) < self.cost.max_batch:
+            req = self.waiting[0]
+            matched = self.cache.match(req.prompt_hashes)
+            uncached = req.prompt_len - matched * self.block_size
+            if self.prefilling and new_tokens + uncached > budget:
+                break
+            result = self.cache.insert(req.prompt_hashes, pin=True)
+            if result is None and (self.running or self.prefilling):
+                break  # the KV cache is full of running requests' blocks: wait for them
+            self.waiting.popleft()
+            for h in req.prompt_hashes:
+                if self.pending[h] == 1:
+                    del self.pending[h]
+                else:
+                    self.pending[h] -= 1
+            pinned: list[int] = []
+            if result is not None:
+                stored, evicted = result
+                pinned = req.prompt_hashes
+                if evicted:
+                    events.append(("removed", evicted))
+                if stored:
+                    events.append(("stored", stored))
+            outcomes[req.rid].cached_tokens = matched * self.block_size
+            outcomes[req.rid].worker = self.index
+            self.prefilling.append(Running(req, pinned))
+            new_tokens += uncached
+        if not self.running and not self.prefilling:
+            return 0.0
+        c = self.cost
+        return c.step_s + c.prefill_token_s * new_tokens + c.decode_seq_s * len(self.running)
+
+    def end_step(
+        self, now: float, outcomes: list[Outcome], events: list[tuple[str, list[int]]]
+    ) -> list[Request]:
+        """Emit one token per running request; the finished ones."""
+        for r in self.prefilling:
+            outcomes[r.req.rid].first_token = now
+        self.running.extend(self.prefilling)
+        self.prefilling = []
+        finished, still = [], []
+        for r in self.running:
+            r.generated += 1
+            if r.generated < r.req.output_len:
+                still.append(r)
+                continue
+            self.cache.unpin(r.pinned)
+            result = self.cache.insert(r.req.full_hashes, pin=False)
+            if result is not None:
+                stored, evicted = result
+                if evicted:
+                    events.append(("removed", evicted))
+                if stored:
+                    events.append(("stored", stored))
+            outcomes[r.req.rid].finish = now
+            finished.append(r.req)
+        self.running = still
+        return finished
+
+
+# ---- the router -------------------------------------------------------------------------
+
+
+class SimClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SimRouter:
+    """`RouterServicer.route` over simulated workers, or the oracle."""
+
+    def __init__(
+        self, policy: str, workers: list[SimWorker], config: SimConfig, clock: SimClock
+    ) -> None:
+        self.workers = workers
+        self.config = config
+        self.index = SummaryIndex(config.summary_budget_bytes, clock)
+        for w in workers:
+            self.index.add(w.wid)
+        self.rng = random.Random(config.seed)
+        self.policy: Policy | None = None
+        # rid -> uncached tokens when routed: the router's pending-prefill estimate, counted
+        # while the request waits or prefills (the real router: until its first chunk).
+        self.estimates: dict[int, int] = {}
+        if policy != ORACLE:
+            overrides = ABLATIONS.get(policy, {})
+            options = PolicyOptions(request_cost_tokens=config.request_cost_tokens, **overrides)
+            name = "cache_aware" if policy in ABLATIONS else policy
+            self.policy = make_policy(name, config.seed, options)
+        self.by_id = {w.wid: w for w in workers}
+
+    def route(self, req: Request) -> SimWorker:
+        if self.policy is None:
+            return self._oracle(req)
+        matched = self.index.match(req.prompt_hashes)
+        bs = self.config.block_size
+        candidates = [
+            Candidate(w.wid, True, matched[w.wid] * bs, w.queued, self._pending(w))
+            for w in self.workers
+        ]
+        chosen = self.by_id[self.policy.choose(req.prompt_len, candidates)]
+        self.estimates[req.rid] = max(req.prompt_len - matched[chosen.wid] * bs, 0)
+        self.index[chosen.wid].add_tentative(req.prompt_hashes, self.config.tentative_ttl)
+        self.index.enforce_budget()
+        return chosen
+
+    def _pending(self, w: SimWorker) -> int:
+        pending = sum(self.estimates[r.rid] for r in w.waiting)
+        return pending + sum(self.estimates[r.req.rid] for r in w.prefilling)
+
+    def _oracle(self, req: Request) -> SimWorker:
+        """cache_aware's cost from the truth: true caches (+ queued prompts), exact queues."""
+        per_request, bs = self.config.request_cost_tokens, self.config.block_size
+        costs = [
+            max(req.prompt_len - w.will_cache(req.prompt_hashes) * bs, 0) + per_request * w.queued
+            for w in self.workers
+        ]
+        best = min(costs)
+        return self.rng.choice([w for w, c in zip(self.workers, costs, strict=True) if c == best])
+
+    def apply(self, wid: str, kind: str, hashes: list[int]) -> None:
+        summary = self.index[wid]
+        if kind == "stored":
+            summary.store(hashes)
+            self.index.enforce_budget()
+        else:
+            summary.remove(hashes)
+
+
+# ---- the simulation ---------------------------------------------------------------------
+
+_ARRIVE, _STEP_END, _DELIVER = 0, 1, 2
+
+
+def simulate(trace: list[Request], policy: str, config: SimConfig) -> dict[str, Any]:
+    """Replay `trace` through the router and workers; the figures of the run."""
+    clock = SimClock()
+    workers = [SimWorker(i, config) for i in range(config.workers)]
+    router = SimRouter(policy, workers, config, clock)
+    outcomes = [Outcome() for _ in trace]
+    next_turn: dict[int, Request] = {r.after: r for r in trace if r.after is not None}
+    heap: list[tuple[float, int, int, Any]] = []
+    seq = 0
+
+    def push(t: float, kind: int, payload: Any) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, seq, kind, payload))
+        seq += 1
+
+    def start(w: SimWorker, now: float) -> None:
+        events: list[tuple[str, list[int]]] = []
+        duration = w.start_step(outcomes, events)
+        # Evictions happen at admission; the worker publishes them right away.
+        for kind, hashes in events:
+            push(now + config.event_delay_s, _DELIVER, (w.wid, kind, hashes))
+        w.busy = duration > 0
+        if w.busy:
+            push(now + duration, _STEP_END, w)
+
+    for r in trace:
+        if r.after is None:
+            push(r.arrival, _ARRIVE, r)
+    decisions = 0
+    while heap:
+        now, _, kind, payload = heapq.heappop(heap)
+        clock.now = now
+        if kind == _ARRIVE:
+            req: Request = payload
+            outcomes[req.rid].arrival = now
+            w = router.route(req)
+            decisions += 1
+            w.enqueue(req)
+            if not w.busy:
+                start(w, now)
+        elif kind == _STEP_END:
+            w = payload
+            events: list[tuple[str, list[int]]] = []
+            for done in w.end_step(now, outcomes, events):
+                follow = next_turn.get(done.rid)
+                if follow is not None:
+                    push(now + follow.arrival, _ARRIVE, follow)
+            for ev_kind, hashes in events:
+                push(now + config.event_delay_s, _DELIVER, (w.wid, ev_kind, hashes))
+            start(w, now)
+        else:
+            wid, ev_kind, hashes = payload
+            router.apply(wid, ev_kind, hashes)
+    return _figures(trace, outcomes, config, router)
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
+
+
+def _figures(
+    trace: list[Request], outcomes: list[Outcome], config: SimConfig, router: SimRouter
+) -> dict[str, Any]:
+    prompt = sum(r.prompt_len for r in trace)
+    cached = sum(o.cached_tokens for o in outcomes)
+    ttft = [o.first_token - o.arrival for o in outcomes]
+    makespan = max(o.finish for o in outcomes) - min(o.arrival for o in outcomes)
+    per_worker = [0] * config.workers
+    for o in outcomes:
+        per_worker[o.worker] += 1
+    return {
+        "requests": len(trace),
+        "hit_rate": cached / prompt,
+        "throughput_rps": len(trace) / makespan,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "makespan_s": makespan,
+        "max_worker_share": max(per_worker) / len(trace),  # 1/W is perfectly even
+        "summary_blocks": sum(len(s) for s in router.index.summaries.values()),
+    }
