@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-import weakref
 from typing import Any
 
 from radixmesh.lang.backend.base import Backend
@@ -23,7 +22,9 @@ _REGISTRY: dict[str, str] = {
     "anthropic": "radixmesh.lang.backend.anthropic:Anthropic",
     "runtime": "radixmesh.lang.backend.runtime:RuntimeEndpoint",
 }
-_wrapped: weakref.WeakKeyDictionary[Any, Backend] = weakref.WeakKeyDictionary()
+# The wrapper of an Engine lives on the engine itself: a WeakKeyDictionary would keep
+# the engine alive forever, because its value (the wrapper) refers to its key.
+_WRAPPER_ATTR = "_lang_backend"
 _lock = threading.Lock()
 
 
@@ -56,11 +57,14 @@ def as_backend(obj: object) -> Backend:
         return endpoint
     if type(obj).__module__ == "radixmesh.worker.engine" and type(obj).__name__ == "Engine":
         with _lock:
-            if obj not in _wrapped:
+            wrapper = getattr(obj, _WRAPPER_ATTR, None)
+            if wrapper is None:
                 from radixmesh.lang.backend.engine import EngineBackend
 
-                _wrapped[obj] = EngineBackend(obj)  # type: ignore[arg-type]
-            return _wrapped[obj]
+                wrapper = EngineBackend(obj)  # type: ignore[arg-type]
+                setattr(obj, _WRAPPER_ATTR, wrapper)
+            assert isinstance(wrapper, Backend)
+            return wrapper
     raise ValueError(
         f"unknown backend {obj!r}: expected a radixmesh.Engine, a backend object "
         f"(OpenAI, Anthropic, ...) or one of the names {', '.join(backend_names())}"
