@@ -3,8 +3,9 @@ HTTP API, OpenAI's and SGLang's (`http_port`) and Prometheus metrics (`metrics_p
 
 It starts listening at once (health NOT_SERVING, HTTP 503), waits for a worker to answer,
 loads the tokenizer that worker names, then turns SERVING. SIGTERM / SIGINT drain it:
-NOT_SERVING, new requests UNAVAILABLE (503), those in flight get `drain_timeout` seconds,
-then the rest end with UNAVAILABLE (an SSE stream: an error event, then [DONE]).
+NOT_SERVING, the gRPC port closed to new calls (clients fail over to another router), new
+HTTP requests 503, those in flight get `drain_timeout` seconds, then the rest end with
+UNAVAILABLE (an SSE stream: an error event, then [DONE]).
 API keys (`api_keys`; `admin_keys` for FlushCache, ClusterStatus and aborting any request)
 and TLS (`tls_cert` / `tls_key`) apply to the gRPC and HTTP ports.
 """
@@ -82,10 +83,14 @@ async def serve(
             ready.set()
         await stop.wait()
     await set_health(health_servicer, SERVICE_NAME, serving=False)
+    # New gRPC calls go elsewhere at once (GOAWAY on every connection, the port closed: a
+    # client given several routers fails over); the calls in flight run on meanwhile.
+    grace = config.drain_timeout + STOPPED_STREAMS_GRACE + 1.0
+    grpc_stopped = asyncio.create_task(server.stop(grace=grace))
     await drain(servicer, config.drain_timeout)
     if http is not None:
         await http.stop()
-    await server.stop(grace=1.0)
+    await grpc_stopped
     if metrics_server is not None:
         metrics_server.shutdown()
     if discovery is not None:
