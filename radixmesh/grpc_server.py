@@ -24,6 +24,14 @@ from radixmesh.errors import (
 # all trailers together may hold ~16 KB; a longer message would turn the status into
 # RESOURCE_EXHAUSTED. Messages and field names are cut to these many UTF-8 bytes.
 MAX_STATUS_BYTES = 2048
+# gRPC core keeps the calls a server has not picked up yet in a pending queue, and cancels
+# those past `max_pending_requests` (1,000 by default): a burst of thousands of streams on
+# one connection ended CANCELLED before the server's own admission could answer
+# RESOURCE_EXHAUSTED. With room for this many, admission refuses the excess clearly.
+PENDING_CALL_OPTIONS = [
+    ("grpc.server.max_pending_requests", 16_384),
+    ("grpc.server.max_pending_requests_hard_limit", 32_768),
+]
 MAX_FIELD_CHARS = 128
 
 

@@ -20,7 +20,13 @@ from typing import Any
 import grpc
 
 from radixmesh.auth import ApiKeyInterceptor
-from radixmesh.grpc_server import DecodeGuard, add_health_and_reflection, bind, set_health
+from radixmesh.grpc_server import (
+    PENDING_CALL_OPTIONS,
+    DecodeGuard,
+    add_health_and_reflection,
+    bind,
+    set_health,
+)
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.discovery import DnsDiscovery, dns_names
 from radixmesh.router.metrics import RouterMetrics
@@ -36,6 +42,7 @@ _SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    *PENDING_CALL_OPTIONS,
 ]
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 

@@ -36,6 +36,7 @@ from radixmesh.errors import (
     Unavailable,
 )
 from radixmesh.grpc_server import (
+    PENDING_CALL_OPTIONS,
     DecodeGuard,
     abort_rpc,
     add_health_and_reflection,
@@ -117,6 +118,7 @@ def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        *PENDING_CALL_OPTIONS,
     ]
 
 

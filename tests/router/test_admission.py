@@ -2,7 +2,9 @@
 buckets on their own, then a 3,000-request burst against a launched one-worker cluster
 that admits 16 at once and queues 32: the rest are shed with 429 and a Retry-After at
 once, the router's memory stays bounded, every admitted request completes, and the
-workers' load accounting (pending prefill, requests in flight) is back to zero."""
+workers' load accounting (pending prefill, requests in flight) is back to zero. Then
+3,000 gRPC streams at once on one channel, to the worker and to the router: each is
+served or refused RESOURCE_EXHAUSTED as overloaded, none CANCELLED."""
 
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ import json
 import time
 from collections.abc import Iterator
 
+import grpc
 import psutil
 import pytest
 
 from radixmesh.cluster.launch import LocalCluster, free_port
 from radixmesh.cluster.spec import LaunchSpec
-from radixmesh.errors import Overloaded, Unavailable
+from radixmesh.errors import OVERLOADED_METADATA_KEY, Overloaded, Unavailable
 from radixmesh.router.admission import Admission, RateLimiter
+from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 from tests.router.http_helpers import Http
 from tests.router.routers import ExtraRouter
 
@@ -89,6 +93,7 @@ def test_token_buckets_per_caller() -> None:
 
 CONCURRENT, QUEUED = 16, 32
 BURST = 3000
+WORKER_QUEUED = 256  # the worker's own queue, behind its running requests
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +108,7 @@ def cluster() -> Iterator[tuple[LocalCluster, int]]:
         model="dummy:tiny",
         workers=1,
         port=free_port(),
-        worker_args=("--dtype", "float32"),
+        worker_args=("--dtype", "float32", "--max-queued-requests", str(WORKER_QUEUED)),
         router_options=router_options,
         ready_timeout=120.0,
     )
@@ -214,3 +219,59 @@ def test_a_caller_past_its_rate_gets_429_with_retry_after(
         assert [s for s, _, _ in asyncio.run(run("b", 5))] == [200] * 5  # its own bucket
         refused = 'radixmesh_router_refused_requests_total{reason="rate_limit"}'
         assert _metric(port, refused) == 3
+
+
+# ---- thousands of streams on one connection ------------------------------------------------
+
+
+def _stream_burst(address: str, service: str, request: bytes, md: tuple) -> dict[str, int]:
+    """BURST streams at once on one channel; the status of each (its code, and for
+    RESOURCE_EXHAUSTED whether the server said it was overloaded)."""
+    statuses: dict[str, int] = {}
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = channel.unary_stream(f"/radixmesh.v1.{service}/Generate")
+
+            async def one() -> None:
+                try:
+                    async for _ in call(request, metadata=md, timeout=120):
+                        pass
+                    name = "OK"
+                except grpc.aio.AioRpcError as e:
+                    name = e.code().name
+                    trailers = dict(e.trailing_metadata() or ())
+                    if name == "RESOURCE_EXHAUSTED" and OVERLOADED_METADATA_KEY in trailers:
+                        name += " (overloaded)"
+                statuses[name] = statuses.get(name, 0) + 1
+
+            await asyncio.gather(*(one() for _ in range(BURST)))
+
+    asyncio.run(run())
+    return statuses
+
+
+@pytest.mark.slow
+def test_thousands_of_streams_on_one_channel_get_resource_exhausted_never_cancelled(
+    cluster: tuple[LocalCluster, int],
+) -> None:
+    """Past gRPC core's default of 1,000 calls waiting for the server, a burst ended
+    CANCELLED; now the worker's and the router's admission answer every call."""
+    c, _ = cluster
+    params = common_pb2.SamplingParams(max_new_tokens=4, ignore_eos=True)
+    direct = worker_pb2.GenerateRequest(
+        input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=[5, 6, 7])),
+        sampling_params=params,
+        stream=True,
+    ).SerializeToString()
+    md = (("authorization", f"Bearer {c.worker_key}"),)
+    worker = _stream_burst(c.worker_addresses[0], "Worker", direct, md)
+    assert set(worker) == {"OK", "RESOURCE_EXHAUSTED (overloaded)"}, worker
+    assert worker["OK"] >= WORKER_QUEUED
+    routed = router_pb2.RouterGenerateRequest(
+        input=common_pb2.Input(text="burst"), sampling_params=params, stream=True
+    ).SerializeToString()
+    router = _stream_burst(c.address, "Router", routed, ())
+    assert set(router) == {"OK", "RESOURCE_EXHAUSTED (overloaded)"}, router
+    assert router["OK"] >= CONCURRENT + QUEUED
+    print(f"{BURST} streams on one channel: worker {worker}, router {router}")
