@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from radixmesh.cluster.launch import LocalCluster, free_port
 from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import FIELD_METADATA_KEY
+from radixmesh.grpc_server import MAX_STATUS_BYTES
 from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 from tests.router.http_helpers import Http
 
@@ -293,6 +294,14 @@ HTTP_CASES = [
         "nests 200 levels",
     ),
     Case("ebnf-broken", "http", _completion(ebnf="root ::= ("), 400, "ebnf", "invalid EBNF"),
+    Case(
+        "ebnf-long-compiler-error",
+        "http",
+        _completion(ebnf='root ::= "a" ' + "b" * 16_000),
+        400,
+        "ebnf",
+        "more characters)",
+    ),
     Case("json-schema-int", "http", _completion(json_schema=123), 400, "json_schema"),
     Case(
         "json-schema-not-json",
@@ -582,6 +591,8 @@ def _score(*conts: list[int]) -> worker_pb2.ScoreRequest:
 
 
 IA = "INVALID_ARGUMENT"
+# An undefined rule the compiler's message quotes whole: 16 kB, within the grammar limit.
+LONG_EBNF_ERROR = 'root ::= "a" ' + "b" * 16_000
 GRPC_CASES = [
     Case(
         "grpc-empty-input", "router", ("Generate", router_pb2.RouterGenerateRequest()), IA, "input"
@@ -703,6 +714,22 @@ GRPC_CASES = [
         IA,
         "ebnf",
         "nests",
+    ),
+    Case(  # a compiler message longer than gRPC's trailers allow comes back cut, not retried
+        "grpc-ebnf-long-compiler-error",
+        "router",
+        ("Generate", _generate(ebnf=LONG_EBNF_ERROR)),
+        IA,
+        "ebnf",
+        "more characters)",
+    ),
+    Case(
+        "worker-ebnf-long-compiler-error",
+        "worker",
+        ("Generate", _wgen(ebnf=LONG_EBNF_ERROR)),
+        IA,
+        "ebnf",
+        "more characters)",
     ),
     Case(
         "grpc-program-id",
@@ -867,6 +894,7 @@ def test_a_hostile_request_gets_a_clear_error(target: Target, case: Case) -> Non
         assert code == case.status, (code, details)
         assert field == case.field, (field, details)
         assert case.message in details, details
+        assert len(details.encode()) <= MAX_STATUS_BYTES + 16  # fits gRPC's trailers
     TALLY["clear"] += 1
     _normal_request_served(target, case.surface)
 
