@@ -279,7 +279,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256, help="0: no graphs")
     ap.add_argument("--skip-baseline", action="store_true")
-    ap.add_argument("--overlap-schedule", action="store_true", help="worker/overlap.py")
+    ap.add_argument(
+        "--overlap-schedule",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="worker/overlap.py (default: on for CUDA)",
+    )
     ap.add_argument(
         "--repeats",
         type=int,

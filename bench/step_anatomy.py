@@ -169,7 +169,7 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
         host = {n: statistics.fmean(p.get(n, 0.0) for p in phases[2:-2]) for n in names}
         res: dict[str, Any] = {
             "tp": args.tp,
-            "overlap": args.overlap_schedule,
+            "overlap": engine.worker.config.scheduler.overlap_schedule,
             "steps": args.steps,
             "wall_ms_per_token": 1e3 * wall / args.steps,
             "step_ms": _summary(body),
@@ -301,7 +301,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workload", choices=["batch1", "json"], default="batch1")
     ap.add_argument("--model", default="dummy:llama-3-8b")
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--overlap-schedule", action="store_true")
+    ap.add_argument(
+        "--overlap-schedule",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="worker/overlap.py (default: on for CUDA)",
+    )
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--documents", type=int, default=256)

@@ -65,7 +65,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile-steps", type=int, default=64, help="CUDA: profile K batch-1 decode steps"
     )
     ap.add_argument("--smoke", action="store_true", help="CPU: dummy:tiny, small sizes")
-    ap.add_argument("--overlap-schedule", action="store_true", help="worker/overlap.py")
+    ap.add_argument(
+        "--overlap-schedule",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="worker/overlap.py (default: on for CUDA)",
+    )
     record.add_output_arguments(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal
     args = ap.parse_args(argv)
@@ -188,6 +193,7 @@ def run_child(args: argparse.Namespace, tp: int, out: Path) -> None:
         res["kv_heads_per_rank"] = worker.kv_pool.num_kv_heads
         res["dtype"] = str(worker.dtype).replace("torch.", "")
         res["device"] = str(worker.device)
+        res["overlap_schedule"] = worker.config.scheduler.overlap_schedule
         res["cuda_graphs"] = worker.runner.decode_graphs is not None
         arch = worker.arch
         res["arch"] = {

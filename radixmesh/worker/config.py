@@ -143,8 +143,10 @@ class SchedulerConfig:
     # admitted in the same step waits one step and then hits the cache instead.
     in_batch_prefix_threshold: int = 32
     # Overlap scheduling: build step n+1 (and process step n-1's tokens) while step n runs;
-    # next-token ids stay on the device until needed (see worker/overlap.py).
-    overlap_schedule: bool = False
+    # next-token ids stay on the device until needed (see worker/overlap.py). None: on for
+    # CUDA, where it won on both offline H200 workloads (docs/overlap.md), off on CPU, where
+    # the forward is synchronous and there is nothing to overlap with.
+    overlap_schedule: bool | None = None
     # The most top logprobs a request may ask for per token (top_logprobs_num).
     max_top_logprobs: int = MAX_TOP_LOGPROBS
 
@@ -176,8 +178,8 @@ class SchedulerConfig:
 
 
 def batch_defaults(sc: SchedulerConfig, device_type: str, device_bytes: int = 0) -> SchedulerConfig:
-    """The scheduler config with its unset batch sizes filled in for the device. On CUDA
-    the running cap is the largest it may be; `fit_running_to_pool` lowers it once the KV
+    """The scheduler config with its unset batch sizes and overlap filled in for the device.
+    On CUDA the running cap is the largest it may be; `fit_running_to_pool` lowers it once the KV
     pool's size is known (pool sizing needs the cap first: the graphs and profile use it)."""
     cuda = device_type == "cuda"
     running = sc.max_running_requests
@@ -191,7 +193,10 @@ def batch_defaults(sc: SchedulerConfig, device_type: str, device_bytes: int = 0)
             if cuda
             else CPU_MAX_NUM_BATCHED_TOKENS
         )
-    return dataclasses.replace(sc, max_running_requests=running, max_num_batched_tokens=tokens)
+    overlap = cuda if sc.overlap_schedule is None else sc.overlap_schedule
+    return dataclasses.replace(
+        sc, max_running_requests=running, max_num_batched_tokens=tokens, overlap_schedule=overlap
+    )
 
 
 def fit_running_to_pool(resolved: SchedulerConfig, pool_tokens: int) -> SchedulerConfig:

@@ -30,8 +30,15 @@ def test_cuda_running_cap_follows_the_pool() -> None:
     assert fit_running_to_pool(sc, 1_000).max_running_requests == 16  # the floor
 
 
+def test_overlap_is_on_for_cuda_only_unless_given() -> None:
+    assert batch_defaults(SchedulerConfig(), "cpu").overlap_schedule is False
+    assert batch_defaults(SchedulerConfig(), "cuda", 141 * GIB).overlap_schedule is True
+    on = SchedulerConfig(overlap_schedule=True)
+    assert batch_defaults(on, "cpu").overlap_schedule is True
+
+
 def test_given_sizes_are_kept() -> None:
-    sc = SchedulerConfig(max_running_requests=8, max_num_batched_tokens=100)
+    sc = SchedulerConfig(max_running_requests=8, max_num_batched_tokens=100, overlap_schedule=False)
     assert batch_defaults(sc, "cuda", 141 * GIB) == sc
     with pytest.raises(InvalidArgument, match="max_running_requests"):
         SchedulerConfig(max_running_requests=0)
@@ -41,4 +48,5 @@ def test_the_engine_reports_its_resolved_sizes() -> None:
     with Engine("dummy:tiny", device="cpu") as engine:
         sc = engine.config.scheduler
         assert (sc.max_running_requests, sc.max_num_batched_tokens) == (64, 2048)
+        assert sc.overlap_schedule is False
         assert engine.worker.req_table.num_free_rows == 64
