@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import re
 
-# A JSON string (escapes included): brackets inside one do not nest.
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+# A JSON string (escapes included): brackets inside one do not nest. Unrolled (runs of
+# plain characters, then one escape): `re` holds the GIL for a whole pass, and a pattern
+# that alternates per character took 0.4 s over a 4 MB body, stalling the router's loop.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
 _BRACKET = re.compile(r"[\[\]{}]")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -275,3 +276,40 @@ def test_thousands_of_streams_on_one_channel_get_resource_exhausted_never_cancel
     assert set(router) == {"OK", "RESOURCE_EXHAUSTED (overloaded)"}, router
     assert router["OK"] >= CONCURRENT + QUEUED
     print(f"{BURST} streams on one channel: worker {worker}, router {router}")
+
+
+@pytest.mark.slow
+def test_tokenizing_a_prompt_at_the_limit_does_not_stall_the_router(
+    cluster: tuple[LocalCluster, int],
+) -> None:
+    """A 4 MiB prompt (the default limit) is parsed and tokenized on threads: meanwhile
+    the router's event loop answers /health at once. (Its 4M tokens are past the context:
+    a 400, after the work.)"""
+    _, port = cluster
+    text = "word " * (4 * 2**20 // 5 - 16)
+    big = json.dumps({"model": "dummy:tiny", "prompt": text, "max_tokens": 1})
+    done = threading.Event()
+    answer: list[tuple[int, str]] = []
+
+    def post() -> None:
+        resp = Http(port).post("/v1/completions", big.encode())
+        answer.append((resp.status_code, resp.json()["error"]["param"]))
+        done.set()
+
+    thread = threading.Thread(target=post)
+    t0 = time.monotonic()
+    thread.start()
+    slowest = 0.0
+    polls = 0
+    while not done.is_set():
+        t = time.monotonic()
+        assert Http(port).get("/health").status_code == 200
+        slowest = max(slowest, time.monotonic() - t)
+        polls += 1
+        time.sleep(0.02)
+    thread.join()
+    took = time.monotonic() - t0
+    assert answer == [(400, "max_tokens")]  # with the prompt, past the context
+    assert slowest < 0.25, (slowest, took)
+    print(f"a 4 MiB prompt tokenized in {took:.1f} s; /health answered {polls} times "
+          f"meanwhile, the slowest in {slowest * 1000:.0f} ms")  # fmt: skip
