@@ -2,7 +2,8 @@
 worker behind a router with HTTP), over every surface a client reaches: the OpenAI and
 SGLang HTTP APIs, the router's gRPC service and the worker's (with its key).
 
-Each case asserts the status (400 / 404 / 413 over HTTP, INVALID_ARGUMENT over gRPC), the
+Each case asserts the status (400 / 404 / 413 over HTTP, INVALID_ARGUMENT over gRPC;
+RESOURCE_EXHAUSTED for a Score larger than the worker's queue), the
 field the error names (HTTP `param`, gRPC `radixmesh-field` metadata) and a message, and
 that the next normal request on the same surface is served. Hypothesis then fuzzes both
 surfaces: whatever it sends, the answer is a status from the catalogue (never a 500 or
@@ -833,6 +834,14 @@ GRPC_CASES = [
         "at most 16384",
     ),
     Case("worker-score-nothing", "worker", ("Score", _score()), IA, "continuations"),
+    Case(  # each continuation is a request: past the worker's queue at once, not queued
+        "worker-score-past-the-queue",
+        "worker",
+        ("Score", _score(*[[104]] * 20_000)),
+        "RESOURCE_EXHAUSTED",
+        None,
+        "the queue is full",
+    ),
     Case("worker-score-empty", "worker", ("Score", _score([104], [])), IA, "continuations[1]"),
     Case("worker-empty-input", "worker", ("Generate", worker_pb2.GenerateRequest()), IA, "input"),
 ]
