@@ -4,7 +4,8 @@ that admits 16 at once and queues 32: the rest are shed with 429 and a Retry-Aft
 once, the router's memory stays bounded, every admitted request completes, and the
 workers' load accounting (pending prefill, requests in flight) is back to zero. Then
 3,000 gRPC streams at once on one channel, to the worker and to the router: each is
-served or refused RESOURCE_EXHAUSTED as overloaded, none CANCELLED."""
+served or refused RESOURCE_EXHAUSTED as overloaded, none CANCELLED. And a 4 MiB prompt
+does not hold the router's event loop."""
 
 from __future__ import annotations
 
