@@ -12,24 +12,11 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import radixmesh
 
 ROOT = Path(radixmesh.__file__).parent
 PACKAGE = ROOT.name
 GENERATED = f"{PACKAGE}.v1"  # the protobuf stubs (`make proto`)
-
-# Cycles allowed for now, each with the reason it cannot go yet. An entry that is no
-# longer a cycle fails `test_allowed_cycles_are_still_cycles`, so it is removed in time.
-ALLOWED: dict[frozenset[str], str] = {
-    frozenset(
-        {"radixmesh.router.http", "radixmesh.router.openai.routes", "radixmesh.router.sglang_api"}
-    ): (
-        "the HTTP front end registers its route modules, which type it (HttpFrontend); a "
-        "Protocol of what they use of it would break the circle"
-    ),
-}
 
 
 def module_name(path: Path) -> str:
@@ -128,10 +115,5 @@ def test_cycles_are_found() -> None:
 
 def test_no_import_cycles_inside_the_package() -> None:
     edges = graph()
-    new = [c for c in cycles(edges) if c not in ALLOWED]
-    assert not new, "import cycles:\n" + "\n".join(_describe(c, edges) for c in new)
-
-
-@pytest.mark.parametrize("component", sorted(ALLOWED, key=sorted), ids=lambda c: min(c))
-def test_allowed_cycles_are_still_cycles(component: frozenset[str]) -> None:
-    assert component in cycles(graph()), f"no longer a cycle: drop it from ALLOWED ({component})"
+    found = cycles(edges)
+    assert not found, "import cycles:\n" + "\n".join(_describe(c, edges) for c in found)

@@ -32,6 +32,7 @@ from radixmesh.auth import bearer_allowed, caller_of
 from radixmesh.errors import Overloaded, RadixMeshError, Unavailable
 from radixmesh.router.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.config import RouterConfig
+from radixmesh.router.frontend import Job, JobChunks
 from radixmesh.router.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
 from radixmesh.router.service import RouterServicer
@@ -42,10 +43,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ApiError", "HttpFrontend", "JobChunks", "ssl_context"]
 
-# (output index, serving worker id, chunk)
-JobChunks = AsyncGenerator[tuple[int, str, common_pb2.GenerateChunk], None]
-# (output index, token ids, sampling parameters)
-Job = tuple[int, list[int], common_pb2.SamplingParams]
 # Probes, scrapers and the API's description: no API key, no request metrics.
 _OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
 
@@ -166,7 +163,7 @@ class HttpFrontend:
         )
 
     def _model_json(self) -> dict[str, Any]:
-        info = self._ready()[1]
+        info = self.ready()[1]
         return {
             "id": info.model,
             "object": "model",
@@ -179,17 +176,17 @@ class HttpFrontend:
         return web.json_response({"object": "list", "data": [self._model_json()]})
 
     async def model(self, request: web.Request) -> web.Response:
-        self._check_model(request.match_info["model"])
+        self.check_model(request.match_info["model"])
         return web.json_response(self._model_json())
 
-    def _ready(self) -> tuple[TokenizerLike, common_pb2.ModelInfo]:
+    def ready(self) -> tuple[TokenizerLike, common_pb2.ModelInfo]:
         tok, info = self.servicer.tokenizer, self.servicer.model_info
         if tok is None or info is None:
             raise Unavailable("the router is still starting (no worker has answered yet)")
         return tok, info
 
-    def _check_model(self, name: str) -> None:
-        served = self._ready()[1].model
+    def check_model(self, name: str) -> None:
+        served = self.ready()[1].model
         if name != served:
             message = f"the model {name!r} does not exist; this router serves {served!r}"
             raise ApiError(404, message, "model", "model_not_found")

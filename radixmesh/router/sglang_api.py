@@ -36,13 +36,13 @@ from radixmesh.router.sglang_protocol import (
 from radixmesh.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from radixmesh.router.http import HttpFrontend, JobChunks
+    from radixmesh.router.frontend import Frontend, JobChunks
 
 HEALTH_TIMEOUT = 20.0  # seconds /health_generate waits for its token
 
 
 class SglangApi:
-    def __init__(self, frontend: HttpFrontend) -> None:
+    def __init__(self, frontend: Frontend) -> None:
         self.frontend = frontend
         self.servicer = frontend.servicer
 
@@ -61,7 +61,7 @@ class SglangApi:
     # ---- information ----------------------------------------------------------------------
 
     async def model_info(self, request: web.Request) -> web.Response:
-        info = self.frontend._ready()[1]
+        info = self.frontend.ready()[1]
         return web.json_response(
             {
                 "model_path": info.model,
@@ -77,7 +77,7 @@ class SglangApi:
         )
 
     async def server_info(self, request: web.Request) -> web.Response:
-        info = self.frontend._ready()[1]
+        info = self.frontend.ready()[1]
         config = self.frontend.config
         workers = [
             {
@@ -122,7 +122,7 @@ class SglangApi:
 
     async def health_generate(self, request: web.Request) -> web.Response:
         """200 once one token comes back through the router, else 503."""
-        info = self.frontend._ready()[1]
+        info = self.frontend.ready()[1]
         token = info.bos_token_id if info.HasField("bos_token_id") else 0
         params = common_pb2.SamplingParams(max_new_tokens=1, temperature=0.0)
         chunks = self.servicer.route_and_stream(
@@ -145,7 +145,7 @@ class SglangApi:
             raise api_error(e) from None
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
-        tok, _ = self.frontend._ready()
+        tok, _ = self.frontend.ready()
         limits = self.frontend.config.limits
         body = await read_json(request, limits)
         req = await asyncio.to_thread(parse_generate, body, tok)

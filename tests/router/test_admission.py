@@ -268,13 +268,15 @@ def test_thousands_of_streams_on_one_channel_get_resource_exhausted_never_cancel
     ).SerializeToString()
     md = (("authorization", f"Bearer {c.worker_key}"),)
     worker = _stream_burst(c.worker_addresses[0], "Worker", direct, md)
-    assert set(worker) == {"OK", "RESOURCE_EXHAUSTED (overloaded)"}, worker
+    # Every call answered: served, or refused by admission when the burst outruns the
+    # worker (how many depends on the machine's speed); none CANCELLED by gRPC core.
+    assert set(worker) <= {"OK", "RESOURCE_EXHAUSTED (overloaded)"}, worker
     assert worker["OK"] >= WORKER_QUEUED
     routed = router_pb2.RouterGenerateRequest(
         input=common_pb2.Input(text="burst"), sampling_params=params, stream=True
     ).SerializeToString()
     router = _stream_burst(c.address, "Router", routed, ())
-    assert set(router) == {"OK", "RESOURCE_EXHAUSTED (overloaded)"}, router
+    assert set(router) <= {"OK", "RESOURCE_EXHAUSTED (overloaded)"}, router
     assert router["OK"] >= CONCURRENT + QUEUED
     print(f"{BURST} streams on one channel: worker {worker}, router {router}")
 

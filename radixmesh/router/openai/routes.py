@@ -40,11 +40,11 @@ from radixmesh.router.openai.generation import WORKER_HEADER
 from radixmesh.router.openai.openapi import openapi_document
 
 if TYPE_CHECKING:
-    from radixmesh.router.http import HttpFrontend
+    from radixmesh.router.frontend import Frontend
 
 
 class OpenAIRoutes:
-    def __init__(self, frontend: HttpFrontend) -> None:
+    def __init__(self, frontend: Frontend) -> None:
         self.frontend = frontend
         self.limits = frontend.config.limits
 
@@ -64,7 +64,7 @@ class OpenAIRoutes:
         return web.json_response(openapi_document(radixmesh.__version__))
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        tok, info = self.frontend._ready()
+        tok, info = self.frontend.ready()
         body = await read_json(request, self.limits)
         job = await asyncio.to_thread(
             parse_embeddings,
@@ -74,19 +74,19 @@ class OpenAIRoutes:
             hidden_size=info.hidden_size,
             strict=self.strict,
         )
-        self.frontend._check_model(job.model)
+        self.frontend.check_model(job.model)
         route = self.frontend.servicer.route_and_embed
         reply = await embed_all(job, route, "embd-" + uuid.uuid4().hex)
         return web.json_response(reply.dump())
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        tok, info = self.frontend._ready()
+        tok, info = self.frontend.ready()
         body = await read_json(request, self.limits)
 
         def run() -> rs.TokenizeResponse:
             req = parse_tokenize(body, tokenizer=tok, strict=self.strict)
             if req.model is not None:
-                self.frontend._check_model(req.model)
+                self.frontend.check_model(req.model)
             ids = tokenize(req, tok)
             strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
             return rs.TokenizeResponse(
@@ -96,13 +96,13 @@ class OpenAIRoutes:
         return web.json_response((await asyncio.to_thread(run)).dump())
 
     async def detokenize(self, request: web.Request) -> web.Response:
-        tok, _ = self.frontend._ready()
+        tok, _ = self.frontend.ready()
         body = await read_json(request, self.limits)
 
         def run() -> rs.DetokenizeResponse:
             req = validate(rq.DetokenizeRequest, body, strict=self.strict)
             if req.model is not None:
-                self.frontend._check_model(req.model)
+                self.frontend.check_model(req.model)
             ids = token_ids(req.tokens, tok, "tokens") if req.tokens else []
             text = tok.decode(ids, skip_special_tokens=bool(req.skip_special_tokens))
             return rs.DetokenizeResponse(prompt=text)
@@ -116,7 +116,7 @@ class OpenAIRoutes:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        tok, info = self.frontend._ready()
+        tok, info = self.frontend.ready()
         body = await read_json(request, self.limits)
         gen: Generation
         if chat:
@@ -138,7 +138,7 @@ class OpenAIRoutes:
                 context_length=info.context_length,
                 strict=self.strict,
             )
-        self.frontend._check_model(gen.model)
+        self.frontend.check_model(gen.model)
         field = "n" if chat or len(gen.prompts) == 1 else "prompt"
         self.limits.check_choices(field, len(gen.prompts), gen.n)
         self.limits.check_top_logprobs("top_logprobs" if chat else "logprobs", gen.top_logprobs)
