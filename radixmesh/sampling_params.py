@@ -159,6 +159,11 @@ class SamplingParams:
             )
 
     def _validate(self) -> None:
+        self._validate_sampling()
+        self._validate_stops()
+        self._validate_outputs_and_constraints()
+
+    def _validate_sampling(self) -> None:
         _int("max_new_tokens", self.max_new_tokens, lo=0, hi=_UINT32)
         _int("min_new_tokens", self.min_new_tokens, lo=0, hi=_UINT32)
         if self.min_new_tokens > self.max_new_tokens:
@@ -188,6 +193,12 @@ class SamplingParams:
             _float(name, value)
             if not -2.0 <= value <= 2.0:
                 raise InvalidArgument(name, f"must be in [-2, 2], got {value}")
+        for _, bias in self.logit_bias:
+            _float("logit_bias", bias)
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise InvalidArgument("logit_bias", f"biases must be in [-100, 100], got {bias}")
+
+    def _validate_stops(self) -> None:
         if len(self.stop) > MAX_STOP_STRINGS:
             raise InvalidArgument(
                 "stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}"
@@ -208,6 +219,8 @@ class SamplingParams:
             )
         for tid in self.stop_token_ids:
             _int("stop_token_ids", tid, lo=0, hi=_UINT32)
+
+    def _validate_outputs_and_constraints(self) -> None:
         for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim", "return_logprob"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgument(name, f"must be a bool, got {getattr(self, name)!r}")
@@ -233,10 +246,6 @@ class SamplingParams:
             )
         if self.choices is not None and not self.choices:
             raise InvalidArgument("choices", "the choices list is empty")
-        for _, bias in self.logit_bias:
-            _float("logit_bias", bias)
-            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-                raise InvalidArgument("logit_bias", f"biases must be in [-100, 100], got {bias}")
 
 
 CONSTRAINT_KINDS = ("regex", "json_schema", "ebnf", "choices", "structural_tag")

@@ -97,6 +97,11 @@ class RouterConfig:
         return (*self.api_keys, *self.admin_keys) if self.api_keys else ()
 
     def __post_init__(self) -> None:
+        self._check_addresses_and_numbers()
+        self._check_keys_and_tls()
+        self._check_limits()
+
+    def _check_addresses_and_numbers(self) -> None:
         if not self.workers:
             raise InvalidArgument("workers", "give at least one worker address")
         if not 0 <= self.port < 65536:
@@ -116,26 +121,10 @@ class RouterConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value < 65536:
                 raise InvalidArgument(name, f"must be in [0, 65536), got {value}")
-        for name in ("api_keys", "admin_keys"):
-            for key in getattr(self, name):
-                if not key or not key.isascii() or not key.isprintable() or " " in key:
-                    raise InvalidArgument(name, "a key must be printable ASCII without spaces")
-        if self.worker_api_key == "":
-            raise InvalidArgument("worker_api_key", "must not be empty (None: send no key)")
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise InvalidArgument("tls_cert", "give both tls_cert and tls_key, or neither")
         if not self.pending_prefill_weight >= 0:
             raise InvalidArgument(
                 "pending_prefill_weight", f"must be >= 0, got {self.pending_prefill_weight}"
             )
-        if self.tls_client_ca is not None and self.tls_cert is None:
-            raise InvalidArgument("tls_client_ca", "client certificates need tls_cert/tls_key")
-        if (self.worker_tls_cert is None) != (self.worker_tls_key is None):
-            raise InvalidArgument(
-                "worker_tls_cert", "give both worker_tls_cert and worker_tls_key, or neither"
-            )
-        if self.worker_tls_ca is None and (self.worker_tls_cert or self.worker_tls_server_name):
-            raise InvalidArgument("worker_tls_ca", "router -> worker TLS needs worker_tls_ca")
         if self.discovery_interval <= 0:
             raise InvalidArgument(
                 "discovery_interval", f"must be > 0, got {self.discovery_interval}"
@@ -148,6 +137,26 @@ class RouterConfig:
                 "tool_call_parser",
                 f"must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}",
             )
+
+    def _check_keys_and_tls(self) -> None:
+        for name in ("api_keys", "admin_keys"):
+            for key in getattr(self, name):
+                if not key or not key.isascii() or not key.isprintable() or " " in key:
+                    raise InvalidArgument(name, "a key must be printable ASCII without spaces")
+        if self.worker_api_key == "":
+            raise InvalidArgument("worker_api_key", "must not be empty (None: send no key)")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgument("tls_cert", "give both tls_cert and tls_key, or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise InvalidArgument("tls_client_ca", "client certificates need tls_cert/tls_key")
+        if (self.worker_tls_cert is None) != (self.worker_tls_key is None):
+            raise InvalidArgument(
+                "worker_tls_cert", "give both worker_tls_cert and worker_tls_key, or neither"
+            )
+        if self.worker_tls_ca is None and (self.worker_tls_cert or self.worker_tls_server_name):
+            raise InvalidArgument("worker_tls_ca", "router -> worker TLS needs worker_tls_ca")
+
+    def _check_limits(self) -> None:
         for name in ("max_concurrent_requests", "max_queued_requests", "rate_burst"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")

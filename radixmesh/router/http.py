@@ -219,38 +219,52 @@ class HttpFrontend:
                 return rids[index]
             return rid if len(jobs) == 1 else f"{rid}-{index}"
 
-        if len(jobs) == 1:  # no tasks needed
-            index, ids, params = jobs[0]
-            chunks = route(ids, params, rid_of(index), stream=stream)
+        streams = [
+            (index, route(ids, params, rid_of(index), stream=stream)) for index, ids, params in jobs
+        ]
+        merged = _merged(streams)
+        async with aclosing(merged):
+            async for item in merged:
+                yield item
+
+
+async def _merged(
+    streams: list[tuple[int, AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]]],
+) -> JobChunks:
+    """The streams' chunks as (index, worker id, chunk), as they come; one stream is read
+    in place, several by a task each. The first error ends them all."""
+    if len(streams) == 1:  # no tasks needed
+        index, chunks = streams[0]
+        async with aclosing(chunks):
+            async for worker, chunk in chunks:
+                yield index, worker, chunk
+        return
+    Item = tuple[int, str, common_pb2.GenerateChunk | None, BaseException | None]
+    queue: asyncio.Queue[Item] = asyncio.Queue()
+
+    async def pump(
+        index: int, chunks: AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]
+    ) -> None:
+        try:
             async with aclosing(chunks):
                 async for worker, chunk in chunks:
-                    yield index, worker, chunk
-            return
-        Item = tuple[int, str, common_pb2.GenerateChunk | None, BaseException | None]
-        queue: asyncio.Queue[Item] = asyncio.Queue()
+                    queue.put_nowait((index, worker, chunk, None))
+            queue.put_nowait((index, "", None, None))
+        except Exception as e:
+            queue.put_nowait((index, "", None, e))
 
-        async def pump(index: int, ids: list[int], params: common_pb2.SamplingParams) -> None:
-            try:
-                chunks = route(ids, params, rid_of(index), stream=stream)
-                async with aclosing(chunks):
-                    async for worker, chunk in chunks:
-                        queue.put_nowait((index, worker, chunk, None))
-                queue.put_nowait((index, "", None, None))
-            except Exception as e:
-                queue.put_nowait((index, "", None, e))
-
-        tasks = [asyncio.create_task(pump(*job)) for job in jobs]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                index, worker, got, error = await queue.get()
-                if error is not None:
-                    raise error
-                if got is None:
-                    remaining -= 1
-                else:
-                    yield index, worker, got
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+    tasks = [asyncio.create_task(pump(index, chunks)) for index, chunks in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, worker, got, error = await queue.get()
+            if error is not None:
+                raise error
+            if got is None:
+                remaining -= 1
+            else:
+                yield index, worker, got
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
