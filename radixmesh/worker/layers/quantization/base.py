@@ -1,0 +1,42 @@
+"""The interface of a weight quantization method for the linear layers.
+
+A method takes over a layer's weight before the checkpoint loads: `create_weights`
+replaces `layer.weight` (and may add scale parameters, each with a weight loader), so
+the checkpoint's tensors land in the quantized form, slice by slice, and no
+full-precision copy of the model is ever held. `apply` is the layer's matmul afterwards.
+
+The layer keeps its own sharding: a method's loaders call `layer.weight_loader` with
+tensors already in stored form, and it narrows them to this rank's rows or columns.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixmesh.worker.layers.dense import PackableLinear
+
+
+class LinearMethod(ABC):
+    name: str
+
+    @abstractmethod
+    def create_weights(self, layer: PackableLinear) -> None:
+        """Replace `layer.weight` [out, in] by the quantized parameters (not yet loaded)."""
+
+    @abstractmethod
+    def check_loaded(self, layer: PackableLinear) -> None:
+        """Raise ValueError if the checkpoint left part of the quantized state unfilled."""
+
+    @abstractmethod
+    def apply(
+        self, layer: PackableLinear, x: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x [T, in] -> [T, out] in x's dtype."""
+
+    @abstractmethod
+    def dequantized_weight(self, layer: PackableLinear, dtype: torch.dtype) -> torch.Tensor:
+        """The weight [out, in] as the method's matmul sees it, in `dtype`."""
