@@ -173,3 +173,42 @@ def test_cuda_default_sizes_the_pool_from_free_memory() -> None:
     # The pool took its share; what it left covers activations and graphs, with slack.
     free_after, _ = torch.cuda.mem_get_info()
     assert free_after + w.graph_memory_bytes >= s.activation_bytes + s.graph_bytes
+
+
+def test_fp8_kv_holds_about_twice_the_tokens_of_bf16() -> None:
+    # Llama-3-8B: 128 values + one scale exponent per token, KV head and layer, for K and V.
+    fp8_per_slot = KVPool.bytes_per_slot(32, 8, 128, torch.float8_e4m3fn)
+    assert fp8_per_slot == 2 * 32 * 8 * (128 + 1) == 66048
+    sizes = {}
+    for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        sizes[dtype] = size_pool(
+            free_bytes=int(123.5 * GIB),
+            activation_bytes=int(1.5 * GIB),
+            graph_bytes=int(0.25 * GIB),
+            bytes_per_slot=KVPool.bytes_per_slot(32, 8, 128, dtype),
+            mem_fraction=0.9,
+            page_size=1,
+        ).num_tokens
+    assert sizes[torch.float8_e4m3fn] / sizes[torch.bfloat16] >= 1.98  # 256 / 129 = 1.984
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_pool_bytes_per_token_against_a_16_bit_pool(head_dim: int) -> None:
+    ratio = KVPool.bytes_per_slot(30, 3, head_dim, torch.bfloat16) / KVPool.bytes_per_slot(
+        30, 3, head_dim, torch.float8_e4m3fn
+    )
+    assert ratio == 2 * head_dim / (head_dim + 1) >= 1.9
+
+
+def test_cpu_worker_fp8_kv_pool_in_the_same_budget() -> None:
+    slots = {}
+    for kv_dtype in ("auto", "fp8"):
+        w = make_worker(
+            dtype="bfloat16", kv_cache_tokens=None, kv_cache_bytes=1 << 22, kv_cache_dtype=kv_dtype
+        )
+        assert w.kv_pool.nbytes <= 1 << 22
+        slots[kv_dtype] = w.kv_pool.num_slots
+    assert w.kv_pool.dtype == torch.float8_e4m3fn and w.kv_pool.quantized
+    # dummy:tiny, 2 layers x 2 KV heads x head_dim 16: 256 bytes a token in bfloat16,
+    # 2 x 2 x 2 x (16 + 1) = 136 in FP8 (a small head_dim pays more for its scale byte).
+    assert slots == {"auto": (1 << 22) // 256, "fp8": (1 << 22) // 136}
