@@ -212,3 +212,31 @@ def test_cpu_worker_fp8_kv_pool_in_the_same_budget() -> None:
     # dummy:tiny, 2 layers x 2 KV heads x head_dim 16: 256 bytes a token in bfloat16,
     # 2 x 2 x 2 x (16 + 1) = 136 in FP8 (a small head_dim pays more for its scale byte).
     assert slots == {"auto": (1 << 22) // 256, "fp8": (1 << 22) // 136}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_auto_sized_fp8_pool_holds_about_twice_the_tokens() -> None:
+    # SmolLM2's shape (head_dim 64): an FP8 token costs 65 bytes a head where bf16's costs 128.
+    w = make_worker(
+        "dummy:smollm2-135m",
+        device="cuda",
+        dtype="bfloat16",
+        kv_cache_tokens=None,
+        kv_cache_dtype="fp8",
+        cuda_graph_max_batch_size=16,
+        mem_fraction=0.05,
+    )
+    s = w.pool_sizing
+    assert s is not None and w.kv_pool.quantized
+    assert s.bytes_per_slot == KVPool.bytes_per_slot(30, 3, 64, torch.float8_e4m3fn)
+    assert w.kv_pool.nbytes == s.pool_bytes
+    bf16 = size_pool(
+        free_bytes=s.free_bytes,
+        activation_bytes=s.activation_bytes,
+        graph_bytes=s.graph_bytes,
+        bytes_per_slot=KVPool.bytes_per_slot(30, 3, 64, torch.bfloat16),
+        mem_fraction=s.mem_fraction,
+        page_size=s.page_size,
+    )
+    assert s.num_tokens / bf16.num_tokens >= 1.9

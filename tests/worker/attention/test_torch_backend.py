@@ -180,7 +180,7 @@ def fp8_copy(pool: KVPool) -> KVPool:
         device=pool.device,
     )
     for layer in range(pool.num_layers):
-        every_slot = torch.arange(pool.num_slots)
+        every_slot = torch.arange(pool.num_slots, device=pool.device)
         fp8.set_kv(layer, every_slot, pool.k_buffers[layer], pool.v_buffers[layer])
     return fp8
 

@@ -182,7 +182,7 @@ def test_kv_store_into_fp8_pool_matches_the_reference_bit_for_bit() -> None:
     assert not exps[0][[0, 4, 5]].any()  # untouched slots keep their zeros
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(EXTEND_CASES)))
 def test_extend_attention_over_fp8_pool_matches_reference(case: int, dtype: torch.dtype) -> None:
     seqs, hq, hkv, d = EXTEND_CASES[case]
@@ -201,7 +201,7 @@ def test_extend_attention_over_fp8_pool_matches_reference(case: int, dtype: torc
     assert rel_err(out, ref) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
 def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torch.dtype) -> None:
     seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
