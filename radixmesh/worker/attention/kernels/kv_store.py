@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from radixmesh.worker.kvcache.fp8_kv import quantize_kv
+from radixmesh.worker.layers.kernels.fp8_quant import round_to_e4m3
 
 
 @triton.jit
@@ -31,25 +32,9 @@ def pow2(e):
 
 
 @triton.jit
-def _round_to_e4m3(x):
-    """float32 x, |x| <= 448 -> the nearest e4m3 value (ties to even), still float32.
-
-    Rounded here so that the cast to e4m3 is exact: triton's interpreter rounds that
-    cast wrongly (ties away, and a carry out of the mantissa is lost: 31.5 -> 16), and
-    the GPU's cast rounds to nearest even anyway, so both give torch's bits."""
-    bits = x.to(tl.int32, bitcast=True)
-    # Normal range: round the 23-bit mantissa to 3 bits; a carry moves into the exponent.
-    normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-    # Below 2^-6 (e4m3's subnormals, a fixed step of 2^-9): adding 1.5 * 2^14 leaves
-    # float32 exactly that step, so the add rounds to it (to nearest even).
-    sub = (x + 24576.0) - 24576.0
-    return tl.where(tl.abs(x) < 0.015625, sub, normal.to(tl.float32, bitcast=True))
-
-
-@triton.jit
 def _store_fp8(Buf, Scale, dst, scale_dst, x, mask, h_mask):
     e = _fp8_scale_exponent(x)  # [H]
-    q = _round_to_e4m3(tl.minimum(tl.maximum(x * pow2(-e)[:, None], -448.0), 448.0))
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * pow2(-e)[:, None], -448.0), 448.0))
     tl.store(Buf + dst, q.to(Buf.dtype.element_ty), mask=mask)
     tl.store(Scale + scale_dst, e.to(tl.int8), mask=h_mask)
 

@@ -61,11 +61,22 @@ def fp8_linear_ref(
     return F.linear(x, dequantize_rows(q, scale, x.dtype), bias)
 
 
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, in] -> (FP8 [T, in], float32 [T]): `quantize_rows`, one kernel on CUDA."""
+    from radixmesh.worker.layers import kernels
+
+    if kernels.enabled(x) and x.stride(-1) == 1:
+        from radixmesh.worker.layers.kernels.fp8_quant import per_token_fp8
+
+        return per_token_fp8(x)
+    return quantize_rows(x)
+
+
 def fp8_linear_scaled_mm(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x [T, in] quantized per token, times q [out, in] with row-wise scales, in x's dtype."""
-    xq, x_scale = quantize_rows(x)  # [T, in] FP8, [T] float32
+    xq, x_scale = quantize_per_token(x)  # [T, in] FP8, [T] float32
     y = torch._scaled_mm(
         xq,
         q.t(),  # [in, out], column-major: the layout the FP8 GEMM wants
