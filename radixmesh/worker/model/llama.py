@@ -249,6 +249,11 @@ class LlamaForCausalLM(nn.Module):
                 f" and {len(missing) - 8} more" if len(missing) > 8 else ""
             )
             raise ValueError(f"missing weights: {shown}")
+        self._check_quantized_layers()
+
+    def _check_quantized_layers(self) -> None:
+        """A quantized layer's state the checkpoint left unfilled (an FP8 weight whose
+        scale never came) is an error naming the layer."""
         for layer_name, layer in self.named_modules():
             method = getattr(layer, "linear_method", None)
             if method is not None:

@@ -117,6 +117,19 @@ def test_fp8_checkpoint_logits_equal_the_dequantized_model(
     torch.testing.assert_close(ours, hf_logits(hf, ids), rtol=1e-4, atol=1e-4)
 
 
+def test_an_fp8_weight_without_its_scale_names_the_layer(
+    tiny_fp8: tuple[Path, dict[str, Any], Any],
+) -> None:
+    path, ckpt, _ = tiny_fp8
+    arch = loader.load_arch_config(str(path))
+    model = LlamaForCausalLM(arch, quantization="fp8")
+    skipped = "model.layers.1.self_attn.k_proj.weight_scale"
+    weights = [(n, t) for n, t in ckpt.items() if n != skipped and "input_scale" not in n]
+    weights = [(n, t) for n, t in weights if not n.endswith("k_scale")]
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.qkv_proj: .*weight_scale"):
+        model.load_weights(weights)
+
+
 @pytest.mark.parametrize(
     ("qc", "message"),
     [
