@@ -131,10 +131,11 @@ class _KV:
 
 def _gather(kv: _KV, kv_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Rows `kv_rows` [..., Hkv, L] of a KV buffer [num_slots, Hkv, D] -> [..., Hkv, L, D]."""
-    rows = F.embedding(kv_rows, kv.buf.view(-1, kv.buf.shape[-1]))
     if kv.scales is None:
-        return rows.to(dtype)
-    return dequantize_kv(rows, kv.scales.view(-1)[kv_rows], dtype)
+        return F.embedding(kv_rows, kv.buf.view(-1, kv.buf.shape[-1])).to(dtype)
+    # FP8 rows gathered as bytes (the gather covers uint8 on every device), then scaled
+    rows = F.embedding(kv_rows, kv.buf.view(torch.uint8).view(-1, kv.buf.shape[-1]))
+    return dequantize_kv(rows.view(kv.buf.dtype), kv.scales.view(-1)[kv_rows], dtype)
 
 
 def _head_major(slots: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

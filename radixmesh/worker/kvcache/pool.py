@@ -82,11 +82,11 @@ class KVPool:
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write k/v [T, num_kv_heads, head_dim] into slots `loc` [T] of one layer."""
-        if self.quantized:
+        if self.quantized:  # written as bytes: indexing ops cover uint8 on every device
             k8, k_exp = quantize_kv(k)
             v8, v_exp = quantize_kv(v)
-            self.k_buffers[layer_id][loc] = k8
-            self.v_buffers[layer_id][loc] = v8
+            self.k_buffers[layer_id].view(torch.uint8)[loc] = k8.view(torch.uint8)
+            self.v_buffers[layer_id].view(torch.uint8)[loc] = v8.view(torch.uint8)
             self.k_scales[layer_id][loc] = k_exp
             self.v_scales[layer_id][loc] = v_exp
             return
