@@ -200,7 +200,7 @@ def test_fp8_pool_bytes_per_token_against_a_16_bit_pool(head_dim: int) -> None:
     assert ratio == 2 * head_dim / (head_dim + 1) >= 1.9
 
 
-def test_cpu_worker_fp8_kv_pool_in_the_same_budget() -> None:
+def test_fp8_kv_pool_of_a_worker_in_the_same_budget() -> None:
     slots = {}
     for kv_dtype in ("auto", "fp8"):
         w = make_worker(

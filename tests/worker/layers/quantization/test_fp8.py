@@ -36,6 +36,7 @@ from radixmesh.worker.layers.weights import ShardId, get_weight_loader, is_optio
 # 3 mantissa bits, so each weight is off by at most 2^-4 of itself (~2.3% rms here);
 # quantizing the activations per token too (_scaled_mm) adds about as much again.
 WEIGHT_ONLY_BOUND = 0.03
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WEIGHT_AND_ACTIVATION_BOUND = 0.045
 
 
@@ -83,19 +84,17 @@ def test_dequantize_reference_against_float32() -> None:
 
 
 def test_scaled_mm_path_against_float32() -> None:
-    # torch._scaled_mm also runs on CPU (torch >= 2.11): the CUDA path's call, checked here.
-    x = gaussian(33, 256, seed=4, dtype=torch.bfloat16)
-    w, b = gaussian(320, 256, seed=5), gaussian(320, seed=6, dtype=torch.bfloat16)
+    # The CUDA path's call; torch._scaled_mm also runs on CPU (torch 2.13), so CI checks it.
+    x = gaussian(33, 256, seed=4, dtype=torch.bfloat16).to(DEVICE)
+    w = gaussian(320, 256, seed=5).to(DEVICE)
+    b = gaussian(320, seed=6, dtype=torch.bfloat16).to(DEVICE)
     q, scale = quantize_rows(w)
     out = fp8_linear_scaled_mm(x, q, scale, b)
     assert out.dtype == torch.bfloat16 and out.shape == (33, 320)
     # Exactly the dequantized operands multiplied (up to bfloat16 rounding of the result)...
     xq, x_scale = quantize_rows(x)
-    dequantized = F.linear(
-        dequantize_rows(xq, x_scale, torch.float32),
-        dequantize_rows(q, scale, torch.float32),
-        b.float(),
-    )
+    x_deq = dequantize_rows(xq, x_scale, torch.float32)
+    dequantized = F.linear(x_deq, dequantize_rows(q, scale, torch.float32), b.float())
     assert rel_err(out, dequantized) < 4e-3
     # ...and close to the float32 product.
     assert rel_err(out, F.linear(x.float(), w, b.float())) < WEIGHT_AND_ACTIVATION_BOUND
