@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixmesh.worker.layers.dense import PackableLinear
-from radixmesh.worker.layers.quantization.base import LinearMethod
+from radixmesh.worker.layers.quantization.base import LinearMethod, QuantizableLinear
 from radixmesh.worker.layers.weights import (
     Loaded,
     ShardId,
@@ -117,7 +116,7 @@ def fp8_linear(
 class Fp8LinearMethod(LinearMethod):
     name = "fp8"
 
-    def create_weights(self, layer: PackableLinear) -> None:
+    def create_weights(self, layer: QuantizableLinear) -> None:
         old = layer.weight
         layer.weight = nn.Parameter(
             torch.empty(old.shape, dtype=FP8, device=old.device), requires_grad=False
@@ -132,21 +131,21 @@ class Fp8LinearMethod(LinearMethod):
         mark_optional(layer.weight_scale)  # computed at load from a full-precision weight
         layer.linear_method = self
 
-    def check_loaded(self, layer: PackableLinear) -> None:
+    def check_loaded(self, layer: QuantizableLinear) -> None:
         if torch.isnan(layer.weight_scale).any():
             raise ValueError("an FP8 weight came without its weight_scale")
 
     def apply(
-        self, layer: PackableLinear, x: torch.Tensor, bias: torch.Tensor | None
+        self, layer: QuantizableLinear, x: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)
 
-    def dequantized_weight(self, layer: PackableLinear, dtype: torch.dtype) -> torch.Tensor:
+    def dequantized_weight(self, layer: QuantizableLinear, dtype: torch.dtype) -> torch.Tensor:
         return dequantize_rows(layer.weight, layer.weight_scale, dtype)
 
 
 def _load_weight(
-    layer: PackableLinear, param: nn.Parameter, loaded: Loaded, shard_id: ShardId
+    layer: QuantizableLinear, param: nn.Parameter, loaded: Loaded, shard_id: ShardId
 ) -> None:
     """A checkpoint weight: FP8 values as they are (the scale is its own tensor), anything
     else quantized per row here, values and scales sliced by the layer's own loader."""
@@ -161,7 +160,7 @@ def _load_weight(
 
 
 def _load_scale(
-    layer: PackableLinear, param: nn.Parameter, loaded: Loaded, shard_id: ShardId
+    layer: QuantizableLinear, param: nn.Parameter, loaded: Loaded, shard_id: ShardId
 ) -> None:
     """A checkpoint's weight_scale: per tensor ([] or [1]) or per output channel
     ([out] or [out, 1]); either way stored as one float32 scale per row."""
