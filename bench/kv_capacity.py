@@ -9,6 +9,8 @@ Writes JSON to bench/results/ (or --out).
 
 GPU: `python -m bench.kv_capacity --model dummy:llama-3-8b --out $OUT/kv-capacity.json`
 The target: >= 850k tokens for dummy:llama-3-8b (128 KiB per token) on one H200.
+FP8: `--kv-cache-dtype fp8` (and `--quantization fp8`, whose smaller weights leave more
+room): compare pool_tokens with the bf16 run (target >= 1.9x).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mem-fraction", type=float, default=0.9)
     ap.add_argument("--target-tokens", type=int, default=850_000)
     ap.add_argument("--no-load-test", action="store_true")
+    ap.add_argument("--quantization", default=None, choices=["fp8"])
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -51,13 +55,18 @@ def main(argv: list[str] | None = None) -> None:
         max_running_requests=args.max_running_requests,
         cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
         mem_fraction=args.mem_fraction,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     try:
         report = measure(engine, args, free_before, total, time.perf_counter() - t0)
     finally:
         engine.shutdown()
     print(json.dumps(report, indent=1))
-    record.write("kv_capacity", args, report)
+    fp8 = [
+        n for n, on in (("fp8w", args.quantization), ("fp8kv", args.kv_cache_dtype == "fp8")) if on
+    ]
+    record.write("kv_capacity", args, report, name="-".join(fp8) or None)
 
 
 def measure(

@@ -10,6 +10,9 @@ case on CPU: one batched call). Both run greedy in float32 on the same weights.
 Prints a table and writes JSON to bench/results/ (machine, date, versions, figures).
 Run: `.venv/bin/python -m bench.offline [--model smollm2] [--skip-baseline]`.
 The same script drives GPU runs: `--model dummy:llama-3-8b --device cuda --workloads gpu`.
+FP8: `--quantization fp8` (weights) and `--kv-cache-dtype fp8` (KV pool); a run per
+configuration, e.g. `--name bf16` then `--quantization fp8 --kv-cache-dtype fp8 --name fp8
+--skip-baseline`, and compare the two JSONs (throughput, kv_pool_tokens).
 """
 
 from __future__ import annotations
@@ -285,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="worker/overlap.py (default: on for CUDA)",
     )
+    ap.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear weights")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     ap.add_argument(
         "--repeats",
         type=int,
@@ -303,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
         max_num_batched_tokens=args.max_num_batched_tokens,
         cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
         overlap_schedule=args.overlap_schedule,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     if not args.kv_cache_bytes:  # auto: mem_fraction of what weights and activations leave
         del common["kv_cache_bytes"]
@@ -317,7 +324,12 @@ def main(argv: list[str] | None = None) -> None:
         None if sizing is None else {**dataclasses.asdict(sizing), "tokens": sizing.num_tokens}
     )
     graph_memory = engine.worker.graph_memory_bytes
-    dtypes = {"radixmesh": str(engine.worker.dtype).replace("torch.", "")}
+    dtypes = {
+        "radixmesh": str(engine.worker.dtype).replace("torch.", ""),
+        "radixmesh_weights": engine.worker.quantization or "model dtype",
+        "radixmesh_kv_cache": str(engine.worker.kv_pool.dtype).replace("torch.", ""),
+    }
+    pool_tokens = engine.worker.allocator.num_usable_slots
     make = gpu_workloads if args.workloads == "gpu" else cpu_workloads
     workloads = make(engine.tokenizer, engine.worker.arch.vocab_size)
     engine.generate(
@@ -385,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
         "rss_after_workloads": rss_after,
         "peak_rss_engine_phase": peak_ours,
         "kv_pool_bytes": pool_bytes,
+        "kv_pool_tokens": pool_tokens,
         "kv_budget_bytes": args.kv_cache_bytes or pool_bytes,
         "kv_pool_vs_budget": pool_bytes / (args.kv_cache_bytes or pool_bytes),
         "kv_pool_sizing": pool_sizing,
@@ -404,7 +417,16 @@ def main(argv: list[str] | None = None) -> None:
     }
     print(f"dtypes: {dtypes}")
     _print_table(results, ratios, memory)
-    record.write("offline", args, figures, name=None if args.dtype == "auto" else args.dtype)
+    name = "-".join(
+        n
+        for n, on in (
+            (args.dtype, args.dtype != "auto"),
+            ("fp8w", args.quantization),
+            ("fp8kv", args.kv_cache_dtype == "fp8"),
+        )
+        if on
+    )
+    record.write("offline", args, figures, name=name or None)
 
 
 def _ratios(results: dict[str, Any]) -> dict[str, float]:

@@ -11,8 +11,14 @@ and, for each TP size > 1, a standalone all-reduce of [batch, hidden] in the mod
 over the same group shape (a loop of --allreduce-iters, after warm-up), per call, and per
 decode step (2 per layer + 1 for the embedding; the LM head's all-gather not counted).
 
+With --configs, each TP size runs once per precision: bf16 (the model dtype), fp8 (FP8
+weights), fp8-kv (FP8 KV cache), fp8-all (both); runs are named tp1, tp1-fp8, ..., and
+each FP8 run is compared with the same TP size's bf16 run (throughput, shared prefix,
+batch-1 time per token, KV pool tokens).
+
 GPU run (two H200s; the lead's):
   python -m bench.tp                       # dummy:llama-3-8b, tp 1 and 2, full sizes
+  python -m bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all   # FP8 side by side
   python -m bench.tp --model dummy:llama-3-70b --layers 20 --tp 2   # only if it fits
 CPU smoke check (gloo, seconds):
   python -m bench.tp --smoke               # dummy:tiny, 8 requests, small sizes
@@ -41,6 +47,13 @@ from bench.step_anatomy import profile_generation
 from radixmesh.worker.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
+# --configs: precision name -> (--quantization, --kv-cache-dtype) of its runs.
+CONFIGS = {
+    "bf16": ("none", "auto"),
+    "fp8": ("fp8", "auto"),
+    "fp8-kv": ("none", "fp8"),
+    "fp8-all": ("fp8", "fp8"),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,9 +84,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="worker/overlap.py (default: on for CUDA)",
     )
+    ap.add_argument(
+        "--configs", default="bf16", help=f"comma-separated precisions: {', '.join(CONFIGS)}"
+    )
+    ap.add_argument("--quantization", default="none", choices=["none", "fp8"])
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     record.add_output_arguments(ap)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal
     args = ap.parse_args(argv)
+    unknown = [c for c in args.configs.split(",") if c not in CONFIGS]
+    if unknown:
+        ap.error(f"--configs: unknown {unknown}; choices: {', '.join(CONFIGS)}")
     if args.smoke:
         args.model, args.requests, args.groups, args.per_group = "dummy:tiny", 8, 1, 8
         args.output_len, args.decode_tokens, args.allreduce_iters = 16, 16, 20
@@ -92,6 +113,8 @@ def engine_options(args: argparse.Namespace, tp: int) -> dict[str, Any]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
         overlap_schedule=args.overlap_schedule,
+        quantization=None if args.quantization == "none" else args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     if args.kv_cache_tokens is not None:
         opts["kv_cache_tokens"] = args.kv_cache_tokens
@@ -191,6 +214,8 @@ def run_child(args: argparse.Namespace, tp: int, out: Path) -> None:
         worker = engine.worker
         res["kv_pool_slots"] = worker.kv_pool.num_slots
         res["kv_heads_per_rank"] = worker.kv_pool.num_kv_heads
+        res["kv_cache_dtype"] = str(worker.kv_pool.dtype).replace("torch.", "")
+        res["quantization"] = worker.quantization
         res["dtype"] = str(worker.dtype).replace("torch.", "")
         res["device"] = str(worker.device)
         res["overlap_schedule"] = worker.config.scheduler.overlap_schedule
@@ -302,10 +327,14 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(t) for t in args.tp.split(",")]
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for tp in sizes:
-            out = Path(tmp) / f"tp{tp}.json"
+        for tp, config in [(tp, c) for tp in sizes for c in args.configs.split(",")]:
+            name = f"tp{tp}" if config == "bf16" else f"tp{tp}-{config}"
+            out = Path(tmp) / f"{name}.json"
+            quant, kv = CONFIGS[config]
             cmd = [sys.executable, "-m", "bench.tp", *argv, "--child", f"{tp}:{out}"]
-            print(f"== tp {tp}: {' '.join(cmd[1:])}", flush=True)
+            if len(args.configs.split(",")) > 1 or config != "bf16":
+                cmd += ["--quantization", quant, "--kv-cache-dtype", kv]
+            print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
             rc = subprocess.run(cmd, cwd=ROOT).returncode
             if rc != 0 and args.cuda_graph_max_batch_size > 0 and torch.cuda.is_available():
                 # Keep the figures if only graph capture failed; the JSON says so.
@@ -315,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
                     note = {"note": f"first run failed (rc {rc}); this one has no CUDA graphs"}
                     rc = 0
                     out.write_text(json.dumps({**json.loads(out.read_text()), **note}))
-            runs[f"tp{tp}"] = json.loads(out.read_text()) if rc == 0 else {"error": f"rc {rc}"}
+            runs[name] = json.loads(out.read_text()) if rc == 0 else {"error": f"rc {rc}"}
     ok = [r for r in runs.values() if "error" not in r]
     allreduce: dict[str, Any] = {}
     if ok:
@@ -335,13 +364,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _ratios(runs: dict[str, Any]) -> dict[str, float]:
-    """Each tp > 1 against tp 1: latency ratio (target <= 0.65 at tp 2) and speedups."""
+    """Each tp > 1 against tp 1: latency ratio (target <= 0.65 at tp 2) and speedups; each
+    FP8 run against its TP size's bf16 run (see `_precision_ratios`)."""
+    out = _precision_ratios(runs)
     base = runs.get("tp1")
     if not base or "error" in base:
-        return {}
-    out: dict[str, float] = {}
+        return out
     for name, r in runs.items():
-        if name == "tp1" or "error" in r:
+        if name == "tp1" or "-" in name or "error" in r:
             continue
         out[f"{name}_decode_latency_vs_tp1"] = (
             r["decode_batch1"]["ms_per_token"] / base["decode_batch1"]["ms_per_token"]
@@ -355,15 +385,40 @@ def _ratios(runs: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _precision_ratios(runs: dict[str, Any]) -> dict[str, float]:
+    """tpN-<config> against tpN: throughput and shared prefix (FP8 weights' target: >= 1.5x
+    bf16), batch-1 time per token (<= 0.6x) and KV pool tokens (FP8 KV: >= 1.9x)."""
+    out: dict[str, float] = {}
+    for name, r in runs.items():
+        base = runs.get(name.split("-", 1)[0])
+        if "-" not in name or "error" in r or not base or "error" in base:
+            continue
+        out[f"{name}_throughput_vs_bf16"] = (
+            r["throughput"]["output_tok_per_s"] / base["throughput"]["output_tok_per_s"]
+        )
+        out[f"{name}_shared_prefix_vs_bf16"] = (
+            r["shared_prefix"]["req_per_s"] / base["shared_prefix"]["req_per_s"]
+        )
+        out[f"{name}_decode_latency_vs_bf16"] = (
+            r["decode_batch1"]["ms_per_token"] / base["decode_batch1"]["ms_per_token"]
+        )
+        out[f"{name}_kv_pool_slots_vs_bf16"] = r["kv_pool_slots"] / base["kv_pool_slots"]
+    return out
+
+
 def _print_table(runs: dict[str, Any], allreduce: dict[str, Any]) -> None:
-    print(f"{'run':6} {'load s':>8} {'tok/s':>10} {'shared req/s':>13} {'ms/token b1':>12}")
+    print(
+        f"{'run':12} {'load s':>8} {'tok/s':>10} {'shared req/s':>13} {'ms/token b1':>12} "
+        f"{'KV slots':>10}"
+    )
     for name, r in runs.items():
         if "error" in r:
-            print(f"{name:6} {r['error']}")
+            print(f"{name:12} {r['error']}")
             continue
         print(
-            f"{name:6} {r['load_seconds']:8.1f} {r['throughput']['output_tok_per_s']:10.1f} "
-            f"{r['shared_prefix']['req_per_s']:13.2f} {r['decode_batch1']['ms_per_token']:12.3f}"
+            f"{name:12} {r['load_seconds']:8.1f} {r['throughput']['output_tok_per_s']:10.1f} "
+            f"{r['shared_prefix']['req_per_s']:13.2f} {r['decode_batch1']['ms_per_token']:12.3f} "
+            f"{r['kv_pool_slots']:10d}"
         )
     for name, a in allreduce.items():
         if "error" in a:

@@ -18,6 +18,12 @@ from radixmesh.worker.constrained.limits import ConstraintLimits
 
 POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# Weight quantization methods (radixmesh/worker/layers/quantization/); None: the checkpoint's
+# own (none, or FP8 for a checkpoint whose config.json has an fp8 quantization_config).
+QUANTIZATIONS = ("fp8",)
+# KV pool storage: auto = the model dtype; fp8 = float8_e4m3fn with a power-of-two scale
+# per token and KV head (radixmesh/worker/kvcache/fp8_kv.py).
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,9 @@ class ModelConfig:
     # from scratch or three of ~190. Longer prompts and long cached prefixes keep the extend
     # kernel, which reads each key once per tile. 0: prompt chunks always run eagerly.
     cuda_graph_prefill_reads: int = 65536
+    # "fp8": linear weights (q/k/v/o, gate/up/down) as float8_e4m3fn with a float32 scale
+    # per output channel, quantized at load; embeddings, LM head and norms keep `dtype`.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -62,6 +71,10 @@ class ModelConfig:
             )
         if self.dtype not in DTYPES:
             raise InvalidArgument("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise InvalidArgument(
+                "quantization", f"must be one of {QUANTIZATIONS} or None, got {self.quantization!r}"
+            )
         if self.context_length is not None and self.context_length < 2:
             raise InvalidArgument("context_length", f"must be >= 2, got {self.context_length}")
         for name in ("served_model_name", "revision", "download_dir", "chat_template"):
@@ -91,8 +104,14 @@ class CacheConfig:
     disable_radix_cache: bool = False
     # Cache events report page-aligned blocks of this many tokens (a multiple of page_size).
     event_block_size: int = 16
+    # KV pool storage: "auto" (the model dtype) or "fp8" (about half the bytes per token).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidArgument(
+                "kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
         if self.page_size < 1:
             raise InvalidArgument("page_size", f"must be >= 1, got {self.page_size}")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:

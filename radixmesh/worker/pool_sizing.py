@@ -154,7 +154,7 @@ class ProfileStep:
         max_seq_len: int,
         num_layers: int,
         head_dim: int,
-        dtype: torch.dtype,
+        dtype: torch.dtype,  # of the KV pool
         device: torch.device,
     ) -> None:
         self.model = model
@@ -225,6 +225,7 @@ class ModelOnDevice:
     arch: LlamaArchConfig
     device: torch.device
     dtype: torch.dtype
+    kv_dtype: torch.dtype  # the KV pool's storage dtype (the model's, or FP8)
     attention_backend: str  # resolved: "torch" or "triton"
     num_heads: int  # query heads on this rank
 
@@ -261,7 +262,7 @@ def _profile_activation_bytes(m: ModelOnDevice, config: EngineConfig, max_seq_le
         max_seq_len=max_seq_len,
         num_layers=m.arch.num_hidden_layers,
         head_dim=m.arch.head_size,
-        dtype=m.dtype,
+        dtype=m.kv_dtype,
         device=m.device,
     )
     return profile_peak_bytes(lambda: step.run(sc.running_cap, m.arch.vocab_size), m.device)

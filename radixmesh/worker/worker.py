@@ -43,15 +43,17 @@ from radixmesh.worker.device import (
     resolve_dtype,
 )
 from radixmesh.worker.kvcache.allocator import KVAllocator
-from radixmesh.worker.kvcache.pool import KVPool
+from radixmesh.worker.kvcache.pool import KVPool, kv_storage_dtype
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.layers.dense import pack_model_for_cpu
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
+from radixmesh.worker.layers.quantization import dequantize_linears
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.model.loader import (
     iter_weights,
     load_arch_config,
+    load_quantization,
     load_tokenizer,
     locate_model,
 )
@@ -156,7 +158,15 @@ class Worker:
     def _load_weights(self, files: str) -> LlamaForCausalLM:
         mc = self.config.model
         torch.manual_seed(mc.seed)
-        model = LlamaForCausalLM(self.arch, tp=self.tp, dtype=self.dtype, device=self.device)
+        # An FP8 checkpoint (quantization_config) loads as FP8 when no method was named.
+        self.quantization = mc.quantization or load_quantization(files)
+        model = LlamaForCausalLM(
+            self.arch,
+            tp=self.tp,
+            dtype=self.dtype,
+            device=self.device,
+            quantization=self.quantization,
+        )
         weights = iter_weights(
             files,
             self.arch,
@@ -170,6 +180,9 @@ class Worker:
         )
         model.eval()
         if self.device.type == "cpu" and mc.pack_cpu_weights:
+            # No FP8 GEMM on a CPU: quantized weights run as their dequantized values
+            # (the same numbers as dequantize-then-matmul at every step, converted once).
+            dequantize_linears(model, self.dtype)
             pack_model_for_cpu(model)
         return model
 
@@ -202,8 +215,9 @@ class Worker:
     def _build_pool(self) -> KVPool:
         cc, arch = self.config.cache, self.arch
         kv_heads = self.model.num_kv_heads  # this rank's share under TP
+        self.kv_dtype = kv_storage_dtype(cc.kv_cache_dtype, self.dtype)
         per_slot = KVPool.bytes_per_slot(
-            arch.num_hidden_layers, kv_heads, arch.head_size, self.dtype
+            arch.num_hidden_layers, kv_heads, arch.head_size, self.kv_dtype
         )
         if cc.kv_cache_tokens is not None:
             slots = cc.kv_cache_tokens + cc.page_size  # + the reserved page
@@ -220,7 +234,7 @@ class Worker:
             num_layers=arch.num_hidden_layers,
             num_kv_heads=kv_heads,
             head_dim=arch.head_size,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=self.device,
         )
 
@@ -230,6 +244,7 @@ class Worker:
             arch=self.arch,
             device=self.device,
             dtype=self.dtype,
+            kv_dtype=self.kv_dtype,
             attention_backend=self.attention_backend,
             num_heads=self.arch.num_attention_heads // self.config.parallel.tp_size,
         )

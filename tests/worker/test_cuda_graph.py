@@ -27,7 +27,10 @@ def test_config_rejects_negative_max_batch_size() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graph_replay_matches_eager_decode() -> None:
+@pytest.mark.parametrize(
+    "fp8", [{}, {"quantization": "fp8", "kv_cache_dtype": "fp8"}], ids=["16-bit", "fp8"]
+)
+def test_graph_replay_matches_eager_decode(fp8: dict[str, str]) -> None:
     prompts = [[(7 * i + j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(11)]
     # Different lengths: the decode batch shrinks 11 -> 1, padded to 16, 8, 4, 2, 1.
     params = [
@@ -43,6 +46,7 @@ def test_graph_replay_matches_eager_decode() -> None:
             cuda_graph_max_batch_size=32 if graphs else 0,
             kv_cache_tokens=4096,
             max_running_requests=32,
+            **fp8,  # float32: FP8 weights by dequantize-then-matmul, the FP8 KV kernels
         )
         runner = eng.worker.runner
         assert (runner.decode_graphs is not None) == graphs
@@ -55,3 +59,34 @@ def test_graph_replay_matches_eager_decode() -> None:
         eng.shutdown()
     assert [len(o) for o in outs[True]] == [4 + 3 * i for i in range(11)]
     assert outs[True] == outs[False]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_fp8_engine_replays_graphs_over_scaled_mm() -> None:
+    """bfloat16 with FP8 weights (torch._scaled_mm, per-token activation scales computed on
+    the device) and an FP8 KV pool: the decode graphs capture and replay it."""
+    from radixmesh.worker.layers.quantization.fp8 import scaled_mm_applies
+    from tests.worker.conftest import assert_engine_idle_and_clean
+
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(6)]
+    params = {"temperature": 0.0, "max_new_tokens": 12, "ignore_eos": True}
+    with Engine(
+        "dummy:tiny",
+        device="cuda",
+        dtype="bfloat16",
+        quantization="fp8",
+        kv_cache_dtype="fp8",
+        cuda_graph_max_batch_size=8,
+        kv_cache_tokens=4096,
+        max_running_requests=8,
+    ) as eng:
+        qkv = eng.worker.model.model.layers[0].self_attn.qkv_proj
+        assert qkv.weight.dtype == torch.float8_e4m3fn
+        x = torch.zeros(1, qkv.weight.shape[1], dtype=torch.bfloat16, device="cuda")
+        assert scaled_mm_applies(x, qkv.weight)
+        res = eng.generate(input_ids=prompts, sampling_params=params)
+        assert isinstance(res, list) and [len(r["output_ids"]) for r in res] == [12] * 6
+        graphs = eng.worker.runner.decode_graphs
+        assert graphs is not None and graphs.num_replays >= 11
+        assert_engine_idle_and_clean(eng)

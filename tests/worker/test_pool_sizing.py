@@ -173,3 +173,72 @@ def test_cuda_default_sizes_the_pool_from_free_memory() -> None:
     # The pool took its share; what it left covers activations and graphs, with slack.
     free_after, _ = torch.cuda.mem_get_info()
     assert free_after + w.graph_memory_bytes >= s.activation_bytes + s.graph_bytes
+
+
+def test_fp8_kv_holds_about_twice_the_tokens_of_bf16() -> None:
+    # Llama-3-8B: 128 values + one scale exponent per token, KV head and layer, for K and V.
+    fp8_per_slot = KVPool.bytes_per_slot(32, 8, 128, torch.float8_e4m3fn)
+    assert fp8_per_slot == 2 * 32 * 8 * (128 + 1) == 66048
+    sizes = {}
+    for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        sizes[dtype] = size_pool(
+            free_bytes=int(123.5 * GIB),
+            activation_bytes=int(1.5 * GIB),
+            graph_bytes=int(0.25 * GIB),
+            bytes_per_slot=KVPool.bytes_per_slot(32, 8, 128, dtype),
+            mem_fraction=0.9,
+            page_size=1,
+        ).num_tokens
+    assert sizes[torch.float8_e4m3fn] / sizes[torch.bfloat16] >= 1.98  # 256 / 129 = 1.984
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_pool_bytes_per_token_against_a_16_bit_pool(head_dim: int) -> None:
+    ratio = KVPool.bytes_per_slot(30, 3, head_dim, torch.bfloat16) / KVPool.bytes_per_slot(
+        30, 3, head_dim, torch.float8_e4m3fn
+    )
+    assert ratio == 2 * head_dim / (head_dim + 1) >= 1.9
+
+
+def test_fp8_kv_pool_of_a_worker_in_the_same_budget() -> None:
+    slots = {}
+    for kv_dtype in ("auto", "fp8"):
+        w = make_worker(
+            dtype="bfloat16", kv_cache_tokens=None, kv_cache_bytes=1 << 22, kv_cache_dtype=kv_dtype
+        )
+        w.close()
+        assert w.kv_pool.nbytes <= 1 << 22
+        assert w.kv_pool.quantized == (kv_dtype == "fp8")
+        slots[kv_dtype] = w.kv_pool.num_slots
+    # dummy:tiny, 2 layers x 2 KV heads x head_dim 16: 256 bytes a token in bfloat16,
+    # 2 x 2 x 2 x (16 + 1) = 136 in FP8 (a small head_dim pays more for its scale byte).
+    assert slots == {"auto": (1 << 22) // 256, "fp8": (1 << 22) // 136}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_auto_sized_fp8_pool_holds_about_twice_the_tokens() -> None:
+    # SmolLM2's shape (head_dim 64): an FP8 token costs 65 bytes a head where bf16's costs 128.
+    w = make_worker(
+        "dummy:smollm2-135m",
+        device="cuda",
+        dtype="bfloat16",
+        kv_cache_tokens=None,
+        kv_cache_dtype="fp8",
+        cuda_graph_max_batch_size=16,
+        mem_fraction=0.05,
+    )
+    w.close()
+    s = w.pool_sizing
+    assert s is not None and w.kv_pool.quantized
+    assert s.bytes_per_slot == KVPool.bytes_per_slot(30, 3, 64, torch.float8_e4m3fn)
+    assert w.kv_pool.nbytes == s.pool_bytes
+    bf16 = size_pool(
+        free_bytes=s.free_bytes,
+        activation_bytes=s.activation_bytes,
+        graph_bytes=s.graph_bytes,
+        bytes_per_slot=KVPool.bytes_per_slot(30, 3, 64, torch.bfloat16),
+        mem_fraction=s.mem_fraction,
+        page_size=s.page_size,
+    )
+    assert s.num_tokens / bf16.num_tokens >= 1.9

@@ -257,6 +257,28 @@ class TestTinyTP2:
         assert not torch.distributed.is_initialized()
 
 
+@pytest.mark.slow
+def test_tiny_tp2_with_fp8_weights_and_kv_matches_tp1() -> None:
+    """Each rank holds exactly tp 1's FP8 rows (row-parallel: the full row's scale) and its
+    own KV heads' FP8 values and scales: the same logits as tp 1."""
+    prompts = [[1 + (7 * i + 3 * j) % 500 for j in range(5 + 11 * i)] for i in range(4)]
+    options = {**TINY_OPTIONS, "quantization": "fp8", "kv_cache_dtype": "fp8"}
+    ref_engine = Engine("dummy:tiny", **options)
+    try:
+        ref_tokens, ref_logits = _run(ref_engine, prompts)
+    finally:
+        ref_engine.shutdown()
+    eng = Engine("dummy:tiny", tp_size=2, **options)
+    try:
+        assert eng.worker.kv_pool.quantized and eng.worker.quantization == "fp8"
+        tokens, logits = _run(eng, prompts)
+        assert tokens == ref_tokens
+        _assert_same_logits(ref_logits, logits)
+        assert_engine_idle_and_clean(eng)
+    finally:
+        eng.shutdown()
+
+
 def _generate_in_thread(engine: Engine) -> tuple[threading.Thread, list[BaseException]]:
     errors: list[BaseException] = []
     params = {"temperature": 0.0, "max_new_tokens": 1500, "ignore_eos": True}

@@ -18,6 +18,9 @@ heads sharing a KV head are laid out as G query positions of that KV head, so SD
 (float32) to 5x (bfloat16) faster than `enable_gqa=True` and 4x faster than
 repeat_interleave. It needs the query heads of a KV head to be adjacent, which is the
 Hugging Face convention (head h uses KV head h // G).
+
+An FP8 pool is read the same way: the gathered e4m3 rows and their scale exponents
+(gathered with the same indices) are dequantized into the query's dtype before SDPA.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 
 from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.kvcache.fp8_kv import dequantize_kv
 
 
 @dataclass
@@ -76,8 +80,8 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         meta: TorchAttentionMetadata = batch.attn_metadata
         self.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
-        k_buf = self.kv_pool.k_buffers[layer_id]  # [num_slots, Hkv, D]
-        v_buf = self.kv_pool.v_buffers[layer_id]
+        k_buf = _KV(self.kv_pool.k_buffers[layer_id], self.kv_pool.k_scales, layer_id)
+        v_buf = _KV(self.kv_pool.v_buffers[layer_id], self.kv_pool.v_scales, layer_id)
         if meta.decode is not None and meta.decode.token_index is None:
             return self._decode(q, k_buf, v_buf, meta.decode)
         out = q.new_empty(q.shape)  # [T, Hq, D]
@@ -89,11 +93,9 @@ class TorchAttentionBackend(AttentionBackend):
             out[row.start : row.end] = self._extend(q[row.start : row.end], k_buf, v_buf, row)
         return out
 
-    def _decode(
-        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, rows: DecodeRows
-    ) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, k_buf: _KV, v_buf: _KV, rows: DecodeRows) -> torch.Tensor:
         bd, hq, d = q.shape
-        hkv = k_buf.shape[1]
+        hkv = k_buf.num_kv_heads
         keys = _gather(k_buf, rows.kv_rows, q.dtype)  # [Bd, Hkv, L, D]
         values = _gather(v_buf, rows.kv_rows, q.dtype)  # [Bd, Hkv, L, D]
         q_folded = q.reshape(bd, hkv, hq // hkv, d)  # [Bd, Hkv, G, D]
@@ -102,9 +104,7 @@ class TorchAttentionBackend(AttentionBackend):
         )  # [Bd, Hkv, G, D]
         return out.reshape(bd, hq, d)
 
-    def _extend(
-        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, row: ExtendRow
-    ) -> torch.Tensor:
+    def _extend(self, q: torch.Tensor, k_buf: _KV, v_buf: _KV, row: ExtendRow) -> torch.Tensor:
         keys = _gather(k_buf, row.kv_rows, q.dtype)  # [Hkv, L, D]
         values = _gather(v_buf, row.kv_rows, q.dtype)  # [Hkv, L, D]
         out = F.scaled_dot_product_attention(
@@ -119,9 +119,23 @@ class TorchAttentionBackend(AttentionBackend):
         return out[0].transpose(0, 1)  # [E, Hq, D]
 
 
-def _gather(buf: torch.Tensor, kv_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+class _KV:
+    """One layer's K (or V) buffer [num_slots, Hkv, D] and, for an FP8 pool, its scale
+    exponents [num_slots, Hkv]."""
+
+    def __init__(self, buf: torch.Tensor, scales: list[torch.Tensor], layer_id: int) -> None:
+        self.buf = buf
+        self.scales = scales[layer_id] if scales else None
+        self.num_kv_heads = buf.shape[1]
+
+
+def _gather(kv: _KV, kv_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Rows `kv_rows` [..., Hkv, L] of a KV buffer [num_slots, Hkv, D] -> [..., Hkv, L, D]."""
-    return F.embedding(kv_rows, buf.view(-1, buf.shape[-1])).to(dtype)
+    if kv.scales is None:
+        return F.embedding(kv_rows, kv.buf.view(-1, kv.buf.shape[-1])).to(dtype)
+    # FP8 rows gathered as bytes (the gather covers uint8 on every device), then scaled
+    rows = F.embedding(kv_rows, kv.buf.view(torch.uint8).view(-1, kv.buf.shape[-1]))
+    return dequantize_kv(rows.view(kv.buf.dtype), kv.scales.view(-1)[kv_rows], dtype)
 
 
 def _head_major(slots: torch.Tensor, num_kv_heads: int) -> torch.Tensor:

@@ -5,7 +5,8 @@ flash-decoding with a split count sized to fill the GPU; an extend-only batch ru
 extend kernel; a batch with both (chunked prefill, jump-forward's forced tokens beside
 decoding rows) runs each kernel on its own rows, because the extend kernel computes a
 BLOCK_M-row tile for every one-row query (64x the work of a decode row). Per layer
-`forward` stores the new k/v with the store kernel, then attends. Metadata holds device
+`forward` stores the new k/v with the store kernel, then attends. With an FP8 pool every
+kernel also gets its scale exponents (kvcache/fp8_kv.py). Metadata holds device
 tensors only, built once per step, so every layer's launches need no host-device sync.
 """
 
@@ -121,7 +122,8 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         k_buf = self.kv_pool.k_buffers[layer_id]  # [num_slots, Hkv, D]
         v_buf = self.kv_pool.v_buffers[layer_id]
-        kv_store(k_buf, v_buf, batch.out_cache_loc, k, v)
+        scales = self.kv_pool.scales(layer_id)  # an FP8 pool's exponents, else None
+        kv_store(k_buf, v_buf, batch.out_cache_loc, k, v, scales)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
         meta = batch.attn_metadata
         if isinstance(meta, DecodeMeta):
@@ -139,9 +141,10 @@ class TritonAttentionBackend(AttentionBackend):
                 self.scale,
                 meta.num_splits,
                 meta.workspace,
+                scales=scales,
             )
         if isinstance(meta, MixedMeta):
-            return self._forward_mixed(q, k_buf, v_buf, out, batch, meta)
+            return self._forward_mixed(q, k_buf, v_buf, out, batch, meta, scales)
         assert isinstance(meta, ExtendMeta), type(meta)
         return extend_attention(
             q,
@@ -155,6 +158,7 @@ class TritonAttentionBackend(AttentionBackend):
             meta.q_start,
             meta.max_extend,
             self.scale,
+            scales=scales,
         )
 
     def _forward_mixed(
@@ -165,6 +169,7 @@ class TritonAttentionBackend(AttentionBackend):
         out: torch.Tensor,
         batch: ForwardBatch,
         meta: MixedMeta,
+        scales: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         """Extend rows straight into `out`; decode rows gathered ([Bd, Hq, D]), decoded and
         scattered back. Every new k/v is already stored, so a decode row sees itself."""
@@ -184,6 +189,7 @@ class TritonAttentionBackend(AttentionBackend):
             self.scale,
             meta.decode.num_splits,
             meta.decode.workspace,
+            scales=scales,
         )
         extend_attention(
             q,
@@ -197,5 +203,6 @@ class TritonAttentionBackend(AttentionBackend):
             meta.extend.q_start,
             meta.extend.max_extend,
             self.scale,
+            scales=scales,
         )
         return out.index_copy_(0, meta.decode_tokens, out_dec)

@@ -8,13 +8,23 @@ fp32 path is MKL, which runs a generic code path on AMD processors.)
 
 After packing, the plain weight is released to keep memory flat, so packing is the last
 thing done to a loaded model: weight loaders no longer apply.
+
+A layer may instead hand its weight to a quantization method (layers/quantization/),
+which then owns the weight's parameters and the layer's matmul (`PackableLinear.matmul`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from radixmesh.worker.layers.weights import Loaded, ShardId
+
+if TYPE_CHECKING:
+    from radixmesh.worker.layers.quantization.base import LinearMethod
 
 
 def onednn_packing_available() -> bool:
@@ -38,10 +48,27 @@ def dense(
 
 
 class PackableLinear(nn.Module):
-    """Mixin state for a layer whose `weight` [out, in] may be packed for CPU GEMMs."""
+    """Mixin state for a layer whose `weight` [out, in] may be packed for CPU GEMMs, or
+    quantized (then `linear_method` is set and may add parameters such as weight_scale)."""
 
     weight: nn.Parameter
     packed_weight: torch.Tensor | None = None
+    linear_method: LinearMethod | None = None
+    weight_scale: nn.Parameter
+
+    def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
+        """Copy this rank's part of the full checkpoint tensor `loaded` into `param`."""
+        raise NotImplementedError
+
+    def output_rows(self, shard_id: ShardId) -> int:
+        """Rows (output features) of the full checkpoint tensor that `shard_id` names."""
+        raise NotImplementedError
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, in] -> [T, out]: through the quantization method if any."""
+        if self.linear_method is not None:
+            return self.linear_method.apply(self, x, bias)
+        return dense(x, self.weight, bias, self.packed_weight)
 
     def pack_for_cpu(self, *, release: bool = True) -> None:
         packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from radixmesh.worker.layers.dense import PackableLinear, dense
+from radixmesh.worker.layers.dense import PackableLinear
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.weights import (
     Loaded,
@@ -72,8 +72,12 @@ class _ColumnSharded(PackableLinear):
             return shard_id
         raise ValueError(f"unknown shard {shard_id!r} for a layer of {len(self.pieces)} parts")
 
+    def output_rows(self, shard_id: ShardId) -> int:
+        return self.pieces[self._piece_index(shard_id)].full_size
+
     def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
-        """Copy this rank's rows of the full checkpoint tensor `loaded` (weight or bias)."""
+        """Copy this rank's rows of the full checkpoint tensor `loaded` (weight, bias or a
+        per-row scale)."""
         piece = self.pieces[self._piece_index(shard_id)]
         if loaded.shape[0] != piece.full_size:
             raise ValueError(
@@ -83,7 +87,7 @@ class _ColumnSharded(PackableLinear):
         copy_checked(param.data.narrow(0, piece.local_offset, piece.local_size), src)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense(x, self.weight, self.bias, self.packed_weight)  # [T, out_local]
+        return self.matmul(x, self.bias)  # [T, out_local]
 
 
 class ColumnParallelLinear(_ColumnSharded):
@@ -215,11 +219,14 @@ class RowParallelLinear(PackableLinear):
             self.bias = new_parameter(out_features, dtype=dtype, device=device)
             set_weight_loader(self.bias, self.weight_loader)
 
+    def output_rows(self, shard_id: ShardId) -> int:
+        return self.out_features
+
     def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
         if shard_id is not None:
             raise ValueError(f"unsharded parameter got shard {shard_id!r}")
-        if param is self.bias:
-            copy_checked(param.data, loaded)
+        if param.dim() == 1:  # the bias, or a quantized weight's per-row scale: every rank
+            copy_checked(param.data, loaded)  # holds all rows
             return
         expected = (self.out_features, self.in_local * self.tp.size)
         if tuple(loaded.shape) != expected:
@@ -228,7 +235,7 @@ class RowParallelLinear(PackableLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return dense(x, self.weight, self.bias, self.packed_weight)  # [T, out_features]
+            return self.matmul(x, self.bias)  # [T, out_features]
         # [T, out_features], partial sums over this rank's input slice, then summed
-        y = self.tp.all_reduce(dense(x, self.weight, None, self.packed_weight))
+        y = self.tp.all_reduce(self.matmul(x, None))
         return y if self.bias is None else y + self.bias

@@ -71,6 +71,16 @@ def get_weight_loader(param: nn.Parameter) -> WeightLoader:
     return loader
 
 
+def mark_optional(param: nn.Parameter) -> None:
+    """A parameter that a checkpoint may carry but need not: its layer fills it while
+    loading another tensor (a quantization scale computed from a full-precision weight)."""
+    param.optional_in_checkpoint = True  # type: ignore[attr-defined]
+
+
+def is_optional(param: nn.Parameter) -> bool:
+    return bool(getattr(param, "optional_in_checkpoint", False))
+
+
 def new_parameter(
     *shape: int, dtype: torch.dtype | None, device: torch.device | str | None
 ) -> nn.Parameter:

@@ -20,6 +20,10 @@ from radixmesh.worker.model.arch import LlamaArchConfig
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 INDEX_FILE = "model.safetensors.index.json"
+FP8 = torch.float8_e4m3fn
+_SAFETENSORS_FP8 = "F8_E4M3"
+_SCALE = ".weight_scale"
+_UNUSED_SCALES = (".input_scale", ".output_scale", ".k_scale", ".v_scale", ".kv_scale")
 
 
 def read_arch_config(model_dir: str | Path) -> LlamaArchConfig:
@@ -44,10 +48,37 @@ def check_supported(cfg: dict[str, Any], where: str | Path) -> None:
             f"{where}: architecture {archs[0]} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
         )
-    if cfg.get("quantization_config"):
-        raise InvalidArgument("model", f"{where}: quantized checkpoints are not supported")
+    checkpoint_quantization(cfg, where)
     if cfg.get("mlp_bias"):
         raise InvalidArgument("model", f"{where}: mlp_bias is not supported")
+
+
+def checkpoint_quantization(cfg: dict[str, Any], where: str | Path) -> str | None:
+    """The quantization a checkpoint's weights are stored in: None or "fp8".
+
+    FP8 is `quant_method: "fp8"` with a weight_scale per tensor or per output channel.
+    Static activation scales (activation_scheme "static": input_scale tensors) and KV
+    scales are not used: activations are quantized per token and the FP8 KV cache keeps
+    its own scales. Block-wise scales (weight_block_size) are not supported."""
+    qc = cfg.get("quantization_config")
+    if not qc:
+        return None
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    if method != "fp8":
+        raise InvalidArgument(
+            "model",
+            f"{where}: quantization_config quant_method {method!r} is not supported "
+            "(supported: 'fp8')",
+        )
+    if qc.get("weight_block_size"):
+        raise InvalidArgument(
+            "model", f"{where}: block-wise FP8 (weight_block_size) is not supported"
+        )
+    return "fp8"
+
+
+def read_quantization(model_dir: str | Path) -> str | None:
+    return checkpoint_quantization(_read_json(Path(model_dir) / "config.json"), model_dir)
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
@@ -73,7 +104,8 @@ def iter_hf_weights(
     device: torch.device | str = "cpu",
     sliced: bool = False,
 ) -> Iterator[tuple[str, Loaded]]:
-    """(HF name, tensor) for every parameter, cast to `dtype` on `device`.
+    """(HF name, tensor) for every parameter, cast to `dtype` on `device`; FP8 weights
+    and their float32 scales keep their own dtypes.
 
     sliced=True (tensor parallelism): `LazySlice`s instead, so each rank reads only the
     rows or columns its layers keep; valid until the next item is requested."""
@@ -82,16 +114,25 @@ def iter_hf_weights(
             for name in f.keys():  # noqa: SIM118 -- safe_open handles are not iterable
                 if _skip(name, arch):
                     continue
-                if sliced:
-                    yield name, LazySlice(f.get_slice(name), dtype=dtype, device=device)
+                if name.endswith(_SCALE):  # tiny, and never narrowed to a model dtype
+                    yield name, f.get_tensor(name).to(device=device, dtype=torch.float32)
+                elif sliced:
+                    part = f.get_slice(name)
+                    fp8 = part.get_dtype() == _SAFETENSORS_FP8
+                    load_dtype = FP8 if fp8 else dtype
+                    yield name, LazySlice(part, dtype=load_dtype, device=device)
                 else:
-                    yield name, f.get_tensor(name).to(device=device, dtype=dtype)
+                    tensor = f.get_tensor(name)
+                    load_dtype = FP8 if tensor.dtype == FP8 else dtype
+                    yield name, tensor.to(device=device, dtype=load_dtype)
 
 
 def _skip(name: str, arch: LlamaArchConfig) -> bool:
     # Old checkpoints store rotary inverse frequencies (recomputed by the model), and some
-    # store lm_head even when it is tied to the embedding.
-    if name.endswith("rotary_emb.inv_freq"):
+    # store lm_head even when it is tied to the embedding. FP8 checkpoints may carry
+    # static activation and KV scales, which this engine does not use (see
+    # checkpoint_quantization).
+    if name.endswith(("rotary_emb.inv_freq", *_UNUSED_SCALES)):
         return True
     return arch.tie_word_embeddings and name == "lm_head.weight"
 

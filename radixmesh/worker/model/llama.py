@@ -30,8 +30,9 @@ from radixmesh.worker.layers.linear import (
 )
 from radixmesh.worker.layers.norm import RMSNorm
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
+from radixmesh.worker.layers.quantization import quantize_linears
 from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary_
-from radixmesh.worker.layers.weights import Loaded, ShardId, get_weight_loader
+from radixmesh.worker.layers.weights import Loaded, ShardId, get_weight_loader, is_optional
 from radixmesh.worker.model.arch import LlamaArchConfig
 
 Device = torch.device | str | None
@@ -184,7 +185,10 @@ class LlamaForCausalLM(nn.Module):
         tp: TPGroup | None = None,
         dtype: torch.dtype = torch.float32,
         device: Device = "cpu",
+        quantization: str | None = None,
     ) -> None:
+        """`quantization`: a method of layers/quantization/ for the decoder's linear
+        layers (e.g. "fp8"); the embeddings, LM head and norms keep `dtype`."""
         super().__init__()
         tp = tp or SINGLE
         self.arch = arch
@@ -194,6 +198,9 @@ class LlamaForCausalLM(nn.Module):
         )
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.quantization = quantization
+        if quantization is not None:
+            quantize_linears(self, quantization)
 
     @property
     def num_kv_heads(self) -> int:
@@ -212,14 +219,20 @@ class LlamaForCausalLM(nn.Module):
         """Load full (unsharded) tensors under Hugging Face names; each parameter's
         weight_loader takes this rank's slice. Every parameter must be given exactly once."""
         params = dict(self.named_parameters())  # a tied lm_head.weight appears once
-        expected = {name for ours in params for name in _checkpoint_names(ours)}
+        known = {name for ours in params for name in _checkpoint_names(ours)}
+        expected = {
+            name
+            for ours, p in params.items()
+            if not is_optional(p)
+            for name in _checkpoint_names(ours)
+        }
         loaded: set[str] = set()
         for name, tensor in weights:
             if _IGNORED.search(name) or (
                 self.arch.tie_word_embeddings and name == "lm_head.weight"
             ):
                 continue
-            if name not in expected:
+            if name not in known:
                 raise ValueError(f"unexpected weight {name!r}: the model has no such parameter")
             if name in loaded:
                 raise ValueError(f"weight {name!r} given twice")
@@ -236,6 +249,18 @@ class LlamaForCausalLM(nn.Module):
                 f" and {len(missing) - 8} more" if len(missing) > 8 else ""
             )
             raise ValueError(f"missing weights: {shown}")
+        self._check_quantized_layers()
+
+    def _check_quantized_layers(self) -> None:
+        """A quantized layer's state the checkpoint left unfilled (an FP8 weight whose
+        scale never came) is an error naming the layer."""
+        for layer_name, layer in self.named_modules():
+            method = getattr(layer, "linear_method", None)
+            if method is not None:
+                try:
+                    method.check_loaded(layer)
+                except ValueError as e:
+                    raise ValueError(f"{layer_name}: {e}") from None
 
 
 def _to_fused(name: str) -> tuple[str, ShardId]:

@@ -62,6 +62,12 @@ def load_arch_config(spec: str) -> LlamaArchConfig:
     return hf.read_arch_config(converted) if converted else _gguf().read_gguf_arch_config(path)
 
 
+def load_quantization(spec: str) -> str | None:
+    """The quantization the checkpoint's weights are stored in (None or "fp8")."""
+    src = resolve_model(spec)
+    return hf.read_quantization(_path(src)) if src.kind == "hf" else None
+
+
 def iter_weights(
     spec: str,
     arch: LlamaArchConfig,

@@ -16,14 +16,20 @@ from radixmesh.worker.attention.triton_backend import (
     choose_num_splits,
 )
 from radixmesh.worker.device import default_attention_backend
+from radixmesh.worker.kvcache.pool import kv_storage_dtype
+from radixmesh.worker.model import dummy
+from radixmesh.worker.model.llama import LlamaForCausalLM
 from tests.worker.attention.test_torch_backend import (
     HEAD_DIM,
     LAYER,
     MIXED,
     NUM_SLOTS,
+    dequantized,
+    fp8_copy,
     make_case,
     reference,
 )
+from tests.worker.model.helpers import RaggedRunner
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -86,3 +92,43 @@ def test_num_splits_fill_the_gpu_but_stay_long() -> None:
 def test_auto_picks_triton_on_cuda_only() -> None:
     assert default_attention_backend(torch.device("cpu")) == "torch"
     assert default_attention_backend(torch.device("cuda")) == "triton"
+
+
+@pytest.mark.parametrize("seqs", [MIXED, [(10, 1), (0, 1), (33, 1)], [(9, 5), (0, 3)]],
+                         ids=["mixed", "decode-only", "extends-only"])  # fmt: skip
+def test_fp8_pool_matches_reference_over_its_dequantized_values(
+    seqs: list[tuple[int, int]],
+) -> None:
+    pool, batch, q, k, v = make_case(seqs, 8, 2, device=DEVICE)
+    fp8 = fp8_copy(pool)
+    scale = HEAD_DIM**-0.5
+    backend = create_attention_backend("triton", fp8, scale)
+    backend.prepare(batch)
+    out = backend.forward(q, k, v, LAYER, batch)  # stores the new k/v quantized, then reads
+    err = (out.double().cpu() - reference(dequantized(fp8), batch, q, scale)).abs().max()
+    assert err < (1e-4 if DEVICE == "cuda" else 1e-5)
+    # The store kernel wrote what the torch backend's store writes.
+    ref_pool = fp8_copy(pool)
+    ref_pool.set_kv(LAYER, batch.out_cache_loc, k, v)
+    for ours, theirs in ((fp8.k_buffers, ref_pool.k_buffers), (fp8.k_scales, ref_pool.k_scales)):
+        assert torch.equal(ours[LAYER].view(torch.uint8), theirs[LAYER].view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_cuda_fp8_model_triton_matches_torch_backend(kv_cache_dtype: str) -> None:
+    """A bf16 model with FP8 weights (torch._scaled_mm) over each backend's pool: the
+    triton kernels (store, extend, decode, FP8 or not) give the torch backend's logits."""
+    arch = dummy.preset_arch("tiny")
+    model = LlamaForCausalLM(arch, dtype=torch.bfloat16, device="cuda", quantization="fp8")
+    model.load_weights(dummy.iter_dummy_weights(arch, dtype=torch.bfloat16, device="cuda", seed=0))
+    kv_dtype = kv_storage_dtype(kv_cache_dtype, torch.bfloat16)
+    logits = {}
+    for backend in ("torch", "triton"):
+        runner = RaggedRunner(model, backend=backend, kv_dtype=kv_dtype)
+        first = runner.step([(0, list(range(5, 40))), (1, list(range(60, 67)))])
+        decode = runner.step([(0, [41]), (1, [70])])  # decode rows over the stored KV
+        logits[backend] = torch.cat([x for step in (first, decode) for x in step]).float()
+    err = (logits["triton"] - logits["torch"]).norm() / logits["torch"].norm()
+    assert float(err) < 3e-2  # bfloat16 attention in two implementations, two layers

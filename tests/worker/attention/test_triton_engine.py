@@ -1,15 +1,18 @@
 """The engine with triton attention (interpreter on CPU) gives the torch backend's greedy
 tokens on a dummy model: prompts long enough for chunked prefill, so steps mix extend and
-decode rows, and a shared prefix served from the radix cache."""
+decode rows, and a shared prefix served from the radix cache; with a 16-bit pool and with an
+FP8 one."""
 
 from __future__ import annotations
 
+import pytest
 import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
 
 from radixmesh.worker.engine import Engine
 
 
-def test_greedy_tokens_match_torch_backend() -> None:
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_greedy_tokens_match_torch_backend(kv_cache_dtype: str) -> None:
     shared = [(11 * j) % 480 + 20 for j in range(40)]
     prompts = [shared + [(5 * i + j) % 480 + 20 for j in range(3 + 7 * i)] for i in range(5)]
     prompts.append([7, 8, 9])
@@ -23,6 +26,7 @@ def test_greedy_tokens_match_torch_backend() -> None:
             attention_backend=backend,
             kv_cache_tokens=2048,
             max_num_batched_tokens=64,  # chunked prefill: extend and decode rows in one step
+            kv_cache_dtype=kv_cache_dtype,
         )
         assert type(eng.worker.runner.attn).__name__.lower().startswith(backend)
         first = eng.generate(input_ids=prompts[:1], sampling_params=params)

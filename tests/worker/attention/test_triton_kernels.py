@@ -17,6 +17,7 @@ from radixmesh.worker.attention.kernels.extend_attention import (
     extend_attention_ref,
 )
 from radixmesh.worker.attention.kernels.kv_store import kv_store, kv_store_ref
+from radixmesh.worker.kvcache.fp8_kv import FP8, dequantize_kv, quantize_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Interpreter-friendly blocks: small tiles, still >= 16 for tl.dot.
@@ -152,3 +153,66 @@ def test_decode_equals_extend_of_one_token() -> None:
         ints([0, 1, 2]), 1, scale, **BLOCKS,
     )  # fmt: skip
     torch.testing.assert_close(dec, ext, rtol=1e-5, atol=1e-6)
+
+
+def fp8_pool(c: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
+    """The case's pool quantized to FP8 (values, exponents) and dequantized to float32:
+    the kernels read the first, the references the second (the same numbers)."""
+    k8, k_exp = quantize_kv(c["k_buf"])
+    v8, v_exp = quantize_kv(c["v_buf"])
+    k_ref, v_ref = dequantize_kv(k8, k_exp, torch.float32), dequantize_kv(v8, v_exp, torch.float32)
+    return k8, v8, (k_exp, v_exp), (k_ref, v_ref)
+
+
+def test_kv_store_into_fp8_pool_matches_the_reference_bit_for_bit() -> None:
+    gen = torch.Generator().manual_seed(3)
+    # heads of very different magnitudes: each gets its own exponent
+    magnitude = torch.tensor([1e-3] * 4 + [1, 300, 1e-4] * 2)[:, None]
+    qkv = (torch.randn(6, 4 + 3 + 3, 20, generator=gen) * magnitude).to(DEVICE)
+    k, v = qkv[:, 4:7], qkv[:, 7:]
+    loc = ints([9, 3, 60, 1, 17, 2])
+    bufs = [torch.zeros(64, 3, 20, dtype=FP8, device=DEVICE) for _ in range(4)]
+    exps = [torch.zeros(64, 3, dtype=torch.int8, device=DEVICE) for _ in range(4)]
+    kv_store(bufs[0], bufs[1], loc, k, v, (exps[0], exps[1]))
+    kv_store_ref(bufs[2], bufs[3], loc, k, v, (exps[2], exps[3]))
+    for ours, ref in ((bufs[0], bufs[2]), (bufs[1], bufs[3])):
+        assert torch.equal(ours.view(torch.uint8), ref.view(torch.uint8))
+    assert torch.equal(exps[0], exps[2]) and torch.equal(exps[1], exps[3])
+    assert len(set(exps[0][9].tolist())) == 3  # one exponent per head: 1, 300 and 1e-4 apart
+    assert not exps[0][[0, 4, 5]].any()  # untouched slots keep their zeros
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+@pytest.mark.parametrize("case", range(len(EXTEND_CASES)))
+def test_extend_attention_over_fp8_pool_matches_reference(case: int, dtype: torch.dtype) -> None:
+    seqs, hq, hkv, d = EXTEND_CASES[case]
+    c = make_pool_case(seqs, hq, hkv, d, dtype, seed=300 + case)
+    k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
+    prefix, extend = [p for p, _ in seqs], [e for _, e in seqs]
+    starts = [sum(extend[:i]) for i in range(len(seqs))]
+    out = torch.full_like(c["q"], float("nan"))
+    scale = d**-0.5
+    extend_attention(
+        c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(prefix), ints(extend),
+        ints(starts), max(extend), scale, scales=scales, **BLOCKS,
+    )  # fmt: skip
+    ref = extend_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], prefix, extend, scale)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+@pytest.mark.parametrize("case", range(len(DECODE_CASES)))
+def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torch.dtype) -> None:
+    seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
+    c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=400 + case)
+    k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
+    out = torch.full_like(c["q"], float("nan"))
+    scale = d**-0.5
+    decode_attention(
+        c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
+        scales=scales, block_n=16,
+    )  # fmt: skip
+    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < TOL[dtype]

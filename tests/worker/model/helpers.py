@@ -32,6 +32,7 @@ class RaggedRunner:
         max_context: int = 512,
         seed: int = 0,
         backend: str = "torch",
+        kv_dtype: torch.dtype | None = None,  # None: the model's (its embedding's) dtype
     ) -> None:
         arch = model.arch
         param = next(model.parameters())
@@ -41,7 +42,7 @@ class RaggedRunner:
             num_layers=arch.num_hidden_layers,
             num_kv_heads=model.num_kv_heads,
             head_dim=arch.head_size,
-            dtype=param.dtype,
+            dtype=kv_dtype or param.dtype,
             device=param.device,
         )
         self.req_to_token = torch.zeros(

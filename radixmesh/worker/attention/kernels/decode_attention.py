@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from radixmesh.worker.attention.kernels.extend_attention import extend_attention_ref
+from radixmesh.worker.attention.kernels.kv_store import pow2
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -29,6 +30,8 @@ def _decode_split_kernel(
     Q,
     K_buf,
     V_buf,
+    K_scale,
+    V_scale,
     Mid_O,
     Mid_L,
     req_to_token,
@@ -40,6 +43,7 @@ def _decode_split_kernel(
     stride_qh,
     stride_buf_slot,
     stride_buf_head,
+    stride_scale_slot,
     stride_table,
     stride_mid_b,
     stride_mid_h,
@@ -50,6 +54,7 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -77,7 +82,11 @@ def _decode_split_kernel(
         slots = tl.load(table_row + offs_n, mask=n_mask, other=0).to(tl.int64)  # [N]
         kv_off = slots[:, None] * stride_buf_slot + kv_head * stride_buf_head + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
+        scale_off = slots * stride_scale_slot + kv_head  # [N] (an FP8 pool's exponents)
         k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if KV_FP8:  # e4m3 times 2^e of its (slot, head): exact in the query's dtype
+            k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            k = (k.to(tl.float32) * pow2(k_exp)[:, None]).to(Q.dtype.element_ty)
         if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -88,6 +97,9 @@ def _decode_split_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if KV_FP8:
+            v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(Q.dtype.element_ty)
         if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -162,6 +174,7 @@ def decode_attention(
     num_splits: int,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
@@ -173,6 +186,9 @@ def decode_attention(
     assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
     assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
     assert req_to_token.stride(1) == 1 and num_splits >= 1
+    # An FP8 pool: its (k, v) scale exponents [num_slots, Hkv] int8; unused pointers else.
+    k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)
+    assert scales is None or (k_scale.stride() == v_scale.stride() and k_scale.stride(1) == 1)
     if b == 0:
         return out
     if workspace is None:
@@ -187,6 +203,8 @@ def decode_attention(
         q,
         k_buf,
         v_buf,
+        k_scale,
+        v_scale,
         mid_o,
         mid_l,
         req_to_token,
@@ -198,6 +216,7 @@ def decode_attention(
         q.stride(1),
         k_buf.stride(0),
         k_buf.stride(1),
+        k_scale.stride(0),
         req_to_token.stride(0),
         mid_o.stride(0),
         mid_o.stride(1),
@@ -208,6 +227,7 @@ def decode_attention(
         BLOCK_D=block_d,
         BLOCK_N=block_n,
         IEEE=q.dtype == torch.float32,
+        KV_FP8=scales is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixmesh.worker.attention.kernels.kv_store import pow2
+
 LOG2E = 1.0 / math.log(2.0)
 
 
@@ -27,6 +29,8 @@ def _extend_kernel(
     Q,
     K_buf,
     V_buf,
+    K_scale,
+    V_scale,
     O,
     req_to_token,
     req_rows,
@@ -40,6 +44,7 @@ def _extend_kernel(
     stride_oh,
     stride_buf_slot,
     stride_buf_head,
+    stride_scale_slot,
     stride_table,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -47,6 +52,7 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -78,7 +84,11 @@ def _extend_kernel(
         slots = tl.load(table_row + offs_n, mask=n_mask, other=0).to(tl.int64)  # [N]
         kv_off = slots[:, None] * stride_buf_slot + kv_head * stride_buf_head + offs_d[None, :]
         kv_mask = n_mask[:, None] & d_mask[None, :]
+        scale_off = slots * stride_scale_slot + kv_head  # [N] (an FP8 pool's exponents)
         k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if KV_FP8:  # e4m3 times 2^e of its (slot, head): exact in the query's dtype
+            k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            k = (k.to(tl.float32) * pow2(k_exp)[:, None]).to(Q.dtype.element_ty)
         if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -92,6 +102,9 @@ def _extend_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if KV_FP8:
+            v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(Q.dtype.element_ty)
         if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -116,6 +129,7 @@ def extend_attention(
     max_extend: int,
     scale: float,
     *,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_m: int = 64,
     block_n: int = 64,
     num_warps: int = 4,
@@ -129,6 +143,9 @@ def extend_attention(
     assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
     assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
     assert req_to_token.stride(1) == 1
+    # An FP8 pool: its (k, v) scale exponents [num_slots, Hkv] int8; unused pointers else.
+    k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)
+    assert scales is None or (k_scale.stride() == v_scale.stride() and k_scale.stride(1) == 1)
     if t == 0 or b == 0:
         return out
     grid = (b, hq, triton.cdiv(max_extend, block_m))
@@ -136,6 +153,8 @@ def extend_attention(
         q,
         k_buf,
         v_buf,
+        k_scale,
+        v_scale,
         out,
         req_to_token,
         req_rows,
@@ -149,6 +168,7 @@ def extend_attention(
         out.stride(1),
         k_buf.stride(0),
         k_buf.stride(1),
+        k_scale.stride(0),
         req_to_token.stride(0),
         GROUP=hq // hkv,
         HEAD_DIM=d,
@@ -156,6 +176,7 @@ def extend_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         IEEE=q.dtype == torch.float32,
+        KV_FP8=scales is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -1,7 +1,9 @@
 """KV store: write the new tokens' k/v [T, Hkv, D] into slots `loc` [T] of a layer's pool.
 
 One program per token copies its Hkv x D keys and values (one row of the pool each: a
-slot's heads are contiguous), casting to the pool's dtype on the way.
+slot's heads are contiguous), casting to the pool's dtype on the way. Into an FP8 pool
+it quantizes each head's vector with its power-of-two scale and stores the exponent
+(kvcache/fp8_kv.py: same bits as `quantize_kv`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,32 @@ import torch
 import triton
 import triton.language as tl
 
+from radixmesh.worker.kvcache.fp8_kv import quantize_kv
+from radixmesh.worker.layers.kernels.fp8_quant import round_to_e4m3
+
+
+@triton.jit
+def _fp8_scale_exponent(x):
+    """x [H, D] float32 -> int32 e [H] = ceil(log2(max|x| / 448)) in [-126, 127], exactly."""
+    ratio = tl.math.div_rn(tl.max(tl.abs(x), 1), 448.0)  # IEEE division, as torch
+    bits = ratio.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    return tl.minimum(tl.maximum(e, -126), 127)
+
+
+@triton.jit
+def pow2(e):
+    """int32 e in [-126, 127] -> float32 2^e, built from its bits (exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _store_fp8(Buf, Scale, dst, scale_dst, x, mask, h_mask):
+    e = _fp8_scale_exponent(x)  # [H]
+    q = round_to_e4m3(tl.minimum(tl.maximum(x * pow2(-e)[:, None], -448.0), 448.0))
+    tl.store(Buf + dst, q.to(Buf.dtype.element_ty), mask=mask)
+    tl.store(Scale + scale_dst, e.to(tl.int8), mask=h_mask)
+
 
 @triton.jit
 def _kv_store_kernel(
@@ -17,6 +45,8 @@ def _kv_store_kernel(
     V,
     K_buf,
     V_buf,
+    K_scale,
+    V_scale,
     loc,
     stride_kt,
     stride_kh,
@@ -24,10 +54,12 @@ def _kv_store_kernel(
     stride_vh,
     stride_buf_slot,
     stride_buf_head,
+    stride_scale_slot,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(loc + t).to(tl.int64)
@@ -35,28 +67,46 @@ def _kv_store_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_h[:, None] < NUM_HEADS) & (offs_d[None, :] < HEAD_DIM)
     t64 = t.to(tl.int64)
-    k = tl.load(K + t64 * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
-    v = tl.load(V + t64 * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    k_ptrs = K + t64 * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
+    v_ptrs = V + t64 * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+    k = tl.load(k_ptrs, mask=mask, other=0.0)  # padding lanes 0: the FP8 path's max|x|
+    v = tl.load(v_ptrs, mask=mask, other=0.0)
     dst = slot * stride_buf_slot + offs_h[:, None] * stride_buf_head + offs_d[None, :]
-    tl.store(K_buf + dst, k.to(K_buf.dtype.element_ty), mask=mask)
-    tl.store(V_buf + dst, v.to(V_buf.dtype.element_ty), mask=mask)
+    if KV_FP8:
+        scale_dst = slot * stride_scale_slot + offs_h
+        h_mask = offs_h < NUM_HEADS
+        _store_fp8(K_buf, K_scale, dst, scale_dst, k.to(tl.float32), mask, h_mask)
+        _store_fp8(V_buf, V_scale, dst, scale_dst, v.to(tl.float32), mask, h_mask)
+    else:
+        tl.store(K_buf + dst, k.to(K_buf.dtype.element_ty), mask=mask)
+        tl.store(V_buf + dst, v.to(V_buf.dtype.element_ty), mask=mask)
 
 
 def kv_store(
-    k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """k_buf/v_buf [num_slots, Hkv, D]; loc [T] int; k/v [T, Hkv, D] (any row strides)."""
+    """k_buf/v_buf [num_slots, Hkv, D]; loc [T] int; k/v [T, Hkv, D] (any row strides);
+    `scales`: an FP8 pool's (k, v) exponents [num_slots, Hkv] int8, else None."""
     t, hkv, d = k.shape
     if t == 0:
         return
     assert v.shape == k.shape and loc.shape == (t,), (k.shape, v.shape, loc.shape)
     assert k_buf.shape[1:] == (hkv, d) and v_buf.stride() == k_buf.stride()
     assert k.stride(2) == v.stride(2) == k_buf.stride(2) == 1
+    k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)  # unused if not FP8
+    assert scales is None or (k_scale.stride() == v_scale.stride() and k_scale.stride(1) == 1)
     _kv_store_kernel[(t,)](
         k,
         v,
         k_buf,
         v_buf,
+        k_scale,
+        v_scale,
         loc,
         k.stride(0),
         k.stride(1),
@@ -64,15 +114,28 @@ def kv_store(
         v.stride(1),
         k_buf.stride(0),
         k_buf.stride(1),
+        k_scale.stride(0),
         NUM_HEADS=hkv,
         HEAD_DIM=d,
         BLOCK_H=triton.next_power_of_2(hkv),
         BLOCK_D=triton.next_power_of_2(d),
+        KV_FP8=scales is not None,
     )
 
 
 def kv_store_ref(
-    k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    k_buf[loc] = k.to(k_buf.dtype)
-    v_buf[loc] = v.to(v_buf.dtype)
+    if scales is None:
+        k_buf[loc] = k.to(k_buf.dtype)
+        v_buf[loc] = v.to(v_buf.dtype)
+        return
+    for buf, scale, x in ((k_buf, scales[0], k), (v_buf, scales[1], v)):
+        q, e = quantize_kv(x)
+        buf[loc] = q
+        scale[loc] = e

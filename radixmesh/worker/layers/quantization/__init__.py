@@ -1,0 +1,70 @@
+"""Weight quantization methods by name (`ModelConfig.quantization`), imported when chosen.
+
+`quantize_linears(model, name)` hands every linear layer of the decoder (q/k/v/o,
+gate/up/down; not the embeddings or the LM head) to the method before the weights load.
+`dequantize_linears` turns them back into plain weights of the compute dtype holding the
+quantized values: the CPU path, where no FP8 GEMM exists and converting every weight at
+every step would cost more than the step itself (see fp8.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import nn
+
+from radixmesh.worker.layers.dense import PackableLinear
+from radixmesh.worker.layers.quantization.base import LinearMethod
+
+_METHODS: dict[str, str] = {
+    "fp8": "radixmesh.worker.layers.quantization.fp8:Fp8LinearMethod",
+}
+
+
+def quantization_methods() -> list[str]:
+    return sorted(_METHODS)
+
+
+def linear_method(name: str) -> LinearMethod:
+    if name not in _METHODS:
+        raise ValueError(f"quantization: unknown {name!r}; choices: {quantization_methods()}")
+    module_name, class_name = _METHODS[name].split(":")
+    method: LinearMethod = getattr(importlib.import_module(module_name), class_name)()
+    return method
+
+
+def quantizable_layers(model: nn.Module) -> list[PackableLinear]:
+    """The decoder's linear layers: every PackableLinear except the LM head."""
+    from radixmesh.worker.layers.embedding import ParallelLMHead
+
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, PackableLinear) and not isinstance(m, ParallelLMHead)
+    ]
+
+
+def quantize_linears(model: nn.Module, name: str) -> int:
+    """Give every decoder linear layer of a model not yet loaded to method `name`."""
+    method = linear_method(name)
+    layers = quantizable_layers(model)
+    for layer in layers:
+        method.create_weights(layer)
+    return len(layers)
+
+
+def dequantize_linears(model: nn.Module, dtype: torch.dtype) -> int:
+    """Replace each quantized layer's weights by its dequantized weight in `dtype`."""
+    count = 0
+    for layer in quantizable_layers(model):
+        method = layer.linear_method
+        if method is not None:
+            weight = method.dequantized_weight(layer, dtype)
+            layer.linear_method = None
+            for name in [n for n, _ in layer.named_parameters(recurse=False)]:
+                if name.startswith("weight_"):
+                    delattr(layer, name)
+            layer.weight = nn.Parameter(weight, requires_grad=False)
+            count += 1
+    return count
