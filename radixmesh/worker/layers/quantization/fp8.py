@@ -14,13 +14,18 @@ applies both scales to its float32 accumulators (row-wise scaling). Per token ra
 per tensor: one outlier token (the first token's huge activations are common in Llama
 models) would otherwise squeeze every other token of the batch into e4m3's subnormals;
 a per-token scale needs no calibration and no global reduction across the batch, and
-the GEMM costs the same. Elsewhere, and as the reference: dequantize, then an ordinary
-matmul in the activations' dtype.
+the GEMM costs the same. Decode batches of at most 16 rows on CUDA take a weight-only
+kernel instead (`layers/kernels/fp8_small_m.py`: the e4m3 weights read once and converted
+in registers, the activations as they are), where the GEMM is bound by reading weights
+and `_scaled_mm` is not (bench/fp8_gemm.py; `RADIXMESH_FP8_SMALL_M=0` turns it off for an
+A/B). Elsewhere, and as the reference: dequantize, then an ordinary matmul in the
+activations' dtype.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +49,10 @@ MIN_SCALE = 1e-12
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w [rows, cols] -> (FP8 [rows, cols], float32 scales [rows]): w ~= q * scale[:, None]."""
     w32 = w.float()
-    scale = (w32.abs().amax(dim=-1) / FP8_MAX).clamp_min(MIN_SCALE)
+    amax = w32.abs().amax(dim=-1)
+    # A tensor divisor: CUDA divides by a Python scalar as a multiplication by its
+    # reciprocal (1 ulp off now and then); IEEE division matches the Triton kernels.
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(MIN_SCALE)
     q = (w32 / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
 
@@ -104,10 +112,35 @@ def scaled_mm_applies(x: torch.Tensor, q: torch.Tensor) -> bool:
     )
 
 
+SMALL_M_SWITCH = "RADIXMESH_FP8_SMALL_M"
+
+
+def small_m_applies(x: torch.Tensor, q: torch.Tensor) -> bool:
+    """Whether `fp8_linear` takes the small-batch kernel: a few rows of 16-bit activations
+    on CUDA with the fused kernels on, unit column strides, not switched off."""
+    from radixmesh.worker.layers import kernels
+
+    if not (kernels.enabled(x) and x.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    from radixmesh.worker.layers.kernels.fp8_small_m import MAX_ROWS
+
+    return (
+        x.dim() == 2
+        and 0 < x.shape[0] <= MAX_ROWS
+        and x.stride(-1) == 1
+        and q.stride(-1) == 1
+        and os.environ.get(SMALL_M_SWITCH, "1") != "0"
+    )
+
+
 def fp8_linear(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """x [T, in] @ (q [out, in] * scale [out, 1])^T + bias -> [T, out] in x's dtype."""
+    if x.is_cuda and small_m_applies(x, q):
+        from radixmesh.worker.layers.kernels.fp8_small_m import fp8_small_m_linear
+
+        return fp8_small_m_linear(x, q, scale, bias)
     if x.shape[0] > 0 and scaled_mm_applies(x, q):
         return fp8_linear_scaled_mm(x, q, scale, bias)
     return fp8_linear_ref(x, q, scale, bias)

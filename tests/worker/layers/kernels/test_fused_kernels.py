@@ -24,6 +24,12 @@ from tests.worker.model.helpers import RaggedRunner, make_pair, random_ids
 
 DTYPES = [torch.float32, torch.bfloat16]
 EPS = 1e-5
+# The tests on CPU tensors run the kernels in triton's interpreter (conftest.py), which is
+# set only where there is no GPU; on a CUDA machine the gpu tests at the end run them
+# compiled against PyTorch's CUDA ops instead.
+interpreter = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="triton's interpreter on CPU tensors: machines without CUDA"
+)
 
 
 def assert_close(
@@ -43,6 +49,7 @@ def randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> tor
     return (scale * torch.randn(*shape, generator=gen)).to(dtype)
 
 
+@interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("t", "hidden"), [(1, 64), (3, 96), (17, 4000)])
 def test_rms_norm(dtype: torch.dtype, t: int, hidden: int) -> None:
@@ -50,6 +57,7 @@ def test_rms_norm(dtype: torch.dtype, t: int, hidden: int) -> None:
     assert_close(rms_norm(x, w, EPS), F.rms_norm(x, (hidden,), w, EPS))
 
 
+@interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("t", "hidden"), [(1, 64), (3, 96), (17, 4000)])
 def test_fused_add_rms_norm(dtype: torch.dtype, t: int, hidden: int) -> None:
@@ -66,12 +74,14 @@ def test_fused_add_rms_norm(dtype: torch.dtype, t: int, hidden: int) -> None:
     assert_close(out, F.rms_norm(summed, (hidden,), w, EPS))
 
 
+@interpreter
 def test_rms_norm_rows_with_a_stride() -> None:
     buf = randn(5, 100, dtype=torch.float32, seed=3)
     x, w = buf[:, 2:98], randn(96, dtype=torch.float32, seed=4)
     assert_close(rms_norm(x, w, EPS), F.rms_norm(x, (96,), w, EPS))
 
 
+@interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("t", "h", "hkv", "d"), [(1, 4, 2, 64), (3, 2, 1, 96), (17, 3, 3, 32)])
 def test_rotary_in_place_in_fused_qkv(dtype: torch.dtype, t: int, h: int, hkv: int, d: int) -> None:
@@ -87,6 +97,7 @@ def test_rotary_in_place_in_fused_qkv(dtype: torch.dtype, t: int, h: int, hkv: i
     assert torch.equal(qkv[:, (h + hkv) * d :], before[:, (h + hkv) * d :])  # v untouched
 
 
+@interpreter
 def test_rotary_splits_heads_over_programs() -> None:
     # Llama-3-8B decode shape: 32 + 8 heads of 128 dims, three programs of 16 heads per
     # token (the last one partly masked).
@@ -99,6 +110,7 @@ def test_rotary_splits_heads_over_programs() -> None:
     assert torch.equal(qk, want)
 
 
+@interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("t", "d"), [(1, 64), (3, 96), (17, 1500)])
 def test_silu_and_mul(dtype: torch.dtype, t: int, d: int) -> None:
@@ -134,6 +146,7 @@ def route_to_fused(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     return calls
 
 
+@interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_layers_on_the_fused_path_match_pytorch(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
@@ -175,6 +188,7 @@ def model_outputs(model: LlamaForCausalLM) -> torch.Tensor:
     return torch.cat(outs)  # [T, hidden]
 
 
+@interpreter
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_model_on_the_fused_path_matches_pytorch(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
