@@ -21,7 +21,7 @@ from radixmesh.worker.kvcache.fp8_kv import FP8, dequantize_kv, quantize_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Interpreter-friendly blocks: small tiles, still >= 16 for tl.dot.
-BLOCKS = {"block_m": 16, "block_n": 16}
+BLOCKS = {"block_rows": 16, "block_n": 16}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 # Triton 3.9's interpreter returns garbage (~1e8) from a bf16 tl.dot: bf16 attention is
 # checked on the GPU only (fp16 exercises the same low-precision path here).
@@ -87,6 +87,7 @@ EXTEND_CASES = [
     ([(0, 7), (5, 1), (12, 20), (0, 1), (40, 3), (3, 33)], 4, 2, 16),  # GQA, multi-block
     ([(17, 9), (0, 18)], 3, 3, 24),  # MHA, head_dim not a power of two
     ([(50, 1), (0, 5)], 8, 1, 32),  # MQA
+    ([(4, 6), (0, 9), (21, 2)], 6, 2, 16),  # groups of 3 heads: folded as 4 rows, 1 masked
 ]
 
 

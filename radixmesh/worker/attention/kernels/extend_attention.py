@@ -5,10 +5,12 @@ Sequence b has `extend_lens[b]` new tokens at rows `q_start[b] ..` of q, at posi
 table `req_to_token[req_rows[b]]` (the new tokens' k/v are stored before this runs, so the
 prefix and the new tokens are one key range). New token i sees keys 0 .. prefix + i.
 
-One program per (sequence, query head, block of BLOCK_M new tokens) runs an online softmax
+One program per (sequence, KV head, block of BLOCK_M new tokens) runs an online softmax
 over key blocks of BLOCK_N, stopping at the block's last causal key; scores and the
 running sums are float32, the matrix products take the pool's dtype (bf16/fp16) operands
-with float32 accumulation. GQA: query head h reads KV head h // G.
+with float32 accumulation. GQA: the G query heads of a KV head (query head h reads KV
+head h // G) are folded into the program's rows (BLOCK_M tokens x G heads, G rounded up
+to a power of two), so each key/value tile is read once per group, not once per head.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def _extend_kernel(
     stride_scale_slot,
     stride_table,
     GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -55,7 +58,7 @@ def _extend_kernel(
     KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    kv_head = tl.program_id(1)
     m_block = tl.program_id(2)
     extend = tl.load(extend_lens + b)
     if m_block * BLOCK_M >= extend:
@@ -63,21 +66,26 @@ def _extend_kernel(
     prefix = tl.load(prefix_lens + b)
     start = tl.load(q_start + b).to(tl.int64)
     table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
-    kv_head = h // GROUP
 
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)  # [M] index among the new tokens
+    # The group's query heads are folded into the rows: row r is new token r // GROUP_P2
+    # of the block, query head kv_head * GROUP + r % GROUP_P2 (rows past GROUP masked), so
+    # each K/V tile is read once for the whole group.
+    offs_r = tl.arange(0, BLOCK_M * GROUP_P2)
+    offs_m = m_block * BLOCK_M + offs_r // GROUP_P2  # [R] index among the new tokens
+    g = offs_r % GROUP_P2
+    h = kv_head * GROUP + g
     offs_d = tl.arange(0, BLOCK_D)
-    m_mask = offs_m < extend
+    m_mask = (offs_m < extend) & (g < GROUP)
     d_mask = offs_d < HEAD_DIM
-    q_ptrs = Q + (start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [M, D]
-    q_pos = prefix + offs_m  # [M] absolute positions
+    q_ptrs = Q + (start + offs_m)[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
+    q_pos = prefix + offs_m  # [R] absolute positions
 
     # Keys past the block's last query are causally masked for every row of the block.
     key_end = tl.minimum(prefix + extend, prefix + (m_block + 1) * BLOCK_M)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_M * GROUP_P2], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M * GROUP_P2], tl.float32)
+    acc = tl.zeros([BLOCK_M * GROUP_P2, BLOCK_D], tl.float32)
     for n0 in range(0, key_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < key_end
@@ -112,7 +120,7 @@ def _extend_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     out = acc / l_i[:, None]
-    o_ptrs = O + (start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    o_ptrs = O + (start + offs_m)[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
@@ -130,7 +138,7 @@ def extend_attention(
     scale: float,
     *,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_m: int = 64,
+    block_rows: int = 128,
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
@@ -148,7 +156,10 @@ def extend_attention(
     assert scales is None or (k_scale.stride() == v_scale.stride() and k_scale.stride(1) == 1)
     if t == 0 or b == 0:
         return out
-    grid = (b, hq, triton.cdiv(max_extend, block_m))
+    group = hq // hkv
+    group_p2 = triton.next_power_of_2(group)
+    block_m = max(1, block_rows // group_p2)  # new tokens per program; rows = block_m * group_p2
+    grid = (b, hkv, triton.cdiv(max_extend, block_m))
     _extend_kernel[grid](
         q,
         k_buf,
@@ -170,7 +181,8 @@ def extend_attention(
         k_buf.stride(1),
         k_scale.stride(0),
         req_to_token.stride(0),
-        GROUP=hq // hkv,
+        GROUP=group,
+        GROUP_P2=group_p2,
         HEAD_DIM=d,
         BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK_M=block_m,
