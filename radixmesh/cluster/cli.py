@@ -194,6 +194,9 @@ ROUTER_LIMITS = (
     ("max_body_bytes", "bytes of an HTTP request body"),
     ("max_choices", "prompts x n per request (and choices of a select)"),
     ("max_top_logprobs", "top logprobs per token"),
+    ("health_timeout", "seconds a worker's health check may take"),
+    ("breaker_failures", "consecutive failures that stop routing to a worker for a while"),
+    ("breaker_cooldown", "seconds before a stopped worker gets a trial request"),
 )
 
 
@@ -209,7 +212,7 @@ def _router_limits(args: argparse.Namespace) -> dict[str, Any]:
 def _add_router_limits(parser: argparse.ArgumentParser) -> None:
     from radixmesh.router.config import RouterConfig
 
-    group = parser.add_argument_group("admission and limits (docs/reliability.md)")
+    group = parser.add_argument_group("admission, limits and faults (docs/reliability.md)")
     defaults = {f.name: f.default for f in dataclasses.fields(RouterConfig)}
     for name, what in ROUTER_LIMITS:
         default = defaults[name]

@@ -42,6 +42,9 @@ def test_router_options_become_the_router_commands_flags() -> None:
         "metrics_port": 9100,
         "seed": 0,
         "health_interval": 0.2,
+        "health_timeout": 0.5,
+        "breaker_failures": 1,
+        "breaker_cooldown": 0.25,
         "tentative_ttl": 7.5,
         "summary_budget_bytes": 1 << 20,
         "program_max_queued": 0,
@@ -58,3 +61,8 @@ def test_router_options_become_the_router_commands_flags() -> None:
     assert {k: parsed[k] for k in options} == options
     config = spec.router_config(("w:1",))
     assert (config.http_port, config.health_interval, config.seed) == (8000, 0.2, 0)
+    assert (config.health_timeout, config.breaker_failures, config.breaker_cooldown) == (
+        0.5,
+        1,
+        0.25,
+    )
