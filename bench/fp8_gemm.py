@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import record
+from bench.attention_kernels import rel_err
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
@@ -43,10 +44,6 @@ def time_us(fn: Callable[[], torch.Tensor], calls: int = 20, repeats: int = 9) -
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(times)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float() - ref).norm() / ref.norm())
 
 
 def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:

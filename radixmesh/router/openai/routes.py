@@ -85,16 +85,15 @@ class OpenAIRoutes:
         tok, info = self.frontend.ready()
         body = await read_json(request, self.limits)
 
-        def run() -> bytes:
+        def run() -> rs.TokenizeResponse:
             req = parse_tokenize(body, tokenizer=tok, strict=self.strict)
             if req.model is not None:
                 self.frontend.check_model(req.model)
             ids = tokenize(req, tok)
             strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
-            reply = rs.TokenizeResponse(
+            return rs.TokenizeResponse(
                 tokens=ids, count=len(ids), max_model_len=info.context_length, token_strs=strs
             )
-            return json_body(reply.dump())
 
         return await _json_off_the_loop(run)
 
@@ -102,13 +101,13 @@ class OpenAIRoutes:
         tok, _ = self.frontend.ready()
         body = await read_json(request, self.limits)
 
-        def run() -> bytes:
+        def run() -> rs.DetokenizeResponse:
             req = validate(rq.DetokenizeRequest, body, strict=self.strict)
             if req.model is not None:
                 self.frontend.check_model(req.model)
             ids = token_ids(req.tokens, tok, "tokens") if req.tokens else []
             text = tok.decode(ids, skip_special_tokens=bool(req.skip_special_tokens))
-            return json_body(rs.DetokenizeResponse(prompt=text).dump())
+            return rs.DetokenizeResponse(prompt=text)
 
         return await _json_off_the_loop(run)
 
@@ -178,12 +177,10 @@ async def _named_errors(chunks: generation.Chunks, gen: Generation) -> generatio
             raise
 
 
-def json_body(obj: object) -> bytes:
-    return json.dumps(obj, ensure_ascii=False).encode()
-
-
-async def _json_off_the_loop(run: Callable[[], bytes]) -> web.Response:
-    """A reply built and serialized on a thread: a 4M-token /tokenize reply's JSON alone
-    held the event loop ~0.27 s."""
-    body = await asyncio.to_thread(run)
+async def _json_off_the_loop(
+    run: Callable[[], rs.TokenizeResponse | rs.DetokenizeResponse],
+) -> web.Response:
+    """`run`'s reply, built and serialized (as `web.json_response` would) on a thread: a
+    4M-token /tokenize reply's JSON alone held the event loop ~0.27 s."""
+    body = await asyncio.to_thread(lambda: json.dumps(run().dump()).encode())
     return web.Response(body=body, content_type="application/json")
