@@ -34,7 +34,7 @@ from radixmesh.worker.engine_inputs import (
     normalize_params,
 )
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
-from radixmesh.worker.mailbox import Mailbox
+from radixmesh.worker.mailbox import Mailbox, next_item
 from radixmesh.worker.request import HiddenPool, Pooling, Request
 from radixmesh.worker.request_output import Accumulator, RequestOutput, embedding_of
 from radixmesh.worker.score import score_of, score_requests
@@ -506,20 +506,7 @@ class Engine:
                 self._check_alive()
 
     async def _aget(self, q: asyncio.Queue[RequestOutput]) -> RequestOutput:
-        if not q.empty():  # the common case under load: no waiting, no timer
-            return q.get_nowait()
-        # Not asyncio.wait_for: on Python 3.11 it can swallow the caller's cancellation
-        # when the queue delivers at the same moment, and a cancelled (disconnected)
-        # stream must always reach its `finally` and abort the request.
-        getter = asyncio.ensure_future(q.get())
-        try:
-            while True:
-                done, _ = await asyncio.wait({getter}, timeout=_POLL_S)
-                if done:
-                    return getter.result()
-                self._check_alive()
-        finally:
-            getter.cancel()  # no-op when done
+        return await next_item(q, _POLL_S, self._check_alive)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         fut: Future[Any] = Future()

@@ -51,6 +51,7 @@ from radixmesh.errors import (
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
+from radixmesh.worker.mailbox import next_item
 from radixmesh.worker.request_output import RequestOutput, embedding_of
 from radixmesh.worker.score import score_of, score_requests
 
@@ -239,18 +240,10 @@ class EngineProcess:
                 self.abort(rid)
 
     async def _next(self, q: asyncio.Queue[Any]) -> RequestOutput:
-        while True:
-            if q.empty():
-                try:
-                    item = await asyncio.wait_for(q.get(), _POLL_S)
-                except TimeoutError:
-                    self._check_alive()
-                    continue
-            else:
-                item = q.get_nowait()
-            if isinstance(item, BaseException):
-                raise item
-            return item
+        item = await next_item(q, _POLL_S, self._check_alive)
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     def _check_alive(self) -> None:
         if self._fatal is not None:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from radixmesh.worker.request_output import RequestOutput
+
+T = TypeVar("T")
 
 
 class Mailbox:
@@ -39,3 +43,23 @@ class Mailbox:
             self._scheduled = False
         for q, out in items:
             q.put_nowait(out)
+
+
+async def next_item(q: asyncio.Queue[T], poll_s: float, check: Callable[[], None]) -> T:
+    """The queue's next item, calling `check` (which raises when the producer is gone)
+    every `poll_s` seconds while none comes.
+
+    Not `asyncio.wait_for`: on Python 3.11 it returns the item and swallows the caller's
+    cancellation when both happen in one loop iteration, and a cancelled (disconnected,
+    expired) stream must always reach its `finally` and abort its request."""
+    if not q.empty():  # the common case under load: no waiting, no timer
+        return q.get_nowait()
+    getter = asyncio.ensure_future(q.get())
+    try:
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=poll_s)
+            if done:
+                return getter.result()
+            check()
+    finally:
+        getter.cancel()  # no-op when done
