@@ -1,7 +1,9 @@
 """Attention backends by name, imported only when chosen (GPU kernels need GPU packages).
 
 Built-ins are listed as "module:Class" paths; other code may add factories with
-`register_attention_backend` (e.g. a test double).
+`register_attention_backend` (e.g. a test double). There is no FlashInfer backend: its
+wheel and dependencies cannot reach the GPU machine this project measures on (the
+reasons and what such a backend would pass are in docs/performance.md, "Kernels").
 """
 
 from __future__ import annotations
