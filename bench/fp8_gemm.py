@@ -195,11 +195,17 @@ def sweep_shape(name: str, n: int, k: int) -> dict[str, Any]:
         except Exception as e:  # a config that does not run is reported, not fatal
             row["error"] = repr(e)
         row["ok"] = "error" not in row and max(row["rel_err"].values()) <= MAX_REL_ERR
-        row["total_us"] = sum(row["us"].values()) if "error" not in row else math.inf
+        row["total_us"] = sum(row["us"].values()) if "error" not in row else None
         res["configs"].append(row)
-    ok = [r for r in res["configs"] if r["ok"]]
-    res["best"] = min(ok, key=lambda r: r["total_us"]) if ok else None
+    res["configs"].sort(key=lambda r: math.inf if r["total_us"] is None else r["total_us"])
+    res["best"] = best_of(res["configs"])
     return res
+
+
+def best_of(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The config that passed the error check with the least total time, if any did."""
+    ok = [r for r in rows if r["ok"]]
+    return min(ok, key=lambda r: r["total_us"]) if ok else None
 
 
 def _bf16_call(x: torch.Tensor, ws: list[torch.Tensor], i: int) -> torch.Tensor:
@@ -224,7 +230,7 @@ def print_sweep(results: list[dict[str, Any]]) -> None:
         print(f"\n{res['shape']} ({res['n']}, {res['k']}), {res['copies']} weight copies")
         bf16 = "/".join(f"{us:.1f}" for us in res["bf16_us"].values())
         print(f"  bf16 F.linear: {bf16} us at rows {rows}")
-        for r in sorted(res["configs"], key=lambda r: r["total_us"]):
+        for r in res["configs"]:  # fastest first
             if "error" in r:
                 print(f"  {'failed':>20}  {r['config']}  {r['error'][:200]}")
                 continue
