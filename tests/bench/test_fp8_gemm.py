@@ -9,15 +9,16 @@ from typing import Any
 import pytest
 
 from bench import fp8_gemm
-from radixmesh.worker.layers.kernels.fp8_small_m import LaunchConfig, default_config
+from radixmesh.worker.layers.kernels.fp8_small_m import MEASURED, LaunchConfig, split_k_guess
 
 
 @pytest.mark.parametrize("name", sorted(fp8_gemm.SHAPES))
-def test_candidates_fit_and_include_the_default(name: str) -> None:
+def test_candidates_fit_and_include_the_measured_config_and_the_guess(name: str) -> None:
     n, k = fp8_gemm.SHAPES[name]
     configs = fp8_gemm.candidates(n, k)
     assert len(set(configs)) == len(configs)
-    assert default_config(n, k, sms=fp8_gemm.SMS) in configs
+    assert split_k_guess(n, k, sms=fp8_gemm.SMS) in configs
+    assert MEASURED in configs
     for cfg in configs:
         assert cfg.shared_bytes() <= fp8_gemm.SHARED_LIMIT, cfg
         assert k // cfg.split_k >= 2 * cfg.block_k, cfg

@@ -20,8 +20,8 @@ down at 4096 columns) splits K (SPLIT_K > 1): each slice writes its float32 part
 to a workspace [SPLIT_K, M, N] and a second kernel adds the slices in a fixed order, then
 scales, adds the bias and casts, so the output's bits do not depend on which slice ends
 first (no atomics). SPLIT_K = 1 is one kernel and no workspace. The launch configuration
-comes per shape from `CONFIGS` (measured: `python -m bench.fp8_gemm --sweep`), else from
-`default_config`.
+comes per shape from `CONFIGS` (measured: `python -m bench.fp8_gemm --sweep`), else it is
+`MEASURED`, the single-kernel config measured before the sweep existed.
 """
 
 from __future__ import annotations
@@ -74,16 +74,19 @@ class LaunchConfig:
         return f"LaunchConfig({fields})"
 
 
-# (out features n, in features k) -> config, from `python -m bench.fp8_gemm --sweep` on an
-# H200 (its "best" lines paste here). Llama-3-8B: fused qkv, o, fused gate/up, down.
-CONFIGS: dict[tuple[int, int], LaunchConfig] = {
-    (6144, 4096): LaunchConfig(block_n=32, block_k=256, split_k=4, num_warps=4, num_stages=4),
-    (4096, 4096): LaunchConfig(block_n=32, block_k=256, split_k=4, num_warps=4, num_stages=4),
-    (28672, 4096): LaunchConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=4),
-    (4096, 14336): LaunchConfig(block_n=32, block_k=256, split_k=4, num_warps=4, num_stages=4),
-}
+# The config every shape takes unless `CONFIGS` names it: the one measured on an H200
+# (2026-12-01, `bench.fp8_gemm`: Llama-3-8B's qkv 14.9, o 11.0, gate/up 44.1, down
+# 34.3 us at 1-16 rows, as fast as bf16 but not faster). A config replaces it only once
+# measured: split-K and the other tilings compile and pass the interpreter's tests, but
+# none has run on a GPU yet, and a kernel that failed to compile there would take FP8
+# decoding down for every model.
+MEASURED = LaunchConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=4)
 
-# Programs per SM the default aims at, at least: enough weight tiles in flight per SM.
+# (out features n, in features k) -> config, from `python -m bench.fp8_gemm --sweep` on an
+# H200: its "best" lines paste here. Empty until that sweep has run.
+CONFIGS: dict[tuple[int, int], LaunchConfig] = {}
+
+# What `split_k_guess` aims at: programs per SM, enough weight tiles in flight per SM.
 PROGRAMS_PER_SM = 3.5
 # A K slice keeps at least this many K tiles, so its pipeline fills before it drains.
 MIN_TILES_PER_SLICE = 4
@@ -91,17 +94,11 @@ MAX_SPLIT_K = 8
 
 
 @functools.cache
-def _sm_count(device_index: int | None) -> int:
-    if device_index is None:
-        return 132  # an H100 / H200; on CPU (the interpreter) only the tests look at it
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
-@functools.cache
-def default_config(n: int, k: int, sms: int = 132) -> LaunchConfig:
-    """A shape not in `CONFIGS`: 32 columns a program (64 when that alone gives enough
-    programs), and K split in 2, 4 or 8 while there are fewer than PROGRAMS_PER_SM
-    programs per SM and each slice keeps MIN_TILES_PER_SLICE tiles of 256."""
+def split_k_guess(n: int, k: int, sms: int = 132) -> LaunchConfig:
+    """The config expected to read weights fastest on (n, k), which the sweep always
+    times: 32 columns a program (64 when that alone gives enough programs), and K split
+    in 2, 4 or 8 while there are fewer than PROGRAMS_PER_SM programs per SM and each
+    slice keeps MIN_TILES_PER_SLICE tiles of 256."""
     target = PROGRAMS_PER_SM * sms
     block_n, block_k = (64 if triton.cdiv(n, 64) >= target else 32), 256
     split_k = 1
@@ -114,11 +111,8 @@ def default_config(n: int, k: int, sms: int = 132) -> LaunchConfig:
     return LaunchConfig(block_n=block_n, block_k=block_k, split_k=split_k)
 
 
-def config_for(n: int, k: int, device: torch.device) -> LaunchConfig:
-    found = CONFIGS.get((n, k))
-    if found is not None:
-        return found
-    return default_config(n, k, _sm_count(device.index if device.type == "cuda" else None))
+def config_for(n: int, k: int) -> LaunchConfig:
+    return CONFIGS.get((n, k), MEASURED)
 
 
 # Not specialized on the row count (one compiled kernel for 1-16 rows); k_slice is, on its
@@ -224,7 +218,7 @@ def fp8_small_m_linear(
     out = torch.empty((t, n), dtype=x.dtype, device=x.device)
     if t == 0 or n == 0:
         return out
-    cfg = config or config_for(n, k, x.device)
+    cfg = config or config_for(n, k)
     # Whole tiles per slice, so only the last slice meets the end of K (or none does).
     k_slice = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     partial = cfg.split_k > 1
