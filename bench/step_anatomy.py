@@ -259,7 +259,7 @@ def json_steps(args: argparse.Namespace) -> dict[str, Any]:
             return out
 
         runner.forward = timed_forward  # type: ignore[method-assign]
-        runs = {}
+        runs: dict[str, Any] = {}
         for jump in (True, False):
             engine.worker.grammars.jump_forward = jump
             assert engine.flush_cache()
