@@ -175,8 +175,11 @@ class StepRecorder:
 
         self.sched.step = recorded  # type: ignore[method-assign]
 
-    def reset(self) -> None:
-        self.steps, self.profiled = [], []
+    def take(self) -> list[StepInfo]:
+        """The steps so far, and a fresh record. Call it on the scheduler thread
+        (`Engine.call`): a step's record lands after its outputs reach the caller."""
+        steps, self.steps, self.profiled = self.steps, [], []
+        return steps
 
     def start(self, stop_at_decode: bool) -> None:
         """On the scheduler thread: the profiler records that thread's CPU ops."""
@@ -354,13 +357,13 @@ def workloads(vocab: int, requests: int | None) -> list[Workload]:
 
 def run_workload(engine: Engine, rec: StepRecorder, w: Workload, tflops: float) -> dict[str, Any]:
     params = {"temperature": 0.0, "max_new_tokens": w.max_new_tokens, "ignore_eos": True}
-    rec.reset()
-    assert engine.flush_cache()
+    engine.call(rec.take)
+    _flush(engine)
     t0 = time.perf_counter()
     engine.generate(input_ids=w.prompts, sampling_params=params)
-    warm_s, warm = time.perf_counter() - t0, rec.steps
-    rec.reset()
-    assert engine.flush_cache()
+    warm_s = time.perf_counter() - t0
+    warm = engine.call(rec.take)
+    _flush(engine)
     engine.call(lambda: rec.start(stop_at_decode=w.name == "throughput"))
     t0 = time.perf_counter()
     engine.generate(input_ids=w.prompts, sampling_params=params)
@@ -380,6 +383,16 @@ def run_workload(engine: Engine, rec: StepRecorder, w: Workload, tflops: float) 
             "by_kind": summarize(steps, engine.worker.arch, tflops),
         },
     }
+
+
+def _flush(engine: Engine) -> None:
+    """Empty the radix cache once the scheduler has let go of the last run (the overlap
+    scheduler may still hold its final step for a moment)."""
+    for _ in range(500):
+        if engine.flush_cache():
+            return
+        time.sleep(0.01)
+    raise RuntimeError("the radix cache did not flush: requests still in flight")
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
