@@ -61,6 +61,7 @@ CATEGORIES = (
     "other",
 )
 KINDS = ("prefill", "mixed", "decode")
+EXTEND = "_extend_kernel"
 
 
 # ---- the steps ------------------------------------------------------------------------
@@ -286,10 +287,22 @@ def kind_summary(
             "tflop_decode_rows": dec_flop / 1e12,
             "ms": attn_ms,
         }
-        | _rate(ext_flop + dec_flop, attn_ms, tflops),
+        | _rate(ext_flop + dec_flop, attn_ms, tflops)
+        | _extend_kernel(steps, ext_flop, tflops),
         "floor_ms": floor_ms,
         "gap_ms": _gap(cats, span, busy, gemm_flop, ext_flop + dec_flop, tflops),
     }
+
+
+def _extend_kernel(steps: list[StepKernels], flop: float, tflops: float) -> dict[str, float]:
+    """The Triton extend kernel alone (ms per step) against the prompt rows' FLOPs; {} on
+    CPU (the torch backend has no such kernel)."""
+    ms = sum((k.end - k.start) / 1e6 for s in steps for k, _ in s.kernels if EXTEND in k.name)
+    if not ms:
+        return {}
+    ms /= len(steps)
+    rate = _rate(flop, ms, tflops)
+    return {"extend_kernel_ms": ms, "extend_kernel_tflops": rate["tflops"]}
 
 
 def _gap(
@@ -483,6 +496,12 @@ def _print_kind(kind: str, k: dict[str, Any]) -> None:
         f"   attention {a['ms']:.2f} ms, {a['tflop_prompt_rows']:.3f} + "
         f"{a['tflop_decode_rows']:.3f} TFLOP (prompt + decode rows), {a['tflops']:.1f} TFLOP/s "
         f"({a['fraction_of_matmul']:.1%})"
+        + (
+            f"; extend kernel {a['extend_kernel_ms']:.2f} ms, "
+            f"{a['extend_kernel_tflops']:.1f} TFLOP/s"
+            if "extend_kernel_ms" in a
+            else ""
+        )
     )
     gap = ", ".join(f"{n} {v:.2f}" for n, v in k["gap_ms"].items() if abs(v) >= 0.005)
     print(f"   floor {k['floor_ms']:.2f} of span {k['span_ms']:.2f}; gap: {gap}")
