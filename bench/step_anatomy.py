@@ -13,7 +13,7 @@ Three workloads:
   prefill bench/offline.py's GPU workloads (throughput, shared_prefix) under torch.profiler:
           per prefill / mixed / decode step, GPU span and busy time, kernels by category,
           GEMMs by M x N x K with TFLOP/s against --matmul-tflops, attention FLOPs, the
-          step's floor and what takes the gap (bench/prefill_anatomy.py).
+          step's floor and what takes the gap (bench/anatomy/prefill.py).
 
   python -m bench.step_anatomy --workload batch1 --tp 2 --overlap-schedule
   python -m bench.step_anatomy --workload json --documents 256
@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from bench import prefill_anatomy, record
+from bench import record
+from bench.anatomy import prefill as prefill_workload
 from radixmesh.worker.batch import Batch
 from radixmesh.worker.engine import Engine
 
@@ -319,11 +320,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--trace", default=None, help="batch1: write a Chrome trace here")
-    prefill_anatomy.add_arguments(ap)
+    prefill_workload.add_arguments(ap)
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
     if args.workload == "prefill":
-        res = prefill_anatomy.prefill(args)
+        res = prefill_workload.prefill(args)
     else:
         res = batch1(args) if args.workload == "batch1" else json_steps(args)
         print(json.dumps(res, indent=1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bench.kernel_trace import (
+from bench.anatomy.kernel_trace import (
     Event,
     assign,
     category,

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from bench.kernel_trace import (
+from bench.anatomy.kernel_trace import (
     LABEL,
     StepKernels,
     assign,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.kernel_trace import Event, Kernel, StepKernels
-from bench.prefill_anatomy import StepInfo, summarize
+from bench.anatomy.kernel_trace import Event, Kernel, StepKernels
+from bench.anatomy.prefill import StepInfo, summarize
 from radixmesh.worker.model.dummy import preset_arch
 
 ARCH = preset_arch("llama-3-8b")

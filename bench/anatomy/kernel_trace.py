@@ -1,4 +1,4 @@
-"""A torch.profiler trace as kernels per engine step (bench/prefill_anatomy.py).
+"""A torch.profiler trace as kernels per engine step (bench/anatomy/prefill.py).
 
 A kernel belongs to the step in which it was launched: its CUDA runtime/driver call (same
 correlation id) lies in the step's `anatomy::step` range on the scheduler thread; failing
