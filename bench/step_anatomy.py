@@ -1,6 +1,6 @@
 """Where an engine step's time goes, by step kind: host phases and GPU kernels.
 
-Two workloads:
+Three workloads:
   batch1  one request decoding --steps tokens (the TP latency figure), any --tp, with
           or without --overlap-schedule. Host phases per step from wrappers around the
           scheduler's parts, then the same run under torch.profiler: kernels per step,
@@ -10,9 +10,14 @@ Two workloads:
           classified (graph decode, forced tokens as graphed decode rows, eager with a
           prompt chunk, other eager) and timed in its host phases (schedule, forward +
           sampling, process_output), with CUDA-event time of the model call.
+  prefill bench/offline.py's GPU workloads (throughput, shared_prefix) under torch.profiler:
+          per prefill / mixed / decode step, GPU span and busy time, kernels by category,
+          GEMMs by M x N x K with TFLOP/s against --matmul-tflops, attention FLOPs, the
+          step's floor and what takes the gap (bench/anatomy/prefill.py).
 
   python -m bench.step_anatomy --workload batch1 --tp 2 --overlap-schedule
   python -m bench.step_anatomy --workload json --documents 256
+  python -m bench.step_anatomy --workload prefill [--requests 64] [--no-overlap-schedule]
 Prints a table per run and writes JSON (--out).
 """
 
@@ -29,6 +34,7 @@ from typing import Any
 import torch
 
 from bench import record
+from bench.anatomy import prefill as prefill_workload
 from radixmesh.worker.batch import Batch
 from radixmesh.worker.engine import Engine
 
@@ -254,7 +260,7 @@ def json_steps(args: argparse.Namespace) -> dict[str, Any]:
             return out
 
         runner.forward = timed_forward  # type: ignore[method-assign]
-        runs = {}
+        runs: dict[str, Any] = {}
         for jump in (True, False):
             engine.worker.grammars.jump_forward = jump
             assert engine.flush_cache()
@@ -298,7 +304,7 @@ def json_steps(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--workload", choices=["batch1", "json"], default="batch1")
+    ap.add_argument("--workload", choices=["batch1", "json", "prefill"], default="batch1")
     ap.add_argument("--model", default="dummy:llama-3-8b")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument(
@@ -314,11 +320,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--trace", default=None, help="batch1: write a Chrome trace here")
+    prefill_workload.add_arguments(ap)
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
-    res = batch1(args) if args.workload == "batch1" else json_steps(args)
-    print(json.dumps(res, indent=1))
-    name = args.workload if args.workload == "json" else f"b1-tp{args.tp}"
+    if args.workload == "prefill":
+        res = prefill_workload.prefill(args)
+    else:
+        res = batch1(args) if args.workload == "batch1" else json_steps(args)
+        print(json.dumps(res, indent=1))
+    name = f"b1-tp{args.tp}" if args.workload == "batch1" else args.workload
     record.write("step_anatomy", args, {"result": res}, name=name)
 
 

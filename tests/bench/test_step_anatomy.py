@@ -1,0 +1,91 @@
+"""`step_anatomy --workload prefill` on CPU with dummy:tiny, two requests per workload:
+the step kinds, token counts, GEMM shapes and attention FLOPs of the workloads given."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from bench import step_anatomy
+from radixmesh.worker.model.dummy import preset_arch
+
+TINY = preset_arch("tiny")  # hidden 64, 2 layers, 4 query heads of 16, vocab 512
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("anatomy") / "prefill.json"
+    argv = ["--workload", "prefill", "--model", "dummy:tiny", "--device", "cpu"]
+    argv += ["--requests", "2", "--kv-cache-bytes", str(1 << 26), "--out", str(out)]
+    step_anatomy.main(argv)
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "step_anatomy"
+    assert record["command"]["workload"] == "prefill"
+    return record["result"]
+
+
+def attention_tflop(keys: int) -> float:
+    return 4 * TINY.head_size * TINY.num_attention_heads * TINY.num_hidden_layers * keys / 1e12
+
+
+def test_throughput_prefills_both_prompts_in_one_step(result: dict[str, Any]) -> None:
+    run = result["throughput"]
+    assert run["workload"] == {"requests": 2, "input": 512, "new_tokens": 256}
+    warm = run["warmup"]
+    assert warm["steps"] == 256  # one prefill, then 255 decode steps
+    assert warm["by_kind"]["prefill"]["steps"] == 1
+    assert warm["by_kind"]["prefill"]["prompt_tokens"] == 1024
+    assert warm["by_kind"]["decode"]["steps"] == 255
+    assert warm["by_kind"]["decode"]["tokens"] == 2 * 255
+    prof = run["profiled"]
+    assert prof["steps"] == 2 and prof["step_ranges"] == 2  # stopped at the first decode
+    assert prof["kernels_unattributed"] == 0
+    pre = prof["by_kind"]["prefill"]
+    assert (pre["steps"], pre["tokens"], pre["prompt_tokens"]) == (1, 1024, 1024)
+    assert pre["decode_rows"] == 0 and pre["cached_prefix_tokens"] == 0
+    assert prof["by_kind"]["decode"]["tokens"] == 2
+    calls = {r["mnk"]: r["calls"] for r in pre["gemm_shapes"]}
+    # per layer: qkv (64 -> 128), o_proj, gate_up (64 -> 256), down; then the LM head
+    assert calls == {
+        "1024x128x64": 2,
+        "1024x64x64": 2,
+        "1024x256x64": 2,
+        "1024x64x128": 2,
+        "2x512x64": 1,
+    }
+    keys = 2 * 512 * 513 // 2
+    assert pre["attention"]["tflop_prompt_rows"] == pytest.approx(attention_tflop(keys))
+    assert pre["attention"]["tflop_decode_rows"] == 0
+
+
+def test_shared_prefix_computes_the_prefix_once(result: dict[str, Any]) -> None:
+    run = result["shared_prefix"]
+    assert run["workload"]["groups"] == 1 and run["workload"]["per_group"] == 2
+    kinds = run["profiled"]["by_kind"]
+    assert {k: v["steps"] for k, v in kinds.items()} == {"prefill": 1, "mixed": 1, "decode": 7}
+    assert kinds["prefill"]["prompt_tokens"] == 1600
+    mixed = kinds["mixed"]
+    # the second request's own 64 tokens over the cached 1,536, beside the first's decode
+    assert (mixed["prompt_tokens"], mixed["cached_prefix_tokens"], mixed["decode_rows"]) == (
+        64,
+        1536,
+        1,
+    )
+    assert mixed["attention"]["tflop_prompt_rows"] == pytest.approx(
+        attention_tflop(64 * 1536 + 64 * 65 // 2)
+    )
+    assert mixed["attention"]["tflop_decode_rows"] == pytest.approx(attention_tflop(1601))
+    assert sum(v["decode_rows"] for v in kinds.values()) == 2 * 7
+    assert run["warmup"]["steps"] == 9
+
+
+def test_every_kind_accounts_for_its_span(result: dict[str, Any]) -> None:
+    for name in ("throughput", "shared_prefix"):
+        for kind in result[name]["profiled"]["by_kind"].values():
+            assert kind["busy_ms"] <= kind["span_ms"] + 1e-6
+            assert kind["by_category_ms"]["gemm"] > 0
+            assert kind["attention"]["ms"] > 0
+            assert sum(kind["gap_ms"].values()) == pytest.approx(kind["span_ms"] - kind["floor_ms"])
+            assert {"schedule", "forward", "process_output"} <= kind["host_phase_ms"].keys()
