@@ -7,10 +7,18 @@ so it happens once per session.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import torch
+
+# Triton kernels run in triton's interpreter where there is no GPU. Triton reads the
+# variable when a kernel is decorated, and collection imports every test module first
+# (tests/bench's import the kernels through bench/), so it is set here, before any.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -30,7 +38,6 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def hf_smollm2(smollm2_gguf: Path) -> LlamaForCausalLM:
     """transformers' LlamaForCausalLM from the GGUF, float32, eval mode."""
-    import torch
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(

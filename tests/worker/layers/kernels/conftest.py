@@ -7,11 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-# Triton kernels run in triton's interpreter where there is no GPU. Set before any kernel
-# module is imported: triton reads the variable when a kernel is decorated.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 
 @pytest.fixture(autouse=True)
 def _interpreter_rounds_bf16_to_nearest_even(monkeypatch: pytest.MonkeyPatch) -> None:
