@@ -35,6 +35,7 @@ import torch
 
 from bench import record
 from bench.anatomy import prefill as prefill_workload
+from bench.anatomy.kernel_trace import busy_time
 from radixmesh.worker.batch import Batch
 from radixmesh.worker.engine import Engine
 
@@ -115,17 +116,7 @@ def _kernel_profile(prof: Any, steps: int, wall_s: float) -> dict[str, Any]:
             intervals.append((start, end))
             by_kind[_kernel_kind(e.name)] += end - start
             by_name[e.name] += end - start
-    intervals.sort()
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in intervals:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None and cur_s is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None and cur_s is not None:
-        busy += cur_e - cur_s
+    busy = busy_time(intervals)
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     return {
         "wall_ms_per_step": 1e3 * wall_s / steps,

@@ -222,8 +222,11 @@ def assign(
     return out, lost
 
 
-def _busy(intervals: list[tuple[int, int]]) -> int:
-    busy, cur_s, cur_e = 0, 0, -1
+def busy_time(intervals: Iterable[tuple[float, float]]) -> float:
+    """The time covered by the union of [start, end) intervals (non-negative times)."""
+    busy: float = 0
+    cur_s: float = 0
+    cur_e: float = -1
     for s, e in sorted(intervals):
         if s > cur_e:
             busy += max(0, cur_e - cur_s)
@@ -250,7 +253,7 @@ def step_figures(steps: list[StepKernels]) -> list[dict[str, Any]]:
         out.append(
             {
                 "span_ms": (end - first) / 1e6,
-                "busy_ms": _busy([(k.start, k.end) for k, _ in s.kernels]) / 1e6,
+                "busy_ms": busy_time([(k.start, k.end) for k, _ in s.kernels]) / 1e6,
                 "kernels": len(s.kernels),
                 "by_category_ms": dict(by_cat),
             }
