@@ -223,7 +223,7 @@ class AsyncClient:
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout
             )
         except grpc.RpcError as e:
-            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            if convert.server_went_away(e) or e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return False
             raise convert.error_from_rpc(e) from None
         return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)

@@ -102,6 +102,8 @@ def error_from_rpc(e: grpc.RpcError) -> RadixMeshError:
     code: grpc.StatusCode = e.code()
     details: str = e.details() or code.name
     metadata = dict(e.trailing_metadata() or ())
+    if code == grpc.StatusCode.CANCELLED and details != LOCAL_CANCELLATION:
+        return error_from_status("UNAVAILABLE", f"the server dropped the call: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         after = metadata.get(OVERLOADED_METADATA_KEY)
         if after is None:
@@ -111,6 +113,22 @@ def error_from_rpc(e: grpc.RpcError) -> RadixMeshError:
             error.retry_after = _seconds(after)
         return error
     return error_from_status(code.name, details, metadata.get(FIELD_METADATA_KEY))
+
+
+# gRPC Python's details for a call this process cancelled itself.
+LOCAL_CANCELLATION = "Locally cancelled by application!"
+
+
+def server_went_away(e: grpc.RpcError) -> bool:
+    """Whether the server was gone or going when the call failed, so it did nothing and
+    another server may take it: UNAVAILABLE, or a CANCELLED this process did not ask for.
+    Our servers never cancel a call themselves (an abort is ABORTED), but grpc-core
+    cancels a call that reached a server already shutting down before a handler took it
+    (reported upstream as grpc/grpc issue 41785: it should say UNAVAILABLE)."""
+    code = e.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    return bool(code == grpc.StatusCode.CANCELLED and e.details() != LOCAL_CANCELLATION)
 
 
 def is_overloaded(e: grpc.RpcError) -> bool:

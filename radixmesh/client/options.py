@@ -12,6 +12,8 @@ import grpc
 
 from radixmesh.errors import InvalidArgument
 
+from .convert import server_went_away
+
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -61,7 +63,7 @@ class Deadline:
 
 
 def retryable(e: grpc.RpcError, attempt: int, options: ClientOptions) -> bool:
-    return bool(e.code() == grpc.StatusCode.UNAVAILABLE and attempt < options.max_retries)
+    return server_went_away(e) and attempt < options.max_retries
 
 
 def channel_target(target: str) -> str:

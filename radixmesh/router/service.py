@@ -50,9 +50,9 @@ logger = logging.getLogger(__name__)
 
 def retryable(e: grpc.aio.AioRpcError) -> bool:
     """Whether another worker may serve a request that failed so before its first chunk:
-    the worker was unavailable or overloaded (never a message over gRPC's size limits,
+    the worker was gone or going, or overloaded (never a message over gRPC's size limits,
     also RESOURCE_EXHAUSTED, which every worker would refuse)."""
-    return e.code() == grpc.StatusCode.UNAVAILABLE or convert.is_overloaded(e)
+    return convert.server_went_away(e) or convert.is_overloaded(e)
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
@@ -310,7 +310,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             status = "OK"
         except (grpc.aio.AioRpcError, WorkerStalled) as e:
             status = "UNAVAILABLE" if isinstance(e, WorkerStalled) else e.code().name
-            if status == "UNAVAILABLE":
+            if isinstance(e, WorkerStalled) or convert.server_went_away(e):
                 worker.breaker.record_failure()
             raise
         finally:
@@ -390,7 +390,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self.metrics.cached_tokens.inc(resp.embedding.cached_tokens)
                 return worker.worker_id, resp.embedding
             except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.UNAVAILABLE:
+                if convert.server_went_away(e):
                     worker.breaker.record_failure()
                 if not retryable(e):
                     raise

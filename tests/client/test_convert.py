@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from radixmesh.client import convert
-from radixmesh.errors import InvalidArgument, Overloaded
+from radixmesh.errors import InvalidArgument, Overloaded, RequestAborted, Unavailable
 from radixmesh.grpc_server import MAX_STATUS_BYTES, metadata_safe, status_message
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.wire import chunk_to_proto, params_from_proto
@@ -119,6 +119,29 @@ def test_overload_and_size_limits_are_told_apart() -> None:
         "request",
         "the message is too large: Received message larger than max (9 vs. 4)",
     )
+
+
+def test_a_cancelled_this_process_did_not_ask_for_means_the_server_went_away() -> None:
+    """grpc-core cancels a call that reached a server already shutting down; the call did
+    nothing, so it is Unavailable (retried elsewhere). A call cancelled here is not."""
+    dropped = _Rpc(grpc.StatusCode.CANCELLED, "CANCELLED", ())
+    assert convert.server_went_away(dropped)
+    error = convert.error_from_rpc(dropped)
+    assert isinstance(error, Unavailable)
+    assert (str(error), error.grpc_status) == (
+        "the server dropped the call: CANCELLED",
+        "UNAVAILABLE",
+    )
+    with grpc.insecure_channel("127.0.0.1:1") as channel:  # nothing listens there
+        call = channel.unary_stream("/radixmesh.v1.Worker/Generate")(b"", wait_for_ready=True)
+        call.cancel()
+        with pytest.raises(grpc.RpcError) as local:
+            next(call)
+    assert local.value.code() == grpc.StatusCode.CANCELLED
+    assert not convert.server_went_away(local.value)
+    assert isinstance(convert.error_from_rpc(local.value), RequestAborted)
+    assert convert.server_went_away(_Rpc(grpc.StatusCode.UNAVAILABLE, "down", ()))
+    assert not convert.server_went_away(_Rpc(grpc.StatusCode.DEADLINE_EXCEEDED, "late", ()))
 
 
 def test_status_messages_and_field_names_fit_in_a_trailer() -> None:

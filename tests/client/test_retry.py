@@ -111,6 +111,18 @@ def test_stream_retries_before_the_first_token(client: Client, monkeypatch: Any)
     assert calls == []
 
 
+def test_a_call_dropped_by_a_server_shutting_down_is_retried(
+    client: Client, monkeypatch: Any
+) -> None:
+    calls = [
+        FakeCall([FakeRpcError(grpc.StatusCode.CANCELLED, "CANCELLED")]),  # grpc-core's zombie
+        FakeCall([_chunk([5], finish=True)]),
+    ]
+    monkeypatch.setattr(client, "_generate_call", lambda *a: calls.pop(0))
+    chunks = list(client.generate("hi", {"max_new_tokens": 1}, stream=True))
+    assert [c.token_ids for c in chunks] == [[5]] and calls == []
+
+
 def test_stream_does_not_retry_after_a_token(client: Client, monkeypatch: Any) -> None:
     first = FakeCall([_chunk([5]), FakeRpcError(grpc.StatusCode.UNAVAILABLE, "worker died")])
     calls = [first, FakeCall([_chunk([9], finish=True)])]
