@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import grpc
@@ -58,8 +59,10 @@ class Cluster:
         return f"{self.launched.address},{self.extra.address}"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+@contextmanager
+def launched_cluster(restart: RestartPolicy) -> Iterator[Cluster]:
+    """The launcher's cluster, restarting what dies as `radixmesh launch` does, with a
+    second router on its workers."""
     http_port = free_port()
     options: dict[str, object] = {"http_port": http_port}
     for flag, value in zip(ROUTER_FLAGS[::2], ROUTER_FLAGS[1::2], strict=True):
@@ -71,7 +74,7 @@ def cluster() -> Iterator[Cluster]:
         worker_args=("--dtype", "float32"),
         router_options=options,
         ready_timeout=120.0,
-        restart=RestartPolicy(max_restarts=3, backoff=0.2),
+        restart=restart,
     )
     with LocalCluster(spec) as launched:
         tending = threading.Event()
@@ -88,6 +91,12 @@ def cluster() -> Iterator[Cluster]:
         finally:
             tending.set()
             supervisor.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with launched_cluster(RestartPolicy(max_restarts=3, backoff=0.2)) as c:
+        yield c
 
 
 # ---- steady load ----------------------------------------------------------------------------
