@@ -124,7 +124,7 @@ def server_went_away(e: grpc.RpcError) -> bool:
     another server may take it: UNAVAILABLE, or a CANCELLED this process did not ask for.
     Our servers never cancel a call themselves (an abort is ABORTED), but grpc-core
     cancels a call that reached a server already shutting down before a handler took it
-    (reported upstream as grpc/grpc issue 41785: it should say UNAVAILABLE)."""
+    (a known grpc-core bug, reported upstream: it should say UNAVAILABLE)."""
     code = e.code()
     if code == grpc.StatusCode.UNAVAILABLE:
         return True
