@@ -93,16 +93,35 @@ def selection_from_proto(resp: router_pb2.SelectResponse) -> Selection:
     return Selection(**wire.selection_fields(resp))
 
 
+# gRPC Python's details for a call this process cancelled itself.
+LOCAL_CANCELLATION = "Locally cancelled by application!"
+
+
+def _dropped_by_server(e: grpc.RpcError) -> bool:
+    """A CANCELLED this process did not ask for. Our servers never cancel a call (an abort
+    is ABORTED), but grpc-core cancels a call that reached a server already shutting down
+    before a handler took it (a known grpc-core bug, reported upstream: it should say
+    UNAVAILABLE)."""
+    return bool(e.code() == grpc.StatusCode.CANCELLED and e.details() != LOCAL_CANCELLATION)
+
+
+def server_went_away(e: grpc.RpcError) -> bool:
+    """Whether the server was gone or going when the call failed, so it did nothing and
+    another server may take it: UNAVAILABLE, or a CANCELLED the server side made."""
+    return bool(e.code() == grpc.StatusCode.UNAVAILABLE or _dropped_by_server(e))
+
+
 def error_from_rpc(e: grpc.RpcError) -> RadixMeshError:
     """A typed exception (the catalogue's) carrying the status name and message.
 
     RESOURCE_EXHAUSTED is `Overloaded` when a server said so (its retry-after metadata);
     without it gRPC itself refused a message over its size limit: an InvalidArgument, as
-    no other server would take it either."""
+    no other server would take it either. A CANCELLED the server side made is
+    `Unavailable`: the server went away."""
     code: grpc.StatusCode = e.code()
     details: str = e.details() or code.name
     metadata = dict(e.trailing_metadata() or ())
-    if code == grpc.StatusCode.CANCELLED and details != LOCAL_CANCELLATION:
+    if _dropped_by_server(e):
         return error_from_status("UNAVAILABLE", f"the server dropped the call: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         after = metadata.get(OVERLOADED_METADATA_KEY)
@@ -113,22 +132,6 @@ def error_from_rpc(e: grpc.RpcError) -> RadixMeshError:
             error.retry_after = _seconds(after)
         return error
     return error_from_status(code.name, details, metadata.get(FIELD_METADATA_KEY))
-
-
-# gRPC Python's details for a call this process cancelled itself.
-LOCAL_CANCELLATION = "Locally cancelled by application!"
-
-
-def server_went_away(e: grpc.RpcError) -> bool:
-    """Whether the server was gone or going when the call failed, so it did nothing and
-    another server may take it: UNAVAILABLE, or a CANCELLED this process did not ask for.
-    Our servers never cancel a call themselves (an abort is ABORTED), but grpc-core
-    cancels a call that reached a server already shutting down before a handler took it
-    (a known grpc-core bug, reported upstream: it should say UNAVAILABLE)."""
-    code = e.code()
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return True
-    return bool(code == grpc.StatusCode.CANCELLED and e.details() != LOCAL_CANCELLATION)
 
 
 def is_overloaded(e: grpc.RpcError) -> bool:
