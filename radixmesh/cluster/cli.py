@@ -347,6 +347,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     spec = LaunchSpec(
         model=args.model,
         workers=args.workers,
+        routers=args.routers,
         policy=args.policy,
         host=args.host,
         port=args.port,
@@ -447,6 +448,13 @@ def _add_launch_parser(sub: Any) -> None:
     ln = sub.add_parser("launch", help="run a router and N workers as local processes")
     ln.add_argument("--model", required=True)
     ln.add_argument("--workers", type=int, default=2)
+    ln.add_argument(
+        "--routers",
+        type=int,
+        default=1,
+        help="router processes (Ray: actors) sharing the router's ports, each with every "
+        "worker's cache summary",
+    )
     ln.add_argument("--policy", default="cache_aware", choices=sorted(POLICIES))
     ln.add_argument("--host", default="127.0.0.1")
     ln.add_argument("--port", type=int, default=50050, help="the router's port")

@@ -62,6 +62,9 @@ class RayOptions:
 class LaunchSpec:
     model: str
     workers: int = 2
+    # Router processes (local) or actors (Ray) in front of the workers: each holds every
+    # worker's exact cache summary; local ones share the gRPC and HTTP ports (SO_REUSEPORT).
+    routers: int = 1
     policy: str = "cache_aware"
     host: str = "127.0.0.1"  # bind address of router and workers; 0.0.0.0: advertise node IPs
     port: int = 50050  # the router's
@@ -102,6 +105,8 @@ class LaunchSpec:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise InvalidArgument("workers", f"must be >= 1, got {self.workers}")
+        if self.routers < 1:
+            raise InvalidArgument("routers", f"must be >= 1, got {self.routers}")
         if self.tp_size < 1:
             raise InvalidArgument("tp_size", f"must be >= 1, got {self.tp_size}")
         if self.device not in DEVICES:

@@ -92,7 +92,11 @@ class HttpFrontend:
         # handler_cancellation: a disconnected client cancels its handler (and the worker call).
         runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=context, shutdown_timeout=1.0)
+        # reuse_port: router replicas on one machine share the port (the kernel spreads
+        # connections over them), as their gRPC servers do (gRPC sets SO_REUSEPORT itself).
+        site = web.TCPSite(
+            runner, host, port, ssl_context=context, shutdown_timeout=1.0, reuse_port=True
+        )
         await site.start()
         self._runner = runner
         return int(runner.addresses[0][1])
