@@ -1,4 +1,5 @@
-"""`AsyncClient`: the asyncio twin of `Client` (grpc.aio), same arguments and results."""
+"""`AsyncClient`: the asyncio twin of `Client` (grpc.aio), same arguments and results,
+spreading calls over several routers and `connections` the same way."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 from . import convert
+from .channels import Channels
 from .client import Params, Service
-from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, channel_target, retryable
+from .options import ClientOptions, Deadline, retryable
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
@@ -30,17 +32,15 @@ class AsyncClient:
         timeout: float | None = None,
         max_retries: int = 3,
         service: Service = "auto",
+        connections: int = 1,
     ) -> None:
+        """`target` and `connections` as `Client`'s: several routers spread calls round
+        robin over those READY; `connections` per address, >= 1."""
         self.target = target
-        self.options = ClientOptions(api_key, tls, root_certificates, timeout, max_retries)
-        if self.options.secure:
-            creds = self.options.credentials()
-            self._channel = grpc.aio.secure_channel(channel_target(target), creds, CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.aio.insecure_channel(channel_target(target), CHANNEL_OPTIONS)
-        self._worker = worker_pb2_grpc.WorkerStub(self._channel)
-        self._router = router_pb2_grpc.RouterStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self.options = ClientOptions(
+            api_key, tls, root_certificates, timeout, max_retries, connections=connections
+        )
+        self._channels = Channels(target, self.options, aio=True)
         self._service: Service = service
 
     # ---- generation -------------------------------------------------------------------
@@ -268,7 +268,8 @@ class AsyncClient:
         return bool(resp.flushed)
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels.channels():
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -277,6 +278,19 @@ class AsyncClient:
         await self.close()
 
     # ---- plumbing ---------------------------------------------------------------------
+
+    # Each access takes the next connection's stub: one per call, and one per retry.
+    @property
+    def _worker(self) -> worker_pb2_grpc.WorkerStub:
+        return self._channels.next().worker
+
+    @property
+    def _router(self) -> router_pb2_grpc.RouterStub:
+        return self._channels.next().router
+
+    @property
+    def _health(self) -> health_pb2_grpc.HealthStub:
+        return self._channels.next().health
 
     async def _resolve(self) -> Service:
         if self._service == "auto":

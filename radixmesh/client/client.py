@@ -2,8 +2,10 @@
 
 `service="auto"` asks the target once whether it serves `radixmesh.v1.Router` and falls
 back to `radixmesh.v1.Worker` (so the same client talks to `radixmesh worker` directly).
-A target of several comma-separated routers (`host:port,host:port`) fails over between
-them (options.channel_target); a request that failed before its first token is retried.
+A target of several comma-separated routers (`host:port,host:port`) spreads calls over
+them, round robin over those READY, skipping routers that are down (channels.Channels);
+`connections=N` opens N connections to each address and rotates calls over them. A
+request that failed before its first token is retried, on the next router or connection.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from radixmesh.sampling_params import SamplingParams
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 from . import convert
-from .options import CHANNEL_OPTIONS, ClientOptions, Deadline, channel_target, retryable
+from .channels import Channels
+from .options import ClientOptions, Deadline, retryable
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
@@ -38,17 +41,24 @@ class Client:
         timeout: float | None = None,
         max_retries: int = 3,
         service: Service = "auto",
+        connections: int = 1,
     ) -> None:
+        """`target`: `host:port`, any gRPC target (`dns:///name:port`), or several routers
+        as `host:port,host:port`: each call then goes to the next READY router (gRPC's
+        round_robin), so routers that are down are skipped.
+
+        `connections`: independent connections to open to each address of the target
+        (default 1), calls rotating over them. Router replicas on one machine share a
+        port (SO_REUSEPORT) and the kernel spreads connections, not calls, over them, so
+        one client reaches several replicas only through several connections. It applies
+        per address: a list of R routers with `connections=N` holds R*N connections,
+        so a host of several replicas in a list is spread over as well. Below 1:
+        InvalidArgument naming `connections`."""
         self.target = target
-        self.options = ClientOptions(api_key, tls, root_certificates, timeout, max_retries)
-        if self.options.secure:
-            creds = self.options.credentials()
-            self._channel = grpc.secure_channel(channel_target(target), creds, CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.insecure_channel(channel_target(target), CHANNEL_OPTIONS)
-        self._worker = worker_pb2_grpc.WorkerStub(self._channel)
-        self._router = router_pb2_grpc.RouterStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self.options = ClientOptions(
+            api_key, tls, root_certificates, timeout, max_retries, connections=connections
+        )
+        self._channels = Channels(target, self.options)
         self._service: Service = service
 
     # ---- generation -------------------------------------------------------------------
@@ -278,7 +288,8 @@ class Client:
         return bool(resp.flushed)
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels.channels():
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -287,6 +298,19 @@ class Client:
         self.close()
 
     # ---- plumbing ---------------------------------------------------------------------
+
+    # Each access takes the next connection's stub: one per call, and one per retry.
+    @property
+    def _worker(self) -> worker_pb2_grpc.WorkerStub:
+        return self._channels.next().worker
+
+    @property
+    def _router(self) -> router_pb2_grpc.RouterStub:
+        return self._channels.next().router
+
+    @property
+    def _health(self) -> health_pb2_grpc.HealthStub:
+        return self._channels.next().health
 
     def _resolve(self) -> Service:
         if self._service == "auto":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import random
 import socket
 import time
@@ -22,6 +23,8 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+# gRPC's own balancer for a list of routers: each call goes to the next READY address.
+ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,11 @@ class ClientOptions:
     max_retries: int = 3  # on UNAVAILABLE before the first token
     backoff: float = 0.1  # first retry waits up to this (full jitter), doubling each time
     max_backoff: float = 2.0
+    connections: int = 1  # channels (each its own connection per address) calls rotate over
+
+    def __post_init__(self) -> None:
+        if self.connections < 1:
+            raise InvalidArgument("connections", f"must be >= 1, got {self.connections}")
 
     @property
     def secure(self) -> bool:
@@ -68,9 +76,9 @@ def retryable(e: grpc.RpcError, attempt: int, options: ClientOptions) -> bool:
 
 def channel_target(target: str) -> str:
     """A gRPC target for `target`: one `host:port` as it is, or several comma-separated
-    (routers in front of the same workers) as one static list that gRPC's pick_first
-    tries in order: a client whose router goes away fails over to the next. Host names
-    in a list are resolved once, here (gRPC's ipv4: / ipv6: lists take addresses)."""
+    (routers in front of the same workers) as one static `ipv4:` / `ipv6:` list, which
+    `channel_options` gives gRPC's round_robin balancer. Host names in a list are
+    resolved once, here (gRPC's ipv4: / ipv6: lists take addresses)."""
     if "," not in target or ":/" in target or target.startswith(("ipv4:", "ipv6:", "dns:")):
         return target
     addresses = []
@@ -91,3 +99,26 @@ def channel_target(target: str) -> str:
     if families == {6}:
         return "ipv6:" + ",".join(f"[{ip}]:{port}" for ip, port in addresses)
     return "ipv4:" + ",".join(f"{ip}:{port}" for ip, port in addresses)
+
+
+def is_address_list(target: str) -> bool:
+    """Whether a channel target (channel_target's result) names several addresses."""
+    return target.startswith(("ipv4:", "ipv6:")) and "," in target
+
+
+def channel_options(target: str, connections: int = 1) -> list[tuple[str, int | str]]:
+    """The channel arguments for one of `connections` channels to `target` (a
+    channel_target result).
+
+    Several addresses: round_robin, so calls spread over every READY router and skip
+    those down or draining (pick_first, gRPC's default, would send every call to the
+    first). One address keeps pick_first. Several connections: each channel gets its own
+    subchannel pool, as gRPC otherwise shares one connection between channels of equal
+    target and arguments, and the point is distinct connections the kernel can hand to
+    different router processes sharing a port (SO_REUSEPORT)."""
+    options: list[tuple[str, int | str]] = [*CHANNEL_OPTIONS]
+    if is_address_list(target):
+        options.append(("grpc.service_config", ROUND_ROBIN))
+    if connections > 1:
+        options.append(("grpc.use_local_subchannel_pool", 1))
+    return options
