@@ -234,7 +234,8 @@ class Client:
         return bool(found.found)
 
     def health(self, service: str = "", timeout: float | None = 5.0) -> bool:
-        """True when the target reports SERVING for `service` ("" = the whole process)."""
+        """True when the target reports SERVING for `service` ("" = the whole process);
+        with several routers, the one this call went to."""
         try:
             resp = self._health.Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout

@@ -128,7 +128,7 @@ def test_a_router_down_from_the_start_is_skipped() -> None:
 
 def test_connections_open_distinct_connections_to_one_address() -> None:
     with servers("a") as started, Client(started[0].address, connections=4) as client:
-        assert client.model_info().model == "canned"  # resolves the service: one call
+        assert client.model_info().model == "canned"  # after asking for the service
         started[0].router.reset()
         for _ in range(CALLS):
             client.generate("hi", PARAMS)
