@@ -16,8 +16,11 @@ Or start a local cluster and compare routing policies on the same workers (the r
 restarted per policy; worker caches are flushed before every run):
     python -m bench.serve --launch --model smollm2 --workers 2 \\
         --policies cache_aware,round_robin --workload shared-prefix --rates 2,4
-`--backend` takes a list; `grpc-direct` sends the gRPC load straight to the first worker
-(the router's own cost is the difference to the same load through the router).
+`--backend` takes a list: `grpc` (streamed) and `grpc-unary` through the router, and
+`grpc-direct` / `grpc-unary-direct`, the same load spread straight over every worker (the
+router tier's own cost is the difference). Every run records the router tier's CPU time
+(psutil over its processes: `--launch`'s routers, or `--router-pids`) per 1,000 output
+tokens beside the throughput.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,21 @@ class Target:
     workers: list[str]  # worker gRPC addresses (known when launched here)
     policy: str
     worker_key: str | None = None  # the key those workers require
+    router_pids: list[int] = field(default_factory=list)  # the router tier's processes
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used (those gone count 0)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -138,16 +156,17 @@ def flush(target: Target) -> None:
 async def _one_run(
     workload: Workload, target: Target, args: argparse.Namespace, spec: LoadSpec, name: str
 ) -> dict[str, Any]:
-    direct = name == "grpc-direct"
+    direct = name.endswith("-direct")
     if direct and not target.workers:
-        raise ValueError("backend: grpc-direct needs --launch (it sends to the first worker)")
-    grpc_target = target.workers[0] if direct else target.grpc
+        raise ValueError(f"backend: {name} needs --launch (it sends to the workers)")
     backend = make_backend(
-        "grpc" if direct else name,
+        name,
         http_url=target.http,
-        grpc_target=grpc_target,
+        grpc_target=target.grpc,
         model=target.model,
         api_key=target.worker_key if direct else None,
+        workers=target.workers,
+        connections=args.connections,
     )
     try:
         if args.warmup:
@@ -158,11 +177,16 @@ async def _one_run(
             )
             await run_load(warm, backend, LoadSpec())
             await asyncio.to_thread(flush, target)
+        cpu_before = cpu_seconds(target.router_pids)
         run = await run_load(workload, backend, spec)
+        router_cpu = cpu_seconds(target.router_pids) - cpu_before
     finally:
         await backend.close()
     slo = report.Slo(args.slo_ttft, args.slo_tpot)
     summary = report.summarize(run.results, run.duration, slo)
+    summary["router_cpu_s"] = router_cpu
+    out_tokens = summary["output_tokens"]
+    summary["router_cpu_s_per_1k_tokens"] = 1000 * router_cpu / out_tokens if out_tokens else 0.0
     return {
         "workload": workload.name,
         "workload_params": workload.params,
@@ -219,6 +243,7 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
     config = LaunchSpec(
         model=args.model,
         workers=args.workers,
+        routers=args.routers,
         policy=policies[0],
         port=free_port(),
         tp_size=max(args.gpus_per_worker, 1),
@@ -235,6 +260,7 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
             workers=cluster.worker_addresses,
             policy=policies[0],
             worker_key=cluster.worker_key,
+            router_pids=[p.pid for p in cluster.routers],
         )
         yield cluster, target
 
@@ -270,11 +296,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if i:
                     cluster.replace_router(policy)
                     target.policy = policy
+                    target.router_pids = [p.pid for p in cluster.routers]
                 runs += run_all(target, args)
     else:
         _wait_serving(args.grpc, args.ready_timeout)
         model = _served_model(args.grpc)
         target = Target(args.grpc, args.http or "", model, [], args.policies.split(",")[0])
+        target.router_pids = [int(p) for p in args.router_pids.split(",") if p]
         runs = run_all(target, args)
     result = write(args, runs, started)
     print()
@@ -344,6 +372,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--http", default=None, help="a running router's HTTP base URL")
     where.add_argument("--model", default="smollm2", help="with --launch")
     where.add_argument("--workers", type=int, default=2, help="with --launch")
+    where.add_argument("--routers", type=int, default=1, help="with --launch: router replicas")
+    where.add_argument(
+        "--router-pids", default="", help="without --launch: the routers' pids (CPU time)"
+    )
     where.add_argument("--worker-args", default="", help="with --launch: `radixmesh worker` flags")
     where.add_argument(
         "--gpus-per-worker",
@@ -366,6 +398,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     load.add_argument("--rates", default="inf", help="sessions/s, comma-separated; inf: at once")
     load.add_argument("--concurrency", default=None, help="max sessions in flight (list)")
+    load.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="gRPC connections per address (router replicas sharing a port each take some)",
+    )
     load.add_argument("--num-requests", type=int, default=64)
     load.add_argument("--input-len", default="128-512", help="random: prompt tokens lo-hi")
     load.add_argument("--output-len", default="64-128", help="output tokens lo-hi (ignore_eos)")

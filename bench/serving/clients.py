@@ -5,7 +5,12 @@ Three backends, measured the same way (SGLang's `bench_serving` definitions):
   streaming with `stream_options.continuous_usage_stats`, so every event carries the
   running token count (a token that decodes to no text still counts; `dummy:` models
   sample many of those) and the usage with `cached_tokens`;
-- `grpc`: the SDK's `AsyncClient` against a router or a worker (chunks carry token ids).
+- `grpc`: the SDK's `AsyncClient` against a router or a worker (chunks carry token ids);
+- `grpc-unary`: the same SDK call without streaming (one reply per request: TTFT is E2E).
+
+`grpc-direct` / `grpc-unary-direct` send the same gRPC load straight to the workers
+(`Spread`: request i to worker i mod W), as a client that knew every worker would: the
+router tier's cost is the difference to the load through the router.
 
 TTFT is the time from sending to the first chunk that carries a token; ITL the time
 between successive token-carrying chunks (one sample per chunk, as SGLang counts it);
@@ -156,15 +161,19 @@ class OpenAIBackend:
 
 
 class GrpcBackend:
-    """The SDK's streamed `generate` against a router (or a worker: then no worker id)."""
+    """The SDK's `generate` against a router (or a worker: then no worker id), streamed or
+    (`stream=False`) as one reply."""
 
-    name = "grpc"
     gives_ids = True
 
-    def __init__(self, target: str, *, api_key: str | None = None) -> None:
+    def __init__(
+        self, target: str, *, api_key: str | None = None, stream: bool = True, connections: int = 1
+    ) -> None:
         from radixmesh.client import AsyncClient
 
-        self.client = AsyncClient(target, api_key=api_key, max_retries=0)
+        self.name = "grpc" if stream else "grpc-unary"
+        self.stream = stream
+        self.client = AsyncClient(target, api_key=api_key, max_retries=0, connections=connections)
 
     async def send(self, prompt: Prompt, max_tokens: int, result: RequestResult) -> None:
         import grpc
@@ -172,6 +181,9 @@ class GrpcBackend:
         params = {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
         clock = _Clock(result)
         try:
+            if not self.stream:
+                await self._unary(prompt, params, result, clock)
+                return
             if isinstance(prompt, str):
                 stream = await self.client.generate(prompt, params, stream=True)
             else:
@@ -194,19 +206,76 @@ class GrpcBackend:
         finally:
             clock.done()
 
+    async def _unary(
+        self, prompt: Prompt, params: dict[str, Any], result: RequestResult, clock: _Clock
+    ) -> None:
+        if isinstance(prompt, str):
+            done = await self.client.generate(prompt, params)
+        else:
+            done = await self.client.generate(input_ids=prompt, sampling_params=params)
+        clock.tokens(len(done.token_ids))
+        result.reply_ids.extend(done.token_ids)
+        result.reply_text = done.text
+        result.worker = done.worker_id or result.worker
+        result.prompt_tokens = done.prompt_tokens
+        result.cached_tokens = done.cached_tokens
+        result.output_tokens = done.completion_tokens
+
     async def close(self) -> None:
         await self.client.close()
 
 
+class Spread:
+    """Requests spread over several backends in turn (request i to backend i mod N)."""
+
+    def __init__(self, backends: list[Backend]) -> None:
+        self.backends = backends
+        self.name = backends[0].name + "-direct"
+        self.gives_ids = backends[0].gives_ids
+        self._next = 0
+
+    async def send(self, prompt: Prompt, max_tokens: int, result: RequestResult) -> None:
+        backend = self.backends[self._next % len(self.backends)]
+        self._next += 1
+        await backend.send(prompt, max_tokens, result)
+
+    async def close(self) -> None:
+        for b in self.backends:
+            await b.close()
+
+
 def make_backend(
-    name: str, *, http_url: str, grpc_target: str, model: str, api_key: str | None = None
+    name: str,
+    *,
+    http_url: str,
+    grpc_target: str,
+    model: str,
+    api_key: str | None = None,
+    workers: list[str] | None = None,
+    connections: int = 1,
 ) -> Backend:
+    """The named backend; the `-direct` ones over `workers` (their addresses). gRPC ones
+    open `connections` connections (router replicas sharing a port each take some)."""
     if name in ("openai-completions", "openai-chat"):
         return OpenAIBackend(http_url, model, chat=name == "openai-chat", api_key=api_key)
-    if name == "grpc":
-        return GrpcBackend(grpc_target, api_key=api_key)
-    raise ValueError(f"backend: unknown {name!r}; choose openai-completions, openai-chat, grpc")
+    if name in ("grpc", "grpc-unary"):
+        return GrpcBackend(
+            grpc_target, api_key=api_key, stream=name == "grpc", connections=connections
+        )
+    if name in ("grpc-direct", "grpc-unary-direct"):
+        if not workers:
+            raise ValueError(f"backend: {name} needs the workers' addresses (--launch)")
+        stream = name == "grpc-direct"
+        return Spread([GrpcBackend(w, api_key=api_key, stream=stream) for w in workers])
+    raise ValueError(f"backend: unknown {name!r}; choose from {', '.join(BACKENDS)}")
 
 
-# grpc-direct: the grpc backend aimed at a worker instead of the router (bench/serve.py).
-BACKENDS = ("openai-completions", "openai-chat", "grpc", "grpc-direct")
+# The -direct backends skip the router: the same gRPC load spread over every worker.
+BACKENDS = (
+    "openai-completions",
+    "openai-chat",
+    "grpc",
+    "grpc-unary",
+    "grpc-direct",
+    "grpc-unary-direct",
+)

@@ -111,8 +111,15 @@ def hit_rate_timeline(
     return out
 
 
-ROW = "{:<14} {:<12} {:<6} {:>14} {:>7} {:>7} {:>9} {:>8} {:>8} {:>7} {:>7} {:>7} {:>5} {:>5}"
-VIA = {"openai-completions": "http", "openai-chat": "chat", "grpc": "grpc", "grpc-direct": "direct"}
+ROW = "{:<14} {:<12} {:<9} {:>14} {:>7} {:>7} {:>9} {:>8} {:>8} {:>7} {:>7} {:>7} {:>5} {:>5} {:>7}"
+VIA = {
+    "openai-completions": "http",
+    "openai-chat": "chat",
+    "grpc": "grpc",
+    "grpc-unary": "unary",
+    "grpc-direct": "direct",
+    "grpc-unary-direct": "unary-dir",
+}
 
 
 def table(runs: Sequence[dict[str, Any]]) -> str:
@@ -120,7 +127,7 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
     lines = [
         ROW.format(
             "workload", "policy", "via", "load", "done", "req/s", "out tok/s", "TTFT p50",
-            "TTFT p99", "ITL p50", "ITL p99", "goodput", "hit", "/ideal",
+            "TTFT p99", "ITL p50", "ITL p99", "goodput", "hit", "/ideal", "cpu/1k",
         ),
     ]  # fmt: skip
     for run in runs:
@@ -141,9 +148,16 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
                 f"{s['goodput']:.2f}",
                 f"{s['cache']['hit_rate']:.0%}",
                 _pct(s["cache"]["of_ideal"]),
+                _cpu(s),
             )
         )
     return "\n".join(lines)
+
+
+def _cpu(s: dict[str, Any]) -> str:
+    """The router tier's CPU seconds per 1,000 output tokens ('-' where not measured)."""
+    v = s.get("router_cpu_s_per_1k_tokens")
+    return "-" if v is None else f"{v:.3f}"
 
 
 def _pct(x: float) -> str:

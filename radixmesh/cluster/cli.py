@@ -175,6 +175,7 @@ def _cmd_router(args: argparse.Namespace) -> int:
         strict_openai=args.strict_openai,
         tool_call_parser=args.tool_call_parser,
         separate_reasoning=args.separate_reasoning,
+        listen_when_serving=args.listen_when_serving,
         **{name: getattr(args, name) for name, _ in ROUTER_LIMITS},
     )
     return run(config)
@@ -307,6 +308,11 @@ def _add_router_parser(sub: Any) -> None:
     rt.add_argument("--summary-budget-bytes", type=int, default=256 * 1024 * 1024)
     rt.add_argument("--tentative-ttl", type=float, default=5.0, help="seconds")
     rt.add_argument("--health-interval", type=float, default=1.0, help="seconds")
+    rt.add_argument(
+        "--listen-when-serving",
+        action="store_true",
+        help="open the ports only once serving (replicas sharing ports on one host)",
+    )
     rt.add_argument(
         "--program-max-queued",
         type=int,

@@ -1,12 +1,17 @@
-"""The local launcher: N worker processes and a router on one machine, stopped together.
+"""The local launcher: N worker processes and M routers on one machine, stopped together.
 
 `radixmesh launch` starts each worker as `radixmesh worker` on its own loopback port and
-the router as `radixmesh router` in front of them, waits until the router's health check
-says SERVING (which needs a worker up and the tokenizer loaded) and the router sees every
-worker healthy, and then serves until SIGINT / SIGTERM, when it stops every child
-(SIGTERM, then SIGKILL after `stop_timeout`). A child that dies meanwhile is restarted
-(child.py: backoff, at most `restart.max_restarts` times) while the others serve on; the
-launcher gives up only when no worker or no router is left.
+`routers` router replicas as `radixmesh router` in front of them, waits until the routers'
+health check says SERVING (which needs a worker up and the tokenizer loaded) and the
+routers see every worker healthy, and then serves until SIGINT / SIGTERM, when it stops
+every child (SIGTERM, then SIGKILL after `stop_timeout`). A child that dies meanwhile is
+restarted (child.py: backoff, at most `restart.max_restarts` times) while the others serve
+on; the launcher gives up only when no worker or no router is left.
+
+Router replicas share the router's gRPC and HTTP ports (SO_REUSEPORT: the kernel spreads
+new connections over them) and each subscribes to every worker's cache events, so each
+routes by the same exact summaries. Each gets its own metrics port (`metrics_port` + its
+index), since a Prometheus scrape must reach one process.
 
 Workers always require a key: the given `worker_api_key` or one generated at launch,
 handed to workers and router in their environment, never on a command line (`ps`).
@@ -102,42 +107,64 @@ def wait_router_ready(
     *,
     api_key: str | None = None,
     root_certificates: bytes | None = None,
+    routers: int = 1,
 ) -> bool:
-    """Block until the router at `address` serves and sees every worker healthy (True), or
-    until `stop_requested()` (False); Unavailable if `dead()` names a dead part of the
-    cluster or `timeout` seconds pass. `root_certificates`: connect with TLS."""
+    """Block until `routers` router replicas at `address` serve and see every worker
+    healthy (True), or until `stop_requested()` (False); Unavailable if `dead()` names a
+    dead part of the cluster or `timeout` seconds pass. `root_certificates`: connect with
+    TLS. Replicas sharing the address are told apart by the `router_id` they report; each
+    check opens a new connection, which the kernel hashes to one of them."""
+    import grpc
+
+    from radixmesh.v1 import router_pb2
+
+    deadline = time.monotonic() + timeout
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+    ready: set[str] = set()
+    while time.monotonic() < deadline:
+        if stop_requested():
+            return False
+        if (gone := dead()) is not None:
+            raise Unavailable(f"{gone} exited during startup")
+        try:
+            resp = _ready_router(address, root_certificates, metadata)
+        except grpc.RpcError:
+            resp = None
+        if isinstance(resp, router_pb2.ClusterStatusResponse):
+            ready.add(resp.router_id)
+            if len(ready) >= routers:
+                return True
+            continue  # another connection: maybe another replica
+        time.sleep(0.2)
+    raise Unavailable(f"the cluster was not ready within {timeout}s")
+
+
+def _ready_router(
+    address: str, root_certificates: bytes | None, metadata: tuple[tuple[str, str], ...]
+) -> object | None:
+    """The ClusterStatus of the router replica a new connection reaches, if it serves and
+    sees every worker healthy; else None."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from radixmesh.v1 import router_pb2, router_pb2_grpc
 
-    deadline = time.monotonic() + timeout
-    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+    options = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own
     channel = (
-        grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates))
+        grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates), options)
         if root_certificates is not None
-        else grpc.insecure_channel(address)
+        else grpc.insecure_channel(address, options)
     )
     with channel as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        router = router_pb2_grpc.RouterStub(ch)
-        status_req = router_pb2.ClusterStatusRequest()
-        while time.monotonic() < deadline:
-            if stop_requested():
-                return False
-            if (gone := dead()) is not None:
-                raise Unavailable(f"{gone} exited during startup")
-            try:
-                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if resp.status == health_pb2.HealthCheckResponse.SERVING and all(
-                    w.healthy
-                    for w in router.ClusterStatus(status_req, timeout=1, metadata=metadata).workers
-                ):
-                    return True
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise Unavailable(f"the cluster was not ready within {timeout}s")
+        resp = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=1
+        )
+        if resp.status != health_pb2.HealthCheckResponse.SERVING:
+            return None
+        status = router_pb2_grpc.RouterStub(ch).ClusterStatus(
+            router_pb2.ClusterStatusRequest(), timeout=1, metadata=metadata
+        )
+        return status if all(w.healthy for w in status.workers) else None
 
 
 class LocalCluster:
@@ -155,7 +182,18 @@ class LocalCluster:
             Child(f"worker {i}", functools.partial(self._launch_worker, i), config.restart)
             for i in range(config.workers)
         ]
-        self.router_child = Child("the router", self._launch_router, config.restart)
+        self.router_children = self._router_children()
+
+    def _router_children(self) -> list[Child]:
+        n = self.config.routers
+        return [
+            Child(
+                "the router" if n == 1 else f"router {i}",
+                functools.partial(self._launch_router, i),
+                self.config.restart,
+            )
+            for i in range(n)
+        ]
 
     @property
     def workers(self) -> list[subprocess.Popen[bytes]]:
@@ -163,8 +201,14 @@ class LocalCluster:
         return [c.proc for c in self.worker_children if c.proc is not None]
 
     @property
+    def routers(self) -> list[subprocess.Popen[bytes]]:
+        """Each router replica's current process."""
+        return [c.proc for c in self.router_children if c.proc is not None]
+
+    @property
     def router(self) -> subprocess.Popen[bytes] | None:
-        return self.router_child.proc
+        """The first router replica's current process."""
+        return self.router_children[0].proc
 
     @property
     def address(self) -> str:
@@ -192,10 +236,11 @@ class LocalCluster:
         return subprocess.Popen(_cli(*args, *worker_args(c)), env=env)
 
     def start_router(self) -> None:
-        self.router_child = Child("the router", self._launch_router, self.config.restart)
-        self.router_child.start()
+        self.router_children = self._router_children()
+        for child in self.router_children:
+            child.start()
 
-    def _launch_router(self) -> subprocess.Popen[bytes]:
+    def _launch_router(self, index: int = 0) -> subprocess.Popen[bytes]:
         c = self.config
         router_args = [
             "router",
@@ -210,6 +255,8 @@ class LocalCluster:
         ]
         if c.tls_cert is not None and c.tls_key is not None:
             router_args += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
+        if c.routers > 1:  # replicas share the ports: none takes connections before serving
+            router_args.append("--listen-when-serving")
         env = dict(c.env if c.env is not None else os.environ)
         env.pop(API_KEY_ENV, None)  # only the keys given to the launcher
         if c.api_keys:
@@ -217,13 +264,16 @@ class LocalCluster:
         if c.admin_keys:
             env[ADMIN_KEY_ENV] = ",".join(c.admin_keys)
         env[WORKER_API_KEY_ENV] = self.worker_key
-        return subprocess.Popen(_cli(*router_args, *c.router_flags()), env=env)
+        flags = c.router_flags()
+        metrics_port = c.router_options.get("metrics_port")
+        if index and metrics_port:
+            flags = _replace_flag(flags, "--metrics-port", str(int(metrics_port) + index))
+        return subprocess.Popen(_cli(*router_args, *flags), env=env)
 
     def replace_router(self, policy: str) -> None:
-        """Stop the router and start one with another routing policy in front of the same
-        workers (their caches stay as they are), then wait until it is ready."""
-        if self.router is not None:
-            _stop([self.router], self.config.stop_timeout)
+        """Stop the routers and start them with another routing policy in front of the same
+        workers (their caches stay as they are), then wait until they are ready."""
+        _stop(self.routers, self.config.stop_timeout)
         self.config = dataclasses.replace(self.config, policy=policy)
         self.start_router()
         self.wait_ready()
@@ -244,33 +294,33 @@ class LocalCluster:
             stop_requested,
             api_key=keys[0] if keys else None,
             root_certificates=root,
+            routers=c.routers,
         )
 
     def ready_line(self) -> str:
-        return (
-            f"radixmesh cluster ready: router {self.address}, "
-            f"workers {', '.join(self.worker_addresses)}"
-        )
+        n = self.config.routers
+        routers = f"router {self.address}" if n == 1 else f"{n} routers on {self.address}"
+        return f"radixmesh cluster ready: {routers}, workers {', '.join(self.worker_addresses)}"
 
     def failure(self) -> str | None:
         """Restart the children that died (see child.py); why the cluster must stop (no
         worker left, or no router), or None."""
-        for child in [*self.worker_children, self.router_child]:
+        for child in [*self.worker_children, *self.router_children]:
             child.tend()
         if all(c.gave_up for c in self.worker_children):
             return "every worker exited for good"
-        if self.router_child.gave_up:
-            return "the router exited for good"
+        if all(c.gave_up for c in self.router_children):
+            return "every router exited for good"
         return None
 
     def dead_child(self) -> str | None:
-        for child in [*self.worker_children, self.router_child]:
+        for child in [*self.worker_children, *self.router_children]:
             if (dead := child.dead()) is not None:
                 return dead
         return None
 
     def stop(self) -> None:
-        _stop([p for p in [self.router, *self.workers] if p is not None], self.config.stop_timeout)
+        _stop([*self.routers, *self.workers], self.config.stop_timeout)
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -283,6 +333,14 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _replace_flag(flags: list[str], flag: str, value: str) -> list[str]:
+    """`flags` with `flag`'s value replaced (it is given as `flag value`)."""
+    out = list(flags)
+    i = out.index(flag)
+    out[i + 1] = value
+    return out
 
 
 def _stop(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:

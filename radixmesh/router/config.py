@@ -45,6 +45,11 @@ class RouterConfig:
     # Chat replies' `<think>...</think>` as reasoning_content by default (requests may say).
     separate_reasoning: bool = False
     metrics_port: int | None = None  # Prometheus /metrics (None: only on the HTTP port)
+    # Open the gRPC and HTTP ports only once serving (a worker answered, the tokenizer is
+    # loaded), instead of at once with health NOT_SERVING. For replicas sharing ports on
+    # one host (SO_REUSEPORT): a starting or restarting replica must not take connections
+    # that the kernel would otherwise hash to it and that it cannot serve yet.
+    listen_when_serving: bool = False
     # Clients must send `authorization: Bearer <one of these>` (empty: no authentication).
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # FlushCache, ClusterStatus and aborting another caller's request need one of these

@@ -68,36 +68,32 @@ async def serve(
     servicer = RouterServicer(config, pool, metrics)
     router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, SERVICE_NAME)
-    address = f"{config.host}:{config.port}"
-    port = bind(server, address, config.tls_cert, config.tls_key, config.tls_client_ca)
     await set_health(health_servicer, SERVICE_NAME, serving=False)
-    await server.start()
-    http = None
-    if config.http_port is not None:
-        # Imported only when asked for: aiohttp is the HTTP API's dependency alone.
-        from radixmesh.router.http import HttpFrontend
-
-        http = HttpFrontend(servicer, config, grpc_port=port)
-        http_port = await http.start(config.host, config.http_port)
-        print(f"radixmesh router HTTP (OpenAI and SGLang APIs) on port {http_port}", flush=True)
     metrics_server = None
     if config.metrics_port is not None:
         metrics_server = metrics.serve(config.metrics_port, config.host)
     stop = stop if stop is not None else _stop_on_signals()
-    logger.info("radixmesh router on port %d; waiting for workers", port)
-    if await _start_serving(servicer, pool, health_servicer, stop, port):
+    ports = _Ports(config, server, servicer)
+    if not config.listen_when_serving:
+        await ports.open()
+    logger.info("radixmesh router on port %d; waiting for workers", ports.port)
+    if await _start_serving(servicer, pool, health_servicer, stop):
+        await ports.open()
+        _say_serving(servicer, pool, ports.port)
         if ready is not None:
             ready.set()
         await stop.wait()
+    http = ports.http
     await set_health(health_servicer, SERVICE_NAME, serving=False)
     # New gRPC calls go elsewhere at once (GOAWAY on every connection, the port closed: a
     # client given several routers fails over); the calls in flight run on meanwhile.
     grace = config.drain_timeout + STOPPED_STREAMS_GRACE + 1.0
-    grpc_stopped = asyncio.create_task(server.stop(grace=grace))
+    grpc_stopped = asyncio.create_task(server.stop(grace=grace)) if ports.opened else None
     await drain(servicer, config.drain_timeout)
     if http is not None:
         await http.stop()
-    await grpc_stopped
+    if grpc_stopped is not None:
+        await grpc_stopped
     if metrics_server is not None:
         metrics_server.shutdown()
     if discovery is not None:
@@ -150,8 +146,36 @@ def _stop_on_signals() -> asyncio.Event:
     return stop
 
 
+class _Ports:
+    """The router's listeners: the gRPC port, and the HTTP API's when configured; opened
+    once (at start, or only once serving: `listen_when_serving`)."""
+
+    def __init__(self, config: RouterConfig, server: grpc.aio.Server, servicer: Any) -> None:
+        self.config = config
+        self.server = server
+        self.servicer = servicer
+        self.port = config.port
+        self.http: Any = None
+        self.opened = False
+
+    async def open(self) -> None:
+        if self.opened:
+            return
+        self.opened = True
+        c = self.config
+        self.port = bind(self.server, f"{c.host}:{c.port}", c.tls_cert, c.tls_key, c.tls_client_ca)
+        await self.server.start()
+        if c.http_port is not None:
+            # Imported only when asked for: aiohttp is the HTTP API's dependency alone.
+            from radixmesh.router.http import HttpFrontend
+
+            self.http = HttpFrontend(self.servicer, c, grpc_port=self.port)
+            http_port = await self.http.start(c.host, c.http_port)
+            print(f"radixmesh router HTTP (OpenAI and SGLang APIs) on port {http_port}", flush=True)
+
+
 async def _start_serving(
-    servicer: RouterServicer, pool: WorkerPool, health: Any, stop: asyncio.Event, port: int
+    servicer: RouterServicer, pool: WorkerPool, health: Any, stop: asyncio.Event
 ) -> bool:
     """Wait for a healthy worker, read the model, then SERVING. False: stopped first."""
     while not stop.is_set() and not await pool.wait_healthy(timeout=5.0):
@@ -161,13 +185,16 @@ async def _start_serving(
     await servicer.load_model_info()
     pool.start()
     await set_health(health, SERVICE_NAME, serving=True)
+    return True
+
+
+def _say_serving(servicer: RouterServicer, pool: WorkerPool, port: int) -> None:
     assert servicer.model_info is not None
     print(
         f"radixmesh router serving {servicer.model_info.model} on port {port} "
         f"({len(pool.workers)} workers, policy {servicer.config.policy})",
         flush=True,
     )
-    return True
 
 
 def run(config: RouterConfig) -> int:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -46,6 +48,9 @@ from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
 from radixmesh.wire import input_ids_from_proto, params_from_proto
 
 logger = logging.getLogger(__name__)
+
+# This replica's name in ClusterStatus: replicas sharing one address are told apart by it.
+ROUTER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
 
 def retryable(e: grpc.aio.AioRpcError) -> bool:
@@ -192,9 +197,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         retries on other workers while nothing was yielded). Closing the generator early
         (a client that went away) cancels the worker's call, which aborts the request there.
 
-        The worker always streams: its first chunk tells the router that the prefill is
-        done (cache_aware's pending-prefill term stops counting the request then). For a
-        client that asked for no stream, the chunks are joined into one here.
+        The worker's first chunk tells the router that the prefill is done (cache_aware's
+        pending-prefill term stops counting the request then). For a client that asked
+        for no stream, the worker sends just that chunk and then the rest joined
+        (`first_and_rest`), which are joined into one here: two messages a request, not
+        one a token.
         """
         self._check_against_the_model(ids, params)
         key = (caller, rid)
@@ -205,7 +212,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=ids)),
             sampling_params=params,
             request_id=worker_rid,
-            stream=True,
+            stream=stream,
+            first_and_rest=not stream,
         )
         tried: set[str] = set()
         last_error: grpc.aio.AioRpcError | WorkerStalled | None = None
@@ -488,6 +496,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     ) -> router_pb2.ClusterStatusResponse:
         await self._require_admin(context)
         return router_pb2.ClusterStatusResponse(
+            router_id=ROUTER_ID,
             workers=[
                 router_pb2.WorkerStatus(
                     worker_id=w.worker_id,
@@ -501,7 +510,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     cached_blocks=w.summary.num_confirmed,
                 )
                 for w in self.pool.workers.values()
-            ]
+            ],
         )
 
     async def flush_all(self) -> tuple[int, int]:

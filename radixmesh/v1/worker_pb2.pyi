@@ -20,16 +20,18 @@ CACHE_EVENT_KIND_REMOVED: CacheEventKind
 CACHE_EVENT_KIND_CLEARED: CacheEventKind
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("input", "sampling_params", "request_id", "stream")
+    __slots__ = ("input", "sampling_params", "request_id", "stream", "first_and_rest")
     INPUT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    FIRST_AND_REST_FIELD_NUMBER: _ClassVar[int]
     input: _common_pb2.Input
     sampling_params: _common_pb2.SamplingParams
     request_id: str
     stream: bool
-    def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., stream: _Optional[bool] = ...) -> None: ...
+    first_and_rest: bool
+    def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., stream: _Optional[bool] = ..., first_and_rest: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("chunk",)

@@ -178,6 +178,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 async for out in outputs:
                     finished = out.finished
                     yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, out))
+            elif request.first_and_rest:
+                async for resp in self._first_and_rest(rid, outputs):
+                    yield resp
+                finished = True
             else:
                 joined = await self._join(outputs)
                 yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, joined, whole=True))
@@ -204,6 +208,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"{busy} requests in flight, {n} more would pass the limit of "
                 f"{self.max_in_flight}: the queue is full"
             )
+
+    @staticmethod
+    async def _first_and_rest(
+        rid: str, outputs: AsyncIterator[RequestOutput]
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        """The first output as soon as it comes (the prompt is prefilled), then the rest
+        joined into one: two messages for a router that needs no token in between."""
+        first = True
+        rest: RequestOutput | None = None
+        async for out in outputs:
+            if first:
+                first = False
+                yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, out))
+            else:
+                rest = out if rest is None else rest.then(out)
+        if rest is not None:
+            yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, rest))
 
     @staticmethod
     async def _join(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
