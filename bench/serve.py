@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -301,7 +302,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         _wait_serving(args.grpc, args.ready_timeout)
         model = _served_model(args.grpc)
-        target = Target(args.grpc, args.http or "", model, [], args.policies.split(",")[0])
+        workers = [a for a in args.workers_at.split(",") if a]
+        target = Target(args.grpc, args.http or "", model, workers, args.policies.split(",")[0])
+        target.worker_key = os.environ.get("RADIXMESH_WORKER_API_KEY")
         target.router_pids = [int(p) for p in args.router_pids.split(",") if p]
         runs = run_all(target, args)
     result = write(args, runs, started)
@@ -375,6 +378,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--routers", type=int, default=1, help="with --launch: router replicas")
     where.add_argument(
         "--router-pids", default="", help="without --launch: the routers' pids (CPU time)"
+    )
+    where.add_argument(
+        "--workers-at",
+        default="",
+        help="without --launch: the workers' addresses, for the -direct backends (their key "
+        "in $RADIXMESH_WORKER_API_KEY)",
     )
     where.add_argument("--worker-args", default="", help="with --launch: `radixmesh worker` flags")
     where.add_argument(

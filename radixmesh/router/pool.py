@@ -1,11 +1,13 @@
 """The worker pool: one `WorkerHandle` per worker address.
 
-Each handle owns a gRPC channel and two background tasks on the router's loop:
+Each handle owns a gRPC channel and three background tasks on the router's loop:
 
 - a health loop that polls `GetLoad` every `health_interval` seconds (an unhealthy worker
   at least every `UNHEALTHY_PROBE_INTERVAL`): an answer (not
   draining) marks the worker healthy and refreshes its load; a failure marks it unhealthy
   and counts against its circuit breaker;
+- an output reader (outputs.py) that keeps the worker's output stream open and puts each
+  chunk in its request's sink;
 - a cache-event loop that keeps the worker's `PrefixSummary` exact: it opens
   `StreamCacheEvents`, then pulls `GetCacheSnapshot` and applies the events after it.
   A sequence gap, a new epoch or a broken stream means a resync (reconnect + snapshot).
@@ -32,6 +34,7 @@ from radixmesh.client.options import CHANNEL_OPTIONS
 from radixmesh.errors import InvalidArgument, Overloaded
 from radixmesh.router.breaker import CircuitBreaker
 from radixmesh.router.config import DNS_PREFIX, RouterConfig
+from radixmesh.router.outputs import OutputReader
 from radixmesh.router.policy import Candidate
 from radixmesh.router.summary import PrefixSummary, SummaryIndex
 from radixmesh.v1 import worker_pb2, worker_pb2_grpc
@@ -90,6 +93,10 @@ class WorkerHandle:
         self.block_size = 0  # the worker's event block size (from its snapshot)
         self._tasks: list[asyncio.Task[None]] = []
         self._candidate = Candidate(worker_id, False, 0, 0)  # the last one `candidate` built
+        # time.monotonic() of the worker's last answer of any kind (a health poll, an output
+        # batch): requests waiting on a worker that answers are not stalled.
+        self.last_heard = time.monotonic()
+        self.outputs = OutputReader(self)  # its output stream, into the requests' sinks
 
     def _connect(self, address: str) -> None:
         self.address = address
@@ -179,6 +186,7 @@ class WorkerHandle:
         self._tasks = [
             asyncio.create_task(self._health_loop()),
             asyncio.create_task(self._event_loop()),
+            asyncio.create_task(self.outputs.run(self.config.health_interval)),
         ]
 
     async def close(self) -> None:
@@ -215,6 +223,7 @@ class WorkerHandle:
             resp.cache_hit_rate,
         )
         self.ended_since_poll -= ended_before
+        self.last_heard = time.monotonic()
         self.reachable = not resp.draining
         if self.reachable:
             self.breaker.record_success()

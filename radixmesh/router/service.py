@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -37,11 +38,11 @@ from radixmesh.prefix import block_hashes
 from radixmesh.router.admission import Admission, RateLimiter
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.metrics import RouterMetrics
+from radixmesh.router.outputs import Sink, SinkWatch, WorkerStalled
 from radixmesh.router.policy import Candidate, Policy, PolicyOptions, make_policy
 from radixmesh.router.pool import WorkerHandle, WorkerPool
 from radixmesh.router.programs import ProgramHint, ProgramTable
 from radixmesh.router.rpc import authorization, caller_of_call, fail, unary
-from radixmesh.router.stream_watch import StreamWatch, WorkerStalled
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.tokenizer import TokenizerLike, tokenizer_for
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2
@@ -86,7 +87,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             config.rate_limit, config.rate_burst or math.ceil(config.rate_limit)
         )
         self.metrics.watch_admission(self.admission, self.rate)
-        self.streams = StreamWatch(config.stream_stall_timeout)
+        self.streams = SinkWatch(config.stream_stall_timeout)
 
     async def load_model_info(self) -> None:
         """Ask a healthy worker what it serves and load the same tokenizer."""
@@ -284,25 +285,35 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         key: tuple[str, str],
         stream: bool,
     ) -> AsyncGenerator[common_pb2.GenerateChunk, None]:
-        """One worker's Generate call: its chunks (joined into one unless `stream`) under
-        the caller's request id (`key`: caller, id), with the worker's load, breaker and
-        the router's metrics kept as the call goes."""
+        """One worker's Generate: its chunks (joined into one unless `stream`) under the
+        caller's request id (`key`: caller, id), with the worker's load, breaker and the
+        router's metrics kept as the call goes. The chunks come through the worker's output
+        stream when it is open (outputs.py), else on the call; chunks that arrived while
+        the caller was busy go on as one."""
         worker, pending = attempt.worker, attempt.pending
         started = False  # the worker streamed
         status = "CANCELLED"  # unless the stream ends or fails first
         worker.request_started(pending)  # prefill work queued there until the first chunk
         self.requests[key] = (worker, wreq.request_id)
+        sinks = worker.outputs.sinks
+        wreq.output_stream = worker.outputs.stream_id or ""
+        sink = sinks[wreq.request_id] = Sink(worker, worker.outputs.stream_id)
         call = worker.stub.Generate(wreq, metadata=worker.metadata)
+        pump = asyncio.ensure_future(_pump(call, sink))
         joined = _Joined()
         try:
-            async for resp in self.streams.read(call, worker.worker_id):
+            self.streams.add(sink)
+            done = False
+            while not done:
+                chunks = await sink.get()
                 if not started:
                     started = True
                     worker.request_streaming(pending)
                     self.metrics.ttft.observe(time.perf_counter() - attempt.started_at)
-                chunk = resp.chunk
+                chunk = chunks[0] if len(chunks) == 1 else _Joined.of(chunks)
                 chunk.request_id = key[1]
                 if chunk.HasField("finish"):
+                    done = True
                     self.metrics.e2e.observe(time.perf_counter() - attempt.started_at)
                     self.metrics.prompt_tokens.inc(chunk.prompt_tokens)
                     self.metrics.cached_tokens.inc(chunk.cached_tokens)
@@ -322,6 +333,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 worker.breaker.record_failure()
             raise
         finally:
+            self.streams.discard(sink)
+            sinks.pop(wreq.request_id, None)
+            pump.cancel()
             call.cancel()
             if not started:
                 worker.request_streaming(pending)
@@ -556,13 +570,30 @@ class _Attempt:
     forwarded: bool = False  # the caller got a chunk: no retry elsewhere after this
 
 
+async def _pump(call: Any, sink: Sink) -> None:
+    """A worker Generate call's chunks (when it sends them on the call) and its failure
+    into the request's sink; a call that ends well adds nothing (the finish came)."""
+    try:
+        async for resp in call:
+            sink.put(resp.chunk)
+    except grpc.aio.AioRpcError as e:
+        sink.fail(e)
+
+
 class _Joined:
-    """A worker's streamed chunks as the one chunk of a non-streaming reply: repeated
-    fields (token ids, logprobs) concatenated, counts and the finish from the last chunk."""
+    """A worker's streamed chunks as one chunk: repeated fields (token ids, logprobs)
+    concatenated, counts and the finish from the last chunk."""
 
     def __init__(self) -> None:
         self._chunk = common_pb2.GenerateChunk()
         self._text: list[str] = []
+
+    @classmethod
+    def of(cls, chunks: list[common_pb2.GenerateChunk]) -> common_pb2.GenerateChunk:
+        joined = cls()
+        for c in chunks:
+            joined.add(c)
+        return joined.chunk()
 
     def add(self, chunk: common_pb2.GenerateChunk) -> None:
         self._text.append(chunk.text)

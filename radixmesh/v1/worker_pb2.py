@@ -25,57 +25,61 @@ _sym_db = _symbol_database.Default()
 from radixmesh.v1 import common_pb2 as radixmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19radixmesh/v1/worker.proto\x12\x0cradixmesh.v1\x1a\x19radixmesh/v1/common.proto\"\xa8\x01\n\x0fGenerateRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\x16\n\x0e\x66irst_and_rest\x18\x05 \x01(\x08\">\n\x10GenerateResponse\x12*\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\"S\n\x0c\x43ontinuation\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.radixmesh.v1.TokenIdsH\x00\x42\x06\n\x04kind\"e\n\x0cScoreRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x31\n\rcontinuations\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.Continuation\"M\n\x11\x43ontinuationScore\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x01\x12\x13\n\x0bsum_logprob\x18\x03 \x01(\x01\"W\n\rScoreResponse\x12/\n\x06scores\x18\x01 \x03(\x0b\x32\x1f.radixmesh.v1.ContinuationScore\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"\xcc\x01\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x16\n\x0ekv_tokens_used\x18\x03 \x01(\x04\x12\x17\n\x0fkv_tokens_total\x18\x04 \x01(\x04\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x05 \x01(\x01\x12\x1d\n\x15generation_throughput\x18\x06 \x01(\x01\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x15\n\rnum_in_flight\x18\x08 \x01(\r\"\x1a\n\x18StreamCacheEventsRequest\"\xad\x01\n\nCacheEvent\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.radixmesh.v1.CacheEventKind\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x04\x12\x18\n\x0bparent_hash\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nnum_tokens\x18\x06 \x01(\rB\x0e\n\x0c_parent_hash\"D\n\x19StreamCacheEventsResponse\x12\'\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x18.radixmesh.v1.CacheEvent\"\x19\n\x17GetCacheSnapshotRequest\"y\n\x18GetCacheSnapshotResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12(\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x18.radixmesh.v1.CacheEvent\"\x13\n\x11\x46lushCacheRequest\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"=\n\x14GetModelInfoResponse\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.ModelInfo\"n\n\x0c\x45mbedRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12&\n\x07pooling\x18\x02 \x01(\x0e\x32\x15.radixmesh.v1.Pooling\x12\x12\n\nrequest_id\x18\x03 \x01(\t\";\n\rEmbedResponse\x12*\n\tembedding\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.Embedding*\x8b\x01\n\x0e\x43\x61\x63heEventKind\x12 \n\x1c\x43\x41\x43HE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41\x43HE_EVENT_KIND_STORED\x10\x01\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_REMOVED\x10\x02\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_CLEARED\x10\x03\x32\xd6\x05\n\x06Worker\x12K\n\x08Generate\x12\x1d.radixmesh.v1.GenerateRequest\x1a\x1e.radixmesh.v1.GenerateResponse0\x01\x12@\n\x05Score\x12\x1a.radixmesh.v1.ScoreRequest\x1a\x1b.radixmesh.v1.ScoreResponse\x12@\n\x05\x41\x62ort\x12\x1a.radixmesh.v1.AbortRequest\x1a\x1b.radixmesh.v1.AbortResponse\x12\x46\n\x07GetLoad\x12\x1c.radixmesh.v1.GetLoadRequest\x1a\x1d.radixmesh.v1.GetLoadResponse\x12\x66\n\x11StreamCacheEvents\x12&.radixmesh.v1.StreamCacheEventsRequest\x1a\'.radixmesh.v1.StreamCacheEventsResponse0\x01\x12\x61\n\x10GetCacheSnapshot\x12%.radixmesh.v1.GetCacheSnapshotRequest\x1a&.radixmesh.v1.GetCacheSnapshotResponse\x12O\n\nFlushCache\x12\x1f.radixmesh.v1.FlushCacheRequest\x1a .radixmesh.v1.FlushCacheResponse\x12U\n\x0cGetModelInfo\x12!.radixmesh.v1.GetModelInfoRequest\x1a\".radixmesh.v1.GetModelInfoResponse\x12@\n\x05\x45mbed\x12\x1a.radixmesh.v1.EmbedRequest\x1a\x1b.radixmesh.v1.EmbedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19radixmesh/v1/worker.proto\x12\x0cradixmesh.v1\x1a\x19radixmesh/v1/common.proto\"\xbf\x01\n\x0fGenerateRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\x16\n\x0e\x66irst_and_rest\x18\x05 \x01(\x08\x12\x15\n\routput_stream\x18\x06 \x01(\t\")\n\x14StreamOutputsRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\"D\n\x15StreamOutputsResponse\x12+\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\">\n\x10GenerateResponse\x12*\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\"S\n\x0c\x43ontinuation\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.radixmesh.v1.TokenIdsH\x00\x42\x06\n\x04kind\"e\n\x0cScoreRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x31\n\rcontinuations\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.Continuation\"M\n\x11\x43ontinuationScore\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x01\x12\x13\n\x0bsum_logprob\x18\x03 \x01(\x01\"W\n\rScoreResponse\x12/\n\x06scores\x18\x01 \x03(\x0b\x32\x1f.radixmesh.v1.ContinuationScore\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"\xcc\x01\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x16\n\x0ekv_tokens_used\x18\x03 \x01(\x04\x12\x17\n\x0fkv_tokens_total\x18\x04 \x01(\x04\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x05 \x01(\x01\x12\x1d\n\x15generation_throughput\x18\x06 \x01(\x01\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x15\n\rnum_in_flight\x18\x08 \x01(\r\"\x1a\n\x18StreamCacheEventsRequest\"\xad\x01\n\nCacheEvent\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.radixmesh.v1.CacheEventKind\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x04\x12\x18\n\x0bparent_hash\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nnum_tokens\x18\x06 \x01(\rB\x0e\n\x0c_parent_hash\"D\n\x19StreamCacheEventsResponse\x12\'\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x18.radixmesh.v1.CacheEvent\"\x19\n\x17GetCacheSnapshotRequest\"y\n\x18GetCacheSnapshotResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12(\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x18.radixmesh.v1.CacheEvent\"\x13\n\x11\x46lushCacheRequest\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"=\n\x14GetModelInfoResponse\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.ModelInfo\"n\n\x0c\x45mbedRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12&\n\x07pooling\x18\x02 \x01(\x0e\x32\x15.radixmesh.v1.Pooling\x12\x12\n\nrequest_id\x18\x03 \x01(\t\";\n\rEmbedResponse\x12*\n\tembedding\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.Embedding*\x8b\x01\n\x0e\x43\x61\x63heEventKind\x12 \n\x1c\x43\x41\x43HE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41\x43HE_EVENT_KIND_STORED\x10\x01\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_REMOVED\x10\x02\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_CLEARED\x10\x03\x32\xb2\x06\n\x06Worker\x12K\n\x08Generate\x12\x1d.radixmesh.v1.GenerateRequest\x1a\x1e.radixmesh.v1.GenerateResponse0\x01\x12@\n\x05Score\x12\x1a.radixmesh.v1.ScoreRequest\x1a\x1b.radixmesh.v1.ScoreResponse\x12@\n\x05\x41\x62ort\x12\x1a.radixmesh.v1.AbortRequest\x1a\x1b.radixmesh.v1.AbortResponse\x12\x46\n\x07GetLoad\x12\x1c.radixmesh.v1.GetLoadRequest\x1a\x1d.radixmesh.v1.GetLoadResponse\x12\x66\n\x11StreamCacheEvents\x12&.radixmesh.v1.StreamCacheEventsRequest\x1a\'.radixmesh.v1.StreamCacheEventsResponse0\x01\x12\x61\n\x10GetCacheSnapshot\x12%.radixmesh.v1.GetCacheSnapshotRequest\x1a&.radixmesh.v1.GetCacheSnapshotResponse\x12O\n\nFlushCache\x12\x1f.radixmesh.v1.FlushCacheRequest\x1a .radixmesh.v1.FlushCacheResponse\x12U\n\x0cGetModelInfo\x12!.radixmesh.v1.GetModelInfoRequest\x1a\".radixmesh.v1.GetModelInfoResponse\x12@\n\x05\x45mbed\x12\x1a.radixmesh.v1.EmbedRequest\x1a\x1b.radixmesh.v1.EmbedResponse\x12Z\n\rStreamOutputs\x12\".radixmesh.v1.StreamOutputsRequest\x1a#.radixmesh.v1.StreamOutputsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixmesh.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CACHEEVENTKIND']._serialized_start=1698
-  _globals['_CACHEEVENTKIND']._serialized_end=1837
+  _globals['_CACHEEVENTKIND']._serialized_start=1834
+  _globals['_CACHEEVENTKIND']._serialized_end=1973
   _globals['_GENERATEREQUEST']._serialized_start=71
-  _globals['_GENERATEREQUEST']._serialized_end=239
-  _globals['_GENERATERESPONSE']._serialized_start=241
-  _globals['_GENERATERESPONSE']._serialized_end=303
-  _globals['_CONTINUATION']._serialized_start=305
-  _globals['_CONTINUATION']._serialized_end=388
-  _globals['_SCOREREQUEST']._serialized_start=390
-  _globals['_SCOREREQUEST']._serialized_end=491
-  _globals['_CONTINUATIONSCORE']._serialized_start=493
-  _globals['_CONTINUATIONSCORE']._serialized_end=570
-  _globals['_SCORERESPONSE']._serialized_start=572
-  _globals['_SCORERESPONSE']._serialized_end=659
-  _globals['_ABORTREQUEST']._serialized_start=661
-  _globals['_ABORTREQUEST']._serialized_end=695
-  _globals['_ABORTRESPONSE']._serialized_start=697
-  _globals['_ABORTRESPONSE']._serialized_end=727
-  _globals['_GETLOADREQUEST']._serialized_start=729
-  _globals['_GETLOADREQUEST']._serialized_end=745
-  _globals['_GETLOADRESPONSE']._serialized_start=748
-  _globals['_GETLOADRESPONSE']._serialized_end=952
-  _globals['_STREAMCACHEEVENTSREQUEST']._serialized_start=954
-  _globals['_STREAMCACHEEVENTSREQUEST']._serialized_end=980
-  _globals['_CACHEEVENT']._serialized_start=983
-  _globals['_CACHEEVENT']._serialized_end=1156
-  _globals['_STREAMCACHEEVENTSRESPONSE']._serialized_start=1158
-  _globals['_STREAMCACHEEVENTSRESPONSE']._serialized_end=1226
-  _globals['_GETCACHESNAPSHOTREQUEST']._serialized_start=1228
-  _globals['_GETCACHESNAPSHOTREQUEST']._serialized_end=1253
-  _globals['_GETCACHESNAPSHOTRESPONSE']._serialized_start=1255
-  _globals['_GETCACHESNAPSHOTRESPONSE']._serialized_end=1376
-  _globals['_FLUSHCACHEREQUEST']._serialized_start=1378
-  _globals['_FLUSHCACHEREQUEST']._serialized_end=1397
-  _globals['_FLUSHCACHERESPONSE']._serialized_start=1399
-  _globals['_FLUSHCACHERESPONSE']._serialized_end=1436
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1438
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1459
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1461
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1522
-  _globals['_EMBEDREQUEST']._serialized_start=1524
-  _globals['_EMBEDREQUEST']._serialized_end=1634
-  _globals['_EMBEDRESPONSE']._serialized_start=1636
-  _globals['_EMBEDRESPONSE']._serialized_end=1695
-  _globals['_WORKER']._serialized_start=1840
-  _globals['_WORKER']._serialized_end=2566
+  _globals['_GENERATEREQUEST']._serialized_end=262
+  _globals['_STREAMOUTPUTSREQUEST']._serialized_start=264
+  _globals['_STREAMOUTPUTSREQUEST']._serialized_end=305
+  _globals['_STREAMOUTPUTSRESPONSE']._serialized_start=307
+  _globals['_STREAMOUTPUTSRESPONSE']._serialized_end=375
+  _globals['_GENERATERESPONSE']._serialized_start=377
+  _globals['_GENERATERESPONSE']._serialized_end=439
+  _globals['_CONTINUATION']._serialized_start=441
+  _globals['_CONTINUATION']._serialized_end=524
+  _globals['_SCOREREQUEST']._serialized_start=526
+  _globals['_SCOREREQUEST']._serialized_end=627
+  _globals['_CONTINUATIONSCORE']._serialized_start=629
+  _globals['_CONTINUATIONSCORE']._serialized_end=706
+  _globals['_SCORERESPONSE']._serialized_start=708
+  _globals['_SCORERESPONSE']._serialized_end=795
+  _globals['_ABORTREQUEST']._serialized_start=797
+  _globals['_ABORTREQUEST']._serialized_end=831
+  _globals['_ABORTRESPONSE']._serialized_start=833
+  _globals['_ABORTRESPONSE']._serialized_end=863
+  _globals['_GETLOADREQUEST']._serialized_start=865
+  _globals['_GETLOADREQUEST']._serialized_end=881
+  _globals['_GETLOADRESPONSE']._serialized_start=884
+  _globals['_GETLOADRESPONSE']._serialized_end=1088
+  _globals['_STREAMCACHEEVENTSREQUEST']._serialized_start=1090
+  _globals['_STREAMCACHEEVENTSREQUEST']._serialized_end=1116
+  _globals['_CACHEEVENT']._serialized_start=1119
+  _globals['_CACHEEVENT']._serialized_end=1292
+  _globals['_STREAMCACHEEVENTSRESPONSE']._serialized_start=1294
+  _globals['_STREAMCACHEEVENTSRESPONSE']._serialized_end=1362
+  _globals['_GETCACHESNAPSHOTREQUEST']._serialized_start=1364
+  _globals['_GETCACHESNAPSHOTREQUEST']._serialized_end=1389
+  _globals['_GETCACHESNAPSHOTRESPONSE']._serialized_start=1391
+  _globals['_GETCACHESNAPSHOTRESPONSE']._serialized_end=1512
+  _globals['_FLUSHCACHEREQUEST']._serialized_start=1514
+  _globals['_FLUSHCACHEREQUEST']._serialized_end=1533
+  _globals['_FLUSHCACHERESPONSE']._serialized_start=1535
+  _globals['_FLUSHCACHERESPONSE']._serialized_end=1572
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1574
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1595
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1597
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1658
+  _globals['_EMBEDREQUEST']._serialized_start=1660
+  _globals['_EMBEDREQUEST']._serialized_end=1770
+  _globals['_EMBEDRESPONSE']._serialized_start=1772
+  _globals['_EMBEDRESPONSE']._serialized_end=1831
+  _globals['_WORKER']._serialized_start=1976
+  _globals['_WORKER']._serialized_end=2794
 # @@protoc_insertion_point(module_scope)

@@ -20,18 +20,32 @@ CACHE_EVENT_KIND_REMOVED: CacheEventKind
 CACHE_EVENT_KIND_CLEARED: CacheEventKind
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("input", "sampling_params", "request_id", "stream", "first_and_rest")
+    __slots__ = ("input", "sampling_params", "request_id", "stream", "first_and_rest", "output_stream")
     INPUT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     FIRST_AND_REST_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_STREAM_FIELD_NUMBER: _ClassVar[int]
     input: _common_pb2.Input
     sampling_params: _common_pb2.SamplingParams
     request_id: str
     stream: bool
     first_and_rest: bool
-    def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., stream: _Optional[bool] = ..., first_and_rest: _Optional[bool] = ...) -> None: ...
+    output_stream: str
+    def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., stream: _Optional[bool] = ..., first_and_rest: _Optional[bool] = ..., output_stream: _Optional[str] = ...) -> None: ...
+
+class StreamOutputsRequest(_message.Message):
+    __slots__ = ("stream_id",)
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    def __init__(self, stream_id: _Optional[str] = ...) -> None: ...
+
+class StreamOutputsResponse(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[_common_pb2.GenerateChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_common_pb2.GenerateChunk, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("chunk",)

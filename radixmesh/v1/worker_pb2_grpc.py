@@ -80,6 +80,11 @@ class WorkerStub:
                 request_serializer=radixmesh_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.StreamOutputs = channel.unary_stream(
+                '/radixmesh.v1.Worker/StreamOutputs',
+                request_serializer=radixmesh_dot_v1_dot_worker__pb2.StreamOutputsRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_worker__pb2.StreamOutputsResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -149,6 +154,16 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamOutputs(self, request, context):
+        """The outputs of the requests that name this stream (GenerateRequest.output_stream),
+        batched: each message carries what the scheduler produced for any of them since the
+        last message (a request's outputs joined while the reader is behind). A router opens
+        one per worker and reads one message a step instead of one per request and token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +211,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=radixmesh_dot_v1_dot_worker__pb2.EmbedRequest.FromString,
                     response_serializer=radixmesh_dot_v1_dot_worker__pb2.EmbedResponse.SerializeToString,
+            ),
+            'StreamOutputs': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamOutputs,
+                    request_deserializer=radixmesh_dot_v1_dot_worker__pb2.StreamOutputsRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_worker__pb2.StreamOutputsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +462,33 @@ class Worker:
             '/radixmesh.v1.Worker/Embed',
             radixmesh_dot_v1_dot_worker__pb2.EmbedRequest.SerializeToString,
             radixmesh_dot_v1_dot_worker__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamOutputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/radixmesh.v1.Worker/StreamOutputs',
+            radixmesh_dot_v1_dot_worker__pb2.StreamOutputsRequest.SerializeToString,
+            radixmesh_dot_v1_dot_worker__pb2.StreamOutputsResponse.FromString,
             options,
             channel_credentials,
             insecure,

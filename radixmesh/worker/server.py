@@ -59,6 +59,7 @@ from radixmesh.wire import (
 from radixmesh.worker.cache_event_hub import CacheEventHub
 from radixmesh.worker.engine_process import EngineProcess
 from radixmesh.worker.metrics import WorkerMetrics
+from radixmesh.worker.output_stream import MAX_OUTPUT_STREAMS, OutputStream
 from radixmesh.worker.stats import SchedulerStats
 from radixmesh.worker.stats_log import log_stats
 
@@ -132,6 +133,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.hub: CacheEventHub | None = None
         self.metrics = WorkerMetrics(self.read_stats, model_name)
         self.in_flight: set[str] = set()
+        self.output_streams: dict[str, OutputStream] = {}  # StreamOutputs' by name
         self.scoring = 0  # continuations of Score calls in flight (each one request)
         self.max_in_flight = config.max_in_flight or 0
         self._load_samples: collections.deque[tuple[float, int]] = collections.deque()
@@ -163,6 +165,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         rid = request.request_id or uuid.uuid4().hex
         stream: AsyncIterator[RequestOutput] | None = None
+        sink: OutputStream | None = None
         finished = False
         try:
             engine = self._engine()
@@ -174,7 +177,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             stream = engine.async_stream(ids, params, rid=rid)
             self.in_flight.add(rid)
             outputs = self._timed(stream)
-            if request.stream:
+            sink = self.output_streams.get(request.output_stream)
+            if sink is not None:
+                first = True
+                async for out in outputs:
+                    finished = out.finished
+                    sink.put(rid, out, send=request.stream or first or out.finished)
+                    first = False
+            elif request.stream:
                 async for out in outputs:
                     finished = out.finished
                     yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, out))
@@ -197,6 +207,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             # A cancelled / disconnected / expired stream: abort it in the engine now.
             if stream is not None and not finished and self.engine is not None:
                 self.engine.abort(rid)
+            if sink is not None and not finished:
+                sink.discard(rid)  # what it held for a request that ends with an error
             self.in_flight.discard(rid)
 
     def _admit(self, n: int) -> None:
@@ -346,6 +358,34 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             samples.popleft()
         t0, g0 = samples[0]
         return (generated - g0) / (now - t0) if now > t0 else 0.0
+
+    async def StreamOutputs(
+        self, request: worker_pb2.StreamOutputsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.StreamOutputsResponse]:
+        """Batches of the outputs of the requests that name this stream (output_stream.py);
+        open until the caller cancels it or the server stops."""
+        name = request.stream_id
+        try:
+            self._engine()
+            if not name or len(name) > 128:
+                raise InvalidArgument("stream_id", "give a name of 1 to 128 characters")
+            if name in self.output_streams:
+                raise InvalidArgument("stream_id", f"a stream named {name!r} is open")
+            if len(self.output_streams) >= MAX_OUTPUT_STREAMS:
+                raise Overloaded(f"{MAX_OUTPUT_STREAMS} output streams are open")
+        except RadixMeshError as e:
+            await abort_rpc(context, e)
+        sink = self.output_streams[name] = OutputStream()
+        try:
+            await context.send_initial_metadata(())  # tells the caller the name is open
+            while True:
+                batch = await sink.take()
+                yield worker_pb2.StreamOutputsResponse(
+                    chunks=[chunk_to_proto(rid, out) for rid, out in batch]
+                )
+        finally:
+            sink.close()
+            del self.output_streams[name]
 
     # ---- cache ----------------------------------------------------------------------------
 

@@ -220,6 +220,87 @@ def test_async_client_generates_the_same(worker: WorkerProcess, engine: Engine) 
     assert out.token_ids == streamed == ref["output_ids"]
 
 
+def _generate_request(prompt: list[int], rid: str, **fields: Any) -> worker_pb2.GenerateRequest:
+    return worker_pb2.GenerateRequest(
+        input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=prompt)),
+        sampling_params=common_pb2.SamplingParams(temperature=0.0, max_new_tokens=12),
+        request_id=rid,
+        **fields,
+    )
+
+
+def test_first_and_rest_sends_two_messages(
+    stub: worker_pb2_grpc.WorkerStub, engine: Engine
+) -> None:
+    ids = engine.tokenizer.encode("Once upon a time")
+    ref = _engine_out(engine, ids, {"temperature": 0.0, "max_new_tokens": 12})
+    req = _generate_request(ids, "first-rest", first_and_rest=True)
+    chunks = [r.chunk for r in stub.Generate(req, metadata=MD)]
+    # The first step's output (more steps' if the server's loop was behind), then the rest:
+    # two messages, or one when the first output was already the whole reply.
+    assert 1 <= len(chunks) <= 2
+    assert [c.HasField("finish") for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert [t for c in chunks for t in c.token_ids] == ref["output_ids"]
+    assert "".join(c.text for c in chunks) == ref["text"]
+    assert chunks[-1].completion_tokens == 12
+
+
+def test_output_stream_carries_the_requests_that_name_it(
+    stub: worker_pb2_grpc.WorkerStub, engine: Engine
+) -> None:
+    ids = engine.tokenizer.encode("Once upon a time")
+    ref = _engine_out(engine, ids, {"temperature": 0.0, "max_new_tokens": 12})
+    outputs = stub.StreamOutputs(worker_pb2.StreamOutputsRequest(stream_id="s1"), metadata=MD)
+    try:
+        outputs.initial_metadata()  # the name is open
+        again = stub.StreamOutputs(worker_pb2.StreamOutputsRequest(stream_id="s1"), metadata=MD)
+        with pytest.raises(grpc.RpcError) as taken:
+            next(again)
+        assert taken.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        streamed = _generate_request(ids, "on-stream", stream=True, output_stream="s1")
+        whole = _generate_request(ids, "on-stream-2", first_and_rest=True, output_stream="s1")
+        # Both calls end with no message: their chunks go to the output stream.
+        assert list(stub.Generate(streamed, metadata=MD)) == []
+        assert list(stub.Generate(whole, metadata=MD)) == []
+        got: dict[str, list[common_pb2.GenerateChunk]] = {"on-stream": [], "on-stream-2": []}
+        while not all(c and c[-1].HasField("finish") for c in got.values()):
+            for chunk in next(outputs).chunks:
+                got[chunk.request_id].append(chunk)
+        for chunks in got.values():
+            assert [t for c in chunks for t in c.token_ids] == ref["output_ids"]
+            assert "".join(c.text for c in chunks) == ref["text"]
+        # A whole reply: its first output, then the rest joined (one, if the first was all).
+        assert 1 <= len(got["on-stream-2"]) <= 2
+        # A streamed one: its outputs in order (a chunk may carry several steps when the
+        # reader was behind), the counts cumulative.
+        counts = [c.completion_tokens for c in got["on-stream"]]
+        assert counts == sorted(set(counts)) and counts[-1] == 12
+    finally:
+        outputs.cancel()
+    # Closed: a request naming it gets its chunks on its own call again.
+    deadline = time.monotonic() + 10
+    req = _generate_request(ids, "after-close", stream=True, output_stream="s1")
+    while True:
+        try:
+            chunks = [r.chunk for r in stub.Generate(req, metadata=MD)]
+        except grpc.RpcError as e:  # it closed as this request went there
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+            chunks = []
+        if chunks:
+            break
+        assert time.monotonic() < deadline  # the worker noticed the cancel
+    assert [t for c in chunks for t in c.token_ids] == ref["output_ids"]
+
+
+def test_output_stream_names_are_checked(stub: worker_pb2_grpc.WorkerStub) -> None:
+    for name in ("", "x" * 129):
+        call = stub.StreamOutputs(worker_pb2.StreamOutputsRequest(stream_id=name), metadata=MD)
+        with pytest.raises(grpc.RpcError) as e:
+            next(call)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "stream_id" in (e.value.details() or "")
+
+
 def test_select_picks_the_likeliest_choice(client: Client, engine: Engine) -> None:
     sel = client.select("The capital of France is", [" London", " Paris", " Berlin"])
     assert (sel.index, sel.text) == (1, " Paris")

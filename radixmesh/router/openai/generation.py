@@ -184,6 +184,10 @@ class _ChunkEvents:
         self.offsets = [0] * gen.num_choices  # completions' text_offset per choice
         self.usage = UsageCounter(gen.n)
         self.streams = [MessageStream.of(gen) for _ in range(gen.num_choices)]
+        # Plain text out (no logprobs, no tool calls or reasoning to parse): each event is
+        # built as a dict in the models' layout, without a pydantic model per chunk (the
+        # router's cost per streamed token; tests check both ways agree).
+        self.plain = gen.top_logprobs is None and all(m is None for m in self.streams)
 
     def _envelope(
         self, choices: list[Any], chunk: common_pb2.GenerateChunk | None = None
@@ -243,6 +247,8 @@ class _ChunkEvents:
         counts = g.continuous_usage and bool(chunk.token_ids)
         if not chunk.text and reason is None and not counts:
             return []
+        if self.plain:
+            return [self._plain(index, chunk, reason)]
         choice: rs.ChunkChoice | rs.CompletionChoice
         if g.chat:
             delta, reason = self._delta(index, chunk.text, reason)
@@ -263,6 +269,37 @@ class _ChunkEvents:
             )
         self.offsets[index] += len(chunk.text)
         return [self._envelope([choice], chunk)]
+
+    def _plain(
+        self, index: int, chunk: common_pb2.GenerateChunk, reason: rs.FinishReason | None
+    ) -> dict[str, Any]:
+        """`of`'s event for plain text, as the models would dump it."""
+        g = self.gen
+        text = chunk.text
+        self.offsets[index] += len(text)
+        choice: dict[str, Any]
+        if g.chat:
+            delta = {"content": text} if text else {}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+        payload: dict[str, Any] = {
+            "id": self.rid,
+            "object": "chat.completion.chunk" if g.chat else "text_completion",
+            "created": g.created,
+            "model": g.model,
+            "choices": [choice],
+        }
+        if g.continuous_usage:
+            payload["usage"] = {
+                "prompt_tokens": chunk.prompt_tokens,
+                "completion_tokens": chunk.completion_tokens,
+                "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": chunk.cached_tokens},
+            }
+        elif g.include_usage:
+            payload["usage"] = None
+        return payload
 
     def _delta(
         self, index: int, text: str, reason: rs.FinishReason | None

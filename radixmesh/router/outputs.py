@@ -1,0 +1,175 @@
+"""Worker outputs on the router: each request's `Sink`, filled from its worker's output
+stream or from the request's own Generate call, and watched for stalls and shutdown.
+
+The data path of one token: the worker's scheduler step produces it, the worker's output
+stream (worker/output_stream.py) sends it in that step's batch for every request this
+router placed there, `OutputReader` (one per worker, on the router's loop) puts it in the
+request's sink, and the request's handler takes everything its sink holds at once (several
+chunks joined into one while the client is slower than the worker) and forwards it. The
+router so reads one message per worker and step, not one per request and token, and
+writes fewer, larger messages to a client that falls behind.
+
+A request whose worker has no output stream open (not yet connected, a worker that does
+not offer one) gets its chunks on its own Generate call, into the same sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any, Protocol
+
+import grpc
+
+from radixmesh.errors import Unavailable
+from radixmesh.v1 import common_pb2, worker_pb2
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerStalled(Unavailable):
+    """A worker sent nothing (no chunk, no output batch, no health answer) for
+    `stall_timeout` seconds while a request waited on it (hung)."""
+
+
+class Heard(Protocol):
+    worker_id: str
+    last_heard: float  # time.monotonic() of the worker's last message of any kind
+
+
+class Sink:
+    """One request's chunks as they arrive, and how its worker call ended if it failed.
+    Owned by the router's event loop."""
+
+    __slots__ = ("_waiter", "chunks", "error", "stream_id", "touched", "worker")
+
+    def __init__(self, worker: Heard, stream_id: str | None) -> None:
+        self.worker = worker
+        self.stream_id = stream_id  # the worker's output stream it named (None: its call)
+        self.chunks: list[common_pb2.GenerateChunk] = []
+        self.error: BaseException | None = None
+        self.touched = time.monotonic()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, chunk: common_pb2.GenerateChunk) -> None:
+        self.chunks.append(chunk)
+        self.touched = time.monotonic()
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """End the request with `error` after the chunks already here (the first error
+        stays)."""
+        if self.error is None:
+            self.error = error
+        self._wake()
+
+    async def get(self) -> list[common_pb2.GenerateChunk]:
+        """Every chunk here (waits for one); the failure once none is left."""
+        while not self.chunks:
+            if self.error is not None:
+                raise self.error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunks, self.chunks = self.chunks, []
+        return chunks
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
+class SinkWatch:
+    """The sinks of the requests in flight: a sink whose worker went silent for
+    `stall_timeout` seconds fails with WorkerStalled (a hung worker, e.g. SIGSTOPped,
+    must not hold its callers for minutes); `stop` fails them all at once when the router
+    shuts down. One sweep over them every quarter of the timeout, instead of a timer per
+    read."""
+
+    def __init__(self, stall_timeout: float) -> None:
+        self.stall_timeout = stall_timeout
+        self.stopping: str | None = None  # why the sinks were stopped (shutdown)
+        self._sinks: set[Sink] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def add(self, sink: Sink) -> None:
+        if self.stopping is not None:
+            raise Unavailable(self.stopping)
+        self._sinks.add(sink)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def discard(self, sink: Sink) -> None:
+        self._sinks.discard(sink)
+
+    def stop(self, why: str) -> None:
+        """Fail every sink now (and refuse new ones) with Unavailable(why)."""
+        self.stopping = why
+        for sink in self._sinks:
+            sink.fail(Unavailable(why))
+
+    async def _sweep(self) -> None:
+        interval = min(self.stall_timeout / 4, 1.0)
+        while self._sinks:
+            await asyncio.sleep(interval)
+            self.sweep(time.monotonic())
+
+    def sweep(self, now: float) -> None:
+        """Fail the sinks whose worker said nothing since `now` - stall_timeout."""
+        for sink in list(self._sinks):
+            if now - max(sink.touched, sink.worker.last_heard) > self.stall_timeout:
+                sink.fail(
+                    WorkerStalled(
+                        f"worker {sink.worker.worker_id} sent nothing for {self.stall_timeout:g} s"
+                    )
+                )
+
+
+class OutputReader:
+    """One worker's output stream, read into the sinks of this router's requests there.
+    `stream_id` names it while it is open (None: requests get their chunks on their own
+    calls); reopened under a new name after it ends."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker  # the WorkerHandle: its stub, metadata, last_heard
+        self.stream_id: str | None = None
+        self.sinks: dict[str, Sink] = {}  # worker request id -> its sink
+
+    async def run(self, retry_interval: float) -> None:
+        while True:
+            try:
+                await self._follow()
+            except grpc.aio.AioRpcError as e:
+                logger.debug("outputs of %s: %s", self.worker.worker_id, e.code().name)
+            await asyncio.sleep(retry_interval)
+
+    async def _follow(self) -> None:
+        name = uuid.uuid4().hex
+        call = self.worker.stub.StreamOutputs(
+            worker_pb2.StreamOutputsRequest(stream_id=name), metadata=self.worker.metadata
+        )
+        try:
+            await call.initial_metadata()  # the worker has registered the name
+            self.stream_id = name
+            sinks = self.sinks
+            async for batch in call:
+                self.worker.last_heard = time.monotonic()
+                for chunk in batch.chunks:
+                    sink = sinks.get(chunk.request_id)
+                    if sink is not None:
+                        sink.put(chunk)
+        finally:
+            self.stream_id = None
+            call.cancel()
+            self._lost(name)
+
+    def _lost(self, name: str) -> None:
+        """The stream ended: requests that named it may have lost their last chunks."""
+        for sink in list(self.sinks.values()):
+            if sink.stream_id == name:
+                sink.fail(WorkerStalled(f"worker {self.worker.worker_id}: its output stream ended"))
