@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,13 @@ ORACLE = "oracle"
 # pending-prefill term buys, reported apart.
 ABLATIONS: dict[str, dict[str, Any]] = {"cache_aware_no_pending": {"pending_prefill_weight": 0.0}}
 VOCAB = 32000
+# How router replicas learn the placements the others made and the workers have not yet
+# reported cached: `local` (they do not: tentative entries stay in the replica that routed),
+# `worker-announced` (a worker publishes a "pending" event for a prompt's blocks when it
+# receives the request; every replica applies it after the event delay, as a tentative
+# entry), `owner` (a prefix's first block names the replica that routes it; the others
+# forward to it).
+SHARING = ("local", "worker-announced", "owner")
 
 
 # ---- configuration ----------------------------------------------------------------------
@@ -81,6 +89,20 @@ class SimConfig:
     request_cost_tokens: int = 64  # RouterConfig's default
     summary_budget_bytes: int = 256 * 1024 * 1024
     seed: int = 0
+    # Router replicas in front of the same workers; clients spread requests over them
+    # round robin. Each has its own tentative entries and in-flight counts.
+    replicas: int = 1
+    sharing: str = "local"  # how replicas learn each other's placements: one of SHARING
+    health_interval_s: float = 1.0  # RouterConfig.health_interval: load polls per worker
+    forward_s: float = 0.0005  # `owner`: a non-owner replica's hop to the prefix's owner
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.sharing not in SHARING:
+            raise ValueError(f"sharing must be one of {SHARING}, got {self.sharing!r}")
+        if self.health_interval_s <= 0:
+            raise ValueError(f"health_interval_s must be > 0, got {self.health_interval_s}")
 
     @property
     def capacity_blocks(self) -> int:
@@ -228,6 +250,9 @@ class BlockCache:
     def __init__(self, capacity_blocks: int) -> None:
         self.capacity = capacity_blocks
         self.blocks: OrderedDict[int, int] = OrderedDict()  # hash -> pins; LRU first
+        # Blocks with no pin: whether a path fits is asked at every admission, and counting
+        # them over a full cache was most of a large simulation's time.
+        self.unpinned = 0
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -243,25 +268,33 @@ class BlockCache:
     def insert(self, hashes: Sequence[int], pin: bool) -> tuple[list[int], list[int]] | None:
         """Cache (and touch) a path; (stored, evicted) hashes, or None (and no change) when
         it cannot fit because too much is pinned."""
+        blocks = self.blocks
         m = self.match(hashes)
         new = hashes[m:]
         keep = set(hashes[:m])
-        need = len(self.blocks) + len(new) - self.capacity
-        if need > 0 and sum(1 for h, p in self.blocks.items() if not p and h not in keep) < need:
-            return None
+        need = len(blocks) + len(new) - self.capacity
+        if need > 0:
+            evictable = self.unpinned - sum(1 for h in hashes[:m] if not blocks[h])
+            if evictable < need:
+                return None
         evicted = self._evict(need, keep)
-        blocks = self.blocks
         for h in new:
             blocks[h] = 0
+        self.unpinned += len(new)
         for h in reversed(hashes):
             blocks.move_to_end(h)
             if pin:
+                if not blocks[h]:
+                    self.unpinned -= 1
                 blocks[h] += 1
         return list(new), evicted
 
     def unpin(self, hashes: Sequence[int]) -> None:
+        blocks = self.blocks
         for h in hashes:
-            self.blocks[h] -= 1
+            blocks[h] -= 1
+            if not blocks[h]:
+                self.unpinned += 1
 
     def _evict(self, n: int, keep: set[int]) -> list[int]:
         """Drop up to `n` unpinned blocks, least recently used first, none of `keep`."""
@@ -275,6 +308,7 @@ class BlockCache:
                     break
         for h in victims:
             del self.blocks[h]
+        self.unpinned -= len(victims)
         return victims
 
 
@@ -402,18 +436,38 @@ class SimClock:
 
 
 class SimRouter:
-    """`RouterServicer.route` over simulated workers, or the oracle."""
+    """One router replica: `RouterServicer.route` over simulated workers, or the oracle.
+
+    Its own `SummaryIndex` (confirmed blocks from every worker's events, tentative entries
+    from its own placements and, with `worker-announced`, the workers' pending events) and
+    its own load view, as `WorkerHandle.candidate` builds it: queued = max(the worker's
+    last polled load - this replica's requests ended since, this replica's in-flight
+    requests there); pending prefill = this replica's routed and not yet started tokens.
+    With one replica that view is exact (every request goes through it).
+    """
 
     def __init__(
-        self, policy: str, workers: list[SimWorker], config: SimConfig, clock: SimClock
+        self,
+        policy: str,
+        workers: list[SimWorker],
+        config: SimConfig,
+        clock: SimClock,
+        replica: int = 0,
     ) -> None:
         self.workers = workers
         self.config = config
         self.index = SummaryIndex(config.summary_budget_bytes, clock)
         for w in workers:
             self.index.add(w.wid)
-        self.rng = random.Random(config.seed)
+        # Replica 0 draws as a single router does; the others from seeds of their own.
+        seed = config.seed + 7919 * replica
+        self.rng = random.Random(seed)
         self.policy: Policy | None = None
+        n = len(workers)
+        self.in_flight = [0] * n
+        self.pending = [0] * n  # uncached tokens routed, until the first token comes back
+        self.polled = [0] * n  # the worker's running + waiting at the last poll
+        self.ended_since_poll = [0] * n
         # rid -> uncached tokens when routed: the router's pending-prefill estimate, counted
         # while the request waits or prefills (the real router: until its first chunk).
         self.estimates: dict[int, int] = {}
@@ -421,27 +475,46 @@ class SimRouter:
             overrides = ABLATIONS.get(policy, {})
             options = PolicyOptions(request_cost_tokens=config.request_cost_tokens, **overrides)
             name = "cache_aware" if policy in ABLATIONS else policy
-            self.policy = make_policy(name, config.seed, options)
+            self.policy = make_policy(name, seed, options)
         self.by_id = {w.wid: w for w in workers}
 
     def route(self, req: Request) -> SimWorker:
         if self.policy is None:
-            return self._oracle(req)
-        matched = self.index.match(req.prompt_hashes)
-        bs = self.config.block_size
-        candidates = [
-            Candidate(w.wid, True, matched[w.wid] * bs, w.queued, self._pending(w))
-            for w in self.workers
-        ]
-        chosen = self.by_id[self.policy.choose(req.prompt_len, candidates)]
-        self.estimates[req.rid] = max(req.prompt_len - matched[chosen.wid] * bs, 0)
-        self.index[chosen.wid].add_tentative(req.prompt_hashes, self.config.tentative_ttl)
-        self.index.enforce_budget()
+            chosen = self._oracle(req)
+        else:
+            matched = self.index.match(req.prompt_hashes)
+            bs = self.config.block_size
+            candidates = [
+                Candidate(
+                    w.wid,
+                    True,
+                    matched[w.wid] * bs,
+                    max(self.polled[i] - self.ended_since_poll[i], self.in_flight[i]),
+                    self.pending[i],
+                )
+                for i, w in enumerate(self.workers)
+            ]
+            chosen = self.by_id[self.policy.choose(req.prompt_len, candidates)]
+            estimate = max(req.prompt_len - matched[chosen.wid] * bs, 0)
+            self.estimates[req.rid] = estimate
+            self.pending[chosen.index] += estimate
+            self.index[chosen.wid].add_tentative(req.prompt_hashes, self.config.tentative_ttl)
+            self.index.enforce_budget()
+        self.in_flight[chosen.index] += 1
         return chosen
 
-    def _pending(self, w: SimWorker) -> int:
-        pending = sum(self.estimates[r.rid] for r in w.waiting)
-        return pending + sum(self.estimates[r.req.rid] for r in w.prefilling)
+    def first_token(self, w: SimWorker, rid: int) -> None:
+        self.pending[w.index] -= self.estimates.pop(rid, 0)
+
+    def ended(self, w: SimWorker) -> None:
+        self.in_flight[w.index] -= 1
+        self.ended_since_poll[w.index] += 1
+
+    def poll(self) -> None:
+        """`WorkerHandle.poll` of every worker (GetLoad), answered at once."""
+        for w in self.workers:
+            self.polled[w.index] = w.queued
+            self.ended_since_poll[w.index] = 0
 
     def _oracle(self, req: Request) -> SimWorker:
         """cache_aware's cost from the truth: true caches (+ queued prompts), exact queues."""
@@ -458,24 +531,58 @@ class SimRouter:
         if kind == "stored":
             summary.store(hashes)
             self.index.enforce_budget()
+        elif kind == "pending":
+            # The worker has the request: its prompt will be cached there (as a tentative
+            # entry, it lapses unless a stored event confirms it).
+            summary.add_tentative(hashes, self.config.tentative_ttl)
+            self.index.enforce_budget()
         else:
             summary.remove(hashes)
 
 
 # ---- the simulation ---------------------------------------------------------------------
 
-_ARRIVE, _STEP_END, _DELIVER = 0, 1, 2
+_ARRIVE, _ROUTE, _STEP_END, _DELIVER, _POLL = 0, 1, 2, 3, 4
 
 
-def simulate(trace: list[Request], policy: str, config: SimConfig) -> dict[str, Any]:
-    """Replay `trace` through the router and workers; the figures of the run."""
+@dataclass
+class Observation:
+    """What `simulate` records besides the figures, when a caller asks for it."""
+
+    placements: list[int] = field(default_factory=list)  # rid -> worker index
+    replica_of: list[int] = field(default_factory=list)  # rid -> the replica that routed it
+    route_us: list[list[float]] = field(default_factory=list)  # per replica: route() wall time
+
+
+def owner(req: Request, replicas: int) -> int:
+    """`owner` sharing: the replica that routes every prompt starting with this block."""
+    return req.prompt_hashes[0] % replicas if req.prompt_hashes else 0
+
+
+def simulate(
+    trace: list[Request], policy: str, config: SimConfig, observe: Observation | None = None
+) -> dict[str, Any]:
+    """Replay `trace` through the router replicas and workers; the figures of the run.
+
+    Requests go to the replicas round robin, from a seeded first replica (with `owner`
+    sharing, a request that lands on a replica other than its prefix's owner is forwarded
+    there, `forward_s` later). Every worker event reaches every replica `event_delay_s`
+    after the worker published it; each replica polls every worker's load once per
+    `health_interval_s` (the replicas' polls spread over the interval).
+    """
     clock = SimClock()
     workers = [SimWorker(i, config) for i in range(config.workers)]
-    router = SimRouter(policy, workers, config, clock)
+    routers = [SimRouter(policy, workers, config, clock, r) for r in range(config.replicas)]
     outcomes = [Outcome() for _ in trace]
+    replica_of = [0] * len(trace)
     next_turn: dict[int, Request] = {r.after: r for r in trace if r.after is not None}
     heap: list[tuple[float, int, int, Any]] = []
     seq = 0
+    delay = config.event_delay_s
+    announce = config.sharing == "worker-announced"
+    route_ns: list[list[int]] = [[] for _ in routers]
+    turn = random.Random(config.seed).randrange(config.replicas)  # the next replica
+    unfinished = len(trace)
 
     def push(t: float, kind: int, payload: Any) -> None:
         nonlocal seq
@@ -487,7 +594,7 @@ def simulate(trace: list[Request], policy: str, config: SimConfig) -> dict[str, 
         duration = w.start_step(outcomes, events)
         # Evictions happen at admission; the worker publishes them right away.
         for kind, hashes in events:
-            push(now + config.event_delay_s, _DELIVER, (w.wid, kind, hashes))
+            push(now + delay, _DELIVER, (w.wid, kind, hashes))
         w.busy = duration > 0
         if w.busy:
             push(now + duration, _STEP_END, w)
@@ -495,32 +602,59 @@ def simulate(trace: list[Request], policy: str, config: SimConfig) -> dict[str, 
     for r in trace:
         if r.after is None:
             push(r.arrival, _ARRIVE, r)
-    decisions = 0
+    if config.replicas > 1:  # one router's poll cannot change its view (see SimRouter)
+        for i in range(config.replicas):
+            push(i * config.health_interval_s / config.replicas, _POLL, i)
     while heap:
         now, _, kind, payload = heapq.heappop(heap)
         clock.now = now
         if kind == _ARRIVE:
             req: Request = payload
             outcomes[req.rid].arrival = now
-            w = router.route(req)
-            decisions += 1
+            replica = turn
+            turn = (turn + 1) % config.replicas
+            if config.sharing == "owner" and owner(req, config.replicas) != replica:
+                push(now + config.forward_s, _ROUTE, (req, owner(req, config.replicas)))
+                continue
+            payload = (req, replica)
+            kind = _ROUTE
+        if kind == _ROUTE:
+            req, replica = payload
+            replica_of[req.rid] = replica
+            t0 = time.perf_counter_ns()
+            w = routers[replica].route(req)
+            route_ns[replica].append(time.perf_counter_ns() - t0)
+            if announce:
+                push(now + delay, _DELIVER, (w.wid, "pending", req.prompt_hashes))
             w.enqueue(req)
             if not w.busy:
                 start(w, now)
         elif kind == _STEP_END:
             w = payload
+            for r in w.prefilling:
+                routers[replica_of[r.req.rid]].first_token(w, r.req.rid)
             events: list[tuple[str, list[int]]] = []
             for done in w.end_step(now, outcomes, events):
+                routers[replica_of[done.rid]].ended(w)
+                unfinished -= 1
                 follow = next_turn.get(done.rid)
                 if follow is not None:
                     push(now + follow.arrival, _ARRIVE, follow)
             for ev_kind, hashes in events:
-                push(now + config.event_delay_s, _DELIVER, (w.wid, ev_kind, hashes))
+                push(now + delay, _DELIVER, (w.wid, ev_kind, hashes))
             start(w, now)
-        else:
+        elif kind == _DELIVER:
             wid, ev_kind, hashes = payload
-            router.apply(wid, ev_kind, hashes)
-    return _figures(trace, outcomes, config, router)
+            for router in routers:
+                router.apply(wid, ev_kind, hashes)
+        elif unfinished:  # a poll, repeated while anything is left to route or run
+            routers[payload].poll()
+            push(now + config.health_interval_s, _POLL, payload)
+    if observe is not None:
+        observe.placements = [o.worker for o in outcomes]
+        observe.replica_of = replica_of
+        observe.route_us = [[ns / 1e3 for ns in per] for per in route_ns]
+    return _figures(trace, outcomes, config, routers[0])
 
 
 def percentile(values: list[float], q: float) -> float:
