@@ -48,7 +48,7 @@ from typing import Any
 
 from radixmesh.prefix import block_hashes
 from radixmesh.router.policy import Candidate, Policy, PolicyOptions, make_policy
-from radixmesh.router.summary import SummaryIndex
+from radixmesh.router.summary import BYTES_PER_BLOCK, SummaryIndex
 
 ORACLE = "oracle"
 # cache_aware with a part of its cost switched off (not a registered policy): what the
@@ -468,9 +468,17 @@ class SimRouter:
         self.pending = [0] * n  # uncached tokens routed, until the first token comes back
         self.polled = [0] * n  # the worker's running + waiting at the last poll
         self.ended_since_poll = [0] * n
+        # Each worker's Candidate with nothing cached, rebuilt when its load view changes:
+        # a request patches in only the workers whose summary holds its first block (as
+        # `WorkerHandle.candidate` reuses an unchanged one).
+        self.idle = [Candidate(w.wid, True, 0, 0, 0) for w in workers]
+        self.position = {w.wid: w.index for w in workers}
         # rid -> uncached tokens when routed: the router's pending-prefill estimate, counted
         # while the request waits or prefills (the real router: until its first chunk).
         self.estimates: dict[int, int] = {}
+        # At least the blocks the summaries hold: while under the budget, applying an event
+        # needs no `enforce_budget` (whose size check visits every summary).
+        self.blocks_bound = 0
         if policy != ORACLE:
             overrides = ABLATIONS.get(policy, {})
             options = PolicyOptions(request_cost_tokens=config.request_cost_tokens, **overrides)
@@ -484,37 +492,41 @@ class SimRouter:
         else:
             matched = self.index.match(req.prompt_hashes)
             bs = self.config.block_size
-            candidates = [
-                Candidate(
-                    w.wid,
-                    True,
-                    matched[w.wid] * bs,
-                    max(self.polled[i] - self.ended_since_poll[i], self.in_flight[i]),
-                    self.pending[i],
-                )
-                for i, w in enumerate(self.workers)
-            ]
+            candidates = list(self.idle)
+            for wid, n in matched.items():
+                if n:
+                    i = self.position[wid]
+                    candidates[i] = candidates[i]._replace(cached_tokens=n * bs)
             chosen = self.by_id[self.policy.choose(req.prompt_len, candidates)]
             estimate = max(req.prompt_len - matched[chosen.wid] * bs, 0)
             self.estimates[req.rid] = estimate
             self.pending[chosen.index] += estimate
             self.index[chosen.wid].add_tentative(req.prompt_hashes, self.config.tentative_ttl)
+            self.blocks_bound += len(req.prompt_hashes)
             self.index.enforce_budget()
         self.in_flight[chosen.index] += 1
+        self._changed(chosen.index)
         return chosen
 
     def first_token(self, w: SimWorker, rid: int) -> None:
         self.pending[w.index] -= self.estimates.pop(rid, 0)
+        self._changed(w.index)
 
     def ended(self, w: SimWorker) -> None:
         self.in_flight[w.index] -= 1
         self.ended_since_poll[w.index] += 1
+        self._changed(w.index)
 
     def poll(self) -> None:
         """`WorkerHandle.poll` of every worker (GetLoad), answered at once."""
         for w in self.workers:
             self.polled[w.index] = w.queued
             self.ended_since_poll[w.index] = 0
+            self._changed(w.index)
+
+    def _changed(self, i: int) -> None:
+        queued = max(self.polled[i] - self.ended_since_poll[i], self.in_flight[i])
+        self.idle[i] = Candidate(self.workers[i].wid, True, 0, queued, self.pending[i])
 
     def _oracle(self, req: Request) -> SimWorker:
         """cache_aware's cost from the truth: true caches (+ queued prompts), exact queues."""
@@ -530,14 +542,17 @@ class SimRouter:
         summary = self.index[wid]
         if kind == "stored":
             summary.store(hashes)
-            self.index.enforce_budget()
         elif kind == "pending":
             # The worker has the request: its prompt will be cached there (as a tentative
             # entry, it lapses unless a stored event confirms it).
             summary.add_tentative(hashes, self.config.tentative_ttl)
-            self.index.enforce_budget()
         else:
             summary.remove(hashes)
+            return
+        self.blocks_bound += len(hashes)
+        if self.blocks_bound * BYTES_PER_BLOCK > self.index.budget_bytes:
+            self.index.enforce_budget()
+            self.blocks_bound = self.index.nbytes // BYTES_PER_BLOCK
 
 
 # ---- the simulation ---------------------------------------------------------------------
