@@ -566,7 +566,10 @@ class Observation:
 
     placements: list[int] = field(default_factory=list)  # rid -> worker index
     replica_of: list[int] = field(default_factory=list)  # rid -> the replica that routed it
-    route_us: list[list[float]] = field(default_factory=list)  # per replica: route() wall time
+    # Per replica, each route()'s wall time and thread CPU time (which other processes of
+    # a shared machine do not inflate), in microseconds.
+    route_us: list[list[float]] = field(default_factory=list)
+    route_cpu_us: list[list[float]] = field(default_factory=list)
 
 
 def owner(req: Request, replicas: int) -> int:
@@ -596,6 +599,7 @@ def simulate(
     delay = config.event_delay_s
     announce = config.sharing == "worker-announced"
     route_ns: list[list[int]] = [[] for _ in routers]
+    route_cpu_ns: list[list[int]] = [[] for _ in routers]
     turn = random.Random(config.seed).randrange(config.replicas)  # the next replica
     unfinished = len(trace)
 
@@ -636,9 +640,10 @@ def simulate(
         if kind == _ROUTE:
             req, replica = payload
             replica_of[req.rid] = replica
-            t0 = time.perf_counter_ns()
+            c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
             w = routers[replica].route(req)
             route_ns[replica].append(time.perf_counter_ns() - t0)
+            route_cpu_ns[replica].append(time.thread_time_ns() - c0)
             if announce:
                 push(now + delay, _DELIVER, (w.wid, "pending", req.prompt_hashes))
             w.enqueue(req)
@@ -669,6 +674,7 @@ def simulate(
         observe.placements = [o.worker for o in outcomes]
         observe.replica_of = replica_of
         observe.route_us = [[ns / 1e3 for ns in per] for per in route_ns]
+        observe.route_cpu_us = [[ns / 1e3 for ns in per] for per in route_cpu_ns]
     return _figures(trace, outcomes, config, routers[0])
 
 
