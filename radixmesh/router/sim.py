@@ -3,7 +3,7 @@
 A discrete-event simulation of a cluster of W workers behind the router. What is real and
 what is modelled:
 
-- REAL: `radixmesh.router.policy` (`make_policy`, `Candidate`: every registered policy),
+- REAL: `radixmesh.router.policy` (`POLICIES`, `Candidate`: every registered policy),
   `radixmesh.router.summary` (`SummaryIndex`: per-worker summaries under a byte budget,
   tentative entries with a time-to-live on the simulated clock) and the shared block
   hashing `radixmesh.prefix.block_hashes`. The router step mirrors
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixmesh.prefix import block_hashes
-from radixmesh.router.policy import Candidate, Policy, PolicyOptions, make_policy
+from radixmesh.router.policy import POLICIES, Candidate, Policy, PolicyOptions
 from radixmesh.router.summary import BYTES_PER_BLOCK, SummaryIndex
 
 ORACLE = "oracle"
@@ -452,16 +452,14 @@ class SimRouter:
         workers: list[SimWorker],
         config: SimConfig,
         clock: SimClock,
-        replica: int = 0,
+        rng: random.Random,
     ) -> None:
         self.workers = workers
         self.config = config
         self.index = SummaryIndex(config.summary_budget_bytes, clock)
         for w in workers:
             self.index.add(w.wid)
-        # Replica 0 draws as a single router does; the others from seeds of their own.
-        seed = config.seed + 7919 * replica
-        self.rng = random.Random(seed)
+        self.rng = rng  # the oracle's and the policy's tie-breaks
         self.policy: Policy | None = None
         n = len(workers)
         self.in_flight = [0] * n
@@ -483,7 +481,10 @@ class SimRouter:
             overrides = ABLATIONS.get(policy, {})
             options = PolicyOptions(request_cost_tokens=config.request_cost_tokens, **overrides)
             name = "cache_aware" if policy in ABLATIONS else policy
-            self.policy = make_policy(name, seed, options)
+            cls = POLICIES.get(name)
+            if cls is None:
+                raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
+            self.policy = cls(rng, options)
         self.by_id = {w.wid: w for w in workers}
 
     def route(self, req: Request) -> SimWorker:
@@ -590,7 +591,11 @@ def simulate(
     """
     clock = SimClock()
     workers = [SimWorker(i, config) for i in range(config.workers)]
-    routers = [SimRouter(policy, workers, config, clock, r) for r in range(config.replicas)]
+    # The replicas draw their tie-breaks from one seeded stream, in decision order: as random
+    # as a stream each, and a run with several replicas takes the same draws as one router's,
+    # so the two differ only where the replicas' views do.
+    rng = random.Random(config.seed)
+    routers = [SimRouter(policy, workers, config, clock, rng) for _ in range(config.replicas)]
     outcomes = [Outcome() for _ in trace]
     replica_of = [0] * len(trace)
     next_turn: dict[int, Request] = {r.after: r for r in trace if r.after is not None}
