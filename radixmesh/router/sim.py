@@ -17,9 +17,18 @@ what is modelled:
   descendants: the least recently used unpinned block is then always a leaf, as in a
   radix tree. Blocks of running requests are pinned, and the cache is the KV pool: a
   request is admitted only when its prompt's blocks fit beside the pinned ones (output
-  tokens' KV is not counted). The worker publishes "stored" events
-  at the end of the step that prefilled a prompt (and for prompt + output at finish) and
-  "removed" events when it evicts; the router applies them `event_delay_s` later.
+  tokens' KV is not counted). The worker publishes "stored" events when a step that
+  prefills a prompt starts (the real scheduler puts a prefilled chunk in its tree when it
+  launches the forward; and for prompt + output at finish) and "removed" events when it
+  evicts; the router applies them `event_delay_s` later. A request that waits in a
+  worker's queue is therefore known only to the router that placed it (its tentative
+  entry) until the step that prefills it starts.
+- MODELLED: several router replicas (`SimConfig.replicas`), the requests spread over them
+  round robin. Each has its own `SummaryIndex` (all apply every worker's events, each
+  `event_delay_s` after it was published), its own tentative entries and its own load view
+  (its in-flight requests per worker, the workers' load polled every `health_interval_s`),
+  as separate router processes have. `SimConfig.sharing` says how a replica learns the
+  others' placements (`SHARING`).
 - MODELLED: the cost of a forward step (`CostModel`): a fixed overhead, a cost per
   uncached prompt token prefilled in the step and a cost per running sequence decoded;
   continuous batching up to `max_batch` requests and `max_prefill_tokens` per step.
