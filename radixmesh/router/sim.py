@@ -590,7 +590,19 @@ def owner(req: Request, replicas: int) -> int:
 def simulate(
     trace: list[Request], policy: str, config: SimConfig, observe: Observation | None = None
 ) -> dict[str, Any]:
-    """Replay `trace` through the router replicas and workers; the figures of the run.
+    """Replay `trace` through the router replicas and workers; the figures of the run."""
+    sim = Simulation(trace, policy, config)
+    sim.run()
+    if observe is not None:
+        observe.placements = [o.worker for o in sim.outcomes]
+        observe.replica_of = sim.replica_of
+        observe.route_us = [[ns / 1e3 for ns in per] for per in sim.route_ns]
+        observe.route_cpu_us = [[ns / 1e3 for ns in per] for per in sim.route_cpu_ns]
+    return _figures(trace, sim.outcomes, config, sim.routers[0])
+
+
+class Simulation:
+    """The event loop: arrivals, routing decisions, worker steps, event deliveries, polls.
 
     Requests go to the replicas round robin, from a seeded first replica (with `owner`
     sharing, a request that lands on a replica other than its prefix's owner is forwarded
@@ -598,98 +610,113 @@ def simulate(
     after the worker published it; each replica polls every worker's load once per
     `health_interval_s` (the replicas' polls spread over the interval).
     """
-    clock = SimClock()
-    workers = [SimWorker(i, config) for i in range(config.workers)]
-    # The replicas draw their tie-breaks from one seeded stream, in decision order: as random
-    # as a stream each, and a run with several replicas takes the same draws as one router's,
-    # so the two differ only where the replicas' views do.
-    rng = random.Random(config.seed)
-    routers = [SimRouter(policy, workers, config, clock, rng) for _ in range(config.replicas)]
-    outcomes = [Outcome() for _ in trace]
-    replica_of = [0] * len(trace)
-    next_turn: dict[int, Request] = {r.after: r for r in trace if r.after is not None}
-    heap: list[tuple[float, int, int, Any]] = []
-    seq = 0
-    delay = config.event_delay_s
-    announce = config.sharing == "worker-announced"
-    route_ns: list[list[int]] = [[] for _ in routers]
-    route_cpu_ns: list[list[int]] = [[] for _ in routers]
-    turn = random.Random(config.seed).randrange(config.replicas)  # the next replica
-    unfinished = len(trace)
 
-    def push(t: float, kind: int, payload: Any) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, kind, payload))
-        seq += 1
+    def __init__(self, trace: list[Request], policy: str, config: SimConfig) -> None:
+        self.config = config
+        self.clock = SimClock()
+        self.workers = [SimWorker(i, config) for i in range(config.workers)]
+        # The replicas draw their tie-breaks from one seeded stream, in decision order: as
+        # random as a stream each, and a run with several replicas takes the same draws as
+        # one router's, so the two differ only where the replicas' views do.
+        rng = random.Random(config.seed)
+        self.routers = [
+            SimRouter(policy, self.workers, config, self.clock, rng) for _ in range(config.replicas)
+        ]
+        self.trace = trace
+        self.outcomes = [Outcome() for _ in trace]
+        self.replica_of = [0] * len(trace)
+        self.next_turn = {r.after: r for r in trace if r.after is not None}
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.turn = random.Random(config.seed).randrange(config.replicas)  # the next replica
+        self.unfinished = len(trace)
+        self.route_ns: list[list[int]] = [[] for _ in self.routers]
+        self.route_cpu_ns: list[list[int]] = [[] for _ in self.routers]
 
-    def start(w: SimWorker, now: float) -> None:
+    def run(self) -> None:
+        config = self.config
+        for r in self.trace:
+            if r.after is None:
+                self.push(r.arrival, _ARRIVE, r)
+        if config.replicas > 1:  # one router's poll cannot change its view (see SimRouter)
+            for i in range(config.replicas):
+                self.push(i * config.health_interval_s / config.replicas, _POLL, i)
+        handlers: dict[int, Callable[[float, Any], None]] = {
+            _ARRIVE: self._arrive,
+            _ROUTE: self._route,
+            _STEP_END: self._step_end,
+            _DELIVER: self._deliver,
+            _POLL: self._poll,
+        }
+        heap = self.heap
+        while heap:
+            now, _, kind, payload = heapq.heappop(heap)
+            self.clock.now = now
+            handlers[kind](now, payload)
+
+    def push(self, t: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+        self.seq += 1
+
+    def _arrive(self, now: float, req: Request) -> None:
+        self.outcomes[req.rid].arrival = now
+        replica, replicas = self.turn, self.config.replicas
+        self.turn = (self.turn + 1) % replicas
+        if self.config.sharing == "owner" and owner(req, replicas) != replica:
+            self.push(now + self.config.forward_s, _ROUTE, (req, owner(req, replicas)))
+        else:
+            self._route(now, (req, replica))
+
+    def _route(self, now: float, payload: tuple[Request, int]) -> None:
+        req, replica = payload
+        self.replica_of[req.rid] = replica
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        w = self.routers[replica].route(req)
+        self.route_ns[replica].append(time.perf_counter_ns() - t0)
+        self.route_cpu_ns[replica].append(time.thread_time_ns() - c0)
+        if self.config.sharing == "worker-announced":
+            self.push(
+                now + self.config.event_delay_s, _DELIVER, (w.wid, "pending", req.prompt_hashes)
+            )
+        w.enqueue(req)
+        if not w.busy:
+            self._start(w, now)
+
+    def _start(self, w: SimWorker, now: float) -> None:
         events: list[tuple[str, list[int]]] = []
-        duration = w.start_step(outcomes, events)
+        duration = w.start_step(self.outcomes, events)
         # Evictions happen at admission; the worker publishes them right away.
-        for kind, hashes in events:
-            push(now + delay, _DELIVER, (w.wid, kind, hashes))
+        self._publish(w, now, events)
         w.busy = duration > 0
         if w.busy:
-            push(now + duration, _STEP_END, w)
+            self.push(now + duration, _STEP_END, w)
 
-    for r in trace:
-        if r.after is None:
-            push(r.arrival, _ARRIVE, r)
-    if config.replicas > 1:  # one router's poll cannot change its view (see SimRouter)
-        for i in range(config.replicas):
-            push(i * config.health_interval_s / config.replicas, _POLL, i)
-    while heap:
-        now, _, kind, payload = heapq.heappop(heap)
-        clock.now = now
-        if kind == _ARRIVE:
-            req: Request = payload
-            outcomes[req.rid].arrival = now
-            replica = turn
-            turn = (turn + 1) % config.replicas
-            if config.sharing == "owner" and owner(req, config.replicas) != replica:
-                push(now + config.forward_s, _ROUTE, (req, owner(req, config.replicas)))
-                continue
-            payload = (req, replica)
-            kind = _ROUTE
-        if kind == _ROUTE:
-            req, replica = payload
-            replica_of[req.rid] = replica
-            c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-            w = routers[replica].route(req)
-            route_ns[replica].append(time.perf_counter_ns() - t0)
-            route_cpu_ns[replica].append(time.thread_time_ns() - c0)
-            if announce:
-                push(now + delay, _DELIVER, (w.wid, "pending", req.prompt_hashes))
-            w.enqueue(req)
-            if not w.busy:
-                start(w, now)
-        elif kind == _STEP_END:
-            w = payload
-            for r in w.prefilling:
-                routers[replica_of[r.req.rid]].first_token(w, r.req.rid)
-            events: list[tuple[str, list[int]]] = []
-            for done in w.end_step(now, outcomes, events):
-                routers[replica_of[done.rid]].ended(w)
-                unfinished -= 1
-                follow = next_turn.get(done.rid)
-                if follow is not None:
-                    push(now + follow.arrival, _ARRIVE, follow)
-            for ev_kind, hashes in events:
-                push(now + delay, _DELIVER, (w.wid, ev_kind, hashes))
-            start(w, now)
-        elif kind == _DELIVER:
-            wid, ev_kind, hashes = payload
-            for router in routers:
-                router.apply(wid, ev_kind, hashes)
-        elif unfinished:  # a poll, repeated while anything is left to route or run
-            routers[payload].poll()
-            push(now + config.health_interval_s, _POLL, payload)
-    if observe is not None:
-        observe.placements = [o.worker for o in outcomes]
-        observe.replica_of = replica_of
-        observe.route_us = [[ns / 1e3 for ns in per] for per in route_ns]
-        observe.route_cpu_us = [[ns / 1e3 for ns in per] for per in route_cpu_ns]
-    return _figures(trace, outcomes, config, routers[0])
+    def _step_end(self, now: float, w: SimWorker) -> None:
+        for r in w.prefilling:
+            self.routers[self.replica_of[r.req.rid]].first_token(w, r.req.rid)
+        events: list[tuple[str, list[int]]] = []
+        for done in w.end_step(now, self.outcomes, events):
+            self.routers[self.replica_of[done.rid]].ended(w)
+            self.unfinished -= 1
+            follow = self.next_turn.get(done.rid)
+            if follow is not None:
+                self.push(now + follow.arrival, _ARRIVE, follow)
+        self._publish(w, now, events)
+        self._start(w, now)
+
+    def _publish(self, w: SimWorker, now: float, events: list[tuple[str, list[int]]]) -> None:
+        for kind, hashes in events:
+            self.push(now + self.config.event_delay_s, _DELIVER, (w.wid, kind, hashes))
+
+    def _deliver(self, now: float, payload: tuple[str, str, list[int]]) -> None:
+        wid, kind, hashes = payload
+        for router in self.routers:
+            router.apply(wid, kind, hashes)
+
+    def _poll(self, now: float, replica: int) -> None:
+        if self.unfinished:  # repeated while anything is left to route or run
+            self.routers[replica].poll()
+            self.push(now + self.config.health_interval_s, _POLL, replica)
 
 
 def percentile(values: list[float], q: float) -> float:
