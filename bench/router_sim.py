@@ -6,11 +6,13 @@ the workers' true caches), throughput (finished requests / makespan), time to fi
 p50 / p99. Then, apart: cache_aware by `request_cost_tokens`, and a what-if (not a
 registered policy) that also weighs the prefill tokens routed to a worker and not yet
 started. Then the routing decision latency at 64 workers holding 100k blocks each and
-the summaries' bytes per cached block (tracemalloc).
+the summaries' bytes per cached block (tracemalloc). Then cache_aware behind several
+router replicas (`--replicas`, `--sharing`: how they learn each other's placements), its
+hit rate against one router's, and worker-announced sharing by event delay.
 
 Run: `.venv/bin/python -m bench.router_sim` (a few minutes); `--quick` for a small run;
-`--section` with one or more of sim, latency, memory for those parts only (written to
-`router_sim-<parts>-<machine>.json`, leaving a full run's file alone).
+`--section` with one or more of sim, latency, memory, replicas for those parts only
+(written to `router_sim-<parts>-<machine>.json`, leaving a full run's file alone).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from radixmesh.router.sim import (
     SHARING,
     TRACES,
     Observation,
+    Request,
     SimConfig,
     grouped_trace,
     percentile,
@@ -244,7 +247,7 @@ def replica_rows(
     return rows
 
 
-def _replica_run(name: str, trace: list, policy: str, config: SimConfig) -> dict[str, Any]:
+def _replica_run(name: str, trace: list[Request], policy: str, config: SimConfig) -> dict[str, Any]:
     observe = Observation()
     t0 = time.perf_counter()
     figures = simulate(trace, policy, config, observe)
