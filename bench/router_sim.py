@@ -6,11 +6,13 @@ the workers' true caches), throughput (finished requests / makespan), time to fi
 p50 / p99. Then, apart: cache_aware by `request_cost_tokens`, and a what-if (not a
 registered policy) that also weighs the prefill tokens routed to a worker and not yet
 started. Then the routing decision latency at 64 workers holding 100k blocks each and
-the summaries' bytes per cached block (tracemalloc).
+the summaries' bytes per cached block (tracemalloc). Then cache_aware behind several
+router replicas (`--replicas`, `--sharing`: how they learn each other's placements), its
+hit rate against one router's, and worker-announced sharing by event delay.
 
 Run: `.venv/bin/python -m bench.router_sim` (a few minutes); `--quick` for a small run;
-`--section` with one or more of sim, latency, memory for those parts only (written to
-`router_sim-<parts>-<machine>.json`, leaving a full run's file alone).
+`--section` with one or more of sim, latency, memory, replicas for those parts only
+(written to `router_sim-<parts>-<machine>.json`, leaving a full run's file alone).
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from radixmesh.router.policy import POLICIES, Candidate, make_policy
 from radixmesh.router.sim import (
     ABLATIONS,
     ORACLE,
+    SHARING,
     TRACES,
+    Observation,
+    Request,
     SimConfig,
     grouped_trace,
     percentile,
@@ -202,6 +207,81 @@ def cost_sweep(
     return rows
 
 
+def replica_rows(
+    worker_counts: Sequence[int],
+    traces: Sequence[str],
+    replica_counts: Sequence[int],
+    sharings: Sequence[str],
+    seed: int,
+    event_delay_s: float = SimConfig.event_delay_s,
+    oracle: bool = True,
+) -> list[dict[str, Any]]:
+    """cache_aware behind several router replicas: one row per trace x workers x replicas
+    x sharing (one replica: one row, the single router, which every sharing reduces to),
+    and the oracle's. `hit_rate_vs_one` is the hit rate over the one router's on the same
+    trace, workers and event delay."""
+    rows = []
+    for name in traces:
+        for w in worker_counts:
+            trace = TRACES[name](w, seed, SimConfig.block_size)
+            runs = [(1, "local")] + [(r, s) for r in replica_counts if r > 1 for s in sharings]
+            one: float | None = None
+            for replicas, sharing in runs:
+                config = SimConfig(
+                    workers=w,
+                    seed=seed,
+                    replicas=replicas,
+                    sharing=sharing,
+                    event_delay_s=event_delay_s,
+                )
+                row = _replica_run(name, trace, "cache_aware", config)
+                one = row["hit_rate"] if one is None else one
+                row["hit_rate_vs_one"] = row["hit_rate"] / one if one else 1.0
+                rows.append(row)
+                _print_replica_row(row)
+            if oracle:
+                config = SimConfig(workers=w, seed=seed, event_delay_s=event_delay_s)
+                rows.append(_replica_run(name, trace, ORACLE, config))
+                rows[-1]["hit_rate_vs_one"] = rows[-1]["hit_rate"] / one if one else 1.0
+                _print_replica_row(rows[-1])
+    return rows
+
+
+def _replica_run(name: str, trace: list[Request], policy: str, config: SimConfig) -> dict[str, Any]:
+    observe = Observation()
+    t0 = time.perf_counter()
+    figures = simulate(trace, policy, config, observe)
+    elapsed = time.perf_counter() - t0
+    wall = [t for per in observe.route_us for t in per]
+    cpu = [t for per in observe.route_cpu_us for t in per]
+    return {
+        "trace": name,
+        "workers": config.workers,
+        "policy": policy,
+        "replicas": config.replicas,
+        "sharing": config.sharing if config.replicas > 1 else "one router",
+        "event_delay_ms": config.event_delay_s * 1e3,
+        **figures,
+        # The simulator's route(): the real summaries and policy, wall and thread CPU time.
+        "route_p50_us": percentile(wall, 50),
+        "route_p99_us": percentile(wall, 99),
+        "route_cpu_p50_us": percentile(cpu, 50),
+        "route_cpu_p99_us": percentile(cpu, 99),
+        "route_p99_us_by_replica": [percentile(per, 99) for per in observe.route_us if per],
+        "sim_seconds": elapsed,
+    }
+
+
+def _print_replica_row(r: dict[str, Any]) -> None:
+    print(
+        f"{r['trace']:<10} {r['workers']:>3} {r['event_delay_ms']:>4g} {r['policy']:<12}"
+        f" {r['replicas']:>2} {r['sharing']:<17} {r['hit_rate']:>7.2%}"
+        f" {r['hit_rate_vs_one']:>7.2%} {r['ttft_p99_s'] * 1e3:>8.0f}"
+        f" {r['route_p50_us']:>6.0f} {r['route_p99_us']:>7.0f} {r['route_cpu_p99_us']:>7.0f}",
+        flush=True,
+    )
+
+
 def _print_row(r: dict[str, Any]) -> None:
     print(
         f"{r['trace']:<10} {r['workers']:>3} {r['policy']:<23} {r['hit_rate']:>7.1%} "
@@ -223,6 +303,22 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def _sharings(text: str) -> list[str]:
+    names = text.split(",")
+    for name in names:
+        if name not in SHARING:
+            raise argparse.ArgumentTypeError(f"unknown sharing {name!r}; choose from {SHARING}")
+    return names
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, nargs="+", default=[8, 16, 64])
@@ -231,10 +327,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--section",
         nargs="+",
-        choices=["all", "sim", "latency", "memory"],
+        choices=["all", "sim", "latency", "memory", "replicas"],
         default=["all"],
         help="parts to run; other than all, the JSON is router_sim-<parts>-<machine>.json",
     )
+    p.add_argument(
+        "--replica-workers",
+        type=int,
+        nargs="+",
+        default=[8, 64],
+        help="replicas: worker counts (the full sweep: 8 64 128 256)",
+    )
+    p.add_argument(
+        "--replica-traces", nargs="+", default=["grouped", "multiturn"], choices=list(TRACES)
+    )
+    p.add_argument("--replicas", type=_ints, default=[1, 2, 4, 8], help="replicas: e.g. 1,2,4,8")
+    p.add_argument(
+        "--sharing",
+        type=_sharings,
+        default=["local", "worker-announced"],
+        help=f"replicas: comma-separated, of {','.join(SHARING)}",
+    )
+    p.add_argument(
+        "--event-delays",
+        type=_floats,
+        default=[1.0, 5.0, 20.0],
+        help="replicas: event delays (ms) for worker-announced at --delay-workers, grouped",
+    )
+    p.add_argument("--delay-workers", type=int, default=64)
     p.add_argument("--quick", action="store_true", help="8 workers only, fewer decisions")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only; write no JSON")
@@ -281,7 +401,42 @@ def memory_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"summary_memory": mem}
 
 
-SECTIONS = {"sim": sim_section, "latency": latency_section, "memory": memory_section}
+def replicas_section(args: argparse.Namespace) -> dict[str, Any]:
+    worker_counts = [8] if args.quick else args.replica_workers
+    header = (
+        f"{'trace':<10} {'W':>3} {'ms':>4} {'policy':<12} {'R':>2} {'sharing':<17} "
+        f"{'hit':>7} {'vs one':>7} {'ttft p99':>8} {'rt p50':>6} {'rt p99':>7} {'cpu p99':>7}"
+        "   (ms, route time us)"
+    )
+    print(header)
+    rows = replica_rows(worker_counts, args.replica_traces, args.replicas, args.sharing, args.seed)
+    out: dict[str, Any] = {"replicas": rows}
+    # The main table already holds the default delay's rows when it covers the sweep's size.
+    done = args.delay_workers in worker_counts and "grouped" in args.replica_traces
+    delays = [d for d in args.event_delays if not (done and d == SimConfig.event_delay_s * 1e3)]
+    if delays and not args.quick:
+        print(f"worker-announced by event delay, grouped trace, {args.delay_workers} workers:")
+        sweep = []
+        for ms in delays:
+            sweep += replica_rows(
+                [args.delay_workers],
+                ["grouped"],
+                args.replicas,
+                ["worker-announced"],
+                args.seed,
+                event_delay_s=ms / 1e3,
+                oracle=False,
+            )
+        out["replicas_by_event_delay"] = sweep
+    return out
+
+
+SECTIONS = {
+    "sim": sim_section,
+    "latency": latency_section,
+    "memory": memory_section,
+    "replicas": replicas_section,
+}
 TRACE_NOTES = {
     "grouped": "4W groups x 24 requests, 2048-token prefix + 64 own, 16 out, "
     "Poisson 40 req/s per worker, Zipf(0.6) groups",

@@ -3,7 +3,7 @@
 A discrete-event simulation of a cluster of W workers behind the router. What is real and
 what is modelled:
 
-- REAL: `radixmesh.router.policy` (`make_policy`, `Candidate`: every registered policy),
+- REAL: `radixmesh.router.policy` (`POLICIES`, `Candidate`: every registered policy),
   `radixmesh.router.summary` (`SummaryIndex`: per-worker summaries under a byte budget,
   tentative entries with a time-to-live on the simulated clock) and the shared block
   hashing `radixmesh.prefix.block_hashes`. The router step mirrors
@@ -17,9 +17,18 @@ what is modelled:
   descendants: the least recently used unpinned block is then always a leaf, as in a
   radix tree. Blocks of running requests are pinned, and the cache is the KV pool: a
   request is admitted only when its prompt's blocks fit beside the pinned ones (output
-  tokens' KV is not counted). The worker publishes "stored" events
-  at the end of the step that prefilled a prompt (and for prompt + output at finish) and
-  "removed" events when it evicts; the router applies them `event_delay_s` later.
+  tokens' KV is not counted). The worker publishes "stored" events when a step that
+  prefills a prompt starts (the real scheduler puts a prefilled chunk in its tree when it
+  launches the forward; and for prompt + output at finish) and "removed" events when it
+  evicts; the router applies them `event_delay_s` later. A request that waits in a
+  worker's queue is therefore known only to the router that placed it (its tentative
+  entry) until the step that prefills it starts.
+- MODELLED: several router replicas (`SimConfig.replicas`), the requests spread over them
+  round robin. Each has its own `SummaryIndex` (all apply every worker's events, each
+  `event_delay_s` after it was published), its own tentative entries and its own load view
+  (its in-flight requests per worker, the workers' load polled every `health_interval_s`),
+  as separate router processes have. `SimConfig.sharing` says how a replica learns the
+  others' placements (`SHARING`).
 - MODELLED: the cost of a forward step (`CostModel`): a fixed overhead, a cost per
   uncached prompt token prefilled in the step and a cost per running sequence decoded;
   continuous batching up to `max_batch` requests and `max_prefill_tokens` per step.
@@ -40,20 +49,28 @@ from __future__ import annotations
 
 import heapq
 import random
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixmesh.prefix import block_hashes
-from radixmesh.router.policy import Candidate, Policy, PolicyOptions, make_policy
-from radixmesh.router.summary import SummaryIndex
+from radixmesh.router.policy import POLICIES, Candidate, Policy, PolicyOptions
+from radixmesh.router.summary import BYTES_PER_BLOCK, SummaryIndex
 
 ORACLE = "oracle"
 # cache_aware with a part of its cost switched off (not a registered policy): what the
 # pending-prefill term buys, reported apart.
 ABLATIONS: dict[str, dict[str, Any]] = {"cache_aware_no_pending": {"pending_prefill_weight": 0.0}}
 VOCAB = 32000
+# How router replicas learn the placements the others made and the workers have not yet
+# reported cached: `local` (they do not: tentative entries stay in the replica that routed),
+# `worker-announced` (a worker publishes a "pending" event for a prompt's blocks when it
+# receives the request; every replica applies it after the event delay, as a tentative
+# entry), `owner` (a prefix's first block names the replica that routes it; the others
+# forward to it).
+SHARING = ("local", "worker-announced", "owner")
 
 
 # ---- configuration ----------------------------------------------------------------------
@@ -81,6 +98,20 @@ class SimConfig:
     request_cost_tokens: int = 64  # RouterConfig's default
     summary_budget_bytes: int = 256 * 1024 * 1024
     seed: int = 0
+    # Router replicas in front of the same workers; clients spread requests over them
+    # round robin. Each has its own tentative entries and in-flight counts.
+    replicas: int = 1
+    sharing: str = "local"  # how replicas learn each other's placements: one of SHARING
+    health_interval_s: float = 1.0  # RouterConfig.health_interval: load polls per worker
+    forward_s: float = 0.0005  # `owner`: a non-owner replica's hop to the prefix's owner
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.sharing not in SHARING:
+            raise ValueError(f"sharing must be one of {SHARING}, got {self.sharing!r}")
+        if self.health_interval_s <= 0:
+            raise ValueError(f"health_interval_s must be > 0, got {self.health_interval_s}")
 
     @property
     def capacity_blocks(self) -> int:
@@ -228,6 +259,9 @@ class BlockCache:
     def __init__(self, capacity_blocks: int) -> None:
         self.capacity = capacity_blocks
         self.blocks: OrderedDict[int, int] = OrderedDict()  # hash -> pins; LRU first
+        # Blocks with no pin: whether a path fits is asked at every admission, and counting
+        # them over a full cache was most of a large simulation's time.
+        self.unpinned = 0
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -243,25 +277,33 @@ class BlockCache:
     def insert(self, hashes: Sequence[int], pin: bool) -> tuple[list[int], list[int]] | None:
         """Cache (and touch) a path; (stored, evicted) hashes, or None (and no change) when
         it cannot fit because too much is pinned."""
+        blocks = self.blocks
         m = self.match(hashes)
         new = hashes[m:]
         keep = set(hashes[:m])
-        need = len(self.blocks) + len(new) - self.capacity
-        if need > 0 and sum(1 for h, p in self.blocks.items() if not p and h not in keep) < need:
-            return None
+        need = len(blocks) + len(new) - self.capacity
+        if need > 0:
+            evictable = self.unpinned - sum(1 for h in hashes[:m] if not blocks[h])
+            if evictable < need:
+                return None
         evicted = self._evict(need, keep)
-        blocks = self.blocks
         for h in new:
             blocks[h] = 0
+        self.unpinned += len(new)
         for h in reversed(hashes):
             blocks.move_to_end(h)
             if pin:
+                if not blocks[h]:
+                    self.unpinned -= 1
                 blocks[h] += 1
         return list(new), evicted
 
     def unpin(self, hashes: Sequence[int]) -> None:
+        blocks = self.blocks
         for h in hashes:
-            self.blocks[h] -= 1
+            blocks[h] -= 1
+            if not blocks[h]:
+                self.unpinned += 1
 
     def _evict(self, n: int, keep: set[int]) -> list[int]:
         """Drop up to `n` unpinned blocks, least recently used first, none of `keep`."""
@@ -275,6 +317,7 @@ class BlockCache:
                     break
         for h in victims:
             del self.blocks[h]
+        self.unpinned -= len(victims)
         return victims
 
 
@@ -402,46 +445,98 @@ class SimClock:
 
 
 class SimRouter:
-    """`RouterServicer.route` over simulated workers, or the oracle."""
+    """One router replica: `RouterServicer.route` over simulated workers, or the oracle.
+
+    Its own `SummaryIndex` (confirmed blocks from every worker's events, tentative entries
+    from its own placements and, with `worker-announced`, the workers' pending events) and
+    its own load view, as `WorkerHandle.candidate` builds it: queued = max(the worker's
+    last polled load - this replica's requests ended since, this replica's in-flight
+    requests there); pending prefill = this replica's routed and not yet started tokens.
+    With one replica that view is exact (every request goes through it).
+    """
 
     def __init__(
-        self, policy: str, workers: list[SimWorker], config: SimConfig, clock: SimClock
+        self,
+        policy: str,
+        workers: list[SimWorker],
+        config: SimConfig,
+        clock: SimClock,
+        rng: random.Random,
     ) -> None:
         self.workers = workers
         self.config = config
         self.index = SummaryIndex(config.summary_budget_bytes, clock)
         for w in workers:
             self.index.add(w.wid)
-        self.rng = random.Random(config.seed)
+        self.rng = rng  # the oracle's and the policy's tie-breaks
         self.policy: Policy | None = None
+        n = len(workers)
+        self.in_flight = [0] * n
+        self.pending = [0] * n  # uncached tokens routed, until the first token comes back
+        self.polled = [0] * n  # the worker's running + waiting at the last poll
+        self.ended_since_poll = [0] * n
+        # Each worker's Candidate with nothing cached, rebuilt when its load view changes:
+        # a request patches in only the workers whose summary holds its first block (as
+        # `WorkerHandle.candidate` reuses an unchanged one).
+        self.idle = [Candidate(w.wid, True, 0, 0, 0) for w in workers]
+        self.position = {w.wid: w.index for w in workers}
         # rid -> uncached tokens when routed: the router's pending-prefill estimate, counted
         # while the request waits or prefills (the real router: until its first chunk).
         self.estimates: dict[int, int] = {}
+        # At least the blocks the summaries hold: while under the budget, applying an event
+        # needs no `enforce_budget` (whose size check visits every summary).
+        self.blocks_bound = 0
         if policy != ORACLE:
             overrides = ABLATIONS.get(policy, {})
             options = PolicyOptions(request_cost_tokens=config.request_cost_tokens, **overrides)
             name = "cache_aware" if policy in ABLATIONS else policy
-            self.policy = make_policy(name, config.seed, options)
+            cls = POLICIES.get(name)
+            if cls is None:
+                raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
+            self.policy = cls(rng, options)
         self.by_id = {w.wid: w for w in workers}
 
     def route(self, req: Request) -> SimWorker:
         if self.policy is None:
-            return self._oracle(req)
-        matched = self.index.match(req.prompt_hashes)
-        bs = self.config.block_size
-        candidates = [
-            Candidate(w.wid, True, matched[w.wid] * bs, w.queued, self._pending(w))
-            for w in self.workers
-        ]
-        chosen = self.by_id[self.policy.choose(req.prompt_len, candidates)]
-        self.estimates[req.rid] = max(req.prompt_len - matched[chosen.wid] * bs, 0)
-        self.index[chosen.wid].add_tentative(req.prompt_hashes, self.config.tentative_ttl)
-        self.index.enforce_budget()
+            chosen = self._oracle(req)
+        else:
+            matched = self.index.match(req.prompt_hashes)
+            bs = self.config.block_size
+            candidates = list(self.idle)
+            for wid, n in matched.items():
+                if n:
+                    i = self.position[wid]
+                    candidates[i] = candidates[i]._replace(cached_tokens=n * bs)
+            chosen = self.by_id[self.policy.choose(req.prompt_len, candidates)]
+            estimate = max(req.prompt_len - matched[chosen.wid] * bs, 0)
+            self.estimates[req.rid] = estimate
+            self.pending[chosen.index] += estimate
+            self.index[chosen.wid].add_tentative(req.prompt_hashes, self.config.tentative_ttl)
+            self.blocks_bound += len(req.prompt_hashes)
+            self.index.enforce_budget()
+        self.in_flight[chosen.index] += 1
+        self._changed(chosen.index)
         return chosen
 
-    def _pending(self, w: SimWorker) -> int:
-        pending = sum(self.estimates[r.rid] for r in w.waiting)
-        return pending + sum(self.estimates[r.req.rid] for r in w.prefilling)
+    def first_token(self, w: SimWorker, rid: int) -> None:
+        self.pending[w.index] -= self.estimates.pop(rid, 0)
+        self._changed(w.index)
+
+    def ended(self, w: SimWorker) -> None:
+        self.in_flight[w.index] -= 1
+        self.ended_since_poll[w.index] += 1
+        self._changed(w.index)
+
+    def poll(self) -> None:
+        """`WorkerHandle.poll` of every worker (GetLoad), answered at once."""
+        for w in self.workers:
+            self.polled[w.index] = w.queued
+            self.ended_since_poll[w.index] = 0
+            self._changed(w.index)
+
+    def _changed(self, i: int) -> None:
+        queued = max(self.polled[i] - self.ended_since_poll[i], self.in_flight[i])
+        self.idle[i] = Candidate(self.workers[i].wid, True, 0, queued, self.pending[i])
 
     def _oracle(self, req: Request) -> SimWorker:
         """cache_aware's cost from the truth: true caches (+ queued prompts), exact queues."""
@@ -457,70 +552,171 @@ class SimRouter:
         summary = self.index[wid]
         if kind == "stored":
             summary.store(hashes)
-            self.index.enforce_budget()
+        elif kind == "pending":
+            # The worker has the request: its prompt will be cached there (as a tentative
+            # entry, it lapses unless a stored event confirms it).
+            summary.add_tentative(hashes, self.config.tentative_ttl)
         else:
             summary.remove(hashes)
+            return
+        self.blocks_bound += len(hashes)
+        if self.blocks_bound * BYTES_PER_BLOCK > self.index.budget_bytes:
+            self.index.enforce_budget()
+            self.blocks_bound = self.index.nbytes // BYTES_PER_BLOCK
 
 
 # ---- the simulation ---------------------------------------------------------------------
 
-_ARRIVE, _STEP_END, _DELIVER = 0, 1, 2
+_ARRIVE, _ROUTE, _STEP_END, _DELIVER, _POLL = 0, 1, 2, 3, 4
 
 
-def simulate(trace: list[Request], policy: str, config: SimConfig) -> dict[str, Any]:
-    """Replay `trace` through the router and workers; the figures of the run."""
-    clock = SimClock()
-    workers = [SimWorker(i, config) for i in range(config.workers)]
-    router = SimRouter(policy, workers, config, clock)
-    outcomes = [Outcome() for _ in trace]
-    next_turn: dict[int, Request] = {r.after: r for r in trace if r.after is not None}
-    heap: list[tuple[float, int, int, Any]] = []
-    seq = 0
+@dataclass
+class Observation:
+    """What `simulate` records besides the figures, when a caller asks for it."""
 
-    def push(t: float, kind: int, payload: Any) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, kind, payload))
-        seq += 1
+    placements: list[int] = field(default_factory=list)  # rid -> worker index
+    replica_of: list[int] = field(default_factory=list)  # rid -> the replica that routed it
+    # Per replica, each route()'s wall time and thread CPU time (which other processes of
+    # a shared machine do not inflate), in microseconds.
+    route_us: list[list[float]] = field(default_factory=list)
+    route_cpu_us: list[list[float]] = field(default_factory=list)
 
-    def start(w: SimWorker, now: float) -> None:
+
+def owner(req: Request, replicas: int) -> int:
+    """`owner` sharing: the replica that routes every prompt starting with this block."""
+    return req.prompt_hashes[0] % replicas if req.prompt_hashes else 0
+
+
+def simulate(
+    trace: list[Request], policy: str, config: SimConfig, observe: Observation | None = None
+) -> dict[str, Any]:
+    """Replay `trace` through the router replicas and workers; the figures of the run."""
+    sim = Simulation(trace, policy, config)
+    sim.run()
+    if observe is not None:
+        observe.placements = [o.worker for o in sim.outcomes]
+        observe.replica_of = sim.replica_of
+        observe.route_us = [[ns / 1e3 for ns in per] for per in sim.route_ns]
+        observe.route_cpu_us = [[ns / 1e3 for ns in per] for per in sim.route_cpu_ns]
+    return _figures(trace, sim.outcomes, config, sim.routers[0])
+
+
+class Simulation:
+    """The event loop: arrivals, routing decisions, worker steps, event deliveries, polls.
+
+    Requests go to the replicas round robin, from a seeded first replica (with `owner`
+    sharing, a request that lands on a replica other than its prefix's owner is forwarded
+    there, `forward_s` later). Every worker event reaches every replica `event_delay_s`
+    after the worker published it; each replica polls every worker's load once per
+    `health_interval_s` (the replicas' polls spread over the interval).
+    """
+
+    def __init__(self, trace: list[Request], policy: str, config: SimConfig) -> None:
+        self.config = config
+        self.clock = SimClock()
+        self.workers = [SimWorker(i, config) for i in range(config.workers)]
+        # The replicas draw their tie-breaks from one seeded stream, in decision order: as
+        # random as a stream each, and a run with several replicas takes the same draws as
+        # one router's, so the two differ only where the replicas' views do.
+        rng = random.Random(config.seed)
+        self.routers = [
+            SimRouter(policy, self.workers, config, self.clock, rng) for _ in range(config.replicas)
+        ]
+        self.trace = trace
+        self.outcomes = [Outcome() for _ in trace]
+        self.replica_of = [0] * len(trace)
+        self.next_turn = {r.after: r for r in trace if r.after is not None}
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.turn = random.Random(config.seed).randrange(config.replicas)  # the next replica
+        self.unfinished = len(trace)
+        self.route_ns: list[list[int]] = [[] for _ in self.routers]
+        self.route_cpu_ns: list[list[int]] = [[] for _ in self.routers]
+
+    def run(self) -> None:
+        config = self.config
+        for r in self.trace:
+            if r.after is None:
+                self.push(r.arrival, _ARRIVE, r)
+        if config.replicas > 1:  # one router's poll cannot change its view (see SimRouter)
+            for i in range(config.replicas):
+                self.push(i * config.health_interval_s / config.replicas, _POLL, i)
+        handlers: dict[int, Callable[[float, Any], None]] = {
+            _ARRIVE: self._arrive,
+            _ROUTE: self._route,
+            _STEP_END: self._step_end,
+            _DELIVER: self._deliver,
+            _POLL: self._poll,
+        }
+        heap = self.heap
+        while heap:
+            now, _, kind, payload = heapq.heappop(heap)
+            self.clock.now = now
+            handlers[kind](now, payload)
+
+    def push(self, t: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+        self.seq += 1
+
+    def _arrive(self, now: float, req: Request) -> None:
+        self.outcomes[req.rid].arrival = now
+        replica, replicas = self.turn, self.config.replicas
+        self.turn = (self.turn + 1) % replicas
+        if self.config.sharing == "owner" and owner(req, replicas) != replica:
+            self.push(now + self.config.forward_s, _ROUTE, (req, owner(req, replicas)))
+        else:
+            self._route(now, (req, replica))
+
+    def _route(self, now: float, payload: tuple[Request, int]) -> None:
+        req, replica = payload
+        self.replica_of[req.rid] = replica
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        w = self.routers[replica].route(req)
+        self.route_ns[replica].append(time.perf_counter_ns() - t0)
+        self.route_cpu_ns[replica].append(time.thread_time_ns() - c0)
+        if self.config.sharing == "worker-announced":
+            self.push(
+                now + self.config.event_delay_s, _DELIVER, (w.wid, "pending", req.prompt_hashes)
+            )
+        w.enqueue(req)
+        if not w.busy:
+            self._start(w, now)
+
+    def _start(self, w: SimWorker, now: float) -> None:
         events: list[tuple[str, list[int]]] = []
-        duration = w.start_step(outcomes, events)
+        duration = w.start_step(self.outcomes, events)
         # Evictions happen at admission; the worker publishes them right away.
-        for kind, hashes in events:
-            push(now + config.event_delay_s, _DELIVER, (w.wid, kind, hashes))
+        self._publish(w, now, events)
         w.busy = duration > 0
         if w.busy:
-            push(now + duration, _STEP_END, w)
+            self.push(now + duration, _STEP_END, w)
 
-    for r in trace:
-        if r.after is None:
-            push(r.arrival, _ARRIVE, r)
-    decisions = 0
-    while heap:
-        now, _, kind, payload = heapq.heappop(heap)
-        clock.now = now
-        if kind == _ARRIVE:
-            req: Request = payload
-            outcomes[req.rid].arrival = now
-            w = router.route(req)
-            decisions += 1
-            w.enqueue(req)
-            if not w.busy:
-                start(w, now)
-        elif kind == _STEP_END:
-            w = payload
-            events: list[tuple[str, list[int]]] = []
-            for done in w.end_step(now, outcomes, events):
-                follow = next_turn.get(done.rid)
-                if follow is not None:
-                    push(now + follow.arrival, _ARRIVE, follow)
-            for ev_kind, hashes in events:
-                push(now + config.event_delay_s, _DELIVER, (w.wid, ev_kind, hashes))
-            start(w, now)
-        else:
-            wid, ev_kind, hashes = payload
-            router.apply(wid, ev_kind, hashes)
-    return _figures(trace, outcomes, config, router)
+    def _step_end(self, now: float, w: SimWorker) -> None:
+        for r in w.prefilling:
+            self.routers[self.replica_of[r.req.rid]].first_token(w, r.req.rid)
+        events: list[tuple[str, list[int]]] = []
+        for done in w.end_step(now, self.outcomes, events):
+            self.routers[self.replica_of[done.rid]].ended(w)
+            self.unfinished -= 1
+            follow = self.next_turn.get(done.rid)
+            if follow is not None:
+                self.push(now + follow.arrival, _ARRIVE, follow)
+        self._publish(w, now, events)
+        self._start(w, now)
+
+    def _publish(self, w: SimWorker, now: float, events: list[tuple[str, list[int]]]) -> None:
+        for kind, hashes in events:
+            self.push(now + self.config.event_delay_s, _DELIVER, (w.wid, kind, hashes))
+
+    def _deliver(self, now: float, payload: tuple[str, str, list[int]]) -> None:
+        wid, kind, hashes = payload
+        for router in self.routers:
+            router.apply(wid, kind, hashes)
+
+    def _poll(self, now: float, replica: int) -> None:
+        if self.unfinished:  # repeated while anything is left to route or run
+            self.routers[replica].poll()
+            self.push(now + self.config.health_interval_s, _POLL, replica)
 
 
 def percentile(values: list[float], q: float) -> float:
