@@ -22,7 +22,13 @@ import pytest
 
 from radixmesh.client import Client
 from radixmesh.cluster.launch import free_port
-from radixmesh.cluster.ray_launch import RayCluster, advertised_host, bundles, rank_resources
+from radixmesh.cluster.ray_launch import (
+    RayCluster,
+    advertised_host,
+    bundles,
+    host_rank,
+    rank_resources,
+)
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
@@ -322,6 +328,12 @@ def test_the_launch_spec_checks_its_ray_fields() -> None:
         LaunchSpec(model="dummy:tiny", ray=RayOptions(max_restarts=-2))
     with pytest.raises(InvalidArgument, match="placement_strategy: must be one of"):
         LaunchSpec(model="dummy:tiny", ray=RayOptions(placement_strategy="SPREAD"))
+    with pytest.raises(InvalidArgument, match="router_placement: must be one of"):
+        LaunchSpec(model="dummy:tiny", ray=RayOptions(router_placement="each"))
+    with pytest.raises(InvalidArgument, match="router_cpus: must be > 0 with router_placement"):
+        LaunchSpec(model="dummy:tiny", ray=RayOptions(router_placement="spread"))
+    with pytest.raises(InvalidArgument, match="routers: must be >= 1, got 0"):
+        LaunchSpec(model="dummy:tiny", routers=0, ray=RayOptions())
     with pytest.raises(InvalidArgument, match=r"worker_metrics_port: must be in 1\.\.65535, got 0"):
         LaunchSpec(model="dummy:tiny", ray=RayOptions(worker_metrics_port=0))
     with pytest.raises(InvalidArgument, match="worker_args: set the workers' metrics port with"):
@@ -345,6 +357,9 @@ def test_placement_bundles_and_addresses() -> None:
     assert rank_resources(False, 0.5) == {"num_cpus": 0.5}
     assert advertised_host("0.0.0.0", "10.1.2.3") == "10.1.2.3"
     assert advertised_host("127.0.0.1", "10.1.2.3") == "127.0.0.1"
+    # Routers' metrics ports: the configured one plus the routers before on that host.
+    assert [host_rank(["a", "a", "b", "a"], i) for i in range(4)] == [0, 1, 0, 2]
+    assert [host_rank(["a", "b"], i) for i in range(2)] == [0, 0]
 
 
 def test_launch_ray_without_ray_says_how_to_install_it(
