@@ -59,6 +59,7 @@ def cluster() -> Iterator[RayCluster]:
     config = LaunchSpec(
         model="dummy:tiny",
         workers=2,
+        routers=2,  # on the driver's node, sharing the port
         port=free_port(),
         device="cpu",
         worker_args=WORKER_ARGS,
@@ -108,6 +109,15 @@ def test_cluster_serves_the_engines_tokens_through_the_router(
     assert {o.worker_id for o in outs} <= {"worker-0", "worker-1"}
     assert sorted(_summaries(cluster)) == ["worker-0", "worker-1"]
     assert cluster.worker_addresses() == [s["address"] for s in _summaries(cluster).values()]
+    # Both routers: on the driver's node, on the one port, each following both workers.
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    assert ray.get([r.node_id.remote() for r in cluster.routers]) == [here, here]
+    assert cluster.addresses == [cluster.address] * 2
+    for router in cluster.routers:
+        summaries = ray.get(router.summaries.remote())
+        assert [s["address"] for s in summaries.values()] == cluster.worker_addresses()
 
 
 @pytest.mark.slow
@@ -233,7 +243,8 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
 ) -> None:
     """`radixmesh launch --ray-address` joins the running Ray instance (workers with no
     CPU reserved, since the cluster's two CPUs are taken), passes the router options to
-    the router actor (an API key, the HTTP port), prints the workers' metrics addresses,
+    both router actors (an API key, the HTTP port), prints the routers' addresses and the
+    workers' metrics addresses,
     logs a worker whose restarts are used up (--max-restarts 0) and serves on with the
     other, and SIGTERM (which ray.init takes over) stops its actors, as Ctrl-C does."""
     import urllib.error
@@ -246,12 +257,13 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
         [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
          "--workers", "2", "--port", str(port), "--dtype", "float32", "--max-restarts", "0",
          "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0",
-         "--ray-device", "cpu",
+         "--ray-device", "cpu", "--routers", "2",
          "--api-key", "k1", "--http-port", str(http_port)],
         stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True,
     )  # fmt: skip
     try:
         ready = ready_line(proc, "radixmesh cluster ready (ray)")
+        assert f"routers 127.0.0.1:{port}, 127.0.0.1:{port}, workers" in ready
         grpc, metrics = ready.split("workers", 1)[1].split("worker metrics")
         workers = re.findall(r"[0-9.]+:\d+", grpc)
         assert len(workers) == 2 and not set(workers) & set(cluster.worker_addresses())
