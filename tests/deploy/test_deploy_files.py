@@ -543,6 +543,12 @@ def test_kuberay_manifests() -> None:
     )
     # One worker per GPU pod, each with /metrics on the port the pods and Service expose.
     assert (args.worker_metrics_port, args.worker_args) == (9091, "")
+    # Two routers on the head: one port each for their metrics (9090 and the next), on
+    # the head pod and the router Service.
+    assert (args.routers, args.metrics_port) == (2, 9090)
+    router_metrics = {9090, 9091}
+    assert router_metrics <= head_ports
+    assert router_metrics <= {p["targetPort"] for p in router_service["spec"]["ports"]}
     (worker_service,) = [s for s in kinds["Service"] if s["metadata"]["name"] != "radixmesh-router"]
     assert [p["targetPort"] for p in worker_service["spec"]["ports"]] == [9091]
     assert [p["containerPort"] for p in container["ports"]] == [9091]
