@@ -333,6 +333,7 @@ class RayCluster:
         self.placement_groups: list[Any] = []
         self.routers: list[Any] = []  # RouterActor handles, router-i at index i
         self.addresses: list[str] = []  # each router's, once ready
+        self._router_group: Any = None  # the routers' placement group ("spread")
         self._owns_ray = False
         self._dead: set[str] = set()  # workers and routers dead for good, already logged
 
@@ -391,6 +392,7 @@ class RayCluster:
         if o.router_placement == "spread":
             pg = placement_group([{"CPU": o.router_cpus}] * c.routers, strategy="STRICT_SPREAD")
             self.placement_groups.append(pg)
+            self._router_group = pg
             strategies: list[Any] = [
                 PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
                 for i in range(c.routers)
@@ -508,7 +510,12 @@ class RayCluster:
                     continue
                 try:
                     ok = ray.get(ref)
-                except ray.exceptions.RayError as e:
+                except ray.exceptions.RayActorError as e:
+                    # Its process died: Ray restarts it, unless its restarts are used up.
+                    if _dead_for_good([self.routers[i]]):
+                        raise Unavailable(f"router-{i} died during startup: {e}") from e
+                    ok = False
+                except ray.exceptions.RayError as e:  # its serve() ended (e.g. a port taken)
                     raise Unavailable(f"router-{i} failed during startup: {e}") from e
                 if ok:
                     del calls[i]
@@ -522,15 +529,14 @@ class RayCluster:
 
         names = ", ".join(f"router-{i}" for i in routers)
         why = f"{names} not ready within {self.config.ready_timeout}s"
-        if self.options.router_placement == "spread":
-            pg = self.placement_groups[-1] if self.placement_groups else None
-            if pg is not None and ray.util.placement_group_table(pg)["state"] != "CREATED":
-                alive = sum(1 for n in ray.nodes() if n["Alive"])
-                why += (
-                    f": router_placement 'spread' puts one router per node and needs "
-                    f"{self.config.routers} nodes with {self.options.router_cpus} CPU free; "
-                    f"the cluster has {alive}"
-                )
+        pg = self._router_group
+        if pg is not None and ray.util.placement_group_table(pg)["state"] != "CREATED":
+            alive = sum(1 for n in ray.nodes() if n["Alive"])
+            why += (
+                f": router_placement 'spread' puts one router per node and needs "
+                f"{self.config.routers} nodes with {self.options.router_cpus} CPU free; "
+                f"the cluster has {alive}"
+            )
         return why
 
     def stop(self) -> None:
