@@ -549,7 +549,9 @@ class RayCluster:
         calls += [w.stop.remote() for w in self.workers]
         # Every stop ends (or fails: a dead actor) before the kills; a get would end at
         # the first failure.
-        ray.wait(calls, num_returns=len(calls), timeout=timeout + 5)
+        if calls:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.wait(calls, num_returns=len(calls), timeout=timeout + 5)
         for actor in [*self.routers, *self.workers, *self.reservations]:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.kill(actor, no_restart=True)
