@@ -243,8 +243,8 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
 ) -> None:
     """`radixmesh launch --ray-address` joins the running Ray instance (workers with no
     CPU reserved, since the cluster's two CPUs are taken), passes the router options to
-    both router actors (an API key, the HTTP port), prints the routers' addresses and the
-    workers' metrics addresses,
+    both router actors (an API key, the HTTP and metrics ports), prints the routers'
+    addresses and the workers' metrics addresses,
     logs a worker whose restarts are used up (--max-restarts 0) and serves on with the
     other, and SIGTERM (which ray.init takes over) stops its actors, as Ctrl-C does."""
     import urllib.error
@@ -252,18 +252,24 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
 
     import ray
 
-    port, http_port = free_port(), free_port()
+    port, http_port, metrics_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
          "--workers", "2", "--port", str(port), "--dtype", "float32", "--max-restarts", "0",
          "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0",
          "--ray-device", "cpu", "--routers", "2",
-         "--api-key", "k1", "--http-port", str(http_port)],
+         "--api-key", "k1", "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
         stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True,
     )  # fmt: skip
     try:
         ready = ready_line(proc, "radixmesh cluster ready (ray)")
-        assert f"routers 127.0.0.1:{port}, 127.0.0.1:{port}, workers" in ready
+        # Two routers on this node: one gRPC port, a metrics port each (the given and the next).
+        router_metrics = [f"127.0.0.1:{metrics_port}", f"127.0.0.1:{metrics_port + 1}"]
+        routers = (
+            f"routers 127.0.0.1:{port}, 127.0.0.1:{port} (metrics {', '.join(router_metrics)})"
+        )
+        assert f"{routers}, workers" in ready
+        assert all("radixmesh_router_requests_in_flight" in _scrape(a) for a in router_metrics)
         grpc, metrics = ready.split("workers", 1)[1].split("worker metrics")
         workers = re.findall(r"[0-9.]+:\d+", grpc)
         assert len(workers) == 2 and not set(workers) & set(cluster.worker_addresses())
@@ -288,8 +294,8 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
             assert resp.status == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        addresses = [f"127.0.0.1:{port}", f"127.0.0.1:{http_port}", *workers]
-        assert [refuses(a) for a in addresses] == [True] * 4
+        addresses = [f"127.0.0.1:{port}", f"127.0.0.1:{http_port}", *workers, *router_metrics]
+        assert [refuses(a) for a in addresses] == [True] * 6
     finally:
         if proc.poll() is None:
             proc.kill()
