@@ -270,7 +270,9 @@ class RouterActor:
         """True once this router serves and sees every worker healthy. Raises what ended
         `serve()` if it ended without being stopped."""
         if not self._thread.is_alive():
-            raise RuntimeError(f"the router at {self._address} stopped: {self._error!r}")
+            e = self._error
+            why = f"{type(e).__name__}: {e}" if e is not None else "stopped"
+            raise RuntimeError(f"the router at {self._address} ended: {why}")
 
         async def check() -> bool:
             return self._serving.is_set() and all(w.healthy for w in self.pool.workers.values())
@@ -516,7 +518,8 @@ class RayCluster:
                         raise Unavailable(f"router-{i} died during startup: {e}") from e
                     ok = False
                 except ray.exceptions.RayError as e:  # its serve() ended (e.g. a port taken)
-                    raise Unavailable(f"router-{i} failed during startup: {e}") from e
+                    cause = getattr(e, "cause", None) or e  # the actor's own error
+                    raise Unavailable(f"router-{i} failed during startup: {cause}") from e
                 if ok:
                     del calls[i]
                 else:

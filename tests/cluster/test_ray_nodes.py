@@ -169,3 +169,23 @@ def test_spread_routers_need_as_many_nodes(two_nodes: Any) -> None:
     with pytest.raises(Unavailable, match=r"needs 3 nodes with 0\.25 CPU free; the cluster has 2"):
         cluster.__enter__()  # starts, waits, and stops what it started when that fails
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.slow
+def test_a_router_that_cannot_serve_fails_the_start_with_its_error(two_nodes: Any) -> None:
+    """Its metrics port taken: the start fails at once with the router's error, rather
+    than waiting for the readiness timeout."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        spec = _spec()
+        options = {**spec.router_options, "metrics_port": taken.getsockname()[1]}
+        config = dataclasses.replace(spec, routers=1, router_options=options, stop_timeout=0.5)
+        start = time.monotonic()
+        why = r"^router-0 failed during startup: the router at 127\.0\.0\.1:\d+ ended: OSError: "
+        why += r".* in use$"
+        with pytest.raises(Unavailable, match=why):
+            RayCluster(config).__enter__()
+        assert time.monotonic() - start < config.ready_timeout / 2
