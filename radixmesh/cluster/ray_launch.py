@@ -27,18 +27,26 @@ Decisions:
   `worker_metrics_port` fixes one port for every worker: that is for one worker per node
   (KubeRay's GPU pods, scraped through a headless Service on that port); two workers on
   one node would collide on it.
-- **A worker whose restarts are used up** (a finite `max_restarts`) stays in the router,
-  which sees it unhealthy for good and routes to the others. The driver logs an error
-  naming it and keeps serving with the rest; when no worker is left it stops the cluster
-  and `launch` returns 1.
+- **A worker whose restarts are used up** (a finite `max_restarts`) stays in the routers,
+  which see it unhealthy for good and route to the others. The driver logs an error
+  naming it and keeps serving with the rest (so for a router: the others serve on); when
+  no worker, or no router, is left it stops the cluster and `launch` returns 1.
 - **Workers always require a key**: the router option `worker_api_key`, or one generated
   at start; each worker actor puts it in its subprocess's environment (never on its
   command line) and the router sends it on every worker call.
-- **The router is an actor too** (restartable, on a fixed port of the driver's node, so
-  that a Kubernetes Service on the Ray head finds it): it runs the router's
-  `serve()` on an event loop of its own thread, with a stop event instead of signal
-  handlers. The driver only starts actors, waits for health, and stops everything on
-  SIGINT / SIGTERM.
+- **Each router is an actor too** (`LaunchSpec.routers` of them, each restartable): it
+  runs the router's `serve()` on an event loop of its own thread, with a stop event
+  instead of signal handlers, and gets every worker's resolver, so each follows every
+  worker's cache events and holds the same exact summaries. All serve the same fixed
+  port (and HTTP port) on their nodes: routers on one machine share them through
+  SO_REUSEPORT and the kernel spreads connections over them. The Prometheus port cannot
+  be shared, so a router's is the configured one plus the number of routers before it on
+  its machine (`host_rank`). Placement (`router_placement`): "driver" keeps them on the
+  driver's node, so that a Kubernetes Service on the Ray head finds them; "spread" puts
+  one per node with a STRICT_SPREAD placement group (Ray, or its autoscaler, finds the
+  nodes; a bundle whose node dies is placed again on another). The cluster serves on
+  while one router is left. The driver only starts actors, waits for every router to be
+  ready, and stops everything on SIGINT / SIGTERM.
 - **Tensor parallelism**: a worker with `tp_size` > 1 gets a placement group of
   `tp_size` bundles (one GPU each on CUDA, one CPU each otherwise). The worker actor
   holds bundle 0 and one small reservation actor holds each other bundle; the worker's
@@ -59,13 +67,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from radixmesh.cluster.launch import free_port, supervise, wait_router_ready
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
-from radixmesh.errors import InvalidArgument, Unimplemented
+from radixmesh.errors import InvalidArgument, Unavailable, Unimplemented
 
 _PR_SET_PDEATHSIG = 1
 _ANY_HOST = ("0.0.0.0", "::", "")
@@ -185,9 +194,16 @@ class GpuReservation:
 
 
 class RouterActor:
-    """The router's `serve()` on an event loop in a thread of this actor."""
+    """Router `index` of the cluster: the router's `serve()` on an event loop in a thread
+    of this actor. `placement_group`: the routers' spread group (None: on the driver's node)."""
 
-    def __init__(self, config: LaunchSpec, workers: list[Any]) -> None:
+    def __init__(
+        self,
+        config: LaunchSpec,
+        workers: list[Any],
+        index: int = 0,
+        placement_group: Any = None,
+    ) -> None:
         import ray
 
         from radixmesh.router.pool import WorkerPool
@@ -195,10 +211,20 @@ class RouterActor:
 
         addresses = tuple(ray.get([w.address.remote() for w in workers]))
         router_config = config.router_config(addresses)
-        host = advertised_host(config.host, ray.util.get_node_ip_address())
+        if router_config.metrics_port is not None:  # the one port routers cannot share
+            hosts = _router_hosts(config.routers, placement_group)
+            port = router_config.metrics_port + host_rank(hosts, index)
+            router_config = dataclasses.replace(router_config, metrics_port=port)
+        node_ip = ray.util.get_node_ip_address()
+        host = advertised_host(config.host, node_ip)
         self._address = f"{host}:{config.port}"
+        self._metrics_address = (
+            None if router_config.metrics_port is None else f"{host}:{router_config.metrics_port}"
+        )
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
+        self._serving = asyncio.Event()
+        self._error: BaseException | None = None
         timeout = (config.ray or RayOptions()).resolve_timeout
         resolvers = [self._resolver(w, timeout) for w in workers]
         created = threading.Event()
@@ -207,11 +233,15 @@ class RouterActor:
             # gRPC aio channels belong to the loop they are made on: make the pool here.
             self.pool = WorkerPool(router_config, resolvers)
             created.set()
-            await serve(router_config, pool=self.pool, stop=self._stop)
+            await serve(router_config, self._serving, pool=self.pool, stop=self._stop)
 
         def run() -> None:
             asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(main())
+            try:
+                self._loop.run_until_complete(main())
+            except BaseException as e:  # e.g. its metrics port taken: `ready` reports it
+                self._error = e
+                created.set()
 
         self._thread = threading.Thread(target=run, name="router", daemon=True)
         self._thread.start()
@@ -226,6 +256,28 @@ class RouterActor:
 
     def address(self) -> str:
         return self._address
+
+    def metrics_address(self) -> str | None:
+        """host:port of this router's Prometheus /metrics (None: off)."""
+        return self._metrics_address
+
+    def node_id(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    def ready(self) -> bool:
+        """True once this router serves and sees every worker healthy. Raises what ended
+        `serve()` if it ended without being stopped."""
+        if not self._thread.is_alive():
+            e = self._error
+            why = f"{type(e).__name__}: {e}" if e is not None else "stopped"
+            raise RuntimeError(f"the router at {self._address} ended: {why}")
+
+        async def check() -> bool:
+            return self._serving.is_set() and all(w.healthy for w in self.pool.workers.values())
+
+        return asyncio.run_coroutine_threadsafe(check(), self._loop).result(timeout=10)
 
     def summaries(self) -> dict[str, dict[str, Any]]:
         """Per worker: the address the router uses and the state of its prefix summary."""
@@ -250,6 +302,25 @@ class RouterActor:
         self._thread.join(timeout)
 
 
+def host_rank(hosts: list[str | None], index: int) -> int:
+    """How many routers before router `index` run on its host: its metrics port is the
+    configured one plus this, so that routers sharing a machine (one node, or fake nodes
+    of one machine) do not collide while one router per machine keeps the port itself."""
+    return hosts[:index].count(hosts[index])
+
+
+def _router_hosts(routers: int, placement_group: Any) -> list[str | None]:
+    """The host of each router: the driver's node for all, or its spread bundle's node
+    (asked anew at each (re)start: a bundle moves when its node dies)."""
+    import ray
+
+    if placement_group is None:
+        return [ray.util.get_node_ip_address()] * routers
+    nodes = ray.util.placement_group_table(placement_group)["bundles_to_node_id"]
+    ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    return [ips.get(nodes.get(i)) for i in range(routers)]
+
+
 # ---- the driver ---------------------------------------------------------------------------
 
 
@@ -262,10 +333,22 @@ class RayCluster:
         self.workers: list[Any] = []  # WorkerActor handles
         self.reservations: list[Any] = []
         self.placement_groups: list[Any] = []
-        self.router: Any = None
-        self.address = ""
+        self.routers: list[Any] = []  # RouterActor handles, router-i at index i
+        self.addresses: list[str] = []  # each router's, once ready
+        self._router_group: Any = None  # the routers' placement group ("spread")
         self._owns_ray = False
-        self._dead: set[str] = set()  # workers dead for good, already logged
+        self._dead: set[str] = set()  # workers and routers dead for good, already logged
+
+    @property
+    def router(self) -> Any:
+        """The first router actor (None before start)."""
+        return self.routers[0] if self.routers else None
+
+    @property
+    def address(self) -> str:
+        """Where clients reach a router (the first one's address; on one node, every
+        router's: they share the port)."""
+        return self.addresses[0] if self.addresses else ""
 
     def _use_gpu(self) -> bool:
         import ray
@@ -294,15 +377,36 @@ class RayCluster:
             worker_args = (*worker_args, "--tp-size", str(c.tp_size))
         for _ in range(c.workers):
             self.workers.append(self._start_worker(ray, use_gpu, worker_args))
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        self._start_routers(ray)
 
-        # The router stays on the driver's node, where a Service (or the user) finds it.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        router_cls = ray.remote(RouterActor).options(
-            num_cpus=o.router_cpus, max_restarts=o.max_restarts, scheduling_strategy=here
+    def _start_routers(self, ray: Any) -> None:
+        """`routers` router actors, each given every worker's handle (its resolver) and
+        placed by `router_placement`. Not waited for here: a spread group may wait for
+        nodes (wait_ready says so when it times out)."""
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import (
+            NodeAffinitySchedulingStrategy,
+            PlacementGroupSchedulingStrategy,
         )
-        self.router = router_cls.remote(c, self.workers)
-        self.address = str(ray.get(self.router.address.remote()))
+
+        c, o = self.config, self.options
+        pg = None
+        if o.router_placement == "spread":
+            pg = placement_group([{"CPU": o.router_cpus}] * c.routers, strategy="STRICT_SPREAD")
+            self.placement_groups.append(pg)
+            self._router_group = pg
+            strategies: list[Any] = [
+                PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+                for i in range(c.routers)
+            ]
+        else:  # on the driver's node, where a Service (or the user) finds them
+            node = ray.get_runtime_context().get_node_id()
+            strategies = [NodeAffinitySchedulingStrategy(node, soft=False)] * c.routers
+        for i, strategy in enumerate(strategies):
+            actor = ray.remote(RouterActor).options(
+                num_cpus=o.router_cpus, max_restarts=o.max_restarts, scheduling_strategy=strategy
+            )
+            self.routers.append(actor.remote(c, self.workers, i, pg))
 
     def _start_worker(self, ray: Any, use_gpu: bool, worker_args: tuple[str, ...]) -> Any:
         from ray.util.placement_group import placement_group
@@ -353,60 +457,107 @@ class RayCluster:
 
         return [str(a) for a in ray.get([w.metrics_address.remote() for w in self.workers])]
 
+    def router_metrics_addresses(self) -> list[str]:
+        """host:port of each router's /metrics (none when `metrics_port` is unset)."""
+        import ray
+
+        found = ray.get([r.metrics_address.remote() for r in self.routers])
+        return [str(a) for a in found if a is not None]
+
     def dead_workers(self) -> list[str]:
         """The ids (worker-i, as the router names them) of the worker actors that are dead
         for good: their restarts used up, or killed without restart."""
-        import ray
+        return [f"worker-{i}" for i in _dead_for_good(self.workers)]
 
-        refs = [w.address.remote() for w in self.workers]
-        dead = []
-        for i, ref in enumerate(refs):
-            try:
-                ray.get(ref, timeout=5)
-            except ray.exceptions.RayActorError:
-                dead.append(f"worker-{i}")
-            except ray.exceptions.GetTimeoutError:
-                pass  # restarting
-        return dead
-
-    def router_gone(self) -> str | None:
-        """A message when the router actor is dead for good (its restarts used up)."""
-        import ray
-
-        try:
-            ray.get(self.router.address.remote(), timeout=5)
-        except ray.exceptions.RayActorError as e:
-            return f"the router actor ({type(e).__name__})"
-        except ray.exceptions.GetTimeoutError:
-            return None  # restarting
-        return None
+    def dead_routers(self) -> list[str]:
+        """The router actors (router-i) that are dead for good."""
+        return [f"router-{i}" for i in _dead_for_good(self.routers)]
 
     def wait_ready(self, stop_requested: Callable[[], bool] = lambda: False) -> bool:
+        """Block until every router serves and sees every worker healthy (True), or until
+        `stop_requested()` (False); Unavailable if a router dies or time runs out."""
+        deadline = time.monotonic() + self.config.ready_timeout
+        if not self._wait_routers_ready(deadline, stop_requested):
+            return False
+        import ray
+
+        self.addresses = [str(a) for a in ray.get([r.address.remote() for r in self.routers])]
+        # And through the network, as a client would (API key, TLS): routers on one node
+        # share the port, so this reaches one of them.
         keys = self.config.admin_keys or self.config.api_keys
         cert = self.config.tls_cert
         root = Path(cert).read_bytes() if cert else None
         return wait_router_ready(
             self.address,
-            self.config.ready_timeout,
+            max(deadline - time.monotonic(), 1.0),
             stop_requested=stop_requested,
             api_key=keys[0] if keys else None,
             root_certificates=root,
         )
 
+    def _wait_routers_ready(self, deadline: float, stop_requested: Callable[[], bool]) -> bool:
+        """Poll each router actor's `ready()`, one call in flight per router (an actor
+        still waiting for its node queues calls, so they are not sent again and again)."""
+        import ray
+
+        calls = {i: r.ready.remote() for i, r in enumerate(self.routers)}
+        while calls:
+            if stop_requested():
+                return False
+            if time.monotonic() > deadline:
+                raise Unavailable(self._not_ready(sorted(calls)))
+            done, _ = ray.wait(list(calls.values()), num_returns=len(calls), timeout=0.2)
+            for i, ref in list(calls.items()):
+                if ref not in done:
+                    continue
+                try:
+                    ok = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    # Its process died: Ray restarts it, unless its restarts are used up.
+                    if _dead_for_good([self.routers[i]]):
+                        raise Unavailable(f"router-{i} died during startup: {e}") from e
+                    ok = False
+                except ray.exceptions.RayError as e:  # its serve() ended (e.g. a port taken)
+                    cause = getattr(e, "cause", None) or e  # the actor's own error
+                    raise Unavailable(f"router-{i} failed during startup: {cause}") from e
+                if ok:
+                    del calls[i]
+                else:
+                    calls[i] = self.routers[i].ready.remote()
+            time.sleep(0.2)
+        return True
+
+    def _not_ready(self, routers: list[int]) -> str:
+        import ray
+
+        names = ", ".join(f"router-{i}" for i in routers)
+        why = f"{names} not ready within {self.config.ready_timeout}s"
+        pg = self._router_group
+        if pg is not None and ray.util.placement_group_table(pg)["state"] != "CREATED":
+            alive = sum(1 for n in ray.nodes() if n["Alive"])
+            why += (
+                f": router_placement 'spread' puts one router per node and needs "
+                f"{self.config.routers} nodes with {self.options.router_cpus} CPU free; "
+                f"the cluster has {alive}"
+            )
+        return why
+
     def stop(self) -> None:
-        if not (self._owns_ray or self.workers or self.reservations or self.router):
+        if not (self._owns_ray or self.workers or self.reservations or self.routers):
             return  # nothing started (e.g. no Ray installed)
         import ray
 
         timeout = self.config.stop_timeout
-        calls = [self.router.stop.remote(timeout)] if self.router is not None else []
+        calls = [r.stop.remote(timeout) for r in self.routers]
         calls += [w.stop.remote() for w in self.workers]
-        with contextlib.suppress(ray.exceptions.RayError):
-            ray.get(calls, timeout=timeout + 5)
-        for actor in [self.router, *self.workers, *self.reservations]:
-            if actor is not None:
-                with contextlib.suppress(ray.exceptions.RayError):
-                    ray.kill(actor, no_restart=True)
+        # Every stop ends (or fails: a dead actor) before the kills; a get would end at
+        # the first failure.
+        if calls:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.wait(calls, num_returns=len(calls), timeout=timeout + 5)
+        for actor in [*self.routers, *self.workers, *self.reservations]:
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.kill(actor, no_restart=True)
         for pg in self.placement_groups:
             with contextlib.suppress(ray.exceptions.RayError):
                 ray.util.remove_placement_group(pg)
@@ -414,30 +565,40 @@ class RayCluster:
             ray.shutdown()
 
     def ready_line(self) -> str:
+        routers = f"router {self.address}"
+        if len(self.addresses) > 1:
+            routers = f"routers {', '.join(self.addresses)}"
+        if metrics := self.router_metrics_addresses():
+            routers += f" (metrics {', '.join(metrics)})"
         return (
-            f"radixmesh cluster ready (ray): router {self.address}, "
+            f"radixmesh cluster ready (ray): {routers}, "
             f"workers {', '.join(self.worker_addresses())}, "
             f"worker metrics {', '.join(self.worker_metrics_addresses())}"
         )
 
     def failure(self) -> str | None:
-        """Why the cluster must stop: the router is dead for good, or every worker is.
-        A worker dead for good (its finite max_restarts used up) is logged once."""
-        if (gone := self.router_gone()) is not None:
-            return f"{gone} is dead"
-        for wid in self.dead_workers():
-            if wid not in self._dead:
-                self._dead.add(wid)
-                left = len(self.workers) - len(self._dead)
+        """Why the cluster must stop: every router is dead for good, or every worker is.
+        A worker or router dead for good (its finite max_restarts used up) is logged once;
+        the others serve on."""
+        self._log_dead(self.dead_routers(), "router", len(self.routers))
+        self._log_dead(self.dead_workers(), "worker", len(self.workers))
+        if self.routers and all(f"router-{i}" in self._dead for i in range(len(self.routers))):
+            return "no router left"
+        if self.workers and all(f"worker-{i}" in self._dead for i in range(len(self.workers))):
+            return "no worker left"
+        return None
+
+    def _log_dead(self, dead: list[str], kind: str, total: int) -> None:
+        for name in dead:
+            if name not in self._dead:
+                self._dead.add(name)
+                left = total - sum(1 for d in self._dead if d.startswith(f"{kind}-"))
                 print(
-                    f"radixmesh: error: {wid} is dead for good (max_restarts "
-                    f"{self.options.max_restarts} used up); {left} worker(s) left",
+                    f"radixmesh: error: {name} is dead for good (max_restarts "
+                    f"{self.options.max_restarts} used up); {left} {kind}(s) left",
                     file=sys.stderr,
                     flush=True,
                 )
-        if self.workers and len(self._dead) == len(self.workers):
-            return "no worker left"
-        return None
 
     def __enter__(self) -> RayCluster:
         try:
@@ -452,7 +613,24 @@ class RayCluster:
         self.stop()
 
 
+def _dead_for_good(actors: list[Any]) -> list[int]:
+    """The indexes of the actors that are dead for good: restarts used up, or killed
+    without restart (an actor restarting does not answer in time and is not counted)."""
+    import ray
+
+    refs = [a.address.remote() for a in actors]
+    dead = []
+    for i, ref in enumerate(refs):
+        try:
+            ray.get(ref, timeout=5)
+        except ray.exceptions.RayActorError:
+            dead.append(i)
+        except ray.exceptions.GetTimeoutError:
+            pass  # restarting
+    return dead
+
+
 def launch(config: LaunchSpec) -> int:
-    """Run a Ray-mode cluster until SIGINT / SIGTERM, the router's final death, or every
-    worker's (see `RayCluster.failure`)."""
+    """Run a Ray-mode cluster until SIGINT / SIGTERM, or until every router or every
+    worker is dead for good (see `RayCluster.failure`)."""
     return supervise(RayCluster(config), check_every=5.0)

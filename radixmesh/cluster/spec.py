@@ -40,6 +40,11 @@ class RayOptions:
     # worker (one worker per node, e.g. KubeRay's GPU pods behind a headless Service).
     worker_metrics_port: int | None = None
     resolve_timeout: float = 2.0  # seconds the router waits for an actor's address
+    # Where the LaunchSpec's `routers` router actors run. "driver": all on the driver's
+    # node (the Ray head, where a Service finds them), sharing its gRPC and HTTP ports.
+    # "spread": one per node, through a STRICT_SPREAD placement group of one `router_cpus`
+    # bundle per router (so it needs router_cpus > 0 and as many nodes as routers).
+    router_placement: str = "driver"
 
     def __post_init__(self) -> None:
         if self.cpus_per_worker < 0 or self.router_cpus < 0:
@@ -55,6 +60,17 @@ class RayOptions:
             raise InvalidArgument(
                 "placement_strategy",
                 f"must be one of {STRATEGIES}, got {self.placement_strategy!r}",
+            )
+        if self.router_placement not in ("driver", "spread"):
+            raise InvalidArgument(
+                "router_placement",
+                f"must be one of ('driver', 'spread'), got {self.router_placement!r}",
+            )
+        if self.router_placement == "spread" and self.router_cpus <= 0:
+            raise InvalidArgument(
+                "router_cpus",
+                "must be > 0 with router_placement 'spread' (each router's placement "
+                "group bundle reserves it; Ray refuses empty bundles)",
             )
 
 

@@ -22,7 +22,13 @@ import pytest
 
 from radixmesh.client import Client
 from radixmesh.cluster.launch import free_port
-from radixmesh.cluster.ray_launch import RayCluster, advertised_host, bundles, rank_resources
+from radixmesh.cluster.ray_launch import (
+    RayCluster,
+    advertised_host,
+    bundles,
+    host_rank,
+    rank_resources,
+)
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
@@ -53,6 +59,7 @@ def cluster() -> Iterator[RayCluster]:
     config = LaunchSpec(
         model="dummy:tiny",
         workers=2,
+        routers=2,  # on the driver's node, sharing the port
         port=free_port(),
         device="cpu",
         worker_args=WORKER_ARGS,
@@ -102,6 +109,15 @@ def test_cluster_serves_the_engines_tokens_through_the_router(
     assert {o.worker_id for o in outs} <= {"worker-0", "worker-1"}
     assert sorted(_summaries(cluster)) == ["worker-0", "worker-1"]
     assert cluster.worker_addresses() == [s["address"] for s in _summaries(cluster).values()]
+    # Both routers: on the driver's node, on the one port, each following both workers.
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    assert ray.get([r.node_id.remote() for r in cluster.routers]) == [here, here]
+    assert cluster.addresses == [cluster.address] * 2
+    for router in cluster.routers:
+        summaries = ray.get(router.summaries.remote())
+        assert [s["address"] for s in summaries.values()] == cluster.worker_addresses()
 
 
 @pytest.mark.slow
@@ -227,7 +243,8 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
 ) -> None:
     """`radixmesh launch --ray-address` joins the running Ray instance (workers with no
     CPU reserved, since the cluster's two CPUs are taken), passes the router options to
-    the router actor (an API key, the HTTP port), prints the workers' metrics addresses,
+    both router actors (an API key, the HTTP and metrics ports), prints the routers'
+    addresses and the workers' metrics addresses,
     logs a worker whose restarts are used up (--max-restarts 0) and serves on with the
     other, and SIGTERM (which ray.init takes over) stops its actors, as Ctrl-C does."""
     import urllib.error
@@ -235,17 +252,24 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
 
     import ray
 
-    port, http_port = free_port(), free_port()
+    port, http_port, metrics_port = free_port(), free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
          "--workers", "2", "--port", str(port), "--dtype", "float32", "--max-restarts", "0",
          "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0",
-         "--ray-device", "cpu",
-         "--api-key", "k1", "--http-port", str(http_port)],
+         "--ray-device", "cpu", "--routers", "2",
+         "--api-key", "k1", "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
         stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True,
     )  # fmt: skip
     try:
         ready = ready_line(proc, "radixmesh cluster ready (ray)")
+        # Two routers on this node: one gRPC port, a metrics port each (the given and the next).
+        router_metrics = [f"127.0.0.1:{metrics_port}", f"127.0.0.1:{metrics_port + 1}"]
+        routers = (
+            f"routers 127.0.0.1:{port}, 127.0.0.1:{port} (metrics {', '.join(router_metrics)})"
+        )
+        assert f"{routers}, workers" in ready
+        assert all("radixmesh_router_requests_in_flight" in _scrape(a) for a in router_metrics)
         grpc, metrics = ready.split("workers", 1)[1].split("worker metrics")
         workers = re.findall(r"[0-9.]+:\d+", grpc)
         assert len(workers) == 2 and not set(workers) & set(cluster.worker_addresses())
@@ -270,8 +294,8 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
             assert resp.status == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        addresses = [f"127.0.0.1:{port}", f"127.0.0.1:{http_port}", *workers]
-        assert [refuses(a) for a in addresses] == [True] * 4
+        addresses = [f"127.0.0.1:{port}", f"127.0.0.1:{http_port}", *workers, *router_metrics]
+        assert [refuses(a) for a in addresses] == [True] * 6
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -322,6 +346,12 @@ def test_the_launch_spec_checks_its_ray_fields() -> None:
         LaunchSpec(model="dummy:tiny", ray=RayOptions(max_restarts=-2))
     with pytest.raises(InvalidArgument, match="placement_strategy: must be one of"):
         LaunchSpec(model="dummy:tiny", ray=RayOptions(placement_strategy="SPREAD"))
+    with pytest.raises(InvalidArgument, match="router_placement: must be one of"):
+        LaunchSpec(model="dummy:tiny", ray=RayOptions(router_placement="each"))
+    with pytest.raises(InvalidArgument, match="router_cpus: must be > 0 with router_placement"):
+        LaunchSpec(model="dummy:tiny", ray=RayOptions(router_placement="spread"))
+    with pytest.raises(InvalidArgument, match="routers: must be >= 1, got 0"):
+        LaunchSpec(model="dummy:tiny", routers=0, ray=RayOptions())
     with pytest.raises(InvalidArgument, match=r"worker_metrics_port: must be in 1\.\.65535, got 0"):
         LaunchSpec(model="dummy:tiny", ray=RayOptions(worker_metrics_port=0))
     with pytest.raises(InvalidArgument, match="worker_args: set the workers' metrics port with"):
@@ -345,6 +375,9 @@ def test_placement_bundles_and_addresses() -> None:
     assert rank_resources(False, 0.5) == {"num_cpus": 0.5}
     assert advertised_host("0.0.0.0", "10.1.2.3") == "10.1.2.3"
     assert advertised_host("127.0.0.1", "10.1.2.3") == "127.0.0.1"
+    # Routers' metrics ports: the configured one plus the routers before on that host.
+    assert [host_rank(["a", "a", "b", "a"], i) for i in range(4)] == [0, 1, 0, 2]
+    assert [host_rank(["a", "b"], i) for i in range(2)] == [0, 0]
 
 
 def test_launch_ray_without_ray_says_how_to_install_it(

@@ -311,10 +311,59 @@ def test_rendered_chart_validates_and_runs_real_commands() -> None:
     services = {s["metadata"]["name"]: s["spec"] for s in kinds["Service"]}
     assert services["radixmesh-worker"]["clusterIP"] == "None"
     assert [p["port"] for p in services["radixmesh-router"]["ports"]] == [50050, 8000, 9090]
+    # Router replicas: two by default, one rollout at a time without losing one, spread
+    # over nodes where possible; each pod's address on the headless router-pods Service.
+    spec = router["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    (spread,) = spec["template"]["spec"]["topologySpreadConstraints"]
+    assert (spread["topologyKey"], spread["whenUnsatisfiable"]) == (
+        "kubernetes.io/hostname",
+        "ScheduleAnyway",
+    )
+    pod_labels = spec["template"]["metadata"]["labels"]
+    assert spread["labelSelector"]["matchLabels"] == pod_labels
+    pods = services["radixmesh-router-pods"]
+    assert pods["clusterIP"] == "None"
+    assert pods["selector"] == services["radixmesh-router"]["selector"] == pod_labels
+    assert [p["port"] for p in pods["ports"]] == [50050, 8000, 9090]
     budgets = {
         p["metadata"]["name"]: p["spec"]["maxUnavailable"] for p in kinds["PodDisruptionBudget"]
     }
     assert budgets == {"radixmesh-router": 1, "radixmesh-worker": 1}
+
+
+def _notes(values: dict[str, Any]) -> str:
+    import helm_python as helm
+
+    files = helm.Chart.load(str(CHART)).render(values, name="radixmesh", namespace="llm")
+    return str(next(text for path, text in files.items() if path.endswith("NOTES.txt")))
+
+
+@pytest.mark.parametrize(
+    ("workers", "routers", "hint"),
+    [(2, 2, None), (8, 2, None), (9, 2, 3), (16, 3, 4), (16, 4, None), (3, 1, 2)],
+)
+def test_router_replicas_render_and_the_notes_say_how_many_the_workers_need(
+    workers: int, routers: int, hint: int | None
+) -> None:
+    """One router replica per 4 workers, at least 2: the install notes say so when fewer
+    are asked for (the Deployment has what was asked)."""
+    values = {"worker": {"replicas": workers}, "router": {"replicas": routers}}
+    (router,) = _by_kind(_render(values))["Deployment"]
+    assert router["spec"]["replicas"] == routers
+    notes = _notes(values)
+    assert f"{workers} workers serving smollm2, {routers} router replicas." in notes
+    if hint is None:
+        assert "call for" not in notes
+    else:
+        assert f"{workers} workers call for {hint} router replicas" in notes
+        assert f"--set router.replicas={hint}" in notes
+
+
+def test_router_spread_can_be_turned_off() -> None:
+    (router,) = _by_kind(_render({"router": {"spreadAcrossNodes": False}}))["Deployment"]
+    assert "topologySpreadConstraints" not in router["spec"]["template"]["spec"]
 
 
 def test_scaling_workers_leaves_the_router_alone() -> None:
@@ -402,6 +451,13 @@ def test_every_option_renders_valid_resources_and_commands() -> None:
     # ServiceMonitors: jobLabel in .spec (the CRD schema refuses it under endpoints).
     for monitor in kinds["ServiceMonitor"]:
         assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/component"
+    # Each selects one Service (the router's: not router-pods too, or every router pod
+    # would be scraped twice).
+    for monitor in kinds["ServiceMonitor"]:
+        wanted = monitor["spec"]["selector"]["matchLabels"].items()
+        chosen = [s for s in kinds["Service"] if wanted <= s["metadata"]["labels"].items()]
+        component = monitor["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert [s["metadata"]["name"] for s in chosen] == [f"radixmesh-{component}"]
     (rule,) = kinds["PrometheusRule"]
     alerts = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())
     assert rule["spec"]["groups"] == alerts["groups"]
@@ -487,6 +543,12 @@ def test_kuberay_manifests() -> None:
     )
     # One worker per GPU pod, each with /metrics on the port the pods and Service expose.
     assert (args.worker_metrics_port, args.worker_args) == (9091, "")
+    # Two routers on the head: one port each for their metrics (9090 and the next), on
+    # the head pod and the router Service.
+    assert (args.routers, args.metrics_port) == (2, 9090)
+    router_metrics = {9090, 9091}
+    assert router_metrics <= head_ports
+    assert router_metrics <= {p["targetPort"] for p in router_service["spec"]["ports"]}
     (worker_service,) = [s for s in kinds["Service"] if s["metadata"]["name"] != "radixmesh-router"]
     assert [p["targetPort"] for p in worker_service["spec"]["ports"]] == [9091]
     assert [p["containerPort"] for p in container["ports"]] == [9091]
