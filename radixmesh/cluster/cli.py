@@ -390,6 +390,8 @@ def _ray_options(args: argparse.Namespace) -> RayOptions:
         max_restarts=-1 if args.max_restarts is None else args.max_restarts,
         cpus_per_worker=args.cpus_per_worker,
         worker_metrics_port=args.worker_metrics_port,
+        router_placement=args.router_placement,
+        router_cpus=args.router_cpus,
     )
 
 
@@ -429,6 +431,18 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
         help="seconds before a local child's first restart, doubling each time",
     )
     ray.add_argument("--cpus-per-worker", type=float, default=1.0, help="per rank")
+    ray.add_argument(
+        "--router-placement",
+        default="driver",
+        choices=("driver", "spread"),
+        help="the router actors: all on the driver's node, or one per node",
+    )
+    ray.add_argument(
+        "--router-cpus",
+        type=float,
+        default=0.0,
+        help="CPUs each router actor reserves (spread needs > 0)",
+    )
     ray.add_argument(
         "--worker-metrics-port",
         type=_free_or_port,
