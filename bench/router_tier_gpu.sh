@@ -8,6 +8,8 @@
 #             gRPC, streamed gRPC and streamed HTTP through the router, and the gRPC loads
 #             straight to the workers (spread over them)
 #   replicas  the same with $ROUTERS router replicas sharing the router's ports
+#   streams   one router reading the workers' output streams (the default) against one
+#             reading each request's own call (--per-request-streams), same load
 #   big       one Llama-3-8B-shaped worker on the whole GPU: 512 x (256, 128), 512
 #             concurrent, unary and streamed gRPC through the router and direct
 # With BASELINE=DIR (a copy of an earlier `radixmesh/` package tree, e.g. `git archive REV
@@ -19,7 +21,8 @@ PARTS=${PARTS:-"small replicas"}
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
 MACHINE=${MACHINE:-h200}
 ROUTERS=${ROUTERS:-4}
-CONNECTIONS=${CONNECTIONS:-8}
+CONNECTIONS=${CONNECTIONS:-2}
+CLIENT_PROCS=${CLIENT_PROCS:-6}
 BASELINE=${BASELINE:-}
 PY=${PY:-python3}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -54,7 +57,7 @@ drive() {
   local name=$1; shift
   PYTHONPATH="$SITE:$PWD" timeout 300 $PY -m bench.serve --grpc 127.0.0.1:51050 \
     --http http://127.0.0.1:51080 --router-pids "$ROUTER_PIDS" --workers-at "$WORKERS_AT" \
-    --workload random --connections "$CONNECTIONS" --out-dir "$OUT" \
+    --workload random --connections "$CONNECTIONS" --client-procs "$CLIENT_PROCS" --out-dir "$OUT" \
     --name "router-tier-$name-$MACHINE" "$@" > "$OUT/router-tier-$name.log" 2>&1
   echo "$name rc=$?"; grep -A6 "^workload" "$OUT/router-tier-$name.log" | tail -7; el "$name"
 }
@@ -76,6 +79,14 @@ if part replicas; then
   cluster "small-r$ROUTERS" "$PWD" $SMALL_CLUSTER --routers "$ROUTERS"
   drive "small-r$ROUTERS" $SMALL_LOAD --backend grpc-unary,grpc,openai-completions
   stop_cluster
+fi
+if part streams; then
+  for mode in ${STREAM_MODES:-output-streams per-request-streams}; do
+    flag=""; [ $mode = per-request-streams ] && flag="--per-request-streams"
+    cluster "small-$mode" "$PWD" $SMALL_CLUSTER $flag
+    drive "small-$mode" $SMALL_LOAD --backend grpc-unary,grpc,openai-completions
+    stop_cluster
+  done
 fi
 if part big; then
   if [ -n "$BASELINE" ]; then

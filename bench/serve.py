@@ -18,7 +18,8 @@ restarted per policy; worker caches are flushed before every run):
         --policies cache_aware,round_robin --workload shared-prefix --rates 2,4
 `--backend` takes a list: `grpc` (streamed) and `grpc-unary` through the router, and
 `grpc-direct` / `grpc-unary-direct`, the same load spread straight over every worker (the
-router tier's own cost is the difference). Every run records the router tier's CPU time
+router tier's own cost is the difference); `--client-procs N` sends it from N processes, so
+that the client is not what bounds a fast cluster. Every run records the router tier's CPU time
 (psutil over its processes: `--launch`'s routers, or `--router-pids`) per 1,000 output
 tokens beside the throughput.
 """
@@ -39,6 +40,7 @@ from typing import Any
 from bench import record
 from bench.serving import offline, programs, report
 from bench.serving.clients import BACKENDS, make_backend
+from bench.serving.procs import run_load_in_procs
 from bench.serving.runner import LoadSpec, run_load
 from bench.serving.workloads import (
     Mode,
@@ -160,15 +162,16 @@ async def _one_run(
     direct = name.endswith("-direct")
     if direct and not target.workers:
         raise ValueError(f"backend: {name} needs --launch (it sends to the workers)")
-    backend = make_backend(
-        name,
-        http_url=target.http,
-        grpc_target=target.grpc,
-        model=target.model,
-        api_key=target.worker_key if direct else None,
-        workers=target.workers,
-        connections=args.connections,
-    )
+    backend_args: dict[str, Any] = {
+        "name": name,
+        "http_url": target.http,
+        "grpc_target": target.grpc,
+        "model": target.model,
+        "api_key": target.worker_key if direct else None,
+        "workers": target.workers,
+        "connections": args.connections,
+    }
+    backend = make_backend(**backend_args)
     try:
         if args.warmup:
             # The workload's own prompt lengths, at once: the first timed requests must not
@@ -179,7 +182,12 @@ async def _one_run(
             await run_load(warm, backend, LoadSpec())
             await asyncio.to_thread(flush, target)
         cpu_before = cpu_seconds(target.router_pids)
-        run = await run_load(workload, backend, spec)
+        if args.client_procs > 1:
+            run = await asyncio.to_thread(
+                run_load_in_procs, workload, backend_args, spec, args.client_procs
+            )
+        else:
+            run = await run_load(workload, backend, spec)
         router_cpu = cpu_seconds(target.router_pids) - cpu_before
     finally:
         await backend.close()
@@ -407,6 +415,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     load.add_argument("--rates", default="inf", help="sessions/s, comma-separated; inf: at once")
     load.add_argument("--concurrency", default=None, help="max sessions in flight (list)")
+    load.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="client processes sharing the load (one Python process bounds what it sends)",
+    )
     load.add_argument(
         "--connections",
         type=int,

@@ -175,6 +175,7 @@ def _cmd_router(args: argparse.Namespace) -> int:
         strict_openai=args.strict_openai,
         tool_call_parser=args.tool_call_parser,
         separate_reasoning=args.separate_reasoning,
+        per_request_streams=args.per_request_streams,
         listen_when_serving=args.listen_when_serving,
         **{name: getattr(args, name) for name, _ in ROUTER_LIMITS},
     )
@@ -262,6 +263,11 @@ def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
         help="return <think>...</think> as reasoning_content unless a request says otherwise",
     )
     parser.add_argument(
+        "--per-request-streams",
+        action="store_true",
+        help="read each request's chunks on its own worker call, not the worker's output stream",
+    )
+    parser.add_argument(
         "--api-key",
         action="append",
         default=None,
@@ -343,7 +349,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         for name in ("http_port", "metrics_port") + (() if ray else ("download_dir",))
         if getattr(args, name, None) is not None
     }
-    for flag in ("strict_openai", "separate_reasoning"):
+    for flag in ("strict_openai", "separate_reasoning", "per_request_streams"):
         if getattr(args, flag):
             router_options[flag] = True
     if args.tool_call_parser != "auto":

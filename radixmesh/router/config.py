@@ -50,6 +50,9 @@ class RouterConfig:
     # one host (SO_REUSEPORT): a starting or restarting replica must not take connections
     # that the kernel would otherwise hash to it and that it cannot serve yet.
     listen_when_serving: bool = False
+    # Read each request's chunks on its own Generate call instead of the worker's output
+    # stream (router/outputs.py), which carries every request's chunks per step.
+    per_request_streams: bool = False
     # Clients must send `authorization: Bearer <one of these>` (empty: no authentication).
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # FlushCache, ClusterStatus and aborting another caller's request need one of these

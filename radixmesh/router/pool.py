@@ -186,8 +186,9 @@ class WorkerHandle:
         self._tasks = [
             asyncio.create_task(self._health_loop()),
             asyncio.create_task(self._event_loop()),
-            asyncio.create_task(self.outputs.run(self.config.health_interval)),
         ]
+        if not self.config.per_request_streams:
+            self._tasks.append(asyncio.create_task(self.outputs.run(self.config.health_interval)))
 
     async def close(self) -> None:
         for t in self._tasks:
