@@ -50,6 +50,7 @@ _EVENT_KIND = {
     "stored": worker_pb2.CACHE_EVENT_KIND_STORED,
     "removed": worker_pb2.CACHE_EVENT_KIND_REMOVED,
     "cleared": worker_pb2.CACHE_EVENT_KIND_CLEARED,
+    "pending": worker_pb2.CACHE_EVENT_KIND_PENDING,
 }
 
 Messages = Sequence[Mapping[str, str]]

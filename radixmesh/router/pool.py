@@ -283,6 +283,11 @@ class WorkerHandle:
             s.remove(ev.block_hashes)
         elif ev.kind == worker_pb2.CACHE_EVENT_KIND_CLEARED:
             s.clear()
+        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_PENDING:
+            # Another replica (or this one) routed a request here: count its prefix as
+            # on its way, as the replica that routed it does.
+            s.add_tentative(ev.block_hashes, self.config.tentative_ttl)
+            self.on_grow()
         s.sequence = ev.sequence
 
     async def resync(self) -> None:
@@ -374,6 +379,6 @@ def snapshot_blocks(events: Iterable[worker_pb2.CacheEvent]) -> set[int]:
             present.update(ev.block_hashes)
         elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
             present.difference_update(ev.block_hashes)
-        else:
+        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_CLEARED:
             present.clear()
     return present

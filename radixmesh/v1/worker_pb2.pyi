@@ -14,10 +14,12 @@ class CacheEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_EVENT_KIND_STORED: _ClassVar[CacheEventKind]
     CACHE_EVENT_KIND_REMOVED: _ClassVar[CacheEventKind]
     CACHE_EVENT_KIND_CLEARED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_PENDING: _ClassVar[CacheEventKind]
 CACHE_EVENT_KIND_UNSPECIFIED: CacheEventKind
 CACHE_EVENT_KIND_STORED: CacheEventKind
 CACHE_EVENT_KIND_REMOVED: CacheEventKind
 CACHE_EVENT_KIND_CLEARED: CacheEventKind
+CACHE_EVENT_KIND_PENDING: CacheEventKind
 
 class GenerateRequest(_message.Message):
     __slots__ = ("input", "sampling_params", "request_id", "stream", "first_and_rest", "output_stream")

@@ -3,15 +3,18 @@
 The radix cache fires events on the scheduler thread. The hub's one listener numbers them
 (1, 2, 3, ... within an `epoch` that is new for every process start) and hands each to
 every subscriber's asyncio queue through `call_soon_threadsafe`, so the scheduler thread
-never blocks on a slow consumer. A consumer that falls more than `max_queue` events
-behind is cut off (its stream ends) and must resubscribe and pull a snapshot; the
-sequence numbers let it see a gap.
+never blocks on a slow consumer. The server adds "pending" events on its loop when a
+request arrives (`publish_pending`): numbered under the same lock and queued to the loop
+in number order, so subscribers see one gapless sequence. A consumer that falls more
+than `max_queue` events behind is cut off (its stream ends) and must resubscribe and pull
+a snapshot; the sequence numbers let it see a gap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,14 +42,29 @@ class CacheEventHub:
         self.loop = loop
         self.max_queue = max_queue
         self.epoch = random.getrandbits(63) or 1
-        self._sequence = 0  # written on the scheduler thread only
+        self._sequence = 0  # numbered under _lock (the engine's event thread, the loop)
+        self._lock = threading.Lock()
         self._subscribers: set[asyncio.Queue[NumberedEvent | None]] = set()
         engine.add_cache_listener(self._on_event)
 
     def _on_event(self, event: CacheEvent) -> None:  # on the engine's event thread
-        self._sequence += 1
-        item = NumberedEvent(self.epoch, self._sequence, event)
-        self.loop.call_soon_threadsafe(self._fan_out, item)
+        with self._lock:  # queued to the loop in number order
+            self._sequence += 1
+            item = NumberedEvent(self.epoch, self._sequence, event)
+            self.loop.call_soon_threadsafe(self._fan_out, item)
+
+    @property
+    def subscribed(self) -> bool:
+        return bool(self._subscribers)
+
+    def publish_pending(self, hashes: tuple[int, ...], block_size: int) -> None:
+        """On the loop: a request for these prefix blocks arrived."""
+        if not hashes:
+            return
+        event = CacheEvent("pending", hashes, None, len(hashes) * block_size)
+        with self._lock:
+            self._sequence += 1
+            self.loop.call_soon(self._fan_out, NumberedEvent(self.epoch, self._sequence, event))
 
     def _fan_out(self, item: NumberedEvent) -> None:  # on the loop
         for q in list(self._subscribers):

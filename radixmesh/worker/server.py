@@ -43,7 +43,7 @@ from radixmesh.grpc_server import (
     bind,
     set_health,
 )
-from radixmesh.prefix import common_prefix_len
+from radixmesh.prefix import block_hashes, common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import (
     chunk_to_proto,
@@ -175,6 +175,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             ids = self._input_ids(request.input)
             params = params_from_proto(request.sampling_params)
             stream = engine.async_stream(ids, params, rid=rid)
+            self._announce(engine, ids)
             self.in_flight.add(rid)
             outputs = self._timed(stream)
             sink = self.output_streams.get(request.output_stream)
@@ -210,6 +211,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if sink is not None and not finished:
                 sink.discard(rid)  # what it held for a request that ends with an error
             self.in_flight.discard(rid)
+
+    def _announce(self, engine: Engine | EngineProcess, ids: list[int]) -> None:
+        """Tell the routers (cache-event subscribers) which prefix blocks this request
+        will leave cached: each router replica then counts them as tentatively here."""
+        hub = self.hub
+        if hub is not None and hub.subscribed:
+            size = engine.config.cache.event_block_size
+            hub.publish_pending(tuple(block_hashes(ids, size)), size)
 
     def _admit(self, n: int) -> None:
         """Overloaded unless n more requests fit (Generate streams and Score continuations

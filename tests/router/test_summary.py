@@ -103,3 +103,31 @@ def test_pool_applies_events_within_the_budget() -> None:
 
     # 5 stored, the 2 oldest forgotten for the budget, then the newest removed.
     assert asyncio.run(run()) == (2, 2, 2)
+
+
+def test_pool_counts_pending_events_as_tentative() -> None:
+    import asyncio
+
+    from radixmesh.router.config import RouterConfig
+    from radixmesh.router.pool import WorkerPool, snapshot_blocks
+    from radixmesh.v1 import worker_pb2
+
+    async def run() -> tuple[int, int, int, set[int]]:
+        config = RouterConfig(workers=("127.0.0.1:1",), tentative_ttl=60.0)
+        pool = WorkerPool(config)
+        handle = pool.workers["worker-0"]
+        h = _hashes(4)
+        pending = worker_pb2.CacheEvent(
+            epoch=1, sequence=1, kind=worker_pb2.CACHE_EVENT_KIND_PENDING, block_hashes=h
+        )
+        handle.apply(pending)
+        await pool.close()
+        # A snapshot's pending entries (there are none in a real one) leave its blocks alone.
+        stored = worker_pb2.CacheEvent(kind=worker_pb2.CACHE_EVENT_KIND_STORED, block_hashes=h[:1])
+        present = snapshot_blocks([stored, pending])
+        s = handle.summary
+        return s.match(h), s.num_confirmed, s.sequence, present
+
+    # Matched as tentative (another replica routed it there), nothing confirmed yet.
+    h = _hashes(4)
+    assert asyncio.run(run()) == (4, 0, 1, set(h[:1]))

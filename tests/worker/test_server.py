@@ -362,6 +362,12 @@ def test_cache_events_stream_and_snapshot(client: Client, engine: Engine) -> Non
     in_snapshot = {h for e in snap.events for h in e.block_hashes}
     assert set(expected) <= in_snapshot
     assert snap.block_size == 16
+    # The request was announced (its prompt's blocks, pending) before any of it was stored.
+    kinds = [e.kind for e in got]
+    pending = kinds.index(worker_pb2.CACHE_EVENT_KIND_PENDING)
+    assert list(got[pending].block_hashes) == block_hashes(ids, 16)
+    assert worker_pb2.CACHE_EVENT_KIND_STORED not in kinds[:pending]
+    assert all(e.kind != worker_pb2.CACHE_EVENT_KIND_PENDING for e in snap.events)
 
 
 # ---- errors: one per catalogue status the server produces ---------------------------------

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-CacheEventKind = Literal["stored", "removed", "cleared"]
+CacheEventKind = Literal["stored", "removed", "cleared", "pending"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,6 @@ def replay(events: Iterable[CacheEvent], into: set[int]) -> set[int]:
             into.update(ev.block_hashes)
         elif ev.kind == "removed":
             into.difference_update(ev.block_hashes)
-        else:
-            into.clear()
+        elif ev.kind == "cleared":
+            into.clear()  # ("pending" is a hint about requests, not the cache's contents)
     return into
