@@ -10,6 +10,9 @@
 #   replicas  the same with $ROUTERS router replicas sharing the router's ports
 #   streams   one router reading the workers' output streams (the default) against one
 #             reading each request's own call (--per-request-streams), same load
+#   hits      cache-aware hit rate through 1, 2 and 4 router replicas (--routers) on the
+#             shared-prefix workload (24 prefixes of 4,096 tokens: more than one worker's
+#             32,000-token pool, less than four) and multi-turn chats, four small workers
 #   big       one Llama-3-8B-shaped worker on the whole GPU: 512 x (256, 128), 512
 #             concurrent, unary and streamed gRPC through the router and direct
 # With BASELINE=DIR (a copy of an earlier `radixmesh/` package tree, e.g. `git archive REV
@@ -86,6 +89,19 @@ if part streams; then
     cluster "small-$mode" "$PWD" $SMALL_CLUSTER $flag
     drive "small-$mode" $SMALL_LOAD --backend grpc-unary,grpc,openai-completions
     stop_cluster
+  done
+fi
+if part hits; then
+  for r in ${HIT_ROUTERS:-1 2 4}; do
+    PYTHONPATH="$SITE:$PWD" timeout 200 $PY -m bench.serve --launch --model "${SMALL_MODEL:-dummy:smollm2-135m}" \
+      --workers 4 --routers "$r" --worker-args="--gpu-memory-share=0.2 --kv-cache-tokens 32000" \
+      --backend grpc --workload "${HIT_WORKLOADS:-shared-prefix,multi-turn}" --groups 24 \
+      --num-requests "${HIT_REQUESTS:-384}" \
+      --prefix-len "${HIT_PREFIX:-4096}" --question-len 64 --output-len 64 --turns 4 --think-time 0.5 \
+      --concurrency 64 --connections 4 --client-procs 4 --out-dir "$OUT" \
+      --name "router-tier-hits${HIT_TAG:-}-r$r-$MACHINE" > "$OUT/router-tier-hits${HIT_TAG:-}-r$r.log" 2>&1
+    echo "hits r$r rc=$?"; grep -A3 "^workload" "$OUT/router-tier-hits${HIT_TAG:-}-r$r.log" | tail -3
+    el "hits r$r"
   done
 fi
 if part big; then
