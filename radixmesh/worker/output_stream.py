@@ -46,10 +46,12 @@ class OutputStream:
         else:
             self._held[rid] = out
 
-    async def take(self) -> list[tuple[str, RequestOutput]]:
+    async def take(self) -> list[tuple[str, RequestOutput]] | None:
         """The outputs that may go, in the order their requests became ready; waits for
-        one."""
+        one. None once closed and nothing is left to send."""
         while not self._ready:
+            if self.closed:
+                return None
             self._wake.clear()
             await self._wake.wait()
         ready, self._ready = self._ready, {}
@@ -61,6 +63,7 @@ class OutputStream:
         self._held.pop(rid, None)
 
     def close(self) -> None:
+        """Take no more outputs; what is ready still goes (a finished request's last)."""
         self.closed = True
-        self._ready.clear()
         self._held.clear()
+        self._wake.set()

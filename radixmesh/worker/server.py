@@ -368,11 +368,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         t0, g0 = samples[0]
         return (generated - g0) / (now - t0) if now > t0 else 0.0
 
+    def close_output_streams(self) -> None:
+        """End every output stream once it has sent what is ready (the server stops)."""
+        for sink in self.output_streams.values():
+            sink.close()
+
     async def StreamOutputs(
         self, request: worker_pb2.StreamOutputsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.StreamOutputsResponse]:
         """Batches of the outputs of the requests that name this stream (output_stream.py);
-        open until the caller cancels it or the server stops."""
+        open until the caller cancels it or the server stops (after its drain: the last
+        outputs go first)."""
         name = request.stream_id
         try:
             self._engine()
@@ -387,8 +393,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         sink = self.output_streams[name] = OutputStream()
         try:
             await context.send_initial_metadata(())  # tells the caller the name is open
-            while True:
-                batch = await sink.take()
+            while (batch := await sink.take()) is not None:
                 yield worker_pb2.StreamOutputsResponse(
                     chunks=[chunk_to_proto(rid, out) for rid, out in batch]
                 )
@@ -527,6 +532,7 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
         stats_log.cancel()
     await _drain(config, servicer, engine, health_servicer)
     hub.close()
+    servicer.close_output_streams()
     await server.stop(grace=2.0)
     await asyncio.to_thread(engine.shutdown)
     logger.info("radixmesh worker stopped")
@@ -562,6 +568,7 @@ async def _fail(
     while servicer.busy and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     hub.close()
+    servicer.close_output_streams()
     await server.stop(grace=0.5)
     await asyncio.to_thread(engine.shutdown)
     return 1

@@ -18,6 +18,7 @@ def out(rid: str, tokens: list[int], n: int, finished: bool = False) -> RequestO
 
 def take(stream: OutputStream) -> list[tuple[str, list[int], str, int]]:
     batch = asyncio.run(asyncio.wait_for(stream.take(), 1.0))
+    assert batch is not None
     return [(rid, o.new_token_ids, o.text_delta, o.meta_info.completion_tokens) for rid, o in batch]
 
 
@@ -61,3 +62,12 @@ def test_discard_and_close() -> None:
     s.close()
     with pytest.raises(Unavailable, match="closed"):
         s.put("c", out("c", [3], 1), send=True)
+
+
+def test_closing_lets_the_ready_outputs_go_first() -> None:
+    s = OutputStream()
+    s.put("a", out("a", [1, 2], 2, finished=True), send=True)  # a request's last output
+    s.put("b", out("b", [3], 1), send=False)
+    s.close()
+    assert take(s) == [("a", [1, 2], "<1><2>", 2)]
+    assert asyncio.run(asyncio.wait_for(s.take(), 1.0)) is None  # then the stream ends
