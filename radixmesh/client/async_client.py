@@ -8,12 +8,12 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequen
 from typing import Any, Literal, TypeVar, overload
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
-from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 
 from . import convert
-from .channels import Channels
+from .channels import Channels, StubsInTurn
 from .client import Params, Service
 from .options import ClientOptions, Deadline, retryable
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
@@ -21,7 +21,7 @@ from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, S
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(StubsInTurn):
     def __init__(
         self,
         target: str,
@@ -278,19 +278,6 @@ class AsyncClient:
         await self.close()
 
     # ---- plumbing ---------------------------------------------------------------------
-
-    # Each access takes the next connection's stub: one per call, and one per retry.
-    @property
-    def _worker(self) -> worker_pb2_grpc.WorkerStub:
-        return self._channels.next().worker
-
-    @property
-    def _router(self) -> router_pb2_grpc.RouterStub:
-        return self._channels.next().router
-
-    @property
-    def _health(self) -> health_pb2_grpc.HealthStub:
-        return self._channels.next().health
 
     async def _resolve(self) -> Service:
         if self._service == "auto":

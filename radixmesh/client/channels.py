@@ -67,3 +67,22 @@ class Channels:
 
     def channels(self) -> list[Any]:
         return [s.channel for s in self._stubs]
+
+
+class StubsInTurn:
+    """`_worker`, `_router`, `_health` for a client holding `_channels`: each access takes
+    the next connection's stub (one per call, and one per retry)."""
+
+    _channels: Channels
+
+    @property
+    def _worker(self) -> worker_pb2_grpc.WorkerStub:
+        return self._channels.next().worker
+
+    @property
+    def _router(self) -> router_pb2_grpc.RouterStub:
+        return self._channels.next().router
+
+    @property
+    def _health(self) -> health_pb2_grpc.HealthStub:
+        return self._channels.next().health

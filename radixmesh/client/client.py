@@ -15,13 +15,13 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from radixmesh.sampling_params import SamplingParams
-from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 
 from . import convert
-from .channels import Channels
+from .channels import Channels, StubsInTurn
 from .options import ClientOptions, Deadline, retryable
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
@@ -30,7 +30,7 @@ Service = Literal["auto", "worker", "router"]
 Params = Mapping[str, Any] | SamplingParams | None
 
 
-class Client:
+class Client(StubsInTurn):
     def __init__(
         self,
         target: str,
@@ -299,19 +299,6 @@ class Client:
         self.close()
 
     # ---- plumbing ---------------------------------------------------------------------
-
-    # Each access takes the next connection's stub: one per call, and one per retry.
-    @property
-    def _worker(self) -> worker_pb2_grpc.WorkerStub:
-        return self._channels.next().worker
-
-    @property
-    def _router(self) -> router_pb2_grpc.RouterStub:
-        return self._channels.next().router
-
-    @property
-    def _health(self) -> health_pb2_grpc.HealthStub:
-        return self._channels.next().health
 
     def _resolve(self) -> Service:
         if self._service == "auto":
