@@ -173,3 +173,37 @@ class OutputReader:
         for sink in list(self.sinks.values()):
             if sink.stream_id == name:
                 sink.fail(WorkerStalled(f"worker {self.worker.worker_id}: its output stream ended"))
+
+
+async def pump_call(call: Any, sink: Sink) -> None:
+    """A worker Generate call's chunks (when it sends them on the call) and its failure
+    into the request's sink; a call that ends well adds nothing (the finish came)."""
+    try:
+        async for resp in call:
+            sink.put(resp.chunk)
+    except grpc.aio.AioRpcError as e:
+        sink.fail(e)
+
+
+class Joined:
+    """A worker's streamed chunks as one chunk: repeated fields (token ids, logprobs)
+    concatenated, counts and the finish from the last chunk."""
+
+    def __init__(self) -> None:
+        self._chunk = common_pb2.GenerateChunk()
+        self._text: list[str] = []
+
+    @classmethod
+    def of(cls, chunks: list[common_pb2.GenerateChunk]) -> common_pb2.GenerateChunk:
+        joined = cls()
+        for c in chunks:
+            joined.add(c)
+        return joined.chunk()
+
+    def add(self, chunk: common_pb2.GenerateChunk) -> None:
+        self._text.append(chunk.text)
+        self._chunk.MergeFrom(chunk)  # appends repeated fields, overwrites set scalars
+
+    def chunk(self) -> common_pb2.GenerateChunk:
+        self._chunk.text = "".join(self._text)
+        return self._chunk

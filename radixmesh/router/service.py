@@ -20,7 +20,6 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
@@ -38,7 +37,7 @@ from radixmesh.prefix import block_hashes
 from radixmesh.router.admission import Admission, RateLimiter
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.metrics import RouterMetrics
-from radixmesh.router.outputs import Sink, SinkWatch, WorkerStalled
+from radixmesh.router.outputs import Joined, Sink, SinkWatch, WorkerStalled, pump_call
 from radixmesh.router.policy import Candidate, Policy, PolicyOptions, make_policy
 from radixmesh.router.pool import WorkerHandle, WorkerPool
 from radixmesh.router.programs import ProgramHint, ProgramTable
@@ -299,8 +298,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         wreq.output_stream = worker.outputs.stream_id or ""
         sink = sinks[wreq.request_id] = Sink(worker, worker.outputs.stream_id)
         call = worker.stub.Generate(wreq, metadata=worker.metadata)
-        pump = asyncio.ensure_future(_pump(call, sink))
-        joined = _Joined()
+        pump = asyncio.ensure_future(pump_call(call, sink))
+        joined = Joined()
         try:
             self.streams.add(sink)
             done = False
@@ -310,7 +309,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     started = True
                     worker.request_streaming(pending)
                     self.metrics.ttft.observe(time.perf_counter() - attempt.started_at)
-                chunk = chunks[0] if len(chunks) == 1 else _Joined.of(chunks)
+                chunk = chunks[0] if len(chunks) == 1 else Joined.of(chunks)
                 chunk.request_id = key[1]
                 if chunk.HasField("finish"):
                     done = True
@@ -568,40 +567,6 @@ class _Attempt:
     pending: int  # the prompt tokens it has to prefill (not cached there)
     started_at: float  # perf_counter() when the request reached the router
     forwarded: bool = False  # the caller got a chunk: no retry elsewhere after this
-
-
-async def _pump(call: Any, sink: Sink) -> None:
-    """A worker Generate call's chunks (when it sends them on the call) and its failure
-    into the request's sink; a call that ends well adds nothing (the finish came)."""
-    try:
-        async for resp in call:
-            sink.put(resp.chunk)
-    except grpc.aio.AioRpcError as e:
-        sink.fail(e)
-
-
-class _Joined:
-    """A worker's streamed chunks as one chunk: repeated fields (token ids, logprobs)
-    concatenated, counts and the finish from the last chunk."""
-
-    def __init__(self) -> None:
-        self._chunk = common_pb2.GenerateChunk()
-        self._text: list[str] = []
-
-    @classmethod
-    def of(cls, chunks: list[common_pb2.GenerateChunk]) -> common_pb2.GenerateChunk:
-        joined = cls()
-        for c in chunks:
-            joined.add(c)
-        return joined.chunk()
-
-    def add(self, chunk: common_pb2.GenerateChunk) -> None:
-        self._text.append(chunk.text)
-        self._chunk.MergeFrom(chunk)  # appends repeated fields, overwrites set scalars
-
-    def chunk(self) -> common_pb2.GenerateChunk:
-        self._chunk.text = "".join(self._text)
-        return self._chunk
 
 
 MAX_PROGRAM_ID = 128

@@ -1,8 +1,10 @@
-"""An output stream: the outputs of many requests, sent to one reader in batches.
+"""How a request's outputs leave the worker: through an output stream (the outputs of
+many requests, sent to one reader in batches), or on the request's own call as the first
+and the rest (`first_and_rest`) or joined whole (`join`).
 
 A router reads every token of every request it placed on this worker. One gRPC message
-per request and token costs it a read each (most of its CPU time); through an output
-stream it reads one message a step for all of its requests. A request's outputs that pile
+per request and token costs it a read each; through an output stream it reads one message
+a step for all of its requests (docs/router-tier.md has what that saves). A request's outputs that pile
 up while the reader is behind are joined into one (`RequestOutput.then`), so a slow reader
 gets fewer, larger messages instead of a growing queue.
 
@@ -13,6 +15,7 @@ Owned by the worker's event loop: the Generate handlers `put`, the stream's hand
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from radixmesh.errors import Unavailable
@@ -67,3 +70,27 @@ class OutputStream:
         self.closed = True
         self._held.clear()
         self._wake.set()
+
+
+async def first_and_rest(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    """The first output as soon as it comes (the prompt is prefilled), then the rest
+    joined into one: two messages for a router that needs no token in between."""
+    first = True
+    rest: RequestOutput | None = None
+    async for out in outputs:
+        if first:
+            first = False
+            yield out
+        else:
+            rest = out if rest is None else rest.then(out)
+    if rest is not None:
+        yield rest
+
+
+async def join(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    """A request's outputs as one (a stream ends with its finished output)."""
+    joined: RequestOutput | None = None
+    async for out in outputs:
+        joined = out if joined is None else joined.then(out)
+    assert joined is not None
+    return joined

@@ -59,7 +59,12 @@ from radixmesh.wire import (
 from radixmesh.worker.cache_event_hub import CacheEventHub
 from radixmesh.worker.engine_process import EngineProcess
 from radixmesh.worker.metrics import WorkerMetrics
-from radixmesh.worker.output_stream import MAX_OUTPUT_STREAMS, OutputStream
+from radixmesh.worker.output_stream import (
+    MAX_OUTPUT_STREAMS,
+    OutputStream,
+    first_and_rest,
+    join,
+)
 from radixmesh.worker.stats import SchedulerStats
 from radixmesh.worker.stats_log import log_stats
 
@@ -190,11 +195,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     finished = out.finished
                     yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, out))
             elif request.first_and_rest:
-                async for resp in self._first_and_rest(rid, outputs):
-                    yield resp
+                async for part in first_and_rest(outputs):
+                    yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, part))
                 finished = True
             else:
-                joined = await self._join(outputs)
+                joined = await join(outputs)
                 yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, joined, whole=True))
                 finished = True
         except RadixMeshError as e:
@@ -229,31 +234,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"{busy} requests in flight, {n} more would pass the limit of "
                 f"{self.max_in_flight}: the queue is full"
             )
-
-    @staticmethod
-    async def _first_and_rest(
-        rid: str, outputs: AsyncIterator[RequestOutput]
-    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        """The first output as soon as it comes (the prompt is prefilled), then the rest
-        joined into one: two messages for a router that needs no token in between."""
-        first = True
-        rest: RequestOutput | None = None
-        async for out in outputs:
-            if first:
-                first = False
-                yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, out))
-            else:
-                rest = out if rest is None else rest.then(out)
-        if rest is not None:
-            yield worker_pb2.GenerateResponse(chunk=chunk_to_proto(rid, rest))
-
-    @staticmethod
-    async def _join(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
-        joined: RequestOutput | None = None
-        async for out in outputs:
-            joined = out if joined is None else joined.then(out)
-        assert joined is not None  # a stream ends with its finished output
-        return joined
 
     async def _timed(self, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         """Observe time-to-first-token, inter-token and end-to-end latency."""
