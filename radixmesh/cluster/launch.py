@@ -134,7 +134,8 @@ def wait_router_ready(
             ready.add(resp.router_id)
             if len(ready) >= routers:
                 return True
-            continue  # another connection: maybe another replica
+            time.sleep(0.02)  # then another connection: maybe another replica
+            continue
         time.sleep(0.2)
     raise Unavailable(f"the cluster was not ready within {timeout}s")
 
