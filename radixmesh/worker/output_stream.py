@@ -4,9 +4,9 @@ and the rest (`first_and_rest`) or joined whole (`join`).
 
 A router reads every token of every request it placed on this worker. One gRPC message
 per request and token costs it a read each; through an output stream it reads one message
-a step for all of its requests (docs/router-tier.md has what that saves). A request's outputs that pile
-up while the reader is behind are joined into one (`RequestOutput.then`), so a slow reader
-gets fewer, larger messages instead of a growing queue.
+a step for all of its requests (docs/router-tier.md has what that saves). A request's
+outputs that pile up while the reader is behind are joined into one (`RequestOutput.then`),
+so a slow reader gets fewer, larger messages instead of a growing queue.
 
 Owned by the worker's event loop: the Generate handlers `put`, the stream's handler
 `take`s; nothing here is touched from another thread.
