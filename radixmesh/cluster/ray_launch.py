@@ -277,7 +277,15 @@ class RouterActor:
         async def check() -> bool:
             return self._serving.is_set() and all(w.healthy for w in self.pool.workers.values())
 
-        return asyncio.run_coroutine_threadsafe(check(), self._loop).result(timeout=10)
+        try:
+            return asyncio.run_coroutine_threadsafe(check(), self._loop).result(timeout=10)
+        except (TimeoutError, RuntimeError):
+            # serve() may have ended just after the check above (its loop closed or
+            # stopped): say why it ended, not that the question went unanswered.
+            self._thread.join(timeout=2.0)
+            if not self._thread.is_alive():
+                return self.ready()
+            raise
 
     def summaries(self) -> dict[str, dict[str, Any]]:
         """Per worker: the address the router uses and the state of its prefix summary."""
