@@ -57,7 +57,7 @@ def decision_latency(
     block_size: int = 16,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """p50 / p99 of one full routing decision (what `RouterServicer.route` does).
+    """p50 / p99 of one full routing decision (what `ControlPlane.pick` does).
 
     Every summary holds `blocks_per_worker` blocks; `holders` workers also hold a shared
     `shared_len`-token system prompt. Each decision routes a new prompt (the system prompt

@@ -15,8 +15,9 @@ from radixmesh.v1 import common_pb2
 
 if TYPE_CHECKING:
     from radixmesh.router.config import RouterConfig
+    from radixmesh.router.control import ControlPlane
+    from radixmesh.router.dispatch import Dispatcher
     from radixmesh.router.programs import ProgramHint
-    from radixmesh.router.service import RouterServicer
     from radixmesh.tokenizer import TokenizerLike
 
 # (output index, serving worker id, chunk)
@@ -26,7 +27,8 @@ Job = tuple[int, list[int], common_pb2.SamplingParams]
 
 
 class Frontend(Protocol):
-    servicer: RouterServicer
+    dispatch: Dispatcher  # the one generation path (admission, rate, workers' chunks)
+    control: ControlPlane  # the workers, the served model
     config: RouterConfig
     grpc_port: int | None  # the router's gRPC port (SGLang clients read it)
 

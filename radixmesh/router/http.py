@@ -3,8 +3,8 @@
 `GET /health` and `GET /metrics` are served here; the OpenAI-compatible API (`/v1/...`,
 `/tokenize`, `/detokenize`, `/openapi.json`: openai/routes.py) and SGLang's native API
 (`/generate`, `/get_model_info`, ...: sglang_api.py) register their routes on the app.
-Generation goes through `stream_jobs`, over the gRPC servicer's `route_and_stream`, the
-one routing / retry / proxy path of the router.
+Generation goes through `stream_jobs`, over the dispatcher's `route_and_stream` (dispatch.py),
+the one routing / retry / proxy path of the router, shared with the gRPC front end.
 
 Errors use OpenAI's layout `{"error": {"message", "type", "param", "code"}}` with the
 catalogue's HTTP status (400 naming the field as `param`, 401, 404, 429, 503; see
@@ -32,10 +32,11 @@ from radixmesh.auth import bearer_allowed, caller_of
 from radixmesh.errors import Overloaded, RadixMeshError, Unavailable
 from radixmesh.router.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.config import RouterConfig
+from radixmesh.router.control import ControlPlane
+from radixmesh.router.dispatch import Dispatcher
 from radixmesh.router.frontend import Job, JobChunks
 from radixmesh.router.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
-from radixmesh.router.service import RouterServicer
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
 
@@ -58,11 +59,16 @@ def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCon
 
 class HttpFrontend:
     def __init__(
-        self, servicer: RouterServicer, config: RouterConfig, grpc_port: int | None = None
+        self,
+        dispatch: Dispatcher,
+        control: ControlPlane,
+        config: RouterConfig,
+        grpc_port: int | None = None,
     ) -> None:
-        self.servicer = servicer
+        self.dispatch = dispatch
+        self.control = control
         self.config = config
-        self.metrics = servicer.metrics
+        self.metrics = dispatch.metrics
         self.grpc_port = grpc_port  # the router's gRPC port (SGLang clients read it)
         self.started = int(time.time())
         self._runner: web.AppRunner | None = None
@@ -122,7 +128,7 @@ class HttpFrontend:
             else:
                 try:
                     if request.method == "POST":  # the API's work: each call takes a token
-                        self.servicer.rate.take(caller_of(request.headers.get("Authorization")))
+                        self.dispatch.rate.take(caller_of(request.headers.get("Authorization")))
                     resp = await self._answer(request, handler)
                 except Overloaded as e:
                     resp = ApiError.from_exception(e).response()
@@ -154,10 +160,10 @@ class HttpFrontend:
     # ---- plain endpoints ---------------------------------------------------------------
 
     async def health(self, request: web.Request) -> web.Response:
-        healthy = sum(w.healthy for w in self.servicer.pool.workers.values())
-        if self.servicer.admission.closed is not None:
-            raise ApiError(503, self.servicer.admission.closed, None, "unavailable")
-        if self.servicer.model_info is None or not healthy:
+        healthy = self.control.healthy_workers()
+        if self.dispatch.admission.closed is not None:
+            raise ApiError(503, self.dispatch.admission.closed, None, "unavailable")
+        if self.control.model_info is None or not healthy:
             raise ApiError(503, "no healthy worker", None, "unavailable")
         return web.json_response({"status": "ok", "healthy_workers": healthy})
 
@@ -184,7 +190,7 @@ class HttpFrontend:
         return web.json_response(self._model_json())
 
     def ready(self) -> tuple[TokenizerLike, common_pb2.ModelInfo]:
-        tok, info = self.servicer.tokenizer, self.servicer.model_info
+        tok, info = self.control.tokenizer, self.control.model_info
         if tok is None or info is None:
             raise Unavailable("the router is still starting (no worker has answered yet)")
         return tok, info
@@ -214,7 +220,7 @@ class HttpFrontend:
         def route(
             ids: list[int], params: common_pb2.SamplingParams, rid: str, *, stream: bool
         ) -> AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]:
-            return self.servicer.route_and_stream(
+            return self.dispatch.route_and_stream(
                 ids, params, rid, stream=stream, hint=hint, caller=caller
             )
 

@@ -17,7 +17,8 @@ A worker that can move (a Ray actor restarted on another port or node) comes wit
 address at most every `RESOLVE_INTERVAL` and reconnects when the address changed. The
 new process has a new event epoch, so the event loop resyncs its summary from a snapshot.
 
-Only this module and `service.py` see protobuf; the summaries and policies see ints.
+Only this module and the front ends (`control.py`, `dispatch.py`, `service.py`) see protobuf;
+the summaries and policies see ints.
 """
 
 from __future__ import annotations

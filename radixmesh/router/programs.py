@@ -15,10 +15,21 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from radixmesh.client.types import ProgramHint
+from radixmesh.errors import InvalidArgument
 from radixmesh.router.policy import Candidate
 
 MAX_PROGRAMS = 65536
-__all__ = ["ProgramHint", "ProgramTable"]
+MAX_PROGRAM_ID = 128
+__all__ = ["ProgramHint", "ProgramTable", "program_hint"]
+
+
+def program_hint(program_id: str, shared_prefix_tokens: int) -> ProgramHint | None:
+    """A request's program hint (None without an id); a client's id is bounded."""
+    if not program_id:
+        return None
+    if len(program_id) > MAX_PROGRAM_ID:
+        raise InvalidArgument("program_id", f"at most {MAX_PROGRAM_ID} characters")
+    return ProgramHint(program_id, shared_prefix_tokens)
 
 
 class ProgramTable:

@@ -28,7 +28,9 @@ from radixmesh.grpc_server import (
     set_health,
 )
 from radixmesh.router.config import RouterConfig
+from radixmesh.router.control import ControlPlane
 from radixmesh.router.discovery import DnsDiscovery, dns_names
+from radixmesh.router.dispatch import Dispatcher
 from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.pool import WorkerPool
 from radixmesh.router.service import RouterServicer
@@ -65,21 +67,22 @@ async def serve(
         discovery.start()
     metrics = RouterMetrics(pool)
     server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=_interceptors(config, metrics))
-    servicer = RouterServicer(config, pool, metrics)
-    router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
+    control = ControlPlane(config, pool, metrics)
+    dispatch = Dispatcher(config, control, metrics)
+    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(control, dispatch), server)
     health_servicer = add_health_and_reflection(server, SERVICE_NAME)
     await set_health(health_servicer, SERVICE_NAME, serving=False)
     metrics_server = None
     if config.metrics_port is not None:
         metrics_server = metrics.serve(config.metrics_port, config.host)
     stop = stop if stop is not None else _stop_on_signals()
-    ports = _Ports(config, server, servicer)
+    ports = _Ports(config, server, control, dispatch)
     if not config.listen_when_serving:
         await ports.open()
     logger.info("radixmesh router on port %d; waiting for workers", ports.port)
-    if await _start_serving(servicer, pool, health_servicer, stop):
+    if await _start_serving(control, health_servicer, stop):
         await ports.open()
-        _say_serving(servicer, pool, ports.port)
+        _say_serving(control, ports.port)
         if ready is not None:
             ready.set()
         await stop.wait()
@@ -89,7 +92,7 @@ async def serve(
     # client given several routers fails over); the calls in flight run on meanwhile.
     grace = config.drain_timeout + STOPPED_STREAMS_GRACE + 1.0
     grpc_stopped = asyncio.create_task(server.stop(grace=grace)) if ports.opened else None
-    await drain(servicer, config.drain_timeout)
+    await drain(dispatch, config.drain_timeout)
     if http is not None:
         await http.stop()
     if grpc_stopped is not None:
@@ -107,20 +110,20 @@ async def serve(
 STOPPED_STREAMS_GRACE = 2.0
 
 
-async def drain(servicer: RouterServicer, timeout: float) -> None:
+async def drain(dispatch: Dispatcher, timeout: float) -> None:
     """New requests get UNAVAILABLE (503); those in flight get `timeout` seconds to
     finish; the rest are stopped with an error their clients see (not a cut stream)."""
-    servicer.admission.close("the router is shutting down: it takes no new requests")
-    logger.info("draining: %d requests in flight", servicer.admission.active)
+    dispatch.admission.close("the router is shutting down: it takes no new requests")
+    logger.info("draining: %d requests in flight", dispatch.admission.active)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while servicer.admission.active and loop.time() < deadline:
+    while dispatch.admission.active and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    if servicer.admission.active:
-        logger.info("drain timeout: stopping %d requests", servicer.admission.active)
-        servicer.stop_streams("the router shut down before the request finished")
+    if dispatch.admission.active:
+        logger.info("drain timeout: stopping %d requests", dispatch.admission.active)
+        dispatch.stop_streams("the router shut down before the request finished")
         deadline = loop.time() + STOPPED_STREAMS_GRACE
-        while servicer.admission.active and loop.time() < deadline:
+        while dispatch.admission.active and loop.time() < deadline:
             await asyncio.sleep(0.05)
 
 
@@ -150,10 +153,17 @@ class _Ports:
     """The router's listeners: the gRPC port, and the HTTP API's when configured; opened
     once (at start, or only once serving: `listen_when_serving`)."""
 
-    def __init__(self, config: RouterConfig, server: grpc.aio.Server, servicer: Any) -> None:
+    def __init__(
+        self,
+        config: RouterConfig,
+        server: grpc.aio.Server,
+        control: ControlPlane,
+        dispatch: Dispatcher,
+    ) -> None:
         self.config = config
         self.server = server
-        self.servicer = servicer
+        self.control = control
+        self.dispatch = dispatch
         self.port = config.port
         self.http: Any = None
         self.opened = False
@@ -169,30 +179,28 @@ class _Ports:
             # Imported only when asked for: aiohttp is the HTTP API's dependency alone.
             from radixmesh.router.http import HttpFrontend
 
-            self.http = HttpFrontend(self.servicer, c, grpc_port=self.port)
+            self.http = HttpFrontend(self.dispatch, self.control, c, grpc_port=self.port)
             http_port = await self.http.start(c.host, c.http_port)
             print(f"radixmesh router HTTP (OpenAI and SGLang APIs) on port {http_port}", flush=True)
 
 
-async def _start_serving(
-    servicer: RouterServicer, pool: WorkerPool, health: Any, stop: asyncio.Event
-) -> bool:
+async def _start_serving(control: ControlPlane, health: Any, stop: asyncio.Event) -> bool:
     """Wait for a healthy worker, read the model, then SERVING. False: stopped first."""
-    while not stop.is_set() and not await pool.wait_healthy(timeout=5.0):
+    while not stop.is_set() and not await control.pool.wait_healthy(timeout=5.0):
         logger.info("no worker is healthy yet")
     if stop.is_set():
         return False
-    await servicer.load_model_info()
-    pool.start()
+    await control.load_model_info()
+    control.pool.start()
     await set_health(health, SERVICE_NAME, serving=True)
     return True
 
 
-def _say_serving(servicer: RouterServicer, pool: WorkerPool, port: int) -> None:
-    assert servicer.model_info is not None
+def _say_serving(control: ControlPlane, port: int) -> None:
+    assert control.model_info is not None
     print(
-        f"radixmesh router serving {servicer.model_info.model} on port {port} "
-        f"({len(pool.workers)} workers, policy {servicer.config.policy})",
+        f"radixmesh router serving {control.model_info.model} on port {port} "
+        f"({len(control.pool.workers)} workers, policy {control.config.policy})",
         flush=True,
     )
 

@@ -44,7 +44,6 @@ HEALTH_TIMEOUT = 20.0  # seconds /health_generate waits for its token
 class SglangApi:
     def __init__(self, frontend: Frontend) -> None:
         self.frontend = frontend
-        self.servicer = frontend.servicer
 
     def register(self, app: web.Application) -> None:
         app.router.add_route("POST", "/generate", self.generate)
@@ -89,7 +88,7 @@ class SglangApi:
                 "kv_tokens_used": w.load.kv_tokens_used,
                 "kv_tokens_total": w.load.kv_tokens_total,
             }
-            for w in self.servicer.pool.workers.values()
+            for w in self.frontend.control.pool.workers.values()
         ]
         return web.json_response(
             {
@@ -108,7 +107,7 @@ class SglangApi:
         admin_keys = self.frontend.config.admin_keys
         if admin_keys and not bearer_allowed(request.headers.get("Authorization"), admin_keys):
             raise PermissionDenied(ADMIN_MESSAGE)
-        flushed, total = await self.servicer.flush_all()
+        flushed, total = await self.frontend.control.flush_all()
         if flushed == total:
             return web.Response(text=f"Cache flushed on {total} workers.\n")
         text = f"{total - flushed} of {total} workers did not flush (busy or unreachable).\n"
@@ -125,7 +124,7 @@ class SglangApi:
         info = self.frontend.ready()[1]
         token = info.bos_token_id if info.HasField("bos_token_id") else 0
         params = common_pb2.SamplingParams(max_new_tokens=1, temperature=0.0)
-        chunks = self.servicer.route_and_stream(
+        chunks = self.frontend.dispatch.route_and_stream(
             [token], params, f"health-{uuid.uuid4().hex}", stream=False
         )
         try:

@@ -20,8 +20,7 @@ from typing import Any
 
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument
-from radixmesh.router.programs import ProgramHint
-from radixmesh.router.service import program_hint
+from radixmesh.router.programs import ProgramHint, program_hint
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
 

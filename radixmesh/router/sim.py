@@ -7,7 +7,7 @@ what is modelled:
   `radixmesh.router.summary` (`SummaryIndex`: per-worker summaries under a byte budget,
   tentative entries with a time-to-live on the simulated clock) and the shared block
   hashing `radixmesh.prefix.block_hashes`. The router step mirrors
-  `RouterServicer.route`: match the prompt's chained hashes against every summary, build
+  `ControlPlane.pick`: match the prompt's chained hashes against every summary, build
   one `Candidate` per worker (queued = the worker's running + waiting requests, which the
   real router knows from its own in-flight counts), let the policy choose, add the prompt
   as tentative on the chosen worker, enforce the budget.
@@ -445,7 +445,7 @@ class SimClock:
 
 
 class SimRouter:
-    """One router replica: `RouterServicer.route` over simulated workers, or the oracle.
+    """One router replica: `ControlPlane.pick` over simulated workers, or the oracle.
 
     Its own `SummaryIndex` (confirmed blocks from every worker's events, tentative entries
     from its own placements and, with `worker-announced`, the workers' pending events) and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from radixmesh.router.service import retryable
+from radixmesh.router.dispatch import retryable
 
 
 class _Rpc(grpc.aio.AioRpcError):

@@ -77,7 +77,7 @@ class OpenAIRoutes:
             strict=self.strict,
         )
         self.frontend.check_model(job.model)
-        route = self.frontend.servicer.route_and_embed
+        route = self.frontend.dispatch.route_and_embed
         reply = await embed_all(job, route, "embd-" + uuid.uuid4().hex)
         return web.json_response(reply.dump())
 

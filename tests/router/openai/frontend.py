@@ -1,7 +1,7 @@
 """The router's real HTTP front end, in-process and without workers, for the tests of
 what it answers on its own: validation errors, /openapi.json, /tokenize, /detokenize.
 
-It runs on its own event loop in a thread. The servicer knows the model (the tokenizer and
+It runs on its own event loop in a thread. The control plane knows the model (the tokenizer and
 ModelInfo a worker would have sent) but has no reachable worker, so a request that passes
 validation and reaches routing gets 503.
 """
@@ -13,9 +13,11 @@ import threading
 from typing import Any
 
 from radixmesh.router.config import RouterConfig
+from radixmesh.router.control import ControlPlane
+from radixmesh.router.dispatch import Dispatcher
 from radixmesh.router.http import HttpFrontend
+from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.pool import WorkerPool
-from radixmesh.router.service import RouterServicer
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
 from tests.router.http_helpers import Http
@@ -42,10 +44,12 @@ class Frontend:
 
     async def _start(self) -> int:
         self.pool = WorkerPool(self.config)
-        servicer = RouterServicer(self.config, self.pool)
-        servicer.tokenizer = self.tokenizer
-        servicer.model_info = self.info
-        self.frontend = HttpFrontend(servicer, self.config)
+        metrics = RouterMetrics(self.pool)
+        control = ControlPlane(self.config, self.pool, metrics)
+        control.tokenizer = self.tokenizer
+        control.model_info = self.info
+        dispatch = Dispatcher(self.config, control, metrics)
+        self.frontend = HttpFrontend(dispatch, control, self.config)
         return await self.frontend.start("127.0.0.1", 0)
 
     async def _stop(self) -> None:
