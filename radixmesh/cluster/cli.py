@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import types
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,13 +26,14 @@ if TYPE_CHECKING:
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    from radixmesh.cluster.router_flags import base_type
     from radixmesh.worker.config import EngineConfig, option_fields
 
     group = parser.add_argument_group("engine")
     for name, f in option_fields():
         flag = "--" + name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None
-        kind = _base_type(f.type)
+        kind = base_type(f.type)
         if kind is bool:
             group.add_argument(
                 flag, dest=name, action=argparse.BooleanOptionalAction, default=default
@@ -54,17 +53,6 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
 
     names = [name for name, _ in option_fields()] + ["attention_backend"]
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
-
-
-def _base_type(annotation: Any) -> type:
-    """'int | None' -> int (annotations are strings under `from __future__ import annotations`)."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-    if isinstance(annotation, (types.UnionType,)) or typing.get_origin(annotation) is typing.Union:
-        text = " | ".join(getattr(a, "__name__", str(a)) for a in typing.get_args(annotation))
-    for name, typ in (("bool", bool), ("int", int), ("float", float)):
-        if text.split(" | ")[0] == name:
-            return typ
-    return str
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -145,85 +133,18 @@ def _add_worker_parser(sub: Any) -> None:
 
 
 def _cmd_router(args: argparse.Namespace) -> int:
+    from radixmesh.cluster.router_flags import router_options
     from radixmesh.router.config import RouterConfig
     from radixmesh.router.server import run
 
     config = RouterConfig(
         workers=tuple(a for a in args.workers.split(",") if a),
-        host=args.host,
-        port=args.port,
-        policy=args.policy,
-        seed=args.seed,
-        summary_budget_bytes=args.summary_budget_bytes,
-        tentative_ttl=args.tentative_ttl,
-        health_interval=args.health_interval,
-        program_max_queued=args.program_max_queued,
-        http_port=args.http_port,
-        metrics_port=args.metrics_port,
         api_keys=router_api_keys(args.api_key),
         admin_keys=router_api_keys(args.admin_key, ADMIN_KEY_ENV),
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        tls_client_ca=args.tls_client_ca,
         worker_api_key=_worker_api_key(),
-        download_dir=args.download_dir,
-        worker_tls_ca=args.worker_tls_ca,
-        worker_tls_cert=args.worker_tls_cert,
-        worker_tls_key=args.worker_tls_key,
-        worker_tls_server_name=args.worker_tls_server_name,
-        discovery_interval=args.discovery_interval,
-        strict_openai=args.strict_openai,
-        tool_call_parser=args.tool_call_parser,
-        separate_reasoning=args.separate_reasoning,
-        per_request_streams=args.per_request_streams,
-        listen_when_serving=args.listen_when_serving,
-        **{name: getattr(args, name) for name, _ in ROUTER_LIMITS},
+        **router_options(args, launch=False),
     )
     return run(config)
-
-
-# RouterConfig's admission and limit fields, a flag each (help: the field's comment block
-# in router/config.py and docs/reliability.md).
-ROUTER_LIMITS = (
-    ("max_concurrent_requests", "requests on the workers at once (0: no cap)"),
-    ("max_queued_requests", "requests waiting for a turn beyond that"),
-    ("queue_timeout", "seconds a request may wait for a turn"),
-    ("rate_limit", "requests a second per caller (0: no limit)"),
-    ("rate_burst", "requests at once per caller (0: the rate, rounded up)"),
-    ("stream_stall_timeout", "seconds a worker stream may send nothing"),
-    ("drain_timeout", "seconds requests in flight get to finish on SIGTERM"),
-    ("max_prompt_bytes", "UTF-8 bytes of prompt text per request"),
-    ("max_body_bytes", "bytes of an HTTP request body"),
-    ("max_choices", "prompts x n per request (and choices of a select)"),
-    ("max_top_logprobs", "top logprobs per token"),
-    ("health_timeout", "seconds a worker's health check may take"),
-    ("breaker_failures", "consecutive failures that stop routing to a worker for a while"),
-    ("breaker_cooldown", "seconds before a stopped worker gets a trial request"),
-)
-
-
-def _router_limits(args: argparse.Namespace) -> dict[str, Any]:
-    """The limit flags given other values than RouterConfig's defaults."""
-    from radixmesh.router.config import RouterConfig
-
-    defaults = {f.name: f.default for f in dataclasses.fields(RouterConfig)}
-    values = {name: getattr(args, name) for name, _ in ROUTER_LIMITS}
-    return {name: v for name, v in values.items() if v != defaults[name]}
-
-
-def _add_router_limits(parser: argparse.ArgumentParser) -> None:
-    from radixmesh.router.config import RouterConfig
-
-    group = parser.add_argument_group("admission, limits and faults (docs/reliability.md)")
-    defaults = {f.name: f.default for f in dataclasses.fields(RouterConfig)}
-    for name, what in ROUTER_LIMITS:
-        default = defaults[name]
-        group.add_argument(
-            "--" + name.replace("_", "-"),
-            type=type(default),
-            default=default,
-            help=f"{what} (default: {default})",
-        )
 
 
 def _worker_api_key() -> str | None:
@@ -241,32 +162,7 @@ def router_api_keys(flags: Sequence[str] | None, env: str = API_KEY_ENV) -> tupl
     return tuple(k for k in os.environ.get(env, "").split(",") if k)
 
 
-def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
-    from radixmesh.router.config import TOOL_CALL_PARSERS
-
-    parser.add_argument("--http-port", type=int, default=None, help="OpenAI-compatible HTTP API")
-    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics")
-    parser.add_argument(
-        "--strict-openai",
-        action="store_true",
-        help="refuse unknown fields in OpenAI requests (400) instead of ignoring them",
-    )
-    parser.add_argument(
-        "--tool-call-parser",
-        default="auto",
-        choices=TOOL_CALL_PARSERS,
-        help="the model's tool-call syntax (default: read from its chat template)",
-    )
-    parser.add_argument(
-        "--separate-reasoning",
-        action="store_true",
-        help="return <think>...</think> as reasoning_content unless a request says otherwise",
-    )
-    parser.add_argument(
-        "--per-request-streams",
-        action="store_true",
-        help="read each request's chunks on its own worker call, not the worker's output stream",
-    )
+def _add_router_keys(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key",
         action="append",
@@ -280,23 +176,10 @@ def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
         help="require this key for FlushCache, ClusterStatus and aborting others' requests "
         f"(repeatable; default: ${ADMIN_KEY_ENV}; none: the API keys)",
     )
-    parser.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key)")
-    parser.add_argument("--tls-key", default=None, help="PEM private key")
-
-
-def _add_router_tls_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tls-client-ca", default=None, help="require client certificates")
-    tls = parser.add_argument_group("router -> worker TLS")
-    tls.add_argument("--worker-tls-ca", default=None, help="CA of the workers' certificates")
-    tls.add_argument("--worker-tls-cert", default=None, help="client certificate (mTLS)")
-    tls.add_argument("--worker-tls-key", default=None, help="its private key")
-    tls.add_argument(
-        "--worker-tls-server-name", default=None, help="name the workers' certificates carry"
-    )
 
 
 def _add_router_parser(sub: Any) -> None:
-    from radixmesh.router.policy import POLICIES
+    from radixmesh.cluster.router_flags import add_router_flags
 
     rt = sub.add_parser("router", help="route requests over workers (radixmesh.v1.Router)")
     rt.add_argument(
@@ -305,29 +188,8 @@ def _add_router_parser(sub: Any) -> None:
         help="worker addresses, host:port,host:port; dns:name:port for every address a "
         "name resolves to (re-resolved: a headless Service)",
     )
-    rt.add_argument("--discovery-interval", type=float, default=5.0, help="seconds")
-    rt.add_argument("--download-dir", default=None, help="Hugging Face hub cache")
-    rt.add_argument("--host", default="0.0.0.0")
-    rt.add_argument("--port", type=int, default=50050)
-    rt.add_argument("--policy", default="cache_aware", choices=sorted(POLICIES))
-    rt.add_argument("--seed", type=int, default=None, help="seed of the policy's random draws")
-    rt.add_argument("--summary-budget-bytes", type=int, default=256 * 1024 * 1024)
-    rt.add_argument("--tentative-ttl", type=float, default=5.0, help="seconds")
-    rt.add_argument("--health-interval", type=float, default=1.0, help="seconds")
-    rt.add_argument(
-        "--listen-when-serving",
-        action="store_true",
-        help="open the ports only once serving (replicas sharing ports on one host)",
-    )
-    rt.add_argument(
-        "--program-max-queued",
-        type=int,
-        default=32,
-        help="a program's requests stay on its worker while it has fewer queued (0: off)",
-    )
-    _add_router_security_options(rt)
-    _add_router_tls_options(rt)
-    _add_router_limits(rt)
+    _add_router_keys(rt)
+    add_router_flags(rt, launch=False)
     rt.set_defaults(func=_cmd_router)
 
 
@@ -335,6 +197,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     import shlex
 
     from radixmesh.cluster.child import RestartPolicy
+    from radixmesh.cluster.router_flags import router_options as generated_router_options
     from radixmesh.cluster.spec import LaunchSpec
 
     worker_args = shlex.split(args.worker_args)
@@ -344,17 +207,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         if getattr(args, flag) is not None:
             worker_args += ["--" + flag.replace("_", "-"), getattr(args, flag)]
     ray = args.ray or args.ray_address is not None
-    router_options: dict[str, Any] = {
-        name: getattr(args, name)
-        for name in ("http_port", "metrics_port") + (() if ray else ("download_dir",))
-        if getattr(args, name, None) is not None
-    }
-    for flag in ("strict_openai", "separate_reasoning", "per_request_streams"):
-        if getattr(args, flag):
-            router_options[flag] = True
-    if args.tool_call_parser != "auto":
-        router_options["tool_call_parser"] = args.tool_call_parser
-    router_options |= _router_limits(args)
+    router_options = generated_router_options(args, launch=True)
+    if args.download_dir is not None and not ray:  # Ray's routers use their node's cache
+        router_options["download_dir"] = args.download_dir
     device, visible = (args.ray_device, None) if ray else _local_device(args)
     spec = LaunchSpec(
         model=args.model,
@@ -469,6 +324,7 @@ def _free_or_port(value: str) -> int | None:
 
 
 def _add_launch_parser(sub: Any) -> None:
+    from radixmesh.cluster.router_flags import add_router_flags
     from radixmesh.router.policy import POLICIES
 
     ln = sub.add_parser("launch", help="run a router and N workers as local processes")
@@ -496,8 +352,10 @@ def _add_launch_parser(sub: Any) -> None:
     ln.add_argument("--served-model-name", default=None, help="the name clients see")
     ln.add_argument("--chat-template", default=None, help="Jinja file replacing the model's")
     ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
-    _add_router_security_options(ln)
-    _add_router_limits(ln)
+    ln.add_argument("--tls-cert", default=None, help="the router's PEM certificate chain")
+    ln.add_argument("--tls-key", default=None, help="its private key")
+    _add_router_keys(ln)
+    add_router_flags(ln, launch=True)
     _add_ray_options(ln)
     ln.set_defaults(func=_cmd_launch)
 

@@ -169,12 +169,13 @@ class LaunchSpec:
 
     def router_flags(self) -> list[str]:
         """`router_options` as `radixmesh router` flags (one flag per RouterConfig field,
-        named after it; a True bool is the bare flag, a False one and None are left out)."""
+        named after it: cluster/router_flags.py; a bool is `--name` or `--no-name`, None is
+        left out)."""
         flags: list[str] = []
         for name, value in self.router_options.items():
             flag = "--" + name.replace("_", "-")
             if isinstance(value, bool):
-                flags += [flag] if value else []
+                flags += [flag if value else "--no-" + name.replace("_", "-")]
             elif isinstance(value, tuple | list):
                 for item in value:
                     flags += [flag, str(item)]

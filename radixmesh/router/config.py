@@ -15,85 +15,108 @@ DNS_PREFIX = "dns:"
 
 @dataclass(frozen=True)
 class RouterConfig:
-    # Worker addresses, host:port; `dns:name:port` stands for every address the name
-    # resolves to, re-resolved every `discovery_interval` (a headless Service's pods).
+    """Every field but `workers` and the keys is a `radixmesh router` flag named after it,
+    with the field's docstring as its help (cluster/router_flags.py): say each one here."""
+
     workers: tuple[str, ...]
+    """Worker addresses, host:port; `dns:name:port` stands for every address the name
+    resolves to, re-resolved every `discovery_interval` (a headless Service's pods)."""
     host: str = "0.0.0.0"
+    """The address the gRPC and HTTP ports listen on."""
     port: int = 50050
+    """The router's gRPC port."""
     policy: str = "cache_aware"
-    seed: int | None = None  # the policies' random tie-breaks; None: unseeded
-    # Every summary together may hold this many bytes (accounted per block, see summary.py).
+    """How a worker is chosen (router/policy.py)."""
+    seed: int | None = None
+    """The policy's random tie-breaks (None: unseeded)."""
     summary_budget_bytes: int = 256 * 1024 * 1024
-    tentative_ttl: float = 5.0  # seconds a routed prompt counts as cached before events
-    # cache_aware: a queued or running request costs this many prefill tokens, and each
-    # prompt token routed to a worker and not prefilled yet this much (router/policy.py).
+    """Bytes every worker's prefix summary together may hold (accounted per block)."""
+    tentative_ttl: float = 5.0
+    """Seconds a routed prompt counts as cached on its worker before its cache events."""
     request_cost_tokens: int = 64
+    """cache_aware: the prefill tokens a queued or running request costs (policy.py)."""
     pending_prefill_weight: float = 0.5
-    health_interval: float = 1.0  # seconds between GetLoad polls of each worker
+    """cache_aware: the cost of a prompt token routed to a worker and not prefilled yet."""
+    health_interval: float = 1.0
+    """Seconds between GetLoad polls of each worker."""
     health_timeout: float = 2.0
-    breaker_failures: int = 3  # consecutive failures that open a worker's breaker
-    breaker_cooldown: float = 5.0  # seconds an open breaker stays open before a trial
-    max_attempts: int = 3  # workers a request may try when they fail before the first token
-    # Program-aware routing (programs.py): a tagged program's requests stay on the worker
-    # holding its prefix while it runs or queues fewer requests than this (0: off).
+    """Seconds a worker's health poll may take."""
+    breaker_failures: int = 3
+    """Consecutive failures that stop routing to a worker for a while (its breaker opens)."""
+    breaker_cooldown: float = 5.0
+    """Seconds an open breaker stays open before a trial request."""
+    max_attempts: int = 3
+    """Workers a request may try when they fail before its first token."""
     program_max_queued: int = 32
-    http_port: int | None = None  # the OpenAI-compatible HTTP API (None: off)
-    # Unknown fields in OpenAI requests: False: logged and ignored; True: 400 naming them.
+    """A tagged program's requests stay on the worker holding its prefix while that worker
+    runs or queues fewer requests than this (programs.py; 0: off)."""
+    http_port: int | None = None
+    """The HTTP API's port, OpenAI's and SGLang's (None: off)."""
     strict_openai: bool = False
-    # The tool-call syntax (router/openai/tool_parsers.py); auto: from the chat template.
+    """Refuse unknown fields in OpenAI requests (400 naming them) instead of ignoring them."""
     tool_call_parser: str = "auto"
-    # Chat replies' `<think>...</think>` as reasoning_content by default (requests may say).
+    """The model's tool-call syntax (openai/tool_parsers.py); auto: from its chat template."""
     separate_reasoning: bool = False
-    metrics_port: int | None = None  # Prometheus /metrics (None: only on the HTTP port)
-    # Open the gRPC and HTTP ports only once serving (a worker answered, the tokenizer is
-    # loaded), instead of at once with health NOT_SERVING. For replicas sharing ports on
-    # one host (SO_REUSEPORT): a starting or restarting replica must not take connections
-    # that the kernel would otherwise hash to it and that it cannot serve yet.
+    """Return `<think>...</think>` as reasoning_content unless a request says otherwise."""
+    metrics_port: int | None = None
+    """Prometheus /metrics on a port of its own (None: only on the HTTP port)."""
     listen_when_serving: bool = False
-    # Read each request's chunks on its own Generate call instead of the worker's output
-    # stream (router/outputs.py), which carries every request's chunks per step.
+    """Open the gRPC and HTTP ports only once serving (a worker answered, the tokenizer is
+    loaded), instead of at once with health NOT_SERVING: for replicas sharing ports on one
+    host (SO_REUSEPORT), where a starting replica must not take connections it cannot serve."""
     per_request_streams: bool = False
-    # Clients must send `authorization: Bearer <one of these>` (empty: no authentication).
+    """Read each request's chunks on its own worker call instead of the worker's output
+    stream (router/outputs.py), which carries every request's chunks per step."""
     api_keys: tuple[str, ...] = field(default=(), repr=False)
-    # FlushCache, ClusterStatus and aborting another caller's request need one of these
-    # (they are API keys too); empty: any API key may (or anyone, without API keys).
+    """Clients must send `authorization: Bearer <one of these>` (empty: no authentication)."""
     admin_keys: tuple[str, ...] = field(default=(), repr=False)
-    tls_cert: str | None = None  # PEM files; both set: gRPC and HTTP serve TLS
+    """FlushCache, ClusterStatus and aborting another caller's request need one of these
+    (they are API keys too); empty: any API key may (or anyone, without API keys)."""
+    tls_cert: str | None = None
+    """PEM certificate chain; with `tls_key`, the gRPC and HTTP ports serve TLS."""
     tls_key: str | None = None
-    # The key the router sends to workers started with `--api-key` (None: none sent).
+    """PEM private key of `tls_cert`."""
     worker_api_key: str | None = field(default=None, repr=False)
-    # The Hugging Face hub cache for the tokenizer of a hub model (None: huggingface_hub's).
+    """The key the router sends to workers started with `--api-key` (None: none sent)."""
     download_dir: str | None = None
-    # With tls_cert/tls_key: clients must present a certificate this CA signed (mTLS).
+    """The Hugging Face hub cache for a hub model's tokenizer (None: huggingface_hub's)."""
     tls_client_ca: str | None = None
-    # Router -> worker TLS: the CA that signed the workers' certificates (set: TLS), the
-    # router's own certificate for workers that require one, and the name to check the
-    # workers' certificates against when they are reached by IP address (DNS discovery).
+    """With TLS: clients must present a certificate this CA signed (mutual TLS)."""
     worker_tls_ca: str | None = None
+    """Router -> worker TLS: the CA that signed the workers' certificates (set: TLS)."""
     worker_tls_cert: str | None = None
+    """The router's certificate, for workers that require one (mutual TLS)."""
     worker_tls_key: str | None = None
+    """Its private key."""
     worker_tls_server_name: str | None = None
-    discovery_interval: float = 5.0  # seconds between look-ups of `dns:` worker names
-    # Admission (router/admission.py): requests on the workers at once (0: no cap), how
-    # many more wait for a turn and how long; per caller, `rate_limit` requests a second
-    # on average and `rate_burst` at once (0: no limit). Past these: 429 / Retry-After.
+    """The name the workers' certificates carry, when they are reached by IP (DNS discovery)."""
+    discovery_interval: float = 5.0
+    """Seconds between look-ups of `dns:` worker names."""
     max_concurrent_requests: int = 1024
+    """Requests on the workers at once (admission.py; 0: no cap); past it and the queue: 429."""
     max_queued_requests: int = 1024
+    """Requests waiting for a turn beyond `max_concurrent_requests`."""
     queue_timeout: float = 30.0
+    """Seconds a request may wait for a turn."""
     rate_limit: float = 0.0
+    """Requests a second per caller, on average (0: no limit); past it: 429 / Retry-After."""
     rate_burst: int = 0
-    # A worker stream that sends nothing for this long is given up (a hung worker): before
-    # its first chunk the request goes to another worker, after it ends with UNAVAILABLE.
+    """Requests at once per caller (0: the rate, rounded up)."""
     stream_stall_timeout: float = 30.0
-    # On SIGTERM: seconds the requests in flight get to finish (new ones: UNAVAILABLE / 503)
-    # before those left end with an error (SSE: an error event, then [DONE]).
+    """Seconds a worker may send nothing at all before its request is given up (a hung
+    worker): before its first chunk the request goes to another worker, after it ends
+    with UNAVAILABLE."""
     drain_timeout: float = 30.0
-    # What one client request may be (checked before tokenizing): its prompt text in
-    # UTF-8 bytes, its HTTP body, its choices (prompts x n), its top logprobs per token.
+    """On SIGTERM: seconds the requests in flight get to finish (new ones: UNAVAILABLE / 503)
+    before those left end with an error (SSE: an error event, then [DONE])."""
     max_prompt_bytes: int = 4 * 1024 * 1024
+    """UTF-8 bytes of prompt text per request (checked before tokenizing)."""
     max_body_bytes: int = 16 * 1024 * 1024
+    """Bytes of an HTTP request body."""
     max_choices: int = 256
+    """Prompts x n per request (and choices of a select)."""
     max_top_logprobs: int = 20
+    """Top logprobs per token."""
 
     @property
     def limits(self) -> RequestLimits:
