@@ -54,6 +54,7 @@ _UNSERVED = frozenset(
 MAX_BATCH = 256
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
+_MAX_SEED = 2**64 - 1  # the wire's uint64
 
 
 @dataclass(frozen=True)
@@ -214,11 +215,14 @@ def _outputs(
         start = None
     if prefill_only:
         params["max_new_tokens"] = 1
+    seed = params.get("seed")
+    if seed is not None:  # checked before `seed + j`: a list or a string there was a 500
+        _int(seed, "sampling_params.sampling_seed", 0, _MAX_SEED)
     outputs = []
     for j in range(n):
         p = dict(params)
-        if p.get("seed") is not None:
-            p["seed"] = p["seed"] + j  # n samples of one seed must differ
+        if seed is not None:
+            p["seed"] = (seed + j) % (_MAX_SEED + 1)  # n samples of one seed must differ
         outputs.append(Output(prompt, _to_proto(p), return_logprob, start, prefill_only))
     return outputs
 

@@ -177,7 +177,7 @@ def parse_completion(
             # Prompt logprobs come with a request's last chunk, after its first text.
             refuse("echo", "echo with logprobs is not supported when streaming")
         sampling["logprob_start_len"] = 0  # the prompt's logprobs, from its first token
-    gen = _generation(req, False, prompts, sampling, top, {})
+    gen = _generation(req, False, prompts, sampling, top, _renamed(req))
     return dataclasses.replace(gen, echo=texts) if req.echo else gen
 
 
@@ -203,7 +203,7 @@ def parse_chat(
         refuse("top_logprobs", "needs logprobs: true")
     top = (req.top_logprobs or 0) if req.logprobs else None
     sampling = _sampling(req, top)
-    fields: dict[str, str] = {}
+    fields = _renamed(req)
     constraint = _response_format(req.response_format)
     tools.check_tools(req)
     syntax = tools.syntax_of(tokenizer, options.tool_call_parser)
@@ -294,6 +294,13 @@ def _sampling(req: rq.Sampling, top: int | None) -> dict[str, Any]:
         params["return_logprob"] = True
         params["top_logprobs_num"] = top
     return params
+
+
+def _renamed(req: rq.Sampling) -> dict[str, str]:
+    """SamplingParams fields that came from another OpenAI field than PARAMS says."""
+    return (
+        {"max_new_tokens": "max_completion_tokens"} if req.max_completion_tokens is not None else {}
+    )
 
 
 def _response_format(fmt: rq.ResponseFormat | None) -> tuple[str, str] | None:
