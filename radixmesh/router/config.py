@@ -94,10 +94,25 @@ class RouterConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     max_choices: int = 256
     max_top_logprobs: int = 20
+    # Counts checked on the raw JSON before anything parses or renders it (limits.py):
+    # chat messages and tool definitions per request, and token ids per request (all its
+    # prompts together; each prompt is also held to the model's context). Far above real
+    # use: OpenAI's API takes at most 2048 messages and 128 tools, and 1M ids is 8 prompts
+    # of a 128k context. What they bound: ~10 s of router work for 100k messages.
+    max_messages: int = 4096
+    max_tools: int = 512
+    max_prompt_tokens: int = 1 << 20
 
     @property
     def limits(self) -> RequestLimits:
-        return RequestLimits(self.max_prompt_bytes, self.max_choices, self.max_top_logprobs)
+        return RequestLimits(
+            max_prompt_bytes=self.max_prompt_bytes,
+            max_choices=self.max_choices,
+            max_top_logprobs=self.max_top_logprobs,
+            max_messages=self.max_messages,
+            max_tools=self.max_tools,
+            max_prompt_tokens=self.max_prompt_tokens,
+        )
 
     @property
     def caller_keys(self) -> tuple[str, ...]:
@@ -168,7 +183,14 @@ class RouterConfig:
         for name in ("max_concurrent_requests", "max_queued_requests", "rate_burst"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
-        for name in ("max_prompt_bytes", "max_body_bytes", "max_choices"):
+        for name in (
+            "max_prompt_bytes",
+            "max_body_bytes",
+            "max_choices",
+            "max_messages",
+            "max_tools",
+            "max_prompt_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise InvalidArgument(name, f"must be >= 1, got {getattr(self, name)}")
         for name in ("queue_timeout", "stream_stall_timeout"):

@@ -11,6 +11,7 @@ the worker's status.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -171,10 +172,20 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         tok = self.tokenizer
         if tok is None:
             raise Unavailable("the router is still starting")
-        limit = self.config.max_prompt_bytes
+        c = self.config
+        info = self.model_info
+        max_ids = min(c.max_prompt_tokens, info.context_length if info else c.max_prompt_tokens)
+        read = functools.partial(
+            input_ids_from_proto,
+            inp,
+            tok,
+            max_text_bytes=c.max_prompt_bytes,
+            max_messages=c.max_messages,
+            max_token_ids=max_ids,
+        )
         if inp.WhichOneof("kind") == "token_ids":
-            return input_ids_from_proto(inp, tok, max_text_bytes=limit)
-        return await asyncio.to_thread(input_ids_from_proto, inp, tok, max_text_bytes=limit)
+            return read()
+        return await asyncio.to_thread(read)
 
     # ---- generate -----------------------------------------------------------------------
 
