@@ -137,6 +137,14 @@ class SamplingParams:
             )
         if prompt_len == 0:
             raise InvalidArgument("prompt", "the prompt is empty")
+        if prompt_len + min(self.max_new_tokens, 1) > context_len:
+            # The prompt alone leaves no room: no max_new_tokens would fit, so it is the
+            # prompt's fault, not max_new_tokens'.
+            raise InvalidArgument(
+                "prompt",
+                f"the prompt is {prompt_len} tokens; the context length is {context_len}, "
+                "with room for at least one generated token",
+            )
         if prompt_len + self.max_new_tokens > context_len:
             raise InvalidArgument(
                 "max_new_tokens",

@@ -76,12 +76,27 @@ def input_to_proto(
 
 
 def input_ids_from_proto(
-    inp: common_pb2.Input, tok: TokenizerLike, *, max_text_bytes: int | None = None
+    inp: common_pb2.Input,
+    tok: TokenizerLike,
+    *,
+    max_text_bytes: int | None = None,
+    max_messages: int | None = None,
+    max_token_ids: int | None = None,
 ) -> list[int]:
     """The request's `Input` oneof (token ids, text or chat messages) -> token ids; text
-    (all messages' content together) past `max_text_bytes` UTF-8 bytes is refused before
-    it is tokenized."""
+    (all messages' content together) past `max_text_bytes` UTF-8 bytes, more messages
+    than `max_messages` or more token ids than `max_token_ids` are refused before they are
+    validated, rendered or tokenized."""
     kind = inp.WhichOneof("kind")
+    count = len(inp.messages.messages) if kind == "messages" else len(inp.token_ids.ids)
+    if kind == "messages" and max_messages is not None and count > max_messages:
+        raise InvalidArgument(
+            "input.messages", f"{count} messages; at most {max_messages} per request"
+        )
+    if kind == "token_ids" and max_token_ids is not None and count > max_token_ids:
+        raise InvalidArgument(
+            "input.token_ids", f"{count} token ids; at most {max_token_ids} are allowed"
+        )
     if max_text_bytes is not None and kind in ("text", "messages"):
         texts = [inp.text] if kind == "text" else [m.content for m in inp.messages.messages]
         size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)

@@ -1,5 +1,18 @@
 """A process the local launcher keeps running: restarted when it dies, after a backoff
-that doubles with each restart, until it has been restarted `max_restarts` times.
+that doubles with each recent restart, while it has been restarted fewer than
+`max_restarts` times in the last `window` seconds.
+
+The budget is a rate, not a count over the launcher's life: a router that dies now and then
+over weeks (an operator's SIGTERM, an OOM kill) is restarted every time, while a crash
+loop (deaths faster than the rate) is given up on. A lifetime count stopped the whole
+cluster, healthy workers included, at the sixth death of one router however far apart the
+deaths were. The backoff counts the same recent restarts, so after a quiet window it is
+back to `backoff`.
+
+A child the launcher stops itself (`stop_restarting`, on its way out) is never restarted
+and its exit counts for nothing. Any other exit counts, a clean one too: the launcher
+cannot tell an operator's SIGTERM from a process that keeps exiting 0, and the window
+makes occasional ones free.
 
 One worker dying must not stop the cluster: the router sends its requests to the others
 while it is down and takes it back once it answers again (a new process: the router
@@ -11,6 +24,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,9 +33,10 @@ from radixmesh.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    max_restarts: int = 5  # per child, over the launcher's life; 0: never restart
-    backoff: float = 1.0  # seconds before the first restart, doubling for each next one
+    max_restarts: int = 5  # per child within any `window` seconds; 0: never restart
+    backoff: float = 1.0  # seconds before the first restart, doubling for each recent one
     max_backoff: float = 30.0
+    window: float = 600.0  # seconds: restarts older than this no longer count
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
@@ -30,9 +45,11 @@ class RestartPolicy:
             raise InvalidArgument(
                 "restart_backoff", f"must be in [0, {self.max_backoff}], got {self.backoff}"
             )
+        if not self.window > 0:
+            raise InvalidArgument("restart_window", f"must be > 0, got {self.window}")
 
     def delay(self, restarts: int) -> float:
-        """Seconds before restart number `restarts + 1`."""
+        """Seconds before the next restart, after `restarts` recent ones."""
         return float(min(self.max_backoff, self.backoff * 2**restarts))
 
 
@@ -51,12 +68,19 @@ class Child:
         self.policy = policy
         self.clock = clock
         self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
+        self.restarts = 0  # over its life (reported); the budget counts `recent`
+        self.recent: deque[float] = deque()  # when each restart within the window was
         self.restart_at: float | None = None  # when the dead process is started again
         self.gave_up = False
+        self.stopping = False  # the launcher is stopping it: no restart
 
     def start(self) -> None:
         self.proc = self.launch()
+
+    def stop_restarting(self) -> None:
+        """The launcher stops this child on purpose: its exit is not a death to restart."""
+        self.stopping = True
+        self.restart_at = None
 
     @property
     def alive(self) -> bool:
@@ -71,24 +95,30 @@ class Child:
     def tend(self) -> None:
         """Schedule a restart of a dead process, or do one that is due (say so on stderr)."""
         now = self.clock()
-        if self.gave_up or self.proc is None or self.proc.poll() is None:
+        if self.gave_up or self.stopping or self.proc is None or self.proc.poll() is None:
             return
         if self.restart_at is None:
-            status = self.proc.returncode
-            if self.restarts >= self.policy.max_restarts:
-                self.gave_up = True
-                _say(f"{self.name} exited (status {status}); restarted {self.restarts} times, "
-                     "not again")  # fmt: skip
-                return
-            delay = self.policy.delay(self.restarts)
-            self.restart_at = now + delay
-            _say(f"{self.name} exited (status {status}); restarting in {delay:g} s "
-                 f"({self.restarts + 1} of {self.policy.max_restarts})")  # fmt: skip
+            self._schedule(now, self.proc.returncode)
             return
         if now >= self.restart_at:
             self.restart_at = None
             self.restarts += 1
+            self.recent.append(now)
             self.proc = self.launch()
+
+    def _schedule(self, now: float, status: int) -> None:
+        p = self.policy
+        while self.recent and self.recent[0] <= now - p.window:
+            self.recent.popleft()
+        if len(self.recent) >= p.max_restarts:
+            self.gave_up = True
+            _say(f"{self.name} exited (status {status}); restarted {len(self.recent)} times "
+                 f"in the last {p.window:g} s, not again")  # fmt: skip
+            return
+        delay = p.delay(len(self.recent))
+        self.restart_at = now + delay
+        _say(f"{self.name} exited (status {status}); restarting in {delay:g} s "
+             f"({len(self.recent) + 1} of {p.max_restarts} in {p.window:g} s)")  # fmt: skip
 
 
 def _say(line: str) -> None:

@@ -230,7 +230,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         workers_per_gpu=args.workers_per_gpu,
         visible_gpus=visible,
         restart=RestartPolicy(
-            5 if args.max_restarts is None else args.max_restarts, args.restart_backoff
+            5 if args.max_restarts is None else args.max_restarts,
+            args.restart_backoff,
+            window=args.restart_window,
         ),
         ray=_ray_options(args) if ray else None,
     )
@@ -283,13 +285,20 @@ def _add_ray_options(parser: argparse.ArgumentParser) -> None:
         "--max-restarts",
         type=int,
         default=None,
-        help="restarts of each dead worker or router (local default 5; Ray: -1, always)",
+        help="restarts of each dead worker or router: local, within any --restart-window "
+        "(default 5); Ray, over the actor's life (default -1, always)",
+    )
+    ray.add_argument(
+        "--restart-window",
+        type=float,
+        default=600.0,
+        help="seconds over which a local child's restarts count against --max-restarts",
     )
     ray.add_argument(
         "--restart-backoff",
         type=float,
         default=1.0,
-        help="seconds before a local child's first restart, doubling each time",
+        help="seconds before a local child's restart, doubling with each recent one",
     )
     ray.add_argument("--cpus-per-worker", type=float, default=1.0, help="per rank")
     ray.add_argument(

@@ -5,8 +5,9 @@
 health check says SERVING (which needs a worker up and the tokenizer loaded) and the
 routers see every worker healthy, and then serves until SIGINT / SIGTERM, when it stops
 every child (SIGTERM, then SIGKILL after `stop_timeout`). A child that dies meanwhile is
-restarted (child.py: backoff, at most `restart.max_restarts` times) while the others serve
-on; the launcher gives up only when no worker or no router is left.
+restarted (child.py: backoff, at most `restart.max_restarts` times within
+`restart.window` seconds) while the others serve on; the launcher gives up only when no
+worker or no router is left.
 
 Router replicas share the router's gRPC and HTTP ports (SO_REUSEPORT: the kernel spreads
 new connections over them) and each subscribes to every worker's cache events, so each
@@ -321,6 +322,8 @@ class LocalCluster:
         return None
 
     def stop(self) -> None:
+        for child in [*self.router_children, *self.worker_children]:
+            child.stop_restarting()  # what exits now was stopped, not dead
         _stop([*self.routers, *self.workers], self.config.stop_timeout)
 
     def __enter__(self) -> LocalCluster:

@@ -84,13 +84,16 @@ class ApiError(Exception):
         return web.json_response(self.to_json(), status=self.status, headers=headers)
 
 
-async def read_json(request: web.Request, limits: RequestLimits) -> Any:
-    """The body as JSON (router/limits.py), its prompt text within the limit."""
+async def read_json(
+    request: web.Request, limits: RequestLimits, context_length: int | None = None
+) -> Any:
+    """The body as JSON (router/limits.py), its counts and prompt text within the limits
+    (each prompt of token ids within `context_length`), before anything parses it."""
     try:
         body = await parse_json(await request.read())
     except InvalidArgument as e:
         if e.field != "body":  # a field that no text can hold (a lone surrogate)
             raise ApiError(400, e.message, e.field, "invalid_argument") from None
         raise ApiError(400, e.message, None, "invalid_json") from None
-    limits.check_prompt_bytes(body)
+    limits.check_body(body, context_length)
     return body

@@ -117,10 +117,26 @@ class RouterConfig:
     """Prompts x n per request (and choices of a select)."""
     max_top_logprobs: int = 20
     """Top logprobs per token."""
+    max_messages: int = 4096
+    """Chat messages per request, counted on the raw JSON before anything parses or renders
+    it (limits.py). Far above real use (OpenAI's API takes at most 2048); what it bounds:
+    ~10 s of router work for 100k messages."""
+    max_tools: int = 512
+    """Tool definitions per request, counted on the raw JSON (OpenAI's API takes 128)."""
+    max_prompt_tokens: int = 1 << 20
+    """Token ids per request, all its prompts together (each is also held to the model's
+    context): 1M ids is 8 prompts of a 128k context."""
 
     @property
     def limits(self) -> RequestLimits:
-        return RequestLimits(self.max_prompt_bytes, self.max_choices, self.max_top_logprobs)
+        return RequestLimits(
+            max_prompt_bytes=self.max_prompt_bytes,
+            max_choices=self.max_choices,
+            max_top_logprobs=self.max_top_logprobs,
+            max_messages=self.max_messages,
+            max_tools=self.max_tools,
+            max_prompt_tokens=self.max_prompt_tokens,
+        )
 
     @property
     def caller_keys(self) -> tuple[str, ...]:
@@ -191,7 +207,14 @@ class RouterConfig:
         for name in ("max_concurrent_requests", "max_queued_requests", "rate_burst"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
-        for name in ("max_prompt_bytes", "max_body_bytes", "max_choices"):
+        for name in (
+            "max_prompt_bytes",
+            "max_body_bytes",
+            "max_choices",
+            "max_messages",
+            "max_tools",
+            "max_prompt_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise InvalidArgument(name, f"must be >= 1, got {getattr(self, name)}")
         for name in ("queue_timeout", "stream_stall_timeout"):

@@ -12,6 +12,7 @@ been forwarded, a failure ends the stream with the worker's status.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -84,10 +85,20 @@ class Dispatcher:
         tok = self.picker.tokenizer
         if tok is None:
             raise Unavailable("the router is still starting")
-        limit = self.config.max_prompt_bytes
+        c = self.config
+        info = self.picker.model_info
+        max_ids = min(c.max_prompt_tokens, info.context_length if info else c.max_prompt_tokens)
+        read = functools.partial(
+            input_ids_from_proto,
+            inp,
+            tok,
+            max_text_bytes=c.max_prompt_bytes,
+            max_messages=c.max_messages,
+            max_token_ids=max_ids,
+        )
         if inp.WhichOneof("kind") == "token_ids":
-            return input_ids_from_proto(inp, tok, max_text_bytes=limit)
-        return await asyncio.to_thread(input_ids_from_proto, inp, tok, max_text_bytes=limit)
+            return read()
+        return await asyncio.to_thread(read)
 
     def _claim(self, key: tuple[str, str]) -> None:
         if key in self.requests:

@@ -156,6 +156,13 @@ class HttpFrontend:
             return ApiError(413, message, None, "request_too_large").response()
         except (RadixMeshError, ValueError, grpc.aio.AioRpcError) as e:
             return ApiError.from_exception(e).response()
+        except web.HTTPException:
+            raise
+        except Exception:
+            # A bug, not the client's fault: logged with its traceback, answered in the
+            # API's JSON layout (aiohttp's own 500 is plain text no client parses).
+            logger.exception("%s %s failed", request.method, request.path)
+            return ApiError(500, "internal error", None, "internal_error").response()
 
     # ---- plain endpoints ---------------------------------------------------------------
 

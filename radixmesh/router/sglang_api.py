@@ -144,10 +144,10 @@ class SglangApi:
             raise api_error(e) from None
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
-        tok, _ = self.frontend.ready()
+        tok, info = self.frontend.ready()
         limits = self.frontend.config.limits
-        body = await read_json(request, limits)
-        req = await asyncio.to_thread(parse_generate, body, tok)
+        body = await read_json(request, limits, info.context_length)
+        req = await asyncio.to_thread(parse_generate, body, tok, info.context_length)
         limits.check_choices("sampling_params.n", 1, len(req.outputs))  # prompts x n
         for output in req.outputs:
             limits.check_top_logprobs("top_logprobs_num", output.params.top_logprobs_num)

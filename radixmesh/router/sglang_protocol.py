@@ -20,6 +20,7 @@ from typing import Any
 
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument
+from radixmesh.router.limits import check_prompt_fits, encode_within
 from radixmesh.router.programs import ProgramHint, program_hint
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
@@ -53,6 +54,7 @@ _UNSERVED = frozenset(
 MAX_BATCH = 256
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
+_MAX_SEED = 2**64 - 1  # the wire's uint64
 
 
 @dataclass(frozen=True)
@@ -79,11 +81,19 @@ class GenerateRequest:
     program: ProgramHint | None = None  # radixmesh's `program` field (program-aware routing)
 
 
-def parse_generate(body: Any, tokenizer: TokenizerLike) -> GenerateRequest:
+def parse_generate(
+    body: Any, tokenizer: TokenizerLike, context_length: int | None = None
+) -> GenerateRequest:
+    """`context_length`: the model's; a prompt that fills it is refused naming `text` or
+    `input_ids` (each generates at least one token: max_new_tokens 0 is a prefill of 1)."""
     if not isinstance(body, dict):
         raise InvalidArgument("body", "the request body must be a JSON object")
     _check_fields(body)
-    prompts, batch = _prompts(body, tokenizer)
+    prompts, batch = _prompts(body, tokenizer, context_length)
+    if context_length is not None:
+        name = "text" if body.get("text") is not None else "input_ids"
+        for i, ids in enumerate(prompts):
+            check_prompt_fits(f"{name}[{i}]" if batch else name, len(ids), context_length, 1)
     count = len(prompts)
     sampling = _per_prompt(body.get("sampling_params"), count, "sampling_params", None)
     want_lp = _per_prompt(body.get("return_logprob"), count, "return_logprob", False)
@@ -127,7 +137,9 @@ def _check_fields(body: Mapping[str, Any]) -> None:
         raise InvalidArgument("text", "give text or input_ids, not both")
 
 
-def _prompts(body: Mapping[str, Any], tok: TokenizerLike) -> tuple[list[list[int]], bool]:
+def _prompts(
+    body: Mapping[str, Any], tok: TokenizerLike, context_length: int | None
+) -> tuple[list[list[int]], bool]:
     text, ids = body.get("text"), body.get("input_ids")
     if text is not None:
         batch = isinstance(text, list)
@@ -135,7 +147,13 @@ def _prompts(body: Mapping[str, Any], tok: TokenizerLike) -> tuple[list[list[int
         if not items or not all(isinstance(t, str) and t for t in items):
             raise InvalidArgument("text", "give a non-empty string or a list of them")
         _cap(len(items), "text")
-        return [tok.encode(t) for t in items], batch
+        if context_length is None:
+            return [tok.encode(t) for t in items], batch
+        names = [f"text[{i}]" if batch else "text" for i in range(len(items))]
+        return [
+            encode_within(tok.encode, t, context_length, n)
+            for t, n in zip(items, names, strict=True)
+        ], batch
     if ids is None:
         raise InvalidArgument("text", "give text or input_ids")
     batch = isinstance(ids, list) and bool(ids) and all(isinstance(x, list) for x in ids)
@@ -213,11 +231,14 @@ def _outputs(
         start = None
     if prefill_only:
         params["max_new_tokens"] = 1
+    seed = params.get("seed")
+    if seed is not None:  # checked before `seed + j`: a list or a string there was a 500
+        _int(seed, "sampling_params.sampling_seed", 0, _MAX_SEED)
     outputs = []
     for j in range(n):
         p = dict(params)
-        if p.get("seed") is not None:
-            p["seed"] = p["seed"] + j  # n samples of one seed must differ
+        if seed is not None:
+            p["seed"] = (seed + j) % (_MAX_SEED + 1)  # n samples of one seed must differ
         outputs.append(Output(prompt, _to_proto(p), return_logprob, start, prefill_only))
     return outputs
 

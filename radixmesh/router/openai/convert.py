@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument
+from radixmesh.router.limits import check_prompt_fits, encode_within
 from radixmesh.router.openai import requests as rq
 from radixmesh.router.openai import tools
 from radixmesh.sampling_params import CONSTRAINT_KINDS
@@ -168,16 +169,16 @@ def parse_completion(
         refuse("best_of", "only best_of == n is supported")
     if req.suffix:
         refuse("suffix", "suffix (insertion) is not supported")
-    prompts, texts = _prompts(req.prompt, tokenizer)
     top = req.logprobs
     sampling = _sampling(req, top)
     sampling.setdefault("max_new_tokens", _COMPLETIONS_MAX_TOKENS)
+    prompts, texts = _prompts(req.prompt, tokenizer, context_length, sampling["max_new_tokens"])
     if req.echo and top is not None:
         if req.stream:
             # Prompt logprobs come with a request's last chunk, after its first text.
             refuse("echo", "echo with logprobs is not supported when streaming")
         sampling["logprob_start_len"] = 0  # the prompt's logprobs, from its first token
-    gen = _generation(req, False, prompts, sampling, top, {})
+    gen = _generation(req, False, prompts, sampling, top, _renamed(req))
     return dataclasses.replace(gen, echo=texts) if req.echo else gen
 
 
@@ -203,7 +204,7 @@ def parse_chat(
         refuse("top_logprobs", "needs logprobs: true")
     top = (req.top_logprobs or 0) if req.logprobs else None
     sampling = _sampling(req, top)
-    fields: dict[str, str] = {}
+    fields = _renamed(req)
     constraint = _response_format(req.response_format)
     tools.check_tools(req)
     syntax = tools.syntax_of(tokenizer, options.tool_call_parser)
@@ -219,7 +220,10 @@ def parse_chat(
         sampling[constraint[0]] = constraint[1]
     if plan is not None and plan.parser is not None and syntax == "mistral":
         sampling.setdefault("skip_special_tokens", False)  # [TOOL_CALLS] is a special token
-    prompts = [chat_ids(req, tokenizer)]
+    prompts = [chat_ids(req, tokenizer, context_length=context_length)]
+    check_prompt_fits(
+        "messages", len(prompts[0]), context_length, sampling.get("max_new_tokens", 1)
+    )
     if "max_new_tokens" not in sampling:
         # OpenAI's chat default: as many tokens as the context leaves.
         sampling["max_new_tokens"] = max(context_length - len(prompts[0]), 1)
@@ -296,6 +300,13 @@ def _sampling(req: rq.Sampling, top: int | None) -> dict[str, Any]:
     return params
 
 
+def _renamed(req: rq.Sampling) -> dict[str, str]:
+    """SamplingParams fields that came from another OpenAI field than PARAMS says."""
+    return (
+        {"max_new_tokens": "max_completion_tokens"} if req.max_completion_tokens is not None else {}
+    )
+
+
 def _response_format(fmt: rq.ResponseFormat | None) -> tuple[str, str] | None:
     """The constraint a response_format asks for, as (SamplingParams field, text)."""
     if fmt is None or fmt.type == "text":
@@ -316,12 +327,18 @@ def chat_ids(
     req: rq.ChatCompletionRequest | rq.TokenizeRequest,
     tok: TokenizerLike,
     add_generation_prompt: bool = True,
+    context_length: int | None = None,
 ) -> list[int]:
-    """The prompt of a chat: the messages (and tools) through the model's chat template."""
+    """The prompt of a chat: the messages (and tools) through the model's chat template;
+    with `context_length`, a rendered chat far past it is refused from its head
+    (limits.encode_within)."""
     assert req.messages is not None
     if req.tools or tools.has_tool_messages(req.messages):
         return tools.prompt_ids(req, tok, add_generation_prompt)
-    return tok.encode_chat(_plain_messages(req.messages), add_generation_prompt)
+    if context_length is None:
+        return tok.encode_chat(_plain_messages(req.messages), add_generation_prompt)
+    text = tok.apply_chat_template(_plain_messages(req.messages), add_generation_prompt)
+    return encode_within(tok.encode, text, context_length, "messages")
 
 
 def _plain_messages(messages: list[rq.Message]) -> list[dict[str, str]]:
@@ -334,10 +351,13 @@ def _plain_messages(messages: list[rq.Message]) -> list[dict[str, str]]:
 
 
 def _prompts(
-    raw: str | list[int] | list[rq.PromptItem], tok: TokenizerLike
+    raw: str | list[int] | list[rq.PromptItem],
+    tok: TokenizerLike,
+    context_length: int,
+    max_new_tokens: int,
 ) -> tuple[list[list[int]], list[str]]:
     """A string, a token list, or a list of either (a batch of prompts): token ids and
-    text of each (token ids are decoded)."""
+    text of each (token ids are decoded), each within the context."""
     items: list[rq.PromptItem]
     if isinstance(raw, str) or (raw and all(isinstance(t, int) for t in raw)):
         items = [raw]  # type: ignore[list-item]
@@ -351,10 +371,12 @@ def _prompts(
         if isinstance(p, str):
             if not p:
                 refuse(name, "the prompt is empty")
-            prompts.append(tok.encode(p))
+            prompts.append(encode_within(tok.encode, p, context_length, name))
             texts.append(p)
         else:
             prompts.append(token_ids(p, tok, name))
+        check_prompt_fits(name, len(prompts[-1]), context_length, max_new_tokens)
+        if not isinstance(p, str):  # decoded once known to fit
             texts.append(tok.decode(p, skip_special_tokens=False))
     return prompts, texts
 

@@ -67,7 +67,7 @@ class OpenAIRoutes:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         tok, info = self.frontend.ready()
-        body = await read_json(request, self.limits)
+        body = await read_json(request, self.limits, info.context_length)
         job = await asyncio.to_thread(
             parse_embeddings,
             body,
@@ -83,7 +83,7 @@ class OpenAIRoutes:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         tok, info = self.frontend.ready()
-        body = await read_json(request, self.limits)
+        body = await read_json(request, self.limits, info.context_length)
 
         def run() -> rs.TokenizeResponse:
             req = parse_tokenize(body, tokenizer=tok, strict=self.strict)
@@ -119,7 +119,7 @@ class OpenAIRoutes:
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         tok, info = self.frontend.ready()
-        body = await read_json(request, self.limits)
+        body = await read_json(request, self.limits, info.context_length)
         gen: Generation
         if chat:
             c = self.frontend.config
