@@ -197,6 +197,7 @@ ROUTER_LIMITS = (
     ("max_choices", "prompts x n per request (and choices of a select)"),
     ("max_top_logprobs", "top logprobs per token"),
     ("health_timeout", "seconds a worker's health check may take"),
+    ("liveness_window", "seconds of silence after which a worker slow to answer is down"),
     ("breaker_failures", "consecutive failures that stop routing to a worker for a while"),
     ("breaker_cooldown", "seconds before a stopped worker gets a trial request"),
 )

@@ -31,6 +31,10 @@ class RouterConfig:
     pending_prefill_weight: float = 0.5
     health_interval: float = 1.0  # seconds between GetLoad polls of each worker
     health_timeout: float = 2.0
+    # A worker whose health poll times out is down only once it has also said nothing on
+    # any channel (output batches, chunks, cache events, its engine's load reports) for
+    # this many seconds; until then it is busy (router/liveness.py says why).
+    liveness_window: float = 10.0
     breaker_failures: int = 3  # consecutive failures that open a worker's breaker
     breaker_cooldown: float = 5.0  # seconds an open breaker stays open before a trial
     max_attempts: int = 3  # workers a request may try when they fail before the first token
@@ -122,7 +126,13 @@ class RouterConfig:
         ):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
-        for name in ("tentative_ttl", "health_interval", "health_timeout", "breaker_cooldown"):
+        for name in (
+            "tentative_ttl",
+            "health_interval",
+            "health_timeout",
+            "liveness_window",
+            "breaker_cooldown",
+        ):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(name, f"must be > 0, got {getattr(self, name)}")
         for name in ("http_port", "metrics_port"):
