@@ -15,7 +15,9 @@ FIELD_METADATA_KEY = "radixmesh-field"
 # Trailing metadata of a RESOURCE_EXHAUSTED that a radixmesh server sent because it is
 # overloaded (`Overloaded`), with the seconds after which a retry may succeed. gRPC itself
 # answers RESOURCE_EXHAUSTED for a message or metadata over its size limits: without this
-# key the status means the request is too large, which no other server takes either.
+# key the status means the request is too large, which no other server takes either. The
+# router sends it with its UNAVAILABLE too (`Unavailable.retry_after`: no healthy worker,
+# still starting, shutting down), as it sends HTTP 503 with a Retry-After header.
 OVERLOADED_METADATA_KEY = "radixmesh-retry-after"
 
 
@@ -45,7 +47,13 @@ class Overloaded(RadixMeshError):
 
 
 class Unavailable(RadixMeshError):
-    """The worker is draining, shut down, or failed."""
+    """The worker is draining, shut down, or failed; or the router has no worker for the
+    request. `retry_after`: seconds after which a retry may succeed, when the server said
+    (None: it did not)."""
+
+    def __init__(self, message: str = "", retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class RequestAborted(RadixMeshError):

@@ -17,6 +17,7 @@ from radixmesh.errors import (
     OVERLOADED_METADATA_KEY,
     InvalidArgument,
     Overloaded,
+    Unavailable,
     entry_for,
 )
 
@@ -141,8 +142,8 @@ async def set_health(servicer: health.aio.HealthServicer, service: str, *, servi
 
 async def abort_rpc(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
     """End the RPC with the catalogue's status for `error` (never UNKNOWN); an
-    InvalidArgument names its field in the trailing metadata, an Overloaded says when to
-    retry. The message is cut to fit in a trailer."""
+    InvalidArgument names its field in the trailing metadata, an Overloaded (and an
+    Unavailable that knows) says when to retry. The message is cut to fit in a trailer."""
     entry = entry_for(error)
     metadata: tuple[tuple[str, str], ...] = ()
     message = str(error)
@@ -150,7 +151,9 @@ async def abort_rpc(context: grpc.aio.ServicerContext, error: BaseException) -> 
         field = metadata_safe(error.field)
         metadata = ((FIELD_METADATA_KEY, field),)
         message = f"{field}: {error.message}"
-    elif isinstance(error, Overloaded):
+    elif isinstance(error, Overloaded) or (
+        isinstance(error, Unavailable) and error.retry_after is not None
+    ):
         metadata = ((OVERLOADED_METADATA_KEY, f"{error.retry_after:g}"),)
     await context.abort(
         grpc.StatusCode[entry.grpc_status], status_message(message), trailing_metadata=metadata

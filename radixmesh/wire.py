@@ -297,6 +297,31 @@ def load_to_proto(
     )
 
 
+# GetLoad's trailing metadata: the seconds since the worker's engine last answered, i.e.
+# how old the load in the reply is. The worker answers from its server process without
+# waiting on a busy engine (worker/load_report.py), so the answer proves the process is up,
+# and this says when the engine was last heard from. Metadata rather than a field: the
+# reply's fields stay what every client and router knows, and a router that gets none
+# (an older worker) takes the load as fresh.
+LOAD_AGE_METADATA_KEY = "radixmesh-load-age"
+
+
+def load_age_metadata(age: float) -> tuple[tuple[str, str], ...]:
+    return ((LOAD_AGE_METADATA_KEY, f"{max(age, 0.0):.3f}"),)
+
+
+def load_age(metadata: Sequence[tuple[str, str | bytes]] | None) -> float:
+    """The load age a GetLoad reply's trailing metadata carries (0: none, or unreadable)."""
+    for key, value in metadata or ():
+        if key == LOAD_AGE_METADATA_KEY:
+            try:
+                age = float(value)
+            except ValueError:
+                return 0.0
+            return age if 0.0 <= age < float("inf") else 0.0
+    return 0.0
+
+
 def load_fields(m: worker_pb2.GetLoadResponse) -> dict[str, Any]:
     return {
         "num_running": m.num_running,

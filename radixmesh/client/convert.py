@@ -15,6 +15,7 @@ from radixmesh.errors import (
     OVERLOADED_METADATA_KEY,
     Overloaded,
     RadixMeshError,
+    Unavailable,
     error_from_status,
 )
 from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
@@ -117,7 +118,8 @@ def error_from_rpc(e: grpc.RpcError) -> RadixMeshError:
     RESOURCE_EXHAUSTED is `Overloaded` when a server said so (its retry-after metadata);
     without it gRPC itself refused a message over its size limit: an InvalidArgument, as
     no other server would take it either. A CANCELLED the server side made is
-    `Unavailable`: the server went away."""
+    `Unavailable`: the server went away. An UNAVAILABLE's retry-after metadata (the router
+    sends it when it has no worker for the request) is its `retry_after`."""
     code: grpc.StatusCode = e.code()
     details: str = e.details() or code.name
     metadata = dict(e.trailing_metadata() or ())
@@ -131,7 +133,11 @@ def error_from_rpc(e: grpc.RpcError) -> RadixMeshError:
         if isinstance(error, Overloaded):
             error.retry_after = _seconds(after)
         return error
-    return error_from_status(code.name, details, metadata.get(FIELD_METADATA_KEY))
+    error = error_from_status(code.name, details, metadata.get(FIELD_METADATA_KEY))
+    after = metadata.get(OVERLOADED_METADATA_KEY)
+    if isinstance(error, Unavailable) and after is not None:
+        error.retry_after = _seconds(after)
+    return error
 
 
 def is_overloaded(e: grpc.RpcError) -> bool:

@@ -15,8 +15,9 @@ import grpc
 from aiohttp import web
 
 from radixmesh.client.convert import error_from_rpc
-from radixmesh.errors import CATALOGUE, InvalidArgument, Overloaded, entry_for
+from radixmesh.errors import CATALOGUE, InvalidArgument, Overloaded, Unavailable, entry_for
 from radixmesh.router.limits import RequestLimits, parse_json
+from radixmesh.router.liveness import UNAVAILABLE_RETRY_AFTER
 from radixmesh.router.openai.convert import openai_field
 
 ERROR_TYPES = {
@@ -52,7 +53,8 @@ class ApiError(Exception):
         self.message = message
         self.param = param
         self.code = code
-        self.retry_after = retry_after  # seconds: the Retry-After header of a 429
+        # Seconds: the Retry-After header of a 429 or a 503 (a 503 always has one).
+        self.retry_after = retry_after
 
     @classmethod
     def from_exception(
@@ -64,7 +66,7 @@ class ApiError(Exception):
         entry = entry_for(e)
         if isinstance(e, InvalidArgument):
             return cls(entry.http_status, e.message, field_name(e.field), "invalid_argument")
-        after = e.retry_after if isinstance(e, Overloaded) else None
+        after = e.retry_after if isinstance(e, Overloaded | Unavailable) else None
         return cls(entry.http_status, str(e), None, entry.grpc_status.lower(), after)
 
     def to_json(self) -> dict[str, Any]:
@@ -78,10 +80,16 @@ class ApiError(Exception):
         }
 
     def response(self) -> web.Response:
-        headers = {}
-        if self.retry_after is not None:  # whole seconds, at least one (RFC 9110)
-            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after)))
+        after = self.retry_after
+        if after is None and self.status == 503:
+            after = UNAVAILABLE_RETRY_AFTER  # every 503 says when to come back
+        headers = retry_after_header(after) if after is not None else {}
         return web.json_response(self.to_json(), status=self.status, headers=headers)
+
+
+def retry_after_header(seconds: float) -> dict[str, str]:
+    """The Retry-After header: whole seconds, at least one (RFC 9110)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
 async def read_json(

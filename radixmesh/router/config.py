@@ -41,6 +41,10 @@ class RouterConfig:
     """Seconds between GetLoad polls of each worker."""
     health_timeout: float = 2.0
     """Seconds a worker's health poll may take."""
+    liveness_window: float = 10.0
+    """A worker whose health poll times out is down only once it has also said nothing on
+    any channel (output batches, chunks, cache events, its engine's load reports) for this
+    many seconds; until then it is busy (router/liveness.py says why)."""
     breaker_failures: int = 3
     """Consecutive failures that stop routing to a worker for a while (its breaker opens)."""
     breaker_cooldown: float = 5.0
@@ -161,7 +165,13 @@ class RouterConfig:
         ):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
-        for name in ("tentative_ttl", "health_interval", "health_timeout", "breaker_cooldown"):
+        for name in (
+            "tentative_ttl",
+            "health_interval",
+            "health_timeout",
+            "liveness_window",
+            "breaker_cooldown",
+        ):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(name, f"must be > 0, got {getattr(self, name)}")
         for name in ("http_port", "metrics_port"):

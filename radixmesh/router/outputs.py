@@ -181,6 +181,7 @@ async def pump_call(call: Any, sink: Sink) -> None:
     try:
         async for resp in call:
             sink.put(resp.chunk)
+            sink.worker.last_heard = sink.touched
     except grpc.aio.AioRpcError as e:
         sink.fail(e)
 

@@ -3,9 +3,11 @@
 Each handle owns a gRPC channel and three background tasks on the router's loop:
 
 - a health loop that polls `GetLoad` every `health_interval` seconds (an unhealthy worker
-  at least every `UNHEALTHY_PROBE_INTERVAL`): an answer (not
-  draining) marks the worker healthy and refreshes its load; a failure marks it unhealthy
-  and counts against its circuit breaker;
+  at least every `UNHEALTHY_PROBE_INTERVAL`): an answer (not draining, its engine heard
+  from within `liveness_window`) marks the worker healthy and refreshes its load; a
+  refusal, or a timeout after the worker was silent on every channel for
+  `liveness_window`, marks it unhealthy and counts against its circuit breaker; a timeout
+  while the worker streams is a busy worker, left as it was (liveness.py says why);
 - an output reader (outputs.py) that keeps the worker's output stream open and puts each
   chunk in its request's sink;
 - a cache-event loop that keeps the worker's `PrefixSummary` exact: it opens
@@ -35,10 +37,12 @@ from radixmesh.client.options import CHANNEL_OPTIONS
 from radixmesh.errors import InvalidArgument, Overloaded
 from radixmesh.router.breaker import CircuitBreaker
 from radixmesh.router.config import DNS_PREFIX, RouterConfig
+from radixmesh.router.liveness import judge
 from radixmesh.router.outputs import OutputReader
 from radixmesh.router.policy import Candidate
 from radixmesh.router.summary import PrefixSummary, SummaryIndex
 from radixmesh.v1 import worker_pb2, worker_pb2_grpc
+from radixmesh.wire import load_age
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +85,10 @@ class WorkerHandle:
             (("authorization", f"Bearer {key}"),) if key else ()
         )
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown)
-        self.reachable = False  # the last health poll answered and the worker is not draining
+        # The worker answered a health poll and is not draining, and has not been judged
+        # down since (liveness.py).
+        self.reachable = False
+        self.slow_polls = 0  # health polls that timed out while the worker streamed: busy
         self.load = LoadReport()
         self.in_flight = 0  # requests the router has on this worker now
         # Uncached prompt tokens of the router's requests here that have not started
@@ -94,8 +101,9 @@ class WorkerHandle:
         self.block_size = 0  # the worker's event block size (from its snapshot)
         self._tasks: list[asyncio.Task[None]] = []
         self._candidate = Candidate(worker_id, False, 0, 0)  # the last one `candidate` built
-        # time.monotonic() of the worker's last answer of any kind (a health poll, an output
-        # batch): requests waiting on a worker that answers are not stalled.
+        # time.monotonic() of the worker's last word of any kind (an output batch, a chunk, a
+        # cache event, a load report as of its engine's read): requests waiting on a worker
+        # that speaks are not stalled, and a poll that times out then finds it busy.
         self.last_heard = time.monotonic()
         self.outputs = OutputReader(self)  # its output stream, into the requests' sinks
 
@@ -201,21 +209,27 @@ class WorkerHandle:
     # ---- health -------------------------------------------------------------------------
 
     async def poll(self) -> bool:
-        """One GetLoad: refresh load and health. Returns whether the worker is healthy."""
+        """One GetLoad: refresh load and health (liveness.py's rule). Returns whether the
+        worker is healthy."""
         # Requests that end while the poll is in flight may still be in its report: keep
         # counting them as ended (at worst the report is undercounted; in_flight bounds it).
         ended_before = self.ended_since_poll
+        window = self.config.liveness_window
         try:
-            resp = await self.stub.GetLoad(
+            call = self.stub.GetLoad(
                 worker_pb2.GetLoadRequest(),
                 timeout=self.config.health_timeout,
                 metadata=self.metadata,
             )
-        except grpc.aio.AioRpcError:
-            if self.reachable:
-                logger.warning("worker %s (%s) is unreachable", self.worker_id, self.address)
-            self.reachable = False
-            self.breaker.record_failure()
+            resp = await call
+            age = load_age(await call.trailing_metadata())
+        except grpc.aio.AioRpcError as e:
+            silent_for = time.monotonic() - self.last_heard
+            if judge(e.code(), silent_for, window) == "busy":
+                self.slow_polls += 1
+                logger.debug("worker %s is slow to answer (%s): busy", self.worker_id, e.code())
+                return self.healthy
+            self._down(f"{e.code().name}, silent for {silent_for:.1f} s")
             return False
         self.load = LoadReport(
             resp.num_running,
@@ -225,11 +239,21 @@ class WorkerHandle:
             resp.cache_hit_rate,
         )
         self.ended_since_poll -= ended_before
-        self.last_heard = time.monotonic()
+        now = time.monotonic()
+        self.last_heard = max(self.last_heard, now - age)
+        if judge(None, now - self.last_heard, window) == "down":
+            self._down(f"its engine has said nothing for {now - self.last_heard:.1f} s")
+            return False
         self.reachable = not resp.draining
         if self.reachable:
             self.breaker.record_success()
         return self.reachable
+
+    def _down(self, why: str) -> None:
+        if self.reachable:
+            logger.warning("worker %s (%s) is down: %s", self.worker_id, self.address, why)
+        self.reachable = False
+        self.breaker.record_failure()
 
     async def _health_loop(self) -> None:
         # An unhealthy worker is probed more often, so that it rejoins soon after it is up.
@@ -260,6 +284,7 @@ class WorkerHandle:
         try:
             await self.resync()
             async for resp in call:
+                self.last_heard = time.monotonic()
                 ev = resp.event
                 s = self.summary
                 if ev.epoch == s.epoch and ev.sequence <= s.sequence:

@@ -3,6 +3,9 @@
 A caller is known by a digest of its key (auth.caller_of); a failed call ends with our
 error's status (abort_rpc) or a worker's, passed on with its field and retry metadata
 (a RESOURCE_EXHAUSTED that is not overload, a gRPC size limit, as INVALID_ARGUMENT).
+Every UNAVAILABLE the router sends, its own or a worker's, carries retry-after metadata
+(liveness.UNAVAILABLE_RETRY_AFTER unless it knows better), as every HTTP 503 carries
+Retry-After: a client is told when trying again makes sense.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from radixmesh.errors import (
     OVERLOADED_METADATA_KEY,
     Internal,
     RadixMeshError,
+    Unavailable,
     entry_for,
 )
 from radixmesh.grpc_server import abort_rpc
+from radixmesh.router.liveness import UNAVAILABLE_RETRY_AFTER
 from radixmesh.router.metrics import RequestRecord
 
 logger = logging.getLogger(__name__)
@@ -49,6 +54,8 @@ async def fail(
     """End the RPC with our error's status, or a worker's as it came; record which."""
     if isinstance(e, RadixMeshError):
         record.status = entry_for(e).grpc_status
+        if isinstance(e, Unavailable) and e.retry_after is None:
+            e.retry_after = UNAVAILABLE_RETRY_AFTER
         await abort_rpc(context, e)
     record.status = e.code().name
     await pass_on(context, e)
@@ -61,6 +68,8 @@ async def pass_on(context: grpc.aio.ServicerContext, e: grpc.aio.AioRpcError) ->
         await abort_rpc(context, convert.error_from_rpc(e))
     keys = (FIELD_METADATA_KEY, OVERLOADED_METADATA_KEY)
     kept = [(k, v) for k, v in (e.trailing_metadata() or ()) if k in keys]
+    if e.code() == grpc.StatusCode.UNAVAILABLE and not kept:
+        kept = [(OVERLOADED_METADATA_KEY, f"{UNAVAILABLE_RETRY_AFTER:g}")]
     await context.abort(e.code(), e.details() or "", trailing_metadata=tuple(kept))
     raise AssertionError("unreachable: context.abort raises")
 

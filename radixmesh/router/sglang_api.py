@@ -26,7 +26,8 @@ import radixmesh
 from radixmesh.auth import ADMIN_MESSAGE, bearer_allowed, caller_of
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError
-from radixmesh.router.api_error import ApiError, read_json
+from radixmesh.router.api_error import ApiError, read_json, retry_after_header
+from radixmesh.router.liveness import UNAVAILABLE_RETRY_AFTER
 from radixmesh.router.sglang_protocol import (
     GenerateRequest,
     OutputState,
@@ -133,7 +134,7 @@ class SglangApi:
                     return web.Response(status=200)
         except (TimeoutError, RadixMeshError, grpc.aio.AioRpcError):
             pass
-        return web.Response(status=503)
+        return web.Response(status=503, headers=retry_after_header(UNAVAILABLE_RETRY_AFTER))
 
     # ---- generation -----------------------------------------------------------------------
 

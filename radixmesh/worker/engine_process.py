@@ -410,8 +410,11 @@ def _child_main(cmd: Connection, out: Connection, options: dict[str, Any]) -> No
 
 def _serve_commands(engine: Any, cmd: Connection, outbox: _Outbox) -> None:
     # Validation may compile a grammar (seconds): a pool keeps the command loop free, with
-    # a few threads so one slow compile does not hold up other requests' admission.
+    # a few threads so one slow compile does not hold up other requests' admission. Calls
+    # (stats, cache snapshot, flush) have a pool of their own: behind a burst of thousands
+    # of submissions in one queue, the load read for a health poll waited for seconds.
     pool = ThreadPoolExecutor(4, thread_name_prefix="radixmesh-engine-cmd")
+    calls = ThreadPoolExecutor(2, thread_name_prefix="radixmesh-engine-call")
     submissions = _Submissions()
     watch = threading.Thread(target=_watch_fatal, args=(engine, outbox), daemon=True)
     watch.start()
@@ -433,11 +436,12 @@ def _serve_commands(engine: Any, cmd: Connection, outbox: _Outbox) -> None:
             elif kind == "drain":
                 engine.drain()
             elif kind == "call":
-                pool.submit(_run_call, engine, outbox, *msg[1:])
+                calls.submit(_run_call, engine, outbox, *msg[1:])
             elif kind == "shutdown":
                 return
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+        calls.shutdown(wait=False, cancel_futures=True)
         engine.shutdown()
 
 

@@ -50,6 +50,7 @@ from radixmesh.wire import (
     embedding_to_proto,
     event_to_proto,
     input_ids_from_proto,
+    load_age_metadata,
     load_to_proto,
     model_info_to_proto,
     params_from_proto,
@@ -58,6 +59,7 @@ from radixmesh.wire import (
 )
 from radixmesh.worker.cache_event_hub import CacheEventHub
 from radixmesh.worker.engine_process import EngineProcess
+from radixmesh.worker.load_report import LoadReporter
 from radixmesh.worker.metrics import WorkerMetrics
 from radixmesh.worker.output_stream import (
     MAX_OUTPUT_STREAMS,
@@ -135,6 +137,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, config: ServerConfig, model_name: str = "") -> None:
         self.config = config
         self.engine: Engine | EngineProcess | None = None
+        self.load: LoadReporter | None = None  # GetLoad's answers, without waiting on the engine
         self.hub: CacheEventHub | None = None
         self.metrics = WorkerMetrics(self.read_stats, model_name)
         self.in_flight: set[str] = set()
@@ -148,6 +151,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if not self.config.max_in_flight:
             self.max_in_flight = sc.running_cap + sc.max_queued_requests
         self.engine, self.hub = engine, hub
+        self.load = LoadReporter(engine.get_stats)
 
     @property
     def busy(self) -> int:
@@ -332,7 +336,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.GetLoadResponse:
         async def run() -> worker_pb2.GetLoadResponse:
             engine = self._engine()
-            s: SchedulerStats = await asyncio.to_thread(engine.get_stats)
+            assert self.load is not None
+            s, age = await self.load.current()  # the last load, and its age, if the engine is busy
+            context.set_trailing_metadata(load_age_metadata(age))
             throughput = self._throughput(s.generated_tokens)
             return load_to_proto(s, throughput, engine.draining, self.busy)
 

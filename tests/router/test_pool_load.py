@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Generator
 
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.pool import LoadReport, WorkerPool
@@ -37,10 +38,18 @@ def test_a_request_ending_during_a_load_poll_stays_subtracted() -> None:
         handle.in_flight = 3
         handle.request_ended()  # before the poll: the report will not count it
 
-        class Stub:
-            async def GetLoad(self, request: object, **kwargs: object) -> object:
+        class Call:
+            def __await__(self) -> Generator[None, None, worker_pb2.GetLoadResponse]:
                 handle.request_ended()  # after the worker took its report of two running
                 return worker_pb2.GetLoadResponse(num_running=2)
+                yield
+
+            async def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+                return ()
+
+        class Stub:
+            def GetLoad(self, request: object, **kwargs: object) -> Call:
+                return Call()
 
         handle.stub = Stub()  # type: ignore[assignment]
         assert await handle.poll()
