@@ -34,7 +34,9 @@ def bearer_token(authorization: str | bytes | None) -> bytes | None:
         return None
     if not raw.startswith(b"Bearer "):
         return None
-    token = raw.removeprefix(b"Bearer ").strip()
+    # Only HTTP's optional whitespace (space, tab) is trimmed: a key followed by a \x0b, a
+    # \r or a \x0c is another token (aiohttp refuses such a header; gRPC passes it on).
+    token = raw.removeprefix(b"Bearer ").strip(b" \t")
     return token or None
 
 

@@ -7,7 +7,8 @@ NOT_SERVING, the gRPC port closed to new calls (clients fail over to another rou
 HTTP requests 503, those in flight get `drain_timeout` seconds, then the rest end with
 UNAVAILABLE (an SSE stream: an error event, then [DONE]).
 API keys (`api_keys`; `admin_keys` for FlushCache, ClusterStatus and aborting any request)
-and TLS (`tls_cert` / `tls_key`) apply to the gRPC and HTTP ports.
+and TLS (`tls_cert` / `tls_key`) apply to the gRPC and HTTP ports. Every log
+line is redacted (redact.py): no key, the router's own or a client's, is ever written out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from radixmesh import redact
 from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.grpc_server import (
     PENDING_CALL_OPTIONS,
@@ -57,6 +59,7 @@ async def serve(
     """Serve until SIGTERM / SIGINT, or until `stop` is set when the caller owns it (off
     the main thread, e.g. in a Ray actor, where signal handlers cannot be installed).
     `pool`: the caller's (e.g. with address resolvers); default one from `config`."""
+    redact.install(secrets_of(config))  # before anything can log a request
     pool = pool if pool is not None else WorkerPool(config)
     discovery = None
     if names := dns_names(config):
@@ -100,6 +103,12 @@ async def serve(
         await discovery.close()
     await pool.close()
     return 0
+
+
+def secrets_of(config: RouterConfig) -> tuple[str, ...]:
+    """The keys the router's log lines must never show (redact.py)."""
+    worker_key = (config.worker_api_key,) if config.worker_api_key else ()
+    return (*config.api_keys, *config.admin_keys, *worker_key)
 
 
 # Seconds the streams stopped at the end of a drain get to send their error (an SSE error
