@@ -277,8 +277,9 @@ def _add_router_security_options(parser: argparse.ArgumentParser) -> None:
         "--admin-key",
         action="append",
         default=None,
-        help="require this key for FlushCache, ClusterStatus and aborting others' requests "
-        f"(repeatable; default: ${ADMIN_KEY_ENV}; none: the API keys)",
+        help="require this key for FlushCache, ClusterStatus, the workers in /get_server_info "
+        f"and aborting others' requests (repeatable; default: ${ADMIN_KEY_ENV}; none: the "
+        "API keys see the cluster, and none reaches another caller's requests)",
     )
     parser.add_argument("--tls-cert", default=None, help="PEM certificate chain (with --tls-key)")
     parser.add_argument("--tls-key", default=None, help="PEM private key")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixmesh.auth import Roles
 from radixmesh.errors import InvalidArgument
 from radixmesh.router.limits import RequestLimits
 from radixmesh.router.openai.tool_parsers import PARSERS
@@ -55,8 +56,10 @@ class RouterConfig:
     per_request_streams: bool = False
     # Clients must send `authorization: Bearer <one of these>` (empty: no authentication).
     api_keys: tuple[str, ...] = field(default=(), repr=False)
-    # FlushCache, ClusterStatus and aborting another caller's request need one of these
-    # (they are API keys too); empty: any API key may (or anyone, without API keys).
+    # FlushCache, ClusterStatus, the workers in /get_server_info and aborting another
+    # caller's request need one of these (they are API keys too). Empty: any API key may
+    # see and flush the cluster, and nobody reaches another caller's requests (everybody,
+    # without API keys); see auth.Roles.
     admin_keys: tuple[str, ...] = field(default=(), repr=False)
     tls_cert: str | None = None  # PEM files; both set: gRPC and HTTP serve TLS
     tls_key: str | None = None
@@ -103,6 +106,11 @@ class RouterConfig:
     def caller_keys(self) -> tuple[str, ...]:
         """Every key a client may call with (API and admin keys); empty: anyone may."""
         return (*self.api_keys, *self.admin_keys) if self.api_keys else ()
+
+    @property
+    def roles(self) -> Roles:
+        """Who may see and operate the cluster, and reach others' requests."""
+        return Roles(self.api_keys, self.admin_keys)
 
     def __post_init__(self) -> None:
         self._check_addresses_and_numbers()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from radixmesh.auth import ADMIN_MESSAGE, bearer_allowed
+from radixmesh.auth import ADMIN_MESSAGE
 from radixmesh.client import convert
 from radixmesh.errors import (
     InvalidArgument,
@@ -476,8 +476,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.RouterAbortRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RouterAbortResponse:
         async def run() -> router_pb2.RouterAbortResponse:
-            me, admin = caller_of_call(context), self._admin(context)
-            found = self.find_request(request.request_id, me, admin)
+            me = caller_of_call(context)
+            anyone = self.config.roles.reaches_all(authorization(context))
+            found = self.find_request(request.request_id, me, anyone)
             if found is None:
                 return router_pb2.RouterAbortResponse(found=False)
             worker, worker_rid = found
@@ -488,17 +489,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
         return await unary(context, run)
 
-    def find_request(self, rid: str, caller: str, admin: bool) -> tuple[WorkerHandle, str] | None:
-        """The worker serving the caller's request `rid` and its id there; an admin finds
-        anyone's (the caller's own first)."""
+    def find_request(self, rid: str, caller: str, anyone: bool) -> tuple[WorkerHandle, str] | None:
+        """The worker serving the caller's request `rid` and its id there; with `anyone`
+        (auth.Roles.reaches_all) anyone's, the caller's own first."""
         found = self.requests.get((caller, rid))
-        if found is None and admin:
+        if found is None and anyone:
             found = next((v for (_, r), v in self.requests.items() if r == rid), None)
         return found
 
     def _admin(self, context: grpc.aio.ServicerContext) -> bool:
-        keys = self.config.admin_keys
-        return not keys or bearer_allowed(authorization(context), keys)
+        return self.config.roles.admin(authorization(context))
 
     async def _require_admin(self, context: grpc.aio.ServicerContext) -> None:
         if not self._admin(context):
