@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -34,7 +35,9 @@ def bearer_token(authorization: str | bytes | None) -> bytes | None:
         return None
     if not raw.startswith(b"Bearer "):
         return None
-    token = raw.removeprefix(b"Bearer ").strip()
+    # Only HTTP's optional whitespace (space, tab) is trimmed: a key followed by a \x0b, a
+    # \r or a \x0c is another token (aiohttp refuses such a header; gRPC passes it on).
+    token = raw.removeprefix(b"Bearer ").strip(b" \t")
     return token or None
 
 
@@ -55,6 +58,34 @@ def caller_of(authorization: str | bytes | None) -> str:
     Never the key itself: it may be logged or kept in memory for the request's life."""
     token = bearer_token(authorization)
     return "" if token is None else hashlib.sha256(token).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Roles:
+    """What a caller may do beyond its own requests, by the key it sends.
+
+    `admin`: the cluster's operations and details (ClusterStatus, FlushCache, HTTP's
+    `/flush_cache` and the workers in `/get_server_info`). With admin keys, an admin key;
+    without them every caller the router lets in, as before: the operator named no
+    separate role, and the launcher's readiness check (ClusterStatus) then uses an API key.
+
+    `reaches_all`: finding another caller's request by its id (Abort, `/abort_request`).
+    With admin keys, an admin key. Without them nobody, once there are API keys: callers
+    are known by their keys (`caller_of`) and each finds only its own requests; whoever
+    holds an API key must not end another's work. Without any key (an open cluster, the
+    demo) everybody: there is no identity to scope by, so every request is everybody's.
+    """
+
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    admin_keys: tuple[str, ...] = field(default=(), repr=False)
+
+    def admin(self, authorization: str | bytes | None) -> bool:
+        return not self.admin_keys or bearer_allowed(authorization, self.admin_keys)
+
+    def reaches_all(self, authorization: str | bytes | None) -> bool:
+        if self.admin_keys:
+            return bearer_allowed(authorization, self.admin_keys)
+        return not self.api_keys
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):

@@ -173,8 +173,9 @@ def _add_router_keys(parser: argparse.ArgumentParser) -> None:
         "--admin-key",
         action="append",
         default=None,
-        help="require this key for FlushCache, ClusterStatus and aborting others' requests "
-        f"(repeatable; default: ${ADMIN_KEY_ENV}; none: the API keys)",
+        help="require this key for FlushCache, ClusterStatus, the workers in /get_server_info "
+        f"and aborting others' requests (repeatable; default: ${ADMIN_KEY_ENV}; none: the "
+        "API keys see the cluster, and none reaches another caller's requests)",
     )
 
 

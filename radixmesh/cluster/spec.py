@@ -96,7 +96,7 @@ class LaunchSpec:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     tls_cert: str | None = None
     tls_key: str | None = None
-    # Keys for the router's admin RPCs (FlushCache, ClusterStatus, aborting any request),
+    # Keys for the router's admin role (FlushCache, ClusterStatus, aborting any request),
     # in its environment; the launcher checks readiness with the first.
     admin_keys: tuple[str, ...] = field(default=(), repr=False)
     # Workers require this key, given in their environment (never on a command line); the

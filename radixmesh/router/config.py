@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixmesh.auth import Roles
 from radixmesh.errors import InvalidArgument
 from radixmesh.router.limits import RequestLimits
 from radixmesh.router.openai.tool_parsers import PARSERS
@@ -74,8 +75,10 @@ class RouterConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     """Clients must send `authorization: Bearer <one of these>` (empty: no authentication)."""
     admin_keys: tuple[str, ...] = field(default=(), repr=False)
-    """FlushCache, ClusterStatus and aborting another caller's request need one of these
-    (they are API keys too); empty: any API key may (or anyone, without API keys)."""
+    """FlushCache, ClusterStatus, the workers in /get_server_info and aborting another
+    caller's request need one of these (they are API keys too). Empty: any API key may see
+    and flush the cluster, and nobody reaches another caller's requests (everybody,
+    without API keys); see auth.Roles."""
     tls_cert: str | None = None
     """PEM certificate chain; with `tls_key`, the gRPC and HTTP ports serve TLS."""
     tls_key: str | None = None
@@ -146,6 +149,11 @@ class RouterConfig:
     def caller_keys(self) -> tuple[str, ...]:
         """Every key a client may call with (API and admin keys); empty: anyone may."""
         return (*self.api_keys, *self.admin_keys) if self.api_keys else ()
+
+    @property
+    def roles(self) -> Roles:
+        """Who may see and operate the cluster, and reach others' requests."""
+        return Roles(self.api_keys, self.admin_keys)
 
     def __post_init__(self) -> None:
         self._check_addresses_and_numbers()

@@ -40,8 +40,6 @@ from radixmesh.wire import input_ids_from_proto, params_from_proto
 
 logger = logging.getLogger(__name__)
 
-MAX_REQUEST_ID = 256
-
 
 class Picker(Protocol):
     """What the dispatcher uses of the control plane (control.py)."""
@@ -346,24 +344,32 @@ class Dispatcher:
 
     # ---- requests in flight -------------------------------------------------------------
 
-    def find_request(self, rid: str, caller: str, admin: bool) -> tuple[WorkerHandle, str] | None:
-        """The worker serving the caller's request `rid` and its id there; an admin finds
-        anyone's (the caller's own first)."""
+    def find_request(self, rid: str, caller: str, anyone: bool) -> tuple[WorkerHandle, str] | None:
+        """The worker serving the caller's request `rid` and its id there; with `anyone`
+        (auth.Roles.reaches_all) anyone's, the caller's own first."""
         found = self.requests.get((caller, rid))
-        if found is None and admin:
+        if found is None and anyone:
             found = next((v for (_, r), v in self.requests.items() if r == rid), None)
         return found
 
-    async def abort(self, rid: str, caller: str, admin: bool) -> bool:
-        """Abort the caller's request `rid` on its worker: whether the worker had it."""
-        found = self.find_request(rid, caller, admin)
-        if found is None:
-            return False
-        worker, worker_rid = found
-        resp = await worker.stub.Abort(
-            worker_pb2.AbortRequest(request_id=worker_rid), metadata=worker.metadata
-        )
-        return bool(resp.found)
+    async def abort(self, rid: str, caller: str, anyone: bool) -> bool:
+        """Abort the caller's request `rid` (`anyone`: or anyone's) on its worker: whether
+        the worker had it."""
+        found = self.find_request(rid, caller, anyone)
+        return found is not None and await _abort_on(*found)
+
+    async def abort_all(self, caller: str, anyone: bool) -> int:
+        """Abort every request of the caller in flight (`anyone`: every request): how many
+        the workers found."""
+        targets = [v for (c, _), v in self.requests.items() if anyone or c == caller]
+        return sum(await asyncio.gather(*(_abort_on(w, wrid) for w, wrid in targets)))
+
+
+async def _abort_on(worker: WorkerHandle, worker_rid: str) -> bool:
+    resp = await worker.stub.Abort(
+        worker_pb2.AbortRequest(request_id=worker_rid), metadata=worker.metadata
+    )
+    return bool(resp.found)
 
 
 @dataclass

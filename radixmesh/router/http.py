@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from radixmesh.auth import bearer_allowed, caller_of
@@ -55,6 +56,28 @@ def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCon
         context.load_verify_locations(client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+class _BadRequestLog(logging.LoggerAdapter):
+    """aiohttp's server logger, but a request it could not parse (a header with a control
+    character, a line over 8 KB: an `HttpProcessingError`) is one line naming the sender
+    and the error's kind, never the bytes sent. aiohttp logs each at ERROR with a traceback
+    quoting the offending line, which may hold the key (redact.py masks it too): a client's
+    error, and a hostile client could fill the log with them."""
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if not isinstance(exc, HttpProcessingError):
+            super().log(level, msg, *args, **kwargs)
+            return
+        # The kind is the message's text before its first colon, where the quoted bytes begin.
+        kind = str(exc.message).split("\n", 1)[0].split(":", 1)[0][:80]
+        sender = args[0] if args else "?"
+        line = "bad HTTP request from %s: %s (%s, %d)"
+        self.logger.log(min(level, logging.INFO), line, sender, kind, type(exc).__name__, exc.code)
+
+
+BAD_REQUEST_LOG = _BadRequestLog(logging.getLogger("aiohttp.server"), {})
 
 
 class HttpFrontend:
@@ -96,7 +119,9 @@ class HttpFrontend:
         if c.tls_cert and c.tls_key:
             context = ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca)
         # handler_cancellation: a disconnected client cancels its handler (and the worker call).
-        runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(
+            self.build_app(), handler_cancellation=True, access_log=None, logger=BAD_REQUEST_LOG
+        )
         await runner.setup()
         # reuse_port: router replicas on one machine share the port (the kernel spreads
         # connections over them), as their gRPC servers do (gRPC sets SO_REUSEPORT itself).

@@ -33,6 +33,7 @@ TOKEN_FIELDS = ("prompt", "input", "input_ids", "tokens")
 # Those that are prompts, each held to the model's context (`tokens`: /detokenize's ids).
 _PROMPT_TOKEN_FIELDS = ("prompt", "input", "input_ids")
 MAX_JSON_DEPTH = 200
+MAX_REQUEST_ID = 256  # characters of a client's request id (gRPC request_id, /generate rid)
 # Bodies up to this size are parsed on the event loop (a thread costs more than they do).
 _INLINE_JSON_BYTES = 64 * 1024
 

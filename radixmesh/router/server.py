@@ -6,8 +6,9 @@ loads the tokenizer that worker names, then turns SERVING. SIGTERM / SIGINT drai
 NOT_SERVING, the gRPC port closed to new calls (clients fail over to another router), new
 HTTP requests 503, those in flight get `drain_timeout` seconds, then the rest end with
 UNAVAILABLE (an SSE stream: an error event, then [DONE]).
-API keys (`api_keys`; `admin_keys` for FlushCache, ClusterStatus and aborting any request)
-and TLS (`tls_cert` / `tls_key`) apply to the gRPC and HTTP ports.
+API keys (`api_keys`; `admin_keys` for FlushCache, ClusterStatus and aborting any request:
+auth.Roles) and TLS (`tls_cert` / `tls_key`) apply to the gRPC and HTTP ports. Every log
+line is redacted (redact.py): no key, the router's own or a client's, is ever written out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from radixmesh import redact
 from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.grpc_server import (
     PENDING_CALL_OPTIONS,
@@ -59,6 +61,12 @@ async def serve(
     """Serve until SIGTERM / SIGINT, or until `stop` is set when the caller owns it (off
     the main thread, e.g. in a Ray actor, where signal handlers cannot be installed).
     `pool`: the caller's (e.g. with address resolvers); default one from `config`."""
+    redact.install(secrets_of(config))  # before anything can log a request
+    if config.api_keys and not config.admin_keys:
+        logger.info(
+            "no admin key: every API key may see the workers and flush their caches "
+            "(--admin-key keeps that to its holders); no key reaches another's requests"
+        )
     pool = pool if pool is not None else WorkerPool(config)
     discovery = None
     if names := dns_names(config):
@@ -103,6 +111,12 @@ async def serve(
         await discovery.close()
     await pool.close()
     return 0
+
+
+def secrets_of(config: RouterConfig) -> tuple[str, ...]:
+    """The keys the router's log lines must never show (redact.py)."""
+    worker_key = (config.worker_api_key,) if config.worker_api_key else ()
+    return (*config.api_keys, *config.admin_keys, *worker_key)
 
 
 # Seconds the streams stopped at the end of a drain get to send their error (an SSE error

@@ -17,12 +17,13 @@ from contextlib import aclosing
 
 import grpc
 
-from radixmesh.auth import ADMIN_MESSAGE, bearer_allowed
+from radixmesh.auth import ADMIN_MESSAGE
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError, Unavailable
 from radixmesh.grpc_server import abort_rpc
 from radixmesh.router.control import ControlPlane
-from radixmesh.router.dispatch import MAX_REQUEST_ID, Dispatcher
+from radixmesh.router.dispatch import Dispatcher
+from radixmesh.router.limits import MAX_REQUEST_ID
 from radixmesh.router.programs import program_hint
 from radixmesh.router.rpc import authorization, caller_of_call, fail, unary
 from radixmesh.v1 import router_pb2, router_pb2_grpc
@@ -107,15 +108,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self, request: router_pb2.RouterAbortRequest, context: grpc.aio.ServicerContext
     ) -> router_pb2.RouterAbortResponse:
         async def run() -> router_pb2.RouterAbortResponse:
-            me, admin = caller_of_call(context), self._admin(context)
-            found = await self.dispatch.abort(request.request_id, me, admin)
+            me = caller_of_call(context)
+            anyone = self.config.roles.reaches_all(authorization(context))
+            found = await self.dispatch.abort(request.request_id, me, anyone)
             return router_pb2.RouterAbortResponse(found=found)
 
         return await unary(context, run)
 
     def _admin(self, context: grpc.aio.ServicerContext) -> bool:
-        keys = self.config.admin_keys
-        return not keys or bearer_allowed(authorization(context), keys)
+        return self.config.roles.admin(authorization(context))
 
     async def _require_admin(self, context: grpc.aio.ServicerContext) -> None:
         if not self._admin(context):

@@ -3,11 +3,13 @@
 `POST /generate` (text or input_ids, one prompt or a batch, SGLang's `sampling_params`,
 streaming as SGLang's SSE events with the text so far), `GET /get_model_info` and
 `/model_info`, `GET /get_server_info` and `/server_info` (with the router's gRPC port, so a
-client given this URL can speak gRPC), `GET|POST /flush_cache` (every worker),
-`GET /health_generate` (one token through the router), `POST /concate_and_append_request`
-(acknowledged: see `concate_and_append`). Generation runs through the same
-`route_and_stream` as every other front end; parsing and reply shapes are
-sglang_protocol.py's. Errors: the HTTP frontend's `{"error": {...}}` with status 400 / 503.
+client given this URL can speak gRPC; the workers only for an admin), `GET|POST
+/flush_cache` (every worker; an admin's), `POST /abort_request` (the caller's own request,
+or an admin's reach: auth.Roles), `GET /health_generate` (one token through the router),
+`POST /concate_and_append_request` (acknowledged: see `concate_and_append`). Generation
+runs through the same `route_and_stream` as every other front end; parsing and reply
+shapes are sglang_protocol.py's. Errors: the HTTP frontend's `{"error": {...}}` with
+status 400 / 503.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import grpc
 from aiohttp import web
 
 import radixmesh
-from radixmesh.auth import ADMIN_MESSAGE, bearer_allowed, caller_of
+from radixmesh.auth import ADMIN_MESSAGE, caller_of
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError
 from radixmesh.router.api_error import ApiError, read_json, retry_after_header
+from radixmesh.router.limits import MAX_REQUEST_ID
 from radixmesh.router.liveness import UNAVAILABLE_RETRY_AFTER
 from radixmesh.router.sglang_protocol import (
     GenerateRequest,
@@ -55,6 +58,7 @@ class SglangApi:
             app.router.add_get(path, self.server_info)
         app.router.add_route("GET", "/flush_cache", self.flush_cache)
         app.router.add_route("POST", "/flush_cache", self.flush_cache)
+        app.router.add_post("/abort_request", self.abort_request)
         app.router.add_get("/health_generate", self.health_generate)
         app.router.add_post("/concate_and_append_request", self.concate_and_append)
 
@@ -77,8 +81,13 @@ class SglangApi:
         )
 
     async def server_info(self, request: web.Request) -> web.Response:
+        """The model, the policy, the version and the gRPC port for every caller (SGLang's
+        client reads `grpc_port`); the workers' addresses, health and load
+        (`internal_states`) only for an admin, as ClusterStatus: for anyone else an empty
+        list, so that clients indexing it get nothing rather than a missing key."""
         info = self.frontend.ready()[1]
         config = self.frontend.config
+        admin = config.roles.admin(request.headers.get("Authorization"))
         workers = [
             {
                 "worker_id": w.worker_id,
@@ -90,6 +99,7 @@ class SglangApi:
                 "kv_tokens_total": w.load.kv_tokens_total,
             }
             for w in self.frontend.control.pool.workers.values()
+            if admin
         ]
         return web.json_response(
             {
@@ -105,14 +115,29 @@ class SglangApi:
         )
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        admin_keys = self.frontend.config.admin_keys
-        if admin_keys and not bearer_allowed(request.headers.get("Authorization"), admin_keys):
+        if not self.frontend.config.roles.admin(request.headers.get("Authorization")):
             raise PermissionDenied(ADMIN_MESSAGE)
         flushed, total = await self.frontend.control.flush_all()
         if flushed == total:
             return web.Response(text=f"Cache flushed on {total} workers.\n")
         text = f"{total - flushed} of {total} workers did not flush (busy or unreachable).\n"
         return web.Response(text=text, status=400)
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        """SGLang's abort: `{"rid": id}` or `{"abort_all": true}`. A caller reaches only its
+        own requests unless auth.Roles lets it reach all (the router's Abort RPC's rule).
+        Replies `{"aborted": n}`, the requests the workers found and ended (0: none of the
+        caller's has that id now); SGLang answers an empty 200."""
+        body = await read_json(request, self.frontend.config.limits)
+        rid, abort_all = parse_abort(body)
+        authorization = request.headers.get("Authorization")
+        me, anyone = caller_of(authorization), self.frontend.config.roles.reaches_all(authorization)
+        dispatch = self.frontend.dispatch
+        if abort_all:
+            aborted = await dispatch.abort_all(me, anyone)
+        else:
+            aborted = int(await dispatch.abort(rid, me, anyone))
+        return web.json_response({"aborted": aborted})
 
     async def concate_and_append(self, request: web.Request) -> web.Response:
         """SGLang's client calls this when a join concatenates branches (its parallel
@@ -204,6 +229,28 @@ class SglangApi:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+# What SGLang's AbortReq carries besides the request: its reason, which the router does not
+# pass on (an abort ends with the worker's own reason).
+_ABORT_IGNORED = frozenset({"finished_reason", "abort_message"})
+
+
+def parse_abort(body: Any) -> tuple[str, bool]:
+    """(rid, abort_all) of an `/abort_request` body: exactly one of them."""
+    if not isinstance(body, dict):
+        raise InvalidArgument("body", "the request body must be a JSON object")
+    for name in body:
+        if name not in ("rid", "abort_all") and name not in _ABORT_IGNORED:
+            raise InvalidArgument(str(name)[:64], "unknown field (give rid or abort_all)")
+    rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
+    if not isinstance(abort_all, bool):
+        raise InvalidArgument("abort_all", f"expected true or false, got {abort_all!r:.64}")
+    if not isinstance(rid, str) or len(rid) > MAX_REQUEST_ID:
+        raise InvalidArgument("rid", f"expected a string of at most {MAX_REQUEST_ID} characters")
+    if bool(rid) == abort_all:
+        raise InvalidArgument("rid", "give a request id or abort_all: true (one of them)")
+    return rid, abort_all
 
 
 def api_error(e: BaseException) -> ApiError:

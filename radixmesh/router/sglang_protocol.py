@@ -20,7 +20,7 @@ from typing import Any
 
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument
-from radixmesh.router.limits import check_prompt_fits, encode_within
+from radixmesh.router.limits import MAX_REQUEST_ID, check_prompt_fits, encode_within
 from radixmesh.router.programs import ProgramHint, program_hint
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
@@ -268,6 +268,8 @@ def _rids(raw: Any, count: int) -> list[str] | None:
     rids = raw if isinstance(raw, list) else [raw]
     if len(rids) != count or not all(isinstance(r, str) and r for r in rids):
         raise InvalidArgument("rid", f"give one non-empty request id per output ({count})")
+    if any(len(r) > MAX_REQUEST_ID for r in rids):  # as gRPC's request_id
+        raise InvalidArgument("rid", f"at most {MAX_REQUEST_ID} characters")
     return list(rids)
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from radixmesh import redact
 from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.errors import (
     Internal,
@@ -479,6 +480,7 @@ def served_model_name(engine_options: dict[str, Any]) -> str:
 
 async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     """Run a worker until SIGTERM / SIGINT, then drain. Returns the exit status."""
+    redact.install([config.api_key] if config.api_key else [])  # no key in a log line
     loop = asyncio.get_running_loop()
     interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
     if config.api_key:

@@ -18,7 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from radixmesh.auth import bearer_allowed
+from radixmesh.auth import Roles, bearer_allowed
 from radixmesh.client import Client
 from radixmesh.cluster.cli import build_parser, router_api_keys
 from radixmesh.cluster.launch import LocalCluster, free_port
@@ -42,6 +42,23 @@ def test_bearer_allowed() -> None:
     assert not bearer_allowed("Bearer key-gamma", KEYS)
     assert not bearer_allowed("key-alpha", KEYS)  # no scheme
     assert not bearer_allowed(None, KEYS)
+    assert bearer_allowed("Bearer key-beta \t", KEYS)  # HTTP's optional whitespace
+    for end in ("\x0b", "\r", "\x0c", "\x00"):  # gRPC passes these on: another token
+        assert not bearer_allowed(f"Bearer key-beta{end}", KEYS)
+
+
+def test_roles() -> None:
+    alpha, admin, other = "Bearer key-alpha", f"Bearer {ADMIN}", "Bearer anything"
+    with_admins = Roles(KEYS, (ADMIN,))
+    assert (with_admins.admin(alpha), with_admins.reaches_all(alpha)) == (False, False)
+    assert (with_admins.admin(admin), with_admins.reaches_all(admin)) == (True, True)
+    api_only = Roles(KEYS)  # the default: API keys see the cluster, reach only their own
+    assert (api_only.admin(alpha), api_only.reaches_all(alpha)) == (True, False)
+    open_cluster = Roles()  # no identities: everybody reaches everything
+    assert (open_cluster.admin(other), open_cluster.reaches_all(None)) == (True, True)
+    open_with_admins = Roles((), (ADMIN,))
+    assert (open_with_admins.admin(other), open_with_admins.reaches_all(other)) == (False, False)
+    assert "key-alpha" not in repr(with_admins) and ADMIN not in repr(with_admins)
 
 
 def test_config_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,6 +294,7 @@ _HTTP = [  # (method, path, body, admin only)
     ("GET", "/get_server_info", None, False),
     ("GET", "/health_generate", None, False),
     ("POST", "/flush_cache", None, True),
+    ("POST", "/abort_request", {"rid": "x"}, False),
 ]  # fmt: skip
 
 
@@ -327,6 +345,21 @@ def test_http_endpoints_by_key(secure: SecureCluster, key: str) -> None:
 
 
 @pytest.mark.slow
+def test_server_info_names_the_workers_to_admins_only(secure: SecureCluster) -> None:
+    user = Http(secure.http_port, context=secure.ssl, api_key="key-beta").get("/get_server_info")
+    admin = Http(secure.http_port, context=secure.ssl, api_key=ADMIN).get("/server_info")
+    assert user.status_code == admin.status_code == 200
+    assert user.json()["internal_states"] == []  # as ClusterStatus: PERMISSION_DENIED
+    assert [w["worker_id"] for w in admin.json()["internal_states"]] == ["worker-0"]
+    assert admin.json()["internal_states"][0]["address"] == secure.cluster.worker_addresses[0]
+    # The rest is everybody's: SGLang's client reads the gRPC port from here.
+    shared = {k: v for k, v in admin.json().items() if k != "internal_states"}
+    assert {k: v for k, v in user.json().items() if k != "internal_states"} == shared
+    assert shared["grpc_port"] == int(secure.address.rsplit(":", 1)[1])
+    assert shared["model_path"] == "dummy:tiny"
+
+
+@pytest.mark.slow
 def test_request_ids_are_scoped_to_their_caller(secure: SecureCluster) -> None:
     params = {"max_new_tokens": 2000, "ignore_eos": True}
     with (
@@ -342,6 +375,8 @@ def test_request_ids_are_scoped_to_their_caller(secure: SecureCluster) -> None:
         assert beta.abort("shared-id") is True  # its own
         assert list(theirs)[-1].finish_reason == "abort"
         assert beta.abort("shared-id") is False  # alpha's stays out of reach
+        beta_http = Http(secure.http_port, context=secure.ssl, api_key="key-beta")
+        assert beta_http.post("/abort_request", {"rid": "shared-id"}).json() == {"aborted": 0}
         assert admin.abort("shared-id") is True  # an admin reaches anyone's
         assert list(mine)[-1].finish_reason == "abort"
 
