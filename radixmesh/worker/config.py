@@ -264,12 +264,19 @@ class GrammarConfig:
     grammar_compile_processes: int = 2
     grammar_compile_timeout: float = 10.0
     grammar_compile_memory_bytes: int = 1 << 30
+    # Compiles estimated costly (worker/constrained/cost.py) run on all but one of the
+    # processes, and at most this many run or wait; one more is refused with
+    # RESOURCE_EXHAUSTED (overloaded, retry after the compile timeout).
+    grammar_max_costly_compiles: int = 4
     # Bounds checked before a compile (InvalidArgument past one): a constraint's UTF-8
     # bytes, its nesting (JSON containers, regex / EBNF groups), its repetition counts
     # (`{n,m}`, a schema's min/max length, items, properties).
     grammar_max_bytes: int = 128 * 1024
     grammar_max_depth: int = 128
     grammar_max_repetition: int = 10_000
+    # A compiled grammar's serialized size, estimated before the compile (numeric ranges,
+    # unrolled items: InvalidArgument at once) and measured before it is serialized.
+    grammar_max_compiled_bytes: int = 32 << 20
     # Build the backend (xgrammar's tokenizer info, ~0.5 s on CPU) on a background thread
     # at engine start, so the first constrained request does not wait for it. While it
     # builds it shares the GIL with the first requests; False builds it on first use.
@@ -287,9 +294,11 @@ class GrammarConfig:
             raise InvalidArgument("grammar_compile_processes", "must be >= 0")
         for name in (
             "grammar_compile_memory_bytes",
+            "grammar_max_costly_compiles",
             "grammar_max_bytes",
             "grammar_max_depth",
             "grammar_max_repetition",
+            "grammar_max_compiled_bytes",
         ):
             if getattr(self, name) < 1:
                 raise InvalidArgument(name, f"must be >= 1, got {getattr(self, name)}")
@@ -297,7 +306,10 @@ class GrammarConfig:
     @property
     def limits(self) -> ConstraintLimits:
         return ConstraintLimits(
-            self.grammar_max_bytes, self.grammar_max_depth, self.grammar_max_repetition
+            self.grammar_max_bytes,
+            self.grammar_max_depth,
+            self.grammar_max_repetition,
+            self.grammar_max_compiled_bytes,
         )
 
 

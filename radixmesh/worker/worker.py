@@ -266,6 +266,7 @@ class Worker:
             compile_timeout=gc.grammar_compile_timeout,
             compile_processes=gc.grammar_compile_processes,
             compile_memory_bytes=gc.grammar_compile_memory_bytes,
+            max_costly_compiles=gc.grammar_max_costly_compiles,
             limits=gc.limits,
         )
         self.graph_memory_bytes = 0  # device memory the CUDA graphs took (measured)

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from radixmesh.worker.constrained.cost import CompileCost, estimate
 from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError
 
-Submit = Callable[[str, str], "Future[str | bytes]"]
+Submit = Callable[[str, str, int], "Future[str | bytes]"]
 _Key = tuple[str, str, str, str]
 
 
@@ -36,8 +37,9 @@ class CompileCache:
         max_entries: int = 1024,
         max_bytes: int = 256 * 1024 * 1024,
     ) -> None:
-        """`submit(kind, text)`: compile elsewhere and return the serialized grammar
-        (compile_pool.CompilePool.submit); None: `backend.compile` on a thread here."""
+        """`submit(kind, text, weight)`: compile elsewhere and return the serialized
+        grammar (compile_pool.CompilePool.submit); None: `backend.compile` on a thread
+        here."""
         self.backend = backend
         self.tokenizer_key = tokenizer_key
         self.max_entries = max_entries
@@ -52,7 +54,10 @@ class CompileCache:
         self.hits = 0
         self.misses = 0
 
-    def get(self, kind: str, text: str) -> Future[Any]:
+    def get(self, kind: str, text: str, cost: CompileCost | None = None) -> Future[Any]:
+        """`cost`: the constraint's estimated cost (limits.py's check), which orders the
+        compile queue; None: estimated here if it has to compile. Raises what `submit`
+        raises (Overloaded), and then caches nothing."""
         key = (self.backend.name, self.tokenizer_key, kind, text)
         with self._lock:
             fut = self._futures.get(key)
@@ -60,17 +65,17 @@ class CompileCache:
                 self._futures.move_to_end(key)
                 self.hits += 1
                 return fut
+            fut = self._start(key, kind, text, cost)
             self.misses += 1
-            fut = self._start(key, kind, text)
             self._futures[key] = fut
             self._evict()
             return fut
 
-    def _start(self, key: _Key, kind: str, text: str) -> Future[Any]:
+    def _start(self, key: _Key, kind: str, text: str, cost: CompileCost | None) -> Future[Any]:
         if self._submit is None:
             return self._pool.submit(self.backend.compile, kind, text)
         out: Future[Any] = Future()
-        remote = self._submit(kind, text)
+        remote = self._submit(kind, text, (cost or estimate(kind, text)).weight)
         remote.add_done_callback(lambda f: self._load_later(key, f, out))
         return out
 

@@ -13,7 +13,21 @@ stopped and it shares the engine's memory, so compiles run in `pebble` process p
   (RLIMIT_AS): an allocation past it fails inside the compiler (MemoryError) or ends the
   process, never the worker;
 - the processes run at a lower priority (nice +10) than the engine: a compile takes
-  the CPU that serving leaves.
+  the CPU that serving leaves;
+- a compiled grammar is sent back only when its serialized form stays under
+  `max_compiled_bytes` (measured in the process before serializing: cost.py says why
+  the serialized form is what grows).
+
+Compiles wait in this pool's own queue, not first come first served: the engine has no
+caller identity to be fair between (the router keeps it), so the queue is ordered by each
+compile's estimated cost (cost.py). Small compiles (most: a regex, a schema of a few
+fields) go first, in arrival order. Costly ones (estimated weight >= COSTLY_WEIGHT) go
+in order of cost, at most `processes - 1` of them at once, so one process is always left
+for small compiles: a small compile waits for other small compiles, never for a bomb.
+At most `max_costly` costly compiles are running or waiting; one more is refused with
+`Overloaded` (RESOURCE_EXHAUSTED, retry after the compile timeout), which the router
+takes as a cue to try another worker. A costly compile goes before waiting small ones
+when its lane is free, so a stream of small compiles cannot starve it either.
 
 A process compiles with a `GrammarCompiler` that a backend describes by a picklable
 `CompilerSpec`, and sends back the compiled grammar serialized (xgrammar's JSON, a pickled
@@ -23,17 +37,22 @@ failure reaches the caller as a `GrammarError` whose message says what happened.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import multiprocessing
 import os
 import resource
 import signal
 import threading
+from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from radixmesh.errors import Overloaded
+from radixmesh.worker.constrained.cost import COSTLY_WEIGHT
 from radixmesh.worker.constrained.grammar import (
     CompilerSpec,
     CompileStopped,
@@ -59,10 +78,30 @@ class CompileLimits:
     memory_bytes: int  # address space a process may grow by while compiling
     processes: int = 2
     cpu_seconds: int | None = None  # CPU time of one compile; None: the timeout's, + 1 s
+    max_compiled_bytes: int = 32 << 20  # a compiled grammar's serialized size
+    max_costly: int = 4  # costly compiles running or waiting; one more: Overloaded
 
     @property
     def cpu_limit(self) -> int:
         return self.cpu_seconds or math.ceil(self.timeout) + 1
+
+    @property
+    def costly_lanes(self) -> int:
+        """Processes costly compiles may hold at once: all but one (one process: it)."""
+        return max(1, self.processes - 1)
+
+
+@dataclass(order=True)
+class _Job:
+    weight: int
+    seq: int
+    kind: str = field(compare=False)
+    text: str = field(compare=False)
+    out: Future[str | bytes] = field(compare=False)
+
+    @property
+    def costly(self) -> bool:
+        return self.weight >= COSTLY_WEIGHT
 
 
 class CompilePool:
@@ -72,46 +111,110 @@ class CompilePool:
         self.spec = spec
         self.limits = limits
         self._pool: ProcessPool | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the process pool
+        self._queue_lock = threading.Lock()  # the queue and the counts below
+        self._small: deque[_Job] = deque()
+        self._costly: list[_Job] = []  # a heap: cheapest first
+        self._seq = itertools.count()
+        self._running = 0
+        self._running_costly = 0
         self.stopped = 0  # compiles a limit stopped (time, CPU, memory) or a broken pool failed
 
     def start(self) -> None:
         self._running_pool()
 
-    def submit(self, kind: str, text: str) -> Future[str | bytes]:
+    def submit(self, kind: str, text: str, weight: int = 0) -> Future[str | bytes]:
         """The serialized grammar, or a GrammarError saying why there is none
-        (CompileStopped: a limit stopped the compile)."""
-        out: Future[str | bytes] = Future()
-        try:
-            running = self._running_pool().schedule(
-                _compile, (kind, text, self.limits.cpu_limit), timeout=self.limits.timeout
-            )
-        except RuntimeError as e:  # the pool broke just now: the next submit replaces it
-            out.set_exception(CompileStopped(f"could not be compiled: {e}"))
-            return out
-        running.add_done_callback(lambda f: self._settle(f, out))
-        return out
+        (CompileStopped: a limit stopped the compile). `weight`: its estimated cost
+        (cost.CompileCost.weight). Raises Overloaded when it is costly and
+        `limits.max_costly` costly compiles are already running or waiting."""
+        job = _Job(weight, next(self._seq), kind, text, Future())
+        with self._queue_lock:
+            if job.costly:
+                costly = self._running_costly + len(self._costly)
+                if costly >= self.limits.max_costly:
+                    raise Overloaded(
+                        f"{costly} costly grammar compiles are running or waiting on this "
+                        f"worker (at most {self.limits.max_costly})",
+                        retry_after=self.limits.timeout,
+                    )
+                heapq.heappush(self._costly, job)
+            else:
+                self._small.append(job)
+        self._dispatch()
+        return job.out
 
-    def _settle(self, done: Future[Any], out: Future[str | bytes]) -> None:
+    def _dispatch(self) -> None:
+        """Start waiting compiles while a process is free for them (see the module doc)."""
+        while True:
+            with self._queue_lock:
+                job = self._next()
+                if job is None:
+                    return
+                self._running += 1
+                self._running_costly += job.costly
+            self._run(job)
+
+    def _next(self) -> _Job | None:
+        if self._running >= self.limits.processes:
+            return None
+        if self._costly and self._running_costly < self.limits.costly_lanes:
+            return heapq.heappop(self._costly)
+        return self._small.popleft() if self._small else None
+
+    def _run(self, job: _Job) -> None:
+        args = (job.kind, job.text, self.limits.cpu_limit, self.limits.max_compiled_bytes)
+        try:
+            running = self._running_pool().schedule(_compile, args, timeout=self.limits.timeout)
+        except CompileStopped as e:
+            self._finish(job, e)
+            return
+        except Exception as e:  # a broken pool: the next run replaces it
+            self._finish(job, CompileStopped(f"could not be compiled: {e}"))
+            return
+        running.add_done_callback(lambda f: self._settle(f, job))
+
+    def _finish(self, job: _Job, error: BaseException | None, result: Any = None) -> None:
+        with self._queue_lock:
+            self._running -= 1
+            self._running_costly -= job.costly
+        if error is None:
+            job.out.set_result(result)
+        else:
+            job.out.set_exception(error)
+        self._dispatch()
+
+    def _settle(self, done: Future[Any], job: _Job) -> None:
         from pebble import ProcessExpired
 
         try:
-            out.set_result(done.result())
-            return
+            result = done.result()
         except GrammarError as e:
-            out.set_exception(e)
+            self._finish(job, e)
             return
         except FutureTimeout:
             why = f"did not compile within {self.limits.timeout:g} s (the compile was stopped)"
         except MemoryError:
-            why = f"needed more than {self.limits.memory_bytes >> 20} MiB to compile"
+            why = self._memory_why()
         except ProcessExpired as e:
             reason = _EXIT_REASONS.get(e.exitcode, f"exit status {e.exitcode}")
             why = f"stopped the compiler process: {reason}"
         except Exception as e:  # a broken pool: the next submit starts a new one
-            why = f"could not be compiled: {type(e).__name__}: {e}"
+            # Native code out of memory: C++'s std::bad_alloc reaches Python as RuntimeError.
+            bad_alloc = "bad_alloc" in str(e)
+            why = (
+                self._memory_why()
+                if bad_alloc
+                else f"could not be compiled: {type(e).__name__}: {e}"
+            )
+        else:
+            self._finish(job, None, result)
+            return
         self.stopped += 1
-        out.set_exception(CompileStopped(why))
+        self._finish(job, CompileStopped(why))
+
+    def _memory_why(self) -> str:
+        return f"needed more than {self.limits.memory_bytes >> 20} MiB to compile"
 
     def _running_pool(self) -> ProcessPool:
         from pebble import ProcessPool  # imported when the first compile starts the pool
@@ -138,6 +241,12 @@ class CompilePool:
             return pool
 
     def shutdown(self) -> None:
+        with self._queue_lock:
+            waiting = [*self._small, *self._costly]
+            self._small.clear()
+            self._costly.clear()
+        for job in waiting:
+            job.out.set_exception(GrammarError("the worker is shutting down"))
         with self._lock:
             if self._pool is not None:
                 self._pool.stop()
@@ -162,12 +271,12 @@ def _init(spec: CompilerSpec, memory_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
-def _compile(kind: str, text: str, cpu_seconds: int) -> str | bytes:
+def _compile(kind: str, text: str, cpu_seconds: int, max_bytes: int) -> str | bytes:
     assert _compiler is not None, "the pool process was not initialized"
     usage = resource.getrusage(resource.RUSAGE_SELF)
     soft = math.ceil(usage.ru_utime + usage.ru_stime) + cpu_seconds
     resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.getrlimit(resource.RLIMIT_CPU)[1]))
-    return _compiler.compile_serialized(kind, text)
+    return _compiler.compile_serialized(kind, text, max_bytes)
 
 
 def _address_space_bytes() -> int:

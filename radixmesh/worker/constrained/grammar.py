@@ -33,9 +33,10 @@ class CompileStopped(GrammarError):
 
 
 class GrammarCompiler(Protocol):
-    """A backend's compiler in a pool process: the compiled grammar, serialized."""
+    """A backend's compiler in a pool process: the compiled grammar, serialized, or
+    CompileStopped when that would be more than `max_bytes`."""
 
-    def compile_serialized(self, kind: str, text: str) -> str | bytes: ...
+    def compile_serialized(self, kind: str, text: str, max_bytes: int) -> str | bytes: ...
 
 
 @dataclass(frozen=True)

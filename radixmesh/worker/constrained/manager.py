@@ -34,11 +34,12 @@ from typing import Any, Protocol
 
 import torch
 
-from radixmesh.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument, Overloaded
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.constrained.bitmask import allocate_bitmask
 from radixmesh.worker.constrained.compile_cache import CompileCache
 from radixmesh.worker.constrained.compile_pool import CompileLimits, CompilePool
+from radixmesh.worker.constrained.cost import CompileCost
 from radixmesh.worker.constrained.grammar import (
     CompileStopped,
     GrammarBackend,
@@ -101,6 +102,7 @@ class GrammarManager:
         compile_timeout: float = 30.0,
         compile_processes: int = 2,
         compile_memory_bytes: int = 1 << 30,
+        max_costly_compiles: int = 4,
         limits: ConstraintLimits | None = None,
     ) -> None:
         """`compile_processes` = 0 compiles on a thread in this process (no time or memory
@@ -110,10 +112,14 @@ class GrammarManager:
         self.stop_token_ids = sorted(stop_token_ids)
         self.backend_name = backend
         self.jump_forward = jump_forward  # the ablation switch; may be flipped at runtime
-        self.compile_limits = CompileLimits(
-            compile_timeout, compile_memory_bytes, compile_processes
-        )
         self.limits = limits or ConstraintLimits()
+        self.compile_limits = CompileLimits(
+            compile_timeout,
+            compile_memory_bytes,
+            compile_processes,
+            max_compiled_bytes=self.limits.max_compiled_bytes,
+            max_costly=max_costly_compiles,
+        )
         self._pool: CompilePool | None = None
         self._cache: CompileCache | None = None
         self._build: Future[CompileCache] | None = None  # the backend build, once started
@@ -173,28 +179,31 @@ class GrammarManager:
         self._cache = CompileCache(backend, vocab.name, submit=submit)
         return self._cache
 
-    def compile(self, kind: str, text: str) -> Future[Any]:
-        return self.cache.get(kind, text)
+    def compile(self, kind: str, text: str, cost: CompileCost | None = None) -> Future[Any]:
+        return self.cache.get(kind, text, cost)
 
-    def check(self, params: SamplingParams) -> None:
-        """The constraint against the limits, at once; InvalidArgument naming the field."""
+    def check(self, params: SamplingParams) -> CompileCost | None:
+        """The constraint against the limits, at once; InvalidArgument naming the field.
+        Returns its estimated compile cost (None without a constraint)."""
         constraint = params.constraint
         if constraint is None:
-            return
+            return None
         kind, text = constraint
-        self.limits.check(kind, text)
+        return self.limits.check(kind, text)
 
     def prepare(self, params: SamplingParams) -> Future[None] | None:
         """Check and start compiling the constraint (None without one): the future settles
-        when it compiled, or with an InvalidArgument naming the field."""
-        self.check(params)
+        when it compiled, or with an InvalidArgument naming the field. Raises Overloaded
+        when it is costly and the compile pool has as many costly compiles as it takes
+        (compile_pool.py): the router tries another worker."""
+        cost = self.check(params)
         constraint = params.constraint
         if constraint is None:
             return None
         kind, text = constraint
         done: Future[None] = Future()
         try:
-            compiling = self.compile(kind, text)
+            compiling = self.compile(kind, text, cost)
         except GrammarError as e:  # no usable tokenizer
             done.set_exception(_invalid(kind, e))
             return done
@@ -229,6 +238,9 @@ class GrammarManager:
         except GrammarError as e:  # no usable tokenizer
             future = Future()
             future.set_exception(e)
+        except Overloaded as e:  # dropped from the cache since prepare, and the pool is full
+            future = Future()
+            future.set_exception(CompileStopped(f"was not compiled: {e}"))
         req.grammar = RequestGrammar(kind, future)
         self.stats.requests += 1
 

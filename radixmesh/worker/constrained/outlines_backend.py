@@ -17,6 +17,7 @@ import torch
 
 from radixmesh.worker.constrained.grammar import (
     CompilerSpec,
+    CompileStopped,
     GrammarBackend,
     GrammarError,
     Matcher,
@@ -121,8 +122,13 @@ class OutlinesCompiler:
         except (ValueError, RuntimeError, TypeError) as e:
             raise GrammarError(str(e)) from None
 
-    def compile_serialized(self, kind: str, text: str) -> bytes:
-        return pickle.dumps(self.compile(kind, text))
+    def compile_serialized(self, kind: str, text: str, max_bytes: int) -> bytes:
+        data = pickle.dumps(self.compile(kind, text))
+        if len(data) > max_bytes:  # an index pickles in linear time: measured after
+            raise CompileStopped(
+                f"compiled to {len(data) >> 20} MiB; at most {max_bytes >> 20} MiB are allowed"
+            )
+        return data
 
 
 def _common_prefix(items: list[bytes]) -> bytes:

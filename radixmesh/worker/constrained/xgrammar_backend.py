@@ -26,6 +26,7 @@ import xgrammar as xgr
 
 from radixmesh.worker.constrained.grammar import (
     CompilerSpec,
+    CompileStopped,
     GrammarBackend,
     GrammarError,
     Matcher,
@@ -192,11 +193,27 @@ class XGrammarCompiler:
             if kind == "structural_tag":
                 return self._compiler.compile_grammar(xgr.Grammar.from_structural_tag(text))
         except (RuntimeError, ValueError) as e:
+            if "bad_alloc" in str(e):  # out of memory, not a bad constraint
+                raise MemoryError(str(e)) from None
             raise GrammarError(_clean(str(e))) from None
         raise GrammarError(f"unknown constraint kind {kind!r}")
 
-    def compile_serialized(self, kind: str, text: str) -> str:
-        return str(self.compile(kind, text).serialize_json())
+    def compile_serialized(self, kind: str, text: str, max_bytes: int) -> str:
+        """The compiled grammar as xgrammar's JSON, when that is estimated at most
+        `max_bytes`: the JSON writes every rule's automaton with a copy of the complete
+        automaton (cost.py), so it weighs about rules x the grammar's text (measured
+        0.8-4x that), and serializing a 200-rule schema's can take seconds and gigabytes.
+        The estimate is measured here, after the compile and before serializing."""
+        compiled = self.compile(kind, text)
+        grammar = str(compiled.grammar)  # one line per rule; ~ms
+        rules = grammar.count("\n")
+        estimate = rules * len(grammar)
+        if estimate > max_bytes:
+            raise CompileStopped(
+                f"compiled to a grammar of {rules} rules that would serialize to about "
+                f"{estimate >> 20} MiB; at most {max_bytes >> 20} MiB are allowed"
+            )
+        return str(compiled.serialize_json())
 
 
 # xgrammar 0.2.9 writes the characters of a length-bounded JSON string (minLength /

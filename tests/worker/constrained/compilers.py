@@ -13,7 +13,7 @@ class Misbehaving:
     argument, fail with it as the message, sleep or spin that many seconds, allocate that
     many bytes."""
 
-    def compile_serialized(self, kind: str, text: str) -> str:
+    def compile_serialized(self, kind: str, text: str, max_bytes: int) -> str:
         action, _, arg = text.partition(":")
         if action == "echo":
             return arg

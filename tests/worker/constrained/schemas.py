@@ -207,3 +207,24 @@ def schema_requests(tokenizer: Any, names: list[str]) -> tuple[list[str], list[d
         for n in names
     ]
     return prompts, params
+
+
+def integer_ranges(n: int, salt: int = 0) -> str:
+    """n properties, each an integer between two 9-digit bounds."""
+    props = {
+        f"field_{i:03}": {
+            "type": "integer",
+            "minimum": -123456789 - i - salt,
+            "maximum": 987654321 + i + salt,
+        }
+        for i in range(n)
+    }
+    return json.dumps({"type": "object", "properties": props})
+
+
+def number_ranges(n: int) -> str:
+    props = {
+        f"f{i:03}": {"type": "number", "minimum": -12345.678 - i, "maximum": 98765.4321 + i}
+        for i in range(n)
+    }
+    return json.dumps({"type": "object", "properties": props})

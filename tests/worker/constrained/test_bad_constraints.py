@@ -24,6 +24,7 @@ from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.engine import Engine
 from tests.worker.conftest import assert_engine_idle_and_clean
 from tests.worker.constrained.compilers import SPEC
+from tests.worker.constrained.schemas import integer_ranges
 
 BAD = [
     ({"regex": "[0-9"}, "regex", "invalid regex: Regex parsing error at position 5: Unclosed '['"),
@@ -40,6 +41,11 @@ BAD = [
     ({"structural_tag": "{not json"}, "structural_tag", "invalid structural tag: Invalid JSON"),
     ({"choices": []}, "choices", "the choices list is empty"),
     ({"choices": ["yes", ""]}, "choices", "choices must be non-empty strings, got ''"),
+    (  # 16 KB: its grammar would serialize to hundreds of MB (refused before compiling)
+        {"json_schema": integer_ranges(200)},
+        "json_schema",
+        "the JSON schema would compile to a grammar of about ",
+    ),
 ]
 
 

@@ -1,6 +1,7 @@
 """The compile pool: compiles in other processes, stopped at their time, CPU and memory
 limits with a message that says which; the pool keeps serving after each stop and after
-a process dies on its own. One pool serves the module (its processes are forked once)."""
+a process dies on its own. Its queue: small compiles first, costly ones on all but one
+process and bounded. One pool serves the module (its processes are forked once)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, wait
+from typing import Any
 
 import pytest
 
+from radixmesh.errors import Overloaded
 from radixmesh.tokenizer import Tokenizer
 from radixmesh.worker.constrained.compile_pool import CompileLimits, CompilePool
+from radixmesh.worker.constrained.cost import COSTLY_WEIGHT
 from radixmesh.worker.constrained.grammar import CompileStopped, GrammarError
 from radixmesh.worker.constrained.registry import create_grammar_backend
 from radixmesh.worker.constrained.vocab import vocab_of
@@ -92,6 +97,52 @@ def test_a_process_that_dies_idle_is_replaced(pool: CompilePool) -> None:
         except CompileStopped:
             assert time.monotonic() < deadline
             time.sleep(0.2)
+
+
+def _record(order: list[str], label: str, f: Future[Any]) -> Future[Any]:
+    f.add_done_callback(lambda _: order.append(label))
+    return f
+
+
+def test_small_compiles_go_first_and_costly_ones_cheapest_first(pool: CompilePool) -> None:
+    order: list[str] = []
+    costly = [
+        _record(order, label, pool.submit("regex", "sleep:0.6", COSTLY_WEIGHT + extra))
+        for label, extra in (("c1", 3), ("c2", 2), ("c3", 1))
+    ]
+    t0 = time.monotonic()
+    small = _record(order, "small", pool.submit("regex", "echo:small", 0))
+    assert small.result(timeout=30) == "small"
+    took = time.monotonic() - t0
+    wait(costly, timeout=30)
+    # One process is left to small compiles: it did not wait for c1 (running), and the
+    # costly ones ran one at a time, the cheapest waiting one first.
+    assert order == ["small", "c1", "c3", "c2"]
+    assert took < 0.5, took
+
+
+def test_costly_compiles_past_the_bound_are_overloaded(pool: CompilePool) -> None:
+    running = [pool.submit("regex", "sleep:0.3", COSTLY_WEIGHT) for _ in range(4)]
+    with pytest.raises(Overloaded) as e:
+        pool.submit("regex", "echo:fifth", COSTLY_WEIGHT)
+    assert str(e.value) == (
+        "4 costly grammar compiles are running or waiting on this worker (at most 4)"
+    )
+    assert e.value.retry_after == LIMITS.timeout
+    assert pool.submit("regex", "echo:small", 0).result(timeout=30) == "small"
+    wait(running, timeout=30)
+    assert pool.submit("regex", "echo:costly", COSTLY_WEIGHT).result(timeout=30) == "costly"
+
+
+def test_small_compiles_do_not_starve_a_costly_one(pool: CompilePool) -> None:
+    order: list[str] = []
+    first = pool.submit("regex", "sleep:0.4", COSTLY_WEIGHT)
+    second = _record(order, "costly", pool.submit("regex", "sleep:0.4", COSTLY_WEIGHT))
+    smalls = [_record(order, "small", pool.submit("regex", "sleep:0.1", 0)) for _ in range(16)]
+    wait([first, second, *smalls], timeout=60)
+    # The second costly one took the first's process when it ended, ahead of the smalls
+    # still waiting (they had the other process: ~1.6 s of them).
+    assert order.index("costly") < len(order) - 4, order
 
 
 def test_xgrammar_and_outlines_grammars_cross_the_process_boundary(tok: Tokenizer) -> None:
