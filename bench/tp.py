@@ -16,7 +16,7 @@ weights), fp8-kv (FP8 KV cache), fp8-all (both); runs are named tp1, tp1-fp8, ..
 each FP8 run is compared with the same TP size's bf16 run (throughput, shared prefix,
 batch-1 time per token, KV pool tokens).
 
-GPU run (two H200s; the lead's):
+GPU run (two H200s):
   python -m bench.tp                       # dummy:llama-3-8b, tp 1 and 2, full sizes
   python -m bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all   # FP8 side by side
   python -m bench.tp --model dummy:llama-3-70b --layers 20 --tp 2   # only if it fits

@@ -1,6 +1,6 @@
 """Minimal loopback HTTP servers over a real Engine, for the OpenAI and Anthropic backends.
 
-Not a product server (the router issue builds the OpenAI-compatible endpoint): just the
+Not a product server (the router serves the OpenAI-compatible API): just the
 fields the backends send, enough to drive the official clients end to end.
 """
 

@@ -135,7 +135,7 @@ def phone_extraction(s, text):
 
 
 def test_regex_constrained_extraction(backend: Engine) -> None:
-    """Exercises the engine's constrained decoding (the constrained-decoding issue)."""
+    """Exercises the engine's constrained decoding (a regex)."""
     s = phone_extraction.run(text="Call Bob at 555-1234 after six.", temperature=0)
     err = s.error()
     assert err is None

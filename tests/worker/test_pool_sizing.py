@@ -60,7 +60,7 @@ def test_a_small_model_on_a_large_gpu_is_capped() -> None:
     assert s.num_slots == MAX_AUTO_SLOTS == 16_777_216
 
 
-def test_llama_3_8b_on_an_h200_reaches_the_issue_target() -> None:
+def test_llama_3_8b_on_an_h200_gets_850k_kv_tokens() -> None:
     # Llama-3-8B in bf16: 2 * 32 layers * 8 KV heads * 128 * 2 bytes = 128 KiB per token.
     per_slot = KVPool.bytes_per_slot(32, 8, 128, torch.bfloat16)
     assert per_slot == 131072

@@ -1,10 +1,11 @@
 """`Runtime`: a local cluster launched from Python, and a `RuntimeEndpoint` to it.
 
-`Runtime` belongs to the launcher's side of DESIGN.md's import rule (only `cluster/`
-composes processes), but SGLang programs spell it `sgl.Runtime(...)`, so it is exported
-from the language; the launching itself is `radixmesh.cluster.runtime`, imported lazily
-when a Runtime is created (the one place the language reaches into `cluster/`). Its
-SGLang methods (`generate`, `async_generate`, ...) speak the router's native HTTP API.
+`Runtime` belongs to the launcher's side of the import layers (only `cluster/` composes
+processes: docs/architecture.md), but SGLang programs spell it `sgl.Runtime(...)`, so it
+is exported from the language; the launching itself is `radixmesh.cluster.runtime`,
+imported lazily when a Runtime is created (the one place the language reaches into
+`cluster/`). Its SGLang methods (`generate`, `async_generate`, ...) speak the router's
+native HTTP API.
 """
 
 from __future__ import annotations

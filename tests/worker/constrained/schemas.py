@@ -1,6 +1,6 @@
-"""JSON schemas for the suite: every kind of bound the issue names, each small enough that
-greedy decoding on the bundled model finishes within the token budget (strings have a
-maxLength, arrays a maxItems)."""
+"""JSON schemas for the suite: every kind of bound (ranges, lengths, patterns, array sizes,
+enums, nesting, references), each small enough that greedy decoding on the bundled model
+finishes within the token budget (strings have a maxLength, arrays a maxItems)."""
 
 from __future__ import annotations
 
