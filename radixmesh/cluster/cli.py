@@ -22,6 +22,7 @@ from radixmesh.cluster.env import (
     WORKER_API_KEY_ENV,
 )
 from radixmesh.errors import RadixMeshError
+from radixmesh.listener import LISTENER_FLAGS
 
 if TYPE_CHECKING:
     from radixmesh.cluster.spec import RayOptions
@@ -199,6 +200,7 @@ ROUTER_LIMITS = (
     ("health_timeout", "seconds a worker's health check may take"),
     ("breaker_failures", "consecutive failures that stop routing to a worker for a while"),
     ("breaker_cooldown", "seconds before a stopped worker gets a trial request"),
+    *LISTENER_FLAGS,
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.listener import ListenerLimits
 from radixmesh.router.limits import RequestLimits
 from radixmesh.router.openai.tool_parsers import PARSERS
 
@@ -94,10 +95,29 @@ class RouterConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     max_choices: int = 256
     max_top_logprobs: int = 20
+    # Connections at the HTTP and gRPC ports (radixmesh/listener.py gives the reasons): the
+    # seconds a request head / an HTTP body may take to arrive, the seconds a connection
+    # may stay open with no request; connections open at once per port (0: from the
+    # descriptor limit) and from one address (HTTP; 0: no cap).
+    header_timeout: float = ListenerLimits.header_timeout
+    body_timeout: float = ListenerLimits.body_timeout
+    idle_timeout: float = ListenerLimits.idle_timeout
+    max_connections: int = ListenerLimits.max_connections
+    max_connections_per_peer: int = ListenerLimits.max_connections_per_peer
 
     @property
     def limits(self) -> RequestLimits:
         return RequestLimits(self.max_prompt_bytes, self.max_choices, self.max_top_logprobs)
+
+    @property
+    def listener_limits(self) -> ListenerLimits:
+        return ListenerLimits(
+            self.header_timeout,
+            self.body_timeout,
+            self.idle_timeout,
+            self.max_connections,
+            self.max_connections_per_peer,
+        )
 
     @property
     def caller_keys(self) -> tuple[str, ...]:
@@ -178,5 +198,6 @@ class RouterConfig:
             name = "rate_limit" if not self.rate_limit >= 0 else "drain_timeout"
             name = name if self.max_top_logprobs >= 0 else "max_top_logprobs"
             raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
+        self.listener_limits  # noqa: B018 (validates those fields)
         if self.max_attempts < 1:
             raise InvalidArgument("max_attempts", f"must be >= 1, got {self.max_attempts}")
