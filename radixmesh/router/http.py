@@ -38,7 +38,7 @@ from radixmesh.listener import AcceptErrors, Tally, connection_cap, descriptor_l
 from radixmesh.router.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.frontend import Job, JobChunks
-from radixmesh.router.http_listener import ConnectionGuard, GuardedSite
+from radixmesh.router.http_listener import ConnectionGuard, GuardedSite, ServerLog
 from radixmesh.router.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
 from radixmesh.router.service import RouterServicer
@@ -103,17 +103,19 @@ class HttpFrontend:
             context = ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca)
         # handler_cancellation: a disconnected client cancels its handler (and the worker
         # call); keepalive_timeout: a connection without a request in flight for that long
-        # is closed (also one that never sent a byte: aiohttp times it from the start).
+        # is closed (also one that never sent a byte: aiohttp times it from the start);
+        # logger: its errors (a malformed request's among them) at a bounded rate.
+        tally = Tally(f"HTTP port {port}")
         runner = web.AppRunner(
             self.build_app(),
             handler_cancellation=True,
             access_log=None,
             shutdown_timeout=1.0,
             keepalive_timeout=limits.idle_timeout,
+            logger=ServerLog(tally),
         )
         await runner.setup()
         assert runner.server is not None
-        tally = Tally(f"HTTP port {port}")
         self.guard = ConnectionGuard(limits, max_connections, runner.server, tally, context)
         site = GuardedSite(runner, host, port, self.guard)
         await site.start()
@@ -187,11 +189,16 @@ class HttpFrontend:
         """Read the body (aiohttp keeps it for the handler's `read`) within `body_timeout`
         seconds of the head. A client that trickles it gets a 408 and the connection is
         closed at once (not kept for aiohttp's lingering read of the rest); the 408 is
-        returned, already sent."""
+        returned, already sent. A client gone before its body ended is answered nothing
+        (aiohttp drops a reply to a closed connection quietly; an exception would be a
+        logged traceback per disconnection)."""
         timeout = self.config.body_timeout
         try:
             await asyncio.wait_for(request.read(), timeout)
             return None
+        except ConnectionResetError:
+            request[STATUS_KEY] = "CANCELLED"
+            return ApiError(400, "the client left before its body ended").response()
         except TimeoutError:
             pass
         if self.guard is not None:

@@ -25,19 +25,24 @@ connection's protocol a `_Connection` that stands between the socket and aiohttp
   the head ended.
 
 Refusals and timeouts are counted into a `Tally`: one log line per interval, never one per
-connection.
+connection. So are the errors aiohttp logs (`ServerLog`): a malformed request, which it
+answers 400 and would log with a traceback each time, is counted; any other error (a
+handler's bug) logs its traceback once per interval and the others are counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from radixmesh.listener import ListenerLimits, Tally
 
@@ -282,6 +287,28 @@ class _Connection(asyncio.Protocol):
             self.handler_transport.close()
         elif self.transport is not None:
             self.transport.abort()
+
+
+class ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger for the HTTP port (its `logger`): what it logs with a
+    traceback per request (`exception`) comes through here at a bounded rate."""
+
+    def __init__(self, tally: Tally) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"), {})
+        self.tally = tally
+        self._next = 0.0  # when a traceback may be logged again
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info")
+        if isinstance(error, HttpProcessingError):  # the client's malformed request: a 400
+            self.tally.add("malformed requests (400)")
+            return
+        now = time.monotonic()
+        if now < self._next:
+            self.tally.add("errors handling requests (traceback not logged)")
+            return
+        self._next = now + self.tally.interval
+        self.logger.exception(msg, *args, **kwargs)
 
 
 class GuardedSite(web.BaseSite):

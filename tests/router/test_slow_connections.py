@@ -11,7 +11,8 @@ with seconds of margin: a refusal is a 503 written at accept, the timeouts are 5
 checks come at about 1 s and 9 s.
 
 And a listener run with fewer descriptors than its cap, so that accept() fails with EMFILE:
-its log holds one line about it, not one traceback per failed call.
+its log holds one line about it, not one traceback per failed call. Likewise malformed
+requests and clients that leave mid-body: counted, not a traceback each.
 """
 
 from __future__ import annotations
@@ -155,7 +156,10 @@ class NormalClient:
 @pytest.fixture(scope="module")
 def worker() -> Iterator[LocalCluster]:
     spec = LaunchSpec(
-        model="dummy:tiny", workers=1, port=free_port(), worker_args=("--dtype", "float32")
+        model="dummy:tiny",
+        workers=1,
+        port=free_port(),
+        worker_args=("--dtype", "float32", "--no-engine-process"),
     )
     cluster = LocalCluster(spec)
     cluster.start_workers()  # the routers are the tests'
@@ -193,8 +197,9 @@ def test_slow_idle_and_surplus_connections_are_refused_or_closed(
         "closed at body_timeout": 10,
         "refused over max_connections": 10,
         "refused over max_connections_per_peer": 2,  # one in the flood, one after
+        "malformed requests (400)": 20,
     }
-    # 480 connections refused or closed: a few summary lines, no line per connection.
+    # 520 connections refused or closed: a few summary lines, no line per connection.
     print(f"router log: {len(lines)} lines, {log.stat().st_size} bytes", *lines, sep="\n")
     assert len(lines) <= 12, "\n".join(lines)
     assert not any("Traceback" in line for line in lines)
@@ -256,6 +261,14 @@ def _flood_and_check(port: int, grpc_port: int, normal: NormalClient) -> None:
     assert again[-1].received.startswith(REFUSED)
     assert all(not p.poll().closed for p in again[:-1])
     for p in again:
+        p.close()
+    # Malformed heads (400) and clients gone mid-body: no traceback each, only counts.
+    bad = [Probe(port, NORMAL_PEER, sent=b"GET / HTTP/1.1\r\nNo colon\r\n\r\n") for _ in range(20)]
+    gone = [Probe(port, NORMAL_PEER, sent=head + b"{") for _ in range(20)]
+    wait_for(lambda: all(p.poll().closed for p in bad), 5.0, lambda: None)
+    assert all(p.received.startswith(b"HTTP/1.0 400 Bad Request\r\n") for p in bad)
+    time.sleep(0.5)  # the heads are read, the bodies awaited
+    for p in bad + gone:
         p.close()
     normal.request()
     print(f"{normal.served} normal HTTP + gRPC requests served during the flood")
