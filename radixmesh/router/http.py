@@ -206,8 +206,11 @@ class HttpFrontend:
         message = f"the body did not arrive within {timeout:g} s of the head"
         resp = ApiError(408, message, None, "request_timeout").response()
         resp.force_close()
-        await resp.prepare(request)
-        await resp.write_eof()
+        try:
+            await resp.prepare(request)
+            await resp.write_eof()
+        except ConnectionError:  # the client left meanwhile
+            return resp
         if request.transport is not None:
             request.transport.close()  # after the 408 is flushed
         return resp
