@@ -26,12 +26,13 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
 # HTTP status -> the gRPC status name requests are counted under (metrics.py).
-STATUS_NAMES = {200: "OK", 404: "NOT_FOUND", 405: "UNIMPLEMENTED"} | {
+STATUS_NAMES = {200: "OK", 404: "NOT_FOUND", 405: "UNIMPLEMENTED", 408: "DEADLINE_EXCEEDED"} | {
     e.http_status: e.grpc_status for e in CATALOGUE
 }
 STATUS_KEY = "radixmesh_status"  # request key: a status that the HTTP status does not show

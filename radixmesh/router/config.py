@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from radixmesh.auth import Roles
 from radixmesh.errors import InvalidArgument
+from radixmesh.listener import ListenerLimits
 from radixmesh.router.limits import RequestLimits
 from radixmesh.router.openai.tool_parsers import PARSERS
 
@@ -133,6 +134,19 @@ class RouterConfig:
     max_prompt_tokens: int = 1 << 20
     """Token ids per request, all its prompts together (each is also held to the model's
     context): 1M ids is 8 prompts of a 128k context."""
+    header_timeout: float = ListenerLimits.header_timeout
+    """Seconds a request head (and the TLS handshake) may take to arrive, at the HTTP and
+    gRPC ports (radixmesh/listener.py gives the reasons for each default)."""
+    body_timeout: float = ListenerLimits.body_timeout
+    """Seconds an HTTP body may take to arrive after its head (then: 408, closed)."""
+    idle_timeout: float = ListenerLimits.idle_timeout
+    """Seconds a connection may stay open with no request in flight."""
+    max_connections: int = ListenerLimits.max_connections
+    """Connections open at once per port (0: the port's share of the descriptor limit);
+    past it a new HTTP connection gets 503 + Retry-After, a gRPC one is refused."""
+    max_connections_per_peer: int = ListenerLimits.max_connections_per_peer
+    """HTTP connections open at once from one address (0: no cap; behind a proxy that sends
+    every client from one address, set 0)."""
 
     @property
     def limits(self) -> RequestLimits:
@@ -143,6 +157,16 @@ class RouterConfig:
             max_messages=self.max_messages,
             max_tools=self.max_tools,
             max_prompt_tokens=self.max_prompt_tokens,
+        )
+
+    @property
+    def listener_limits(self) -> ListenerLimits:
+        return ListenerLimits(
+            self.header_timeout,
+            self.body_timeout,
+            self.idle_timeout,
+            self.max_connections,
+            self.max_connections_per_peer,
         )
 
     @property
@@ -242,5 +266,6 @@ class RouterConfig:
             name = "rate_limit" if not self.rate_limit >= 0 else "drain_timeout"
             name = name if self.max_top_logprobs >= 0 else "max_top_logprobs"
             raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
+        self.listener_limits  # noqa: B018 (validates those fields)
         if self.max_attempts < 1:
             raise InvalidArgument("max_attempts", f"must be >= 1, got {self.max_attempts}")

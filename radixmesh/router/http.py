@@ -12,6 +12,10 @@ api_error.py). An error after a stream started is sent as one `data: {"error": .
 event before `[DONE]`. A client that disconnects cancels its handler
 (`handler_cancellation`), which closes the worker call: the worker aborts the request and
 frees its KV.
+
+Connections go through the listener's guard (http_listener.py: connection caps, the
+request head's timeout); the body is read here, within its timeout, before a handler
+runs; a connection idle between requests is closed by aiohttp (`keepalive_timeout`).
 """
 
 from __future__ import annotations
@@ -26,16 +30,17 @@ from typing import Any
 
 import grpc
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from radixmesh.auth import bearer_allowed, caller_of
 from radixmesh.errors import Overloaded, RadixMeshError, Unavailable
+from radixmesh.listener import AcceptErrors, Tally, connection_cap, descriptor_limit
 from radixmesh.router.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import ControlPlane
 from radixmesh.router.dispatch import Dispatcher
 from radixmesh.router.frontend import Job, JobChunks
+from radixmesh.router.http_listener import ConnectionGuard, GuardedSite, ServerLog
 from radixmesh.router.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
 from radixmesh.tokenizer import TokenizerLike
@@ -58,28 +63,6 @@ def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLCon
     return context
 
 
-class _BadRequestLog(logging.LoggerAdapter):
-    """aiohttp's server logger, but a request it could not parse (a header with a control
-    character, a line over 8 KB: an `HttpProcessingError`) is one line naming the sender
-    and the error's kind, never the bytes sent. aiohttp logs each at ERROR with a traceback
-    quoting the offending line, which may hold the key (redact.py masks it too): a client's
-    error, and a hostile client could fill the log with them."""
-
-    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        exc = kwargs.get("exc_info")
-        if not isinstance(exc, HttpProcessingError):
-            super().log(level, msg, *args, **kwargs)
-            return
-        # The kind is the message's text before its first colon, where the quoted bytes begin.
-        kind = str(exc.message).split("\n", 1)[0].split(":", 1)[0][:80]
-        sender = args[0] if args else "?"
-        line = "bad HTTP request from %s: %s (%s, %d)"
-        self.logger.log(min(level, logging.INFO), line, sender, kind, type(exc).__name__, exc.code)
-
-
-BAD_REQUEST_LOG = _BadRequestLog(logging.getLogger("aiohttp.server"), {})
-
-
 class HttpFrontend:
     def __init__(
         self,
@@ -95,6 +78,7 @@ class HttpFrontend:
         self.grpc_port = grpc_port  # the router's gRPC port (SGLang clients read it)
         self.started = int(time.time())
         self._runner: web.AppRunner | None = None
+        self.guard: ConnectionGuard | None = None  # once started
 
     # ---- the server -------------------------------------------------------------------
 
@@ -112,32 +96,57 @@ class HttpFrontend:
         SglangApi(self).register(app)
         return app
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on host:port (TLS when configured). Returns the bound port."""
+    async def start(self, host: str, port: int, max_connections: int | None = None) -> int:
+        """Listen on host:port (TLS when configured) behind the connection guard
+        (http_listener.py: at most `max_connections` open, default: this port's share of
+        the descriptor limit; the configured timeouts). Returns the bound port."""
         c = self.config
+        limits = c.listener_limits
+        if max_connections is None:
+            max_connections = connection_cap(limits, 1, descriptor_limit())
         context = None
         if c.tls_cert and c.tls_key:
             context = ssl_context(c.tls_cert, c.tls_key, c.tls_client_ca)
-        # handler_cancellation: a disconnected client cancels its handler (and the worker call).
+        # handler_cancellation: a disconnected client cancels its handler (and the worker
+        # call); keepalive_timeout: a connection without a request in flight for that long
+        # is closed (also one that never sent a byte: aiohttp times it from the start);
+        # logger: its errors (a malformed request's among them) at a bounded rate.
+        tally = Tally(f"HTTP port {port}")
         runner = web.AppRunner(
-            self.build_app(), handler_cancellation=True, access_log=None, logger=BAD_REQUEST_LOG
+            self.build_app(),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=1.0,
+            keepalive_timeout=limits.idle_timeout,
+            logger=ServerLog(tally),
         )
         await runner.setup()
-        # reuse_port: router replicas on one machine share the port (the kernel spreads
-        # connections over them), as their gRPC servers do (gRPC sets SO_REUSEPORT itself).
-        site = web.TCPSite(
-            runner, host, port, ssl_context=context, shutdown_timeout=1.0, reuse_port=True
-        )
+        assert runner.server is not None
+        self.guard = ConnectionGuard(limits, max_connections, runner.server, tally, context)
+        site = GuardedSite(runner, host, port, self.guard)
         await site.start()
         self._runner = runner
-        return int(runner.addresses[0][1])
+        bound = int(runner.addresses[0][1])
+        tally.name = f"HTTP port {bound}"
+        AcceptErrors(tally).install(asyncio.get_running_loop())
+        return bound
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.guard is not None:
+            self.guard.tally.close()  # what it counted since its last line
 
     @web.middleware
     async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if self.guard is None:  # an app served by someone else (tests)
+            return await self._handle(request, handler)
+        with self.guard.request(request.transport):  # the head arrived: its timer stops
+            return await self._handle(request, handler)
+
+    async def _handle(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         if request.path in _OPEN_PATHS:
@@ -167,6 +176,8 @@ class HttpFrontend:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         try:
+            if request.body_exists and (late := await self._read_body(request)) is not None:
+                return late
             return await handler(request)
         except ApiError as e:
             return e.response()
@@ -188,6 +199,36 @@ class HttpFrontend:
             # API's JSON layout (aiohttp's own 500 is plain text no client parses).
             logger.exception("%s %s failed", request.method, request.path)
             return ApiError(500, "internal error", None, "internal_error").response()
+
+    async def _read_body(self, request: web.Request) -> web.StreamResponse | None:
+        """Read the body (aiohttp keeps it for the handler's `read`) within `body_timeout`
+        seconds of the head. A client that trickles it gets a 408 and the connection is
+        closed at once (not kept for aiohttp's lingering read of the rest); the 408 is
+        returned, already sent. A client gone before its body ended is answered nothing
+        (aiohttp drops a reply to a closed connection quietly; an exception would be a
+        logged traceback per disconnection)."""
+        timeout = self.config.body_timeout
+        try:
+            await asyncio.wait_for(request.read(), timeout)
+            return None
+        except ConnectionResetError:
+            request[STATUS_KEY] = "CANCELLED"
+            return ApiError(400, "the client left before its body ended").response()
+        except TimeoutError:
+            pass
+        if self.guard is not None:
+            self.guard.tally.add("closed at body_timeout")
+        message = f"the body did not arrive within {timeout:g} s of the head"
+        resp = ApiError(408, message, None, "request_timeout").response()
+        resp.force_close()
+        try:
+            await resp.prepare(request)
+            await resp.write_eof()
+        except ConnectionError:  # the client left meanwhile
+            return resp
+        if request.transport is not None:
+            request.transport.close()  # after the 408 is flushed
+        return resp
 
     # ---- plain endpoints ---------------------------------------------------------------
 

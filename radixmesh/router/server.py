@@ -29,6 +29,7 @@ from radixmesh.grpc_server import (
     bind,
     set_health,
 )
+from radixmesh.listener import connection_cap, grpc_options, raise_descriptor_limit
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import ControlPlane
 from radixmesh.router.discovery import DnsDiscovery, dns_names
@@ -74,7 +75,9 @@ async def serve(
         await discovery.refresh()
         discovery.start()
     metrics = RouterMetrics(pool)
-    server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=_interceptors(config, metrics))
+    cap = _connection_cap(config)
+    options = _SERVER_OPTIONS + grpc_options(config.listener_limits, cap)
+    server = grpc.aio.server(options=options, interceptors=_interceptors(config, metrics))
     control = ControlPlane(config, pool, metrics)
     dispatch = Dispatcher(config, control, metrics)
     router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(control, dispatch), server)
@@ -84,7 +87,7 @@ async def serve(
     if config.metrics_port is not None:
         metrics_server = metrics.serve(config.metrics_port, config.host)
     stop = stop if stop is not None else _stop_on_signals()
-    ports = _Ports(config, server, control, dispatch)
+    ports = _Ports(config, server, control, dispatch, http_cap=cap)
     if not config.listen_when_serving:
         await ports.open()
     logger.info("radixmesh router on port %d; waiting for workers", ports.port)
@@ -141,6 +144,30 @@ async def drain(dispatch: Dispatcher, timeout: float) -> None:
             await asyncio.sleep(0.05)
 
 
+def _connection_cap(config: RouterConfig) -> int:
+    """Connections the gRPC and the HTTP port may each hold (radixmesh/listener.py), after
+    raising the descriptor limit as far as it goes."""
+    descriptors = raise_descriptor_limit()
+    limits = config.listener_limits
+    listeners = 1 if config.http_port is None else 2
+    cap = connection_cap(limits, listeners, descriptors)
+    logger.info(
+        "descriptor limit %d: up to %d connections per port (%s)",
+        descriptors,
+        cap,
+        "--max-connections" if limits.max_connections else "the limit's share",
+    )
+    if cap * listeners > descriptors:
+        logger.warning(
+            "--max-connections %d x %d ports is over the descriptor limit %d: accept() "
+            "will fail before the cap refuses connections",
+            cap,
+            listeners,
+            descriptors,
+        )
+    return cap
+
+
 def _interceptors(config: RouterConfig, metrics: RouterMetrics) -> list[Any]:
     """Undecodable messages become INVALID_ARGUMENT; callers' keys (with the admin keys)."""
     interceptors: list[Any] = [DecodeGuard()]
@@ -173,8 +200,10 @@ class _Ports:
         server: grpc.aio.Server,
         control: ControlPlane,
         dispatch: Dispatcher,
+        http_cap: int,
     ) -> None:
         self.config = config
+        self.http_cap = http_cap
         self.server = server
         self.control = control
         self.dispatch = dispatch
@@ -194,7 +223,7 @@ class _Ports:
             from radixmesh.router.http import HttpFrontend
 
             self.http = HttpFrontend(self.dispatch, self.control, c, grpc_port=self.port)
-            http_port = await self.http.start(c.host, c.http_port)
+            http_port = await self.http.start(c.host, c.http_port, self.http_cap)
             print(f"radixmesh router HTTP (OpenAI and SGLang APIs) on port {http_port}", flush=True)
 
 

@@ -44,6 +44,8 @@ from radixmesh.grpc_server import (
     bind,
     set_health,
 )
+from radixmesh.listener import ListenerLimits, connection_cap, raise_descriptor_limit
+from radixmesh.listener import grpc_options as listener_options
 from radixmesh.prefix import block_hashes, common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import (
@@ -116,9 +118,12 @@ class ServerConfig:
             )
 
 
-def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Message limits and keepalive pings that keep idle streams (long prefills) alive."""
+def grpc_options(max_message_bytes: int, max_connections: int) -> list[tuple[str, int]]:
+    """Message limits, keepalive pings that keep idle streams (long prefills) alive, and
+    the default connection limits (radixmesh/listener.py: the router's few connections
+    never come near them)."""
     return [
+        *listener_options(ListenerLimits(), max_connections),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
@@ -485,8 +490,9 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
     if config.api_key:
         interceptors.append(ApiKeyInterceptor([config.api_key]))
+    cap = connection_cap(ListenerLimits(), 1, raise_descriptor_limit())
     server = grpc.aio.server(
-        options=grpc_options(config.max_message_bytes), interceptors=interceptors
+        options=grpc_options(config.max_message_bytes, cap), interceptors=interceptors
     )
     servicer = WorkerServicer(config, served_model_name(engine_options))
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,9 +23,15 @@ class ExtraRouter:
     and sees every worker healthy."""
 
     def __init__(
-        self, cluster: LocalCluster, *args: str, http: bool = False, key: str | None = None
+        self,
+        cluster: LocalCluster,
+        *args: str,
+        http: bool = False,
+        key: str | None = None,
+        log: Path | None = None,
     ) -> None:
-        """`key`: the one to check readiness with, when `args` set API keys."""
+        """`key`: the one to check readiness with, when `args` set API keys; `log`: a
+        file that gets the router's stdout and stderr (default: the test's)."""
         self.metadata = (("authorization", f"Bearer {key}"),) if key else ()
         self.address = f"127.0.0.1:{free_port()}"
         self.http_port = free_port() if http else None
@@ -35,7 +42,8 @@ class ExtraRouter:
             cmd += ["--http-port", str(self.http_port)]
         env = {**os.environ, "RADIXMESH_WORKER_API_KEY": cluster.worker_key}
         env.pop("RADIXMESH_API_KEY", None)
-        self.proc = subprocess.Popen([*cmd, *args], env=env)
+        self.log = open(log, "wb") if log is not None else None  # noqa: SIM115 (closed in __exit__)
+        self.proc = subprocess.Popen([*cmd, *args], env=env, stdout=self.log, stderr=self.log)
 
     def __enter__(self) -> ExtraRouter:
         try:
@@ -72,3 +80,5 @@ class ExtraRouter:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.log is not None:
+            self.log.close()

@@ -1,0 +1,200 @@
+"""Connection limits at every listener: how long a connection may take to say what it
+wants, how long it may sit idle, and how many may be open, shared by the router's HTTP
+and gRPC ports and the worker's gRPC port.
+
+Without them a client that connects and sends nothing (or one byte a second, or a head
+that never ends) holds a descriptor for as long as it likes; some 20,000 of those (the
+descriptor limit) stopped a router's HTTP and gRPC ports alike, and every accept() that
+failed with EMFILE meanwhile logged a traceback (hundreds of megabytes in minutes).
+
+- `header_timeout`: from the connection (or, on a kept-alive HTTP connection, the first
+  byte of the next request) to the end of the request head; TLS handshake included. For
+  gRPC it is grpc-core's handshake timeout, which also covers the client's HTTP/2
+  SETTINGS frame: a socket that sends nothing is closed after it.
+- `body_timeout`: from the end of the head to the end of the body (HTTP; a gRPC request
+  message has no such bound in grpc-core: its connection counts against the cap).
+- `idle_timeout`: a connection with no request in flight for this long is closed (HTTP
+  keep-alive; gRPC's `max_connection_idle`, a GOAWAY the client reconnects after).
+- `max_connections`: connections open at once per listener. Past it, HTTP answers 503
+  with Retry-After and closes; gRPC closes at once (grpc-core's
+  `grpc.max_allowed_incoming_connections`). 0: from the descriptor limit
+  (`connection_cap`), so that the process runs out of connections before it runs out of
+  descriptors and accept() never fails for want of one.
+- `max_connections_per_peer`: connections from one address at once (HTTP only: grpc-core
+  has no such cap; the total cap and the handshake timeout bound gRPC). 0: no cap.
+
+Why these defaults: 10 s for a request head is ample for any client on any network
+(nginx's `client_header_timeout` is 60 s, but a head is a few hundred bytes; a head that
+takes longer is an attack or a dead client). 60 s for a body: the largest body allowed
+(16 MiB) arrives in 60 s at 2.3 Mbit/s, and an API body is mostly kilobytes. 75 s idle:
+above the 60 s idle timeout of common load balancers (AWS ALB, nginx upstream
+keep-alive), so the balancer closes first and never sends a request into a connection
+the router is closing. 1,000 per peer: a busy client pool or a proxy holds tens to
+hundreds; one address holding more is hoarding (set 0 behind a proxy that funnels every
+client through one address).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import math
+import resource
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from radixmesh.errors import InvalidArgument
+
+logger = logging.getLogger(__name__)
+
+# Descriptors kept out of the connection caps for everything else the process opens:
+# worker channels, log and model files, the event loop's own, a metrics port.
+RESERVED_DESCRIPTORS = 1024
+# One summary line per this many seconds, at most, for each listener's refusals,
+# timeouts and failed accept() calls.
+LOG_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    idle_timeout: float = 75.0
+    max_connections: int = 0  # per listener; 0: from the descriptor limit
+    max_connections_per_peer: int = 1000  # 0: no cap
+
+    def __post_init__(self) -> None:
+        for name in ("header_timeout", "body_timeout", "idle_timeout"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise InvalidArgument(name, f"must be > 0 seconds, got {value}")
+        for name in ("max_connections", "max_connections_per_peer"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
+
+
+def descriptor_limit() -> int:
+    """This process's soft RLIMIT_NOFILE (2**20 when unlimited)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (the soft one is often
+    1,024 while the hard one allows far more); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft if soft != resource.RLIM_INFINITY else 1 << 20
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as e:  # a sandbox may refuse; the caps follow the soft one
+        logger.warning("could not raise the descriptor limit from %d: %s", soft, e)
+        return soft
+    return target
+
+
+def connection_cap(limits: ListenerLimits, listeners: int, descriptors: int) -> int:
+    """Connections each of `listeners` listeners may hold: `max_connections`, or the
+    descriptors left after RESERVED_DESCRIPTORS (a quarter of a small limit) split
+    evenly between the listeners."""
+    if limits.max_connections:
+        return limits.max_connections
+    reserve = min(RESERVED_DESCRIPTORS, descriptors // 4)
+    return max(1, (descriptors - reserve) // max(1, listeners))
+
+
+def grpc_options(limits: ListenerLimits, max_connections: int) -> list[tuple[str, int]]:
+    """grpc-core server arguments for `limits` (see the module docstring).
+
+    Not set, on purpose: `grpc.max_connection_age_ms` (it would cut long generation streams
+    and the router's stream of a worker's outputs once past its grace), and
+    `grpc.max_concurrent_streams` (past it a client queues its calls silently, where the
+    admission queue answers RESOURCE_EXHAUSTED with a Retry-After; the calls a connection
+    may open are bounded by grpc-core's pending-call limit and admission)."""
+    return [
+        ("grpc.server_handshake_timeout_ms", _millis(limits.header_timeout)),
+        ("grpc.max_connection_idle_ms", _millis(limits.idle_timeout)),
+        ("grpc.max_allowed_incoming_connections", max_connections),
+    ]
+
+
+def _millis(seconds: float) -> int:
+    return max(1, min(2**31 - 1, round(seconds * 1000)))
+
+
+class Tally:
+    """Counts of what a listener refused or closed, logged as one line per LOG_INTERVAL
+    at most (never a line per connection: a flood must not become a flood of logs)."""
+
+    def __init__(self, name: str, interval: float = LOG_INTERVAL) -> None:
+        self.name = name
+        self.interval = interval
+        self.counts: Counter[str] = Counter()  # since the last line logged
+        self._flush: asyncio.TimerHandle | None = None
+        self._since = 0.0  # when the first of `counts` came
+
+    def add(self, what: str, n: int = 1) -> None:
+        self.counts[what] += n
+        if self._flush is None:
+            loop = asyncio.get_running_loop()
+            self._since = loop.time()
+            self._flush = loop.call_later(self.interval, self.flush)
+
+    def flush(self) -> None:
+        self._flush = None
+        if self.counts:
+            seconds = asyncio.get_running_loop().time() - self._since
+            parts = ", ".join(f"{n} {what}" for what, n in sorted(self.counts.items()))
+            logger.warning("%s, in %.0f s: %s", self.name, seconds, parts)
+            self.counts.clear()
+
+    def close(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+        self.flush()
+
+
+# What asyncio's accept loop reports when accept() fails for want of a resource; it
+# retries after 1 s, but reports each of up to `backlog` failed calls per wake-up, each
+# with a traceback, and schedules a retry for each.
+_ACCEPT_FAILED = "socket.accept() out of system resource"
+
+ExceptionHandler = Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object]
+
+
+class AcceptErrors:
+    """An event-loop exception handler that counts failed accept() calls into `tally`
+    ("failed accept() (EMFILE)") instead of logging each, and drops the errors of the
+    retries asyncio scheduled for a server closed since (they fail on its closed socket,
+    each with a traceback, up to a second after the close); anything else goes to the
+    handler installed before (or the loop's default). It stays installed for the loop's
+    life, since those retries come after the server is gone."""
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+        self._previous: ExceptionHandler | None = None
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._previous = loop.get_exception_handler()
+        loop.set_exception_handler(self)
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") == _ACCEPT_FAILED:
+            code = getattr(context.get("exception"), "errno", None)
+            name = errno.errorcode.get(code, "error") if isinstance(code, int) else "error"
+            self.tally.add(f"failed accept() ({name})")
+        elif _callback_name(context) == "_start_serving":
+            pass  # a retry of accept() on a server closed since
+        elif self._previous is not None:
+            self._previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+
+def _callback_name(context: dict[str, Any]) -> str:
+    callback = getattr(context.get("handle"), "_callback", None)
+    return str(getattr(callback, "__name__", ""))
