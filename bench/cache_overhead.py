@@ -57,17 +57,19 @@ def main(argv: list[str] | None = None) -> None:
         cache.disable = False
     finally:
         engine.shutdown()
-    on, off = times[True], times[False]
-    ratio = statistics.fmean(on) / statistics.fmean(off)
+    secs_on, secs_off = times[True], times[False]
+    ratio = statistics.fmean(secs_on) / statistics.fmean(secs_off)
     # Rough 95% interval of the mean ratio from the two samples' spreads.
-    se = (statistics.variance(on) / len(on) + statistics.variance(off) / len(off)) ** 0.5
-    half = 2.0 * se / statistics.fmean(off)
+    se = (
+        statistics.variance(secs_on) / len(secs_on) + statistics.variance(secs_off) / len(secs_off)
+    ) ** 0.5
+    half = 2.0 * se / statistics.fmean(secs_off)
     res = {
         "order": ["on" if o else "off" for o in order],
-        "seconds_on": on,
-        "seconds_off": off,
-        "median_on": statistics.median(on),
-        "median_off": statistics.median(off),
+        "seconds_on": secs_on,
+        "seconds_off": secs_off,
+        "median_on": statistics.median(secs_on),
+        "median_off": statistics.median(secs_off),
         "overhead_mean_ratio": ratio,
         "overhead_95_interval": [ratio - half, ratio + half],
     }

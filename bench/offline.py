@@ -265,7 +265,10 @@ def load_hf_model(spec: str, device: str, dtype: torch.dtype) -> Any:
         path = src.path or ""
     else:
         raise SystemExit("the transformers baseline needs real weights (gguf or hf directory)")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    # transformers declares `.to` through functools.wraps(nn.Module.to), so its stub takes
+    # the device for `self`: a defect of that stub, not of this call.
+    return model.to(device).eval()  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> None:

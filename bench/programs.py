@@ -25,6 +25,7 @@ from typing import Any
 
 import radixmesh as sgl
 from bench import record
+from radixmesh.lang.function import SglFunction
 from radixmesh.worker.engine import Engine
 
 TOPICS = ["sleep", "tea", "running", "reading", "cooking", "music", "travel", "gardening"]
@@ -100,7 +101,7 @@ def batch_template(s, i):
     s += sgl.assistant(sgl.gen("river", max_tokens=12))
 
 
-PROGRAMS: dict[str, Callable[..., Any]] = {
+PROGRAMS: dict[str, SglFunction] = {
     "multi_turn": multi_turn,
     "tips_fork5": tips,
     "tree_of_thought": tree_of_thought,
@@ -119,7 +120,7 @@ def run(counts: Counts, name: str, count: int, flush: Callable[[], object]) -> d
     flush()
     prompt_before, hits_before = counts()
     start = time.perf_counter()
-    states = program.run_batch([{"i": i} for i in range(count)], temperature=0)  # type: ignore[attr-defined]
+    states = program.run_batch([{"i": i} for i in range(count)], temperature=0)
     seconds = time.perf_counter() - start
     errors = [str(st.error()) for st in states if st.error() is not None]
     prompt_after, hits_after = counts()

@@ -126,7 +126,7 @@ def build_workload(name: str, args: argparse.Namespace, mode: Mode, tokenizer: A
 
 def _mode(args: argparse.Namespace, model: str) -> Mode:
     if args.mode != "auto":
-        return args.mode  # type: ignore[no-any-return]
+        return args.mode
     return "ids" if model.startswith("dummy:") else "text"
 
 

@@ -28,7 +28,6 @@ import json
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,32 +35,9 @@ import torch
 from bench import record
 from bench.anatomy import prefill as prefill_workload
 from bench.anatomy.kernel_trace import busy_time
+from bench.anatomy.timer import PhaseTimer
 from radixmesh.worker.batch import Batch
 from radixmesh.worker.engine import Engine
-
-
-class PhaseTimer:
-    """Wall time of wrapped callables, per phase name, for the current step."""
-
-    def __init__(self) -> None:
-        self.current: dict[str, float] = defaultdict(float)
-
-    def wrap(self, obj: Any, name: str, phase: str) -> None:
-        fn: Callable[..., Any] = getattr(obj, name)
-
-        def timed(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                self.current[phase] += time.perf_counter() - t0
-
-        setattr(obj, name, timed)
-
-    def take(self) -> dict[str, float]:
-        out = {k: 1e3 * v for k, v in self.current.items()}
-        self.current = defaultdict(float)
-        return out
 
 
 def _summary(values: list[float]) -> dict[str, float]:

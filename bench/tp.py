@@ -359,8 +359,8 @@ def main(argv: list[str] | None = None) -> None:
         "ratios": _ratios(runs),
     }
     _print_table(runs, allreduce)
-    name = "smoke" if args.smoke else (f"layers{args.layers}" if args.layers else None)
-    record.write("tp", args, report, name=name)
+    label = "smoke" if args.smoke else (f"layers{args.layers}" if args.layers else None)
+    record.write("tp", args, report, name=label)
 
 
 def _ratios(runs: dict[str, Any]) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""The package's modules import one another in one direction: no cycles inside radixmesh/.
+"""The package's modules import one another in one direction: no cycles inside radixmesh/,
+nor inside bench/ (the benchmarks' modules, a package of their own).
 
 Every import counts, wherever it stands: at module level, inside a function (a lazy
 import still ties the two modules together) and under `if TYPE_CHECKING:` (a cycle of
@@ -12,33 +13,35 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import bench
 import radixmesh
 
 ROOT = Path(radixmesh.__file__).parent
 PACKAGE = ROOT.name
 GENERATED = f"{PACKAGE}.v1"  # the protobuf stubs (`make proto`)
+BENCH = Path(bench.__file__).parent
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules() -> dict[str, Path]:
-    found = {module_name(p): p for p in ROOT.rglob("*.py")}
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    found = {module_name(p, root): p for p in root.rglob("*.py")}
     return {m: p for m, p in found.items() if not m.startswith(GENERATED)}
 
 
-def imported(name: str, path: Path, known: set[str]) -> Iterator[str]:
+def imported(name: str, path: Path, known: set[str], package: str = PACKAGE) -> Iterator[str]:
     """The package's modules that `name` (at `path`) imports, anywhere in its source."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    parent = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                up = parent.split(".")[: len(parent.split(".")) - node.level + 1]
                 base = ".".join(up + ([node.module] if node.module else []))
             # `from a import b`: the module a.b when there is one, else a (b is a name in it)
             targets = [
@@ -49,14 +52,14 @@ def imported(name: str, path: Path, known: set[str]) -> Iterator[str]:
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
-            if target and target != name and target.startswith(PACKAGE + "."):
+            if target and target != name and target.startswith(package + "."):
                 yield target
 
 
-def graph() -> dict[str, set[str]]:
-    mods = modules()
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    mods = modules(root)
     known = set(mods)
-    return {name: set(imported(name, path, known)) for name, path in mods.items()}
+    return {name: set(imported(name, path, known, root.name)) for name, path in mods.items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -115,5 +118,12 @@ def test_cycles_are_found() -> None:
 
 def test_no_import_cycles_inside_the_package() -> None:
     edges = graph()
+    found = cycles(edges)
+    assert not found, "import cycles:\n" + "\n".join(_describe(c, edges) for c in found)
+
+
+def test_no_import_cycles_inside_the_benchmarks() -> None:
+    edges = graph(BENCH)
+    assert "bench.anatomy.timer" in edges["bench.anatomy.prefill"]  # the graph sees bench/
     found = cycles(edges)
     assert not found, "import cycles:\n" + "\n".join(_describe(c, edges) for c in found)

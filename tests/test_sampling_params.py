@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from radixmesh.errors import InvalidArgument
@@ -61,7 +63,9 @@ def test_validate_for_model_limits() -> None:
 def test_logit_bias_is_kept_as_sorted_pairs() -> None:
     p = SamplingParams.from_dict({"logit_bias": {"7": -100, 3: 2.5}})
     assert p.logit_bias == ((3, 2.5), (7, -100))
-    assert hash(p) == hash(SamplingParams(logit_bias=[(7, -100), (3, 2.5)]))
+    # A list, unsorted, as untyped callers pass it: the constructor makes sorted pairs.
+    unsorted: Any = [(7, -100), (3, 2.5)]
+    assert hash(p) == hash(SamplingParams(logit_bias=unsorted))
     with pytest.raises(InvalidArgument, match="logit_bias"):
         p.validate_for(prompt_len=1, context_len=256, vocab_size=7)
 

@@ -1,2 +1,3 @@
 """`bench/step_anatomy.py`'s prefill workload in parts: the profiler trace as kernels per
-engine step (`kernel_trace`), and the workload, its step records and figures (`prefill`)."""
+engine step (`kernel_trace`), the workload, its step records and figures (`prefill`), and
+the host phase timer both `step_anatomy` and `prefill` use (`timer`)."""

@@ -45,6 +45,7 @@ from bench.anatomy.kernel_trace import (
     trace_events,
     windows,
 )
+from bench.anatomy.timer import PhaseTimer
 from bench.offline import Workload, gpu_workloads
 from radixmesh.worker.batch import Batch
 from radixmesh.worker.engine import Engine
@@ -109,8 +110,6 @@ class StepRecorder:
     """Wraps the scheduler's step, its phases and the regions kernels are classified by."""
 
     def __init__(self, engine: Engine) -> None:
-        from bench.step_anatomy import PhaseTimer
-
         self.sched = engine.worker.scheduler
         self.runner = engine.worker.runner
         self.timer = PhaseTimer()

@@ -119,7 +119,7 @@ class OpenAIBackend:
 
     async def send(self, prompt: Prompt, max_tokens: int, result: RequestResult) -> None:
         clock = _Clock(result)
-        text: list[str] = []
+        text: list[str | None] = []  # a chat delta without content adds None
         try:
             async with self.session.post(
                 self.url, json=self.body(prompt, max_tokens), headers=self.headers

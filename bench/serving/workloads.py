@@ -153,7 +153,7 @@ def shared_prefix_workload(
         ideal = prefix_tokens[g] if g in seen else 0
         seen.add(g)
         sessions.append(Session((Turn(prompt, output_len, ideal),), group=g))
-    params = {
+    params: dict[str, float | int | str] = {
         "num_groups": num_groups,
         "requests_per_group": requests_per_group,
         "prefix_len": prefix_len,
@@ -193,7 +193,7 @@ def multi_turn_workload(
             items.append(Turn(message, output_len, known))
             known += maker.length(message) + output_len
         sessions.append(Session(tuple(items), group=c, think_time=think_time))
-    params = {
+    params: dict[str, float | int | str] = {
         "num_conversations": num_conversations,
         "turns": turns,
         "system_len": system_len,

@@ -15,7 +15,7 @@ import queue
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -77,12 +77,13 @@ class Engine:
         sampling_params: Params = None,
         input_ids: InputIds = None,
         stream: bool = False,
-    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+    ) -> dict[str, Any] | list[dict[str, Any]] | Generator[dict[str, Any], None, None]:
         """Generate for one prompt (-> a dict) or a list (-> a list of dicts).
 
         SGLang's argument order (prompt, sampling_params, input_ids), so positional calls
         written for SGLang work. stream=True -> an iterator of chunks whose "text" and
-        "output_ids" are deltas (the last one carries the final meta_info)."""
+        "output_ids" are deltas (the last one carries the final meta_info); a generator,
+        so closing it early (`.close()`) aborts the request and frees its KV."""
         reqs, single, compiles = self._make_requests(prompt, input_ids, sampling_params)
         for done in compiles:  # the caller's thread waits; the scheduler never does
             done.result()
@@ -403,7 +404,7 @@ class Engine:
             if out.finished:
                 return acc
 
-    def _stream(self, req: Request) -> Iterator[dict[str, Any]]:
+    def _stream(self, req: Request) -> Generator[dict[str, Any], None, None]:
         self.admission.reserve(1)
         q = self._submit(req)
         done = False

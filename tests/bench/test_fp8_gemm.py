@@ -51,7 +51,7 @@ def test_best_lines_paste_into_the_table(capsys: pytest.CaptureFixture[str]) -> 
     fast = LaunchConfig(block_n=64, block_k=512, split_k=2, num_warps=8, num_stages=3)
     slow = LaunchConfig(block_n=32, block_k=256)
     us = {1: 9.0, 4: 9.5, 16: 10.0}
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"config": slow.entry(), "us": {m: v + 5 for m, v in us.items()}, "ok": True},
         {"config": fast.entry(), "us": us, "ok": True},
         {"config": "LaunchConfig(block_n=16)", "error": "OutOfResources()", "ok": False},

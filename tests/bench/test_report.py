@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,7 +11,7 @@ from bench.serving.clients import RequestResult
 from bench.serving.report import Slo, hit_rate_timeline, plot_hit_timeline, plot_latency, summarize
 
 
-def _r(start: float, ttft: float, e2e: float, out: int, **kw: object) -> RequestResult:
+def _r(start: float, ttft: float, e2e: float, out: int, **kw: Any) -> RequestResult:
     gaps = [(e2e - ttft) / (out - 1)] * (out - 1) if out > 1 else []
     return RequestResult(start=start, ttft=ttft, e2e=e2e, itl=gaps, output_tokens=out, **kw)
 

@@ -3,6 +3,8 @@ sends, the server reads back, and what the worker's engine produced reaches the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 
@@ -15,7 +17,7 @@ from radixmesh.worker.request_output import Finish, MetaInfo, RequestOutput
 
 
 def _output(
-    ids: list[int], text: str, finish: Finish | None, logprobs: list | None = None, **meta: object
+    ids: list[int], text: str, finish: Finish | None, logprobs: list | None = None, **meta: Any
 ) -> RequestOutput:
     info = MetaInfo(
         id="r", prompt_tokens=5, completion_tokens=2, cached_tokens=4, finish=finish, **meta

@@ -51,13 +51,20 @@ def test_launch_config_checks_its_fields() -> None:
         LaunchSpec(model="dummy:tiny", workers=2, worker_ports=(1,))
 
 
+def _gpus(c: LaunchSpec, index: int) -> str:
+    """The CUDA_VISIBLE_DEVICES worker `index` gets (a spec with GPUs always sets an env)."""
+    env = worker_gpu_env(c, index)
+    assert env is not None
+    return env["CUDA_VISIBLE_DEVICES"]
+
+
 def test_each_local_worker_gets_its_own_gpus() -> None:
     c = LaunchSpec(
         model="m", workers=2, tp_size=2, device="cuda", env={"CUDA_VISIBLE_DEVICES": "3,4,5,6"}
     )
-    assert [worker_gpu_env(c, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["3,4", "5,6"]
+    assert [_gpus(c, i) for i in (0, 1)] == ["3,4", "5,6"]
     bare = LaunchSpec(model="m", workers=2, tp_size=1, device="cuda", env={"PATH": "/bin"})
-    assert [worker_gpu_env(bare, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["0", "1"]
+    assert [_gpus(bare, i) for i in (0, 1)] == ["0", "1"]
     assert worker_gpu_env(LaunchSpec(model="m", env={"A": "b"}), 1) == {"A": "b"}
     short = LaunchSpec(
         model="m", workers=3, tp_size=2, device="cuda", env={"CUDA_VISIBLE_DEVICES": "0,1"}
@@ -86,7 +93,7 @@ def test_workers_can_share_a_gpu_each_with_its_share_of_memory() -> None:
         worker_args=("--dtype", "bfloat16"),
     )  # fmt: skip
     check_gpus(c)
-    assert [worker_gpu_env(c, i)["CUDA_VISIBLE_DEVICES"] for i in range(4)] == ["0", "0", "1", "1"]
+    assert [_gpus(c, i) for i in range(4)] == ["0", "0", "1", "1"]
     assert worker_args(c) == ("--gpu-memory-share", "0.500000", "--dtype", "bfloat16")
     alone = LaunchSpec(model="m", workers=2, tp_size=1, device="cuda", visible_gpus=2, env={})
     assert worker_args(alone) == ()

@@ -481,7 +481,12 @@ def test_a_misplaced_field_fails_the_crd_schema() -> None:
 def test_values_schema_refuses_bad_values() -> None:
     import helm_python as helm
 
-    for bad in ({"worker": {"tpSize": 0}}, {"router": {"policy": "fastest"}}, {"modle": {}}):
+    cases: list[dict[str, Any]] = [
+        {"worker": {"tpSize": 0}},
+        {"router": {"policy": "fastest"}},
+        {"modle": {}},
+    ]
+    for bad in cases:
         with pytest.raises(helm.errors.HelmValuesError):
             _render(bad)
 

@@ -82,7 +82,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for chunk in self.engine.generate(input_ids=ids, sampling_params=params, stream=True):
+            stream = self.engine.generate(input_ids=ids, sampling_params=params, stream=True)
+            assert isinstance(stream, Iterator)
+            for chunk in stream:
                 done = chunk["meta_info"].get("finish_reason")
                 choice = {
                     "index": 0,
@@ -94,6 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"data: [DONE]\n\n")
             return
         outs = self.engine.generate(input_ids=[ids], sampling_params=[params])
+        assert isinstance(outs, list)
         choices = [
             {
                 "index": i,
@@ -116,6 +119,7 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("logprobs") is not None:
             params.update(return_logprob=True, logprob_start_len=0)
         outs = self.engine.generate(input_ids=ids, sampling_params=[params] * len(ids))
+        assert isinstance(outs, list)
         choices = []
         for i, (prompt, pids, out) in enumerate(zip(prompts, ids, outs, strict=True)):
             text = "" if drop_output else out["text"]
@@ -154,6 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
         # then, so tests can compare its answers with the engine's.
         params.setdefault("temperature", 0.0)
         out = self.engine.generate(prompt, params)
+        assert isinstance(out, dict)
         meta = out["meta_info"]
         stop = "max_tokens" if meta["finish_reason"]["type"] == "length" else "end_turn"
         self._json(

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 import radixmesh as sgl
-from radixmesh.lang.choices import normalized_logprob
+from radixmesh.lang.choices import (
+    ChoicesDecision,
+    ChoicesSamplingMethod,
+    TokenLogprob,
+    normalized_logprob,
+)
 
 
 def _entries(*lps: float | None) -> list[tuple[float | None, int, str]]:
@@ -16,7 +21,9 @@ CHOICES = ["a", "ab", "c"]
 COND = [_entries(-1.0), _entries(-1.0, -0.5), _entries(-0.9, -3.0)]
 
 
-def _call(method: sgl.lang.choices.ChoicesSamplingMethod, uncond=None):  # type: ignore[no-untyped-def]
+def _call(
+    method: ChoicesSamplingMethod, uncond: list[list[TokenLogprob]] | None = None
+) -> ChoicesDecision:
     return method(
         choices=CHOICES,
         normalized_prompt_logprobs=[normalized_logprob(c) for c in COND],

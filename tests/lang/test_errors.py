@@ -146,9 +146,9 @@ def test_bad_primitive_arguments() -> None:
     with pytest.raises(ValueError, match="choices: every choice must be a non-empty string"):
         sgl.select("a", choices=["x", ""])
     with pytest.raises(ValueError, match="choices_method"):
-        sgl.select("a", choices=["x"], choices_method="greedy")  # type: ignore[arg-type]
+        sgl.select("a", choices=["x"], choices_method="greedy")
     with pytest.raises(ValueError, match="name: a variable name must be a non-empty string"):
-        sgl.gen(3)  # type: ignore[arg-type]
+        sgl.gen(3)
     with pytest.raises(ValueError, match="dtype: expected int, float, str or bool"):
         sgl.gen("a", dtype=complex)
     with pytest.raises(TypeError, match="unexpected keyword argument 'regex'"):
@@ -165,7 +165,7 @@ def test_bad_run_arguments(engine: Engine) -> None:
     with pytest.raises(TypeError, match="got an unexpected keyword argument 'answer'"):
         prog.run(question="q", answer="a", backend=engine)
     with pytest.raises(ValueError, match="batch_kwargs: expected a list of dicts"):
-        prog.run_batch({"question": "q"}, backend=engine)  # type: ignore[arg-type]
+        prog.run_batch({"question": "q"}, backend=engine)
     with pytest.raises(ValueError, match="num_threads: expected 'auto' or an integer >= 1"):
         prog.run_batch([{"question": "q"}], num_threads=0, backend=engine)
     with pytest.raises(TypeError, match="has no argument 'answer' to bind"):

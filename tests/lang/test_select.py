@@ -39,12 +39,14 @@ def _by_hand(engine: Engine, prompt: str, choices: list[str]) -> tuple[list, lis
             input_ids=full,
             sampling_params={"max_new_tokens": 1, "return_logprob": True, "logprob_start_len": 1},
         )
+        assert isinstance(out, dict)
         lps = out["meta_info"]["input_token_logprobs"]  # positions 1..len-1
         cond.append([lp for lp, _, _ in lps[k - 1 :]])
         alone = engine.generate(
             input_ids=full[k:],
             sampling_params={"max_new_tokens": 1, "return_logprob": True, "logprob_start_len": 0},
         )
+        assert isinstance(alone, dict)
         entries = alone["meta_info"]["input_token_logprobs"] or [(None, full[k], None)]
         uncond.append([lp or 0.0 for lp, _, _ in entries])  # one token alone: no logprob
     return cond, uncond

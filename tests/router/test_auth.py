@@ -230,7 +230,7 @@ def _status(stub: Any, name: str, request: Any, md: Any, timeout: float = 30) ->
         if name in ("Generate", "StreamCacheEvents"):
             next(iter(out), None)
     except grpc.RpcError as e:
-        return e.code()  # type: ignore[no-any-return]
+        return e.code()
     return grpc.StatusCode.OK
 
 

@@ -884,10 +884,10 @@ def _normal_request_served(t: Target, surface: str) -> None:
         status, _ = _http_call(t, _completion())
         assert status == 200
     else:
-        status, _, details = _grpc_call(t, surface, *(
+        code, _, details = _grpc_call(t, surface, *(
             ("Generate", _generate()) if surface == "router" else ("Generate", _wgen())
         ))  # fmt: skip
-        assert status == "OK", details
+        assert code == "OK", details
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

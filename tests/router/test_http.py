@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from radixmesh.cluster.launch import LocalCluster, free_port
 from radixmesh.cluster.spec import LaunchSpec
@@ -311,7 +312,9 @@ def smollm2(smollm2_gguf: Path) -> Iterator[HttpCluster]:
     yield from _start("smollm2", 1, args)
 
 
-QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+QUESTION: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the capital of France? Answer in one word."}
+]
 LONG = {
     "model": "smollm2",
     "messages": [{"role": "user", "content": "Count to a thousand."}],
@@ -327,14 +330,14 @@ def test_openai_client_gets_paris(smollm2: HttpCluster) -> None:
         model="smollm2",
         messages=QUESTION,
         max_tokens=12,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
     assert out.choices[0].message.content is not None
     assert "Paris" in out.choices[0].message.content
     assert out.choices[0].finish_reason == "stop"
     streamed = client.chat.completions.create(
         model="smollm2",
-        messages=QUESTION,  # type: ignore[arg-type]
+        messages=QUESTION,
         max_tokens=12,
         temperature=0,
         stream=True,

@@ -209,7 +209,7 @@ def test_info_flush_and_health(cluster: Cluster) -> None:
 def test_bad_input_names_the_field(cluster: Cluster) -> None:
     post = cluster.http.post
     assert "unknown field 'foo'" in error(post("/generate", {"text": "x", "foo": 1}), 400, "foo")
-    bad = {"text": "x", "sampling_params": {"temprature": 0}}
+    bad: dict[str, Any] = {"text": "x", "sampling_params": {"temprature": 0}}
     error(post("/generate", bad), 400, "sampling_params.temprature")
     bad = {"text": "x", "sampling_params": {"temperature": -1}}
     error(post("/generate", bad), 400, "sampling_params.temperature")

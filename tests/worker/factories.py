@@ -52,21 +52,27 @@ class _Wrapped:
         self.forward = fn
 
 
+@dataclass(eq=False)
+class RecordedRequest(Request):
+    """A request whose sink keeps every output, in order: what a client would have seen.
+    A subclass rather than an attribute set on a `Request`, so tests read `outputs` typed."""
+
+    outputs: list[RequestOutput] = field(default_factory=list)
+
+
 def make_request(
     worker: Worker, prompt_ids: list[int], rid: str | None = None, **params: Any
-) -> Request:
+) -> RecordedRequest:
     params.setdefault("temperature", 0.0)
     params.setdefault("ignore_eos", True)
     sp = SamplingParams(**params)
-    req = Request(
+    req = RecordedRequest(
         rid=rid or f"r{next(_ids)}",
         prompt_ids=list(prompt_ids),
         params=sp,
         stop_ids=worker.stop_ids(sp),
     )
-    outputs: list[RequestOutput] = []
-    req.sink = outputs.append
-    req.outputs = outputs  # type: ignore[attr-defined]
+    req.sink = req.outputs.append
     return req
 
 

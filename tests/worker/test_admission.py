@@ -67,6 +67,7 @@ def test_the_queue_is_bounded_and_every_end_gives_a_place_back(engine: Engine) -
         while not out.finished:
             out = q.get(timeout=5)
     results = engine.generate(input_ids=[[1, 2]] * 4, sampling_params={"max_new_tokens": 2})
+    assert isinstance(results, list)
     assert [r["meta_info"]["completion_tokens"] for r in results] == [2, 2, 2, 2]
     assert _idle(engine)
 

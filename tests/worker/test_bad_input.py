@@ -96,7 +96,8 @@ def test_one_bad_item_rejects_the_whole_batch_and_the_engine_keeps_serving(
 ) -> None:
     stats_before = engine.get_stats()
     with pytest.raises(InvalidArgument) as err:
-        engine.generate(["fine prompt", "another"], [{"max_new_tokens": 4}, {"top_p": 2.0}])
+        batch: list[dict[str, Any]] = [{"max_new_tokens": 4}, {"top_p": 2.0}]
+        engine.generate(["fine prompt", "another"], batch)
     assert err.value.field == "top_p"
     assert engine.get_stats().prompt_tokens == stats_before.prompt_tokens  # nothing ran
     out = engine.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 3})

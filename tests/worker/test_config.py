@@ -15,6 +15,7 @@ from radixmesh.worker.config import (
     fit_running_to_pool,
 )
 from radixmesh.worker.engine import Engine
+from radixmesh.worker.model.llama import LlamaDecoderLayer
 from tests.worker.conftest import assert_engine_idle_and_clean
 
 GIB = 1 << 30
@@ -96,7 +97,9 @@ def test_engine_with_fp8_weights_and_kv_serves_and_accounts_for_every_slot() -> 
             pack_cpu_weights=pack,
             kv_cache_tokens=256,
         ) as engine:
-            qkv = engine.worker.model.model.layers[0].self_attn.qkv_proj
+            layer = engine.worker.model.model.layers[0]
+            assert isinstance(layer, LlamaDecoderLayer)
+            qkv = layer.self_attn.qkv_proj
             assert qkv.weight.dtype == (torch.float32 if pack else torch.float8_e4m3fn)
             assert engine.worker.kv_pool.dtype == torch.float8_e4m3fn
             outs = engine.generate(input_ids=prompts, sampling_params=params)

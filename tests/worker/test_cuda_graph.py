@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from radixmesh.worker.engine import Engine
+from radixmesh.worker.model.llama import LlamaDecoderLayer
 
 
 def test_ladder() -> None:
@@ -81,7 +82,9 @@ def test_bf16_fp8_engine_replays_graphs_over_scaled_mm() -> None:
         kv_cache_tokens=4096,
         max_running_requests=8,
     ) as eng:
-        qkv = eng.worker.model.model.layers[0].self_attn.qkv_proj
+        layer = eng.worker.model.model.layers[0]
+        assert isinstance(layer, LlamaDecoderLayer)
+        qkv = layer.self_attn.qkv_proj
         assert qkv.weight.dtype == torch.float8_e4m3fn
         x = torch.zeros(1, qkv.weight.shape[1], dtype=torch.bfloat16, device="cuda")
         assert scaled_mm_applies(x, qkv.weight)

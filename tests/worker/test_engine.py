@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
+from radixmesh.worker.request import Request
 from tests.worker.conftest import assert_engine_idle_and_clean
 
 pytestmark = pytest.mark.slow
@@ -96,7 +98,9 @@ def test_next_chat_turn_reuses_prompt_and_generated_tokens(engine: Engine) -> No
 def test_stream_deltas_concatenate_to_the_full_result(engine: Engine) -> None:
     params = {"temperature": 0.0, "max_new_tokens": 24}
     full = engine.generate(PROMPTS[2], params)
-    chunks = list(engine.generate(PROMPTS[2], params, stream=True))  # type: ignore[arg-type]
+    stream = engine.generate(PROMPTS[2], params, stream=True)
+    assert isinstance(stream, Iterator)
+    chunks = list(stream)
     assert isinstance(full, dict)
     assert "".join(c["text"] for c in chunks) == full["text"]
     assert [t for c in chunks for t in c["output_ids"]] == full["output_ids"]
@@ -106,10 +110,11 @@ def test_stream_deltas_concatenate_to_the_full_result(engine: Engine) -> None:
 
 def test_closing_a_stream_early_aborts_and_frees(engine: Engine) -> None:
     stream = engine.generate(PROMPTS[2], {"max_new_tokens": 200, "ignore_eos": True}, stream=True)
-    for i, _ in enumerate(stream):  # type: ignore[arg-type]
+    assert isinstance(stream, Iterator)
+    for i, _ in enumerate(stream):
         if i == 2:
             break
-    stream.close()  # type: ignore[union-attr]
+    stream.close()
     engine.call(lambda: None)  # the abort is processed before this returns
     assert_engine_idle_and_clean(engine)
 
@@ -292,7 +297,7 @@ def test_a_dead_scheduler_thread_fails_waiters_instead_of_hanging() -> None:
         def explode(reason: str) -> None:
             raise SystemExit("device gone")  # not an Exception: escapes the step guard
 
-        def bad_step() -> list[object]:
+        def bad_step() -> list[Request]:
             raise RuntimeError("step failed")
 
         eng.worker.scheduler.fail_all = explode  # type: ignore[method-assign]

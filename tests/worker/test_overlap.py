@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from radixmesh.worker.engine import Engine
-from radixmesh.worker.request import FinishReason, Request
+from radixmesh.worker.request import FinishReason
 from radixmesh.worker.worker import Worker
 from tests.worker.conftest import assert_engine_idle_and_clean
 from tests.worker.factories import (
+    RecordedRequest,
     all_free_after_flush,
     assert_slots_accounted,
     make_request,
@@ -31,11 +32,13 @@ def _prompt(seed: int, n: int) -> list[int]:
     return [(seed * 37 + i * 11) % 250 + 3 for i in range(n)]
 
 
-def _run(overlap: bool, waves: list[list[Spec]], **opts: Any) -> tuple[list[Request], Worker, int]:
+def _run(
+    overlap: bool, waves: list[list[Spec]], **opts: Any
+) -> tuple[list[RecordedRequest], Worker, int]:
     """Run each wave to completion in turn; returns the requests, the worker and how many
     steps ended with a token still on the device."""
     w = make_worker(overlap_schedule=overlap, **opts)
-    reqs: list[Request] = []
+    reqs: list[RecordedRequest] = []
     deferred = 0
     for wave in waves:
         for prompt, params in wave:
@@ -52,20 +55,20 @@ def _run(overlap: bool, waves: list[list[Spec]], **opts: Any) -> tuple[list[Requ
     return reqs, w, deferred
 
 
-def _check_clean(w: Worker, reqs: list[Request]) -> None:
+def _check_clean(w: Worker, reqs: list[RecordedRequest]) -> None:
     for r in reqs:
         assert r.finished
         assert min(r.token_ids) >= 0  # no placeholder left behind
-        streamed = [t for out in r.outputs for t in out.new_token_ids]  # type: ignore[attr-defined]
+        streamed = [t for out in r.outputs for t in out.new_token_ids]
         assert streamed == r.output_ids
-        assert r.outputs[-1].finished  # type: ignore[attr-defined]
-        assert r.outputs[-1].meta_info.completion_tokens == len(r.output_ids)  # type: ignore[attr-defined]
+        assert r.outputs[-1].finished
+        assert r.outputs[-1].meta_info.completion_tokens == len(r.output_ids)
     assert w.cache.protected_size() == 0
     assert w.req_table.num_free_rows == w.config.scheduler.max_running_requests
     assert all_free_after_flush(w)
 
 
-def _same(waves: list[list[Spec]], **opts: Any) -> tuple[list[Request], Worker]:
+def _same(waves: list[list[Spec]], **opts: Any) -> tuple[list[RecordedRequest], Worker]:
     sync, w_sync, deferred_sync = _run(False, waves, **opts)
     over, w_over, deferred = _run(True, waves, **opts)
     assert deferred_sync == 0 and deferred > 0
@@ -232,7 +235,7 @@ def test_smollm2_overlap_matches_sync_with_stops_eos_and_cache_hits(
     probe = engine.generate(PROMPTS[2], {"temperature": 0.0, "max_new_tokens": 24})
     assert isinstance(probe, dict)
     stop = probe["text"][8:14]  # spans tokens
-    params = [
+    params: list[dict[str, Any]] = [
         {"temperature": 0.0, "max_new_tokens": 24, "stop": [stop]},
         {"temperature": 0.0, "max_new_tokens": 3},
         {"temperature": 0.0, "max_new_tokens": 17},

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import torch
 
-from radixmesh.worker.batch import Batch, ForwardOutput
-from radixmesh.worker.request import FinishReason
+from radixmesh.worker.batch import Batch, ForwardOutput, ScheduledRequest
+from radixmesh.worker.request import FinishReason, Request
 from tests.worker.factories import (
     Recorder,
     all_free_after_flush,
@@ -83,7 +84,9 @@ def test_abort_mid_decode_returns_every_slot() -> None:
     assert w.scheduler.abort("x")
     assert_slots_accounted(w)
     assert r.finish_reason is FinishReason.ABORT
-    assert r.outputs[-1].finished and r.outputs[-1].meta_info.finish.reason == "abort"
+    last = r.outputs[-1]
+    assert last.finished and last.meta_info.finish is not None
+    assert last.meta_info.finish.reason == "abort"
     assert [q.rid for q in w.scheduler.running] == ["y"]
     run_to_completion(w)
     assert other.finish_reason is FinishReason.LENGTH
@@ -292,7 +295,9 @@ def test_batched_steps_with_forced_tokens_match_the_per_request_path(page_size: 
         hits: list[int] = []
         inner_decode = sched._schedule_decode
 
-        def schedule_decode(budget: int, items: list, slots: list) -> bool:  # type: ignore[type-arg]
+        def schedule_decode(
+            budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]
+        ) -> bool:
             ok = inner_decode(budget, items, slots)
             hits.extend(it.num_new_tokens for it in items if ok and it.num_new_tokens > 1)
             return ok
@@ -300,7 +305,9 @@ def test_batched_steps_with_forced_tokens_match_the_per_request_path(page_size: 
         sched._schedule_decode = schedule_decode  # type: ignore[method-assign]
         append = sched.output.append_token
 
-        def append_forced(req, token, logprob, top):  # type: ignore[no-untyped-def]
+        def append_forced(
+            req: Request, token: int, logprob: float | None, top: list[tuple[int, float]] | None
+        ) -> None:
             append(req, token, logprob, top)
             for k in (1, 2):  # like GrammarManager.append: stop once the request finished
                 if req.finished or req.num_output_tokens % 4 not in (1, 2):

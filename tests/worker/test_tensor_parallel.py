@@ -78,13 +78,19 @@ def _record_logits(engine: Engine) -> list[torch.Tensor]:
 def _run(engine: Engine, prompts: list[Any]) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy tokens of every prompt (one batch) and the logits of every step."""
     seen = _record_logits(engine)
-    key = "prompt" if isinstance(prompts[0], str) else "input_ids"
     # Hold the scheduler thread until every request is queued, so that both engines
     # see the same batches (the same logits rows per step).
     gate = threading.Event()
-    engine._post(lambda: gate.wait(30))
+
+    def hold() -> None:
+        gate.wait(30)
+
+    engine._post(hold)
     threading.Timer(1.0, gate.set).start()
-    outs = engine.generate(**{key: prompts}, sampling_params=GREEDY)
+    if isinstance(prompts[0], str):
+        outs = engine.generate(prompt=prompts, sampling_params=GREEDY)
+    else:
+        outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
     assert isinstance(outs, list)
     model = engine.worker.runner.model
     engine.call(lambda: model.__dict__.pop("compute_logits"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Literal, overload
 
 import torch
 
@@ -68,6 +69,30 @@ def load_quantization(spec: str) -> str | None:
     return hf.read_quantization(_path(src)) if src.kind == "hf" else None
 
 
+@overload
+def iter_weights(
+    spec: str,
+    arch: LlamaArchConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str = ...,
+    seed: int = ...,
+    sliced: Literal[False] = ...,
+) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+
+@overload
+def iter_weights(
+    spec: str,
+    arch: LlamaArchConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str = ...,
+    seed: int = ...,
+    sliced: bool,
+) -> Iterator[tuple[str, Loaded]]: ...
+
+
 def iter_weights(
     spec: str,
     arch: LlamaArchConfig,
@@ -83,7 +108,8 @@ def iter_weights(
     sliced=True (tensor parallelism): safetensors weights (HF and converted GGUF) come as
     `LazySlice`s that read only the part a rank keeps. Dummy weights are always whole:
     each tensor comes from its own seeded generator, so every TP size sees the same
-    model and tp 1 vs tp N logits compare.
+    model and tp 1 vs tp N logits compare. The overloads say so to the type checker:
+    without sliced=True every value is a whole tensor.
     """
     src = resolve_model(spec)
     if src.kind == "dummy":

@@ -11,6 +11,8 @@ import pytest
 from tests.router.openai.conftest import MODEL, Smollm2Cluster
 
 pytestmark = pytest.mark.slow
+# continuous_usage_stats is vLLM's extension (usage on every chunk): not in the SDK's types.
+USAGE_ON_EVERY_CHUNK: Any = {"include_usage": True, "continuous_usage_stats": True}
 QUESTION: Any = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
 
@@ -85,7 +87,7 @@ def test_usage_per_choice_and_on_every_chunk(smollm2: Smollm2Cluster) -> None:
         temperature=1.0,
         seed=3,
         stream=True,
-        stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        stream_options=USAGE_ON_EVERY_CHUNK,
     )
     chunks = list(stream)
     # Each token-bearing chunk carries its choice's usage so far; the role chunks none.

@@ -219,7 +219,7 @@ def test_required_and_named_calls_follow_the_schema(smollm2: Smollm2Cluster) -> 
         max_tokens=100,
     )
     (call,) = named.choices[0].message.tool_calls or []
-    assert call.function.name == "get_time"
+    assert call.type == "function" and call.function.name == "get_time"
     assert check_call(call) == {"city": "Paris"}
     # Sampled (not greedy) calls follow the schema too.
     sampled = client.chat.completions.create(
@@ -265,7 +265,7 @@ def test_auto_parses_the_models_own_call(smollm2: Smollm2Cluster) -> None:
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls or []
-    assert call.function.name == "get_weather"
+    assert call.type == "function" and call.function.name == "get_weather"
     assert check_call(call)["city"] == "Rome"
     # tool_choice none: the same reply is plain content.
     plain = smollm2.client.chat.completions.create(
@@ -317,6 +317,7 @@ def test_two_turn_tool_conversation(smollm2: Smollm2Cluster) -> None:
     )
     reply = first.choices[0].message
     (call,) = reply.tool_calls or []
+    assert call.type == "function"
     messages: Any = [
         *ASK,
         reply.model_dump(exclude_none=True),  # the assistant's turn, as the client has it

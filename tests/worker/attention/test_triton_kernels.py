@@ -4,6 +4,8 @@ an unwritten element fails."""
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import pytest
 import torch
 import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
@@ -20,8 +22,15 @@ from radixmesh.worker.attention.kernels.kv_store import kv_store, kv_store_ref
 from radixmesh.worker.kvcache.fp8_kv import FP8, dequantize_kv, quantize_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Blocks(TypedDict):
+    block_rows: int
+    block_n: int
+
+
 # Interpreter-friendly blocks: small tiles, still >= 16 for tl.dot.
-BLOCKS = {"block_rows": 16, "block_n": 16}
+BLOCKS: Blocks = {"block_rows": 16, "block_n": 16}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 # Triton 3.9's interpreter returns garbage (~1e8) from a bf16 tl.dot: bf16 attention is
 # checked on the GPU only (fp16 exercises the same low-precision path here).
@@ -39,6 +48,14 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
+class PoolCase(TypedDict):
+    k_buf: torch.Tensor
+    v_buf: torch.Tensor
+    table: torch.Tensor
+    rows: list[int]  # the table rows of the sequences, in order
+    q: torch.Tensor
+
+
 def make_pool_case(
     seqs: list[tuple[int, int]],
     hq: int,
@@ -48,7 +65,7 @@ def make_pool_case(
     seed: int,
     num_slots: int = 512,
     ctx: int = 96,
-) -> dict[str, torch.Tensor]:
+) -> PoolCase:
     """Random pool contents, shuffled slots per sequence in random table rows, random q."""
     gen = torch.Generator().manual_seed(seed)
     k_buf = torch.randn(num_slots, hkv, d, generator=gen).to(DEVICE, dtype)
@@ -156,7 +173,7 @@ def test_decode_equals_extend_of_one_token() -> None:
     torch.testing.assert_close(dec, ext, rtol=1e-5, atol=1e-6)
 
 
-def fp8_pool(c: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
+def fp8_pool(c: PoolCase) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
     """The case's pool quantized to FP8 (values, exponents) and dequantized to float32:
     the kernels read the first, the references the second (the same numbers)."""
     k8, k_exp = quantize_kv(c["k_buf"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from radixmesh.worker.model_runner import _one_row_per_token
 from tests.worker.conftest import assert_engine_idle_and_clean
 from tests.worker.constrained.schemas import schema_requests
 
-SCHEMA = {
+SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "full_name_of_the_person": {"type": "string", "maxLength": 12},
@@ -45,7 +46,9 @@ def tiny() -> Iterator[Engine]:
     eng.shutdown()
 
 
-def _generate(eng: Engine, prompts: list[str], params: dict[str, object], rows: int) -> list:
+def _generate(
+    eng: Engine, prompts: list[str], params: dict[str, Any], rows: int
+) -> list[dict[str, Any]]:
     runner = eng.worker.runner
     runner.decode_shaped_max_rows = rows
     try:

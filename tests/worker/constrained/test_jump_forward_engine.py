@@ -4,6 +4,7 @@ forced tokens counted, fewer decode steps, no slot leaks."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import jsonschema
 import pytest
@@ -66,7 +67,9 @@ def test_streaming_delivers_forced_text(engine: Engine, jump_forward: None) -> N
     params = {"temperature": 0, "max_new_tokens": 160, "json_schema": schema}
     prompt = "Customer record as JSON:"
     whole = engine.generate(prompt, params)
-    chunks = list(engine.generate(prompt, params, stream=True))  # type: ignore[arg-type]
+    stream = engine.generate(prompt, params, stream=True)
+    assert isinstance(stream, Iterator)
+    chunks = list(stream)
     assert isinstance(whole, dict)
     assert "".join(c["text"] for c in chunks) == whole["text"]
     assert any(len(c["output_ids"]) > 1 for c in chunks)  # a jump arrives as one chunk
@@ -119,7 +122,7 @@ def test_max_new_tokens_inside_the_start_text_finishes_without_a_step(
     out = engine.generate("JSON:", {"temperature": 0, "max_new_tokens": 3, "json_schema": schema})
     assert isinstance(out, dict)
     assert len(out["output_ids"]) == 3
-    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 3}  # type: ignore[index]
-    assert out["meta_info"]["forced_tokens"] == 3  # type: ignore[index]
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    assert out["meta_info"]["forced_tokens"] == 3
     assert engine.get_stats().num_steps == steps0  # finished before any step
     assert_engine_idle_and_clean(engine)

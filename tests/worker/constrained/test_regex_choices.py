@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -59,13 +60,11 @@ def test_ebnf_grammar(engine: Engine) -> None:
 
 
 def test_unconstrained_requests_share_the_batch(engine: Engine) -> None:
-    outs = engine.generate(
-        ["The capital of France is", "Digits:"],
-        [
-            {"temperature": 0, "max_new_tokens": 6},
-            {"temperature": 0, "max_new_tokens": 6, "regex": "[0-9]{6}"},
-        ],
-    )
+    params: list[dict[str, Any]] = [
+        {"temperature": 0, "max_new_tokens": 6},
+        {"temperature": 0, "max_new_tokens": 6, "regex": "[0-9]{6}"},
+    ]
+    outs = engine.generate(["The capital of France is", "Digits:"], params)
     assert isinstance(outs, list)
     alone = engine.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 6})
     assert isinstance(alone, dict)

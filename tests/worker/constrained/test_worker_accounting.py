@@ -52,7 +52,7 @@ def test_memory_pressure_retracts_and_outputs_stay_valid(
     for r in reqs:
         assert r.finish_reason is FinishReason.STOP
         jsonschema.validate(json.loads(text_of(worker, r)), schema)
-        assert r.grammar.num_forced_tokens > 0
+        assert r.grammar is not None and r.grammar.num_forced_tokens > 0
     assert all_free_after_flush(worker)
 
 
@@ -67,7 +67,7 @@ def test_outlines_regex_and_choices(smollm2_gguf: object) -> None:
     run_to_completion(worker)
     assert re.fullmatch(r"ORD-[0-9]{4}-[A-Z]{2}", text_of(worker, a))
     assert text_of(worker, b) in ("shipped", "pending")
-    assert a.grammar.num_forced_tokens > 0  # "ORD-" is forced
+    assert a.grammar is not None and a.grammar.num_forced_tokens > 0  # "ORD-" is forced
     assert all_free_after_flush(worker)
 
 
@@ -114,5 +114,5 @@ def test_dummy_model_with_byte_tokenizer() -> None:
     run_to_completion(worker)
     assert re.fullmatch(r"user-[0-9]{4}-(ok|fail)", text_of(worker, reqs[0]))
     assert re.fullmatch(r"[a-c]{3}x{3}", text_of(worker, reqs[1]))
-    assert reqs[0].grammar.num_forced_tokens >= len("user-")
+    assert reqs[0].grammar is not None and reqs[0].grammar.num_forced_tokens >= len("user-")
     assert all_free_after_flush(worker)

@@ -62,7 +62,7 @@ def test_same_masks_accepts_and_forced_text(monkeypatch: pytest.MonkeyPatch) -> 
         assert torch.equal(batched[0], a[1])
         assert mf.jump_forward_string() == mc.jump_forward_string()
         if k == len(out):
-            assert a[1, 4001 // 32].item() >> (4001 % 32) & 1  # complete: the stop id
+            assert int(a[1, 4001 // 32].item()) >> (4001 % 32) & 1  # complete: the stop id
             break
         assert mf.accept_token(out[k]) and mc.accept_token(out[k])
         assert not mc.accept_token(3000)  # a padding id is never accepted

@@ -37,6 +37,7 @@ def test_column_parallel_takes_its_rows(size: int) -> None:
     for rank in range(size):
         layer = ColumnParallelLinear(5, 12, bias=True, tp=TPGroup(rank, size))
         load(layer.weight, w)
+        assert layer.bias is not None
         load(layer.bias, b)
         rows = slice(rank * 12 // size, (rank + 1) * 12 // size)
         assert torch.equal(layer.weight, w[rows]) and torch.equal(layer.bias, b[rows])
@@ -78,6 +79,7 @@ def test_qkv_ranks_hold_the_kv_heads_of_their_query_heads(
         layer = QKVParallelLinear(
             hidden, d, num_heads, num_kv_heads, bias=True, tp=TPGroup(rank, size)
         )
+        assert layer.bias is not None
         for shard, full in (("q", q), ("k", k), ("v", v)):
             load(layer.weight, full, shard)
         for shard, full in (("q", bq), ("k", bk), ("v", bk)):

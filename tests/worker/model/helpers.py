@@ -116,7 +116,7 @@ VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
 }
 
 
-def make_pair(variant: str, seed: int = 0) -> tuple[torch.nn.Module, LlamaForCausalLM]:
+def make_pair(variant: str, seed: int = 0) -> tuple[transformers.PreTrainedModel, LlamaForCausalLM]:
     """A random transformers model and ours with the same weights."""
     config_class, overrides = VARIANTS[variant]
     config = config_class(**{**SMALL, **overrides}, attn_implementation="eager")

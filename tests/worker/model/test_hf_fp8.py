@@ -18,7 +18,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.layers.quantization.fp8 import FP8, dequantize_rows, quantize_rows
 from radixmesh.worker.model import loader
-from radixmesh.worker.model.llama import LlamaForCausalLM
+from radixmesh.worker.model.llama import LlamaDecoderLayer, LlamaForCausalLM
 from tests.worker.model.helpers import RaggedRunner, hf_logits, make_pair, random_ids
 
 FP8_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic"}
@@ -89,17 +89,19 @@ def test_fp8_checkpoint_loads_its_values_and_scales_unchanged(
     arch = loader.load_arch_config(str(path))
     model = LlamaForCausalLM(arch, quantization="fp8")
     model.load_weights(loader.iter_weights(str(path), arch, dtype=torch.float32, sliced=sliced))
-    attn = model.model.layers[0].self_attn.qkv_proj
+    first, second = model.model.layers[0], model.model.layers[1]
+    assert isinstance(first, LlamaDecoderLayer) and isinstance(second, LlamaDecoderLayer)
+    attn = first.self_attn.qkv_proj
     stored = torch.cat([ckpt[f"model.layers.0.self_attn.{p}.weight"] for p in ATTENTION[:3]])
     assert torch.equal(attn.weight.view(torch.uint8), stored.view(torch.uint8))
     per_tensor = [ckpt[f"model.layers.0.self_attn.{p}.weight_scale"] for p in ATTENTION[:3]]
     rows = [64, 32, 32]  # q, k, v rows of the small test model
     expected = torch.cat([s.expand(n) for s, n in zip(per_tensor, rows, strict=True)])
     assert torch.equal(attn.weight_scale, expected)
-    mlp = model.model.layers[0].mlp.down_proj
+    mlp = first.mlp.down_proj
     assert torch.equal(mlp.weight_scale, ckpt["model.layers.0.mlp.down_proj.weight_scale"][:, 0])
     # The full-precision layer of the checkpoint is quantized at load like any other.
-    ignored = model.model.layers[1].mlp.down_proj
+    ignored = second.mlp.down_proj
     q, scale = quantize_rows(ckpt["model.layers.1.mlp.down_proj.weight"])
     assert torch.equal(ignored.weight.view(torch.uint8), q.view(torch.uint8))
     assert torch.equal(ignored.weight_scale, scale)

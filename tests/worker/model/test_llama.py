@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from radixmesh.worker.model.arch import LlamaArchConfig
 from radixmesh.worker.model.llama import LlamaForCausalLM
@@ -62,6 +63,7 @@ def test_chunked_prefill_then_batched_decode(variant: str) -> None:
 
 def test_decode_matches_greedy_generation() -> None:
     hf, ours = make_pair("llama")
+    assert isinstance(hf, transformers.GenerationMixin)  # a causal LM generates
     prompt = random_ids(20, seed=5)
     with torch.no_grad():
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0]

@@ -4,11 +4,14 @@ scales, and the CPU's dequantize-once path."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixmesh.worker.layers.dense import PackableLinear
 from radixmesh.worker.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
@@ -48,8 +51,11 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-def fp8_layer(layer: nn.Module) -> nn.Module:
-    linear_method("fp8").create_weights(layer)  # type: ignore[arg-type]
+L = TypeVar("L", bound=PackableLinear)
+
+
+def fp8_layer(layer: L) -> L:
+    linear_method("fp8").create_weights(layer)
     return layer
 
 
@@ -122,7 +128,7 @@ def test_qkv_from_fp8_checkpoint_keeps_values_and_per_tensor_scales(size: int) -
         for name in "qkv":
             load(layer.weight, stored[name], name)
             load(layer.weight_scale, scales[name], name)
-        linear_method("fp8").check_loaded(layer)  # type: ignore[arg-type]
+        linear_method("fp8").check_loaded(layer)
         q_rows, kv_rows = heads * d // size, kv_heads * d // size
         expect_w = torch.cat([stored[n][rank * r : (rank + 1) * r] for n, r in
                               (("q", q_rows), ("k", kv_rows), ("v", kv_rows))])  # fmt: skip
@@ -163,7 +169,7 @@ def test_a_weight_without_its_scale_is_reported() -> None:
     assert is_optional(layer.weight_scale)  # not needed from a full-precision checkpoint
     load(layer.weight, gaussian(16, 32, seed=30).to(FP8))  # FP8 values, no scale given
     with pytest.raises(ValueError, match="weight_scale"):
-        linear_method("fp8").check_loaded(layer)  # type: ignore[arg-type]
+        linear_method("fp8").check_loaded(layer)
 
 
 def test_other_float8_formats_are_rejected() -> None:
@@ -174,13 +180,15 @@ def test_other_float8_formats_are_rejected() -> None:
 
 def test_forward_and_cpu_dequantize_once_agree() -> None:
     x, w = gaussian(5, 32, seed=40), gaussian(16, 32, seed=41)
-    model = nn.Sequential(fp8_layer(RowParallelLinear(32, 16)))
-    load(model[0].weight, w)
-    q, scale = model[0].weight.detach().clone(), model[0].weight_scale.detach().clone()
+    first = fp8_layer(RowParallelLinear(32, 16))
+    model = nn.Sequential(first)
+    load(first.weight, w)
+    q, scale = first.weight.detach().clone(), first.weight_scale.detach().clone()
     before = model(x)
     torch.testing.assert_close(before, fp8_linear(x, q, scale, None), rtol=0, atol=0)
     assert dequantize_linears(model, torch.float32) == 1
     layer = model[0]
+    assert isinstance(layer, RowParallelLinear)
     assert layer.linear_method is None and layer.weight.dtype == torch.float32
     assert "weight_scale" not in dict(layer.named_parameters())
     assert torch.equal(layer.weight, dequantize_rows(q, scale, torch.float32))
