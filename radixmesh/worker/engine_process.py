@@ -21,6 +21,9 @@ the model and the scheduler, and they talk over two pipes.
   asyncio queue, one loop wake-up per burst, and calls the cache listener with the events
   in the order the radix cache fired them.
 
+Every message is typed, and encoded with msgpack as a fixed-order array (not pickled):
+`radixmesh/worker/pipe.py` lists them and says why.
+
 The child ignores SIGINT / SIGTERM (the server drains, then sends shutdown) and exits when
 its command pipe closes, so a killed server never leaves an engine behind. A dead child
 makes `fatal` say so; every open stream then ends with `Unavailable`.
@@ -52,6 +55,30 @@ from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.mailbox import next_item
+from radixmesh.worker.pipe import (
+    Abort,
+    AbortAll,
+    Call,
+    Command,
+    Drain,
+    Error,
+    Event,
+    Failed,
+    Fatal,
+    FrameError,
+    Out,
+    PackedError,
+    Raise,
+    Ready,
+    Result,
+    ResultMessage,
+    Shutdown,
+    Submit,
+    decode_command,
+    decode_results,
+    encode_command,
+    encode_results,
+)
 from radixmesh.worker.request_output import RequestOutput, embedding_of
 from radixmesh.worker.score import score_of, score_requests
 
@@ -64,7 +91,7 @@ _POLL_S = 0.5  # how often a waiter checks that the child is alive
 # ---- errors across the pipe ----------------------------------------------------------------
 
 
-def _pack(e: BaseException) -> tuple[str, str, str | None]:
+def _pack(e: BaseException) -> PackedError:
     """An exception as plain values (our errors' constructors take extra arguments, so
     they do not pickle): gRPC status name, message, field."""
     if not isinstance(e, RadixMeshError | ValueError):
@@ -72,7 +99,7 @@ def _pack(e: BaseException) -> tuple[str, str, str | None]:
     return entry_for(e).grpc_status, str(e), getattr(e, "field", None)
 
 
-def _unpack(packed: tuple[str, str, str | None]) -> RadixMeshError:
+def _unpack(packed: PackedError) -> RadixMeshError:
     error = error_from_status(*packed)
     error.grpc_status = None  # raised here, not rebuilt from a client's status
     return error
@@ -106,26 +133,29 @@ class EngineProcess:
         self._fatal: str | None = None
         self._draining = False
         first = self._recv_first()
-        self.config: EngineConfig = first["config"]
-        self.info: EngineInfo = first["info"]
+        self.config: EngineConfig = first.config
+        self.info: EngineInfo = first.info
         self.tokenizer = _tokenizer(self.info, options.get("download_dir"))
         self._reader = threading.Thread(target=self._read, name="radixmesh-engine-reader")
         self._reader.daemon = True
         self._reader.start()
 
-    def _recv_first(self) -> dict[str, Any]:
+    def _recv_first(self) -> Ready:
         try:
-            kind, payload = self._out.recv()
+            first = decode_results(self._out.recv_bytes())
         except EOFError:
             self._proc.join(timeout=10)
             raise Unavailable(
                 f"the engine process exited while starting (status {self._proc.exitcode})"
             ) from None
-        if kind == "failed":
+        except FrameError as e:
+            self._proc.kill()
+            raise Unavailable(f"the engine process did not start: {e}") from None
+        if len(first) == 1 and isinstance(first[0], Failed):
             self._proc.join(timeout=30)
-            raise _unpack(payload)
-        assert kind == "ready", kind
-        return dict(payload)
+            raise _unpack(first[0].error)
+        assert len(first) == 1 and isinstance(first[0], Ready), first
+        return first[0]
 
     # ---- the API the server uses (the same as Engine's) ------------------------------------
 
@@ -171,10 +201,10 @@ class EngineProcess:
         return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
     def abort(self, rid: str) -> None:
-        self._send(("abort", rid))
+        self._send(Abort(rid))
 
     def abort_all(self, reason: str = "aborted") -> None:
-        self._send(("abort_all", reason))
+        self._send(AbortAll(reason))
 
     def flush_cache(self) -> bool:
         return bool(self._wait(self._call("flush_cache")))
@@ -184,7 +214,7 @@ class EngineProcess:
 
     def drain(self) -> None:
         self._draining = True
-        self._send(("drain",))
+        self._send(Drain())
 
     @property
     def draining(self) -> bool:
@@ -205,7 +235,7 @@ class EngineProcess:
 
     def shutdown(self) -> None:
         if self._proc.is_alive():
-            self._send(("shutdown",))
+            self._send(Shutdown())
             self._proc.join(timeout=60)
         if self._proc.is_alive():
             self._proc.kill()
@@ -224,7 +254,7 @@ class EngineProcess:
         self._streams[rid] = (loop, q)
         done = False
         try:
-            self._send(("submit", rid, ids, params, pooling))
+            self._send(Submit(rid, ids, params, pooling))
             while not done:
                 out = await self._next(q)
                 while not out.finished and not q.empty():
@@ -249,11 +279,12 @@ class EngineProcess:
         if self._fatal is not None:
             raise Unavailable(self._fatal)
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
+    def _send(self, msg: Command) -> None:
         self._check_alive()
+        frame = encode_command(msg)  # InvalidArgument: a submission msgpack cannot carry
         try:
             with self._send_lock:
-                self._cmd.send(msg)
+                self._cmd.send_bytes(frame)
         except (OSError, EOFError, ValueError) as e:  # the child is gone
             raise Unavailable(f"the engine process is gone: {e}") from None
 
@@ -262,10 +293,13 @@ class EngineProcess:
         cid = next(self._call_ids)
         self._calls[cid] = (fut, stamp)
         try:
-            self._send(("call", cid, name, args))
+            self._send(Call(cid, name, args))
         except Unavailable as e:
             self._calls.pop(cid, None)
             fut.set_exception(e)
+        except BaseException:  # arguments the pipe cannot carry
+            self._calls.pop(cid, None)
+            raise
         return fut
 
     def _wait(self, fut: Future[Any]) -> Any:
@@ -279,9 +313,13 @@ class EngineProcess:
         """The reader thread: route every result the child sends, until it is gone."""
         try:
             while True:
-                self._dispatch(self._out.recv())
+                self._dispatch(decode_results(self._out.recv_bytes()))
         except (EOFError, OSError):
             pass
+        except FrameError as e:  # a bug, not a load: the child's results can't be trusted
+            logger.error("%s; stopping the engine process", e)
+            self._fatal = f"the engine process sent a frame that does not decode ({e})"
+            self._proc.kill()
         self._proc.join(timeout=5)
         status = self._proc.exitcode
         self._fatal = self._fatal or f"the engine process exited (status {status})"
@@ -292,27 +330,26 @@ class EngineProcess:
         for loop, q in list(self._streams.values()):
             loop.call_soon_threadsafe(q.put_nowait, error)
 
-    def _dispatch(self, batch: list[tuple[Any, ...]]) -> None:
+    def _dispatch(self, batch: list[ResultMessage]) -> None:
         wakes: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
         for item in batch:
-            kind = item[0]
-            if kind == "out" or kind == "error":
-                stream = self._streams.get(item[1])
+            if isinstance(item, Out | Error):
+                stream = self._streams.get(item.rid)
                 if stream is not None:
-                    value = item[2] if kind == "out" else _unpack(item[2])
+                    value = item.output if isinstance(item, Out) else _unpack(item.error)
                     wakes.setdefault(stream[0], []).append((stream[1], value))
-            elif kind == "event":
+            elif isinstance(item, Event):
                 for fn in self._listeners:
-                    fn(item[1])
-            elif kind == "result" or kind == "raise":
-                fut, stamp = self._calls.pop(item[1])
-                if kind == "raise":
-                    fut.set_exception(_unpack(item[2]))
+                    fn(item.event)
+            elif isinstance(item, Result | Raise):
+                fut, stamp = self._calls.pop(item.cid)
+                if isinstance(item, Raise):
+                    fut.set_exception(_unpack(item.error))
                 else:
-                    value = item[2]
+                    value = item.value
                     fut.set_result((stamp(), value) if stamp is not None else value)
-            elif kind == "fatal":
-                self._fatal = str(item[1])
+            elif isinstance(item, Fatal):
+                self._fatal = item.message
         for loop, items in wakes.items():  # one wake-up per loop for the whole burst
             loop.call_soon_threadsafe(_deliver, items)
 
@@ -346,13 +383,13 @@ class _Outbox:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self._items: list[tuple[Any, ...]] = []
+        self._items: list[ResultMessage] = []
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="radixmesh-outbox", daemon=True)
         self._thread.start()
 
-    def put(self, item: tuple[Any, ...]) -> None:
+    def put(self, item: ResultMessage) -> None:
         with self._cond:
             self._items.append(item)
             if len(self._items) == 1:
@@ -373,11 +410,21 @@ class _Outbox:
                 closed = self._closed
             if items:
                 try:
-                    self.conn.send(items)
+                    self.conn.send_bytes(_encoded(items))
                 except (OSError, EOFError):
                     return  # the server is gone; the command loop sees it too
             if closed:
                 return
+
+
+def _encoded(items: list[ResultMessage]) -> bytes:
+    """The burst's frame; a result that cannot be encoded (a call's value that does not
+    pickle: a bug) makes the engine fatal, rather than leave the server waiting."""
+    try:
+        return encode_results(items)
+    except Exception as e:
+        logger.exception("a result for the engine pipe does not encode")
+        return encode_results([Fatal(f"the engine sent a result it cannot encode: {e!r:.200}")])
 
 
 def _child_main(cmd: Connection, out: Connection, options: dict[str, Any]) -> None:
@@ -398,11 +445,11 @@ def _child_main(cmd: Connection, out: Connection, options: dict[str, Any]) -> No
     try:
         engine = Engine(**options)
     except BaseException as e:
-        out.send(("failed", _pack(e)))
+        out.send_bytes(encode_results([Failed(_pack(e))]))
         return
     outbox = _Outbox(out)
-    engine.add_cache_listener(lambda ev: outbox.put(("event", ev)))
-    out.send(("ready", {"config": engine.config, "info": engine.info}))
+    engine.add_cache_listener(lambda ev: outbox.put(Event(ev)))
+    out.send_bytes(encode_results([Ready(engine.config, engine.info)]))
     _serve_commands(engine, cmd, outbox)
     outbox.close()
     os._exit(0)  # TP followers and pools are down; skip interpreter teardown
@@ -421,23 +468,25 @@ def _serve_commands(engine: Any, cmd: Connection, outbox: _Outbox) -> None:
     try:
         while True:
             try:
-                msg = cmd.recv()
+                msg = decode_command(cmd.recv_bytes())
             except (EOFError, OSError):
                 return  # the server is gone
-            kind = msg[0]
-            if kind == "submit":
-                submissions.start(msg[1])
-                pool.submit(_submit, engine, outbox, submissions, *msg[1:])
-            elif kind == "abort":
-                if not submissions.abort_later(msg[1]):
-                    engine.abort(msg[1])
-            elif kind == "abort_all":
-                engine.abort_all(msg[1])
-            elif kind == "drain":
+            except FrameError as e:  # a bug: stop, and the server sees the engine exit
+                logger.error("%s; stopping the engine", e)
+                return
+            if isinstance(msg, Submit):
+                submissions.start(msg.rid)
+                pool.submit(_submit, engine, outbox, submissions, *msg)
+            elif isinstance(msg, Abort):
+                if not submissions.abort_later(msg.rid):
+                    engine.abort(msg.rid)
+            elif isinstance(msg, AbortAll):
+                engine.abort_all(msg.reason)
+            elif isinstance(msg, Drain):
                 engine.drain()
-            elif kind == "call":
-                calls.submit(_run_call, engine, outbox, *msg[1:])
-            elif kind == "shutdown":
+            elif isinstance(msg, Call):
+                calls.submit(_run_call, engine, outbox, *msg)
+            elif isinstance(msg, Shutdown):
                 return
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
@@ -480,10 +529,10 @@ def _submit(
     pooling: str | None,
 ) -> None:
     def fail(e: BaseException) -> None:
-        outbox.put(("error", rid, _pack(e)))
+        outbox.put(Error(rid, _pack(e)))
 
     try:  # a constraint compiles in the background; `fail` gets its error
-        engine.submit(ids, params, rid, lambda o: outbox.put(("out", rid, o)), pooling, fail)
+        engine.submit(ids, params, rid, lambda o: outbox.put(Out(rid, o)), pooling, fail)
     except BaseException as e:
         submissions.done(rid)
         fail(e)
@@ -497,14 +546,14 @@ def _run_call(engine: Any, outbox: _Outbox, cid: int, name: str, args: tuple[Any
         if name == "cache_snapshot":
             # Queued from the scheduler thread itself, right behind the events the snapshot
             # includes and before any later one: the server stamps it in that order.
-            engine.call(lambda: outbox.put(("result", cid, engine.worker.cache.snapshot())))
+            engine.call(lambda: outbox.put(Result(cid, engine.worker.cache.snapshot())))
             return
         else:
             value: Any = getattr(engine, name)(*args)
     except BaseException as e:
-        outbox.put(("raise", cid, _pack(e)))
+        outbox.put(Raise(cid, _pack(e)))
         return
-    outbox.put(("result", cid, value))
+    outbox.put(Result(cid, value))
 
 
 def _watch_fatal(engine: Any, outbox: _Outbox) -> None:
@@ -512,5 +561,5 @@ def _watch_fatal(engine: Any, outbox: _Outbox) -> None:
     stop = threading.Event()
     while not stop.wait(0.2):
         if engine.fatal is not None:
-            outbox.put(("fatal", engine.fatal))
+            outbox.put(Fatal(engine.fatal))
             return

@@ -2,7 +2,9 @@
 `MetaInfo` and `Finish`.
 
 No torch here: these cross into the worker's server process (which does not load the
-engine's modules) by pickle, and the server turns them into protobuf (`radixmesh.wire`).
+engine's modules) over the engine pipe (`radixmesh.worker.pipe`, whose rows name every
+field: a new field goes there too), and the server turns them into protobuf
+(`radixmesh.wire`).
 SGLang's dict shapes (`meta_info`, streamed chunks) are built from them only at the
 Python API's edge: `MetaInfo.to_dict`, `RequestOutput.as_chunk`.
 """

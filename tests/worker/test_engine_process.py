@@ -72,6 +72,9 @@ def test_bad_requests_raise_their_error_naming_the_field(proc: EngineProcess) ->
     with pytest.raises(InvalidArgument) as e:
         _stream(proc, [1, 49152], GREEDY)
     assert e.value.field == "input_ids"
+    with pytest.raises(InvalidArgument) as e:  # not a plain value: the pipe can't carry it
+        _stream(proc, [1, 2, 3], {"max_new_tokens": 2, "temperature": object()})
+    assert e.value.field == "temperature"
     assert _stream(proc, [1, 2, 3], {"max_new_tokens": 2})[-1]["meta_info"]["finish_reason"]
 
 
