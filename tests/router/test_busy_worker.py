@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import grpc
@@ -37,7 +38,7 @@ from radixmesh.worker.server import ServerConfig, WorkerServicer, grpc_options
 
 pytestmark = pytest.mark.slow
 
-ENGINE = {"model": "dummy:tiny", "dtype": "float32", "kv_cache_tokens": 4096}
+ENGINE: dict[str, Any] = {"model": "dummy:tiny", "dtype": "float32", "kv_cache_tokens": 4096}
 BODY = {"text": "a busy worker", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
 
 
@@ -87,7 +88,7 @@ async def scenario(engine: Engine) -> None:
     servicer = SlowHealth(ServerConfig(host="127.0.0.1", port=0, engine_process=False))
     hub = CacheEventHub(engine, loop)
     servicer.attach(engine, hub)
-    worker = grpc.aio.server(options=grpc_options(64 * 1024 * 1024))
+    worker = grpc.aio.server(options=grpc_options(64 * 1024 * 1024, 1024))
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, worker)
     worker_address = f"127.0.0.1:{worker.add_insecure_port('127.0.0.1:0')}"
     await worker.start()
@@ -139,9 +140,12 @@ async def answers_while_the_engine_is_stuck(engine: Engine, address: str) -> Non
     """GetLoad answers from the server's last read while the scheduler cannot (before: it
     waited for the scheduler and passed any health timeout), and says how old that is."""
     stuck = threading.Event()
-    blocker = threading.Thread(
-        target=engine.call, args=(lambda: (stuck.set(), time.sleep(1.5)),), daemon=True
-    )
+
+    def hold_the_scheduler() -> None:
+        stuck.set()
+        time.sleep(1.5)
+
+    blocker = threading.Thread(target=engine.call, args=(hold_the_scheduler,), daemon=True)
     blocker.start()
     await asyncio.to_thread(stuck.wait, 10)
     await asyncio.sleep(0.3)

@@ -63,7 +63,7 @@ def test_limits_are_router_flags_that_launch_passes_on() -> None:
     assert limits == ListenerLimits(2.5, 60.0, 75.0, 7, 0)
     for field, value in (("body_timeout", 0.0), ("idle_timeout", float("inf"))):
         with pytest.raises(InvalidArgument) as e:
-            RouterConfig(workers=("127.0.0.1:1",), **{field: value})
+            RouterConfig(workers=("127.0.0.1:1",), **{field: value})  # type: ignore[arg-type]
         assert e.value.field == field
     with pytest.raises(InvalidArgument) as e:
         RouterConfig(workers=("127.0.0.1:1",), max_connections=-1)

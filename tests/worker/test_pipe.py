@@ -272,7 +272,7 @@ def test_a_garbled_command_frame_raises_frame_error(frame: bytes) -> None:
     [
         (Submit(RID, [1, 2], {"temperature": object()}, None), "temperature"),
         (Submit(RID, [1, 2], {"seed": 2**70}, None), "seed"),
-        (Submit(RID, [1, object()], {}, None), "input_ids"),
+        (Submit(RID, [1, object()], {}, None), "input_ids"),  # type: ignore[list-item]
         (Submit(RID, [1], {}, object()), "pooling"),  # type: ignore[arg-type]
     ],
 )
