@@ -13,6 +13,7 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention_ref,
 )
 from radixmesh.worker.attention.kernels.extend_attention import (
+    ExtendConfig,
     extend_attention,
     extend_attention_ref,
 )
@@ -21,7 +22,7 @@ from radixmesh.worker.kvcache.fp8_kv import FP8, dequantize_kv, quantize_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Interpreter-friendly blocks: small tiles, still >= 16 for tl.dot.
-BLOCKS = {"block_rows": 16, "block_n": 16}
+BLOCKS = {"config": ExtendConfig(block_rows=16, block_n=16, num_warps=4, num_stages=2)}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 # Triton 3.9's interpreter returns garbage (~1e8) from a bf16 tl.dot: bf16 attention is
 # checked on the GPU only (fp16 exercises the same low-precision path here).
