@@ -40,18 +40,20 @@ CASES = [
 def fresh_kv(
     c: dict[str, torch.Tensor], seqs: list[tuple[int, int]], hq: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """This forward's k/v as the model hands them over: strided views [T, Hkv, D] of one
-    fused qkv tensor, holding the pool's contents at each new token's slot."""
+    """This forward's k/v as the model hands them over, holding the pool's contents at each
+    new token's slot: k a view [T, Hkv, D] of the rotated [T, Hq + Hkv, D] q/k tensor, v
+    one of the fused [T, Hq + 2 Hkv, D] projection (so their row strides differ)."""
     hkv, d = c["k_buf"].shape[1:]
     t = sum(e for _, e in seqs)
+    qk = torch.full((t, hq + hkv, d), float("nan"), dtype=c["k_buf"].dtype, device=DEVICE)
     qkv = torch.full((t, hq + 2 * hkv, d), float("nan"), dtype=c["k_buf"].dtype, device=DEVICE)
     at = 0
     for row, (prefix, extend) in zip(c["rows"], seqs, strict=True):
         slots = c["table"][row, prefix : prefix + extend]
-        qkv[at : at + extend, hq : hq + hkv] = c["k_buf"][slots]
+        qk[at : at + extend, hq:] = c["k_buf"][slots]
         qkv[at : at + extend, hq + hkv :] = c["v_buf"][slots]
         at += extend
-    return qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+    return qk[:, hq:], qkv[:, hq + hkv :]
 
 
 def without_new_tokens(

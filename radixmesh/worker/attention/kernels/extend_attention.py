@@ -85,8 +85,10 @@ def _load_kv(
     kv_head,
     offs_d,
     d_mask,
-    stride_row,
-    stride_head,
+    stride_k_row,
+    stride_k_head,
+    stride_v_row,
+    stride_v_head,
     stride_scale_row,
     BOUNDED: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -95,17 +97,18 @@ def _load_kv(
     """K/V tiles [N, D] of rows `rows` [N] (int64) for one KV head; an FP8 pool's
     dequantized in float32 (exact: e4m3 times 2^e of its (slot, head)), cast to the
     query's dtype by the step."""
-    off = rows[:, None] * stride_row + kv_head * stride_head + offs_d[None, :]
+    k_off = rows[:, None] * stride_k_row + kv_head * stride_k_head + offs_d[None, :]
+    v_off = rows[:, None] * stride_v_row + kv_head * stride_v_head + offs_d[None, :]
     if BOUNDED:
         mask = n_mask[:, None] & d_mask[None, :] if D_PAD else n_mask[:, None]
-        k = tl.load(K + off, mask=mask, other=0.0)
-        v = tl.load(V + off, mask=mask, other=0.0)
+        k = tl.load(K + k_off, mask=mask, other=0.0)
+        v = tl.load(V + v_off, mask=mask, other=0.0)
     elif D_PAD:
-        k = tl.load(K + off, mask=d_mask[None, :], other=0.0)
-        v = tl.load(V + off, mask=d_mask[None, :], other=0.0)
+        k = tl.load(K + k_off, mask=d_mask[None, :], other=0.0)
+        v = tl.load(V + v_off, mask=d_mask[None, :], other=0.0)
     else:
-        k = tl.load(K + off)
-        v = tl.load(V + off)
+        k = tl.load(K + k_off)
+        v = tl.load(V + v_off)
     if KV_FP8:
         scale_off = rows * stride_scale_row + kv_head
         k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
@@ -232,7 +235,8 @@ def _extend_kernel(
         slots = tl.load(table_row + n0 + offs_n).to(tl.int64)
         k, v = _load_kv(
             K_buf, V_buf, K_scale, V_scale, slots, offs_n >= 0, kv_head, offs_d, d_mask,
-            stride_buf_slot, stride_buf_head, stride_scale_slot, False, D_PAD, KV_FP8,
+            stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
+            stride_scale_slot, False, D_PAD, KV_FP8,
         )  # fmt: skip
         acc, l_i, m_i = _softmax_step(
             acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
@@ -242,7 +246,8 @@ def _extend_kernel(
         slots = tl.load(table_row + prefix_full + offs_n, mask=n_mask, other=0).to(tl.int64)
         k, v = _load_kv(
             K_buf, V_buf, K_scale, V_scale, slots, n_mask, kv_head, offs_d, d_mask,
-            stride_buf_slot, stride_buf_head, stride_scale_slot, True, D_PAD, KV_FP8,
+            stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
+            stride_scale_slot, True, D_PAD, KV_FP8,
         )  # fmt: skip
         acc, l_i, m_i = _softmax_step(
             acc, l_i, m_i, q, k, v, n_mask[None, :], scale_log2, True, IEEE
@@ -252,10 +257,11 @@ def _extend_kernel(
     # diagonal tiles with the causal mask (and the bound: keys past `extend` do not exist).
     if NEW_CONTIG:
         new_k, new_v = K_new, V_new
-        stride_new_row, stride_new_head = stride_knew_t, stride_knew_h
+        k_row, k_head, v_row, v_head = stride_knew_t, stride_knew_h, stride_vnew_t, stride_vnew_h
     else:
         new_k, new_v = K_buf, V_buf
-        stride_new_row, stride_new_head = stride_buf_slot, stride_buf_head
+        k_row, k_head = stride_buf_slot, stride_buf_head
+        v_row, v_head = stride_buf_slot, stride_buf_head
     diagonal = (m0 // BLOCK_N) * BLOCK_N
     key_end = tl.minimum(extend, m0 + BLOCK_M)
     for n0 in range(0, diagonal, BLOCK_N):
@@ -265,7 +271,7 @@ def _extend_kernel(
             rows = tl.load(table_row + prefix + n0 + offs_n).to(tl.int64)
         k, v = _load_kv(
             new_k, new_v, K_scale, V_scale, rows, offs_n >= 0, kv_head, offs_d, d_mask,
-            stride_new_row, stride_new_head, stride_scale_slot, False, D_PAD, KV_FP8,
+            k_row, k_head, v_row, v_head, stride_scale_slot, False, D_PAD, KV_FP8,
         )  # fmt: skip
         acc, l_i, m_i = _softmax_step(
             acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
@@ -279,7 +285,7 @@ def _extend_kernel(
             rows = tl.load(table_row + prefix + offs_j, mask=n_mask, other=0).to(tl.int64)
         k, v = _load_kv(
             new_k, new_v, K_scale, V_scale, rows, n_mask, kv_head, offs_d, d_mask,
-            stride_new_row, stride_new_head, stride_scale_slot, True, D_PAD, KV_FP8,
+            k_row, k_head, v_row, v_head, stride_scale_slot, True, D_PAD, KV_FP8,
         )  # fmt: skip
         visible = n_mask[None, :] & (offs_j[None, :] <= offs_m[:, None])
         acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, scale_log2, True, IEEE)
