@@ -4,11 +4,19 @@ ceiling, and the engine's greedy tokens with the triton vs torch backend.
 1. Kernels vs their PyTorch references at Llama-3-8B shapes (Hq 32, Hkv 8, D 128), bf16,
    fresh random inputs per check, NaN-poisoned outputs: relative error < 1e-2.
 2. Decode kernel alone at batch 256 x context 4096 (shuffled slots) against a measured
-   device-to-device copy; extend kernel on 16 x 512 new tokens over 1536-token prefixes.
-3. Engine on `dummy:llama-3-8b`: greedy tokens of 16 prompts, triton vs torch backend.
+   device-to-device copy.
+3. Extend kernel, the package's against the one before it (bench/extend_attention_before.py)
+   on the same inputs, side by side in TFLOP/s: 8,192 causal new tokens with no prefix as
+   1 x 8192 and 16 x 512, 16 x 512 over 1,536 cached, 64 x 512. The package's kernel both
+   ways the backend calls it: new tokens' keys from this forward's k/v (a bf16 pool) and
+   through the slot table (what an FP8 pool does, here on the bf16 pool).
+4. A sweep of the extend kernel's tiles (rows, key tile, warps, stages) on the three
+   8k-token shapes, to retune `extend_config` from one run (`--skip-sweep` to skip).
+5. Engine on `dummy:llama-3-8b`: greedy tokens of 16 prompts, triton vs torch backend.
 
-Run on a CUDA machine: `python -m bench.attention_kernels [--out DIR] [--skip-engine]`.
-Prints a table and writes its record (bench/record.py) to bench/results/ or --out.
+Run on a CUDA machine: `python -m bench.attention_kernels [--out DIR] [--skip-engine]
+[--skip-sweep]`. Prints a table and writes its record (bench/record.py) to bench/results/
+or --out.
 """
 
 from __future__ import annotations
@@ -22,14 +30,17 @@ import torch
 from triton.testing import do_bench
 
 from bench import record
+from bench.extend_attention_before import extend_attention_before
 from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention,
     decode_attention_ref,
     decode_workspace,
 )
 from radixmesh.worker.attention.kernels.extend_attention import (
+    ExtendConfig,
     extend_attention,
     extend_attention_ref,
+    extend_config,
 )
 from radixmesh.worker.attention.kernels.kv_store import kv_store, kv_store_ref
 from radixmesh.worker.attention.triton_backend import choose_num_splits
@@ -61,20 +72,46 @@ def pool_case(seq_lens: list[int], num_slots: int, seed: int) -> dict[str, Any]:
     return {"k": k_buf, "v": v_buf, "table": table, "rows": list(range(len(seq_lens)))}
 
 
+def fresh_kv(c: dict[str, Any], seqs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """This forward's k/v as the model passes them (strided views [T, Hkv, D] of one fused
+    qkv tensor), holding what the pool holds at each new token's slot."""
+    t = sum(e for _, e in seqs)
+    qkv = torch.empty(t, HQ + 2 * HKV, D, device=DEV, dtype=DTYPE)
+    at = 0
+    for b, (prefix, extend) in enumerate(seqs):
+        slots = c["table"][b, prefix : prefix + extend]
+        qkv[at : at + extend, HQ : HQ + HKV] = c["k"][slots]
+        qkv[at : at + extend, HQ + HKV :] = c["v"][slots]
+        at += extend
+    return qkv[:, HQ : HQ + HKV], qkv[:, HQ + HKV :]
+
+
 def check_extend(seed: int) -> dict[str, Any]:
+    """The package's kernel both ways (fresh k/v, through the table) against the reference;
+    the two must agree bit for bit (same keys, same order of operations)."""
     rng = random.Random(seed)
-    seqs = [(rng.choice([0, 1, 100, 1536, 3000]), rng.choice([1, 7, 128, 511])) for _ in range(12)]
+    seqs = [
+        (rng.choice([0, 1, 100, 1536, 3000]), rng.choice([1, 7, 128, 511, 2100])) for _ in range(12)
+    ]
     c = pool_case([p + e for p, e in seqs], 65536, seed)
     prefix, extend = [p for p, _ in seqs], [e for _, e in seqs]
     q = torch.randn(sum(extend), HQ, D, device=DEV, dtype=DTYPE)
-    out = torch.full_like(q, float("nan"))
     starts = [sum(extend[:i]) for i in range(len(seqs))]
-    extend_attention(
-        q, c["k"], c["v"], out, c["table"], ints(c["rows"]), ints(prefix), ints(extend),
-        ints(starts), max(extend), D**-0.5,
-    )  # fmt: skip
+    outs = []
+    for new_kv in (fresh_kv(c, seqs), None):
+        out = torch.full_like(q, float("nan"))
+        extend_attention(
+            q, c["k"], c["v"], out, c["table"], ints(c["rows"]), ints(prefix), ints(extend),
+            ints(starts), max(extend), D**-0.5, new_kv=new_kv,
+        )  # fmt: skip
+        outs.append(out)
     ref = extend_attention_ref(q, c["k"], c["v"], c["table"], c["rows"], prefix, extend, D**-0.5)
-    return {"seqs": seqs, "nan": bool(out.isnan().any()), "rel_err": rel_err(out, ref)}
+    return {
+        "seqs": seqs,
+        "nan": bool(outs[0].isnan().any() or outs[1].isnan().any()),
+        "rel_err": rel_err(outs[0], ref),
+        "fresh_equals_table": bool(torch.equal(outs[0], outs[1])),
+    }
 
 
 def check_decode(seed: int, splits: int) -> dict[str, Any]:
@@ -139,25 +176,95 @@ def time_decode(batch: int, ctx: int, splits: int | None) -> dict[str, Any]:
     }
 
 
-def time_extend(batch: int, prefix: int, new: int) -> dict[str, Any]:
+Ints4 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def extend_case(batch: int, prefix: int, new: int) -> tuple[dict[str, Any], Ints4, Any]:
     c = pool_case([prefix + new] * batch, batch * (prefix + new) + 1, 6)
     q = torch.randn(batch * new, HQ, D, device=DEV, dtype=DTYPE)
-    out = torch.empty_like(q)
     args = (
         ints(c["rows"]),
         ints([prefix] * batch),
         ints([new] * batch),
         ints([i * new for i in range(batch)]),
     )
+    return c, args, q
 
-    def run() -> None:
-        extend_attention(q, c["k"], c["v"], out, c["table"], *args, new, D**-0.5)
 
-    ms = do_bench(run, warmup=20, rep=200, return_mode="median")
-    # Useful FLOPs: QK^T and PV over the visible keys (prefix + causal half of the new).
-    visible = batch * new * (prefix + (new + 1) / 2)
-    flops = 4 * HQ * D * visible
-    return {"batch": batch, "prefix": prefix, "new": new, "ms": ms, "tflops": flops / ms / 1e9}
+def extend_flops(batch: int, prefix: int, new: int) -> float:
+    """Useful FLOPs: QK^T and PV over the visible keys (prefix + causal half of the new)."""
+    return 4 * HQ * D * batch * new * (prefix + (new + 1) / 2)
+
+
+def time_extend(batch: int, prefix: int, new: int) -> dict[str, Any]:
+    """Before vs now on the same inputs: ms (do_bench median) and TFLOP/s of each."""
+    c, args, q = extend_case(batch, prefix, new)
+    new_kv = fresh_kv(c, [(prefix, new)] * batch)
+    outs = {name: torch.empty_like(q) for name in ("before", "fresh", "table")}
+    runs = {
+        "before": lambda: extend_attention_before(
+            q, c["k"], c["v"], outs["before"], c["table"], *args, new, D**-0.5
+        ),
+        "fresh": lambda: extend_attention(
+            q, c["k"], c["v"], outs["fresh"], c["table"], *args, new, D**-0.5, new_kv=new_kv
+        ),
+        "table": lambda: extend_attention(
+            q, c["k"], c["v"], outs["table"], c["table"], *args, new, D**-0.5
+        ),
+    }
+    flops = extend_flops(batch, prefix, new)
+    res: dict[str, Any] = {"batch": batch, "prefix": prefix, "new": new, "flops": flops}
+    res["config"] = extend_config(new, D).__dict__
+    for name, fn in runs.items():
+        ms = do_bench(fn, warmup=20, rep=200, return_mode="median")
+        res[name] = {"ms": ms, "tflops": flops / ms / 1e9}
+    res["rel_diff_fresh_vs_before"] = rel_err(outs["fresh"], outs["before"])
+    res["fresh_equals_table"] = bool(torch.equal(outs["fresh"], outs["table"]))
+    return res
+
+
+SWEEP = [
+    ExtendConfig(rows, block_n, warps, stages)
+    for rows, block_n, warps, stages in [
+        (128, 64, 4, 2),
+        (128, 64, 8, 2),
+        (128, 64, 8, 3),
+        (128, 64, 8, 4),
+        (128, 128, 8, 2),
+        (128, 128, 8, 3),
+        (128, 32, 8, 3),
+        (64, 64, 4, 2),
+        (64, 64, 4, 3),
+        (256, 64, 8, 2),
+        (256, 32, 8, 3),
+    ]
+]
+
+
+def sweep_extend(batch: int, prefix: int, new: int) -> list[dict[str, Any]]:
+    """The package's kernel (fresh k/v) at every tile config of SWEEP; a config the GPU
+    cannot run (shared memory, registers) is recorded with its error."""
+    c, args, q = extend_case(batch, prefix, new)
+    new_kv = fresh_kv(c, [(prefix, new)] * batch)
+    out = torch.empty_like(q)
+    flops = extend_flops(batch, prefix, new)
+    rows = []
+    for cfg in SWEEP:
+        row: dict[str, Any] = {"batch": batch, "prefix": prefix, "new": new, **cfg.__dict__}
+
+        def run(cfg: ExtendConfig = cfg) -> None:
+            extend_attention(
+                q, c["k"], c["v"], out, c["table"], *args, new, D**-0.5,
+                new_kv=new_kv, config=cfg,
+            )  # fmt: skip
+
+        try:
+            ms = do_bench(run, warmup=10, rep=100, return_mode="median")
+            row |= {"ms": ms, "tflops": flops / ms / 1e9}
+        except Exception as e:  # an out-of-resources config is a result, not a failure
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+    return rows
 
 
 def engine_parity(n_prompts: int, new_tokens: int, dtype: str) -> dict[str, Any]:
@@ -216,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     record.add_output_arguments(ap)
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--skip-sweep", action="store_true")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     report: dict[str, Any] = {
@@ -230,7 +338,17 @@ def main(argv: list[str] | None = None) -> None:
         time_decode(256, 4096, 2),
         time_decode(8, 4096, None),
     ]
-    report["extend_timing"] = [time_extend(16, 1536, 512), time_extend(64, 0, 512)]
+    report["extend_timing"] = [
+        time_extend(1, 0, 8192),
+        time_extend(16, 0, 512),
+        time_extend(16, 1536, 512),
+        time_extend(64, 0, 512),
+    ]
+    if not args.skip_sweep:
+        report["extend_sweep"] = [
+            row for shape in ((1, 0, 8192), (16, 0, 512), (16, 1536, 512))
+            for row in sweep_extend(*shape)
+        ]  # fmt: skip
     if not args.skip_engine:
         report["engine_parity"] = [engine_parity(16, 32, dt) for dt in ("float32", "bfloat16")]
     path = record.write("attention_kernels", args, report)
@@ -238,7 +356,11 @@ def main(argv: list[str] | None = None) -> None:
     ok = all(c["exact"] for c in report["store"]) and all(
         not c["nan"] and c["rel_err"] < 1e-2 for c in report["extend"] + report["decode"]
     )
+    # Expected true (same keys, same operations), but two compilations may contract
+    # differently; reported, not part of PASS.
+    same = [c["fresh_equals_table"] for c in report["extend"] + report["extend_timing"]]
     print(f"correctness (bf16, rel err < 1e-2, no unwritten output): {'PASS' if ok else 'FAIL'}")
+    print(f"extend: fresh k/v and table paths bit-identical in {sum(same)} of {len(same)} cases")
     for c in report["extend"] + report["decode"]:
         print(f"  rel_err {c['rel_err']:.2e} nan={c['nan']} {c.get('splits', '')}")
     copy = report["copy_bytes_per_s"]
@@ -249,11 +371,21 @@ def main(argv: list[str] | None = None) -> None:
             f"decode B={t['batch']} ctx={t['context']} splits={t['splits']}: {t['ms']:.3f} ms, "
             f"{bw / 1e12:.2f} TB/s KV = {bw / copy:.0%} of copy"
         )
+    print("extend (ms / TFLOP/s): before | now, fresh k/v | now, all through the table")
     for t in report["extend_timing"]:
+        b, f, tb = t["before"], t["fresh"], t["table"]
         print(
-            f"extend B={t['batch']} prefix={t['prefix']} new={t['new']}: {t['ms']:.3f} ms, "
-            f"{t['tflops']:.0f} TFLOP/s"
+            f"  B={t['batch']:>2} prefix={t['prefix']:>4} new={t['new']:>4}: "
+            f"{b['ms']:.3f} / {b['tflops']:.0f} | {f['ms']:.3f} / {f['tflops']:.0f} "
+            f"({b['ms'] / f['ms']:.2f}x) | {tb['ms']:.3f} / {tb['tflops']:.0f}; "
+            f"rel diff vs before {t['rel_diff_fresh_vs_before']:.1e}; tiles {t['config']}"
         )
+    if report.get("extend_sweep"):
+        print("extend tile sweep (rows, key tile, warps, stages: ms / TFLOP/s):")
+        for r in report["extend_sweep"]:
+            cfg = f"{r['block_rows']:>3} {r['block_n']:>3} {r['num_warps']} {r['num_stages']}"
+            res = r.get("error") or f"{r['ms']:.3f} / {r['tflops']:.0f}"
+            print(f"  B={r['batch']:>2} prefix={r['prefix']:>4} new={r['new']:>4} [{cfg}]: {res}")
     for p in report.get("engine_parity", []):
         print(
             f"engine greedy {p['dtype']} triton vs torch: {p['identical']}/{p['prompts']} "

@@ -2,12 +2,15 @@
 
 Per step `prepare` picks the kernel: a decode-only batch (one new token per sequence) runs
 flash-decoding with a split count sized to fill the GPU; an extend-only batch runs the
-extend kernel; a batch with both (chunked prefill, jump-forward's forced tokens beside
-decoding rows) runs each kernel on its own rows, because the extend kernel computes a
-BLOCK_M-row tile for every one-row query (64x the work of a decode row). Per layer
-`forward` stores the new k/v with the store kernel, then attends. With an FP8 pool every
-kernel also gets its scale exponents (kvcache/fp8_kv.py). Metadata holds device
-tensors only, built once per step, so every layer's launches need no host-device sync.
+extend kernel, reading the new tokens' keys from this forward's k/v where the pool has
+their dtype (contiguous rows, the same bits as the pool's) and through the slot table
+otherwise (an FP8 pool: every kernel reads the quantized keys); a batch with both
+(chunked prefill, jump-forward's forced tokens beside decoding rows) runs each kernel on
+its own rows, because the extend kernel computes a BLOCK_M-row tile for every one-row
+query (64x the work of a decode row). Per layer `forward` stores the new k/v with the
+store kernel, then attends. With an FP8 pool every kernel also gets its scale exponents
+(kvcache/fp8_kv.py). Metadata holds device tensors only, built once per step, so every
+layer's launches need no host-device sync.
 """
 
 from __future__ import annotations
@@ -124,6 +127,8 @@ class TritonAttentionBackend(AttentionBackend):
         v_buf = self.kv_pool.v_buffers[layer_id]
         scales = self.kv_pool.scales(layer_id)  # an FP8 pool's exponents, else None
         kv_store(k_buf, v_buf, batch.out_cache_loc, k, v, scales)
+        # The fresh k/v hold exactly what was just stored only when no cast happened.
+        new_kv = (k, v) if k.dtype == k_buf.dtype and v.dtype == v_buf.dtype else None
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
         meta = batch.attn_metadata
         if isinstance(meta, DecodeMeta):
@@ -144,7 +149,7 @@ class TritonAttentionBackend(AttentionBackend):
                 scales=scales,
             )
         if isinstance(meta, MixedMeta):
-            return self._forward_mixed(q, k_buf, v_buf, out, batch, meta, scales)
+            return self._forward_mixed(q, k_buf, v_buf, out, batch, meta, scales, new_kv)
         assert isinstance(meta, ExtendMeta), type(meta)
         return extend_attention(
             q,
@@ -159,6 +164,7 @@ class TritonAttentionBackend(AttentionBackend):
             meta.max_extend,
             self.scale,
             scales=scales,
+            new_kv=new_kv,
         )
 
     def _forward_mixed(
@@ -170,6 +176,7 @@ class TritonAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         meta: MixedMeta,
         scales: tuple[torch.Tensor, torch.Tensor] | None,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> torch.Tensor:
         """Extend rows straight into `out`; decode rows gathered ([Bd, Hq, D]), decoded and
         scattered back. Every new k/v is already stored, so a decode row sees itself."""
@@ -204,5 +211,6 @@ class TritonAttentionBackend(AttentionBackend):
             meta.extend.max_extend,
             self.scale,
             scales=scales,
+            new_kv=new_kv,
         )
         return out.index_copy_(0, meta.decode_tokens, out_dec)

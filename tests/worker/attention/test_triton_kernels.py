@@ -15,6 +15,7 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention_ref,
 )
 from radixmesh.worker.attention.kernels.extend_attention import (
+    ExtendConfig,
     extend_attention,
     extend_attention_ref,
 )
@@ -25,12 +26,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class Blocks(TypedDict):
-    block_rows: int
-    block_n: int
+    config: ExtendConfig
 
 
 # Interpreter-friendly blocks: small tiles, still >= 16 for tl.dot.
-BLOCKS: Blocks = {"block_rows": 16, "block_n": 16}
+BLOCKS: Blocks = {"config": ExtendConfig(block_rows=16, block_n=16, num_warps=4, num_stages=2)}
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 # Triton 3.9's interpreter returns garbage (~1e8) from a bf16 tl.dot: bf16 attention is
 # checked on the GPU only (fp16 exercises the same low-precision path here).

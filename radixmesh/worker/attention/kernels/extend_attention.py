@@ -1,21 +1,45 @@
 """Extend attention: a ragged batch of new tokens over their cached prefix plus themselves.
 
 Sequence b has `extend_lens[b]` new tokens at rows `q_start[b] ..` of q, at positions
-`prefix_lens[b] + i`; its keys are tokens 0 .. prefix + extend - 1, read through the slot
-table `req_to_token[req_rows[b]]` (the new tokens' k/v are stored before this runs, so the
-prefix and the new tokens are one key range). New token i sees keys 0 .. prefix + i.
+`prefix_lens[b] + i`; new token i sees keys 0 .. prefix + i. The new tokens' k/v are
+already stored in the pool (through the slot table `req_to_token[req_rows[b]]`) when
+this runs.
 
-One program per (sequence, KV head, block of BLOCK_M new tokens) runs an online softmax
-over key blocks of BLOCK_N, stopping at the block's last causal key; scores and the
-running sums are float32, the matrix products take the pool's dtype (bf16/fp16) operands
-with float32 accumulation. GQA: the G query heads of a KV head (query head h reads KV
-head h // G) are folded into the program's rows (BLOCK_M tokens x G heads, G rounded up
-to a power of two), so each key/value tile is read once per group, not once per head.
+One program per (sequence, KV head, block of new tokens) runs an online softmax (base 2:
+the scale is pre-multiplied by log2 e) over three key ranges, so that only the keys that
+can be masked pay for the mask:
+
+1. the cached prefix, read through the slot table: every new token sees all of it, so its
+   full BLOCK_N tiles run unmasked and only its last partial tile is bounds-masked;
+2. the new tokens before the block's first token (off the diagonal): seen by every row,
+   unmasked;
+3. the diagonal: the new tokens from the block's first token (rounded down to a tile) to
+   its last, causally masked. Key tiles past the block's last token are never visited.
+
+The new tokens' keys come from the fresh k/v of this forward (`new_kv`, rows `q_start[b]
++ j`, contiguous: no slot-id load in the loop's dependency chain) when the caller passes
+them; they hold exactly the pool's bits when the pool has their dtype. An FP8 pool holds
+quantized keys, so its caller passes no `new_kv` and every key is read back through the
+table, dequantized: the new tokens attend to the same numbers that decoding and a later
+prefix-cache hit read, so outputs do not depend on what was cached.
+
+GQA: the G query heads of a KV head (query head h reads KV head h // G) are folded into
+the program's rows (BLOCK_M tokens x G heads, G rounded up to a power of two), so each
+key/value tile is read once per group, and the diagonal's masked waste spans BLOCK_M
+tokens, not BLOCK_M * G. Scores and running sums are float32; the matrix products take
+the pool's dtype (bf16/fp16) operands and accumulate into the float32 output tile in
+place (`tl.dot(p, v, acc)`). Programs are launched longest-first (the last token blocks,
+which see the most keys) so the short ones fill the tail.
+
+Tile sizes come from `extend_config`, keyed by the batch's longest extend: short extends
+(chunk tails, forced tokens) keep 4 warps, where a few programs are all there is; long
+extends use 8 warps (two warpgroups of 64 rows on Hopper) and a third pipeline stage.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -24,6 +48,114 @@ import triton.language as tl
 from radixmesh.worker.attention.kernels.kv_store import pow2
 
 LOG2E = 1.0 / math.log(2.0)
+# From this longest extend on, the long-extend tiles (a batch of short extends has few
+# programs per sequence; 8 warps and 3 stages only pay once each program loops a while).
+LONG_EXTEND = 256
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """block_rows: query rows a program (new tokens x folded heads); block_n: keys a tile."""
+
+    block_rows: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def extend_config(max_extend: int, head_dim: int) -> ExtendConfig:
+    """The tile table. Short extends keep the previous kernel's tiles (measured best for
+    16 x 512 over a cached prefix on the H200, 2026-12-01); long ones take 8 warps and 3
+    stages. Head dims past 128 halve the key tile so 3 stages of K and V fit in shared
+    memory."""
+    block_n = 64 if head_dim <= 128 else 32
+    if max_extend < LONG_EXTEND:
+        return ExtendConfig(128, block_n, 4, 2)
+    return ExtendConfig(128, block_n, 8, 3)
+
+
+@triton.jit
+def _load_kv(
+    K,
+    V,
+    K_scale,
+    V_scale,
+    rows,
+    n_mask,
+    kv_head,
+    offs_d,
+    d_mask,
+    stride_k_row,
+    stride_k_head,
+    stride_v_row,
+    stride_v_head,
+    stride_scale_row,
+    BOUNDED: tl.constexpr,
+    D_PAD: tl.constexpr,
+    KV_FP8: tl.constexpr,
+):
+    """K/V tiles [N, D] of rows `rows` [N] (int64) for one KV head; an FP8 pool's
+    dequantized in float32 (exact: e4m3 times 2^e of its (slot, head)), cast to the
+    query's dtype by the step."""
+    k_off = rows[:, None] * stride_k_row + kv_head * stride_k_head + offs_d[None, :]
+    v_off = rows[:, None] * stride_v_row + kv_head * stride_v_head + offs_d[None, :]
+    if BOUNDED:
+        mask = n_mask[:, None] & d_mask[None, :] if D_PAD else n_mask[:, None]
+        k = tl.load(K + k_off, mask=mask, other=0.0)
+        v = tl.load(V + v_off, mask=mask, other=0.0)
+    elif D_PAD:
+        k = tl.load(K + k_off, mask=d_mask[None, :], other=0.0)
+        v = tl.load(V + v_off, mask=d_mask[None, :], other=0.0)
+    else:
+        k = tl.load(K + k_off)
+        v = tl.load(V + v_off)
+    if KV_FP8:
+        scale_off = rows * stride_scale_row + kv_head
+        k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+        v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+        k = k.to(tl.float32) * pow2(k_exp)[:, None]
+        v = v.to(tl.float32) * pow2(v_exp)[:, None]
+    return k, v
+
+
+@triton.jit
+def _softmax_step(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k,
+    v,
+    visible,
+    scale_log2,
+    MASKED: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One key tile of the online softmax (log2 units). Unmasked tiles fold the scale into
+    the max and the exponent's argument (one FMA a score); masked ones scale first so -inf
+    stays -inf. Every row has seen a key by its first masked tile (the prefix, or key 0 of
+    the new tokens, comes first), so m_new is finite and no row divides 0 by 0."""
+    k = k.to(q.dtype)  # no-op but for an FP8 pool's dequantized float32 tiles
+    v = v.to(q.dtype)
+    if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    if MASKED:
+        s = tl.where(visible, s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+    else:  # scale_log2 > 0, so max(s) * scale is the max of the scaled scores
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2)
+        p = tl.exp2(s * scale_log2 - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if IEEE:
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -33,6 +165,8 @@ def _extend_kernel(
     V_buf,
     K_scale,
     V_scale,
+    K_new,
+    V_new,
     O,
     req_to_token,
     req_rows,
@@ -40,6 +174,7 @@ def _extend_kernel(
     extend_lens,
     q_start,
     scale_log2,
+    num_kv_heads,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -47,78 +182,114 @@ def _extend_kernel(
     stride_buf_slot,
     stride_buf_head,
     stride_scale_slot,
+    stride_knew_t,
+    stride_knew_h,
+    stride_vnew_t,
+    stride_vnew_h,
     stride_table,
     GROUP: tl.constexpr,
     GROUP_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
+    NEW_CONTIG: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    m_block = tl.program_id(2)
+    pid = tl.program_id(0)
+    b = pid // num_kv_heads
+    kv_head = pid % num_kv_heads
+    # Axis 1 runs longest-first: block index descending (later tokens see more keys).
+    m_block = tl.num_programs(1) - 1 - tl.program_id(1)
     extend = tl.load(extend_lens + b)
-    if m_block * BLOCK_M >= extend:
+    m0 = m_block * BLOCK_M
+    if m0 >= extend:
         return
     prefix = tl.load(prefix_lens + b)
     start = tl.load(q_start + b).to(tl.int64)
     table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
 
-    # The group's query heads are folded into the rows: row r is new token r // GROUP_P2
-    # of the block, query head kv_head * GROUP + r % GROUP_P2 (rows past GROUP masked), so
-    # each K/V tile is read once for the whole group.
+    # Row r is new token m0 + r // GROUP_P2, query head kv_head * GROUP + r % GROUP_P2
+    # (rows past GROUP masked): one K/V tile serves the whole group.
     offs_r = tl.arange(0, BLOCK_M * GROUP_P2)
-    offs_m = m_block * BLOCK_M + offs_r // GROUP_P2  # [R] index among the new tokens
+    offs_m = m0 + offs_r // GROUP_P2  # [R] index among the new tokens
     g = offs_r % GROUP_P2
     h = kv_head * GROUP + g
     offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
     m_mask = (offs_m < extend) & (g < GROUP)
     d_mask = offs_d < HEAD_DIM
     q_ptrs = Q + (start + offs_m)[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
-    q_pos = prefix + offs_m  # [R] absolute positions
 
-    # Keys past the block's last query are causally masked for every row of the block.
-    key_end = tl.minimum(prefix + extend, prefix + (m_block + 1) * BLOCK_M)
     m_i = tl.full([BLOCK_M * GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M * GROUP_P2], tl.float32)
     acc = tl.zeros([BLOCK_M * GROUP_P2, BLOCK_D], tl.float32)
-    for n0 in range(0, key_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < key_end
-        slots = tl.load(table_row + offs_n, mask=n_mask, other=0).to(tl.int64)  # [N]
-        kv_off = slots[:, None] * stride_buf_slot + kv_head * stride_buf_head + offs_d[None, :]
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        scale_off = slots * stride_scale_slot + kv_head  # [N] (an FP8 pool's exponents)
-        k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
-        if KV_FP8:  # e4m3 times 2^e of its (slot, head): exact in the query's dtype
-            k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-            k = (k.to(tl.float32) * pow2(k_exp)[:, None]).to(Q.dtype.element_ty)
-        if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    all_rows = offs_r >= 0  # [R] true: the unmasked steps' (unused) visibility
+
+    # 1. The cached prefix, through the table: full tiles unmasked, then the partial one.
+    prefix_full = (prefix // BLOCK_N) * BLOCK_N
+    for n0 in range(0, prefix_full, BLOCK_N):
+        slots = tl.load(table_row + n0 + offs_n).to(tl.int64)
+        k, v = _load_kv(
+            K_buf, V_buf, K_scale, V_scale, slots, offs_n >= 0, kv_head, offs_d, d_mask,
+            stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
+            stride_scale_slot, False, D_PAD, KV_FP8,
+        )  # fmt: skip
+        acc, l_i, m_i = _softmax_step(
+            acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
+        )
+    if prefix_full < prefix:
+        n_mask = prefix_full + offs_n < prefix
+        slots = tl.load(table_row + prefix_full + offs_n, mask=n_mask, other=0).to(tl.int64)
+        k, v = _load_kv(
+            K_buf, V_buf, K_scale, V_scale, slots, n_mask, kv_head, offs_d, d_mask,
+            stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
+            stride_scale_slot, True, D_PAD, KV_FP8,
+        )  # fmt: skip
+        acc, l_i, m_i = _softmax_step(
+            acc, l_i, m_i, q, k, v, n_mask[None, :], scale_log2, True, IEEE
+        )
+
+    # 2.-3. The new tokens j = 0 .. the block's last: off-diagonal tiles unmasked, then the
+    # diagonal tiles with the causal mask (and the bound: keys past `extend` do not exist).
+    if NEW_CONTIG:
+        new_k, new_v = K_new, V_new
+        k_row, k_head, v_row, v_head = stride_knew_t, stride_knew_h, stride_vnew_t, stride_vnew_h
+    else:
+        new_k, new_v = K_buf, V_buf
+        k_row, k_head = stride_buf_slot, stride_buf_head
+        v_row, v_head = stride_buf_slot, stride_buf_head
+    diagonal = (m0 // BLOCK_N) * BLOCK_N
+    key_end = tl.minimum(extend, m0 + BLOCK_M)
+    for n0 in range(0, diagonal, BLOCK_N):
+        if NEW_CONTIG:
+            rows = start + n0 + offs_n
         else:
-            s = tl.dot(q, tl.trans(k))
-        s = s * scale_log2  # [M, N] fp32, in log2 units
-        visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        # Every row sees key 0 in the first block, so m_new is finite from there on.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
-        if KV_FP8:
-            v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-            v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(Q.dtype.element_ty)
-        if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            rows = tl.load(table_row + prefix + n0 + offs_n).to(tl.int64)
+        k, v = _load_kv(
+            new_k, new_v, K_scale, V_scale, rows, offs_n >= 0, kv_head, offs_d, d_mask,
+            k_row, k_head, v_row, v_head, stride_scale_slot, False, D_PAD, KV_FP8,
+        )  # fmt: skip
+        acc, l_i, m_i = _softmax_step(
+            acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
+        )
+    for n0 in range(diagonal, key_end, BLOCK_N):
+        offs_j = n0 + offs_n  # [N] index among the new tokens
+        n_mask = offs_j < key_end
+        if NEW_CONTIG:
+            rows = start + offs_j
         else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+            rows = tl.load(table_row + prefix + offs_j, mask=n_mask, other=0).to(tl.int64)
+        k, v = _load_kv(
+            new_k, new_v, K_scale, V_scale, rows, n_mask, kv_head, offs_d, d_mask,
+            k_row, k_head, v_row, v_head, stride_scale_slot, True, D_PAD, KV_FP8,
+        )  # fmt: skip
+        visible = n_mask[None, :] & (offs_j[None, :] <= offs_m[:, None])
+        acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, scale_log2, True, IEEE)
+
     out = acc / l_i[:, None]
     o_ptrs = O + (start + offs_m)[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -138,34 +309,46 @@ def extend_attention(
     scale: float,
     *,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_rows: int = 128,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    config: ExtendConfig | None = None,
 ) -> torch.Tensor:
     """q/out [T, Hq, D]; k_buf/v_buf [num_slots, Hkv, D]; per-sequence int tensors [B]
-    (`q_start[b]`: sequence b's first row of q); `max_extend` bounds extend_lens."""
+    (`q_start[b]`: sequence b's first row of q); `max_extend` bounds extend_lens.
+
+    `new_kv`: this forward's k/v [T, Hkv, D] (rows as q's, already stored in the pool and
+    of its dtype), read for the new tokens instead of the pool. `config`: the tiles,
+    `extend_config(max_extend, D)` by default."""
     t, hq, d = q.shape
     hkv = k_buf.shape[1]
     b = req_rows.shape[0]
-    assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
+    assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape and scale > 0
     assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
     assert req_to_token.stride(1) == 1
     # An FP8 pool: its (k, v) scale exponents [num_slots, Hkv] int8; unused pointers else.
     k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)
     assert scales is None or (k_scale.stride() == v_scale.stride() and k_scale.stride(1) == 1)
+    # The fresh k/v stand in for the pool only where they hold the pool's very bits.
+    k_new, v_new = new_kv if new_kv is not None else (k_buf, v_buf)
+    if new_kv is not None:
+        assert scales is None and k_new.dtype == v_new.dtype == k_buf.dtype
+        assert k_new.shape == v_new.shape == (t, hkv, d)
+        assert k_new.stride(2) == v_new.stride(2) == 1
     if t == 0 or b == 0:
         return out
+    cfg = config or extend_config(max_extend, d)
     group = hq // hkv
     group_p2 = triton.next_power_of_2(group)
-    block_m = max(1, block_rows // group_p2)  # new tokens per program; rows = block_m * group_p2
-    grid = (b, hkv, triton.cdiv(max_extend, block_m))
+    block_m = max(1, cfg.block_rows // group_p2)  # new tokens a program; rows = block_m * G
+    block_d = max(16, triton.next_power_of_2(d))
+    grid = (b * hkv, triton.cdiv(max_extend, block_m))
     _extend_kernel[grid](
         q,
         k_buf,
         v_buf,
         k_scale,
         v_scale,
+        k_new,
+        v_new,
         out,
         req_to_token,
         req_rows,
@@ -173,6 +356,7 @@ def extend_attention(
         extend_lens,
         q_start,
         scale * LOG2E,
+        hkv,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -180,17 +364,23 @@ def extend_attention(
         k_buf.stride(0),
         k_buf.stride(1),
         k_scale.stride(0),
+        k_new.stride(0),
+        k_new.stride(1),
+        v_new.stride(0),
+        v_new.stride(1),
         req_to_token.stride(0),
         GROUP=group,
         GROUP_P2=group_p2,
         HEAD_DIM=d,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_D=block_d,
+        D_PAD=block_d != d,
         BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_N=cfg.block_n,
         IEEE=q.dtype == torch.float32,
         KV_FP8=scales is not None,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        NEW_CONTIG=new_kv is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return out
 
