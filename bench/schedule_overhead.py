@@ -252,8 +252,17 @@ def run_tree(tree: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _workload_argv(args: argparse.Namespace) -> list[str]:
-    names = ("groups", "per_group", "prefix_tokens", "own", "new_tokens", "max_running")
-    names += ("token_budget", "page_size", "policy", "repeats", "runner", "clock", "gc")
+    names: tuple[str, ...] = ("groups", "per_group", "prefix_tokens", "own", "new_tokens")
+    names += (
+        "max_running",
+        "token_budget",
+        "page_size",
+        "policy",
+        "repeats",
+        "runner",
+        "clock",
+        "gc",
+    )
     return [x for n in names for x in (f"--{n.replace('_', '-')}", str(getattr(args, n)))]
 
 
