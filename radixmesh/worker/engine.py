@@ -385,7 +385,7 @@ class Engine:
     def _submit_all(self, reqs: list[Request]) -> list[queue.SimpleQueue[RequestOutput]]:
         # n > 1 and repeated prompts need nothing special here: the scheduler defers a
         # request whose prompt starts like one it admitted in the same step, so copies
-        # after the first hit the cache (see Scheduler._shares_with).
+        # after the first hit the cache (see step_prefixes.py).
         self.admission.reserve(len(reqs))
         return [self._submit(r) for r in reqs]
 

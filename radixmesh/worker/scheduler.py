@@ -44,6 +44,7 @@ from radixmesh.worker.policy import create_policy
 from radixmesh.worker.request import FinishReason, Request
 from radixmesh.worker.sampler import reads_output_ids
 from radixmesh.worker.stats import SchedulerStats
+from radixmesh.worker.step_prefixes import StepPrefixes
 
 
 class ModelRunnerLike(Protocol):  # the one method the scheduler needs (model_runner.py)
@@ -84,6 +85,7 @@ class Scheduler:
         self._num_steps = 0
         self._host_bound: list[Request] = []  # unfinished requests that need synchronous steps
         self._overlap = OverlapLoop(self) if config.overlap_schedule else None
+        self._threshold = config.in_batch_prefix_threshold
 
     # ---- the loop -------------------------------------------------------------------
 
@@ -228,11 +230,21 @@ class Scheduler:
         return True
 
     def _admit(self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]) -> None:
+        """Admit waiting requests in the policy's order while budget, rows and memory last.
+
+        A request that would compute a prefix another one admitted in this step computes
+        waits a step instead (step_prefixes.py), cheaply: with a long queue most of a
+        step's candidates may be such requests. At most `admission_match_limit` requests
+        are prefix-matched and then passed over per step; past that the step stops looking
+        down the queue, so a step's admission time is bounded whatever waits.
+        """
         full = len(self.running) >= self.config.running_cap
         if not self.waiting or full or self.req_table.num_free_rows == 0:
             return  # nothing can be admitted: don't pay for the policy's prefix matching
         reserved = self._reserved_tokens()
-        admitted: list[Request] = []
+        step = None if self.cache.disabled else StepPrefixes(self._threshold, self.page_size)
+        passed_over = 0
+        admitted: set[Request] = set()
         for req in self.policy.order(list(self.waiting)):
             if budget == 0 or len(self.running) >= self.config.running_cap:
                 break
@@ -240,9 +252,14 @@ class Scheduler:
                 continue
             if req.token_ids[-1] < 0:
                 continue  # retracted while its last token was on the device (overlap.py)
-            match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
-            if self._shares_with(req, len(match.slots), admitted):
+            if step is not None and step.defers_without_match(req):
                 continue  # next step it hits the prefix this step computes
+            match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
+            if step is not None and step.defers(req, match.last_node):
+                passed_over += 1
+                if passed_over >= self.config.admission_match_limit:
+                    break
+                continue
             row = self.req_table.alloc_row()
             if row is None:
                 break
@@ -259,15 +276,20 @@ class Scheduler:
                 self.cache.dec_lock_ref(match.last_node)
                 self.req_table.free_row(row)
                 break
-            self.waiting.remove(req)
             self._start(req, row, match.slots, match.last_node)
             new = self._record(req, row, prefix, host)
             self.running.append(req)
-            admitted.append(req)
+            admitted.add(req)
+            if step is not None:
+                step.add(req, match.last_node)
             items.append(ScheduledRequest(req, n))
             slots.append(new)
             budget -= n
             reserved += need
+        if admitted:  # one pass over the queue, not a scan per admitted request
+            kept = [r for r in self.waiting if r not in admitted]
+            self.waiting.clear()
+            self.waiting.extend(kept)
 
     def _grammar_not_ready(self, req: Request) -> bool:
         """Skip a request whose grammar still compiles; finish one whose compile failed.
@@ -285,23 +307,6 @@ class Scheduler:
             self.waiting.remove(req)
             self.output.emit(req)
             return True
-        return False
-
-    def _shares_with(self, req: Request, cached: int, admitted: list[Request]) -> bool:
-        """Whether `req`'s uncached part starts with a prefix that a request admitted in
-        this same step is about to compute. Deferring it one step turns that prefill into a
-        cache hit (bursts of one new prefix otherwise all prefill it side by side)."""
-        if self.cache.disabled or not admitted:
-            return False
-        mine = req.token_ids
-        for other in admitted:
-            theirs = other.token_ids
-            n = cached
-            limit = min(len(mine), len(theirs))
-            while n < limit and mine[n] == theirs[n]:
-                n += 1
-            if n - cached >= self.config.in_batch_prefix_threshold:
-                return True
         return False
 
     def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: TreeNode) -> None:

@@ -242,13 +242,20 @@ class RadixCache:
         no KV yet). Where the tree already had a token under a different slot, the
         request's slot is a duplicate and is freed; a slot equal to the tree's was shared
         from it. The unaligned tail is freed. Then `dec_lock_ref(locked_node)`.
+
+        `locked_node` is the node the request's prefix was matched (or last shared) to:
+        its first `locked_node.end` tokens and slots are the tree's own, so the insert
+        starts there rather than at the root. A request of a shared-prefix group then
+        pays for its own tokens only, not for comparing the whole shared prefix again
+        (1,536 of 1,600 tokens a request on the shared-prefix benchmark).
         """
         if self.disable:
             self.allocator.free(slots)
             return
         tokens, aligned = self._request_span(key, slots)
-        present, _, tree_slots = self._insert(tokens, aligned, slots)
-        self._free_duplicates(slots[:present], tree_slots)
+        start = self._start_of(locked_node, aligned)
+        present, _, tree_slots = self._insert(tokens, aligned, slots, start)
+        self._free_duplicates(slots[start.end : present], tree_slots)
         self.allocator.free(slots[aligned:])
         self.dec_lock_ref(locked_node)
 
@@ -260,16 +267,18 @@ class RadixCache:
         Same insertion and duplicate freeing as `cache_finished`. Returns the slots the
         request must use from now on (same length as `slots`: the tree's slots for the
         aligned prefix, the request's own unaligned tail unchanged) and the node ending at
-        the aligned prefix, now locked in place of `locked_node`.
+        the aligned prefix, now locked in place of `locked_node`. Like `cache_finished`,
+        the insert starts at `locked_node`.
         """
         if self.disable:
             return slots, self.root
         tokens, aligned = self._request_span(key, slots)
-        present, node, tree_slots = self._insert(tokens, aligned, slots)
-        self._free_duplicates(slots[:present], tree_slots)
+        start = self._start_of(locked_node, aligned)
+        present, node, tree_slots = self._insert(tokens, aligned, slots, start)
+        self._free_duplicates(slots[start.end : present], tree_slots)
         new_slots = slots.clone()
-        if present:
-            new_slots[:present] = tree_slots
+        if present > start.end:
+            new_slots[start.end : present] = tree_slots
         self.inc_lock_ref(node)
         self.dec_lock_ref(locked_node)
         return new_slots, node
@@ -280,6 +289,15 @@ class RadixCache:
         if len(tokens) < n:
             raise ValueError(f"key: {len(tokens)} tokens but {n} slots")
         return tokens, n - n % self.page_size
+
+    def _start_of(self, locked_node: TreeNode, aligned: int) -> TreeNode:
+        """Where a request's insert starts: its locked node, while that lies within the
+        span being inserted (else the root: a caller's odd lock costs a full walk only)."""
+        if locked_node.end <= aligned and (
+            locked_node.parent is not None or locked_node is self.root
+        ):
+            return locked_node
+        return self.root
 
     def _free_duplicates(self, req_slots: torch.Tensor, tree_slots: torch.Tensor) -> None:
         if req_slots.numel():
@@ -377,14 +395,24 @@ class RadixCache:
             return tokens[pos]
         return tuple(tokens[pos : pos + self.page_size])
 
-    def _walk(self, tokens: list[int], limit: int) -> tuple[TreeNode, int, list[torch.Tensor]]:
+    def _walk(
+        self, tokens: list[int], limit: int, start: TreeNode | None = None
+    ) -> tuple[TreeNode, int, list[torch.Tensor]]:
         """Follow tokens[:limit] down the tree, splitting where the match ends mid-node.
 
         Returns the last node (ending exactly at the matched length), that length, and the
-        values of the nodes on the path. Touches every node on the path (LRU).
+        values of the nodes on the path. Touches every node on the path (LRU). From a
+        `start` node (whose root path the caller knows spells tokens[:start.end]), the
+        values are those below it; its ancestors are touched without comparing tokens.
         """
         self._clock += 1
         node, pos, values = self.root, 0, []
+        if start is not None and start is not self.root:
+            node, pos = start, start.end
+            up: TreeNode | None = start
+            while up is not None and up is not self.root:
+                up.last_access = self._clock
+                up = up.parent
         while pos < limit:
             child = node.children.get(self._child_key(tokens, pos))
             if child is None:
@@ -428,11 +456,11 @@ class RadixCache:
         return upper
 
     def _insert(
-        self, tokens: list[int], limit: int, slots: torch.Tensor
+        self, tokens: list[int], limit: int, slots: torch.Tensor, start: TreeNode | None = None
     ) -> tuple[int, TreeNode, torch.Tensor]:
         """Insert tokens[:limit] -> slots[:limit]; returns (already present length, node
-        ending at `limit`, the tree's slots of the present part)."""
-        node, present, values = self._walk(tokens, limit)
+        ending at `limit`, the tree's slots of the present part below `start`)."""
+        node, present, values = self._walk(tokens, limit, start)
         tree_slots = _cat(values, self._empty)
         if present < limit:
             # Clone: `slots` is often a view of the request table, whose row gets reused.

@@ -220,6 +220,24 @@ def test_cache_finished_frees_duplicates_only() -> None:
     assert (cache.total_size(), cache.protected_size()) == (6, 0)
 
 
+def test_cache_finished_inserts_below_the_locked_node() -> None:
+    alloc, cache = make()
+    put(cache, [1, 2, 3])
+    put(cache, [5, 6])
+    m = cache.match_prefix([1, 2, 3, 4])  # a request on [1, 2, 3] computes 4, then 9
+    cache.inc_lock_ref(m.last_node)
+    put(cache, [5, 6, 7])  # [5, 6] is now used later than [1, 2, 3]
+    r = torch.cat([m.slots, alloc_n(alloc, 2)])
+    cache.cache_finished([1, 2, 3, 4, 9], r, m.last_node)
+    assert cache.match_prefix([1, 2, 3, 4, 9]).slots.tolist() == r.tolist()
+    # The insert started at the locked [1, 2, 3] node: [4, 9] is its child, the newest
+    # leaf, so eviction takes the [5, 6, 7] branch first.
+    assert cache.evict(3) == 3
+    assert cache.match_prefix([5, 6, 7]).slots.numel() == 0
+    assert cache.match_prefix([1, 2, 3, 4, 9]).slots.numel() == 5
+    assert (cache.total_size(), cache.protected_size()) == (5, 0)
+
+
 def test_cache_finished_page4_frees_the_unaligned_tail() -> None:
     alloc, cache = make(page_size=4)
     slots = alloc_n(alloc, 6)
