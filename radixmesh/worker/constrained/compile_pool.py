@@ -302,7 +302,7 @@ class _NoMainPopen(popen_forkserver.Popen):
             spawn.get_preparation_data = _preparation_data_without_main
         _launching.compile_process = True
         try:
-            super()._launch(process_obj)
+            super()._launch(process_obj)  # type: ignore[misc]  # (typeshed omits _launch)
         finally:
             _launching.compile_process = False
 
