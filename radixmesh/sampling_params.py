@@ -43,6 +43,9 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    # Patterns (Python `re` syntax) that end the generation when one matches the text's
+    # tail (SGLang's stop_regex; radixmesh/stop_regex.py bounds their cost).
+    stop_regex: tuple[str, ...] = ()
     seed: int | None = None
     n: int = 1
     return_logprob: bool = False
@@ -68,6 +71,10 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", tuple(_seq("stop", self.stop)))
+        if isinstance(self.stop_regex, str):
+            object.__setattr__(self, "stop_regex", (self.stop_regex,))
+        elif not isinstance(self.stop_regex, tuple):
+            object.__setattr__(self, "stop_regex", tuple(_seq("stop_regex", self.stop_regex)))
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(
                 self, "stop_token_ids", tuple(_seq("stop_token_ids", self.stop_token_ids))
@@ -220,6 +227,7 @@ class SamplingParams:
                 raise InvalidArgument(
                     "stop", f"a stop string has {len(s)} characters; at most {MAX_STOP_CHARS}"
                 )
+        self._validate_stop_regex()
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise InvalidArgument(
                 "stop_token_ids",
@@ -227,6 +235,31 @@ class SamplingParams:
             )
         for tid in self.stop_token_ids:
             _int("stop_token_ids", tid, lo=0, hi=_UINT32)
+
+    def _validate_stop_regex(self) -> None:
+        from radixmesh import stop_regex  # the `regex` package, loaded when used
+
+        if not self.stop_regex:
+            return
+        if len(self.stop_regex) > stop_regex.MAX_PATTERNS:
+            raise InvalidArgument(
+                "stop_regex",
+                f"at most {stop_regex.MAX_PATTERNS} patterns, got {len(self.stop_regex)}",
+            )
+        for p in self.stop_regex:
+            if not isinstance(p, str) or not p:
+                raise InvalidArgument(
+                    "stop_regex", f"patterns must be non-empty strings, got {_short(p)}"
+                )
+            if len(p) > stop_regex.MAX_CHARS:
+                raise InvalidArgument(
+                    "stop_regex",
+                    f"a pattern has {len(p)} characters; at most {stop_regex.MAX_CHARS}",
+                )
+        try:
+            stop_regex.compile_patterns(self.stop_regex)
+        except ValueError as e:
+            raise InvalidArgument("stop_regex", str(e)) from None
 
     def _validate_outputs_and_constraints(self) -> None:
         for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim", "return_logprob"):

@@ -133,6 +133,7 @@ def params_to_proto(params: Mapping[str, Any] | SamplingParams | None) -> common
     msg = common_pb2.SamplingParams(
         **{name: getattr(sp, name) for name in _PLAIN},
         stop=list(sp.stop),
+        stop_regex=list(sp.stop_regex),
         stop_token_ids=list(sp.stop_token_ids),
         logit_bias=dict(sp.logit_bias),
     )
@@ -154,6 +155,7 @@ def params_from_proto(p: common_pb2.SamplingParams) -> dict[str, Any]:
         if p.HasField(name):
             params[name] = getattr(p, name)
     params["stop"] = list(p.stop)
+    params["stop_regex"] = list(p.stop_regex)
     params["stop_token_ids"] = list(p.stop_token_ids)
     params["logit_bias"] = dict(p.logit_bias)
     kind = p.WhichOneof("constraint")

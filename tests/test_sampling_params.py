@@ -101,3 +101,19 @@ def test_top_logprobs_are_capped_by_the_server() -> None:
         p.validate_for(prompt_len=2, context_len=64, vocab_size=100)
     assert (err.value.field, err.value.message) == ("top_logprobs_num", "at most 20, got 21")
     p.validate_for(prompt_len=2, context_len=256, vocab_size=100, max_top_logprobs=50)
+
+
+def test_stop_regex_is_checked_and_named() -> None:
+    assert SamplingParams(stop_regex=r"\d+").stop_regex == (r"\d+",)  # type: ignore[arg-type]
+    assert SamplingParams(stop_regex=["a", "b+"]).stop_regex == ("a", "b+")  # type: ignore[arg-type]
+    cases = [
+        ("(", "stop_regex: '(' is not a regular expression: missing ) at position 1"),
+        ([""], "stop_regex: patterns must be non-empty strings, got ''"),
+        (["a"] * 9, "stop_regex: at most 8 patterns, got 9"),
+        (["x" * 257], "stop_regex: a pattern has 257 characters; at most 256"),
+        (5, "stop_regex: expected a list, got int"),
+    ]
+    for value, message in cases:
+        with pytest.raises(InvalidArgument) as e:
+            SamplingParams(stop_regex=value)  # type: ignore[arg-type]
+        assert (e.value.field, str(e.value)) == ("stop_regex", message)

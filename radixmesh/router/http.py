@@ -41,6 +41,7 @@ from radixmesh.router.control import ControlPlane
 from radixmesh.router.dispatch import Dispatcher
 from radixmesh.router.frontend import Job, JobChunks
 from radixmesh.router.http_listener import ConnectionGuard, GuardedSite, ServerLog
+from radixmesh.router.model_identity import identity
 from radixmesh.router.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
 from radixmesh.tokenizer import TokenizerLike
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["ApiError", "HttpFrontend", "JobChunks", "ssl_context"]
 
 # Probes, scrapers and the API's description: no API key, no request metrics.
-_OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
+_OPEN_PATHS = ("/health", "/metrics", "/openapi.json", "/ping", "/ready")
 
 
 def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
@@ -252,6 +253,7 @@ class HttpFrontend:
             "object": "model",
             "created": self.started,
             "owned_by": "radixmesh",
+            "root": identity(info.tokenizer or info.model),  # the weights (model_identity.py)
             "max_model_len": info.context_length,
         }
 

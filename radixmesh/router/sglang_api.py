@@ -6,7 +6,11 @@ streaming as SGLang's SSE events with the text so far), `GET /get_model_info` an
 client given this URL can speak gRPC; the workers only for an admin), `GET|POST
 /flush_cache` (every worker; an admin's), `POST /abort_request` (the caller's own request,
 or an admin's reach: auth.Roles), `GET /health_generate` (one token through the router),
-`POST /concate_and_append_request` (acknowledged: see `concate_and_append`). Generation
+`POST /concate_and_append_request` (acknowledged: see `concate_and_append`), the probes
+`GET /ping` (SageMaker's) and `GET /ready` (200 once serving, else 503 with Retry-After;
+both open like /health: http.py), vLLM's `POST /reset_prefix_cache` (as /flush_cache),
+`/start_profile` and `/stop_profile` (501: no profiler runs here), and `/v1/score` and
+`/v1/rerank` (score_api.py). Generation
 runs through the same `route_and_stream` as every other front end; parsing and reply
 shapes are sglang_protocol.py's. Errors: the HTTP frontend's `{"error": {...}}` with
 status 400 / 503.
@@ -28,9 +32,11 @@ import radixmesh
 from radixmesh.auth import ADMIN_MESSAGE, caller_of
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError
+from radixmesh.router import model_identity
 from radixmesh.router.api_error import ApiError, read_json, retry_after_header
 from radixmesh.router.limits import MAX_REQUEST_ID
 from radixmesh.router.liveness import UNAVAILABLE_RETRY_AFTER
+from radixmesh.router.score_api import ScoreApi
 from radixmesh.router.sglang_protocol import (
     GenerateRequest,
     OutputState,
@@ -61,16 +67,54 @@ class SglangApi:
         app.router.add_post("/abort_request", self.abort_request)
         app.router.add_get("/health_generate", self.health_generate)
         app.router.add_post("/concate_and_append_request", self.concate_and_append)
+        app.router.add_get("/ping", self.ready)
+        app.router.add_get("/ready", self.ready)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        for path in ("/start_profile", "/stop_profile"):
+            app.router.add_route("GET", path, self.profile)
+            app.router.add_route("POST", path, self.profile)
+        ScoreApi(self.frontend).register(app)
+
+    # ---- probes ---------------------------------------------------------------------------
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """SGLang's `/ready` and `/ping`: an empty 200 while the router serves (a worker
+        has answered, one is healthy, no drain), else an empty 503 with Retry-After.
+        SGLang's differ only while it pauses for a weight update, which radixmesh has not."""
+        frontend = self.frontend
+        serving = (
+            frontend.dispatch.admission.closed is None
+            and frontend.control.model_info is not None
+            and bool(frontend.control.healthy_workers())
+        )
+        if serving:
+            return web.Response(status=200)
+        return web.Response(status=503, headers=retry_after_header(UNAVAILABLE_RETRY_AFTER))
+
+    async def profile(self, request: web.Request) -> web.Response:
+        """SGLang's profiler switches: radixmesh has no profiler to start, so a 501 that
+        says so (a 200 would have a client wait for a trace that never comes)."""
+        message = (
+            f"{request.path}: no profiler runs in this server; profile a worker process "
+            "with py-spy or torch.profiler in an Engine (docs/performance.md)"
+        )
+        raise ApiError(501, message, None, "unimplemented")
 
     # ---- information ----------------------------------------------------------------------
 
     async def model_info(self, request: web.Request) -> web.Response:
+        """SGLang's fields; `model_path` is the weights' identity with the note SGLang's
+        client picks its chat template from, `tokenizer_path` the bare identity, and
+        `chat_template` the template's family (model_identity.py)."""
         info = self.frontend.ready()[1]
+        source = model_identity.identity(info.tokenizer or info.model)
+        template = model_identity.template_name(info.chat_template)
         return web.json_response(
             {
-                "model_path": info.model,
+                "model_path": model_identity.sglang_model_path(source, template),
                 "served_model_name": info.model,
-                "tokenizer_path": info.tokenizer,
+                "tokenizer_path": source,
+                "chat_template": template,
                 "is_generation": True,
                 "preferred_sampling_params": None,
                 "weight_version": "default",
@@ -122,6 +166,13 @@ class SglangApi:
             return web.Response(text=f"Cache flushed on {total} workers.\n")
         text = f"{total - flushed} of {total} workers did not flush (busy or unreachable).\n"
         return web.Response(text=text, status=400)
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's `/reset_prefix_cache` (bench_serving's --flush-cache posts it): every
+        worker's cache flushed, an admin's, as /flush_cache; an empty 200 as vLLM's, and
+        /flush_cache's 400 naming the workers that did not flush."""
+        resp = await self.flush_cache(request)
+        return web.Response(status=200) if resp.status == 200 else resp
 
     async def abort_request(self, request: web.Request) -> web.Response:
         """SGLang's abort: `{"rid": id}` or `{"abort_all": true}`. A caller reaches only its

@@ -30,10 +30,11 @@ _SAME = (
     "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
     "frequency_penalty", "presence_penalty", "repetition_penalty", "stop", "stop_token_ids",
     "ignore_eos", "skip_special_tokens", "no_stop_trim", "regex", "json_schema", "ebnf",
+    "stop_regex",
 )  # fmt: skip
 IGNORED_PARAMS = frozenset({"spaces_between_special_tokens", "stream_interval"})
 # Accepted only when null / false / empty: what radixmesh does not serve.
-_UNSERVED_PARAMS = frozenset({"stop_regex", "structural_tag", "custom_params", "logit_bias"})
+_UNSERVED_PARAMS = frozenset({"structural_tag", "custom_params", "logit_bias"})
 _TOP = frozenset(
     {
         "text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len",

@@ -10,13 +10,18 @@ mark of a cut UTF-8 sequence); the `prefix` tokens give the decoder the context 
 and the window then slides to `[read, end)`.
 
 Stop strings are then found in the text: text that might be the start of a stop string
-is held back, so nothing emitted is ever retracted.
+is held back, so nothing emitted is ever retracted. Stop regexes (radixmesh/stop_regex.py)
+are searched in the tail of the text after the stop strings; no text is held back for them
+(a regex has no "might start a match" test), so the text ends with the match: the
+matched text is kept, as in SGLang's output.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
+
+from radixmesh.stop_regex import WINDOW, StopRegexes, StopRegexTimeout
 
 # Prompt tokens decoded ahead of the output: SentencePiece-style decoders drop a leading
 # space at the start of a decode, so the first output token needs left context.
@@ -53,8 +58,12 @@ class IncrementalDetokenizer:
         skip_special_tokens: bool = True,
         stop: Sequence[str] = (),
         no_stop_trim: bool = False,
+        stop_regex: Sequence[str] = (),
     ) -> None:
         self._tokenizer = tokenizer
+        self._regexes = StopRegexes(stop_regex)
+        self.error: str | None = None  # a stop regex's search ran out of time
+        self._tail = ""  # the last stop_regex.WINDOW emitted characters (with regexes)
         self._skip_special = skip_special_tokens
         self._stops = tuple(s for s in stop if s)
         self._no_stop_trim = no_stop_trim
@@ -76,23 +85,23 @@ class IncrementalDetokenizer:
     def has_stops(self) -> bool:
         """Whether stop strings may end the text (then pushes must be token by token to
         know which token ended it)."""
-        return bool(self._stops)
+        return bool(self._stops) or bool(self._regexes)
 
     @property
     def matched_stop(self) -> str | None:
-        """The stop string that ended the text, once one did."""
+        """The stop string (or stop regex pattern) that ended the text, once one did."""
         return self._matched
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add output tokens; return the new text that is safe to emit now."""
-        if self._matched is not None:
+        if self._matched is not None or self.error is not None:
             return ""
         self._ids.extend(token_ids)
         return self._emit(self._decode_new(final=False), final=False)
 
     def finish(self) -> str:
         """Flush everything held back (incomplete characters, a partial stop string)."""
-        if self._matched is not None:
+        if self._matched is not None or self.error is not None:
             return ""
         return self._emit(self._decode_new(final=True), final=True)
 
@@ -158,6 +167,9 @@ class IncrementalDetokenizer:
     def _emit(self, new: str, *, final: bool) -> str:
         if self._stops:
             new = self._cut_at_stop(self._pending + new, final=final)
+        if self._regexes and new:
+            new = self._cut_at_regex(new)
+            self._tail = (self._tail + new)[-WINDOW:]
         if new:
             self._pieces.append(new)
         return new
@@ -172,6 +184,19 @@ class IncrementalDetokenizer:
         hold = 0 if final else self._partial_stop_len(text)
         self._pending = text[len(text) - hold :]
         return text[: len(text) - hold]
+
+    def _cut_at_regex(self, new: str) -> str:
+        """What of `new` may be emitted, given the stop regexes (see the module doc)."""
+        try:
+            hit = self._regexes.first_match(self._tail, new)
+        except StopRegexTimeout as e:
+            self.error, self._pending = str(e), ""
+            return ""
+        if hit is None:
+            return new
+        _, end, pattern = hit
+        self._matched, self._pending = pattern, ""
+        return new[: max(0, end)]
 
     def _first_stop(self, text: str) -> tuple[int, str] | None:
         """(start, stop) of the stop string that completes first in `text`, if any.

@@ -379,6 +379,7 @@ class Engine:
             skip_special_tokens=params.skip_special_tokens,
             stop=params.stop,
             no_stop_trim=params.no_stop_trim,
+            stop_regex=params.stop_regex,
         )
         return req
 

@@ -91,6 +91,9 @@ class OutputProcessor:
             req.finish(FinishReason.STOP, token)
         elif req.detokenizer is not None and req.detokenizer.matched_stop is not None:
             req.finish(FinishReason.STOP, req.detokenizer.matched_stop)
+        elif req.detokenizer is not None and req.detokenizer.error is not None:
+            req.error = req.detokenizer.error  # a stop regex too slow to search
+            req.finish(FinishReason.ABORT)
         elif n_out >= params.max_new_tokens or req.num_tokens >= self.context_len:
             req.finish(FinishReason.LENGTH)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from typing import Any
 
@@ -19,10 +20,14 @@ from tests.lang.sglang_programs import programs
 
 
 def run(url: str) -> dict[str, Any]:
-    backend = sgl.RuntimeEndpoint(url, chat_template_name="chatml")
+    # No chat_template_name: the client infers it from /get_model_info's model_path.
+    backend = sgl.RuntimeEndpoint(url)
     sgl.set_default_backend(backend)
     p = programs(sgl)
-    out: dict[str, Any] = {"model_path": backend.get_model_name()}
+    out: dict[str, Any] = {
+        "model_path": backend.get_model_name(),
+        "chat_template": backend.get_chat_template().name,
+    }
 
     s = p.multi_turn.run(question_1="What is the capital of France?", question_2="And of Italy?")
     out["multi_turn"] = [s["answer_1"], s["answer_2"], s.messages()]
@@ -68,6 +73,16 @@ def run(url: str) -> dict[str, Any]:
         return [piece async for piece in s.text_async_iter("answer_2")] + [s["answer_2"]]
 
     out["async_stream"] = asyncio.run(stream_async())
+
+    @sgl.function
+    def count(s, pattern):
+        s += "Count from one to ten: one, two,"
+        s += sgl.gen("rest", max_tokens=16, stop_regex=pattern)
+
+    full = count.run(pattern=None, temperature=0)["rest"]
+    literal = re.escape(full[3:6])  # its first match ends the text, the match kept
+    out["stop_regex"] = [full, literal, count.run(pattern=literal, temperature=0)["rest"]]
+
     out["flush_cache"] = sgl.flush_cache() is None  # SGLang's returns nothing on success
     out["server_info"] = sgl.get_server_info()
     return out

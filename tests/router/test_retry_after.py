@@ -55,6 +55,11 @@ REFUSED = {
     "POST /v1/embeddings",
     "POST /generate",
     "PUT /generate",
+    "GET /ping",
+    "GET /ready",
+    "POST /v1/score",
+    "POST /v1/rerank",
+    "PUT /v1/rerank",
 }
 
 

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_SITE = Path(os.environ.get("RADIXMESH_SGLANG_SITE", ROOT / ".sglang-site"))
 PROMPT = "The capital of France is"
+# The hub id, and the note SGLang's client reads its chat template from (model_identity.py).
+SMOLLM2_MODEL_PATH = "HuggingFaceTB/SmolLM2-135M-Instruct (chat template: chatml, as TinyLlama's)"
 
 
 class Cluster:
@@ -192,7 +194,13 @@ def test_streaming(cluster: Cluster) -> None:
 
 def test_info_flush_and_health(cluster: Cluster) -> None:
     info = cluster.http.get("/get_model_info").json()
-    assert info["model_path"] == "smollm2" and info["is_generation"] is True
+    assert info["model_path"] == SMOLLM2_MODEL_PATH and info["is_generation"] is True
+    assert (info["served_model_name"], info["chat_template"]) == ("smollm2", "chatml")
+    assert info["tokenizer_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    models = cluster.http.get("/v1/models").json()["data"]
+    assert [(m["id"], m["root"]) for m in models] == [
+        ("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    ]
     assert cluster.http.get("/model_info").json() == info
     server = cluster.http.get("/get_server_info").json()
     assert server["grpc_port"] == int(cluster.cluster.address.rsplit(":", 1)[1])
@@ -267,7 +275,12 @@ def test_sglang_runtime_endpoint_runs_programs(cluster: Cluster) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["model_path"] == "smollm2"
+    # SmolLM2-Instruct speaks ChatML: the client found it from model_path alone.
+    assert out["model_path"] == SMOLLM2_MODEL_PATH
+    assert out["chat_template"] == "chatml"
+    full, literal, cut = out["stop_regex"]
+    match = re.search(literal, full)
+    assert match is not None and cut == full[: match.end()]
     a1, a2, messages = out["multi_turn"]
     assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
     assert messages[1]["content"] == a1.strip() and a2

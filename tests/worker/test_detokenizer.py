@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -276,3 +277,48 @@ def test_invalid_utf8_streams_like_full_decode(data: list[int], chunks: list[int
         i, step = i + size, step + 1
     pieces.append(det.finish())
     assert "".join(pieces) == bytes(data).decode("utf-8", errors="replace")
+
+
+# ---- stop regexes (radixmesh/stop_regex.py) ------------------------------------------------
+
+
+def test_stop_regex_ends_the_text_with_its_match(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "Call Bob at 555-1234 after six, or 555-9999.")
+    det = IncrementalDetokenizer(tokenizer, stop_regex=[r"\d{3}-\d{4}"])
+    pieces = stream(det, ids)
+    assert det.matched_stop == r"\d{3}-\d{4}"  # the pattern, as SGLang's matched
+    assert "".join(pieces) == det.text == "Call Bob at 555-1234"  # kept: nothing retracted
+    assert det.push(encode(tokenizer, " more")) == "" and det.finish() == ""
+
+
+def test_stop_regex_beside_stop_strings_the_first_to_end_wins(tokenizer: Any) -> None:
+    ids = encode(tokenizer, "The answer is forty-two, said the computer.")
+    det = IncrementalDetokenizer(tokenizer, stop=["computer"], stop_regex=[r"fort\w+"])
+    assert "".join(stream(det, ids)) == "The answer is forty"
+    assert det.matched_stop == r"fort\w+"
+    det = IncrementalDetokenizer(tokenizer, stop=[" is"], stop_regex=[r"fort\w+"])
+    assert "".join(stream(det, ids)) == "The answer"
+    assert det.matched_stop == " is"
+
+
+def test_stop_regex_without_a_match_changes_nothing(tokenizer: Any) -> None:
+    ids = encode(tokenizer, TEXTS[0])
+    det = IncrementalDetokenizer(tokenizer, stop_regex=[r"\d{5}", "^zzz"])
+    assert "".join(stream(det, ids)) == tokenizer.decode(ids)
+    assert det.matched_stop is None and det.error is None
+
+
+def test_a_stop_regex_search_is_bounded_in_time(tokenizer: Any) -> None:
+    # `(a|a)+b` backtracks through 2**n ways on a run of n a's: no n past ~40 searches in
+    # a machine's lifetime. The search gives up at its timeout and the request ends with
+    # an error naming stop_regex; the scheduler thread is never held longer.
+    ids = encode(tokenizer, "a" * 300 + "!")
+    det = IncrementalDetokenizer(tokenizer, stop_regex=["(a|a)+b"])
+    t0 = time.perf_counter()
+    text = "".join(stream(det, ids, chunk=4))
+    assert time.perf_counter() - t0 < 10
+    assert det.error is not None
+    assert det.error.startswith("stop_regex: '(a|a)+b' took longer than 5 ms to search")
+    assert det.matched_stop is None
+    assert set(text) <= {"a"} and len(text) < 300  # what came before the search gave up
+    assert det.push(ids[:1]) == "" and det.finish() == ""

@@ -42,6 +42,7 @@ PARAMS = {
     "frequency_penalty": "frequency_penalty",
     "repetition_penalty": "repetition_penalty",
     "stop": "stop",
+    "stop_regex": "stop_regex",
     "stop_token_ids": "stop_token_ids",
     "seed": "seed",
     "ignore_eos": "ignore_eos",

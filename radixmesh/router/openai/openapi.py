@@ -47,6 +47,14 @@ _SGLANG = (
     ("post", "/abort_request", "abort the caller's request by rid (admin: anyone's)", True),
     ("get", "/health_generate", "one token generated through the router", False),
     ("post", "/concate_and_append_request", "acknowledged (a join's bookkeeping)", True),
+    ("post", "/reset_prefix_cache", "vLLM's: flush every worker's cache (admin)", False),
+    ("get", "/start_profile", "501: no profiler runs in this server", False),
+    ("post", "/start_profile", "501: no profiler runs in this server", False),
+    ("get", "/stop_profile", "501: no profiler runs in this server", False),
+    ("post", "/stop_profile", "501: no profiler runs in this server", False),
+    ("post", "/v1/score", "probabilities of label tokens after query + item", True),
+    ("post", "/v1/rerank", "documents ranked by the model's yes / no relevance", True),
+    ("put", "/v1/rerank", "documents ranked by the model's yes / no relevance", True),
 )
 ENDPOINTS = (
     Endpoint("get", "/v1/models", "The served model, as a list", response=rs.ModelList),
@@ -85,6 +93,8 @@ ENDPOINTS = (
         "post", "/detokenize", "Token ids -> text", rq.DetokenizeRequest, rs.DetokenizeResponse
     ),
     Endpoint("get", "/health", "200 while a worker is healthy, else 503", authenticated=False),
+    Endpoint("get", "/ping", "SGLang's: 200 while serving, else 503", authenticated=False),
+    Endpoint("get", "/ready", "SGLang's: 200 while serving, else 503", authenticated=False),
     *(
         Endpoint(
             method,

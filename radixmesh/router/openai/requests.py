@@ -168,6 +168,7 @@ class Sampling(Body):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
+    stop_regex: str | list[str] | None = None  # SGLang's extension
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
     presence_penalty: float | None = None

@@ -162,6 +162,7 @@ class Model(Reply):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    root: str  # where the weights come from (a hub id, a path): router/model_identity.py
     max_model_len: int
 
 

@@ -90,6 +90,13 @@ class CompileCache:
             data = remote.result()
             grammar = self.backend.load(data)
         except BaseException as e:
+            if not isinstance(e, GrammarError):
+                # The server's failure (no compile process), not the constraint's: kept,
+                # it would fail every later request with this constraint; dropped, the
+                # next one compiles again.
+                with self._lock:
+                    if self._futures.get(key) is out:
+                        del self._futures[key]
             out.set_exception(e)
             return
         out.set_result(grammar)

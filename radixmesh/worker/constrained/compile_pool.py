@@ -31,8 +31,20 @@ when its lane is free, so a stream of small compiles cannot starve it either.
 
 A process compiles with a `GrammarCompiler` that a backend describes by a picklable
 `CompilerSpec`, and sends back the compiled grammar serialized (xgrammar's JSON, a pickled
-outlines index); the backend's `load` turns it back into a grammar in the engine. Every
-failure reaches the caller as a `GrammarError` whose message says what happened.
+outlines index); the backend's `load` turns it back into a grammar in the engine. A
+compile that fails or is stopped reaches the caller as a `GrammarError` whose message
+says what happened (the client's constraint: INVALID_ARGUMENT); compile processes that
+cannot start or that the pool lost reach it as `Internal` (the server's fault: INTERNAL,
+HTTP 500), never blamed on the constraint.
+
+The processes never run the user's script. multiprocessing's forkserver and spawn
+children re-run the parent's `__main__` (as `__mp_main__`) before they unpickle their
+target, so a script that creates an in-process `Engine` at module level, without a
+`if __name__ == "__main__":` guard, would start another engine in every compile process
+and fail every compile with Python's bootstrapping error. The pool's processes are
+forked from the forkserver (which preloads only this module and the compiler's, never
+`__main__`), and their start is described without the main module (`_NoMainPopen`), so
+a child imports only what it unpickles: radixmesh's own modules.
 """
 
 from __future__ import annotations
@@ -40,7 +52,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import multiprocessing
 import os
 import resource
 import signal
@@ -49,9 +60,11 @@ from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from multiprocessing import context as mp_context
+from multiprocessing import popen_forkserver, spawn
 from typing import TYPE_CHECKING, Any
 
-from radixmesh.errors import Overloaded
+from radixmesh.errors import Internal, Overloaded
 from radixmesh.worker.constrained.cost import COSTLY_WEIGHT
 from radixmesh.worker.constrained.grammar import (
     CompilerSpec,
@@ -166,11 +179,8 @@ class CompilePool:
         args = (job.kind, job.text, self.limits.cpu_limit, self.limits.max_compiled_bytes)
         try:
             running = self._running_pool().schedule(_compile, args, timeout=self.limits.timeout)
-        except CompileStopped as e:
-            self._finish(job, e)
-            return
-        except Exception as e:  # a broken pool: the next run replaces it
-            self._finish(job, CompileStopped(f"could not be compiled: {e}"))
+        except Exception as e:  # no process to compile on: the next run tries again
+            self._finish(job, _not_started(e))
             return
         running.add_done_callback(lambda f: self._settle(f, job))
 
@@ -199,14 +209,14 @@ class CompilePool:
         except ProcessExpired as e:
             reason = _EXIT_REASONS.get(e.exitcode, f"exit status {e.exitcode}")
             why = f"stopped the compiler process: {reason}"
-        except Exception as e:  # a broken pool: the next submit starts a new one
+        except Exception as e:
             # Native code out of memory: C++'s std::bad_alloc reaches Python as RuntimeError.
-            bad_alloc = "bad_alloc" in str(e)
-            why = (
-                self._memory_why()
-                if bad_alloc
-                else f"could not be compiled: {type(e).__name__}: {e}"
-            )
+            if "bad_alloc" in str(e):
+                why = self._memory_why()
+            else:  # a broken pool (its processes died): the server's, not the constraint's
+                self.stopped += 1
+                self._finish(job, _not_started(e))
+                return
         else:
             self._finish(job, None, result)
             return
@@ -227,7 +237,7 @@ class CompilePool:
                     pool.stop()
                 # Forked from a server that imported the compiler once: a process that
                 # replaces a stopped one starts in milliseconds, not seconds.
-                context = multiprocessing.get_context("forkserver")
+                context = _NoMainContext()
                 context.set_forkserver_preload([__name__, self.spec.module])
                 pool = ProcessPool(
                     max_workers=self.limits.processes,
@@ -237,7 +247,7 @@ class CompilePool:
                 )
                 self._pool = pool
                 if not pool.active:  # starts its processes
-                    raise CompileStopped("could not be compiled: the compiler did not start")
+                    raise Internal("the compile processes did not start")
             return pool
 
     def shutdown(self) -> None:
@@ -252,6 +262,61 @@ class CompilePool:
                 self._pool.stop()
                 self._pool.join(timeout=5)
                 self._pool = None
+
+
+def _not_started(e: BaseException) -> Internal:
+    """The request's error when no compile process could take its compile."""
+    why = str(e) if isinstance(e, Internal) else f"{type(e).__name__}: {e}"
+    return Internal(f"the grammar compile processes could not start or stopped: {why}")
+
+
+# ---- starting pool processes without __main__ ----------------------------------------------
+
+# Set on the thread that launches a compile process, while it describes the child's start.
+_launching = threading.local()
+# multiprocessing's own (a second import of this module must not wrap its own wrapper)
+_preparation_data = getattr(spawn.get_preparation_data, "wrapped", spawn.get_preparation_data)
+
+
+def _preparation_data_without_main(name: str) -> dict[str, Any]:
+    """multiprocessing's description of a child's start (sys.path, cwd, ...), without the
+    main module while a compile process is launched: the child then imports no script.
+    Every other launch gets multiprocessing's own description, unchanged."""
+    data: dict[str, Any] = _preparation_data(name)
+    if getattr(_launching, "compile_process", False):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+_preparation_data_without_main.wrapped = _preparation_data  # type: ignore[attr-defined]
+
+
+class _NoMainPopen(popen_forkserver.Popen):
+    """forkserver's start of a child, described without the main module. multiprocessing
+    has no option for this, so its description (`spawn.get_preparation_data`, read when
+    the child starts) is wrapped once, for this thread's launch only."""
+
+    def _launch(self, process_obj: Any) -> None:
+        if spawn.get_preparation_data is not _preparation_data_without_main:
+            spawn.get_preparation_data = _preparation_data_without_main
+        _launching.compile_process = True
+        try:
+            super()._launch(process_obj)  # type: ignore[misc]  # (typeshed omits _launch)
+        finally:
+            _launching.compile_process = False
+
+
+class _NoMainProcess(mp_context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _NoMainPopen:
+        return _NoMainPopen(process_obj)
+
+
+class _NoMainContext(mp_context.ForkServerContext):
+    """The forkserver context, its processes started without the main module."""
+
+    Process = _NoMainProcess
 
 
 # ---- inside a pool process ---------------------------------------------------------------

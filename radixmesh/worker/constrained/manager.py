@@ -5,8 +5,10 @@ Lifecycle of a constrained request:
    against the limits (limits.py), at once.
 2. `prepare(params)`: a future that settles when the constraint has compiled (in the
    compile pool's processes, compile_pool.py) or failed: then with an InvalidArgument
-   naming the field and quoting the compiler. The engine queues the request only after
-   it settles, without a thread waiting for it (`validate` waits: for sync callers).
+   naming the field and quoting the compiler, or with `Internal` when no compile process
+   could run it (the server's failure, not the constraint's). The engine queues the
+   request only after it settles, without a thread waiting for it (`validate` waits:
+   for sync callers).
 3. `attach(req)` (scheduler.add_request): the request holds its compile future;
    admission skips it while `pending(req)` (the batch never waits for a compile).
 4. `jump_at_start(req, output)` (admission): the text forced before any choice is
@@ -256,6 +258,8 @@ class GrammarManager:
             g.matcher = self.cache.backend.matcher(g.future.result())
         except GrammarError as e:
             g.error = _invalid(g.kind, e).message
+        except Exception as e:  # no compile process (compile_pool's Internal): the server's
+            g.error = str(e)
         return False
 
     def fill_bitmask(self, reqs: Sequence[Request], *, pin: bool = False) -> torch.Tensor:
