@@ -30,7 +30,9 @@ run() {  # run LABEL TREE TIMEOUT ARGS...: python3 with TREE's radixmesh first o
   PYTHONPATH="$tree:$PWD${SITE:+:$SITE}" timeout "$limit" python3 "$@" > "$OUT/$label.log" 2>&1
   echo "$label rc=$?"; tail -n 25 "$OUT/$label.log"; el "$label"
 }
-OFFLINE="-m bench.offline --model dummy:llama-3-8b --device cuda --workloads gpu --kv-cache-bytes 0 --skip-baseline --repeats 2"
+# The engine's own defaults (bench.offline's are the CPU workloads' 64 and 2,048).
+OFFLINE="-m bench.offline --model dummy:llama-3-8b --device cuda --workloads gpu --kv-cache-bytes 0
+  --max-running-requests 256 --max-num-batched-tokens 8192 --skip-baseline --repeats 2"
 
 if part kernels; then
   run attention_kernels "$PWD" 240 -m bench.attention_kernels --out "$OUT/attention_kernels-$MACHINE.json"
