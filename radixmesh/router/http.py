@@ -2,9 +2,9 @@
 Messages API and SGLang's.
 
 `GET /health` and `GET /metrics` are served here; the OpenAI-compatible API (`/v1/...`,
-`/tokenize`, `/detokenize`, `/openapi.json`: openai/routes.py), Anthropic's `/v1/messages`
-(anthropic/routes.py) and SGLang's native API (`/generate`, `/get_model_info`, ...:
-sglang_api.py) register their routes on the app.
+`/tokenize`, `/detokenize`, `/openapi.json`: openai/routes.py; `/v1/responses`:
+openai/responses_api/), Anthropic's `/v1/messages` (anthropic/routes.py) and SGLang's
+native API (`/generate`, `/get_model_info`, ...: sglang_api.py) register their routes.
 Generation goes through `stream_jobs`, over the dispatcher's `route_and_stream` (dispatch.py),
 the one routing / retry / proxy path of the router, shared with the gRPC front end.
 
@@ -13,7 +13,7 @@ catalogue's HTTP status (400 naming the field as `param`, 401, 404, 429, 503; se
 api_error.py); on the Messages API's paths they are Anthropic's (anthropic/routes.py),
 the middleware's 401 and 429 too, and the key may come as `x-api-key`. An error after a
 stream started is sent as one `data: {"error": ...}` event before `[DONE]` (the Messages
-API: one `event: error`). A client that disconnects cancels its handler
+and Responses APIs: one `event: error`). A client that disconnects cancels its handler
 (`handler_cancellation`), which closes the worker call: the worker aborts the request and
 frees its KV.
 """
@@ -45,6 +45,7 @@ from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import ControlPlane
 from radixmesh.router.dispatch import Dispatcher
 from radixmesh.router.frontend import Job, JobChunks
+from radixmesh.router.openai.responses_api.routes import ResponsesRoutes
 from radixmesh.router.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
 from radixmesh.tokenizer import TokenizerLike
@@ -95,6 +96,7 @@ class HttpFrontend:
         app.router.add_get("/v1/models/{model}", self.model)
         OpenAIRoutes(self).register(app)
         AnthropicRoutes(self).register(app)
+        ResponsesRoutes(self).register(app)
         from radixmesh.router.sglang_api import SglangApi
 
         SglangApi(self).register(app)

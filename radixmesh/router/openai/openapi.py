@@ -5,7 +5,8 @@ Served at `GET /openapi.json`. Request bodies are described by the request model
 authenticated route lists the errors it can answer with OpenAI's error body (Anthropic's
 on the Messages API's routes, which also take the key as `x-api-key`). SGLang's native
 routes (sglang_api.py) are listed with free-form JSON bodies; the replies of the Messages
-API (built as dicts, anthropic/replies.py) as free-form JSON objects.
+and Responses APIs (built as dicts, anthropic/replies.py, responses_api/output.py) as
+free-form JSON objects.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from pydantic.json_schema import models_json_schema
 from radixmesh.router.anthropic import requests as anthropic_rq
 from radixmesh.router.openai import requests as rq
 from radixmesh.router.openai import responses as rs
+from radixmesh.router.openai.responses_api import requests as responses_rq
 
 _REF = "#/components/schemas/{model}"
 # Routes whose stream is `event: <name>` / `data: <json>` pairs, without `[DONE]`.
-_NAMED_EVENTS = ("/v1/messages",)
+_NAMED_EVENTS = ("/v1/responses", "/v1/messages")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,13 @@ ENDPOINTS = (
     ),
     Endpoint(
         "post", "/detokenize", "Token ids -> text", rq.DetokenizeRequest, rs.DetokenizeResponse
+    ),
+    Endpoint(
+        "post",
+        "/v1/responses",
+        "OpenAI's Responses API: input items, function tools, previous_response_id",
+        responses_rq.ResponsesRequest,
+        streams=True,
     ),
     Endpoint(
         "post",
