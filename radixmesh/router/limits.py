@@ -7,7 +7,8 @@
   here it is refused in milliseconds, naming `messages` (docs/reliability.md);
 - the prompt text, in UTF-8 bytes, before it is tokenized (`check_prompt_bytes` walks the
   fields a prompt travels in, all together: OpenAI's `prompt`, `messages`, `tools` (their
-  definitions are written into the prompt) and `input`, SGLang's `text`);
+  definitions are written into the prompt) and `input`, SGLang's `text`, Anthropic's
+  `system` and the Responses API's `instructions`);
 - the outputs it asks for: prompts x n (`check_choices`), and top logprobs per token;
 - its JSON: parsed off the event loop when large, nesting refused past `MAX_JSON_DEPTH`
   (Python's parser would raise RecursionError) with a 400 naming the body.
@@ -25,9 +26,10 @@ from typing import Any
 from radixmesh.errors import InvalidArgument
 from radixmesh.nesting import json_depth
 
-# Prompt fields of the HTTP APIs (OpenAI's and SGLang's native one), and `tools`, whose
-# definitions the chat template writes into the prompt.
-PROMPT_FIELDS = ("prompt", "messages", "tools", "input", "text")
+# Prompt fields of the HTTP APIs (OpenAI's chat, completions and Responses, Anthropic's
+# Messages, SGLang's native one), and `tools`, whose definitions the chat template writes
+# into the prompt.
+PROMPT_FIELDS = ("prompt", "messages", "tools", "input", "text", "system", "instructions")
 # Fields that may hold token ids: a list of ids, or a list of such lists (a batch).
 TOKEN_FIELDS = ("prompt", "input", "input_ids", "tokens")
 # Those that are prompts, each held to the model's context (`tokens`: /detokenize's ids).

@@ -158,3 +158,27 @@ def test_responses_valid_requests_reach_routing(frontend: Frontend) -> None:
     tools = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
     body = {**RESPONSES, "input": items, "tools": tools, "instructions": "I", "store": False}
     assert openai_error(frontend.http.post("/v1/responses", body), 503)["code"] == "unavailable"
+
+
+@pytest.fixture(scope="module")
+def capped() -> Iterator[Frontend]:
+    f = Frontend(
+        ByteTokenizer(256, eos_token_ids=[0]), MODEL, max_prompt_bytes=1000, max_messages=4
+    )
+    yield f
+    f.close()
+
+
+def test_the_request_caps_cover_the_new_fields(capped: Frontend) -> None:
+    long = "x" * 1500
+    message = anthropic_error(messages(capped, system=long), 400, "invalid_request_error")
+    assert message.startswith("system: more than 1000 bytes of prompt text")
+    error = openai_error(
+        capped.http.post("/v1/responses", {**RESPONSES, "instructions": long}), 400
+    )
+    assert error["param"] == "instructions"
+    five = [{"role": "user", "content": "hi"}] * 5
+    message = anthropic_error(messages(capped, messages=five), 400, "invalid_request_error")
+    assert message.startswith("messages: 5 messages; at most 4")
+    error = openai_error(capped.http.post("/v1/responses", {**RESPONSES, "input": five}), 400)
+    assert (error["param"], error["message"]) == ("input", "5 items; at most 4 per request")
