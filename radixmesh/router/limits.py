@@ -58,10 +58,11 @@ class RequestLimits:
         self.check_prompt_bytes(body)
 
     def check_counts(self, body: Any, context_length: int | None = None) -> None:
-        """InvalidArgument naming the field whose list is too long: `messages`, `tools`,
-        the token ids of `prompt` / `input` / `input_ids` / `tokens` (all together past
-        `max_prompt_tokens`; one prompt past `context_length`, as `input_ids[3]`). Reads
-        list lengths only; what the lists hold is left to the parsers."""
+        """InvalidArgument naming the field whose list is too long: `messages` (and the
+        Responses API's `input` items), `tools`, the token ids of `prompt` / `input` /
+        `input_ids` / `tokens` (all together past `max_prompt_tokens`; one prompt past
+        `context_length`, as `input_ids[3]`). Reads list lengths only; what the lists hold
+        is left to the parsers."""
         if not isinstance(body, dict):
             return
         for name, cap in (("messages", self.max_messages), ("tools", self.max_tools)):
@@ -70,7 +71,13 @@ class RequestLimits:
                 raise InvalidArgument(name, f"{len(value)} {name}; at most {cap} per request")
         for name in TOKEN_FIELDS:
             value = body.get(name)
-            if isinstance(value, list):
+            if isinstance(value, list) and value and isinstance(value[0], dict):
+                # The Responses API's input items: messages by another name.
+                if name == "input" and len(value) > self.max_messages:
+                    raise InvalidArgument(
+                        name, f"{len(value)} items; at most {self.max_messages} per request"
+                    )
+            elif isinstance(value, list):
                 context = context_length if name in _PROMPT_TOKEN_FIELDS else None
                 self._check_token_lists(name, value, context)
 

@@ -147,6 +147,15 @@ def test_responses_errors_name_their_field(
         assert "resp_unknown" in error["message"]
 
 
+def test_input_items_are_not_token_ids(frontend: Frontend) -> None:
+    """A list of items in `input` is counted as messages, not read as token ids (the
+    embeddings and completions meaning of `input`) against the context."""
+    items = [{"role": "user", "content": "hi"}] * 3000  # more items than context tokens
+    error = openai_error(frontend.http.post("/v1/responses", {**RESPONSES, "input": items}), 400)
+    assert error["param"] == "input"
+    assert error["message"].startswith("the prompt is longer than the context")
+
+
 def test_responses_valid_requests_reach_routing(frontend: Frontend) -> None:
     items = [
         {"role": "developer", "content": "Be terse."},

@@ -153,6 +153,7 @@ def test_agent_loop_reads_more_from_the_cache_each_turn(agents: AgentsCluster) -
         messages.append({"role": "assistant", "content": m.content})
         result = {"type": "tool_result", "tool_use_id": use.id, "content": f"x = {turn}\n" * 4}
         messages.append({"role": "user", "content": [result]})
+    print(f"messages agent loop: prompt tokens {prompts}, cached {cached}")  # -s shows it
     assert cached[0] < cached[1] < cached[2]
     for turn in (1, 2):  # each turn's history is the previous prompt, from the cache
         assert cached[turn] >= prompts[turn - 1] - 1

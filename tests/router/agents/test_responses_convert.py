@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
-from radixmesh.router.limits import RequestLimits
 from radixmesh.router.openai.convert import Generation
 from radixmesh.router.openai.responses_api import requests as rq
 from radixmesh.router.openai.responses_api.convert import generation_of, parse_request
@@ -18,7 +15,6 @@ from radixmesh.tokenizer import ByteTokenizer
 from radixmesh.v1 import common_pb2
 
 TOK = ByteTokenizer(256, eos_token_ids=[0])
-LIMITS = RequestLimits()
 TOOL = {
     "type": "function",
     "name": "lookup",
@@ -27,7 +23,7 @@ TOOL = {
 
 
 def request(**body: Any) -> rq.ResponsesRequest:
-    return parse_request({"model": "m", "input": "hi"} | body, LIMITS)
+    return parse_request({"model": "m", "input": "hi"} | body)
 
 
 def parse(history: tuple[rq.Item, ...] = (), **body: Any) -> Generation:
@@ -178,9 +174,66 @@ def test_store_bounds_and_callers() -> None:
     assert store.get("alice", "r3") is None and len(store) == 0 and store.bytes == 0
 
 
-def test_input_count_is_capped() -> None:
-    from radixmesh.errors import InvalidArgument
+def test_one_conversation_is_one_prompt_over_every_api() -> None:
+    """Chat, Messages and Responses render the same conversation to the same token ids, so
+    an agent moving between the APIs keeps its prefix in the radix cache."""
+    from radixmesh.router.anthropic.convert import parse_messages
+    from radixmesh.router.openai.convert import parse_chat
 
-    with pytest.raises(InvalidArgument) as e:
-        parse_request({"model": "m", "input": ["x"] * 5}, RequestLimits(max_messages=4))
-    assert e.value.field == "input"
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": '{"q": "x"}'},
+    }
+    chat = parse_chat(
+        {
+            "model": "m",
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "lookup", "parameters": TOOL["parameters"]},
+                }
+            ],
+            "messages": [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "U"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "R"},
+            ],
+        },
+        tokenizer=TOK,
+        context_length=4096,
+    )
+    anthropic = parse_messages(
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "system": "S",
+            "tools": [{"name": "lookup", "input_schema": TOOL["parameters"]}],
+            "messages": [
+                {"role": "user", "content": "U"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool_use", "id": "c1", "name": "lookup", "input": {"q": "x"}}
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "R"}],
+                },
+            ],
+        },
+        tokenizer=TOK,
+        context_length=4096,
+    )
+    responses = parse(
+        instructions="S",
+        tools=[TOOL],
+        input=[
+            {"role": "user", "content": "U"},
+            {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"q": "x"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "R"},
+        ],
+    )
+    assert chat.prompts == anthropic.prompts == responses.prompts

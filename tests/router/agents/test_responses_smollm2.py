@@ -173,6 +173,7 @@ def test_agent_loop_reads_more_from_the_cache_each_turn(agents: AgentsCluster) -
         items = [
             {"type": "function_call_output", "call_id": call.call_id, "output": f"x = {turn}\n" * 4}
         ]
+    print(f"responses agent loop: prompt tokens {prompts}, cached {cached}")  # -s shows it
     assert cached[0] < cached[1] < cached[2]
     for turn in (1, 2):  # each turn's history is the previous prompt, from the cache
         assert cached[turn] >= prompts[turn - 1] - 1

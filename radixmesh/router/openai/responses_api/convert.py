@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixmesh.errors import InvalidArgument
-from radixmesh.router.limits import RequestLimits
 from radixmesh.router.openai.convert import ChatOptions, Generation, parse_chat, refuse, validate
 from radixmesh.router.openai.responses_api import requests as rq
 
@@ -49,11 +48,9 @@ def field_name(chat_field: str) -> str:
     return chat_field
 
 
-def parse_request(body: Any, limits: RequestLimits, *, strict: bool = False) -> rq.ResponsesRequest:
-    """The body, validated (InvalidArgument naming its field)."""
-    items = body.get("input") if isinstance(body, dict) else None
-    if isinstance(items, list) and len(items) > limits.max_messages:
-        refuse("input", f"{len(items)} items; at most {limits.max_messages} per request")
+def parse_request(body: Any, *, strict: bool = False) -> rq.ResponsesRequest:
+    """The body, validated (InvalidArgument naming its field). Its count of items was
+    checked on the raw JSON (limits.py, `--max-messages`)."""
     req = validate(rq.ResponsesRequest, body, strict=strict)
     if req.background:
         refuse("background", "background responses are not supported")

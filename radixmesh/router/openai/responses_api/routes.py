@@ -49,7 +49,7 @@ class ResponsesRoutes:
         tok, info = self.frontend.ready()
         body = await read_json(request, self.limits, info.context_length)
         config = self.frontend.config
-        req = await asyncio.to_thread(parse_request, body, self.limits, strict=config.strict_openai)
+        req = await asyncio.to_thread(parse_request, body, strict=config.strict_openai)
         self.frontend.check_model(req.model)
         caller = caller_of(request.headers.get("Authorization"))
         history: tuple[rq.Item, ...] = ()
