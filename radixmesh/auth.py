@@ -127,3 +127,11 @@ def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
     return grpc.unary_unary_rpc_method_handler(unary, des, ser)
+
+
+def with_api_key(authorization: str | None, api_key: str | None) -> str | None:
+    """The `authorization` of an HTTP request that may carry its key as `x-api-key: <key>`
+    (Anthropic's clients do): `Bearer <key>` when no `authorization` came with it."""
+    if authorization is None and api_key is not None:
+        return f"Bearer {api_key}"
+    return authorization

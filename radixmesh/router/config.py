@@ -64,6 +64,11 @@ class RouterConfig:
     """The model's tool-call syntax (openai/tool_parsers.py); auto: from its chat template."""
     separate_reasoning: bool = False
     """Return `<think>...</think>` as reasoning_content unless a request says otherwise."""
+    response_store_bytes: int = 64 * 1024 * 1024
+    """Bytes of stored Responses conversations (`previous_response_id`), per router
+    process, oldest dropped first (openai/responses_api/store.py; 0: nothing stored)."""
+    response_store_ttl: float = 3600.0
+    """Seconds a stored response can be continued with `previous_response_id`."""
     metrics_port: int | None = None
     """Prometheus /metrics on a port of its own (None: only on the HTTP port)."""
     listen_when_serving: bool = False
@@ -194,6 +199,7 @@ class RouterConfig:
             "request_cost_tokens",
             "breaker_failures",
             "program_max_queued",
+            "response_store_bytes",
         ):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
@@ -203,6 +209,7 @@ class RouterConfig:
             "health_timeout",
             "liveness_window",
             "breaker_cooldown",
+            "response_store_ttl",
         ):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(name, f"must be > 0, got {getattr(self, name)}")

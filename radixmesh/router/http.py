@@ -1,15 +1,19 @@
-"""The router's HTTP server (aiohttp, on the router's own event loop): OpenAI's API and SGLang's.
+"""The router's HTTP server (aiohttp, on the router's own event loop): OpenAI's API, Anthropic's
+Messages API and SGLang's.
 
 `GET /health` and `GET /metrics` are served here; the OpenAI-compatible API (`/v1/...`,
-`/tokenize`, `/detokenize`, `/openapi.json`: openai/routes.py) and SGLang's native API
-(`/generate`, `/get_model_info`, ...: sglang_api.py) register their routes on the app.
+`/tokenize`, `/detokenize`, `/openapi.json`: openai/routes.py; `/v1/responses`:
+openai/responses_api/), Anthropic's `/v1/messages` (anthropic/routes.py) and SGLang's
+native API (`/generate`, `/get_model_info`, ...: sglang_api.py) register their routes.
 Generation goes through `stream_jobs`, over the dispatcher's `route_and_stream` (dispatch.py),
 the one routing / retry / proxy path of the router, shared with the gRPC front end.
 
 Errors use OpenAI's layout `{"error": {"message", "type", "param", "code"}}` with the
 catalogue's HTTP status (400 naming the field as `param`, 401, 404, 429, 503; see
-api_error.py). An error after a stream started is sent as one `data: {"error": ...}`
-event before `[DONE]`. A client that disconnects cancels its handler
+api_error.py); on the Messages API's paths they are Anthropic's (anthropic/routes.py),
+the middleware's 401 and 429 too, and the key may come as `x-api-key`. An error after a
+stream started is sent as one `data: {"error": ...}` event before `[DONE]` (the Messages
+and Responses APIs: one `event: error`). A client that disconnects cancels its handler
 (`handler_cancellation`), which closes the worker call: the worker aborts the request and
 frees its KV.
 
@@ -35,6 +39,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from radixmesh.auth import bearer_allowed, caller_of
 from radixmesh.errors import Overloaded, RadixMeshError, Unavailable
 from radixmesh.listener import AcceptErrors, Tally, connection_cap, descriptor_limit
+from radixmesh.router.anthropic.routes import (
+    AnthropicRoutes,
+    anthropic_error,
+    authorization,
+    is_anthropic,
+)
 from radixmesh.router.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import ControlPlane
@@ -42,6 +52,7 @@ from radixmesh.router.dispatch import Dispatcher
 from radixmesh.router.frontend import Job, JobChunks
 from radixmesh.router.http_listener import ConnectionGuard, GuardedSite, ServerLog
 from radixmesh.router.model_identity import identity
+from radixmesh.router.openai.responses_api.routes import ResponsesRoutes
 from radixmesh.router.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
 from radixmesh.tokenizer import TokenizerLike
@@ -92,6 +103,8 @@ class HttpFrontend:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
         OpenAIRoutes(self).register(app)
+        AnthropicRoutes(self).register(app)
+        ResponsesRoutes(self).register(app)
         from radixmesh.router.sglang_api import SglangApi
 
         SglangApi(self).register(app)
@@ -150,23 +163,28 @@ class HttpFrontend:
     async def _handle(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        # Anthropic's Messages API: its errors in its layout, its key also as `x-api-key`.
+        anthropic = is_anthropic(request.path)
+        render = anthropic_error if anthropic else ApiError.response
         if request.path in _OPEN_PATHS:
-            return await self._answer(request, handler)
+            return await self._answer(request, handler, render)
         route = request.match_info.route.resource
         endpoint = route.canonical if route is not None else "other"
+        key = authorization(request) if anthropic else request.headers.get("Authorization")
         with self.metrics.request("http", endpoint) as record:
-            if not bearer_allowed(request.headers.get("Authorization"), self.config.caller_keys):
-                resp: web.StreamResponse = ApiError(
-                    401, "missing or wrong API key (send `Authorization: Bearer <key>`)",
+            if not bearer_allowed(key, self.config.caller_keys):
+                how = "`x-api-key: <key>` or " if anthropic else ""
+                resp: web.StreamResponse = render(ApiError(
+                    401, f"missing or wrong API key (send {how}`Authorization: Bearer <key>`)",
                     None, "invalid_api_key",
-                ).response()  # fmt: skip
+                ))  # fmt: skip
             else:
                 try:
                     if request.method == "POST":  # the API's work: each call takes a token
-                        self.dispatch.rate.take(caller_of(request.headers.get("Authorization")))
-                    resp = await self._answer(request, handler)
+                        self.dispatch.rate.take(caller_of(key))
+                    resp = await self._answer(request, handler, render)
                 except Overloaded as e:
-                    resp = ApiError.from_exception(e).response()
+                    resp = render(ApiError.from_exception(e))
                 except ConnectionResetError:
                     record.status = "CANCELLED"
                     raise
@@ -174,32 +192,35 @@ class HttpFrontend:
             return resp
 
     async def _answer(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        render: Callable[[ApiError], web.Response],
     ) -> web.StreamResponse:
         try:
             if request.body_exists and (late := await self._read_body(request)) is not None:
                 return late
             return await handler(request)
         except ApiError as e:
-            return e.response()
+            return render(e)
         except web.HTTPNotFound:
-            return ApiError(404, f"no route {request.path}", None, "not_found").response()
+            return render(ApiError(404, f"no route {request.path}", None, "not_found"))
         except web.HTTPMethodNotAllowed:
             message = f"{request.method} is not allowed on {request.path}"
-            return ApiError(405, message, None, "method_not_allowed").response()
+            return render(ApiError(405, message, None, "method_not_allowed"))
         except web.HTTPRequestEntityTooLarge:
             limit = self.config.max_body_bytes
             message = f"the body is larger than {limit} bytes"
-            return ApiError(413, message, None, "request_too_large").response()
+            return render(ApiError(413, message, None, "request_too_large"))
         except (RadixMeshError, ValueError, grpc.aio.AioRpcError) as e:
-            return ApiError.from_exception(e).response()
+            return render(ApiError.from_exception(e))
         except web.HTTPException:
             raise
         except Exception:
             # A bug, not the client's fault: logged with its traceback, answered in the
             # API's JSON layout (aiohttp's own 500 is plain text no client parses).
             logger.exception("%s %s failed", request.method, request.path)
-            return ApiError(500, "internal error", None, "internal_error").response()
+            return render(ApiError(500, "internal error", None, "internal_error"))
 
     async def _read_body(self, request: web.Request) -> web.StreamResponse | None:
         """Read the body (aiohttp keeps it for the handler's `read`) within `body_timeout`

@@ -7,7 +7,8 @@
   here it is refused in milliseconds, naming `messages` (docs/reliability.md);
 - the prompt text, in UTF-8 bytes, before it is tokenized (`check_prompt_bytes` walks the
   fields a prompt travels in, all together: OpenAI's `prompt`, `messages`, `tools` (their
-  definitions are written into the prompt) and `input`, SGLang's `text`);
+  definitions are written into the prompt) and `input`, SGLang's `text`, Anthropic's
+  `system` and the Responses API's `instructions`);
 - the outputs it asks for: prompts x n (`check_choices`), and top logprobs per token;
 - its JSON: parsed off the event loop when large, nesting refused past `MAX_JSON_DEPTH`
   (Python's parser would raise RecursionError) with a 400 naming the body.
@@ -25,9 +26,10 @@ from typing import Any
 from radixmesh.errors import InvalidArgument
 from radixmesh.nesting import json_depth
 
-# Prompt fields of the HTTP APIs (OpenAI's and SGLang's native one), and `tools`, whose
-# definitions the chat template writes into the prompt.
-PROMPT_FIELDS = ("prompt", "messages", "tools", "input", "text")
+# Prompt fields of the HTTP APIs (OpenAI's chat, completions and Responses, Anthropic's
+# Messages, SGLang's native one), and `tools`, whose definitions the chat template writes
+# into the prompt.
+PROMPT_FIELDS = ("prompt", "messages", "tools", "input", "text", "system", "instructions")
 # Fields that may hold token ids: a list of ids, or a list of such lists (a batch).
 TOKEN_FIELDS = ("prompt", "input", "input_ids", "tokens")
 # Those that are prompts, each held to the model's context (`tokens`: /detokenize's ids).
@@ -57,10 +59,11 @@ class RequestLimits:
         self.check_prompt_bytes(body)
 
     def check_counts(self, body: Any, context_length: int | None = None) -> None:
-        """InvalidArgument naming the field whose list is too long: `messages`, `tools`,
-        the token ids of `prompt` / `input` / `input_ids` / `tokens` (all together past
-        `max_prompt_tokens`; one prompt past `context_length`, as `input_ids[3]`). Reads
-        list lengths only; what the lists hold is left to the parsers."""
+        """InvalidArgument naming the field whose list is too long: `messages` (and the
+        Responses API's `input` items), `tools`, the token ids of `prompt` / `input` /
+        `input_ids` / `tokens` (all together past `max_prompt_tokens`; one prompt past
+        `context_length`, as `input_ids[3]`). Reads list lengths only; what the lists hold
+        is left to the parsers."""
         if not isinstance(body, dict):
             return
         for name, cap in (("messages", self.max_messages), ("tools", self.max_tools)):
@@ -69,7 +72,13 @@ class RequestLimits:
                 raise InvalidArgument(name, f"{len(value)} {name}; at most {cap} per request")
         for name in TOKEN_FIELDS:
             value = body.get(name)
-            if isinstance(value, list):
+            if isinstance(value, list) and value and isinstance(value[0], dict):
+                # The Responses API's input items: messages by another name.
+                if name == "input" and len(value) > self.max_messages:
+                    raise InvalidArgument(
+                        name, f"{len(value)} items; at most {self.max_messages} per request"
+                    )
+            elif isinstance(value, list):
                 context = context_length if name in _PROMPT_TOKEN_FIELDS else None
                 self._check_token_lists(name, value, context)
 

@@ -2,8 +2,11 @@
 
 Served at `GET /openapi.json`. Request bodies are described by the request models
 (validation schemas), replies by the response models (serialization schemas); every
-authenticated route lists the errors it can answer with OpenAI's error body. SGLang's
-native routes (sglang_api.py) are listed with free-form JSON bodies.
+authenticated route lists the errors it can answer with OpenAI's error body (Anthropic's
+on the Messages API's routes, which also take the key as `x-api-key`). SGLang's native
+routes (sglang_api.py) are listed with free-form JSON bodies; the replies of the Messages
+and Responses APIs (built as dicts, anthropic/replies.py, responses_api/output.py) as
+free-form JSON objects.
 """
 
 from __future__ import annotations
@@ -15,10 +18,14 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from radixmesh.router.anthropic import requests as anthropic_rq
 from radixmesh.router.openai import requests as rq
 from radixmesh.router.openai import responses as rs
+from radixmesh.router.openai.responses_api import requests as responses_rq
 
 _REF = "#/components/schemas/{model}"
+# Routes whose stream is `event: <name>` / `data: <json>` pairs, without `[DONE]`.
+_NAMED_EVENTS = ("/v1/responses", "/v1/messages")
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class Endpoint:
     authenticated: bool = True
     content_type: str = "application/json"
     free_body: bool = False  # a JSON object body without a model here (SGLang's API)
+    anthropic: bool = False  # Anthropic's error body, and the key also as `x-api-key`
 
 
 # SGLang's native API (router/sglang_api.py): (method, path, what, takes a JSON body).
@@ -92,6 +100,28 @@ ENDPOINTS = (
     Endpoint(
         "post", "/detokenize", "Token ids -> text", rq.DetokenizeRequest, rs.DetokenizeResponse
     ),
+    Endpoint(
+        "post",
+        "/v1/responses",
+        "OpenAI's Responses API: input items, function tools, previous_response_id",
+        responses_rq.ResponsesRequest,
+        streams=True,
+    ),
+    Endpoint(
+        "post",
+        "/v1/messages",
+        "Anthropic's Messages API: content blocks, tools",
+        anthropic_rq.MessagesRequest,
+        streams=True,
+        anthropic=True,
+    ),
+    Endpoint(
+        "post",
+        "/v1/messages/count_tokens",
+        "Anthropic's token count of a messages request's prompt",
+        anthropic_rq.CountTokensRequest,
+        anthropic=True,
+    ),
     Endpoint("get", "/health", "200 while a worker is healthy, else 503", authenticated=False),
     Endpoint("get", "/ping", "SGLang's: 200 while serving, else 503", authenticated=False),
     Endpoint("get", "/ready", "SGLang's: 200 while serving, else 503", authenticated=False),
@@ -114,6 +144,19 @@ ENDPOINTS = (
     ),
     Endpoint("get", "/openapi.json", "This description", authenticated=False),
 )
+# Anthropic's error body (anthropic/routes.py).
+_ANTHROPIC_ERROR = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["type", "message"],
+        },
+    },
+    "required": ["type", "error"],
+}
 _ERRORS = {
     "400": "Invalid request (`param` names the field)",
     "401": "Missing or wrong API key",
@@ -145,7 +188,10 @@ def openapi_document(version: str) -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": schemas.get("$defs", {}),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
         },
     }
 
@@ -160,21 +206,23 @@ def _operation(e: Endpoint, names: dict[tuple[Any, Any], Any]) -> dict[str, Any]
         schema = names[(e.request, "validation")] if e.request is not None else {"type": "object"}
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
     ok: dict[str, Any] = {"description": "OK"}
+    if e.request is not None and e.response is None:  # a reply built as a dict
+        ok["content"] = {"application/json": {"schema": {"type": "object"}}}
     if e.response is not None:
         ok["content"] = {"application/json": {"schema": names[(e.response, "serialization")]}}
     elif e.content_type != "application/json":
         ok["content"] = {e.content_type: {"schema": {"type": "string"}}}
     if e.streams:
+        what = "named SSE events" if e.path in _NAMED_EVENTS else "SSE chunks, then `data: [DONE]`"
         ok.setdefault("content", {})["text/event-stream"] = {
-            "schema": {"type": "string", "description": "SSE chunks, then `data: [DONE]`"}
+            "schema": {"type": "string", "description": what}
         }
     op["responses"] = {"200": ok}
     if e.authenticated:
-        error = {
-            "content": {"application/json": {"schema": names[(rs.ErrorResponse, "serialization")]}}
-        }
+        body = _ANTHROPIC_ERROR if e.anthropic else names[(rs.ErrorResponse, "serialization")]
+        error = {"content": {"application/json": {"schema": body}}}
         op["responses"] |= {code: {"description": d, **error} for code, d in _ERRORS.items()}
-        op["security"] = [{"bearer": []}]
+        op["security"] = [{"bearer": []}, {"x-api-key": []}] if e.anthropic else [{"bearer": []}]
     return op
 
 

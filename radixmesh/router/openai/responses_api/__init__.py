@@ -1,0 +1,1 @@
+"""OpenAI's Responses API (`POST /v1/responses`) on the router's HTTP front end."""
