@@ -5,7 +5,7 @@ ceiling, and the engine's greedy tokens with the triton vs torch backend.
    fresh random inputs per check, NaN-poisoned outputs: relative error < 1e-2.
 2. Decode kernel alone at batch 256 x context 4096 (shuffled slots) against a measured
    device-to-device copy.
-3. Extend kernel, the package's against the one before it (bench/extend_attention_before.py)
+3. Extend kernel, the package's against the one before it (bench/baselines/extend_attention.py)
    on the same inputs, side by side in TFLOP/s: 8,192 causal new tokens with no prefix as
    1 x 8192 and 16 x 512, 16 x 512 over 1,536 cached, 64 x 512. The package's kernel both
    ways the backend calls it: new tokens' keys from this forward's k/v (a bf16 pool) and
@@ -30,7 +30,7 @@ import torch
 from triton.testing import do_bench
 
 from bench import record
-from bench.extend_attention_before import extend_attention_before
+from bench.baselines.extend_attention import extend_attention_before
 from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention,
     decode_attention_ref,

@@ -92,6 +92,10 @@ def test_long_lines_are_cut_after_masking() -> None:
 
 @pytest.fixture
 def installed() -> Iterator[Redactor]:
+    # A router or worker served in-process by an earlier test installed it for the process
+    # (once per process, by design), maybe under another library's factory since: start
+    # from none, so that uninstalling restores exactly what this test found.
+    redact.uninstall()
     before = logging.getLogRecordFactory()
     r = redact.install([KEY])
     try:
