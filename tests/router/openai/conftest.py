@@ -10,11 +10,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from radixmesh.cluster.launch import LocalCluster, free_port
-from radixmesh.cluster.spec import LaunchSpec
+from radixmesh.cluster.launch import LocalCluster
 from tests.router.http_helpers import Http
-
-MODEL = "smollm2"
+from tests.router.smollm2_http import MODEL as MODEL  # the tests import it from here
+from tests.router.smollm2_http import smollm2_http_cluster
 
 
 @dataclass
@@ -26,16 +25,7 @@ class Smollm2Cluster:
 
 @pytest.fixture(scope="package")
 def smollm2(smollm2_gguf: Path) -> Iterator[Smollm2Cluster]:
-    http_port = free_port()
-    config = LaunchSpec(
-        model=MODEL,
-        workers=1,
-        port=free_port(),
-        worker_args=("--dtype", "float32"),
-        router_options={"http_port": http_port, "health_interval": 0.2},
-        ready_timeout=240.0,
-    )
-    with LocalCluster(config) as cluster:
+    with smollm2_http_cluster() as (cluster, http_port):
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", max_retries=0
         )
