@@ -319,9 +319,13 @@ class Scheduler:
         if not req.admitted:  # count a prompt's cache hit once, not again after retraction
             req.admitted = True
             req.admit_time = time.monotonic()
-            req.num_cached_tokens = len(prefix_slots)
+            # The match may run past the prompt into output tokens a grammar forced (a
+            # required tool call's opening text) that an earlier request cached: only the
+            # prompt's part is a prompt cache hit.
+            hit = min(len(prefix_slots), req.num_prompt_tokens)
+            req.num_cached_tokens = hit
             self._prompt_tokens += req.num_prompt_tokens
-            self._cache_hit_tokens += len(prefix_slots)
+            self._cache_hit_tokens += hit
 
     def _future_need(self, req: Request, prefix: int) -> int:
         future = int(req.remaining_new_tokens * self.config.new_token_ratio)

@@ -27,7 +27,6 @@ from radixmesh.errors import Unavailable
 from radixmesh.router.openai.blocks import Blocks, Call, Event, TextDelta, TextEnd
 from radixmesh.router.openai.convert import Generation
 from radixmesh.router.openai.message import MessageStream
-from radixmesh.router.openai.reply import cached_prompt_tokens
 from radixmesh.v1 import common_pb2
 
 SseEvent = tuple[str, dict[str, Any]]
@@ -102,7 +101,7 @@ class MessageReply:
     def _count(self, chunk: common_pb2.GenerateChunk) -> None:
         # Counts are cumulative; the prompt's are set from the first chunk on.
         self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
-        self.cached_tokens = cached_prompt_tokens(chunk) or self.cached_tokens
+        self.cached_tokens = chunk.cached_tokens or self.cached_tokens
         self.output_tokens = chunk.completion_tokens
 
     def _block_events(self, event: Event) -> list[SseEvent]:

@@ -49,15 +49,6 @@ class UsageCounter:
         )
 
 
-def cached_prompt_tokens(chunk: common_pb2.GenerateChunk) -> int:
-    """The prompt tokens served from the cache. A worker's `cached_tokens` can pass the
-    prompt's length: tokens a grammar forces at the start of the output (a required tool
-    call's opening text) are matched in the cache with the prompt when they were cached
-    by an earlier request, and counted with it. Held to the prompt here, so that
-    `input_tokens` (the prompt less its cached part) is never negative."""
-    return min(chunk.cached_tokens, chunk.prompt_tokens)
-
-
 def choice_usage(chunk: common_pb2.GenerateChunk) -> rs.Usage:
     """One choice's usage so far (a chunk's counts are cumulative)."""
     return rs.Usage(

@@ -28,7 +28,6 @@ from radixmesh.errors import Unavailable
 from radixmesh.router.openai.blocks import Blocks, Call, Event, TextDelta
 from radixmesh.router.openai.convert import Generation
 from radixmesh.router.openai.message import MessageStream
-from radixmesh.router.openai.reply import cached_prompt_tokens
 from radixmesh.router.openai.responses_api import requests as rq
 from radixmesh.v1 import common_pb2
 
@@ -138,7 +137,7 @@ class ResponseReply:
             self.usage = {
                 "input_tokens": chunk.prompt_tokens,
                 "input_tokens_details": {
-                    "cached_tokens": cached_prompt_tokens(chunk),
+                    "cached_tokens": chunk.cached_tokens,
                     "cache_write_tokens": 0,
                 },
                 "output_tokens": chunk.completion_tokens,
