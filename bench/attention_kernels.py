@@ -12,6 +12,8 @@ ceiling, and the engine's greedy tokens with the triton vs torch backend.
    through the slot table (what an FP8 pool does, here on the bf16 pool).
 4. A sweep of the extend kernel's tiles (rows, key tile, warps, stages) on the three
    8k-token shapes, to retune `extend_config` from one run (`--skip-sweep` to skip).
+   `--grid-sweep` runs only a sweep: every tile of GRID on the extend shapes the engine's
+   workloads launch (GRID_SHAPES), and prints the best per shape.
 5. Engine on `dummy:llama-3-8b`: greedy tokens of 16 prompts, triton vs torch backend.
 
 Run on a CUDA machine: `python -m bench.attention_kernels [--out DIR] [--skip-engine]
@@ -241,7 +243,23 @@ SWEEP = [
 ]
 
 
-def sweep_extend(batch: int, prefix: int, new: int) -> list[dict[str, Any]]:
+# Every combination, for `--grid-sweep`: rows x key tile x warps x stages.
+GRID = [
+    ExtendConfig(rows, block_n, warps, stages)
+    for rows in (64, 128, 256)
+    for block_n in (32, 64, 128)
+    for warps in (4, 8)
+    for stages in (2, 3, 4)
+]
+# (batch, cached prefix, new tokens): the target shape, the throughput workload's prompt
+# extends (16 x 512 a mixed step), shorter chunks, and the shared-prefix workload's
+# extends over a cached 1,536-token prefix (64 own tokens each, ~64 a step; and 512).
+GRID_SHAPES = ((1, 0, 8192), (16, 0, 512), (32, 0, 256), (64, 1536, 64), (16, 1536, 512))
+
+
+def sweep_extend(
+    batch: int, prefix: int, new: int, configs: list[ExtendConfig] | None = None
+) -> list[dict[str, Any]]:
     """The package's kernel (fresh k/v) at every tile config of SWEEP; a config the GPU
     cannot run (shared memory, registers) is recorded with its error."""
     c, args, q = extend_case(batch, prefix, new)
@@ -249,7 +267,7 @@ def sweep_extend(batch: int, prefix: int, new: int) -> list[dict[str, Any]]:
     out = torch.empty_like(q)
     flops = extend_flops(batch, prefix, new)
     rows = []
-    for cfg in SWEEP:
+    for cfg in configs or SWEEP:
         row: dict[str, Any] = {"batch": batch, "prefix": prefix, "new": new, **cfg.__dict__}
 
         def run(cfg: ExtendConfig = cfg) -> None:
@@ -319,13 +337,34 @@ def engine_parity(n_prompts: int, new_tokens: int, dtype: str) -> dict[str, Any]
     }
 
 
+def grid_sweep(args: argparse.Namespace) -> None:
+    """Every GRID tile on every GRID_SHAPES shape; the best three per shape printed."""
+    rows = [row for shape in GRID_SHAPES for row in sweep_extend(*shape, configs=GRID)]
+    path = record.write("attention_sweep", args, {"extend_sweep": rows})
+    for b, p, n in GRID_SHAPES:
+        ok = [r for r in rows if (r["batch"], r["prefix"], r["new"]) == (b, p, n) and "ms" in r]
+        ok.sort(key=lambda r: r["ms"])
+        now = extend_config(n, D).__dict__
+        cur = next((r for r in ok if all(r[k] == v for k, v in now.items())), None)
+        cur_s = f"{cur['tflops']:.0f}" if cur else "n/a"
+        print(f"B={b} prefix={p} new={n}: table's {now} {cur_s} TFLOP/s; best:")
+        for r in ok[:3]:
+            cfg = (r["block_rows"], r["block_n"], r["num_warps"], r["num_stages"])
+            print(f"    {cfg}: {r['ms']:.3f} ms {r['tflops']:.0f} TFLOP/s")
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     record.add_output_arguments(ap)
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--grid-sweep", action="store_true", help="only the tile grid sweep")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
+    if args.grid_sweep:
+        grid_sweep(args)
+        return
     report: dict[str, Any] = {
         "shapes": {"num_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "dtype": "bfloat16"},
     }

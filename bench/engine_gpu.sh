@@ -3,6 +3,7 @@
 # GPU: `PARTS="kernels offline anatomy tests" BASELINE=DIR bash bench/engine_gpu.sh`.
 #   kernels   bench.attention_kernels: the extend kernel before vs now (TFLOP/s), a tile
 #             sweep, decode, and greedy tokens of the engine, triton vs torch backend
+#   sweep     bench.attention_kernels --grid-sweep: every extend tile on the workloads' shapes
 #   offline   bench.offline's GPU workloads (256 x (512, 256); 1,024 requests sharing 16
 #             prefixes) on dummy:llama-3-8b with defaults, this tree and, with BASELINE=DIR
 #             (a copy of an earlier `radixmesh/` package tree, e.g. `git archive REV
@@ -36,6 +37,10 @@ OFFLINE="-m bench.offline --model dummy:llama-3-8b --device cuda --workloads gpu
 
 if part kernels; then
   run attention_kernels "$PWD" 240 -m bench.attention_kernels --out "$OUT/attention_kernels-$MACHINE.json"
+fi
+if part sweep; then
+  run attention_sweep "$PWD" 400 -m bench.attention_kernels --grid-sweep \
+    --out "$OUT/attention_sweep-$MACHINE.json"
 fi
 if part offline; then
   if [ -n "$BASELINE" ]; then

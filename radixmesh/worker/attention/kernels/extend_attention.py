@@ -48,9 +48,10 @@ import triton.language as tl
 from radixmesh.worker.attention.kernels.kv_store import pow2
 
 LOG2E = 1.0 / math.log(2.0)
-# From this longest extend on, the long-extend tiles (a batch of short extends has few
-# programs per sequence; 8 warps and 3 stages only pay once each program loops a while).
-LONG_EXTEND = 256
+# From this longest extend on, the long-extend tiles (8 warps, 64-key tiles: they pay once
+# each program loops over thousands of keys). Measured at 512 and 8,192 new tokens only;
+# the crossover between them is not, so the cut sits at a round value between.
+LONG_EXTEND = 2048
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,16 @@ class ExtendConfig:
 
 
 def extend_config(max_extend: int, head_dim: int) -> ExtendConfig:
-    """The tile table. Short extends keep the previous kernel's tiles (measured best for
-    16 x 512 over a cached prefix on the H200, 2026-12-01); long ones take 8 warps and 3
-    stages. Head dims past 128 halve the key tile so 3 stages of K and V fit in shared
-    memory."""
-    block_n = 64 if head_dim <= 128 else 32
+    """The tile table, from a sweep of 54 tiles on the engine's extend shapes (H200,
+    2026-12-02, `bench.attention_kernels --grid-sweep`, attention_sweep-h200.json).
+    Short extends take 32-key tiles, 4 warps and 3 stages: the best tile over the four
+    short shapes together (16 x 512 214, 16 x 512 over 1,536 cached 312, 32 x 256 138,
+    64 x 64 over 1,536 cached 265 TFLOP/s; the previous 64-key tiles gave 183, 264, 110,
+    222). Long extends take 64-key tiles with 8 warps (1 x 8,192: 481 against 444).
+    Head dims past 128 keep 32-key tiles so 3 stages of K and V fit in shared memory."""
     if max_extend < LONG_EXTEND:
-        return ExtendConfig(128, block_n, 4, 2)
-    return ExtendConfig(128, block_n, 8, 3)
+        return ExtendConfig(128, 32, 4, 3)
+    return ExtendConfig(128, 64 if head_dim <= 128 else 32, 8, 3)
 
 
 @triton.jit
