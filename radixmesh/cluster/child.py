@@ -1,13 +1,13 @@
 """A process the local launcher keeps running: restarted when it dies, after a backoff
 that doubles with each recent restart, while it has been restarted fewer than
-`max_restarts` times in the last `window` seconds.
+`max_restarts` times in the last `restart_window` seconds.
 
 The budget is a rate, not a count over the launcher's life: a router that dies now and then
 over weeks (an operator's SIGTERM, an OOM kill) is restarted every time, while a crash
 loop (deaths faster than the rate) is given up on. A lifetime count stopped the whole
 cluster, healthy workers included, at the sixth death of one router however far apart the
 deaths were. The backoff counts the same recent restarts, so after a quiet window it is
-back to `backoff`.
+back to `restart_backoff`.
 
 A child the launcher stops itself (`stop_restarting`, on its way out) is never restarted
 and its exit counts for nothing. Any other exit counts, a clean one too: the launcher
@@ -33,24 +33,33 @@ from radixmesh.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    max_restarts: int = 5  # per child within any `window` seconds; 0: never restart
-    backoff: float = 1.0  # seconds before the first restart, doubling for each recent one
-    max_backoff: float = 30.0
-    window: float = 600.0  # seconds: restarts older than this no longer count
+    """How the local launcher restarts a dead worker or router. Each field is a
+    `radixmesh launch` flag of its name (launch_flags.py), hence the `restart_` in them."""
+
+    max_restarts: int = 5
+    """Restarts of each dead worker or router within any restart_window seconds; 0: never
+    restart. A Ray launch takes it as ray_max_restarts when that is not given."""
+    restart_backoff: float = 1.0
+    """Seconds before a local child's restart, doubling with each recent one."""
+    max_restart_backoff: float = 30.0
+    """Seconds at most before a local child's restart (where the doubling stops)."""
+    restart_window: float = 600.0
+    """Seconds over which a local child's restarts count against max_restarts."""
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise InvalidArgument("max_restarts", f"must be >= 0, got {self.max_restarts}")
-        if not 0 <= self.backoff <= self.max_backoff:
+        if not 0 <= self.restart_backoff <= self.max_restart_backoff:
             raise InvalidArgument(
-                "restart_backoff", f"must be in [0, {self.max_backoff}], got {self.backoff}"
+                "restart_backoff",
+                f"must be in [0, {self.max_restart_backoff}], got {self.restart_backoff}",
             )
-        if not self.window > 0:
-            raise InvalidArgument("restart_window", f"must be > 0, got {self.window}")
+        if not self.restart_window > 0:
+            raise InvalidArgument("restart_window", f"must be > 0, got {self.restart_window}")
 
     def delay(self, restarts: int) -> float:
         """Seconds before the next restart, after `restarts` recent ones."""
-        return float(min(self.max_backoff, self.backoff * 2**restarts))
+        return float(min(self.max_restart_backoff, self.restart_backoff * 2**restarts))
 
 
 class Child:
@@ -108,17 +117,17 @@ class Child:
 
     def _schedule(self, now: float, status: int) -> None:
         p = self.policy
-        while self.recent and self.recent[0] <= now - p.window:
+        while self.recent and self.recent[0] <= now - p.restart_window:
             self.recent.popleft()
         if len(self.recent) >= p.max_restarts:
             self.gave_up = True
             _say(f"{self.name} exited (status {status}); restarted {len(self.recent)} times "
-                 f"in the last {p.window:g} s, not again")  # fmt: skip
+                 f"in the last {p.restart_window:g} s, not again")  # fmt: skip
             return
         delay = p.delay(len(self.recent))
         self.restart_at = now + delay
         _say(f"{self.name} exited (status {status}); restarting in {delay:g} s "
-             f"({len(self.recent) + 1} of {p.max_restarts} in {p.window:g} s)")  # fmt: skip
+             f"({len(self.recent) + 1} of {p.max_restarts} in {p.restart_window:g} s)")  # fmt: skip
 
 
 def _say(line: str) -> None:

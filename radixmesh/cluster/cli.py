@@ -1,7 +1,8 @@
 """The `radixmesh` command line.
 
-Engine options are generated from the config dataclasses' fields in one place
-(`add_engine_options`), so every option of `Engine(**options)` is also a flag.
+The settings' flags are generated from their config dataclasses' fields (flags.py): the
+engine options here (`add_engine_options`), so every option of `Engine(**options)` is also
+a flag; the router's in router_flags.py; the launcher's own in launch_flags.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from radixmesh.cluster.env import (
     ADMIN_KEY_ENV,
@@ -21,31 +22,14 @@ from radixmesh.cluster.env import (
 )
 from radixmesh.errors import RadixMeshError
 
-if TYPE_CHECKING:
-    from radixmesh.cluster.spec import RayOptions
-
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    from radixmesh.cluster.router_flags import base_type
+    from radixmesh.cluster.flags import add_field_flags
     from radixmesh.worker.config import EngineConfig, option_fields
 
     group = parser.add_argument_group("engine")
-    for name, f in option_fields():
-        flag = "--" + name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        kind = base_type(f.type)
-        if kind is bool:
-            group.add_argument(
-                flag, dest=name, action=argparse.BooleanOptionalAction, default=default
-            )
-        else:
-            group.add_argument(
-                flag, dest=name, type=kind, default=default, help=f"(default: {default})"
-            )
-    top = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    group.add_argument(
-        "--attention-backend", dest="attention_backend", default=top["attention_backend"].default
-    )
+    top = [f for f in dataclasses.fields(EngineConfig) if f.name == "attention_backend"]
+    add_field_flags(group, [f for _, f in option_fields()] + top, {})
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,47 +179,13 @@ def _add_router_parser(sub: Any) -> None:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    import shlex
+    from radixmesh.cluster.launch_flags import launch_spec
 
-    from radixmesh.cluster.child import RestartPolicy
-    from radixmesh.cluster.router_flags import router_options as generated_router_options
-    from radixmesh.cluster.spec import LaunchSpec
-
-    worker_args = shlex.split(args.worker_args)
-    if args.dtype is not None:
-        worker_args += ["--dtype", args.dtype]
-    for flag in ("revision", "download_dir", "served_model_name", "chat_template"):
-        if getattr(args, flag) is not None:
-            worker_args += ["--" + flag.replace("_", "-"), getattr(args, flag)]
-    ray = args.ray or args.ray_address is not None
-    router_options = generated_router_options(args, launch=True)
-    if args.download_dir is not None and not ray:  # Ray's routers use their node's cache
-        router_options["download_dir"] = args.download_dir
-    device, visible = (args.ray_device, None) if ray else _local_device(args)
-    spec = LaunchSpec(
-        model=args.model,
-        workers=args.workers,
-        routers=args.routers,
-        policy=args.policy,
-        host=args.host,
-        port=args.port,
-        tp_size=args.tp_size,
-        device=device,
-        worker_args=tuple(worker_args),
-        router_options=router_options,
+    spec = launch_spec(
+        args,
         api_keys=router_api_keys(args.api_key),
         admin_keys=router_api_keys(args.admin_key, ADMIN_KEY_ENV),
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
         worker_api_key=_worker_api_key(),
-        workers_per_gpu=args.workers_per_gpu,
-        visible_gpus=visible,
-        restart=RestartPolicy(
-            5 if args.max_restarts is None else args.max_restarts,
-            args.restart_backoff,
-            window=args.restart_window,
-        ),
-        ray=_ray_options(args) if ray else None,
     )
     if spec.ray is not None:
         from radixmesh.cluster.ray_launch import launch as launch_ray
@@ -246,127 +196,14 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return launch(spec)
 
 
-def _ray_options(args: argparse.Namespace) -> RayOptions:
-    from radixmesh.cluster.spec import RayOptions
-
-    return RayOptions(
-        address=args.ray_address,
-        max_restarts=-1 if args.max_restarts is None else args.max_restarts,
-        cpus_per_worker=args.cpus_per_worker,
-        worker_metrics_port=args.worker_metrics_port,
-        router_placement=args.router_placement,
-        router_cpus=args.router_cpus,
-    )
-
-
-def _local_device(args: argparse.Namespace) -> tuple[str, int | None]:
-    """(where local workers run, GPUs visible): CUDA, each worker on its own tp_size GPUs,
-    when the workers will run on CUDA; the CPU when they will not."""
-    import shlex
-
-    words = shlex.split(args.worker_args)
-    devices = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--device"]
-    devices += [w.split("=", 1)[1] for w in words if w.startswith("--device=")]
-    if any(not d.startswith("cuda") and d != "auto" for d in devices):
-        return "cpu", None
-    import torch
-
-    if not torch.cuda.is_available():
-        return "cpu", None
-    return "cuda", torch.cuda.device_count()
-
-
-def _add_ray_options(parser: argparse.ArgumentParser) -> None:
-    ray = parser.add_argument_group("ray (router and workers as Ray actors)")
-    ray.add_argument("--ray", action="store_true", help="start a local Ray instance")
-    ray.add_argument("--ray-address", default=None, help="join a Ray cluster (e.g. auto)")
-    ray.add_argument("--tp-size", type=int, default=1, help="GPUs per worker (a placement group)")
-    ray.add_argument("--ray-device", default="auto", choices=("auto", "cuda", "cpu"))
-    ray.add_argument(
-        "--max-restarts",
-        type=int,
-        default=None,
-        help="restarts of each dead worker or router: local, within any --restart-window "
-        "(default 5); Ray, over the actor's life (default -1, always)",
-    )
-    ray.add_argument(
-        "--restart-window",
-        type=float,
-        default=600.0,
-        help="seconds over which a local child's restarts count against --max-restarts",
-    )
-    ray.add_argument(
-        "--restart-backoff",
-        type=float,
-        default=1.0,
-        help="seconds before a local child's restart, doubling with each recent one",
-    )
-    ray.add_argument("--cpus-per-worker", type=float, default=1.0, help="per rank")
-    ray.add_argument(
-        "--router-placement",
-        default="driver",
-        choices=("driver", "spread"),
-        help="the router actors: all on the driver's node, or one per node",
-    )
-    ray.add_argument(
-        "--router-cpus",
-        type=float,
-        default=0.0,
-        help="CPUs each router actor reserves (spread needs > 0)",
-    )
-    ray.add_argument(
-        "--worker-metrics-port",
-        type=_free_or_port,
-        default=None,
-        metavar="free|PORT",
-        help="each worker's /metrics: free (default: a free port per (re)start) or PORT "
-        "for every worker (one worker per node, as on KubeRay's GPU pods)",
-    )
-
-
-def _free_or_port(value: str) -> int | None:
-    if value == "free":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'free' or a port, got {value!r}") from None
-
-
 def _add_launch_parser(sub: Any) -> None:
+    from radixmesh.cluster.launch_flags import add_launch_flags
     from radixmesh.cluster.router_flags import add_router_flags
-    from radixmesh.router.policy import POLICIES
 
     ln = sub.add_parser("launch", help="run a router and N workers as local processes")
-    ln.add_argument("--model", required=True)
-    ln.add_argument("--workers", type=int, default=2)
-    ln.add_argument(
-        "--routers",
-        type=int,
-        default=1,
-        help="router processes (Ray: actors) sharing the router's ports, each with every "
-        "worker's cache summary",
-    )
-    ln.add_argument("--policy", default="cache_aware", choices=sorted(POLICIES))
-    ln.add_argument("--host", default="127.0.0.1")
-    ln.add_argument("--port", type=int, default=50050, help="the router's port")
-    ln.add_argument("--dtype", default=None)
-    ln.add_argument(
-        "--workers-per-gpu",
-        type=int,
-        default=1,
-        help="on CUDA: workers sharing each GPU (each takes 1/N of its memory)",
-    )
-    ln.add_argument("--revision", default=None, help="of a hub model (org/name)")
-    ln.add_argument("--download-dir", default=None, help="Hugging Face hub cache")
-    ln.add_argument("--served-model-name", default=None, help="the name clients see")
-    ln.add_argument("--chat-template", default=None, help="Jinja file replacing the model's")
-    ln.add_argument("--worker-args", default="", help="more `radixmesh worker` flags, quoted")
-    ln.add_argument("--tls-cert", default=None, help="the router's PEM certificate chain")
-    ln.add_argument("--tls-key", default=None, help="its private key")
+    add_launch_flags(ln)
     _add_router_keys(ln)
     add_router_flags(ln, launch=True)
-    _add_ray_options(ln)
     ln.set_defaults(func=_cmd_launch)
 
 

@@ -6,7 +6,7 @@ health check says SERVING (which needs a worker up and the tokenizer loaded) and
 routers see every worker healthy, and then serves until SIGINT / SIGTERM, when it stops
 every child (SIGTERM, then SIGKILL after `stop_timeout`). A child that dies meanwhile is
 restarted (child.py: backoff, at most `restart.max_restarts` times within
-`restart.window` seconds) while the others serve on; the launcher gives up only when no
+`restart.restart_window` seconds) while the others serve on; the launcher gives up only when no
 worker or no router is left.
 
 Router replicas share the router's gRPC and HTTP ports (SO_REUSEPORT: the kernel spreads

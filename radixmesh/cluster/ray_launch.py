@@ -377,7 +377,7 @@ class RayCluster:
         if not c.worker_api_key:  # workers always require a key
             self.config = c = dataclasses.replace(c, worker_api_key=secrets.token_urlsafe(32))
         if not ray.is_initialized():
-            ray.init(address=o.address, include_dashboard=False)
+            ray.init(address=o.ray_address, include_dashboard=False)
             self._owns_ray = True
         use_gpu = self._use_gpu()
         worker_args = c.worker_args
@@ -412,7 +412,9 @@ class RayCluster:
             strategies = [NodeAffinitySchedulingStrategy(node, soft=False)] * c.routers
         for i, strategy in enumerate(strategies):
             actor = ray.remote(RouterActor).options(
-                num_cpus=o.router_cpus, max_restarts=o.max_restarts, scheduling_strategy=strategy
+                num_cpus=o.router_cpus,
+                max_restarts=o.ray_max_restarts,
+                scheduling_strategy=strategy,
             )
             self.routers.append(actor.remote(c, self.workers, i, pg))
 
@@ -424,7 +426,7 @@ class RayCluster:
         key = c.worker_api_key
         rank = rank_resources(use_gpu, o.cpus_per_worker)
         if c.tp_size == 1:
-            actor = ray.remote(WorkerActor).options(max_restarts=o.max_restarts, **rank)
+            actor = ray.remote(WorkerActor).options(max_restarts=o.ray_max_restarts, **rank)
             return actor.remote(
                 c.model, c.host, worker_args, c.stop_timeout, None, o.worker_metrics_port, key
             )
@@ -449,7 +451,7 @@ class RayCluster:
         self.reservations.extend(peers)
         gpu_peers = peers if use_gpu else None  # GpuReservation handles
         actor = ray.remote(WorkerActor).options(
-            max_restarts=o.max_restarts, scheduling_strategy=in_bundle(0), **rank
+            max_restarts=o.ray_max_restarts, scheduling_strategy=in_bundle(0), **rank
         )
         return actor.remote(
             c.model, c.host, worker_args, c.stop_timeout, gpu_peers, o.worker_metrics_port, key
@@ -603,7 +605,7 @@ class RayCluster:
                 left = total - sum(1 for d in self._dead if d.startswith(f"{kind}-"))
                 print(
                     f"radixmesh: error: {name} is dead for good (max_restarts "
-                    f"{self.options.max_restarts} used up); {left} {kind}(s) left",
+                    f"{self.options.ray_max_restarts} used up); {left} {kind}(s) left",
                     file=sys.stderr,
                     flush=True,
                 )

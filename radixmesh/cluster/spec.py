@@ -20,6 +20,7 @@ from radixmesh.router.policy import POLICIES
 
 DEVICES = ("auto", "cuda", "cpu")
 STRATEGIES = ("STRICT_PACK", "PACK")
+ROUTER_PLACEMENTS = ("driver", "spread")
 # RouterConfig fields the spec sets itself (from its own fields, or per backend).
 _SET_BY_THE_SPEC = (
     "workers", "host", "port", "policy", "api_keys", "admin_keys", "tls_cert", "tls_key",
@@ -29,29 +30,39 @@ _SET_BY_THE_SPEC = (
 
 @dataclass(frozen=True)
 class RayOptions:
-    """The Ray backend's own settings."""
+    """The Ray backend's own settings. Each field is a `radixmesh launch` flag of its name
+    (launch_flags.py), so the names say Ray where a bare one would be unclear beside the
+    local launcher's (`ray_address`, `ray_max_restarts`)."""
 
-    address: str | None = None  # None: start a local Ray instance ("auto": join one)
-    cpus_per_worker: float = 1.0  # per tensor-parallel rank
-    router_cpus: float = 0.0  # the router mostly waits on sockets; 0 never blocks workers
-    max_restarts: int = -1  # Ray restarts a dead worker or router this often (-1: always)
+    ray_address: str | None = None
+    """The Ray cluster to join (e.g. auto); None: start a local Ray instance."""
+    cpus_per_worker: float = 1.0
+    """CPUs each tensor-parallel rank of a worker reserves."""
+    router_cpus: float = 0.0
+    """CPUs each router actor reserves (the router mostly waits on sockets: 0 never blocks
+    a worker; router_placement spread needs > 0)."""
+    ray_max_restarts: int = -1
+    """How often Ray restarts a dead worker or router actor, over its life (-1: always). A
+    launch given only --max-restarts takes that."""
     placement_strategy: str = "STRICT_PACK"
-    # None: each worker's /metrics on a free port per (re)start; N: on port N for every
-    # worker (one worker per node, e.g. KubeRay's GPU pods behind a headless Service).
+    """How the ranks of a tensor-parallel worker are placed (its placement group)."""
     worker_metrics_port: int | None = None
-    resolve_timeout: float = 2.0  # seconds the router waits for an actor's address
-    # Where the LaunchSpec's `routers` router actors run. "driver": all on the driver's
-    # node (the Ray head, where a Service finds them), sharing its gRPC and HTTP ports.
-    # "spread": one per node, through a STRICT_SPREAD placement group of one `router_cpus`
-    # bundle per router (so it needs router_cpus > 0 and as many nodes as routers).
+    """Each worker's /metrics: free (a free port per (re)start) or PORT for every worker (one
+    worker per node, e.g. KubeRay's GPU pods behind a headless Service)."""
+    resolve_timeout: float = 2.0
+    """Seconds a router waits for an actor's address."""
     router_placement: str = "driver"
+    """Where the router actors run: driver (all on the driver's node, the Ray head where a
+    Service finds them, sharing its gRPC and HTTP ports) or spread (one per node, through a
+    STRICT_SPREAD placement group of one router_cpus bundle per router; needs as many nodes
+    as routers)."""
 
     def __post_init__(self) -> None:
         if self.cpus_per_worker < 0 or self.router_cpus < 0:
             name = "cpus_per_worker" if self.cpus_per_worker < 0 else "router_cpus"
             raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
-        if self.max_restarts < -1:
-            raise InvalidArgument("max_restarts", f"must be >= -1, got {self.max_restarts}")
+        if self.ray_max_restarts < -1:
+            raise InvalidArgument("ray_max_restarts", f"must be >= -1, got {self.ray_max_restarts}")
         if self.worker_metrics_port is not None and not 0 < self.worker_metrics_port < 65536:
             raise InvalidArgument(
                 "worker_metrics_port", f"must be in 1..65535, got {self.worker_metrics_port}"
@@ -61,10 +72,10 @@ class RayOptions:
                 "placement_strategy",
                 f"must be one of {STRATEGIES}, got {self.placement_strategy!r}",
             )
-        if self.router_placement not in ("driver", "spread"):
+        if self.router_placement not in ROUTER_PLACEMENTS:
             raise InvalidArgument(
                 "router_placement",
-                f"must be one of ('driver', 'spread'), got {self.router_placement!r}",
+                f"must be one of {ROUTER_PLACEMENTS}, got {self.router_placement!r}",
             )
         if self.router_placement == "spread" and self.router_cpus <= 0:
             raise InvalidArgument(
@@ -76,47 +87,65 @@ class RayOptions:
 
 @dataclass(frozen=True)
 class LaunchSpec:
+    """One cluster to launch. The fields with a docstring are `radixmesh launch` flags of
+    their names (launch_flags.py); the others are set another way (the comment says how)."""
+
     model: str
+    """What every worker serves (smollm2, an HF directory, a .gguf, a hub id org/name)."""
     workers: int = 2
-    # Router processes (local) or actors (Ray) in front of the workers: each holds every
-    # worker's exact cache summary; local ones share the gRPC and HTTP ports (SO_REUSEPORT).
+    """Worker processes (Ray: actors)."""
     routers: int = 1
+    """Router processes (Ray: actors) in front of the workers, each with every worker's exact
+    cache summary; local ones share the gRPC and HTTP ports (SO_REUSEPORT)."""
     policy: str = "cache_aware"
-    host: str = "127.0.0.1"  # bind address of router and workers; 0.0.0.0: advertise node IPs
-    port: int = 50050  # the router's
-    tp_size: int = 1  # ranks per worker: its GPUs on CUDA (Ray: one placement group)
-    # Where workers run: auto is CUDA when the launcher sees GPUs (local: `visible_gpus`;
-    # Ray: the cluster's GPU resources), else the CPU.
+    """How the routers pick a worker (router/policy.py)."""
+    host: str = "127.0.0.1"
+    """Bind address of the routers and workers; 0.0.0.0: advertise the node's IP."""
+    port: int = 50050
+    """The routers' gRPC port."""
+    tp_size: int = 1
+    """Tensor-parallel ranks per worker: its GPUs on CUDA (Ray: one placement group)."""
     device: str = "auto"
-    worker_args: tuple[str, ...] = ()  # extra `radixmesh worker` flags, for every worker
-    # RouterConfig fields other than those the spec sets, e.g. {"seed": 0}.
+    """Where workers run: auto is CUDA when the launcher sees GPUs (local: its own; Ray: the
+    cluster's GPU resources), else the CPU. A local launch given cuda or cpu passes it to
+    each worker as --device (one --worker-args names otherwise is refused)."""
+    worker_args: tuple[str, ...] = ()
+    """More `radixmesh worker` flags for every worker, quoted as one argument."""
+    # RouterConfig fields other than those the spec sets, e.g. {"seed": 0}: the router's
+    # own flags (router_flags.py).
     router_options: dict[str, Any] = field(default_factory=dict, compare=False)
     # The router's API keys (handed over in its environment, not on its command line) and
     # TLS files; the launcher uses them to check readiness (tls_cert as the root: self-signed).
+    # The keys are the router's hand-written --api-key flags (cli.py).
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     tls_cert: str | None = None
+    """The routers' PEM certificate chain (the launcher trusts it to check readiness)."""
     tls_key: str | None = None
+    """The routers' PEM private key."""
     # Keys for the router's admin role (FlushCache, ClusterStatus, aborting any request),
-    # in its environment; the launcher checks readiness with the first.
+    # in its environment; the launcher checks readiness with the first (--admin-key).
     admin_keys: tuple[str, ...] = field(default=(), repr=False)
     # Workers require this key, given in their environment (never on a command line); the
     # router gets it the same way and sends it on every worker call. None: a key
     # generated at launch.
     worker_api_key: str | None = field(default=None, repr=False)
     ready_timeout: float = 300.0
+    """Seconds for the cluster to come up (model downloads and loads included)."""
     stop_timeout: float = 10.0
+    """Seconds each process gets to exit on its own when the launcher stops, before a kill."""
     # -- the local backend --
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # of a dead child
-    worker_ports: tuple[int, ...] = ()  # empty: free ports picked at launch
-    env: dict[str, str] | None = field(default=None, compare=False)
-    # Workers that share each GPU (group of tp_size GPUs); each is told to take
-    # 1 / workers_per_gpu of its memory (`--gpu-memory-share`).
+    worker_ports: tuple[int, ...] = ()  # empty: free ports picked at launch (not a flag)
+    env: dict[str, str] | None = field(default=None, compare=False)  # for the children
     workers_per_gpu: int = 1
+    """On CUDA: workers sharing each GPU (each group of tp_size GPUs); each is told to take 1
+    / workers_per_gpu of its memory (--gpu-memory-share)."""
     # GPUs the launcher sees when CUDA_VISIBLE_DEVICES is unset (torch.cuda.device_count()
     # at launch); None: none known (auto then means the CPU).
     visible_gpus: int | None = None
-    # -- the Ray backend: set to run the cluster as Ray actors --
     ray: RayOptions | None = None
+    """Run the cluster as Ray actors (--ray: on a local Ray instance; --ray-address implies
+    it)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:

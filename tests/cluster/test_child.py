@@ -33,7 +33,7 @@ def test_restarts_with_doubling_backoff_then_gives_up(capsys: pytest.CaptureFixt
         launches.append(_exits())
         return launches[-1]
 
-    child = Child("worker 0", launch, RestartPolicy(max_restarts=2, backoff=1.0), clock)
+    child = Child("worker 0", launch, RestartPolicy(max_restarts=2, restart_backoff=1.0), clock)
     child.start()
     delays = []
     while not child.gave_up:
@@ -72,13 +72,12 @@ def test_a_live_child_is_left_alone() -> None:
 
 
 def test_policy_checks_and_caps_its_backoff() -> None:
-    assert [RestartPolicy(backoff=4.0, max_backoff=10.0).delay(n) for n in range(4)] == [
-        4.0, 8.0, 10.0, 10.0,
-    ]  # fmt: skip
+    policy = RestartPolicy(restart_backoff=4.0, max_restart_backoff=10.0)
+    assert [policy.delay(n) for n in range(4)] == [4.0, 8.0, 10.0, 10.0]
     with pytest.raises(InvalidArgument, match="max_restarts: must be >= 0"):
         RestartPolicy(max_restarts=-1)
     with pytest.raises(InvalidArgument, match="restart_window: must be > 0"):
-        RestartPolicy(window=0.0)
+        RestartPolicy(restart_window=0.0)
 
 
 def _die_and_restart(child: Child, clock: Clock) -> float | None:
@@ -99,7 +98,7 @@ def test_deaths_spread_beyond_the_window_are_restarted_every_time() -> None:
     """Ten deaths, each more than a window after the restart before: none gives up, and
     the backoff never grows (no restart is recent)."""
     clock = Clock()
-    child = Child("the router", _exits, RestartPolicy(max_restarts=3, window=60.0), clock)
+    child = Child("the router", _exits, RestartPolicy(max_restarts=3, restart_window=60.0), clock)
     child.start()
     delays = []
     for _ in range(10):
@@ -111,7 +110,7 @@ def test_deaths_spread_beyond_the_window_are_restarted_every_time() -> None:
 
 def test_a_crash_loop_is_given_up_on_and_old_restarts_expire() -> None:
     clock = Clock()
-    child = Child("the router", _exits, RestartPolicy(max_restarts=3, window=60.0), clock)
+    child = Child("the router", _exits, RestartPolicy(max_restarts=3, restart_window=60.0), clock)
     child.start()
     # Two restarts, then a quiet window: they expire, and three more fit.
     assert [_die_and_restart(child, clock) for _ in range(2)] == [1.0, 2.0]

@@ -95,7 +95,7 @@ def launched_cluster(restart: RestartPolicy) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    with launched_cluster(RestartPolicy(max_restarts=3, backoff=0.2)) as c:
+    with launched_cluster(RestartPolicy(max_restarts=3, restart_backoff=0.2)) as c:
         yield c
 
 

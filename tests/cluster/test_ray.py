@@ -342,8 +342,8 @@ def test_the_launch_spec_checks_its_ray_fields() -> None:
         LaunchSpec(model="dummy:tiny", tp_size=0, ray=RayOptions())
     with pytest.raises(InvalidArgument, match="device: must be one of"):
         LaunchSpec(model="dummy:tiny", device="tpu", ray=RayOptions())
-    with pytest.raises(InvalidArgument, match="max_restarts: must be >= -1, got -2"):
-        LaunchSpec(model="dummy:tiny", ray=RayOptions(max_restarts=-2))
+    with pytest.raises(InvalidArgument, match="ray_max_restarts: must be >= -1, got -2"):
+        LaunchSpec(model="dummy:tiny", ray=RayOptions(ray_max_restarts=-2))
     with pytest.raises(InvalidArgument, match="placement_strategy: must be one of"):
         LaunchSpec(model="dummy:tiny", ray=RayOptions(placement_strategy="SPREAD"))
     with pytest.raises(InvalidArgument, match="router_placement: must be one of"):

@@ -34,7 +34,10 @@ def cluster() -> Iterator[LocalCluster]:
         worker_args=("--dtype", "float32"),
         router_options={"health_interval": 0.2},
         restart=RestartPolicy(
-            max_restarts=MAX_RESTARTS, backoff=0.05, max_backoff=0.05, window=WINDOW
+            max_restarts=MAX_RESTARTS,
+            restart_backoff=0.05,
+            max_restart_backoff=0.05,
+            restart_window=WINDOW,
         ),
         ready_timeout=120.0,
     )

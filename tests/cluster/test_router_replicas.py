@@ -53,7 +53,7 @@ def replicas(routers: int) -> Iterator[LocalCluster]:
         worker_args=WORKER_ARGS,
         router_options=dict(FLAGS),
         ready_timeout=120.0,
-        restart=RestartPolicy(max_restarts=3, backoff=0.2),
+        restart=RestartPolicy(max_restarts=3, restart_backoff=0.2),
     )
     with LocalCluster(spec) as cluster:
         stop = threading.Event()

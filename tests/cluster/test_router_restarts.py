@@ -23,7 +23,8 @@ ROUNDS = 8
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    with launched_cluster(RestartPolicy(max_restarts=ROUNDS, backoff=0.2, max_backoff=0.4)) as c:
+    policy = RestartPolicy(max_restarts=ROUNDS, restart_backoff=0.2, max_restart_backoff=0.4)
+    with launched_cluster(policy) as c:
         yield c
 
 

@@ -547,7 +547,7 @@ def test_kuberay_manifests() -> None:
         "0.0.0.0",
     )
     # One worker per GPU pod, each with /metrics on the port the pods and Service expose.
-    assert (args.worker_metrics_port, args.worker_args) == (9091, "")
+    assert (args.worker_metrics_port, args.worker_args) == (9091, ())
     # Two routers on the head: one port each for their metrics (9090 and the next), on
     # the head pod and the router Service.
     assert (args.routers, args.metrics_port) == (2, 9090)
