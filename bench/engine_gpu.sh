@@ -11,6 +11,12 @@
 #   anatomy   bench.step_anatomy --workload prefill: each step kind's host phases and
 #             kernels against its GPU span
 #   tests     the GPU tests of the attention kernels, fused layers and the model
+#   fp8sweep  the FP8 kernels' GPU tests (every small-batch variant at Llama-3-8B shapes),
+#             then bench.fp8_gemm --sweep (bounded by --budget-s 200): lines to paste into
+#             CONFIGS / ROW_CONFIGS of radixmesh/worker/layers/kernels/fp8_small_m.py
+#   fp8e2e    bench.fp8_gemm (each path beside bf16 at 1-256 rows, effective TB/s), then
+#             bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all: throughput 256 x (512,
+#             256), shared prefix and batch-1 time per token of each precision vs bf16
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
 # (installed to /tmp/site).
 set -u
@@ -51,6 +57,18 @@ fi
 if part anatomy; then
   run step_anatomy "$PWD" 200 -m bench.step_anatomy --workload prefill \
     --out "$OUT/step_anatomy-prefill-$MACHINE.json"
+fi
+if part fp8sweep; then
+  run fp8-gpu-tests "$PWD" 200 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/worker/layers/kernels/test_fp8_small_m.py \
+    tests/worker/layers/kernels/test_fp8_small_m_variants.py tests/worker/layers/quantization
+  run fp8_sweep "$PWD" 330 -m bench.fp8_gemm --sweep --budget-s 200 \
+    --out "$OUT/fp8_gemm-sweep-$MACHINE.json"
+fi
+if part fp8e2e; then
+  run fp8_gemm "$PWD" 120 -m bench.fp8_gemm --rows 1,4,16,64,256 --out "$OUT/fp8_gemm-$MACHINE.json"
+  run tp-fp8 "$PWD" 420 -m bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all \
+    --out "$OUT/tp-fp8-$MACHINE.json"
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \

@@ -20,7 +20,9 @@ POLICIES = ("lpm", "dfs-weight", "fcfs")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # Weight quantization methods (radixmesh/worker/layers/quantization/); None: the checkpoint's
 # own (none, or FP8 for a checkpoint whose config.json has an fp8 quantization_config).
-QUANTIZATIONS = ("fp8",)
+# The fp8 names differ in the scales a full-precision weight gets at load: "fp8" the
+# default (one per output channel), or the layout named.
+QUANTIZATIONS = ("fp8", "fp8-channel", "fp8-1x128", "fp8-128x128")
 # KV pool storage: auto = the model dtype; fp8 = float8_e4m3fn with a power-of-two scale
 # per token and KV head (radixmesh/worker/kvcache/fp8_kv.py).
 KV_CACHE_DTYPES = ("auto", "fp8")
@@ -55,7 +57,9 @@ class ModelConfig:
     # kernel, which reads each key once per tile. 0: prompt chunks always run eagerly.
     cuda_graph_prefill_reads: int = 65536
     # "fp8": linear weights (q/k/v/o, gate/up/down) as float8_e4m3fn with a float32 scale
-    # per output channel, quantized at load; embeddings, LM head and norms keep `dtype`.
+    # per output channel, quantized at load ("fp8-1x128": one per row and 128 input
+    # columns; "fp8-128x128": per 128 x 128 block); embeddings, LM head and norms keep
+    # `dtype`. An FP8 checkpoint loads with the scales it stores, whatever is named here.
     quantization: str | None = None
 
     def __post_init__(self) -> None:

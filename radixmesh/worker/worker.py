@@ -158,8 +158,9 @@ class Worker:
     def _load_weights(self, files: str) -> LlamaForCausalLM:
         mc = self.config.model
         torch.manual_seed(mc.seed)
-        # An FP8 checkpoint (quantization_config) loads as FP8 when no method was named.
-        self.quantization = mc.quantization or load_quantization(files)
+        # An FP8 checkpoint (quantization_config) loads as FP8 when no method was named, and
+        # with the scales it stores when one was (its values are not quantized again).
+        self.quantization = load_quantization(files) or mc.quantization
         model = LlamaForCausalLM(
             self.arch,
             tp=self.tp,

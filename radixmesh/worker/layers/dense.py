@@ -64,6 +64,10 @@ class PackableLinear(nn.Module):
         """Rows (output features) of the full checkpoint tensor that `shard_id` names."""
         raise NotImplementedError
 
+    def input_columns(self) -> int:
+        """Columns (input features) of the full checkpoint tensor, all ranks together."""
+        raise NotImplementedError
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in] -> [T, out]: through the quantization method if any."""
         if self.linear_method is not None:

@@ -75,6 +75,9 @@ class _ColumnSharded(PackableLinear):
     def output_rows(self, shard_id: ShardId) -> int:
         return self.pieces[self._piece_index(shard_id)].full_size
 
+    def input_columns(self) -> int:
+        return self.in_features
+
     def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
         """Copy this rank's rows of the full checkpoint tensor `loaded` (weight, bias or a
         per-row scale)."""
@@ -222,16 +225,22 @@ class RowParallelLinear(PackableLinear):
     def output_rows(self, shard_id: ShardId) -> int:
         return self.out_features
 
+    def input_columns(self) -> int:
+        return self.in_local * self.tp.size
+
     def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
         if shard_id is not None:
             raise ValueError(f"unsharded parameter got shard {shard_id!r}")
         if param.dim() == 1:  # the bias, or a quantized weight's per-row scale: every rank
             copy_checked(param.data, loaded)  # holds all rows
             return
-        expected = (self.out_features, self.in_local * self.tp.size)
+        # A quantized weight's scales per row and group of input columns [out, groups]:
+        # this rank's groups (its columns are whole groups: the method checks).
+        local = self.in_local if param is self.weight else param.shape[1]
+        expected = (self.out_features, local * self.tp.size)
         if tuple(loaded.shape) != expected:
             raise ValueError(f"shape mismatch: expected {expected}, got {tuple(loaded.shape)}")
-        copy_checked(param.data, loaded.narrow(1, self.tp.rank * self.in_local, self.in_local))
+        copy_checked(param.data, loaded.narrow(1, self.tp.rank * local, local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:

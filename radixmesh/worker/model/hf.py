@@ -23,6 +23,8 @@ INDEX_FILE = "model.safetensors.index.json"
 FP8 = torch.float8_e4m3fn
 _SAFETENSORS_FP8 = "F8_E4M3"
 _SCALE = ".weight_scale"
+# Block-scaled FP8 checkpoints name their scales so (they multiply, despite the name).
+_SCALE_INV = ".weight_scale_inv"
 _UNUSED_SCALES = (".input_scale", ".output_scale", ".k_scale", ".v_scale", ".kv_scale")
 
 
@@ -54,12 +56,14 @@ def check_supported(cfg: dict[str, Any], where: str | Path) -> None:
 
 
 def checkpoint_quantization(cfg: dict[str, Any], where: str | Path) -> str | None:
-    """The quantization a checkpoint's weights are stored in: None or "fp8".
+    """The quantization a checkpoint's weights are stored in: None, "fp8-channel" (a
+    weight_scale per tensor or per output channel) or "fp8-128x128" / "fp8-1x128"
+    (`weight_block_size` [128, 128] or [1, 128]: `weight_scale_inv` per block).
 
-    FP8 is `quant_method: "fp8"` with a weight_scale per tensor or per output channel.
     Static activation scales (activation_scheme "static": input_scale tensors) and KV
     scales are not used: activations are quantized per token and the FP8 KV cache keeps
-    its own scales. Block-wise scales (weight_block_size) are not supported."""
+    its own scales. Other block sizes are rejected: every kernel reads scales per 128
+    input columns."""
     qc = cfg.get("quantization_config")
     if not qc:
         return None
@@ -70,11 +74,16 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str | Path) -> str | Non
             f"{where}: quantization_config quant_method {method!r} is not supported "
             "(supported: 'fp8')",
         )
-    if qc.get("weight_block_size"):
+    block = qc.get("weight_block_size")
+    if not block:
+        return "fp8-channel"
+    if list(block) not in ([128, 128], [1, 128]):
         raise InvalidArgument(
-            "model", f"{where}: block-wise FP8 (weight_block_size) is not supported"
+            "model",
+            f"{where}: FP8 weight_block_size {block} is not supported "
+            "(supported: [128, 128], [1, 128])",
         )
-    return "fp8"
+    return f"fp8-{block[0]}x{block[1]}"
 
 
 def read_quantization(model_dir: str | Path) -> str | None:
@@ -114,7 +123,10 @@ def iter_hf_weights(
             for name in f.keys():  # noqa: SIM118 -- safe_open handles are not iterable
                 if _skip(name, arch):
                     continue
-                if name.endswith(_SCALE):  # tiny, and never narrowed to a model dtype
+                if name.endswith(_SCALE_INV):  # the same role: the layer's weight_scale
+                    scale = f.get_tensor(name).to(device=device, dtype=torch.float32)
+                    yield name.removesuffix("_inv"), scale
+                elif name.endswith(_SCALE):  # tiny, and never narrowed to a model dtype
                     yield name, f.get_tensor(name).to(device=device, dtype=torch.float32)
                 elif sliced:
                     part = f.get_slice(name)

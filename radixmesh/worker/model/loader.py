@@ -64,7 +64,7 @@ def load_arch_config(spec: str) -> LlamaArchConfig:
 
 
 def load_quantization(spec: str) -> str | None:
-    """The quantization the checkpoint's weights are stored in (None or "fp8")."""
+    """The quantization the checkpoint's weights are stored in (None or an "fp8-" layout)."""
     src = resolve_model(spec)
     return hf.read_quantization(_path(src)) if src.kind == "hf" else None
 

@@ -85,9 +85,9 @@ def test_fp8_checkpoint_loads_its_values_and_scales_unchanged(
     tiny_fp8: tuple[Path, dict[str, Any], Any], sliced: bool
 ) -> None:
     path, ckpt, _ = tiny_fp8
-    assert loader.load_quantization(str(path)) == "fp8"
+    assert loader.load_quantization(str(path)) == "fp8-channel"
     arch = loader.load_arch_config(str(path))
-    model = LlamaForCausalLM(arch, quantization="fp8")
+    model = LlamaForCausalLM(arch, quantization="fp8-channel")
     model.load_weights(loader.iter_weights(str(path), arch, dtype=torch.float32, sliced=sliced))
     first, second = model.model.layers[0], model.model.layers[1]
     assert isinstance(first, LlamaDecoderLayer) and isinstance(second, LlamaDecoderLayer)
@@ -124,7 +124,7 @@ def test_an_fp8_weight_without_its_scale_names_the_layer(
 ) -> None:
     path, ckpt, _ = tiny_fp8
     arch = loader.load_arch_config(str(path))
-    model = LlamaForCausalLM(arch, quantization="fp8")
+    model = LlamaForCausalLM(arch, quantization="fp8-channel")
     skipped = "model.layers.1.self_attn.k_proj.weight_scale"
     weights = [(n, t) for n, t in ckpt.items() if n != skipped and "input_scale" not in n]
     weights = [(n, t) for n, t in weights if not n.endswith("k_scale")]
@@ -136,7 +136,7 @@ def test_an_fp8_weight_without_its_scale_names_the_layer(
     ("qc", "message"),
     [
         ({"quant_method": "gptq", "bits": 4}, "quant_method 'gptq' is not supported"),
-        ({**FP8_CONFIG, "weight_block_size": [128, 128]}, "block-wise"),
+        ({**FP8_CONFIG, "weight_block_size": [64, 64]}, r"weight_block_size \[64, 64\]"),
     ],
 )
 def test_other_quantized_checkpoints_name_the_model_field(
@@ -164,7 +164,7 @@ def test_engine_serves_an_fp8_smollm2_checkpoint_unprompted(
     write_checkpoint(tmp_path, config, quantize_checkpoint(weights))
     engine = Engine(str(tmp_path), dtype="float32", kv_cache_tokens=512, max_running_requests=2)
     try:
-        assert engine.worker.quantization == "fp8"
+        assert engine.worker.quantization == "fp8-channel"
         out = engine.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 3})
         assert isinstance(out, dict) and out["text"].startswith(" Paris")
     finally:

@@ -17,8 +17,14 @@ from torch import nn
 from radixmesh.worker.layers.dense import PackableLinear
 from radixmesh.worker.layers.quantization.base import LinearMethod
 
+# name -> "module:factory", the factory called with the name. The fp8 names differ only in
+# how full-precision weights are quantized at load (fp8.py; "fp8" is the measured default).
+_FP8 = "radixmesh.worker.layers.quantization.fp8:method_for"
 _METHODS: dict[str, str] = {
-    "fp8": "radixmesh.worker.layers.quantization.fp8:Fp8LinearMethod",
+    "fp8": _FP8,
+    "fp8-channel": _FP8,
+    "fp8-1x128": _FP8,
+    "fp8-128x128": _FP8,
 }
 
 
@@ -29,8 +35,8 @@ def quantization_methods() -> list[str]:
 def linear_method(name: str) -> LinearMethod:
     if name not in _METHODS:
         raise ValueError(f"quantization: unknown {name!r}; choices: {quantization_methods()}")
-    module_name, class_name = _METHODS[name].split(":")
-    method: LinearMethod = getattr(importlib.import_module(module_name), class_name)()
+    module_name, factory = _METHODS[name].split(":")
+    method: LinearMethod = getattr(importlib.import_module(module_name), factory)(name)
     return method
 
 

@@ -33,6 +33,9 @@ class QuantizableLinear(Protocol):
     def output_rows(self, shard_id: ShardId) -> int:
         """Rows (output features) of the full checkpoint tensor that `shard_id` names."""
 
+    def input_columns(self) -> int:
+        """Columns (input features) of the full checkpoint tensor, all ranks together."""
+
 
 class LinearMethod(ABC):
     name: str

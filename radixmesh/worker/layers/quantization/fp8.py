@@ -1,12 +1,27 @@
-"""FP8 (e4m3) linear layers: float8_e4m3fn weights with a float32 scale per output channel.
+"""FP8 (e4m3) linear layers: float8_e4m3fn weights with float32 scales.
 
-Weights: W[o, :] ~= Q[o, :] * s[o], s[o] = max|W[o, :]| / 448 (e4m3's largest finite
-value), so each row uses the format's whole range. A row's scale depends on that row
-only, so quantizing a checkpoint tensor before the layer narrows it to this rank's rows
-gives every rank exactly the rows a single GPU would hold; a row-parallel layer's ranks
-all use the full row's scale. Checkpoints already in FP8 load their values unchanged: a
-per-tensor scale becomes the same scale on every row of that tensor (exact, also when
-q/k/v with different scales are fused into one weight).
+Scales (fp8_scales.py): per output channel, W[o, :] ~= Q[o, :] * s[o], or per row and
+group of 128 input columns, W[o, g*128:(g+1)*128] ~= Q[...] * s[o, g] (quantized per
+1 x 128 or 128 x 128 block; both held per row). The method names pick the layout used
+when a full-precision checkpoint is quantized at load: "fp8-channel", "fp8-1x128",
+"fp8-128x128", and "fp8" for `DEFAULT_LAYOUT`. A scale depends on its block only, so
+quantizing a checkpoint tensor before the layer narrows it to this rank's rows gives
+every rank exactly the rows a single GPU would hold; a row-parallel layer's ranks use
+the full row's channel scale, or their own groups' scales. Checkpoints already in FP8
+load their values unchanged: a per-tensor scale becomes the same scale on every row (and
+group) of that tensor (exact, also when q/k/v with different scales are fused into one
+weight), a per-channel one the same scale on every group of its row, and block scales
+(`weight_scale_inv` [ceil(out/128), ceil(in/128)]) are repeated on their rows.
+
+Why per channel stays the default (docs/quantization.md has the figures): e4m3 is a
+floating-point format, so a finer scale only helps values more than 448 / 2^-6 = 28672x
+under their block's largest, which real weights rarely have; on the bundled SmolLM2 the
+three layouts' perplexities differ by less than re-rounding the same layout moves it
+(scales enlarged by a random 0-6%: +2.7% to +8.4%). Per-channel scales cost nothing in
+the GEMMs (`_scaled_mm`'s row-wise scaling at large batches, one multiply after the K
+loop at small ones); group scales cost a dequantize-then-GEMM at large batches (below)
+and a scale per K group in the small-batch kernel. Block-scaled checkpoints load as
+they are stored.
 
 Matmul on CUDA (`torch._scaled_mm`, sm90+, bfloat16): activations are quantized per
 token, dynamically (x[t, :] ~= X[t, :] * a[t], a[t] = max|x[t, :]| / 448), and the GEMM
@@ -18,8 +33,10 @@ the GEMM costs the same. Decode batches of at most 16 rows on CUDA take a weight
 kernel instead (`layers/kernels/fp8_small_m.py`: the e4m3 weights read once and converted
 in registers, the activations as they are), where the GEMM is bound by reading weights
 and `_scaled_mm` is not (bench/fp8_gemm.py; `RADIXMESH_FP8_SMALL_M=0` turns it off for an
-A/B). Elsewhere, and as the reference: dequantize, then an ordinary matmul in the
-activations' dtype.
+A/B). Group scales at more rows: dequantize, then bf16 GEMM (correct; `_scaled_mm`'s
+row-wise scaling cannot apply a scale per K group, and its block-wise modes are not
+measured here yet). Elsewhere, and as the reference: dequantize, then an ordinary matmul
+in the activations' dtype.
 """
 
 from __future__ import annotations
@@ -32,6 +49,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixmesh.worker.layers.quantization.base import LinearMethod, QuantizableLinear
+from radixmesh.worker.layers.quantization.fp8_scales import (
+    FP8,
+    FP8_MAX,
+    GROUP_K,
+    MIN_SCALE,
+    SCALE_LAYOUTS,
+    dequantize_rows,
+    quantize,
+    quantize_rows,
+    rows_of_blocks,
+)
 from radixmesh.worker.layers.weights import (
     Loaded,
     ShardId,
@@ -40,31 +68,15 @@ from radixmesh.worker.layers.weights import (
     set_weight_loader,
 )
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8).max)  # 448
-# A zero row or token gets this scale instead of 0 (its values quantize to 0 either way).
-MIN_SCALE = 1e-12
-
-
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [rows, cols] -> (FP8 [rows, cols], float32 scales [rows]): w ~= q * scale[:, None]."""
-    w32 = w.float()
-    amax = w32.abs().amax(dim=-1)
-    # A tensor divisor: CUDA divides by a Python scalar as a multiplication by its
-    # reciprocal (1 ulp off now and then); IEEE division matches the Triton kernels.
-    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp_min(MIN_SCALE)
-    q = (w32 / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q, scale
-
-
-def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (q.float() * scale[:, None]).to(dtype)
+# The layout `fp8` quantizes full-precision weights to (measured: docs/quantization.md).
+DEFAULT_LAYOUT = "channel"
 
 
 def fp8_linear_ref(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """Dequantize-then-matmul in x's dtype: the CPU path and the reference."""
+    """Dequantize-then-matmul in x's dtype (per-channel [out] or group scales [out,
+    groups]): the CPU path, the reference, and group scales' large-batch path."""
     return F.linear(x, dequantize_rows(q, scale, x.dtype), bias)
 
 
@@ -136,30 +148,46 @@ def small_m_applies(x: torch.Tensor, q: torch.Tensor) -> bool:
 def fp8_linear(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """x [T, in] @ (q [out, in] * scale [out, 1])^T + bias -> [T, out] in x's dtype."""
+    """x [T, in] @ (q [out, in] * scale)^T + bias -> [T, out] in x's dtype; scale [out]
+    per channel or [out, ceil(in/128)] per row and group."""
     if x.is_cuda and small_m_applies(x, q):
         from radixmesh.worker.layers.kernels.fp8_small_m import fp8_small_m_linear
 
         return fp8_small_m_linear(x, q, scale, bias)
-    if x.shape[0] > 0 and scaled_mm_applies(x, q):
+    if x.shape[0] > 0 and scale.dim() == 1 and scaled_mm_applies(x, q):
         return fp8_linear_scaled_mm(x, q, scale, bias)
     return fp8_linear_ref(x, q, scale, bias)
 
 
 class Fp8LinearMethod(LinearMethod):
-    name = "fp8"
+    """FP8 weights; `layout` is how a full-precision weight is quantized at load
+    (fp8_scales.SCALE_LAYOUTS) and so the shape of the layer's scales."""
+
+    def __init__(self, layout: str = DEFAULT_LAYOUT) -> None:
+        if layout not in SCALE_LAYOUTS:
+            raise ValueError(f"layout must be one of {SCALE_LAYOUTS}, got {layout!r}")
+        self.layout = layout
+        self.name = "fp8" if layout == DEFAULT_LAYOUT else f"fp8-{layout}"
 
     def create_weights(self, layer: QuantizableLinear) -> None:
         old = layer.weight
+        out, cols = old.shape
+        grouped = self.layout != "channel"
+        if grouped and cols % GROUP_K and cols != layer.input_columns():
+            raise ValueError(
+                f"FP8 {self.layout} scales: this rank's {cols} input columns are not a "
+                f"multiple of {GROUP_K}, so a scale group would straddle ranks; use fp8-channel"
+            )
         layer.weight = nn.Parameter(
             torch.empty(old.shape, dtype=FP8, device=old.device), requires_grad=False
         )
         # NaN until loaded, so `check_loaded` finds an FP8 weight whose scale never came.
+        shape = (out, -(-cols // GROUP_K)) if grouped else (out,)
         layer.weight_scale = nn.Parameter(
-            torch.full((old.shape[0],), float("nan"), dtype=torch.float32, device=old.device),
+            torch.full(shape, float("nan"), dtype=torch.float32, device=old.device),
             requires_grad=False,
         )
-        set_weight_loader(layer.weight, functools.partial(_load_weight, layer))
+        set_weight_loader(layer.weight, functools.partial(_load_weight, self.layout, layer))
         set_weight_loader(layer.weight_scale, functools.partial(_load_scale, layer))
         mark_optional(layer.weight_scale)  # computed at load from a full-precision weight
         layer.linear_method = self
@@ -177,17 +205,23 @@ class Fp8LinearMethod(LinearMethod):
         return dequantize_rows(layer.weight, layer.weight_scale, dtype)
 
 
+def method_for(name: str) -> Fp8LinearMethod:
+    """ "fp8" (the default layout) or "fp8-<layout>"."""
+    return Fp8LinearMethod(DEFAULT_LAYOUT if name == "fp8" else name.removeprefix("fp8-"))
+
+
 def _load_weight(
-    layer: QuantizableLinear, param: nn.Parameter, loaded: Loaded, shard_id: ShardId
+    layout: str, layer: QuantizableLinear, param: nn.Parameter, loaded: Loaded, shard_id: ShardId
 ) -> None:
     """A checkpoint weight: FP8 values as they are (the scale is its own tensor), anything
-    else quantized per row here, values and scales sliced by the layer's own loader."""
+    else quantized here in the method's layout, values and scales sliced by the layer's
+    own loader."""
     if loaded.dtype == FP8:
         layer.weight_loader(param, loaded, shard_id)
         return
     if loaded.dtype.is_floating_point and loaded.dtype.itemsize == 1:
         raise ValueError(f"FP8 weights must be float8_e4m3fn, got {loaded.dtype}")
-    q, scale = quantize_rows(as_tensor(loaded))
+    q, scale = quantize(as_tensor(loaded), layout)
     layer.weight_loader(param, q, shard_id)
     layer.weight_loader(layer.weight_scale, scale, shard_id)
 
@@ -195,9 +229,27 @@ def _load_weight(
 def _load_scale(
     layer: QuantizableLinear, param: nn.Parameter, loaded: Loaded, shard_id: ShardId
 ) -> None:
-    """A checkpoint's weight_scale: per tensor ([] or [1]) or per output channel
-    ([out] or [out, 1]); either way stored as one float32 scale per row."""
-    scale = as_tensor(loaded).to(device=param.device, dtype=torch.float32).reshape(-1)
-    if scale.numel() == 1:
-        scale = scale.expand(layer.output_rows(shard_id))
-    layer.weight_loader(param, scale, shard_id)
+    """A checkpoint's weight_scale (or weight_scale_inv): per tensor ([] or [1]), per
+    output channel ([out] or [out, 1]) or per block ([ceil(out/b), ceil(in/128)], b 1 or
+    128), brought to the layer's form: [out] for channel scales, [out, groups] for group
+    scales (a coarser scale repeated over rows and groups, exactly)."""
+    scale = as_tensor(loaded).to(device=param.device, dtype=torch.float32)
+    rows = layer.output_rows(shard_id)
+    blocks = scale.dim() == 2 and scale.shape[1] > 1
+    if param.dim() == 1:
+        if blocks:
+            raise ValueError(
+                f"block scales {tuple(scale.shape)} for an FP8 layer with one scale per "
+                "channel (load this checkpoint with quantization fp8 or fp8-128x128)"
+            )
+        scale = scale.reshape(-1)
+        layer.weight_loader(param, scale.expand(rows) if scale.numel() == 1 else scale, shard_id)
+        return
+    groups = -(-layer.input_columns() // GROUP_K)
+    if not blocks:  # per tensor or per channel: the same scale on every group of a row
+        scale = scale.reshape(-1, 1)
+        scale = scale.expand(rows if scale.numel() == 1 else scale.shape[0], groups)
+    layer.weight_loader(param, rows_of_blocks(scale, rows).contiguous(), shard_id)
+
+
+__all__ = ["FP8", "FP8_MAX", "MIN_SCALE", "dequantize_rows", "quantize_rows"]

@@ -1,6 +1,6 @@
 """FP8 linear layers: per-channel quantization, the dequantize reference and the
 `_scaled_mm` path against float32, sharding under tensor parallelism, FP8 checkpoints'
-scales, and the CPU's dequantize-once path."""
+scales, and the CPU's dequantize-once path (group scales: test_fp8_groups.py)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 L = TypeVar("L", bound=PackableLinear)
 
 
-def fp8_layer(layer: L) -> L:
-    linear_method("fp8").create_weights(layer)
+def fp8_layer(layer: L, name: str = "fp8-channel") -> L:
+    linear_method(name).create_weights(layer)
     return layer
 
 
@@ -64,7 +64,8 @@ def load(param: nn.Parameter, full: torch.Tensor, shard_id: ShardId = None) -> N
 
 
 def test_registry_names_fp8() -> None:
-    assert quantization_methods() == ["fp8"]
+    assert quantization_methods() == ["fp8", "fp8-128x128", "fp8-1x128", "fp8-channel"]
+    assert linear_method("fp8").layout == "channel"  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="quantization"):
         linear_method("int3")
 
