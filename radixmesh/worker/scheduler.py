@@ -157,9 +157,13 @@ class Scheduler:
     # ---- schedule -------------------------------------------------------------------
 
     def schedule(self) -> Batch | None:
+        """The next step's batch. Slots stay on the host while it is built (each part's
+        bookkeeping reads them there) and go to the device once, together: a copy per
+        admitted request was a pinned copy and a wait-free transfer each on CUDA. The
+        req->token table's device copy follows in the runner's `sync_device`."""
         budget = self.config.token_budget
         items: list[ScheduledRequest] = []
-        slots: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []  # [n_i] int64 on the host, in item order
         if not self._schedule_decode(budget, items, slots):
             self._schedule_running(budget, items, slots)
         budget -= sum(item.num_new_tokens for item in items)
@@ -167,7 +171,8 @@ class Scheduler:
             self._admit(budget, items, slots)
         if not items:
             return None
-        return Batch(items=items, out_cache_loc=torch.cat(slots))
+        host = slots[0] if len(slots) == 1 else torch.cat(slots)
+        return Batch(items=items, out_cache_loc=to_device(host, self.allocator.device))
 
     def _schedule_running(
         self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]
@@ -218,15 +223,14 @@ class Scheduler:
         new = self.allocator.alloc_next(positions, last)  # [total] on the CPU
         if new is None:
             return False
-        on_device = to_device(new, self.allocator.device)  # no wait for a step in flight
-        self.req_table.write_one_each(token_rows, positions, new, on_device)
+        self.req_table.write_one_each(token_rows, positions, new)
         if by_page:
             self._last_slot.update(zip((r.rid for r in running), new.tolist(), strict=True))
         self._allocated.update(
             (r.rid, n + k) for r, n, k in zip(running, existing, counts, strict=True)
         )
         items.extend(ScheduledRequest(r, k) for r, k in zip(running, counts, strict=True))
-        slots.append(on_device)
+        slots.append(new)
         return True
 
     def _admit(self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]) -> None:
@@ -358,12 +362,14 @@ class Scheduler:
 
     def _record(self, req: Request, row: int, start: int, host: torch.Tensor) -> torch.Tensor:
         """Enter new slots (allocated on the host) for tokens start.. of `req` in its table
-        row and the bookkeeping; returns them on the device."""
-        new = to_device(host, self.allocator.device)
-        self.req_table.write(row, start, host, new)
-        self._last_slot[req.rid] = int(host[-1])
+        row and the bookkeeping; returns them (still on the host). The last slot matters
+        only with pages (a sequence mid-page takes the next one): reading it costs a
+        tensor index per admitted request, so page_size 1 skips it."""
+        self.req_table.write(row, start, host)
+        if self.page_size > 1 and len(host):
+            self._last_slot[req.rid] = int(host[-1])
         self._allocated[req.rid] = start + len(host)
-        return new
+        return host
 
     def _alloc_or_retract(self, req: Request, n: int) -> torch.Tensor | None:
         """Slots for `req`'s next n tokens, retracting newer requests if memory is short."""
@@ -395,7 +401,9 @@ class Scheduler:
         """Give a request's KV to the cache (which frees what it does not keep)."""
         assert req.row is not None and req.last_node is not None
         n = req.num_computed_tokens
-        slots = self.req_table.read(req.row, 0, n).clone()
+        # A view of the row, no copy: the cache copies what it keeps (and reads the rest)
+        # before the row is freed below, and nothing writes the row meanwhile.
+        slots = self.req_table.read(req.row, 0, n)
         self.cache.cache_finished(req.token_ids[:n], slots, req.last_node)
         self.req_table.free_row(req.row)
         req.row = None
@@ -423,7 +431,7 @@ class Scheduler:
         n = req.num_computed_tokens - req.num_computed_tokens % self.page_size
         if n == 0 or self.cache.disabled:
             return
-        slots = self.req_table.read(req.row, 0, n).clone()
+        slots = self.req_table.read(req.row, 0, n)  # a view: the cache returns a new tensor
         shared, node = self.cache.cache_unfinished(req.token_ids[:n], slots, req.last_node)
         self.req_table.write(req.row, 0, shared)
         req.last_node = node

@@ -562,6 +562,12 @@ def _as_tokens(key: Sequence[int]) -> list[int]:
 
 
 def _cat(values: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
+    """The path's slots. One node's value is returned as is, not copied: on the
+    shared-prefix benchmark most matches end at one node (the group's prefix), and the
+    copy of its 1,536 slots was a quarter of an admission's cost. Callers only read it
+    (node values are never written in place: a split slices them)."""
     if not values:
         return empty
+    if len(values) == 1:
+        return values[0]
     return torch.cat(values)
