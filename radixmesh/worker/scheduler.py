@@ -464,7 +464,21 @@ class Scheduler:
         return Launched(batch, out, samples, positions)
 
     def process_output(self, launched: Launched) -> list[Request]:
-        """A launched step's results, once its tokens are on the host (this waits for it)."""
+        """A launched step's results, once its tokens are on the host (this waits for it).
+
+        Finishing requests go to the cache one by one (a tree insert each), but what the
+        cache frees goes to the allocator in one call (`batched_frees`), and they leave the
+        running list in one pass at the end: `list.remove` each was O(running), O(n^2) for
+        a step finishing most of a batch of 256. Nothing reads the running list in
+        between (aborts and sinks' effects run between steps)."""
+        with self.cache.batched_frees():
+            ended: set[Request] = set()
+            finished = self._process_rows(launched, ended)
+            if ended:
+                self.running[:] = [r for r in self.running if r not in ended]
+        return finished
+
+    def _process_rows(self, launched: Launched, ended: set[Request]) -> list[Request]:
         out = launched.out
         tokens = out.tokens.token_ids()
         sampled_at = {i: j for j, i in enumerate(out.tokens.sample_items)}
@@ -489,7 +503,7 @@ class Scheduler:
             elif launched.samples[i] and req.remaining_new_tokens <= 0:
                 req.finish(FinishReason.LENGTH)  # max_new_tokens=0: prefill only
             if req.finished:
-                self._end(req)
+                self._end(req, ended)
                 finished.append(req)
             self.output.emit(req)
         return finished
@@ -526,12 +540,13 @@ class Scheduler:
             ids.extend(tail)
         return True
 
-    def _end(self, req: Request) -> None:
-        """A request that finished: its KV to the cache, out of the running (or, retracted
-        while its token was pending, out of the waiting) requests."""
+    def _end(self, req: Request, ended: set[Request]) -> None:
+        """A request that finished: its KV to the cache, into `ended` (the running
+        requests to drop at the end of the step's output) or, retracted while its token
+        was pending, out of the waiting requests."""
         if req.row is not None:
-            self.running.remove(req)
             self._release(req)
+            ended.add(req)
         else:
             self.waiting.remove(req)
 
