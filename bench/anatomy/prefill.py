@@ -23,27 +23,29 @@ first), GPU busy (union of kernel intervals), the median / mean / p90 / max of w
 idle GPU (span - busy) over the kind's steps, the host phases' shares of the wall
 (schedule; launch: building the inputs and launching the forward; process_output without
 its wait; wait: `PendingTokens.token_ids` blocking for a step's sampled ids; other: the
-rest of the call), time by category, GEMMs by shape with
+rest of the call; and apart, gc: the cyclic collector's pauses inside the step, whichever
+phase they interrupted), time by category, GEMMs by shape with
 TFLOP/s against `--matmul-tflops`, attention FLOPs (causal over the new tokens plus the
 cached prefix) and the floor: (GEMM + attention FLOPs) / matmul rate, with the gap split
 into GEMM and attention excess over their floors, the other categories, and idle GPU.
 On CPU the "kernels" are the scheduler thread's innermost GEMM ops and other leaf ops.
+
+The engine runs in this process, so by default (`--gc-freeze`) what its start-up built is
+frozen out of the collector, as the engine process does (worker/engine_process.py): a
+full collection otherwise walks the model, tokenizer and pools in the middle of a step
+(130-230 ms on the 2-core CPU machine), a decode tail the served engine does not have.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from bench.anatomy.kernel_trace import (
-    LABEL,
     StepKernels,
     assign,
     gemm_mnk,
@@ -52,10 +54,11 @@ from bench.anatomy.kernel_trace import (
     trace_events,
     windows,
 )
-from bench.anatomy.timer import PhaseTimer
+from bench.anatomy.recorder import StepInfo, StepRecorder
 from bench.offline import Workload, gpu_workloads
-from radixmesh.worker.batch import NO_TOKENS, Batch, Launched
 from radixmesh.worker.engine import Engine
+
+__all__ = ["StepInfo", "StepRecorder", "distribution", "phase_shares", "prefill", "summarize"]
 
 CATEGORIES = (
     "gemm",
@@ -72,166 +75,6 @@ KINDS = ("prefill", "mixed", "decode")
 EXTEND = "_extend_kernel"
 MAX_DECODE_STEPS = 512  # the profiled window's cap: the trace lives in the host's memory
 SHARES = ("schedule", "launch", "process_output", "wait", "other")
-
-
-# ---- the steps ------------------------------------------------------------------------
-
-
-@dataclass
-class StepInfo:
-    """One `Scheduler.step` call: the batch it launched (kind "none": none) and its time."""
-
-    kind: str = "none"
-    rows: int = 0
-    tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt rows' tokens before this chunk (a reused prefix)
-    decode_rows: int = 0
-    extend_keys: int = 0  # keys read by the prompt rows' queries, causal
-    decode_keys: int = 0
-    graphed: bool = False
-    wall_ms: float = 0.0
-    phases: dict[str, float] = field(default_factory=dict)
-
-
-def describe(batch: Batch) -> StepInfo:
-    """The batch's rows before `launch` moves their computed-token counts."""
-    info = StepInfo(rows=len(batch.items))
-    for it in batch.items:
-        s, n = it.start, it.num_new_tokens
-        keys = n * s + n * (n + 1) // 2
-        info.tokens += n
-        if s < it.req.num_prompt_tokens:
-            info.prompt_tokens += n
-            info.cached_tokens += s
-            info.extend_keys += keys
-        else:
-            info.decode_rows += 1
-            info.decode_keys += keys
-    if info.prompt_tokens == 0:
-        info.kind = "decode"
-    else:
-        info.kind = "mixed" if info.decode_rows else "prefill"
-    return info
-
-
-class StepRecorder:
-    """Wraps the scheduler's step, its phases and the regions kernels are classified by."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.sched = engine.worker.scheduler
-        self.runner = engine.worker.runner
-        self.timer = PhaseTimer()
-        self.steps: list[StepInfo] = []
-        self.profiled: list[StepInfo] = []
-        self.prof: Any = None
-        self.trace: Any = None
-        self.decode_steps = 0  # stop profiling after this many decode steps (0: never)
-        self._decode_seen = 0
-        self._current = StepInfo()
-        for obj, name, phase in (
-            (self.sched, "schedule", "schedule"),
-            (self.sched, "process_output", "process_output"),
-            (self.runner, "forward", "forward"),
-            (self.runner.sampler, "draw", "sampler"),
-        ):
-            self.timer.wrap(obj, name, phase)
-        self._label_regions()
-        self._wrap_launch()
-        self._wrap_step()
-
-    def _label_regions(self) -> None:
-        from radixmesh.worker.layers.activation import SiluAndMul
-        from radixmesh.worker.layers.norm import RMSNorm
-
-        _label(self.runner.sampler, "draw", "sampling")
-        _label(self.runner.attn, "forward", "attention")
-        for m in self.runner.model.modules():
-            if isinstance(m, RMSNorm | SiluAndMul):
-                _label(m, "forward", "norm" if isinstance(m, RMSNorm) else "activation")
-
-    def _wrap_launch(self) -> None:
-        launch, graphs = self.sched.launch, self.runner.decode_graphs
-
-        def described(batch: Batch) -> Any:
-            info = describe(batch)
-            replays = graphs.num_replays if graphs is not None else 0
-            t0 = time.perf_counter()
-            out = launch(batch)
-            info.phases["launch"] = 1e3 * (time.perf_counter() - t0)
-            self._time_wait(out)
-            info.graphed = graphs is not None and graphs.num_replays > replays
-            self._current = info
-            return out
-
-        self.sched.launch = described  # type: ignore[method-assign]
-
-    def _time_wait(self, launched: Launched) -> None:
-        """Time this step's `token_ids` (the host blocking for its sampled ids) as phase
-        "wait" of whichever step call reads them (with overlap, the next one). On the
-        instance: the class stays untouched, and the empty step's shared NO_TOKENS too."""
-        tokens = launched.out.tokens
-        if tokens is not NO_TOKENS:
-            self.timer.wrap(tokens, "token_ids", "wait")
-
-    def _wrap_step(self) -> None:
-        step = self.sched.step
-
-        def recorded() -> Any:
-            self._current = StepInfo()
-            t0 = time.perf_counter()
-            with torch.profiler.record_function(LABEL + "step"):
-                out = step()
-            info = self._current
-            info.wall_ms = 1e3 * (time.perf_counter() - t0)
-            info.phases.update(self.timer.take())
-            self.steps.append(info)
-            if self.prof is not None:
-                self.profiled.append(info)
-                if self.decode_steps and info.kind == "decode" and not self.sched.waiting:
-                    self._decode_seen += 1
-                    if self._decode_seen >= self.decode_steps:
-                        self.stop()
-            return out
-
-        self.sched.step = recorded  # type: ignore[method-assign]
-
-    def take(self) -> list[StepInfo]:
-        """The steps so far, and a fresh record. Call it on the scheduler thread
-        (`Engine.call`): a step's record lands after its outputs reach the caller."""
-        steps, self.steps, self.profiled = self.steps, [], []
-        return steps
-
-    def start(self, decode_steps: int) -> None:
-        """On the scheduler thread: the profiler records that thread's CPU ops. It stops
-        after `decode_steps` decode steps with nothing waiting (0: at the run's end)."""
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        self.decode_steps, self._decode_seen = decode_steps, 0
-        self.prof = profile(activities=activities, record_shapes=True)
-        self.prof.start()
-
-    def stop(self) -> None:
-        if self.prof is None:
-            return
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.prof.stop()
-        self.trace, self.prof = self.prof, None
-
-
-def _label(obj: Any, name: str, region: str) -> None:
-    """obj.name runs inside a profiler range `anatomy::<region>`."""
-    fn: Callable[..., Any] = getattr(obj, name)
-
-    def labelled(*a: Any, **k: Any) -> Any:
-        with torch.profiler.record_function(LABEL + region):
-            return fn(*a, **k)
-
-    setattr(obj, name, labelled)
 
 
 # ---- per step kind ---------------------------------------------------------------------
@@ -485,6 +328,10 @@ def prefill(args: argparse.Namespace) -> dict[str, Any]:
     with profile():  # Kineto initializes on this thread, before the scheduler's starts it
         pass
     engine = Engine(args.model, **engine_options(args))
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    rec = None
     try:
         rec = StepRecorder(engine)
         runs: dict[str, Any] = {
@@ -499,7 +346,11 @@ def prefill(args: argparse.Namespace) -> dict[str, Any]:
                 print_run(w.name, runs[w.name])
         return runs
     finally:
+        if rec is not None:
+            rec.close()
         engine.shutdown()
+        if args.gc_freeze:
+            gc.unfreeze()
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -508,6 +359,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kv-cache-bytes", type=int, default=0, help="prefill; 0: auto-size")
     ap.add_argument("--requests", type=int, default=None, help="prefill: scale down")
     ap.add_argument("--matmul-tflops", type=float, default=793.0, help="bf16 matmul rate")
+    ap.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefill: freeze the engine's start-up objects, as the engine process does",
+    )
     ap.add_argument(
         "--decode-steps",
         type=_decode_steps,
