@@ -97,14 +97,15 @@ class ReqToTokenTable:
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Record that tokens start .. start+len(slots)-1 of `row` live in `slots` (int64,
-        on the host)."""
+        on the host; slots on the device are read back first, which waits for it: fine
+        for a benchmark's setup, not for the scheduler's step)."""
         self._check_row(row)
         end = start + slots.numel()
         if start < 0 or end > self.max_context_len:
             raise ValueError(
                 f"start: tokens {start}..{end - 1} exceed max_context_len {self.max_context_len}"
             )
-        values = slots.numpy()
+        values = _host_array(slots)
         self._host_np[row, start:end] = values
         if self.mirrored and end > start:
             if start < self._staged_end.get(row, 0):
@@ -132,7 +133,7 @@ class ReqToTokenTable:
             raise ValueError(f"rows/positions: outside the table {tuple(self.table.shape)}")
         flat = np.asarray(rows, dtype=np.int64) * self.max_context_len
         flat += np.asarray(positions, dtype=np.int64)
-        values = slots.numpy()
+        values = _host_array(slots)
         self._host_np.reshape(-1)[flat] = values
         if self.mirrored:
             ends = self._staged_end
@@ -169,3 +170,9 @@ class ReqToTokenTable:
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.max_requests:
             raise ValueError(f"row: must be in [0, {self.max_requests}), got {row}")
+
+
+def _host_array(slots: torch.Tensor) -> np.ndarray:
+    """`slots` as an int64 numpy array sharing the host tensor's memory."""
+    host = slots if slots.device.type == "cpu" else slots.cpu()
+    return host.to(torch.int64).numpy()
