@@ -5,7 +5,10 @@ new; `shared_prefix`: 1,024 requests in 16 groups sharing a 1,536-token prefix, 
 tokens, 8 new; `--requests` keeps a prefix of each), each run once as a warm-up and once
 under torch.profiler (record_shapes), started on the scheduler thread (the profiler
 records CPU ops per thread; CUPTI sees every kernel). The throughput run stops profiling
-after its first decode step once every prompt is in.
+after `--decode-steps` decode steps (default 64) once every prompt is in: one decode step
+showed neither a decode tail (mean against median) nor the idle GPU between steps. The
+trace grows with the steps it holds (record_shapes keeps every op's input sizes; a batch-256
+decode step is ~1,000 CPU ops and as many kernels), so the window is capped at 512 steps.
 
 Each engine step (one `Scheduler.step` call) is classified by the batch it launched:
 prefill (prompt rows only), mixed (prompt and decode rows) or decode. A kernel belongs to
@@ -16,27 +19,33 @@ Categories: gemm, attention (Triton extend / decode kernels), kv_store, norm, ro
 activation (fused Triton kernels), sampling (launched inside `Sampler.draw`), copy, other.
 Per step kind: host wall (the `Scheduler.step` call; with the overlap scheduler it also
 waits for the previous step), GPU span (first kernel of the step to the next step's
-first), GPU busy (union of kernel intervals), time by category, GEMMs by shape with
+first), GPU busy (union of kernel intervals), the median / mean / p90 / max of wall and of
+idle GPU (span - busy) over the kind's steps, the host phases' shares of the wall
+(schedule; launch: building the inputs and launching the forward; process_output without
+its wait; wait: `PendingTokens.token_ids` blocking for a step's sampled ids; other: the
+rest of the call; and apart, gc: the cyclic collector's pauses inside the step, whichever
+phase they interrupted), time by category, GEMMs by shape with
 TFLOP/s against `--matmul-tflops`, attention FLOPs (causal over the new tokens plus the
 cached prefix) and the floor: (GEMM + attention FLOPs) / matmul rate, with the gap split
 into GEMM and attention excess over their floors, the other categories, and idle GPU.
 On CPU the "kernels" are the scheduler thread's innermost GEMM ops and other leaf ops.
+
+The engine runs in this process, so by default (`--gc-freeze`) what its start-up built is
+frozen out of the collector, as the engine process does (worker/engine_process.py): a
+full collection otherwise walks the model, tokenizer and pools in the middle of a step
+(130-230 ms on the 2-core CPU machine), a decode tail the served engine does not have.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from bench.anatomy.kernel_trace import (
-    LABEL,
     StepKernels,
     assign,
     gemm_mnk,
@@ -45,10 +54,11 @@ from bench.anatomy.kernel_trace import (
     trace_events,
     windows,
 )
-from bench.anatomy.timer import PhaseTimer
+from bench.anatomy.recorder import StepInfo, StepRecorder
 from bench.offline import Workload, gpu_workloads
-from radixmesh.worker.batch import Batch
 from radixmesh.worker.engine import Engine
+
+__all__ = ["StepInfo", "StepRecorder", "distribution", "phase_shares", "prefill", "summarize"]
 
 CATEGORIES = (
     "gemm",
@@ -63,153 +73,8 @@ CATEGORIES = (
 )
 KINDS = ("prefill", "mixed", "decode")
 EXTEND = "_extend_kernel"
-
-
-# ---- the steps ------------------------------------------------------------------------
-
-
-@dataclass
-class StepInfo:
-    """One `Scheduler.step` call: the batch it launched (kind "none": none) and its time."""
-
-    kind: str = "none"
-    rows: int = 0
-    tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt rows' tokens before this chunk (a reused prefix)
-    decode_rows: int = 0
-    extend_keys: int = 0  # keys read by the prompt rows' queries, causal
-    decode_keys: int = 0
-    graphed: bool = False
-    wall_ms: float = 0.0
-    phases: dict[str, float] = field(default_factory=dict)
-
-
-def describe(batch: Batch) -> StepInfo:
-    """The batch's rows before `launch` moves their computed-token counts."""
-    info = StepInfo(rows=len(batch.items))
-    for it in batch.items:
-        s, n = it.start, it.num_new_tokens
-        keys = n * s + n * (n + 1) // 2
-        info.tokens += n
-        if s < it.req.num_prompt_tokens:
-            info.prompt_tokens += n
-            info.cached_tokens += s
-            info.extend_keys += keys
-        else:
-            info.decode_rows += 1
-            info.decode_keys += keys
-    if info.prompt_tokens == 0:
-        info.kind = "decode"
-    else:
-        info.kind = "mixed" if info.decode_rows else "prefill"
-    return info
-
-
-class StepRecorder:
-    """Wraps the scheduler's step, its phases and the regions kernels are classified by."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.sched = engine.worker.scheduler
-        self.runner = engine.worker.runner
-        self.timer = PhaseTimer()
-        self.steps: list[StepInfo] = []
-        self.profiled: list[StepInfo] = []
-        self.prof: Any = None
-        self.trace: Any = None
-        self.stop_at_decode = False
-        self._current = StepInfo()
-        for obj, name, phase in (
-            (self.sched, "schedule", "schedule"),
-            (self.sched, "process_output", "process_output"),
-            (self.runner, "forward", "forward"),
-            (self.runner.sampler, "draw", "sampler"),
-        ):
-            self.timer.wrap(obj, name, phase)
-        self._label_regions()
-        self._wrap_launch()
-        self._wrap_step()
-
-    def _label_regions(self) -> None:
-        from radixmesh.worker.layers.activation import SiluAndMul
-        from radixmesh.worker.layers.norm import RMSNorm
-
-        _label(self.runner.sampler, "draw", "sampling")
-        _label(self.runner.attn, "forward", "attention")
-        for m in self.runner.model.modules():
-            if isinstance(m, RMSNorm | SiluAndMul):
-                _label(m, "forward", "norm" if isinstance(m, RMSNorm) else "activation")
-
-    def _wrap_launch(self) -> None:
-        launch, graphs = self.sched.launch, self.runner.decode_graphs
-
-        def described(batch: Batch) -> Any:
-            info = describe(batch)
-            replays = graphs.num_replays if graphs is not None else 0
-            t0 = time.perf_counter()
-            out = launch(batch)
-            info.phases["launch"] = 1e3 * (time.perf_counter() - t0)
-            info.graphed = graphs is not None and graphs.num_replays > replays
-            self._current = info
-            return out
-
-        self.sched.launch = described  # type: ignore[method-assign]
-
-    def _wrap_step(self) -> None:
-        step = self.sched.step
-
-        def recorded() -> Any:
-            self._current = StepInfo()
-            t0 = time.perf_counter()
-            with torch.profiler.record_function(LABEL + "step"):
-                out = step()
-            info = self._current
-            info.wall_ms = 1e3 * (time.perf_counter() - t0)
-            info.phases.update(self.timer.take())
-            self.steps.append(info)
-            if self.prof is not None:
-                self.profiled.append(info)
-                if self.stop_at_decode and info.kind == "decode" and not self.sched.waiting:
-                    self.stop()
-            return out
-
-        self.sched.step = recorded  # type: ignore[method-assign]
-
-    def take(self) -> list[StepInfo]:
-        """The steps so far, and a fresh record. Call it on the scheduler thread
-        (`Engine.call`): a step's record lands after its outputs reach the caller."""
-        steps, self.steps, self.profiled = self.steps, [], []
-        return steps
-
-    def start(self, stop_at_decode: bool) -> None:
-        """On the scheduler thread: the profiler records that thread's CPU ops."""
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        self.stop_at_decode = stop_at_decode
-        self.prof = profile(activities=activities, record_shapes=True)
-        self.prof.start()
-
-    def stop(self) -> None:
-        if self.prof is None:
-            return
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.prof.stop()
-        self.trace, self.prof = self.prof, None
-
-
-def _label(obj: Any, name: str, region: str) -> None:
-    """obj.name runs inside a profiler range `anatomy::<region>`."""
-    fn: Callable[..., Any] = getattr(obj, name)
-
-    def labelled(*a: Any, **k: Any) -> Any:
-        with torch.profiler.record_function(LABEL + region):
-            return fn(*a, **k)
-
-    setattr(obj, name, labelled)
+MAX_DECODE_STEPS = 512  # the profiled window's cap: the trace lives in the host's memory
+SHARES = ("schedule", "launch", "process_output", "wait", "other")
 
 
 # ---- per step kind ---------------------------------------------------------------------
@@ -266,6 +131,8 @@ def kind_summary(
     attn_ms = cats["attention"]
     floor_ms = (gemm_flop + ext_flop + dec_flop) / (tflops * 1e9)
     span, busy = mean([f["span_ms"] for f in figs]), mean([f["busy_ms"] for f in figs])
+    host = {p: mean([i.phases.get(p, 0.0) for i in infos]) for p in phases}
+    wall = mean([i.wall_ms for i in infos])
     return {
         "steps": n,
         "graphed_steps": sum(i.graphed for i in infos),
@@ -274,8 +141,11 @@ def kind_summary(
         "prompt_tokens": sum(i.prompt_tokens for i in infos),
         "cached_prefix_tokens": sum(i.cached_tokens for i in infos),
         "decode_rows": sum(i.decode_rows for i in infos),
-        "wall_ms": mean([i.wall_ms for i in infos]),
-        "host_phase_ms": {p: mean([i.phases.get(p, 0.0) for i in infos]) for p in phases},
+        "wall_ms": wall,
+        "wall_ms_dist": distribution([i.wall_ms for i in infos]),
+        "idle_ms_dist": distribution([f["span_ms"] - f["busy_ms"] for f in figs]),
+        "host_phase_ms": host,
+        "host_phase_share": phase_shares(host, wall),
         "kernels_per_step": mean([f["kernels"] for f in figs]),
         "span_ms": span,
         "busy_ms": busy,
@@ -291,6 +161,34 @@ def kind_summary(
         "floor_ms": floor_ms,
         "gap_ms": _gap(cats, span, busy, gemm_flop, ext_flop + dec_flop, tflops),
     }
+
+
+def distribution(values: list[float]) -> dict[str, float]:
+    """Median, mean, p90 (nearest rank) and max: a tail shows as mean and p90 over median."""
+    ordered = sorted(values)
+    return {
+        "median": statistics.median(ordered),
+        "mean": statistics.fmean(ordered),
+        "p90": ordered[max(0, -(-9 * len(ordered) // 10) - 1)],
+        "max": ordered[-1],
+    }
+
+
+def phase_shares(host: dict[str, float], wall: float) -> dict[str, float]:
+    """Each host phase's share of a step call's wall time (means per step). Launch holds
+    the forward's host part (inputs, kernel launches, sampling's launch); process_output
+    is counted without its wait for the sampled ids, which is its own share."""
+    if wall <= 0:
+        return dict.fromkeys(SHARES, 0.0)
+    wait = host.get("wait", 0.0)
+    ms = {
+        "schedule": host.get("schedule", 0.0),
+        "launch": host.get("launch", 0.0),
+        "process_output": host.get("process_output", 0.0) - wait,
+        "wait": wait,
+    }
+    ms["other"] = wall - sum(ms.values())
+    return {p: v / wall for p, v in ms.items()}
 
 
 def _extend_kernel(steps: list[StepKernels], flop: float, tflops: float) -> dict[str, float]:
@@ -367,7 +265,9 @@ def workloads(vocab: int, requests: int | None) -> list[Workload]:
     ]
 
 
-def run_workload(engine: Engine, rec: StepRecorder, w: Workload, tflops: float) -> dict[str, Any]:
+def run_workload(
+    engine: Engine, rec: StepRecorder, w: Workload, tflops: float, decode_steps: int
+) -> dict[str, Any]:
     params = {"temperature": 0.0, "max_new_tokens": w.max_new_tokens, "ignore_eos": True}
     engine.call(rec.take)
     _flush(engine)
@@ -376,7 +276,8 @@ def run_workload(engine: Engine, rec: StepRecorder, w: Workload, tflops: float) 
     warm_s = time.perf_counter() - t0
     warm = engine.call(rec.take)
     _flush(engine)
-    engine.call(lambda: rec.start(stop_at_decode=w.name == "throughput"))
+    window = decode_steps if w.name == "throughput" else 0
+    engine.call(lambda: rec.start(window))
     t0 = time.perf_counter()
     engine.generate(input_ids=w.prompts, sampling_params=params)
     profiled_s = time.perf_counter() - t0
@@ -427,6 +328,10 @@ def prefill(args: argparse.Namespace) -> dict[str, Any]:
     with profile():  # Kineto initializes on this thread, before the scheduler's starts it
         pass
     engine = Engine(args.model, **engine_options(args))
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    rec = None
     try:
         rec = StepRecorder(engine)
         runs: dict[str, Any] = {
@@ -437,11 +342,15 @@ def prefill(args: argparse.Namespace) -> dict[str, Any]:
         }
         for w in workloads(engine.worker.arch.vocab_size, args.requests):
             if w.name in args.prefill_workloads:
-                runs[w.name] = run_workload(engine, rec, w, args.matmul_tflops)
+                runs[w.name] = run_workload(engine, rec, w, args.matmul_tflops, args.decode_steps)
                 print_run(w.name, runs[w.name])
         return runs
     finally:
+        if rec is not None:
+            rec.close()
         engine.shutdown()
+        if args.gc_freeze:
+            gc.unfreeze()
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -451,11 +360,30 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--requests", type=int, default=None, help="prefill: scale down")
     ap.add_argument("--matmul-tflops", type=float, default=793.0, help="bf16 matmul rate")
     ap.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefill: freeze the engine's start-up objects, as the engine process does",
+    )
+    ap.add_argument(
+        "--decode-steps",
+        type=_decode_steps,
+        default=64,
+        help=f"prefill: throughput's decode steps profiled (1..{MAX_DECODE_STEPS})",
+    )
+    ap.add_argument(
         "--prefill-workloads",
         nargs="+",
         choices=["throughput", "shared_prefix"],
         default=["throughput", "shared_prefix"],
     )
+
+
+def _decode_steps(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= MAX_DECODE_STEPS:
+        raise argparse.ArgumentTypeError(f"--decode-steps: 1..{MAX_DECODE_STEPS}, got {n}")
+    return n
 
 
 # ---- the table -------------------------------------------------------------------------
@@ -477,6 +405,16 @@ def print_run(name: str, run: dict[str, Any]) -> None:
             f"{kind:<8}{k['steps']:>6}{k['tokens_per_step']:>9.0f}"
             + "".join(f"{v:>9.2f}" for v in vals)
         )
+    print(f"{'kind':<8}{'':>14}{'median':>9}{'mean':>9}{'p90':>9}{'max':>9}   host shares")
+    for kind, k in prof["by_kind"].items():
+        shares = ", ".join(f"{p} {v:.0%}" for p, v in k["host_phase_share"].items())
+        for name in ("wall_ms_dist", "idle_ms_dist"):
+            d = k[name]
+            print(
+                f"{kind:<8}{name[:-8] + ' ms':>14}"
+                + "".join(f"{d[s]:>9.2f}" for s in ("median", "mean", "p90", "max"))
+                + (f"   {shares}" if name == "wall_ms_dist" else "")
+            )
     for kind in ("prefill", "mixed"):
         if kind in prof["by_kind"]:
             _print_kind(kind, prof["by_kind"][kind])

@@ -62,6 +62,7 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._regexes = StopRegexes(stop_regex)
+        self._has_regexes = bool(self._regexes)  # read per token: not a method call each
         self.error: str | None = None  # a stop regex's search ran out of time
         self._tail = ""  # the last stop_regex.WINDOW emitted characters (with regexes)
         self._skip_special = skip_special_tokens
@@ -86,6 +87,12 @@ class IncrementalDetokenizer:
         """Whether stop strings may end the text (then pushes must be token by token to
         know which token ended it)."""
         return bool(self._stops) or bool(self._regexes)
+
+    @property
+    def ended(self) -> bool:
+        """Whether a stop string or regex matched, or a regex search failed: the text is
+        over (the caller finishes the request)."""
+        return self._matched is not None or self.error is not None
 
     @property
     def matched_stop(self) -> str | None:
@@ -167,7 +174,7 @@ class IncrementalDetokenizer:
     def _emit(self, new: str, *, final: bool) -> str:
         if self._stops:
             new = self._cut_at_stop(self._pending + new, final=final)
-        if self._regexes and new:
+        if self._has_regexes and new:
             new = self._cut_at_regex(new)
             self._tail = (self._tail + new)[-WINDOW:]
         if new:

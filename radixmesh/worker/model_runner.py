@@ -131,7 +131,9 @@ class ModelRunner:
 
     def _forward_batch(self, batch: Batch) -> tuple[ForwardBatch, bool]:
         """The step's ForwardBatch, its placeholders resolved from `future` on the device,
-        and whether it had any."""
+        and whether it had any. The req->token table's device copy is brought up to date
+        first (its staged writes: kvcache/req_table.py), as the step reads it."""
+        self.req_table.sync_device()
         items = batch.items
         prefix_lens = [item.req.num_computed_tokens for item in items]
         input_ids: list[int] = []

@@ -35,10 +35,14 @@ class OutputProcessor:
         logprob: float | None,
         top: list[tuple[int, float]] | None,
     ) -> None:
-        req.token_ids.append(token)
+        # Per sampled token: fields rather than properties, and the finish checks only
+        # when one of them can hold (most tokens end nothing).
+        all_ids = req.token_ids
+        all_ids.append(token)
         ids, text, lps, tops = self._buf(req)
         ids.append(token)
-        if req.params.return_logprob:
+        params = req.params
+        if params.return_logprob:
             entry = (float(logprob) if logprob is not None else 0.0, token, None)
             req.output_token_logprobs.append(entry)
             lps.append(entry)
@@ -48,12 +52,20 @@ class OutputProcessor:
                 tops.append(top_entry)
         # A matched stop token stays in output_ids but not in the text (SGLang's
         # convention), unless no_stop_trim asks to keep it.
-        stop_token = token in req.stop_ids and req.num_output_tokens >= req.params.min_new_tokens
-        if req.detokenizer is not None and (not stop_token or req.params.no_stop_trim):
-            text.append(req.detokenizer.push([token]))
-        self._check_finish(req, token, stop_token)
-        if req.finished and req.detokenizer is not None:
-            text.append(req.detokenizer.finish())
+        num_output = len(all_ids) - req.num_prompt_tokens
+        stop_token = token in req.stop_ids and num_output >= params.min_new_tokens
+        detok = req.detokenizer
+        if detok is not None and (not stop_token or params.no_stop_trim):
+            text.append(detok.push([token]))
+        if (
+            stop_token
+            or num_output >= params.max_new_tokens
+            or len(all_ids) >= self.context_len
+            or (detok is not None and detok.ended)
+        ):
+            self._check_finish(req, token, stop_token)
+        if req.finish_reason is not None and detok is not None:
+            text.append(detok.finish())
 
     def append_forced(self, req: Request, tokens: list[int]) -> None:
         """Tokens a grammar forced (jump-forward: no logprob), with the same result as
@@ -118,22 +130,24 @@ class OutputProcessor:
 
     def emit(self, req: Request) -> None:
         buf = self._pending.pop(req.rid, None)
-        if (buf is None or not buf[0]) and not req.finished:
+        finished = req.finish_reason is not None
+        if (buf is None or not buf[0]) and not finished:
             return
-        if req.sink is None:
+        sink = req.sink
+        if sink is None:
             return
         ids, text, lps, tops = buf or ([], [], [], [])
-        req.sink(
+        sink(
             RequestOutput(
                 rid=req.rid,
                 new_token_ids=ids,
-                text_delta="".join(text),
-                finished=req.finished,
+                text_delta=text[0] if len(text) == 1 else "".join(text),
+                finished=finished,
                 meta_info=meta_info(req),
                 new_token_logprobs=lps,
                 new_top_logprobs=tops,
                 error=req.error,
-                embedding=_embedding(req),
+                embedding=_embedding(req) if req.hidden_pool is not None else None,
             )
         )
 
@@ -165,16 +179,17 @@ def finish_of(req: Request) -> Finish | None:
 
 
 def meta_info(req: Request) -> MetaInfo:
+    finished = req.finish_reason is not None
     info = MetaInfo(
         id=req.rid,
         prompt_tokens=req.num_prompt_tokens,
-        completion_tokens=req.num_output_tokens,
+        completion_tokens=len(req.token_ids) - req.num_prompt_tokens,
         cached_tokens=req.num_cached_tokens,
-        finish=finish_of(req),
+        finish=finish_of(req) if finished else None,
         num_retractions=req.num_retractions,
         grammar=None if req.grammar is None else req.grammar.counts(),
     )
-    if req.finished:
+    if finished:
         now = time.monotonic()
         info.e2e_latency = now - req.arrival_time
         for name, seconds in _phase_times(req, now).items():

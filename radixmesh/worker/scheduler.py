@@ -157,9 +157,13 @@ class Scheduler:
     # ---- schedule -------------------------------------------------------------------
 
     def schedule(self) -> Batch | None:
+        """The next step's batch. Slots stay on the host while it is built (each part's
+        bookkeeping reads them there) and go to the device once, together: a copy per
+        admitted request was a pinned copy and a wait-free transfer each on CUDA. The
+        req->token table's device copy follows in the runner's `sync_device`."""
         budget = self.config.token_budget
         items: list[ScheduledRequest] = []
-        slots: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []  # [n_i] int64 on the host, in item order
         if not self._schedule_decode(budget, items, slots):
             self._schedule_running(budget, items, slots)
         budget -= sum(item.num_new_tokens for item in items)
@@ -167,7 +171,8 @@ class Scheduler:
             self._admit(budget, items, slots)
         if not items:
             return None
-        return Batch(items=items, out_cache_loc=torch.cat(slots))
+        host = slots[0] if len(slots) == 1 else torch.cat(slots)
+        return Batch(items=items, out_cache_loc=to_device(host, self.allocator.device))
 
     def _schedule_running(
         self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]
@@ -218,15 +223,14 @@ class Scheduler:
         new = self.allocator.alloc_next(positions, last)  # [total] on the CPU
         if new is None:
             return False
-        on_device = to_device(new, self.allocator.device)  # no wait for a step in flight
-        self.req_table.write_one_each(token_rows, positions, new, on_device)
+        self.req_table.write_one_each(token_rows, positions, new)
         if by_page:
             self._last_slot.update(zip((r.rid for r in running), new.tolist(), strict=True))
         self._allocated.update(
             (r.rid, n + k) for r, n, k in zip(running, existing, counts, strict=True)
         )
         items.extend(ScheduledRequest(r, k) for r, k in zip(running, counts, strict=True))
-        slots.append(on_device)
+        slots.append(new)
         return True
 
     def _admit(self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]) -> None:
@@ -358,12 +362,14 @@ class Scheduler:
 
     def _record(self, req: Request, row: int, start: int, host: torch.Tensor) -> torch.Tensor:
         """Enter new slots (allocated on the host) for tokens start.. of `req` in its table
-        row and the bookkeeping; returns them on the device."""
-        new = to_device(host, self.allocator.device)
-        self.req_table.write(row, start, host, new)
-        self._last_slot[req.rid] = int(host[-1])
+        row and the bookkeeping; returns them (still on the host). The last slot matters
+        only with pages (a sequence mid-page takes the next one): reading it costs a
+        tensor index per admitted request, so page_size 1 skips it."""
+        self.req_table.write(row, start, host)
+        if self.page_size > 1 and len(host):
+            self._last_slot[req.rid] = int(host[-1])
         self._allocated[req.rid] = start + len(host)
-        return new
+        return host
 
     def _alloc_or_retract(self, req: Request, n: int) -> torch.Tensor | None:
         """Slots for `req`'s next n tokens, retracting newer requests if memory is short."""
@@ -395,7 +401,9 @@ class Scheduler:
         """Give a request's KV to the cache (which frees what it does not keep)."""
         assert req.row is not None and req.last_node is not None
         n = req.num_computed_tokens
-        slots = self.req_table.read(req.row, 0, n).clone()
+        # A view of the row, no copy: the cache copies what it keeps (and reads the rest)
+        # before the row is freed below, and nothing writes the row meanwhile.
+        slots = self.req_table.read(req.row, 0, n)
         self.cache.cache_finished(req.token_ids[:n], slots, req.last_node)
         self.req_table.free_row(req.row)
         req.row = None
@@ -423,7 +431,7 @@ class Scheduler:
         n = req.num_computed_tokens - req.num_computed_tokens % self.page_size
         if n == 0 or self.cache.disabled:
             return
-        slots = self.req_table.read(req.row, 0, n).clone()
+        slots = self.req_table.read(req.row, 0, n)  # a view: the cache returns a new tensor
         shared, node = self.cache.cache_unfinished(req.token_ids[:n], slots, req.last_node)
         self.req_table.write(req.row, 0, shared)
         req.last_node = node
@@ -456,32 +464,51 @@ class Scheduler:
         return Launched(batch, out, samples, positions)
 
     def process_output(self, launched: Launched) -> list[Request]:
-        """A launched step's results, once its tokens are on the host (this waits for it)."""
+        """A launched step's results, once its tokens are on the host (this waits for it).
+
+        Finishing requests go to the cache one by one (a tree insert each), but what the
+        cache frees goes to the allocator in one call (`batched_frees`), and they leave the
+        running list in one pass at the end: `list.remove` each was O(running), O(n^2) for
+        a step finishing most of a batch of 256. Nothing reads the running list in
+        between (aborts and sinks' effects run between steps)."""
+        with self.cache.batched_frees():
+            ended: set[Request] = set()
+            finished = self._process_rows(launched, ended)
+            if ended:
+                self.running[:] = [r for r in self.running if r not in ended]
+        return finished
+
+    def _process_rows(self, launched: Launched, ended: set[Request]) -> list[Request]:
         out = launched.out
         tokens = out.tokens.token_ids()
         sampled_at = {i: j for j, i in enumerate(out.tokens.sample_items)}
         now = time.monotonic()
         finished: list[Request] = []
+        # Runs per row per step (~10 us a row at batch 256 before): the per-row checks read
+        # fields, not properties, and the rare parts (prompt logprobs, pooling) are skipped
+        # by one test each.
+        prompt_lps, hidden = out.prompt_logprobs, out.hidden
         for i, item in enumerate(launched.batch.items):
             req = item.req
-            if req.finished:  # ended (or was aborted) in an earlier step: drop the token
+            if req.finish_reason is not None:  # ended (or was aborted) earlier: drop the token
                 continue
-            plp = out.prompt_logprobs[i]
-            if plp is None and item.num_new_tokens and req.wants_prompt_logprobs:
-                plp = self._first_prompt_logprob(req, item)
+            plp = prompt_lps[i]
+            if plp is None and req.params.return_logprob and req.wants_prompt_logprobs:
+                plp = self._first_prompt_logprob(req, item) if item.num_new_tokens else None
             if plp is not None:
                 self.output.add_prompt_logprobs(req, plp)
-            pooled = out.hidden[i] if out.hidden else None
-            if pooled is not None and req.hidden_pool is not None:
-                req.hidden_pool.add(pooled.first, pooled.count, pooled.value)
+            if hidden and req.hidden_pool is not None:
+                pooled = hidden[i]
+                if pooled is not None:
+                    req.hidden_pool.add(pooled.first, pooled.count, pooled.value)
             j = sampled_at.get(i)
             if j is not None:
                 if not self._take_token(req, launched.positions[j], j, tokens[j], out, i, now):
                     continue  # its placeholder is gone: aborted since the launch
             elif launched.samples[i] and req.remaining_new_tokens <= 0:
                 req.finish(FinishReason.LENGTH)  # max_new_tokens=0: prefill only
-            if req.finished:
-                self._end(req)
+            if req.finish_reason is not None:
+                self._end(req, ended)
                 finished.append(req)
             self.output.emit(req)
         return finished
@@ -514,16 +541,17 @@ class Scheduler:
             self.grammars.append(req, token, out.logprobs[i], out.top_logprobs[i], self.output)
         else:
             self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
-        if tail and not req.finished:
+        if tail and req.finish_reason is None:
             ids.extend(tail)
         return True
 
-    def _end(self, req: Request) -> None:
-        """A request that finished: its KV to the cache, out of the running (or, retracted
-        while its token was pending, out of the waiting) requests."""
+    def _end(self, req: Request, ended: set[Request]) -> None:
+        """A request that finished: its KV to the cache, into `ended` (the running
+        requests to drop at the end of the step's output) or, retracted while its token
+        was pending, out of the waiting requests."""
         if req.row is not None:
-            self.running.remove(req)
             self._release(req)
+            ended.add(req)
         else:
             self.waiting.remove(req)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.anatomy.kernel_trace import Event, Kernel, StepKernels
-from bench.anatomy.prefill import StepInfo, summarize
+from bench.anatomy.prefill import StepInfo, distribution, phase_shares, summarize
 from radixmesh.worker.model.dummy import preset_arch
 
 ARCH = preset_arch("llama-3-8b")
@@ -36,3 +36,19 @@ def test_a_prefill_step_against_its_floor() -> None:
     gap = out["gap_ms"]
     assert gap["idle"] == 1.0 and gap["norm"] == 1.0 and gap["concurrent"] == 0.0
     assert sum(gap.values()) == pytest.approx(out["span_ms"] - out["floor_ms"])
+
+
+def test_distribution_shows_a_tail() -> None:
+    d = distribution([10.0] * 9 + [40.0])  # one slow step in ten
+    assert d == {"median": 10.0, "mean": 13.0, "p90": 10.0, "max": 40.0}
+    assert distribution([10.0] * 8 + [30.0, 40.0])["p90"] == 30.0
+    assert distribution([5.0]) == {"median": 5.0, "mean": 5.0, "p90": 5.0, "max": 5.0}
+
+
+def test_phase_shares_count_the_wait_apart_from_process_output() -> None:
+    host = {"schedule": 1.0, "launch": 3.0, "forward": 2.5, "process_output": 4.0, "wait": 3.0}
+    shares = phase_shares(host, 10.0)
+    assert shares == pytest.approx(
+        {"schedule": 0.1, "launch": 0.3, "process_output": 0.1, "wait": 0.3, "other": 0.2}
+    )
+    assert phase_shares({}, 0.0)["other"] == 0.0

@@ -1,5 +1,6 @@
 """`step_anatomy --workload prefill` on CPU with dummy:tiny, two requests per workload:
-the step kinds, token counts, GEMM shapes and attention FLOPs of the workloads given."""
+the step kinds, token counts, GEMM shapes and attention FLOPs of the workloads given, and
+the throughput run's window of decode steps with their distribution and host shares."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("anatomy") / "prefill.json"
     argv = ["--workload", "prefill", "--model", "dummy:tiny", "--device", "cpu"]
     argv += ["--requests", "2", "--kv-cache-bytes", str(1 << 26), "--out", str(out)]
+    argv += ["--decode-steps", "4"]
     step_anatomy.main(argv)
     record = json.loads(out.read_text())
     assert record["benchmark"] == "step_anatomy"
@@ -40,12 +42,14 @@ def test_throughput_prefills_both_prompts_in_one_step(result: dict[str, Any]) ->
     assert warm["by_kind"]["decode"]["steps"] == 255
     assert warm["by_kind"]["decode"]["tokens"] == 2 * 255
     prof = run["profiled"]
-    assert prof["steps"] == 2 and prof["step_ranges"] == 2  # stopped at the first decode
+    # the prefill, then --decode-steps decode steps
+    assert prof["steps"] == 5 and prof["step_ranges"] == 5
     assert prof["kernels_unattributed"] == 0
     pre = prof["by_kind"]["prefill"]
     assert (pre["steps"], pre["tokens"], pre["prompt_tokens"]) == (1, 1024, 1024)
     assert pre["decode_rows"] == 0 and pre["cached_prefix_tokens"] == 0
-    assert prof["by_kind"]["decode"]["tokens"] == 2
+    dec = prof["by_kind"]["decode"]
+    assert (dec["steps"], dec["tokens"], dec["decode_rows"]) == (4, 8, 8)
     calls = {r["mnk"]: r["calls"] for r in pre["gemm_shapes"]}
     # per layer: qkv (64 -> 128), o_proj, gate_up (64 -> 256), down; then the LM head
     assert calls == {
@@ -89,3 +93,17 @@ def test_every_kind_accounts_for_its_span(result: dict[str, Any]) -> None:
             assert kind["attention"]["ms"] > 0
             assert sum(kind["gap_ms"].values()) == pytest.approx(kind["span_ms"] - kind["floor_ms"])
             assert {"schedule", "forward", "process_output"} <= kind["host_phase_ms"].keys()
+
+
+def test_decode_window_reports_its_distribution_and_host_shares(result: dict[str, Any]) -> None:
+    dec = result["throughput"]["profiled"]["by_kind"]["decode"]
+    wall, idle = dec["wall_ms_dist"], dec["idle_ms_dist"]
+    assert wall["median"] <= wall["p90"] <= wall["max"]
+    assert wall["mean"] == pytest.approx(dec["wall_ms"])
+    assert 0 <= idle["median"] <= idle["max"]
+    shares = dec["host_phase_share"]
+    assert shares.keys() == {"schedule", "launch", "process_output", "wait", "other"}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    # synchronous on the CPU: every step reads its own sampled ids, and launches its forward
+    assert dec["host_phase_ms"]["wait"] > 0
+    assert shares["launch"] > shares["schedule"] > 0

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from radixmesh.worker.batch import Batch, ForwardOutput, ScheduledRequest
+from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.request import FinishReason, Request
 from tests.worker.factories import (
     Recorder,
@@ -346,3 +347,35 @@ def test_batched_steps_with_forced_tokens_match_the_per_request_path(page_size: 
 class _Forward:
     def __init__(self, fn: Callable[[Batch], ForwardOutput]) -> None:
         self.forward = fn
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_mirrored_table_gives_the_same_tokens(page_size: int) -> None:
+    """The GPU's table path on the CPU: the model reads a device copy that only
+    `sync_device` writes, so a staged write lost or misordered changes what attention
+    reads. Shared prefixes, chunked prefill and retraction write every kind of span."""
+
+    def run(mirrored: bool) -> list[list[int]]:
+        w = make_worker(
+            page_size=page_size, max_num_batched_tokens=24, kv_cache_tokens=96, new_token_ratio=0.0
+        )
+        if mirrored:
+            t = ReqToTokenTable(
+                w.req_table.max_requests, w.req_table.max_context_len, "cpu", mirrored=True
+            )
+            w.req_table = w.scheduler.req_table = w.runner.req_table = t
+        base = list(range(300, 337))
+        reqs = [make_request(w, [*base, i, i + 1], max_new_tokens=20) for i in range(6)]
+        for r in reqs:
+            w.scheduler.add_request(r)
+        while w.scheduler.has_work():
+            w.scheduler.step()
+            assert_slots_accounted(w)
+            if mirrored:
+                w.req_table.sync_device()
+                assert torch.equal(w.req_table.table, w.req_table.host)
+        assert w.scheduler.stats().num_retractions > 0 and w.scheduler.stats().cache_hit_tokens > 0
+        assert all_free_after_flush(w)
+        return [r.output_ids for r in reqs]
+
+    assert run(mirrored=True) == run(mirrored=False)

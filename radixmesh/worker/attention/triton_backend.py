@@ -23,7 +23,7 @@ from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.attention.kernels.decode_attention import decode_attention, decode_workspace
 from radixmesh.worker.attention.kernels.extend_attention import extend_attention
 from radixmesh.worker.attention.kernels.kv_store import kv_store
-from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.pool import KVPool
 
 MIN_KEYS_PER_SPLIT = 256
@@ -90,7 +90,10 @@ class TritonAttentionBackend(AttentionBackend):
         starts = [0]
         for n in batch.extend_lens_cpu[:-1]:
             starts.append(starts[-1] + n)
-        q_start = torch.tensor(starts, dtype=torch.int64, device=batch.req_to_token.device)
+        # Through pinned memory, without a wait: `torch.tensor(..., device=cuda)` copies from
+        # pageable memory and synchronizes the stream, i.e. waits for the step in flight,
+        # which under the overlap scheduler idles the GPU for the rest of the launch.
+        q_start = to_device(torch.tensor(starts, dtype=torch.int64), batch.req_to_token.device)
         batch.attn_metadata = ExtendMeta(q_start, max(batch.extend_lens_cpu))
         decode = [i for i, n in enumerate(batch.extend_lens_cpu) if n == 1]
         if decode and len(decode) < batch.batch_size:
@@ -100,8 +103,8 @@ class TritonAttentionBackend(AttentionBackend):
         lens = batch.extend_lens_cpu
         extend = [i for i, n in enumerate(lens) if n > 1]
         dev = q_start.device
-        d = torch.tensor(decode, dtype=torch.int64, device=dev)
-        e = torch.tensor(extend, dtype=torch.int64, device=dev)
+        d = to_device(torch.tensor(decode, dtype=torch.int64), dev)  # no wait (see prepare)
+        e = to_device(torch.tensor(extend, dtype=torch.int64), dev)
         longest = max(batch.seq_lens_cpu[i] for i in decode)
         splits = choose_num_splits(len(decode), self.kv_pool.num_kv_heads, longest, self.num_sms)
         return MixedMeta(

@@ -247,6 +247,24 @@ def test_cache_finished_page4_frees_the_unaligned_tail() -> None:
     assert is_free(alloc, 8, 4) == [True, False]
 
 
+def test_batched_frees_return_every_request_s_frees_at_the_end() -> None:
+    alloc, cache = make(num_slots=32, page_size=4)
+    a, b = alloc_n(alloc, 6), alloc_n(alloc, 5)  # pages 1-2 and 3-4: tails 8-9 and 16
+    assert alloc.num_free_pages == 3
+    with cache.batched_frees():
+        cache.cache_finished([1, 2, 3, 4, 5, 6], a, cache.root)
+        with cache.batched_frees():  # nested: joins the outer batch
+            cache.cache_finished([7, 8, 9, 10, 11], b, cache.root)
+        a[4:] = 0  # the caller's row is reused: what was deferred is a copy
+        assert alloc.num_free_pages == 3 and is_free(alloc, 8, 16) == [False, False]
+    assert alloc.num_free_pages == 5 and is_free(alloc, 8, 16, 4, 12) == [True, True, False, False]
+    assert cache.total_size() == 8
+    # A double free still raises, at the batch's end.
+    with pytest.raises(RuntimeError, match="double free"), cache.batched_frees():
+        cache.allocator.free(torch.tensor([20]))
+        cache.cache_finished([1, 2, 3, 4, 5], torch.tensor([4, 5, 6, 7, 20]), cache.root)
+
+
 def test_cache_unfinished_swaps_duplicates_and_moves_the_lock() -> None:
     alloc, cache = make()
     put(cache, [1, 2])
