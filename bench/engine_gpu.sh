@@ -39,7 +39,7 @@ run() {  # run LABEL TREE TIMEOUT ARGS...: python3 with TREE's radixmesh first o
 }
 # The engine's own defaults (bench.offline's are the CPU workloads' 64 and 2,048).
 OFFLINE="-m bench.offline --model dummy:llama-3-8b --device cuda --workloads gpu --kv-cache-bytes 0
-  --max-running-requests 256 --max-num-batched-tokens 8192 --skip-baseline --repeats 2"
+  --max-running-requests 256 --max-num-batched-tokens 8192 --skip-baseline --skip-cache-off --repeats 2"
 
 if part kernels; then
   run attention_kernels "$PWD" 240 -m bench.attention_kernels --out "$OUT/attention_kernels-$MACHINE.json"
