@@ -299,6 +299,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear weights")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     ap.add_argument(
+        "--deterministic", action="store_true", help="batch-invariant engine (docs/determinism.md)"
+    )
+    ap.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -318,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
         overlap_schedule=args.overlap_schedule,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        deterministic=args.deterministic,
     )
     if not args.kv_cache_bytes:  # auto: mem_fraction of what weights and activations leave
         del common["kv_cache_bytes"]

@@ -308,8 +308,20 @@ def load_to_proto(
 LOAD_AGE_METADATA_KEY = "radixmesh-load-age"
 
 
-def load_age_metadata(age: float) -> tuple[tuple[str, str], ...]:
-    return ((LOAD_AGE_METADATA_KEY, f"{max(age, 0.0):.3f}"),)
+# Sent (as "1") in GetLoad's trailing metadata by a worker in deterministic mode: how a
+# router with require_deterministic tells such workers apart. Metadata, not a proto field:
+# it changes no message, and the router reads GetLoad's trailers already.
+DETERMINISTIC_METADATA_KEY = "radixmesh-deterministic"
+
+
+def load_age_metadata(age: float, deterministic: bool = False) -> tuple[tuple[str, str], ...]:
+    age_item = (LOAD_AGE_METADATA_KEY, f"{max(age, 0.0):.3f}")
+    return (age_item, (DETERMINISTIC_METADATA_KEY, "1")) if deterministic else (age_item,)
+
+
+def reports_deterministic(metadata: Sequence[tuple[str, str | bytes]] | None) -> bool:
+    """Whether a GetLoad reply's trailing metadata says the worker runs deterministic."""
+    return any(k == DETERMINISTIC_METADATA_KEY and v in ("1", b"1") for k, v in metadata or ())
 
 
 def load_age(metadata: Sequence[tuple[str, str | bytes]] | None) -> float:

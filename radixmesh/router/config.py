@@ -53,6 +53,9 @@ class RouterConfig:
     """Seconds an open breaker stays open before a trial request."""
     max_attempts: int = 3
     """Workers a request may try when they fail before its first token."""
+    require_deterministic: bool = False
+    """Admit only workers that run in deterministic mode (`--deterministic`, reported in
+    their health polls): any other is logged as refused and never routed to."""
     program_max_queued: int = 32
     """A tagged program's requests stay on the worker holding its prefix while that worker
     runs or queues fewer requests than this (programs.py; 0: off)."""

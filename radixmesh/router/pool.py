@@ -42,7 +42,7 @@ from radixmesh.router.outputs import OutputReader
 from radixmesh.router.policy import Candidate
 from radixmesh.router.summary import PrefixSummary, SummaryIndex
 from radixmesh.v1 import worker_pb2, worker_pb2_grpc
-from radixmesh.wire import load_age
+from radixmesh.wire import load_age, reports_deterministic
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,9 @@ class WorkerHandle:
         # The worker answered a health poll and is not draining, and has not been judged
         # down since (liveness.py).
         self.reachable = False
+        # With require_deterministic: the worker answered without reporting deterministic
+        # mode, so it stays out of the pool (logged once per refusal).
+        self.refused = False
         self.slow_polls = 0  # health polls that timed out while the worker streamed: busy
         self.load = LoadReport()
         self.in_flight = 0  # requests the router has on this worker now
@@ -222,7 +225,8 @@ class WorkerHandle:
                 metadata=self.metadata,
             )
             resp = await call
-            age = load_age(await call.trailing_metadata())
+            trailers = await call.trailing_metadata()
+            age = load_age(trailers)
         except grpc.aio.AioRpcError as e:
             silent_for = time.monotonic() - self.last_heard
             if judge(e.code(), silent_for, window) == "busy":
@@ -244,6 +248,20 @@ class WorkerHandle:
         if judge(None, now - self.last_heard, window) == "down":
             self._down(f"its engine has said nothing for {now - self.last_heard:.1f} s")
             return False
+        if self.config.require_deterministic and not reports_deterministic(trailers):
+            if not self.refused:
+                logger.error(
+                    "worker %s (%s) refused: the router requires deterministic workers "
+                    "(require_deterministic) and it does not run with --deterministic",
+                    self.worker_id,
+                    self.address,
+                )
+            self.refused = True
+            self.reachable = False
+            return False
+        if self.refused:
+            logger.info("worker %s (%s) is deterministic now", self.worker_id, self.address)
+            self.refused = False
         self.reachable = not resp.draining
         if self.reachable:
             self.breaker.record_success()

@@ -61,6 +61,11 @@ class ModelConfig:
     # columns; "fp8-128x128": per 128 x 128 block); embeddings, LM head and norms keep
     # `dtype`. An FP8 checkpoint loads with the scales it stores, whatever is named here.
     quantization: str | None = None
+    # Batch-invariant numerics (docs/determinism.md): a request's tokens do not depend on
+    # what else runs in its step, on cache hits or on chunk boundaries. Fixed-shape GEMMs
+    # and fixed-order attention on CPU, fixed-tile Triton kernels on CUDA; the scheduler
+    # aligns cached prefixes and prefill chunks to DETERMINISTIC_BLOCK tokens. Costs speed.
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -273,6 +273,7 @@ class Engine:
             eos_ids=frozenset(w.eos_ids),
             bos_token_id=self.tokenizer.bos_token_id,
             hidden_size=w.arch.hidden_size,
+            deterministic=mc.deterministic,
         )
 
     def cache_snapshot(self, stamp: Callable[[], int]) -> tuple[int, list[CacheEvent]]:

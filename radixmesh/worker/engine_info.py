@@ -16,3 +16,6 @@ class EngineInfo:
     eos_ids: frozenset[int]
     bos_token_id: int | None
     hidden_size: int  # the width of the final hidden states (an embedding's length)
+    # Batch-invariant numerics (ModelConfig.deterministic); GetLoad's trailing metadata
+    # tells the router (wire.DETERMINISTIC_METADATA_KEY).
+    deterministic: bool = False

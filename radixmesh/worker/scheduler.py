@@ -25,6 +25,7 @@ free slots + slots in the radix tree + slots held only by running requests == us
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import Protocol, cast
@@ -63,7 +64,10 @@ class Scheduler:
         output: OutputProcessor,
         page_size: int = 1,
         grammars: GrammarManager | None = None,
+        align: int = 1,
     ) -> None:
+        """`align` > 1 (deterministic mode, worker/deterministic.py): cached prefixes are
+        matched, and prefill chunks cut, only at multiples of it (and of page_size)."""
         self.config = config
         self.cache = cache
         self.allocator = allocator
@@ -86,6 +90,7 @@ class Scheduler:
         self._host_bound: list[Request] = []  # unfinished requests that need synchronous steps
         self._overlap = OverlapLoop(self) if config.overlap_schedule else None
         self._threshold = config.in_batch_prefix_threshold
+        self._align = math.lcm(align, page_size) if align > 1 else 1
 
     # ---- the loop -------------------------------------------------------------------
 
@@ -183,7 +188,9 @@ class Scheduler:
                 break
             if req not in self.running:  # retracted while making room for an older one
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = self._chunk(req.num_computed_tokens, req.num_tokens, budget)
+            if n == 0:
+                continue  # an aligned chunk does not fit what is left of the budget
             new = self._alloc_or_retract(req, n)
             if new is None:
                 continue  # `req` itself was retracted
@@ -259,6 +266,9 @@ class Scheduler:
             if step is not None and step.defers_without_match(req):
                 continue  # next step it hits the prefix this step computes
             match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
+            if len(match.slots) % self._align:  # deterministic mode: an aligned prefix
+                aligned = len(match.slots) - len(match.slots) % self._align
+                match = self.cache.match_prefix(req.token_ids[:aligned], count_stats=False)
             if step is not None and step.defers(req, match.last_node):
                 passed_over += 1
                 if passed_over >= self.config.admission_match_limit:
@@ -274,8 +284,8 @@ class Scheduler:
                 self.req_table.free_row(row)
                 break  # keep the policy's order: no smaller request jumps ahead
             prefix = len(match.slots)
-            n = min(req.num_tokens - prefix, budget)
-            host = self._alloc(req, n, num_existing=prefix, last_slot=None)
+            n = self._chunk(prefix, req.num_tokens, budget)
+            host = self._alloc(req, n, num_existing=prefix, last_slot=None) if n else None
             if host is None:  # reservation is an estimate; memory is the truth
                 self.cache.dec_lock_ref(match.last_node)
                 self.req_table.free_row(row)
@@ -294,6 +304,14 @@ class Scheduler:
             kept = [r for r in self.waiting if r not in admitted]
             self.waiting.clear()
             self.waiting.extend(kept)
+
+    def _chunk(self, start: int, end: int, budget: int) -> int:
+        """Tokens start .. end to compute this step within `budget`: all of them, or a
+        chunk that ends at a multiple of the alignment (0 when none fits)."""
+        n = min(end - start, budget)
+        if n == end - start or self._align == 1:
+            return n
+        return max(0, (start + n) // self._align * self._align - start)
 
     def _grammar_not_ready(self, req: Request) -> bool:
         """Skip a request whose grammar still compiles; finish one whose compile failed.

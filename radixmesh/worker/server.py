@@ -344,7 +344,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             engine = self._engine()
             assert self.load is not None
             s, age = await self.load.current()  # the last load, and its age, if the engine is busy
-            context.set_trailing_metadata(load_age_metadata(age))
+            context.set_trailing_metadata(load_age_metadata(age, engine.info.deterministic))
             throughput = self._throughput(s.generated_tokens)
             return load_to_proto(s, throughput, engine.draining, self.busy)
 

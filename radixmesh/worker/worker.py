@@ -36,6 +36,7 @@ from radixmesh.worker.config import (
     fit_running_to_pool,
 )
 from radixmesh.worker.constrained.manager import GrammarManager
+from radixmesh.worker.deterministic import DETERMINISTIC_BLOCK, make_deterministic
 from radixmesh.worker.device import (
     default_attention_backend,
     keep_freed_memory_in_process,
@@ -146,6 +147,12 @@ class Worker:
         if self.device.type == "cuda":
             memory = torch.cuda.get_device_properties(self.device).total_memory
         sc = batch_defaults(config.scheduler, self.device.type, memory)
+        if config.model.deterministic and sc.token_budget < DETERMINISTIC_BLOCK:
+            # Chunks end at multiples of the block: a smaller budget could never cut one.
+            raise InvalidArgument(
+                "max_num_batched_tokens",
+                f"must be >= {DETERMINISTIC_BLOCK} with deterministic, got {sc.token_budget}",
+            )
         return dataclasses.replace(config, scheduler=sc)
 
     def _with_fast_all_reduce(self, tp: TPGroup) -> TPGroup:
@@ -258,6 +265,8 @@ class Worker:
         attn = create_attention_backend(
             self.attention_backend, self.kv_pool, self.arch.head_size**-0.5
         )
+        if mc.deterministic:
+            make_deterministic(self.model, attn, self.context_len)
         self.grammars = GrammarManager(
             self.tokenizer,
             self.arch.vocab_size,
@@ -274,8 +283,11 @@ class Worker:
         graphs = None
         if self.device.type == "cuda" and self.attention_backend == "triton":
             graphs = self._capture_decode_graphs(attn) if mc.cuda_graph_max_batch_size else None
-        # Forced tokens and short prompt chunks replay the graphs too, as decode rows.
-        shaped = gc.jump_forward_decode_rows or mc.cuda_graph_prefill_reads > 0
+        # Forced tokens and short prompt chunks replay the graphs too, as decode rows; not
+        # in deterministic mode, where a row's kernel may not depend on the rest of the step.
+        shaped = not mc.deterministic and (
+            gc.jump_forward_decode_rows or mc.cuda_graph_prefill_reads > 0
+        )
         self.runner = ModelRunner(
             self.model,
             attn,
@@ -325,6 +337,7 @@ class Worker:
             output=OutputProcessor(self.context_len),
             page_size=self.config.cache.page_size,
             grammars=self.grammars,
+            align=DETERMINISTIC_BLOCK if self.config.model.deterministic else 1,
         )
 
     # ---- serving --------------------------------------------------------------------------

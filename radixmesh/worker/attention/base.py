@@ -24,6 +24,13 @@ class AttentionBackend(ABC):
     def __init__(self, kv_pool: KVPool, scale: float) -> None:
         self.kv_pool = kv_pool
         self.scale = scale
+        # Batch-invariant sums (worker/deterministic.py); set before the first step.
+        self.deterministic = False
+
+    def enable_deterministic(self, max_context_len: int) -> None:
+        """Batch-invariant sums from now on (worker/deterministic.py), for sequences of up
+        to `max_context_len` tokens. Called before the first step and any graph capture."""
+        self.deterministic = True
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:

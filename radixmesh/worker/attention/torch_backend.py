@@ -21,6 +21,10 @@ Hugging Face convention (head h uses KV head h // G).
 
 An FP8 pool is read the same way: the gathered e4m3 rows and their scale exponents
 (gathered with the same indices) are dequantized into the query's dtype before SDPA.
+
+In deterministic mode (`self.deterministic`) the same gathered keys go to
+`fixed_order.fixed_order_attention` instead of SDPA, whose per-query sums depend on the
+call's shapes (the batch's longest sequence, the number of new tokens).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from radixmesh.worker.attention.base import AttentionBackend
+from radixmesh.worker.attention.fixed_order import fixed_order_attention
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.kvcache.fp8_kv import dequantize_kv
 
@@ -40,6 +45,7 @@ class DecodeRows:
     token_index: torch.Tensor | None  # [Bd] rows of q/out; None: the batch is decode-only
     kv_rows: torch.Tensor  # [Bd, Hkv, L] head-major row of key j; padding reads slot 0
     key_mask: torch.Tensor | None  # [Bd, 1, 1, L] bool: key j < seq_len; None: no padding
+    seq_lens: torch.Tensor  # [Bd]
 
 
 @dataclass
@@ -98,6 +104,9 @@ class TorchAttentionBackend(AttentionBackend):
         hkv = k_buf.num_kv_heads
         keys = _gather(k_buf, rows.kv_rows, q.dtype)  # [Bd, Hkv, L, D]
         values = _gather(v_buf, rows.kv_rows, q.dtype)  # [Bd, Hkv, L, D]
+        if self.deterministic:
+            positions = (rows.seq_lens - 1).view(bd, 1)
+            return fixed_order_attention(q[:, None], keys, values, positions, self.scale)[:, 0]
         q_folded = q.reshape(bd, hkv, hq // hkv, d)  # [Bd, Hkv, G, D]
         out = F.scaled_dot_product_attention(
             q_folded, keys, values, attn_mask=rows.key_mask, scale=self.scale
@@ -107,6 +116,12 @@ class TorchAttentionBackend(AttentionBackend):
     def _extend(self, q: torch.Tensor, k_buf: _KV, v_buf: _KV, row: ExtendRow) -> torch.Tensor:
         keys = _gather(k_buf, row.kv_rows, q.dtype)  # [Hkv, L, D]
         values = _gather(v_buf, row.kv_rows, q.dtype)  # [Hkv, L, D]
+        if self.deterministic:
+            length, e = keys.shape[1], q.shape[0]
+            positions = torch.arange(length - e, length, device=q.device).view(1, e)
+            return fixed_order_attention(q[None], keys[None], values[None], positions, self.scale)[
+                0
+            ]
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),  # [1, Hq, E, D]
             keys.unsqueeze(0),
@@ -158,10 +173,11 @@ def _decode_rows(
     slots = batch.req_to_token[req_rows, :max_len]  # [Bd, L]
     if all(batch.seq_lens_cpu[b] == max_len for b in decode):
         # No padding: SDPA is faster unmasked.
-        return DecodeRows(token_index, _head_major(slots, num_kv_heads), None)
+        return DecodeRows(token_index, _head_major(slots, num_kv_heads), None, seq_lens)
     key_mask = torch.arange(max_len, device=device)[None, :] < seq_lens[:, None]  # [Bd, L]
     slots = slots.masked_fill(~key_mask, 0)  # padding reads the reserved slot 0
-    return DecodeRows(token_index, _head_major(slots, num_kv_heads), key_mask[:, None, None, :])
+    mask = key_mask[:, None, None, :]
+    return DecodeRows(token_index, _head_major(slots, num_kv_heads), mask, seq_lens)
 
 
 def _extend_rows(

@@ -47,6 +47,30 @@ def dense(
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
+def dense_batch_invariant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    packed: torch.Tensor | None,
+) -> torch.Tensor:
+    """`dense` whose row i depends on x[i] only, not on how many rows come with it
+    (worker/deterministic.py). CUDA: the fixed-tile Triton matmul. CPU: at least
+    CPU_MIN_ROWS rows (zero rows appended, their outputs dropped), past which oneDNN's and
+    MKL's kernels no longer change with M."""
+    from radixmesh.worker.deterministic import CPU_MIN_ROWS
+
+    if x.is_cuda and packed is None:
+        from radixmesh.worker.layers.kernels import batch_invariant_matmul as bim
+
+        if bim.supports(x, weight):
+            return bim.linear(x, weight, bias)
+    t = x.shape[0]
+    if t >= CPU_MIN_ROWS or x.is_cuda:
+        return dense(x, weight, bias, packed)
+    padded = torch.cat([x, x.new_zeros(CPU_MIN_ROWS - t, x.shape[1])])  # [CPU_MIN_ROWS, in]
+    return dense(padded, weight, bias, packed)[:t]
+
+
 class PackableLinear(nn.Module):
     """Mixin state for a layer whose `weight` [out, in] may be packed for CPU GEMMs, or
     quantized (then `linear_method` is set and may add parameters such as weight_scale)."""
@@ -55,6 +79,8 @@ class PackableLinear(nn.Module):
     packed_weight: torch.Tensor | None = None
     linear_method: LinearMethod | None = None
     weight_scale: nn.Parameter
+    # Deterministic mode (worker/deterministic.py): GEMMs whose rows do not depend on M.
+    batch_invariant: bool = False
 
     def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
         """Copy this rank's part of the full checkpoint tensor `loaded` into `param`."""
@@ -72,6 +98,8 @@ class PackableLinear(nn.Module):
         """x [T, in] -> [T, out]: through the quantization method if any."""
         if self.linear_method is not None:
             return self.linear_method.apply(self, x, bias)
+        if self.batch_invariant:
+            return dense_batch_invariant(x, self.weight, bias, self.packed_weight)
         return dense(x, self.weight, bias, self.packed_weight)
 
     def pack_for_cpu(self, *, release: bool = True) -> None:

@@ -1,0 +1,59 @@
+"""Deterministic (batch-invariant) mode: what `ModelConfig.deterministic` switches on.
+
+A request's output tokens must not depend on who else is served: the batch's size and
+composition, whether its prefix came from the cache, where chunked prefill cut its
+prompt. Floating-point sums depend on their order, and fast kernels pick their order by
+shape (a GEMM's kernel by the row count M, flash-decoding's split count by the batch, an
+attention tile by the longest extend); a near tie between two tokens then flips with the
+batch. So every reduction whose order depends on anything but the output element's own
+inputs is replaced, in this mode only, by one with a fixed order:
+
+- GEMMs (`layers/dense.py`): on CPU the row count is padded up to `CPU_MIN_ROWS`, the
+  size past which oneDNN's and MKL's kernels give each row the same bits whatever M
+  (measured on the 2-core AMD EPYC test machine, torch 2.13, smollm2 and dummy:tiny
+  shapes: below 12 rows MKL's float32 path used other kernels; oneDNN's packed one
+  differed at M = 1 for K = 1536). On CUDA a Triton matmul with one tile configuration
+  per (N, K), no split-K (`layers/kernels/batch_invariant_matmul.py`).
+- Attention: on CPU (`attention/fixed_order.py`) every query sums over its keys in blocks
+  of `DETERMINISTIC_BLOCK` from key 0, the same way whether it is a decode row, a cold
+  prefill row or a row extending a cached prefix. On CUDA flash-decoding splits keys at a
+  fixed split size (a multiple of the block) and the extend kernel runs one fixed tile
+  configuration, its key tiles starting at multiples of the block when the prefix is one.
+- The scheduler matches cached prefixes and cuts prefill chunks only at multiples of
+  `DETERMINISTIC_BLOCK` (a cached prefix then ends where a cold prefill's key tile does).
+- Steps that would run prompt chunks or forced tokens as decode rows (to replay a CUDA
+  graph) stop doing so: whether a step qualifies depends on the rest of the batch.
+
+Row-wise ops (RMSNorm, rotary, SiLU, the sampler's softmax, top-k and top-p) already
+reduce each row alone, and seeded sampling draws each row from its own generator. The
+radix cache, chunked prefill, CUDA graphs and the overlap scheduler stay on.
+
+What is not covered: tokens decoded by one request and later sent as another's prompt
+go through the decode kernel once and the extend kernel once on CUDA (the same math in
+another order); tensor parallelism's all-reduce order is NCCL's.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from radixmesh.worker.attention.base import AttentionBackend
+
+# Key block of the fixed-order attention, and the alignment of cached prefixes and prefill
+# chunks: a multiple of the Triton extend kernel's key tile (64 for head dims <= 128, 32
+# above), so aligned prefixes start whole tiles.
+DETERMINISTIC_BLOCK = 64
+# CPU GEMMs run at least this many rows (see the module doc).
+CPU_MIN_ROWS = 16
+
+
+def make_deterministic(model: nn.Module, attn: AttentionBackend, max_context_len: int) -> int:
+    """Switch a loaded model's linear layers and its attention backend to their
+    batch-invariant paths; returns how many linear layers were switched."""
+    from radixmesh.worker.layers.dense import PackableLinear
+
+    layers = [m for m in model.modules() if isinstance(m, PackableLinear)]
+    for layer in layers:
+        layer.batch_invariant = True
+    attn.enable_deterministic(max_context_len)
+    return len(layers)
