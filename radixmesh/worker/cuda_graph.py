@@ -21,9 +21,7 @@ import torch
 
 from radixmesh.worker.attention.kernels.decode_attention import decode_workspace
 from radixmesh.worker.attention.triton_backend import (
-    DecodeMeta,
     TritonAttentionBackend,
-    choose_num_splits,
 )
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.model.llama import LlamaForCausalLM
@@ -71,10 +69,10 @@ class DecodeCudaGraphs:
         kv = attn.kv_pool
         pool = None
         for bs in reversed(self.ladder):  # largest first: smaller graphs reuse its memory
-            splits = choose_num_splits(bs, kv.num_kv_heads, max_context_len, attn.num_sms)
-            ws = decode_workspace(bs, num_heads, kv.head_dim, splits, device)
+            meta = attn.decode_meta(bs, max_context_len)
+            meta.workspace = decode_workspace(bs, num_heads, kv.head_dim, meta.num_splits, device)
             fb = self._static_batch(bs)
-            fb.attn_metadata = DecodeMeta(splits, ws)
+            fb.attn_metadata = meta
             self.batches[bs] = fb
             self.graphs[bs], self.outputs[bs] = _capture(model, attn, fb, pool)
             pool = self.graphs[bs].pool()

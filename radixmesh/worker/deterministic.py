@@ -8,12 +8,11 @@ attention tile by the longest extend); a near tie between two tokens then flips 
 batch. So every reduction whose order depends on anything but the output element's own
 inputs is replaced, in this mode only, by one with a fixed order:
 
-- GEMMs (`layers/dense.py`): on CPU the row count is padded up to `CPU_MIN_ROWS`, the
-  size past which oneDNN's and MKL's kernels give each row the same bits whatever M
-  (measured on the 2-core AMD EPYC test machine, torch 2.13, smollm2 and dummy:tiny
-  shapes: below 12 rows MKL's float32 path used other kernels; oneDNN's packed one
-  differed at M = 1 for K = 1536). On CUDA a Triton matmul with one tile configuration
-  per (N, K), no split-K (`layers/kernels/batch_invariant_matmul.py`).
+- GEMMs (`layers/dense.py`): on CPU the row count is padded up to `dense.CPU_MIN_ROWS`,
+  the size past which oneDNN's and MKL's kernels give each row the same bits whatever M
+  (measured; below 12 rows MKL's float32 path used other kernels). On CUDA a Triton
+  matmul with one tile configuration per (N, K), no split-K
+  (`layers/kernels/batch_invariant_matmul.py`).
 - Attention: on CPU (`attention/fixed_order.py`) every query sums over its keys in blocks
   of `DETERMINISTIC_BLOCK` from key 0, the same way whether it is a decode row, a cold
   prefill row or a row extending a cached prefix. On CUDA flash-decoding splits keys at a
@@ -43,8 +42,6 @@ from radixmesh.worker.attention.base import AttentionBackend
 # chunks: a multiple of the Triton extend kernel's key tile (64 for head dims <= 128, 32
 # above), so aligned prefixes start whole tiles.
 DETERMINISTIC_BLOCK = 64
-# CPU GEMMs run at least this many rows (see the module doc).
-CPU_MIN_ROWS = 16
 
 
 def make_deterministic(model: nn.Module, attn: AttentionBackend, max_context_len: int) -> int:

@@ -241,7 +241,7 @@ def auto_size_pool(m: ModelOnDevice, config: EngineConfig, bytes_per_slot: int) 
     graphs = 0
     graph_bs = graph_max_batch_size(config)
     if m.attention_backend == "triton" and graph_bs > 0:
-        workspace = _graph_workspace_bytes(m, graph_bs, limit)
+        workspace = _graph_workspace_bytes(m, graph_bs, limit, config.model.deterministic)
         graphs = graph_reserve_bytes(activation, tokens, graph_bs, workspace)
     return size_pool(
         free_bytes=free_device_bytes(m.device, config.cache.gpu_memory_share),
@@ -279,15 +279,23 @@ def free_device_bytes(device: torch.device, share: float) -> int:
     return max(min(int(free), int(share * total) - held), 0)
 
 
-def _graph_workspace_bytes(m: ModelOnDevice, graph_bs: int, max_context_len: int) -> int:
-    from radixmesh.worker.attention.triton_backend import choose_num_splits
+def _graph_workspace_bytes(
+    m: ModelOnDevice, graph_bs: int, max_context_len: int, deterministic: bool
+) -> int:
+    from radixmesh.worker.attention.triton_backend import (
+        choose_num_splits,
+        deterministic_split_size,
+    )
     from radixmesh.worker.cuda_graph import batch_size_ladder
 
     sms = torch.cuda.get_device_properties(m.device).multi_processor_count
     kv_heads = m.model.num_kv_heads
+    fixed = -(-max_context_len // deterministic_split_size(max_context_len))
     return decode_workspace_bytes(
         batch_size_ladder(graph_bs),
-        lambda bs: choose_num_splits(bs, kv_heads, max_context_len, sms),
+        lambda bs: (
+            fixed if deterministic else choose_num_splits(bs, kv_heads, max_context_len, sms)
+        ),
         num_heads=m.num_heads,
         head_dim=m.arch.head_size,
     )

@@ -11,6 +11,12 @@ query (64x the work of a decode row). Per layer `forward` stores the new k/v wit
 store kernel, then attends. With an FP8 pool every kernel also gets its scale exponents
 (kvcache/fp8_kv.py). Metadata holds device tensors only, built once per step, so every
 layer's launches need no host-device sync.
+
+Deterministic mode (`enable_deterministic`): flash-decoding splits keys at a fixed size
+(`deterministic_split_size`) into one split count for every step, and the extend kernel
+runs one tile configuration whatever the batch's longest extend (`DETERMINISTIC_EXTEND`):
+its key tiles then start at the same multiples of the tile in a cold prefill and over a
+cached prefix, which the scheduler aligns to DETERMINISTIC_BLOCK.
 """
 
 from __future__ import annotations
@@ -21,8 +27,14 @@ import torch
 
 from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.attention.kernels.decode_attention import decode_attention, decode_workspace
-from radixmesh.worker.attention.kernels.extend_attention import extend_attention
+from radixmesh.worker.attention.kernels.extend_attention import (
+    LONG_EXTEND,
+    ExtendConfig,
+    extend_attention,
+    extend_config,
+)
 from radixmesh.worker.attention.kernels.kv_store import kv_store
+from radixmesh.worker.deterministic import DETERMINISTIC_BLOCK
 from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.pool import KVPool
 
@@ -36,6 +48,7 @@ class DecodeMeta:
     num_splits: int
     # [B, Hq, S, D], [B, Hq, S] float32; allocated by the first layer (it knows Hq), reused
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+    split_size: int = 0  # > 0: fixed-size splits (deterministic mode)
 
 
 @dataclass
@@ -56,6 +69,15 @@ class MixedMeta:
     extend_prefix_lens: torch.Tensor  # [Be]
     extend_lens: torch.Tensor  # [Be]
     extend: ExtendMeta  # q_start [Be] into the whole q
+
+
+def deterministic_split_size(max_context_len: int) -> int:
+    """Deterministic mode's keys per split: at least MIN_KEYS_PER_SPLIT, a multiple of
+    DETERMINISTIC_BLOCK, large enough that MAX_SPLITS splits cover the longest context (a
+    bounded workspace: [B, Hq, MAX_SPLITS, D] at most). A function of the context only."""
+    per_split = -(-max_context_len // MAX_SPLITS)
+    per_split = -(-per_split // DETERMINISTIC_BLOCK) * DETERMINISTIC_BLOCK
+    return max(MIN_KEYS_PER_SPLIT, per_split)
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -79,13 +101,26 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         else:
             self.num_sms = 4  # the interpreter: few programs, few splits
+        self.split_size = 0  # deterministic mode's fixed split, and its one split count
+        self.fixed_splits = 0
+        self.extend_cfg: ExtendConfig | None = None
+
+    def enable_deterministic(self, max_context_len: int) -> None:
+        super().enable_deterministic(max_context_len)
+        self.split_size = deterministic_split_size(max_context_len)
+        self.fixed_splits = -(-max_context_len // self.split_size)
+        self.extend_cfg = extend_config(LONG_EXTEND, self.kv_pool.head_dim)
+
+    def decode_meta(self, batch_size: int, max_seq_len: int) -> DecodeMeta:
+        """The split count (and size) of a decode batch."""
+        if self.split_size:
+            return DecodeMeta(self.fixed_splits, split_size=self.split_size)
+        splits = choose_num_splits(batch_size, self.kv_pool.num_kv_heads, max_seq_len, self.num_sms)
+        return DecodeMeta(splits)
 
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.is_decode_only:
-            s = choose_num_splits(
-                batch.batch_size, self.kv_pool.num_kv_heads, max(batch.seq_lens_cpu), self.num_sms
-            )
-            batch.attn_metadata = DecodeMeta(s)
+            batch.attn_metadata = self.decode_meta(batch.batch_size, max(batch.seq_lens_cpu))
             return
         starts = [0]
         for n in batch.extend_lens_cpu[:-1]:
@@ -106,12 +141,11 @@ class TritonAttentionBackend(AttentionBackend):
         d = to_device(torch.tensor(decode, dtype=torch.int64), dev)  # no wait (see prepare)
         e = to_device(torch.tensor(extend, dtype=torch.int64), dev)
         longest = max(batch.seq_lens_cpu[i] for i in decode)
-        splits = choose_num_splits(len(decode), self.kv_pool.num_kv_heads, longest, self.num_sms)
         return MixedMeta(
             decode_tokens=q_start[d],
             decode_req_rows=batch.req_rows[d],
             decode_seq_lens=batch.seq_lens[d],
-            decode=DecodeMeta(splits),
+            decode=self.decode_meta(len(decode), longest),
             extend_req_rows=batch.req_rows[e],
             extend_prefix_lens=batch.prefix_lens[e],
             extend_lens=batch.extend_lens[e],
@@ -150,6 +184,7 @@ class TritonAttentionBackend(AttentionBackend):
                 meta.num_splits,
                 meta.workspace,
                 scales=scales,
+                split_size=meta.split_size,
             )
         if isinstance(meta, MixedMeta):
             return self._forward_mixed(q, k_buf, v_buf, out, batch, meta, scales, new_kv)
@@ -168,6 +203,7 @@ class TritonAttentionBackend(AttentionBackend):
             self.scale,
             scales=scales,
             new_kv=new_kv,
+            config=self.extend_cfg,
         )
 
     def _forward_mixed(
@@ -200,6 +236,7 @@ class TritonAttentionBackend(AttentionBackend):
             meta.decode.num_splits,
             meta.decode.workspace,
             scales=scales,
+            split_size=meta.decode.split_size,
         )
         extend_attention(
             q,
@@ -215,5 +252,6 @@ class TritonAttentionBackend(AttentionBackend):
             self.scale,
             scales=scales,
             new_kv=new_kv,
+            config=self.extend_cfg,
         )
         return out.index_copy_(0, meta.decode_tokens, out_dec)

@@ -47,6 +47,13 @@ def dense(
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
+# Deterministic mode's CPU GEMMs run at least this many rows: measured on the 2-core AMD
+# EPYC test machine (torch 2.13, smollm2 and dummy:tiny shapes), MKL's float32 kernels gave
+# a row other bits below 12 rows, and oneDNN's packed one at 1 row for K = 1536; from 12
+# rows on, every row's bits were those of the same row in a 300-row batch.
+CPU_MIN_ROWS = 16
+
+
 def dense_batch_invariant(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -57,8 +64,6 @@ def dense_batch_invariant(
     (worker/deterministic.py). CUDA: the fixed-tile Triton matmul. CPU: at least
     CPU_MIN_ROWS rows (zero rows appended, their outputs dropped), past which oneDNN's and
     MKL's kernels no longer change with M."""
-    from radixmesh.worker.deterministic import CPU_MIN_ROWS
-
     if x.is_cuda and packed is None:
         from radixmesh.worker.layers.kernels import batch_invariant_matmul as bim
 

@@ -1,0 +1,98 @@
+"""Deterministic mode's Triton kernels (CPU through TRITON_INTERPRET=1, or CUDA): the
+batch-invariant matmul and fixed-split decode attention give each row the same bits
+whatever the batch, and stay close to torch's float32 reference; the extend kernel with
+one tile configuration gives a cached prefix aligned to the tile the cold prefill's bits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
+
+from radixmesh.worker.attention.kernels.decode_attention import (
+    decode_attention,
+    decode_attention_ref,
+)
+from radixmesh.worker.attention.kernels.extend_attention import ExtendConfig, extend_attention
+from radixmesh.worker.attention.triton_backend import deterministic_split_size
+from radixmesh.worker.layers.kernels.batch_invariant_matmul import MatmulConfig, linear
+from tests.worker.attention.test_triton_kernels import DEVICE, TOL, ints, make_pool_case, rel_err
+
+# Small tiles for the interpreter (>= 16 for tl.dot); the kernels' logic is the same.
+SMALL = MatmulConfig(block_m=16, block_n=32, block_k=16, group_m=2, num_warps=4, num_stages=2)
+# fp16 stands for the half types here: the interpreter's bf16 tl.dot is wrong (see
+# test_triton_kernels.py); bf16 runs on the GPU.
+DTYPES = [torch.float32, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_rows_do_not_depend_on_the_batch(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(70, 48, generator=gen).to(DEVICE, dtype)  # N, K not multiples of the tile
+    b = torch.randn(70, generator=gen).to(DEVICE, dtype)
+    x = torch.randn(37, 48, generator=gen).to(DEVICE, dtype)
+    ref = linear(x, w, b, cfg=SMALL, num_programs=3)  # [37, 70]
+    for m in (1, 2, 15, 16, 17, 33):
+        assert torch.equal(linear(x[:m], w, b, cfg=SMALL, num_programs=3), ref[:m]), m
+    # Rows moved to other positions (other tiles), with other programs walking the tiles.
+    moved = torch.cat([x[20:], x[:20]])
+    assert torch.equal(linear(moved, w, b, cfg=SMALL, num_programs=2)[17:], ref[:20])
+    expected = x.double() @ w.double().T + b.double()
+    assert rel_err(ref, expected) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fixed_split_decode_rows_do_not_depend_on_the_batch(dtype: torch.dtype) -> None:
+    seq_lens = [1, 37, 64, 90, 5, 120]
+    hq, hkv, d = 8, 2, 16
+    c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=11, ctx=128)
+    scale = d**-0.5
+    split, splits = 32, 4  # 4 splits of 32 keys cover the 128-token context
+
+    def run(rows: list[int]) -> torch.Tensor:
+        q = c["q"][rows]
+        out = torch.full_like(q, float("nan"))
+        table_rows = ints([c["rows"][i] for i in rows])
+        lens = ints([seq_lens[i] for i in rows])
+        return decode_attention(
+            q, c["k_buf"], c["v_buf"], out, c["table"], table_rows, lens, scale, splits,
+            block_n=16, split_size=split,
+        )  # fmt: skip
+
+    every = run(list(range(len(seq_lens))))
+    ref = decode_attention_ref(
+        c["q"], c["k_buf"], c["v_buf"], c["table"], c["rows"], seq_lens, scale
+    )
+    assert rel_err(every, ref) < TOL[dtype]
+    for i in range(len(seq_lens)):  # alone, and beside another batch
+        assert torch.equal(run([i])[0], every[i]), i
+    assert torch.equal(run([5, 1, 3])[1], every[1])
+
+
+def test_the_split_size_depends_on_the_context_only() -> None:
+    assert deterministic_split_size(4096) == 256  # MIN_KEYS_PER_SPLIT
+    assert deterministic_split_size(131072) == 4096  # 32 splits cover it
+    assert deterministic_split_size(100_000) % 64 == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_extend_over_an_aligned_cached_prefix_equals_the_cold_prefill(dtype: torch.dtype) -> None:
+    """One sequence of 80 tokens: cold (prefix 0), and its last 48 over a 32-token cached
+    prefix (a multiple of the 16-key tile), and in two chunks of 16 + 32."""
+    cfg = ExtendConfig(block_rows=16, block_n=16, num_warps=4, num_stages=2)
+    hq, hkv, d, n = 4, 2, 16, 80
+    c = make_pool_case([(0, n)], hq, hkv, d, dtype, seed=12, ctx=n)
+    rows, scale = ints(c["rows"]), d**-0.5
+
+    def run(prefix: int, end: int) -> torch.Tensor:
+        q = c["q"][prefix:end]
+        out = torch.full_like(q, float("nan"))
+        return extend_attention(
+            q, c["k_buf"], c["v_buf"], out, c["table"], rows, ints([prefix]),
+            ints([end - prefix]), ints([0]), end - prefix, scale, config=cfg,
+        )  # fmt: skip
+
+    cold = run(0, n)
+    assert torch.equal(run(32, n), cold[32:])
+    assert torch.equal(run(32, 48), cold[32:48])
+    assert torch.equal(run(48, n), cold[48:])
