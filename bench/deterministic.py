@@ -200,8 +200,9 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         for k in keys:
             a = on.get(mode, {}).get(k, "-")
             b = off.get(mode, {}).get(k, "-")
-            if mode == "cached" and (mode in on or mode in off):
-                n = (on.get(mode) or off.get(mode))["prompts"]
+            counted = on.get(mode) or off.get(mode)
+            if mode == "cached" and counted:
+                n = counted["prompts"]
                 a, b = (f"{x}/{n}" if x != "-" else x for x in (a, b))
             label = f"{mode} {'unique ' if mode != 'cached' else ''}{k}"
             lines.append(f"{label:<24}{a!s:>12}{b!s:>12}")
