@@ -29,6 +29,9 @@ from radixmesh.worker.deterministic import DETERMINISTIC_BLOCK
 Q_BLOCK = 16
 # Bound on one chunk's score tensor (floats): ~64 MiB.
 MAX_CHUNK_ELEMENTS = 16 * 1024 * 1024
+# Query blocks per chunk at most: small chunks of a causal prefill read only the key
+# blocks their own queries see.
+CAUSAL_CHUNK_BLOCKS = 8
 
 
 def fixed_order_attention(
@@ -68,12 +71,23 @@ def fixed_order_attention(
     rows = rows.view(ns, hkv, nq, 1, Q_BLOCK, d)
     row_pos = row_pos.view(ns, 1, nq, 1, Q_BLOCK, 1)
     per_block = ns * hkv * nk * Q_BLOCK * bk
-    step = max(1, MAX_CHUNK_ELEMENTS // per_block)
+    step = max(1, min(CAUSAL_CHUNK_BLOCKS, MAX_CHUNK_ELEMENTS // per_block))
     out = torch.empty(ns, hkv, nq, Q_BLOCK, d, dtype=torch.float32, device=q.device)
+    last_key = positions.view(ns, e).amax(dim=0).tolist()  # [E]: the furthest key per query
     for lo in range(0, nq, step):
         hi = min(nq, lo + step)
+        # Key blocks past every row's last key are masked whole: leaving them out adds no
+        # term (their sums are exact zeros, the maximum ignores them), so a causal prefill
+        # computes about half the products and the bits stay the same.
+        rows_lo, rows_hi = lo * Q_BLOCK // g, min(e, -(-hi * Q_BLOCK // g))
+        need = max(last_key[rows_lo:rows_hi]) // bk + 1
         out[:, :, lo:hi] = _blocks(
-            rows[:, :, lo:hi], k_blocks, v_blocks, row_pos[:, :, lo:hi], key_pos, scale
+            rows[:, :, lo:hi],
+            k_blocks[:, :, :, :need],
+            v_blocks[:, :, :, :need],
+            row_pos[:, :, lo:hi],
+            key_pos[:need],
+            scale,
         )
     out = out.view(ns, hkv, nq * Q_BLOCK, d)[:, :, :n_rows]  # [S, Hkv, E*G, D]
     return out.reshape(ns, hkv, e, g, d).permute(0, 2, 1, 3, 4).reshape(ns, e, hq, d).to(q.dtype)
