@@ -11,9 +11,11 @@ that rule and keep working: `--ray-device` (now `--device`, which the local laun
 too) and `--max-restarts` in a Ray launch (the local policy's flag; a Ray launch takes it
 as `--ray-max-restarts` when that is not given, as it did when one flag served both).
 
-Besides, five worker options (`WORKER_OPTIONS`, fields of the worker's `ModelConfig`)
+Besides, six worker options (`WORKER_OPTIONS`, fields of the worker's `ModelConfig`)
 are launch flags that every worker gets when given other than their defaults, as the
 router flags are handed to every router (router_flags.py); the rest go in --worker-args.
+`--deterministic` also makes every router require it of its workers
+(`RouterConfig.require_deterministic`), so a worker started apart without it is not used.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ NOT_FLAGS = frozenset({
     "router_options", "api_keys", "admin_keys", "worker_api_key", "restart", "ray",
     "worker_ports", "env", "visible_gpus",
 })  # fmt: skip
-WORKER_OPTIONS = ("dtype", "revision", "download_dir", "served_model_name", "chat_template")
+WORKER_OPTIONS = (
+    "dtype", "revision", "download_dir", "served_model_name", "chat_template", "deterministic",
+)  # fmt: skip
 ALIASES = {"device": ("--ray-device",)}
 
 
@@ -101,8 +105,13 @@ def worker_flags(args: argparse.Namespace) -> list[str]:
     flags: list[str] = []
     for f in _worker_fields():
         value = getattr(args, f.name)
-        if value != f.default:
-            flags += ["--" + f.name.replace("_", "-"), str(value)]
+        if value == f.default:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
     return flags
 
 
@@ -119,6 +128,8 @@ def launch_spec(
     ray = args.ray or args.ray_address is not None
     worker_args = [*values.pop("worker_args"), *worker_flags(args)]
     options = router_options(args, launch=True)
+    if args.deterministic:
+        options["require_deterministic"] = True
     if args.download_dir is not None and not ray:  # Ray's routers use their node's cache
         options["download_dir"] = args.download_dir
     device, visible = values.pop("device"), None

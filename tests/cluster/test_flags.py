@@ -175,3 +175,13 @@ def test_launch_refuses_two_devices() -> None:
     with pytest.raises(InvalidArgument) as err:
         launch_spec(args, **NO_KEYS)
     assert err.value.field == "device"
+
+
+def test_launch_deterministic_reaches_workers_and_routers() -> None:
+    """--deterministic: every worker runs the mode and every router requires it."""
+    args = build_parser().parse_args(
+        ["launch", "--model", "m", "--device", "cpu", "--deterministic"]
+    )
+    spec = launch_spec(args, **NO_KEYS)
+    assert spec.worker_args == ("--deterministic", "--device", "cpu")
+    assert spec.router_options == {"require_deterministic": True}
