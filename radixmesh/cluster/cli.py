@@ -24,12 +24,13 @@ from radixmesh.errors import RadixMeshError
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    from radixmesh.cluster.flags import add_field_flags
-    from radixmesh.worker.config import EngineConfig, option_fields
+    from radixmesh.cluster.flags import add_field_flags, merged_field_docs
+    from radixmesh.worker.config import OPTION_CLASSES, EngineConfig, option_fields
 
     group = parser.add_argument_group("engine")
     top = [f for f in dataclasses.fields(EngineConfig) if f.name == "attention_backend"]
-    add_field_flags(group, [f for _, f in option_fields()] + top, {})
+    docs = merged_field_docs([*OPTION_CLASSES.values(), EngineConfig])
+    add_field_flags(group, [f for _, f in option_fields()] + top, docs)
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -47,6 +47,19 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def merged_field_docs(classes: Iterable[type]) -> dict[str, str]:
+    """`field_docs` of several dataclasses in one mapping, for a flag group whose fields
+    come from several (the engine options span the worker's config parts). A name two
+    classes both document is refused: one flag cannot show two helps."""
+    docs: dict[str, str] = {}
+    for cls in classes:
+        own = field_docs(cls)
+        if shared := own.keys() & docs.keys():
+            raise ValueError(f"{cls.__name__} documents {sorted(shared)} again")
+        docs.update(own)
+    return docs
+
+
 def base_type(annotation: Any) -> type:
     """'int | None' -> int (annotations are strings under `from __future__ import annotations`)."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
@@ -95,8 +108,8 @@ def add_field_flags(
 ) -> None:
     """One flag per field (see the module docstring); `parse` maps a field to its value's
     parser and metavar. A field without a default is a required flag; one without a
-    docstring gets only its default as help (the worker's config says its fields in
-    comments)."""
+    docstring gets only its default as help (every config this module serves documents
+    each field; tests/cluster/test_flags.py checks it)."""
     for f in fields:
         names = [flag_name(f.name), *(aliases or {}).get(f.name, ())]
         default = None if f.default is dataclasses.MISSING else f.default

@@ -26,7 +26,13 @@ import shlex
 from typing import Any
 
 from radixmesh.cluster.child import RestartPolicy
-from radixmesh.cluster.flags import add_field_flags, field_docs, field_values, given
+from radixmesh.cluster.flags import (
+    add_field_flags,
+    field_docs,
+    field_values,
+    given,
+    merged_field_docs,
+)
 from radixmesh.cluster.router_flags import router_options
 from radixmesh.cluster.spec import DEVICES, ROUTER_PLACEMENTS, STRATEGIES, LaunchSpec, RayOptions
 from radixmesh.errors import InvalidArgument
@@ -55,6 +61,12 @@ def _worker_fields() -> list[dataclasses.Field[Any]]:
     from radixmesh.worker.config import ModelConfig
 
     return [f for f in dataclasses.fields(ModelConfig) if f.name in WORKER_OPTIONS]
+
+
+def _worker_docs() -> dict[str, str]:
+    from radixmesh.worker.config import OPTION_CLASSES
+
+    return merged_field_docs(OPTION_CLASSES.values())
 
 
 def _worker_choices() -> dict[str, tuple[str, ...]]:
@@ -97,7 +109,7 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
         parse=parse,
     )  # fmt: skip
     group = parser.add_argument_group("worker (ModelConfig fields every worker is given)")
-    add_field_flags(group, _worker_fields(), {}, choices=_worker_choices())
+    add_field_flags(group, _worker_fields(), _worker_docs(), choices=_worker_choices())
 
 
 def worker_flags(args: argparse.Namespace) -> list[str]:

@@ -30,42 +30,51 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    # smollm2, an HF directory, a .gguf path, a hub id (org/name[@revision]), dummy:<preset>
+    """The model a worker serves and how it runs it."""
+
     model: str = "smollm2"
-    # The name clients see (ModelInfo, /v1/models, the metrics' model_name); None: `model`.
+    """smollm2, an HF directory, a .gguf path, a hub id (org/name[@revision]),
+    dummy:<preset>."""
     served_model_name: str | None = None
-    revision: str | None = None  # of a hub model: a branch, tag or commit (or model@rev)
-    # The Hugging Face hub cache to read and download into; None: huggingface_hub's own
-    # ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub).
+    """The name clients see (ModelInfo, /v1/models, the metrics' model_name); None: `model`."""
+    revision: str | None = None
+    """Of a hub model: a branch, tag or commit (or model@rev)."""
     download_dir: str | None = None
-    # A Jinja chat template file that replaces the model's own (on the router too).
+    """The Hugging Face hub cache to read and download into; None: huggingface_hub's own
+    ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub)."""
     chat_template: str | None = None
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU (see device.resolve_dtype)
-    device: str = "auto"  # auto: cuda when available, else cpu
-    context_length: int | None = None  # None: the model's own
-    seed: int = 0  # for dummy weights and unseeded sampling
-    # CPU: repack weights into oneDNN's GEMM layout after loading (see layers/dense.py).
+    """A Jinja chat template file that replaces the model's own (on the router too)."""
+    dtype: str = "auto"
+    """auto: bfloat16 on CUDA, float32 on CPU (see device.resolve_dtype)."""
+    device: str = "auto"
+    """auto: cuda when available, else cpu."""
+    context_length: int | None = None
+    """None: the model's own."""
+    seed: int = 0
+    """For dummy weights and unseeded sampling."""
     pack_cpu_weights: bool = True
-    # CUDA + triton attention: capture decode steps as CUDA graphs for batches up to this
-    # size (capped by max_running_requests); 0 turns graphs off.
+    """CPU: repack weights into oneDNN's GEMM layout after loading (see layers/dense.py)."""
     cuda_graph_max_batch_size: int = 256
-    # With decode CUDA graphs: a step whose prompt chunks are short runs them as decode
-    # rows (one per token; ModelRunner._decode_shaped) and replays the graph instead of an
-    # eager step, when the chunks' attention reads, summed over their tokens (each reads
-    # every key before it), are at most this many keys: 65,536 is one ~360-token prompt
-    # from scratch or three of ~190. Longer prompts and long cached prefixes keep the extend
-    # kernel, which reads each key once per tile. 0: prompt chunks always run eagerly.
+    """CUDA + triton attention: capture decode steps as CUDA graphs for batches up to this
+    size (capped by max_running_requests); 0 turns graphs off."""
     cuda_graph_prefill_reads: int = 65536
-    # "fp8": linear weights (q/k/v/o, gate/up/down) as float8_e4m3fn with a float32 scale
-    # per output channel, quantized at load ("fp8-1x128": one per row and 128 input
-    # columns; "fp8-128x128": per 128 x 128 block); embeddings, LM head and norms keep
-    # `dtype`. An FP8 checkpoint loads with the scales it stores, whatever is named here.
+    """With decode CUDA graphs: a step whose prompt chunks are short runs them as decode
+    rows (one per token; ModelRunner._decode_shaped) and replays the graph instead of an
+    eager step, when the chunks' attention reads, summed over their tokens (each reads
+    every key before it), are at most this many keys: 65,536 is one ~360-token prompt
+    from scratch or three of ~190. Longer prompts and long cached prefixes keep the extend
+    kernel, which reads each key once per tile. 0: prompt chunks always run eagerly."""
     quantization: str | None = None
-    # Batch-invariant numerics (docs/determinism.md): a request's tokens do not depend on
-    # what else runs in its step, on cache hits or on chunk boundaries. Fixed-shape GEMMs
-    # and fixed-order attention on CPU, fixed-tile Triton kernels on CUDA; the scheduler
-    # aligns cached prefixes and prefill chunks to DETERMINISTIC_BLOCK tokens. Costs speed.
+    """None: the checkpoint's own. "fp8": linear weights (q/k/v/o, gate/up/down) as
+    float8_e4m3fn with a float32 scale per output channel, quantized at load ("fp8-1x128":
+    one per row and 128 input columns; "fp8-128x128": per 128 x 128 block); embeddings, LM
+    head and norms keep `dtype`. An FP8 checkpoint loads with the scales it stores,
+    whatever is named here."""
     deterministic: bool = False
+    """Batch-invariant numerics (docs/determinism.md): a request's tokens do not depend on
+    what else runs in its step, on cache hits or on chunk boundaries. Fixed-shape GEMMs
+    and fixed-order attention on CPU, fixed-tile Triton kernels on CUDA; the scheduler
+    aligns cached prefixes and prefill chunks to DETERMINISTIC_BLOCK tokens. Costs speed."""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -99,22 +108,30 @@ DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
 
 @dataclass(frozen=True)
 class CacheConfig:
+    """The KV pool and the radix cache over it."""
+
     page_size: int = 1
-    # KV pool size: an explicit token count wins; else a byte budget; else, on CUDA,
-    # mem_fraction of the device memory that the weights, the activations of the largest
-    # step and the CUDA graphs leave (see worker/pool_sizing.py); on CPU 512 MiB.
+    """Tokens per KV page: the pool allocates and the radix cache matches and evicts whole
+    pages, so a cached prefix is reused up to its last full page."""
     kv_cache_tokens: int | None = None
+    """KV pool size: an explicit token count wins; else a byte budget; else, on CUDA,
+    mem_fraction of the device memory that the weights, the activations of the largest
+    step and the CUDA graphs leave (see worker/pool_sizing.py); on CPU 512 MiB."""
     kv_cache_bytes: int | None = None
+    """The KV pool's byte budget when kv_cache_tokens is not set (see kv_cache_tokens)."""
     mem_fraction: float = 0.9
-    # The share of the GPU's memory this worker may take in all (weights, activations,
-    # graphs, KV pool) when it auto-sizes its pool: `radixmesh launch --workers-per-gpu N`
-    # gives each of N workers on one GPU 1/N. 1.0: whatever the device has free.
+    """On CUDA, the share of the memory left after weights, activations and graphs that an
+    auto-sized KV pool takes (see kv_cache_tokens)."""
     gpu_memory_share: float = 1.0
+    """The share of the GPU's memory this worker may take in all (weights, activations,
+    graphs, KV pool) when it auto-sizes its pool: `radixmesh launch --workers-per-gpu N`
+    gives each of N workers on one GPU 1/N. 1.0: whatever the device has free."""
     disable_radix_cache: bool = False
-    # Cache events report page-aligned blocks of this many tokens (a multiple of page_size).
+    """No prefix reuse: nothing is cached past its request, every prompt is prefilled whole."""
     event_block_size: int = 16
-    # KV pool storage: "auto" (the model dtype) or "fp8" (about half the bytes per token).
+    """Cache events report page-aligned blocks of this many tokens (a multiple of page_size)."""
     kv_cache_dtype: str = "auto"
+    """KV pool storage: "auto" (the model dtype) or "fp8" (about half the bytes per token)."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -154,35 +171,41 @@ CUDA_POOL_TOKENS_PER_REQUEST = 512
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """What each step admits and runs."""
+
     policy: str = "lpm"
-    # None: CPU_MAX_RUNNING_REQUESTS on CPU; on CUDA CUDA_MAX_RUNNING_REQUESTS, at most one
-    # per CUDA_POOL_TOKENS_PER_REQUEST tokens of the KV pool (and at least 16).
+    """The order waiting requests are admitted in (worker/policy.py): lpm, longest cached
+    prefix first; dfs-weight, a walk of the radix tree, heavier subtrees first; fcfs."""
     max_running_requests: int | None = None
-    # Token budget of one forward step; long prompts are prefilled in chunks of this.
-    # None: CPU_MAX_NUM_BATCHED_TOKENS on CPU, CUDA_MAX_NUM_BATCHED_TOKENS on CUDA.
+    """None: CPU_MAX_RUNNING_REQUESTS on CPU; on CUDA CUDA_MAX_RUNNING_REQUESTS, at most one
+    per CUDA_POOL_TOKENS_PER_REQUEST tokens of the KV pool (and at least 16)."""
     max_num_batched_tokens: int | None = None
-    # Fraction of each running request's remaining max_new_tokens that admission reserves.
+    """Token budget of one forward step; long prompts are prefilled in chunks of this.
+    None: CPU_MAX_NUM_BATCHED_TOKENS on CPU, CUDA_MAX_NUM_BATCHED_TOKENS on CUDA."""
     new_token_ratio: float = 0.4
-    # Beyond this many waiting requests, lpm/dfs-weight fall back to fcfs (matching every
-    # waiting prompt against the tree each step would cost more than it saves).
+    """Fraction of each running request's remaining max_new_tokens that admission reserves."""
     policy_fallback_queue_len: int = 128
+    """Beyond this many waiting requests, lpm/dfs-weight fall back to fcfs (matching every
+    waiting prompt against the tree each step would cost more than it saves)."""
     max_queued_requests: int = 4096
-    # A waiting request whose uncached prompt shares at least this many tokens with one
-    # admitted in the same step waits one step and then hits the cache instead.
+    """Requests held beyond the running ones (worker/admission.py); one more is refused as
+    overloaded (RESOURCE_EXHAUSTED), and the router tries another worker."""
     in_batch_prefix_threshold: int = 32
-    # A step prefix-matches at most this many waiting requests that it then defers (see
-    # in_batch_prefix_threshold) before it stops looking down the queue: a bound on one
-    # step's admission time whatever waits (each match walks a prompt through the radix
-    # tree, ~5-15 us for 1,600 tokens on a 2-core CPU). Requests deferred without a match
-    # (the same first tokens as a new prefix admitted in the step) do not count.
+    """A waiting request whose uncached prompt shares at least this many tokens with one
+    admitted in the same step waits one step and then hits the cache instead."""
     admission_match_limit: int = 64
-    # Overlap scheduling: build step n+1 (and process step n-1's tokens) while step n runs;
-    # next-token ids stay on the device until needed (see worker/overlap.py). None: on for
-    # CUDA, where it won on both offline H200 workloads (docs/overlap.md), off on CPU, where
-    # the forward is synchronous and there is nothing to overlap with.
+    """A step prefix-matches at most this many waiting requests that it then defers (see
+    in_batch_prefix_threshold) before it stops looking down the queue: a bound on one
+    step's admission time whatever waits (each match walks a prompt through the radix
+    tree, ~5-15 us for 1,600 tokens on a 2-core CPU). Requests deferred without a match
+    (the same first tokens as a new prefix admitted in the step) do not count."""
     overlap_schedule: bool | None = None
-    # The most top logprobs a request may ask for per token (top_logprobs_num).
+    """Overlap scheduling: build step n+1 (and process step n-1's tokens) while step n runs;
+    next-token ids stay on the device until needed (see worker/overlap.py). None: on for
+    CUDA, where it won on both offline H200 workloads (docs/overlap.md), off on CPU, where
+    the forward is synchronous and there is nothing to overlap with."""
     max_top_logprobs: int = MAX_TOP_LOGPROBS
+    """The most top logprobs a request may ask for per token (top_logprobs_num)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -245,14 +268,16 @@ def fit_running_to_pool(resolved: SchedulerConfig, pool_tokens: int) -> Schedule
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    # Tensor-parallel ranks of this worker: rank 0 in this process, the rest spawned
-    # (gloo on CPU, NCCL on CUDA, rank r on cuda:r). See radixmesh/worker/tp/.
+    """Tensor parallelism of one worker."""
+
     tp_size: int = 1
-    # Seconds a collective (and start-up) may wait on a silent rank before failing.
+    """Tensor-parallel ranks of this worker: rank 0 in this process, the rest spawned
+    (gloo on CPU, NCCL on CUDA, rank r on cuda:r). See radixmesh/worker/tp/."""
     tp_timeout: float = 120.0
-    # CUDA: small all-reduces (decode steps) in one kernel over PyTorch symmetric memory
-    # instead of NCCL (tp/one_shot.py); falls back to NCCL where it is unavailable.
+    """Seconds a collective (and start-up) may wait on a silent rank before failing."""
     tp_one_shot_all_reduce: bool = True
+    """CUDA: small all-reduces (decode steps) in one kernel over PyTorch symmetric memory
+    instead of NCCL (tp/one_shot.py); falls back to NCCL where it is unavailable."""
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:
@@ -269,37 +294,43 @@ class GrammarConfig:
     """Constrained decoding (regex / json_schema / ebnf / choices)."""
 
     grammar_backend: str = "xgrammar"
-    # Ablation switch: sample forced strings token by token instead of appending them.
+    """The library that compiles constraints and masks tokens: xgrammar or outlines."""
     disable_jump_forward: bool = False
-    # With decode CUDA graphs: a step whose multi-token rows are all forced output tokens
-    # runs as one decode row per token, so the graph replays it instead of an eager mixed
-    # step; the graphs then go up to min(cuda_graph_max_batch_size, 4 x
-    # max_running_requests) rows (the running rows plus their forced tokens).
+    """Ablation switch: sample forced strings token by token instead of appending them."""
     jump_forward_decode_rows: bool = True
-    # Compiles run in this many processes (worker/constrained/compile_pool.py); a compile
-    # running longer than the timeout (seconds) is stopped and its request rejected
-    # (InvalidArgument), as is one whose process grows by more than the memory bytes.
-    # 0 processes: compile on a thread of the engine's process, with no limit.
+    """With decode CUDA graphs: a step whose multi-token rows are all forced output tokens
+    runs as one decode row per token, so the graph replays it instead of an eager mixed
+    step; the graphs then go up to min(cuda_graph_max_batch_size, 4 x
+    max_running_requests) rows (the running rows plus their forced tokens)."""
     grammar_compile_processes: int = 2
+    """Compiles run in this many processes (worker/constrained/compile_pool.py); a compile
+    running longer than the timeout (seconds) is stopped and its request rejected
+    (InvalidArgument), as is one whose process grows by more than the memory bytes.
+    0 processes: compile on a thread of the engine's process, with no limit."""
     grammar_compile_timeout: float = 10.0
+    """Seconds a compile may run before it is stopped (see grammar_compile_processes)."""
     grammar_compile_memory_bytes: int = 1 << 30
-    # Compiles estimated costly (worker/constrained/cost.py) run on all but one of the
-    # processes, and at most this many run or wait; one more is refused with
-    # RESOURCE_EXHAUSTED (overloaded, retry after the compile timeout).
+    """Bytes a compile's process may grow by before it is stopped (see
+    grammar_compile_processes)."""
     grammar_max_costly_compiles: int = 4
-    # Bounds checked before a compile (InvalidArgument past one): a constraint's UTF-8
-    # bytes, its nesting (JSON containers, regex / EBNF groups), its repetition counts
-    # (`{n,m}`, a schema's min/max length, items, properties).
+    """Compiles estimated costly (worker/constrained/cost.py) run on all but one of the
+    processes, and at most this many run or wait; one more is refused with
+    RESOURCE_EXHAUSTED (overloaded, retry after the compile timeout)."""
     grammar_max_bytes: int = 128 * 1024
+    """Bounds checked before a compile (InvalidArgument past one): a constraint's UTF-8
+    bytes, its nesting (JSON containers, regex / EBNF groups), its repetition counts
+    (`{n,m}`, a schema's min/max length, items, properties). This one: the UTF-8 bytes."""
     grammar_max_depth: int = 128
+    """The deepest nesting a constraint may have (see grammar_max_bytes)."""
     grammar_max_repetition: int = 10_000
-    # A compiled grammar's serialized size, estimated before the compile (numeric ranges,
-    # unrolled items: InvalidArgument at once) and measured before it is serialized.
+    """The largest repetition count a constraint may name (see grammar_max_bytes)."""
     grammar_max_compiled_bytes: int = 32 << 20
-    # Build the backend (xgrammar's tokenizer info, ~0.5 s on CPU) on a background thread
-    # at engine start, so the first constrained request does not wait for it. While it
-    # builds it shares the GIL with the first requests; False builds it on first use.
+    """A compiled grammar's serialized size, estimated before the compile (numeric ranges,
+    unrolled items: InvalidArgument at once) and measured before it is serialized."""
     grammar_warmup: bool = True
+    """Build the backend (xgrammar's tokenizer info, ~0.5 s on CPU) on a background thread
+    at engine start, so the first constrained request does not wait for it. While it
+    builds it shares the GIL with the first requests; False builds it on first use."""
 
     def __post_init__(self) -> None:
         if self.grammar_backend not in GRAMMAR_BACKENDS:
@@ -334,12 +365,15 @@ class GrammarConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """One worker's whole config: a part per subsystem, and the attention backend."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
-    attention_backend: str = "auto"  # auto: triton on CUDA (when importable), else torch
+    attention_backend: str = "auto"
+    """auto: triton on CUDA (when importable), else torch."""
 
     @classmethod
     def from_options(cls, **options: Any) -> EngineConfig:
@@ -364,15 +398,20 @@ class EngineConfig:
         )
 
 
+# The parts whose fields are the flat options, by EngineConfig's field of each. Each field
+# says itself in an attribute docstring, which the CLI shows as the flag's help.
+OPTION_CLASSES: dict[str, type] = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "parallel": ParallelConfig,
+    "grammar": GrammarConfig,
+}
+
+
 def _field_owners() -> dict[str, str]:
     owners: dict[str, str] = {}
-    for part, typ in (
-        ("model", ModelConfig),
-        ("cache", CacheConfig),
-        ("scheduler", SchedulerConfig),
-        ("parallel", ParallelConfig),
-        ("grammar", GrammarConfig),
-    ):
+    for part, typ in OPTION_CLASSES.items():
         for f in dataclasses.fields(typ):
             owners[f.name] = part
     return owners
@@ -381,6 +420,6 @@ def _field_owners() -> dict[str, str]:
 def option_fields() -> list[tuple[str, dataclasses.Field[Any]]]:
     """Every flat option with its dataclass field, for generating the CLI."""
     out: list[tuple[str, dataclasses.Field[Any]]] = []
-    for typ in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, GrammarConfig):
+    for typ in OPTION_CLASSES.values():
         out.extend((f.name, f) for f in dataclasses.fields(typ))
     return out

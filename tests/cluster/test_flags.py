@@ -1,6 +1,8 @@
 """The settings' flags are their dataclasses' fields (cluster/flags.py): the router's are
 RouterConfig's (cluster/router_flags.py); the launcher's own are LaunchSpec's, RestartPolicy's
-and RayOptions' (cluster/launch_flags.py)."""
+and RayOptions' (cluster/launch_flags.py), and its worker group some of ModelConfig's; the
+engine options of `radixmesh worker` / `generate` are the worker's config parts' fields
+(cluster/cli.py `add_engine_options`)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,32 @@ import pytest
 
 from radixmesh.cluster.child import RestartPolicy
 from radixmesh.cluster.cli import build_parser, main
-from radixmesh.cluster.flags import field_docs, flag_name
-from radixmesh.cluster.launch_flags import NOT_FLAGS, add_launch_flags, launch_spec, spec_fields
+from radixmesh.cluster.flags import field_docs, flag_name, merged_field_docs
+from radixmesh.cluster.launch_flags import (
+    NOT_FLAGS,
+    WORKER_OPTIONS,
+    add_launch_flags,
+    launch_spec,
+    spec_fields,
+)
 from radixmesh.cluster.router_flags import HAND_WRITTEN, add_router_flags, router_options
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import InvalidArgument
 from radixmesh.router.config import RouterConfig
+from radixmesh.worker.config import (
+    OPTION_CLASSES,
+    EngineConfig,
+    GrammarConfig,
+    ModelConfig,
+    ParallelConfig,
+    option_fields,
+)
 
 LAUNCH_GROUPS: tuple[tuple[type, Any], ...] = (
     (LaunchSpec, spec_fields()),
     (RestartPolicy, dataclasses.fields(RestartPolicy)),
     (RayOptions, dataclasses.fields(RayOptions)),
+    (ModelConfig, [f for f in dataclasses.fields(ModelConfig) if f.name in WORKER_OPTIONS]),
 )
 NO_KEYS: dict[str, Any] = {"api_keys": (), "admin_keys": (), "worker_api_key": None}
 
@@ -39,6 +56,39 @@ def _check_flags(parser: argparse.ArgumentParser, cls: type, fields: Any) -> Non
         assert action.help == (
             docs[f.name] if bool_flag else f"{docs[f.name]} (default: {f.default})"
         )
+
+
+def _subcommand(name: str) -> argparse.ArgumentParser:
+    """The parser of `radixmesh <name>`, as build_parser makes it."""
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    parser = sub.choices[name]
+    assert isinstance(parser, argparse.ArgumentParser)
+    return parser
+
+
+def test_every_engine_option_is_documented_and_a_flag() -> None:
+    # Each field of each worker config part, and attention_backend, has a docstring...
+    for cls in OPTION_CLASSES.values():
+        assert set(field_docs(cls)) == {f.name for f in dataclasses.fields(cls)}, cls
+    assert set(field_docs(EngineConfig)) == {"attention_backend"}
+    (backend,) = [f for f in dataclasses.fields(EngineConfig) if f.name == "attention_backend"]
+    fields = {name: f for name, f in option_fields()}
+    # ...which `radixmesh worker` and `radixmesh generate` show as the flag's help.
+    for command in ("worker", "generate"):
+        parser = _subcommand(command)
+        for cls in OPTION_CLASSES.values():
+            _check_flags(parser, cls, [fields[f.name] for f in dataclasses.fields(cls)])
+        _check_flags(parser, EngineConfig, [backend])
+    help_text = " ".join(_subcommand("worker").format_help().split())
+    assert field_docs(GrammarConfig)["grammar_compile_timeout"] in help_text
+
+
+def test_merged_docs_refuse_a_name_documented_twice() -> None:
+    docs = merged_field_docs(OPTION_CLASSES.values())
+    assert len(docs) == len(option_fields())
+    assert docs["tp_timeout"] == field_docs(ParallelConfig)["tp_timeout"]
+    with pytest.raises(ValueError, match=r"ModelConfig documents \[.*'model'"):
+        merged_field_docs([ModelConfig, ModelConfig])
 
 
 def test_every_router_setting_is_documented_and_a_flag() -> None:
@@ -98,6 +148,7 @@ def test_every_launch_setting_is_documented_and_a_flag() -> None:
     assert set(field_docs(LaunchSpec)) == names - NOT_FLAGS | {"ray"}
     for group in (RestartPolicy, RayOptions):
         assert set(field_docs(group)) == {f.name for f in dataclasses.fields(group)}
+    assert set(WORKER_OPTIONS) <= set(field_docs(ModelConfig))
     parser = argparse.ArgumentParser()
     add_launch_flags(parser)
     for cls, fields in LAUNCH_GROUPS:
@@ -119,7 +170,8 @@ def test_launch_help_lists_every_flag(
     for cls, fields in LAUNCH_GROUPS:
         docs = field_docs(cls)
         for f in fields:
-            (entry,) = [e for e in entries if e.lstrip().startswith(flag_name(f.name) + " ")]
+            # A bool's entry starts "--x, --no-x".
+            (entry,) = [e for e in entries if e.split()[0].rstrip(",") == flag_name(f.name)]
             assert docs[f.name] in " ".join(entry.split())
     assert any(e.startswith("  --device {auto,cuda,cpu}, --ray-device ") for e in entries)
 
