@@ -32,10 +32,13 @@ with `--deterministic` (and `--name deterministic`, so the records sit side by s
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import time
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from bench import record
 from radixmesh.worker.engine import Engine
@@ -184,6 +187,10 @@ def run_engine(args: argparse.Namespace, deterministic: bool) -> dict[str, Any]:
             )
     finally:
         engine.shutdown()
+        del engine
+        gc.collect()  # the next engine auto-sizes its pool from the free GPU memory
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return out
 
 

@@ -5,6 +5,8 @@ one tile configuration gives a cached prefix aligned to the tile the cold prefil
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
@@ -96,3 +98,22 @@ def test_extend_over_an_aligned_cached_prefix_equals_the_cold_prefill(dtype: tor
     assert torch.equal(run(32, n), cold[32:])
     assert torch.equal(run(32, 48), cold[32:48])
     assert torch.equal(run(48, n), cold[48:])
+
+
+def test_matmul_config_takes_a_sweeps_table_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table written by bench.deterministic_matmul replaces TABLE for half types only;
+    shapes it does not name keep the rule."""
+    from radixmesh.worker.layers.kernels import batch_invariant_matmul as bim
+
+    path = f"{tmp_path}/table.json"
+    with open(path, "w") as f:
+        f.write('[{"n": 96, "k": 64, "block_m": 64, "block_n": 32, "block_k": 32, '
+                '"group_m": 4, "num_warps": 4, "num_stages": 2}]')  # fmt: skip
+    monkeypatch.setenv(bim.TABLE_ENV, path)
+    assert bim.config(96, 64, torch.bfloat16) == MatmulConfig(64, 32, 32, 4, 4, 2)
+    assert bim.config(96, 64, torch.float32) == MatmulConfig(128, 128, 32, 8, 8, 3)
+    assert bim.config(256, 64, torch.bfloat16) == MatmulConfig(128, 128, 64, 8, 8, 3)
+    monkeypatch.delenv(bim.TABLE_ENV)
+    assert bim.config(96, 64, torch.bfloat16) == MatmulConfig(128, 128, 64, 8, 8, 3)

@@ -17,6 +17,8 @@ rounding; bf16/fp16 inputs use the tensor cores with float32 accumulation.
 from __future__ import annotations
 
 import functools
+import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -36,10 +38,33 @@ class MatmulConfig:
     num_stages: int
 
 
+# (N, K) -> the configuration measured best for half types on an H200 by
+# `python -m bench.deterministic_matmul` (decode and prefill row counts weighed together).
+# Shapes it does not name take the rule in `config`.
+TABLE: dict[tuple[int, int], MatmulConfig] = {}
+# A JSON file of the sweep's table ([{"n", "k", <MatmulConfig fields>}, ...]) that
+# replaces TABLE for half types: to run an engine on a sweep's choice before pasting it.
+TABLE_ENV = "RADIXMESH_DETERMINISTIC_MATMUL_TABLE"
+
+
+@functools.cache
+def _table(path: str | None) -> dict[tuple[int, int], MatmulConfig]:
+    if not path:
+        return TABLE
+    with open(path) as f:
+        rows = json.load(f)
+    return {(r.pop("n"), r.pop("k")): MatmulConfig(**r) for r in rows}
+
+
 def config(n: int, k: int, dtype: torch.dtype) -> MatmulConfig:
-    """The one configuration for (N, K, dtype): never a function of M. 128x128x64 tiles
-    with 8 warps for half types (the shape cuBLAS-class kernels use on Hopper for large
-    M); narrower N tiles for narrow outputs; float32 halves K (twice the bytes)."""
+    """The one configuration for (N, K, dtype): never a function of M. Half types take
+    TABLE's entry where it has one; else 128x128x64 tiles with 8 warps (the shape
+    cuBLAS-class kernels use on Hopper for large M); narrower N tiles for narrow outputs;
+    float32 halves K (twice the bytes)."""
+    if dtype != torch.float32:
+        measured = _table(os.environ.get(TABLE_ENV)).get((n, k))
+        if measured is not None:
+            return measured
     block_n = 128 if n >= 128 else max(16, triton.next_power_of_2(n))
     block_k = 64 if dtype != torch.float32 else 32
     if k < block_k:
