@@ -80,6 +80,16 @@ def _worst(per_prompt: Sequence[Sequence[Output]]) -> dict[str, int]:
     return {k: max(c[k] for c in counts) for k in ("tokens", "exact")}
 
 
+def _first_divergence(outs: Sequence[Output]) -> int | None:
+    """The first output position whose logprob bits differ between any two runs (None:
+    every run the same): 0 points at the prompt's prefill, later ones at decode steps."""
+    width = min(len(o[1]) for o in outs)
+    for i in range(width):
+        if len({o[1][i] for o in outs}) > 1:
+            return i
+    return None if len(set(outs)) == 1 else width
+
+
 def run_single(
     engine: Engine, vocab: int, batch_sizes: Sequence[int], trials: int, prompt_len: int, new: int
 ) -> dict[str, int]:
@@ -110,7 +120,7 @@ def run_mixed(
 
 def run_prefix(
     engine: Engine, vocab: int, prefix_lens: Sequence[int], trials: int, new: int
-) -> dict[str, int]:
+) -> dict[str, Any]:
     rng = random.Random(3)
     prefix = random_ids(rng, max(prefix_lens), vocab)
     prompts = [prefix[:n] + random_ids(rng, 16, vocab) for n in prefix_lens]
@@ -126,7 +136,11 @@ def run_prefix(
         outs = _outputs(engine, [prompts[i] for i in order], greedy(new))
         for i, o in zip(order, outs, strict=True):
             per_prompt[i].append(o)
-    return _worst(per_prompt)
+    per_prefix = {
+        str(n): {**_unique(outs), "first_divergence": _first_divergence(outs)}
+        for n, outs in zip(prefix_lens, per_prompt, strict=True)
+    }
+    return {**_worst(per_prompt), "per_prefix": per_prefix}
 
 
 def run_cached(engine: Engine, vocab: int, n: int, prompt_len: int, new: int) -> dict[str, int]:

@@ -118,7 +118,11 @@ def test_mixed_lengths_batched_in_any_order(engine: Engine) -> None:
 def test_cached_prefixes_give_the_cold_outputs(engine: Engine) -> None:
     vocab = engine.worker.arch.vocab_size
     got = run_prefix(engine, vocab, [1, 63, 64, 130, 257], 2, 12)
-    assert got == {"tokens": 1, "exact": 1}
+    per = {
+        n: (c["tokens"], c["exact"], c["first_divergence"]) for n, c in got["per_prefix"].items()
+    }
+    assert (got["tokens"], got["exact"]) == (1, 1)
+    assert per == {str(n): (1, 1, None) for n in (1, 63, 64, 130, 257)}
     cached = run_cached(engine, vocab, 8, 50, 12)
     assert cached == {"prompts": 8, "equal_tokens": 8, "equal_exact": 8}
 

@@ -23,6 +23,8 @@ def test_cached_prefixes_give_the_cold_prefill_bits() -> None:
     )
     try:
         vocab = eng.worker.arch.vocab_size
-        assert run_prefix(eng, vocab, [1, 63, 130], 1, 4) == {"tokens": 1, "exact": 1}
+        got = run_prefix(eng, vocab, [1, 63, 130], 1, 4)
+        assert (got["tokens"], got["exact"]) == (1, 1)
+        assert [c["first_divergence"] for c in got["per_prefix"].values()] == [None] * 3
     finally:
         eng.shutdown()
