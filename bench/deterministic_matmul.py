@@ -6,7 +6,10 @@ hundred rows, where too few tiles leave SMs idle: 128 x 128 tiles make 64 progra
 N = 4,096 at 256 rows on 132 SMs) and a prefill step (thousands of rows). For each shape
 and candidate: microseconds at each row count (CUDA graphs of 20 calls, median of 7),
 cuBLAS's F.linear beside it, and a check that row results are bit-identical between a
-1-row, a 256-row and an 8,192-row call. The best per shape minimizes the time summed over
+1-row, a 256-row and an 8,192-row call, and between the split-K kernel and the inline
+one at each of those sizes (the time is `linear`'s own choice of path by M). Split
+counts 1, 2, 4 and 8 are swept with every tile shape: at decode sizes a split count
+multiplies the programs that few tiles leave. The best per shape minimizes the time summed over
 `--rows` weighted by `--weights` (default: decode steps at 256 rows dominate the
 throughput workload: 256 steps of decode against ~17 of ~8k-token prefill), printed as
 TABLE lines and written (`--table`) as the JSON `RADIXMESH_DETERMINISTIC_MATMUL_TABLE`
@@ -27,7 +30,7 @@ import torch.nn.functional as F
 from bench import record
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-CANDIDATES = [
+TILES = [
     # block_m, block_n, block_k, group_m, num_warps, num_stages
     (128, 128, 64, 8, 8, 3),
     (64, 128, 64, 8, 4, 3),
@@ -37,6 +40,8 @@ CANDIDATES = [
     (128, 256, 64, 8, 8, 3),
     (64, 256, 64, 8, 8, 3),
 ]
+# Every tile shape with each split count (MatmulConfig's last field, split_k).
+CANDIDATES = [(*tile, split) for tile in TILES for split in (1, 2, 4, 8)]
 
 
 def time_us(fn: Any) -> float:
@@ -74,8 +79,19 @@ def sweep_shape(name: str, n: int, k: int, rows: list[int], weights: list[float]
         row["cublas_us"] = cublas
         try:
             ys = {m: linear(x[:m], w, cfg=cfg) for m in (1, 256, max(rows))}
+            # The split and inline kernels must agree bit for bit (that is what lets
+            # `linear` choose between them by M), at a decode and a prefill size.
+            paths_agree = all(
+                torch.equal(
+                    linear(x[:m], w, cfg=cfg, path="split"),
+                    linear(x[:m], w, cfg=cfg, path="inline"),
+                )
+                for m in (1, 256, max(rows))
+            )
             row["invariant"] = bool(
-                torch.equal(ys[1][0], ys[256][0]) and torch.equal(ys[256], ys[max(rows)][:256])
+                torch.equal(ys[1][0], ys[256][0])
+                and torch.equal(ys[256], ys[max(rows)][:256])
+                and paths_agree
             )
             ref = F.linear(x[:256].float(), w.float())
             row["rel_err"] = float((ys[256].float() - ref).norm() / ref.norm())

@@ -1,10 +1,12 @@
 """Deterministic mode's Triton kernels (CPU through TRITON_INTERPRET=1, or CUDA): the
-batch-invariant matmul and fixed-split decode attention give each row the same bits
-whatever the batch, and stay close to torch's float32 reference; the extend kernel with
+batch-invariant matmul (split-K and inline paths alike, bit for bit) and fixed-split
+decode attention give each row the same bits whatever the batch, and stay close to
+torch's float32 reference; the extend kernel with
 one tile configuration gives a cached prefix aligned to the tile the cold prefill's bits."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,12 @@ from radixmesh.worker.attention.kernels.decode_attention import (
 )
 from radixmesh.worker.attention.kernels.extend_attention import ExtendConfig, extend_attention
 from radixmesh.worker.attention.triton_backend import deterministic_split_size
-from radixmesh.worker.layers.kernels.batch_invariant_matmul import MatmulConfig, linear
+from radixmesh.worker.layers.kernels.batch_invariant_matmul import (
+    MatmulConfig,
+    default_split_k,
+    linear,
+    slices,
+)
 from tests.worker.attention.test_triton_kernels import DEVICE, TOL, ints, make_pool_case, rel_err
 
 # Small tiles for the interpreter (>= 16 for tl.dot); the kernels' logic is the same.
@@ -25,6 +32,9 @@ SMALL = MatmulConfig(block_m=16, block_n=32, block_k=16, group_m=2, num_warps=4,
 # fp16 stands for the half types here: the interpreter's bf16 tl.dot is wrong (see
 # test_triton_kernels.py); bf16 runs on the GPU.
 DTYPES = [torch.float32, torch.float16]
+# bf16 too where the bits are all that is compared (the interpreter's bf16 dot is wrong, but
+# wrong the same way on both paths and at every M).
+BITS_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -117,3 +127,52 @@ def test_matmul_config_takes_a_sweeps_table_from_the_environment(
     assert bim.config(256, 64, torch.bfloat16) == MatmulConfig(128, 128, 64, 8, 8, 3)
     monkeypatch.delenv(bim.TABLE_ENV)
     assert bim.config(96, 64, torch.bfloat16) == MatmulConfig(128, 128, 64, 8, 8, 3)
+
+
+@pytest.mark.parametrize("dtype", BITS_DTYPES)
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_split_and_inline_matmul_paths_give_the_same_bits_at_every_m(
+    dtype: torch.dtype, split_k: int, with_bias: bool
+) -> None:
+    """K = 72 is not a multiple of S x BLOCK_K for S = 2, 3 (slices of 48 + 24 and of
+    32 + 32 + 8): the short last slice is masked alike on both paths."""
+    cfg = replace(SMALL, split_k=split_k)
+    assert slices(72, cfg) == {1: (80, 1), 2: (48, 2), 3: (32, 3)}[split_k]
+    gen = torch.Generator().manual_seed(split_k)
+    w = torch.randn(40, 72, generator=gen).to(DEVICE, dtype)
+    b = torch.randn(40, generator=gen).to(DEVICE, dtype) if with_bias else None
+    x = torch.randn(35, 72, generator=gen).to(DEVICE, dtype)
+    ref = linear(x, w, b, cfg=cfg, num_programs=3, path="inline")  # [35, 40]
+    assert torch.equal(linear(x, w, b, cfg=cfg, path="split"), ref)
+    for m in (1, 17, 34):
+        assert torch.equal(linear(x[:m], w, b, cfg=cfg, path="split"), ref[:m]), m
+        assert torch.equal(linear(x[:m], w, b, cfg=cfg, num_programs=2, path="inline"), ref[:m])
+    # auto: the split kernel for 1 row (one tile, fewer than 2 x 4 programs), inline for 35.
+    assert torch.equal(linear(x[:1], w, b, cfg=cfg, num_programs=4), ref[:1])
+    if dtype != torch.bfloat16:
+        expected = x.double() @ w.double().T + (b.double() if b is not None else 0.0)
+        assert rel_err(ref, expected) < TOL[dtype]
+
+
+def test_split_matmul_rows_are_the_inline_rows_of_a_larger_batch() -> None:
+    """Rows moved to other positions and tiles: the split path on 20 rows equals the
+    inline path's rows of a 37-row batch."""
+    cfg = replace(SMALL, split_k=2)
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(70, 48, generator=gen).to(DEVICE, torch.float16)
+    x = torch.randn(37, 48, generator=gen).to(DEVICE, torch.float16)
+    ref = linear(x, w, cfg=cfg, num_programs=3, path="inline")
+    moved = torch.cat([x[20:], x[:20]])
+    assert torch.equal(linear(moved, w, cfg=cfg, path="split")[17:], ref[:20])
+
+
+def test_default_split_k_depends_on_n_and_k_only() -> None:
+    """Llama-3-8B's shapes with 128 x 128 x 64 tiles: 2 x 132 programs at 256 rows."""
+    assert default_split_k(4096, 14336, 128, 128, 64) == 4  # down: 32 x 2 tiles
+    assert default_split_k(4096, 4096, 128, 128, 64) == 4  # o
+    assert default_split_k(6144, 4096, 128, 128, 64) == 3  # qkv: 48 x 2 tiles
+    assert default_split_k(28672, 4096, 128, 128, 64) == 1  # gate_up: 224 x 2 tiles
+    assert default_split_k(4096, 256, 128, 128, 64) == 1  # 4 BLOCK_K steps: one slice
+    with pytest.raises(ValueError, match="split_k"):
+        slices(64, replace(SMALL, split_k=0))
