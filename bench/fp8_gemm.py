@@ -24,7 +24,6 @@ Run: `python -m bench.fp8_gemm --sweep`.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 import torch
@@ -70,9 +69,6 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rows", default="1,4,8,16,64,256", help="comma-separated row counts")
     ap.add_argument("--sweep", action="store_true", help="tune the small-batch kernel's configs")
-    ap.add_argument(
-        "--jobs", type=int, default=min(16, os.cpu_count() or 1), help="--sweep's compile processes"
-    )
     fp8_sweep.add_arguments(ap)
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)

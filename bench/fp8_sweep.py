@@ -26,6 +26,7 @@ import argparse
 import functools
 import itertools
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -353,3 +354,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="--sweep's weight scales")  # fmt: skip
     ap.add_argument("--budget-s", type=float, default=200.0,
                     help="--sweep stops timing candidates after this many seconds")  # fmt: skip
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1),
+                    help="--sweep's compile processes")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m bench.fp8_sweep`: the sweep alone (as `python -m bench.fp8_gemm --sweep`)."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    add_arguments(ap)
+    record.add_output_arguments(ap)
+    sweep(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
