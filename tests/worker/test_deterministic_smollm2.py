@@ -52,4 +52,6 @@ def test_a_chat_is_answered_the_same_from_the_cache(engine: Engine) -> None:
 def test_batch_sizes_and_cached_prefixes_give_one_output(engine: Engine) -> None:
     vocab = engine.worker.arch.vocab_size
     assert run_single(engine, vocab, [1, 4], 1, 24, 4) == {"tokens": 1, "exact": 1}
-    assert run_prefix(engine, vocab, [1, 70], 1, 4) == {"tokens": 1, "exact": 1}
+    got = run_prefix(engine, vocab, [1, 70], 1, 4)
+    assert (got["tokens"], got["exact"]) == (1, 1)
+    assert [c["first_divergence"] for c in got["per_prefix"].values()] == [None, None]
