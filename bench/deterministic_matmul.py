@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import record
+from bench.fp8_sweep import time_us
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # The tiles worth splitting: a sweep without split-K (H200, 2026-12-02) put 128 x 256
@@ -43,23 +44,9 @@ TILES = [
 CANDIDATES = [(*tile, split) for tile in TILES for split in (1, 2, 4, 8)]
 
 
-def time_us(fn: Any) -> float:
-    """Median microseconds a call over CUDA graphs of 20 calls."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(20):
-            fn()
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / 20)
-    return sorted(times)[len(times) // 2]
+def _timed(fn: Any, *args: Any, **kwargs: Any) -> float:
+    """Microseconds a call of fn(*args, **kwargs): CUDA graphs of 20 calls, median of 7."""
+    return time_us(lambda _: fn(*args, **kwargs), repeats=7)
 
 
 def sweep_shape(name: str, n: int, k: int, rows: list[int], weights: list[float]) -> list[dict]:
@@ -68,7 +55,7 @@ def sweep_shape(name: str, n: int, k: int, rows: list[int], weights: list[float]
 
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     x = torch.randn(max(rows), k, device="cuda", dtype=torch.bfloat16)
-    cublas = {m: time_us(lambda m=m: F.linear(x[:m], w)) for m in rows}
+    cublas = {m: _timed(F.linear, x[:m], w) for m in rows}
     base = sum(cublas[m] * wt for m, wt in zip(rows, weights, strict=True))
     print(f"{name} ({n}, {k}): cuBLAS " + " / ".join(f"{cublas[m]:.1f}" for m in rows) + " us")
     out: list[dict[str, Any]] = []
@@ -94,7 +81,7 @@ def sweep_shape(name: str, n: int, k: int, rows: list[int], weights: list[float]
             )
             ref = F.linear(x[:256].float(), w.float())
             row["rel_err"] = float((ys[256].float() - ref).norm() / ref.norm())
-            row["us"] = {m: time_us(lambda m=m, c=cfg: linear(x[:m], w, cfg=c)) for m in rows}
+            row["us"] = {m: _timed(linear, x[:m], w, cfg=cfg) for m in rows}
             cost = sum(row["us"][m] * wt for m, wt in zip(rows, weights, strict=True))
             row["vs_cublas"] = cost / base
         except Exception as e:  # a config the GPU cannot run is a result

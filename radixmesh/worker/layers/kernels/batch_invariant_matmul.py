@@ -80,12 +80,19 @@ class MatmulConfig:
 # Shapes it does not name take the rule in `config`. Llama-3-8B's four GEMMs, 2026-12-02
 # (deterministic_matmul-h200.json: 256-row and 8,192-row time weighed 256:17 against
 # cuBLAS in the same run; the split and inline paths bit-identical on every candidate):
-_WIDE = {"block_m": 128, "block_n": 256, "block_k": 64, "group_m": 8, "num_warps": 8}
+_WIDE = {
+    "block_m": 128,
+    "block_n": 256,
+    "block_k": 64,
+    "group_m": 8,
+    "num_warps": 8,
+    "num_stages": 3,
+}
 TABLE: dict[tuple[int, int], MatmulConfig] = {
-    (6144, 4096): MatmulConfig(**_WIDE, num_stages=3, split_k=2),  # qkv: 1.60x cuBLAS
-    (4096, 4096): MatmulConfig(**_WIDE, num_stages=3, split_k=2),  # o: 1.72x
-    (28672, 4096): MatmulConfig(**_WIDE, num_stages=3, split_k=1),  # gate_up: 1.24x
-    (4096, 14336): MatmulConfig(**_WIDE, num_stages=3, split_k=4),  # down: 1.37x (1.94x unsplit)
+    (6144, 4096): MatmulConfig(**_WIDE, split_k=2),  # qkv: 1.60x cuBLAS
+    (4096, 4096): MatmulConfig(**_WIDE, split_k=2),  # o: 1.72x
+    (28672, 4096): MatmulConfig(**_WIDE, split_k=1),  # gate_up: 1.24x
+    (4096, 14336): MatmulConfig(**_WIDE, split_k=4),  # down: 1.37x (1.94x unsplit)
 }
 # A JSON file of the sweep's table ([{"n", "k", <MatmulConfig fields>}, ...]) that
 # replaces TABLE for half types: to run an engine on a sweep's choice before pasting it.
