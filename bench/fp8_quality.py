@@ -29,14 +29,14 @@ from bench import record
 from radixmesh.worker.layers.quantization import fp8_scales
 from radixmesh.worker.model import loader
 from radixmesh.worker.model.llama import LlamaForCausalLM
-from tests.worker.model import test_fp8_quality as quality
-from tests.worker.model.helpers import RaggedRunner
 
 LAYOUTS = ("fp8-channel", "fp8-1x128", "fp8-128x128")
 JITTER = 0.06
 
 
 def log_probs(model: LlamaForCausalLM, text: list[int]) -> torch.Tensor:
+    from tests.worker.model.helpers import RaggedRunner
+
     runner = RaggedRunner(model, num_slots=4096, max_requests=2)
     return runner.step([(0, text)])[0].log_softmax(-1)  # [S, vocab]
 
@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     arch = loader.load_arch_config("smollm2")
     weights = dict(loader.iter_weights("smollm2", arch, dtype=torch.float32))
+    # The quality test's text and model loading, imported here: importing this module
+    # (as every benchmark module is, in tests/bench) must not import test modules.
+    from tests.worker.model import test_fp8_quality as quality
+
     text = loader.load_tokenizer("smollm2").encode(quality.TEXT)
     ref = log_probs(quality.load_model(weights, None), text)
     results: dict[str, Any] = {}
