@@ -22,6 +22,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 # own (none, or FP8 for a checkpoint whose config.json has an fp8 quantization_config).
 # The fp8 names differ in the scales a full-precision weight gets at load: "fp8" the
 # default (one per output channel), or the layout named.
+DETERMINISTIC_GEMMS = ("auto", "triton")
 QUANTIZATIONS = ("fp8", "fp8-channel", "fp8-1x128", "fp8-128x128")
 # KV pool storage: auto = the model dtype; fp8 = float8_e4m3fn with a power-of-two scale
 # per token and KV head (radixmesh/worker/kvcache/fp8_kv.py).
@@ -75,6 +76,11 @@ class ModelConfig:
     what else runs in its step, on cache hits or on chunk boundaries. Fixed-shape GEMMs
     and fixed-order attention on CPU, fixed-tile Triton kernels on CUDA; the scheduler
     aligns cached prefixes and prefill chunks to DETERMINISTIC_BLOCK tokens. Costs speed."""
+    deterministic_gemm: str = "auto"
+    """Deterministic mode's GEMMs on CUDA. "auto": cuBLAS without a workspace for each
+    weight shape whose rows it gives the same bits at every batch size checked at start-up
+    (layers/cublas_check.py), the batch-invariant Triton matmul for the others. "triton":
+    the Triton matmul for every shape (invariant by construction)."""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -89,6 +95,11 @@ class ModelConfig:
             )
         if self.dtype not in DTYPES:
             raise InvalidArgument("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        if self.deterministic_gemm not in DETERMINISTIC_GEMMS:
+            raise InvalidArgument(
+                "deterministic_gemm",
+                f"must be one of {DETERMINISTIC_GEMMS}, got {self.deterministic_gemm!r}",
+            )
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise InvalidArgument(
                 "quantization", f"must be one of {QUANTIZATIONS} or None, got {self.quantization!r}"

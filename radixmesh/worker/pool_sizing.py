@@ -282,20 +282,14 @@ def free_device_bytes(device: torch.device, share: float) -> int:
 def _graph_workspace_bytes(
     m: ModelOnDevice, graph_bs: int, max_context_len: int, deterministic: bool
 ) -> int:
-    from radixmesh.worker.attention.triton_backend import (
-        choose_num_splits,
-        deterministic_split_size,
-    )
+    from radixmesh.worker.attention.triton_backend import choose_num_splits
     from radixmesh.worker.cuda_graph import batch_size_ladder
 
     sms = torch.cuda.get_device_properties(m.device).multi_processor_count
     kv_heads = m.model.num_kv_heads
-    fixed = -(-max_context_len // deterministic_split_size(max_context_len))
     return decode_workspace_bytes(
         batch_size_ladder(graph_bs),
-        lambda bs: (
-            fixed if deterministic else choose_num_splits(bs, kv_heads, max_context_len, sms)
-        ),
+        lambda bs: 1 if deterministic else choose_num_splits(bs, kv_heads, max_context_len, sms),
         num_heads=m.num_heads,
         head_dim=m.arch.head_size,
     )

@@ -47,6 +47,7 @@ from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.pool import KVPool, kv_storage_dtype
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
+from radixmesh.worker.layers.cublas_check import request_zero_workspace
 from radixmesh.worker.layers.dense import pack_model_for_cpu
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.quantization import dequantize_linears
@@ -114,6 +115,8 @@ class Worker:
         # router loads the tokenizer of the same commit (`tokenizer_spec`).
         files, self.tokenizer_spec = locate_model(mc)
         self.device = resolve_device(mc.device)
+        if mc.deterministic and self.device.type == "cuda":
+            request_zero_workspace()  # before any cuBLAS call (layers/cublas_check.py)
         if config.parallel.tp_size > 1:
             self.device = rank_device(self.device, tp.rank if tp else 0)
             if tp is None:  # rank 0: start the others; they build this same Worker
@@ -266,7 +269,17 @@ class Worker:
             self.attention_backend, self.kv_pool, self.arch.head_size**-0.5
         )
         if mc.deterministic:
-            make_deterministic(self.model, attn, self.context_len)
+            sc = self.config.scheduler
+            rows = max(sc.max_num_batched_tokens or 0, sc.running_cap)
+            switched, on_cublas = make_deterministic(
+                self.model, attn, self.context_len, max_rows=rows, gemm=mc.deterministic_gemm
+            )
+            logger.info(
+                "deterministic mode: %d linear layers, %d of them on cuBLAS (checked to %d rows)",
+                switched,
+                on_cublas,
+                rows,
+            )
         self.grammars = GrammarManager(
             self.tokenizer,
             self.arch.vocab_size,

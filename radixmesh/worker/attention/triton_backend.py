@@ -12,11 +12,15 @@ store kernel, then attends. With an FP8 pool every kernel also gets its scale ex
 (kvcache/fp8_kv.py). Metadata holds device tensors only, built once per step, so every
 layer's launches need no host-device sync.
 
-Deterministic mode (`enable_deterministic`): flash-decoding splits keys at a fixed size
-(`deterministic_split_size`) into one split count for every step, and the extend kernel
-runs one tile configuration whatever the batch's longest extend (`DETERMINISTIC_EXTEND`):
-its key tiles then start at the same multiples of the tile in a cold prefill and over a
-cached prefix, which the scheduler aligns to DETERMINISTIC_BLOCK.
+Deterministic mode (`enable_deterministic`): every row, decode rows included, runs through
+the extend kernel with one tile configuration and absolute tiles (`absolute_tiles`): query
+blocks and key tiles at fixed multiples of the position, so a token's bits depend on its
+position and keys only, whether it is decoded, prefilled in any chunk or extended over a
+cached prefix. A token the prompt ends on alone (a one-token last chunk runs as a decode
+step) and a generated token that a later prompt repeats then hold in the KV cache the bits
+a cold prefill computes. Flash-decoding's splits would sum another way (its running
+max and merge), so the mode gives up their parallelism: a decode program per (sequence,
+KV head) walks all the keys.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ from radixmesh.worker.attention.kernels.extend_attention import (
     extend_config,
 )
 from radixmesh.worker.attention.kernels.kv_store import kv_store
-from radixmesh.worker.deterministic import DETERMINISTIC_BLOCK
 from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.pool import KVPool
 
@@ -48,7 +51,10 @@ class DecodeMeta:
     num_splits: int
     # [B, Hq, S, D], [B, Hq, S] float32; allocated by the first layer (it knows Hq), reused
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
-    split_size: int = 0  # > 0: fixed-size splits (deterministic mode)
+    # Deterministic mode: the decode rows as one-token extends, (prefix lengths [B],
+    # ones [B], q_start [B]); the prefix lengths are rewritten by layer 0 of each forward
+    # (in a CUDA graph: by its replay), the others are constants.
+    as_extend: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -69,15 +75,6 @@ class MixedMeta:
     extend_prefix_lens: torch.Tensor  # [Be]
     extend_lens: torch.Tensor  # [Be]
     extend: ExtendMeta  # q_start [Be] into the whole q
-
-
-def deterministic_split_size(max_context_len: int) -> int:
-    """Deterministic mode's keys per split: at least MIN_KEYS_PER_SPLIT, a multiple of
-    DETERMINISTIC_BLOCK, large enough that MAX_SPLITS splits cover the longest context (a
-    bounded workspace: [B, Hq, MAX_SPLITS, D] at most). A function of the context only."""
-    per_split = -(-max_context_len // MAX_SPLITS)
-    per_split = -(-per_split // DETERMINISTIC_BLOCK) * DETERMINISTIC_BLOCK
-    return max(MIN_KEYS_PER_SPLIT, per_split)
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -101,20 +98,17 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         else:
             self.num_sms = 4  # the interpreter: few programs, few splits
-        self.split_size = 0  # deterministic mode's fixed split, and its one split count
-        self.fixed_splits = 0
-        self.extend_cfg: ExtendConfig | None = None
+        self.extend_cfg: ExtendConfig | None = None  # deterministic mode's one configuration
 
     def enable_deterministic(self, max_context_len: int) -> None:
         super().enable_deterministic(max_context_len)
-        self.split_size = deterministic_split_size(max_context_len)
-        self.fixed_splits = -(-max_context_len // self.split_size)
         self.extend_cfg = extend_config(LONG_EXTEND, self.kv_pool.head_dim)
 
     def decode_meta(self, batch_size: int, max_seq_len: int) -> DecodeMeta:
-        """The split count (and size) of a decode batch."""
-        if self.split_size:
-            return DecodeMeta(self.fixed_splits, split_size=self.split_size)
+        """The split count of a decode batch (deterministic mode: no splits, see the
+        module doc)."""
+        if self.deterministic:
+            return DecodeMeta(1)
         splits = choose_num_splits(batch_size, self.kv_pool.num_kv_heads, max_seq_len, self.num_sms)
         return DecodeMeta(splits)
 
@@ -131,7 +125,7 @@ class TritonAttentionBackend(AttentionBackend):
         q_start = to_device(torch.tensor(starts, dtype=torch.int64), batch.req_to_token.device)
         batch.attn_metadata = ExtendMeta(q_start, max(batch.extend_lens_cpu))
         decode = [i for i, n in enumerate(batch.extend_lens_cpu) if n == 1]
-        if decode and len(decode) < batch.batch_size:
+        if decode and len(decode) < batch.batch_size and not self.deterministic:
             batch.attn_metadata = self._mixed(batch, decode, q_start)
 
     def _mixed(self, batch: ForwardBatch, decode: list[int], q_start: torch.Tensor) -> MixedMeta:
@@ -168,6 +162,8 @@ class TritonAttentionBackend(AttentionBackend):
         new_kv = (k, v) if k.dtype == k_buf.dtype and v.dtype == v_buf.dtype else None
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
         meta = batch.attn_metadata
+        if isinstance(meta, DecodeMeta) and self.deterministic:
+            return self._decode_as_extend(q, k_buf, v_buf, out, layer_id, batch, meta, scales)
         if isinstance(meta, DecodeMeta):
             if meta.workspace is None:
                 t, hq, d = q.shape
@@ -184,7 +180,6 @@ class TritonAttentionBackend(AttentionBackend):
                 meta.num_splits,
                 meta.workspace,
                 scales=scales,
-                split_size=meta.split_size,
             )
         if isinstance(meta, MixedMeta):
             return self._forward_mixed(q, k_buf, v_buf, out, batch, meta, scales, new_kv)
@@ -204,6 +199,44 @@ class TritonAttentionBackend(AttentionBackend):
             scales=scales,
             new_kv=new_kv,
             config=self.extend_cfg,
+            absolute_tiles=self.deterministic,
+        )
+
+    def _decode_as_extend(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        out: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+        meta: DecodeMeta,
+        scales: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """Deterministic mode's decode: each row a one-token extend at its position."""
+        if meta.as_extend is None:
+            n = batch.seq_lens.shape[0]
+            dev = batch.seq_lens.device
+            ones = torch.ones(n, dtype=torch.int64, device=dev)
+            meta.as_extend = (torch.empty_like(batch.seq_lens), ones, torch.arange(n, device=dev))
+        prefix, ones, q_start = meta.as_extend
+        if layer_id == 0:  # once a forward, inside the graph when one is captured
+            torch.sub(batch.seq_lens, 1, out=prefix)
+        return extend_attention(
+            q,
+            k_buf,
+            v_buf,
+            out,
+            batch.req_to_token,
+            batch.req_rows,
+            prefix,
+            ones,
+            q_start,
+            1,
+            self.scale,
+            scales=scales,
+            config=self.extend_cfg,
+            absolute_tiles=True,
         )
 
     def _forward_mixed(
@@ -236,7 +269,6 @@ class TritonAttentionBackend(AttentionBackend):
             meta.decode.num_splits,
             meta.decode.workspace,
             scales=scales,
-            split_size=meta.decode.split_size,
         )
         extend_attention(
             q,

@@ -15,6 +15,7 @@ which then owns the weight's parameters and the layer's matmul (`PackableLinear.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,12 +28,22 @@ if TYPE_CHECKING:
     from radixmesh.worker.layers.quantization.base import LinearMethod
 
 
-def onednn_packing_available() -> bool:
-    return bool(
+@functools.cache
+def onednn_packing_available(dtype: torch.dtype = torch.float32) -> bool:
+    """oneDNN's packed-weight ops exist in this torch build and pack `dtype` on this CPU:
+    bf16 needs AVX-512 (or AVX-NE-CONVERT), and on a CPU with AVX2 only the reorder raises,
+    so it is tried once on a small weight."""
+    if not (
         torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
+    ):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype))
+    except RuntimeError:
+        return False
+    return True
 
 
 def dense(
@@ -84,8 +95,10 @@ class PackableLinear(nn.Module):
     packed_weight: torch.Tensor | None = None
     linear_method: LinearMethod | None = None
     weight_scale: nn.Parameter
-    # Deterministic mode (worker/deterministic.py): GEMMs whose rows do not depend on M.
+    # Deterministic mode (worker/deterministic.py): GEMMs whose rows do not depend on M;
+    # on CUDA through cuBLAS where its check passed for this shape (layers/cublas_check.py).
     batch_invariant: bool = False
+    cublas_invariant: bool = False
 
     def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
         """Copy this rank's part of the full checkpoint tensor `loaded` into `param`."""
@@ -103,7 +116,7 @@ class PackableLinear(nn.Module):
         """x [T, in] -> [T, out]: through the quantization method if any."""
         if self.linear_method is not None:
             return self.linear_method.apply(self, x, bias)
-        if self.batch_invariant:
+        if self.batch_invariant and not self.cublas_invariant:
             return dense_batch_invariant(x, self.weight, bias, self.packed_weight)
         return dense(x, self.weight, bias, self.packed_weight)
 
@@ -117,15 +130,15 @@ class PackableLinear(nn.Module):
 def pack_model_for_cpu(model: nn.Module) -> int:
     """Pack every packable layer of a loaded CPU model; returns how many were packed.
 
-    A no-op (0) off CPU, for dtypes oneDNN does not pack, or when the ops are missing.
+    A no-op (0) off CPU, for dtypes oneDNN does not pack (here), or when the ops are
+    missing.
     A weight shared with another module (a tied LM head) is packed without releasing it.
     """
-    if not onednn_packing_available():
-        return 0
     layers = [m for m in model.modules() if isinstance(m, PackableLinear)]
     if not layers or layers[0].weight.device.type != "cpu":
         return 0
-    if layers[0].weight.dtype not in (torch.float32, torch.bfloat16):
+    dtype = layers[0].weight.dtype
+    if dtype not in (torch.float32, torch.bfloat16) or not onednn_packing_available(dtype):
         return 0
     owners: dict[int, int] = {}
     for m in model.modules():

@@ -23,7 +23,7 @@ def test_cached_prefixes_give_the_cold_prefill_bits() -> None:
     )
     try:
         vocab = eng.worker.arch.vocab_size
-        got = run_prefix(eng, vocab, [1, 63, 130], 1, 4)
+        got = run_prefix(eng, vocab, [1, 63, 129], 1, 4)
         assert (got["tokens"], got["exact"]) == (1, 1)
         assert [c["first_divergence"] for c in got["per_prefix"].values()] == [None] * 3
     finally:

@@ -24,6 +24,10 @@ def test_packed_layers_compute_what_plain_ones_do(dtype: torch.dtype, rows: int)
         p.data.normal_()
     x = torch.randn(rows, 48, dtype=dtype)
     ref = model["row"](model["col"](x))
+    if not onednn_packing_available(dtype):  # bf16 on a CPU without AVX-512: left plain
+        assert pack_model_for_cpu(model) == 0
+        assert torch.equal(model["row"](model["col"](x)), ref)
+        return
     assert pack_model_for_cpu(model) == 2
     col = model["col"]
     assert isinstance(col, ColumnParallelLinear)

@@ -10,11 +10,8 @@ empty split (a sequence shorter than the split count) writes lse = -inf.
 
 Stage 2, one program per (sequence, query head), merges the splits' partials.
 
-Deterministic mode (`split_size` > 0) cuts the keys at fixed multiples of `split_size`
-instead: split s covers keys [s * split_size, (s + 1) * split_size), so a row's sums
-depend on its own length only, not on the split count the batch would pick. The caller
-then passes one split count for every step (enough for the longest context), so the
-merge's vector of splits has one width too; splits past the sequence are empty.
+Deterministic mode does not use this kernel: its decode rows run through the extend
+kernel (triton_backend.py says why).
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ def _decode_split_kernel(
     seq_lens,
     scale_log2,
     num_splits,
-    split_size,
     stride_qt,
     stride_qh,
     stride_buf_slot,
@@ -62,17 +58,13 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
-    FIXED_SPLIT: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens + b)
     table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
-    if FIXED_SPLIT:
-        split_len = split_size
-    else:
-        split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     lo = split * split_len
     hi = tl.minimum(lo + split_len, seq_len)
 
@@ -189,18 +181,14 @@ def decode_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
-    split_size: int = 0,
 ) -> torch.Tensor:
     """q/out [B, Hq, D] (row b is sequence b's new token); k_buf/v_buf [num_slots, Hkv, D];
-    req_rows, seq_lens [B]. `workspace` from `decode_workspace` (allocated if None).
-    `split_size` > 0: splits of that many keys (a multiple of block_n), and `num_splits`
-    must cover the longest sequence (see the module doc)."""
+    req_rows, seq_lens [B]. `workspace` from `decode_workspace` (allocated if None)."""
     b, hq, d = q.shape
     hkv = k_buf.shape[1]
     assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
     assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
     assert req_to_token.stride(1) == 1 and num_splits >= 1
-    assert split_size % block_n == 0, (split_size, block_n)
     # An FP8 pool: its (k, v) scale exponents [num_slots, Hkv] int8; unused pointers else.
     k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)
     assert scales is None or (k_scale.stride() == v_scale.stride() and k_scale.stride(1) == 1)
@@ -227,7 +215,6 @@ def decode_attention(
         seq_lens,
         scale * LOG2E,
         num_splits,
-        split_size,
         q.stride(0),
         q.stride(1),
         k_buf.stride(0),
@@ -244,7 +231,6 @@ def decode_attention(
         BLOCK_N=block_n,
         IEEE=q.dtype == torch.float32,
         KV_FP8=scales is not None,
-        FIXED_SPLIT=split_size > 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -200,6 +200,7 @@ def _extend_kernel(
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
     NEW_CONTIG: tl.constexpr,
+    ABS_TILES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // num_kv_heads
@@ -207,10 +208,13 @@ def _extend_kernel(
     # Axis 1 runs longest-first: block index descending (later tokens see more keys).
     m_block = tl.num_programs(1) - 1 - tl.program_id(1)
     extend = tl.load(extend_lens + b)
-    m0 = m_block * BLOCK_M
+    prefix = tl.load(prefix_lens + b)
+    if ABS_TILES:  # noqa: SIM108 (constexpr) blocks of absolute positions from <= prefix
+        m0 = m_block * BLOCK_M - prefix % BLOCK_M
+    else:
+        m0 = m_block * BLOCK_M
     if m0 >= extend:
         return
-    prefix = tl.load(prefix_lens + b)
     start = tl.load(q_start + b).to(tl.int64)
     table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
 
@@ -222,7 +226,7 @@ def _extend_kernel(
     h = kv_head * GROUP + g
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    m_mask = (offs_m < extend) & (g < GROUP)
+    m_mask = (offs_m >= 0) & (offs_m < extend) & (g < GROUP)
     d_mask = offs_d < HEAD_DIM
     q_ptrs = Q + (start + offs_m)[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
@@ -232,66 +236,99 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M * GROUP_P2, BLOCK_D], tl.float32)
     all_rows = offs_r >= 0  # [R] true: the unmasked steps' (unused) visibility
 
-    # 1. The cached prefix, through the table: full tiles unmasked, then the partial one.
-    prefix_full = (prefix // BLOCK_N) * BLOCK_N
-    for n0 in range(0, prefix_full, BLOCK_N):
-        slots = tl.load(table_row + n0 + offs_n).to(tl.int64)
-        k, v = _load_kv(
-            K_buf, V_buf, K_scale, V_scale, slots, offs_n >= 0, kv_head, offs_d, d_mask,
-            stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
-            stride_scale_slot, False, D_PAD, KV_FP8,
-        )  # fmt: skip
-        acc, l_i, m_i = _softmax_step(
-            acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
-        )
-    if prefix_full < prefix:
-        n_mask = prefix_full + offs_n < prefix
-        slots = tl.load(table_row + prefix_full + offs_n, mask=n_mask, other=0).to(tl.int64)
-        k, v = _load_kv(
-            K_buf, V_buf, K_scale, V_scale, slots, n_mask, kv_head, offs_d, d_mask,
-            stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
-            stride_scale_slot, True, D_PAD, KV_FP8,
-        )  # fmt: skip
-        acc, l_i, m_i = _softmax_step(
-            acc, l_i, m_i, q, k, v, n_mask[None, :], scale_log2, True, IEEE
-        )
-
-    # 2.-3. The new tokens j = 0 .. the block's last: off-diagonal tiles unmasked, then the
-    # diagonal tiles with the causal mask (and the bound: keys past `extend` do not exist).
-    if NEW_CONTIG:
-        new_k, new_v = K_new, V_new
-        k_row, k_head, v_row, v_head = stride_knew_t, stride_knew_h, stride_vnew_t, stride_vnew_h
+    if ABS_TILES:
+        # Key tiles at absolute positions (multiples of BLOCK_N), all through the table:
+        # those below the tile holding the block's first position unmasked, from it to the
+        # block's last position masked. BLOCK_M divides BLOCK_N, so the block lies in one
+        # tile and each row's steps depend on its own position only: the same bits as a
+        # decode row, as a row of any chunk, over any cached prefix. Keys past a row are
+        # masked (exact zeros); keys past the block's last are not even loaded.
+        first = prefix + m0  # a multiple of BLOCK_M
+        last = prefix + tl.minimum(extend, m0 + BLOCK_M) - 1
+        diagonal = (first // BLOCK_N) * BLOCK_N
+        for n0 in range(0, diagonal, BLOCK_N):
+            slots = tl.load(table_row + n0 + offs_n).to(tl.int64)
+            k, v = _load_kv(
+                K_buf, V_buf, K_scale, V_scale, slots, offs_n >= 0, kv_head, offs_d, d_mask,
+                stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
+                stride_scale_slot, False, D_PAD, KV_FP8,
+            )  # fmt: skip
+            acc, l_i, m_i = _softmax_step(
+                acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
+            )
+        for n0 in range(diagonal, last + 1, BLOCK_N):
+            keys = n0 + offs_n
+            n_mask = keys <= last
+            slots = tl.load(table_row + keys, mask=n_mask, other=0).to(tl.int64)
+            k, v = _load_kv(
+                K_buf, V_buf, K_scale, V_scale, slots, n_mask, kv_head, offs_d, d_mask,
+                stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
+                stride_scale_slot, True, D_PAD, KV_FP8,
+            )  # fmt: skip
+            visible = n_mask[None, :] & (keys[None, :] <= prefix + offs_m[:, None])
+            acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, scale_log2, True, IEEE)
     else:
-        new_k, new_v = K_buf, V_buf
-        k_row, k_head = stride_buf_slot, stride_buf_head
-        v_row, v_head = stride_buf_slot, stride_buf_head
-    diagonal = (m0 // BLOCK_N) * BLOCK_N
-    key_end = tl.minimum(extend, m0 + BLOCK_M)
-    for n0 in range(0, diagonal, BLOCK_N):
+        # 1. The cached prefix, through the table: full tiles unmasked, then the partial one.
+        prefix_full = (prefix // BLOCK_N) * BLOCK_N
+        for n0 in range(0, prefix_full, BLOCK_N):
+            slots = tl.load(table_row + n0 + offs_n).to(tl.int64)
+            k, v = _load_kv(
+                K_buf, V_buf, K_scale, V_scale, slots, offs_n >= 0, kv_head, offs_d, d_mask,
+                stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
+                stride_scale_slot, False, D_PAD, KV_FP8,
+            )  # fmt: skip
+            acc, l_i, m_i = _softmax_step(
+                acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
+            )
+        if prefix_full < prefix:
+            n_mask = prefix_full + offs_n < prefix
+            slots = tl.load(table_row + prefix_full + offs_n, mask=n_mask, other=0).to(tl.int64)
+            k, v = _load_kv(
+                K_buf, V_buf, K_scale, V_scale, slots, n_mask, kv_head, offs_d, d_mask,
+                stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
+                stride_scale_slot, True, D_PAD, KV_FP8,
+            )  # fmt: skip
+            acc, l_i, m_i = _softmax_step(
+                acc, l_i, m_i, q, k, v, n_mask[None, :], scale_log2, True, IEEE
+            )
+
+        # 2.-3. The new tokens j = 0 .. the block's last: off-diagonal tiles unmasked, then the
+        # diagonal tiles with the causal mask (and the bound: keys past `extend` do not exist).
         if NEW_CONTIG:
-            rows = start + n0 + offs_n
+            new_k, new_v = K_new, V_new
+            k_row, k_head = stride_knew_t, stride_knew_h
+            v_row, v_head = stride_vnew_t, stride_vnew_h
         else:
-            rows = tl.load(table_row + prefix + n0 + offs_n).to(tl.int64)
-        k, v = _load_kv(
-            new_k, new_v, K_scale, V_scale, rows, offs_n >= 0, kv_head, offs_d, d_mask,
-            k_row, k_head, v_row, v_head, stride_scale_slot, False, D_PAD, KV_FP8,
-        )  # fmt: skip
-        acc, l_i, m_i = _softmax_step(
-            acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
-        )
-    for n0 in range(diagonal, key_end, BLOCK_N):
-        offs_j = n0 + offs_n  # [N] index among the new tokens
-        n_mask = offs_j < key_end
-        if NEW_CONTIG:
-            rows = start + offs_j
-        else:
-            rows = tl.load(table_row + prefix + offs_j, mask=n_mask, other=0).to(tl.int64)
-        k, v = _load_kv(
-            new_k, new_v, K_scale, V_scale, rows, n_mask, kv_head, offs_d, d_mask,
-            k_row, k_head, v_row, v_head, stride_scale_slot, True, D_PAD, KV_FP8,
-        )  # fmt: skip
-        visible = n_mask[None, :] & (offs_j[None, :] <= offs_m[:, None])
-        acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, scale_log2, True, IEEE)
+            new_k, new_v = K_buf, V_buf
+            k_row, k_head = stride_buf_slot, stride_buf_head
+            v_row, v_head = stride_buf_slot, stride_buf_head
+        diagonal = (m0 // BLOCK_N) * BLOCK_N
+        key_end = tl.minimum(extend, m0 + BLOCK_M)
+        for n0 in range(0, diagonal, BLOCK_N):
+            if NEW_CONTIG:
+                rows = start + n0 + offs_n
+            else:
+                rows = tl.load(table_row + prefix + n0 + offs_n).to(tl.int64)
+            k, v = _load_kv(
+                new_k, new_v, K_scale, V_scale, rows, offs_n >= 0, kv_head, offs_d, d_mask,
+                k_row, k_head, v_row, v_head, stride_scale_slot, False, D_PAD, KV_FP8,
+            )  # fmt: skip
+            acc, l_i, m_i = _softmax_step(
+                acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
+            )
+        for n0 in range(diagonal, key_end, BLOCK_N):
+            offs_j = n0 + offs_n  # [N] index among the new tokens
+            n_mask = offs_j < key_end
+            if NEW_CONTIG:
+                rows = start + offs_j
+            else:
+                rows = tl.load(table_row + prefix + offs_j, mask=n_mask, other=0).to(tl.int64)
+            k, v = _load_kv(
+                new_k, new_v, K_scale, V_scale, rows, n_mask, kv_head, offs_d, d_mask,
+                k_row, k_head, v_row, v_head, stride_scale_slot, True, D_PAD, KV_FP8,
+            )  # fmt: skip
+            visible = n_mask[None, :] & (offs_j[None, :] <= offs_m[:, None])
+            acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, scale_log2, True, IEEE)
 
     out = acc / l_i[:, None]
     o_ptrs = O + (start + offs_m)[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
@@ -314,13 +351,20 @@ def extend_attention(
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     config: ExtendConfig | None = None,
+    absolute_tiles: bool = False,
 ) -> torch.Tensor:
     """q/out [T, Hq, D]; k_buf/v_buf [num_slots, Hkv, D]; per-sequence int tensors [B]
     (`q_start[b]`: sequence b's first row of q); `max_extend` bounds extend_lens.
 
     `new_kv`: this forward's k/v [T, Hkv, D] (rows as q's, already stored in the pool and
     of its dtype), read for the new tokens instead of the pool. `config`: the tiles,
-    `extend_config(max_extend, D)` by default."""
+    `extend_config(max_extend, D)` by default.
+
+    `absolute_tiles` (deterministic mode): query blocks and key tiles at absolute
+    positions, every key read through the table (`new_kv` unused), so a token's output
+    bits depend on its position and its keys only, never on where its chunk or cached
+    prefix starts: a decode row (prefix = its position, extend 1) gets the bits it would
+    get as a row of any prefill."""
     t, hq, d = q.shape
     hkv = k_buf.shape[1]
     b = req_rows.shape[0]
@@ -331,6 +375,8 @@ def extend_attention(
     k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)
     assert scales is None or (k_scale.stride() == v_scale.stride() and k_scale.stride(1) == 1)
     # The fresh k/v stand in for the pool only where they hold the pool's very bits.
+    if absolute_tiles:
+        new_kv = None  # every key through the table
     k_new, v_new = new_kv if new_kv is not None else (k_buf, v_buf)
     if new_kv is not None:
         assert scales is None and k_new.dtype == v_new.dtype == k_buf.dtype
@@ -342,8 +388,12 @@ def extend_attention(
     group = hq // hkv
     group_p2 = triton.next_power_of_2(group)
     block_m = max(1, cfg.block_rows // group_p2)  # new tokens a program; rows = block_m * G
+    blocks = triton.cdiv(max_extend, block_m)
+    if absolute_tiles:  # a block must lie inside one key tile; the first may start early
+        block_m = min(block_m, cfg.block_n)
+        blocks = triton.cdiv(max_extend + block_m - 1, block_m)
     block_d = max(16, triton.next_power_of_2(d))
-    grid = (b * hkv, triton.cdiv(max_extend, block_m))
+    grid = (b * hkv, blocks)
     _extend_kernel[grid](
         q,
         k_buf,
@@ -382,6 +432,7 @@ def extend_attention(
         IEEE=q.dtype == torch.float32,
         KV_FP8=scales is not None,
         NEW_CONTIG=new_kv is not None,
+        ABS_TILES=absolute_tiles,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
