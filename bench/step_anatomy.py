@@ -55,8 +55,8 @@ def _kernel_kind(name: str) -> str:
     low = name.lower()
     if "nccl" in low:
         return "nccl"
-    if any(s in low for s in ("gemm", "nvjet", "xmma", "cutlass", "gemv", "sm90")):
-        return "gemm"
+    if any(s in low for s in ("gemm", "nvjet", "xmma", "cutlass", "gemv", "sm90", "fp8")):
+        return "gemm"  # FP8 weights: the small-batch kernel and the activations' quantization
     if low.startswith("triton") or ("_kernel" in low and "at::" not in low):
         return "triton"
     return "other"
@@ -111,6 +111,8 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
         overlap_schedule=args.overlap_schedule,
         max_running_requests=args.max_running_requests,
         cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         **({"kv_cache_tokens": args.kv_cache_tokens} if args.kv_cache_tokens else {}),
     )
     try:
@@ -287,6 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256)
     ap.add_argument("--kv-cache-tokens", type=int, default=None)
     ap.add_argument("--trace", default=None, help="batch1: write a Chrome trace here")
+    ap.add_argument("--quantization", default=None, help="batch1, prefill: e.g. fp8")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="batch1, prefill: e.g. fp8")
     prefill_workload.add_arguments(ap)
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
@@ -296,6 +300,8 @@ def main(argv: list[str] | None = None) -> None:
         res = batch1(args) if args.workload == "batch1" else json_steps(args)
         print(json.dumps(res, indent=1))
     name = f"b1-tp{args.tp}" if args.workload == "batch1" else args.workload
+    if args.name:  # a configuration's, e.g. fp8-all
+        name = f"{name}-{args.name}"
     record.write("step_anatomy", args, {"result": res}, name=name)
 
 

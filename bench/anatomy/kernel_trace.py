@@ -26,6 +26,11 @@ TRITON = {
     "_rms_norm_kernel": "norm",
     "_rotary_kernel": "rotary",
     "_silu_and_mul_kernel": "activation",
+    # FP8 weights' GEMM path: the small-batch kernel, its slices' sum, and the per-token
+    # quantization of the activations that the larger batches' _scaled_mm takes
+    "_fp8_small_m_kernel": "gemm",
+    "_sum_slices_kernel": "gemm",
+    "_per_token_fp8_kernel": "gemm",
 }
 GEMM_NAMES = ("gemm", "nvjet", "xmma", "cutlass", "gemv", "cublas", "sm90_", "splitk")
 

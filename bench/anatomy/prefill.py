@@ -316,6 +316,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         max_num_batched_tokens=args.max_num_batched_tokens,
         cuda_graph_max_batch_size=args.cuda_graph_max_batch_size,
         overlap_schedule=args.overlap_schedule,
+        quantization=getattr(args, "quantization", None),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
     )
     if args.kv_cache_bytes:
         opts["kv_cache_bytes"] = args.kv_cache_bytes
