@@ -234,3 +234,26 @@ def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torc
     ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
     assert not out.isnan().any()
     assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, ATTN_DTYPES[2]])
+def test_decode_over_fp8_pool_is_decode_over_its_dequantized_values_bit_for_bit(
+    dtype: torch.dtype,
+) -> None:
+    """The kernel folds each key's 2^e into its score and its weight instead of scaling
+    K and V: the same products, scaled by powers of two, so the same bits as decoding a
+    pool that holds the dequantized values. (fp16 queries keep scaling V: a weight times
+    2^e would fall below fp16's normal range, see the kernel.)"""
+    seq_lens, hq, hkv, d, splits = DECODE_CASES[1]
+    c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=431)
+    k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
+    scale = d**-0.5
+
+    def run(k: torch.Tensor, v: torch.Tensor, sc: tuple | None) -> torch.Tensor:
+        out = torch.full_like(c["q"], float("nan"))
+        return decode_attention(
+            c["q"], k, v, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
+            scales=sc, block_n=16,
+        )  # fmt: skip
+
+    assert torch.equal(run(k8, v8, scales), run(k_ref.to(dtype), v_ref.to(dtype), None))

@@ -87,26 +87,33 @@ def _decode_split_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         scale_off = slots * stride_scale_slot + kv_head  # [N] (an FP8 pool's exponents)
         k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
-        if KV_FP8:  # e4m3 times 2^e of its (slot, head): exact in the query's dtype
-            k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-            k = (k.to(tl.float32) * pow2(k_exp)[:, None]).to(Q.dtype.element_ty)
+        if KV_FP8:  # e4m3 is exact in the query's dtype; its 2^e scales the scores instead
+            k = k.to(Q.dtype.element_ty)
         if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
+        if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
+            k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            s = s * pow2(k_exp)[None, :]
         s = tl.where(n_mask[None, :], s * scale_log2, float("-inf"))  # [H, N] log2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        pw = p
         if KV_FP8:
             v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-            v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(Q.dtype.element_ty)
-        if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            if Q.dtype.element_ty == tl.float16:  # p 2^e would fall into fp16's subnormals
+                v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(tl.float16)
+            else:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [H, N] not [N, D]
+                v = v.to(Q.dtype.element_ty)
+                pw = p * pow2(v_exp)[None, :]
+        if IEEE:
+            pv = tl.dot(pw.to(v.dtype), v, input_precision="ieee")
         else:
-            pv = tl.dot(p.to(v.dtype), v)
+            pv = tl.dot(pw.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     nonempty = l_i > 0

@@ -97,9 +97,9 @@ def _load_kv(
     D_PAD: tl.constexpr,
     KV_FP8: tl.constexpr,
 ):
-    """K/V tiles [N, D] of rows `rows` [N] (int64) for one KV head; an FP8 pool's
-    dequantized in float32 (exact: e4m3 times 2^e of its (slot, head)), cast to the
-    query's dtype by the step."""
+    """K/V tiles [N, D] of rows `rows` [N] (int64) for one KV head, and for an FP8 pool
+    the 2^e of each row's (slot, head) for K and V ([N] float32; unused otherwise): the
+    step scales the scores and weights by them rather than the tiles."""
     k_off = rows[:, None] * stride_k_row + kv_head * stride_k_head + offs_d[None, :]
     v_off = rows[:, None] * stride_v_row + kv_head * stride_v_head + offs_d[None, :]
     if BOUNDED:
@@ -114,11 +114,12 @@ def _load_kv(
         v = tl.load(V + v_off)
     if KV_FP8:
         scale_off = rows * stride_scale_row + kv_head
-        k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-        v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-        k = k.to(tl.float32) * pow2(k_exp)[:, None]
-        v = v.to(tl.float32) * pow2(v_exp)[:, None]
-    return k, v
+        k_pow = pow2(tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32))
+        v_pow = pow2(tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32))
+    else:
+        k_pow = tl.zeros_like(rows).to(tl.float32)
+        v_pow = k_pow
+    return k, v, k_pow, v_pow
 
 
 @triton.jit
@@ -129,21 +130,25 @@ def _softmax_step(
     q,
     k,
     v,
+    k_pow,
+    v_pow,
     visible,
     scale_log2,
     MASKED: tl.constexpr,
     IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """One key tile of the online softmax (log2 units). Unmasked tiles fold the scale into
     the max and the exponent's argument (one FMA a score); masked ones scale first so -inf
     stays -inf. Every row has seen a key by its first masked tile (the prefix, or key 0 of
     the new tokens, comes first), so m_new is finite and no row divides 0 by 0."""
-    k = k.to(q.dtype)  # no-op but for an FP8 pool's dequantized float32 tiles
-    v = v.to(q.dtype)
+    k = k.to(q.dtype)  # no-op but for an FP8 pool's e4m3 tiles (exact in the query's dtype)
     if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
+    if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
+        s = s * k_pow[None, :]
     if MASKED:
         s = tl.where(visible, s * scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -154,6 +159,11 @@ def _softmax_step(
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
+    if KV_FP8 and q.dtype == tl.float16:  # p 2^e would fall into fp16's subnormals
+        v = (v.to(tl.float32) * v_pow[:, None]).to(tl.float16)
+    elif KV_FP8:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [R, N] not [N, D]
+        v = v.to(q.dtype)
+        p = p * v_pow[None, :]
     if IEEE:
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
     else:
@@ -248,48 +258,86 @@ def _extend_kernel(
         diagonal = (first // BLOCK_N) * BLOCK_N
         for n0 in range(0, diagonal, BLOCK_N):
             slots = tl.load(table_row + n0 + offs_n).to(tl.int64)
-            k, v = _load_kv(
+            k, v, k_pow, v_pow = _load_kv(
                 K_buf, V_buf, K_scale, V_scale, slots, offs_n >= 0, kv_head, offs_d, d_mask,
                 stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
                 stride_scale_slot, False, D_PAD, KV_FP8,
             )  # fmt: skip
             acc, l_i, m_i = _softmax_step(
-                acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
+                acc,
+                l_i,
+                m_i,
+                q,
+                k,
+                v,
+                k_pow,
+                v_pow,
+                all_rows[:, None],
+                scale_log2,
+                False,
+                IEEE,
+                KV_FP8,
             )
         for n0 in range(diagonal, last + 1, BLOCK_N):
             keys = n0 + offs_n
             n_mask = keys <= last
             slots = tl.load(table_row + keys, mask=n_mask, other=0).to(tl.int64)
-            k, v = _load_kv(
+            k, v, k_pow, v_pow = _load_kv(
                 K_buf, V_buf, K_scale, V_scale, slots, n_mask, kv_head, offs_d, d_mask,
                 stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
                 stride_scale_slot, True, D_PAD, KV_FP8,
             )  # fmt: skip
             visible = n_mask[None, :] & (keys[None, :] <= prefix + offs_m[:, None])
-            acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, scale_log2, True, IEEE)
+            acc, l_i, m_i = _softmax_step(
+                acc, l_i, m_i, q, k, v, k_pow, v_pow, visible, scale_log2, True, IEEE, KV_FP8
+            )
     else:
         # 1. The cached prefix, through the table: full tiles unmasked, then the partial one.
         prefix_full = (prefix // BLOCK_N) * BLOCK_N
         for n0 in range(0, prefix_full, BLOCK_N):
             slots = tl.load(table_row + n0 + offs_n).to(tl.int64)
-            k, v = _load_kv(
+            k, v, k_pow, v_pow = _load_kv(
                 K_buf, V_buf, K_scale, V_scale, slots, offs_n >= 0, kv_head, offs_d, d_mask,
                 stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
                 stride_scale_slot, False, D_PAD, KV_FP8,
             )  # fmt: skip
             acc, l_i, m_i = _softmax_step(
-                acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
+                acc,
+                l_i,
+                m_i,
+                q,
+                k,
+                v,
+                k_pow,
+                v_pow,
+                all_rows[:, None],
+                scale_log2,
+                False,
+                IEEE,
+                KV_FP8,
             )
         if prefix_full < prefix:
             n_mask = prefix_full + offs_n < prefix
             slots = tl.load(table_row + prefix_full + offs_n, mask=n_mask, other=0).to(tl.int64)
-            k, v = _load_kv(
+            k, v, k_pow, v_pow = _load_kv(
                 K_buf, V_buf, K_scale, V_scale, slots, n_mask, kv_head, offs_d, d_mask,
                 stride_buf_slot, stride_buf_head, stride_buf_slot, stride_buf_head,
                 stride_scale_slot, True, D_PAD, KV_FP8,
             )  # fmt: skip
             acc, l_i, m_i = _softmax_step(
-                acc, l_i, m_i, q, k, v, n_mask[None, :], scale_log2, True, IEEE
+                acc,
+                l_i,
+                m_i,
+                q,
+                k,
+                v,
+                k_pow,
+                v_pow,
+                n_mask[None, :],
+                scale_log2,
+                True,
+                IEEE,
+                KV_FP8,
             )
 
         # 2.-3. The new tokens j = 0 .. the block's last: off-diagonal tiles unmasked, then the
@@ -309,12 +357,24 @@ def _extend_kernel(
                 rows = start + n0 + offs_n
             else:
                 rows = tl.load(table_row + prefix + n0 + offs_n).to(tl.int64)
-            k, v = _load_kv(
+            k, v, k_pow, v_pow = _load_kv(
                 new_k, new_v, K_scale, V_scale, rows, offs_n >= 0, kv_head, offs_d, d_mask,
                 k_row, k_head, v_row, v_head, stride_scale_slot, False, D_PAD, KV_FP8,
             )  # fmt: skip
             acc, l_i, m_i = _softmax_step(
-                acc, l_i, m_i, q, k, v, all_rows[:, None], scale_log2, False, IEEE
+                acc,
+                l_i,
+                m_i,
+                q,
+                k,
+                v,
+                k_pow,
+                v_pow,
+                all_rows[:, None],
+                scale_log2,
+                False,
+                IEEE,
+                KV_FP8,
             )
         for n0 in range(diagonal, key_end, BLOCK_N):
             offs_j = n0 + offs_n  # [N] index among the new tokens
@@ -323,12 +383,14 @@ def _extend_kernel(
                 rows = start + offs_j
             else:
                 rows = tl.load(table_row + prefix + offs_j, mask=n_mask, other=0).to(tl.int64)
-            k, v = _load_kv(
+            k, v, k_pow, v_pow = _load_kv(
                 new_k, new_v, K_scale, V_scale, rows, n_mask, kv_head, offs_d, d_mask,
                 k_row, k_head, v_row, v_head, stride_scale_slot, True, D_PAD, KV_FP8,
             )  # fmt: skip
             visible = n_mask[None, :] & (offs_j[None, :] <= offs_m[:, None])
-            acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, visible, scale_log2, True, IEEE)
+            acc, l_i, m_i = _softmax_step(
+                acc, l_i, m_i, q, k, v, k_pow, v_pow, visible, scale_log2, True, IEEE, KV_FP8
+            )
 
     out = acc / l_i[:, None]
     o_ptrs = O + (start + offs_m)[:, None] * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
