@@ -71,8 +71,12 @@ CHAT_PROMPTS = [
     "Describe Ada, a 36-year-old programmer, as JSON.",
 ]
 NEW_TOKENS = 16
-# Relative perplexity change allowed against float32 (measured: -2.4%, +7.9%).
+# Relative perplexity rise allowed against float32 (measured: FP8 KV -2.4% on a Zen 4
+# EPYC, -3.3% on an AVX2-only EPYC; FP8 weights +7.9%). A loss of quality is a rise; a
+# fall is rounding noise (which values land next to an e4m3 step moves with the CPU's
+# float32 kernels), bounded loosely below so that a broken model still fails.
 PPL_TOLERANCE = {"fp8 kv": 0.03, "fp8 weights": 0.10}
+PPL_FLOOR = -0.10
 # Continuations equal to float32's token for token over all 16 tokens, of 9 (measured 4, 3),
 # and the mean length of the common start (measured 11.3 and 10.1 of 16 tokens).
 MIN_EQUAL_CONTINUATIONS = {"fp8 kv": 3, "fp8 weights": 2}
@@ -161,7 +165,7 @@ def mean_common_start(a: Result, b: Result) -> float:
 def test_perplexity_close_to_float32(results: dict[str, Result], config: str) -> None:
     base = results["float32"].perplexity
     assert 5.0 < base < 30.0  # the model reads English: a sane baseline (measured 12.88)
-    assert abs(results[config].perplexity / base - 1.0) <= PPL_TOLERANCE[config]
+    assert PPL_FLOOR <= results[config].perplexity / base - 1.0 <= PPL_TOLERANCE[config]
 
 
 @pytest.mark.parametrize("config", ["fp8 weights", "fp8 kv"])
