@@ -114,6 +114,29 @@ def replica_hit_rate() -> str:
     return f"{r4:.1%} vs {r1:.1%} ({r4 / r1:.1%})"
 
 
+def deterministic_mode() -> str:
+    parts = load("offline-deterministic-h200")["parts"]
+    on, off = (
+        parts[k]["results"]["throughput"]["radixmesh"]["output_tok_per_s"]
+        for k in ("deterministic", "default")
+    )
+    checks = load("deterministic-llama-3-8b-h200")["on"]
+    worst = max(checks[m]["exact"] for m in ("single", "mixed", "prefix"))
+    cached = checks["cached"]
+    return (
+        f"{on / off:.2f}x the default's throughput; {worst} unique output per prompt, "
+        f"cold = cached {cached['equal_exact']}/{cached['prompts']}"
+    )
+
+
+def fp8_all() -> str:
+    ratios = load("tp-fp8-h200")["ratios"]
+    tput = ratios["tp1-fp8-all_throughput_vs_bf16"]
+    b1 = ratios["tp1-fp8-all_decode_latency_vs_bf16"]
+    slots = ratios["tp1-fp8-all_kv_pool_slots_vs_bf16"]
+    return f"{tput:.2f}x throughput, {b1:.2f}x batch-1 time per token, {slots:.2f}x KV tokens"
+
+
 ROWS: list[tuple[str, Callable[[], str]]] = [
     ("256 x (512 in, 256 out), `dummy:llama-3-8b` bf16 (one H200)", offline_throughput),
     ("1,024 requests, 16 groups sharing 1,536-token prefixes (one H200)", offline_shared_prefix),
@@ -136,6 +159,12 @@ ROWS: list[tuple[str, Callable[[], str]]] = [
         router_replicas,
     ),
     ("shared-prefix hit rate through 4 router replicas vs 1 (one H200)", replica_hit_rate),
+    (
+        "deterministic mode, 256 x (512, 256) and the batch / mix / prefix / cache checks "
+        "(one H200, bf16)",
+        deterministic_mode,
+    ),
+    ("FP8 weights + KV vs bf16, 256 x (512, 256) (one H200)", fp8_all),
 ]
 
 
