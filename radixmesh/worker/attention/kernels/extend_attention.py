@@ -20,8 +20,17 @@ The new tokens' keys come from the fresh k/v of this forward (`new_kv`, rows `q_
 + j`, contiguous: no slot-id load in the loop's dependency chain) when the caller passes
 them; they hold exactly the pool's bits when the pool has their dtype. An FP8 pool holds
 quantized keys, so its caller passes no `new_kv` and every key is read back through the
-table, dequantized: the new tokens attend to the same numbers that decoding and a later
-prefix-cache hit read, so outputs do not depend on what was cached.
+table: the new tokens attend to the same numbers that decoding and a later prefix-cache
+hit read, so outputs do not depend on what was cached. Its e4m3 tiles go into the dots as
+they are (exact in bf16/fp16) and each key's 2^e multiplies its scores and its softmax
+weights, a vector per tile rather than a [N, D] tile twice.
+
+Deterministic mode (`absolute_tiles`) replaces the three ranges: query blocks start at
+multiples of BLOCK_M in absolute positions and key tiles at multiples of BLOCK_N, every
+key read through the table; the tiles below the block's own are unmasked, its own (and
+any after it up to the block's last row) masked. A token's sums then depend on its
+position and its keys only, so a decode row (a one-token extend) and the same token in
+any prefill chunk get the same bits.
 
 GQA: the G query heads of a KV head (query head h reads KV head h // G) are folded into
 the program's rows (BLOCK_M tokens x G heads, G rounded up to a power of two), so each
