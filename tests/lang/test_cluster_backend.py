@@ -267,7 +267,10 @@ def test_run_batch_of_16_shares_the_template(endpoint: RuntimeEndpoint) -> None:
     finally:
         endpoint.program_hints = True
     assert {m["worker_id"] for m in untagged} == WORKERS
-    assert sum(m["cached_tokens"] for m in metas) > sum(m["cached_tokens"] for m in untagged)
+    # The worker that did not prefill the prefix misses it at least once (its first request
+    # finds its cache flushed). The cached token totals are no measure: how much more than
+    # the prefix a request finds (the same question asked twice) depends on timing.
+    assert sum(m["cached_tokens"] >= prefix_tokens for m in untagged) < 16
 
 
 def test_a_failing_program_keeps_its_error_while_the_batch_finishes(
