@@ -593,9 +593,13 @@ def run(config: ServerConfig, engine_options: dict[str, Any]) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     code = asyncio.run(serve(config, engine_options))
-    from radixmesh.worker.tp.group import exit_if_group_alive
+    # Only a process that loaded torch can hold a process group. The engine runs in a
+    # child, so this one usually never did, and importing tp.group would load torch just
+    # to find no group (3-9 s at every worker's exit on a loaded 2-core machine).
+    if "torch" in sys.modules:
+        from radixmesh.worker.tp.group import exit_if_group_alive
 
-    exit_if_group_alive(code)  # TP on CUDA: the NCCL group outlives the engine
+        exit_if_group_alive(code)  # TP on CUDA: the NCCL group outlives the engine
     if code != 0:
         # A failed TP group may leave a thread blocked in a collective that interpreter
         # teardown would wait on: leave now, with the status the launcher acts on.
