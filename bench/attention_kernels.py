@@ -12,6 +12,9 @@ ceiling, and the engine's greedy tokens with the triton vs torch backend.
    through the slot table (what an FP8 pool does, here on the bf16 pool).
 4. A sweep of the extend kernel's tiles (rows, key tile, warps, stages) on the three
    8k-token shapes, to retune `extend_config` from one run (`--skip-sweep` to skip).
+   `--decode-sweep` runs only a sweep of the decode kernel (DECODE_GRID on
+   DECODE_SHAPES, bf16 and FP8 pools side by side, each checked against the reference
+   first) and prints the best per shape and pool beside `decode_config`'s choice.
    `--grid-sweep` runs only a sweep: every tile of GRID on the extend shapes the engine's
    workloads launch (GRID_SHAPES), and prints the best per shape.
 5. Engine on `dummy:llama-3-8b`: greedy tokens of 16 prompts, triton vs torch backend.
@@ -24,6 +27,7 @@ or --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import time
 from typing import Any
@@ -34,8 +38,10 @@ from triton.testing import do_bench
 from bench import record
 from bench.baselines.extend_attention import extend_attention_before
 from radixmesh.worker.attention.kernels.decode_attention import (
+    DecodeConfig,
     decode_attention,
     decode_attention_ref,
+    decode_config,
     decode_workspace,
 )
 from radixmesh.worker.attention.kernels.extend_attention import (
@@ -46,6 +52,7 @@ from radixmesh.worker.attention.kernels.extend_attention import (
 )
 from radixmesh.worker.attention.kernels.kv_store import kv_store, kv_store_ref
 from radixmesh.worker.attention.triton_backend import choose_num_splits
+from radixmesh.worker.kvcache.fp8_kv import dequantize_kv, quantize_kv
 
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
@@ -337,6 +344,95 @@ def engine_parity(n_prompts: int, new_tokens: int, dtype: str) -> dict[str, Any]
     }
 
 
+DECODE_SHAPES = [(256, 640), (256, 4096), (64, 2048), (1, 4096)]  # (batch, context)
+DECODE_GRID = [
+    DecodeConfig(block_n, warps, stages, early, head_major)
+    for block_n in (64, 128)
+    for warps in (4, 8)
+    for stages in (1, 2, 3)
+    for early in (False, True)
+    for head_major in (False, True)
+]
+
+
+def decode_pool(batch: int, ctx: int, fp8: bool) -> dict[str, Any]:
+    """`pool_case` for `batch` sequences of `ctx` keys; an FP8 pool holds its values
+    quantized (`scales` the exponents) and `ref_k`/`ref_v` their dequantized values."""
+    c = pool_case([ctx] * batch, batch * ctx + 1, 5)
+    c["scales"] = None
+    c["ref_k"], c["ref_v"] = c["k"], c["v"]
+    if fp8:
+        (k8, ke), (v8, ve) = quantize_kv(c["k"]), quantize_kv(c["v"])
+        c["ref_k"], c["ref_v"] = dequantize_kv(k8, ke, DTYPE), dequantize_kv(v8, ve, DTYPE)
+        c["k"], c["v"], c["scales"] = k8, v8, (ke, ve)
+    return c
+
+
+def sweep_decode(batch: int, ctx: int, fp8: bool, sms: int) -> list[dict[str, Any]]:
+    c = decode_pool(batch, ctx, fp8)
+    splits = choose_num_splits(batch, HKV, ctx, sms)
+    q = torch.randn(batch, HQ, D, device=DEV, dtype=DTYPE)
+    rows_t, lens = ints(c["rows"]), ints([ctx] * batch)
+    ws = decode_workspace(batch, HQ, D, splits, q.device)
+    n = min(batch, 8)
+    ref = decode_attention_ref(
+        q[:n], c["ref_k"], c["ref_v"], c["table"], c["rows"][:n], [ctx] * n, D**-0.5
+    )
+    kv_bytes = 2 * batch * ctx * HKV * (D + 1 if fp8 else 2 * D)  # an FP8 pool's exponents too
+    rows: list[dict[str, Any]] = []
+    for cfg in DECODE_GRID:
+        out = torch.full_like(q, float("nan"))
+        run = functools.partial(
+            decode_attention, q, c["k"], c["v"], out, c["table"], rows_t, lens, D**-0.5,
+            splits, ws, scales=c["scales"], config=cfg,
+        )  # fmt: skip
+        row: dict[str, Any] = {
+            "batch": batch, "context": ctx, "fp8": fp8, "splits": splits, **cfg.__dict__
+        }  # fmt: skip
+        try:
+            run()
+            row["rel_err"] = rel_err(out[:n], ref)
+            row["ms"] = do_bench(run, warmup=25, rep=100, return_mode="median")
+            row["tb_per_s"] = kv_bytes / (row["ms"] * 1e-3) / 1e12
+        except Exception as e:  # a launch that does not compile (shared memory)
+            row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+        rows.append(row)
+    return rows
+
+
+def decode_sweep(args: argparse.Namespace) -> None:
+    """Every DECODE_GRID launch on every DECODE_SHAPES shape, bf16 and FP8 pools; each
+    launch checked against the reference (on its first 8 sequences) before it is timed."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    copy = copy_bandwidth()
+    rows = [
+        row for batch, ctx in DECODE_SHAPES for fp8 in (False, True)
+        for row in sweep_decode(batch, ctx, fp8, sms)
+    ]  # fmt: skip
+    path = record.write(
+        "attention_decode_sweep", args, {"copy_bytes_per_s": copy, "decode_sweep": rows}
+    )
+    bad = [r for r in rows if "rel_err" in r and not r["rel_err"] < 1e-2]
+    print(f"copy {copy / 1e12:.2f} TB/s; launches off the reference (rel err >= 1e-2): {len(bad)}")
+    for batch, ctx in DECODE_SHAPES:
+        for fp8 in (False, True):
+            ok = [
+                r for r in rows
+                if (r["batch"], r["context"], r["fp8"]) == (batch, ctx, fp8) and "ms" in r
+            ]  # fmt: skip
+            ok.sort(key=lambda r: r["ms"])
+            now = decode_config(fp8).__dict__
+            cur = next((r for r in ok if all(r[k] == v for k, v in now.items())), None)
+            cur_s = f"{cur['ms'] * 1e3:.1f} us {cur['tb_per_s']:.2f} TB/s" if cur else "n/a"
+            kind = "fp8 " if fp8 else "bf16"
+            print(f"B={batch} ctx={ctx} {kind} splits={ok[0]['splits'] if ok else '?'}: "
+                  f"default {cur_s}; best:")  # fmt: skip
+            for r in ok[:4]:
+                cfg = tuple(r[k] for k in now)
+                print(f"    {cfg}: {r['ms'] * 1e3:.1f} us {r['tb_per_s']:.2f} TB/s")
+    print(f"wrote {path}")
+
+
 def grid_sweep(args: argparse.Namespace) -> None:
     """Every GRID tile on every GRID_SHAPES shape; the best three per shape printed."""
     rows = [row for shape in GRID_SHAPES for row in sweep_extend(*shape, configs=GRID)]
@@ -360,10 +456,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--grid-sweep", action="store_true", help="only the tile grid sweep")
+    ap.add_argument("--decode-sweep", action="store_true", help="only the decode sweep")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     if args.grid_sweep:
         grid_sweep(args)
+        return
+    if args.decode_sweep:
+        decode_sweep(args)
         return
     report: dict[str, Any] = {
         "shapes": {"num_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "dtype": "bfloat16"},

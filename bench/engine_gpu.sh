@@ -14,6 +14,11 @@
 #   fp8sweep  the FP8 kernels' GPU tests (every small-batch variant at Llama-3-8B shapes),
 #             then bench.fp8_gemm --sweep (bounded by --budget-s 200): lines to paste into
 #             CONFIGS / ROW_CONFIGS of radixmesh/worker/layers/kernels/fp8_small_m.py
+#   decode    bench.attention_kernels --decode-sweep (every decode launch on bf16 and FP8
+#             pools at the workloads' shapes: what `decode_config` picks from) and the
+#             attention kernels' tests on the GPU
+#   detsmol   bench.deterministic on the bundled model (SMOLLM2=path of its .gguf), bf16,
+#             every mode on and off, batches to 256, chunked prefill at 2,048
 #   fp8e2e    bench.fp8_gemm (each path beside bf16 at 1-256 rows, effective TB/s), then
 #             bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all: throughput 256 x (512,
 #             256), shared prefix and batch-1 time per token of each precision vs bf16
@@ -25,7 +30,7 @@ OUT=${OUT:-bench/results}; mkdir -p "$OUT"
 MACHINE=${MACHINE:-h200}
 BASELINE=${BASELINE:-}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-SITE=""
+SITE=${SITE:-}  # a folder of packages installed by an earlier call
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl 2>/dev/null && SITE=/tmp/site
@@ -64,6 +69,18 @@ if part fp8sweep; then
     tests/worker/layers/kernels/test_fp8_small_m_variants.py tests/worker/layers/quantization
   run fp8_sweep "$PWD" 330 -m bench.fp8_gemm --sweep --budget-s 200 \
     --out "$OUT/fp8_gemm-sweep-$MACHINE.json"
+fi
+if part decode; then
+  run decode_sweep "$PWD" 420 -m bench.attention_kernels --decode-sweep \
+    --out "$OUT/attention_decode_sweep-$MACHINE.json"
+  run attention-gpu-tests "$PWD" 200 -m pytest -q -p no:cacheprovider \
+    tests/worker/attention/test_triton_kernels.py
+fi
+if part detsmol; then
+  run deterministic-smollm2 "$PWD" 500 -m bench.deterministic --model "$SMOLLM2" \
+    --dtype bfloat16 --device cuda --trials 2 --batch-sizes 1,2,4,8,16,32,64,128,256 \
+    --max-num-batched-tokens 2048 --name smollm2-bfloat16 \
+    --out "$OUT/deterministic-smollm2-bfloat16-$MACHINE.json"
 fi
 if part fp8e2e; then
   run fp8_gemm "$PWD" 120 -m bench.fp8_gemm --rows 1,4,16,64,256 --out "$OUT/fp8_gemm-$MACHINE.json"

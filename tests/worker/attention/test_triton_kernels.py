@@ -11,6 +11,7 @@ import torch
 import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
 
 from radixmesh.worker.attention.kernels.decode_attention import (
+    DecodeConfig,
     decode_attention,
     decode_attention_ref,
 )
@@ -128,6 +129,13 @@ def test_extend_attention_matches_reference(case: int, dtype: torch.dtype) -> No
     assert rel_err(out, ref) < TOL[dtype]
 
 
+# The split kernel's code paths: loads in program order, sequence-major grid; and every
+# load of a tile issued first, KV-head-major grid.
+DECODE_VARIANTS = [
+    DecodeConfig(block_n=16),
+    DecodeConfig(block_n=16, early_loads=True, head_major=True),
+]
+
 DECODE_CASES = [
     # (seq_lens, Hq, Hkv, D, num_splits)
     ([1, 37, 64, 90, 5], 8, 2, 16, 1),
@@ -137,16 +145,17 @@ DECODE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("variant", range(len(DECODE_VARIANTS)))
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
-def test_decode_attention_matches_reference(case: int, dtype: torch.dtype) -> None:
+def test_decode_attention_matches_reference(case: int, dtype: torch.dtype, variant: int) -> None:
     seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=200 + case)
     out = torch.full_like(c["q"], float("nan"))
     scale = d**-0.5
     decode_attention(
         c["q"], c["k_buf"], c["v_buf"], out, c["table"], ints(c["rows"]), ints(seq_lens),
-        scale, splits, block_n=16,
+        scale, splits, config=DECODE_VARIANTS[variant],
     )  # fmt: skip
     ref = decode_attention_ref(
         c["q"], c["k_buf"], c["v_buf"], c["table"], c["rows"], seq_lens, scale
@@ -164,8 +173,9 @@ def test_decode_equals_extend_of_one_token() -> None:
     ext = torch.full_like(c["q"], float("nan"))
     rows, lens = ints(c["rows"]), ints(seq_lens)
     decode_attention(
-        c["q"], c["k_buf"], c["v_buf"], dec, c["table"], rows, lens, scale, 2, block_n=16
-    )
+        c["q"], c["k_buf"], c["v_buf"], dec, c["table"], rows, lens, scale, 2,
+        config=DECODE_VARIANTS[0],
+    )  # fmt: skip
     extend_attention(
         c["q"], c["k_buf"], c["v_buf"], ext, c["table"], rows, lens - 1, ints([1, 1, 1]),
         ints([0, 1, 2]), 1, scale, **BLOCKS,
@@ -219,9 +229,12 @@ def test_extend_attention_over_fp8_pool_matches_reference(case: int, dtype: torc
     assert rel_err(out, ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("variant", range(len(DECODE_VARIANTS)))
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
-def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torch.dtype) -> None:
+def test_decode_attention_over_fp8_pool_matches_reference(
+    case: int, dtype: torch.dtype, variant: int
+) -> None:
     seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=400 + case)
     k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
@@ -229,7 +242,7 @@ def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torc
     scale = d**-0.5
     decode_attention(
         c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-        scales=scales, block_n=16,
+        scales=scales, config=DECODE_VARIANTS[variant],
     )  # fmt: skip
     ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
     assert not out.isnan().any()
@@ -253,7 +266,7 @@ def test_decode_over_fp8_pool_is_decode_over_its_dequantized_values_bit_for_bit(
         out = torch.full_like(c["q"], float("nan"))
         return decode_attention(
             c["q"], k, v, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-            scales=sc, block_n=16,
+            scales=sc, config=DECODE_VARIANTS[0],
         )  # fmt: skip
 
     assert torch.equal(run(k8, v8, scales), run(k_ref.to(dtype), v_ref.to(dtype), None))

@@ -17,6 +17,7 @@ kernel (triton_backend.py says why).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -26,6 +27,28 @@ from radixmesh.worker.attention.kernels.extend_attention import extend_attention
 from radixmesh.worker.attention.kernels.kv_store import pow2
 
 LOG2E = 1.0 / math.log(2.0)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The split kernel's launch: keys per tile, warps, pipeline stages, whether a tile's
+    V and scale loads are issued before its first dot, and whether the grid's fastest axis
+    is the KV head (a sequence's heads neighbours) rather than the sequence."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    early_loads: bool = False
+    head_major: bool = False
+
+
+BF16_DECODE = DecodeConfig()
+FP8_DECODE = DecodeConfig()
+
+
+def decode_config(kv_fp8: bool) -> DecodeConfig:
+    """The configuration a pool's dtype decodes with (`FP8_DECODE` for an FP8 pool)."""
+    return FP8_DECODE if kv_fp8 else BF16_DECODE
 
 
 @triton.jit
@@ -58,9 +81,15 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
+    EARLY_LOADS: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEAD_MAJOR:  # a sequence's KV heads in neighbouring programs: its slot ids and
+        kv_head = tl.program_id(0)  # scale sectors are read once from DRAM, then from L2
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens + b)
     table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
@@ -87,6 +116,11 @@ def _decode_split_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         scale_off = slots * stride_scale_slot + kv_head  # [N] (an FP8 pool's exponents)
         k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if EARLY_LOADS:  # every load of the tile issued before the first dot waits on k
+            v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+            if KV_FP8:
+                k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+                v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
         if KV_FP8:  # e4m3 is exact in the query's dtype; its 2^e scales the scores instead
             k = k.to(Q.dtype.element_ty)
         if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
@@ -94,17 +128,20 @@ def _decode_split_kernel(
         else:
             s = tl.dot(q, tl.trans(k))
         if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
-            k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            if not EARLY_LOADS:
+                k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
             s = s * pow2(k_exp)[None, :]
         s = tl.where(n_mask[None, :], s * scale_log2, float("-inf"))  # [H, N] log2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if not EARLY_LOADS:
+            v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
         pw = p
         if KV_FP8:
-            v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            if not EARLY_LOADS:
+                v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
             if Q.dtype.element_ty == tl.float16:  # p 2^e would fall into fp16's subnormals
                 v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(tl.float16)
             else:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [H, N] not [N, D]
@@ -185,12 +222,11 @@ def decode_attention(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
+    config: DecodeConfig | None = None,
 ) -> torch.Tensor:
     """q/out [B, Hq, D] (row b is sequence b's new token); k_buf/v_buf [num_slots, Hkv, D];
-    req_rows, seq_lens [B]. `workspace` from `decode_workspace` (allocated if None)."""
+    req_rows, seq_lens [B]. `workspace` from `decode_workspace` (allocated if None);
+    `config` defaults to `decode_config` of the pool's dtype."""
     b, hq, d = q.shape
     hkv = k_buf.shape[1]
     assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
@@ -208,8 +244,10 @@ def decode_attention(
     assert mid_l.shape == (b, hq, num_splits) and mid_l.is_contiguous(), mid_l.shape
     group = hq // hkv
     block_d = max(16, triton.next_power_of_2(d))
+    cfg = config or decode_config(scales is not None)
+    grid = (hkv, b, num_splits) if cfg.head_major else (b, hkv, num_splits)
     # mid_l is addressed as mid_o's offset // D: both are contiguous with the same leading dims.
-    _decode_split_kernel[(b, hkv, num_splits)](
+    _decode_split_kernel[grid](
         q,
         k_buf,
         v_buf,
@@ -235,11 +273,13 @@ def decode_attention(
         HEAD_DIM=d,
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d,
-        BLOCK_N=block_n,
+        BLOCK_N=cfg.block_n,
         IEEE=q.dtype == torch.float32,
         KV_FP8=scales is not None,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        EARLY_LOADS=cfg.early_loads,
+        HEAD_MAJOR=cfg.head_major,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     _decode_merge_kernel[(b, hq)](
         mid_o,
