@@ -43,6 +43,7 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention_ref,
     decode_config,
     decode_workspace,
+    max_shared_memory,
 )
 from radixmesh.worker.attention.kernels.extend_attention import (
     ExtendConfig,
@@ -346,12 +347,10 @@ def engine_parity(n_prompts: int, new_tokens: int, dtype: str) -> dict[str, Any]
 
 DECODE_SHAPES = [(256, 640), (256, 4096), (64, 2048), (1, 4096)]  # (batch, context)
 DECODE_GRID = [
-    DecodeConfig(block_n, warps, stages, early, head_major)
-    for block_n in (64, 128)
+    DecodeConfig(block_n, warps, stages)
+    for block_n in (32, 64, 128)
     for warps in (4, 8)
     for stages in (1, 2, 3)
-    for early in (False, True)
-    for head_major in (False, True)
 ]
 
 
@@ -421,7 +420,7 @@ def decode_sweep(args: argparse.Namespace) -> None:
                 if (r["batch"], r["context"], r["fp8"]) == (batch, ctx, fp8) and "ms" in r
             ]  # fmt: skip
             ok.sort(key=lambda r: r["ms"])
-            now = decode_config(fp8).__dict__
+            now = decode_config(D, DTYPE.itemsize, max_shared_memory(torch.device(DEV))).__dict__
             cur = next((r for r in ok if all(r[k] == v for k, v in now.items())), None)
             cur_s = f"{cur['ms'] * 1e3:.1f} us {cur['tb_per_s']:.2f} TB/s" if cur else "n/a"
             kind = "fp8 " if fp8 else "bf16"

@@ -19,6 +19,8 @@
 #             attention kernels' tests on the GPU
 #   detsmol   bench.deterministic on the bundled model (SMOLLM2=path of its .gguf), bf16,
 #             every mode on and off, batches to 256, chunked prefill at 2,048
+#   detcost   bench.offline with --deterministic after `offline`: the mode's cost, same call
+#   fp8p1     bench.tp --tp 1 --configs bf16,fp8-kv,fp8-all (fp8e2e's end-to-end half)
 #   fp8e2e    bench.fp8_gemm (each path beside bf16 at 1-256 rows, effective TB/s), then
 #             bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all: throughput 256 x (512,
 #             256), shared prefix and batch-1 time per token of each precision vs bf16
@@ -58,6 +60,14 @@ if part offline; then
     run offline-before "$BASELINE" 200 $OFFLINE --out "$OUT/offline-before-$MACHINE.json"
   fi
   run offline-now "$PWD" 200 $OFFLINE --out "$OUT/offline-now-$MACHINE.json"
+fi
+if part detcost; then
+  run offline-deterministic "$PWD" 200 $OFFLINE --deterministic \
+    --out "$OUT/offline-deterministic-now-$MACHINE.json"
+fi
+if part fp8p1; then
+  run tp-fp8 "$PWD" 360 -m bench.tp --tp 1 --configs bf16,fp8-kv,fp8-all \
+    --out "$OUT/tp-fp8-$MACHINE.json"
 fi
 if part anatomy; then
   run step_anatomy "$PWD" 200 -m bench.step_anatomy --workload prefill \

@@ -14,6 +14,7 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     DecodeConfig,
     decode_attention,
     decode_attention_ref,
+    decode_config,
 )
 from radixmesh.worker.attention.kernels.extend_attention import (
     ExtendConfig,
@@ -129,12 +130,7 @@ def test_extend_attention_matches_reference(case: int, dtype: torch.dtype) -> No
     assert rel_err(out, ref) < TOL[dtype]
 
 
-# The split kernel's code paths: loads in program order, sequence-major grid; and every
-# load of a tile issued first, KV-head-major grid.
-DECODE_VARIANTS = [
-    DecodeConfig(block_n=16),
-    DecodeConfig(block_n=16, early_loads=True, head_major=True),
-]
+DECODE_16 = DecodeConfig(block_n=16)
 
 DECODE_CASES = [
     # (seq_lens, Hq, Hkv, D, num_splits)
@@ -145,23 +141,39 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("variant", range(len(DECODE_VARIANTS)))
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
-def test_decode_attention_matches_reference(case: int, dtype: torch.dtype, variant: int) -> None:
+def test_decode_attention_matches_reference(case: int, dtype: torch.dtype) -> None:
     seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=200 + case)
     out = torch.full_like(c["q"], float("nan"))
     scale = d**-0.5
     decode_attention(
         c["q"], c["k_buf"], c["v_buf"], out, c["table"], ints(c["rows"]), ints(seq_lens),
-        scale, splits, config=DECODE_VARIANTS[variant],
+        scale, splits, config=DECODE_16,
     )  # fmt: skip
     ref = decode_attention_ref(
         c["q"], c["k_buf"], c["v_buf"], c["table"], c["rows"], seq_lens, scale
     )
     assert not out.isnan().any()
     assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    ("block_d", "elem_bytes", "max_shared", "expected"),
+    [
+        (128, 2, 232_448, DecodeConfig(128, 4, 3)),  # H100/H200, bf16: the swept choice
+        (128, 4, 232_448, DecodeConfig(64, 4, 3)),  # float32 queries
+        (256, 2, 232_448, DecodeConfig(64, 4, 3)),  # head dim 256
+        (128, 2, 166_912, DecodeConfig(128, 4, 2)),  # A100
+        (128, 2, 101_376, DecodeConfig(64, 4, 2)),  # consumer Ada/Ampere
+        (512, 4, 101_376, DecodeConfig(32, 4, 2)),  # nothing fits: the smallest
+    ],
+)
+def test_decode_config_fits_its_stages_in_shared_memory(
+    block_d: int, elem_bytes: int, max_shared: int, expected: DecodeConfig
+) -> None:
+    assert decode_config(block_d, elem_bytes, max_shared) == expected
 
 
 def test_decode_equals_extend_of_one_token() -> None:
@@ -174,7 +186,7 @@ def test_decode_equals_extend_of_one_token() -> None:
     rows, lens = ints(c["rows"]), ints(seq_lens)
     decode_attention(
         c["q"], c["k_buf"], c["v_buf"], dec, c["table"], rows, lens, scale, 2,
-        config=DECODE_VARIANTS[0],
+        config=DECODE_16,
     )  # fmt: skip
     extend_attention(
         c["q"], c["k_buf"], c["v_buf"], ext, c["table"], rows, lens - 1, ints([1, 1, 1]),
@@ -229,12 +241,9 @@ def test_extend_attention_over_fp8_pool_matches_reference(case: int, dtype: torc
     assert rel_err(out, ref) < TOL[dtype]
 
 
-@pytest.mark.parametrize("variant", range(len(DECODE_VARIANTS)))
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
-def test_decode_attention_over_fp8_pool_matches_reference(
-    case: int, dtype: torch.dtype, variant: int
-) -> None:
+def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torch.dtype) -> None:
     seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=400 + case)
     k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
@@ -242,7 +251,7 @@ def test_decode_attention_over_fp8_pool_matches_reference(
     scale = d**-0.5
     decode_attention(
         c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-        scales=scales, config=DECODE_VARIANTS[variant],
+        scales=scales, config=DECODE_16,
     )  # fmt: skip
     ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
     assert not out.isnan().any()
@@ -266,7 +275,7 @@ def test_decode_over_fp8_pool_is_decode_over_its_dequantized_values_bit_for_bit(
         out = torch.full_like(c["q"], float("nan"))
         return decode_attention(
             c["q"], k, v, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-            scales=sc, config=DECODE_VARIANTS[0],
+            scales=sc, config=DECODE_16,
         )  # fmt: skip
 
     assert torch.equal(run(k8, v8, scales), run(k_ref.to(dtype), v_ref.to(dtype), None))

@@ -16,6 +16,7 @@ kernel (triton_backend.py says why).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -31,24 +32,49 @@ LOG2E = 1.0 / math.log(2.0)
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """The split kernel's launch: keys per tile, warps, pipeline stages, whether a tile's
-    V and scale loads are issued before its first dot, and whether the grid's fastest axis
-    is the KV head (a sequence's heads neighbours) rather than the sequence."""
+    """The split kernel's launch: keys per tile, warps, pipeline stages."""
 
-    block_n: int = 64
+    block_n: int
     num_warps: int = 4
     num_stages: int = 2
-    early_loads: bool = False
-    head_major: bool = False
 
 
-BF16_DECODE = DecodeConfig()
-FP8_DECODE = DecodeConfig()
+# Most preferred first. From the decode sweep on the H200 (2026-12-02,
+# `bench.attention_kernels --decode-sweep`, attention_decode_sweep-h200.json: 24 launches
+# on bf16 and FP8 pools at batch x context 256 x 640, 256 x 4,096, 64 x 2,048, 1 x 4,096):
+# 128-key tiles, 4 warps, 3 stages were within 3% of each shape's best on both pools
+# (256 x 640: bf16 186 us, FP8 225 us) where the earlier 64 keys, 2 stages took 199 and
+# 299 us; a tile's V and scale loads issued before its first dot, and a grid with a
+# sequence's KV heads side by side, changed nothing beyond 2-4% either way.
+DECODE_CONFIGS = [
+    DecodeConfig(128, 4, 3),
+    DecodeConfig(128, 4, 2),
+    DecodeConfig(64, 4, 3),
+    DecodeConfig(64, 4, 2),
+    DecodeConfig(32, 4, 2),
+]
 
 
-def decode_config(kv_fp8: bool) -> DecodeConfig:
-    """The configuration a pool's dtype decodes with (`FP8_DECODE` for an FP8 pool)."""
-    return FP8_DECODE if kv_fp8 else BF16_DECODE
+def decode_config(block_d: int, elem_bytes: int, max_shared: int) -> DecodeConfig:
+    """The first of DECODE_CONFIGS whose stages of K and V tiles (in the query's dtype, an
+    upper bound for an FP8 pool's) fit the device's shared memory with 16 KiB to spare."""
+    for cfg in DECODE_CONFIGS:
+        if cfg.num_stages * 2 * cfg.block_n * block_d * elem_bytes <= max_shared - 16 * 1024:
+            return cfg
+    return DECODE_CONFIGS[-1]
+
+
+@functools.cache
+def _max_shared_memory(device_index: int) -> int:
+    props = triton.runtime.driver.active.utils.get_device_properties(device_index)
+    return int(props["max_shared_mem"])
+
+
+def max_shared_memory(device: torch.device) -> int:
+    """Shared memory a program may take on `device` (the interpreter: no limit)."""
+    if device.type != "cuda":
+        return 1 << 30
+    return _max_shared_memory(device.index if device.index is not None else 0)
 
 
 @triton.jit
@@ -81,15 +107,9 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
-    EARLY_LOADS: tl.constexpr,
-    HEAD_MAJOR: tl.constexpr,
 ):
-    if HEAD_MAJOR:  # a sequence's KV heads in neighbouring programs: its slot ids and
-        kv_head = tl.program_id(0)  # scale sectors are read once from DRAM, then from L2
-        b = tl.program_id(1)
-    else:
-        b = tl.program_id(0)
-        kv_head = tl.program_id(1)
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens + b)
     table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
@@ -116,11 +136,6 @@ def _decode_split_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         scale_off = slots * stride_scale_slot + kv_head  # [N] (an FP8 pool's exponents)
         k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
-        if EARLY_LOADS:  # every load of the tile issued before the first dot waits on k
-            v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
-            if KV_FP8:
-                k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-                v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
         if KV_FP8:  # e4m3 is exact in the query's dtype; its 2^e scales the scores instead
             k = k.to(Q.dtype.element_ty)
         if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
@@ -128,20 +143,17 @@ def _decode_split_kernel(
         else:
             s = tl.dot(q, tl.trans(k))
         if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
-            if not EARLY_LOADS:
-                k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
             s = s * pow2(k_exp)[None, :]
         s = tl.where(n_mask[None, :], s * scale_log2, float("-inf"))  # [H, N] log2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if not EARLY_LOADS:
-            v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
         pw = p
         if KV_FP8:
-            if not EARLY_LOADS:
-                v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
             if Q.dtype.element_ty == tl.float16:  # p 2^e would fall into fp16's subnormals
                 v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(tl.float16)
             else:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [H, N] not [N, D]
@@ -226,7 +238,7 @@ def decode_attention(
 ) -> torch.Tensor:
     """q/out [B, Hq, D] (row b is sequence b's new token); k_buf/v_buf [num_slots, Hkv, D];
     req_rows, seq_lens [B]. `workspace` from `decode_workspace` (allocated if None);
-    `config` defaults to `decode_config` of the pool's dtype."""
+    `config` defaults to `decode_config` for this head dim, dtype and device."""
     b, hq, d = q.shape
     hkv = k_buf.shape[1]
     assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
@@ -244,10 +256,9 @@ def decode_attention(
     assert mid_l.shape == (b, hq, num_splits) and mid_l.is_contiguous(), mid_l.shape
     group = hq // hkv
     block_d = max(16, triton.next_power_of_2(d))
-    cfg = config or decode_config(scales is not None)
-    grid = (hkv, b, num_splits) if cfg.head_major else (b, hkv, num_splits)
+    cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device))
     # mid_l is addressed as mid_o's offset // D: both are contiguous with the same leading dims.
-    _decode_split_kernel[grid](
+    _decode_split_kernel[(b, hkv, num_splits)](
         q,
         k_buf,
         v_buf,
@@ -276,8 +287,6 @@ def decode_attention(
         BLOCK_N=cfg.block_n,
         IEEE=q.dtype == torch.float32,
         KV_FP8=scales is not None,
-        EARLY_LOADS=cfg.early_loads,
-        HEAD_MAJOR=cfg.head_major,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
