@@ -17,6 +17,8 @@
 #   decode    bench.attention_kernels --decode-sweep (every decode launch on bf16 and FP8
 #             pools at the workloads' shapes: what `decode_config` picks from) and the
 #             attention kernels' tests on the GPU
+#   detllama  bench.deterministic on dummy:llama-3-8b, bf16, every mode on and off,
+#             batches to 256, chunked prefill at 2,048; and the deterministic kernels' tests
 #   detsmol   bench.deterministic on the bundled model (SMOLLM2=path of its .gguf), bf16,
 #             every mode on and off, batches to 256, chunked prefill at 2,048
 #   detcost   bench.offline with --deterministic after `offline`: the mode's cost, same call
@@ -85,6 +87,14 @@ if part decode; then
     --out "$OUT/attention_decode_sweep-$MACHINE.json"
   run attention-gpu-tests "$PWD" 200 -m pytest -q -p no:cacheprovider \
     tests/worker/attention/test_triton_kernels.py
+fi
+if part detllama; then
+  run deterministic-kernel-tests "$PWD" 200 -m pytest -q -p no:cacheprovider \
+    tests/worker/attention/test_deterministic_kernels.py
+  run deterministic-llama "$PWD" 400 -m bench.deterministic --model dummy:llama-3-8b \
+    --dtype bfloat16 --device cuda --trials 2 --batch-sizes 1,2,4,8,16,32,64,128,256 \
+    --max-num-batched-tokens 2048 --kv-cache-tokens 400000 \
+    --out "$OUT/deterministic-llama-3-8b-$MACHINE.json"
 fi
 if part detsmol; then
   run deterministic-smollm2 "$PWD" 500 -m bench.deterministic --model "$SMOLLM2" \

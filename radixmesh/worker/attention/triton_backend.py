@@ -13,7 +13,7 @@ store kernel, then attends. With an FP8 pool every kernel also gets its scale ex
 layer's launches need no host-device sync.
 
 Deterministic mode (`enable_deterministic`): every row, decode rows included, runs through
-the extend kernel with one tile configuration and absolute tiles (`absolute_tiles`): query
+the extend kernel with one key-tile size and absolute tiles (`absolute_tiles`): query
 blocks and key tiles at fixed multiples of the position, so a token's bits depend on its
 position and keys only, whether it is decoded, prefilled in any chunk or extended over a
 cached prefix. A token the prompt ends on alone (a one-token last chunk runs as a decode
@@ -90,6 +90,21 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
     return max(1, min(for_waves, for_length, MAX_SPLITS))
 
 
+def deterministic_decode_config(cfg: ExtendConfig) -> ExtendConfig:
+    """Deterministic mode's tiles for a decode-only batch: one warpgroup's share of the
+    extend tiles (`cfg`'s rows over its warps / 4, on 4 warps), the same key tiles.
+
+    A decode row fills G of a tile's rows (G query heads per KV head); the rest are
+    padding the matrix unit computes anyway, and at 256 rows of decode their products cost
+    as much as reading the keys. Each warpgroup of `cfg`'s 8 warps computes 64 rows with
+    the same instruction (wgmma, 64 rows per instruction on Hopper) and the same K order as
+    a 4-warp program of 64 rows, so a row gets the same bits from either; the key tiles,
+    which fix the softmax's reduction order, are the same. Checked bit for bit on the GPU
+    (tests/worker/attention/test_deterministic_kernels.py)."""
+    warpgroups = max(1, cfg.num_warps // 4)
+    return ExtendConfig(cfg.block_rows // warpgroups, cfg.block_n, 4, cfg.num_stages)
+
+
 class TritonAttentionBackend(AttentionBackend):
     def __init__(self, kv_pool: KVPool, scale: float) -> None:
         super().__init__(kv_pool, scale)
@@ -98,11 +113,13 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         else:
             self.num_sms = 4  # the interpreter: few programs, few splits
-        self.extend_cfg: ExtendConfig | None = None  # deterministic mode's one configuration
+        self.extend_cfg: ExtendConfig | None = None  # deterministic mode's configuration
+        self.decode_cfg: ExtendConfig | None = None  # and its decode-only batches'
 
     def enable_deterministic(self, max_context_len: int) -> None:
         super().enable_deterministic(max_context_len)
         self.extend_cfg = extend_config(LONG_EXTEND, self.kv_pool.head_dim)
+        self.decode_cfg = deterministic_decode_config(self.extend_cfg)
 
     def decode_meta(self, batch_size: int, max_seq_len: int) -> DecodeMeta:
         """The split count of a decode batch (deterministic mode: no splits, see the
@@ -235,7 +252,7 @@ class TritonAttentionBackend(AttentionBackend):
             1,
             self.scale,
             scales=scales,
-            config=self.extend_cfg,
+            config=self.decode_cfg,
             absolute_tiles=True,
         )
 

@@ -15,10 +15,13 @@ import torch
 import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
 
 from radixmesh.worker.attention.kernels.extend_attention import (
+    LONG_EXTEND,
     ExtendConfig,
     extend_attention,
     extend_attention_ref,
+    extend_config,
 )
+from radixmesh.worker.attention.triton_backend import deterministic_decode_config
 from radixmesh.worker.layers.kernels.batch_invariant_matmul import (
     MatmulConfig,
     default_split_k,
@@ -97,6 +100,40 @@ def test_absolute_tiles_give_a_token_the_same_bits_decoded_or_prefilled(
         assert torch.equal(run([(0, p, p + 1)])[0], cold[p]), p
     beside = run([(1, 0, 40), (0, 70, 71), (1, 3, 4)])  # row 40 is token 70
     assert torch.equal(beside[40], cold[70])
+
+
+@pytest.mark.parametrize("dtype", BITS_DTYPES)
+def test_decode_only_tiles_give_a_decode_row_the_prefill_tiles_bits(dtype: torch.dtype) -> None:
+    """Deterministic mode's decode-only batches run one warpgroup's share of the extend
+    tiles (`deterministic_decode_config`): a batch of decode rows of one sequence at many
+    positions gets the bits of its cold prefill with the extend tiles. On the GPU at
+    Llama-3-8B's heads with the engine's tiles (8 warps: two warpgroups of 64 rows, against
+    one); in the interpreter with small ones."""
+    if DEVICE == "cuda":
+        cfg = extend_config(LONG_EXTEND, 128)
+        hq, hkv, d, n = 32, 8, 128, 700
+    else:
+        cfg = ExtendConfig(block_rows=32, block_n=16, num_warps=8, num_stages=2)
+        hq, hkv, d, n = 4, 2, 16, 150
+    dec_cfg = deterministic_decode_config(cfg)
+    assert dec_cfg.block_rows * 2 == cfg.block_rows and dec_cfg.block_n == cfg.block_n
+    c = make_pool_case([(0, n)], hq, hkv, d, dtype, seed=14, num_slots=2 * n, ctx=n)
+    scale = d**-0.5
+    rows = ints(c["rows"])
+    cold = extend_attention(
+        c["q"], c["k_buf"], c["v_buf"], torch.full_like(c["q"], float("nan")), c["table"],
+        rows, ints([0]), ints([n]), ints([0]), n, scale, config=cfg, absolute_tiles=True,
+    )  # fmt: skip
+    at = [p for p in (0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 300) if p < n] + [n - 1]
+    k = len(at)
+    q = c["q"][at]
+    dec = extend_attention(
+        q, c["k_buf"], c["v_buf"], torch.full_like(q, float("nan")), c["table"],
+        rows.repeat(k), ints(at), ints([1] * k), ints(list(range(k))), 1, scale,
+        config=dec_cfg, absolute_tiles=True,
+    )  # fmt: skip
+    for i, p in enumerate(at):
+        assert torch.equal(dec[i], cold[p]), p
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
