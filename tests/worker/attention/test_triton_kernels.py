@@ -131,6 +131,8 @@ def test_extend_attention_matches_reference(case: int, dtype: torch.dtype) -> No
 
 
 DECODE_16 = DecodeConfig(block_n=16)
+# Both loops of the split kernel: loads then compute, and the next tile's loads first.
+DECODE_VARIANTS = [DECODE_16, DecodeConfig(block_n=16, prefetch=True)]
 
 DECODE_CASES = [
     # (seq_lens, Hq, Hkv, D, num_splits)
@@ -141,16 +143,19 @@ DECODE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("cfg", DECODE_VARIANTS, ids=["loads-then-compute", "prefetch"])
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
-def test_decode_attention_matches_reference(case: int, dtype: torch.dtype) -> None:
+def test_decode_attention_matches_reference(
+    case: int, dtype: torch.dtype, cfg: DecodeConfig
+) -> None:
     seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=200 + case)
     out = torch.full_like(c["q"], float("nan"))
     scale = d**-0.5
     decode_attention(
         c["q"], c["k_buf"], c["v_buf"], out, c["table"], ints(c["rows"]), ints(seq_lens),
-        scale, splits, config=DECODE_16,
+        scale, splits, config=cfg,
     )  # fmt: skip
     ref = decode_attention_ref(
         c["q"], c["k_buf"], c["v_buf"], c["table"], c["rows"], seq_lens, scale
@@ -241,9 +246,12 @@ def test_extend_attention_over_fp8_pool_matches_reference(case: int, dtype: torc
     assert rel_err(out, ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("cfg", DECODE_VARIANTS, ids=["loads-then-compute", "prefetch"])
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
-def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torch.dtype) -> None:
+def test_decode_attention_over_fp8_pool_matches_reference(
+    case: int, dtype: torch.dtype, cfg: DecodeConfig
+) -> None:
     seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=400 + case)
     k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
@@ -251,7 +259,7 @@ def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torc
     scale = d**-0.5
     decode_attention(
         c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-        scales=scales, config=DECODE_16,
+        scales=scales, config=cfg,
     )  # fmt: skip
     ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
     assert not out.isnan().any()
