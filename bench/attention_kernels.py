@@ -347,11 +347,10 @@ def engine_parity(n_prompts: int, new_tokens: int, dtype: str) -> dict[str, Any]
 
 DECODE_SHAPES = [(256, 640), (256, 4096), (64, 2048), (1, 4096)]  # (batch, context)
 DECODE_GRID = [
-    DecodeConfig(block_n, warps, stages, prefetch)
-    for block_n in (64, 128)
+    DecodeConfig(block_n, warps, stages)
+    for block_n in (32, 64, 128)
     for warps in (4, 8)
     for stages in (1, 2, 3)
-    for prefetch in (False, True)
 ]
 
 

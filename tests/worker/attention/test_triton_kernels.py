@@ -131,8 +131,6 @@ def test_extend_attention_matches_reference(case: int, dtype: torch.dtype) -> No
 
 
 DECODE_16 = DecodeConfig(block_n=16)
-# Both loops of the split kernel: loads then compute, and the next tile's loads first.
-DECODE_VARIANTS = [DECODE_16, DecodeConfig(block_n=16, prefetch=True)]
 
 DECODE_CASES = [
     # (seq_lens, Hq, Hkv, D, num_splits)
@@ -143,19 +141,16 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("cfg", DECODE_VARIANTS, ids=["loads-then-compute", "prefetch"])
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
-def test_decode_attention_matches_reference(
-    case: int, dtype: torch.dtype, cfg: DecodeConfig
-) -> None:
+def test_decode_attention_matches_reference(case: int, dtype: torch.dtype) -> None:
     seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=200 + case)
     out = torch.full_like(c["q"], float("nan"))
     scale = d**-0.5
     decode_attention(
         c["q"], c["k_buf"], c["v_buf"], out, c["table"], ints(c["rows"]), ints(seq_lens),
-        scale, splits, config=cfg,
+        scale, splits, config=DECODE_16,
     )  # fmt: skip
     ref = decode_attention_ref(
         c["q"], c["k_buf"], c["v_buf"], c["table"], c["rows"], seq_lens, scale
@@ -246,12 +241,9 @@ def test_extend_attention_over_fp8_pool_matches_reference(case: int, dtype: torc
     assert rel_err(out, ref) < TOL[dtype]
 
 
-@pytest.mark.parametrize("cfg", DECODE_VARIANTS, ids=["loads-then-compute", "prefetch"])
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(DECODE_CASES)))
-def test_decode_attention_over_fp8_pool_matches_reference(
-    case: int, dtype: torch.dtype, cfg: DecodeConfig
-) -> None:
+def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torch.dtype) -> None:
     seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=400 + case)
     k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
@@ -259,7 +251,7 @@ def test_decode_attention_over_fp8_pool_matches_reference(
     scale = d**-0.5
     decode_attention(
         c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-        scales=scales, config=cfg,
+        scales=scales, config=DECODE_16,
     )  # fmt: skip
     ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
     assert not out.isnan().any()

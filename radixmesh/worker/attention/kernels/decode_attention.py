@@ -32,13 +32,11 @@ LOG2E = 1.0 / math.log(2.0)
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """The split kernel's launch: keys per tile, warps, pipeline stages, and whether the
-    next tile's loads are issued (into registers) before the current tile is computed."""
+    """The split kernel's launch: keys per tile, warps, pipeline stages."""
 
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
-    prefetch: bool = False
 
 
 # Most preferred first. From the decode sweep on the H200 (2026-12-02,
@@ -80,86 +78,6 @@ def max_shared_memory(device: torch.device) -> int:
 
 
 @triton.jit
-def _load_tile(
-    K_buf,
-    V_buf,
-    K_scale,
-    V_scale,
-    table_row,
-    n0,
-    hi,
-    kv_head,
-    offs_d,
-    d_mask,
-    stride_buf_slot,
-    stride_buf_head,
-    stride_scale_slot,
-    BLOCK_N: tl.constexpr,
-    KV_FP8: tl.constexpr,
-):
-    """Keys n0 .. n0 + BLOCK_N (those below hi) through the slot table: K and V tiles
-    [N, D] as the pool holds them, and an FP8 pool's exponents [N] (zeros otherwise)."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < hi
-    slots = tl.load(table_row + offs_n, mask=n_mask, other=0).to(tl.int64)  # [N]
-    kv_off = slots[:, None] * stride_buf_slot + kv_head * stride_buf_head + offs_d[None, :]
-    kv_mask = n_mask[:, None] & d_mask[None, :]
-    k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)
-    v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)
-    if KV_FP8:
-        scale_off = slots * stride_scale_slot + kv_head
-        k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-        v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-    else:
-        k_exp = tl.zeros([BLOCK_N], tl.int32)
-        v_exp = tl.zeros([BLOCK_N], tl.int32)
-    return k, v, k_exp, v_exp
-
-
-@triton.jit
-def _attend_tile(
-    q,
-    k,
-    v,
-    k_exp,
-    v_exp,
-    n_mask,
-    m_i,
-    l_i,
-    acc,
-    scale_log2,
-    IEEE: tl.constexpr,
-    KV_FP8: tl.constexpr,
-):
-    """One tile's online-softmax step: the running max, sum and output of the [H] rows."""
-    if KV_FP8:  # e4m3 is exact in the query's dtype; its 2^e scales the scores instead
-        k = k.to(q.dtype)
-    if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
-        s = s * pow2(k_exp)[None, :]
-    s = tl.where(n_mask[None, :], s * scale_log2, float("-inf"))  # [H, N] log2 units
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    pw = p
-    if KV_FP8:
-        if q.dtype == tl.float16:  # p 2^e would fall into fp16's subnormals
-            v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(tl.float16)
-        else:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [H, N] not [N, D]
-            v = v.to(q.dtype)
-            pw = p * pow2(v_exp)[None, :]
-    if IEEE:  # noqa: SIM108
-        pv = tl.dot(pw.to(v.dtype), v, input_precision="ieee")
-    else:
-        pv = tl.dot(pw.to(v.dtype), v)
-    return m_new, l_i, acc * alpha[:, None] + pv
-
-
-@triton.jit
 def _decode_split_kernel(
     Q,
     K_buf,
@@ -189,7 +107,6 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -211,31 +128,43 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    if PREFETCH:  # tile i+1's loads in flight while tile i is computed (registers)
-        k, v, k_exp, v_exp = _load_tile(
-            K_buf, V_buf, K_scale, V_scale, table_row, lo, hi, kv_head, offs_d, d_mask,
-            stride_buf_slot, stride_buf_head, stride_scale_slot, BLOCK_N, KV_FP8,
-        )  # fmt: skip
-        for n0 in range(lo, hi, BLOCK_N):
-            k_next, v_next, k_exp_next, v_exp_next = _load_tile(
-                K_buf, V_buf, K_scale, V_scale, table_row, n0 + BLOCK_N, hi, kv_head, offs_d,
-                d_mask, stride_buf_slot, stride_buf_head, stride_scale_slot, BLOCK_N, KV_FP8,
-            )  # fmt: skip
-            m_i, l_i, acc = _attend_tile(
-                q, k, v, k_exp, v_exp, n0 + tl.arange(0, BLOCK_N) < hi, m_i, l_i, acc,
-                scale_log2, IEEE, KV_FP8,
-            )  # fmt: skip
-            k, v, k_exp, v_exp = k_next, v_next, k_exp_next, v_exp_next
-    else:
-        for n0 in range(lo, hi, BLOCK_N):
-            k, v, k_exp, v_exp = _load_tile(
-                K_buf, V_buf, K_scale, V_scale, table_row, n0, hi, kv_head, offs_d, d_mask,
-                stride_buf_slot, stride_buf_head, stride_scale_slot, BLOCK_N, KV_FP8,
-            )  # fmt: skip
-            m_i, l_i, acc = _attend_tile(
-                q, k, v, k_exp, v_exp, n0 + tl.arange(0, BLOCK_N) < hi, m_i, l_i, acc,
-                scale_log2, IEEE, KV_FP8,
-            )  # fmt: skip
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        slots = tl.load(table_row + offs_n, mask=n_mask, other=0).to(tl.int64)  # [N]
+        kv_off = slots[:, None] * stride_buf_slot + kv_head * stride_buf_head + offs_d[None, :]
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        scale_off = slots * stride_scale_slot + kv_head  # [N] (an FP8 pool's exponents)
+        k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        if KV_FP8:  # e4m3 is exact in the query's dtype; its 2^e scales the scores instead
+            k = k.to(Q.dtype.element_ty)
+        if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
+            k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            s = s * pow2(k_exp)[None, :]
+        s = tl.where(n_mask[None, :], s * scale_log2, float("-inf"))  # [H, N] log2 units
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
+        pw = p
+        if KV_FP8:
+            v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
+            if Q.dtype.element_ty == tl.float16:  # p 2^e would fall into fp16's subnormals
+                v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(tl.float16)
+            else:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [H, N] not [N, D]
+                v = v.to(Q.dtype.element_ty)
+                pw = p * pow2(v_exp)[None, :]
+        if IEEE:
+            pv = tl.dot(pw.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(pw.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
@@ -358,7 +287,6 @@ def decode_attention(
         BLOCK_N=cfg.block_n,
         IEEE=q.dtype == torch.float32,
         KV_FP8=scales is not None,
-        PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
