@@ -8,9 +8,9 @@ attention tile by the longest extend); a near tie between two tokens then flips 
 batch. So every reduction whose order depends on anything but the output element's own
 inputs is replaced, in this mode only, by one with a fixed order:
 
-- GEMMs (`layers/dense.py`): on CPU the row count is padded up to `dense.CPU_MIN_ROWS`,
-  the size past which oneDNN's and MKL's kernels give each row the same bits whatever M
-  (measured; below 12 rows MKL's float32 path used other kernels). On CUDA cuBLAS without
+- GEMMs (`layers/dense.py`): on CPU in blocks of exactly `dense.CPU_BLOCK_ROWS` rows, one
+  call each, because oneDNN's and MKL's kernels change with the row count (measured on
+  AMD and Intel CPUs, float32 and bf16). On CUDA cuBLAS without
   a workspace for each shape whose check at start-up passes (`layers/cublas_check.py`),
   else a Triton matmul with one tile configuration per (N, K)
   (`layers/kernels/batch_invariant_matmul.py`).

@@ -39,9 +39,11 @@ def test_cpu_gemm_rows_do_not_depend_on_the_row_count(dtype: torch.dtype, packed
         ref = dense_batch_invariant(x, w, None, p)  # [40, N]
         for m in range(1, 40):
             assert torch.equal(dense_batch_invariant(x[:m], w, None, p), ref[:m]), (n, k, m)
-        # and the same row inside another batch, at another position
-        shuffled = torch.cat([x[20:], x[:20]])
-        assert torch.equal(dense_batch_invariant(shuffled, w, None, p)[20:], ref[:20])
+        # and the same rows inside other batches, at other positions
+        for shift in (5, 20, 33):
+            shuffled = torch.cat([x[shift:], x[:shift]])
+            out = dense_batch_invariant(shuffled, w, None, p)[40 - shift :]
+            assert torch.equal(out, ref[:shift]), (n, k, shift)
         close = F.linear(x.float(), w.float())
         torch.testing.assert_close(ref.float(), close, rtol=2e-2, atol=2e-2 * k**0.5)
 

@@ -114,6 +114,15 @@ def _wait_idle(client: Client) -> None:
         time.sleep(0.05)
 
 
+def _wait_running(client: Client, n: int) -> None:
+    """The worker's load shows n running requests (its stats are a snapshot the scheduler
+    publishes after a step, so they can trail the stream's first chunks)."""
+    deadline = time.monotonic() + 30
+    while (load := client.load()).num_running != n:
+        assert time.monotonic() < deadline, load
+        time.sleep(0.05)
+
+
 def _assert_kv_back_to_zero(client: Client) -> None:
     _wait_idle(client)
     stub = client._worker  # FlushCache is a worker RPC the SDK does not wrap
@@ -318,7 +327,7 @@ def test_client_cancellation_frees_kv(client: Client) -> None:
     assert isinstance(stream, Iterator)
     for _, chunk in zip(range(3), stream, strict=False):
         assert chunk.finish_reason is None
-    assert client.load().num_running == 1
+    _wait_running(client, 1)
     stream.close()  # cancels the RPC: the server aborts the request
     _assert_kv_back_to_zero(client)
 

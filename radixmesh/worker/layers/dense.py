@@ -58,11 +58,17 @@ def dense(
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 
-# Deterministic mode's CPU GEMMs run at least this many rows: measured on the 2-core AMD
-# EPYC test machine (torch 2.13, smollm2 and dummy:tiny shapes), MKL's float32 kernels gave
-# a row other bits below 12 rows, and oneDNN's packed one at 1 row for K = 1536; from 12
-# rows on, every row's bits were those of the same row in a 300-row batch.
-CPU_MIN_ROWS = 16
+# Deterministic mode's CPU GEMMs run in blocks of exactly this many rows, one call each.
+# oneDNN and MKL pick their kernels and K blocking by the row count: on an AMD EPYC (torch
+# 2.13) MKL's float32 kernels gave a row other bits below 12 rows, and on an Intel Xeon
+# with AMX oneDNN's bf16 kernels gave a row other bits at 25 rows than at 40, and 16-row
+# calls other bits than one 64-row call. With every call the same shape, a row's bits
+# depend on its own values only: measured on both machines for smollm2's shapes and its
+# LM head, float32 and bf16, packed and not, at every row count to 40 and at other
+# positions in a block. The cost is the calls: a 512-row prefill's GEMMs 1.9x (bf16) to
+# 2.6x (float32) the time of one call each on the Xeon; 16 rows keeps a decode step's
+# padding where it was.
+CPU_BLOCK_ROWS = 16
 
 
 def dense_batch_invariant(
@@ -72,19 +78,23 @@ def dense_batch_invariant(
     packed: torch.Tensor | None,
 ) -> torch.Tensor:
     """`dense` whose row i depends on x[i] only, not on how many rows come with it
-    (worker/deterministic.py). CUDA: the fixed-tile Triton matmul. CPU: at least
-    CPU_MIN_ROWS rows (zero rows appended, their outputs dropped), past which oneDNN's and
-    MKL's kernels no longer change with M."""
+    (worker/deterministic.py). CUDA: the fixed-tile Triton matmul. CPU: blocks of
+    CPU_BLOCK_ROWS rows, one call each (zero rows appended to the last, their outputs
+    dropped)."""
     if x.is_cuda and packed is None:
         from radixmesh.worker.layers.kernels import batch_invariant_matmul as bim
 
         if bim.supports(x, weight):
             return bim.linear(x, weight, bias)
-    t = x.shape[0]
-    if t >= CPU_MIN_ROWS or x.is_cuda:
+    if x.is_cuda:
         return dense(x, weight, bias, packed)
-    padded = torch.cat([x, x.new_zeros(CPU_MIN_ROWS - t, x.shape[1])])  # [CPU_MIN_ROWS, in]
-    return dense(padded, weight, bias, packed)[:t]
+    t, b = x.shape[0], CPU_BLOCK_ROWS
+    rows = -(-t // b) * b
+    if rows > t:
+        x = torch.cat([x, x.new_zeros(rows - t, x.shape[1])])  # [rows, in]
+    if rows == b:
+        return dense(x, weight, bias, packed)[:t]
+    return torch.cat([dense(x[i : i + b], weight, bias, packed) for i in range(0, rows, b)])[:t]
 
 
 class PackableLinear(nn.Module):
