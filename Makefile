@@ -6,6 +6,10 @@ VPY := $(VENV)/bin/python
 PIP := $(VPY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist). A test module stays in one process (--dist loadfile), so
+# its module-scoped servers start once. Two, not one per CPU: on a GPU host every process
+# would load models onto the same GPU. `make test TEST_PROCESSES=0` runs in this process.
+TEST_PROCESSES ?= 2
 
 .PHONY: setup demo test lint typecheck bench clean proto proto-lint tools image image-cpu image-lint deploy-check sglang-client
 
@@ -26,7 +30,7 @@ demo: setup
 	$(VPY) examples/demo.py
 
 test: setup tools sglang-client
-	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(VPY) -m pytest -q $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(VPY) -m pytest -q -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 
 # The real SGLang frontend (its client, not its GPU runtime), for the tests that run its
 # RuntimeEndpoint against the router (tests/router/test_sglang_api.py). Installed into its
