@@ -7,8 +7,9 @@ PIP := $(VPY) -m pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist). A test module stays in one process (--dist loadfile), so
-# its module-scoped servers start once. Two, not one per CPU: on a GPU host every process
-# would load models onto the same GPU. `make test TEST_PROCESSES=0` runs in this process.
+# its module-scoped servers start once. Two, not one per CPU: three ran a 24 GiB machine
+# out of memory, and on a GPU host each would load models onto the same GPU.
+# `make test TEST_PROCESSES=0` runs everything in one process. docs/testing.md says more.
 TEST_PROCESSES ?= 2
 
 .PHONY: setup demo test lint typecheck bench clean proto proto-lint tools image image-cpu image-lint deploy-check sglang-client
