@@ -73,8 +73,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_worker(args: argparse.Namespace) -> int:
     import os
 
+    from radixmesh.cluster.parent import watch_parent
     from radixmesh.worker.server import ServerConfig, run
 
+    watch_parent()
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -118,10 +120,12 @@ def _add_worker_parser(sub: Any) -> None:
 
 
 def _cmd_router(args: argparse.Namespace) -> int:
+    from radixmesh.cluster.parent import watch_parent
     from radixmesh.cluster.router_flags import router_options
     from radixmesh.router.config import RouterConfig
     from radixmesh.router.server import run
 
+    watch_parent()
     config = RouterConfig(
         workers=tuple(a for a in args.workers.split(",") if a),
         api_keys=router_api_keys(args.api_key),

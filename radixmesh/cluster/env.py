@@ -9,3 +9,5 @@ WORKER_API_KEY_ENV = "RADIXMESH_WORKER_API_KEY"
 HEALTH_ADDRESS_ENV = "RADIXMESH_HEALTH_ADDRESS"  # the images set it (their HEALTHCHECK)
 # The router's admin keys (FlushCache, ClusterStatus, aborting any request), comma-separated.
 ADMIN_KEY_ENV = "RADIXMESH_ADMIN_KEY"
+# The local launcher's process id, given to each worker and router it starts (parent.py).
+PARENT_PID_ENV = "RADIXMESH_PARENT_PID"

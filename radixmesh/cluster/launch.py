@@ -34,7 +34,12 @@ from types import FrameType
 from typing import Protocol
 
 from radixmesh.cluster.child import Child
-from radixmesh.cluster.env import ADMIN_KEY_ENV, API_KEY_ENV, WORKER_API_KEY_ENV
+from radixmesh.cluster.env import (
+    ADMIN_KEY_ENV,
+    API_KEY_ENV,
+    PARENT_PID_ENV,
+    WORKER_API_KEY_ENV,
+)
 from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import InvalidArgument, Unavailable
 
@@ -235,6 +240,7 @@ class LocalCluster:
         args += ["--port", str(self.worker_ports[i])]
         env = dict(worker_gpu_env(c, i) or (c.env if c.env is not None else os.environ))
         env[API_KEY_ENV] = self.worker_key  # the worker's own key, whatever the user's
+        env[PARENT_PID_ENV] = str(os.getpid())  # it stops if this process dies (parent.py)
         return subprocess.Popen(_cli(*args, *worker_args(c)), env=env)
 
     def start_router(self) -> None:
@@ -266,6 +272,7 @@ class LocalCluster:
         if c.admin_keys:
             env[ADMIN_KEY_ENV] = ",".join(c.admin_keys)
         env[WORKER_API_KEY_ENV] = self.worker_key
+        env[PARENT_PID_ENV] = str(os.getpid())
         flags = c.router_flags()
         metrics_port = c.router_options.get("metrics_port")
         if index and metrics_port:
