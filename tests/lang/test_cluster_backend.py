@@ -373,14 +373,14 @@ def test_n_and_flush_cache(endpoint: RuntimeEndpoint) -> None:
     assert sgl.flush_cache() is True
 
 
-def test_a_runtime_left_running_stops_at_interpreter_exit(smollm2_gguf: object) -> None:
+def test_a_runtime_left_running_stops_at_interpreter_exit() -> None:
     import os
     import subprocess
     import sys
 
     script = (
         "import radixmesh as sgl\n"
-        "rt = sgl.Runtime(model='smollm2', workers=1, kv_cache_tokens=2048)\n"
+        "rt = sgl.Runtime(model='dummy:tiny', workers=1, kv_cache_tokens=2048)\n"
         "print('pids', rt.cluster.router.pid, rt.cluster.workers[0].pid, flush=True)\n"
     )  # no shutdown(): atexit does it
     out = subprocess.run(
