@@ -127,6 +127,12 @@ class Load:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # The load goes on until THREADS requests have finished (check() asserts them), not
+        # only for the caller's sleeps: on a loaded machine those may pass before any
+        # request can finish, and that says nothing about the fault.
+        deadline = time.monotonic() + REQUEST_BOUND_S
+        while sum(o.finished for o in self.outcomes) < THREADS and time.monotonic() < deadline:
+            time.sleep(0.05)
         self.stop.set()
         for t in self.threads:
             t.join(timeout=REQUEST_BOUND_S + 5)

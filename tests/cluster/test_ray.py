@@ -51,11 +51,12 @@ def expected() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RayCluster]:
+def cluster(ray_turn: None) -> Iterator[RayCluster]:
     import ray
 
     # Two GPUs as Ray resources only (no CUDA here): the tensor-parallel test reserves them.
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    # address="local": a new cluster, never one found running on the machine.
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
     config = LaunchSpec(
         model="dummy:tiny",
         workers=2,

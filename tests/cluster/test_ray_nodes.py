@@ -42,7 +42,7 @@ def expected() -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def two_nodes() -> Iterator[Any]:
+def two_nodes(ray_turn: None) -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 

@@ -1,0 +1,26 @@
+"""The Ray tests take this machine's Ray in turn.
+
+`make test` runs two test modules at a time. Two Ray clusters side by side do not stay
+apart: a bare `ray.init()` or `--ray-address auto` joins whichever cluster it finds on the
+machine, and on two cores each starves the other's actors past their ready timeouts. A
+module that starts Ray holds an exclusive lock on one file for as long as its cluster
+lives; the other process's Ray module waits for it (its other modules do not)."""
+
+from __future__ import annotations
+
+import fcntl
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+LOCK = Path(tempfile.gettempdir()) / "radixmesh-tests-ray.lock"
+
+
+@pytest.fixture(scope="module")
+def ray_turn() -> Iterator[None]:
+    """This module's turn with Ray: held from its cluster's start to its shutdown."""
+    with LOCK.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
