@@ -285,7 +285,9 @@ class RouterActor:
             self._thread.join(timeout=2.0)
             if not self._thread.is_alive():
                 return self.ready()
-            raise
+            # Its loop is alive but did not answer within 10 s (still starting on a loaded
+            # node): not ready yet, and asked again. Raising here failed the whole start.
+            return False
 
     def summaries(self) -> dict[str, dict[str, Any]]:
         """Per worker: the address the router uses and the state of its prefix summary."""
@@ -377,6 +379,12 @@ class RayCluster:
         if not c.worker_api_key:  # workers always require a key
             self.config = c = dataclasses.replace(c, worker_api_key=secrets.token_urlsafe(32))
         if not ray.is_initialized():
+            if o.ray_address is None:
+                # A Ray started here: its worker processes (these actors) at the default
+                # priority, not Ray's nice 15, under which any other load on the machine
+                # starves them (a cluster ready in 20 s was not in 300 beside two busy
+                # loops). A cluster started elsewhere sets it on its nodes (deploy/ray/).
+                os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(address=o.ray_address, include_dashboard=False)
             self._owns_ray = True
         use_gpu = self._use_gpu()

@@ -4,7 +4,12 @@
 apart: a bare `ray.init()` or `--ray-address auto` joins whichever cluster it finds on the
 machine, and on two cores each starves the other's actors past their ready timeouts. A
 module that starts Ray holds an exclusive lock on one file for as long as its cluster
-lives; the other process's Ray module waits for it (its other modules do not)."""
+lives; the other process's Ray module waits for it (its other modules do not).
+
+Ray runs its worker processes, our actors among them, at niceness 15 (RAY_worker_niceness)
+so that its own daemons come first. Beside any process at the default priority (two busy
+loops, here) the actors then get next to no CPU, and a cluster that is ready in 20 s was
+not ready in 300. A serving cluster sets it to 0 (deploy/ray/), and so do these tests."""
 
 from __future__ import annotations
 
@@ -20,7 +25,9 @@ LOCK = Path(tempfile.gettempdir()) / "radixmesh-tests-ray.lock"
 
 @pytest.fixture(scope="module")
 def ray_turn() -> Iterator[None]:
-    """This module's turn with Ray: held from its cluster's start to its shutdown."""
-    with LOCK.open("w") as f:
+    """This module's turn with Ray: held from its cluster's start to its shutdown, with the
+    actors at the default priority."""
+    with LOCK.open("w") as f, pytest.MonkeyPatch.context() as env:
         fcntl.flock(f, fcntl.LOCK_EX)
+        env.setenv("RAY_worker_niceness", "0")
         yield

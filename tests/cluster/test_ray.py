@@ -65,7 +65,7 @@ def cluster(ray_turn: None) -> Iterator[RayCluster]:
         device="cpu",
         worker_args=WORKER_ARGS,
         router_options={"health_interval": 0.2, "seed": 0},
-        ready_timeout=120.0,
+        ready_timeout=300.0,  # Ray's processes start slowly on a loaded 2-core machine
         # Half of Ray's 2 CPUs; the tensor-parallel test takes the rest.
         ray=RayOptions(cpus_per_worker=0.5),
     )
@@ -175,7 +175,7 @@ def test_tensor_parallel_worker_gets_a_placement_group(
         tp_size=2,
         device="cuda",
         worker_args=WORKER_ARGS,
-        ready_timeout=120.0,
+        ready_timeout=300.0,
         ray=RayOptions(cpus_per_worker=0.5),
     )
     with RayCluster(config) as tp:

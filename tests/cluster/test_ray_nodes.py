@@ -74,7 +74,7 @@ def _spec(**ray_options: Any) -> LaunchSpec:
             "http_port": free_port(),
             "metrics_port": metrics,
         },
-        ready_timeout=90.0,
+        ready_timeout=300.0,  # Ray's processes start slowly on a loaded 2-core machine
         # Half a CPU for the worker and a quarter per router: both nodes have one.
         ray=RayOptions(cpus_per_worker=0.5, router_cpus=0.25, **ray_options),
     )
