@@ -17,6 +17,7 @@ from radixmesh.cluster.env import PARENT_PID_ENV
 from radixmesh.cluster.launch import free_port
 from radixmesh.cluster.parent import watch_parent
 from tests.cluster.processes import ready_line, refuses
+from tests.procfs import children
 
 
 def running(pid: int) -> bool:
@@ -26,14 +27,6 @@ def running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return re.search(r"^State:\s+Z", status, re.M) is None
-
-
-def children(pid: int) -> list[int]:
-    """The direct children of `pid` (Linux: every thread's list)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
 
 
 def test_nothing_to_watch_without_the_launchers_pid(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,6 +35,7 @@ from radixmesh.worker.model.dummy import iter_dummy_weights, preset_arch
 from radixmesh.worker.model.hf import iter_hf_weights
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.tp.step import StepHeader
+from tests.procfs import children
 from tests.worker.conftest import assert_engine_idle_and_clean
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
@@ -336,16 +337,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _children(pid: int) -> list[int]:
-    """Children of every thread of `pid` (the ranks are spawned from a helper thread)."""
-    tasks = Path(f"/proc/{pid}/task").glob("*/children")
-    return [int(c) for task in tasks for c in task.read_text().split()]
-
-
 def _spawned_ranks(pid: int) -> list[int]:
     """The worker's follower ranks (not multiprocessing's resource tracker)."""
     ranks = []
-    for child in _children(pid):
+    for child in children(pid):  # the ranks are spawned from a helper thread
         cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         if b"spawn_main" in cmdline:
             ranks.append(child)
