@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from radixmesh.cluster.env import PARENT_PID_ENV
 from radixmesh.cluster.launch import free_port
 from radixmesh.cluster.parent import watch_parent
 from tests.cluster.processes import ready_line, refuses
-from tests.procfs import children
 
 
 def running(pid: int) -> bool:
@@ -59,7 +59,7 @@ def test_a_sigkilled_launcher_takes_its_workers_and_router_with_it() -> None:
     try:
         ready = ready_line(proc, "radixmesh cluster ready")
         addresses = re.findall(r"127\.0\.0\.1:\d+", ready.split("workers", 1)[1])
-        launched = children(proc.pid)
+        launched = [c.pid for c in psutil.Process(proc.pid).children()]
         assert len(launched) == 3  # two workers and the router
         proc.send_signal(signal.SIGKILL)
         proc.wait()

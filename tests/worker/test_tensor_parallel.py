@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -35,7 +36,6 @@ from radixmesh.worker.model.dummy import iter_dummy_weights, preset_arch
 from radixmesh.worker.model.hf import iter_hf_weights
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.tp.step import StepHeader
-from tests.procfs import children
 from tests.worker.conftest import assert_engine_idle_and_clean
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True}
@@ -340,10 +340,11 @@ def _free_port() -> int:
 def _spawned_ranks(pid: int) -> list[int]:
     """The worker's follower ranks (not multiprocessing's resource tracker)."""
     ranks = []
-    for child in children(pid):  # the ranks are spawned from a helper thread
-        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+    # psutil finds children by their parent pid, so also those a helper thread spawned
+    for child in psutil.Process(pid).children():
+        cmdline = Path(f"/proc/{child.pid}/cmdline").read_bytes()
         if b"spawn_main" in cmdline:
-            ranks.append(child)
+            ranks.append(child.pid)
     return ranks
 
 
