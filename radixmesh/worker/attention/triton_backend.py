@@ -9,8 +9,9 @@ otherwise (an FP8 pool: every kernel reads the quantized keys); a batch with bot
 its own rows, because the extend kernel computes a BLOCK_M-row tile for every one-row
 query (64x the work of a decode row). Per layer `forward` stores the new k/v with the
 store kernel, then attends. With an FP8 pool every kernel also gets its scale exponents
-(kvcache/fp8_kv.py). Metadata holds device tensors only, built once per step, so every
-layer's launches need no host-device sync.
+(kvcache/fp8_kv.py); decode over an FP8 pool multiplies e4m3 on the matrix unit where the
+GPU can (kernels/decode_fp8_mma.py). Metadata holds device tensors only, built once per
+step, so every layer's launches need no host-device sync.
 
 Deterministic mode (`enable_deterministic`): every row, decode rows included, runs through
 the extend kernel with one key-tile size and absolute tiles (`absolute_tiles`): query
@@ -30,7 +31,11 @@ from dataclasses import dataclass
 import torch
 
 from radixmesh.worker.attention.base import AttentionBackend
-from radixmesh.worker.attention.kernels.decode_attention import decode_attention, decode_workspace
+from radixmesh.worker.attention.kernels.decode_attention import (
+    DecodeConfig,
+    decode_attention,
+    decode_workspace,
+)
 from radixmesh.worker.attention.kernels.extend_attention import (
     LONG_EXTEND,
     ExtendConfig,
@@ -115,6 +120,9 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = 4  # the interpreter: few programs, few splits
         self.extend_cfg: ExtendConfig | None = None  # deterministic mode's configuration
         self.decode_cfg: ExtendConfig | None = None  # and its decode-only batches'
+        # The decode kernel's launch; None: `decode_config`'s for the device and pool (over
+        # an FP8 pool on Hopper and later: the FP8 matrix unit, decode_fp8_mma.py).
+        self.decode_launch: DecodeConfig | None = None
 
     def enable_deterministic(self, max_context_len: int) -> None:
         super().enable_deterministic(max_context_len)
@@ -197,6 +205,7 @@ class TritonAttentionBackend(AttentionBackend):
                 meta.num_splits,
                 meta.workspace,
                 scales=scales,
+                config=self.decode_launch,
             )
         if isinstance(meta, MixedMeta):
             return self._forward_mixed(q, k_buf, v_buf, out, batch, meta, scales, new_kv)
@@ -286,6 +295,7 @@ class TritonAttentionBackend(AttentionBackend):
             meta.decode.num_splits,
             meta.decode.workspace,
             scales=scales,
+            config=self.decode_launch,
         )
         extend_attention(
             q,

@@ -279,3 +279,86 @@ def test_decode_over_fp8_pool_is_decode_over_its_dequantized_values_bit_for_bit(
         )  # fmt: skip
 
     assert torch.equal(run(k8, v8, scales), run(k_ref.to(dtype), v_ref.to(dtype), None))
+
+
+# The FP8 matrix-unit path quantizes the query and the softmax weights to e4m3 (3 mantissa
+# bits): ~1% relative error on random data, where the conversion path is exact to the
+# query's dtype. On the GPU a 16-key tile runs as mma.sync after an upcast; the engine's
+# 128-key tile is the wgmma path (tested on the GPU in test_decode_fp8_mma_on_engine_tiles).
+FP8_MMA_16 = DecodeConfig(block_n=16, fp8_mma=True)
+FP8_MMA_TOL = 3e-2
+
+
+def spread_fp8_pool(c: PoolCase, seed: int) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
+    """`fp8_pool` of a pool whose tokens' values differ in magnitude by up to 2^8 either
+    way (keys by 2 either way: larger spreads make scores whose rounding no 16-bit query
+    survives either), so that the keys of one tile carry different exponents."""
+    gen = torch.Generator().manual_seed(seed)
+    n = c["k_buf"].shape[0]
+    for name, e in (("k_buf", 1), ("v_buf", 8)):
+        spread = torch.pow(2.0, torch.randint(-e, e + 1, (n, 1, 1), generator=gen).float())
+        c[name] = c[name] * spread.to(c[name].device, c[name].dtype)  # type: ignore[literal-required]
+    return fp8_pool(c)
+
+
+@pytest.mark.parametrize("spread", [False, True])
+@pytest.mark.parametrize("dtype", ATTN_DTYPES)
+@pytest.mark.parametrize("case", range(len(DECODE_CASES)))
+def test_decode_fp8_mma_matches_reference(case: int, dtype: torch.dtype, spread: bool) -> None:
+    seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
+    c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=500 + case)
+    k8, v8, scales, (k_ref, v_ref) = spread_fp8_pool(c, 7) if spread else fp8_pool(c)
+    out = torch.full_like(c["q"], float("nan"))
+    scale = d**-0.5
+    decode_attention(
+        c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
+        scales=scales, config=FP8_MMA_16,
+    )  # fmt: skip
+    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
+    assert not out.isnan().any()
+    err = rel_err(out, ref)
+    assert err < FP8_MMA_TOL
+    # Not the exact path by accident: quantizing q and the weights moves the result.
+    assert err > TOL[dtype] / 10
+
+
+def test_decode_fp8_mma_output_is_invariant_to_the_query_scale() -> None:
+    """Each head's query is scaled by a power of two into e4m3's range, and the scale comes
+    back exactly: 2^10 q gives the scores of q times 2^10 (the same e4m3 digits) -- the
+    same output as 2^10 times softmax's temperature, computed from q at the scale 2^10."""
+    seq_lens, hq, hkv, d, splits = DECODE_CASES[2]
+    c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, torch.float32, seed=521)
+    k8, v8, scales, _ = fp8_pool(c)
+
+    def run(q: torch.Tensor, scale: float) -> torch.Tensor:
+        out = torch.full_like(q, float("nan"))
+        return decode_attention(
+            q, k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
+            scales=scales, config=FP8_MMA_16,
+        )  # fmt: skip
+
+    small = run(c["q"] * 2.0**-10, d**-0.5 * 2.0**10)
+    assert torch.equal(small, run(c["q"], d**-0.5))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE == "cpu", reason="wgmma tiles: the GPU's compiler")
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_decode_fp8_mma_on_engine_tiles(block_n: int) -> None:
+    """The engine's launch on Llama-3-8B's heads: the e4m3 wgmma path against the
+    reference, beside the conversion path on the same pool."""
+    seq_lens = [1, 200, 777, 1500]
+    c = make_pool_case([(n - 1, 1) for n in seq_lens], 32, 8, 128, torch.bfloat16, 540, 4096, 1600)
+    k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
+    scale = 128**-0.5
+    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
+    errs = []
+    for cfg in (DecodeConfig(block_n, 4, 3, fp8_mma=True), DecodeConfig(128, 4, 3)):
+        out = torch.full_like(c["q"], float("nan"))
+        decode_attention(
+            c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, 4,
+            scales=scales, config=cfg,
+        )  # fmt: skip
+        assert not out.isnan().any()
+        errs.append(rel_err(out, ref))
+    assert errs[0] < FP8_MMA_TOL and errs[1] < TOL[torch.bfloat16]

@@ -24,6 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
+from radixmesh.worker.attention.kernels.decode_fp8_mma import (
+    decode_split_fp8_mma,
+    fp8_mma_supported,
+)
 from radixmesh.worker.attention.kernels.extend_attention import extend_attention_ref
 from radixmesh.worker.attention.kernels.kv_store import pow2
 
@@ -32,11 +36,17 @@ LOG2E = 1.0 / math.log(2.0)
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """The split kernel's launch: keys per tile, warps, pipeline stages."""
+    """The split kernel's launch: keys per tile, warps, pipeline stages; and, over an FP8
+    pool, whether to multiply e4m3 on the matrix unit (decode_fp8_mma.py) instead of
+    converting keys and values to the query's dtype."""
 
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    fp8_mma: bool = False
+    # The FP8 path's operands as one or two e4m3 terms (hi + lo: ~7 mantissa bits, as bf16)
+    q_terms: int = 2
+    w_terms: int = 1
 
 
 # Most preferred first. From the decode sweep on the H200 (2026-12-02,
@@ -54,10 +64,18 @@ DECODE_CONFIGS = [
     DecodeConfig(32, 4, 2),
 ]
 
+# The FP8 matrix-unit kernel's launch (128 keys make two 64-row wgmma tiles for 4 warps).
+FP8_MMA_CONFIG = DecodeConfig(128, 4, 3, fp8_mma=True)
 
-def decode_config(block_d: int, elem_bytes: int, max_shared: int) -> DecodeConfig:
+
+def decode_config(
+    block_d: int, elem_bytes: int, max_shared: int, fp8_mma: bool = False
+) -> DecodeConfig:
     """The first of DECODE_CONFIGS whose stages of K and V tiles (in the query's dtype, an
-    upper bound for an FP8 pool's) fit the device's shared memory with 16 KiB to spare."""
+    upper bound for an FP8 pool's) fit the device's shared memory with 16 KiB to spare;
+    `fp8_mma`: over an FP8 pool, FP8_MMA_CONFIG (its tiles are a quarter of that)."""
+    if fp8_mma:
+        return FP8_MMA_CONFIG
     for cfg in DECODE_CONFIGS:
         if cfg.num_stages * 2 * cfg.block_n * block_d * elem_bytes <= max_shared - 16 * 1024:
             return cfg
@@ -221,6 +239,60 @@ def decode_workspace(
     return mid_o, mid_l
 
 
+def _decode_split(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    workspace: tuple[torch.Tensor, torch.Tensor],
+    req_to_token: torch.Tensor,
+    req_rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale_log2: float,
+    num_splits: int,
+    cfg: DecodeConfig,
+    kv_fp8: bool,
+) -> None:
+    """Stage 1 with keys and values in the query's dtype (an FP8 pool's converted)."""
+    b, hq, d = q.shape
+    hkv = k_buf.shape[1]
+    group = hq // hkv
+    mid_o, mid_l = workspace
+    _decode_split_kernel[(b, hkv, num_splits)](
+        q,
+        k_buf,
+        v_buf,
+        k_scale,
+        v_scale,
+        mid_o,
+        mid_l,
+        req_to_token,
+        req_rows,
+        seq_lens,
+        scale_log2,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        k_scale.stride(0),
+        req_to_token.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        GROUP=group,
+        HEAD_DIM=d,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_N=cfg.block_n,
+        IEEE=q.dtype == torch.float32,
+        KV_FP8=kv_fp8,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
 def decode_attention(
     q: torch.Tensor,
     k_buf: torch.Tensor,
@@ -254,42 +326,21 @@ def decode_attention(
     mid_o, mid_l = workspace
     assert mid_o.shape == (b, hq, num_splits, d) and mid_o.is_contiguous(), mid_o.shape
     assert mid_l.shape == (b, hq, num_splits) and mid_l.is_contiguous(), mid_l.shape
-    group = hq // hkv
     block_d = max(16, triton.next_power_of_2(d))
-    cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device))
+    fp8_mma = scales is not None and fp8_mma_supported(q.device)
+    cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device), fp8_mma)
     # mid_l is addressed as mid_o's offset // D: both are contiguous with the same leading dims.
-    _decode_split_kernel[(b, hkv, num_splits)](
-        q,
-        k_buf,
-        v_buf,
-        k_scale,
-        v_scale,
-        mid_o,
-        mid_l,
-        req_to_token,
-        req_rows,
-        seq_lens,
-        scale * LOG2E,
-        num_splits,
-        q.stride(0),
-        q.stride(1),
-        k_buf.stride(0),
-        k_buf.stride(1),
-        k_scale.stride(0),
-        req_to_token.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        GROUP=group,
-        HEAD_DIM=d,
-        BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=block_d,
-        BLOCK_N=cfg.block_n,
-        IEEE=q.dtype == torch.float32,
-        KV_FP8=scales is not None,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+    if scales is not None and cfg.fp8_mma:
+        decode_split_fp8_mma(
+            q, k_buf, v_buf, scales, workspace, req_to_token, req_rows, seq_lens,
+            scale * LOG2E, num_splits, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.q_terms,
+            cfg.w_terms,
+        )  # fmt: skip
+    else:
+        _decode_split(
+            q, k_buf, v_buf, k_scale, v_scale, workspace, req_to_token, req_rows, seq_lens,
+            scale * LOG2E, num_splits, cfg, scales is not None,
+        )  # fmt: skip
     _decode_merge_kernel[(b, hq)](
         mid_o,
         mid_l,
