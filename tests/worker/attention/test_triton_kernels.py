@@ -8,7 +8,8 @@ from typing import TypedDict
 
 import pytest
 import torch
-import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
+import triton  # a dev dependency: missing must fail, not skip
+import triton.language as tl
 
 from radixmesh.worker.attention.kernels.decode_attention import (
     DecodeConfig,
@@ -16,6 +17,7 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention_ref,
     decode_config,
 )
+from radixmesh.worker.attention.kernels.decode_fp8_mma import _load_v_transposed
 from radixmesh.worker.attention.kernels.extend_attention import (
     ExtendConfig,
     extend_attention,
@@ -362,3 +364,39 @@ def test_decode_fp8_mma_on_engine_tiles(block_n: int) -> None:
         assert not out.isnan().any()
         errs.append(rel_err(out, ref))
     assert errs[0] < FP8_MMA_TOL and errs[1] < TOL[torch.bfloat16]
+
+
+@triton.jit
+def _transpose_probe(
+    V_words,
+    Out,
+    slots_ptr,
+    kv_head,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PTX: tl.constexpr,
+):
+    offs_n = tl.arange(0, BLOCK_N)
+    slots = tl.load(slots_ptr + offs_n).to(tl.int64)
+    vt = _load_v_transposed(
+        V_words, slots, offs_n < BLOCK_N, kv_head, 2 * BLOCK_D, BLOCK_D, BLOCK_N, BLOCK_D, PTX
+    )
+    offs_d = tl.arange(0, BLOCK_D)
+    tl.store(Out + offs_d[:, None] * BLOCK_N + offs_n[None, :], vt.to(tl.uint8, bitcast=True))
+
+
+@pytest.mark.parametrize("block_n,block_d", [(16, 16), (64, 128)])
+def test_fp8_value_tile_transposes_in_registers_exactly(block_n: int, block_d: int) -> None:
+    """The FP8 path's V tile, gathered through shuffled slots of head 1 of 2 and transposed
+    4 x 4 bytes at a time (PTX byte permutes on the GPU, shifts in the interpreter), holds
+    exactly the pool's bytes at [dim, key]."""
+    gen = torch.Generator().manual_seed(11)
+    pool = torch.randint(0, 256, (3 * block_n, 2, block_d), dtype=torch.uint8, generator=gen)
+    slots = torch.randperm(3 * block_n, generator=gen)[:block_n]
+    out = torch.zeros(block_d, block_n, dtype=torch.uint8, device=DEVICE)
+    pool, slots = pool.to(DEVICE), slots.to(DEVICE)
+    on_gpu = DEVICE == "cuda"
+    _transpose_probe[(1,)](
+        pool.view(torch.int32), out, slots, 1, BLOCK_N=block_n, BLOCK_D=block_d, PTX=on_gpu
+    )
+    assert torch.equal(out, pool[slots, 1, :].T)

@@ -25,8 +25,9 @@ A weight below 2^-16 of its head's largest in the tile rounds to zero (e4m3's le
 subnormal is 2^-9).
 
 The values must reach the matrix unit with their N dimension contiguous (e4m3 wgmma takes
-K-major operands only), so the compiler transposes each V tile through shared memory with
-byte stores; the keys go straight from their cp.async stage.
+K-major operands only), so each V tile is transposed on the way: on the GPU in registers,
+4 x 4 bytes at a time (`_load_v_transposed`); the keys go straight from their cp.async
+stage.
 """
 
 from __future__ import annotations
@@ -57,10 +58,79 @@ def _floor_log2(x):
 
 
 @triton.jit
+def _transpose_4x4_bytes(v0, v1, v2, v3, PTX: tl.constexpr):
+    """Four int32 words (key j's bytes k: 4 dims of one key) -> four words (word k's byte j:
+    one dim of 4 keys): byte permutes in registers (PTX), or shifts (the interpreter)."""
+    if PTX:
+        return tl.inline_asm_elementwise(
+            """
+            {
+            .reg .b32 lo01, hi01, lo23, hi23;
+            prmt.b32 lo01, $4, $5, 0x5140;
+            prmt.b32 hi01, $4, $5, 0x7362;
+            prmt.b32 lo23, $6, $7, 0x5140;
+            prmt.b32 hi23, $6, $7, 0x7362;
+            prmt.b32 $0, lo01, lo23, 0x5410;
+            prmt.b32 $1, lo01, lo23, 0x7632;
+            prmt.b32 $2, hi01, hi23, 0x5410;
+            prmt.b32 $3, hi01, hi23, 0x7632;
+            }
+            """,
+            "=r,=r,=r,=r,r,r,r,r",
+            [v0, v1, v2, v3],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        return (
+            _gather_byte(v0, v1, v2, v3, 0),
+            _gather_byte(v0, v1, v2, v3, 8),
+            _gather_byte(v0, v1, v2, v3, 16),
+            _gather_byte(v0, v1, v2, v3, 24),
+        )
+
+
+@triton.jit
+def _gather_byte(v0, v1, v2, v3, shift):
+    """The byte at `shift` of each of four words, as one word (v0's lowest)."""
+    b0 = (v0 >> shift) & 0xFF
+    b1 = (v1 >> shift) & 0xFF
+    b2 = (v2 >> shift) & 0xFF
+    b3 = (v3 >> shift) & 0xFF
+    return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
+
+
+@triton.jit
+def _load_v_transposed(
+    V_words, slots, n_mask, kv_head, stride_buf_slot, stride_buf_head, BLOCK_N, BLOCK_D, PTX
+):
+    """A V tile [N, D] of e4m3, read as int32 words, returned transposed [D, N]: each
+    thread transposes 4 x 4 byte blocks in registers, so the tile reaches the matrix unit's
+    shared memory in whole words (the compiler's own transpose of an 8-bit tile stores
+    single bytes, with 6-7-way bank conflicts: it cost more than the conversion it saves)."""
+    offs_w = tl.arange(0, BLOCK_D // 4)
+    w_off = slots[:, None] * (stride_buf_slot // 4) + kv_head * (stride_buf_head // 4)
+    words = tl.load(V_words + w_off + offs_w[None, :], mask=n_mask[:, None], other=0)
+    words = tl.permute(tl.reshape(words, [BLOCK_N // 4, 4, BLOCK_D // 4]), [0, 2, 1])
+    # A [..., 2, 2] reshape holds element 2a + b at [a, b]; split and join act on b.
+    even, odd = tl.split(tl.reshape(words, [BLOCK_N // 4, BLOCK_D // 4, 2, 2]))
+    v0, v2 = tl.split(even)
+    v1, v3 = tl.split(odd)
+    t0, t1, t2, t3 = _transpose_4x4_bytes(v0, v1, v2, v3, PTX)  # [N/4, D/4]: dim 4c+k, keys 4i..
+    t = tl.reshape(tl.join(tl.join(t0, t2), tl.join(t1, t3)), [BLOCK_N // 4, BLOCK_D // 4, 4])
+    t = tl.reshape(tl.permute(t, [1, 2, 0]), [BLOCK_D, BLOCK_N // 4])  # [d, i]
+    b0, b1, b2, b3 = t & 0xFF, (t >> 8) & 0xFF, (t >> 16) & 0xFF, (t >> 24) & 0xFF
+    b = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # [D, N/4, 4]: keys 4i + j
+    return tl.reshape(b, [BLOCK_D, BLOCK_N]).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def _decode_split_fp8_mma_kernel(
     Q,
     K_buf,
     V_buf,
+    V_words,
     K_scale,
     V_scale,
     Mid_O,
@@ -87,6 +157,7 @@ def _decode_split_fp8_mma_kernel(
     Q_TERMS: tl.constexpr,
     W_TERMS: tl.constexpr,
     SOFTWARE_ROUND: tl.constexpr,
+    TRANSPOSE_IN_REGISTERS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -136,17 +207,23 @@ def _decode_split_fp8_mma_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[None, :])  # [N, H]
         l_i = l_i * alpha + tl.sum(p, 0)
-        v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D] e4m3
+        if TRANSPOSE_IN_REGISTERS:
+            vt = _load_v_transposed(
+                V_words, slots, n_mask, kv_head, stride_buf_slot, stride_buf_head,
+                BLOCK_N, BLOCK_D, not SOFTWARE_ROUND,
+            )  # fmt: skip
+        else:
+            vt = tl.trans(tl.load(V_buf + kv_off, mask=kv_mask, other=0.0))  # [D, N] e4m3
         v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
         w = p * pow2(v_exp)[:, None]  # [N, H]: each weight times its key's value scale
         # Each head's weights shifted so that its largest lands in [128, 256).
         e_w = _floor_log2(tl.max(w, 0))  # [H]
         w = w * pow2(tl.minimum(tl.maximum(7 - e_w, -126), 127))[None, :]
         w8 = _to_e4m3(w, SOFTWARE_ROUND)
-        pv = tl.dot(tl.trans(v), w8)  # [D, H]
+        pv = tl.dot(vt, w8)  # [D, H]
         if W_TERMS == 2:
             w8_lo = _to_e4m3((w - w8.to(tl.float32)) * 16.0, SOFTWARE_ROUND)
-            pv += tl.dot(tl.trans(v), w8_lo) * 0.0625
+            pv += tl.dot(vt, w8_lo) * 0.0625
         pv = pv * pow2(tl.minimum(tl.maximum(e_w - 7, -126), 127))[None, :]
         acc = acc * alpha[None, :] + pv
         m_i = m_new
@@ -189,10 +266,14 @@ def decode_split_fp8_mma(
     group = hq // hkv
     mid_o, mid_l = workspace
     k_scale, v_scale = scales
+    # The transpose in registers reads whole words of one head's values: a power-of-two head
+    # dim of >= 16 bytes (no padded dims); others take the compiler's transpose.
+    in_registers = d >= 16 and d & (d - 1) == 0
     _decode_split_fp8_mma_kernel[(b, hkv, num_splits)](
         q,
         k_buf,
         v_buf,
+        v_buf.view(torch.int32) if in_registers else v_buf,
         k_scale,
         v_scale,
         mid_o,
@@ -219,6 +300,7 @@ def decode_split_fp8_mma(
         Q_TERMS=q_terms,
         W_TERMS=w_terms,
         SOFTWARE_ROUND=q.device.type != "cuda",
+        TRANSPOSE_IN_REGISTERS=in_registers,
         num_warps=num_warps,
         num_stages=num_stages,
     )
