@@ -260,16 +260,12 @@ def test_decode_attention_over_fp8_pool_matches_reference(case: int, dtype: torc
     assert rel_err(out, ref) < TOL[dtype]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, ATTN_DTYPES[2]])
-def test_decode_over_fp8_pool_is_decode_over_its_dequantized_values_bit_for_bit(
-    dtype: torch.dtype,
-) -> None:
-    """The kernel folds each key's 2^e into its score and its weight instead of scaling
-    K and V: the same products, scaled by powers of two, so the same bits as decoding a
-    pool that holds the dequantized values. (fp16 queries keep scaling V: a weight times
-    2^e would fall below fp16's normal range, see the kernel.)"""
+def test_decode_over_fp8_pool_is_decode_over_its_dequantized_values_bit_for_bit() -> None:
+    """Float32 queries: the kernel folds each key's 2^e into its score and its weight
+    instead of scaling K and V: the same products, scaled by powers of two, so the same
+    bits as decoding a pool that holds the dequantized values."""
     seq_lens, hq, hkv, d, splits = DECODE_CASES[1]
-    c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=431)
+    c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, torch.float32, seed=431)
     k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
     scale = d**-0.5
 
@@ -280,15 +276,42 @@ def test_decode_over_fp8_pool_is_decode_over_its_dequantized_values_bit_for_bit(
             scales=sc, config=DECODE_16,
         )  # fmt: skip
 
-    assert torch.equal(run(k8, v8, scales), run(k_ref.to(dtype), v_ref.to(dtype), None))
+    assert torch.equal(run(k8, v8, scales), run(k_ref, v_ref, None))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, ATTN_DTYPES[2]])
+def test_decode_over_fp8_pool_with_16_bit_queries_is_fp16_exact(dtype: torch.dtype) -> None:
+    """16-bit queries over an FP8 pool multiply in fp16 (e4m3 values are exact there, the
+    query and weights are shifted into its range by powers of two): as close to the
+    float32 reference as fp16 operands allow, for bf16 queries too (bf16 weights: 1e-2)."""
+    seq_lens, hq, hkv, d, splits = DECODE_CASES[1]
+    c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=433)
+    k8, v8, scales, (k_ref, v_ref) = spread_fp8_pool(c, 9)
+    out = torch.full_like(c["q"], float("nan"))
+    scale = d**-0.5
+    decode_attention(
+        c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
+        scales=scales, config=DECODE_16,
+    )  # fmt: skip
+    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
+    assert rel_err(out, ref) < TOL[torch.float16]
 
 
 # The FP8 matrix-unit path quantizes the query and the softmax weights to e4m3 (3 mantissa
-# bits): ~1% relative error on random data, where the conversion path is exact to the
-# query's dtype. On the GPU a 16-key tile runs as mma.sync after an upcast; the engine's
-# 128-key tile is the wgmma path (tested on the GPU in test_decode_fp8_mma_on_engine_tiles).
-FP8_MMA_16 = DecodeConfig(block_n=16, fp8_mma=True)
+# bits; two terms each: ~7): 1-6% relative error on random data with one term, where the
+# conversion path is fp16-exact. On the GPU a 32-key tile runs as mma.sync after an
+# upcast; the engine's 64- and 128-key tiles are wgmma (test_decode_fp8_mma_on_engine_tiles).
+FP8_MMA_32 = DecodeConfig(block_n=32, fp8_mma=True)
 FP8_MMA_TOL = 3e-2
+# e4m3 products take K >= 32 on the GPU: head dims >= 32 (48: padded to 64 and transposed
+# by the compiler; 32 and 64: in registers).
+MMA_CASES = [
+    # (seq_lens, Hq, Hkv, D, num_splits)
+    ([1, 37, 64, 90, 5], 8, 2, 32, 1),
+    ([1, 37, 64, 90, 5], 8, 2, 32, 3),
+    ([80, 33], 4, 4, 48, 2),
+    ([70], 6, 1, 64, 4),
+]
 
 
 def spread_fp8_pool(c: PoolCase, seed: int) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
@@ -305,16 +328,16 @@ def spread_fp8_pool(c: PoolCase, seed: int) -> tuple[torch.Tensor, torch.Tensor,
 
 @pytest.mark.parametrize("spread", [False, True])
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
-@pytest.mark.parametrize("case", range(len(DECODE_CASES)))
+@pytest.mark.parametrize("case", range(len(MMA_CASES)))
 def test_decode_fp8_mma_matches_reference(case: int, dtype: torch.dtype, spread: bool) -> None:
-    seq_lens, hq, hkv, d, splits = DECODE_CASES[case]
+    seq_lens, hq, hkv, d, splits = MMA_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=500 + case)
     k8, v8, scales, (k_ref, v_ref) = spread_fp8_pool(c, 7) if spread else fp8_pool(c)
     out = torch.full_like(c["q"], float("nan"))
     scale = d**-0.5
     decode_attention(
         c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-        scales=scales, config=FP8_MMA_16,
+        scales=scales, config=FP8_MMA_32,
     )  # fmt: skip
     ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
     assert not out.isnan().any()
@@ -328,7 +351,7 @@ def test_decode_fp8_mma_output_is_invariant_to_the_query_scale() -> None:
     """Each head's query is scaled by a power of two into e4m3's range, and the scale comes
     back exactly: 2^10 q gives the scores of q times 2^10 (the same e4m3 digits) -- the
     same output as 2^10 times softmax's temperature, computed from q at the scale 2^10."""
-    seq_lens, hq, hkv, d, splits = DECODE_CASES[2]
+    seq_lens, hq, hkv, d, splits = MMA_CASES[2]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, torch.float32, seed=521)
     k8, v8, scales, _ = fp8_pool(c)
 
@@ -336,7 +359,7 @@ def test_decode_fp8_mma_output_is_invariant_to_the_query_scale() -> None:
         out = torch.full_like(q, float("nan"))
         return decode_attention(
             q, k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-            scales=scales, config=FP8_MMA_16,
+            scales=scales, config=FP8_MMA_32,
         )  # fmt: skip
 
     small = run(c["q"] * 2.0**-10, d**-0.5 * 2.0**10)

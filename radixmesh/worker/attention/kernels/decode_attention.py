@@ -10,6 +10,15 @@ empty split (a sequence shorter than the split count) writes lse = -inf.
 
 Stage 2, one program per (sequence, query head), merges the splits' partials.
 
+Over an FP8 pool (e4m3 values, a power-of-two exponent per token and head) the stored
+bytes are converted for the matrix unit: to fp16 for 16-bit queries (one instruction per
+two values, exact; bf16 would take a second conversion per value, which made this kernel
+conversion-bound at 1.2x a bf16 pool's time on the H200), to float32 for float32 queries.
+The exponents scale the scores and the softmax weights instead of the values (exact:
+powers of two), and each head's query and weights are shifted by powers of two into
+fp16's range. On Hopper and later, the default multiplies e4m3 on the matrix unit
+instead (decode_fp8_mma.py).
+
 Deterministic mode does not use this kernel: its decode rows run through the extend
 kernel (triton_backend.py says why).
 """
@@ -96,6 +105,20 @@ def max_shared_memory(device: torch.device) -> int:
 
 
 @triton.jit
+def _floor_log2(x):
+    """float32 x >= 0 -> int32 floor(log2 x) from its bits (0: -127)."""
+    return ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _ceil_log2(x):
+    """float32 x > 0 -> int32 ceil(log2 x), clamped to [-126, 126] (0: -126)."""
+    bits = x.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    return tl.minimum(tl.maximum(e, -126), 126)
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,
     K_buf,
@@ -125,6 +148,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
+    F16: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -142,6 +166,12 @@ def _decode_split_kernel(
     heads = kv_head * GROUP + offs_g  # [H] query heads of this KV head
     q_ptrs = Q + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [H, D]
+    q_scale = tl.full([BLOCK_H], scale_log2, tl.float32)  # [H]: scores to log2 units
+    if F16:  # each head by a power of two into fp16's range, exactly; undone on the scores
+        e_q = _ceil_log2(tl.max(tl.abs(q.to(tl.float32)), 1) / 16384.0)
+        q = (q.to(tl.float32) * pow2(-e_q)[:, None]).to(tl.float16)
+        q_scale = q_scale * pow2(e_q)
+    mma_dtype = q.dtype
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -154,8 +184,8 @@ def _decode_split_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         scale_off = slots * stride_scale_slot + kv_head  # [N] (an FP8 pool's exponents)
         k = tl.load(K_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
-        if KV_FP8:  # e4m3 is exact in the query's dtype; its 2^e scales the scores instead
-            k = k.to(Q.dtype.element_ty)
+        if KV_FP8:  # e4m3 is exact in fp16 and float32; its 2^e scales the scores instead
+            k = k.to(mma_dtype)
         if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -163,24 +193,25 @@ def _decode_split_kernel(
         if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
             k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
             s = s * pow2(k_exp)[None, :]
-        s = tl.where(n_mask[None, :], s * scale_log2, float("-inf"))  # [H, N] log2 units
+        s = tl.where(n_mask[None, :], s * q_scale[:, None], float("-inf"))  # [H, N] log2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
-        pw = p
-        if KV_FP8:
+        if KV_FP8:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [H, N] not [N, D]
             v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
-            if Q.dtype.element_ty == tl.float16:  # p 2^e would fall into fp16's subnormals
-                v = (v.to(tl.float32) * pow2(v_exp)[:, None]).to(tl.float16)
-            else:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [H, N] not [N, D]
-                v = v.to(Q.dtype.element_ty)
-                pw = p * pow2(v_exp)[None, :]
-        if IEEE:
-            pv = tl.dot(pw.to(v.dtype), v, input_precision="ieee")
+            v = v.to(mma_dtype)
+            p = p * pow2(v_exp)[None, :]
+        if F16:  # each head's weights shifted into [1, 2) at the top: no fp16 subnormals
+            e_w = tl.minimum(tl.maximum(_floor_log2(tl.max(p, 1)), -126), 127)
+            p = p * pow2(tl.minimum(tl.maximum(-e_w, -126), 127))[:, None]
+        if IEEE:  # noqa: SIM108
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
-            pv = tl.dot(pw.to(v.dtype), v)
+            pv = tl.dot(p.to(v.dtype), v)
+        if F16:
+            pv = pv * pow2(e_w)[:, None]
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     nonempty = l_i > 0
@@ -288,6 +319,7 @@ def _decode_split(
         BLOCK_N=cfg.block_n,
         IEEE=q.dtype == torch.float32,
         KV_FP8=kv_fp8,
+        F16=kv_fp8 and q.dtype != torch.float32,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -330,7 +362,8 @@ def decode_attention(
     fp8_mma = scales is not None and fp8_mma_supported(q.device)
     cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device), fp8_mma)
     # mid_l is addressed as mid_o's offset // D: both are contiguous with the same leading dims.
-    if scales is not None and cfg.fp8_mma:
+    # e4m3 matrix products take K >= 32 (the head dim, and the tile's keys) on the GPU.
+    if scales is not None and cfg.fp8_mma and min(block_d, cfg.block_n) >= 32:
         decode_split_fp8_mma(
             q, k_buf, v_buf, scales, workspace, req_to_token, req_rows, seq_lens,
             scale * LOG2E, num_splits, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.q_terms,
