@@ -35,7 +35,7 @@ from radixmesh.worker.kvcache.fp8_kv import FP8
 from radixmesh.worker.model import loader
 
 # (name, decode launch): the interpreter runs any tile; the GPU's wgmma takes >= 64 keys.
-PATHS = {
+PATHS: dict[str, dict[str, Any]] = {
     "converted": dict(fp8_mma=False),
     "e4m3 mma q1 w1": dict(fp8_mma=True, q_terms=1, w_terms=1),
     "e4m3 mma q2 w1": dict(fp8_mma=True, q_terms=2, w_terms=1),

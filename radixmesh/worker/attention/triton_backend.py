@@ -9,8 +9,7 @@ otherwise (an FP8 pool: every kernel reads the quantized keys); a batch with bot
 its own rows, because the extend kernel computes a BLOCK_M-row tile for every one-row
 query (64x the work of a decode row). Per layer `forward` stores the new k/v with the
 store kernel, then attends. With an FP8 pool every kernel also gets its scale exponents
-(kvcache/fp8_kv.py); decode over an FP8 pool multiplies e4m3 on the matrix unit where the
-GPU can (kernels/decode_fp8_mma.py). Metadata holds device tensors only, built once per
+(kvcache/fp8_kv.py). Metadata holds device tensors only, built once per
 step, so every layer's launches need no host-device sync.
 
 Deterministic mode (`enable_deterministic`): every row, decode rows included, runs through
@@ -120,8 +119,7 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = 4  # the interpreter: few programs, few splits
         self.extend_cfg: ExtendConfig | None = None  # deterministic mode's configuration
         self.decode_cfg: ExtendConfig | None = None  # and its decode-only batches'
-        # The decode kernel's launch; None: `decode_config`'s for the device and pool (over
-        # an FP8 pool on Hopper and later: the FP8 matrix unit, decode_fp8_mma.py).
+        # The decode kernel's launch; None: `decode_config`'s for the device and pool.
         self.decode_launch: DecodeConfig | None = None
 
     def enable_deterministic(self, max_context_len: int) -> None:

@@ -16,8 +16,8 @@ two values, exact; bf16 would take a second conversion per value, which made thi
 conversion-bound at 1.2x a bf16 pool's time on the H200), to float32 for float32 queries.
 The exponents scale the scores and the softmax weights instead of the values (exact:
 powers of two), and each head's query and weights are shifted by powers of two into
-fp16's range. On Hopper and later, the default multiplies e4m3 on the matrix unit
-instead (decode_fp8_mma.py).
+fp16's range. `DecodeConfig.fp8_mma` multiplies e4m3 on the matrix unit instead
+(decode_fp8_mma.py; FP8_MMA_CONFIG).
 
 Deterministic mode does not use this kernel: its decode rows run through the extend
 kernel (triton_backend.py says why).
@@ -33,10 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixmesh.worker.attention.kernels.decode_fp8_mma import (
-    decode_split_fp8_mma,
-    fp8_mma_supported,
-)
+from radixmesh.worker.attention.kernels.decode_fp8_mma import decode_split_fp8_mma
 from radixmesh.worker.attention.kernels.extend_attention import extend_attention_ref
 from radixmesh.worker.attention.kernels.kv_store import pow2
 
@@ -73,18 +70,17 @@ DECODE_CONFIGS = [
     DecodeConfig(32, 4, 2),
 ]
 
-# The FP8 matrix-unit kernel's launch (128 keys make two 64-row wgmma tiles for 4 warps).
-FP8_MMA_CONFIG = DecodeConfig(128, 4, 3, fp8_mma=True)
+# The FP8 matrix-unit path's fastest launch on the H200 (`bench.attention_kernels
+# --decode-sweep`, 2026-12-04): 128 keys (two 64-row wgmma tiles for 4 warps), 2 stages,
+# one e4m3 term each for the query and the weights. Not the default (docs/performance.md,
+# "FP8 KV decode"): ~10% faster than the fp16 conversion path on long batches, at ~20x its
+# error on random data.
+FP8_MMA_CONFIG = DecodeConfig(128, 4, 2, fp8_mma=True, q_terms=1, w_terms=1)
 
 
-def decode_config(
-    block_d: int, elem_bytes: int, max_shared: int, fp8_mma: bool = False
-) -> DecodeConfig:
+def decode_config(block_d: int, elem_bytes: int, max_shared: int) -> DecodeConfig:
     """The first of DECODE_CONFIGS whose stages of K and V tiles (in the query's dtype, an
-    upper bound for an FP8 pool's) fit the device's shared memory with 16 KiB to spare;
-    `fp8_mma`: over an FP8 pool, FP8_MMA_CONFIG (its tiles are a quarter of that)."""
-    if fp8_mma:
-        return FP8_MMA_CONFIG
+    upper bound for an FP8 pool's) fit the device's shared memory with 16 KiB to spare."""
     for cfg in DECODE_CONFIGS:
         if cfg.num_stages * 2 * cfg.block_n * block_d * elem_bytes <= max_shared - 16 * 1024:
             return cfg
@@ -359,8 +355,7 @@ def decode_attention(
     assert mid_o.shape == (b, hq, num_splits, d) and mid_o.is_contiguous(), mid_o.shape
     assert mid_l.shape == (b, hq, num_splits) and mid_l.is_contiguous(), mid_l.shape
     block_d = max(16, triton.next_power_of_2(d))
-    fp8_mma = scales is not None and fp8_mma_supported(q.device)
-    cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device), fp8_mma)
+    cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device))
     # mid_l is addressed as mid_o's offset // D: both are contiguous with the same leading dims.
     # e4m3 matrix products take K >= 32 (the head dim, and the tile's keys) on the GPU.
     if scales is not None and cfg.fp8_mma and min(block_d, cfg.block_n) >= 32:

@@ -235,13 +235,6 @@ def _decode_split_fp8_mma_kernel(
     tl.store(Mid_L + mid // stride_mid_s, lse, mask=g_mask)
 
 
-def fp8_mma_supported(device: torch.device) -> bool:
-    """Whether `device` multiplies e4m3 on its matrix unit through Triton's wgmma (compute
-    capability 9.0 and later). Off the GPU (the interpreter) the kernel runs only when a
-    config asks for it: the default there is the exact conversion path."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-
-
 def decode_split_fp8_mma(
     q: torch.Tensor,
     k_buf: torch.Tensor,
