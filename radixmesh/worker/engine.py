@@ -159,10 +159,10 @@ class Engine:
 
     def flush_cache(self) -> bool:
         """Empty the radix cache. False (nothing done) while requests are in flight."""
-        return bool(self._call(self.worker.flush_cache))
+        return bool(self._call(lambda: self.worker.flush_cache()))
 
     def get_stats(self) -> Any:
-        return self._call(self.worker.scheduler.stats)
+        return self._call(lambda: self.worker.scheduler.stats())
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the scheduler thread between steps (tests use it to inspect state)."""
@@ -321,6 +321,8 @@ class Engine:
         """Validate everything first: a bad item rejects the call before anything runs.
         Returns the requests, whether the call was for one, and the futures of their
         constraints' compiles (started here; each settles with None or an InvalidArgument)."""
+        if self._closed:
+            raise Unavailable("the engine is shut down")
         if self._draining:
             raise Unavailable("the worker is draining: it takes no new requests")
         ids_list, single = normalize_inputs(self.tokenizer, prompt, input_ids)

@@ -15,6 +15,7 @@ the graphs are captured inside what the pool left.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import time
 from multiprocessing.connection import Connection
@@ -79,6 +80,11 @@ if TYPE_CHECKING:  # imports triton
 logger = logging.getLogger(__name__)
 
 
+# What holds device memory, directly or through what it refers to: weights, the KV pool,
+# slot tables, CUDA graphs (the runner), requests' tensors (the scheduler).
+DEVICE_STATE = ("scheduler", "runner", "cache", "req_table", "allocator", "kv_pool", "model")
+
+
 class Worker:
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None) -> None:
         """`tp`: given on ranks 1..N-1 of a TP group (`follower_main`); rank 0 passes
@@ -98,13 +104,22 @@ class Worker:
             self.grammars.warmup()  # in the background: the first constrained request waits less
 
     def close(self) -> None:
-        """Stop the other TP ranks (if any), leave the process group and stop the grammar
-        compile processes."""
+        """Stop the other TP ranks (if any), leave the process group, stop the grammar
+        compile processes, and give back the device memory (`DEVICE_STATE`): a closed
+        worker serves nothing, but whoever still holds it (an `Engine` its caller keeps)
+        must not keep its weights and KV pool alive, or a second engine in the same
+        process runs out of GPU memory."""
         if self.followers is not None:
             self.followers.stop()
         grammars: GrammarManager | None = getattr(self, "grammars", None)
         if grammars is not None:
             grammars.shutdown()
+        for name in DEVICE_STATE:
+            self.__dict__.pop(name, None)
+        gc.collect()  # the runner, the scheduler and the cache refer to one another
+        device = getattr(self, "device", None)
+        if device is not None and device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ---- 1. the model -------------------------------------------------------------------
 
@@ -186,8 +201,10 @@ class Worker:
             seed=mc.seed,
             sliced=self.tp.size > 1,  # each rank reads only its slices
         )
+        # Rank 0 only, and only on a terminal (disable=None): a log file would get every update.
+        quiet = True if self.tp.rank != 0 else None
         model.load_weights(
-            tqdm(weights, desc="loading weights", unit=" tensors", disable=self.tp.rank != 0)
+            tqdm(weights, desc="loading weights", unit=" tensors", disable=quiet)
         )
         model.eval()
         if self.device.type == "cpu" and mc.pack_cpu_weights:

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
@@ -326,3 +327,41 @@ def test_default_dtype_keeps_greedy_answers_exact_across_cache_hits() -> None:
         assert again["output_ids"] == first["output_ids"]
     finally:
         eng.shutdown()
+
+
+def test_shutdown_gives_back_the_model_and_kv_pool_while_the_engine_is_still_held() -> None:
+    import gc
+    import weakref
+
+    from radixmesh.errors import Unavailable
+
+    eng = Engine("dummy:tiny", dtype="float32", kv_cache_tokens=256)
+    eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+    held = [
+        weakref.ref(eng.worker.kv_pool.k_buffers[0]),
+        weakref.ref(next(eng.worker.model.parameters())),
+        weakref.ref(eng.worker.req_table),
+        weakref.ref(eng.worker.scheduler),
+    ]
+    eng.shutdown()
+    gc.collect()
+    assert [ref() is None for ref in held] == [True] * len(held)
+    with pytest.raises(Unavailable, match="shut down"):
+        eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+    with pytest.raises(Unavailable, match="shut down"):
+        eng.get_stats()
+    eng.shutdown()  # twice is fine
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_two_engines_in_turn_each_take_the_whole_gpu() -> None:
+    """Each auto-sizes its KV pool to most of the free memory: the second fits only if
+    the first's shutdown gave everything back."""
+    allocated = []
+    for _ in range(2):
+        eng = Engine("dummy:llama-3-8b", cuda_graph_max_batch_size=8)
+        eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+        eng.shutdown()
+        allocated.append(torch.cuda.memory_allocated())
+    assert allocated[0] < 1 << 30 and allocated[1] < 1 << 30, allocated

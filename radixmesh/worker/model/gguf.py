@@ -193,7 +193,9 @@ def convert(gguf_path: str | Path, out: Path) -> Path:
         arch = read_arch_config(reader)
         tensors = iter_gguf_tensors(reader, arch)
         total = len(reader.tensors)
-        _write_weights(tmp, tqdm(tensors, desc="converting GGUF", unit=" tensors", total=total))
+        # disable=None: a bar on a terminal only (a log file would get every update)
+        bar = tqdm(tensors, desc="converting GGUF", unit=" tensors", total=total, disable=None)
+        _write_weights(tmp, bar)
         build_tokenizer(gguf_path, arch).hf_tokenizer.save_pretrained(str(tmp))
         (tmp / "radixmesh_source.json").write_text(json.dumps({"gguf": str(gguf_path)}) + "\n")
         # config.json last: its presence marks a complete conversion.
