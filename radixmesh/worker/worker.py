@@ -158,6 +158,8 @@ class Worker:
             self.tokenizer.set_chat_template(template, source=mc.chat_template)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids) | frozenset(self.arch.eos_token_ids)
         self.load_seconds = time.perf_counter() - t0
+        if self.tp.rank == 0:  # one line in any log, where the terminal's bar is not drawn
+            logger.info("loading weights: %s in %.1f s", mc.model, self.load_seconds)
 
     def _with_batch_defaults(self, config: EngineConfig) -> EngineConfig:
         """`config` with the scheduler's unset batch sizes filled in for this device."""
