@@ -3,7 +3,7 @@
 Float32 is the baseline (the CPU's exact dtype; rounding the linear weights to bfloat16
 moves this perplexity by +0.2% and leaves 8 of the 9 continuations equal). Each
 configuration scores one public-domain English text (perplexity from one prefill, whose
-attention reads the KV back from the pool) and greedily continues the README's example
+attention reads the KV back from the pool) and greedily continues the usage examples'
 prompts as one ragged batch. The FP8 weights run as on a CPU worker: quantized at load,
 dequantized once into float32 (layers/quantization/__init__.py).
 
@@ -56,7 +56,8 @@ TEXT = (
     "new birth of freedom -- and that government of the people, by the people, for the "
     "people, shall not perish from the earth."
 )
-# The README's example prompts: raw completions, and chat messages through the template.
+# The usage examples' prompts (docs/usage.md): raw completions, and chat messages through
+# the template.
 RAW_PROMPTS = [
     "The capital of France is",
     "Once upon a time",
