@@ -34,8 +34,9 @@ import triton
 import triton.language as tl
 
 from radixmesh.worker.attention.kernels.decode_fp8_mma import decode_split_fp8_mma
+from radixmesh.worker.attention.kernels.decode_split import split_range
 from radixmesh.worker.attention.kernels.extend_attention import extend_attention_ref
-from radixmesh.worker.attention.kernels.kv_store import pow2
+from radixmesh.worker.attention.kernels.kv_store import ceil_log2, floor_log2, pow2
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -101,20 +102,6 @@ def max_shared_memory(device: torch.device) -> int:
 
 
 @triton.jit
-def _floor_log2(x):
-    """float32 x >= 0 -> int32 floor(log2 x) from its bits (0: -127)."""
-    return ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-
-
-@triton.jit
-def _ceil_log2(x):
-    """float32 x > 0 -> int32 ceil(log2 x), clamped to [-126, 126] (0: -126)."""
-    bits = x.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-    return tl.minimum(tl.maximum(e, -126), 126)
-
-
-@triton.jit
 def _decode_split_kernel(
     Q,
     K_buf,
@@ -149,11 +136,9 @@ def _decode_split_kernel(
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(seq_lens + b)
-    table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, seq_len)
+    table_row, lo, hi = split_range(
+        req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N
+    )
 
     offs_g = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -164,7 +149,7 @@ def _decode_split_kernel(
     q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [H, D]
     q_scale = tl.full([BLOCK_H], scale_log2, tl.float32)  # [H]: scores to log2 units
     if F16:  # each head by a power of two into fp16's range, exactly; undone on the scores
-        e_q = _ceil_log2(tl.max(tl.abs(q.to(tl.float32)), 1) / 16384.0)
+        e_q = tl.minimum(ceil_log2(tl.max(tl.abs(q.to(tl.float32)), 1) / 16384.0), 126)
         q = (q.to(tl.float32) * pow2(-e_q)[:, None]).to(tl.float16)
         q_scale = q_scale * pow2(e_q)
     mma_dtype = q.dtype
@@ -200,7 +185,7 @@ def _decode_split_kernel(
             v = v.to(mma_dtype)
             p = p * pow2(v_exp)[None, :]
         if F16:  # each head's weights shifted into [1, 2) at the top: no fp16 subnormals
-            e_w = tl.minimum(tl.maximum(_floor_log2(tl.max(p, 1)), -126), 127)
+            e_w = floor_log2(tl.max(p, 1))
             p = p * pow2(tl.minimum(tl.maximum(-e_w, -126), 127))[:, None]
         if IEEE:  # noqa: SIM108
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")

@@ -36,7 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from radixmesh.worker.attention.kernels.kv_store import pow2
+from radixmesh.worker.attention.kernels.decode_split import split_range
+from radixmesh.worker.attention.kernels.kv_store import ceil_log2, floor_log2, pow2
 from radixmesh.worker.layers.kernels.fp8_quant import round_to_e4m3
 
 
@@ -47,14 +48,6 @@ def _to_e4m3(x, SOFTWARE_ROUND: tl.constexpr):
     if SOFTWARE_ROUND:
         x = round_to_e4m3(x)
     return x.to(tl.float8e4nv)
-
-
-@triton.jit
-def _floor_log2(x):
-    """float32 x >= 0 -> int32 floor(log2 x), clamped to [-126, 127] (0 and subnormals:
-    -126)."""
-    e = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    return tl.minimum(tl.maximum(e, -126), 127)
 
 
 @triton.jit
@@ -162,11 +155,9 @@ def _decode_split_fp8_mma_kernel(
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(seq_lens + b)
-    table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, seq_len)
+    table_row, lo, hi = split_range(
+        req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N
+    )
 
     offs_g = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -176,10 +167,7 @@ def _decode_split_fp8_mma_kernel(
     q_ptrs = Q + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)
     # Each head's power-of-two scale: max|q| / 2^eq in (224, 448] (padding rows: any).
-    ratio = tl.math.div_rn(tl.maximum(tl.max(tl.abs(q), 1), 1e-30), 448.0)
-    bits = ratio.to(tl.int32, bitcast=True)
-    eq = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-    eq = tl.minimum(tl.maximum(eq, -126), 126)
+    eq = tl.minimum(ceil_log2(tl.math.div_rn(tl.max(tl.abs(q), 1), 448.0)), 126)
     q = q * pow2(-eq)[:, None]
     q8 = _to_e4m3(q, SOFTWARE_ROUND)  # [H, D]
     if Q_TERMS == 2:  # the rounding error, 2^4 larger (at most half an e4m3 step: <= 16)
@@ -217,7 +205,7 @@ def _decode_split_fp8_mma_kernel(
         v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
         w = p * pow2(v_exp)[:, None]  # [N, H]: each weight times its key's value scale
         # Each head's weights shifted so that its largest lands in [128, 256).
-        e_w = _floor_log2(tl.max(w, 0))  # [H]
+        e_w = floor_log2(tl.max(w, 0))  # [H]
         w = w * pow2(tl.minimum(tl.maximum(7 - e_w, -126), 127))[None, :]
         w8 = _to_e4m3(w, SOFTWARE_ROUND)
         pv = tl.dot(vt, w8)  # [D, H]

@@ -17,12 +17,26 @@ from radixmesh.worker.layers.kernels.fp8_quant import round_to_e4m3
 
 
 @triton.jit
-def _fp8_scale_exponent(x):
-    """x [H, D] float32 -> int32 e [H] = ceil(log2(max|x| / 448)) in [-126, 127], exactly."""
-    ratio = tl.math.div_rn(tl.max(tl.abs(x), 1), 448.0)  # IEEE division, as torch
-    bits = ratio.to(tl.int32, bitcast=True)
+def ceil_log2(x):
+    """float32 x >= 0 -> int32 ceil(log2 x) from its bits, exactly, clamped to [-126, 127]
+    (0 and subnormals: -126)."""
+    bits = x.to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
     return tl.minimum(tl.maximum(e, -126), 127)
+
+
+@triton.jit
+def floor_log2(x):
+    """float32 x >= 0 -> int32 floor(log2 x) from its bits, clamped to [-126, 127] (0 and
+    subnormals: -126)."""
+    e = ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    return tl.minimum(tl.maximum(e, -126), 127)
+
+
+@triton.jit
+def _fp8_scale_exponent(x):
+    """x [H, D] float32 -> int32 e [H] = ceil(log2(max|x| / 448)) in [-126, 127], exactly."""
+    return ceil_log2(tl.math.div_rn(tl.max(tl.abs(x), 1), 448.0))  # IEEE division, as torch
 
 
 @triton.jit
