@@ -3,7 +3,8 @@
 - `kv_store`: write new tokens' K/V into their slots.
 - `extend_attention`: ragged new tokens over their cached prefix plus themselves (causal).
 - `decode_attention`: one new token per sequence, split along the sequence
-  (flash-decoding), reading each KV head once for its whole query group.
+  (flash-decoding, `decode_split`), reading each KV head once for its whole query group;
+  `decode_fp8_mma`: its first stage over an FP8 pool on the FP8 matrix unit (an option).
 
 Importing these modules imports triton; on a machine without a GPU set
 `TRITON_INTERPRET=1` before the first import to run them in triton's interpreter.
