@@ -43,7 +43,10 @@ S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 run() {  # run LABEL TREE TIMEOUT ARGS...: python3 with TREE's radixmesh first on the path
   local label=$1 tree=$2 limit=$3; shift 3
-  PYTHONPATH="$tree:$PWD${SITE:+:$SITE}" timeout "$limit" python3 "$@" > "$OUT/$label.log" 2>&1
+  # PYTHONSAFEPATH: `python3 -m` would put the working directory (this tree) ahead of
+  # PYTHONPATH, and a BASELINE run would import this tree's radixmesh, not the baseline's.
+  PYTHONSAFEPATH=1 PYTHONPATH="$tree:$PWD${SITE:+:$SITE}" timeout "$limit" python3 "$@" \
+    > "$OUT/$label.log" 2>&1
   echo "$label rc=$?"; tail -n 25 "$OUT/$label.log"; el "$label"
 }
 # The engine's own defaults (bench.offline's are the CPU workloads' 64 and 2,048).

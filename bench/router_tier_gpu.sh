@@ -42,7 +42,9 @@ part() { [[ " $PARTS " == *" $1 "* ]]; }
 # the background and wait until it is ready; sets PID, WORKERS_AT and ROUTER_PIDS.
 cluster() {
   local name=$1 root=$2; shift 2
-  PYTHONPATH="$SITE:$root" $PY -m radixmesh.cluster.cli launch --port 51050 \
+  # PYTHONSAFEPATH (inherited by the launched processes): `-m` would put the working
+  # directory (this tree) ahead of CODE_ROOT, so a BASELINE cluster would run this tree.
+  PYTHONSAFEPATH=1 PYTHONPATH="$SITE:$root" $PY -m radixmesh.cluster.cli launch --port 51050 \
     --http-port 51080 "$@" > "$OUT/router-tier-$name-cluster.log" 2>&1 &
   PID=$!
   for _ in $(seq 300); do
