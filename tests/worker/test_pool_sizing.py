@@ -206,10 +206,12 @@ def test_fp8_kv_pool_of_a_worker_in_the_same_budget() -> None:
         w = make_worker(
             dtype="bfloat16", kv_cache_tokens=None, kv_cache_bytes=1 << 22, kv_cache_dtype=kv_dtype
         )
-        w.close()
-        assert w.kv_pool.nbytes <= 1 << 22
-        assert w.kv_pool.quantized == (kv_dtype == "fp8")
-        slots[kv_dtype] = w.kv_pool.num_slots
+        try:
+            assert w.kv_pool.nbytes <= 1 << 22
+            assert w.kv_pool.quantized == (kv_dtype == "fp8")
+            slots[kv_dtype] = w.kv_pool.num_slots
+        finally:
+            w.close()  # gives the pool back
     # dummy:tiny, 2 layers x 2 KV heads x head_dim 16: 256 bytes a token in bfloat16,
     # 2 x 2 x 2 x (16 + 1) = 136 in FP8 (a small head_dim pays more for its scale byte).
     assert slots == {"auto": (1 << 22) // 256, "fp8": (1 << 22) // 136}
@@ -228,11 +230,12 @@ def test_cuda_auto_sized_fp8_pool_holds_about_twice_the_tokens() -> None:
         cuda_graph_max_batch_size=16,
         mem_fraction=0.05,
     )
-    w.close()
     s = w.pool_sizing
-    assert s is not None and w.kv_pool.quantized
+    quantized, nbytes = w.kv_pool.quantized, w.kv_pool.nbytes
+    w.close()  # gives the pool back
+    assert s is not None and quantized
     assert s.bytes_per_slot == KVPool.bytes_per_slot(30, 3, 64, torch.float8_e4m3fn)
-    assert w.kv_pool.nbytes == s.pool_bytes
+    assert nbytes == s.pool_bytes
     bf16 = size_pool(
         free_bytes=s.free_bytes,
         activation_bytes=s.activation_bytes,
