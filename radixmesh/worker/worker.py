@@ -205,9 +205,7 @@ class Worker:
         )
         # Rank 0 only, and only on a terminal (disable=None): a log file would get every update.
         quiet = True if self.tp.rank != 0 else None
-        model.load_weights(
-            tqdm(weights, desc="loading weights", unit=" tensors", disable=quiet)
-        )
+        model.load_weights(tqdm(weights, desc="loading weights", unit=" tensors", disable=quiet))
         model.eval()
         if self.device.type == "cpu" and mc.pack_cpu_weights:
             # No FP8 GEMM on a CPU: quantized weights run as their dequantized values

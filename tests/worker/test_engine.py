@@ -337,7 +337,7 @@ def test_shutdown_gives_back_the_model_and_kv_pool_while_the_engine_is_still_hel
 
     eng = Engine("dummy:tiny", dtype="float32", kv_cache_tokens=256)
     eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
-    held = [
+    held: list[weakref.ref[object]] = [
         weakref.ref(eng.worker.kv_pool.k_buffers[0]),
         weakref.ref(next(eng.worker.model.parameters())),
         weakref.ref(eng.worker.req_table),
