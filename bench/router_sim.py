@@ -1,5 +1,5 @@
 """The router simulator's benchmark: policies on seeded traces, and the real router's
-decision latency and summary memory (the simulator: `radixmesh/router/sim.py`).
+decision latency and summary memory (the simulator: `bench/sim/`).
 
 Figures per trace x workers x policy: hit rate (cached prompt tokens / prompt tokens, from
 the workers' true caches), throughput (finished requests / makespan), time to first token
@@ -28,7 +28,7 @@ from typing import Any
 from bench import record
 from radixmesh.prefix import block_hashes
 from radixmesh.router.policy import POLICIES, Candidate, make_policy
-from radixmesh.router.sim import (
+from bench.sim import (
     ABLATIONS,
     ORACLE,
     SHARING,

@@ -8,7 +8,7 @@ import pytest
 
 from bench import router_sim
 from radixmesh.prefix import block_hashes
-from radixmesh.router import sim
+from bench import sim
 
 
 def _tiny_grouped(seed: int = 0) -> list[sim.Request]:  # 4 workers x 3 groups x 6 requests = 72
