@@ -26,8 +26,6 @@ from dataclasses import asdict
 from typing import Any
 
 from bench import record
-from radixmesh.prefix import block_hashes
-from radixmesh.router.policy import POLICIES, Candidate, make_policy
 from bench.sim import (
     ABLATIONS,
     ORACLE,
@@ -41,6 +39,8 @@ from bench.sim import (
     random_tokens,
     simulate,
 )
+from radixmesh.prefix import block_hashes
+from radixmesh.router.policy import POLICIES, Candidate, make_policy
 from radixmesh.router.summary import BYTES_PER_BLOCK, SummaryIndex
 
 # ---- routing decision latency and summary memory ----------------------------------------

@@ -6,9 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from bench import router_sim
+from bench import router_sim, sim
 from radixmesh.prefix import block_hashes
-from bench import sim
 
 
 def _tiny_grouped(seed: int = 0) -> list[sim.Request]:  # 4 workers x 3 groups x 6 requests = 72
