@@ -74,7 +74,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import os
 
     from radixmesh.cluster.parent import watch_parent
-    from radixmesh.worker.server import ServerConfig, run
+    from radixmesh.worker.server import ServerConfig
+    from radixmesh.worker.serving import run
 
     watch_parent()
     config = ServerConfig(

@@ -1,10 +1,8 @@
 """The gRPC worker server: the `radixmesh.v1.Worker` service over one `Engine`.
 
 Protobuf types live here and nowhere else in the worker; `radixmesh.wire` converts the
-engine's outputs, stats and events to messages. The server starts listening
-before the model loads (health NOT_SERVING, RPCs UNAVAILABLE), turns SERVING once the
-engine is up, and on SIGTERM / SIGINT drains: NOT_SERVING, new requests UNAVAILABLE,
-requests in flight finish up to `drain_timeout`, the rest are aborted, then it exits.
+engine's outputs, stats and events to messages. Before the engine is attached every
+RPC answers UNAVAILABLE; the process around it (listening, health, drain) is serving.py.
 
 A Generate stream (or an Embed call) that the client cancels, disconnects or lets pass
 its deadline is aborted in the engine (its KV is back before the next scheduler step).
@@ -14,11 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
-import os
-import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from radixmesh import redact
-from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.errors import (
     Internal,
     InvalidArgument,
@@ -38,13 +30,9 @@ from radixmesh.errors import (
 )
 from radixmesh.grpc_server import (
     PENDING_CALL_OPTIONS,
-    DecodeGuard,
     abort_rpc,
-    add_health_and_reflection,
-    bind,
-    set_health,
 )
-from radixmesh.listener import ListenerLimits, connection_cap, raise_descriptor_limit
+from radixmesh.listener import ListenerLimits
 from radixmesh.listener import grpc_options as listener_options
 from radixmesh.prefix import block_hashes, common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
@@ -71,7 +59,6 @@ from radixmesh.worker.output_stream import (
     join,
 )
 from radixmesh.worker.stats import SchedulerStats
-from radixmesh.worker.stats_log import log_stats
 
 if TYPE_CHECKING:
     from radixmesh.worker.engine import Engine
@@ -470,141 +457,3 @@ async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[
             raise
         logger.exception("RPC failed")
         await abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
-
-
-# ---- the process ----------------------------------------------------------------------------
-
-
-def served_model_name(engine_options: dict[str, Any]) -> str:
-    """The name clients see (ModelInfo.model, the metrics' model_name label)."""
-    from radixmesh.worker.config import ModelConfig
-
-    model = engine_options.get("model") or ModelConfig.model
-    return str(engine_options.get("served_model_name") or model)
-
-
-async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
-    """Run a worker until SIGTERM / SIGINT, then drain. Returns the exit status."""
-    redact.install([config.api_key] if config.api_key else [])  # no key in a log line
-    loop = asyncio.get_running_loop()
-    interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
-    if config.api_key:
-        interceptors.append(ApiKeyInterceptor([config.api_key]))
-    cap = connection_cap(ListenerLimits(), 1, raise_descriptor_limit())
-    server = grpc.aio.server(
-        options=grpc_options(config.max_message_bytes, cap), interceptors=interceptors
-    )
-    servicer = WorkerServicer(config, served_model_name(engine_options))
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-    health_servicer = add_health_and_reflection(server, SERVICE_NAME)
-    address = f"{config.host}:{config.port}"
-    port = bind(server, address, config.tls_cert, config.tls_key, config.tls_client_ca)
-    await set_health(health_servicer, SERVICE_NAME, serving=False)
-    await server.start()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if config.metrics_port is not None:
-        servicer.metrics.serve(config.metrics_port, config.host)
-    logger.info("radixmesh worker listening on %s:%d; loading the model", config.host, port)
-    engine: Engine | EngineProcess
-    if config.engine_process:
-        engine = await asyncio.to_thread(EngineProcess, engine_options)
-    else:
-        from radixmesh.worker.engine import Engine
-
-        engine = await asyncio.to_thread(Engine, **engine_options)
-    hub = CacheEventHub(engine, loop)
-    servicer.attach(engine, hub)
-    await set_health(health_servicer, SERVICE_NAME, serving=not stop.is_set())
-    print(f"radixmesh worker serving {engine.config.model.model} on port {port}", flush=True)
-    stats_log = asyncio.create_task(log_stats(engine, config.log_stats_interval))
-    try:
-        if await _stopped_or_failed(stop, engine):
-            return await _fail(servicer, engine, health_servicer, hub, server)
-    finally:
-        stats_log.cancel()
-    await _drain(config, servicer, engine, health_servicer)
-    hub.close()
-    servicer.close_output_streams()
-    await server.stop(grace=2.0)
-    await asyncio.to_thread(engine.shutdown)
-    logger.info("radixmesh worker stopped")
-    return 0
-
-
-FAILURE_POLL_S = 0.2
-FAILURE_GRACE_S = 1.0  # in-flight streams see UNAVAILABLE (their waiters poll) before exit
-
-
-async def _stopped_or_failed(stop: asyncio.Event, engine: Engine | EngineProcess) -> bool:
-    """Wait for SIGTERM / SIGINT (False) or for the engine to fail, e.g. a TP rank (True)."""
-    while not stop.is_set():
-        if engine.fatal is not None:
-            return True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), FAILURE_POLL_S)
-    return False
-
-
-async def _fail(
-    servicer: WorkerServicer,
-    engine: Engine | EngineProcess,
-    health_servicer: Any,
-    hub: Any,
-    server: Any,
-) -> int:
-    """The engine cannot serve: NOT_SERVING, in-flight requests end UNAVAILABLE, exit 1
-    (so the launcher or Ray restarts the whole worker)."""
-    logger.error("worker failed, exiting: %s", engine.fatal)
-    await set_health(health_servicer, SERVICE_NAME, serving=False)
-    deadline = time.monotonic() + FAILURE_GRACE_S
-    while servicer.busy and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    hub.close()
-    servicer.close_output_streams()
-    await server.stop(grace=0.5)
-    await asyncio.to_thread(engine.shutdown)
-    return 1
-
-
-async def _drain(
-    config: ServerConfig,
-    servicer: WorkerServicer,
-    engine: Engine | EngineProcess,
-    health_servicer: Any,
-) -> None:
-    logger.info("draining: %d requests in flight", len(servicer.in_flight))
-    await set_health(health_servicer, SERVICE_NAME, serving=False)
-    engine.drain()
-    deadline = time.monotonic() + config.drain_timeout
-    while servicer.busy and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    if servicer.busy:
-        logger.info("drain timeout: aborting %d requests", servicer.busy)
-        engine.abort_all("the worker is shutting down")
-        deadline = time.monotonic() + 5.0
-        while servicer.busy and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-
-
-def run(config: ServerConfig, engine_options: dict[str, Any]) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    code = asyncio.run(serve(config, engine_options))
-    # Only a process that loaded torch can hold a process group. The engine runs in a
-    # child, so this one usually never did, and importing tp.group would load torch just
-    # to find no group (3-9 s at every worker's exit on a loaded 2-core machine).
-    if "torch" in sys.modules:
-        from radixmesh.worker.tp.group import exit_if_group_alive
-
-        exit_if_group_alive(code)  # TP on CUDA: the NCCL group outlives the engine
-    if code != 0:
-        # A failed TP group may leave a thread blocked in a collective that interpreter
-        # teardown would wait on: leave now, with the status the launcher acts on.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
