@@ -17,7 +17,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from radixmesh.worker.kvcache.radix_cache import RadixCache, TreeNode
+from radixmesh.worker.kvcache.radix_cache import RadixCache
+from radixmesh.worker.kvcache.tree_node import TreeNode
 from radixmesh.worker.request import Request
 
 

@@ -24,7 +24,7 @@ from radixmesh.worker.request_output import PromptTokenLogprob, RequestOutput, T
 if TYPE_CHECKING:
     from radixmesh.worker.constrained.request_grammar import RequestGrammar
     from radixmesh.worker.detokenizer import IncrementalDetokenizer
-    from radixmesh.worker.kvcache.radix_cache import TreeNode
+    from radixmesh.worker.kvcache.tree_node import TreeNode
 
 
 class Pooling(enum.StrEnum):

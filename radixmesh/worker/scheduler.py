@@ -37,8 +37,9 @@ from radixmesh.worker.config import SchedulerConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.forward_batch import to_device
 from radixmesh.worker.kvcache.allocator import KVAllocator
-from radixmesh.worker.kvcache.radix_cache import RadixCache, TreeNode
+from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
+from radixmesh.worker.kvcache.tree_node import TreeNode
 from radixmesh.worker.output import OutputProcessor
 from radixmesh.worker.overlap import OverlapLoop
 from radixmesh.worker.policy import create_policy

@@ -29,7 +29,7 @@ Two indexes make a check O(1):
 
 from __future__ import annotations
 
-from radixmesh.worker.kvcache.radix_cache import TreeNode
+from radixmesh.worker.kvcache.tree_node import TreeNode
 from radixmesh.worker.request import Request
 
 

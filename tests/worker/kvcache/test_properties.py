@@ -13,7 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from radixmesh.prefix import block_hashes
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.events import CacheEvent
-from radixmesh.worker.kvcache.radix_cache import RadixCache, TreeNode
+from radixmesh.worker.kvcache.radix_cache import RadixCache
+from radixmesh.worker.kvcache.tree_node import TreeNode
 
 # A 3-token vocabulary makes prompts share prefixes (and split nodes) all the time.
 tokens_st = st.lists(st.integers(0, 2), min_size=0, max_size=12)
