@@ -206,6 +206,29 @@ def fp8_pool(c: PoolCase) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
     return k8, v8, (k_exp, v_exp), (k_ref, v_ref)
 
 
+def decode_case(
+    c: PoolCase,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_lens: list[int],
+    splits: int,
+    config: DecodeConfig,
+    *,
+    scales: tuple | None = None,
+    q: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """`decode_attention` over the case's table (its q, 1/sqrt(D) unless given), into a
+    NaN-poisoned output."""
+    q = c["q"] if q is None else q
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out = torch.full_like(q, float("nan"))
+    return decode_attention(
+        q, k, v, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
+        scales=scales, config=config,
+    )  # fmt: skip
+
+
 def test_kv_store_into_fp8_pool_matches_the_reference_bit_for_bit() -> None:
     gen = torch.Generator().manual_seed(3)
     # heads of very different magnitudes: each gets its own exponent
@@ -267,16 +290,8 @@ def test_decode_over_fp8_pool_is_decode_over_its_dequantized_values_bit_for_bit(
     seq_lens, hq, hkv, d, splits = DECODE_CASES[1]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, torch.float32, seed=431)
     k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
-    scale = d**-0.5
-
-    def run(k: torch.Tensor, v: torch.Tensor, sc: tuple | None) -> torch.Tensor:
-        out = torch.full_like(c["q"], float("nan"))
-        return decode_attention(
-            c["q"], k, v, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-            scales=sc, config=DECODE_16,
-        )  # fmt: skip
-
-    assert torch.equal(run(k8, v8, scales), run(k_ref, v_ref, None))
+    fp8 = decode_case(c, k8, v8, seq_lens, splits, DECODE_16, scales=scales)
+    assert torch.equal(fp8, decode_case(c, k_ref, v_ref, seq_lens, splits, DECODE_16))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, ATTN_DTYPES[2]])
@@ -287,13 +302,8 @@ def test_decode_over_fp8_pool_with_16_bit_queries_is_fp16_exact(dtype: torch.dty
     seq_lens, hq, hkv, d, splits = DECODE_CASES[1]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=433)
     k8, v8, scales, (k_ref, v_ref) = spread_fp8_pool(c, 9)
-    out = torch.full_like(c["q"], float("nan"))
-    scale = d**-0.5
-    decode_attention(
-        c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-        scales=scales, config=DECODE_16,
-    )  # fmt: skip
-    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
+    out = decode_case(c, k8, v8, seq_lens, splits, DECODE_16, scales=scales)
+    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, d**-0.5)
     assert rel_err(out, ref) < TOL[torch.float16]
 
 
@@ -333,13 +343,8 @@ def test_decode_fp8_mma_matches_reference(case: int, dtype: torch.dtype, spread:
     seq_lens, hq, hkv, d, splits = MMA_CASES[case]
     c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, dtype, seed=500 + case)
     k8, v8, scales, (k_ref, v_ref) = spread_fp8_pool(c, 7) if spread else fp8_pool(c)
-    out = torch.full_like(c["q"], float("nan"))
-    scale = d**-0.5
-    decode_attention(
-        c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-        scales=scales, config=FP8_MMA_32,
-    )  # fmt: skip
-    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
+    out = decode_case(c, k8, v8, seq_lens, splits, FP8_MMA_32, scales=scales)
+    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, d**-0.5)
     assert not out.isnan().any()
     err = rel_err(out, ref)
     assert err < FP8_MMA_TOL
@@ -356,11 +361,7 @@ def test_decode_fp8_mma_output_is_invariant_to_the_query_scale() -> None:
     k8, v8, scales, _ = fp8_pool(c)
 
     def run(q: torch.Tensor, scale: float) -> torch.Tensor:
-        out = torch.full_like(q, float("nan"))
-        return decode_attention(
-            q, k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, splits,
-            scales=scales, config=FP8_MMA_32,
-        )  # fmt: skip
+        return decode_case(c, k8, v8, seq_lens, splits, FP8_MMA_32, scales=scales, q=q, scale=scale)
 
     small = run(c["q"] * 2.0**-10, d**-0.5 * 2.0**10)
     assert torch.equal(small, run(c["q"], d**-0.5))
@@ -379,11 +380,7 @@ def test_decode_fp8_mma_on_engine_tiles(block_n: int) -> None:
     ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, scale)
     errs = []
     for cfg in (DecodeConfig(block_n, 4, 3, fp8_mma=True), DecodeConfig(128, 4, 3)):
-        out = torch.full_like(c["q"], float("nan"))
-        decode_attention(
-            c["q"], k8, v8, out, c["table"], ints(c["rows"]), ints(seq_lens), scale, 4,
-            scales=scales, config=cfg,
-        )  # fmt: skip
+        out = decode_case(c, k8, v8, seq_lens, 4, cfg, scales=scales)
         assert not out.isnan().any()
         errs.append(rel_err(out, ref))
     assert errs[0] < FP8_MMA_TOL and errs[1] < TOL[torch.bfloat16]
