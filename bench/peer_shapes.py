@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 from typing import Any
 
 from bench import record
+from bench.offline import Workload, run_engine
 from radixmesh.worker.engine import Engine
 
 # (input, output) -> TensorRT-LLM's published output tok/s, Llama-3.1-8B FP8, one H200.
@@ -71,16 +71,13 @@ def prompts(n: int, isl: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def run_shape(engine: Engine, isl: int, osl: int, n: int, vocab: int) -> dict[str, Any]:
+    """`bench.offline.run_engine` on n random prompts of isl tokens, osl new tokens each,
+    the cache flushed first; every request must have generated all osl."""
     ids = prompts(n, isl, vocab, seed=isl * 7919 + osl)
-    params = {"temperature": 0.0, "max_new_tokens": osl, "ignore_eos": True}
     engine.flush_cache()
-    t0 = time.perf_counter()
-    outs = engine.generate(input_ids=ids, sampling_params=params)
-    seconds = time.perf_counter() - t0
-    assert isinstance(outs, list)
-    tokens = sum(len(o["output_ids"]) for o in outs)
-    assert tokens == n * osl, (tokens, n * osl)
-    return {"requests": n, "seconds": seconds, "output_tok_per_s": tokens / seconds}
+    r = run_engine(engine, Workload(f"{isl}/{osl}", ids, osl))
+    assert r["output_tokens"] == n * osl, (r["output_tokens"], n * osl)
+    return {"requests": n, **r}
 
 
 def main(argv: list[str] | None = None) -> None:
