@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--quantization", default=None, choices=["fp8"], help="FP8 linear weights")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
+    ap.add_argument("--attention-backend", default="auto", help="auto, triton, flashinfer or torch")
     ap.add_argument(
         "--deterministic", action="store_true", help="batch-invariant engine (docs/determinism.md)"
     )
@@ -322,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         deterministic=args.deterministic,
+        attention_backend=args.attention_backend,
     )
     if not args.kv_cache_bytes:  # auto: mem_fraction of what weights and activations leave
         del common["kv_cache_bytes"]

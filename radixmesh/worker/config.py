@@ -384,7 +384,9 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     attention_backend: str = "auto"
-    """auto: triton on CUDA (when importable), else torch."""
+    """auto: triton on CUDA (when importable), else torch. flashinfer: FlashInfer's
+    kernels (`radixmesh[flashinfer]`, CUDA); where it cannot run, the device's default,
+    said once in the log (attention/selection.py). triton, torch: as named."""
 
     @classmethod
     def from_options(cls, **options: Any) -> EngineConfig:

@@ -7,10 +7,11 @@ buffers, pads to the next ladder size and replays the graph.
 
 Padded rows compute garbage that is never read: token 0 at position 0, KV written to the
 reserved slot 0, table row 0 with seq_len 1 (they read one slot of whatever row 0 holds).
-The attention metadata is fixed per graph: the decode split count is chosen for the full
-context length (splits past a short sequence's end exit at once) and its workspace is
-allocated once. Only the triton backend is capture-safe (the torch backend's `prepare`
-builds per-step shapes).
+The attention metadata of each graph comes from the backend (`graph_metadata`): the
+triton backend's is fixed (a split count for the full context and a workspace allocated
+once); the flashinfer backend's is re-planned for each batch (`before_replay`), outside
+the graph, before the replay. Backends that capture set `supports_cuda_graphs` (the torch
+backend does not: its `prepare` builds per-step shapes).
 """
 
 from __future__ import annotations
@@ -19,10 +20,7 @@ from typing import Any
 
 import torch
 
-from radixmesh.worker.attention.kernels.decode_attention import decode_workspace
-from radixmesh.worker.attention.triton_backend import (
-    TritonAttentionBackend,
-)
+from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.model.llama import LlamaForCausalLM
 
@@ -42,14 +40,17 @@ class DecodeCudaGraphs:
     def __init__(
         self,
         model: LlamaForCausalLM,
-        attn: TritonAttentionBackend,
+        attn: AttentionBackend,
         req_to_token: torch.Tensor,
         *,
         max_batch_size: int,
         num_heads: int,
         max_context_len: int,
     ) -> None:
+        if not attn.supports_cuda_graphs:
+            raise ValueError(f"{type(attn).__name__} does not capture CUDA graphs")
         self.ladder = batch_size_ladder(max_batch_size)
+        self.attn = attn
         self.req_to_token = req_to_token
         n, device = self.ladder[-1], req_to_token.device
         with torch.inference_mode():
@@ -66,19 +67,19 @@ class DecodeCudaGraphs:
         # The graphs hold raw pointers into each batch's metadata (the decode workspace):
         # keep the batches alive as long as the graphs.
         self.batches: dict[int, ForwardBatch] = {}
-        kv = attn.kv_pool
         pool = None
         for bs in reversed(self.ladder):  # largest first: smaller graphs reuse its memory
-            meta = attn.decode_meta(bs, max_context_len)
-            meta.workspace = decode_workspace(bs, num_heads, kv.head_dim, meta.num_splits, device)
             fb = self._static_batch(bs)
-            fb.attn_metadata = meta
+            fb.attn_metadata = attn.graph_metadata(bs, max_context_len, num_heads)
             self.batches[bs] = fb
             self.graphs[bs], self.outputs[bs] = _capture(model, attn, fb, pool)
             pool = self.graphs[bs].pool()
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        return batch.is_decode_only and batch.batch_size <= self.ladder[-1]
+        if not batch.is_decode_only or batch.batch_size > self.ladder[-1]:
+            return False
+        bs = next(n for n in self.ladder if n >= batch.batch_size)
+        return self.attn.graph_can_run(batch.seq_lens_cpu, bs)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states [B, hidden] of a decode batch (a view, valid until the next run)."""
@@ -94,6 +95,7 @@ class DecodeCudaGraphs:
             static[:b].copy_(value)
             if bs > b:
                 static[b:bs].copy_(pad[b:bs])
+        self.attn.before_replay(self.batches[bs], [*batch.seq_lens_cpu, *[1] * (bs - b)])
         self.graphs[bs].replay()
         self.num_replays += 1
         return self.outputs[bs][:b]
@@ -117,7 +119,7 @@ class DecodeCudaGraphs:
 @torch.inference_mode()
 def _capture(
     model: LlamaForCausalLM,
-    attn: TritonAttentionBackend,
+    attn: AttentionBackend,
     batch: ForwardBatch,
     pool: Any,  # the first graph's memory pool handle, shared by the later ones
 ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 
 import torch
 
@@ -27,13 +26,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
-def default_attention_backend(device: torch.device) -> str:
-    """Triton kernels on CUDA when triton is installed; the torch reference otherwise."""
-    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
-        return "triton"
-    return "torch"
 
 
 def keep_freed_memory_in_process() -> None:

@@ -133,6 +133,22 @@ def decode_workspace_bytes(
     return sum(4 * bs * num_heads * num_splits(bs) * (head_dim + 1) for bs in ladder)
 
 
+def flashinfer_reserve_bytes(graph_batch_size: int, max_context_len: int) -> int:
+    """What the flashinfer backend allocates beside the pool: its float workspace and,
+    with graphs, each ladder size's wrapper (FlashInfer's 8 MiB int workspace) and the
+    index buffer they share (int32, at most every row at full context)."""
+    from radixmesh.worker.attention.flashinfer_backend import (
+        INT_WORKSPACE_BYTES,
+        WORKSPACE_BYTES,
+    )
+    from radixmesh.worker.cuda_graph import batch_size_ladder
+
+    if graph_batch_size <= 0:
+        return WORKSPACE_BYTES + 2 * INT_WORKSPACE_BYTES
+    wrappers = len(batch_size_ladder(graph_batch_size)) + 2
+    return WORKSPACE_BYTES + wrappers * INT_WORKSPACE_BYTES + 4 * graph_batch_size * max_context_len
+
+
 def profile_lengths(num_tokens: int, max_len: int) -> list[int]:
     """Sequence lengths of the profile batch: `num_tokens` in all, none over `max_len`."""
     full, rest = divmod(num_tokens, max_len)
@@ -226,7 +242,7 @@ class ModelOnDevice:
     device: torch.device
     dtype: torch.dtype
     kv_dtype: torch.dtype  # the KV pool's storage dtype (the model's, or FP8)
-    attention_backend: str  # resolved: "torch" or "triton"
+    attention_backend: str  # resolved: "torch", "triton" or "flashinfer"
     num_heads: int  # query heads on this rank
 
 
@@ -243,6 +259,11 @@ def auto_size_pool(m: ModelOnDevice, config: EngineConfig, bytes_per_slot: int) 
     if m.attention_backend == "triton" and graph_bs > 0:
         workspace = _graph_workspace_bytes(m, graph_bs, limit, config.model.deterministic)
         graphs = graph_reserve_bytes(activation, tokens, graph_bs, workspace)
+    elif m.attention_backend == "flashinfer":
+        # Its workspace is allocated after the pool; with graphs, a wrapper each.
+        graphs = flashinfer_reserve_bytes(graph_bs, limit)
+        if graph_bs > 0:
+            graphs += graph_reserve_bytes(activation, tokens, graph_bs, 0)
     return size_pool(
         free_bytes=free_device_bytes(m.device, config.cache.gpu_memory_share),
         activation_bytes=activation,

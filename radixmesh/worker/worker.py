@@ -30,6 +30,7 @@ from radixmesh.sampling_params import SamplingParams
 from radixmesh.tokenizer import Tokenizer
 from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.attention.registry import create_attention_backend
+from radixmesh.worker.attention.selection import resolve_attention_backend
 from radixmesh.worker.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     EngineConfig,
@@ -39,7 +40,6 @@ from radixmesh.worker.config import (
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.deterministic import DETERMINISTIC_BLOCK, make_deterministic
 from radixmesh.worker.device import (
-    default_attention_backend,
     keep_freed_memory_in_process,
     resolve_device,
     resolve_dtype,
@@ -219,10 +219,19 @@ class Worker:
     def build_memory(self) -> None:
         """KV pool, slot allocator, req->token table, radix cache."""
         cc = self.config.cache
-        backend = self.config.attention_backend
-        if backend == "auto":
-            backend = default_attention_backend(self.device)
-        self.attention_backend = backend
+        kv_dtype = kv_storage_dtype(cc.kv_cache_dtype, self.dtype)
+        self.attention_backend = resolve_attention_backend(
+            self.config.attention_backend,
+            self.device,
+            kv_dtype,
+            deterministic=self.config.model.deterministic,
+        )
+        if self.attention_backend == "flashinfer":  # compiled before the pool is sized
+            from radixmesh.worker.attention.flashinfer_backend import compile_kernels
+
+            heads = self.arch.num_attention_heads // self.config.parallel.tp_size
+            kv_heads, head_dim = self.model.num_kv_heads, self.arch.head_size
+            compile_kernels(heads, kv_heads, head_dim, kv_dtype, self.device)
         self.pool_sizing: PoolSizing | None = None  # set when the pool was auto-sized
         self.kv_pool = self._build_pool()
         if self._auto_running and self.device.type == "cuda":
@@ -311,7 +320,7 @@ class Worker:
         )
         self.graph_memory_bytes = 0  # device memory the CUDA graphs took (measured)
         graphs = None
-        if self.device.type == "cuda" and self.attention_backend == "triton":
+        if self.device.type == "cuda" and attn.supports_cuda_graphs:
             graphs = self._capture_decode_graphs(attn) if mc.cuda_graph_max_batch_size else None
         # Forced tokens and short prompt chunks replay the graphs too, as decode rows; not
         # in deterministic mode, where a row's kernel may not depend on the rest of the step.
@@ -332,10 +341,8 @@ class Worker:
         )
 
     def _capture_decode_graphs(self, attn: AttentionBackend) -> DecodeCudaGraphs:
-        from radixmesh.worker.attention.triton_backend import TritonAttentionBackend
         from radixmesh.worker.cuda_graph import DecodeCudaGraphs
 
-        assert isinstance(attn, TritonAttentionBackend), type(attn)
         t0 = time.perf_counter()
         free_before, _ = torch.cuda.mem_get_info(self.device)
         graphs = DecodeCudaGraphs(

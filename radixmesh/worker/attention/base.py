@@ -13,6 +13,7 @@ Shapes: q [T, num_heads, head_dim]; k, v [T, num_kv_heads, head_dim]; output
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 
@@ -21,6 +22,10 @@ from radixmesh.worker.kvcache.pool import KVPool
 
 
 class AttentionBackend(ABC):
+    # Whether decode steps can be captured in CUDA graphs (cuda_graph.py): the backend
+    # then implements `graph_metadata`, and `before_replay` / `graph_can_run` if it must.
+    supports_cuda_graphs = False
+
     def __init__(self, kv_pool: KVPool, scale: float) -> None:
         self.kv_pool = kv_pool
         self.scale = scale
@@ -46,3 +51,18 @@ class AttentionBackend(ABC):
         batch: ForwardBatch,
     ) -> torch.Tensor:
         """Store k/v for the new tokens, then attend. Returns [T, num_heads, head_dim]."""
+
+    def graph_metadata(self, batch_size: int, max_context_len: int, num_heads: int) -> Any:
+        """`attn_metadata` for a captured decode step of `batch_size` rows, valid for every
+        batch of at most that many rows and contexts of up to `max_context_len` tokens."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
+
+    def graph_can_run(self, seq_lens_cpu: list[int], graph_batch_size: int) -> bool:
+        """Whether a decode batch of these lengths fits the graph of that size."""
+        return True
+
+    def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int]) -> None:
+        """Called before each replay, the batch's inputs already in the graph's buffers
+        (`static`, padding rows included; `seq_lens_cpu` their host lengths). The
+        default does nothing: metadata fixed at capture stays valid."""
+        return None

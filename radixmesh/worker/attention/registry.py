@@ -1,9 +1,8 @@
 """Attention backends by name, imported only when chosen (GPU kernels need GPU packages).
 
 Built-ins are listed as "module:Class" paths; other code may add factories with
-`register_attention_backend` (e.g. a test double). There is no FlashInfer backend: its
-wheel and dependencies cannot reach the GPU machine this project measures on (the
-reasons and what such a backend would pass are in docs/performance.md, "Kernels").
+`register_attention_backend` (e.g. a test double). Which name a worker builds, and what
+happens when FlashInfer cannot run, is selection.py's.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ BackendFactory = Callable[[KVPool, float], AttentionBackend]
 _BUILTIN: dict[str, str] = {
     "torch": "radixmesh.worker.attention.torch_backend:TorchAttentionBackend",
     "triton": "radixmesh.worker.attention.triton_backend:TritonAttentionBackend",
+    "flashinfer": "radixmesh.worker.attention.flashinfer_backend:FlashInferAttentionBackend",
 }
 _REGISTERED: dict[str, BackendFactory] = {}
 

@@ -110,6 +110,8 @@ def deterministic_decode_config(cfg: ExtendConfig) -> ExtendConfig:
 
 
 class TritonAttentionBackend(AttentionBackend):
+    supports_cuda_graphs = True
+
     def __init__(self, kv_pool: KVPool, scale: float) -> None:
         super().__init__(kv_pool, scale)
         device = kv_pool.device
@@ -134,6 +136,15 @@ class TritonAttentionBackend(AttentionBackend):
             return DecodeMeta(1)
         splits = choose_num_splits(batch_size, self.kv_pool.num_kv_heads, max_seq_len, self.num_sms)
         return DecodeMeta(splits)
+
+    def graph_metadata(self, batch_size: int, max_context_len: int, num_heads: int) -> DecodeMeta:
+        """The split count for the full context (splits past a short sequence's end exit at
+        once) and a workspace allocated once: nothing to redo before a replay."""
+        meta = self.decode_meta(batch_size, max_context_len)
+        head_dim = self.kv_pool.head_dim
+        device = self.kv_pool.device
+        meta.workspace = decode_workspace(batch_size, num_heads, head_dim, meta.num_splits, device)
+        return meta
 
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.is_decode_only:

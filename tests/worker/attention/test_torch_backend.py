@@ -30,6 +30,7 @@ def make_case(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     seed: int = 0,
+    head_dim: int = HEAD_DIM,
 ) -> tuple[KVPool, ForwardBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A pool whose prefixes are already filled with random K/V, a batch over shuffled
     (non-contiguous) slots and random rows of the req->token table, and new q/k/v."""
@@ -38,7 +39,7 @@ def make_case(
         num_slots=NUM_SLOTS,
         num_layers=2,
         num_kv_heads=num_kv_heads,
-        head_dim=HEAD_DIM,
+        head_dim=head_dim,
         dtype=dtype,
         device=device,
     )
@@ -49,15 +50,15 @@ def make_case(
     for row, (prefix, extend) in zip(rows, seqs, strict=True):
         slots = torch.tensor([free.pop() for _ in range(prefix + extend)])
         req_to_token[row, : prefix + extend] = slots
-        kv_shape = (prefix, num_kv_heads, HEAD_DIM)
+        kv_shape = (prefix, num_kv_heads, head_dim)
         prefix_slots = slots[:prefix].to(device)
         for buf in (pool.k_buffers[LAYER], pool.v_buffers[LAYER]):
             buf[prefix_slots] = torch.randn(kv_shape, generator=gen).to(dtype=dtype, device=device)
         new_slots.append(slots[prefix:])
     t = sum(e for _, e in seqs)
-    q = torch.randn(t, num_heads, HEAD_DIM, generator=gen).to(dtype=dtype, device=device)
-    k = torch.randn(t, num_kv_heads, HEAD_DIM, generator=gen).to(dtype=dtype, device=device)
-    v = torch.randn(t, num_kv_heads, HEAD_DIM, generator=gen).to(dtype=dtype, device=device)
+    q = torch.randn(t, num_heads, head_dim, generator=gen).to(dtype=dtype, device=device)
+    k = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype=dtype, device=device)
+    v = torch.randn(t, num_kv_heads, head_dim, generator=gen).to(dtype=dtype, device=device)
     batch = ForwardBatch.build(
         input_ids=[0] * t,
         out_cache_loc=torch.cat(new_slots),

@@ -15,7 +15,6 @@ from radixmesh.worker.attention.triton_backend import (
     TritonAttentionBackend,
     choose_num_splits,
 )
-from radixmesh.worker.device import default_attention_backend
 from radixmesh.worker.kvcache.pool import kv_storage_dtype
 from radixmesh.worker.model import dummy
 from radixmesh.worker.model.llama import LlamaForCausalLM
@@ -87,11 +86,6 @@ def test_num_splits_fill_the_gpu_but_stay_long() -> None:
     assert choose_num_splits(512, 8, 4096, 132) == 1
     assert choose_num_splits(8, 8, 4096, 132) == 16  # by length: 4096 / 256
     assert choose_num_splits(3, 2, 1, 132) == 1
-
-
-def test_auto_picks_triton_on_cuda_only() -> None:
-    assert default_attention_backend(torch.device("cpu")) == "torch"
-    assert default_attention_backend(torch.device("cuda")) == "triton"
 
 
 @pytest.mark.parametrize("seqs", [MIXED, [(10, 1), (0, 1), (33, 1)], [(9, 5), (0, 3)]],

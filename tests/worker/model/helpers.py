@@ -116,10 +116,13 @@ VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
 }
 
 
-def make_pair(variant: str, seed: int = 0) -> tuple[transformers.PreTrainedModel, LlamaForCausalLM]:
-    """A random transformers model and ours with the same weights."""
+def make_pair(
+    variant: str, seed: int = 0, **settings: Any
+) -> tuple[transformers.PreTrainedModel, LlamaForCausalLM]:
+    """A random transformers model and ours with the same weights; `settings` override the
+    variant's settings (e.g. hidden_size)."""
     config_class, overrides = VARIANTS[variant]
-    config = config_class(**{**SMALL, **overrides}, attn_implementation="eager")
+    config = config_class(**{**SMALL, **overrides, **settings}, attn_implementation="eager")
     torch.manual_seed(seed)
     hf = transformers.AutoModelForCausalLM.from_config(config).eval()
     # Default init (std 0.02, unit norms, zero biases) would hide mistakes in the norms and

@@ -1,0 +1,205 @@
+"""Attention backends side by side on the GPU: triton vs flashinfer, the same inputs, the
+same call the model makes (`prepare` once a step, then `forward` per layer: the KV store
+and attention), at Llama-3-8B's heads (Hq 32, Hkv 8, D 128), bfloat16 pool.
+
+Shapes (batch x context over a shuffled slot table):
+  decode        256 x 768, 256 x 4,096, 64 x 2,048, 1 x 4,096
+  shared        256 decode rows over one 1,536-token prefix (+ 64 own): the radix cache's
+                sharing, which neither backend exploits yet (each row reads the prefix)
+  extend        16 x 512 new over 1,536 cached (P2's prefill), 16 x 512 and 1 x 8,192 new
+                with no prefix, causal
+  mixed         8 x 512 new prompts beside 192 decode rows at 768 (a chunked step)
+Each shape: both outputs against the float64 reference of a few rows (relative error),
+then the time of one layer's `forward` (CUDA events, median of do_bench), `prepare`'s
+wall time (host + device, synchronized), KV TB/s for decode and TFLOP/s for extend.
+
+Run on a CUDA machine with flashinfer installed: `python -m bench.attention_backends
+[--out FILE]`. Prints a table; writes its record to bench/results/attention_backends-<machine>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from typing import Any
+
+import torch
+from triton.testing import do_bench
+
+from bench import record
+from radixmesh.worker.attention.registry import create_attention_backend
+from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.kvcache.pool import KVPool
+
+HQ, HKV, D = 32, 8, 128
+DTYPE = torch.bfloat16
+DEV = torch.device("cuda")
+# flashinfer-fa2: the flashinfer backend with FA2's prefill kernels instead of FA3's
+# (flashinfer_backend.PREFILL_BACKEND), to choose between them.
+BACKENDS = ("triton", "flashinfer", "flashinfer-fa2")
+LAYER = 0
+
+
+def shapes() -> list[tuple[str, list[tuple[int, int]], int]]:
+    """(name, [(prefix, new)] per sequence, shared prefix length)."""
+    return [
+        ("decode 256 x 768", [(767, 1)] * 256, 0),
+        ("decode 256 x 4096", [(4095, 1)] * 256, 0),
+        ("decode 64 x 2048", [(2047, 1)] * 64, 0),
+        ("decode 1 x 4096", [(4095, 1)], 0),
+        ("shared 256 x (1536 + 64)", [(1599, 1)] * 256, 1536),
+        ("extend 16 x 512 over 1536", [(1536, 512)] * 16, 0),
+        ("extend 16 x 512", [(0, 512)] * 16, 0),
+        ("extend 1 x 8192", [(0, 8192)], 0),
+        ("mixed 8 x 512 + 192 x 768", [(0, 512)] * 8 + [(767, 1)] * 192, 0),
+    ]
+
+
+def build_case(
+    seqs: list[tuple[int, int]], shared: int, seed: int
+) -> tuple[KVPool, ForwardBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pool filled with random K/V, each sequence on shuffled slots (the first `shared`
+    slots of every sequence the same ones), and new q/k/v."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    own = sum(p + n - shared for p, n in seqs)
+    slots_total = shared + own + 1
+    pool = KVPool(num_slots=slots_total, num_layers=1, num_kv_heads=HKV, head_dim=D,
+                  dtype=DTYPE, device=DEV)  # fmt: skip
+    for buf in (pool.k_buffers[LAYER], pool.v_buffers[LAYER]):
+        buf.copy_(torch.randn(buf.shape, generator=gen, device=DEV, dtype=torch.float32).to(DTYPE))
+    rng = random.Random(seed)
+    free = list(range(1, slots_total))
+    rng.shuffle(free)
+    prefix_slots = [free.pop() for _ in range(shared)]
+    max_len = max(p + n for p, n in seqs)
+    table = torch.zeros((len(seqs), max_len), dtype=torch.int64)
+    new_slots: list[int] = []
+    for row, (p, n) in enumerate(seqs):
+        mine = prefix_slots + [free.pop() for _ in range(p + n - shared)]
+        table[row, : p + n] = torch.tensor(mine)
+        new_slots += mine[p:]
+    t = sum(n for _, n in seqs)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=DEV, dtype=torch.float32).to(DTYPE)
+
+    batch = ForwardBatch.build(
+        input_ids=[0] * t,
+        out_cache_loc=torch.tensor(new_slots),
+        req_rows=list(range(len(seqs))),
+        prefix_lens=[p for p, _ in seqs],
+        extend_lens=[n for _, n in seqs],
+        req_to_token=table.to(DEV),
+    )
+    return pool, batch, rand(t, HQ, D), rand(t, HKV, D), rand(t, HKV, D)
+
+
+def reference_rows(
+    pool: KVPool, batch: ForwardBatch, q: torch.Tensor, rows: list[int]
+) -> torch.Tensor:
+    """float64 attention of the new tokens at q rows `rows` (after the store)."""
+    k_all, v_all = pool.k_buffers[LAYER], pool.v_buffers[LAYER]
+    starts = [0]
+    for n in batch.extend_lens_cpu:
+        starts.append(starts[-1] + n)
+    out = []
+    for r in rows:
+        b = next(i for i in range(batch.batch_size) if starts[i] <= r < starts[i + 1])
+        visible = batch.prefix_lens_cpu[b] + (r - starts[b]) + 1
+        slots = batch.req_to_token[b, :visible]
+        k = k_all[slots].double().repeat_interleave(HQ // HKV, dim=1)  # [L, Hq, D]
+        v = v_all[slots].double().repeat_interleave(HQ // HKV, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[r].double(), k) * D**-0.5
+        out.append(torch.einsum("hl,lhd->hd", torch.softmax(s, -1), v))
+    return torch.stack(out)
+
+
+def make_backend(name: str, pool: KVPool) -> Any:
+    from radixmesh.worker.attention import flashinfer_backend
+
+    if name != "flashinfer-fa2":
+        return create_attention_backend(name, pool, D**-0.5)
+    default = flashinfer_backend.PREFILL_BACKEND
+    flashinfer_backend.PREFILL_BACKEND = "fa2"
+    try:
+        return create_attention_backend("flashinfer", pool, D**-0.5)
+    finally:
+        flashinfer_backend.PREFILL_BACKEND = default
+
+
+def measure(name: str, seqs: list[tuple[int, int]], shared: int) -> dict[str, Any]:
+    pool, batch, q, k, v = build_case(seqs, shared, seed=len(name))
+    t = q.shape[0]
+    rows = sorted({0, t // 3, t - 1})
+    kv_tokens = sum(p + n for p, n in seqs)
+    kv_bytes = 2 * kv_tokens * HKV * D * DTYPE.itemsize
+    causal_flops = sum(4 * n * (p + (n + 1) / 2) * HQ * D for p, n in seqs)
+    row: dict[str, Any] = {"shape": name, "tokens": t, "kv_tokens": kv_tokens}
+    for backend_name in BACKENDS:
+        attn = make_backend(backend_name, pool)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        attn.prepare(batch)
+        out = attn.forward(q, k, v, LAYER, batch)  # the first layer plans
+        torch.cuda.synchronize()
+        first_ms = (time.perf_counter() - t0) * 1e3
+        ref = reference_rows(pool, batch, q, rows)
+        got = out[rows].double()
+        rel = float((got - ref).norm() / ref.norm())
+        ms = do_bench(lambda a=attn: a.forward(q, k, v, LAYER, batch), warmup=10, rep=60)
+        prep = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            attn.prepare(batch)
+            attn.forward(q, k, v, LAYER, batch)
+            torch.cuda.synchronize()
+            prep.append((time.perf_counter() - t0) * 1e3 - ms)
+        row[backend_name] = {
+            "ms": ms,
+            "rel_err": rel,
+            "first_call_ms": first_ms,
+            "prepare_ms": sorted(prep)[len(prep) // 2],
+            "tb_per_s": kv_bytes / (ms * 1e-3) / 1e12,
+            "tflops": causal_flops / (ms * 1e-3) / 1e12,
+        }
+        del attn
+    for name_ in BACKENDS[1:]:
+        row[f"{name_}_over_triton_time"] = row[name_]["ms"] / row["triton"]["ms"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
+    import flashinfer  # the comparison needs it: fail here, not in the middle
+
+    torch.manual_seed(0)
+    rows = []
+    print("shape | us: triton, flashinfer, fi-fa2 | fi / triton | fa2 / triton | TB/s | "
+          "TFLOP/s | prepare ms | rel err  (each: triton, flashinfer, fi-fa2)")  # fmt: skip
+    for name, seqs, shared in shapes():
+        r = measure(name, seqs, shared)
+        rows.append(r)
+        each = [r[b] for b in BACKENDS]
+
+        def cols(key: str, fmt: str, scale: float = 1.0, each: list[Any] = each) -> str:
+            return ", ".join(format(x[key] * scale, fmt) for x in each)
+
+        ratios = " | ".join(f"{r[f'{b}_over_triton_time']:.2f}" for b in BACKENDS[1:])
+        print(f"{name} | {cols('ms', '.0f', 1e3)} | {ratios} | {cols('tb_per_s', '.2f')} | "
+              f"{cols('tflops', '.0f')} | {cols('prepare_ms', '.2f')} | {cols('rel_err', '.1e')}",
+              flush=True)  # fmt: skip
+    report = {
+        "shapes": {"num_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "dtype": "bfloat16"},
+        "flashinfer_version": flashinfer.__version__,
+        "rows": rows,
+    }
+    path = record.write("attention_backends", args, report)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Attention backend on FlashInfer's kernels over the radix cache's token slots (CUDA only).
+
+The pool is FlashInfer's paged KV cache with page size 1: a slot is a page, and
+`k_buffers[layer]` [num_slots, Hkv, D] is its NHD layout as it stands, so nothing is
+copied. Per step `prepare` flattens the batch's slot-table rows into FlashInfer's CSR
+arrays (`kernels/kv_indices.py`: one launch, on the device) and picks a wrapper:
+
+- a decode-only batch: `BatchDecodeWithPagedKVCacheWrapper` with tensor cores (its GQA
+  groups of 4 query heads fill a tile's rows; the CUDA-core path read KV at 2.9-3.0 TB/s
+  on the H200 against 3.8-4.0 for this one);
+- any batch with longer rows (prefill, extend over a cached prefix, mixed with decode
+  rows): `BatchPrefillWithPagedKVCacheWrapper`, causal, the new tokens read back from
+  the pool after the store, so a prefix and its extension are one range.
+
+Planning (FlashInfer's host-side split of the work, `plan`) needs the query head count,
+which the pool does not know, so it runs at the first layer's call of each step: host
+work only, its small tables copied to the device asynchronously. Each plan first waits
+for the previous plan's copy to have run: FlashInfer stages a plan in one pinned host
+buffer per wrapper, and under the overlap scheduler (overlap.py) the next step's plan
+could otherwise overwrite it before the device has read it.
+
+CUDA graphs: one decode wrapper per captured batch size, in FlashInfer's graph mode
+(fixed buffers, grid sized for the worst case), all sharing one index buffer; before
+each replay `before_replay` rebuilds the indices and plans for the real lengths.
+
+Not served here, each refused by name when asked for: an FP8 pool (this project's FP8
+cache keeps a power-of-two scale per token and head, kvcache/fp8_kv.py; FlashInfer reads
+one scale per tensor, and its own FP8 decode measured no faster than its bf16 on the H200),
+float32 (FlashInfer has no float32 kernels), deterministic mode (its split-KV sums depend
+on the batch; the triton backend's fixed-order kernels give batch-invariant bits).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixmesh.worker.attention.base import AttentionBackend
+from radixmesh.worker.attention.kernels.kv_indices import build_kv_indices
+from radixmesh.worker.attention.kernels.kv_store import kv_store
+from radixmesh.worker.attention.selection import (
+    check_flashinfer_supported,
+    flashinfer_unavailable_reason,
+    import_flashinfer,
+)
+from radixmesh.worker.forward_batch import ForwardBatch, to_device
+from radixmesh.worker.kvcache.pool import KVPool
+
+logger = logging.getLogger(__name__)
+
+# Split-KV partial outputs and the prefill's scratch; shared by every wrapper (they run
+# one after another on one stream). SGLang's default is of the same order.
+WORKSPACE_BYTES = 256 << 20
+INT_WORKSPACE_BYTES = 8 << 20  # what FlashInfer allocates for each wrapper's plan
+# The paged prefill's kernel family on Hopper: "fa3" (FlashAttention-3 style, wgmma/TMA)
+# or "fa2". Chosen by bench/attention_kernels.py (docs/performance.md, "FlashInfer").
+PREFILL_BACKEND = "fa3"
+
+
+@dataclass
+class FlashInferMeta:
+    """One step's CSR arrays and the wrapper that attends over them."""
+
+    wrapper: Any
+    indptr: torch.Tensor  # [B + 1] int32, host (pinned on CUDA)
+    indices: torch.Tensor  # [indptr[-1]] int32, device
+    qo_indptr: torch.Tensor | None  # [B + 1] int32, host; None for a decode wrapper
+    planned: bool = False
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    supports_cuda_graphs = True
+
+    def __init__(self, kv_pool: KVPool, scale: float) -> None:
+        super().__init__(kv_pool, scale)
+        reason = flashinfer_unavailable_reason(kv_pool.device)
+        if reason is not None:
+            raise ValueError(f"attention_backend: {reason}")
+        check_flashinfer_supported(kv_pool.dtype, deterministic=False)
+        self.flashinfer = import_flashinfer()
+        device = kv_pool.device
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.decode_wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=True, backend="fa2"
+        )
+        self.prefill_wrapper = self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=PREFILL_BACKEND
+        )
+        self.num_qo_heads: int | None = None  # learned from the first q
+        self._fence: torch.cuda.Event | None = None  # the last plan's copies
+        self._ones = torch.ones(1, dtype=torch.int32)
+        # Graph mode: the index buffer all graph wrappers share (`graph_metadata`).
+        self._graph_indices: torch.Tensor | None = None
+
+    def enable_deterministic(self, max_context_len: int) -> None:
+        check_flashinfer_supported(self.kv_pool.dtype, deterministic=True)
+
+    # ---- per step ------------------------------------------------------------------
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        decode = batch.is_decode_only
+        indptr, indices = self._csr(batch.seq_lens_cpu, batch)
+        qo = None if decode else _host_indptr(batch.extend_lens_cpu)
+        wrapper = self.decode_wrapper if decode else self.prefill_wrapper
+        batch.attn_metadata = FlashInferMeta(wrapper, indptr, indices, qo)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer_id: int,
+        batch: ForwardBatch,
+    ) -> torch.Tensor:
+        k_buf = self.kv_pool.k_buffers[layer_id]  # [num_slots, Hkv, D]: pages of one token
+        v_buf = self.kv_pool.v_buffers[layer_id]
+        kv_store(k_buf, v_buf, batch.out_cache_loc, k, v, None)
+        meta: FlashInferMeta = batch.attn_metadata
+        if not meta.planned:
+            self.num_qo_heads = q.shape[1]
+            self._plan(meta)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        meta.wrapper.run(q.contiguous(), (k_buf, v_buf), out=out)
+        return out
+
+    # ---- CUDA graphs -----------------------------------------------------------------
+
+    def graph_metadata(self, batch_size: int, max_context_len: int, num_heads: int) -> Any:
+        """A decode wrapper in graph mode for `batch_size` rows, planned for one token
+        each (the static batch's); `before_replay` re-plans it for each real batch."""
+        device = self.kv_pool.device
+        self.num_qo_heads = num_heads
+        if self._graph_indices is None:
+            # Every row of the largest graph at full context, or four times the pool's
+            # slots (shared prefixes count once per row), whichever is less; a batch
+            # with more runs eagerly (`graph_can_run`).
+            n = min(batch_size * max_context_len, 4 * self.kv_pool.num_slots)
+            # (pool_sizing.flashinfer_reserve_bytes counts the first bound)
+            self._graph_indices = torch.zeros(max(n, batch_size), dtype=torch.int32, device=device)
+        wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=True,
+            paged_kv_indptr_buffer=torch.zeros(batch_size + 1, dtype=torch.int32, device=device),
+            paged_kv_indices_buffer=self._graph_indices,
+            paged_kv_last_page_len_buffer=torch.ones(batch_size, dtype=torch.int32, device=device),
+            backend="fa2",
+        )
+        indptr = _host_indptr([1] * batch_size)
+        indices = torch.zeros(batch_size, dtype=torch.int32, device=device)  # slot 0
+        meta = FlashInferMeta(wrapper, indptr, indices, None)
+        self._plan(meta)
+        return meta
+
+    def graph_can_run(self, seq_lens_cpu: list[int], graph_batch_size: int) -> bool:
+        assert self._graph_indices is not None
+        padding = graph_batch_size - len(seq_lens_cpu)
+        return sum(seq_lens_cpu) + padding <= self._graph_indices.shape[0]
+
+    def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int]) -> None:
+        """Plan the graph's wrapper for the batch now in `static`'s buffers, whose host
+        lengths (padding rows included) are `seq_lens_cpu`."""
+        meta: FlashInferMeta = static.attn_metadata
+        meta.indptr, meta.indices = self._csr(seq_lens_cpu, static)
+        self._plan(meta)
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def _csr(
+        self, seq_lens_cpu: list[int], batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        indptr = _host_indptr(seq_lens_cpu)
+        device = batch.req_to_token.device
+        indices = torch.empty(int(indptr[-1]), dtype=torch.int32, device=device)
+        build_kv_indices(
+            batch.req_to_token, batch.req_rows, batch.seq_lens, to_device(indptr, device), indices
+        )
+        return indptr, indices
+
+    def _plan(self, meta: FlashInferMeta) -> None:
+        if self._fence is not None:
+            self._fence.synchronize()  # the previous plan's pinned tables were copied
+        assert self.num_qo_heads is not None
+        b = meta.indptr.shape[0] - 1
+        if self._ones.shape[0] < b:
+            self._ones = torch.ones(2 * b, dtype=torch.int32)
+        last = self._ones[:b]
+        pool = self.kv_pool
+        common = {
+            "q_data_type": pool.dtype,
+            "kv_data_type": pool.dtype,
+            "sm_scale": self.scale,
+        }
+        if meta.qo_indptr is None:
+            meta.wrapper.plan(
+                meta.indptr,
+                meta.indices,
+                last,
+                self.num_qo_heads,
+                pool.num_kv_heads,
+                pool.head_dim,
+                1,
+                **common,
+            )
+        else:
+            meta.wrapper.plan(
+                meta.qo_indptr,
+                meta.indptr,
+                meta.indices,
+                last,
+                self.num_qo_heads,
+                pool.num_kv_heads,
+                pool.head_dim,
+                1,
+                causal=True,
+                **common,
+            )
+        meta.planned = True
+        self._fence = torch.cuda.Event()
+        self._fence.record()
+
+
+def _host_indptr(lengths: list[int]) -> torch.Tensor:
+    """[0, cumsum(lengths)] as int32 on the host."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    if lengths:
+        torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=out[1:])
+    return out
+
+
+def compile_kernels(
+    num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> float:
+    """Build (JIT, or load from FlashInfer's on-disk cache) every kernel module the backend
+    will launch for this shape, the decode and the prefill module at once on two threads
+    (each a ninja build over all cores), so that a worker compiles before it reports ready
+    and not at its first request. Returns the seconds it took.
+
+    Compiled modules land in ~/.cache/flashinfer (FLASHINFER_WORKSPACE_BASE moves it); a
+    later start finds them there and loads them in well under a second."""
+    t0 = time.perf_counter()
+    pool = KVPool(
+        num_slots=2, num_layers=1, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+        device=device,
+    )  # fmt: skip
+    backends = [FlashInferAttentionBackend(pool, head_dim**-0.5) for _ in range(2)]
+    table = torch.ones((1, 2), dtype=torch.int64, device=device)
+    q = torch.zeros((2, num_heads, head_dim), dtype=dtype, device=device)
+    kv = torch.zeros((2, num_kv_heads, head_dim), dtype=dtype, device=device)
+
+    def one(backend: FlashInferAttentionBackend, extend: int) -> None:
+        batch = ForwardBatch.build(
+            input_ids=[0] * extend,
+            out_cache_loc=torch.ones(extend, dtype=torch.int64),
+            req_rows=[0],
+            prefix_lens=[2 - extend],
+            extend_lens=[extend],
+            req_to_token=table,
+        )
+        backend.prepare(batch)
+        backend.forward(q[:extend], kv[:extend], kv[:extend], 0, batch)
+
+    with ThreadPoolExecutor(2) as ex:
+        list(ex.map(one, backends, [1, 2]))  # decode, extend: each raises what failed
+    torch.cuda.synchronize(device)
+    took = time.perf_counter() - t0
+    logger.info("flashinfer kernels for %d/%d heads of %d ready in %.1f s",
+                num_heads, num_kv_heads, head_dim, took)  # fmt: skip
+    return took

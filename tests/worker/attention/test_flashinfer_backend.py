@@ -1,0 +1,118 @@
+"""The flashinfer backend on the GPU: against the float64 reference over the slot table,
+inside a model against transformers, and inside the engine with decode CUDA graphs.
+Needs CUDA and the `flashinfer` extra; its absence is tested on CPU (test_selection.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixmesh.worker.attention.registry import create_attention_backend
+from tests.worker.attention.test_torch_backend import LAYER, MIXED, make_case, reference
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+@pytest.fixture(autouse=True)
+def flashinfer_installed() -> None:
+    pytest.importorskip("flashinfer", reason="the flashinfer extra is not installed")
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [
+        MIXED,
+        [(10, 1), (0, 1), (33, 1), (7, 1)],
+        [(0, 12)],
+        [(9, 5), (0, 3)],
+        [(200, 1), (31, 1), (150, 9), (4, 1), (300, 1)],
+    ],
+    ids=["mixed", "decode-only", "one-prompt", "extends-only", "long-prefixes"],
+)
+def test_matches_reference(seqs: list[tuple[int, int]]) -> None:
+    from radixmesh.worker.attention.flashinfer_backend import FlashInferMeta
+
+    # head_dim 128 throughout this file: one set of FlashInfer modules to compile.
+    head_dim = 128
+    pool, batch, q, k, v = make_case(
+        seqs, 32, 8, dtype=torch.bfloat16, device="cuda", head_dim=head_dim
+    )
+    scale = head_dim**-0.5
+    backend = create_attention_backend("flashinfer", pool, scale)
+    backend.prepare(batch)
+    meta = batch.attn_metadata
+    assert isinstance(meta, FlashInferMeta)
+    assert (meta.qo_indptr is None) == batch.is_decode_only
+    out = backend.forward(q, k, v, LAYER, batch)
+    out_again = backend.forward(q, k, v, LAYER, batch)  # a second layer reuses the plan
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    ref = reference(pool, batch, q, scale)
+    err = (out.double().cpu() - ref).abs().max().item()
+    assert err < 2e-2, err  # bf16 outputs of values ~N(0, 1)
+    assert torch.equal(out, out_again)
+    loc = batch.out_cache_loc
+    assert torch.equal(pool.k_buffers[LAYER][loc], k) and torch.equal(pool.v_buffers[LAYER][loc], v)
+
+
+def test_model_matches_transformers() -> None:
+    """bfloat16 logits within the same bound as the triton backend's test (test_llama.py),
+    through prefill, extend over a cached prefix beside a new prompt, and decode steps."""
+    from radixmesh.worker.model.llama import LlamaForCausalLM
+    from tests.worker.model.helpers import RaggedRunner, hf_logits, make_pair, random_ids
+
+    # head_dim 128 (512 / 4 heads), one KV head (GQA 4).
+    hf, cpu_model = make_pair("llama", hidden_size=512, num_key_value_heads=1)
+    ours = LlamaForCausalLM(cpu_model.arch, dtype=torch.bfloat16, device="cuda")
+    ours.load_weights(hf.state_dict().items())
+    a, b = random_ids(70, seed=6), random_ids(9, seed=7)
+    runner = RaggedRunner(ours, backend="flashinfer")
+    (a1,) = runner.step([(0, a[:40])])
+    a2, b1 = runner.step([(0, a[40:60]), (1, b)])
+    steps = [runner.step([(1, [a[i]]), (0, [a[60 + i]])]) for i in range(4)]
+    got_a = torch.cat([a1, a2, *(s[1] for s in steps)]).cpu()
+    got_b = torch.cat([b1, *(s[0] for s in steps)]).cpu()
+    torch.testing.assert_close(got_a, hf_logits(hf, a[:64]), atol=0.25, rtol=0)
+    torch.testing.assert_close(got_b, hf_logits(hf, b + a[:4]), atol=0.25, rtol=0)
+
+
+def test_engine_replays_graphs_and_accounts_for_every_slot() -> None:
+    """The engine with the flashinfer backend: decode steps replay the graphs (re-planned
+    per batch), prompts share a cached prefix, every slot is free or cached after."""
+    from radixmesh.worker.engine import Engine
+    from tests.worker.conftest import assert_engine_idle_and_clean
+
+    shared = [(5 * j) % 400 + 3 for j in range(40)]
+    prompts = [shared + [(7 * i + j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(11)]
+    params = [
+        {"temperature": 0.0, "max_new_tokens": 4 + 3 * i, "ignore_eos": True} for i in range(11)
+    ]
+    with Engine(
+        "dummy:llama-3-8b@layers=2",
+        device="cuda",
+        dtype="bfloat16",
+        attention_backend="flashinfer",
+        cuda_graph_max_batch_size=32,
+        kv_cache_tokens=8192,
+        max_running_requests=32,
+    ) as eng:
+        runner = eng.worker.runner
+        assert eng.worker.attention_backend == "flashinfer"
+        assert runner.decode_graphs is not None
+        res = eng.generate(input_ids=prompts, sampling_params=params)
+        assert isinstance(res, list)
+        assert [len(r["output_ids"]) for r in res] == [4 + 3 * i for i in range(11)]
+        assert runner.decode_graphs.num_replays >= 30
+        again = eng.generate(input_ids=prompts[3], sampling_params=params[3])
+        assert isinstance(again, dict)
+        assert again["meta_info"]["cached_tokens"] >= 40
+        assert_engine_idle_and_clean(eng)
+
+
+def test_engine_refuses_what_it_cannot_serve() -> None:
+    from radixmesh.worker.engine import Engine
+
+    with pytest.raises(ValueError, match=r"attention_backend: 'flashinfer'.*kv_cache_dtype"):
+        Engine("dummy:tiny", device="cuda", attention_backend="flashinfer", kv_cache_dtype="fp8")
