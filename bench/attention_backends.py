@@ -13,8 +13,13 @@ Each shape: both outputs against the float64 reference of a few rows (relative e
 then the time of one layer's `forward` (CUDA events, median of do_bench), `prepare`'s
 wall time (host + device, synchronized), KV TB/s for decode and TFLOP/s for extend.
 
+`--engine` adds the whole engine's batch-1 decode on `dummy:llama-3-8b` with each backend:
+one 512-token prompt, 256 greedy new tokens (after a warm-up request), milliseconds per
+output token from the wall time less the prefill's (a max_new_tokens=1 request).
+
 Run on a CUDA machine with flashinfer installed: `python -m bench.attention_backends
-[--out FILE]`. Prints a table; writes its record to bench/results/attention_backends-<machine>.json.
+[--engine] [--out FILE]`. Prints a table; writes its record to
+bench/results/attention_backends-<machine>.json.
 """
 
 from __future__ import annotations
@@ -170,9 +175,36 @@ def measure(name: str, seqs: list[tuple[int, int]], shared: int) -> dict[str, An
     return row
 
 
+def batch1_ms_per_token(backend: str, new_tokens: int = 256) -> dict[str, Any]:
+    """The engine's batch-1 decode: ms per output token past the first."""
+    from radixmesh.worker.engine import Engine
+
+    prompt = [random.Random(1).randrange(3, 30000) for _ in range(512)]
+    with Engine("dummy:llama-3-8b", attention_backend=backend, kv_cache_tokens=1 << 16,
+                max_running_requests=8, cuda_graph_max_batch_size=8) as eng:  # fmt: skip
+
+        def run(n: int) -> float:
+            t0 = time.perf_counter()
+            eng.generate(input_ids=prompt, sampling_params={
+                "temperature": 0.0, "max_new_tokens": n, "ignore_eos": True})  # fmt: skip
+            return time.perf_counter() - t0
+
+        run(new_tokens)  # warm-up: graphs, allocator, the radix cache emptied below
+        prefill, total = [], []
+        for _ in range(3):
+            eng.flush_cache()
+            prefill.append(run(1))
+            eng.flush_cache()
+            total.append(run(new_tokens))
+    p, t = sorted(prefill)[1], sorted(total)[1]
+    return {"backend": backend, "prefill_s": p, "total_s": t,
+            "ms_per_token": (t - p) / (new_tokens - 1) * 1e3}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     record.add_output_arguments(ap)
+    ap.add_argument("--engine", action="store_true", help="also the engine's batch-1 decode")
     args = ap.parse_args(argv)
     import flashinfer  # the comparison needs it: fail here, not in the middle
 
@@ -197,6 +229,11 @@ def main(argv: list[str] | None = None) -> None:
         "flashinfer_version": flashinfer.__version__,
         "rows": rows,
     }
+    if args.engine:
+        report["batch1"] = [batch1_ms_per_token(b) for b in ("triton", "flashinfer")]
+        for r in report["batch1"]:
+            print(f"batch 1, {r['backend']}: {r['ms_per_token']:.2f} ms per token "
+                  f"(prefill {r['prefill_s'] * 1e3:.1f} ms)", flush=True)  # fmt: skip
     path = record.write("attention_backends", args, report)
     print(f"wrote {path}")
 

@@ -4,7 +4,8 @@
 #   jit      compile_kernels for Llama-3-8B's heads (32/8/128, bf16) cold, then again warm
 #            (the on-disk cache); its seconds are the worker's start-up cost
 #   tests    the GPU tests of the flashinfer backend, the index kernel, the CUDA graphs
-#   kernels  bench.attention_backends: triton vs flashinfer per layer call, same inputs
+#   kernels  bench.attention_backends --engine: triton vs flashinfer per layer call, same
+#            inputs, then the engine's batch-1 time per token with each
 #   offline  bench.offline's GPU workloads on dummy:llama-3-8b, triton then flashinfer
 # FlashInfer travels as .fi/flashinfer-*-slim.tar.xz (docs/performance.md, "FlashInfer on
 # the GPU machine": the wheel less its sources for other GPUs and models, 13 MB), the
@@ -22,8 +23,8 @@ S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target $SITE .whl/*.whl 2>/dev/null || exit 1
 tar -xJf .fi/flashinfer-*-slim.tar.xz -C $SITE || exit 1
-for t in .fi/aot/*.tar.xz; do [ -f "$t" ] && tar -xJf "$t" -C $SITE/flashinfer/data/aot; done
 mkdir -p $SITE/flashinfer/data/aot
+for t in .fi/aot/*.tar.xz; do [ -f "$t" ] && tar -xJf "$t" -C $SITE/flashinfer/data/aot; done
 export PYTHONPATH=$PWD:$SITE
 el "installed"
 part() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -42,11 +43,12 @@ for i in range(2):
 "
 fi
 if part tests; then
-  run tests 400 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention/test_flashinfer_backend.py \
-    tests/worker/attention/test_kv_indices.py tests/worker/test_cuda_graph.py tests/worker/attention/test_selection.py
+  run tests 400 -m pytest -q -p no:cacheprovider tests/worker/attention/test_flashinfer_backend.py \
+    tests/worker/attention/test_kv_indices.py tests/worker/test_cuda_graph.py tests/worker/attention/test_selection.py \
+    "tests/worker/test_engine.py::test_two_engines_in_turn_each_take_the_whole_gpu"
 fi
 if part kernels; then
-  run attention_backends 300 -m bench.attention_backends --out "$OUT/attention_backends-$MACHINE.json"
+  run attention_backends 400 -m bench.attention_backends --engine --out "$OUT/attention_backends-$MACHINE.json"
 fi
 OFFLINE="-m bench.offline --model dummy:llama-3-8b --device cuda --workloads gpu --kv-cache-bytes 0
   --max-running-requests 256 --max-num-batched-tokens 8192 --skip-baseline --skip-cache-off --repeats 2"
