@@ -264,7 +264,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         assert self.num_qo_heads is not None
         b = meta.indptr.shape[0] - 1
         if self._ones.shape[0] < b:
-            self._ones = torch.ones(2 * b, dtype=torch.int32)
+            self._ones = torch.ones(2 * b, dtype=torch.int32, pin_memory=True)
         last = self._ones[:b]
         pool = self.kv_pool
         common = {
@@ -302,9 +302,11 @@ class FlashInferAttentionBackend(AttentionBackend):
 
 
 def _host_indptr(lengths: Iterable[int]) -> torch.Tensor:
-    """[0, cumsum(lengths)] as int32 on the host."""
+    """[0, cumsum(lengths)] as int32 on the host, in pinned memory where CUDA is: FlashInfer
+    copies it to the device, and a copy from pageable memory can wait for the stream."""
     lengths = list(lengths)
-    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    pin = torch.cuda.is_available()
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32, pin_memory=pin)
     if lengths:
         torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0, out=out[1:])
     return out
