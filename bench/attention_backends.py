@@ -4,8 +4,10 @@ and attention), at Llama-3-8B's heads (Hq 32, Hkv 8, D 128), bfloat16 pool.
 
 Shapes (batch x context over a shuffled slot table):
   decode        256 x 768, 256 x 4,096, 64 x 2,048, 1 x 4,096
-  shared        256 decode rows over one 1,536-token prefix (+ 64 own): the radix cache's
-                sharing, which neither backend exploits yet (each row reads the prefix)
+  shared        256 decode rows over one 1,536-token prefix (+ 64 own each), and in 16
+                groups of 16 over 16 such prefixes (P2's decode): the radix cache's
+                sharing, which the flashinfer backend reads once per group (its cascade,
+                shared_prefix.py) and the triton backend once per row
   extend        16 x 512 new over 1,536 cached (P2's prefill), 16 x 512 and 1 x 8,192 new
                 with no prefix, causal
   mixed         8 x 512 new prompts beside 192 decode rows at 768 (a chunked step)
@@ -46,29 +48,37 @@ BACKENDS = ("triton", "flashinfer", "flashinfer-fa2")
 LAYER = 0
 
 
-def shapes() -> list[tuple[str, list[tuple[int, int]], int]]:
-    """(name, [(prefix, new)] per sequence, shared prefix length)."""
+Shape = tuple[str, list[tuple[int, int]], tuple[int, int]]
+
+
+def shapes() -> list[Shape]:
+    """(name, [(prefix, new)] per sequence, (groups, shared prefix length)): row r shares
+    its group's (r % groups) prefix."""
+    none = (1, 0)
     return [
-        ("decode 256 x 768", [(767, 1)] * 256, 0),
-        ("decode 256 x 4096", [(4095, 1)] * 256, 0),
-        ("decode 64 x 2048", [(2047, 1)] * 64, 0),
-        ("decode 1 x 4096", [(4095, 1)], 0),
-        ("shared 256 x (1536 + 64)", [(1599, 1)] * 256, 1536),
-        ("extend 16 x 512 over 1536", [(1536, 512)] * 16, 0),
-        ("extend 16 x 512", [(0, 512)] * 16, 0),
-        ("extend 1 x 8192", [(0, 8192)], 0),
-        ("mixed 8 x 512 + 192 x 768", [(0, 512)] * 8 + [(767, 1)] * 192, 0),
+        ("decode 256 x 768", [(767, 1)] * 256, none),
+        ("decode 256 x 4096", [(4095, 1)] * 256, none),
+        ("decode 64 x 2048", [(2047, 1)] * 64, none),
+        ("decode 1 x 4096", [(4095, 1)], none),
+        ("shared 256 x (1536 + 64)", [(1599, 1)] * 256, (1, 1536)),
+        ("shared 16 x 16 x (1536 + 64)", [(1599, 1)] * 256, (16, 1536)),
+        ("extend 16 x 512 over 1536", [(1536, 512)] * 16, none),
+        ("extend 16 x 512", [(0, 512)] * 16, none),
+        ("extend 1 x 8192", [(0, 8192)], none),
+        ("mixed 8 x 512 + 192 x 768", [(0, 512)] * 8 + [(767, 1)] * 192, none),
     ]
 
 
 def build_case(
-    seqs: list[tuple[int, int]], shared: int, seed: int
+    seqs: list[tuple[int, int]], sharing: tuple[int, int], seed: int
 ) -> tuple[KVPool, ForwardBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A pool filled with random K/V, each sequence on shuffled slots (the first `shared`
-    slots of every sequence the same ones), and new q/k/v."""
+    slots of every sequence of a group the same ones), and new q/k/v. The batch carries
+    the table's host copy, as the engine's does (the cascade reads it)."""
     gen = torch.Generator(device=DEV).manual_seed(seed)
+    groups, shared = sharing
     own = sum(p + n - shared for p, n in seqs)
-    slots_total = shared + own + 1
+    slots_total = groups * shared + own + 1
     pool = KVPool(num_slots=slots_total, num_layers=1, num_kv_heads=HKV, head_dim=D,
                   dtype=DTYPE, device=DEV)  # fmt: skip
     for buf in (pool.k_buffers[LAYER], pool.v_buffers[LAYER]):
@@ -76,12 +86,12 @@ def build_case(
     rng = random.Random(seed)
     free = list(range(1, slots_total))
     rng.shuffle(free)
-    prefix_slots = [free.pop() for _ in range(shared)]
+    prefix_slots = [[free.pop() for _ in range(shared)] for _ in range(groups)]
     max_len = max(p + n for p, n in seqs)
     table = torch.zeros((len(seqs), max_len), dtype=torch.int64)
     new_slots: list[int] = []
     for row, (p, n) in enumerate(seqs):
-        mine = prefix_slots + [free.pop() for _ in range(p + n - shared)]
+        mine = prefix_slots[row % groups] + [free.pop() for _ in range(p + n - shared)]
         table[row, : p + n] = torch.tensor(mine)
         new_slots += mine[p:]
     t = sum(n for _, n in seqs)
@@ -97,6 +107,7 @@ def build_case(
         extend_lens=[n for _, n in seqs],
         req_to_token=table.to(DEV),
     )
+    batch.req_to_token_host = table.numpy()
     return pool, batch, rand(t, HQ, D), rand(t, HKV, D), rand(t, HKV, D)
 
 
@@ -133,11 +144,11 @@ def make_backend(name: str, pool: KVPool) -> Any:
         flashinfer_backend.PREFILL_BACKEND = default
 
 
-def measure(name: str, seqs: list[tuple[int, int]], shared: int) -> dict[str, Any]:
-    pool, batch, q, k, v = build_case(seqs, shared, seed=len(name))
+def measure(name: str, seqs: list[tuple[int, int]], sharing: tuple[int, int]) -> dict[str, Any]:
+    pool, batch, q, k, v = build_case(seqs, sharing, seed=len(name))
     t = q.shape[0]
     rows = sorted({0, t // 3, t - 1})
-    kv_tokens = sum(p + n for p, n in seqs)
+    kv_tokens = sum(p + n for p, n in seqs)  # read per row, shared or not: the work's size
     kv_bytes = 2 * kv_tokens * HKV * D * DTYPE.itemsize
     causal_flops = sum(4 * n * (p + (n + 1) / 2) * HQ * D for p, n in seqs)
     row: dict[str, Any] = {"shape": name, "tokens": t, "kv_tokens": kv_tokens}
@@ -162,6 +173,7 @@ def measure(name: str, seqs: list[tuple[int, int]], shared: int) -> dict[str, An
             torch.cuda.synchronize()
             prep.append((time.perf_counter() - t0) * 1e3 - ms)
         row[backend_name] = {
+            "kind": type(batch.attn_metadata).__name__,
             "ms": ms,
             "rel_err": rel,
             "first_call_ms": first_ms,
@@ -212,8 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     print("shape | us: triton, flashinfer, fi-fa2 | fi / triton | fa2 / triton | TB/s | "
           "TFLOP/s | prepare ms | rel err  (each: triton, flashinfer, fi-fa2)")  # fmt: skip
-    for name, seqs, shared in shapes():
-        r = measure(name, seqs, shared)
+    for name, seqs, sharing in shapes():
+        r = measure(name, seqs, sharing)
         rows.append(r)
         each = [r[b] for b in BACKENDS]
 

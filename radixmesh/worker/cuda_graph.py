@@ -79,7 +79,7 @@ class DecodeCudaGraphs:
         if not batch.is_decode_only or batch.batch_size > self.ladder[-1]:
             return False
         bs = next(n for n in self.ladder if n >= batch.batch_size)
-        return self.attn.graph_can_run(batch.seq_lens_cpu, bs)
+        return self.attn.graph_can_run(batch, bs)
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states [B, hidden] of a decode batch (a view, valid until the next run)."""

@@ -44,6 +44,11 @@ class ForwardBatch:
     # Filled by AttentionBackend.prepare(): backend-specific per-step metadata
     # (gather indices, masks, kernel launch tables), computed once, used by every layer.
     attn_metadata: Any = field(default=None)
+    # The req->token table's host mirror (numpy, kvcache/req_table.py), where the runner
+    # has one: what a backend may read on the host without waiting for the device (the
+    # flashinfer backend finds shared prefixes in it). None: not available.
+    req_to_token_host: Any = field(default=None)
+    req_rows_cpu: list[int] | None = None  # mirrors req_rows where built from host lists
 
     @property
     def batch_size(self) -> int:
@@ -100,4 +105,5 @@ class ForwardBatch:
             seq_lens_cpu=seq_lens,
             prefix_lens_cpu=list(prefix_lens),
             extend_lens_cpu=list(extend_lens),
+            req_rows_cpu=list(req_rows),
         )

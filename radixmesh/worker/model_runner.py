@@ -158,6 +158,8 @@ class ModelRunner:
             extend_lens=extend_lens,
             req_to_token=self.req_table.table,
         )
+        if self.followers is None:  # followers have no mirror: every rank runs one path
+            fb.req_to_token_host = self.req_table.host_array
         pending = bool(input_ids) and min(input_ids) < 0
         if pending:
             given = fb.input_ids

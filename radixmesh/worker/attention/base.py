@@ -57,8 +57,8 @@ class AttentionBackend(ABC):
         batch of at most that many rows and contexts of up to `max_context_len` tokens."""
         raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
 
-    def graph_can_run(self, seq_lens_cpu: list[int], graph_batch_size: int) -> bool:
-        """Whether a decode batch of these lengths fits the graph of that size."""
+    def graph_can_run(self, batch: ForwardBatch, graph_batch_size: int) -> bool:
+        """Whether this decode batch should replay the graph of that size (else eagerly)."""
         return True
 
     def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int]) -> None:

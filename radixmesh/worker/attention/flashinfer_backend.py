@@ -51,6 +51,7 @@ from radixmesh.worker.attention.selection import (
     flashinfer_unavailable_reason,
     import_flashinfer,
 )
+from radixmesh.worker.attention.shared_prefix import CascadeGroups, plan_cascade
 from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.pool import KVPool
 
@@ -73,6 +74,20 @@ class FlashInferMeta:
     indptr: torch.Tensor  # [B + 1] int32, host (pinned on CUDA)
     indices: torch.Tensor  # [indptr[-1]] int32, device
     qo_indptr: torch.Tensor | None  # [B + 1] int32, host; None for a decode wrapper
+    planned: bool = False
+
+
+@dataclass
+class CascadeMeta:
+    """A decode step whose rows share cached prefixes (shared_prefix.py): FlashInfer's
+    two-level cascade over q in group order, each group's prefix read once for all its
+    rows (level 0) and each row's own tokens after it (level 1), merged by their
+    log-sum-exps."""
+
+    order: torch.Tensor  # [B] batch rows in group order (device)
+    qo_indptr: list[torch.Tensor]  # per level, host
+    indptr: list[torch.Tensor]  # per level, host
+    indices: list[torch.Tensor]  # per level, device
     planned: bool = False
 
 
@@ -106,6 +121,14 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.prefill_wrapper = self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend=PREFILL_BACKEND
         )
+        # Shared-prefix decode (shared_prefix.py) through FlashInfer's two-level cascade.
+        self.cascade = True
+        self.num_cascade_steps = 0
+        self.cascade_wrapper = self.flashinfer.MultiLevelCascadeAttentionWrapper(
+            2, self.workspace, "NHD"
+        )
+        self._groups: CascadeGroups | None = None
+        self._groups_for: ForwardBatch | None = None
         self.num_qo_heads: int | None = None  # learned from the first q
         # Per wrapper (by id): the event after its last plan's copies.
         self._fences: dict[int, torch.cuda.Event] = {}
@@ -122,6 +145,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         lens = batch.extend_lens_cpu
         rows, seq_lens = batch.req_rows, batch.seq_lens
         decode = [i for i, n in enumerate(lens) if n == 1]
+        if len(decode) == len(lens) and (groups := self._cascade_groups(batch)) is not None:
+            batch.attn_metadata = self._cascade_meta(batch, groups)
+            self.num_cascade_steps += 1
+            return
         if len(decode) == len(lens):
             csr = self._csr(batch.seq_lens_cpu, rows, seq_lens, batch.req_to_token)
             batch.attn_metadata = FlashInferMeta(self.decode_wrapper, *csr, None)
@@ -168,6 +195,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         meta = batch.attn_metadata
         if isinstance(meta, MixedFlashInferMeta):
             return self._forward_mixed(q, (k_buf, v_buf), meta)
+        if isinstance(meta, CascadeMeta):
+            return self._forward_cascade(q, (k_buf, v_buf), meta)
         return self._run(meta, q.contiguous(), (k_buf, v_buf))
 
     def _run(
@@ -197,6 +226,74 @@ class FlashInferAttentionBackend(AttentionBackend):
             out.index_copy_(0, rows, self._run(meta.extend, q.index_select(0, rows), kv))
         q_dec = q.index_select(0, meta.decode_tokens)
         return out.index_copy_(0, meta.decode_tokens, self._run(meta.decode, q_dec, kv))
+
+    # ---- shared prefixes ---------------------------------------------------------------
+
+    def _cascade_groups(self, batch: ForwardBatch) -> CascadeGroups | None:
+        """The batch's shared-prefix groups when a cascade pays (memoized for the batch:
+        `graph_can_run` asks first, then `prepare`)."""
+        host, rows = batch.req_to_token_host, batch.req_rows_cpu
+        if host is None or rows is None or not self.cascade:
+            return None
+        if self._groups_for is not batch:
+            self._groups = plan_cascade(host, rows, batch.seq_lens_cpu)
+            self._groups_for = batch
+        return self._groups
+
+    def _cascade_meta(self, batch: ForwardBatch, g: CascadeGroups) -> CascadeMeta:
+        device = batch.req_to_token.device
+        seq = batch.seq_lens_cpu
+        order = to_device(torch.tensor(g.order, dtype=torch.int64), device)
+        rows = batch.req_rows[order]  # [B] table rows in group order
+        heads = [sum(g.sizes[:i]) for i in range(len(g.sizes))]  # each group's first row
+        prefix_of_row = [p for p, n in zip(g.prefix_lens, g.sizes, strict=True) for _ in range(n)]
+        # Level 0: a group's prefix, from its first row; its rows' queries are its "tokens".
+        head_rows = rows[to_device(torch.tensor(heads, dtype=torch.int64), device)]
+        prefix_dev = to_device(torch.tensor(g.prefix_lens, dtype=torch.int64), device)
+        indptr0, indices0 = self._csr(g.prefix_lens, head_rows, prefix_dev, batch.req_to_token)
+        # Level 1: each row's tokens after its group's prefix.
+        own = [seq[i] - p for i, p in zip(g.order, prefix_of_row, strict=True)]
+        indptr1 = _host_indptr(own)
+        indices1 = torch.empty(int(indptr1[-1]), dtype=torch.int32, device=device)
+        starts = to_device(torch.tensor(prefix_of_row, dtype=torch.int64), device)
+        build_kv_indices(
+            batch.req_to_token, rows, batch.seq_lens[order], to_device(indptr1, device),
+            indices1, starts=starts,
+        )  # fmt: skip
+        return CascadeMeta(
+            order=order,
+            qo_indptr=[_host_indptr(g.sizes), _host_indptr([1] * len(g.order))],
+            indptr=[indptr0, indptr1],
+            indices=[indices0, indices1],
+        )
+
+    def _forward_cascade(
+        self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], meta: CascadeMeta
+    ) -> torch.Tensor:
+        wrapper = self.cascade_wrapper
+        if not meta.planned:
+            self._wait_fence(wrapper)
+            b = meta.order.shape[0]
+            pool = self.kv_pool
+            wrapper.plan(
+                meta.qo_indptr,
+                meta.indptr,
+                meta.indices,
+                [self._last_page_lens(len(meta.qo_indptr[0]) - 1), self._last_page_lens(b)],
+                self.num_qo_heads,
+                pool.num_kv_heads,
+                pool.head_dim,
+                1,
+                causal=False,  # level 0: every row sees the whole prefix; level 1: its own
+                sm_scale=self.scale,
+                q_data_type=pool.dtype,
+                kv_data_type=pool.dtype,
+            )
+            meta.planned = True
+            self._record_fence(wrapper)
+        out_grouped = wrapper.run(q.index_select(0, meta.order), kv)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return out.index_copy_(0, meta.order, out_grouped)
 
     # ---- CUDA graphs -----------------------------------------------------------------
 
@@ -228,10 +325,14 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._plan(meta)
         return meta
 
-    def graph_can_run(self, seq_lens_cpu: list[int], graph_batch_size: int) -> bool:
+    def graph_can_run(self, batch: ForwardBatch, graph_batch_size: int) -> bool:
+        """Not when the rows share prefixes worth a cascade (it runs eagerly: its group
+        structure changes from step to step), nor when the indices overflow the buffer."""
         assert self._graph_indices is not None
-        padding = graph_batch_size - len(seq_lens_cpu)
-        return sum(seq_lens_cpu) + padding <= self._graph_indices.shape[0]
+        if self._cascade_groups(batch) is not None:
+            return False
+        padding = graph_batch_size - batch.batch_size
+        return sum(batch.seq_lens_cpu) + padding <= self._graph_indices.shape[0]
 
     def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int]) -> None:
         """Plan the graph's wrapper for the batch now in `static`'s buffers, whose host
@@ -258,14 +359,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         return indptr, indices
 
     def _plan(self, meta: FlashInferMeta) -> None:
-        fence = self._fences.get(id(meta.wrapper))
-        if fence is not None:
-            fence.synchronize()  # this wrapper's previous plan was copied from its pinned buffer
+        self._wait_fence(meta.wrapper)
         assert self.num_qo_heads is not None
-        b = meta.indptr.shape[0] - 1
-        if self._ones.shape[0] < b:
-            self._ones = torch.ones(2 * b, dtype=torch.int32, pin_memory=True)
-        last = self._ones[:b]
+        last = self._last_page_lens(meta.indptr.shape[0] - 1)
         pool = self.kv_pool
         common = {
             "q_data_type": pool.dtype,
@@ -297,8 +393,22 @@ class FlashInferAttentionBackend(AttentionBackend):
                 **common,
             )
         meta.planned = True
-        fence = self._fences[id(meta.wrapper)] = torch.cuda.Event()
+        self._record_fence(meta.wrapper)
+
+    def _wait_fence(self, wrapper: Any) -> None:
+        fence = self._fences.get(id(wrapper))
+        if fence is not None:
+            fence.synchronize()  # this wrapper's previous plan was copied from its pinned buffer
+
+    def _record_fence(self, wrapper: Any) -> None:
+        fence = self._fences[id(wrapper)] = torch.cuda.Event()
         fence.record()
+
+    def _last_page_lens(self, n: int) -> torch.Tensor:
+        """[n] ones, pinned: every page (slot) of the pool holds one token."""
+        if self._ones.shape[0] < n:
+            self._ones = torch.ones(2 * n, dtype=torch.int32, pin_memory=True)
+        return self._ones[:n]
 
 
 def _host_indptr(lengths: Iterable[int]) -> torch.Tensor:

@@ -69,6 +69,52 @@ def test_matches_reference(seqs: list[tuple[int, int]]) -> None:
     assert torch.equal(pool.k_buffers[LAYER][loc], k) and torch.equal(pool.v_buffers[LAYER][loc], v)
 
 
+def test_shared_prefix_decode_runs_the_cascade() -> None:
+    """12 decode rows in 3 groups sharing 40, 25 and 33 cached tokens: the cascade runs
+    (each group's prefix read once) and matches the reference."""
+    from radixmesh.worker.attention.flashinfer_backend import CascadeMeta
+    from radixmesh.worker.forward_batch import ForwardBatch
+    from radixmesh.worker.kvcache.pool import KVPool
+
+    head_dim, hq, hkv = 128, 32, 8
+    gen = torch.Generator().manual_seed(5)
+    pool = KVPool(num_slots=512, num_layers=2, num_kv_heads=hkv, head_dim=head_dim,
+                  dtype=torch.bfloat16, device="cuda")  # fmt: skip
+    table = torch.zeros(16, 64, dtype=torch.int64)
+    free = (torch.randperm(511, generator=gen) + 1).tolist()
+    rows = torch.randperm(16, generator=gen)[:12].tolist()
+    seq_lens, new_slots = [], []
+    for g, shared in enumerate((40, 25, 33)):
+        prefix = [free.pop() for _ in range(shared)]
+        for j in range(4):
+            own = [free.pop() for _ in range(2 + 3 * j)]
+            row = rows[4 * g + j]
+            table[row, : shared + len(own)] = torch.tensor(prefix + own)
+            seq_lens.append(shared + len(own))
+            new_slots.append(own[-1])
+    for buf in (pool.k_buffers[LAYER], pool.v_buffers[LAYER]):
+        buf.copy_(torch.randn(buf.shape, generator=gen).to(torch.bfloat16))
+    order = torch.randperm(12, generator=gen).tolist()  # the groups interleaved in the batch
+    batch = ForwardBatch.build(
+        input_ids=[0] * 12,
+        out_cache_loc=torch.tensor([new_slots[i] for i in order]),
+        req_rows=[rows[i] for i in order],
+        prefix_lens=[seq_lens[i] - 1 for i in order],
+        extend_lens=[1] * 12,
+        req_to_token=table.cuda(),
+    )
+    batch.req_to_token_host = table.numpy()
+    q = torch.randn(12, hq, head_dim, generator=gen).to(torch.bfloat16).cuda()
+    k = torch.randn(12, hkv, head_dim, generator=gen).to(torch.bfloat16).cuda()
+    v = torch.randn(12, hkv, head_dim, generator=gen).to(torch.bfloat16).cuda()
+    backend = create_attention_backend("flashinfer", pool, head_dim**-0.5)
+    backend.prepare(batch)
+    assert isinstance(batch.attn_metadata, CascadeMeta)
+    out = backend.forward(q, k, v, LAYER, batch)
+    err = (out.double().cpu() - reference(pool, batch, q, head_dim**-0.5)).abs().max().item()
+    assert err < 2e-2, err
+
+
 def test_model_matches_transformers_as_closely_as_triton() -> None:
     """bfloat16 logits against transformers' float32 through prefill, extend over a cached
     prefix beside a new prompt, and decode steps: no further off than the triton
@@ -119,13 +165,21 @@ def test_engine_replays_graphs_and_accounts_for_every_slot() -> None:
         kv_cache_tokens=8192,
         max_running_requests=32,
     ) as eng:
+        from radixmesh.worker.attention.flashinfer_backend import FlashInferAttentionBackend
+
         runner = eng.worker.runner
-        assert eng.worker.attention_backend == "flashinfer"
+        attn = runner.attn
+        assert isinstance(attn, FlashInferAttentionBackend)
         assert runner.decode_graphs is not None
+        # The prefix in the radix cache first, so that the 11 prompts share its slots.
+        eng.generate(input_ids=[*shared, 7], sampling_params={"max_new_tokens": 1})
         res = eng.generate(input_ids=prompts, sampling_params=params)
         assert isinstance(res, list)
         assert [len(r["output_ids"]) for r in res] == [4 + 3 * i for i in range(11)]
-        assert runner.decode_graphs.num_replays >= 30
+        # Steps of 8 or more rows sharing the 40-token prompt run the cascade, eagerly;
+        # fewer rows replay the graphs.
+        assert runner.decode_graphs.num_replays >= 15
+        assert attn.num_cascade_steps >= 5
         again = eng.generate(input_ids=prompts[3], sampling_params=params[3])
         assert isinstance(again, dict)
         assert again["meta_info"]["cached_tokens"] >= 40

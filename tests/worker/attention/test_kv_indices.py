@@ -44,3 +44,23 @@ def test_empty_batch_writes_nothing() -> None:
     build_kv_indices(table, empty, empty, zero, out)
     assert out.tolist() == [-1, -1, -1]
     assert build_kv_indices_ref(table, [], []).numel() == 0
+
+
+def test_suffixes_from_start_columns() -> None:
+    table = torch.arange(4 * 3 * BLOCK).reshape(4, 3 * BLOCK)
+    rows, lens, starts = [2, 0, 3], [BLOCK + 7, 5, 2 * BLOCK], [BLOCK - 1, 4, 3]
+    n = [end - s for end, s in zip(lens, starts, strict=True)]
+    indptr = torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+    dev = torch.device(DEVICE)
+    out = torch.full((int(indptr[-1]),), -1, dtype=torch.int32, device=dev)
+    build_kv_indices(
+        table.to(dev),
+        torch.tensor(rows, device=dev),
+        torch.tensor(lens, device=dev),
+        indptr.to(dev),
+        out,
+        starts=torch.tensor(starts, device=dev),
+    )
+    want = build_kv_indices_ref(table, rows, lens, starts)
+    assert torch.equal(out.cpu(), want)
+    assert want[:2].tolist() == [2 * 3 * BLOCK + BLOCK - 1, 2 * 3 * BLOCK + BLOCK]

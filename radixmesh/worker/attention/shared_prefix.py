@@ -1,0 +1,84 @@
+"""Which rows of a decode batch share a cached prefix, read off the slot table's host mirror.
+
+The radix cache hands every request that matches a tree node that node's KV slots, and a
+slot holds one token's KV in one context. So two rows holding the same slot at position c
+share the same tree path up to c: equal slots at c imply equal slots at every earlier
+position. Sharing is then cheap to find: rows are grouped by their first slot (a row
+shares nothing with a row whose first slot differs), and a group's common prefix is the
+largest c at which all its rows hold the same slot at c - 1, found by binary search over
+c (O(rows x log length), no row is read in full).
+
+One level only: a group's prefix is what all its rows share. Rows that share a system
+prompt and then, in subsets, different documents count the system prompt alone.
+
+A cascade pays when it saves reads: `plan_cascade` returns groups only when the
+prefixes, read once per group instead of once per row, save at least MIN_SAVED of the
+batch's KV reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_SAVED = 0.25  # fraction of the batch's KV tokens the shared reads must save
+MIN_ROWS = 8  # below this a decode step is launch-bound, not read-bound
+
+
+@dataclass(frozen=True)
+class CascadeGroups:
+    """The batch's rows in group order and each group's shared prefix length."""
+
+    order: list[int]  # batch indices, each group's rows consecutive
+    sizes: list[int]  # rows per group, in order
+    prefix_lens: list[int]  # tokens every row of the group shares (>= 1; a lone row: all
+    # but its last), so that both levels of a cascade have keys for every row
+    saved_fraction: float  # KV reads saved against reading every row in full
+
+
+def common_prefix(host_table: np.ndarray, rows: list[int], limit: int) -> int:
+    """Tokens (at most `limit`) that every row of `rows` holds in the same slots."""
+    lo, hi = 0, limit  # invariant: all rows agree on [0, lo)
+    first = rows[0]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        column = host_table[rows, mid - 1]
+        if (column == host_table[first, mid - 1]).all():
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def plan_cascade(
+    host_table: np.ndarray, req_rows: list[int], seq_lens: list[int]
+) -> CascadeGroups | None:
+    """Group a decode batch's rows (table rows `req_rows`, lengths `seq_lens`) by shared
+    prefix, or None when sharing would save less than MIN_SAVED of the reads. Each row
+    keeps at least its last token out of the shared part, so every row has its own."""
+    n = len(req_rows)
+    if n < MIN_ROWS or min(seq_lens) < 2:
+        return None
+    by_first: dict[int, list[int]] = {}
+    firsts = host_table[req_rows, 0]
+    for i, slot in enumerate(firsts.tolist()):
+        by_first.setdefault(slot, []).append(i)
+    order: list[int] = []
+    sizes: list[int] = []
+    prefixes: list[int] = []
+    saved = 0
+    for members in by_first.values():
+        limit = min(seq_lens[i] for i in members) - 1
+        if len(members) == 1:  # alone: any split works; all but its last token
+            shared = limit
+        else:  # the same first slot: at least that token is shared
+            shared = common_prefix(host_table, [req_rows[i] for i in members], limit)
+        order += members
+        sizes.append(len(members))
+        prefixes.append(shared)
+        saved += (len(members) - 1) * shared
+    fraction = saved / sum(seq_lens)
+    if fraction < MIN_SAVED:
+        return None
+    return CascadeGroups(order, sizes, prefixes, fraction)
