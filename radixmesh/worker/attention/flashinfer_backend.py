@@ -75,20 +75,20 @@ class FlashInferMeta:
     indices: torch.Tensor  # [indptr[-1]] int32, device
     qo_indptr: torch.Tensor | None  # [B + 1] int32, host; None for a decode wrapper
     planned: bool = False
+    causal: bool = True  # a prefill wrapper's mask
 
 
 @dataclass
 class CascadeMeta:
-    """A decode step whose rows share cached prefixes (shared_prefix.py): FlashInfer's
-    two-level cascade over q in group order, each group's prefix read once for all its
-    rows (level 0) and each row's own tokens after it (level 1), merged by their
-    log-sum-exps."""
+    """A decode step whose rows share cached prefixes (shared_prefix.py), over q in group
+    order: each group's prefix read once for all its rows (`prefix`: FA2's prefill kernel,
+    the group's rows as its query tokens, no mask, KV split across SMs as its plan sees
+    fit) and each row's own tokens after it (`own`: the decode wrapper), the two partial
+    results merged by their log-sum-exps."""
 
     order: torch.Tensor  # [B] batch rows in group order (device)
-    qo_indptr: list[torch.Tensor]  # per level, host
-    indptr: list[torch.Tensor]  # per level, host
-    indices: list[torch.Tensor]  # per level, device
-    planned: bool = False
+    prefix: FlashInferMeta
+    own: FlashInferMeta
 
 
 @dataclass
@@ -124,8 +124,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         # Shared-prefix decode (shared_prefix.py) through FlashInfer's two-level cascade.
         self.cascade = True
         self.num_cascade_steps = 0
-        self.cascade_wrapper = self.flashinfer.MultiLevelCascadeAttentionWrapper(
-            2, self.workspace, "NHD"
+        self.cascade_prefix_wrapper = self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2"
+        )
+        self.cascade_own_wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=True, backend="fa2"
         )
         self._groups: CascadeGroups | None = None
         self._groups_for: ForwardBatch | None = None
@@ -262,38 +265,24 @@ class FlashInferAttentionBackend(AttentionBackend):
         )  # fmt: skip
         return CascadeMeta(
             order=order,
-            qo_indptr=[_host_indptr(g.sizes), _host_indptr([1] * len(g.order))],
-            indptr=[indptr0, indptr1],
-            indices=[indices0, indices1],
-        )
+            prefix=FlashInferMeta(
+                self.cascade_prefix_wrapper, indptr0, indices0, _host_indptr(g.sizes),
+                causal=False,  # every row of a group sees the whole prefix
+            ),
+            own=FlashInferMeta(self.cascade_own_wrapper, indptr1, indices1, None),
+        )  # fmt: skip
 
     def _forward_cascade(
         self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], meta: CascadeMeta
     ) -> torch.Tensor:
-        wrapper = self.cascade_wrapper
-        if not meta.planned:
-            self._wait_fence(wrapper)
-            b = meta.order.shape[0]
-            pool = self.kv_pool
-            wrapper.plan(
-                meta.qo_indptr,
-                meta.indptr,
-                meta.indices,
-                [self._last_page_lens(len(meta.qo_indptr[0]) - 1), self._last_page_lens(b)],
-                self.num_qo_heads,
-                pool.num_kv_heads,
-                pool.head_dim,
-                1,
-                causal=False,  # level 0: every row sees the whole prefix; level 1: its own
-                sm_scale=self.scale,
-                q_data_type=pool.dtype,
-                kv_data_type=pool.dtype,
-            )
-            meta.planned = True
-            self._record_fence(wrapper)
-        out_grouped = wrapper.run(q.index_select(0, meta.order), kv)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        return out.index_copy_(0, meta.order, out_grouped)
+        q_grouped = q.index_select(0, meta.order)
+        for level in (meta.own, meta.prefix):
+            if not level.planned:  # the step's first layer
+                self._plan(level)
+        out, lse = meta.own.wrapper.run(q_grouped, kv, return_lse=True)
+        out_prefix, lse_prefix = meta.prefix.wrapper.run(q_grouped, kv, return_lse=True)
+        self.flashinfer.merge_state_in_place(out, lse, out_prefix, lse_prefix)
+        return torch.empty_like(q).index_copy_(0, meta.order, out)
 
     # ---- CUDA graphs -----------------------------------------------------------------
 
@@ -389,7 +378,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 pool.num_kv_heads,
                 pool.head_dim,
                 1,
-                causal=True,
+                causal=meta.causal,
                 **common,
             )
         meta.planned = True
@@ -426,8 +415,8 @@ def compile_kernels(
     num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
 ) -> float:
     """Build (JIT, or load from FlashInfer's on-disk cache) every kernel module the backend
-    will launch for this shape, the decode and the prefill module at once on two threads
-    (each a ninja build over all cores), so that a worker compiles before it reports ready
+    will launch for this shape, the decode, prefill and merge modules at once on three
+    threads (each a ninja build over all cores), so that a worker compiles before it reports ready
     and not at its first request. Returns the seconds it took.
 
     Compiled modules land in ~/.cache/flashinfer (FLASHINFER_WORKSPACE_BASE moves it); a
@@ -454,8 +443,15 @@ def compile_kernels(
         backend.prepare(batch)
         backend.forward(q[:extend], kv[:extend], kv[:extend], 0, batch)
 
-    with ThreadPoolExecutor(2) as ex:
-        list(ex.map(one, backends, [1, 2]))  # decode, extend: each raises what failed
+    def merge() -> None:  # the cascade's merge of partial results
+        o = torch.zeros((1, num_heads, head_dim), dtype=dtype, device=device)
+        lse = torch.zeros((1, num_heads), dtype=torch.float32, device=device)
+        backends[0].flashinfer.merge_state_in_place(o, lse, o.clone(), lse.clone())
+
+    with ThreadPoolExecutor(3) as ex:
+        done = [ex.submit(one, backends[0], 1), ex.submit(one, backends[1], 2), ex.submit(merge)]
+        for f in done:
+            f.result()  # raises what failed
     torch.cuda.synchronize(device)
     took = time.perf_counter() - t0
     logger.info("flashinfer kernels for %d/%d heads of %d ready in %.1f s",

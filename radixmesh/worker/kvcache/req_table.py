@@ -76,11 +76,11 @@ class ReqToTokenTable:
         self._is_free = [True] * max_requests
 
     @property
-    @property
     def host_array(self) -> np.ndarray:
         """The host mirror as a numpy array (the same memory): read, never write."""
         return self._host_np
 
+    @property
     def num_free_rows(self) -> int:
         return len(self._free_rows)
 
