@@ -135,7 +135,10 @@ def reference_rows(
 def make_backend(name: str, pool: KVPool) -> Any:
     if name != "flashinfer-flat":
         return create_attention_backend(name, pool, D**-0.5)
+    from radixmesh.worker.attention.flashinfer_backend import FlashInferAttentionBackend
+
     backend = create_attention_backend("flashinfer", pool, D**-0.5)
+    assert isinstance(backend, FlashInferAttentionBackend)
     backend.cascade = False
     return backend
 
