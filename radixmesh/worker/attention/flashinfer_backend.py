@@ -21,6 +21,9 @@ for the previous plan's copy to have run: FlashInfer stages a plan in one pinned
 buffer per wrapper, and under the overlap scheduler (overlap.py) the next step's plan
 could otherwise overwrite it before the device has read it.
 
+Shared prefixes (off by default, `cascade`): a decode step whose rows share cached
+prefixes (shared_prefix.py) can read each group's prefix once (`CascadeMeta`).
+
 CUDA graphs: one decode wrapper per captured batch size, in FlashInfer's graph mode
 (fixed buffers, grid sized for the worst case), all sharing one index buffer; before
 each replay `before_replay` rebuilds the indices and plans for the real lengths.
@@ -121,8 +124,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.prefill_wrapper = self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend=PREFILL_BACKEND
         )
-        # Shared-prefix decode (shared_prefix.py) through FlashInfer's two-level cascade.
-        self.cascade = True
+        # Shared-prefix decode (shared_prefix.py) as a cascade: off, because it does not pay
+        # yet. On the H200 it took 0.89x the flat decode's time at 16 groups of 16 rows
+        # over 1,536 shared tokens and 1.05x at one group (the L2 cache already serves a
+        # prefix's repeated reads), and P2 fell from 342 to 280 req/s with it: its steps
+        # run eagerly and plan two wrappers (docs/performance.md, "The flashinfer backend").
+        self.cascade = False
         self.num_cascade_steps = 0
         self.cascade_prefix_wrapper = self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             self.workspace, "NHD", backend="fa2"

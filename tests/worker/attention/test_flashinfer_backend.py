@@ -72,7 +72,10 @@ def test_matches_reference(seqs: list[tuple[int, int]]) -> None:
 def test_shared_prefix_decode_runs_the_cascade() -> None:
     """12 decode rows in 3 groups sharing 40, 25 and 33 cached tokens: the cascade runs
     (each group's prefix read once) and matches the reference."""
-    from radixmesh.worker.attention.flashinfer_backend import CascadeMeta
+    from radixmesh.worker.attention.flashinfer_backend import (
+        CascadeMeta,
+        FlashInferAttentionBackend,
+    )
     from radixmesh.worker.forward_batch import ForwardBatch
     from radixmesh.worker.kvcache.pool import KVPool
 
@@ -108,6 +111,8 @@ def test_shared_prefix_decode_runs_the_cascade() -> None:
     k = torch.randn(12, hkv, head_dim, generator=gen).to(torch.bfloat16).cuda()
     v = torch.randn(12, hkv, head_dim, generator=gen).to(torch.bfloat16).cuda()
     backend = create_attention_backend("flashinfer", pool, head_dim**-0.5)
+    assert isinstance(backend, FlashInferAttentionBackend)
+    backend.cascade = True  # off by default (its docstring says why)
     backend.prepare(batch)
     assert isinstance(batch.attn_metadata, CascadeMeta)
     out = backend.forward(q, k, v, LAYER, batch)
@@ -171,6 +176,7 @@ def test_engine_replays_graphs_and_accounts_for_every_slot() -> None:
         attn = runner.attn
         assert isinstance(attn, FlashInferAttentionBackend)
         assert runner.decode_graphs is not None
+        attn.cascade = True  # off by default; here its engine path is what is tested
         # The prefix in the radix cache first, so that the 11 prompts share its slots.
         eng.generate(input_ids=[*shared, 7], sampling_params={"max_new_tokens": 1})
         res = eng.generate(input_ids=prompts, sampling_params=params)
