@@ -56,8 +56,8 @@ class ModelConfig:
     pack_cpu_weights: bool = True
     """CPU: repack weights into oneDNN's GEMM layout after loading (see layers/dense.py)."""
     cuda_graph_max_batch_size: int = 256
-    """CUDA + triton attention: capture decode steps as CUDA graphs for batches up to this
-    size (capped by max_running_requests); 0 turns graphs off."""
+    """CUDA (triton or flashinfer attention): capture decode steps as CUDA graphs for
+    batches up to this size (capped by max_running_requests); 0 turns graphs off."""
     cuda_graph_prefill_reads: int = 65536
     """With decode CUDA graphs: a step whose prompt chunks are short runs them as decode
     rows (one per token; ModelRunner._decode_shaped) and replays the graph instead of an
@@ -384,9 +384,9 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     attention_backend: str = "auto"
-    """auto: triton on CUDA (when importable), else torch. flashinfer: FlashInfer's
-    kernels (`radixmesh[flashinfer]`, CUDA); where it cannot run, the device's default,
-    said once in the log (attention/selection.py). triton, torch: as named."""
+    """auto (triton on CUDA when importable, else torch), triton, torch, or flashinfer
+    (FlashInfer's kernels: `radixmesh[flashinfer]`, CUDA; where it cannot run, the
+    device's default, said once in the log: attention/selection.py)."""
 
     @classmethod
     def from_options(cls, **options: Any) -> EngineConfig:

@@ -1,9 +1,9 @@
 """Engine: the in-process API over one worker (SGLang's `Engine` shape).
 
 The scheduler runs in a background thread that owns all worker state; callers talk to
-it through an inbox (requests, aborts, flushes) and get results through per-request
-sinks. So `generate` may be called from any thread or event loop, and an abort or a
-disconnect reaches the scheduler between two steps.
+it through an inbox of typed commands (commands.py: requests, aborts, queries) and get
+results through per-request sinks. So `generate` may be called from any thread or event
+loop, and an abort or a disconnect reaches the scheduler between two steps.
 """
 
 from __future__ import annotations
@@ -23,6 +23,21 @@ from typing import Any
 from radixmesh.errors import InvalidArgument, Unavailable
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.admission import Admission
+from radixmesh.worker.commands import (
+    Abort,
+    AbortAll,
+    AddCacheListener,
+    AddRequest,
+    CacheSnapshot,
+    Command,
+    FlushCache,
+    GetStats,
+    Inspect,
+    Query,
+    RankFailed,
+    Stop,
+    handle,
+)
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.engine_info import EngineInfo
@@ -54,7 +69,7 @@ class Engine:
         # The worker's: batch sizes left unset are filled in for its device.
         self.config = self.worker.config
         self.tokenizer = self.worker.tokenizer
-        self._inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()  # commands.py
         self._closed = False
         self._fatal: str | None = None  # why the scheduler thread died, if it did
         self._draining = False  # drain(): new requests get Unavailable
@@ -151,30 +166,26 @@ class Engine:
         if self.admission.take(rid) is not None:
             return  # it ends as aborted when its compile settles (see `submit`)
         self.admission.leave(rid)  # gone by the next step: its place is free now
-
-        def run() -> None:
-            self.worker.scheduler.abort(rid, "aborted by the client")
-
-        self._post(run)
+        self._post(Abort(rid))
 
     def flush_cache(self) -> bool:
         """Empty the radix cache. False (nothing done) while requests are in flight."""
-        return bool(self._call(lambda: self.worker.flush_cache()))
+        return bool(self._ask(FlushCache()))
 
     def get_stats(self) -> Any:
-        return self._call(lambda: self.worker.scheduler.stats())
+        return self._ask(GetStats())
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the scheduler thread between steps (tests use it to inspect state)."""
-        return self._call(fn)
+        return self._ask(Inspect(fn))
 
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
         if self._thread.is_alive() and self._fatal is None:
-            self._post(lambda: self.worker.scheduler.abort_all("engine shut down"))
-            self._inbox.put(None)
+            self._post(AbortAll("engine shut down"))
+            self._inbox.put(Stop())
             self._thread.join(timeout=30)
         self.worker.close()
 
@@ -279,7 +290,7 @@ class Engine:
     def cache_snapshot(self, stamp: Callable[[], int]) -> tuple[int, list[CacheEvent]]:
         """The radix cache's contents with `stamp()`, both read on the scheduler thread,
         where cache events fire: a listener's event count stamps exactly this snapshot."""
-        return self._call(lambda: (stamp(), self.worker.cache.snapshot()))
+        return self._ask(CacheSnapshot(stamp))
 
     async def async_score(
         self, input_ids: list[int], continuations: list[list[int]]
@@ -295,12 +306,7 @@ class Engine:
 
         fn runs on the scheduler thread: it must only hand the event on (e.g. to a queue).
         With snapshot=True, returns the cache's contents taken atomically with attaching."""
-
-        def run() -> list[CacheEvent]:
-            self.worker.cache.add_listener(fn)
-            return self.worker.cache.snapshot() if snapshot else []
-
-        return list(self._call(run))
+        return list(self._ask(AddCacheListener(fn, snapshot)))
 
     def drain(self) -> None:
         """Stop admitting: new requests get Unavailable; requests in flight continue."""
@@ -311,7 +317,7 @@ class Engine:
         return self._draining
 
     def abort_all(self, reason: str = "aborted") -> None:
-        self._post(lambda: self.worker.scheduler.abort_all(reason))
+        self._post(AbortAll(reason))
 
     # ---- requests -------------------------------------------------------------------
 
@@ -345,14 +351,8 @@ class Engine:
         `abort`: it was aborted before it got here (it ends at once, with its output)."""
         assert req.sink is not None
         req.sink = self.admission.counted(req.rid, req.sink)
-
-        def run() -> None:
-            self.worker.scheduler.add_request(req)
-            if abort:
-                self.worker.scheduler.abort(req.rid, "aborted by the client")
-
         try:
-            self._post(run)
+            self._post(AddRequest(req, aborted=abort))
         except Unavailable:
             self.admission.leave(req.rid)
             raise
@@ -482,10 +482,10 @@ class Engine:
 
     # ---- the scheduler thread -------------------------------------------------------
 
-    def _post(self, fn: Callable[[], None]) -> None:
+    def _post(self, cmd: Command) -> None:
         if self._fatal is not None or not self._thread.is_alive():
             raise Unavailable(self._fatal or "the engine is shut down")
-        self._inbox.put(fn)
+        self._inbox.put(cmd)
 
     def _check_alive(self) -> None:
         """Waiters poll this: a dead scheduler thread (or TP rank) must not leave them
@@ -497,11 +497,7 @@ class Engine:
     def _on_rank_failure(self, message: str) -> None:
         """From the TP watchdog thread: fail every waiter, end the scheduler thread."""
         self._fatal = message
-
-        def stop() -> None:
-            raise RankFailure(message)
-
-        self._inbox.put(stop)  # wakes an idle scheduler thread, which then ends
+        self._inbox.put(RankFailed(message))  # wakes an idle scheduler thread, which ends
 
     def _get(self, q: queue.SimpleQueue[RequestOutput]) -> RequestOutput:
         while True:
@@ -513,19 +509,12 @@ class Engine:
     async def _aget(self, q: asyncio.Queue[RequestOutput]) -> RequestOutput:
         return await next_item(q, _POLL_S, self._check_alive)
 
-    def _call(self, fn: Callable[[], Any]) -> Any:
-        fut: Future[Any] = Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except BaseException as e:  # delivered to the caller
-                fut.set_exception(e)
-
-        self._post(run)
+    def _ask(self, query: Query) -> Any:
+        """Post a query and wait for its answer (or for the scheduler thread to die)."""
+        self._post(query)
         while True:
             try:
-                return fut.result(timeout=_POLL_S)
+                return query.reply.result(timeout=_POLL_S)
             except FutureTimeout:
                 self._check_alive()
 
@@ -544,17 +533,17 @@ class Engine:
         while True:
             block = not sched.has_work()
             try:
-                fn = self._inbox.get(block=block)
+                cmd: Command | None = self._inbox.get(block=block)
             except queue.Empty:
-                fn = _NOTHING
-            while fn is not _NOTHING:
-                if fn is None:
+                cmd = None
+            while cmd is not None:
+                if isinstance(cmd, Stop):
                     return
-                fn()
+                handle(self.worker, cmd)
                 try:
-                    fn = self._inbox.get_nowait()
+                    cmd = self._inbox.get_nowait()
                 except queue.Empty:
-                    fn = _NOTHING
+                    cmd = None
             if sched.has_work():
                 try:
                     sched.step()
@@ -572,13 +561,6 @@ class Engine:
 
 _POLL_S = 0.5  # how often a waiter checks that the scheduler thread is alive
 _PREFILL_ONLY = SamplingParams(max_new_tokens=0)  # embedding requests sample nothing
-
-
-def _nothing() -> None:
-    pass
-
-
-_NOTHING: Callable[[], None] = _nothing
 
 
 def _embedding_dict(out: RequestOutput) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from radixmesh.client import Client
 from radixmesh.errors import InvalidArgument, Unavailable
+from radixmesh.worker.commands import Inspect
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.layers.parallel import TPGroup
 from radixmesh.worker.model.dummy import iter_dummy_weights, preset_arch
@@ -86,7 +87,7 @@ def _run(engine: Engine, prompts: list[Any]) -> tuple[list[list[int]], list[torc
     def hold() -> None:
         gate.wait(30)
 
-    engine._post(hold)
+    engine._post(Inspect(hold))  # not waited for: the thread runs it next
     threading.Timer(1.0, gate.set).start()
     if isinstance(prompts[0], str):
         outs = engine.generate(prompt=prompts, sampling_params=GREEDY)
