@@ -16,9 +16,12 @@ import asyncio
 import random
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from radixmesh.worker.kvcache.events import CacheEvent
+
+if TYPE_CHECKING:
+    from radixmesh.worker.serving_engine import ServingEngine
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,9 @@ class Snapshot:
 
 
 class CacheEventHub:
-    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, max_queue: int = 65536):
+    def __init__(
+        self, engine: ServingEngine, loop: asyncio.AbstractEventLoop, max_queue: int = 65536
+    ):
         """`engine`: an Engine or an EngineProcess (add_cache_listener, cache_snapshot)."""
         self.engine = engine
         self.loop = loop

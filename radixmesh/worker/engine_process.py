@@ -43,7 +43,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixmesh.errors import (
     InvalidArgument,
@@ -82,6 +82,9 @@ from radixmesh.worker.pipe import (
 )
 from radixmesh.worker.request_output import RequestOutput, embedding_of
 from radixmesh.worker.score import score_of, score_requests
+
+if TYPE_CHECKING:
+    from radixmesh.worker.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -462,7 +465,7 @@ def _child_main(cmd: Connection, out: Connection, options: dict[str, Any]) -> No
     os._exit(0)  # TP followers and pools are down; skip interpreter teardown
 
 
-def _serve_commands(engine: Any, cmd: Connection, outbox: _Outbox) -> None:
+def _serve_commands(engine: Engine, cmd: Connection, outbox: _Outbox) -> None:
     # Validation may compile a grammar (seconds): a pool keeps the command loop free, with
     # a few threads so one slow compile does not hold up other requests' admission. Calls
     # (stats, cache snapshot, flush) have a pool of their own: behind a burst of thousands
@@ -527,7 +530,7 @@ class _Submissions:
 
 
 def _submit(
-    engine: Any,
+    engine: Engine,
     outbox: _Outbox,
     submissions: _Submissions,
     rid: str,
@@ -548,22 +551,30 @@ def _submit(
         engine.abort(rid)
 
 
-def _run_call(engine: Any, outbox: _Outbox, cid: int, name: str, args: tuple[Any, ...]) -> None:
+def _run_call(engine: Engine, outbox: _Outbox, cid: int, name: str, args: tuple[Any, ...]) -> None:
     try:
         if name == "cache_snapshot":
             # Queued from the scheduler thread itself, right behind the events the snapshot
             # includes and before any later one: the server stamps it in that order.
             engine.call(lambda: outbox.put(Result(cid, engine.worker.cache.snapshot())))
             return
+        if name == "flush_cache":
+            value: Any = engine.flush_cache()
+        elif name == "get_stats":
+            value = engine.get_stats()
         else:
-            value: Any = getattr(engine, name)(*args)
+            raise ValueError(f"call: the engine process answers {_CALLS}, not {name!r}")
     except BaseException as e:
         outbox.put(Raise(cid, _pack(e)))
         return
     outbox.put(Result(cid, value))
 
 
-def _watch_fatal(engine: Any, outbox: _Outbox) -> None:
+# The engine's methods a `Call` may name.
+_CALLS = ("cache_snapshot", "flush_cache", "get_stats")
+
+
+def _watch_fatal(engine: Engine, outbox: _Outbox) -> None:
     """Tell the server when the engine can no longer serve (a dead scheduler or TP rank)."""
     stop = threading.Event()
     while not stop.wait(0.2):

@@ -49,7 +49,6 @@ from radixmesh.wire import (
     score_response,
 )
 from radixmesh.worker.cache_event_hub import CacheEventHub
-from radixmesh.worker.engine_process import EngineProcess
 from radixmesh.worker.load_report import LoadReporter
 from radixmesh.worker.metrics import WorkerMetrics
 from radixmesh.worker.output_stream import (
@@ -61,8 +60,8 @@ from radixmesh.worker.output_stream import (
 from radixmesh.worker.stats import SchedulerStats
 
 if TYPE_CHECKING:
-    from radixmesh.worker.engine import Engine
     from radixmesh.worker.request_output import RequestOutput
+    from radixmesh.worker.serving_engine import ServingEngine
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +128,7 @@ def grpc_options(max_message_bytes: int, max_connections: int) -> list[tuple[str
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, config: ServerConfig, model_name: str = "") -> None:
         self.config = config
-        self.engine: Engine | EngineProcess | None = None
+        self.engine: ServingEngine | None = None
         self.load: LoadReporter | None = None  # GetLoad's answers, without waiting on the engine
         self.hub: CacheEventHub | None = None
         self.metrics = WorkerMetrics(self.read_stats, model_name)
@@ -139,7 +138,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.max_in_flight = config.max_in_flight or 0
         self._load_samples: collections.deque[tuple[float, int]] = collections.deque()
 
-    def attach(self, engine: Engine | EngineProcess, hub: CacheEventHub) -> None:
+    def attach(self, engine: ServingEngine, hub: CacheEventHub) -> None:
         sc = engine.config.scheduler
         if not self.config.max_in_flight:
             self.max_in_flight = sc.running_cap + sc.max_queued_requests
@@ -155,7 +154,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         engine = self.engine
         return None if engine is None else engine.get_stats()
 
-    def _engine(self) -> Engine | EngineProcess:
+    def _engine(self) -> ServingEngine:
         if self.engine is None:
             raise Unavailable("the model is still loading")
         return self.engine
@@ -214,7 +213,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 sink.discard(rid)  # what it held for a request that ends with an error
             self.in_flight.discard(rid)
 
-    def _announce(self, engine: Engine | EngineProcess, ids: list[int]) -> None:
+    def _announce(self, engine: ServingEngine, ids: list[int]) -> None:
         """Tell the routers (cache-event subscribers) which prefix blocks this request
         will leave cached: each router replica then counts them as tentatively here."""
         hub = self.hub

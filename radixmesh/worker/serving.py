@@ -35,7 +35,7 @@ from radixmesh.worker.engine_process import EngineProcess
 from radixmesh.worker.stats_log import log_stats
 
 if TYPE_CHECKING:
-    from radixmesh.worker.engine import Engine
+    from radixmesh.worker.serving_engine import ServingEngine
 from radixmesh.worker.server import SERVICE_NAME, ServerConfig, WorkerServicer, grpc_options
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     if config.metrics_port is not None:
         servicer.metrics.serve(config.metrics_port, config.host)
     logger.info("radixmesh worker listening on %s:%d; loading the model", config.host, port)
-    engine: Engine | EngineProcess
+    engine: ServingEngine
     if config.engine_process:
         engine = await asyncio.to_thread(EngineProcess, engine_options)
     else:
@@ -103,7 +103,7 @@ FAILURE_POLL_S = 0.2
 FAILURE_GRACE_S = 1.0  # in-flight streams see UNAVAILABLE (their waiters poll) before exit
 
 
-async def _stopped_or_failed(stop: asyncio.Event, engine: Engine | EngineProcess) -> bool:
+async def _stopped_or_failed(stop: asyncio.Event, engine: ServingEngine) -> bool:
     """Wait for SIGTERM / SIGINT (False) or for the engine to fail, e.g. a TP rank (True)."""
     while not stop.is_set():
         if engine.fatal is not None:
@@ -115,7 +115,7 @@ async def _stopped_or_failed(stop: asyncio.Event, engine: Engine | EngineProcess
 
 async def _fail(
     servicer: WorkerServicer,
-    engine: Engine | EngineProcess,
+    engine: ServingEngine,
     health_servicer: Any,
     hub: Any,
     server: Any,
@@ -137,7 +137,7 @@ async def _fail(
 async def _drain(
     config: ServerConfig,
     servicer: WorkerServicer,
-    engine: Engine | EngineProcess,
+    engine: ServingEngine,
     health_servicer: Any,
 ) -> None:
     logger.info("draining: %d requests in flight", len(servicer.in_flight))

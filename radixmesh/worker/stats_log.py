@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from radixmesh.worker.stats import SchedulerStats
+
+if TYPE_CHECKING:
+    from radixmesh.worker.serving_engine import ServingEngine
 
 logger = logging.getLogger(__name__)
 
 
-async def log_stats(engine: Any, interval: float) -> None:
+async def log_stats(engine: ServingEngine, interval: float) -> None:
     """`engine`: an Engine or an EngineProcess (its `get_stats`).
 
     Every `interval` seconds a line of what the worker does, when it changed (an idle
