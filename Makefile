@@ -34,7 +34,7 @@ test: setup tools sglang-client
 	PATH="$(CURDIR)/$(TOOLS)/bin:$$PATH" $(VPY) -m pytest -q -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 
 # The real SGLang frontend (its client, not its GPU runtime), for the tests that run its
-# RuntimeEndpoint against the router (tests/router/test_sglang_api.py). Installed into its
+# RuntimeEndpoint against the router (tests/router/http/test_sglang_api.py). Installed into its
 # own folder, outside the venv: importing sglang patches transformers, so only a test's
 # subprocess puts it on its path. --no-deps with what the frontend imports.
 SGLANG_SITE := .sglang-site

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from radixmesh.auth import Roles
 from radixmesh.errors import InvalidArgument
 from radixmesh.listener import ListenerLimits
+from radixmesh.router.http.openai.tool_parsers import PARSERS
 from radixmesh.router.limits import RequestLimits
-from radixmesh.router.openai.tool_parsers import PARSERS
 
 TOOL_CALL_PARSERS = ("auto", *PARSERS)
 

@@ -220,7 +220,7 @@ class _Ports:
         await self.server.start()
         if c.http_port is not None:
             # Imported only when asked for: aiohttp is the HTTP API's dependency alone.
-            from radixmesh.router.http import HttpFrontend
+            from radixmesh.router.http.app import HttpFrontend
 
             self.http = HttpFrontend(self.dispatch, self.control, c, grpc_port=self.port)
             http_port = await self.http.start(c.host, c.http_port, self.http_cap)

@@ -1,4 +1,4 @@
-"""The smollm2 HTTP cluster that tests/router/openai/ and tests/router/agents/ generate
+"""The smollm2 HTTP cluster that tests/router/http/openai/ and tests/router/agents/ generate
 through: session-scoped, so a test process starts it once for both packages (under
 `make test` a process takes test modules one at a time, in any order, and a package
 fixture would start again each time one of its modules came back after another's)."""

@@ -2,7 +2,7 @@
 naming that field, never a 500: SGLang's `POST /generate` (`sampling_params.<name>`) and
 OpenAI's completions and chat (the field itself).
 
-The router's real HTTP front end on loopback, without workers (tests/router/openai/
+The router's real HTTP front end on loopback, without workers (tests/router/http/openai/
 frontend.py): a request that passed validation would be routed and get 503, so a 400 here
 is the validation's answer. Bodies are sent as raw JSON text so that `1e400` arrives as the
 number a client can write (Python's parser reads it as infinity).
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from radixmesh.tokenizer import ByteTokenizer
-from tests.router.openai.frontend import Frontend
+from tests.router.http.openai.frontend import Frontend
 
 MODEL = "dummy:tiny"
 

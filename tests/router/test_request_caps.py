@@ -4,7 +4,7 @@ anything parses, renders or tokenizes it, each a 400 naming the field that is to
 prompt far past the context; a prompt that alone fills the context names its own field,
 not `max_tokens`.
 
-The router's real HTTP front end on loopback without workers (tests/router/openai/
+The router's real HTTP front end on loopback without workers (tests/router/http/openai/
 frontend.py): a request that passes is routed and gets 503. A byte tokenizer makes token
 counts exact (one token per byte). The gRPC input's caps are checked on the shared reader.
 """
@@ -24,7 +24,7 @@ from radixmesh.sampling_params import SamplingParams
 from radixmesh.tokenizer import ByteTokenizer
 from radixmesh.v1 import common_pb2
 from radixmesh.wire import input_ids_from_proto
-from tests.router.openai.frontend import Frontend
+from tests.router.http.openai.frontend import Frontend
 
 MODEL = "dummy:tiny"
 CONTEXT = 64

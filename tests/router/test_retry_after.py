@@ -19,11 +19,11 @@ import pytest
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.cluster.launch import free_port
 from radixmesh.errors import Overloaded, Unavailable
-from radixmesh.router.api_error import ApiError
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import ControlPlane
 from radixmesh.router.dispatch import Dispatcher
-from radixmesh.router.http import HttpFrontend
+from radixmesh.router.http.api_error import ApiError
+from radixmesh.router.http.app import HttpFrontend
 from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.pool import WorkerPool
 from radixmesh.router.server import serve

@@ -1,6 +1,6 @@
 """Slow, idle and surplus connections against a real router (one dummy:tiny worker behind
 it) with small connection limits: 150 per port, 100 per peer address, 5 s for a request
-head or body (radixmesh/listener.py, router/http_listener.py).
+head or body (radixmesh/listener.py, router/http/listener.py).
 
 Against the HTTP port: 100 connections from one address (40 silent, 30 trickling a head a
 byte a second, 30 with a head that never ends), one more from it (past the per-peer cap),
@@ -284,7 +284,7 @@ _LISTENER = """
 import asyncio, logging, resource, sys
 from aiohttp import web
 from radixmesh.listener import AcceptErrors, ListenerLimits, Tally
-from radixmesh.router.http_listener import ConnectionGuard, GuardedSite
+from radixmesh.router.http.listener import ConnectionGuard, GuardedSite
 
 async def main():
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from radixmesh.tokenizer import ByteTokenizer
+from tests.router.http.openai.frontend import Frontend
 from tests.router.http_helpers import Http, Response
-from tests.router.openai.frontend import Frontend
 
 MODEL = "dummy:tiny"
 MESSAGES = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}

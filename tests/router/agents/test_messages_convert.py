@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from radixmesh.errors import InvalidArgument, Unavailable
-from radixmesh.router.anthropic.convert import count_tokens, field_name, parse_messages
-from radixmesh.router.anthropic.replies import MessageReply
-from radixmesh.router.openai.convert import Generation
+from radixmesh.router.http.anthropic.convert import count_tokens, field_name, parse_messages
+from radixmesh.router.http.anthropic.replies import MessageReply
+from radixmesh.router.http.openai.convert import Generation
 from radixmesh.tokenizer import ByteTokenizer
 from radixmesh.v1 import common_pb2
 

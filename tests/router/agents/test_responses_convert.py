@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from radixmesh.router.openai.convert import Generation
-from radixmesh.router.openai.responses_api import requests as rq
-from radixmesh.router.openai.responses_api.convert import generation_of, parse_request
-from radixmesh.router.openai.responses_api.output import ResponseReply, echoed
-from radixmesh.router.openai.responses_api.store import ResponseStore
+from radixmesh.router.http.openai.convert import Generation
+from radixmesh.router.http.openai.responses_api import requests as rq
+from radixmesh.router.http.openai.responses_api.convert import generation_of, parse_request
+from radixmesh.router.http.openai.responses_api.output import ResponseReply, echoed
+from radixmesh.router.http.openai.responses_api.store import ResponseStore
 from radixmesh.tokenizer import ByteTokenizer
 from radixmesh.v1 import common_pb2
 
@@ -177,8 +177,8 @@ def test_store_bounds_and_callers() -> None:
 def test_one_conversation_is_one_prompt_over_every_api() -> None:
     """Chat, Messages and Responses render the same conversation to the same token ids, so
     an agent moving between the APIs keeps its prefix in the radix cache."""
-    from radixmesh.router.anthropic.convert import parse_messages
-    from radixmesh.router.openai.convert import parse_chat
+    from radixmesh.router.http.anthropic.convert import parse_messages
+    from radixmesh.router.http.openai.convert import parse_chat
 
     call = {
         "id": "c1",

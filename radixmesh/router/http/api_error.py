@@ -1,0 +1,108 @@
+"""HTTP error replies in OpenAI's layout: `{"error": {"message", "type", "param", "code"}}`.
+
+Shared by every HTTP handler of the router (http.py, the OpenAI and SGLang routes): the
+status is the error catalogue's, `param` names the field in the spelling the client sent.
+`read_json` reads a request's body with its errors as these replies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from radixmesh.client.convert import error_from_rpc
+from radixmesh.errors import CATALOGUE, InvalidArgument, Overloaded, Unavailable, entry_for
+from radixmesh.router.http.openai.convert import openai_field
+from radixmesh.router.limits import RequestLimits, parse_json
+from radixmesh.router.liveness import UNAVAILABLE_RETRY_AFTER
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+# HTTP status -> the gRPC status name requests are counted under (metrics.py).
+STATUS_NAMES = {200: "OK", 404: "NOT_FOUND", 405: "UNIMPLEMENTED", 408: "DEADLINE_EXCEEDED"} | {
+    e.http_status: e.grpc_status for e in CATALOGUE
+}
+STATUS_KEY = "radixmesh_status"  # request key: a status that the HTTP status does not show
+
+
+class ApiError(Exception):
+    """An error reply: HTTP status, message, the offending field and a short code."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        # Seconds: the Retry-After header of a 429 or a 503 (a 503 always has one).
+        self.retry_after = retry_after
+
+    @classmethod
+    def from_exception(
+        cls, e: BaseException, field_name: Callable[[str], str] = openai_field
+    ) -> ApiError:
+        """`field_name` maps the field an InvalidArgument names to the client's spelling."""
+        if isinstance(e, grpc.aio.AioRpcError):
+            e = error_from_rpc(e)
+        entry = entry_for(e)
+        if isinstance(e, InvalidArgument):
+            return cls(entry.http_status, e.message, field_name(e.field), "invalid_argument")
+        after = e.retry_after if isinstance(e, Overloaded | Unavailable) else None
+        return cls(entry.http_status, str(e), None, entry.grpc_status.lower(), after)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": ERROR_TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> web.Response:
+        after = self.retry_after
+        if after is None and self.status == 503:
+            after = UNAVAILABLE_RETRY_AFTER  # every 503 says when to come back
+        headers = retry_after_header(after) if after is not None else {}
+        return web.json_response(self.to_json(), status=self.status, headers=headers)
+
+
+def retry_after_header(seconds: float) -> dict[str, str]:
+    """The Retry-After header: whole seconds, at least one (RFC 9110)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+async def read_json(
+    request: web.Request, limits: RequestLimits, context_length: int | None = None
+) -> Any:
+    """The body as JSON (router/limits.py), its counts and prompt text within the limits
+    (each prompt of token ids within `context_length`), before anything parses it."""
+    try:
+        body = await parse_json(await request.read())
+    except InvalidArgument as e:
+        if e.field != "body":  # a field that no text can hold (a lone surrogate)
+            raise ApiError(400, e.message, e.field, "invalid_argument") from None
+        raise ApiError(400, e.message, None, "invalid_json") from None
+    limits.check_body(body, context_length)
+    return body

@@ -1,0 +1,335 @@
+"""Serving a parsed completions / chat request: fan out its choices, reply whole or as SSE.
+
+Every choice (prompt x n) is one worker request through the HTTP front end's `stream_jobs`
+(over the router's `route_and_stream`); their chunks interleave as they come. The whole
+reply is built from response models (responses.py); a stream sends one chunk per worker
+chunk, then the usage chunk (with `stream_options.include_usage`) and `[DONE]`. Errors
+before the first chunk get their own HTTP status; after it, one `data: {"error": ...}`
+event ends the stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from radixmesh.errors import RadixMeshError
+from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError
+from radixmesh.router.http.openai import responses as rs
+from radixmesh.router.http.openai.convert import Generation
+from radixmesh.router.http.openai.message import Message, MessageStream
+from radixmesh.router.http.openai.reply import (
+    UsageCounter,
+    chat_logprobs,
+    choice_usage,
+    completion_logprobs,
+    finish_reason,
+    join_completion_logprobs,
+    prompt_logprobs,
+)
+from radixmesh.tokenizer import TokenizerLike
+from radixmesh.v1 import common_pb2
+
+Chunks = AsyncGenerator[tuple[int, common_pb2.GenerateChunk], None]
+# The HTTP front end's `stream_jobs`: (index, token ids, params) jobs -> (index, worker, chunk).
+StreamJobs = Callable[..., AsyncGenerator[tuple[int, str, common_pb2.GenerateChunk], None]]
+# Names the workers that served a reply (benchmarks and debugging read it).
+WORKER_HEADER = "X-Radixmesh-Worker"
+
+
+async def choices(stream_jobs: StreamJobs, gen: Generation, rid: str, workers: set[str]) -> Chunks:
+    """Every choice's chunks as (choice index, chunk), the choices generated at once
+    (choice index = prompt x n + choice); the workers that serve them go into `workers`."""
+    jobs = [
+        (i * gen.n + j, ids, gen.params[j])
+        for i, ids in enumerate(gen.prompts)
+        for j in range(gen.n)
+    ]
+    chunks = stream_jobs(jobs, rid, stream=gen.stream)
+    async with aclosing(chunks):
+        async for index, worker, chunk in chunks:
+            workers.add(worker)
+            yield index, chunk
+
+
+async def collect(gen: Generation, rid: str, chunks: Chunks, tok: TokenizerLike) -> dict[str, Any]:
+    """The whole reply (a `chat.completion` or a `text_completion`)."""
+    if gen.chat:
+        return await _collect_chat(gen, rid, chunks, tok)
+    return await _collect_completion(gen, rid, chunks, tok)
+
+
+async def _collect_chat(
+    gen: Generation, rid: str, chunks: Chunks, tok: TokenizerLike
+) -> dict[str, Any]:
+    total = gen.num_choices
+    streams = [MessageStream.of(gen) for _ in range(total)]
+    messages = [Message() for _ in range(total)]
+    reasons: list[rs.FinishReason | None] = [None] * total
+    lps: list[list[rs.TokenLogprob]] = [[] for _ in range(total)]
+    usage = UsageCounter(gen.n)
+    async for index, chunk in chunks:
+        if gen.top_logprobs is not None:
+            lps[index] += chat_logprobs(chunk, tok)
+        reasons[index] = finish_reason(chunk) or reasons[index]
+        stream = streams[index]
+        if stream is None:
+            messages[index].content += chunk.text
+        else:
+            messages[index].add(stream.step(chunk.text, last=reasons[index] is not None))
+        usage.add(index, chunk)
+    choices = [
+        rs.ChatChoice(
+            index=i,
+            message=m.reply(gen.reasoning_tail is not None),
+            logprobs=None if gen.top_logprobs is None else rs.ChatLogprobs(content=lps[i]),
+            finish_reason=m.finish_reason(reasons[i]),
+        )
+        for i, m in enumerate(messages)
+    ]
+    return rs.ChatCompletion(
+        id=rid, created=gen.created, model=gen.model, choices=choices, usage=usage.usage()
+    ).dump()
+
+
+async def _collect_completion(
+    gen: Generation, rid: str, chunks: Chunks, tok: TokenizerLike
+) -> dict[str, Any]:
+    total = gen.num_choices
+    heads = [gen.echo[i // gen.n] if gen.echo else "" for i in range(total)]
+    texts = list(heads)
+    reasons: list[rs.FinishReason | None] = [None] * total
+    lps: list[rs.CompletionLogprobs | None] = [None] * total
+    usage = UsageCounter(gen.n)
+    async for index, chunk in chunks:
+        if gen.top_logprobs is not None:
+            lp = completion_logprobs(chunk.logprobs, chunk.top_logprobs, tok, len(texts[index]))
+            joined = join_completion_logprobs(lps[index], lp)
+            if gen.echo and chunk.input_logprobs:  # the last chunk: the prompt's, first
+                joined = join_completion_logprobs(prompt_logprobs(chunk, tok), joined)
+            lps[index] = joined
+        texts[index] += chunk.text
+        usage.add(index, chunk)
+        reasons[index] = finish_reason(chunk) or reasons[index]
+    choices = [
+        rs.CompletionChoice(index=i, text=texts[i], logprobs=lps[i], finish_reason=reasons[i])
+        for i in range(total)
+    ]
+    return rs.Completion(
+        id=rid, created=gen.created, model=gen.model, choices=choices, usage=usage.usage()
+    ).dump()
+
+
+class _Sse:
+    """One SSE response: `data: <json>` events."""
+
+    def __init__(self, resp: web.StreamResponse) -> None:
+        self.resp = resp
+
+    async def send(self, payload: dict[str, Any] | str) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        await self.resp.write(b"data: " + data.encode() + b"\n\n")
+
+
+async def stream(
+    request: web.Request,
+    gen: Generation,
+    rid: str,
+    chunks: Chunks,
+    tok: TokenizerLike,
+    error: Callable[[BaseException], ApiError],
+    workers: set[str],
+) -> web.StreamResponse:
+    """The reply as SSE. `error` turns a failure after the first chunk into its event;
+    `workers` has the serving worker once the first chunk came (`choices` fills it)."""
+    # Wait for the first chunk before the 200: errors until then get their own status.
+    item = await anext(chunks, None)
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    if item is not None and gen.num_choices == 1:
+        headers[WORKER_HEADER] = ",".join(sorted(workers))
+    resp = web.StreamResponse(headers=headers)
+    await resp.prepare(request)
+    sse = _Sse(resp)
+    events = _ChunkEvents(gen, rid, tok)
+    try:
+        for payload in events.opening():
+            await sse.send(payload)
+        while item is not None:
+            for payload in events.of(*item):
+                await sse.send(payload)
+            item = await anext(chunks, None)
+    except (RadixMeshError, grpc.aio.AioRpcError) as e:
+        api_error = error(e)
+        request[STATUS_KEY] = STATUS_NAMES.get(api_error.status, "UNKNOWN")
+        await sse.send(api_error.to_json())
+    if gen.include_usage:
+        await sse.send(events.usage_event())
+    await sse.send("[DONE]")
+    await resp.write_eof()
+    return resp
+
+
+class _ChunkEvents:
+    """The SSE payloads of a stream, chunk by chunk."""
+
+    def __init__(self, gen: Generation, rid: str, tok: TokenizerLike) -> None:
+        self.gen = gen
+        self.rid = rid
+        self.tok = tok
+        self.offsets = [0] * gen.num_choices  # completions' text_offset per choice
+        self.usage = UsageCounter(gen.n)
+        self.streams = [MessageStream.of(gen) for _ in range(gen.num_choices)]
+        # Plain text out (no logprobs, no tool calls or reasoning to parse): each event is
+        # built as a dict in the models' layout, without a pydantic model per chunk (the
+        # router's cost per streamed token; tests check both ways agree).
+        self.plain = gen.top_logprobs is None and all(m is None for m in self.streams)
+
+    def _envelope(
+        self, choices: list[Any], chunk: common_pb2.GenerateChunk | None = None
+    ) -> dict[str, Any]:
+        """A payload; with continuous usage, a chunk's carries its choice's usage so far."""
+        g = self.gen
+        model: rs.ChatCompletionChunk | rs.Completion
+        if g.chat:
+            model = rs.ChatCompletionChunk(
+                id=self.rid, created=g.created, model=g.model, choices=choices
+            )
+        else:
+            model = rs.Completion(id=self.rid, created=g.created, model=g.model, choices=choices)
+        if g.continuous_usage and chunk is not None:
+            model.usage = choice_usage(chunk)
+        elif g.include_usage or g.continuous_usage:
+            model.usage = None
+        return model.dump()
+
+    def opening(self) -> list[dict[str, Any]]:
+        g = self.gen
+        if not g.chat:  # echo: each choice's text starts with its prompt
+            if not g.echo:
+                return []
+            for i in range(g.num_choices):
+                self.offsets[i] = len(g.echo[i // g.n])
+            return [
+                self._envelope(
+                    [
+                        rs.CompletionChoice(
+                            index=i, text=g.echo[i // g.n], logprobs=None, finish_reason=None
+                        )
+                    ]
+                )
+                for i in range(g.num_choices)
+            ]
+        # OpenAI opens each chat choice with the role.
+        return [
+            self._envelope(
+                [
+                    rs.ChunkChoice(
+                        index=i,
+                        delta=rs.Delta(role="assistant", content=""),
+                        logprobs=None,
+                        finish_reason=None,
+                    )
+                ]
+            )
+            for i in range(self.gen.num_choices)
+        ]
+
+    def of(self, index: int, chunk: common_pb2.GenerateChunk) -> list[dict[str, Any]]:
+        g = self.gen
+        self.usage.add(index, chunk)
+        reason = finish_reason(chunk)
+        # With continuous usage every chunk that brings tokens goes out, text or not.
+        counts = g.continuous_usage and bool(chunk.token_ids)
+        if not chunk.text and reason is None and not counts:
+            return []
+        if self.plain:
+            return [self._plain(index, chunk, reason)]
+        choice: rs.ChunkChoice | rs.CompletionChoice
+        if g.chat:
+            delta, reason = self._delta(index, chunk.text, reason)
+            lps = None
+            if g.top_logprobs is not None:
+                lps = rs.ChatLogprobs(content=chat_logprobs(chunk, self.tok))
+            elif not delta.model_fields_set and reason is None and not counts:
+                return []  # held back (a tool call or a marker in the making)
+            choice = rs.ChunkChoice(index=index, delta=delta, logprobs=lps, finish_reason=reason)
+        else:
+            text_lps = None
+            if g.top_logprobs is not None:
+                text_lps = completion_logprobs(
+                    chunk.logprobs, chunk.top_logprobs, self.tok, self.offsets[index]
+                )
+            choice = rs.CompletionChoice(
+                index=index, text=chunk.text, logprobs=text_lps, finish_reason=reason
+            )
+        self.offsets[index] += len(chunk.text)
+        return [self._envelope([choice], chunk)]
+
+    def _plain(
+        self, index: int, chunk: common_pb2.GenerateChunk, reason: rs.FinishReason | None
+    ) -> dict[str, Any]:
+        """`of`'s event for plain text, as the models would dump it."""
+        g = self.gen
+        text = chunk.text
+        self.offsets[index] += len(text)
+        choice: dict[str, Any]
+        if g.chat:
+            delta = {"content": text} if text else {}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+        payload: dict[str, Any] = {
+            "id": self.rid,
+            "object": "chat.completion.chunk" if g.chat else "text_completion",
+            "created": g.created,
+            "model": g.model,
+            "choices": [choice],
+        }
+        if g.continuous_usage:
+            payload["usage"] = {
+                "prompt_tokens": chunk.prompt_tokens,
+                "completion_tokens": chunk.completion_tokens,
+                "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": chunk.cached_tokens},
+            }
+        elif g.include_usage:
+            payload["usage"] = None
+        return payload
+
+    def _delta(
+        self, index: int, text: str, reason: rs.FinishReason | None
+    ) -> tuple[rs.Delta, rs.FinishReason | None]:
+        stream = self.streams[index]
+        if stream is None:
+            return (rs.Delta(content=text) if text else rs.Delta()), reason
+        part = stream.step(text, last=reason is not None)
+        delta = rs.Delta()
+        if part.content:
+            delta.content = part.content
+        if part.reasoning:
+            delta.reasoning_content = part.reasoning
+        if part.calls:
+            delta.tool_calls = [
+                rs.ToolCallDelta(
+                    index=part.first_call + k,
+                    id=call.id,
+                    type="function",
+                    function=rs.FunctionCallDelta(
+                        name=call.function.name, arguments=call.function.arguments
+                    ),
+                )
+                for k, call in enumerate(part.calls)
+            ]
+        if stream.num_calls and reason == "stop":
+            reason = "tool_calls"
+        return delta, reason
+
+    def usage_event(self) -> dict[str, Any]:
+        payload = self._envelope([])
+        payload["usage"] = self.usage.usage().dump()
+        return payload
