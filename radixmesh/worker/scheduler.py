@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import Protocol, cast
+from typing import Protocol
 
 import torch
 
@@ -44,6 +44,7 @@ from radixmesh.worker.output import OutputProcessor
 from radixmesh.worker.overlap import OverlapLoop
 from radixmesh.worker.policy import create_policy
 from radixmesh.worker.request import FinishReason, Request
+from radixmesh.worker.request_slots import RequestSlots
 from radixmesh.worker.sampler import reads_output_ids
 from radixmesh.worker.stats import SchedulerStats
 from radixmesh.worker.step_prefixes import StepPrefixes
@@ -80,8 +81,7 @@ class Scheduler:
         self.policy = create_policy(config.policy, cache, config.policy_fallback_queue_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._last_slot: dict[str, int] = {}  # rid -> last slot of its own pages
-        self._allocated: dict[str, int] = {}  # rid -> tokens with slots (>= computed)
+        self.slots = RequestSlots(allocator, cache, req_table, page_size)
         self._prompt_tokens = 0
         self._cache_hit_tokens = 0
         self._generated_tokens = 0
@@ -140,7 +140,7 @@ class Scheduler:
         for req in self.running:
             if req.rid == rid:
                 self.running.remove(req)
-                self._release(req)
+                self.slots.release(req)
                 self._finish_abort(req, reason)
                 return True
         return False
@@ -156,7 +156,7 @@ class Scheduler:
             self._overlap.inflight = None  # its tokens are not needed: all are aborted
         for req in list(self.running):
             self.running.remove(req)
-            self._discard(req)
+            self.slots.discard(req)
             self._finish_abort(req, reason)
         self.abort_all(reason)
 
@@ -221,22 +221,9 @@ class Scheduler:
         by_page = self.page_size > 1
         if total > budget or min(counts) < 1 or (by_page and total != len(running)):
             return False
-        existing = [r.num_computed_tokens for r in running]
-        rows = cast("list[int]", [r.row for r in running])  # running requests hold a row
-        positions, token_rows = existing, rows
-        if total != len(running):  # page_size 1: any free slot will do for each token
-            positions = [e + i for e, k in zip(existing, counts, strict=True) for i in range(k)]
-            token_rows = [row for row, k in zip(rows, counts, strict=True) for _ in range(k)]
-        last = [self._last_slot.get(r.rid, 0) for r in running] if by_page else []
-        new = self.allocator.alloc_next(positions, last)  # [total] on the CPU
+        new = self.slots.alloc_decode(running, counts)
         if new is None:
             return False
-        self.req_table.write_one_each(token_rows, positions, new)
-        if by_page:
-            self._last_slot.update(zip((r.rid for r in running), new.tolist(), strict=True))
-        self._allocated.update(
-            (r.rid, n + k) for r, n, k in zip(running, existing, counts, strict=True)
-        )
         items.extend(ScheduledRequest(r, k) for r, k in zip(running, counts, strict=True))
         slots.append(new)
         return True
@@ -286,13 +273,13 @@ class Scheduler:
                 break  # keep the policy's order: no smaller request jumps ahead
             prefix = len(match.slots)
             n = self._chunk(prefix, req.num_tokens, budget)
-            host = self._alloc(req, n, num_existing=prefix, last_slot=None) if n else None
+            host = self.slots.alloc(n, num_existing=prefix, last_slot=None) if n else None
             if host is None:  # reservation is an estimate; memory is the truth
                 self.cache.dec_lock_ref(match.last_node)
                 self.req_table.free_row(row)
                 break
             self._start(req, row, match.slots, match.last_node)
-            new = self._record(req, row, prefix, host)
+            new = self.slots.record(req, row, prefix, host)
             self.running.append(req)
             admitted.add(req)
             if step is not None:
@@ -366,42 +353,12 @@ class Scheduler:
 
     # ---- slots ----------------------------------------------------------------------
 
-    def _alloc(
-        self, req: Request, n: int, *, num_existing: int, last_slot: int | None
-    ) -> torch.Tensor | None:
-        """Slots for n tokens, on the host (evicting if short): the caller reads the last
-        one there and moves them to the device without a wait (on CUDA a blocking copy
-        and `int(slots[-1])` would each wait for a step in flight under overlap)."""
-        alloc = self.allocator.alloc
-        new = alloc(n, last_slot=last_slot, num_existing=num_existing, on_host=True)
-        if new is None:
-            self.cache.evict(n + self.page_size)
-            new = alloc(n, last_slot=last_slot, num_existing=num_existing, on_host=True)
-        return new
-
-    def _record(self, req: Request, row: int, start: int, host: torch.Tensor) -> torch.Tensor:
-        """Enter new slots (allocated on the host) for tokens start.. of `req` in its table
-        row and the bookkeeping; returns them (still on the host). The last slot matters
-        only with pages (a sequence mid-page takes the next one): reading it costs a
-        tensor index per admitted request, so page_size 1 skips it."""
-        self.req_table.write(row, start, host)
-        if self.page_size > 1 and len(host):
-            self._last_slot[req.rid] = int(host[-1])
-        self._allocated[req.rid] = start + len(host)
-        return host
-
     def _alloc_or_retract(self, req: Request, n: int) -> torch.Tensor | None:
         """Slots for `req`'s next n tokens, retracting newer requests if memory is short."""
         while True:
-            host = self._alloc(
-                req,
-                n,
-                num_existing=req.num_computed_tokens,
-                last_slot=self._last_slot.get(req.rid),
-            )
+            host = self.slots.alloc_next(req, n)
             if host is not None:
-                assert req.row is not None
-                return self._record(req, req.row, req.num_computed_tokens, host)
+                return host
             victim = self.running[-1]
             self.retract(victim)
             if victim is req:
@@ -410,51 +367,11 @@ class Scheduler:
     def retract(self, req: Request) -> None:
         """Preempt a running request: keep its output, return its slots, requeue it first."""
         self.running.remove(req)
-        self._release(req)
+        self.slots.release(req)
         req.num_computed_tokens = 0
         req.num_retractions += 1
         self._num_retractions += 1
         self.waiting.appendleft(req)
-
-    def _release(self, req: Request) -> None:
-        """Give a request's KV to the cache (which frees what it does not keep)."""
-        assert req.row is not None and req.last_node is not None
-        n = req.num_computed_tokens
-        # A view of the row, no copy: the cache copies what it keeps (and reads the rest)
-        # before the row is freed below, and nothing writes the row meanwhile.
-        slots = self.req_table.read(req.row, 0, n)
-        self.cache.cache_finished(req.token_ids[:n], slots, req.last_node)
-        self.req_table.free_row(req.row)
-        req.row = None
-        req.last_node = None
-        req.num_shared_tokens = 0
-        self._last_slot.pop(req.rid, None)
-        self._allocated.pop(req.rid, None)
-
-    def _discard(self, req: Request) -> None:
-        assert req.row is not None and req.last_node is not None
-        end = self._allocated.pop(req.rid, req.num_computed_tokens)
-        own = self.req_table.read(req.row, req.num_shared_tokens, end)
-        if own.numel():
-            self.allocator.free(own.clone())
-        self.cache.dec_lock_ref(req.last_node)
-        self.req_table.free_row(req.row)
-        req.row = None
-        req.last_node = None
-        req.num_shared_tokens = 0
-        self._last_slot.pop(req.rid, None)
-
-    def _share_prefix(self, req: Request) -> None:
-        """After a prefill chunk, put the computed prefix in the tree so others reuse it."""
-        assert req.row is not None and req.last_node is not None
-        n = req.num_computed_tokens - req.num_computed_tokens % self.page_size
-        if n == 0 or self.cache.disabled:
-            return
-        slots = self.req_table.read(req.row, 0, n)  # a view: the cache returns a new tensor
-        shared, node = self.cache.cache_unfinished(req.token_ids[:n], slots, req.last_node)
-        self.req_table.write(req.row, 0, shared)
-        req.last_node = node
-        req.num_shared_tokens = n
 
     # ---- launch and process_output ------------------------------------------------------
 
@@ -474,7 +391,7 @@ class Scheduler:
             # Forced output tokens (jump-forward) stay out of the tree, like decoded ones
             # (~2% of a jump-forward step).
             if item.num_new_tokens > 1 and start < req.num_prompt_tokens:
-                self._share_prefix(req)
+                self.slots.share_prefix(req)
         positions: list[int] = []
         for j, i in enumerate(out.tokens.sample_items):
             ids = items[i].req.token_ids
@@ -569,7 +486,7 @@ class Scheduler:
         requests to drop at the end of the step's output) or, retracted while its token
         was pending, out of the waiting requests."""
         if req.row is not None:
-            self._release(req)
+            self.slots.release(req)
             ended.add(req)
         else:
             self.waiting.remove(req)

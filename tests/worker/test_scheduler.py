@@ -364,6 +364,7 @@ def test_a_mirrored_table_gives_the_same_tokens(page_size: int) -> None:
                 w.req_table.max_requests, w.req_table.max_context_len, "cpu", mirrored=True
             )
             w.req_table = w.scheduler.req_table = w.runner.req_table = t
+            w.scheduler.slots.req_table = t
         base = list(range(300, 337))
         reqs = [make_request(w, [*base, i, i + 1], max_new_tokens=20) for i in range(6)]
         for r in reqs:
