@@ -14,6 +14,7 @@ from radixmesh.worker.pool_sizing import (
     MAX_AUTO_SLOTS,
     ProfileStep,
     decode_workspace_bytes,
+    flashinfer_reserve_bytes,
     graph_reserve_bytes,
     profile_lengths,
     size_pool,
@@ -108,6 +109,16 @@ def test_decode_workspace_bytes() -> None:
     # 4 bytes * B * heads * splits * (D + 1), summed over the ladder
     assert decode_workspace_bytes([1, 2], lambda bs: 3, num_heads=2, head_dim=4) == 360
     assert decode_workspace_bytes([4], lambda bs: 8 // bs, num_heads=1, head_dim=1) == 64
+
+
+def test_flashinfer_reserve_counts_its_workspaces_and_the_graph_index_buffer() -> None:
+    from radixmesh.worker.attention.flashinfer_backend import INT_WORKSPACE_BYTES, WORKSPACE_BYTES
+
+    eager = WORKSPACE_BYTES + 2 * INT_WORKSPACE_BYTES  # the decode and prefill wrappers
+    assert flashinfer_reserve_bytes(0, 4096) == eager
+    # Graphs to 8: ladder 1, 2, 4, 8 -> 4 more wrappers; int32 indices, 8 rows x 4,096.
+    want = WORKSPACE_BYTES + (4 + 2) * INT_WORKSPACE_BYTES + 4 * 8 * 4096
+    assert flashinfer_reserve_bytes(8, 4096) == want
 
 
 def test_profile_lengths() -> None:

@@ -131,12 +131,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         # run eagerly and plan two wrappers (docs/performance.md, "The flashinfer backend").
         self.cascade = False
         self.num_cascade_steps = 0
-        self.cascade_prefix_wrapper = self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD", backend="fa2"
-        )
-        self.cascade_own_wrapper = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=True, backend="fa2"
-        )
+        self._cascade_wrappers: tuple[Any, Any] | None = None  # made at first use
         self._groups: CascadeGroups | None = None
         self._groups_for: ForwardBatch | None = None
         self.num_qo_heads: int | None = None  # learned from the first q
@@ -270,13 +265,23 @@ class FlashInferAttentionBackend(AttentionBackend):
             batch.req_to_token, rows, batch.seq_lens[order], to_device(indptr1, device),
             indices1, starts=starts,
         )  # fmt: skip
+        if self._cascade_wrappers is None:  # each wrapper pins 8 MiB of host memory
+            self._cascade_wrappers = (
+                self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", backend="fa2"
+                ),
+                self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", use_tensor_cores=True, backend="fa2"
+                ),
+            )
+        prefix_wrapper, own_wrapper = self._cascade_wrappers
         return CascadeMeta(
             order=order,
             prefix=FlashInferMeta(
-                self.cascade_prefix_wrapper, indptr0, indices0, _host_indptr(g.sizes),
+                prefix_wrapper, indptr0, indices0, _host_indptr(g.sizes),
                 causal=False,  # every row of a group sees the whole prefix
             ),
-            own=FlashInferMeta(self.cascade_own_wrapper, indptr1, indices1, None),
+            own=FlashInferMeta(own_wrapper, indptr1, indices1, None),
         )  # fmt: skip
 
     def _forward_cascade(
