@@ -349,3 +349,37 @@ def _short(value: Any) -> str:
 
 
 __all__ = ["SamplingParams"]
+
+
+# What each field means, once: the HTTP APIs' request models take their sampling fields'
+# descriptions from here (router/http/sampling_fields.py), and a test holds every field
+# of SamplingParams to having one.
+FIELD_DOCS: dict[str, str] = {
+    "max_new_tokens": "Most tokens to generate.",
+    "min_new_tokens": "Fewest tokens to generate before a stop condition may end it.",
+    "temperature": "Sampling temperature; 0 is greedy.",
+    "top_p": "Nucleus sampling: the smallest set of tokens whose probability reaches this.",
+    "top_k": "Sample from the k most likely tokens; -1: the whole vocabulary.",
+    "min_p": "Drop tokens less likely than this fraction of the most likely one's probability.",
+    "repetition_penalty": "Divide (or multiply, when negative) the logits of tokens already "
+    "in the prompt or output by this.",
+    "frequency_penalty": "Subtract this times a token's count in the output from its logit.",
+    "presence_penalty": "Subtract this from the logit of every token already in the output.",
+    "stop": "Strings that end the generation (not included in the text).",
+    "stop_token_ids": "Token ids that end the generation.",
+    "ignore_eos": "Keep generating past the end-of-sequence token.",
+    "skip_special_tokens": "Leave special tokens out of the text.",
+    "no_stop_trim": "Keep the stop string that ended the generation in the text.",
+    "stop_regex": "Regular expressions whose match at the text's end stops the generation.",
+    "seed": "Seed of the sampling's random draws: the same seed, the same output.",
+    "n": "Completions to generate for the prompt.",
+    "return_logprob": "Return the log probability of each generated token.",
+    "top_logprobs_num": "Alternatives returned with their log probabilities at each position.",
+    "logprob_start_len": "First prompt position whose log probability is returned.",
+    "logit_bias": "Added to the logits of these token ids (-100 bans a token).",
+    "regex": "A regular expression the output must match.",
+    "json_schema": "A JSON schema the output must be an instance of.",
+    "ebnf": "An EBNF grammar the output must follow.",
+    "choices": "The output is exactly one of these strings.",
+    "structural_tag": "xgrammar's structural tag: fixed text around JSON-schema parts.",
+}

@@ -117,3 +117,13 @@ def test_stop_regex_is_checked_and_named() -> None:
         with pytest.raises(InvalidArgument) as e:
             SamplingParams(stop_regex=value)  # type: ignore[arg-type]
         assert (e.value.field, str(e.value)) == ("stop_regex", message)
+
+
+def test_every_field_is_described_once() -> None:
+    import dataclasses
+
+    from radixmesh.sampling_params import FIELD_DOCS
+
+    names = [f.name for f in dataclasses.fields(SamplingParams)]
+    assert sorted(FIELD_DOCS) == sorted(names)
+    assert all(doc.endswith(".") and len(doc) > 10 for doc in FIELD_DOCS.values())

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from radixmesh.router.http.openai.requests import Body, Part
+from radixmesh.sampling_params import FIELD_DOCS
 
 # Anthropic's tool names: ^[a-zA-Z0-9_-]{1,128}$; held to the chat API's 64 characters
 # (the same tool machinery serves both).
@@ -139,9 +140,9 @@ class MessagesRequest(Body):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    temperature: float | None = Field(None, description=FIELD_DOCS["temperature"])
+    top_p: float | None = Field(None, description=FIELD_DOCS["top_p"])
+    top_k: int | None = Field(None, description=FIELD_DOCS["top_k"])
     stream: bool | None = None
     output_config: OutputConfig | None = None
     # Accepted and ignored: they do not change the output (no thinking blocks are made:

@@ -30,29 +30,7 @@ from radixmesh.v1 import common_pb2
 
 logger = logging.getLogger(__name__)
 
-# OpenAI name -> SamplingParams name, for the fields that map one to one.
-PARAMS = {
-    "max_tokens": "max_new_tokens",
-    "min_tokens": "min_new_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "repetition_penalty": "repetition_penalty",
-    "stop": "stop",
-    "stop_regex": "stop_regex",
-    "stop_token_ids": "stop_token_ids",
-    "seed": "seed",
-    "ignore_eos": "ignore_eos",
-    "skip_special_tokens": "skip_special_tokens",
-    "no_stop_trim": "no_stop_trim",
-    "regex": "regex",
-    "ebnf": "ebnf",
-    "json_schema": "json_schema",
-    "logit_bias": "logit_bias",
-}
+PARAMS = rq.PARAMS  # OpenAI name -> SamplingParams name
 _OPENAI_NAME = {v: k for k, v in PARAMS.items()}
 _COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _TYPE_NAMES = {"str", "int", "float", "bool", "bytes"}  # union members in pydantic locations

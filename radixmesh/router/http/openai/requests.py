@@ -14,9 +14,11 @@ cannot be honoured are declared too, for the conversion layer to refuse by name.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from radixmesh.router.http.sampling_fields import with_sampling_fields
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -158,35 +160,40 @@ class StreamOptions(Part):
 # ---- generation ---------------------------------------------------------------------------
 
 
-class Sampling(Body):
-    """The fields completions and chat completions share."""
+# OpenAI name -> SamplingParams name, for the fields that map one to one: their types and
+# descriptions come from SamplingParams (router/http/sampling_fields.py).
+PARAMS = {
+    "max_tokens": "max_new_tokens",
+    "min_tokens": "min_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "stop": "stop",
+    "stop_regex": "stop_regex",
+    "stop_token_ids": "stop_token_ids",
+    "seed": "seed",
+    "ignore_eos": "ignore_eos",
+    "skip_special_tokens": "skip_special_tokens",
+    "no_stop_trim": "no_stop_trim",
+    "regex": "regex",
+    "ebnf": "ebnf",
+    "json_schema": "json_schema",
+    "logit_bias": "logit_bias",
+}
+
+
+class SamplingBase(Body):
+    """The fields completions and chat completions share, besides PARAMS'."""
 
     model: str
-    temperature: float | None = None
-    top_p: float | None = None
     n: int | None = Field(None, ge=1, le=MAX_N)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    stop_regex: str | list[str] | None = None  # SGLang's extension
-    max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
-    # SGLang's extensions.
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
-    regex: str | None = None
-    ebnf: str | None = None
-    json_schema: str | dict[str, Any] | None = None
     # Accepted and ignored: they do not change the output.
     user: Any = None
     metadata: Any = None
@@ -194,6 +201,12 @@ class Sampling(Body):
     service_tier: Any = None
     prompt_cache_key: Any = None
     safety_identifier: Any = None
+
+
+if TYPE_CHECKING:  # the checker sees the base; PARAMS' fields are read by name
+    Sampling = SamplingBase
+else:
+    Sampling = with_sampling_fields(SamplingBase, PARAMS, "Sampling")
 
 
 PromptItem = str | list[int]

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from radixmesh.router.http.openai.requests import Body, Part
+from radixmesh.sampling_params import FIELD_DOCS
 
 
 class InputText(Part):
@@ -162,8 +163,8 @@ class ResponsesRequest(Body):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float | None = Field(None, description=FIELD_DOCS["temperature"])
+    top_p: float | None = Field(None, description=FIELD_DOCS["top_p"])
     previous_response_id: str | None = None
     store: bool | None = None
     stream: bool | None = None
