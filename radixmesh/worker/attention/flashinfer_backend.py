@@ -137,7 +137,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.num_qo_heads: int | None = None  # learned from the first q
         # Per wrapper (by id): the event after its last plan's copies.
         self._fences: dict[int, torch.cuda.Event] = {}
-        self._ones = torch.ones(1, dtype=torch.int32)
+        self._ones = torch.ones(1, dtype=torch.int32, pin_memory=True)  # last_page_lens
         # Graph mode: the index buffer all graph wrappers share (`graph_metadata`).
         self._graph_indices: torch.Tensor | None = None
 
