@@ -7,11 +7,12 @@
 #   kernels  bench.attention_backends --engine: triton vs flashinfer per layer call, same
 #            inputs, then the engine's batch-1 time per token with each
 #   offline  bench.offline's GPU workloads on dummy:llama-3-8b, triton then flashinfer
-# FlashInfer travels as .fi/flashinfer-*-slim.tar.xz (docs/performance.md, "FlashInfer on
-# the GPU machine": the wheel less its sources for other GPUs and models, 13 MB), the
-# project's other missing packages as wheels in .whl/. Compiled modules found in .fi/aot/
-# (a tarball an earlier run left in $OUT) are installed as FlashInfer's AOT modules and
-# skip the JIT; this run's modules are packed into $OUT/flashinfer-aot.tar.xz.
+# FlashInfer travels as .fi/flashinfer-*-slim.tar.xz, made by bench/flashinfer_bundle.sh
+# (the package less its sources for other GPUs and models, 13 MB; docs/performance.md,
+# "Running the GPU benchmarks"), the project's other missing packages as wheels in .whl/.
+# Compiled modules found in .fi/aot/ (a tarball an earlier run left in $OUT) are installed
+# as FlashInfer's AOT modules and skip the JIT; this run's are packed into
+# $OUT/flashinfer-aot.tar.xz.
 set -u
 PARTS=${PARTS:-"jit tests kernels offline"}
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
