@@ -95,7 +95,7 @@ class DecodeCudaGraphs:
             static[:b].copy_(value)
             if bs > b:
                 static[b:bs].copy_(pad[b:bs])
-        self.attn.before_replay(self.batches[bs], [*batch.seq_lens_cpu, *[1] * (bs - b)])
+        self.attn.before_replay(self.batches[bs], batch.seq_lens_cpu, bs - b)
         self.graphs[bs].replay()
         self.num_replays += 1
         return self.outputs[bs][:b]

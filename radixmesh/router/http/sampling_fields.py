@@ -17,6 +17,7 @@ FIELD_DOCS.
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ def json_type(name: str) -> Any:
     """The type a request sends SamplingParams field `name` as (None excluded)."""
     if name in _JSON_TYPES:
         return _JSON_TYPES[name]
-    hint = typing.get_type_hints(SamplingParams)[name]
+    hint = _hints()[name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = args[0] if len(args) == 1 else hint  # `X | None` -> X
@@ -48,6 +49,11 @@ def json_type(name: str) -> Any:
         item = args[0]
         return str | list[str] if item is str else list[item]  # type: ignore[valid-type]
     return hint
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(SamplingParams)
 
 
 def with_sampling_fields(base: type[M], names: Mapping[str, str], name: str) -> type[M]:

@@ -61,8 +61,8 @@ class AttentionBackend(ABC):
         """Whether this decode batch should replay the graph of that size (else eagerly)."""
         return True
 
-    def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int]) -> None:
+    def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int], padding: int) -> None:
         """Called before each replay, the batch's inputs already in the graph's buffers
-        (`static`, padding rows included; `seq_lens_cpu` their host lengths). The
-        default does nothing: metadata fixed at capture stays valid."""
+        (`static`): `seq_lens_cpu` the real rows' host lengths, then `padding` rows of one
+        token. The default does nothing: metadata fixed at capture stays valid."""
         return None

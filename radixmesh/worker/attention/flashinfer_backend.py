@@ -37,6 +37,7 @@ on the batch; the triton backend's fixed-order kernels give batch-invariant bits
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterable
@@ -154,17 +155,16 @@ class FlashInferAttentionBackend(AttentionBackend):
             batch.attn_metadata = self._cascade_meta(batch, groups)
             self.num_cascade_steps += 1
             return
-        if len(decode) == len(lens):
+        if not decode or len(decode) == len(lens):  # one kind: one wrapper over the batch
             csr = self._csr(batch.seq_lens_cpu, rows, seq_lens, batch.req_to_token)
-            batch.attn_metadata = FlashInferMeta(self.decode_wrapper, *csr, None)
-            return
-        if not decode:
-            csr = self._csr(batch.seq_lens_cpu, rows, seq_lens, batch.req_to_token)
-            qo = _host_indptr(lens)
-            batch.attn_metadata = FlashInferMeta(self.prefill_wrapper, *csr, qo)
+            if decode:
+                batch.attn_metadata = FlashInferMeta(self.decode_wrapper, *csr, None)
+            else:
+                qo = _host_indptr(lens)
+                batch.attn_metadata = FlashInferMeta(self.prefill_wrapper, *csr, qo)
             return
         extend = [i for i, n in enumerate(lens) if n > 1]
-        starts = _host_indptr(lens).tolist()
+        starts = [0, *itertools.accumulate(lens)]
         device = batch.req_to_token.device
         d = to_device(torch.tensor(decode, dtype=torch.int64), device)  # no wait (to_device)
         e = to_device(torch.tensor(extend, dtype=torch.int64), device)
@@ -237,8 +237,10 @@ class FlashInferAttentionBackend(AttentionBackend):
     def _cascade_groups(self, batch: ForwardBatch) -> CascadeGroups | None:
         """The batch's shared-prefix groups when a cascade pays (memoized for the batch:
         `graph_can_run` asks first, then `prepare`)."""
+        if not self.cascade:
+            return None
         host, rows = batch.req_to_token_host, batch.req_rows_cpu
-        if host is None or rows is None or not self.cascade:
+        if host is None or rows is None:
             return None
         if self._groups_for is not batch:
             self._groups = plan_cascade(host, rows, batch.seq_lens_cpu)
@@ -335,11 +337,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         padding = graph_batch_size - batch.batch_size
         return sum(batch.seq_lens_cpu) + padding <= self._graph_indices.shape[0]
 
-    def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int]) -> None:
-        """Plan the graph's wrapper for the batch now in `static`'s buffers, whose host
-        lengths (padding rows included) are `seq_lens_cpu`."""
+    def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int], padding: int) -> None:
+        """Plan the graph's wrapper for the batch now in `static`'s buffers: `seq_lens_cpu`
+        its host lengths, then `padding` rows of one token."""
         meta: FlashInferMeta = static.attn_metadata
-        csr = self._csr(seq_lens_cpu, static.req_rows, static.seq_lens, static.req_to_token)
+        lens = [*seq_lens_cpu, *[1] * padding]
+        csr = self._csr(lens, static.req_rows, static.seq_lens, static.req_to_token)
         meta.indptr, meta.indices = csr
         self._plan(meta)
 
