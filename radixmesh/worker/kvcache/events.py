@@ -11,6 +11,13 @@ covering at least (k+1)B tokens. Events keep that set exact:
 - "removed": an evicted node takes away the same blocks it stored.
 - "cleared": the cache was flushed (`RadixCache.reset`); drop every hash. One event
   instead of one removal per node, because a flush should not cost a full re-hash.
+- "offloaded": with a host-memory tier (`host_tier.py`), the node's blocks left the
+  device but stay in host memory: a prompt over them reloads instead of recomputing.
+  "removed" always means gone from every tier.
+- "loaded": host-memory blocks are on the device again (and still in host memory).
+
+A worker's device blocks form a root-connected set and its host-only blocks hang below
+them: a prompt's blocks are device blocks, then host blocks, then misses.
 
 Node splits change no path, so they emit nothing. Listeners are called synchronously on
 the scheduler thread after the tree is consistent again; they must be cheap (append to
@@ -23,7 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-CacheEventKind = Literal["stored", "removed", "cleared", "pending"]
+# Appended only: pipe.py sends a kind as its index here.
+CacheEventKind = Literal["stored", "removed", "cleared", "pending", "offloaded", "loaded"]
 
 
 @dataclass(frozen=True)
@@ -60,12 +68,34 @@ class CacheEventListeners:
 
 
 def replay(events: Iterable[CacheEvent], into: set[int]) -> set[int]:
-    """Apply `events` to a set of block hashes (the reference reading of the stream)."""
+    """Apply `events` to a set of block hashes on the device (the reference reading of
+    the stream; `replay_tiers` keeps the host-memory ones too)."""
     for ev in events:
-        if ev.kind == "stored":
+        if ev.kind in ("stored", "loaded"):
             into.update(ev.block_hashes)
-        elif ev.kind == "removed":
+        elif ev.kind in ("removed", "offloaded"):
             into.difference_update(ev.block_hashes)
         elif ev.kind == "cleared":
             into.clear()  # ("pending" is a hint about requests, not the cache's contents)
     return into
+
+
+def replay_tiers(
+    events: Iterable[CacheEvent], device: set[int], host: set[int]
+) -> tuple[set[int], set[int]]:
+    """Apply `events` to the blocks on the device and those only in host memory."""
+    for ev in events:
+        hashes = ev.block_hashes
+        if ev.kind in ("stored", "loaded"):
+            device.update(hashes)
+            host.difference_update(hashes)
+        elif ev.kind == "offloaded":
+            device.difference_update(hashes)
+            host.update(hashes)
+        elif ev.kind == "removed":
+            device.difference_update(hashes)
+            host.difference_update(hashes)
+        elif ev.kind == "cleared":
+            device.clear()
+            host.clear()
+    return device, host
