@@ -20,10 +20,19 @@ Ownership and locking rules (callers must keep them):
 
 Cache events (see `events.py`): with listeners attached, node creation and eviction emit
 the chained block hashes (`radixmesh.prefix.block_hashes`, block `event_block_size`) of
-the blocks that end inside the node. Each node caches its blocks' hashes (`hashes`) and
-the hash of the last full block ending at or before its end (`last_hash`), so a new node
-hashes only its own tokens plus the < block_size tokens before it; a split divides the
-cached list. Hashes are computed lazily, on first emission: no listeners, no hashing.
+the blocks that end inside the node (node_hashes.py computes and caches them).
+
+Host-memory tier (`host_tier`, host_tier.py): a node's KV is on the device (`value`), in
+host memory (`host_value`), or both. Device eviction copies an LRU leaf's KV to host
+slots (unless it has a host copy already) and frees its device slots; the node stays in
+the tree, host-only ("offloaded"). Device-resident nodes always form a root-connected
+subtree, host-only ones hang below it. `match_prefix` reports the host-only nodes that
+continue a match (`MatchResult.host_nodes`), and `load_host` brings them back to new
+device slots ("loaded"). An insert over host-only nodes adopts the caller's slots for
+them. When the host pool is full, its least recently used nodes go: a node also on the
+device just drops its host copy, a host-only leaf leaves the tree ("removed"). Where no
+host room can be made, a device eviction removes the node (and its host-only subtree)
+as without a tier. Locks are device notions: a host-only node is never locked.
 
 Not thread-safe: the scheduler thread is the only caller.
 """
@@ -38,7 +47,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixmesh.prefix import block_hashes
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.events import (
     CacheEvent,
@@ -46,6 +54,8 @@ from radixmesh.worker.kvcache.events import (
     CacheEventListeners,
     CacheListener,
 )
+from radixmesh.worker.kvcache.host_tier import HostTier
+from radixmesh.worker.kvcache.node_hashes import node_event, split_hashes
 from radixmesh.worker.kvcache.tree_node import ChildKey, MatchResult, TreeNode
 
 
@@ -58,6 +68,10 @@ class RadixCacheStats:
     queried_tokens_total: int
     matched_tokens_total: int
     evicted_tokens_total: int
+    host_size: int = 0  # tokens with a copy in host memory (host-only or both)
+    host_only_size: int = 0  # tokens in host memory only
+    offloaded_tokens_total: int = 0  # device evictions kept in host memory
+    loaded_tokens_total: int = 0  # host-only tokens brought back (loads and adoptions)
 
     @property
     def hit_rate(self) -> float:
@@ -72,6 +86,7 @@ class RadixCache:
         *,
         disable: bool = False,
         event_block_size: int = 16,
+        host_tier: HostTier | None = None,
     ) -> None:
         if page_size != allocator.page_size:
             raise ValueError(
@@ -85,11 +100,13 @@ class RadixCache:
         self.page_size = page_size
         self.disable = disable
         self.event_block_size = event_block_size
+        self.tier = None if disable else host_tier
         self._listeners = CacheEventListeners()
         # Slots live on the host: comparing and freeing them never waits for the device.
         self._empty = torch.empty(0, dtype=torch.int64)
         self._next_id = 0
         self._queried = self._matched = self._evicted = 0
+        self._offloaded = self._loaded = 0
         self._deferred: list[torch.Tensor] | None = None  # see batched_frees
         self.root = TreeNode([], self._empty, None, 0, self._new_id())
         self.root.lock_ref = 1  # the root is never evicted
@@ -99,9 +116,14 @@ class RadixCache:
     def _clear_tree(self) -> None:
         # The root object survives a reset: requests may still hold it as their lock handle.
         self.root.children = {}
-        self._leaves: set[TreeNode] = set()  # unlocked or not; the root is never in it
+        self.root.device_children = 0
+        # Device-resident nodes without a device-resident child, locked or not (the device
+        # eviction candidates); the root is never in it.
+        self._leaves: set[TreeNode] = set()
+        self._host_nodes: set[TreeNode] = set()  # nodes with host slots
         self._clock = 0
         self._evictable = self._protected = self._num_nodes = 0
+        self._host_size = self._host_only = 0
 
     @property
     def disabled(self) -> bool:
@@ -123,6 +145,10 @@ class RadixCache:
     def num_nodes(self) -> int:
         return self._num_nodes
 
+    def host_size(self) -> int:
+        """Tokens with a copy in host memory."""
+        return self._host_size
+
     def stats(self) -> RadixCacheStats:
         return RadixCacheStats(
             self.total_size(),
@@ -132,6 +158,10 @@ class RadixCache:
             self._queried,
             self._matched,
             self._evicted,
+            self._host_size,
+            self._host_only,
+            self._offloaded,
+            self._loaded,
         )
 
     # ---- listeners -----------------------------------------------------------------------
@@ -143,12 +173,14 @@ class RadixCache:
         self._listeners.remove(fn)
 
     def snapshot(self) -> list[CacheEvent]:
-        """The "stored" events that rebuild the current contents, parents before children."""
+        """The events that rebuild the current contents, parents before children: "stored"
+        for what is on the device, "offloaded" for what is in host memory only."""
         out: list[CacheEvent] = []
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
-            event = self._node_event("stored", node)
+            kind: CacheEventKind = "stored" if node.value is not None else "offloaded"
+            event = node_event(kind, node, self.event_block_size)
             if event is not None:
                 out.append(event)
             stack.extend(node.children.values())
@@ -156,7 +188,8 @@ class RadixCache:
 
     # ---- match / insert ------------------------------------------------------------------
     def match_prefix(self, key: Sequence[int], *, count_stats: bool = True) -> MatchResult:
-        """The longest cached page-aligned prefix of `key` and the node ending exactly there.
+        """The longest page-aligned prefix of `key` cached on the device, the node ending
+        exactly there and (with a host tier) the host-only nodes that continue it.
 
         Splits a node when the match ends inside it. `count_stats=False` keeps the hit-rate
         counters untouched (for priority probes that are not real lookups).
@@ -169,7 +202,45 @@ class RadixCache:
         if count_stats:
             self._queried += len(tokens)
             self._matched += matched
-        return MatchResult(_cat(values, self._empty), node)
+        host: tuple[TreeNode, ...] = ()
+        if self._host_only and node.device_children < len(node.children):
+            host = self._walk_host(tokens, limit, node, matched)
+        return MatchResult(_cat(values, self._empty), node, host)
+
+    def load_host(self, match: MatchResult) -> MatchResult:
+        """Bring a match's host-only nodes to the device; the match extended over them.
+
+        Takes device slots (evicting, which may offload other nodes) and copies the KV
+        into them (stream-ordered: the next forward reads it there). Returns `match`
+        unchanged when there are no host nodes or no device room for them. The caller
+        locks the returned `last_node` before anything else can evict.
+        """
+        nodes = match.host_nodes
+        if not nodes or self.tier is None:
+            return match
+        if any(n.value is not None or n.host_value is None for n in nodes):
+            raise RuntimeError("load_host: the match's host nodes changed since the match")
+        n = sum(len(nd.key) for nd in nodes)
+        self.inc_lock_ref(match.last_node)  # eviction below must not take the device part
+        for nd in nodes:
+            nd.host_ref += 1  # nor may host eviction (from the offloads) take these
+        try:
+            dev = self.allocator.alloc(n, on_host=True)
+            if dev is None:
+                self.evict(n)
+                dev = self.allocator.alloc(n, on_host=True)
+        finally:
+            for nd in nodes:
+                nd.host_ref -= 1
+            self.dec_lock_ref(match.last_node)
+        if dev is None:
+            return match
+        self.tier.load(_cat([nd.host_value for nd in nodes], self._empty), dev)  # type: ignore[misc]
+        offset = 0
+        for nd in nodes:
+            self._make_resident(nd, dev[offset : offset + len(nd.key)])
+            offset += len(nd.key)
+        return MatchResult(torch.cat([match.slots, dev]), nodes[-1])
 
     def insert(self, key: Sequence[int], slots: torch.Tensor) -> int:
         """Insert `key` with its `slots`; returns how long a prefix was already present.
@@ -187,7 +258,7 @@ class RadixCache:
                 f"key: length {len(tokens)} is not a multiple of page_size {self.page_size}"
             )
         present, _, _ = self._insert(tokens, len(tokens), slots)
-        return present
+        return present  # host-only nodes it covered took their slots from `slots` too
 
     # ---- request-level ownership ---------------------------------------------------------
     def cache_finished(
@@ -292,7 +363,7 @@ class RadixCache:
     # ---- locking -------------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Lock the path node..root against eviction."""
-        if node.parent is None and node is not self.root:
+        if node is not self.root and (node.parent is None or node.value is None):
             raise RuntimeError(f"inc_lock_ref: {node} was evicted; lock right after matching")
         while node is not self.root:
             if node.lock_ref == 0:
@@ -314,26 +385,150 @@ class RadixCache:
 
     # ---- eviction and reset --------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
-        """Free at least `num_tokens` slots from unlocked leaves, least recently used first.
+        """Free at least `num_tokens` device slots from unlocked leaves, least recently
+        used first (into host memory, with a tier and room there).
 
-        Parents left childless and unlocked become candidates. Returns the slots freed
-        (may be fewer than asked when everything left is locked).
+        Parents left without device children and unlocked become candidates. Returns the
+        slots freed (may be fewer than asked when everything left is locked).
         """
         heap = [(n.last_access, n.id, n) for n in self._leaves if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed: list[torch.Tensor] = []
+        # Offloaded here: (node, its device slots, its new host slots), copied at the end.
+        copies: list[tuple[TreeNode, torch.Tensor, torch.Tensor]] = []
+        num_freed = 0
+        try:
+            while num_freed < num_tokens and heap:
+                node = heapq.heappop(heap)[2]
+                value = node.value
+                assert value is not None
+                freed.append(value)
+                num_freed += len(node.key)
+                parent = self._evict_node(node, copies)
+                if parent is not self.root and parent in self._leaves and parent.lock_ref == 0:
+                    heapq.heappush(heap, (parent.last_access, parent.id, parent))
+        finally:
+            if copies:  # one copy for all, before the slots can be written again
+                self._write_copies(copies)
+            if freed:
+                self.allocator.free(torch.cat(freed))
+        self._evicted += num_freed
+        return num_freed
+
+    def _write_copies(self, copies: list[tuple[TreeNode, torch.Tensor, torch.Tensor]]) -> None:
+        """Copy offloaded nodes' KV to their host slots. A node removed since (its parent
+        evicted with no host room left) no longer holds those slots and is skipped."""
+        assert self.tier is not None
+        kept = [(dev, host) for node, dev, host in copies if node.host_value is host]
+        for node, _, _ in copies:
+            node.host_ref -= 1
+        if kept:
+            self.tier.write(torch.cat([d for d, _ in kept]), torch.cat([h for _, h in kept]))
+
+    def _evict_node(
+        self, node: TreeNode, copies: list[tuple[TreeNode, torch.Tensor, torch.Tensor]]
+    ) -> TreeNode:
+        """Take an unlocked device leaf off the device: offloaded when it has (or gets)
+        host slots, else removed with its host-only subtree. Returns its parent."""
+        if self.tier is not None and node.host_value is None:
+            host = self._host_alloc(len(node.key))
+            if host is not None:
+                assert node.value is not None
+                node.host_value = host
+                node.host_ref += 1  # its copy is pending until `evict` issues it
+                self._host_nodes.add(node)
+                self._host_size += len(node.key)
+                copies.append((node, node.value, host))
+        if node.host_value is None:
+            return self._remove_subtree(node)
+        parent = node.parent
+        assert parent is not None
+        node.value = None
+        parent.device_children -= 1
+        self._evictable -= len(node.key)
+        self._host_only += len(node.key)
+        self._offloaded += len(node.key)
+        self._leaves.discard(node)
+        if parent is not self.root and parent.device_children == 0:
+            self._leaves.add(parent)
+        if self._listeners.active:
+            self._emit("offloaded", node)
+        return parent
+
+    def _host_alloc(self, n: int) -> torch.Tensor | None:
+        """n host slots, evicting host memory's LRU nodes if short; None if it cannot."""
+        assert self.tier is not None
+        host = self.tier.alloc(n)
+        if host is None:
+            self._evict_host(n)
+            host = self.tier.alloc(n)
+        return host
+
+    def _evict_host(self, num_tokens: int) -> int:
+        """Free host slots, least recently used first: a node also on the device drops its
+        copy, a host-only leaf leaves the tree (and may make its parent a candidate)."""
+        assert self.tier is not None
+        heap = [
+            (n.last_access, n.id, n)
+            for n in self._host_nodes
+            if n.host_ref == 0 and (n.value is not None or not n.children)
+        ]
         heapq.heapify(heap)
         freed: list[torch.Tensor] = []
         num_freed = 0
         while num_freed < num_tokens and heap:
             node = heapq.heappop(heap)[2]
-            freed.append(node.value)
             num_freed += len(node.key)
-            parent = self._remove_leaf(node)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+            freed.append(self._drop_host(node))
+            if node.value is None:
+                parent = self._detach(node)
+                if (
+                    parent is not self.root
+                    and parent.value is None
+                    and not parent.children
+                    and parent.host_ref == 0
+                ):
+                    heapq.heappush(heap, (parent.last_access, parent.id, parent))
         if freed:
-            self.allocator.free(torch.cat(freed))
-        self._evicted += num_freed
+            self.tier.free(torch.cat(freed))
         return num_freed
+
+    def _drop_host(self, node: TreeNode) -> torch.Tensor:
+        """Forget a node's host slots (returned: the caller frees them)."""
+        host = node.host_value
+        assert host is not None
+        node.host_value = None
+        self._host_nodes.discard(node)
+        self._host_size -= len(node.key)
+        if node.value is None:
+            self._host_only -= len(node.key)
+        return host
+
+    def _remove_subtree(self, node: TreeNode) -> TreeNode:
+        """Remove an unlocked device leaf and the host-only nodes below it; returns its parent."""
+        below = self._iter_nodes(node)
+        host = [self._drop_host(n) for n in (*below, node) if n.host_value is not None]
+        for n in reversed(below):  # leaves first
+            self._detach(n)
+        if host:
+            assert self.tier is not None
+            self.tier.free(torch.cat(host))
+        return self._detach(node)
+
+    def _make_resident(self, node: TreeNode, value: torch.Tensor) -> None:
+        """A host-only node (its parent on the device) gets device slots: now on both."""
+        parent = node.parent
+        assert parent is not None and node.value is None
+        node.value = value
+        parent.device_children += 1
+        self._leaves.discard(parent)
+        if node.device_children == 0:
+            self._leaves.add(node)
+        self._evictable += len(node.key)
+        self._host_only -= len(node.key)
+        self._loaded += len(node.key)
+        if self._listeners.active:
+            self._emit("loaded", node)
 
     def reset(self) -> None:
         """Flush: free every slot in the tree and emit one "cleared" event.
@@ -342,10 +537,14 @@ class RadixCache:
         """
         if self._protected:
             raise RuntimeError(f"reset: {self._protected} tokens are locked by running requests")
-        values = [n.value for n in self._iter_nodes()]
+        nodes = self._iter_nodes()
+        values = [n.value for n in nodes if n.value is not None]
         if values:
             self.allocator.free(torch.cat(values))
-        freed = self.total_size()
+        host = [n.host_value for n in nodes if n.host_value is not None]
+        if host and self.tier is not None:
+            self.tier.free(torch.cat(host))
+        freed = self.total_size() + self._host_only
         self._clear_tree()
         if self._listeners.active:
             self._listeners.emit(CacheEvent("cleared", (), None, freed))
@@ -361,8 +560,12 @@ class RadixCache:
         while stack:
             node, depth = stack.pop()
             more = "..." if len(node.key) > max_tokens else ""
+            where = ""
+            if self.tier is not None:  # d: on the device, h: in host memory
+                d, h = node.value is not None, node.host_value is not None
+                where = ("d" if d else "") + ("h" if h else "") + " "
             lines.append(
-                f"{'  ' * depth}[{node.start},{node.end}) lock={node.lock_ref} "
+                f"{'  ' * depth}[{node.start},{node.end}) {where}lock={node.lock_ref} "
                 f"t={node.last_access} {node.key[:max_tokens]}{more}"
             )
             stack.extend((c, depth + 1) for c in reversed(list(node.children.values())))
@@ -390,7 +593,8 @@ class RadixCache:
         values are those below it; its ancestors are touched without comparing tokens.
         """
         self._clock += 1
-        node, pos, values = self.root, 0, []
+        node, pos = self.root, 0
+        values: list[torch.Tensor] = []
         if start is not None and start is not self.root:
             node, pos = start, start.end
             up: TreeNode | None = start
@@ -399,15 +603,35 @@ class RadixCache:
                 up = up.parent
         while pos < limit:
             child = node.children.get(self._child_key(tokens, pos))
-            if child is None:
+            if child is None or child.value is None:  # host-only: past the device's part
                 break
             common = self._common_len(child.key, tokens, pos, limit)
             if common < len(child.key):
                 child = self._split(child, common)
             child.last_access = self._clock
-            values.append(child.value)
+            values.append(child.value)  # type: ignore[arg-type]  # on the device: checked above
             node, pos = child, pos + common
         return node, pos, values
+
+    def _walk_host(
+        self, tokens: list[int], limit: int, node: TreeNode, pos: int
+    ) -> tuple[TreeNode, ...]:
+        """The host-only nodes that continue a device walk ending at `node` (at `pos`),
+        splitting the last where the match ends inside it; each is touched (LRU)."""
+        out: list[TreeNode] = []
+        while pos < limit:
+            child = node.children.get(self._child_key(tokens, pos))
+            if child is None:
+                break
+            common = self._common_len(child.key, tokens, pos, limit)
+            if common == 0:
+                break
+            if common < len(child.key):
+                child = self._split(child, common)
+            child.last_access = self._clock
+            out.append(child)
+            node, pos = child, pos + common
+        return tuple(out)
 
     def _common_len(self, node_key: list[int], tokens: list[int], pos: int, limit: int) -> int:
         """Page-aligned length of the common prefix of node_key and tokens[pos:limit]."""
@@ -426,15 +650,26 @@ class RadixCache:
         lower part so lock handles on it stay valid (its end does not move)."""
         parent = child.parent
         assert parent is not None
-        upper = TreeNode(child.key[:at], child.value[:at], parent, child.start + at, self._new_id())
+        value = child.value
+        upper = TreeNode(
+            child.key[:at],
+            None if value is None else value[:at],
+            parent,
+            child.start + at,
+            self._new_id(),
+        )
         upper.lock_ref = child.lock_ref
         upper.last_access = child.last_access
-        if child.hashes is not None:
-            n_up = upper.end // self.event_block_size - upper.start // self.event_block_size
-            upper.hashes, child.hashes = child.hashes[:n_up], child.hashes[n_up:]
-            upper.last_hash = upper.hashes[-1] if upper.hashes else parent.last_hash
+        split_hashes(upper, child, parent, self.event_block_size)
         parent.children[self._child_key(child.key, 0)] = upper
-        child.key, child.value, child.parent = child.key[at:], child.value[at:], upper
+        child.key, child.parent = child.key[at:], upper
+        if value is not None:
+            child.value = value[at:]
+            upper.device_children = 1
+        if child.host_value is not None:
+            upper.host_value, child.host_value = child.host_value[:at], child.host_value[at:]
+            upper.host_ref = child.host_ref
+            self._host_nodes.add(upper)
         upper.children[self._child_key(child.key, 0)] = child
         self._num_nodes += 1
         return upper
@@ -442,19 +677,50 @@ class RadixCache:
     def _insert(
         self, tokens: list[int], limit: int, slots: torch.Tensor, start: TreeNode | None = None
     ) -> tuple[int, TreeNode, torch.Tensor]:
-        """Insert tokens[:limit] -> slots[:limit]; returns (already present length, node
-        ending at `limit`, the tree's slots of the present part below `start`)."""
+        """Insert tokens[:limit] -> slots[:limit]; returns (length already present on the
+        device, node ending at `limit`, the tree's slots of that part below `start`).
+        Host-only nodes past the device's part take their slots from `slots` (adopted:
+        the caller's computed KV is the same as theirs)."""
         node, present, values = self._walk(tokens, limit, start)
         tree_slots = _cat(values, self._empty)
+        adopted = present
+        while adopted < limit and node.device_children < len(node.children):
+            child = node.children.get(self._child_key(tokens, adopted))
+            if child is None:
+                break
+            common = self._common_len(child.key, tokens, adopted, limit)
+            if common == 0:
+                break
+            if common < len(child.key):
+                child = self._split(child, common)
+            child.last_access = self._clock
+            self._make_resident(child, slots[adopted : adopted + common].clone())
+            node, adopted = child, adopted + common
+        if adopted > present:
+            return present, *self._insert_rest(tokens, limit, slots, node, adopted, tree_slots)
         if present < limit:
             # Clone: `slots` is often a view of the request table, whose row gets reused.
             node = self._add_leaf(node, tokens[present:limit], slots[present:limit].clone())
         return present, node, tree_slots
 
+    def _insert_rest(
+        self,
+        tokens: list[int],
+        limit: int,
+        slots: torch.Tensor,
+        node: TreeNode,
+        pos: int,
+        tree_slots: torch.Tensor,
+    ) -> tuple[TreeNode, torch.Tensor]:
+        if pos < limit:
+            node = self._add_leaf(node, tokens[pos:limit], slots[pos:limit].clone())
+        return node, tree_slots
+
     def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor) -> TreeNode:
         node = TreeNode(key, value, parent, parent.end + len(key), self._new_id())
         node.last_access = self._clock
         parent.children[self._child_key(key, 0)] = node
+        parent.device_children += 1
         self._leaves.discard(parent)
         self._leaves.add(node)
         self._evictable += len(key)
@@ -463,77 +729,39 @@ class RadixCache:
             self._emit("stored", node)
         return node
 
-    def _remove_leaf(self, node: TreeNode) -> TreeNode:
-        """Detach an unlocked leaf (its slots are the caller's to free); returns its parent."""
+    def _detach(self, node: TreeNode) -> TreeNode:
+        """Take a childless, unlocked node out of the tree (its device slots, if any, are
+        the caller's to free; its host slots must be dropped already); returns its parent."""
         if self._listeners.active:
             self._emit("removed", node)
         parent = node.parent
-        assert parent is not None
+        assert parent is not None and not node.children and node.host_value is None
         del parent.children[self._child_key(node.key, 0)]
-        self._leaves.discard(node)
-        if parent is not self.root and not parent.children:
-            self._leaves.add(parent)
-        self._evictable -= len(node.key)
+        if node.value is not None:
+            self._leaves.discard(node)
+            parent.device_children -= 1
+            self._evictable -= len(node.key)
+            if parent is not self.root and parent.device_children == 0:
+                self._leaves.add(parent)
         self._num_nodes -= 1
         node.parent = None
         return parent
 
-    def _iter_nodes(self) -> list[TreeNode]:
+    def _iter_nodes(self, under: TreeNode | None = None) -> list[TreeNode]:
+        """Every node below `under` (default: the root), parents before children."""
         out: list[TreeNode] = []
-        stack = list(self.root.children.values())
+        stack = list((under or self.root).children.values())
         while stack:
             node = stack.pop()
             out.append(node)
             stack.extend(node.children.values())
         return out
 
-    # ---- block hashes for events ---------------------------------------------------------
+    # ---- events ------------------------------------------------------------------------
     def _emit(self, kind: CacheEventKind, node: TreeNode) -> None:
-        event = self._node_event(kind, node)
+        event = node_event(kind, node, self.event_block_size)
         if event is not None:
             self._listeners.emit(event)
-
-    def _node_event(self, kind: CacheEventKind, node: TreeNode) -> CacheEvent | None:
-        self._ensure_hashes(node)
-        assert node.hashes is not None and node.parent is not None
-        if not node.hashes:
-            return None
-        parent_hash = node.parent.last_hash
-        num = len(node.hashes) * self.event_block_size
-        return CacheEvent(kind, tuple(node.hashes), parent_hash, num)
-
-    def _ensure_hashes(self, node: TreeNode) -> None:
-        """Compute missing block hashes on the path root..node, top down."""
-        chain: list[TreeNode] = []
-        while node.hashes is None:
-            chain.append(node)
-            node = node.parent  # type: ignore[assignment]  # root.hashes is never None
-        for n in reversed(chain):
-            self._hash_node(n)
-
-    def _hash_node(self, node: TreeNode) -> None:
-        """Hash the blocks ending inside `node` (its parent's hashes must be known)."""
-        parent = node.parent
-        assert parent is not None and parent.hashes is not None
-        bs = self.event_block_size
-        first, stop = node.start // bs, node.end // bs  # blocks first..stop-1 end in node
-        if first == stop:
-            node.hashes, node.last_hash = [], parent.last_hash
-            return
-        lead = _path_tail(parent, node.start - first * bs)
-        node.hashes = block_hashes(lead + node.key[: stop * bs - node.start], bs, parent.last_hash)
-        node.last_hash = node.hashes[-1]
-
-
-def _path_tail(node: TreeNode, n: int) -> list[int]:
-    """The last `n` tokens of the root path ending at `node`."""
-    parts: list[list[int]] = []
-    while n > 0:
-        take = min(n, len(node.key))
-        parts.append(node.key[len(node.key) - take :])
-        n -= take
-        node = node.parent  # type: ignore[assignment]  # n <= path length
-    return [t for part in reversed(parts) for t in part]
 
 
 def _as_tokens(key: Sequence[int]) -> list[int]:

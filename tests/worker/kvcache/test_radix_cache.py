@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from radixmesh.prefix import block_hashes
-from radixmesh.worker.kvcache import radix_cache as radix_cache_module
+from radixmesh.worker.kvcache import node_hashes as node_hashes_module
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.events import CacheEvent, replay
 from radixmesh.worker.kvcache.radix_cache import RadixCache
@@ -384,7 +384,7 @@ def test_no_listener_no_hashing_then_snapshot_for_a_late_listener(
         raise AssertionError("hashed without a listener")
 
     with monkeypatch.context() as mp:
-        mp.setattr(radix_cache_module, "block_hashes", boom)
+        mp.setattr(node_hashes_module, "block_hashes", boom)
         for key in ([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 9, 9, 9], [1, 2, 7]):
             put(cache, key)
         cache.match_prefix([1, 2, 3])

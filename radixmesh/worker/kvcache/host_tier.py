@@ -1,0 +1,120 @@
+"""The host-memory tier under the radix tree: a pool of pinned host slots and the copies.
+
+The radix tree decides what lives where (radix_cache.py: a node's KV is on the device,
+in host memory, or both); this holds the host side of it: the host pool
+(host_pool.py), its slot allocator (a `KVAllocator` over host slots, the device pool's
+page size, slot 0 reserved) and the copies (host_copy.py), with counters of what they
+moved. On CUDA every copy is ordered on the current stream, between the forwards: a
+node's device slots are copied out before the forward that reuses them writes there,
+and a reload lands before the forward that reads it, with no host thread waiting.
+The copy's GPU time is measured with CUDA events, read back once they are done.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from radixmesh.worker.kvcache.allocator import KVAllocator
+from radixmesh.worker.kvcache.host_copy import copy_kv
+from radixmesh.worker.kvcache.host_pool import HostKVPool
+from radixmesh.worker.kvcache.pool import KVPool
+
+
+@dataclass(frozen=True)
+class HostTierStats:
+    slots_total: int  # usable host slots
+    slots_used: int
+    tokens_written: int  # device -> host
+    tokens_loaded: int  # host -> device
+    bytes_written: int
+    bytes_loaded: int
+    write_seconds: float  # GPU time of the copies measured so far (CUDA; 0 on CPU)
+    load_seconds: float
+    bytes_timed_written: int  # the bytes those seconds moved
+    bytes_timed_loaded: int
+
+    @property
+    def load_bandwidth(self) -> float:
+        """Bytes a second of the timed host-to-device copies (0 before any)."""
+        return self.bytes_timed_loaded / self.load_seconds if self.load_seconds else 0.0
+
+    @property
+    def write_bandwidth(self) -> float:
+        return self.bytes_timed_written / self.write_seconds if self.write_seconds else 0.0
+
+
+class HostTier:
+    def __init__(self, pool: KVPool, num_slots: int, page_size: int) -> None:
+        self.pool = pool
+        self.host = HostKVPool(pool, num_slots, pin=pool.device.type == "cuda")
+        self.allocator = KVAllocator(num_slots, page_size)
+        self.bytes_per_token = HostKVPool.bytes_per_slot(pool)
+        self._timed = pool.device.type == "cuda"
+        self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int, bool]] = deque()
+        self._tokens = [0, 0]  # written, loaded
+        self._seconds = [0.0, 0.0]
+        self._timed_bytes = [0, 0]
+
+    @staticmethod
+    def slots_for_bytes(pool: KVPool, num_bytes: int, page_size: int) -> int:
+        """Host slots (a whole number of pages, the reserved one included) in num_bytes."""
+        slots = num_bytes // HostKVPool.bytes_per_slot(pool)
+        return slots - slots % page_size
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """n host slots, or None when the host pool lacks them (the tree evicts and retries)."""
+        return self.allocator.alloc(n, on_host=True)
+
+    def free(self, slots: torch.Tensor) -> None:
+        self.allocator.free(slots)
+
+    def write(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
+        """Copy the KV of device slots into host slots (stream-ordered on CUDA)."""
+        self._copy(device_slots, host_slots, to_host=True)
+
+    def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
+        """Copy the KV of host slots into device slots (stream-ordered on CUDA)."""
+        self._copy(device_slots, host_slots, to_host=False)
+
+    def _copy(self, device_slots: torch.Tensor, host_slots: torch.Tensor, to_host: bool) -> None:
+        i = 0 if to_host else 1
+        n = device_slots.numel()
+        self._tokens[i] += n
+        if not self._timed:
+            copy_kv(self.pool, self.host, device_slots, host_slots, to_host=to_host)
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        copy_kv(self.pool, self.host, device_slots, host_slots, to_host=to_host)
+        end.record()
+        self._pending.append((start, end, n * self.bytes_per_token, to_host))
+        self._harvest()
+
+    def _harvest(self) -> None:
+        """Fold the timings of finished copies into the totals (never waits)."""
+        while self._pending and self._pending[0][1].query():
+            start, end, nbytes, to_host = self._pending.popleft()
+            i = 0 if to_host else 1
+            self._seconds[i] += start.elapsed_time(end) / 1000.0
+            self._timed_bytes[i] += nbytes
+
+    def stats(self) -> HostTierStats:
+        if self._timed:
+            self._harvest()
+        a = self.allocator
+        per = self.bytes_per_token
+        return HostTierStats(
+            slots_total=a.num_usable_slots,
+            slots_used=a.num_usable_slots - a.num_free_slots,
+            tokens_written=self._tokens[0],
+            tokens_loaded=self._tokens[1],
+            bytes_written=self._tokens[0] * per,
+            bytes_loaded=self._tokens[1] * per,
+            write_seconds=self._seconds[0],
+            load_seconds=self._seconds[1],
+            bytes_timed_written=self._timed_bytes[0],
+            bytes_timed_loaded=self._timed_bytes[1],
+        )
