@@ -115,6 +115,13 @@ class ModelConfig:
 
 # The KV pool's byte budget on CPU when neither kv_cache_tokens nor kv_cache_bytes is set.
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
+# The host-memory KV tier's default size on CUDA: this share of the host's memory per GPU
+# on the host (times the worker's gpu_memory_share), and at most this many times the
+# device pool. All the workers of an 8-GPU node together then pin at most a quarter of
+# its memory, leaving the rest to the processes, the page cache and the router; four
+# times the pool holds a multi-turn working set well past what the device does.
+HOST_KV_RAM_FRACTION = 0.25
+HOST_KV_POOL_MULTIPLE = 4
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,13 @@ class CacheConfig:
     """Cache events report page-aligned blocks of this many tokens (a multiple of page_size)."""
     kv_cache_dtype: str = "auto"
     """KV pool storage: "auto" (the model dtype) or "fp8" (about half the bytes per token)."""
+    host_kv_cache_bytes: int | None = None
+    """The host-memory KV tier (docs/kv-cache.md): pinned host memory that keeps what the
+    device pool evicts, copied back on a hit instead of recomputed. 0: off. None: on CUDA,
+    HOST_KV_RAM_FRACTION of the host's memory per GPU on it, times gpu_memory_share, at
+    most half of what is available and HOST_KV_POOL_MULTIPLE times the device pool
+    (host_tier.default_host_bytes); off on CPU (its "device" pool is host memory already)
+    and with tensor parallelism."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -160,6 +174,10 @@ class CacheConfig:
         if not 0.0 < self.gpu_memory_share <= 1.0:
             raise InvalidArgument(
                 "gpu_memory_share", f"must be in (0, 1], got {self.gpu_memory_share}"
+            )
+        if self.host_kv_cache_bytes is not None and self.host_kv_cache_bytes < 0:
+            raise InvalidArgument(
+                "host_kv_cache_bytes", f"must be >= 0, got {self.host_kv_cache_bytes}"
             )
         if self.event_block_size % self.page_size:
             raise InvalidArgument(

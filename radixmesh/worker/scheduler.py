@@ -13,6 +13,10 @@ prefill was cut (chunked prefill). What budget is left admits waiting requests, 
 policy's order: each one's longest cached prefix is locked in the radix cache and only
 the uncached suffix is computed.
 
+Host memory (a `HostTier` under the radix cache): a prompt whose cached prefix continues
+in host memory gets it copied back at admission, when the device has room for it and the
+request, instead of computing it again (`_reload`).
+
 Memory: admission reserves room for each request's future tokens
 (`new_token_ratio` x its remaining max_new_tokens); when a step still cannot get slots,
 the cache evicts unlocked leaves, and if that is not enough the newest running request is
@@ -39,7 +43,7 @@ from radixmesh.worker.forward_batch import to_device
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
-from radixmesh.worker.kvcache.tree_node import TreeNode
+from radixmesh.worker.kvcache.tree_node import MatchResult, TreeNode
 from radixmesh.worker.output import OutputProcessor
 from radixmesh.worker.overlap import OverlapLoop
 from radixmesh.worker.policy import create_policy
@@ -84,6 +88,7 @@ class Scheduler:
         self.slots = RequestSlots(allocator, cache, req_table, page_size)
         self._prompt_tokens = 0
         self._cache_hit_tokens = 0
+        self._host_hit_tokens = 0
         self._generated_tokens = 0
         self._num_retractions = 0
         self._num_aborted = 0
@@ -254,6 +259,9 @@ class Scheduler:
             if step is not None and step.defers_without_match(req):
                 continue  # next step it hits the prefix this step computes
             match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
+            device_hit = len(match.slots)
+            if match.host_nodes:
+                match = self._reload(req, match, reserved)
             if len(match.slots) % self._align:  # deterministic mode: an aligned prefix
                 aligned = len(match.slots) - len(match.slots) % self._align
                 match = self.cache.match_prefix(req.token_ids[:aligned], count_stats=False)
@@ -278,7 +286,7 @@ class Scheduler:
                 self.cache.dec_lock_ref(match.last_node)
                 self.req_table.free_row(row)
                 break
-            self._start(req, row, match.slots, match.last_node)
+            self._start(req, row, match.slots, match.last_node, device_hit)
             new = self.slots.record(req, row, prefix, host)
             self.running.append(req)
             admitted.add(req)
@@ -319,7 +327,25 @@ class Scheduler:
             return True
         return False
 
-    def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: TreeNode) -> None:
+    def _reload(self, req: Request, match: MatchResult, reserved: int) -> MatchResult:
+        """A prefix that continues in host memory, copied back to the device when the
+        device can hold it and what the request needs after it (else the device's part)."""
+        host = match.host_tokens
+        need = self._future_need(req, len(match.slots) + host) + host
+        if need > self._available() - reserved:
+            return match
+        return self.cache.load_host(match)
+
+    def _start(
+        self,
+        req: Request,
+        row: int,
+        prefix_slots: torch.Tensor,
+        node: TreeNode,
+        device_hit: int | None = None,
+    ) -> None:
+        """`device_hit`: how much of the prefix was on the device before a reload (None:
+        all of it)."""
         req.row = row
         req.last_node = node
         req.num_shared_tokens = len(prefix_slots)
@@ -334,6 +360,9 @@ class Scheduler:
             # prompt's part is a prompt cache hit.
             hit = min(len(prefix_slots), req.num_prompt_tokens)
             req.num_cached_tokens = hit
+            if device_hit is not None and device_hit < hit:
+                req.num_host_cached_tokens = hit - device_hit
+                self._host_hit_tokens += hit - device_hit
             self._prompt_tokens += req.num_prompt_tokens
             self._cache_hit_tokens += hit
 
@@ -502,6 +531,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         total = self.allocator.num_usable_slots
+        tier = self.cache.tier.stats() if self.cache.tier is not None else None
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
@@ -516,6 +546,13 @@ class Scheduler:
             constrained_requests=self.grammars.stats.requests if self.grammars else 0,
             jump_forward_tokens=self.grammars.stats.forced_tokens if self.grammars else 0,
             num_aborted=self._num_aborted,
+            host_cache_hit_tokens=self._host_hit_tokens,
+            host_kv_slots_used=tier.slots_used if tier else 0,
+            host_kv_slots_total=tier.slots_total if tier else 0,
+            host_kv_bytes_loaded=tier.bytes_loaded if tier else 0,
+            host_kv_bytes_written=tier.bytes_written if tier else 0,
+            host_kv_load_bandwidth=tier.load_bandwidth if tier else 0.0,
+            host_kv_write_bandwidth=tier.write_bandwidth if tier else 0.0,
         )
 
     def slots_held_by_requests(self) -> int:

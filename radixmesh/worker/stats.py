@@ -21,6 +21,16 @@ class SchedulerStats:
     constrained_requests: int = 0
     jump_forward_tokens: int = 0  # output tokens appended without a decode step
     num_aborted: int = 0  # requests that ended aborted (by a client, a failure, shutdown)
+    # The host-memory KV tier (zeros without one): prompt tokens reloaded from it (part of
+    # cache_hit_tokens), its slots, the bytes copied each way, and the copies' bandwidth
+    # (bytes over their measured GPU time so far; 0 on CPU, where copies are not timed).
+    host_cache_hit_tokens: int = 0
+    host_kv_slots_used: int = 0
+    host_kv_slots_total: int = 0
+    host_kv_bytes_loaded: int = 0
+    host_kv_bytes_written: int = 0
+    host_kv_load_bandwidth: float = 0.0
+    host_kv_write_bandwidth: float = 0.0
 
     @property
     def cache_hit_rate(self) -> float:

@@ -33,6 +33,8 @@ from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.attention.selection import resolve_attention_backend
 from radixmesh.worker.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
+    HOST_KV_POOL_MULTIPLE,
+    HOST_KV_RAM_FRACTION,
     EngineConfig,
     batch_defaults,
     fit_running_to_pool,
@@ -45,6 +47,7 @@ from radixmesh.worker.device import (
     resolve_dtype,
 )
 from radixmesh.worker.kvcache.allocator import KVAllocator
+from radixmesh.worker.kvcache.host_tier import HostTier, default_host_bytes
 from radixmesh.worker.kvcache.pool import KVPool, kv_storage_dtype
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
@@ -82,7 +85,16 @@ logger = logging.getLogger(__name__)
 
 # What holds device memory, directly or through what it refers to: weights, the KV pool,
 # slot tables, CUDA graphs (the runner), requests' tensors (the scheduler).
-DEVICE_STATE = ("scheduler", "runner", "cache", "req_table", "allocator", "kv_pool", "model")
+DEVICE_STATE = (
+    "scheduler",
+    "runner",
+    "cache",
+    "host_tier",
+    "req_table",
+    "allocator",
+    "kv_pool",
+    "model",
+)
 
 
 class Worker:
@@ -242,12 +254,53 @@ class Worker:
         self.context_len = min(limit, self.allocator.num_usable_slots)  # one request fits
         rows = self.config.scheduler.running_cap
         self.req_table = ReqToTokenTable(rows, self.context_len, self.device)
+        self.host_tier = self._build_host_tier()
         self.cache = RadixCache(
             self.allocator,
             cc.page_size,
             disable=cc.disable_radix_cache,
             event_block_size=cc.event_block_size,
+            host_tier=self.host_tier,
         )
+
+    def _build_host_tier(self) -> HostTier | None:
+        """The host-memory KV tier (CacheConfig.host_kv_cache_bytes), or None."""
+        cc = self.config.cache
+        size = cc.host_kv_cache_bytes
+        if cc.disable_radix_cache or size == 0:
+            return None
+        if self.config.parallel.tp_size > 1:
+            # Each rank would copy its own heads' share, in step with rank 0's tree: not
+            # built (no two-GPU machine to test it on); the default is off under TP.
+            if size is not None:
+                raise InvalidArgument(
+                    "host_kv_cache_bytes", "is not supported with tensor parallelism (tp_size > 1)"
+                )
+            return None
+        if size is None:
+            if self.device.type != "cuda":
+                return None
+            size = default_host_bytes(
+                self.kv_pool.nbytes,
+                cc.gpu_memory_share,
+                HOST_KV_RAM_FRACTION,
+                HOST_KV_POOL_MULTIPLE,
+            )
+        slots = HostTier.slots_for_bytes(self.kv_pool, size, cc.page_size)
+        if slots < 2 * cc.page_size:
+            raise InvalidArgument(
+                "host_kv_cache_bytes", f"{size} bytes hold {slots} tokens; need 2 pages at least"
+            )
+        t0 = time.perf_counter()
+        tier = HostTier(self.kv_pool, slots, cc.page_size)
+        logger.info(
+            "host KV tier: %d tokens, %.2f GiB of %s host memory (%.1f s)",
+            tier.allocator.num_usable_slots,
+            tier.host.nbytes / (1 << 30),
+            "pinned" if self.device.type == "cuda" else "plain",
+            time.perf_counter() - t0,
+        )
+        return tier
 
     def _build_pool(self) -> KVPool:
         cc, arch = self.config.cache, self.arch

@@ -12,6 +12,7 @@ The copy's GPU time is measured with CUDA events, read back once they are done.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass
 
@@ -118,3 +119,35 @@ class HostTier:
             bytes_timed_written=self._timed_bytes[0],
             bytes_timed_loaded=self._timed_bytes[1],
         )
+
+
+def default_host_bytes(
+    pool_bytes: int, gpu_memory_share: float, ram_fraction: float, pool_multiple: int
+) -> int:
+    """The host tier's size when none is given (CacheConfig.host_kv_cache_bytes): a share
+    of the host's memory per GPU on it, at most half of what is available now and a
+    multiple of the device pool. The GPUs are counted from the driver's list, which sees
+    every GPU on the host whatever CUDA_VISIBLE_DEVICES hides from this process."""
+    total, available = _meminfo()
+    per_gpu = total * ram_fraction * gpu_memory_share / max(1, _gpus_on_host())
+    return int(min(per_gpu, available / 2, pool_bytes * pool_multiple))
+
+
+def _meminfo() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes, from /proc/meminfo (0, 0 where there is none)."""
+    fields: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                fields[name] = int(rest.split()[0]) * 1024
+    except OSError:
+        return 0, 0
+    return fields.get("MemTotal", 0), fields.get("MemAvailable", 0)
+
+
+def _gpus_on_host() -> int:
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 1

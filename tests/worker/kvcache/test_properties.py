@@ -40,10 +40,15 @@ def _nodes(cache: RadixCache) -> list[tuple[TreeNode, list[int]]]:
     return out
 
 
+def _value(node: TreeNode) -> torch.Tensor:
+    assert node.value is not None  # no host tier here: every node is on the device
+    return node.value
+
+
 def _path_slots(node: TreeNode) -> list[int]:
     parts: list[list[int]] = []
     while node.parent is not None:
-        parts.append(node.value.tolist())
+        parts.append(_value(node).tolist())
         node = node.parent
     return [s for part in reversed(parts) for s in part]
 
@@ -147,7 +152,7 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def nothing_leaks(self) -> None:
         ps = self.page_size
-        tree_slots = [s for node, _ in _nodes(self.cache) for s in node.value.tolist()]
+        tree_slots = [s for node, _ in _nodes(self.cache) for s in _value(node).tolist()]
         assert len(set(tree_slots)) == len(tree_slots) == self.cache.total_size()
         tree_pages = {s // ps for s in tree_slots}
         own: list[int] = []  # pages held only by requests
@@ -160,7 +165,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def used_slots_are_not_free(self) -> None:
-        used = [node.value for node, _ in _nodes(self.cache)] + [r.slots for r in self.reqs]
+        used = [_value(node) for node, _ in _nodes(self.cache)] + [r.slots for r in self.reqs]
         if used:
             assert not self.alloc.free_slot_mask(torch.cat(used)).any()
 

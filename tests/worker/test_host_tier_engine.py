@@ -1,0 +1,139 @@
+"""The host-memory KV tier in the engine, on the bundled SmolLM2 (float32, CPU): a small
+device pool whose conversations move to host memory and come back, with the same tokens
+as recomputing them, and every device and host slot accounted for after aborts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from radixmesh.errors import InvalidArgument
+from radixmesh.worker.engine import Engine
+from tests.worker.conftest import assert_engine_idle_and_clean
+
+pytestmark = pytest.mark.slow
+
+GREEDY = {"temperature": 0.0, "max_new_tokens": 12}
+TOPICS = ["rivers", "volcanoes", "libraries", "bicycles"]
+DEVICE_TOKENS = 512
+HOST_TOKENS = 2048
+BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M: K and V, 30 layers, 3 KV heads, float32
+
+
+def _system(topic: str) -> str:
+    return (
+        f"You are a patient teacher of {topic}. Answer every question about {topic} in "
+        "one short sentence, plainly, without lists. " * 6
+    )
+
+
+def _turn(engine: Engine, history: list[dict[str, str]], question: str) -> list[int]:
+    return engine.tokenizer.encode_chat([*history, {"role": "user", "content": question}])
+
+
+def _conversations(engine: Engine) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """Turn 1 of each conversation, one after another (each pushes the others off the
+    device), then turn 2 of each: the outputs of both turns."""
+    first, second = [], []
+    histories = {t: [{"role": "system", "content": _system(t)}] for t in TOPICS}
+    for t in TOPICS:
+        out = engine.generate(
+            input_ids=_turn(engine, histories[t], f"What are {t}?"), sampling_params=GREEDY
+        )
+        assert isinstance(out, dict)
+        first.append(out)
+        histories[t] = [
+            *histories[t],
+            {"role": "user", "content": f"What are {t}?"},
+            {"role": "assistant", "content": out["text"]},
+        ]
+    for t in TOPICS:
+        out = engine.generate(
+            input_ids=_turn(engine, histories[t], "Why do they matter?"), sampling_params=GREEDY
+        )
+        assert isinstance(out, dict)
+        second.append(out)
+    return first, second
+
+
+def assert_host_tier_clean(engine: Engine) -> None:
+    def check() -> None:
+        w = engine.worker
+        tier = w.cache.tier
+        assert tier is not None
+        a = tier.allocator
+        assert a.num_free_slots + w.cache.host_size() == a.num_usable_slots
+
+    engine.call(check)
+
+
+@pytest.fixture(scope="module")
+def tiered() -> Iterator[Engine]:
+    eng = Engine(
+        "smollm2",
+        dtype="float32",
+        kv_cache_tokens=DEVICE_TOKENS,
+        host_kv_cache_bytes=(HOST_TOKENS + 1) * BYTES_PER_TOKEN,
+        max_running_requests=4,
+    )
+    yield eng
+    eng.shutdown()
+
+
+def test_conversations_come_back_from_host_memory_with_the_same_tokens(tiered: Engine) -> None:
+    tiered.flush_cache()
+    first, second = _conversations(tiered)
+    stats = tiered.get_stats()
+    assert stats.host_kv_slots_total == HOST_TOKENS
+    assert stats.host_cache_hit_tokens > 0 and stats.host_kv_bytes_loaded > 0
+    # Turn 2 finds turn 1's prompt cached: most of it reloaded from host memory.
+    for a, b in zip(first, second, strict=True):
+        meta_a, meta_b = a["meta_info"], b["meta_info"]
+        assert isinstance(meta_a, dict) and isinstance(meta_b, dict)
+        assert meta_b["cached_tokens"] >= meta_a["prompt_tokens"]
+    plain = Engine(
+        "smollm2", dtype="float32", kv_cache_tokens=DEVICE_TOKENS, max_running_requests=4
+    )
+    try:
+        first_plain, second_plain = _conversations(plain)
+        # Without the tier the device pool keeps only the latest conversation.
+        cached_plain = sum(o["meta_info"]["cached_tokens"] for o in second_plain)  # type: ignore[index]
+        cached_tier = sum(o["meta_info"]["cached_tokens"] for o in second)  # type: ignore[index]
+        assert cached_tier > 2 * cached_plain
+        assert [o["output_ids"] for o in first_plain] == [o["output_ids"] for o in first]
+        assert [o["output_ids"] for o in second_plain] == [o["output_ids"] for o in second]
+    finally:
+        plain.shutdown()
+    assert_engine_idle_and_clean(tiered)
+    assert_host_tier_clean(tiered)
+
+
+def test_aborts_and_flush_leave_every_slot_accounted(tiered: Engine) -> None:
+    tiered.flush_cache()
+    _conversations(tiered)  # fills host memory
+    prompts = [
+        _turn(tiered, [{"role": "system", "content": _system(t)}], "Tell me more.") for t in TOPICS
+    ]
+    streams = [
+        tiered.generate(input_ids=p, sampling_params={**GREEDY, "max_new_tokens": 64}, stream=True)
+        for p in prompts
+    ]
+    for s in streams:
+        next(iter(s))  # started: its prefix reloaded
+    for s in streams[::2]:
+        s.close()  # type: ignore[union-attr]  # abort mid-decode
+    for s in streams[1::2]:
+        list(s)
+    assert_engine_idle_and_clean(tiered)
+    assert_host_tier_clean(tiered)
+    assert tiered.flush_cache()
+    stats = tiered.get_stats()
+    assert stats.host_kv_slots_used == 0 and stats.cache_size == 0
+
+
+def test_bad_host_size_names_the_field() -> None:
+    with pytest.raises(InvalidArgument, match="host_kv_cache_bytes"):
+        Engine("smollm2", dtype="float32", kv_cache_tokens=64, host_kv_cache_bytes=-1)
+    with pytest.raises(InvalidArgument, match="host_kv_cache_bytes"):
+        Engine("smollm2", dtype="float32", kv_cache_tokens=64, host_kv_cache_bytes=1000)
