@@ -51,6 +51,8 @@ _EVENT_KIND = {
     "removed": worker_pb2.CACHE_EVENT_KIND_REMOVED,
     "cleared": worker_pb2.CACHE_EVENT_KIND_CLEARED,
     "pending": worker_pb2.CACHE_EVENT_KIND_PENDING,
+    "offloaded": worker_pb2.CACHE_EVENT_KIND_OFFLOADED,
+    "loaded": worker_pb2.CACHE_EVENT_KIND_LOADED,
 }
 
 Messages = Sequence[Mapping[str, str]]

@@ -15,11 +15,15 @@ class CacheEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_EVENT_KIND_REMOVED: _ClassVar[CacheEventKind]
     CACHE_EVENT_KIND_CLEARED: _ClassVar[CacheEventKind]
     CACHE_EVENT_KIND_PENDING: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_OFFLOADED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_LOADED: _ClassVar[CacheEventKind]
 CACHE_EVENT_KIND_UNSPECIFIED: CacheEventKind
 CACHE_EVENT_KIND_STORED: CacheEventKind
 CACHE_EVENT_KIND_REMOVED: CacheEventKind
 CACHE_EVENT_KIND_CLEARED: CacheEventKind
 CACHE_EVENT_KIND_PENDING: CacheEventKind
+CACHE_EVENT_KIND_OFFLOADED: CacheEventKind
+CACHE_EVENT_KIND_LOADED: CacheEventKind
 
 class GenerateRequest(_message.Message):
     __slots__ = ("input", "sampling_params", "request_id", "stream", "first_and_rest", "output_stream")
