@@ -39,6 +39,9 @@ class RouterConfig:
     """cache_aware: the prefill tokens a queued or running request costs (policy.py)."""
     pending_prefill_weight: float = 0.5
     """cache_aware: the cost of a prompt token routed to a worker and not prefilled yet."""
+    host_hit_cost: float = 0.2
+    """cache_aware: the cost of a prompt token a worker holds in host memory (reloaded over
+    PCIe instead of prefilled), relative to prefilling it; 1.0 counts it as a miss (policy.py)."""
     health_interval: float = 1.0
     """Seconds between GetLoad polls of each worker."""
     health_timeout: float = 2.0
@@ -224,6 +227,8 @@ class RouterConfig:
             raise InvalidArgument(
                 "pending_prefill_weight", f"must be >= 0, got {self.pending_prefill_weight}"
             )
+        if not 0 <= self.host_hit_cost <= 1:
+            raise InvalidArgument("host_hit_cost", f"must be in [0, 1], got {self.host_hit_cost}")
         if self.discovery_interval <= 0:
             raise InvalidArgument(
                 "discovery_interval", f"must be > 0, got {self.discovery_interval}"

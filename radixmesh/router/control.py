@@ -28,7 +28,9 @@ from radixmesh.v1 import common_pb2, worker_pb2
 
 
 class Placement(NamedTuple):
-    """Where a prompt goes: the worker, and how many of the prompt's tokens it caches."""
+    """Where a prompt goes: the worker, and how many of the prompt's tokens it caches, on its
+    device or in host memory: the rest is what it prefills (the pending-prefill estimate;
+    a reload from host memory is a copy, not prefill work)."""
 
     worker: WorkerHandle
     cached: int
@@ -42,6 +44,7 @@ class ControlPlane:
         options = PolicyOptions(
             request_cost_tokens=config.request_cost_tokens,
             pending_prefill_weight=config.pending_prefill_weight,
+            host_hit_cost=config.host_hit_cost,
         )
         self.policy: Policy = make_policy(config.policy, config.seed, options)
         self.programs = ProgramTable(config.program_max_queued)
@@ -83,16 +86,23 @@ class ControlPlane:
         started = time.perf_counter()
         hashes: dict[int, list[int]] = {}
         cached: dict[str, int] = {}
+        host_cached: dict[str, int] = {}  # only workers with host-memory hits
         candidates = []
         for wid, w in self.pool.workers.items():
             bs = w.block_size
-            if not bs:
-                cached[wid] = 0
-            else:
+            device = host = 0
+            if bs:
                 if bs not in hashes:
                     hashes[bs] = block_hashes(ids, bs)
-                cached[wid] = w.summary.match(hashes[bs]) * bs
-            c = w.candidate(cached[wid])
+                summary = w.summary
+                if summary.num_host:  # a host tier: its hits too (else as cheap as before)
+                    device, host = summary.match_tiers(hashes[bs])
+                else:
+                    device = summary.match(hashes[bs])
+            cached[wid] = (device + host) * bs
+            if host:
+                host_cached[wid] = host * bs
+            c = w.candidate(device * bs, host * bs)
             if wid in exclude:
                 c = c._replace(healthy=False)
             candidates.append(c)
@@ -111,6 +121,8 @@ class ControlPlane:
             self.pool.index.enforce_budget()
         self.metrics.decision_seconds.observe(time.perf_counter() - started)
         self.metrics.decisions.labels(self.policy.name, chosen.worker_id).inc()
+        if host_cached:
+            self.metrics.host_cached_tokens.inc(host_cached.get(chosen.worker_id, 0))
         return Placement(chosen, cached[chosen.worker_id])
 
     def _with_full(self, candidates: list[Candidate], exclude: set[str]) -> list[Candidate]:

@@ -1,10 +1,10 @@
 """The router's Prometheus metrics (`radixmesh_router_*`, base units, `_total` counters).
 
 Events are counted as they happen (requests per front end, endpoint and status; routing
-decisions per policy and worker; prompt and cached prompt tokens; retries; the routing
-decision latency). The worker pool's state (breakers, health, requests in flight, summary
-sizes) is read at scrape time by a custom collector, so the pool keeps plain fields and
-knows nothing of Prometheus.
+decisions per policy and worker; prompt and cached prompt tokens, and those cached in a
+worker's host memory; retries; the routing decision latency). The worker pool's state
+(breakers, health, requests in flight, summary sizes) is read at scrape time by a custom
+collector, so the pool keeps plain fields and knows nothing of Prometheus.
 
 Statuses are gRPC status names on both front ends (an HTTP 429 counts as
 RESOURCE_EXHAUSTED), so one query covers gRPC and HTTP clients.
@@ -176,6 +176,12 @@ class RouterMetrics:
         self.cached_tokens = Counter(
             "radixmesh_router_cached_prompt_tokens",
             "Prompt tokens the workers served from their radix caches.",
+            registry=r,
+        )
+        self.host_cached_tokens = Counter(
+            "radixmesh_router_host_cached_prompt_tokens",
+            "Prompt tokens of routed prompts that the chosen worker held only in host memory "
+            "(reloaded, not prefilled), as its summary said when routing (retries included).",
             registry=r,
         )
         self.retries = Counter(

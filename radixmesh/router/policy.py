@@ -28,6 +28,9 @@ class Candidate(NamedTuple):
     # Prompt tokens the router sent to the worker that it has not prefilled yet (each
     # request's uncached tokens when it was routed, until its first token comes back).
     pending_prefill: int = 0
+    # Prompt tokens right after the cached ones that the worker holds only in host memory:
+    # reloaded, not prefilled (the worker's host KV tier).
+    host_cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,17 @@ class PolicyOptions:
     # cache_aware: weight of the prefill work already waiting on a worker. A new request
     # waits for it (its time to first token grows with it) even where it hits the cache.
     pending_prefill_weight: float = 0.5
+    # cache_aware: the cost of a prompt token held in a worker's host memory, relative to
+    # prefilling it (1.0: a host hit counts as a miss, the policy is tier-blind). Reloading
+    # moves an 8B model's ~128 KiB of KV per token over PCIe at ~30 GB/s: ~4 us a token,
+    # and the copy overlaps compute, against ~25-40 us a token of prefill on an H200 at
+    # the batch sizes a router sees. 0.2 leaves room for the copy's overheads and for
+    # small models, whose prefill is cheaper per byte of KV.
+    host_hit_cost: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.host_hit_cost <= 1.0:
+            raise InvalidArgument("host_hit_cost", f"must be in [0, 1], got {self.host_hit_cost}")
 
 
 class Policy(ABC):
@@ -64,8 +78,9 @@ class Policy(ABC):
 
 
 class CacheAware(Policy):
-    """Cost = prompt tokens the worker must prefill + pending_prefill_weight x the prefill
-    tokens already waiting there + request_cost_tokens per queued request.
+    """Cost = prompt tokens the worker must prefill + host_hit_cost x the prompt tokens it
+    reloads from host memory + pending_prefill_weight x the prefill tokens already waiting
+    there + request_cost_tokens per queued request.
 
     The last two terms are the load: a hot prefix's requests stay on the worker caching it
     until its queue costs more than prefilling the prefix elsewhere, then spill over (the
@@ -77,16 +92,19 @@ class CacheAware(Policy):
         # Plain loops, no per-candidate calls: the router runs this for every request over
         # every worker. Same result and random draws as `_min(_healthy(...), cost)`.
         o = self.options
+        pending_weight, per_request = o.pending_prefill_weight, o.request_cost_tokens
         best = float("inf")
         ties: list[str] = []
-        for worker_id, healthy, cached_tokens, queued, pending in candidates:
+        for worker_id, healthy, cached_tokens, queued, pending, host in candidates:
             if not healthy:
                 continue
             cost = (
-                max(prompt_tokens - cached_tokens, 0)
-                + o.pending_prefill_weight * pending
-                + o.request_cost_tokens * queued
+                max(prompt_tokens - cached_tokens - host, 0)
+                + pending_weight * pending
+                + per_request * queued
             )
+            if host:  # (a separate term: without host hits the sum is as it always was)
+                cost += o.host_hit_cost * host
             if cost < best:
                 best, ties = cost, [worker_id]
             elif cost == best:

@@ -158,7 +158,7 @@ class WorkerHandle:
         said (its Retry-After), so that requests are not sent to it only to be refused."""
         self.full_until = time.monotonic() + max(error.retry_after, 0.0)
 
-    def candidate(self, cached_tokens: int) -> Candidate:
+    def candidate(self, cached_tokens: int, host_cached_tokens: int = 0) -> Candidate:
         # The load report lags by up to a health interval and still counts requests that
         # ended since: without subtracting them, a chat's next turn saw its own finished
         # turn as queued work on the worker caching it, and went to a cold worker.
@@ -175,8 +175,11 @@ class WorkerHandle:
             or c.queued != queued
             or c.healthy != healthy
             or c.pending_prefill != pending
+            or c.host_cached_tokens != host_cached_tokens
         ):
-            c = Candidate(self.worker_id, healthy, cached_tokens, queued, pending)
+            c = Candidate(
+                self.worker_id, healthy, cached_tokens, queued, pending, host_cached_tokens
+            )
             self._candidate = c
         return c
 
@@ -320,14 +323,18 @@ class WorkerHandle:
 
     def apply(self, ev: worker_pb2.CacheEvent) -> None:
         s = self.summary
-        if ev.kind == worker_pb2.CACHE_EVENT_KIND_STORED:
+        kind = ev.kind
+        if kind == worker_pb2.CACHE_EVENT_KIND_STORED or kind == worker_pb2.CACHE_EVENT_KIND_LOADED:
             s.store(ev.block_hashes)
             self.on_grow()
-        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
+        elif kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
             s.remove(ev.block_hashes)
-        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_CLEARED:
+        elif kind == worker_pb2.CACHE_EVENT_KIND_OFFLOADED:
+            s.offload(ev.block_hashes)
+            self.on_grow()  # (only when the summary had forgotten some of the blocks)
+        elif kind == worker_pb2.CACHE_EVENT_KIND_CLEARED:
             s.clear()
-        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_PENDING:
+        elif kind == worker_pb2.CACHE_EVENT_KIND_PENDING:
             # Another replica (or this one) routed a request here: count its prefix as
             # on its way, as the replica that routed it does.
             s.add_tentative(ev.block_hashes, self.config.tentative_ttl)
@@ -340,7 +347,8 @@ class WorkerHandle:
             timeout=self.config.health_timeout * 5,
             metadata=self.metadata,
         )
-        self.summary.reset(snap.epoch, snap.sequence, snapshot_blocks(snap.events))
+        device, host = snapshot_tiers(snap.events)
+        self.summary.reset(snap.epoch, snap.sequence, device, host)
         self.on_grow()
         self.block_size = snap.block_size
         self.resyncs += 1
@@ -416,13 +424,27 @@ def worker_channel_credentials(c: RouterConfig) -> grpc.ChannelCredentials:
 
 
 def snapshot_blocks(events: Iterable[worker_pb2.CacheEvent]) -> set[int]:
-    """The block hashes a worker's cache snapshot (its events, in order) leaves present."""
-    present: set[int] = set()
+    """The block hashes a worker's cache snapshot (its events, in order) leaves on the device."""
+    return snapshot_tiers(events)[0]
+
+
+def snapshot_tiers(events: Iterable[worker_pb2.CacheEvent]) -> tuple[set[int], set[int]]:
+    """The block hashes a snapshot's events (in order) leave on the device, and those they
+    leave only in host memory (the worker's `replay_tiers`, over protobuf events)."""
+    device: set[int] = set()
+    host: set[int] = set()
     for ev in events:
-        if ev.kind == worker_pb2.CACHE_EVENT_KIND_STORED:
-            present.update(ev.block_hashes)
-        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
-            present.difference_update(ev.block_hashes)
-        elif ev.kind == worker_pb2.CACHE_EVENT_KIND_CLEARED:
-            present.clear()
-    return present
+        kind, hashes = ev.kind, ev.block_hashes
+        if kind == worker_pb2.CACHE_EVENT_KIND_STORED or kind == worker_pb2.CACHE_EVENT_KIND_LOADED:
+            device.update(hashes)
+            host.difference_update(hashes)
+        elif kind == worker_pb2.CACHE_EVENT_KIND_OFFLOADED:
+            device.difference_update(hashes)
+            host.update(hashes)
+        elif kind == worker_pb2.CACHE_EVENT_KIND_REMOVED:
+            device.difference_update(hashes)
+            host.difference_update(hashes)
+        elif kind == worker_pb2.CACHE_EVENT_KIND_CLEARED:
+            device.clear()
+            host.clear()
+    return device, host

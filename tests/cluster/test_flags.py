@@ -110,7 +110,7 @@ def test_router_flags_build_the_config_they_name() -> None:
     args = build_parser().parse_args(
         ["router", "--workers", "a:1,b:2", "--seed", "7", "--tentative-ttl", "2.5",
          "--strict-openai", "--http-port", "8000", "--max-attempts", "2",
-         "--policy", "round_robin", "--tool-call-parser", "hermes"]
+         "--policy", "round_robin", "--tool-call-parser", "hermes", "--host-hit-cost", "1"]
     )  # fmt: skip
     config = RouterConfig(workers=("a:1", "b:2"), **router_options(args, launch=False))
     assert config == RouterConfig(
@@ -122,6 +122,7 @@ def test_router_flags_build_the_config_they_name() -> None:
         max_attempts=2,
         policy="round_robin",
         tool_call_parser="hermes",
+        host_hit_cost=1.0,
     )
 
 

@@ -78,3 +78,25 @@ def test_a_program_stays_with_its_worker() -> None:
         }
 
     assert len(_with_control(test, policy="round_robin")) == 1
+
+
+def test_pick_weighs_host_memory_hits_and_counts_them() -> None:
+    def test(control: ControlPlane) -> list[Any]:
+        w0, w1 = control.pool.workers["worker-0"], control.pool.workers["worker-1"]
+        w0.summary.store(HASHES[:1])  # worker-0: one block on its device
+        w1.summary.store(HASHES)
+        w1.summary.offload(HASHES[1:])  # worker-1: one on the device, three in host memory
+        # Costs: worker-0 16 - 4 = 12; worker-1 16 - 4 - 12 + 0.2 x 12 = 2.4.
+        placed = control.pick(PROMPT, set())
+        metric = "radixmesh_router_host_cached_prompt_tokens_total"
+        first = [
+            placed.worker.worker_id,
+            placed.cached,
+            control.metrics.registry.get_sample_value(metric),
+        ]
+        # Excluded, worker-1's host hits are not counted for a prompt worker-0 takes.
+        other = control.pick(PROMPT, {"worker-1"})
+        return [*first, other.worker.worker_id, control.metrics.registry.get_sample_value(metric)]
+
+    # Placement.cached: its device and host tokens (16: none left to prefill there).
+    assert _with_control(test) == ["worker-1", 16, 12.0, "worker-0", 12.0]

@@ -7,9 +7,14 @@ from radixmesh.router.policy import POLICIES, Candidate, PolicyOptions, make_pol
 
 
 def _c(
-    wid: str, cached: int = 0, queued: int = 0, healthy: bool = True, pending: int = 0
+    wid: str,
+    cached: int = 0,
+    queued: int = 0,
+    healthy: bool = True,
+    pending: int = 0,
+    host: int = 0,
 ) -> Candidate:
-    return Candidate(wid, healthy, cached, queued, pending)
+    return Candidate(wid, healthy, cached, queued, pending, host)
 
 
 def test_registry_names() -> None:
@@ -52,6 +57,43 @@ def test_cache_aware_weighs_prefill_already_waiting() -> None:
     off = make_policy("cache_aware", seed=0, options=PolicyOptions(pending_prefill_weight=0))
     cands = [_c("w0", queued=1), _c("w1", cached=1024, queued=1, pending=4096)]
     assert off.choose(1024, cands) == "w1"
+
+
+def test_cache_aware_prefers_a_host_memory_hit_to_a_miss() -> None:
+    p = make_policy("cache_aware", seed=0)  # host_hit_cost 0.2
+    # w1 holds 1,024 of the 1,280 prompt tokens in host memory: 256 + 0.2 x 1024 = 460.8,
+    # against w0's miss: 1,280. Both run one request.
+    cands = [_c("w0", queued=1), _c("w1", queued=1, host=1024)]
+    assert p.choose(1280, cands) == "w1"
+    # A device hit still beats the same tokens in host memory (256 against 460.8).
+    assert p.choose(1280, [*cands, _c("w2", cached=1024, queued=1)]) == "w2"
+    # Host hits after device ones: 1280 - 512 - 512 + 0.2 x 512 = 358.4 < 460.8.
+    assert p.choose(1280, [*cands, _c("w3", cached=512, queued=1, host=512)]) == "w3"
+    # Load still counts: the host hit saves 1280 - 460.8 = 819.2 tokens, so w1 keeps winning
+    # with 4 more queued requests (256 tokens) and loses with 14 more (896).
+    assert p.choose(1280, [_c("w0", queued=1), _c("w1", queued=5, host=1024)]) == "w1"
+    assert p.choose(1280, [_c("w0", queued=1), _c("w1", queued=15, host=1024)]) == "w0"
+
+
+def test_host_hit_cost_one_is_tier_blind() -> None:
+    blind = make_policy("cache_aware", seed=2, options=PolicyOptions(host_hit_cost=1.0))
+    cands = [_c("w0", queued=1), _c("w1", queued=1, host=1024)]
+    # 1,280 each: a tie, broken at random as between two misses.
+    picks = [blind.choose(1280, cands) for _ in range(20)]
+    assert set(picks) == {"w0", "w1"}
+    misses = [_c("w0", queued=1), _c("w1", queued=1)]
+    again = make_policy("cache_aware", seed=2, options=PolicyOptions(host_hit_cost=1.0))
+    assert [again.choose(1280, misses) for _ in range(20)] == picks
+    # Cost 0: a host hit is as good as a device hit (both 256 + 64: a tie).
+    free = make_policy("cache_aware", seed=0, options=PolicyOptions(host_hit_cost=0.0))
+    both = [_c("w0", cached=1024, queued=1), _c("w1", queued=1, host=1024)]
+    assert {free.choose(1280, both) for _ in range(20)} == {"w0", "w1"}
+
+
+@pytest.mark.parametrize("cost", [-0.1, 1.5, float("nan")])
+def test_host_hit_cost_must_lie_in_zero_to_one(cost: float) -> None:
+    with pytest.raises(InvalidArgument, match=r"host_hit_cost: must be in \[0, 1\], got"):
+        PolicyOptions(host_hit_cost=cost)
 
 
 def test_cache_aware_skips_unhealthy_and_breaks_ties_at_random() -> None:
