@@ -8,10 +8,12 @@ registered policy) that also weighs the prefill tokens routed to a worker and no
 started. Then the routing decision latency at 64 workers holding 100k blocks each and
 the summaries' bytes per cached block (tracemalloc). Then cache_aware behind several
 router replicas (`--replicas`, `--sharing`: how they learn each other's placements), its
-hit rate against one router's, and worker-announced sharing by event delay.
+hit rate against one router's, and worker-announced sharing by event delay. Then workers
+with a host-memory KV tier: cache_aware weighing host hits (tier-aware) against counting
+them as misses (tier-blind), device and host hit rates.
 
 Run: `.venv/bin/python -m bench.router_sim` (a few minutes); `--quick` for a small run;
-`--section` with one or more of sim, latency, memory, replicas for those parts only
+`--section` with one or more of sim, latency, memory, replicas, tiers for those parts only
 (written to `router_sim-<parts>-<machine>.json`, leaving a full run's file alone).
 """
 
@@ -22,7 +24,7 @@ import random
 import time
 import tracemalloc
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from bench import record
@@ -31,6 +33,7 @@ from bench.sim import (
     ORACLE,
     SHARING,
     TRACES,
+    CostModel,
     Observation,
     Request,
     SimConfig,
@@ -272,6 +275,113 @@ def _replica_run(name: str, trace: list[Request], policy: str, config: SimConfig
     }
 
 
+# The host-tier comparison's trace: grouped, 12 groups of 2,048-token prefixes per worker.
+# cache_aware places about 12 prefixes on each worker: 24,576 tokens (plus the questions)
+# against a 16,384-token KV cache, which a 32,768-token host tier holds with room to spare.
+TIER_GROUPS_PER_WORKER = 12
+TIER_HOST_TOKENS = 32768
+
+
+def tier_rows(
+    workers: int = 8,
+    rates: Sequence[float] = (10.0, 20.0, 30.0, 40.0),
+    host_tokens: int = TIER_HOST_TOKENS,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Workers with a host-memory tier of `host_tokens`, per arrival rate (requests a second
+    per worker): cache_aware tier-aware (the default `host_hit_cost`) and tier-blind
+    (`host_hit_cost` 1.0: a host hit counts as a miss), against no host tier and the oracle
+    (tier-aware on the true caches). Device hits, host hits and misses as shares of the
+    prompt tokens."""
+    rows = []
+    for rate in rates:
+        trace = grouped_trace(
+            workers, seed, groups_per_worker=TIER_GROUPS_PER_WORKER, rate_per_worker=rate
+        )
+        ideal = ideal_miss_rate(trace)
+        base = SimConfig(workers=workers, seed=seed)
+        tiered = replace(base, host_capacity_tokens=host_tokens)
+        runs = [
+            ("no host tier", "cache_aware", base),
+            ("tier-blind", "cache_aware", replace(tiered, host_hit_cost=1.0)),
+            ("tier-aware", "cache_aware", tiered),
+            ("oracle", ORACLE, tiered),
+        ]
+        for router, policy, config in runs:
+            figures = simulate(trace, policy, config)
+            hits = figures["hit_rate"] + figures["host_hit_rate"]
+            rows.append(
+                {
+                    "rate_per_worker": rate,
+                    "router": router,
+                    "host_capacity_tokens": config.host_capacity_tokens,
+                    "host_hit_cost": config.host_hit_cost,
+                    **figures,
+                    "miss_rate": 1.0 - hits,
+                    "ideal_miss_rate": ideal,
+                }
+            )
+            _print_tier_row(rows[-1])
+    return rows
+
+
+def host_hit_cost_sweep(
+    workers: int = 8,
+    rates: Sequence[float] = (20.0, 30.0),
+    costs: Sequence[float] = (0.0, 0.1, 0.2, 0.5, 0.8, 1.0),
+    host_tokens: int = TIER_HOST_TOKENS,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """cache_aware over the host-tier comparison's trace, by `host_hit_cost`."""
+    rows = []
+    for rate in rates:
+        trace = grouped_trace(
+            workers, seed, groups_per_worker=TIER_GROUPS_PER_WORKER, rate_per_worker=rate
+        )
+        config = SimConfig(workers=workers, seed=seed, host_capacity_tokens=host_tokens)
+        for cost in costs:
+            figures = simulate(trace, "cache_aware", replace(config, host_hit_cost=cost))
+            hits = figures["hit_rate"] + figures["host_hit_rate"]
+            rows.append(
+                {
+                    "rate_per_worker": rate,
+                    "router": f"cost {cost:g}",
+                    "host_hit_cost": cost,
+                    **figures,
+                    "miss_rate": 1.0 - hits,
+                    "ideal_miss_rate": ideal_miss_rate(trace),
+                }
+            )
+            _print_tier_row(rows[-1])
+    return rows
+
+
+def ideal_miss_rate(trace: list[Request], block_size: int = SimConfig.block_size) -> float:
+    """The share of prompt tokens that miss in one cache of unbounded size: what no router
+    can avoid (each prefix's first request, every request's own tokens)."""
+    seen: set[int] = set()
+    hit = 0
+    for req in sorted(trace, key=lambda r: r.arrival):
+        n = 0
+        for h in req.prompt_hashes:
+            if h not in seen:
+                break
+            n += 1
+        hit += n * block_size
+        seen.update(req.full_hashes)
+    return 1.0 - hit / sum(r.prompt_len for r in trace)
+
+
+def _print_tier_row(r: dict[str, Any]) -> None:
+    print(
+        f"{r['rate_per_worker']:>5g} {r['router']:<13} {r['hit_rate']:>7.1%}"
+        f" {r['host_hit_rate']:>7.1%} {r['miss_rate']:>7.1%} {r['throughput_rps']:>7.1f}"
+        f" {r['ttft_p50_s'] * 1e3:>8.0f} {r['ttft_p99_s'] * 1e3:>8.0f}"
+        f" {r['ideal_miss_rate']:>7.1%}",
+        flush=True,
+    )
+
+
 def _print_replica_row(r: dict[str, Any]) -> None:
     print(
         f"{r['trace']:<10} {r['workers']:>3} {r['event_delay_ms']:>4g} {r['policy']:<12}"
@@ -328,7 +438,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--section",
         nargs="+",
-        choices=["all", "sim", "latency", "memory", "replicas"],
+        choices=["all", "sim", "latency", "memory", "replicas", "tiers"],
         default=["all"],
         help="parts to run; other than all, the JSON is router_sim-<parts>-<machine>.json",
     )
@@ -356,6 +466,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="replicas: event delays (ms) for worker-announced at --delay-workers, grouped",
     )
     p.add_argument("--delay-workers", type=int, default=64)
+    p.add_argument(
+        "--tier-rates",
+        type=_floats,
+        default=[10.0, 20.0, 30.0, 40.0],
+        help="tiers: arrival rates (requests a second per worker), e.g. 10,20",
+    )
     p.add_argument("--quick", action="store_true", help="8 workers only, fewer decisions")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only; write no JSON")
@@ -432,11 +548,44 @@ def replicas_section(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def tiers_section(args: argparse.Namespace) -> dict[str, Any]:
+    workers = 8
+    print(
+        f"host-memory tiers, {workers} workers ({SimConfig.capacity_tokens}-token KV cache + "
+        f"{TIER_HOST_TOKENS}-token host tier each), grouped trace, "
+        f"{TIER_GROUPS_PER_WORKER} groups per worker:"
+    )
+    print(
+        f"{'req/s':>5} {'router':<13} {'device':>7} {'host':>7} {'miss':>7} {'req/s':>7}"
+        f" {'ttft p50':>8} {'ttft p99':>8} {'ideal':>7}"
+        "   (in per worker; shares of prompt tokens; ms; the ideal miss rate)"
+    )
+    rates = [20.0] if args.quick else args.tier_rates
+    rows = tier_rows(workers, rates, seed=args.seed)
+    out: dict[str, Any] = {
+        "tiers": {
+            "workers": workers,
+            "trace": f"grouped, {TIER_GROUPS_PER_WORKER}W groups x 24 requests, 2048-token "
+            "prefix + 64 own, 16 out, Poisson per worker at each rate, Zipf(0.6) groups",
+            "capacity_tokens": SimConfig.capacity_tokens,
+            "host_capacity_tokens": TIER_HOST_TOKENS,
+            "reload_token_s": CostModel.reload_token_s,
+            "prefill_token_s": CostModel.prefill_token_s,
+            "rows": rows,
+        }
+    }
+    if not args.quick:
+        print("tier-aware cache_aware by host_hit_cost:")
+        out["tiers_by_host_hit_cost"] = host_hit_cost_sweep(workers, seed=args.seed)
+    return out
+
+
 SECTIONS = {
     "sim": sim_section,
     "latency": latency_section,
     "memory": memory_section,
     "replicas": replicas_section,
+    "tiers": tiers_section,
 }
 TRACE_NOTES = {
     "grouped": "4W groups x 24 requests, 2048-token prefix + 64 own, 16 out, "

@@ -23,6 +23,11 @@ what is modelled:
   evicts; the router applies them `event_delay_s` later. A request that waits in a
   worker's queue is therefore known only to the router that placed it (its tentative
   entry) until the step that prefills it starts.
+- MODELLED: a host-memory tier per worker (`SimConfig.host_capacity_tokens`, off by
+  default; `HostTier`): the blocks the KV cache evicts go there ("offloaded" events) and
+  leave it LRU ("removed"); a prompt's blocks found there right after its device hits are
+  reloaded ("loaded") at `CostModel.reload_token_s` a token instead of prefilled. The
+  router matches tiered summaries and weighs host hits at `SimConfig.host_hit_cost`.
 - MODELLED: several router replicas (`SimConfig.replicas`), the requests spread over them
   round robin. Each has its own `SummaryIndex` (all apply every worker's events, each
   `event_delay_s` after it was published), its own tentative entries and its own load view
@@ -66,7 +71,7 @@ from bench.sim.traces import (
     noshare_trace,
     random_tokens,
 )
-from bench.sim.worker import BlockCache, Outcome, Running, SimWorker
+from bench.sim.worker import BlockCache, HostTier, Outcome, Running, SimWorker
 
 __all__ = [
     "ABLATIONS",
@@ -76,6 +81,7 @@ __all__ = [
     "VOCAB",
     "BlockCache",
     "CostModel",
+    "HostTier",
     "Observation",
     "Outcome",
     "Request",

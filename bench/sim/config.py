@@ -21,11 +21,15 @@ SHARING = ("local", "worker-announced", "owner")
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds per forward step: step_s + prefill_token_s * new tokens + decode_seq_s * B."""
+    """Seconds per forward step: step_s + prefill_token_s * new tokens + decode_seq_s * B
+    + reload_token_s * tokens reloaded from host memory."""
 
     step_s: float = 0.010
     prefill_token_s: float = 50e-6  # ~20k prefill tokens/s: an 8B model on one GPU
     decode_seq_s: float = 0.15e-3
+    # A prompt token reloaded from the worker's host-memory tier: an 8B model's ~128 KiB of
+    # KV a token over PCIe at ~25 GB/s (a tenth of prefilling it).
+    reload_token_s: float = 5e-6
     max_batch: int = 64  # running requests per worker
     max_prefill_tokens: int = 8192  # new prompt tokens per step (at least one request)
 
@@ -34,11 +38,14 @@ class CostModel:
 class SimConfig:
     workers: int
     capacity_tokens: int = 16384  # each worker's KV cache
+    # Each worker's host-memory tier (blocks evicted from the KV cache, LRU; 0: none).
+    host_capacity_tokens: int = 0
     block_size: int = 16  # the event block size (router and worker hash the same blocks)
     cost: CostModel = field(default_factory=CostModel)
     event_delay_s: float = 0.005  # a cache event's trip from worker to router
     tentative_ttl: float = 5.0  # RouterConfig's default
     request_cost_tokens: int = 64  # RouterConfig's default
+    host_hit_cost: float = 0.2  # RouterConfig's default (1.0: the policy is tier-blind)
     summary_budget_bytes: int = 256 * 1024 * 1024
     seed: int = 0
     # Router replicas in front of the same workers; clients spread requests over them
@@ -55,10 +62,18 @@ class SimConfig:
             raise ValueError(f"sharing must be one of {SHARING}, got {self.sharing!r}")
         if self.health_interval_s <= 0:
             raise ValueError(f"health_interval_s must be > 0, got {self.health_interval_s}")
+        if self.host_capacity_tokens < 0:
+            raise ValueError(f"host_capacity_tokens must be >= 0, got {self.host_capacity_tokens}")
+        if not 0 <= self.host_hit_cost <= 1:
+            raise ValueError(f"host_hit_cost must be in [0, 1], got {self.host_hit_cost}")
 
     @property
     def capacity_blocks(self) -> int:
         return self.capacity_tokens // self.block_size
+
+    @property
+    def host_capacity_blocks(self) -> int:
+        return self.host_capacity_tokens // self.block_size
 
 
 @dataclass

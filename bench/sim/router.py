@@ -62,7 +62,11 @@ class SimRouter:
         self.blocks_bound = 0
         if policy != ORACLE:
             overrides = ABLATIONS.get(policy, {})
-            options = PolicyOptions(request_cost_tokens=config.request_cost_tokens, **overrides)
+            options = PolicyOptions(
+                request_cost_tokens=config.request_cost_tokens,
+                host_hit_cost=config.host_hit_cost,
+                **overrides,
+            )
             name = "cache_aware" if policy in ABLATIONS else policy
             cls = POLICIES.get(name)
             if cls is None:
@@ -74,14 +78,25 @@ class SimRouter:
         if self.policy is None:
             chosen = self._oracle(req)
         else:
-            matched = self.index.match(req.prompt_hashes)
             bs = self.config.block_size
             candidates = list(self.idle)
-            for wid, n in matched.items():
-                if n:
-                    i = self.position[wid]
-                    candidates[i] = candidates[i]._replace(cached_tokens=n * bs)
+            if self.config.host_capacity_tokens:  # workers with a host tier: tiered matches
+                tiers = self.index.match_tiers(req.prompt_hashes)
+                for wid, (n, host) in tiers.items():
+                    if n or host:
+                        i = self.position[wid]
+                        candidates[i] = candidates[i]._replace(
+                            cached_tokens=n * bs, host_cached_tokens=host * bs
+                        )
+                matched = {wid: n + host for wid, (n, host) in tiers.items()}
+            else:
+                matched = self.index.match(req.prompt_hashes)
+                for wid, n in matched.items():
+                    if n:
+                        i = self.position[wid]
+                        candidates[i] = candidates[i]._replace(cached_tokens=n * bs)
             chosen = self.by_id[self.policy.choose(req.prompt_len, candidates)]
+            # As `Placement.cached`: the tokens reloaded from host memory are not prefilled.
             estimate = max(req.prompt_len - matched[chosen.wid] * bs, 0)
             self.estimates[req.rid] = estimate
             self.pending[chosen.index] += estimate
@@ -113,19 +128,24 @@ class SimRouter:
         self.idle[i] = Candidate(self.workers[i].wid, True, 0, queued, self.pending[i])
 
     def _oracle(self, req: Request) -> SimWorker:
-        """cache_aware's cost from the truth: true caches (+ queued prompts), exact queues."""
+        """cache_aware's cost from the truth: true caches (+ queued prompts; the host tiers,
+        at `host_hit_cost`), exact queues."""
         per_request, bs = self.config.request_cost_tokens, self.config.block_size
-        costs = [
-            max(req.prompt_len - w.will_cache(req.prompt_hashes) * bs, 0) + per_request * w.queued
-            for w in self.workers
-        ]
+        costs = []
+        for w in self.workers:
+            cached = w.will_cache(req.prompt_hashes)
+            host = w.will_reload(req.prompt_hashes, cached) * bs
+            cost = max(req.prompt_len - cached * bs - host, 0) + per_request * w.queued
+            costs.append(cost + self.config.host_hit_cost * host if host else cost)
         best = min(costs)
         return self.rng.choice([w for w, c in zip(self.workers, costs, strict=True) if c == best])
 
     def apply(self, wid: str, kind: str, hashes: list[int]) -> None:
         summary = self.index[wid]
-        if kind == "stored":
+        if kind == "stored" or kind == "loaded":
             summary.store(hashes)
+        elif kind == "offloaded":
+            summary.offload(hashes)
         elif kind == "pending":
             # The worker has the request: its prompt will be cached there (as a tentative
             # entry, it lapses unless a stored event confirms it).

@@ -175,6 +175,7 @@ def _figures(
 ) -> dict[str, Any]:
     prompt = sum(r.prompt_len for r in trace)
     cached = sum(o.cached_tokens for o in outcomes)
+    host_cached = sum(o.host_cached_tokens for o in outcomes)
     ttft = [o.first_token - o.arrival for o in outcomes]
     makespan = max(o.finish for o in outcomes) - min(o.arrival for o in outcomes)
     per_worker = [0] * config.workers
@@ -182,7 +183,8 @@ def _figures(
         per_worker[o.worker] += 1
     return {
         "requests": len(trace),
-        "hit_rate": cached / prompt,
+        "hit_rate": cached / prompt,  # on the device
+        "host_hit_rate": host_cached / prompt,  # reloaded from host memory
         "throughput_rps": len(trace) / makespan,
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p99_s": percentile(ttft, 99),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -195,3 +196,106 @@ def test_replica_rows_compare_with_one_router() -> None:
     assert rows[1]["hit_rate_vs_one"] == rows[1]["hit_rate"] / rows[0]["hit_rate"]
     assert all(r["requests"] == 192 and 0 < r["route_p50_us"] <= r["route_p99_us"] for r in rows)
     assert len(rows[1]["route_p99_us_by_replica"]) == 2
+
+
+# ---- host-memory tiers ------------------------------------------------------------------
+
+
+def _serve(w: sim.SimWorker, req: sim.Request, outcomes: list[sim.Outcome]) -> list:
+    """Run one request to its end on an idle worker; the events it published."""
+    events: list[tuple[str, list[int]]] = []
+    w.enqueue(req)
+    w.start_step(outcomes, events)
+    while w.running or w.prefilling:
+        w.end_step(0.0, outcomes, events)
+    return events
+
+
+def test_host_tier_keeps_evicted_blocks_reloads_them_and_drops_lru() -> None:
+    # A 4-block KV cache over a 2-block host tier; 3-block prompts, one output token.
+    config = sim.SimConfig(workers=1, capacity_tokens=64, host_capacity_tokens=32)
+    w = sim.SimWorker(0, config)
+    reqs = [_request(rid, 0.0, _prefix(g, 48), output_len=1) for rid, g in enumerate([0, 1, 0, 2])]
+    a, b, c = reqs[0].prompt_hashes, reqs[1].prompt_hashes, reqs[3].prompt_hashes
+    outcomes = [sim.Outcome() for _ in reqs]
+    assert _serve(w, reqs[0], outcomes) == [("stored", a)]
+    # b needs 2 of a's blocks: its leaf first, to host memory.
+    assert _serve(w, reqs[1], outcomes) == [("offloaded", [a[2], a[1]]), ("stored", b)]
+    assert list(w.host.blocks) == [a[2], a[1]]
+    # a again: block 0 on the device, blocks 1-2 reloaded (b's two deepest go to host).
+    events: list[tuple[str, list[int]]] = []
+    w.enqueue(reqs[2])
+    duration = w.start_step(outcomes, events)
+    assert events == [("offloaded", [b[2], b[1]]), ("loaded", [a[1], a[2]])]
+    assert (outcomes[2].cached_tokens, outcomes[2].host_cached_tokens) == (16, 32)
+    cost = config.cost
+    assert duration == cost.step_s + cost.reload_token_s * 32  # nothing prefilled
+    w.end_step(0.0, outcomes, events)
+    # c evicts b's root and a's two deepest blocks; the host tier keeps the newest two.
+    assert _serve(w, reqs[3], outcomes) == [
+        ("offloaded", [b[0], a[2], a[1]]),
+        ("removed", [b[2], b[1], b[0]]),
+        ("stored", c),
+    ]
+    assert list(w.host.blocks) == [a[2], a[1]] and w.will_reload(a, 1) == 2
+
+
+def test_without_a_host_tier_evicted_blocks_are_removed() -> None:
+    w = sim.SimWorker(0, sim.SimConfig(workers=1, capacity_tokens=64))
+    reqs = [_request(rid, 0.0, _prefix(g, 48), output_len=1) for rid, g in enumerate([0, 1, 0])]
+    a, b = reqs[0].prompt_hashes, reqs[1].prompt_hashes
+    outcomes = [sim.Outcome() for _ in reqs]
+    _serve(w, reqs[0], outcomes)
+    assert _serve(w, reqs[1], outcomes) == [("removed", [a[2], a[1]]), ("stored", b)]
+    assert _serve(w, reqs[2], outcomes) == [("removed", [b[2], b[1]]), ("stored", a[1:])]
+    assert (outcomes[2].cached_tokens, outcomes[2].host_cached_tokens) == (16, 0)
+
+
+def test_the_simulated_router_keeps_tiered_summaries() -> None:
+    config = sim.SimConfig(workers=2, host_capacity_tokens=1024)
+    workers = [sim.SimWorker(i, config) for i in range(2)]
+    router = sim.SimRouter("cache_aware", workers, config, sim.SimClock(), random.Random(0))
+    req = _request(0, 0.0, _prefix(0, 64))
+    h = req.prompt_hashes
+    router.apply("worker-1", "stored", h)
+    router.apply("worker-1", "offloaded", h[1:])
+    router.apply("worker-0", "stored", h[:1])
+    assert router.index.match_tiers(h) == {"worker-0": (1, 0), "worker-1": (1, 3)}
+    # worker-1's host hits: 64 - 16 - 48 + 0.2 x 48 = 9.6 against worker-0's 48.
+    assert router.route(req) is workers[1]
+    assert router.pending == [0, 0]  # nothing for worker-1 to prefill: reloads only
+    # The prompt counts as tentatively on worker-1's device now: 4 device blocks.
+    assert router.index.match_tiers(h)["worker-1"] == (4, 0)
+    router.apply("worker-1", "loaded", h[1:2])
+    router.apply("worker-1", "removed", h[3:])
+    s = router.index["worker-1"]
+    assert (s.num_confirmed, s.num_host) == (2, 1)  # blocks 0-1 confirmed; block 2 in host
+
+
+def test_tier_aware_routing_against_tier_blind() -> None:
+    rows = router_sim.tier_rows(workers=4, rates=[20.0], seed=0)
+    trace = sim.grouped_trace(4, 0, groups_per_worker=router_sim.TIER_GROUPS_PER_WORKER)
+    prompt = sum(r.prompt_len for r in trace)
+    assert (len(trace), prompt) == (1152, 2433024)
+
+    def tokens(r: dict) -> tuple[int, int]:  # (device hits, host hits) in prompt tokens
+        return round(r["hit_rate"] * prompt), round(r["host_hit_rate"] * prompt)
+
+    got = {r["router"]: (r["host_capacity_tokens"], r["host_hit_cost"], *tokens(r)) for r in rows}
+    assert got == {
+        "no host tier": (0, 0.2, 1373856, 0),
+        "tier-blind": (32768, 1.0, 1651856, 228992),
+        "tier-aware": (32768, 0.2, 1652736, 604160),
+        "oracle": (32768, 0.2, 1708048, 552944),
+    }
+    # What no router avoids: 1,152 questions of 64 tokens and 48 first 2,048-token prefixes.
+    assert {round(r["ideal_miss_rate"] * prompt) for r in rows} == {1152 * 64 + 48 * 2048}
+    aware, blind = rows[2], rows[1]
+    assert aware["miss_rate"] < blind["miss_rate"] / 2
+
+
+def test_host_tier_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="host_capacity_tokens"):
+        sim.SimConfig(workers=1, host_capacity_tokens=-16)
+    with pytest.raises(ValueError, match="host_hit_cost"):
+        sim.SimConfig(workers=1, host_hit_cost=2.0)
