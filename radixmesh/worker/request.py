@@ -87,6 +87,7 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the radix cache (first admission)
     num_host_cached_tokens: int = 0  # of those, the ones reloaded from host memory
+    reloaded_tokens: int = 0  # prompt tokens its admission copied back from host memory
     row: int | None = None  # row in the req->token table while running
     last_node: TreeNode | None = None  # the radix node locked for its shared prefix
     num_shared_tokens: int = 0  # leading tokens whose slots belong to the tree (locked)

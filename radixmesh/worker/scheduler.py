@@ -15,7 +15,9 @@ the uncached suffix is computed.
 
 Host memory (a `HostTier` under the radix cache): a prompt whose cached prefix continues
 in host memory gets it copied back at admission, when the device has room for it and the
-request, instead of computing it again (`_reload`).
+request, instead of computing it again (`_reload`). On CUDA the copy runs beside the
+forwards, and the request (with any other whose prefix runs into it) waits in the queue
+until it is done: steps go on meanwhile, none waits for it.
 
 Memory: admission reserves room for each request's future tokens
 (`new_token_ratio` x its remaining max_new_tokens); when a step still cannot get slots,
@@ -180,6 +182,10 @@ class Scheduler:
         budget -= sum(item.num_new_tokens for item in items)
         if budget > 0:
             self._admit(budget, items, slots)
+            if not items and self.cache.tier is not None and self.cache.poll_loads():
+                # Nothing runs but prompts waiting for their reloads: wait for those.
+                self.cache.poll_loads(wait=True)
+                self._admit(budget, items, slots)
         if not items:
             return None
         host = slots[0] if len(slots) == 1 else torch.cat(slots)
@@ -242,6 +248,8 @@ class Scheduler:
         are prefix-matched and then passed over per step; past that the step stops looking
         down the queue, so a step's admission time is bounded whatever waits.
         """
+        if self.cache.tier is not None:
+            self.cache.poll_loads()
         full = len(self.running) >= self.config.running_cap
         if not self.waiting or full or self.req_table.num_free_rows == 0:
             return  # nothing can be admitted: don't pay for the policy's prefix matching
@@ -259,9 +267,10 @@ class Scheduler:
             if step is not None and step.defers_without_match(req):
                 continue  # next step it hits the prefix this step computes
             match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
-            device_hit = len(match.slots)
             if match.host_nodes:
                 match = self._reload(req, match, reserved)
+            if match.pending:
+                continue  # its prefix is on its way back from host memory
             if len(match.slots) % self._align:  # deterministic mode: an aligned prefix
                 aligned = len(match.slots) - len(match.slots) % self._align
                 match = self.cache.match_prefix(req.token_ids[:aligned], count_stats=False)
@@ -286,7 +295,7 @@ class Scheduler:
                 self.cache.dec_lock_ref(match.last_node)
                 self.req_table.free_row(row)
                 break
-            self._start(req, row, match.slots, match.last_node, device_hit)
+            self._start(req, row, match.slots, match.last_node)
             new = self.slots.record(req, row, prefix, host)
             self.running.append(req)
             admitted.add(req)
@@ -334,18 +343,12 @@ class Scheduler:
         need = self._future_need(req, len(match.slots) + host) + host
         if need > self._available() - reserved:
             return match
-        return self.cache.load_host(match)
+        loaded = self.cache.load_host(match)
+        if loaded is not match:
+            req.reloaded_tokens += host
+        return loaded
 
-    def _start(
-        self,
-        req: Request,
-        row: int,
-        prefix_slots: torch.Tensor,
-        node: TreeNode,
-        device_hit: int | None = None,
-    ) -> None:
-        """`device_hit`: how much of the prefix was on the device before a reload (None:
-        all of it)."""
+    def _start(self, req: Request, row: int, prefix_slots: torch.Tensor, node: TreeNode) -> None:
         req.row = row
         req.last_node = node
         req.num_shared_tokens = len(prefix_slots)
@@ -360,9 +363,8 @@ class Scheduler:
             # prompt's part is a prompt cache hit.
             hit = min(len(prefix_slots), req.num_prompt_tokens)
             req.num_cached_tokens = hit
-            if device_hit is not None and device_hit < hit:
-                req.num_host_cached_tokens = hit - device_hit
-                self._host_hit_tokens += hit - device_hit
+            req.num_host_cached_tokens = min(req.reloaded_tokens, hit)
+            self._host_hit_tokens += req.num_host_cached_tokens
             self._prompt_tokens += req.num_prompt_tokens
             self._cache_hit_tokens += hit
 

@@ -49,7 +49,7 @@ def copy_kv(
         raise ValueError(f"host_slots: {host_slots.numel()} slots for {n} device slots")
     if n == 0:
         return
-    if pool.device.type == "cuda" and host.data.is_pinned():
+    if pool.device.type == "cuda" and host.pinned:
         _copy_cuda(pool, host, device_slots, host_slots, to_host)
     else:
         _copy_torch(pool, host, device_slots, host_slots, to_host)

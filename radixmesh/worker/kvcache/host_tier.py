@@ -4,10 +4,17 @@ The radix tree decides what lives where (radix_cache.py: a node's KV is on the d
 in host memory, or both); this holds the host side of it: the host pool
 (host_pool.py), its slot allocator (a `KVAllocator` over host slots, the device pool's
 page size, slot 0 reserved) and the copies (host_copy.py), with counters of what they
-moved. On CUDA every copy is ordered on the current stream, between the forwards: a
-node's device slots are copied out before the forward that reuses them writes there,
-and a reload lands before the forward that reads it, with no host thread waiting.
-The copy's GPU time is measured with CUDA events, read back once they are done.
+moved.
+
+On CUDA, copies out of the device run on the current stream, between the forwards: a
+node's device slots are copied out before the forward that reuses them writes there.
+Reloads run on a stream of their own, after what the current stream has queued (the
+slots they fill may have been freed by it), beside the forwards that follow: `load`
+returns an event, and nothing reads the slots before it is done (the tree keeps the
+nodes locked and out of matches until then, radix_cache.py). A reload of a long
+history takes milliseconds over PCIe; on the forwards' stream every decode step queued
+behind it would wait that long. The copies' GPU time is measured with CUDA events, read
+back once they are done. On the CPU every copy is done when the call returns.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixmesh.worker.forward_batch import to_device
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.host_copy import copy_kv
 from radixmesh.worker.kvcache.host_pool import HostKVPool
@@ -54,6 +62,7 @@ class HostTier:
         self.allocator = KVAllocator(num_slots, page_size)
         self.bytes_per_token = HostKVPool.bytes_per_slot(pool)
         self._timed = pool.device.type == "cuda"
+        self.stream = torch.cuda.Stream(pool.device) if self._timed else None
         self._pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int, bool]] = deque()
         self._tokens = [0, 0]  # written, loaded
         self._seconds = [0.0, 0.0]
@@ -76,9 +85,30 @@ class HostTier:
         """Copy the KV of device slots into host slots (stream-ordered on CUDA)."""
         self._copy(device_slots, host_slots, to_host=True)
 
-    def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
-        """Copy the KV of host slots into device slots (stream-ordered on CUDA)."""
-        self._copy(device_slots, host_slots, to_host=False)
+    def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> torch.cuda.Event | None:
+        """Copy the KV of host slots into device slots: on CUDA on the reload stream,
+        returning the event that marks it done (None: done already, on the CPU)."""
+        if self.stream is None:
+            self._copy(device_slots, host_slots, to_host=False)
+            return None
+        dev = to_device(device_slots, self.pool.device)
+        hs = to_device(host_slots, self.pool.device)
+        self.stream.wait_stream(torch.cuda.current_stream(self.pool.device))
+        with torch.cuda.stream(self.stream):
+            self._copy(dev, hs, to_host=False)
+            done = torch.cuda.Event()
+            done.record()
+        dev.record_stream(self.stream)  # made on the current stream, read on this one
+        hs.record_stream(self.stream)
+        return done
+
+    def finished(self, done: torch.cuda.Event, wait: bool = False) -> bool:
+        """Whether a reload `load` returned is done (waiting for it with `wait`); once it
+        is, the current stream is ordered after it, so the forwards see its writes."""
+        if not wait and not done.query():
+            return False
+        torch.cuda.current_stream(self.pool.device).wait_event(done)
+        return True
 
     def _copy(self, device_slots: torch.Tensor, host_slots: torch.Tensor, to_host: bool) -> None:
         i = 0 if to_host else 1

@@ -22,17 +22,12 @@ Cache events (see `events.py`): with listeners attached, node creation and evict
 the chained block hashes (`radixmesh.prefix.block_hashes`, block `event_block_size`) of
 the blocks that end inside the node (node_hashes.py computes and caches them).
 
-Host-memory tier (`host_tier`, host_tier.py): a node's KV is on the device (`value`), in
-host memory (`host_value`), or both. Device eviction copies an LRU leaf's KV to host
-slots (unless it has a host copy already) and frees its device slots; the node stays in
-the tree, host-only ("offloaded"). Device-resident nodes always form a root-connected
-subtree, host-only ones hang below it. `match_prefix` reports the host-only nodes that
-continue a match (`MatchResult.host_nodes`), and `load_host` brings them back to new
-device slots ("loaded"). An insert over host-only nodes adopts the caller's slots for
-them. When the host pool is full, its least recently used nodes go: a node also on the
-device just drops its host copy, a host-only leaf leaves the tree ("removed"). Where no
-host room can be made, a device eviction removes the node (and its host-only subtree)
-as without a tier. Locks are device notions: a host-only node is never locked.
+Host-memory tier (`host_tier`; host_tree.py does the moving): a node's KV is on the
+device (`value`), in host memory (`host_value`), or both. Device eviction offloads an LRU
+leaf to host slots and keeps it host-only; device nodes stay a root-connected subtree
+with host-only ones below. A match reports the host-only nodes that continue it
+(`MatchResult.host_nodes`) and `load_host` brings them back; an insert over them adopts
+the caller's slots; the host pool evicts its own LRU nodes. Locks are device notions.
 
 Not thread-safe: the scheduler thread is the only caller.
 """
@@ -41,12 +36,13 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from radixmesh.worker.kvcache import host_tree
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.events import (
     CacheEvent,
@@ -56,26 +52,7 @@ from radixmesh.worker.kvcache.events import (
 )
 from radixmesh.worker.kvcache.host_tier import HostTier
 from radixmesh.worker.kvcache.node_hashes import node_event, split_hashes
-from radixmesh.worker.kvcache.tree_node import ChildKey, MatchResult, TreeNode
-
-
-@dataclass(frozen=True)
-class RadixCacheStats:
-    total_size: int
-    evictable_size: int
-    protected_size: int
-    num_nodes: int
-    queried_tokens_total: int
-    matched_tokens_total: int
-    evicted_tokens_total: int
-    host_size: int = 0  # tokens with a copy in host memory (host-only or both)
-    host_only_size: int = 0  # tokens in host memory only
-    offloaded_tokens_total: int = 0  # device evictions kept in host memory
-    loaded_tokens_total: int = 0  # host-only tokens brought back (loads and adoptions)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.matched_tokens_total / max(1, self.queried_tokens_total)
+from radixmesh.worker.kvcache.tree_node import ChildKey, MatchResult, RadixCacheStats, TreeNode
 
 
 class RadixCache:
@@ -108,6 +85,8 @@ class RadixCache:
         self._queried = self._matched = self._evicted = 0
         self._offloaded = self._loaded = 0
         self._deferred: list[torch.Tensor] | None = None  # see batched_frees
+        # Reloads still copying (CUDA): the event that ends each, and its nodes.
+        self._loads: deque[tuple[torch.cuda.Event, list[TreeNode]]] = deque()
         self.root = TreeNode([], self._empty, None, 0, self._new_id())
         self.root.lock_ref = 1  # the root is never evicted
         self.root.hashes = []
@@ -199,48 +178,26 @@ class RadixCache:
         tokens = _as_tokens(key)
         limit = len(tokens) - len(tokens) % self.page_size
         node, matched, values = self._walk(tokens, limit)
+        if self._loads:
+            cut = host_tree.pending_cut(self, node)
+            if cut is not None:  # the path runs into a reload still copying
+                slots = _cat(values, self._empty)[: cut.end]
+                return MatchResult(slots, cut, pending=True)
         if count_stats:
             self._queried += len(tokens)
             self._matched += matched
         host: tuple[TreeNode, ...] = ()
         if self._host_only and node.device_children < len(node.children):
-            host = self._walk_host(tokens, limit, node, matched)
+            host = host_tree.walk_host(self, tokens, limit, node, matched)
         return MatchResult(_cat(values, self._empty), node, host)
 
     def load_host(self, match: MatchResult) -> MatchResult:
-        """Bring a match's host-only nodes to the device; the match extended over them.
+        """Bring a match's host-only nodes back to the device (host_tree.load_host)."""
+        return host_tree.load_host(self, match)
 
-        Takes device slots (evicting, which may offload other nodes) and copies the KV
-        into them (stream-ordered: the next forward reads it there). Returns `match`
-        unchanged when there are no host nodes or no device room for them. The caller
-        locks the returned `last_node` before anything else can evict.
-        """
-        nodes = match.host_nodes
-        if not nodes or self.tier is None:
-            return match
-        if any(n.value is not None or n.host_value is None for n in nodes):
-            raise RuntimeError("load_host: the match's host nodes changed since the match")
-        n = sum(len(nd.key) for nd in nodes)
-        self.inc_lock_ref(match.last_node)  # eviction below must not take the device part
-        for nd in nodes:
-            nd.host_ref += 1  # nor may host eviction (from the offloads) take these
-        try:
-            dev = self.allocator.alloc(n, on_host=True)
-            if dev is None:
-                self.evict(n)
-                dev = self.allocator.alloc(n, on_host=True)
-        finally:
-            for nd in nodes:
-                nd.host_ref -= 1
-            self.dec_lock_ref(match.last_node)
-        if dev is None:
-            return match
-        self.tier.load(_cat([nd.host_value for nd in nodes], self._empty), dev)  # type: ignore[misc]
-        offset = 0
-        for nd in nodes:
-            self._make_resident(nd, dev[offset : offset + len(nd.key)])
-            offset += len(nd.key)
-        return MatchResult(torch.cat([match.slots, dev]), nodes[-1])
+    def poll_loads(self, wait: bool = False) -> int:
+        """Finish the reloads that are done (host_tree.poll_loads); how many are not."""
+        return host_tree.poll_loads(self, wait)
 
     def insert(self, key: Sequence[int], slots: torch.Tensor) -> int:
         """Insert `key` with its `slots`; returns how long a prefix was already present.
@@ -404,137 +361,23 @@ class RadixCache:
                 assert value is not None
                 freed.append(value)
                 num_freed += len(node.key)
-                parent = self._evict_node(node, copies)
+                parent = host_tree.evict_node(self, node, copies)
                 if parent is not self.root and parent in self._leaves and parent.lock_ref == 0:
                     heapq.heappush(heap, (parent.last_access, parent.id, parent))
         finally:
             if copies:  # one copy for all, before the slots can be written again
-                self._write_copies(copies)
+                host_tree.write_copies(self, copies)
             if freed:
                 self.allocator.free(torch.cat(freed))
         self._evicted += num_freed
         return num_freed
-
-    def _write_copies(self, copies: list[tuple[TreeNode, torch.Tensor, torch.Tensor]]) -> None:
-        """Copy offloaded nodes' KV to their host slots. A node removed since (its parent
-        evicted with no host room left) no longer holds those slots and is skipped."""
-        assert self.tier is not None
-        kept = [(dev, host) for node, dev, host in copies if node.host_value is host]
-        for node, _, _ in copies:
-            node.host_ref -= 1
-        if kept:
-            self.tier.write(torch.cat([d for d, _ in kept]), torch.cat([h for _, h in kept]))
-
-    def _evict_node(
-        self, node: TreeNode, copies: list[tuple[TreeNode, torch.Tensor, torch.Tensor]]
-    ) -> TreeNode:
-        """Take an unlocked device leaf off the device: offloaded when it has (or gets)
-        host slots, else removed with its host-only subtree. Returns its parent."""
-        if self.tier is not None and node.host_value is None:
-            host = self._host_alloc(len(node.key))
-            if host is not None:
-                assert node.value is not None
-                node.host_value = host
-                node.host_ref += 1  # its copy is pending until `evict` issues it
-                self._host_nodes.add(node)
-                self._host_size += len(node.key)
-                copies.append((node, node.value, host))
-        if node.host_value is None:
-            return self._remove_subtree(node)
-        parent = node.parent
-        assert parent is not None
-        node.value = None
-        parent.device_children -= 1
-        self._evictable -= len(node.key)
-        self._host_only += len(node.key)
-        self._offloaded += len(node.key)
-        self._leaves.discard(node)
-        if parent is not self.root and parent.device_children == 0:
-            self._leaves.add(parent)
-        if self._listeners.active:
-            self._emit("offloaded", node)
-        return parent
-
-    def _host_alloc(self, n: int) -> torch.Tensor | None:
-        """n host slots, evicting host memory's LRU nodes if short; None if it cannot."""
-        assert self.tier is not None
-        host = self.tier.alloc(n)
-        if host is None:
-            self._evict_host(n)
-            host = self.tier.alloc(n)
-        return host
-
-    def _evict_host(self, num_tokens: int) -> int:
-        """Free host slots, least recently used first: a node also on the device drops its
-        copy, a host-only leaf leaves the tree (and may make its parent a candidate)."""
-        assert self.tier is not None
-        heap = [
-            (n.last_access, n.id, n)
-            for n in self._host_nodes
-            if n.host_ref == 0 and (n.value is not None or not n.children)
-        ]
-        heapq.heapify(heap)
-        freed: list[torch.Tensor] = []
-        num_freed = 0
-        while num_freed < num_tokens and heap:
-            node = heapq.heappop(heap)[2]
-            num_freed += len(node.key)
-            freed.append(self._drop_host(node))
-            if node.value is None:
-                parent = self._detach(node)
-                if (
-                    parent is not self.root
-                    and parent.value is None
-                    and not parent.children
-                    and parent.host_ref == 0
-                ):
-                    heapq.heappush(heap, (parent.last_access, parent.id, parent))
-        if freed:
-            self.tier.free(torch.cat(freed))
-        return num_freed
-
-    def _drop_host(self, node: TreeNode) -> torch.Tensor:
-        """Forget a node's host slots (returned: the caller frees them)."""
-        host = node.host_value
-        assert host is not None
-        node.host_value = None
-        self._host_nodes.discard(node)
-        self._host_size -= len(node.key)
-        if node.value is None:
-            self._host_only -= len(node.key)
-        return host
-
-    def _remove_subtree(self, node: TreeNode) -> TreeNode:
-        """Remove an unlocked device leaf and the host-only nodes below it; returns its parent."""
-        below = self._iter_nodes(node)
-        host = [self._drop_host(n) for n in (*below, node) if n.host_value is not None]
-        for n in reversed(below):  # leaves first
-            self._detach(n)
-        if host:
-            assert self.tier is not None
-            self.tier.free(torch.cat(host))
-        return self._detach(node)
-
-    def _make_resident(self, node: TreeNode, value: torch.Tensor) -> None:
-        """A host-only node (its parent on the device) gets device slots: now on both."""
-        parent = node.parent
-        assert parent is not None and node.value is None
-        node.value = value
-        parent.device_children += 1
-        self._leaves.discard(parent)
-        if node.device_children == 0:
-            self._leaves.add(node)
-        self._evictable += len(node.key)
-        self._host_only -= len(node.key)
-        self._loaded += len(node.key)
-        if self._listeners.active:
-            self._emit("loaded", node)
 
     def reset(self) -> None:
         """Flush: free every slot in the tree and emit one "cleared" event.
 
         Raises RuntimeError if any node is locked (a running request still uses it).
         """
+        host_tree.poll_loads(self, wait=True)
         if self._protected:
             raise RuntimeError(f"reset: {self._protected} tokens are locked by running requests")
         nodes = self._iter_nodes()
@@ -613,26 +456,6 @@ class RadixCache:
             node, pos = child, pos + common
         return node, pos, values
 
-    def _walk_host(
-        self, tokens: list[int], limit: int, node: TreeNode, pos: int
-    ) -> tuple[TreeNode, ...]:
-        """The host-only nodes that continue a device walk ending at `node` (at `pos`),
-        splitting the last where the match ends inside it; each is touched (LRU)."""
-        out: list[TreeNode] = []
-        while pos < limit:
-            child = node.children.get(self._child_key(tokens, pos))
-            if child is None:
-                break
-            common = self._common_len(child.key, tokens, pos, limit)
-            if common == 0:
-                break
-            if common < len(child.key):
-                child = self._split(child, common)
-            child.last_access = self._clock
-            out.append(child)
-            node, pos = child, pos + common
-        return tuple(out)
-
     def _common_len(self, node_key: list[int], tokens: list[int], pos: int, limit: int) -> int:
         """Page-aligned length of the common prefix of node_key and tokens[pos:limit]."""
         m = min(len(node_key), limit - pos)
@@ -670,6 +493,8 @@ class RadixCache:
             upper.host_value, child.host_value = child.host_value[:at], child.host_value[at:]
             upper.host_ref = child.host_ref
             self._host_nodes.add(upper)
+        if child.loading:
+            host_tree.split_loading(self, child, upper)
         upper.children[self._child_key(child.key, 0)] = child
         self._num_nodes += 1
         return upper
@@ -683,38 +508,13 @@ class RadixCache:
         the caller's computed KV is the same as theirs)."""
         node, present, values = self._walk(tokens, limit, start)
         tree_slots = _cat(values, self._empty)
-        adopted = present
-        while adopted < limit and node.device_children < len(node.children):
-            child = node.children.get(self._child_key(tokens, adopted))
-            if child is None:
-                break
-            common = self._common_len(child.key, tokens, adopted, limit)
-            if common == 0:
-                break
-            if common < len(child.key):
-                child = self._split(child, common)
-            child.last_access = self._clock
-            self._make_resident(child, slots[adopted : adopted + common].clone())
-            node, adopted = child, adopted + common
-        if adopted > present:
-            return present, *self._insert_rest(tokens, limit, slots, node, adopted, tree_slots)
-        if present < limit:
-            # Clone: `slots` is often a view of the request table, whose row gets reused.
-            node = self._add_leaf(node, tokens[present:limit], slots[present:limit].clone())
-        return present, node, tree_slots
-
-    def _insert_rest(
-        self,
-        tokens: list[int],
-        limit: int,
-        slots: torch.Tensor,
-        node: TreeNode,
-        pos: int,
-        tree_slots: torch.Tensor,
-    ) -> tuple[TreeNode, torch.Tensor]:
+        pos = present
+        if pos < limit and node.device_children < len(node.children):
+            node, pos = host_tree.adopt(self, tokens, limit, slots, node, pos)
         if pos < limit:
+            # Clone: `slots` is often a view of the request table, whose row gets reused.
             node = self._add_leaf(node, tokens[pos:limit], slots[pos:limit].clone())
-        return node, tree_slots
+        return present, node, tree_slots
 
     def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor) -> TreeNode:
         node = TreeNode(key, value, parent, parent.end + len(key), self._new_id())

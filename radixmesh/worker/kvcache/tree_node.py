@@ -1,5 +1,6 @@
-"""The radix tree's node and what a prefix match returns (radix_cache.py has the rules:
-the tree owns every node's slots, and a caller holds a node only as a lock handle)."""
+"""The radix tree's node, what a prefix match returns and the tree's counters
+(radix_cache.py has the rules: the tree owns every node's slots, and a caller holds a
+node only as a lock handle)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class TreeNode:
         "key",
         "last_access",
         "last_hash",
+        "loading",
         "lock_ref",
         "parent",
         "value",
@@ -45,6 +47,7 @@ class TreeNode:
         self.host_value: torch.Tensor | None = None  # [len(key)] int64 host slots, if any
         self.device_children = 0  # children whose value is not None
         self.host_ref = 0  # > 0: its host slots must stay (a load or a copy uses them)
+        self.loading = False  # its device slots are being filled from host memory
         self.end = end  # path length from the root to the end of this node
         self.id = node_id  # creation order: the LRU tie-break
         self.lock_ref = 0
@@ -67,7 +70,29 @@ class MatchResult:
     # With a host tier: the nodes below last_node, in path order, that continue the match
     # in host memory only (`RadixCache.load_host` brings them to the device).
     host_nodes: tuple[TreeNode, ...] = ()
+    # The device match stopped before a node whose reload from host memory is still
+    # being copied: the prompt finds more once it lands (admission waits for it).
+    pending: bool = False
 
     @property
     def host_tokens(self) -> int:
         return sum(len(n.key) for n in self.host_nodes)
+
+
+@dataclass(frozen=True)
+class RadixCacheStats:
+    total_size: int
+    evictable_size: int
+    protected_size: int
+    num_nodes: int
+    queried_tokens_total: int
+    matched_tokens_total: int
+    evicted_tokens_total: int
+    host_size: int = 0  # tokens with a copy in host memory (host-only or both)
+    host_only_size: int = 0  # tokens in host memory only
+    offloaded_tokens_total: int = 0  # device evictions kept in host memory
+    loaded_tokens_total: int = 0  # host-only tokens brought back (loads and adoptions)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.matched_tokens_total / max(1, self.queried_tokens_total)

@@ -72,6 +72,32 @@ def assert_kv(pool: KVPool, tokens: list[int], slots: torch.Tensor) -> None:
             assert torch.equal(pool.v_buffers[layer][s], kv[layer, 1]), (i, layer)
 
 
+class Copying:
+    """A reload's stand-in for a CUDA event: done when the test says so."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+
+class DeferredTier(HostTier):
+    """The CUDA path's timing on the CPU: a reload's bytes land at once, but the tree
+    hears it is done only when `land` says so (or someone waits for it)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.copying: list[Copying] = []
+
+    def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> Copying:  # type: ignore[override]
+        self._copy(device_slots, host_slots, to_host=False)
+        self.copying.append(Copying())
+        return self.copying[-1]
+
+    def finished(self, done: Copying, wait: bool = False) -> bool:  # type: ignore[override]
+        if wait:
+            done.done = True
+        return done.done
+
+
 A = [1, 2, 3, 4, 5, 6, 7, 8]
 B = [9, 10, 11, 12, 13, 14, 15, 16]
 
@@ -295,7 +321,7 @@ def test_cuda_tier_round_trip_through_pinned_memory(dtype: torch.dtype) -> None:
             torch.randn(40, 2, 64, device="cuda", generator=gen),
         )
     tier = HostTier(pool, 65, page_size=1)
-    assert tier.host.data.is_pinned()
+    assert tier.host.pinned and tier.host.data.is_pinned()
     host = tier.alloc(40)
     assert host is not None
     tier.write(src, host)
@@ -316,3 +342,25 @@ def test_cuda_tier_round_trip_through_pinned_memory(dtype: torch.dtype) -> None:
     st = tier.stats()
     assert st.tokens_written == st.tokens_loaded == 40
     assert st.load_seconds > 0 and st.bytes_timed_loaded == 40 * tier.bytes_per_token
+
+
+def test_deferred_reload_stays_locked_and_unmatched_until_it_lands() -> None:
+    """CUDA's timing: a reload copies beside the forwards; until it is done its nodes are
+    locked, and matches stop before them (pending), then they are ordinary device nodes."""
+    pool, _, _ = make()
+    tier = DeferredTier(pool, 33, page_size=1)
+    cache = RadixCache(KVAllocator(17), 1, event_block_size=1, host_tier=tier)
+    compute(pool, cache, A)
+    cache.evict(8)
+    m = cache.load_host(cache.match_prefix(A))
+    assert m.pending and m.slots.numel() == 0 and m.last_node is cache.root
+    assert cache.protected_size() == 8 and cache.evict(8) == 0
+    later = cache.match_prefix([*A[:3], 40])  # splits the loading node: its top joins the load
+    assert later.pending and later.last_node is cache.root
+    assert cache.poll_loads() == 1
+    tier.copying[0].done = True
+    assert cache.poll_loads() == 0
+    hit = cache.match_prefix(A)
+    assert not hit.pending and hit.slots.numel() == 8 and cache.protected_size() == 0
+    assert_kv(pool, A, hit.slots)
+    assert all(n.host_ref == 0 and not n.loading for n in cache._iter_nodes())

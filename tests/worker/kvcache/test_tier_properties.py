@@ -19,6 +19,7 @@ from radixmesh.worker.kvcache.host_tier import HostTier
 from radixmesh.worker.kvcache.pool import KVPool
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.tree_node import TreeNode
+from tests.worker.kvcache.test_host_tier import DeferredTier
 
 tokens_st = st.lists(st.integers(0, 1), min_size=0, max_size=8)
 index_st = st.integers(0, 7)
@@ -55,6 +56,7 @@ class TierMachine(RuleBasedStateMachine):
     block = 2
     num_slots = 14
     host_slots = 11
+    deferred = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -66,7 +68,8 @@ class TierMachine(RuleBasedStateMachine):
             dtype=torch.float32,
             device="cpu",
         )
-        self.tier = HostTier(self.pool, self.host_slots, self.page_size)
+        tier_cls = DeferredTier if self.deferred else HostTier
+        self.tier = tier_cls(self.pool, self.host_slots, self.page_size)
         self.alloc = KVAllocator(self.num_slots, self.page_size)
         self.cache = RadixCache(
             self.alloc, self.page_size, event_block_size=self.block, host_tier=self.tier
@@ -95,6 +98,9 @@ class TierMachine(RuleBasedStateMachine):
         m = self.cache.match_prefix(prompt)
         if load:
             m = self.cache.load_host(m)
+        if m.pending:  # the scheduler leaves it waiting until its prefix has landed
+            assert m.last_node.loading is False and not m.host_nodes
+            return
         self.cache.inc_lock_ref(m.last_node)
         self.reqs.append(SimRequest(list(prompt), m.slots.clone(), m.last_node))
 
@@ -136,6 +142,15 @@ class TierMachine(RuleBasedStateMachine):
         self.finish(len(self.reqs) - 1)
         self.evict(self.cache.evictable_size())
 
+    @rule(n=st.integers(0, 2))
+    def land(self, n: int) -> None:
+        """Reloads finish copying (the oldest n), and the tree hears of it."""
+        if isinstance(self.tier, DeferredTier):
+            for c in self.tier.copying[:n]:
+                c.done = True
+            self.tier.copying = self.tier.copying[n:]
+        self.cache.poll_loads()
+
     @rule(n=st.integers(0, 25))
     def evict(self, n: int) -> None:
         before = self.cache.evictable_size()
@@ -173,7 +188,9 @@ class TierMachine(RuleBasedStateMachine):
     def tiers_are_layered(self) -> None:
         for node, _ in _nodes(self.cache):
             assert node.value is not None or node.host_value is not None
-            assert node.host_ref == 0
+            assert node.host_ref == (1 if node.loading else 0)  # a reload reads its host slots
+            if node.loading:
+                assert node.value is not None and node.lock_ref > 0
             device_kids = [c for c in node.children.values() if c.value is not None]
             assert node.device_children == len(device_kids)
             if node.value is None:
@@ -225,8 +242,14 @@ class TierPage2Machine(TierMachine):
     host_slots = 16
 
 
+class DeferredTierMachine(TierMachine):
+    deferred = True
+
+
 _fast = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestTiers = TierMachine.TestCase
 TestTiers.settings = _fast
 TestTiersPage2 = TierPage2Machine.TestCase
 TestTiersPage2.settings = _fast
+TestDeferredReloads = DeferredTierMachine.TestCase
+TestDeferredReloads.settings = _fast
