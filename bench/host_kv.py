@@ -30,6 +30,7 @@ import gc
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,7 +42,13 @@ from radixmesh.worker.kvcache.host_pool import HostKVPool
 from radixmesh.worker.kvcache.pool import KVPool
 
 
-def chat_workload(args: argparse.Namespace) -> list[dict[str, list[int]]]:
+@dataclass(frozen=True)
+class Conversation:
+    system: list[int]
+    users: list[list[int]]  # one message a turn
+
+
+def chat_workload(args: argparse.Namespace) -> list[Conversation]:
     rng = random.Random(args.seed)
     vocab = 20_000
 
@@ -49,19 +56,16 @@ def chat_workload(args: argparse.Namespace) -> list[dict[str, list[int]]]:
         return [rng.randrange(100, vocab) for _ in range(n)]
 
     return [
-        {
-            "system": ids(args.system_tokens),
-            "users": [ids(args.user_tokens) for _ in range(args.turns)],
-        }
+        Conversation(ids(args.system_tokens), [ids(args.user_tokens) for _ in range(args.turns)])
         for _ in range(args.conversations)
     ]
 
 
 async def run_chat(
-    engine: Engine, convs: list[dict[str, list[int]]], args: argparse.Namespace
+    engine: Engine, convs: list[Conversation], args: argparse.Namespace
 ) -> dict[str, Any]:
     params = {"temperature": 0.0, "max_new_tokens": args.answer_tokens, "ignore_eos": True}
-    histories = [list(c["system"]) for c in convs]
+    histories = [list(c.system) for c in convs]
     sem = asyncio.Semaphore(args.concurrency)
     prompt_tokens = cached = 0
     ttft_later: list[float] = []
@@ -70,7 +74,7 @@ async def run_chat(
     async def turn(i: int, t: int) -> None:
         nonlocal prompt_tokens, cached, cached_later, prompt_later
         async with sem:
-            prompt = histories[i] + convs[i]["users"][t]
+            prompt = histories[i] + convs[i].users[t]
             out = await engine.async_generate(input_ids=prompt, sampling_params=params)
             assert isinstance(out, dict)
             meta = out["meta_info"]
