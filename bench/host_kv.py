@@ -15,7 +15,15 @@ bytes reloaded and written and the copies' measured bandwidth.
 
 `copy`: the tier's copy kernel (radixmesh/worker/kvcache/host_copy.py) on a
 Llama-3-8B-shaped pool, n scattered tokens each way, timed with CUDA events, beside a
-plain pinned-to-device copy of the same bytes (the PCIe ceiling).
+plain pinned-to-device copy of the same bytes (the PCIe ceiling), for several program
+counts (the kernel's grid; `PROGRAMS` is the default).
+
+`stall`: whether a reload holds up the batch. 32 requests decode (128-token prompts,
+ignore_eos) while prompts whose 1,024-token prefix is cached are sent one after another:
+first prefixes on the device, then prefixes in host memory only (offloaded beforehand).
+Each sent prompt computes one token over its prefix either way, so the two phases differ
+by the reload alone. The decoders' gaps between tokens are sorted by the phase they fall
+in; the medians' ratio (host over device) is the reload's cost to the batch.
 
 GPU: `python -m bench.host_kv --model dummy:llama-3-8b --device cuda`
 CPU (the mechanism, bundled SmolLM2): `python -m bench.host_kv --model smollm2 --device cpu
@@ -27,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import random
 import statistics
 import time
@@ -207,6 +216,23 @@ def copy_bench(args: argparse.Namespace) -> dict[str, Any]:
             times.append(start.elapsed_time(end) / 1000)
         return statistics.median(times)
 
+    import radixmesh.worker.kvcache.host_copy as host_copy
+
+    default = host_copy.PROGRAMS
+    sweep = {}
+    for programs in (16, 32, 64, 132, 264, 0):
+        host_copy.PROGRAMS = programs
+        sweep[str(programs)] = {
+            "to_host_gb_s": round(
+                nbytes / 1e9 / timed(lambda: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=True)),
+                2,
+            ),
+            "to_device_gb_s": round(
+                nbytes / 1e9 / timed(lambda: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=False)),
+                2,
+            ),
+        }
+    host_copy.PROGRAMS = default
     to_host = timed(lambda: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=True))
     to_dev = timed(lambda: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=False))
     flat = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -229,6 +255,105 @@ def copy_bench(args: argparse.Namespace) -> dict[str, Any]:
         "pinned_copy_to_device_gb_s": round(gb / ref_h2d, 2),
         "kernel_over_copy_to_device": round(ref_h2d / to_dev, 3),
         "kernel_over_copy_to_host": round(ref_d2h / to_host, 3),
+        "default_programs": default,
+        "by_programs": sweep,
+    }
+
+
+def stall(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed + 1)
+    prefix, n_pre, n_dec = args.stall_prefix, args.stall_prompts, args.stall_decoders
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(100, 20_000) for _ in range(n)]
+
+    host_prompts = [ids(prefix) for _ in range(n_pre)]
+    device_prompts = [ids(prefix) for _ in range(n_pre)]
+    engine = Engine(
+        args.model,
+        device=args.device,
+        # Room for both prompt sets and every decoder: nothing is evicted during the run.
+        kv_cache_tokens=2 * n_pre * (prefix + 2) + n_dec * (130 + args.stall_decode_tokens) + 1024,
+        max_running_requests=n_dec + 8,
+        host_kv_cache_bytes=(2 * n_pre * prefix + 1) * _bytes_per_token(args),
+    )
+    one = {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
+    try:
+        engine.generate(input_ids=host_prompts, sampling_params=one)
+        engine.call(lambda: engine.worker.cache.evict(1 << 40))  # all of it to host memory
+        engine.generate(input_ids=device_prompts, sampling_params=one)
+        stats0 = engine.get_stats()
+        out = asyncio.run(_stall_run(engine, host_prompts, device_prompts, ids, n_dec, args))
+        stats = engine.get_stats()
+    finally:
+        engine.shutdown()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    out["host_hit_tokens"] = stats.host_cache_hit_tokens - stats0.host_cache_hit_tokens
+    return out
+
+
+async def _stall_run(
+    engine: Engine,
+    host_prompts: list[list[int]],
+    device_prompts: list[list[int]],
+    ids: Any,
+    n_dec: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    decode = {"temperature": 0.0, "max_new_tokens": args.stall_decode_tokens, "ignore_eos": True}
+    stamps: list[list[float]] = [[] for _ in range(n_dec)]
+
+    async def decoder(i: int) -> None:
+        stream = await engine.async_generate(
+            input_ids=ids(128), sampling_params=decode, stream=True
+        )
+        async for _ in stream:  # type: ignore[union-attr]
+            stamps[i].append(time.perf_counter())
+
+    windows: dict[str, list[tuple[float, float]]] = {"device": [], "host": []}
+
+    async def send(phase: str, prompts: list[list[int]]) -> None:
+        one = {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
+        for p in prompts:
+            t0 = time.perf_counter()
+            await engine.async_generate(input_ids=p + ids(1), sampling_params=one)
+            windows[phase].append((t0, time.perf_counter()))
+
+    async def inject() -> None:
+        await asyncio.sleep(args.stall_lead_s)
+        await send("device", device_prompts)
+        await asyncio.sleep(args.stall_lead_s / 2)
+        await send("host", host_prompts)
+
+    await asyncio.gather(*(decoder(i) for i in range(n_dec)), inject())
+    gaps: dict[str, list[float]] = {"device": [], "host": [], "none": []}
+    for s in stamps:
+        for a, b in itertools.pairwise(s[1:]):  # from the first token on
+            mid = (a + b) / 2
+            phase = next(
+                (k for k, ws in windows.items() if any(w0 <= mid <= w1 for w0, w1 in ws)), "none"
+            )
+            gaps[phase].append(b - a)
+    med = {k: statistics.median(v) * 1e3 if v else None for k, v in gaps.items()}
+    return {
+        "decoders": n_dec,
+        "prefix_tokens": len(host_prompts[0]),
+        "itl_ms_p50": {k: round(v, 3) if v else None for k, v in med.items()},
+        "itl_ms_p90": {
+            k: round(sorted(v)[int(0.9 * (len(v) - 1))] * 1e3, 3) if v else None
+            for k, v in gaps.items()
+        },
+        "gaps": {k: len(v) for k, v in gaps.items()},
+        "host_over_device_p50": round(med["host"] / med["device"], 3)
+        if med["host"] and med["device"]
+        else None,
+        "send_ms_p50": {
+            k: round(statistics.median(b - a for a, b in ws) * 1e3, 2)
+            for k, ws in windows.items()
+            if ws
+        },
     }
 
 
@@ -245,10 +370,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-cache-tokens", type=int, default=32_768)
     ap.add_argument("--host-kv-tokens", type=int, default=262_144)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--parts", default="copy,chat")
+    ap.add_argument("--parts", default="copy,stall,chat")
     ap.add_argument("--copy-tokens", type=int, default=8192)
     ap.add_argument("--copy-pool-tokens", type=int, default=65_536)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--stall-decode-tokens", type=int, default=1024)
+    ap.add_argument("--stall-prefix", type=int, default=1024)
+    ap.add_argument("--stall-prompts", type=int, default=32)
+    ap.add_argument("--stall-decoders", type=int, default=32)
+    ap.add_argument("--stall-lead-s", type=float, default=1.0)
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
     parts = set(args.parts.split(","))
@@ -256,6 +386,9 @@ def main(argv: list[str] | None = None) -> None:
     if "copy" in parts and torch.cuda.is_available():
         figures["copy"] = copy_bench(args)
         print("copy:", figures["copy"])
+    if "stall" in parts:
+        figures["stall"] = stall(args)
+        print("stall:", figures["stall"])
     if "chat" in parts:
         figures["chat"] = chat(args)
         c = figures["chat"]

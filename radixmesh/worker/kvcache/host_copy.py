@@ -30,6 +30,9 @@ from radixmesh.worker.kvcache.pool import KVPool
 
 # Bytes moved as integers of the element's width (the kernel never does arithmetic on them).
 _AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+# Programs of the CUDA copy kernel (host_copy_kernel.py): enough rows in flight to fill the
+# PCIe link, few enough SMs that the forwards beside a reload keep the rest.
+PROGRAMS = 64
 
 
 def copy_kv(

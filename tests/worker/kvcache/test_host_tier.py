@@ -257,8 +257,8 @@ def test_fp8_pool_keeps_fp8_bytes_and_scales_in_host_memory() -> None:
         assert torch.equal(pool.v_scales[layer], back.v_scales[layer])
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_copy_kernel_matches_torch_copy(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("dtype", "programs"), [(torch.bfloat16, 0), (torch.float32, 5)])
+def test_copy_kernel_matches_torch_copy(dtype: torch.dtype, programs: int) -> None:
     """The CUDA path's kernel (through TRITON_INTERPRET=1 on the CPU) against torch indexing."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     pool = KVPool(
@@ -276,7 +276,9 @@ def test_copy_kernel_matches_torch_copy(dtype: torch.dtype) -> None:
     ptrs = [t.data_ptr() for pair in zip(pool.k_buffers, pool.v_buffers, strict=True) for t in pair]
     as_int = {2: torch.int16, 4: torch.int32}[got.data.element_size()]
     table = torch.tensor(ptrs, device=device)
-    copy_rows(table, got.data.view(as_int), dev.to(device), hs.to(device), 6, 16, True, as_int)
+    copy_rows(
+        table, got.data.view(as_int), dev.to(device), hs.to(device), 6, 16, True, as_int, programs
+    )
     if device == "cuda":
         torch.cuda.synchronize()
     assert torch.equal(got.data.view(as_int), want.data.view(as_int))
@@ -285,7 +287,9 @@ def test_copy_kernel_matches_torch_copy(dtype: torch.dtype) -> None:
     )
     ptrs = [t.data_ptr() for pair in zip(back.k_buffers, back.v_buffers, strict=True) for t in pair]
     table = torch.tensor(ptrs, device=device)
-    copy_rows(table, got.data.view(as_int), dev.to(device), hs.to(device), 6, 16, False, as_int)
+    copy_rows(
+        table, got.data.view(as_int), dev.to(device), hs.to(device), 6, 16, False, as_int, programs
+    )
     for layer in range(3):
         assert torch.equal(
             back.k_buffers[layer][dev.to(device)], pool.k_buffers[layer][dev.to(device)]
