@@ -16,7 +16,7 @@ bytes reloaded and written and the copies' measured bandwidth.
 `copy`: the tier's copy kernel (radixmesh/worker/kvcache/host_copy.py) on a
 Llama-3-8B-shaped pool, n scattered tokens each way, timed with CUDA events, beside a
 plain pinned-to-device copy of the same bytes (the PCIe ceiling), for several program
-counts (the kernel's grid; `PROGRAMS` is the default).
+counts (the kernel's grid; reloads run `LOAD_PROGRAMS`).
 
 `stall`: whether a reload holds up the batch. 32 requests decode (128-token prompts,
 ignore_eos) while prompts whose 1,024-token prefix is cached are sent one after another:
@@ -46,7 +46,7 @@ import torch
 
 from bench import record
 from radixmesh.worker.engine import Engine
-from radixmesh.worker.kvcache.host_copy import copy_kv
+from radixmesh.worker.kvcache.host_copy import LOAD_PROGRAMS, copy_kv
 from radixmesh.worker.kvcache.host_pool import HostKVPool
 from radixmesh.worker.kvcache.pool import KVPool
 
@@ -216,25 +216,23 @@ def copy_bench(args: argparse.Namespace) -> dict[str, Any]:
             times.append(start.elapsed_time(end) / 1000)
         return statistics.median(times)
 
-    import radixmesh.worker.kvcache.host_copy as host_copy
-
-    default = host_copy.PROGRAMS
     sweep = {}
     for programs in (16, 32, 64, 132, 264, 0):
-        host_copy.PROGRAMS = programs
+        t_out = timed(
+            lambda p=programs: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=True, programs=p)
+        )
+        t_back = timed(
+            lambda p=programs: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=False, programs=p)
+        )
         sweep[str(programs)] = {
-            "to_host_gb_s": round(
-                nbytes / 1e9 / timed(lambda: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=True)),
-                2,
-            ),
-            "to_device_gb_s": round(
-                nbytes / 1e9 / timed(lambda: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=False)),
-                2,
-            ),
+            "to_host_gb_s": round(nbytes / 1e9 / t_out, 2),
+            "to_device_gb_s": round(nbytes / 1e9 / t_back, 2),
         }
-    host_copy.PROGRAMS = default
+    # As the tier runs them: copies out with a program per row, reloads with LOAD_PROGRAMS.
     to_host = timed(lambda: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=True))
-    to_dev = timed(lambda: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=False))
+    to_dev = timed(
+        lambda: copy_kv(pool, host, dev_cuda, hs_cuda, to_host=False, programs=LOAD_PROGRAMS)
+    )
     flat = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     flat_dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     ref_h2d = timed(lambda: flat_dev.copy_(flat, non_blocking=True))
@@ -255,7 +253,7 @@ def copy_bench(args: argparse.Namespace) -> dict[str, Any]:
         "pinned_copy_to_device_gb_s": round(gb / ref_h2d, 2),
         "kernel_over_copy_to_device": round(ref_h2d / to_dev, 3),
         "kernel_over_copy_to_host": round(ref_d2h / to_host, 3),
-        "default_programs": default,
+        "load_programs": LOAD_PROGRAMS,
         "by_programs": sweep,
     }
 

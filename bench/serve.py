@@ -247,18 +247,18 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
     from radixmesh.cluster.launch import LocalCluster, free_port
     from radixmesh.cluster.spec import LaunchSpec
 
-    policies = args.policies.split(",")
+    policies = [_policy(p) for p in args.policies.split(",")]
     http_port = free_port()
     config = LaunchSpec(
         model=args.model,
         workers=args.workers,
         routers=args.routers,
-        policy=policies[0],
+        policy=policies[0][0],
         port=free_port(),
         tp_size=max(args.gpus_per_worker, 1),
         device="cuda" if args.gpus_per_worker else "auto",
         worker_args=tuple(shlex.split(args.worker_args)),
-        router_options={"http_port": http_port},
+        router_options={"http_port": http_port, **policies[0][1]},
         ready_timeout=args.ready_timeout,
     )
     with LocalCluster(config) as cluster:
@@ -267,11 +267,22 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
             http=f"http://127.0.0.1:{http_port}",
             model=_served_model(cluster.address),
             workers=cluster.worker_addresses,
-            policy=policies[0],
+            policy=args.policies.split(",")[0],
             worker_key=cluster.worker_key,
             router_pids=[p.pid for p in cluster.routers],
         )
         yield cluster, target
+
+
+def _policy(spec: str) -> tuple[str, dict[str, Any]]:
+    """`--policies` entry: a policy name, with router options after a colon
+    (`cache_aware:host_hit_cost=1.0;request_cost_tokens=32`), values as numbers."""
+    name, _, opts = spec.partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, opts.split(";")):
+        key, _, value = item.partition("=")
+        options[key] = float(value) if "." in value else int(value)
+    return name, options
 
 
 def _wait_serving(address: str, timeout: float) -> None:
@@ -303,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with launched(args) as (cluster, target):
             for i, policy in enumerate(args.policies.split(",")):
                 if i:
-                    cluster.replace_router(policy)
+                    cluster.replace_router(*_policy(policy))
                     target.policy = policy
                     target.router_pids = [p.pid for p in cluster.routers]
                 runs += run_all(target, args)
@@ -400,7 +411,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="with --launch: each worker's own GPUs (its TP size); 0: they share the visible ones",
     )
-    where.add_argument("--policies", default="cache_aware", help="with --launch: one run each")
+    where.add_argument(
+        "--policies",
+        default="cache_aware",
+        help="with --launch: one run each; NAME or NAME:OPTION=VALUE;... (router options, "
+        "e.g. cache_aware:host_hit_cost=1.0)",
+    )
     where.add_argument("--ready-timeout", type=float, default=600.0)
     load = ap.add_argument_group("load")
     load.add_argument(

@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 from radixmesh.cluster.child import Child
 from radixmesh.cluster.env import (
@@ -279,11 +279,13 @@ class LocalCluster:
             flags = _replace_flag(flags, "--metrics-port", str(int(metrics_port) + index))
         return subprocess.Popen(_cli(*router_args, *flags), env=env)
 
-    def replace_router(self, policy: str) -> None:
-        """Stop the routers and start them with another routing policy in front of the same
-        workers (their caches stay as they are), then wait until they are ready."""
+    def replace_router(self, policy: str, options: dict[str, Any] | None = None) -> None:
+        """Stop the routers and start them with another routing policy (and `options`
+        over the router options) in front of the same workers (their caches stay as they
+        are), then wait until they are ready."""
         _stop(self.routers, self.config.stop_timeout)
-        self.config = dataclasses.replace(self.config, policy=policy)
+        router_options = {**self.config.router_options, **(options or {})}
+        self.config = dataclasses.replace(self.config, policy=policy, router_options=router_options)
         self.start_router()
         self.wait_ready()
 

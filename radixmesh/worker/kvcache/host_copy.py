@@ -30,9 +30,11 @@ from radixmesh.worker.kvcache.pool import KVPool
 
 # Bytes moved as integers of the element's width (the kernel never does arithmetic on them).
 _AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-# Programs of the CUDA copy kernel (host_copy_kernel.py): enough rows in flight to fill the
-# PCIe link, few enough SMs that the forwards beside a reload keep the rest.
-PROGRAMS = 64
+# Programs of the CUDA copy kernel for a reload (host_copy_kernel.py), which runs beside
+# the forwards: few SMs, and still the link's rate (bench/host_kv.py, H200: 50.0-50.4 GB/s
+# host to device from 16 programs to one per row, 2026-12-04). A copy out runs on the
+# forwards' stream, between them, with one program per row.
+LOAD_PROGRAMS = 32
 
 
 def copy_kv(
@@ -42,18 +44,20 @@ def copy_kv(
     host_slots: torch.Tensor,
     *,
     to_host: bool,
+    programs: int = 0,
 ) -> None:
     """Copy n tokens' KV (every layer) device -> host (`to_host`) or host -> device.
 
     `device_slots` [n] and `host_slots` [n] int64, on any device. Stream-ordered on CUDA:
-    it returns before the copy runs, and later work on the stream sees it done."""
+    it returns before the copy runs, and later work on the stream sees it done; the
+    kernel runs `programs` programs (0: one per row)."""
     n = device_slots.numel()
     if n != host_slots.numel():
         raise ValueError(f"host_slots: {host_slots.numel()} slots for {n} device slots")
     if n == 0:
         return
     if pool.device.type == "cuda" and host.pinned:
-        _copy_cuda(pool, host, device_slots, host_slots, to_host)
+        _copy_cuda(pool, host, device_slots, host_slots, to_host, programs)
     else:
         _copy_torch(pool, host, device_slots, host_slots, to_host)
 
@@ -112,7 +116,12 @@ def forget_pool(pool: KVPool) -> None:
 
 
 def _copy_cuda(
-    pool: KVPool, host: HostKVPool, dev: torch.Tensor, hs: torch.Tensor, to_host: bool
+    pool: KVPool,
+    host: HostKVPool,
+    dev: torch.Tensor,
+    hs: torch.Tensor,
+    to_host: bool,
+    programs: int,
 ) -> None:
     from radixmesh.worker.kvcache.host_copy_kernel import copy_rows
 

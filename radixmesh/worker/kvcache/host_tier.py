@@ -27,7 +27,7 @@ import torch
 
 from radixmesh.worker.forward_batch import to_device
 from radixmesh.worker.kvcache.allocator import KVAllocator
-from radixmesh.worker.kvcache.host_copy import copy_kv
+from radixmesh.worker.kvcache.host_copy import LOAD_PROGRAMS, copy_kv
 from radixmesh.worker.kvcache.host_pool import HostKVPool
 from radixmesh.worker.kvcache.pool import KVPool
 
@@ -114,12 +114,13 @@ class HostTier:
         i = 0 if to_host else 1
         n = device_slots.numel()
         self._tokens[i] += n
+        programs = 0 if to_host else LOAD_PROGRAMS
         if not self._timed:
             copy_kv(self.pool, self.host, device_slots, host_slots, to_host=to_host)
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        copy_kv(self.pool, self.host, device_slots, host_slots, to_host=to_host)
+        copy_kv(self.pool, self.host, device_slots, host_slots, to_host=to_host, programs=programs)
         end.record()
         self._pending.append((start, end, n * self.bytes_per_token, to_host))
         self._harvest()
