@@ -1,6 +1,6 @@
 """The radix tree's host-memory half: what moves nodes between the device and host memory.
 
-Functions of a `RadixCache` (radix_cache.py, which has the rules and calls them), apart
+Functions of the tree (`TreeCore`; radix_cache.py has the rules and calls them), apart
 because they are the second tier's concern: offloading an evicted device leaf
 (`evict_node`: host slots taken, its KV copied out, the node kept host-only), the host
 pool's own LRU (`evict_host`), a match's continuation in host memory (`walk_host`),
@@ -16,17 +16,14 @@ unfinished reload uses is never dropped from host memory.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
 
 import torch
 
+from radixmesh.worker.kvcache.tree_core import TreeCore
 from radixmesh.worker.kvcache.tree_node import MatchResult, TreeNode
 
-if TYPE_CHECKING:
-    from radixmesh.worker.kvcache.radix_cache import RadixCache
 
-
-def load_host(tree: RadixCache, match: MatchResult) -> MatchResult:
+def load_host(tree: TreeCore, match: MatchResult) -> MatchResult:
     """Bring a match's host-only nodes to the device; the match extended over them.
 
     Takes device slots (evicting, which may offload other nodes) and copies the KV
@@ -73,7 +70,7 @@ def load_host(tree: RadixCache, match: MatchResult) -> MatchResult:
     return MatchResult(match.slots, match.last_node, pending=True)
 
 
-def poll_loads(tree: RadixCache, wait: bool = False) -> int:
+def poll_loads(tree: TreeCore, wait: bool = False) -> int:
     """Finish the reloads whose copies are done (all of them, waiting, with `wait`):
     their nodes become ordinary device nodes. Returns how many are still copying."""
     tier = tree.tier
@@ -90,18 +87,7 @@ def poll_loads(tree: RadixCache, wait: bool = False) -> int:
     return len(tree._loads)
 
 
-def split_loading(tree: RadixCache, lower: TreeNode, upper: TreeNode) -> None:
-    """A node still loading was split: its upper part joins its reload (the lock stays
-    on the reload's deepest node, whose end a split does not move)."""
-    upper.loading = True
-    for _, nodes in tree._loads:
-        if lower in nodes:
-            nodes.insert(nodes.index(lower), upper)
-            return
-    raise RuntimeError(f"split_loading: {lower} is loading but in no reload")
-
-
-def pending_cut(tree: RadixCache, node: TreeNode) -> TreeNode | None:
+def pending_cut(tree: TreeCore, node: TreeNode) -> TreeNode | None:
     """The parent of the highest node still loading on the path root..node (None: no
     node on it is loading)."""
     cut = None
@@ -113,7 +99,7 @@ def pending_cut(tree: RadixCache, node: TreeNode) -> TreeNode | None:
 
 
 def adopt(
-    tree: RadixCache,
+    tree: TreeCore,
     tokens: list[int],
     limit: int,
     slots: torch.Tensor,
@@ -138,7 +124,7 @@ def adopt(
 
 
 def walk_host(
-    tree: RadixCache, tokens: list[int], limit: int, node: TreeNode, pos: int
+    tree: TreeCore, tokens: list[int], limit: int, node: TreeNode, pos: int
 ) -> tuple[TreeNode, ...]:
     """The host-only nodes that continue a device walk ending at `node` (at `pos`),
     splitting the last where the match ends inside it; each is touched (LRU)."""
@@ -158,7 +144,7 @@ def walk_host(
     return tuple(out)
 
 
-def make_resident(tree: RadixCache, node: TreeNode, value: torch.Tensor) -> None:
+def make_resident(tree: TreeCore, node: TreeNode, value: torch.Tensor) -> None:
     """A host-only node (its parent on the device) gets device slots: now on both."""
     parent = node.parent
     assert parent is not None and node.value is None
@@ -174,9 +160,7 @@ def make_resident(tree: RadixCache, node: TreeNode, value: torch.Tensor) -> None
         tree._emit("loaded", node)
 
 
-def write_copies(
-    tree: RadixCache, copies: list[tuple[TreeNode, torch.Tensor, torch.Tensor]]
-) -> None:
+def write_copies(tree: TreeCore, copies: list[tuple[TreeNode, torch.Tensor, torch.Tensor]]) -> None:
     """Copy offloaded nodes' KV to their host slots. A node removed since (its parent
     evicted with no host room left) no longer holds those slots and is skipped."""
     assert tree.tier is not None
@@ -188,7 +172,7 @@ def write_copies(
 
 
 def evict_node(
-    tree: RadixCache, node: TreeNode, copies: list[tuple[TreeNode, torch.Tensor, torch.Tensor]]
+    tree: TreeCore, node: TreeNode, copies: list[tuple[TreeNode, torch.Tensor, torch.Tensor]]
 ) -> TreeNode:
     """Take an unlocked device leaf off the device: offloaded when it has (or gets)
     host slots, else removed with its host-only subtree. Returns its parent."""
@@ -218,7 +202,7 @@ def evict_node(
     return parent
 
 
-def host_alloc(tree: RadixCache, n: int) -> torch.Tensor | None:
+def host_alloc(tree: TreeCore, n: int) -> torch.Tensor | None:
     """n host slots, evicting host memory's LRU nodes if short; None if it cannot."""
     assert tree.tier is not None
     host = tree.tier.alloc(n)
@@ -228,7 +212,7 @@ def host_alloc(tree: RadixCache, n: int) -> torch.Tensor | None:
     return host
 
 
-def evict_host(tree: RadixCache, num_tokens: int) -> int:
+def evict_host(tree: TreeCore, num_tokens: int) -> int:
     """Free host slots, least recently used first: a node also on the device drops its
     copy, a host-only leaf leaves the tree (and may make its parent a candidate)."""
     assert tree.tier is not None
@@ -258,7 +242,7 @@ def evict_host(tree: RadixCache, num_tokens: int) -> int:
     return num_freed
 
 
-def drop_host(tree: RadixCache, node: TreeNode) -> torch.Tensor:
+def drop_host(tree: TreeCore, node: TreeNode) -> torch.Tensor:
     """Forget a node's host slots (returned: the caller frees them)."""
     host = node.host_value
     assert host is not None
@@ -270,7 +254,7 @@ def drop_host(tree: RadixCache, node: TreeNode) -> torch.Tensor:
     return host
 
 
-def remove_subtree(tree: RadixCache, node: TreeNode) -> TreeNode:
+def remove_subtree(tree: TreeCore, node: TreeNode) -> TreeNode:
     """Remove an unlocked device leaf and the host-only nodes below it; returns its parent."""
     below = tree._iter_nodes(node)
     host = [drop_host(tree, n) for n in (*below, node) if n.host_value is not None]
