@@ -4,9 +4,12 @@ as recomputing them, and every device and host slot accounted for after aborts."
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
@@ -137,3 +140,78 @@ def test_bad_host_size_names_the_field() -> None:
         Engine("smollm2", dtype="float32", kv_cache_tokens=64, host_kv_cache_bytes=-1)
     with pytest.raises(InvalidArgument, match="host_kv_cache_bytes"):
         Engine("smollm2", dtype="float32", kv_cache_tokens=64, host_kv_cache_bytes=1000)
+
+
+def test_stress_reloads_aborts_and_disconnects_lose_no_slot(tiered: Engine) -> None:
+    """Conversations that reload from host memory, clients that leave mid-stream, aborts
+    by id and rejected requests, all at once: afterwards every device slot is free or in
+    the tree, every host slot free or held by a node, and a flush frees them all."""
+    tiered.flush_cache()
+    rng = random.Random(7)
+    systems = [engine_ids(tiered, _system(t)) for t in TOPICS]
+
+    async def one(i: int) -> None:
+        ids = systems[i % len(systems)] + [rng.randrange(100, 2000) for _ in range(8)]
+        params = {"temperature": 0.0, "max_new_tokens": 16, "ignore_eos": True}
+        if i % 7 == 3:  # a bad request is refused before it takes anything
+            with pytest.raises(InvalidArgument, match="max_new_tokens"):
+                await tiered.async_generate(input_ids=ids, sampling_params={"max_new_tokens": -1})
+            return
+        stream = await tiered.async_generate(input_ids=ids, sampling_params=params, stream=True)
+        assert not isinstance(stream, (dict, list))
+        leave_after = (0, 2, 5, None)[i % 4]
+        n = 0
+        async for _ in stream:
+            n += 1
+            if leave_after is not None and n > leave_after:
+                await stream.aclose()  # type: ignore[attr-defined]  # the client disconnects
+                break
+
+    async def run() -> None:
+        sem = asyncio.Semaphore(6)
+
+        async def limited(i: int) -> None:
+            async with sem:
+                await one(i)
+
+        await asyncio.gather(*(limited(i) for i in range(24)))
+
+    asyncio.run(run())
+    stats = tiered.get_stats()
+    assert stats.host_kv_bytes_written > 0  # the device pool overflowed into host memory
+    assert_engine_idle_and_clean(tiered)
+    assert_host_tier_clean(tiered)
+    assert tiered.flush_cache()
+    stats = tiered.get_stats()
+    assert stats.host_kv_slots_used == 0 and stats.cache_size == 0
+
+
+def engine_ids(engine: Engine, system: str) -> list[int]:
+    return engine.tokenizer.encode_chat([{"role": "system", "content": system}])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_reloads_give_the_device_cache_tokens() -> None:
+    """bf16 on CUDA: turn 2 over a history reloaded from host memory (beside the forwards)
+    gives the tokens turn 2 gives over the same history kept on the device."""
+    common = {"device": "cuda", "dtype": "bfloat16", "max_running_requests": 4}
+    small = Engine(
+        "dummy:smollm2-135m",
+        kv_cache_tokens=DEVICE_TOKENS,
+        host_kv_cache_bytes=(HOST_TOKENS + 1) * BYTES_PER_TOKEN // 2,  # bf16: half of float32
+        **common,
+    )
+    try:
+        first, second = _conversations(small)
+        reloaded = small.get_stats().host_cache_hit_tokens
+    finally:
+        small.shutdown()
+    big = Engine("dummy:smollm2-135m", kv_cache_tokens=8 * DEVICE_TOKENS, **common)
+    try:
+        first_big, second_big = _conversations(big)
+    finally:
+        big.shutdown()
+    assert reloaded > 0
+    assert [o["output_ids"] for o in first] == [o["output_ids"] for o in first_big]
+    assert [o["output_ids"] for o in second] == [o["output_ids"] for o in second_big]
