@@ -137,6 +137,34 @@ def fp8_all() -> str:
     return f"{tput:.2f}x throughput, {b1:.2f}x batch-1 time per token, {slots:.2f}x KV tokens"
 
 
+def host_tier_chat() -> str:
+    c = load("host_kv-h200")["chat"]
+    on, off = (
+        c["host_tier"]["later_turns"]["ttft_p50_s"],
+        c["device_only"]["later_turns"]["ttft_p50_s"],
+    )
+    cached_on, cached_off = c["host_tier"]["cached_share"], c["device_only"]["cached_share"]
+    return (
+        f"TTFT p50 {on * 1e3:.0f} vs {off * 1e3:.0f} ms ({off / on:.1f}x lower), "
+        f"{cached_on:.0%} vs {cached_off:.0%} of prompt tokens cached"
+    )
+
+
+def host_tier_routing() -> str:
+    record = load("serve-host-tier-routing-h200")
+
+    def hit(workload: str, policy: str) -> float:
+        (run,) = _runs(record, workload=workload, policy=policy)
+        return float(run["summary"]["cache"]["hit_rate"])
+
+    blind = "cache_aware:host_hit_cost=1.0"
+    return (
+        f"{hit('shared-prefix', 'cache_aware'):.0%} vs {hit('shared-prefix', blind):.0%} "
+        f"(shared prefix), {hit('multi-turn', 'cache_aware'):.0%} vs "
+        f"{hit('multi-turn', blind):.0%} (multi-turn)"
+    )
+
+
 ROWS: list[tuple[str, Callable[[], str]]] = [
     ("256 x (512 in, 256 out), `dummy:llama-3-8b` bf16 (one H200)", offline_throughput),
     ("1,024 requests, 16 groups sharing 1,536-token prefixes (one H200)", offline_shared_prefix),
@@ -165,6 +193,15 @@ ROWS: list[tuple[str, Callable[[], str]]] = [
         deterministic_mode,
     ),
     ("FP8 weights + KV vs bf16, 256 x (512, 256) (one H200)", fp8_all),
+    (
+        "multi-turn chat at 6x the KV pool: host-memory tier vs none, later turns (one H200)",
+        host_tier_chat,
+    ),
+    (
+        "two workers, prefixes beyond their pools: hit rate, tier-aware vs tier-blind router "
+        "(one H200)",
+        host_tier_routing,
+    ),
 ]
 
 
