@@ -132,13 +132,19 @@ def chat(args: argparse.Namespace) -> dict[str, Any]:
             "working_set_over_pool": round(args.conversations * history / args.kv_cache_tokens, 2),
         }
     }
-    for name, host_tokens in (("device_only", 0), ("host_tier", args.host_kv_tokens)):
+    configs = [("device_only", 0, "write_through")]
+    for i, policy in enumerate(args.write_policies.split(",")):
+        configs.append(
+            ("host_tier" if i == 0 else f"host_tier_{policy}", args.host_kv_tokens, policy)
+        )
+    for name, host_tokens, policy in configs:
         engine = Engine(
             args.model,
             device=args.device,
             kv_cache_tokens=args.kv_cache_tokens,
             max_running_requests=args.concurrency,
             host_kv_cache_bytes=(host_tokens + 1) * _bytes_per_token(args) if host_tokens else 0,
+            host_kv_write_policy=policy,
         )
         try:
             asyncio.run(run_chat(engine, convs[:2], _warm(args)))  # compile, graphs, first use
@@ -146,6 +152,7 @@ def chat(args: argparse.Namespace) -> dict[str, Any]:
             res = asyncio.run(run_chat(engine, convs, args))
             stats = engine.get_stats()
             if host_tokens:
+                res["write_policy"] = policy
                 res["host"] = {
                     "tokens": stats.host_kv_slots_total,
                     "hit_tokens": stats.host_cache_hit_tokens,
@@ -168,6 +175,7 @@ def chat(args: argparse.Namespace) -> dict[str, Any]:
             off["later_turns"]["ttft_p50_s"] / on["later_turns"]["ttft_p50_s"], 2
         ),
         "wall_speedup": round(off["wall_s"] / on["wall_s"], 2),
+        "wall_s_by_config": {k: v["wall_s"] for k, v in results.items() if "wall_s" in v},
     }
     return results
 
@@ -367,6 +375,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--kv-cache-tokens", type=int, default=32_768)
     ap.add_argument("--host-kv-tokens", type=int, default=262_144)
+    ap.add_argument(
+        "--write-policies",
+        default="write_through,write_back",
+        help="host tier runs, one per policy; the first is reported as host_tier",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--parts", default="copy,stall,chat")
     ap.add_argument("--copy-tokens", type=int, default=8192)
@@ -391,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
         figures["chat"] = chat(args)
         c = figures["chat"]
         print(f"{'':12} {'wall s':>8} {'cached':>8} {'share':>6} {'TTFT p50':>9} {'TTFT p90':>9}")
-        for name in ("device_only", "host_tier"):
+        for name in [k for k in c if k.startswith(("device_only", "host_tier"))]:
             r = c[name]
             lt = r["later_turns"]
             print(

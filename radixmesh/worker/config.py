@@ -27,6 +27,8 @@ QUANTIZATIONS = ("fp8", "fp8-channel", "fp8-1x128", "fp8-128x128")
 # KV pool storage: auto = the model dtype; fp8 = float8_e4m3fn with a power-of-two scale
 # per token and KV head (radixmesh/worker/kvcache/fp8_kv.py).
 KV_CACHE_DTYPES = ("auto", "fp8")
+# When the host-memory tier copies a node out of the device (docs/kv-cache.md).
+HOST_KV_WRITE_POLICIES = ("write_through", "write_back")
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,11 @@ class CacheConfig:
     most half of what is available and HOST_KV_POOL_MULTIPLE times the device pool
     (host_tier.default_host_bytes); off on CPU (its "device" pool is host memory already)
     and with tensor parallelism."""
+    host_kv_write_policy: str = "write_through"
+    """With the host tier: "write_through" copies each new node to host memory at once,
+    on a stream beside the forwards, so evicting it later costs no copy; "write_back"
+    copies a node when it is evicted, on the forwards' stream, between two steps (no copy
+    for what is never evicted)."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -174,6 +181,11 @@ class CacheConfig:
         if not 0.0 < self.gpu_memory_share <= 1.0:
             raise InvalidArgument(
                 "gpu_memory_share", f"must be in (0, 1], got {self.gpu_memory_share}"
+            )
+        if self.host_kv_write_policy not in HOST_KV_WRITE_POLICIES:
+            raise InvalidArgument(
+                "host_kv_write_policy",
+                f"must be one of {HOST_KV_WRITE_POLICIES}, got {self.host_kv_write_policy!r}",
             )
         if self.host_kv_cache_bytes is not None and self.host_kv_cache_bytes < 0:
             raise InvalidArgument(

@@ -261,6 +261,7 @@ class Worker:
             disable=cc.disable_radix_cache,
             event_block_size=cc.event_block_size,
             host_tier=self.host_tier,
+            write_through=cc.host_kv_write_policy == "write_through",
         )
 
     def _build_host_tier(self) -> HostTier | None:

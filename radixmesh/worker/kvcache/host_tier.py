@@ -6,9 +6,10 @@ in host memory, or both); this holds the host side of it: the host pool
 page size, slot 0 reserved) and the copies (host_copy.py), with counters of what they
 moved.
 
-On CUDA, copies out of the device run on the current stream, between the forwards: a
-node's device slots are copied out before the forward that reuses them writes there.
-Reloads run on a stream of their own, after what the current stream has queued (the
+On CUDA, copies out of the device at eviction run on the current stream, between the
+forwards: a node's device slots are copied out before the forward that reuses them writes
+there. Write-throughs (a new node copied out at once, `write_async`) and reloads run on a
+stream of their own, after what the current stream has queued (the
 slots they fill may have been freed by it), beside the forwards that follow: `load`
 returns an event, and nothing reads the slots before it is done (the tree keeps the
 nodes locked and out of matches until then, radix_cache.py). A reload of a long
@@ -102,6 +103,32 @@ class HostTier:
         hs.record_stream(self.stream)
         return done
 
+    def write_async(
+        self, device_slots: torch.Tensor, host_slots: torch.Tensor
+    ) -> torch.cuda.Event | None:
+        """Copy the KV of device slots into host slots beside the forwards (write-through):
+        on CUDA on the tier's stream, after what the current stream has queued (the KV may
+        be a forward's still in flight), returning the event that marks it done (None:
+        done already, on the CPU). Slots freed while it runs must not be written before
+        it is done (`order_after`)."""
+        if self.stream is None:
+            self._copy(device_slots, host_slots, to_host=True)
+            return None
+        dev = to_device(device_slots, self.pool.device)
+        hs = to_device(host_slots, self.pool.device)
+        self.stream.wait_stream(torch.cuda.current_stream(self.pool.device))
+        with torch.cuda.stream(self.stream):
+            self._copy(dev, hs, to_host=True, programs=LOAD_PROGRAMS)
+            done = torch.cuda.Event()
+            done.record()
+        dev.record_stream(self.stream)
+        hs.record_stream(self.stream)
+        return done
+
+    def order_after(self, done: torch.cuda.Event) -> None:
+        """Make the current stream's later work wait for `done` (on the GPU, not here)."""
+        torch.cuda.current_stream(self.pool.device).wait_event(done)
+
     def finished(self, done: torch.cuda.Event, wait: bool = False) -> bool:
         """Whether a reload `load` returned is done (waiting for it with `wait`); once it
         is, the current stream is ordered after it, so the forwards see its writes."""
@@ -110,11 +137,19 @@ class HostTier:
         torch.cuda.current_stream(self.pool.device).wait_event(done)
         return True
 
-    def _copy(self, device_slots: torch.Tensor, host_slots: torch.Tensor, to_host: bool) -> None:
+    def _copy(
+        self,
+        device_slots: torch.Tensor,
+        host_slots: torch.Tensor,
+        to_host: bool,
+        programs: int | None = None,
+    ) -> None:
+        """`programs`: the copy kernel's (None: one per row out, LOAD_PROGRAMS back in)."""
         i = 0 if to_host else 1
         n = device_slots.numel()
         self._tokens[i] += n
-        programs = 0 if to_host else LOAD_PROGRAMS
+        if programs is None:
+            programs = 0 if to_host else LOAD_PROGRAMS
         if not self._timed:
             copy_kv(self.pool, self.host, device_slots, host_slots, to_host=to_host)
             return

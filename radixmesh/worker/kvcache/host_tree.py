@@ -87,6 +87,55 @@ def poll_loads(tree: TreeCore, wait: bool = False) -> int:
     return len(tree._loads)
 
 
+def write_through(tree: TreeCore) -> None:
+    """Copy the nodes made since the last call to host slots now, beside the forwards
+    (`tree.write_through`): when the device evicts them later, nothing is left to copy.
+    A node gone or offloaded since is skipped, and so is the rest when host memory has
+    no room it may take."""
+    nodes, tree._new_nodes = tree._new_nodes, []
+    tier = tree.tier
+    assert tier is not None
+    todo: list[TreeNode] = []
+    for node in nodes:
+        if node.parent is None or node.value is None or node.host_value is not None:
+            continue
+        host = host_alloc(tree, len(node.key))
+        if host is None:
+            break
+        node.host_value = host
+        node.host_ref += 1  # until its copy is done (and not dropped by the next alloc)
+        tree._host_nodes.add(node)
+        tree._host_size += len(node.key)
+        todo.append(node)
+    if not todo:
+        return
+    dev = [n.value for n in todo if n.value is not None]
+    host_slots = [n.host_value for n in todo if n.host_value is not None]
+    done = tier.write_async(torch.cat(dev), torch.cat(host_slots))
+    if done is None:
+        for node in todo:
+            node.host_ref -= 1
+        return
+    for node in todo:
+        node.writing = True
+    tree._writes.append((done, todo))
+
+
+def poll_writes(tree: TreeCore, wait: bool = False) -> int:
+    """Finish the write-throughs whose copies are done (all, waiting, with `wait`)."""
+    tier = tree.tier
+    while tree._writes:
+        assert tier is not None
+        done, nodes = tree._writes[0]
+        if not tier.finished(done, wait):
+            break
+        tree._writes.popleft()
+        for nd in nodes:
+            nd.host_ref -= 1
+            nd.writing = False
+    return len(tree._writes)
+
+
 def pending_cut(tree: TreeCore, node: TreeNode) -> TreeNode | None:
     """The parent of the highest node still loading on the path root..node (None: no
     node on it is loading)."""
@@ -164,6 +213,8 @@ def write_copies(tree: TreeCore, copies: list[tuple[TreeNode, torch.Tensor, torc
     """Copy offloaded nodes' KV to their host slots. A node removed since (its parent
     evicted with no host room left) no longer holds those slots and is skipped."""
     assert tree.tier is not None
+    if tree._writes:  # host slots a write-through still fills may be among these (freed)
+        tree.tier.order_after(tree._writes[-1][0])
     kept = [(dev, host) for node, dev, host in copies if node.host_value is host]
     for node, _, _ in copies:
         node.host_ref -= 1
@@ -187,6 +238,9 @@ def evict_node(
             copies.append((node, node.value, host))
     if node.host_value is None:
         return remove_subtree(tree, node)
+    if node.writing:  # its slots are free for the next forward once its copy is done
+        assert tree.tier is not None
+        tree.tier.order_after(tree._writes[-1][0])  # the stream's last: all before it too
     parent = node.parent
     assert parent is not None
     node.value = None

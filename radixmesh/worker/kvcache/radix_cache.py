@@ -143,8 +143,16 @@ class RadixCache(TreeCore):
         return host_tree.load_host(self, match)
 
     def poll_loads(self, wait: bool = False) -> int:
-        """Finish the reloads that are done (host_tree.poll_loads); how many are not."""
+        """Finish the reloads and write-throughs that are done (host_tree.poll_loads,
+        poll_writes); how many reloads are not."""
+        if self._writes:
+            host_tree.poll_writes(self, wait)
         return host_tree.poll_loads(self, wait)
+
+    def _write_new(self) -> None:
+        """Write-through: the nodes made since the last call to host memory."""
+        if self._new_nodes and self._deferred is None:
+            host_tree.write_through(self)
 
     def insert(self, key: Sequence[int], slots: torch.Tensor) -> int:
         """Insert `key` with its `slots`; returns how long a prefix was already present.
@@ -162,6 +170,7 @@ class RadixCache(TreeCore):
                 f"key: length {len(tokens)} is not a multiple of page_size {self.page_size}"
             )
         present, _, _ = self._insert(tokens, len(tokens), slots)
+        self._write_new()
         return present  # host-only nodes it covered took their slots from `slots` too
 
     # ---- request-level ownership ---------------------------------------------------------
@@ -192,6 +201,7 @@ class RadixCache(TreeCore):
         if aligned < len(slots):
             self._free(slots[aligned:])
         self.dec_lock_ref(locked_node)
+        self._write_new()
 
     @contextlib.contextmanager
     def batched_frees(self) -> Iterator[None]:
@@ -210,6 +220,7 @@ class RadixCache(TreeCore):
             pending, self._deferred = self._deferred, None
             if pending:
                 self.allocator.free(pending[0] if len(pending) == 1 else torch.cat(pending))
+            self._write_new()
 
     def _free(self, slots: torch.Tensor) -> None:
         if self._deferred is None:
@@ -241,6 +252,7 @@ class RadixCache(TreeCore):
             new_slots[start.end : present] = tree_slots
         self.inc_lock_ref(node)
         self.dec_lock_ref(locked_node)
+        self._write_new()
         return new_slots, node
 
     def _request_span(self, key: Sequence[int], slots: torch.Tensor) -> tuple[list[int], int]:
@@ -301,7 +313,7 @@ class RadixCache(TreeCore):
 
         Raises RuntimeError if any node is locked (a running request still uses it).
         """
-        host_tree.poll_loads(self, wait=True)
+        self.poll_loads(wait=True)
         if self._protected:
             raise RuntimeError(f"reset: {self._protected} tokens are locked by running requests")
         nodes = self._iter_nodes()

@@ -30,6 +30,7 @@ class TreeCore:
         disable: bool = False,
         event_block_size: int = 16,
         host_tier: HostTier | None = None,
+        write_through: bool = False,
     ) -> None:
         if page_size != allocator.page_size:
             raise ValueError(
@@ -44,6 +45,10 @@ class TreeCore:
         self.disable = disable
         self.event_block_size = event_block_size
         self.tier = None if disable else host_tier
+        # With a tier: copy each new node to host memory at once, beside the forwards
+        # (host_tree.write_through), rather than when it is evicted, between them.
+        self.write_through = write_through and self.tier is not None
+        self._new_nodes: list[TreeNode] = []  # made since the last write-through
         self._listeners = CacheEventListeners()
         # Slots live on the host: comparing and freeing them never waits for the device.
         self._empty = torch.empty(0, dtype=torch.int64)
@@ -53,6 +58,8 @@ class TreeCore:
         self._deferred: list[torch.Tensor] | None = None  # see batched_frees
         # Reloads still copying (CUDA): the event that ends each, and its nodes.
         self._loads: deque[tuple[torch.cuda.Event, list[TreeNode]]] = deque()
+        # Write-throughs still copying (CUDA), the same way.
+        self._writes: deque[tuple[torch.cuda.Event, list[TreeNode]]] = deque()
         self.root = TreeNode([], self._empty, None, 0, self._new_id())
         self.root.lock_ref = 1  # the root is never evicted
         self.root.hashes = []
@@ -144,8 +151,8 @@ class TreeCore:
             upper.host_value, child.host_value = child.host_value[:at], child.host_value[at:]
             upper.host_ref = child.host_ref
             self._host_nodes.add(upper)
-        if child.loading:
-            self._split_loading(child, upper)
+        if child.loading or child.writing:
+            self._split_pending(child, upper)
         upper.children[self._child_key(child.key, 0)] = child
         self._num_nodes += 1
         return upper
@@ -161,6 +168,8 @@ class TreeCore:
         self._num_nodes += 1
         if self._listeners.active:
             self._emit("stored", node)
+        if self.write_through:
+            self._new_nodes.append(node)
         return node
 
     def _detach(self, node: TreeNode) -> TreeNode:
@@ -196,15 +205,16 @@ class TreeCore:
         if event is not None:
             self._listeners.emit(event)
 
-    def _split_loading(self, lower: TreeNode, upper: TreeNode) -> None:
-        """A node still loading was split: its upper part joins its reload (the lock stays
-        on the reload's deepest node, whose end a split does not move)."""
-        upper.loading = True
-        for _, nodes in self._loads:
-            if lower in nodes:
-                nodes.insert(nodes.index(lower), upper)
-                return
-        raise RuntimeError(f"split: {lower} is loading but in no reload")
+    def _split_pending(self, lower: TreeNode, upper: TreeNode) -> None:
+        """A node still being copied (a reload, a write-through) was split: its upper part
+        joins the copy's nodes (a reload's lock stays on its deepest node, whose end a
+        split does not move)."""
+        upper.loading, upper.writing = lower.loading, lower.writing
+        for records in (self._loads, self._writes):
+            for _, nodes in records:
+                if lower in nodes:
+                    nodes.insert(nodes.index(lower), upper)
+                    break
 
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` device slots (radix_cache.py)."""

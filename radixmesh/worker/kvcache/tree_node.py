@@ -29,6 +29,7 @@ class TreeNode:
         "lock_ref",
         "parent",
         "value",
+        "writing",
     )
 
     def __init__(
@@ -48,6 +49,7 @@ class TreeNode:
         self.device_children = 0  # children whose value is not None
         self.host_ref = 0  # > 0: its host slots must stay (a load or a copy uses them)
         self.loading = False  # its device slots are being filled from host memory
+        self.writing = False  # its KV is being copied to its host slots (write-through)
         self.end = end  # path length from the root to the end of this node
         self.id = node_id  # creation order: the LRU tie-break
         self.lock_ref = 0

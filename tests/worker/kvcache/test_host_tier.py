@@ -80,8 +80,8 @@ class Copying:
 
 
 class DeferredTier(HostTier):
-    """The CUDA path's timing on the CPU: a reload's bytes land at once, but the tree
-    hears it is done only when `land` says so (or someone waits for it)."""
+    """The CUDA path's timing on the CPU: a reload's (or a write-through's) bytes land at
+    once, but the tree hears it is done only when the test says so (or someone waits)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -91,6 +91,14 @@ class DeferredTier(HostTier):
         self._copy(device_slots, host_slots, to_host=False)
         self.copying.append(Copying())
         return self.copying[-1]
+
+    def write_async(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> Copying:  # type: ignore[override]
+        self._copy(device_slots, host_slots, to_host=True)
+        self.copying.append(Copying())
+        return self.copying[-1]
+
+    def order_after(self, done: Copying) -> None:  # type: ignore[override]
+        pass  # the bytes landed already
 
     def finished(self, done: Copying, wait: bool = False) -> bool:  # type: ignore[override]
         if wait:

@@ -57,6 +57,7 @@ class TierMachine(RuleBasedStateMachine):
     num_slots = 14
     host_slots = 11
     deferred = False
+    write_through = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -72,7 +73,11 @@ class TierMachine(RuleBasedStateMachine):
         self.tier = tier_cls(self.pool, self.host_slots, self.page_size)
         self.alloc = KVAllocator(self.num_slots, self.page_size)
         self.cache = RadixCache(
-            self.alloc, self.page_size, event_block_size=self.block, host_tier=self.tier
+            self.alloc,
+            self.page_size,
+            event_block_size=self.block,
+            host_tier=self.tier,
+            write_through=self.write_through,
         )
         self.events: list[CacheEvent] = []
         self.cache.add_listener(self.events.append)
@@ -188,7 +193,8 @@ class TierMachine(RuleBasedStateMachine):
     def tiers_are_layered(self) -> None:
         for node, _ in _nodes(self.cache):
             assert node.value is not None or node.host_value is not None
-            assert node.host_ref == (1 if node.loading else 0)  # a reload reads its host slots
+            # A reload reads its host slots, a write-through fills them.
+            assert node.host_ref == int(node.loading) + int(node.writing)
             if node.loading:
                 assert node.value is not None and node.lock_ref > 0
             device_kids = [c for c in node.children.values() if c.value is not None]
@@ -246,6 +252,15 @@ class DeferredTierMachine(TierMachine):
     deferred = True
 
 
+class WriteThroughMachine(TierMachine):
+    write_through = True
+
+
+class DeferredWriteThroughMachine(TierMachine):
+    deferred = True
+    write_through = True
+
+
 _fast = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestTiers = TierMachine.TestCase
 TestTiers.settings = _fast
@@ -253,3 +268,7 @@ TestTiersPage2 = TierPage2Machine.TestCase
 TestTiersPage2.settings = _fast
 TestDeferredReloads = DeferredTierMachine.TestCase
 TestDeferredReloads.settings = _fast
+TestWriteThrough = WriteThroughMachine.TestCase
+TestWriteThrough.settings = _fast
+TestDeferredWriteThrough = DeferredWriteThroughMachine.TestCase
+TestDeferredWriteThrough.settings = _fast
