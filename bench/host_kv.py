@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host-kv-tokens", type=int, default=262_144)
     ap.add_argument(
         "--write-policies",
-        default="write_through,write_back",
+        default="write_back,write_through",
         help="host tier runs, one per policy; the first is reported as host_tier",
     )
     ap.add_argument("--seed", type=int, default=0)

@@ -159,11 +159,12 @@ class CacheConfig:
     most half of what is available and HOST_KV_POOL_MULTIPLE times the device pool
     (host_tier.default_host_bytes); off on CPU (its "device" pool is host memory already)
     and with tensor parallelism."""
-    host_kv_write_policy: str = "write_through"
-    """With the host tier: "write_through" copies each new node to host memory at once,
-    on a stream beside the forwards, so evicting it later costs no copy; "write_back"
-    copies a node when it is evicted, on the forwards' stream, between two steps (no copy
-    for what is never evicted)."""
+    host_kv_write_policy: str = "write_back"
+    """With the host tier: "write_back" copies a node to host memory when the device evicts
+    it, on the forwards' stream, between two steps (nothing is copied for what is never
+    evicted); "write_through" copies each new node at once, on a stream beside the
+    forwards, so that evicting it later costs no copy. write_back measured faster on the
+    H200 (docs/performance.md, "The host-memory KV tier")."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

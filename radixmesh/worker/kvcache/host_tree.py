@@ -267,11 +267,12 @@ def host_alloc(tree: TreeCore, n: int) -> torch.Tensor | None:
 
 
 def evict_host(tree: TreeCore, num_tokens: int) -> int:
-    """Free host slots, least recently used first: a node also on the device drops its
-    copy, a host-only leaf leaves the tree (and may make its parent a candidate)."""
+    """Free host slots: first the copies of nodes also on the device (dropping one loses
+    nothing: the device still has it), then host-only leaves, which leave the tree (and
+    may make their parents candidates); least recently used first within each."""
     assert tree.tier is not None
     heap = [
-        (n.last_access, n.id, n)
+        (n.value is None, n.last_access, n.id, n)
         for n in tree._host_nodes
         if n.host_ref == 0 and (n.value is not None or not n.children)
     ]
@@ -279,7 +280,7 @@ def evict_host(tree: TreeCore, num_tokens: int) -> int:
     freed: list[torch.Tensor] = []
     num_freed = 0
     while num_freed < num_tokens and heap:
-        node = heapq.heappop(heap)[2]
+        node = heapq.heappop(heap)[3]
         num_freed += len(node.key)
         freed.append(drop_host(tree, node))
         if node.value is None:
@@ -290,7 +291,7 @@ def evict_host(tree: TreeCore, num_tokens: int) -> int:
                 and not parent.children
                 and parent.host_ref == 0
             ):
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+                heapq.heappush(heap, (True, parent.last_access, parent.id, parent))
     if freed:
         tree.tier.free(torch.cat(freed))
     return num_freed

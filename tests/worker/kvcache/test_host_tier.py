@@ -376,3 +376,22 @@ def test_deferred_reload_stays_locked_and_unmatched_until_it_lands() -> None:
     assert not hit.pending and hit.slots.numel() == 8 and cache.protected_size() == 0
     assert_kv(pool, A, hit.slots)
     assert all(n.host_ref == 0 and not n.loading for n in cache._iter_nodes())
+
+
+def test_host_pool_drops_copies_of_device_nodes_before_host_only_ones() -> None:
+    """A host copy of a node still on the device goes first, however recent: dropping it
+    loses nothing, dropping a host-only node loses its KV."""
+    pool, cache, _ = make(device_slots=25, host_slots=17)  # 16 usable host slots
+    C = [30, 31, 32, 33, 34, 35, 36, 37]
+    compute(pool, cache, A)
+    cache.evict(8)  # A: host-only, the oldest
+    compute(pool, cache, B)
+    cache.load_host(cache.match_prefix(A))  # A back on the device (both); B device-only
+    cache.evict(8)  # B (older than A's reload) -> host: full (A's copy + B)
+    assert cache.match_prefix(B).host_tokens == 8
+    compute(pool, cache, C)
+    cache.match_prefix(A)  # A used last: C is the device's LRU leaf
+    cache.evict(8)  # C -> host: A's copy is dropped (A is on the device), not B
+    assert cache.match_prefix(B).host_tokens == 8 and cache.match_prefix(C).host_tokens == 8
+    a = cache.match_prefix(A)
+    assert a.slots.numel() == 8 and a.last_node.host_value is None
