@@ -19,6 +19,7 @@ Elsewhere (the CPU, the tests) the same copy is torch indexing, one layer at a t
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -90,15 +91,17 @@ def _copy_torch(
 
 # ---- CUDA -----------------------------------------------------------------------------
 
-_TABLES: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}  # id(pool) -> tables
+# pool -> its address tables; weak: a closed pool's go with it (an id could be reused).
+_TABLES: weakref.WeakKeyDictionary[KVPool, tuple[torch.Tensor, torch.Tensor | None]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _tables(pool: KVPool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Device tables of the pool's buffer addresses: [2L] (K0, V0, K1, V1, ...) and the
     FP8 pool's scale buffers, the same order. Pool buffers never move once made."""
-    key = id(pool)
-    cached = _TABLES.get(key)
-    if cached is not None and cached[0].device == pool.device:
+    cached = _TABLES.get(pool)
+    if cached is not None:
         return cached
     ptrs = [b.data_ptr() for pair in zip(pool.k_buffers, pool.v_buffers, strict=True) for b in pair]
     table = torch.tensor(ptrs, dtype=torch.int64, device=pool.device)
@@ -106,13 +109,8 @@ def _tables(pool: KVPool) -> tuple[torch.Tensor, torch.Tensor | None]:
     if pool.quantized:
         sp = [s.data_ptr() for pair in zip(pool.k_scales, pool.v_scales, strict=True) for s in pair]
         scales = torch.tensor(sp, dtype=torch.int64, device=pool.device)
-    _TABLES[key] = (table, scales)
+    _TABLES[pool] = (table, scales)
     return table, scales
-
-
-def forget_pool(pool: KVPool) -> None:
-    """Drop a closed pool's address tables."""
-    _TABLES.pop(id(pool), None)
 
 
 def _copy_cuda(
