@@ -45,6 +45,7 @@ if part routing; then
   echo "routing rc=$?"; grep -A6 "^workload" "$OUT/host-tier-routing.log" | tail -6; el routing
 fi
 if part bench; then
-  run host_kv 480 -m bench.host_kv --model dummy:llama-3-8b --device cuda ${BENCH_ARGS:-} \
-    --out "$OUT/host_kv-$MACHINE.json"
+  run host_kv-copy 120 -m bench.host_kv --parts copy --out "$OUT/host_kv-copy-$MACHINE.json"
+  run host_kv 480 -m bench.host_kv --model dummy:llama-3-8b --device cuda --parts stall,chat \
+    ${BENCH_ARGS:-} --out "$OUT/host_kv-$MACHINE.json"
 fi
