@@ -87,21 +87,9 @@ class HostTier:
         self._copy(device_slots, host_slots, to_host=True)
 
     def load(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> torch.cuda.Event | None:
-        """Copy the KV of host slots into device slots: on CUDA on the reload stream,
+        """Copy the KV of host slots into device slots: on CUDA on the tier's stream,
         returning the event that marks it done (None: done already, on the CPU)."""
-        if self.stream is None:
-            self._copy(device_slots, host_slots, to_host=False)
-            return None
-        dev = to_device(device_slots, self.pool.device)
-        hs = to_device(host_slots, self.pool.device)
-        self.stream.wait_stream(torch.cuda.current_stream(self.pool.device))
-        with torch.cuda.stream(self.stream):
-            self._copy(dev, hs, to_host=False)
-            done = torch.cuda.Event()
-            done.record()
-        dev.record_stream(self.stream)  # made on the current stream, read on this one
-        hs.record_stream(self.stream)
-        return done
+        return self._beside(device_slots, host_slots, to_host=False)
 
     def write_async(
         self, device_slots: torch.Tensor, host_slots: torch.Tensor
@@ -111,17 +99,25 @@ class HostTier:
         be a forward's still in flight), returning the event that marks it done (None:
         done already, on the CPU). Slots freed while it runs must not be written before
         it is done (`order_after`)."""
+        return self._beside(device_slots, host_slots, to_host=True)
+
+    def _beside(
+        self, device_slots: torch.Tensor, host_slots: torch.Tensor, to_host: bool
+    ) -> torch.cuda.Event | None:
+        """A copy on the tier's stream, after what the current stream has queued (the
+        slots may be a forward's, or freed by one), with LOAD_PROGRAMS programs; the
+        event that ends it (None on the CPU, where it is done on return)."""
         if self.stream is None:
-            self._copy(device_slots, host_slots, to_host=True)
+            self._copy(device_slots, host_slots, to_host=to_host)
             return None
         dev = to_device(device_slots, self.pool.device)
         hs = to_device(host_slots, self.pool.device)
         self.stream.wait_stream(torch.cuda.current_stream(self.pool.device))
         with torch.cuda.stream(self.stream):
-            self._copy(dev, hs, to_host=True, programs=LOAD_PROGRAMS)
+            self._copy(dev, hs, to_host=to_host, programs=LOAD_PROGRAMS)
             done = torch.cuda.Event()
             done.record()
-        dev.record_stream(self.stream)
+        dev.record_stream(self.stream)  # made on the current stream, read on this one
         hs.record_stream(self.stream)
         return done
 

@@ -16,6 +16,7 @@ unfinished reload uses is never dropped from host memory.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 
 import torch
 
@@ -157,40 +158,37 @@ def adopt(
 ) -> tuple[TreeNode, int]:
     """An insert past the device's part over host-only nodes: they take the caller's
     slots for their tokens (its computed KV is theirs). Returns where it stopped."""
-    while pos < limit:
-        child = node.children.get(tree._child_key(tokens, pos))
-        if child is None:
-            break
-        common = tree._common_len(child.key, tokens, pos, limit)
-        if common == 0:
-            break
-        if common < len(child.key):
-            child = tree._split(child, common)
-        child.last_access = tree._clock
-        make_resident(tree, child, slots[pos : pos + common].clone())
-        node, pos = child, pos + common
+    for child, start in _host_path(tree, tokens, limit, node, pos):
+        make_resident(tree, child, slots[start : start + len(child.key)].clone())
+        node, pos = child, start + len(child.key)
     return node, pos
 
 
 def walk_host(
     tree: TreeCore, tokens: list[int], limit: int, node: TreeNode, pos: int
 ) -> tuple[TreeNode, ...]:
-    """The host-only nodes that continue a device walk ending at `node` (at `pos`),
-    splitting the last where the match ends inside it; each is touched (LRU)."""
-    out: list[TreeNode] = []
+    """The host-only nodes that continue a device walk ending at `node` (at `pos`)."""
+    return tuple(child for child, _ in _host_path(tree, tokens, limit, node, pos))
+
+
+def _host_path(
+    tree: TreeCore, tokens: list[int], limit: int, node: TreeNode, pos: int
+) -> Iterator[tuple[TreeNode, int]]:
+    """The host-only nodes below `node` (at `pos`) that tokens[pos:limit] runs through,
+    each with the position it starts at; the last is split where the tokens end inside
+    it, and each is touched (LRU). Every node below a host-only one is host-only."""
     while pos < limit:
         child = node.children.get(tree._child_key(tokens, pos))
         if child is None:
-            break
+            return
         common = tree._common_len(child.key, tokens, pos, limit)
         if common == 0:
-            break
+            return
         if common < len(child.key):
             child = tree._split(child, common)
         child.last_access = tree._clock
-        out.append(child)
+        yield child, pos
         node, pos = child, pos + common
-    return tuple(out)
 
 
 def make_resident(tree: TreeCore, node: TreeNode, value: torch.Tensor) -> None:
