@@ -20,12 +20,10 @@ Elsewhere (the CPU, the tests) the same copy is torch indexing, one layer at a t
 from __future__ import annotations
 
 import weakref
-from typing import Any
 
 import torch
 
 from radixmesh.worker.forward_batch import to_device
-from radixmesh.worker.kvcache.fp8_kv import FP8
 from radixmesh.worker.kvcache.host_pool import HostKVPool
 from radixmesh.worker.kvcache.pool import KVPool
 
@@ -133,13 +131,3 @@ def _copy_cuda(
         copy_rows(
             scale_table, host.scales, dev, hs, 2 * pool.num_layers, heads, to_host, torch.int8
         )
-
-
-def kernel_args(pool: KVPool) -> dict[str, Any]:
-    """What the copy kernel is launched with for this pool (for benchmarks' reports)."""
-    itemsize = 1 if pool.dtype == FP8 else torch.empty((), dtype=pool.dtype).element_size()
-    return {
-        "buffers": 2 * pool.num_layers,
-        "row_elements": pool.num_kv_heads * pool.head_dim,
-        "row_bytes": pool.num_kv_heads * pool.head_dim * itemsize,
-    }
