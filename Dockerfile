@@ -9,7 +9,7 @@ ARG TORCH_VERSION=2.11.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
 ARG SMOLLM2_VERSION=0.1.2
 # The Ray launcher, which the KubeRay manifests (deploy/ray) run in this image.
-ARG RADIXMESH_EXTRAS=ray
+ARG RADIXMESH_EXTRAS=worker,ray
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 from radixmesh import lang as _lang
 from radixmesh.errors import InvalidArgument, RadixMeshError
 from radixmesh.sampling_params import SamplingParams
+from radixmesh.version import __version__
 
 if TYPE_CHECKING:
     from radixmesh.worker.engine import Engine
 
-__version__ = "0.1.0"
 __all__ = [
     "Engine",
     "InvalidArgument",

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from aiohttp import web
 
-import radixmesh
 from radixmesh.auth import ADMIN_MESSAGE, caller_of
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError
@@ -44,6 +43,7 @@ from radixmesh.router.http.sglang_protocol import (
 from radixmesh.router.limits import MAX_REQUEST_ID
 from radixmesh.router.liveness import UNAVAILABLE_RETRY_AFTER
 from radixmesh.v1 import common_pb2
+from radixmesh.version import __version__
 
 if TYPE_CHECKING:
     from radixmesh.router.http.frontend import Frontend, JobChunks
@@ -151,7 +151,7 @@ class SglangApi:
                 "tokenizer_path": info.tokenizer,
                 "context_length": info.context_length,
                 "page_size": info.page_size,
-                "version": radixmesh.__version__,
+                "version": __version__,
                 "grpc_port": self.frontend.grpc_port,
                 "policy": config.policy,
                 "internal_states": workers,

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import grpc
 from aiohttp import web
 
-import radixmesh
 from radixmesh.auth import caller_of
 from radixmesh.errors import RadixMeshError
 from radixmesh.router.http.api_error import ApiError, read_json
@@ -40,6 +39,7 @@ from radixmesh.router.http.openai.convert import (
 from radixmesh.router.http.openai.embeddings import embed_all, parse_embeddings
 from radixmesh.router.http.openai.generation import WORKER_HEADER
 from radixmesh.router.http.openai.openapi import openapi_document
+from radixmesh.version import __version__
 
 if TYPE_CHECKING:
     from radixmesh.router.http.frontend import Frontend
@@ -63,7 +63,7 @@ class OpenAIRoutes:
         return self.frontend.config.strict_openai
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(openapi_document(radixmesh.__version__))
+        return web.json_response(openapi_document(__version__))
 
     async def embeddings(self, request: web.Request) -> web.Response:
         tok, info = self.frontend.ready()
