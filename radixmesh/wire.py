@@ -1,27 +1,21 @@
-"""radixmesh.v1 messages <-> Python values, both directions, for every edge that speaks
-protobuf: the worker's and the router's servers and the client SDK.
+"""radixmesh.v1 messages <-> Python values for every edge that speaks protobuf: the
+worker's and the router's servers and the client SDK.
 
-Each message's fields are named here once. Inside the processes everything is plain:
-the engine's `RequestOutput` / `MetaInfo`, `SamplingParams` dicts, `EngineInfo`,
-`SchedulerStats`, cache events; the client builds its own dataclasses from the field
-dicts this module reads out of a message.
+Each message's fields are read here once: the client builds its own dataclasses from the
+field dicts this module reads out of a message. What only the worker writes from its own
+types (generated chunks, model info, load, cache events, embeddings) is written in
+worker/proto_out.py, which keeps this module free of the worker's types.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.tokenizer import TokenizerLike, validate_messages
 from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
-
-if TYPE_CHECKING:  # value types only: the client and the router never load the engine
-    from radixmesh.worker.engine_info import EngineInfo
-    from radixmesh.worker.kvcache.events import CacheEvent
-    from radixmesh.worker.request_output import Finish, RequestOutput
-    from radixmesh.worker.stats import SchedulerStats
 
 # Sampling fields copied as they are; the `optional` ones only when set.
 _PLAIN = (
@@ -34,19 +28,19 @@ _OPTIONAL = (
 )  # fmt: skip
 _CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
 _DEFAULTS = SamplingParams()
-_FINISH = {
+FINISH_CODES = {
     "stop": common_pb2.FINISH_REASON_STOP,
     "length": common_pb2.FINISH_REASON_LENGTH,
     "abort": common_pb2.FINISH_REASON_ABORT,
 }
-_FINISH_NAME = {v: k for k, v in _FINISH.items()}
+_FINISH_NAME = {v: k for k, v in FINISH_CODES.items()}
 _POOLING = {"mean": common_pb2.POOLING_MEAN, "last": common_pb2.POOLING_LAST}
 _POOLING_NAME: dict[int, str] = {
     common_pb2.POOLING_UNSPECIFIED: "mean",
     common_pb2.POOLING_MEAN: "mean",
     common_pb2.POOLING_LAST: "last",
 }
-_EVENT_KIND = {
+EVENT_KIND_CODES = {  # the worker sends them (worker/proto_out.py)
     "stored": worker_pb2.CACHE_EVENT_KIND_STORED,
     "removed": worker_pb2.CACHE_EVENT_KIND_REMOVED,
     "cleared": worker_pb2.CACHE_EVENT_KIND_CLEARED,
@@ -171,56 +165,6 @@ def params_from_proto(p: common_pb2.SamplingParams) -> dict[str, Any]:
 # ---- generated chunks ---------------------------------------------------------------------
 
 
-def _logprobs_to_proto(entries: Sequence[LogprobEntry]) -> list[common_pb2.TokenLogprob]:
-    out = []
-    for lp, tid, _ in entries:
-        msg = common_pb2.TokenLogprob(token_id=tid)
-        if lp is not None:
-            msg.logprob = lp
-        out.append(msg)
-    return out
-
-
-def _finish_to_proto(finish: Finish) -> common_pb2.Finish:
-    msg = common_pb2.Finish(reason=_FINISH[finish.reason], message=finish.message or "")
-    if isinstance(finish.matched, str):
-        msg.matched_text = finish.matched
-    elif isinstance(finish.matched, int):
-        msg.matched_token_id = finish.matched
-    return msg
-
-
-def chunk_to_proto(
-    rid: str, out: RequestOutput, *, whole: bool = False
-) -> common_pb2.GenerateChunk:
-    """One step's output (its deltas), or with `whole` a request's outputs joined into
-    one (`RequestOutput.then`), whose logprobs are then the final lists of its MetaInfo."""
-    meta = out.meta_info
-    logprobs = out.new_token_logprobs
-    top = out.new_top_logprobs
-    if whole:
-        logprobs = meta.output_token_logprobs or []
-        top = meta.output_top_logprobs or []
-    msg = common_pb2.GenerateChunk(
-        request_id=rid,
-        token_ids=out.new_token_ids,
-        text=out.text_delta,
-        logprobs=_logprobs_to_proto(logprobs),
-        top_logprobs=[common_pb2.TopLogprobs(tokens=_logprobs_to_proto(t)) for t in top],
-        prompt_tokens=meta.prompt_tokens,
-        completion_tokens=meta.completion_tokens,
-        cached_tokens=meta.cached_tokens,
-        input_logprobs=_logprobs_to_proto(meta.input_token_logprobs or []),
-        input_top_logprobs=[
-            common_pb2.TopLogprobs(tokens=_logprobs_to_proto(t))
-            for t in meta.input_top_logprobs or []
-        ],
-    )
-    if meta.finish is not None:
-        msg.finish.CopyFrom(_finish_to_proto(meta.finish))
-    return msg
-
-
 def logprobs_fields(entries: Sequence[common_pb2.TokenLogprob]) -> list[tuple[int, float | None]]:
     """(token id, logprob or None) per entry."""
     return [(e.token_id, e.logprob if e.HasField("logprob") else None) for e in entries]
@@ -252,25 +196,6 @@ def chunk_fields(c: common_pb2.GenerateChunk) -> dict[str, Any]:
 # ---- the model, the load, the cache --------------------------------------------------------
 
 
-def model_info_to_proto(
-    info: EngineInfo, page_size: int, event_block_size: int, chat_template: str
-) -> common_pb2.ModelInfo:
-    msg = common_pb2.ModelInfo(
-        model=info.served_model,
-        context_length=info.context_len,
-        vocab_size=info.vocab_size,
-        page_size=page_size,
-        event_block_size=event_block_size,
-        tokenizer=info.tokenizer_spec,
-        chat_template=chat_template,
-        eos_token_ids=sorted(info.eos_ids),
-        hidden_size=info.hidden_size,
-    )
-    if info.bos_token_id is not None:
-        msg.bos_token_id = info.bos_token_id
-    return msg
-
-
 def model_info_fields(m: common_pb2.ModelInfo) -> dict[str, Any]:
     return {
         "model": m.model,
@@ -284,21 +209,6 @@ def model_info_fields(m: common_pb2.ModelInfo) -> dict[str, Any]:
         "bos_token_id": m.bos_token_id if m.HasField("bos_token_id") else None,
         "hidden_size": m.hidden_size,
     }
-
-
-def load_to_proto(
-    s: SchedulerStats, throughput: float, draining: bool, in_flight: int
-) -> worker_pb2.GetLoadResponse:
-    return worker_pb2.GetLoadResponse(
-        num_running=s.num_running,
-        num_waiting=s.num_waiting,
-        kv_tokens_used=s.kv_slots_used,
-        kv_tokens_total=s.kv_slots_total,
-        cache_hit_rate=s.cache_hit_rate,
-        generation_throughput=throughput,
-        draining=draining,
-        num_in_flight=in_flight,
-    )
 
 
 # GetLoad's trailing metadata: the seconds since the worker's engine last answered, i.e.
@@ -351,19 +261,6 @@ def load_fields(m: worker_pb2.GetLoadResponse) -> dict[str, Any]:
     }
 
 
-def event_to_proto(epoch: int, sequence: int, event: CacheEvent) -> worker_pb2.CacheEvent:
-    msg = worker_pb2.CacheEvent(
-        epoch=epoch,
-        sequence=sequence,
-        kind=_EVENT_KIND[event.kind],
-        block_hashes=list(event.block_hashes),
-        num_tokens=event.num_tokens,
-    )
-    if event.parent_hash is not None:
-        msg.parent_hash = event.parent_hash
-    return msg
-
-
 # ---- embeddings ---------------------------------------------------------------------------
 
 
@@ -378,16 +275,6 @@ def pooling_from_proto(value: int) -> str:
     if value not in _POOLING_NAME:
         raise InvalidArgument("pooling", f"unknown pooling {value}")
     return _POOLING_NAME[value]
-
-
-def embedding_to_proto(out: RequestOutput) -> common_pb2.Embedding:
-    """An embedding request's final output (its `embedding` set) as the message."""
-    assert out.embedding is not None, "not an embedding request's final output"
-    return common_pb2.Embedding(
-        values=out.embedding,
-        prompt_tokens=out.meta_info.prompt_tokens,
-        cached_tokens=out.meta_info.cached_tokens,
-    )
 
 
 def embedding_fields(e: common_pb2.Embedding) -> dict[str, Any]:

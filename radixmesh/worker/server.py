@@ -37,13 +37,8 @@ from radixmesh.listener import grpc_options as listener_options
 from radixmesh.prefix import block_hashes, common_prefix_len
 from radixmesh.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from radixmesh.wire import (
-    chunk_to_proto,
-    embedding_to_proto,
-    event_to_proto,
     input_ids_from_proto,
     load_age_metadata,
-    load_to_proto,
-    model_info_to_proto,
     params_from_proto,
     pooling_from_proto,
     score_response,
@@ -56,6 +51,13 @@ from radixmesh.worker.output_stream import (
     OutputStream,
     first_and_rest,
     join,
+)
+from radixmesh.worker.proto_out import (
+    chunk_to_proto,
+    embedding_to_proto,
+    event_to_proto,
+    load_to_proto,
+    model_info_to_proto,
 )
 from radixmesh.worker.stats import SchedulerStats
 

@@ -12,7 +12,8 @@ from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument, Overloaded, RequestAborted, Unavailable
 from radixmesh.grpc_server import MAX_STATUS_BYTES, metadata_safe, status_message
 from radixmesh.sampling_params import SamplingParams
-from radixmesh.wire import chunk_to_proto, params_from_proto
+from radixmesh.wire import params_from_proto
+from radixmesh.worker.proto_out import chunk_to_proto
 from radixmesh.worker.request_output import Finish, MetaInfo, RequestOutput
 
 

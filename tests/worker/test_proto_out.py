@@ -1,12 +1,12 @@
-"""radixmesh.wire's cache events: every kind the worker emits has its protobuf value."""
+"""The worker's cache events on the wire: every kind it emits has its protobuf value."""
 
 from __future__ import annotations
 
 from typing import get_args
 
 from radixmesh.v1 import worker_pb2
-from radixmesh.wire import event_to_proto
 from radixmesh.worker.kvcache.events import CacheEvent, CacheEventKind
+from radixmesh.worker.proto_out import event_to_proto
 
 
 def test_every_cache_event_kind_maps_to_its_namesake() -> None:
