@@ -10,6 +10,7 @@ device child: the device eviction candidates) and `_host_nodes` (nodes with host
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 
 import torch
@@ -21,7 +22,7 @@ from radixmesh.worker.kvcache.node_hashes import node_event, split_hashes
 from radixmesh.worker.kvcache.tree_node import ChildKey, TreeNode
 
 
-class TreeCore:
+class TreeCore(ABC):
     def __init__(
         self,
         allocator: KVAllocator,
@@ -216,6 +217,6 @@ class TreeCore:
                     nodes.insert(nodes.index(lower), upper)
                     break
 
+    @abstractmethod
     def evict(self, num_tokens: int) -> int:
         """Free at least `num_tokens` device slots (radix_cache.py)."""
-        raise NotImplementedError
