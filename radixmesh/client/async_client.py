@@ -15,7 +15,7 @@ from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 from . import convert
 from .channels import Channels, StubsInTurn
 from .client import Params, Service
-from .options import ClientOptions, Deadline, retryable
+from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retryable
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
@@ -280,15 +280,22 @@ class AsyncClient(StubsInTurn):
     # ---- plumbing ---------------------------------------------------------------------
 
     async def _resolve(self) -> Service:
+        """As `Client._resolve`: asked once, again under the retry policy when the
+        server went away or is still starting."""
         if self._service == "auto":
             req = router_pb2.RouterGetModelInfoRequest()
-            try:
-                await self._router.GetModelInfo(req, timeout=10.0, metadata=self.options.metadata())
-                self._service = "router"
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise convert.error_from_rpc(e) from None
-                self._service = "worker"
+            md = self.options.metadata()
+            deadline, attempt = Deadline(RESOLVE_TIMEOUT_S), 0
+            while self._service == "auto":
+                try:
+                    await self._router.GetModelInfo(req, timeout=deadline.remaining(), metadata=md)
+                    self._service = "router"
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        self._service = "worker"
+                    elif not await self._wait_retry(e, attempt, deadline):
+                        raise convert.error_from_rpc(e) from None
+                    attempt += 1
         return self._service
 
     async def _retry(self, fn: Callable[[float | None], Awaitable[T]], deadline: Deadline) -> T:

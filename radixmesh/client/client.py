@@ -22,7 +22,7 @@ from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 
 from . import convert
 from .channels import Channels, StubsInTurn
-from .options import ClientOptions, Deadline, retryable
+from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retryable
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
@@ -301,15 +301,24 @@ class Client(StubsInTurn):
     # ---- plumbing ---------------------------------------------------------------------
 
     def _resolve(self) -> Service:
+        """Whether the target is a router or a worker, asked once (a router answers
+        GetModelInfo). A server that went away or is still starting is asked again under
+        the calls' retry policy: the first call of a new client must not fail where its
+        retry would have gone to another router."""
         if self._service == "auto":
             req = router_pb2.RouterGetModelInfoRequest()
-            try:
-                self._router.GetModelInfo(req, timeout=10.0, metadata=self.options.metadata())
-                self._service = "router"
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise convert.error_from_rpc(e) from None
-                self._service = "worker"
+            md = self.options.metadata()
+            deadline, attempt = Deadline(RESOLVE_TIMEOUT_S), 0
+            while self._service == "auto":
+                try:
+                    self._router.GetModelInfo(req, timeout=deadline.remaining(), metadata=md)
+                    self._service = "router"
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                        self._service = "worker"
+                    elif not self._wait_retry(e, attempt, deadline):
+                        raise convert.error_from_rpc(e) from None
+                    attempt += 1
         return self._service
 
     def _retry(self, fn: Callable[[float | None], T], deadline: Deadline) -> T:

@@ -70,6 +70,11 @@ class Deadline:
         return self.at is None or time.monotonic() + delay < self.at
 
 
+# How long a client keeps asking whether its target is a router or a worker (the first
+# call's probe, retried like a call while the server is away or still starting).
+RESOLVE_TIMEOUT_S = 10.0
+
+
 def retryable(e: grpc.RpcError, attempt: int, options: ClientOptions) -> bool:
     return server_went_away(e) and attempt < options.max_retries
 

@@ -154,3 +154,40 @@ def test_deadline_stops_retrying(client: Client) -> None:
     with pytest.raises(Unavailable):
         client._retry(fn, Deadline(0.0))
     assert calls == 1
+
+
+class FakeRouterStub:
+    """GetModelInfo answers with the given errors first, then as a router (or as a worker
+    that lacks the method)."""
+
+    def __init__(self, errors: list[grpc.StatusCode]) -> None:
+        self.errors = errors
+        self.calls = 0
+
+    def GetModelInfo(self, req: object, timeout: float | None, metadata: object) -> object:
+        self.calls += 1
+        if self.errors:
+            code = self.errors.pop(0)
+            raise FakeRpcError(code, "the router is still starting")
+        return object()
+
+
+def test_resolving_a_router_still_starting_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new client's first call asks what its target is: a router that answers "still
+    starting" (UNAVAILABLE) is asked again, as a call would be, not given up on."""
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    with Client("127.0.0.1:1", max_retries=3) as c:
+        stub = FakeRouterStub([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE])
+        monkeypatch.setattr(type(c), "_router", property(lambda self: stub))
+        assert c._resolve() == "router"
+        assert stub.calls == 3
+    with Client("127.0.0.1:1", max_retries=3) as c:
+        stub = FakeRouterStub([grpc.StatusCode.UNIMPLEMENTED])
+        monkeypatch.setattr(type(c), "_router", property(lambda self: stub))
+        assert c._resolve() == "worker" and stub.calls == 1
+    with Client("127.0.0.1:1", max_retries=2) as c:
+        stub = FakeRouterStub([grpc.StatusCode.UNAVAILABLE] * 5)
+        monkeypatch.setattr(type(c), "_router", property(lambda self: stub))
+        with pytest.raises(Unavailable, match="still starting"):
+            c._resolve()
+        assert stub.calls == 3  # the first ask and max_retries more
