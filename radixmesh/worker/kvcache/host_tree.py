@@ -16,6 +16,7 @@ unfinished reload uses is never dropped from host memory.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Iterator
 
 import torch
@@ -74,18 +75,45 @@ def load_host(tree: TreeCore, match: MatchResult) -> MatchResult:
 def poll_loads(tree: TreeCore, wait: bool = False) -> int:
     """Finish the reloads whose copies are done (all of them, waiting, with `wait`):
     their nodes become ordinary device nodes. Returns how many are still copying."""
-    tier = tree.tier
-    while tree._loads:
-        assert tier is not None  # only a tier makes loads
-        done, nodes = tree._loads[0]
-        if not tier.finished(done, wait):
-            break
-        tree._loads.popleft()
+    for nodes in _finished(tree, tree._loads, wait):
         for nd in nodes:
-            nd.host_ref -= 1
             nd.loading = False
         tree.dec_lock_ref(nodes[-1])
     return len(tree._loads)
+
+
+def poll_writes(tree: TreeCore, wait: bool = False) -> int:
+    """Finish the write-throughs whose copies are done (all, waiting, with `wait`)."""
+    for nodes in _finished(tree, tree._writes, wait):
+        for nd in nodes:
+            nd.writing = False
+    return len(tree._writes)
+
+
+def _finished(
+    tree: TreeCore, records: deque[tuple[torch.cuda.Event, list[TreeNode]]], wait: bool
+) -> Iterator[list[TreeNode]]:
+    """The nodes of each copy in `records` (oldest first) that is done, taken out of
+    `records` with their hold on their host slots released; stops at the first that is
+    not (or waits for each, with `wait`)."""
+    tier = tree.tier
+    while records:
+        assert tier is not None  # only a tier makes copies
+        done, nodes = records[0]
+        if not tier.finished(done, wait):
+            return
+        records.popleft()
+        for nd in nodes:
+            nd.host_ref -= 1
+        yield nodes
+
+
+def _take_host(tree: TreeCore, node: TreeNode, host: torch.Tensor) -> None:
+    """`node` holds host slots `host` from now on, held (host_ref) until its copy is done."""
+    node.host_value = host
+    node.host_ref += 1
+    tree._host_nodes.add(node)
+    tree._host_size += len(node.key)
 
 
 def write_through(tree: TreeCore) -> None:
@@ -103,10 +131,7 @@ def write_through(tree: TreeCore) -> None:
         host = host_alloc(tree, len(node.key))
         if host is None:
             break
-        node.host_value = host
-        node.host_ref += 1  # until its copy is done (and not dropped by the next alloc)
-        tree._host_nodes.add(node)
-        tree._host_size += len(node.key)
+        _take_host(tree, node, host)  # held: the next alloc must not drop it
         todo.append(node)
     if not todo:
         return
@@ -120,21 +145,6 @@ def write_through(tree: TreeCore) -> None:
     for node in todo:
         node.writing = True
     tree._writes.append((done, todo))
-
-
-def poll_writes(tree: TreeCore, wait: bool = False) -> int:
-    """Finish the write-throughs whose copies are done (all, waiting, with `wait`)."""
-    tier = tree.tier
-    while tree._writes:
-        assert tier is not None
-        done, nodes = tree._writes[0]
-        if not tier.finished(done, wait):
-            break
-        tree._writes.popleft()
-        for nd in nodes:
-            nd.host_ref -= 1
-            nd.writing = False
-    return len(tree._writes)
 
 
 def pending_cut(tree: TreeCore, node: TreeNode) -> TreeNode | None:
@@ -229,10 +239,7 @@ def evict_node(
         host = host_alloc(tree, len(node.key))
         if host is not None:
             assert node.value is not None
-            node.host_value = host
-            node.host_ref += 1  # its copy is pending until `evict` issues it
-            tree._host_nodes.add(node)
-            tree._host_size += len(node.key)
+            _take_host(tree, node, host)  # held until `evict` issues its copy
             copies.append((node, node.value, host))
     if node.host_value is None:
         return remove_subtree(tree, node)
