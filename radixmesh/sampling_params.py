@@ -64,6 +64,9 @@ class SamplingParams:
     # xgrammar's structural tag (JSON): fixed text around JSON-schema parts, e.g. a tool
     # call `<tool_call>{"name": "f", "arguments": <f's schema>}</tool_call>`.
     structural_tag: str | None = None
+    # False: this request never drafts, on a worker that speculates (the output is the
+    # same either way; a client may know its text copies nothing).
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         # Accept lists / single strings for the sequence fields, store tuples.
@@ -262,7 +265,13 @@ class SamplingParams:
             raise InvalidArgument("stop_regex", str(e)) from None
 
     def _validate_outputs_and_constraints(self) -> None:
-        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim", "return_logprob"):
+        for name in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "no_stop_trim",
+            "return_logprob",
+            "speculative",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidArgument(name, f"must be a bool, got {getattr(self, name)!r}")
         if self.seed is not None:
@@ -382,4 +391,6 @@ FIELD_DOCS: dict[str, str] = {
     "ebnf": "An EBNF grammar the output must follow.",
     "choices": "The output is exactly one of these strings.",
     "structural_tag": "xgrammar's structural tag: fixed text around JSON-schema parts.",
+    "speculative": "False: never draft tokens for this request on a worker that speculates "
+    "(the output is the same either way).",
 }

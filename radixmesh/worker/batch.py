@@ -13,6 +13,9 @@ from radixmesh.worker.request import Request
 class ScheduledRequest:
     req: Request
     num_new_tokens: int  # tokens computed this step, starting at req.num_computed_tokens
+    # Speculative decoding: tokens drafted after the request's last one, computed with it
+    # (num_new_tokens = 1 + len(draft)) and verified (worker/speculative/).
+    draft: list[int] = field(default_factory=list)
 
     @property
     def start(self) -> int:
@@ -20,8 +23,9 @@ class ScheduledRequest:
 
     @property
     def samples(self) -> bool:
-        """True when this step reaches the end of the sequence: its last logits are sampled."""
-        return self.start + self.num_new_tokens == self.req.num_tokens
+        """True when this step reaches the end of the sequence: its last logits are sampled
+        (a drafting row's are all verified instead)."""
+        return not self.draft and self.start + self.num_new_tokens == self.req.num_tokens
 
 
 @dataclass
@@ -80,6 +84,20 @@ NO_TOKENS = PendingTokens([], torch.empty(0, dtype=torch.int64), torch.empty(0, 
 
 
 @dataclass
+class Verified:
+    """A drafting row's outcome: the tokens it adds (the accepted drafts and the token
+    sampled after them), with their logprobs when the request asked."""
+
+    tokens: list[int]
+    logprobs: list[float | None]
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+    @property
+    def accepted(self) -> int:
+        return len(self.tokens) - 1
+
+
+@dataclass
 class ForwardOutput:
     """Per item of the batch (same order): the sampled token and logprobs. The tokens are
     pending (`tokens`); logprobs are on the host, computed only for the items that ask
@@ -91,11 +109,13 @@ class ForwardOutput:
     prompt_logprobs: list[PromptLogprobs | None]
     # Embedding requests' rows of this step (None for the others).
     hidden: list[PooledRows | None] = field(default_factory=list)
+    # Drafting rows' outcomes, read on the host in the forward (None for the others).
+    verified: list[Verified | None] = field(default_factory=list)
 
     @classmethod
     def empty(cls, num_items: int) -> ForwardOutput:
         none: list[None] = [None] * num_items
-        return cls(NO_TOKENS, list(none), list(none), list(none), list(none))
+        return cls(NO_TOKENS, list(none), list(none), list(none), list(none), list(none))
 
     def next_token_ids(self) -> list[int | None]:
         """Per item: its sampled token, or None (waits for this step's tokens)."""

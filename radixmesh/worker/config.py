@@ -29,6 +29,8 @@ QUANTIZATIONS = ("fp8", "fp8-channel", "fp8-1x128", "fp8-128x128")
 KV_CACHE_DTYPES = ("auto", "fp8")
 # When the host-memory tier copies a node out of the device (docs/kv-cache.md).
 HOST_KV_WRITE_POLICIES = ("write_through", "write_back")
+# Where speculative decoding's drafts come from (radixmesh/worker/speculative/).
+SPECULATIVE_METHODS = ("off", "ngram", "radix")
 
 
 @dataclass(frozen=True)
@@ -406,6 +408,51 @@ class GrammarConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (worker/speculative/): a decoding request's step verifies
+    drafted tokens with its next one, in one forward, and keeps those the model agrees
+    with (exactly what decoding them one by one gives; docs/speculative.md)."""
+
+    speculative: str = "off"
+    """Where drafts come from: off; ngram (the request's own prompt and output: the text
+    after the latest earlier occurrence of its last few tokens); radix (the radix tree:
+    what earlier requests generated after the same text, else ngram)."""
+    speculative_tokens: int = 4
+    """Draft tokens a request verifies per step (k; the step computes 1 + k tokens)."""
+    speculative_max_batch_size: int = 16
+    """No step drafts while more requests than this run: a large batch is bound by
+    compute, where verifying rejected drafts costs what it saves (and steps that draft
+    read their tokens back at once, so they do not overlap the next step's host work)."""
+    speculative_ngram_max: int = 4
+    """The longest suffix the ngram drafter looks up (it tries the longest first)."""
+    speculative_ngram_min: int = 2
+    """The shortest suffix the ngram drafter looks up."""
+    speculative_min_accept_rate: float = 0.25
+    """A request whose drafts are accepted at less than this rate (accepted per drafted
+    token, a moving average) stops drafting for a while, longer each time."""
+
+    def __post_init__(self) -> None:
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise InvalidArgument(
+                "speculative", f"must be one of {SPECULATIVE_METHODS}, got {self.speculative!r}"
+            )
+        if not 1 <= self.speculative_tokens <= 16:
+            raise InvalidArgument("speculative_tokens", "must be in [1, 16]")
+        if self.speculative_max_batch_size < 1:
+            raise InvalidArgument("speculative_max_batch_size", "must be >= 1")
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise InvalidArgument(
+                "speculative_ngram_min", "must be >= 1 and <= speculative_ngram_max"
+            )
+        if not 0.0 <= self.speculative_min_accept_rate <= 1.0:
+            raise InvalidArgument("speculative_min_accept_rate", "must be in [0, 1]")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative != "off"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """One worker's whole config: a part per subsystem, and the attention backend."""
 
@@ -414,6 +461,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     attention_backend: str = "auto"
     """auto (triton on CUDA when importable, else torch), triton, torch, or flashinfer
     (FlashInfer's kernels: `radixmesh[flashinfer]`, CUDA; where it cannot run, the
@@ -438,6 +486,7 @@ class EngineConfig:
             scheduler=SchedulerConfig(**parts.get("scheduler", {})),
             parallel=ParallelConfig(**parts.get("parallel", {})),
             grammar=GrammarConfig(**parts.get("grammar", {})),
+            speculative=SpeculativeConfig(**parts.get("speculative", {})),
             **top,
         )
 
@@ -450,6 +499,7 @@ OPTION_CLASSES: dict[str, type] = {
     "scheduler": SchedulerConfig,
     "parallel": ParallelConfig,
     "grammar": GrammarConfig,
+    "speculative": SpeculativeConfig,
 }
 
 

@@ -13,7 +13,7 @@ Only logprobs, which the host computes, wait for the step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -26,6 +26,7 @@ from radixmesh.worker.batch import (
     PooledRows,
     PromptLogprobs,
     ScheduledRequest,
+    Verified,
 )
 from radixmesh.worker.constrained.bitmask import TokenBitmask
 from radixmesh.worker.constrained.manager import GrammarManager
@@ -57,6 +58,9 @@ class _Rows:
     prompt_rows: list[int]
     prompt_targets: list[int]
     prompt_spans: list[tuple[int, int, int]]  # (item index, first scored position, count)
+    # Drafting rows (speculative decoding): every one of their 1 + k rows is sampled.
+    verify_rows: list[int] = field(default_factory=list)
+    verify_items: list[int] = field(default_factory=list)  # item index of each such item
 
 
 class ModelRunner:
@@ -105,7 +109,7 @@ class ModelRunner:
     def forward(self, batch: Batch) -> ForwardOutput:
         fb, pending_inputs = self._forward_batch(batch)
         rows = self._rows(batch)
-        all_rows = rows.sample_rows + rows.prompt_rows
+        all_rows = rows.sample_rows + rows.verify_rows + rows.prompt_rows
         # Copied before the forward is launched: on CUDA a blocking copy would otherwise
         # wait for the whole forward, and the host work after the launch (the grammar
         # bitmask above all, see _sample) could no longer overlap the GPU.
@@ -122,11 +126,13 @@ class ModelRunner:
         if not all_rows:
             return out
         logits = self.model.compute_logits(hidden.index_select(0, index))  # [N, V] fp32
-        n_sample = len(rows.sample_rows)
+        n_sample, n_verify = len(rows.sample_rows), len(rows.verify_rows)
         if n_sample:
             self._sample(batch.items, rows, logits[:n_sample], out)
+        if n_verify:
+            self._verify(batch.items, rows, logits[n_sample : n_sample + n_verify], out)
         if rows.prompt_rows:
-            self._prompt_logprobs(batch.items, rows, logits[n_sample:], out)
+            self._prompt_logprobs(batch.items, rows, logits[n_sample + n_verify :], out)
         return out
 
     def _forward_batch(self, batch: Batch) -> tuple[ForwardBatch, bool]:
@@ -141,6 +147,9 @@ class ModelRunner:
             n, ids = item.num_new_tokens, item.req.token_ids
             if n == 1:  # decode: no slice (a list copy) for one id
                 input_ids.append(ids[start])
+            elif item.draft:  # the last token, then the drafts after it
+                input_ids.append(ids[start])
+                input_ids.extend(item.draft)
             else:
                 input_ids.extend(ids[start : start + n])
         req_rows: list[int] = [item.req.row for item in items]  # type: ignore[misc]
@@ -215,7 +224,10 @@ class ModelRunner:
             # Inlined `item.samples` and `req.remaining_new_tokens`: this runs per request
             # per step, and the properties cost more than the arithmetic.
             computed, params = req.num_computed_tokens, req.params
-            if computed + n == len(req.token_ids) and (
+            if item.draft:
+                rows.verify_rows.extend(range(offset, offset + n))
+                rows.verify_items.append(i)
+            elif computed + n == len(req.token_ids) and (
                 params.max_new_tokens > len(req.token_ids) - req.num_prompt_tokens
             ):
                 rows.sample_rows.append(offset + n - 1)
@@ -239,6 +251,47 @@ class ModelRunner:
                 out.logprobs[i] = res.logprobs[j]
             if res.top_logprobs is not None:
                 out.top_logprobs[i] = res.top_logprobs[j]
+
+    def _verify(
+        self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput
+    ) -> None:
+        """Drafting rows: each position sampled under the request's rules as if the drafts
+        before it were its output (penalties and min_new_tokens count them, a seeded
+        request draws in position order), then the drafts kept while each equals the
+        sample at the position before it. Drawing at every position and accepting a
+        draft that equals the draw is speculative sampling's rejection rule for a
+        one-token draft (accept with the target's probability of the draft, else draw
+        from the target without it), so the output keeps the target distribution;
+        greedy rows keep exactly the argmax. The tokens come back to the host here: a
+        step with drafting rows is synchronous (the overlap scheduler runs it so)."""
+        sampling_rows: list[SamplingRow] = []
+        for i in rows.verify_items:
+            item = items[i]
+            base = _sampling_row(item.req)
+            counts = reads_output_ids(base.params)
+            for j in range(len(item.draft) + 1):
+                output = [*base.output_ids, *item.draft[:j]] if counts and j else base.output_ids
+                sampling_rows.append(
+                    SamplingRow(base.params, base.prompt_ids, output, base.stop_ids, base.generator)
+                )
+        res = self.sampler.draw(logits, sampling_rows)
+        drawn = res.token_ids.tolist()
+        at = 0
+        for i in rows.verify_items:
+            draft = items[i].draft
+            n = len(draft) + 1
+            accepted = 0
+            while accepted < len(draft) and drawn[at + accepted] == draft[accepted]:
+                accepted += 1
+            keep = range(at, at + accepted + 1)
+            lps = res.logprobs
+            tops = res.top_logprobs
+            out.verified[i] = Verified(
+                tokens=[drawn[r] for r in keep],
+                logprobs=[lps[r] for r in keep] if lps is not None else [None] * len(keep),
+                top_logprobs=[tops[r] for r in keep] if tops is not None else [None] * len(keep),
+            )
+            at += n
 
     def _pending(self, ids: torch.Tensor, sample_items: list[int]) -> PendingTokens:
         """`ids` ([N] on the device) into this step's half of `future`, and to the host

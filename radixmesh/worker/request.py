@@ -110,6 +110,10 @@ class Request:
     prefix_hint: int = 0
     # Embedding requests (max_new_tokens 0): their pooled final hidden states.
     hidden_pool: HiddenPool | None = None
+    # Speculative decoding (worker/speculative/): steps that verified drafts, and tokens.
+    spec_verify_steps: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.prompt_ids)

@@ -96,6 +96,16 @@ class RequestSlots:
         )
         return new
 
+    def trim(self, req: Request, keep: int) -> None:
+        """Free a running request's slots past its first `keep` tokens (speculative
+        decoding's rejected drafts). page_size 1: no page is shared by what stays and
+        what goes."""
+        assert req.row is not None and self.page_size == 1
+        end = self._allocated.get(req.rid, keep)
+        if end > keep:
+            self.allocator.free(self.req_table.read(req.row, keep, end).clone())
+            self._allocated[req.rid] = keep
+
     def release(self, req: Request) -> None:
         """Give a request's KV to the cache (which frees what it does not keep)."""
         assert req.row is not None and req.last_node is not None

@@ -52,6 +52,7 @@ from radixmesh.worker.policy import create_policy
 from radixmesh.worker.request import FinishReason, Request
 from radixmesh.worker.request_slots import RequestSlots
 from radixmesh.worker.sampler import reads_output_ids
+from radixmesh.worker.speculative.speculator import Speculator
 from radixmesh.worker.stats import SchedulerStats
 from radixmesh.worker.step_prefixes import StepPrefixes
 
@@ -73,9 +74,12 @@ class Scheduler:
         page_size: int = 1,
         grammars: GrammarManager | None = None,
         align: int = 1,
+        speculator: Speculator | None = None,
     ) -> None:
         """`align` > 1 (deterministic mode, worker/deterministic.py): cached prefixes are
-        matched, and prefill chunks cut, only at multiples of it (and of page_size)."""
+        matched, and prefill chunks cut, only at multiples of it (and of page_size).
+        `speculator`: decoding requests draft tokens that their step verifies
+        (worker/speculative/; page_size 1)."""
         self.config = config
         self.cache = cache
         self.allocator = allocator
@@ -84,6 +88,7 @@ class Scheduler:
         self.output = output
         self.page_size = page_size
         self.grammars = grammars
+        self.speculator = speculator
         self.policy = create_policy(config.policy, cache, config.policy_fallback_queue_len)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -126,6 +131,8 @@ class Scheduler:
         scheduler steps synchronously while one is."""
         if self._host_bound:
             self._host_bound = [r for r in self._host_bound if not r.finished]
+        if self.speculator is not None and self.speculator.may_draft(self.running):
+            return True  # drafts follow the last token, read on the host
         return bool(self._host_bound)
 
     # ---- requests in and out --------------------------------------------------------
@@ -177,7 +184,8 @@ class Scheduler:
         budget = self.config.token_budget
         items: list[ScheduledRequest] = []
         slots: list[torch.Tensor] = []  # [n_i] int64 on the host, in item order
-        if not self._schedule_decode(budget, items, slots):
+        drafts = self.speculator.drafts(self.running) if self.speculator is not None else None
+        if not self._schedule_decode(budget, items, slots, drafts):
             self._schedule_running(budget, items, slots)
         budget -= sum(item.num_new_tokens for item in items)
         if budget > 0:
@@ -211,7 +219,11 @@ class Scheduler:
             budget -= n
 
     def _schedule_decode(
-        self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]
+        self,
+        budget: int,
+        items: list[ScheduledRequest],
+        slots: list[torch.Tensor],
+        drafts: dict[Request, list[int]] | None = None,
     ) -> bool:
         """The common step where every running request decodes one token, batched.
 
@@ -222,11 +234,15 @@ class Scheduler:
         of them fit the budget. The result is what `_schedule_running` would give when
         memory suffices. Returns False, having allocated nothing, when this is not such a
         step or memory is short; the per-request path then evicts and retracts as before.
+        Drafting rows (`drafts`, speculative decoding) take their drafts' slots here too;
+        the per-request path runs without drafts (memory is short there).
         """
         running = self.running
         if not running or len(running) > budget:
             return False
         counts = [r.num_tokens - r.num_computed_tokens for r in running]
+        if drafts:
+            counts = [c + len(drafts.get(r, ())) for r, c in zip(running, counts, strict=True)]
         total = sum(counts)
         # Only with pages does the last slot matter: a row mid-page takes the next one.
         by_page = self.page_size > 1
@@ -235,7 +251,13 @@ class Scheduler:
         new = self.slots.alloc_decode(running, counts)
         if new is None:
             return False
-        items.extend(ScheduledRequest(r, k) for r, k in zip(running, counts, strict=True))
+        if drafts:
+            items.extend(
+                ScheduledRequest(r, k, drafts.get(r, []))
+                for r, k in zip(running, counts, strict=True)
+            )
+        else:
+            items.extend(ScheduledRequest(r, k) for r, k in zip(running, counts, strict=True))
         slots.append(new)
         return True
 
@@ -414,9 +436,18 @@ class Scheduler:
         out = self.runner.forward(batch)
         self._num_steps += 1
         samples: list[bool] = []
-        for item in items:
+        for i, item in enumerate(items):
             req = item.req
             start = req.num_computed_tokens
+            if item.draft:  # verified in the forward: keep the accepted drafts' KV only
+                verified = out.verified[i]
+                assert verified is not None
+                req.num_computed_tokens = start + 1 + verified.accepted
+                self.slots.trim(req, req.num_computed_tokens)
+                if self.speculator is not None:
+                    self.speculator.record(req, len(item.draft), verified.accepted)
+                samples.append(False)
+                continue
             samples.append(start + item.num_new_tokens == len(req.token_ids))
             req.num_computed_tokens = start + item.num_new_tokens
             # Forced output tokens (jump-forward) stay out of the tree, like decoded ones
@@ -469,7 +500,9 @@ class Scheduler:
                 if pooled is not None:
                     req.hidden_pool.add(pooled.first, pooled.count, pooled.value)
             j = sampled_at.get(i)
-            if j is not None:
+            if item.draft:
+                self._take_verified(req, out, i, now)
+            elif j is not None:
                 if not self._take_token(req, launched.positions[j], j, tokens[j], out, i, now):
                     continue  # its placeholder is gone: aborted since the launch
             elif launched.samples[i] and req.remaining_new_tokens <= 0:
@@ -511,6 +544,25 @@ class Scheduler:
         if tail and req.finish_reason is None:
             ids.extend(tail)
         return True
+
+    def _take_verified(self, req: Request, out: ForwardOutput, i: int, now: float) -> None:
+        """A drafting row's tokens (its accepted drafts and the one after), one by one
+        through the output path until one ends the request. Tokens after that are
+        dropped with the KV of any accepted draft among them."""
+        verified = out.verified[i]
+        assert verified is not None
+        if req.first_token_time is None:
+            req.first_token_time = now
+        for token, lp, top in zip(
+            verified.tokens, verified.logprobs, verified.top_logprobs, strict=True
+        ):
+            self._generated_tokens += 1
+            self.output.append_token(req, token, lp, top)
+            if req.finish_reason is not None:
+                break
+        if req.num_computed_tokens >= len(req.token_ids):  # ended on an accepted draft
+            req.num_computed_tokens = len(req.token_ids)
+            self.slots.trim(req, req.num_computed_tokens)
 
     def _end(self, req: Request, ended: set[Request]) -> None:
         """A request that finished: its KV to the cache, into `ended` (the running

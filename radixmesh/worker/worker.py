@@ -72,6 +72,8 @@ from radixmesh.worker.pool_sizing import (
     graph_max_batch_size,
 )
 from radixmesh.worker.scheduler import Scheduler
+from radixmesh.worker.speculative.registry import create_drafter
+from radixmesh.worker.speculative.speculator import Speculator
 from radixmesh.worker.tp.follower import run_follower
 from radixmesh.worker.tp.group import rank_device
 from radixmesh.worker.tp.leader import FollowerRanks
@@ -102,6 +104,7 @@ class Worker:
         """`tp`: given on ranks 1..N-1 of a TP group (`follower_main`); rank 0 passes
         None and, when tp_size > 1, spawns and joins the other ranks itself."""
         self.followers: FollowerRanks | None = None
+        self._check_speculative(config)
         try:
             self.load_model(config, tp)
             self.build_memory()
@@ -172,6 +175,24 @@ class Worker:
         self.load_seconds = time.perf_counter() - t0
         if self.tp.rank == 0:  # one line in any log, where the terminal's bar is not drawn
             logger.info("loading weights: %s in %.1f s", mc.model, self.load_seconds)
+
+    @staticmethod
+    def _check_speculative(config: EngineConfig) -> None:
+        """Speculative decoding's limits, refused by name at start."""
+        if not config.speculative.enabled:
+            return
+        if config.model.deterministic:
+            # A verify row's logits come from an extend-shaped step, a plain decode row's
+            # from a decode step: deterministic mode promises the same bits for both.
+            raise InvalidArgument(
+                "speculative", "is not supported with deterministic mode (use one or the other)"
+            )
+        if config.cache.page_size != 1:
+            raise InvalidArgument(
+                "speculative",
+                "needs page_size 1 (rejected drafts free single slots), "
+                f"got {config.cache.page_size}",
+            )
 
     def _with_batch_defaults(self, config: EngineConfig) -> EngineConfig:
         """`config` with the scheduler's unset batch sizes filled in for this device."""
@@ -419,6 +440,10 @@ class Worker:
     # ---- 4. the scheduler ---------------------------------------------------------------
 
     def build_scheduler(self) -> None:
+        speculator = None
+        sp = self.config.speculative
+        if sp.enabled:
+            speculator = Speculator(sp, create_drafter(sp, self.cache), self.context_len)
         self.scheduler = Scheduler(
             self.config.scheduler,
             cache=self.cache,
@@ -429,6 +454,7 @@ class Worker:
             page_size=self.config.cache.page_size,
             grammars=self.grammars,
             align=DETERMINISTIC_BLOCK if self.config.model.deterministic else 1,
+            speculator=speculator,
         )
 
     # ---- serving --------------------------------------------------------------------------

@@ -297,7 +297,7 @@ def test_batched_steps_with_forced_tokens_match_the_per_request_path(page_size: 
         inner_decode = sched._schedule_decode
 
         def schedule_decode(
-            budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]
+            budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor], *rest: object
         ) -> bool:
             ok = inner_decode(budget, items, slots)
             hits.extend(it.num_new_tokens for it in items if ok and it.num_new_tokens > 1)

@@ -138,6 +138,38 @@ class RadixCache(TreeCore):
             host = host_tree.walk_host(self, tokens, limit, node, matched)
         return MatchResult(_cat(values, self._empty), node, host)
 
+    def continuation(
+        self, tokens: Sequence[int], k: int, start: TreeNode | None = None
+    ) -> list[int]:
+        """Up to k tokens that follow `tokens` in the tree (in host-only nodes too: only
+        the ids are read), taking the most recently used branch where it forks; [] when
+        the tree does not hold all of `tokens`. Read-only: no split, no LRU touch (a
+        speculative drafter's lookup is not a use of the KV). From `start` (a node whose
+        root path spells tokens[:start.end]) the walk skips what the caller knows."""
+        if self.disable or k < 1:
+            return []
+        ids = list(tokens)
+        node, pos = (start, start.end) if start is not None else (self.root, 0)
+        end = len(ids)
+        key: list[int] = []
+        offset = 0
+        while pos < end:  # follow `tokens` to where they end
+            if end - pos < self.page_size:
+                return []  # children are told apart by a whole page
+            child = node.children.get(self._child_key(ids, pos))
+            if child is None:
+                return []
+            key = child.key
+            n = min(len(key), end - pos)
+            if ids[pos : pos + n] != key[:n]:
+                return []
+            node, pos, offset = child, pos + n, n
+        out = key[offset : offset + k] if offset < len(key) else []
+        while len(out) < k and node.children:  # then the most recent branch
+            node = max(node.children.values(), key=lambda c: c.last_access)
+            out.extend(node.key[: k - len(out)])
+        return out
+
     def load_host(self, match: MatchResult) -> MatchResult:
         """Bring a match's host-only nodes back to the device (host_tree.load_host)."""
         return host_tree.load_host(self, match)

@@ -41,7 +41,11 @@ class StepHeader:
         """Rank 0: the header of a scheduled batch (host lists only: no device sync)."""
         input_ids: list[int] = []
         for item, start in zip(batch.items, fb.prefix_lens_cpu, strict=True):
-            input_ids.extend(item.req.token_ids[start : start + item.num_new_tokens])
+            if item.draft:  # speculative decoding: the last token, then its drafts
+                input_ids.append(item.req.token_ids[start])
+                input_ids.extend(item.draft)
+            else:
+                input_ids.extend(item.req.token_ids[start : start + item.num_new_tokens])
         req_rows: list[int] = [item.req.row for item in batch.items]  # type: ignore[misc]
         return cls(
             input_ids, req_rows, fb.prefix_lens_cpu, fb.extend_lens_cpu, logit_rows, ids_on_device

@@ -1,0 +1,105 @@
+"""Which requests draft in a step, how many tokens, and when a request stops drafting.
+
+A step drafts only while at most `speculative_max_batch_size` requests run (a large batch
+is bound by compute, where rejected drafts cost what accepted ones save). A request
+drafts when it decodes (its next token is its last one, read back on the host), has no
+grammar (its mask would have to follow the drafts), did not opt out
+(`SamplingParams.speculative`), and is not resting: a request whose drafts are accepted at
+less than `speculative_min_accept_rate` (a moving average over its verify steps) rests
+for a number of output tokens that doubles each time (8, 16, ... 256), then tries again.
+Drafts never run past max_new_tokens or the context.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+from radixmesh.worker.config import SpeculativeConfig
+from radixmesh.worker.request import Request
+from radixmesh.worker.speculative.registry import Drafter
+
+_EMA = 0.3  # weight of the latest verify step in a request's acceptance average
+_FIRST_REST = 8  # output tokens a request rests the first time its drafts fail
+_MAX_REST = 256
+
+
+@dataclass
+class _State:
+    accept_rate: float = 1.0  # moving average of accepted / drafted tokens
+    rest: int = _FIRST_REST  # the next rest's length
+    resume_at: int = 0  # no drafts before this many output tokens
+
+
+@dataclass
+class SpecStats:
+    verify_steps: int = 0  # request-steps that verified drafts
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accept_lengths: list[int] = field(default_factory=list)  # [k + 1]: steps by accepted
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, drafter: Drafter, context_len: int) -> None:
+        self.config = config
+        self.drafter = drafter
+        self.context_len = context_len
+        self.stats = SpecStats(accept_lengths=[0] * (config.speculative_tokens + 1))
+        self._states: weakref.WeakKeyDictionary[Request, _State] = weakref.WeakKeyDictionary()
+
+    def may_draft(self, running: list[Request]) -> bool:
+        """Whether the next step may draft for one of `running` (the overlap scheduler
+        then steps synchronously: drafts read the last token on the host)."""
+        if not running or len(running) > self.config.speculative_max_batch_size:
+            return False
+        return any(self._allowed(r) for r in running)
+
+    def drafts(self, running: list[Request]) -> dict[Request, list[int]]:
+        """Each drafting request's draft (non-empty) for the next step."""
+        out: dict[Request, list[int]] = {}
+        if len(running) > self.config.speculative_max_batch_size:
+            return out
+        for req in running:
+            ids = req.token_ids
+            if req.num_computed_tokens != len(ids) - 1 or ids[-1] < 0 or not self._allowed(req):
+                continue
+            k = min(
+                self.config.speculative_tokens,
+                req.remaining_new_tokens - 1,  # the step samples one more after them
+                self.context_len - len(ids) - 1,
+            )
+            if k < 1:
+                continue
+            draft = self.drafter.propose(req, k)[:k]
+            if draft:
+                out[req] = draft
+        return out
+
+    def record(self, req: Request, drafted: int, accepted: int) -> None:
+        """A verify step's outcome for `req`: counters, and its rest when it fails."""
+        s = self.stats
+        s.verify_steps += 1
+        s.drafted_tokens += drafted
+        s.accepted_tokens += accepted
+        s.accept_lengths[accepted] += 1
+        req.spec_verify_steps += 1
+        req.spec_drafted_tokens += drafted
+        req.spec_accepted_tokens += accepted
+        state = self._state(req)
+        state.accept_rate += _EMA * (accepted / drafted - state.accept_rate)
+        if state.accept_rate < self.config.speculative_min_accept_rate:
+            state.resume_at = req.num_output_tokens + state.rest
+            state.rest = min(2 * state.rest, _MAX_REST)
+            state.accept_rate = 1.0  # a fresh start after the rest
+
+    def _allowed(self, req: Request) -> bool:
+        if req.grammar is not None or not req.params.speculative or req.hidden_pool is not None:
+            return False
+        state = self._states.get(req)
+        return state is None or req.num_output_tokens >= state.resume_at
+
+    def _state(self, req: Request) -> _State:
+        state = self._states.get(req)
+        if state is None:
+            state = self._states[req] = _State()
+        return state
