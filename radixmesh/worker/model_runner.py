@@ -26,7 +26,6 @@ from radixmesh.worker.batch import (
     PooledRows,
     PromptLogprobs,
     ScheduledRequest,
-    Verified,
 )
 from radixmesh.worker.constrained.bitmask import TokenBitmask
 from radixmesh.worker.constrained.manager import GrammarManager
@@ -35,6 +34,7 @@ from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.request import Request
 from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids, token_logprobs
+from radixmesh.worker.speculative.verify import verify_drafts
 
 if TYPE_CHECKING:  # imports triton: only where graphs are built
     from radixmesh.worker.cuda_graph import DecodeCudaGraphs
@@ -255,43 +255,13 @@ class ModelRunner:
     def _verify(
         self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput
     ) -> None:
-        """Drafting rows: each position sampled under the request's rules as if the drafts
-        before it were its output (penalties and min_new_tokens count them, a seeded
-        request draws in position order), then the drafts kept while each equals the
-        sample at the position before it. Drawing at every position and accepting a
-        draft that equals the draw is speculative sampling's rejection rule for a
-        one-token draft (accept with the target's probability of the draft, else draw
-        from the target without it), so the output keeps the target distribution;
-        greedy rows keep exactly the argmax. The tokens come back to the host here: a
+        """Drafting rows' outcomes (speculative/verify.py); read on the host here, so a
         step with drafting rows is synchronous (the overlap scheduler runs it so)."""
-        sampling_rows: list[SamplingRow] = []
-        for i in rows.verify_items:
-            item = items[i]
-            base = _sampling_row(item.req)
-            counts = reads_output_ids(base.params)
-            for j in range(len(item.draft) + 1):
-                output = [*base.output_ids, *item.draft[:j]] if counts and j else base.output_ids
-                sampling_rows.append(
-                    SamplingRow(base.params, base.prompt_ids, output, base.stop_ids, base.generator)
-                )
-        res = self.sampler.draw(logits, sampling_rows)
-        drawn = res.token_ids.tolist()
-        at = 0
-        for i in rows.verify_items:
-            draft = items[i].draft
-            n = len(draft) + 1
-            accepted = 0
-            while accepted < len(draft) and drawn[at + accepted] == draft[accepted]:
-                accepted += 1
-            keep = range(at, at + accepted + 1)
-            lps = res.logprobs
-            tops = res.top_logprobs
-            out.verified[i] = Verified(
-                tokens=[drawn[r] for r in keep],
-                logprobs=[lps[r] for r in keep] if lps is not None else [None] * len(keep),
-                top_logprobs=[tops[r] for r in keep] if tops is not None else [None] * len(keep),
-            )
-            at += n
+        drafts = [items[i] for i in rows.verify_items]
+        rows_of = [_sampling_row(item.req) for item in drafts]
+        verified = verify_drafts(self.sampler, logits, rows_of, [item.draft for item in drafts])
+        for i, v in zip(rows.verify_items, verified, strict=True):
+            out.verified[i] = v
 
     def _pending(self, ids: torch.Tensor, sample_items: list[int]) -> PendingTokens:
         """`ids` ([N] on the device) into this step's half of `future`, and to the host

@@ -12,6 +12,7 @@ greedy output is what plain decoding gives, and sampled output has its distribut
 - `radix.py`: drafts from the radix tree: what earlier requests generated after the
   same text (then the n-gram drafter).
 - `registry.py`: the drafters by name (`--speculative`).
+- `verify.py`: which drafts a row keeps, from its positions' samples.
 - `speculator.py`: which requests draft in a step, and the adaptive rule that stops a
   request drafting while its drafts are rejected; the counters.
 """

@@ -81,6 +81,8 @@ class Speculator:
         s.verify_steps += 1
         s.drafted_tokens += drafted
         s.accepted_tokens += accepted
+        if accepted >= len(s.accept_lengths):
+            s.accept_lengths.extend([0] * (accepted + 1 - len(s.accept_lengths)))
         s.accept_lengths[accepted] += 1
         req.spec_verify_steps += 1
         req.spec_drafted_tokens += drafted

@@ -420,3 +420,44 @@ def test_pretty_lists_every_node() -> None:
     text = cache.pretty()
     assert text.splitlines()[0].startswith("root (nodes=3")
     assert "[0,2) lock=0" in text and "[2,3) lock=0" in text
+
+
+# ---- continuation (speculative decoding's radix drafter) -------------------------------------
+def _shape(cache: RadixCache) -> list[tuple[int, int, int]]:
+    """Every node's (start, end, last_access), in a fixed order."""
+    out = []
+    stack = [cache.root]
+    while stack:
+        node = stack.pop()
+        out.append((node.start, node.end, node.last_access))
+        stack.extend(node.children[k] for k in sorted(node.children, key=str))
+    return out
+
+
+def test_continuation_follows_the_tree_without_touching_it() -> None:
+    _, cache = make()
+    put(cache, [1, 2, 3, 4, 5, 6])
+    put(cache, [1, 2, 3, 9, 9])  # splits at 3: [1 2 3] -> [4 5 6] | [9 9]
+    cache.match_prefix([1, 2, 3, 4])  # [4 5 6] used last (and split at 4)
+    before = _shape(cache)
+    assert cache.continuation([1, 2], 3) == [3, 4, 5]  # mid-node, then the used branch
+    assert cache.continuation([1, 2, 3], 2) == [4, 5]
+    assert cache.continuation([1, 2, 3, 9], 4) == [9]  # the path ends: what there is
+    assert cache.continuation([1, 2, 3, 4, 5, 6], 2) == []
+    assert cache.continuation([1, 7], 2) == []  # not in the tree
+    assert cache.continuation([1, 2, 3, 9, 9, 9], 2) == []
+    assert cache.continuation([], 2) == [1, 2]
+    assert _shape(cache) == before  # no split, no LRU touch
+    cache.match_prefix([1, 2, 3, 9])
+    assert cache.continuation([1, 2, 3], 3) == [9, 9]  # now the most recent branch
+
+
+def test_continuation_from_a_start_node() -> None:
+    _, cache = make()
+    put(cache, [1, 2, 3, 4, 5, 6, 7])
+    node = cache.match_prefix([1, 2, 3]).last_node  # ends at 3
+    assert node.end == 3
+    assert cache.continuation([1, 2, 3, 4], 2, node) == [5, 6]
+    assert cache.continuation([8, 8, 8, 4], 2, node) == [5, 6]  # the start's path is trusted
+    _, off = make(disable=True)
+    assert off.continuation([1], 2) == []

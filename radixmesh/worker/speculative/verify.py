@@ -1,0 +1,59 @@
+"""Verifying drafts: which of a row's drafted tokens the model keeps, and what follows.
+
+A drafting row computes its last token and k drafts after it, so it has k + 1 positions'
+logits. Each position is sampled under the request's own rules, as if the drafts before
+it were already its output (penalties and min_new_tokens count them; a seeded request
+draws in position order from its generator), and the drafts are kept while each equals
+the draw at the position before it; the row adds the kept drafts and the draw after them.
+
+Why this is exact: for a drafter that proposes one token per position (a point mass q),
+speculative sampling accepts draft d with probability min(1, p(d) / q(d)) = p(d) and,
+on rejection, draws from the residual max(0, p - q) normalized, which is p without d.
+Drawing t ~ p and accepting d when t == d does both at once: d comes out with
+probability p(d), and any other token t with probability p(t), which is p's residual.
+So sampled output keeps the target distribution, and greedy rows keep the argmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from radixmesh.worker.batch import Verified
+from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids
+
+
+def verify_drafts(
+    sampler: Sampler, logits: torch.Tensor, rows: Sequence[SamplingRow], drafts: Sequence[list[int]]
+) -> list[Verified]:
+    """`logits`: [sum(len(d) + 1)] rows, each drafting row's positions in order; `rows`:
+    each drafting request's sampling row (its own output so far). Returns each row's
+    outcome, the tokens read back on the host (this waits for the device)."""
+    positions: list[SamplingRow] = []
+    for base, draft in zip(rows, drafts, strict=True):
+        counts = reads_output_ids(base.params)
+        for j in range(len(draft) + 1):
+            output = [*base.output_ids, *draft[:j]] if counts and j else base.output_ids
+            positions.append(
+                SamplingRow(base.params, base.prompt_ids, output, base.stop_ids, base.generator)
+            )
+    res = sampler.draw(logits, positions)
+    drawn = res.token_ids.tolist()
+    lps, tops = res.logprobs, res.top_logprobs
+    out: list[Verified] = []
+    at = 0
+    for draft in drafts:
+        accepted = 0
+        while accepted < len(draft) and drawn[at + accepted] == draft[accepted]:
+            accepted += 1
+        keep = range(at, at + accepted + 1)
+        out.append(
+            Verified(
+                tokens=[drawn[r] for r in keep],
+                logprobs=[lps[r] for r in keep] if lps is not None else [None] * len(keep),
+                top_logprobs=[tops[r] for r in keep] if tops is not None else [None] * len(keep),
+            )
+        )
+        at += len(draft) + 1
+    return out
