@@ -15,7 +15,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from radixmesh.worker.request_output import MetaInfo
@@ -99,6 +104,14 @@ class _StatsCollector(Collector):
             ("radixmesh_jump_forward_tokens",
              "Output tokens a grammar forced, appended without a decode step.",
              s.jump_forward_tokens),
+            ("radixmesh_spec_verify_steps",
+             "Request-steps that verified drafted tokens (speculative decoding).",
+             s.spec_verify_steps),
+            ("radixmesh_spec_draft_tokens", "Tokens drafted for verification.",
+             s.spec_drafted_tokens),
+            ("radixmesh_spec_accepted_tokens",
+             "Drafted tokens the model agreed with (kept without a step of their own).",
+             s.spec_accepted_tokens),
         )  # fmt: skip
         for name, doc, value in gauges:
             gauge = GaugeMetricFamily(name, doc, labels=[MODEL_LABEL])
@@ -108,6 +121,25 @@ class _StatsCollector(Collector):
             counter = CounterMetricFamily(name, doc, labels=[MODEL_LABEL])
             counter.add_metric([self.model_name], value)
             yield counter
+        if s.spec_accept_lengths:
+            yield self._accept_lengths(s.spec_accept_lengths)
+
+    def _accept_lengths(self, counts: tuple[int, ...]) -> Metric:
+        """Verify steps by drafts accepted (0 .. k), as a histogram with a bucket each."""
+        hist = HistogramMetricFamily(
+            "radixmesh_spec_accept_length",
+            "Drafted tokens accepted per verify step (speculative decoding).",
+            labels=[MODEL_LABEL],
+        )
+        buckets: list[tuple[str, float]] = []
+        total = 0
+        for accepted, n in enumerate(counts):
+            total += n
+            buckets.append((str(float(accepted)), float(total)))
+        buckets.append(("+Inf", float(total)))
+        value_sum = float(sum(a * n for a, n in enumerate(counts)))
+        hist.add_metric([self.model_name], buckets, value_sum)
+        return hist
 
 
 class WorkerMetrics:

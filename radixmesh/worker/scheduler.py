@@ -586,6 +586,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         total = self.allocator.num_usable_slots
         tier = self.cache.tier.stats() if self.cache.tier is not None else None
+        spec = self.speculator.stats if self.speculator is not None else None
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
@@ -607,6 +608,10 @@ class Scheduler:
             host_kv_bytes_written=tier.bytes_written if tier else 0,
             host_kv_load_bandwidth=tier.load_bandwidth if tier else 0.0,
             host_kv_write_bandwidth=tier.write_bandwidth if tier else 0.0,
+            spec_verify_steps=spec.verify_steps if spec else 0,
+            spec_drafted_tokens=spec.drafted_tokens if spec else 0,
+            spec_accepted_tokens=spec.accepted_tokens if spec else 0,
+            spec_accept_lengths=tuple(spec.accept_lengths) if spec else (),
         )
 
     def slots_held_by_requests(self) -> int:

@@ -31,6 +31,12 @@ class SchedulerStats:
     host_kv_bytes_written: int = 0
     host_kv_load_bandwidth: float = 0.0
     host_kv_write_bandwidth: float = 0.0
+    # Speculative decoding (zeros when off): request-steps that verified drafts, tokens
+    # drafted and accepted, and how many steps accepted 0, 1, ... k drafts.
+    spec_verify_steps: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accept_lengths: tuple[int, ...] = ()
 
     @property
     def cache_hit_rate(self) -> float:

@@ -108,7 +108,7 @@ def _worker_metric_names() -> set[str]:
     from radixmesh.worker.metrics import WorkerMetrics
     from radixmesh.worker.stats import SchedulerStats
 
-    stats = SchedulerStats(2, 1, 10, 100, 5, 3, 8, 4, 0, 7)
+    stats = SchedulerStats(2, 1, 10, 100, 5, 3, 8, 4, 0, 7, spec_accept_lengths=(1, 2))
     text = generate_latest(WorkerMetrics(lambda: stats, "m").registry).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
 
@@ -159,7 +159,7 @@ def _queried_metrics() -> dict[str, set[str]]:
 def test_every_queried_metric_is_exported() -> None:
     exported = _worker_metric_names() | _router_metric_names() | {"up"}
     queried = _queried_metrics()
-    assert len(queried) == 9 + 62  # 9 alerts, 62 panel queries
+    assert len(queried) == 9 + 68  # 9 alerts, 68 panel queries
     missing = {w: sorted(names - exported) for w, names in queried.items() if names - exported}
     assert missing == {}
     used = set().union(*queried.values())
