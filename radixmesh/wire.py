@@ -24,7 +24,7 @@ _PLAIN = (
 )  # fmt: skip
 _OPTIONAL = (
     "max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty",
-    "skip_special_tokens", "seed", "logprob_start_len",
+    "skip_special_tokens", "seed", "logprob_start_len", "speculative",
 )  # fmt: skip
 _CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
 _DEFAULTS = SamplingParams()
@@ -183,6 +183,9 @@ def chunk_fields(c: common_pb2.GenerateChunk) -> dict[str, Any]:
         "top_logprobs": [logprobs_fields(t.tokens) for t in c.top_logprobs],
         "input_logprobs": logprobs_fields(c.input_logprobs),
         "input_top_logprobs": [logprobs_fields(t.tokens) for t in c.input_top_logprobs],
+        "spec_verify_steps": c.spec_verify_steps,
+        "spec_drafted_tokens": c.spec_drafted_tokens,
+        "spec_accepted_tokens": c.spec_accepted_tokens,
     }
     if c.HasField("finish"):
         fields["finish_reason"] = _FINISH_NAME.get(c.finish.reason)

@@ -29,6 +29,11 @@ class Chunk:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     top_logprobs: list[list[TokenLogprob]] = field(default_factory=list)
     worker_id: str = ""  # the worker that served it (set through a router)
+    # Speculative decoding, cumulative (0 where the worker drafted nothing): steps that
+    # verified drafted tokens for this request, tokens drafted, and those accepted.
+    spec_verify_steps: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)

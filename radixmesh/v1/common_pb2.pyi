@@ -64,7 +64,7 @@ class Choices(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "no_stop_trim", "seed", "return_logprob", "top_logprobs_num", "logprob_start_len", "regex", "json_schema", "ebnf", "choices", "structural_tag", "logit_bias", "stop_regex")
+    __slots__ = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "no_stop_trim", "seed", "return_logprob", "top_logprobs_num", "logprob_start_len", "regex", "json_schema", "ebnf", "choices", "structural_tag", "logit_bias", "stop_regex", "speculative")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,7 @@ class SamplingParams(_message.Message):
     STRUCTURAL_TAG_FIELD_NUMBER: _ClassVar[int]
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     STOP_REGEX_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     min_new_tokens: int
     temperature: float
@@ -122,7 +123,8 @@ class SamplingParams(_message.Message):
     structural_tag: str
     logit_bias: _containers.ScalarMap[int, float]
     stop_regex: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., no_stop_trim: _Optional[bool] = ..., seed: _Optional[int] = ..., return_logprob: _Optional[bool] = ..., top_logprobs_num: _Optional[int] = ..., logprob_start_len: _Optional[int] = ..., regex: _Optional[str] = ..., json_schema: _Optional[str] = ..., ebnf: _Optional[str] = ..., choices: _Optional[_Union[Choices, _Mapping]] = ..., structural_tag: _Optional[str] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., stop_regex: _Optional[_Iterable[str]] = ...) -> None: ...
+    speculative: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., no_stop_trim: _Optional[bool] = ..., seed: _Optional[int] = ..., return_logprob: _Optional[bool] = ..., top_logprobs_num: _Optional[int] = ..., logprob_start_len: _Optional[int] = ..., regex: _Optional[str] = ..., json_schema: _Optional[str] = ..., ebnf: _Optional[str] = ..., choices: _Optional[_Union[Choices, _Mapping]] = ..., structural_tag: _Optional[str] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., stop_regex: _Optional[_Iterable[str]] = ..., speculative: _Optional[bool] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")
@@ -151,7 +153,7 @@ class Finish(_message.Message):
     def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., matched_text: _Optional[str] = ..., matched_token_id: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text", "logprobs", "top_logprobs", "prompt_tokens", "completion_tokens", "cached_tokens", "finish", "input_logprobs", "input_top_logprobs")
+    __slots__ = ("request_id", "token_ids", "text", "logprobs", "top_logprobs", "prompt_tokens", "completion_tokens", "cached_tokens", "finish", "input_logprobs", "input_top_logprobs", "spec_verify_steps", "spec_drafted_tokens", "spec_accepted_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +165,9 @@ class GenerateChunk(_message.Message):
     FINISH_FIELD_NUMBER: _ClassVar[int]
     INPUT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     INPUT_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_VERIFY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
@@ -174,7 +179,10 @@ class GenerateChunk(_message.Message):
     finish: Finish
     input_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     input_top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., input_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., input_top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ...) -> None: ...
+    spec_verify_steps: int
+    spec_drafted_tokens: int
+    spec_accepted_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., input_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., input_top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., spec_verify_steps: _Optional[int] = ..., spec_drafted_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values", "prompt_tokens", "cached_tokens")

@@ -188,6 +188,9 @@ def meta_info(req: Request) -> MetaInfo:
         finish=finish_of(req) if finished else None,
         num_retractions=req.num_retractions,
         grammar=None if req.grammar is None else req.grammar.counts(),
+        spec_verify_steps=req.spec_verify_steps,
+        spec_drafted_tokens=req.spec_drafted_tokens,
+        spec_accepted_tokens=req.spec_accepted_tokens,
     )
     if finished:
         now = time.monotonic()

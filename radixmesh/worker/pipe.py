@@ -347,7 +347,8 @@ def _event(kind: str, hashes: tuple[int, ...], parent: int | None, num_tokens: i
 #  new_top_logprobs, error, embedding, meta id (None: rid), prompt_tokens, completion_tokens,
 #  cached_tokens, finish (None or [reason, matched, length, message]), e2e_latency,
 #  queue_time, prefill_time, decode_time, num_retractions, grammar (None or [forced,
-#  jumps, steps]), output_token_logprobs, output_top_logprobs, input_token_logprobs,
+#  jumps, steps]), spec_verify_steps, spec_drafted_tokens, spec_accepted_tokens,
+#  output_token_logprobs, output_top_logprobs, input_token_logprobs,
 #  input_top_logprobs]: MetaInfo's fields in its own order. Logprob entries are arrays,
 #  read back as tuples (the frame decodes with arrays as tuples; lists are rebuilt).
 
@@ -378,6 +379,9 @@ def _output_row(rid: str, o: RequestOutput) -> tuple[Any, ...]:
         m.decode_time,
         m.num_retractions,
         None if g is None else (g.forced_tokens, g.jump_forwards, g.decode_steps),
+        m.spec_verify_steps,
+        m.spec_drafted_tokens,
+        m.spec_accepted_tokens,
         m.output_token_logprobs,
         m.output_top_logprobs,
         m.input_token_logprobs,
@@ -387,8 +391,8 @@ def _output_row(rid: str, o: RequestOutput) -> tuple[Any, ...]:
 
 def _output(row: Sequence[Any]) -> RequestOutput:
     (_, rid, orid, ids, text, finished, lps, tops, error, embedding, mid, prompt, completion,
-     cached, finish, e2e, queue, prefill, decode, retractions, grammar, olp, otop, ilp,
-     itop) = row  # fmt: skip
+     cached, finish, e2e, queue, prefill, decode, retractions, grammar, verify_steps,
+     drafted, accepted, olp, otop, ilp, itop) = row  # fmt: skip
     meta = MetaInfo(
         rid if mid is None else mid,
         prompt,
@@ -401,6 +405,9 @@ def _output(row: Sequence[Any]) -> RequestOutput:
         decode,
         retractions,
         None if grammar is None else GrammarCounts(*grammar),
+        verify_steps,
+        drafted,
+        accepted,
         None if olp is None else list(olp),
         None if otop is None else [list(t) for t in otop],
         None if ilp is None else list(ilp),

@@ -58,6 +58,9 @@ def chunk_to_proto(
             common_pb2.TopLogprobs(tokens=_logprobs_to_proto(t))
             for t in meta.input_top_logprobs or []
         ],
+        spec_verify_steps=meta.spec_verify_steps,
+        spec_drafted_tokens=meta.spec_drafted_tokens,
+        spec_accepted_tokens=meta.spec_accepted_tokens,
     )
     if meta.finish is not None:
         msg.finish.CopyFrom(_finish_to_proto(meta.finish))

@@ -68,6 +68,11 @@ class MetaInfo:
     decode_time: float | None = None  # first token to the end
     num_retractions: int = 0
     grammar: GrammarCounts | None = None
+    # Speculative decoding: steps that verified drafts for this request, tokens drafted,
+    # and those accepted.
+    spec_verify_steps: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
     output_token_logprobs: list[TokenLogprob] | None = None
     output_top_logprobs: list[list[TokenLogprob]] | None = None
     input_token_logprobs: list[PromptTokenLogprob] | None = None
@@ -91,6 +96,10 @@ class MetaInfo:
             info["forced_tokens"] = self.grammar.forced_tokens
             info["jump_forwards"] = self.grammar.jump_forwards
             info["decode_steps"] = self.grammar.decode_steps
+        if self.spec_verify_steps:  # SGLang's names; absent where nothing was drafted
+            info["spec_verify_ct"] = self.spec_verify_steps
+            info["spec_draft_tokens"] = self.spec_drafted_tokens
+            info["spec_accepted_tokens"] = self.spec_accepted_tokens
         for name in _LOGPROB_LISTS:
             if (value := getattr(self, name)) is not None:
                 info[name] = list(value)

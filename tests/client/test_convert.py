@@ -41,11 +41,26 @@ def _output(
         {"choices": ["yes", "no"]},
         {"structural_tag": '{"type": "structural_tag", "format": {"type": "any_text"}}'},
         {"logit_bias": {"5": -100, 7: 2.5}},
+        {"speculative": False},
     ],
 )
 def test_sampling_params_roundtrip(params: dict[str, object]) -> None:
     sent = convert.make_params(params)
     assert SamplingParams.from_dict(params_from_proto(sent)) == SamplingParams.from_dict(params)
+
+
+@pytest.mark.parametrize(
+    ("params", "on_wire", "read_back"),
+    [({}, None, True), ({"speculative": True}, None, True), ({"speculative": False}, False, False)],
+)
+def test_speculative_is_sent_only_when_it_opts_out(
+    params: dict[str, object], on_wire: bool | None, read_back: bool
+) -> None:
+    sent = convert.make_params(params)
+    assert (sent.speculative if sent.HasField("speculative") else None) == on_wire
+    fields = params_from_proto(sent)
+    assert fields.get("speculative") == on_wire
+    assert SamplingParams.from_dict(fields).speculative is read_back
 
 
 def test_client_rejects_bad_params_before_sending() -> None:
@@ -55,6 +70,9 @@ def test_client_rejects_bad_params_before_sending() -> None:
     with pytest.raises(InvalidArgument) as e:
         convert.make_params({"n": 2})
     assert e.value.field == "n"
+    with pytest.raises(InvalidArgument) as e:
+        convert.make_params({"speculative": "x"})
+    assert (e.value.field, e.value.message) == ("speculative", "must be a bool, got 'x'")
 
 
 def test_input_takes_exactly_one_kind() -> None:
@@ -82,6 +100,29 @@ def test_chunk_roundtrip_with_finish_and_logprobs() -> None:
     assert (got.finish_reason, got.matched_stop) == ("stop", ".")
     assert [(lp.token_id, lp.logprob) for lp in got.logprobs] == [(7, -0.25), (8, -1.0)]
     assert [(lp.token_id, lp.logprob) for lp in got.input_logprobs] == [(11, None), (12, -0.5)]
+
+
+def _spec(c: Any) -> tuple[int, int, int]:
+    return (c.spec_verify_steps, c.spec_drafted_tokens, c.spec_accepted_tokens)
+
+
+def test_speculative_counters_reach_the_client() -> None:
+    out = _output(
+        [7, 8],
+        "ab",
+        Finish("length", length=2),
+        spec_verify_steps=3,
+        spec_drafted_tokens=11,
+        spec_accepted_tokens=7,
+    )
+    msg = chunk_to_proto("r", out)
+    assert _spec(msg) == (3, 11, 7)
+    assert _spec(convert.chunk_from_proto(msg)) == (3, 11, 7)
+    assert _spec(convert.completion_from_proto(msg)) == (3, 11, 7)
+    plain = convert.chunk_from_proto(chunk_to_proto("r", _output([7], "a", None)))
+    assert _spec(plain) == (0, 0, 0)
+    joined = convert.join_chunks([plain, convert.chunk_from_proto(msg)])  # counts: the last's
+    assert (joined.token_ids, _spec(joined)) == ([7, 7, 8], (3, 11, 7))
 
 
 def test_matched_stop_token_id_and_abort_message() -> None:
@@ -189,3 +230,27 @@ def test_meta_info_to_dict_is_sglangs_shape() -> None:
     assert list(info.to_dict())[:5] == [
         "id", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
     ]  # fmt: skip
+
+
+def test_meta_info_to_dict_has_sglangs_speculative_counters_only_after_a_verify_step() -> None:
+    info = MetaInfo(
+        id="r",
+        prompt_tokens=3,
+        completion_tokens=9,
+        cached_tokens=0,
+        spec_verify_steps=2,
+        spec_drafted_tokens=8,
+        spec_accepted_tokens=6,
+    )
+    assert info.to_dict() == {
+        "id": "r",
+        "prompt_tokens": 3,
+        "completion_tokens": 9,
+        "cached_tokens": 0,
+        "finish_reason": None,
+        "spec_verify_ct": 2,
+        "spec_draft_tokens": 8,
+        "spec_accepted_tokens": 6,
+    }
+    info.spec_verify_steps = info.spec_drafted_tokens = info.spec_accepted_tokens = 0
+    assert "spec_verify_ct" not in info.to_dict()

@@ -61,6 +61,13 @@ def _outputs() -> list[RequestOutput]:
         RequestOutput(RID, [42, 7], "é😀\udc80", False, _meta(num_retractions=2), lp, top),
         RequestOutput(
             RID,
+            [5, 6, 7, 8],
+            "abcd",
+            False,
+            _meta(spec_verify_steps=2, spec_drafted_tokens=8, spec_accepted_tokens=5),
+        ),
+        RequestOutput(
+            RID,
             [2],
             "",
             True,
@@ -153,7 +160,13 @@ def test_every_result_round_trips_exactly_in_one_burst() -> None:
     assert outs[-1].rid == "other" and outs[-1].meta_info.id == "third"
     # Containers keep their types (dataclass equality already tells a list from a tuple).
     assert type(outs[1].new_token_logprobs[0]) is tuple
-    assert type(outs[2].meta_info.input_top_logprobs) is list
+    assert type(outs[3].meta_info.input_top_logprobs) is list
+    spec = outs[2].meta_info
+    assert (spec.spec_verify_steps, spec.spec_drafted_tokens, spec.spec_accepted_tokens) == (
+        2,
+        8,
+        5,
+    )
     events = [m.event for m in got if isinstance(m, Event)]
     assert all(type(e.block_hashes) is tuple for e in events)
 
@@ -203,6 +216,7 @@ def test_the_schema_names_every_field_it_carries() -> None:
     assert [f.name for f in fields(MetaInfo)] == [
         "id", "prompt_tokens", "completion_tokens", "cached_tokens", "finish", "e2e_latency",
         "queue_time", "prefill_time", "decode_time", "num_retractions", "grammar",
+        "spec_verify_steps", "spec_drafted_tokens", "spec_accepted_tokens",
         "output_token_logprobs", "output_top_logprobs", "input_token_logprobs",
         "input_top_logprobs",
     ]  # fmt: skip

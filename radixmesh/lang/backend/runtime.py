@@ -267,6 +267,10 @@ class RuntimeEndpoint(Backend):
             "finish_reason": reason,
             "worker_id": c.worker_id or self.target,
         }
+        if c.spec_verify_steps:  # the engine's names (SGLang's), where anything was drafted
+            meta["spec_verify_ct"] = c.spec_verify_steps
+            meta["spec_draft_tokens"] = c.spec_drafted_tokens
+            meta["spec_accepted_tokens"] = c.spec_accepted_tokens
         if reason is not None:
             self.usage.add(meta)
         if params.get("return_logprob"):

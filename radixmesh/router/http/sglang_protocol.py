@@ -30,7 +30,7 @@ _SAME = (
     "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
     "frequency_penalty", "presence_penalty", "repetition_penalty", "stop", "stop_token_ids",
     "ignore_eos", "skip_special_tokens", "no_stop_trim", "regex", "json_schema", "ebnf",
-    "stop_regex",
+    "stop_regex", "speculative",
 )  # fmt: skip
 IGNORED_PARAMS = frozenset({"spaces_between_special_tokens", "stream_interval"})
 # Accepted only when null / false / empty: what radixmesh does not serve.
@@ -329,6 +329,10 @@ class OutputState:
             "e2e_latency": e2e_latency,
             "worker_id": self.worker_id,
         }
+        if chunk.spec_verify_steps:  # absent where nothing was drafted, as in SGLang
+            meta["spec_verify_ct"] = chunk.spec_verify_steps
+            meta["spec_draft_tokens"] = chunk.spec_drafted_tokens
+            meta["spec_accepted_tokens"] = chunk.spec_accepted_tokens
         if self.out.return_logprob:
             meta["output_token_logprobs"] = self.logprobs
             meta["output_top_logprobs"] = self.top_logprobs

@@ -65,6 +65,13 @@ def test_system_blocks_and_sampling_fields() -> None:
     assert not gen.stream
 
 
+def test_speculative_passes_through_and_a_bad_one_is_named() -> None:
+    params = parse(speculative=False).params[0]
+    assert (params.HasField("speculative"), params.speculative) == (True, False)
+    assert parse().params[0].HasField("speculative") is False
+    assert refused("speculative", speculative="x") == "Input should be a valid boolean"
+
+
 def test_tool_use_and_results_render_in_order() -> None:
     gen = parse(
         tools=[WEATHER],

@@ -84,6 +84,12 @@ def test_history_comes_first_and_formats_constrain() -> None:
     assert '"name": "lookup"' in json.loads(forced.params[0].structural_tag)["format"]["begin"]
 
 
+def test_speculative_passes_through() -> None:
+    params = parse(speculative=False).params[0]
+    assert (params.HasField("speculative"), params.speculative) == (True, False)
+    assert parse().params[0].HasField("speculative") is False
+
+
 # ---- replies ----------------------------------------------------------------------------
 
 

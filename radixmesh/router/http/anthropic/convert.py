@@ -21,7 +21,8 @@ The mapping:
 - `stop_sequences` -> `stop`; `output_config.format` (a JSON schema) -> chat's
   `response_format` (the grammar engine holds the output to it); `max_tokens`,
   `temperature`, `top_p`, `top_k` as they are (Anthropic's newer clients no longer
-  declare the sampling fields; they still reach the router as extra body fields).
+  declare the sampling fields; they still reach the router as extra body fields), and
+  radixmesh's `speculative` (false: the request never drafts tokens).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def parse_messages(
             refuse(name, f"{name} is not supported: radixmesh runs no server-side tools")
     chat, prefill = chat_body(req)
     chat |= {"max_tokens": req.max_tokens, "stream": bool(req.stream)}
-    for name in ("temperature", "top_p", "top_k"):
+    for name in ("temperature", "top_p", "top_k", "speculative"):
         if getattr(req, name) is not None:
             chat[name] = getattr(req, name)
     if req.stop_sequences is not None:

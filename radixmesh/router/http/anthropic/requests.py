@@ -143,6 +143,7 @@ class MessagesRequest(Body):
     temperature: float | None = Field(None, description=FIELD_DOCS["temperature"])
     top_p: float | None = Field(None, description=FIELD_DOCS["top_p"])
     top_k: int | None = Field(None, description=FIELD_DOCS["top_k"])
+    speculative: bool | None = Field(None, description=FIELD_DOCS["speculative"])  # ours
     stream: bool | None = None
     output_config: OutputConfig | None = None
     # Accepted and ignored: they do not change the output (no thinking blocks are made:

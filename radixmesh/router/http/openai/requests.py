@@ -183,6 +183,7 @@ PARAMS = {
     "ebnf": "ebnf",
     "json_schema": "json_schema",
     "logit_bias": "logit_bias",
+    "speculative": "speculative",
 }
 
 

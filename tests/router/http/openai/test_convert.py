@@ -44,6 +44,15 @@ def test_fields_map_to_sampling_params() -> None:
     assert chat(max_tokens=3, max_completion_tokens=4).params[0].max_new_tokens == 4
 
 
+def test_speculative_is_sent_only_when_a_request_opts_out() -> None:
+    for gen in (chat(speculative=False), completion(speculative=False, n=2)):
+        assert [(p.HasField("speculative"), p.speculative) for p in gen.params] == [
+            (True, False)
+        ] * len(gen.params)
+    for gen in (chat(), chat(speculative=True), completion(speculative=True)):
+        assert gen.params[0].HasField("speculative") is False  # the default: it may draft
+
+
 def test_unknown_fields_are_ignored_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, "radixmesh.router.http.openai.convert"):
         first = chat(frobnicate_once=1, user="u", metadata={"a": "b"}, store=False)
@@ -82,6 +91,7 @@ def test_strict_refuses_unknown_fields_by_name() -> None:
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"model": None}, "model"),
+        ({"speculative": "x"}, "speculative"),
     ],
 )
 def test_chat_errors_name_the_field(fields: dict[str, Any], param: str) -> None:
@@ -102,6 +112,7 @@ def test_chat_errors_name_the_field(fields: dict[str, Any], param: str) -> None:
         ({"logit_bias": {"one": 1}}, "logit_bias"),
         ({"logit_bias": {"1": 100.5}}, "logit_bias"),
         ({"suffix": "tail"}, "suffix"),
+        ({"speculative": 1}, "speculative"),  # strict types: 1 is not true
     ],
 )
 def test_completion_errors_name_the_field(fields: dict[str, Any], param: str) -> None:

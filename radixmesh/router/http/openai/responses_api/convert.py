@@ -16,7 +16,7 @@ The mapping:
 - `text.format` json_schema / json_object -> chat's `response_format` (the grammar
   engine constrains the output); `tools`, `tool_choice`, `parallel_tool_calls` as chat's;
 - `max_output_tokens` -> `max_tokens` (default: what the context leaves), `temperature`,
-  `top_p` as they are.
+  `top_p` and radixmesh's `speculative` as they are.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def generation_of(
     }
     if req.max_output_tokens is not None:
         chat["max_tokens"] = req.max_output_tokens
-    for name in ("temperature", "top_p", "parallel_tool_calls"):
+    for name in ("temperature", "top_p", "speculative", "parallel_tool_calls"):
         if getattr(req, name) is not None:
             chat[name] = getattr(req, name)
     if isinstance(req.tool_choice, rq.NamedFunction):

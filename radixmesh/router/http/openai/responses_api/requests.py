@@ -165,6 +165,7 @@ class ResponsesRequest(Body):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, description=FIELD_DOCS["temperature"])
     top_p: float | None = Field(None, description=FIELD_DOCS["top_p"])
+    speculative: bool | None = Field(None, description=FIELD_DOCS["speculative"])  # ours
     previous_response_id: str | None = None
     store: bool | None = None
     stream: bool | None = None
