@@ -16,6 +16,9 @@ class ScheduledRequest:
     # Speculative decoding: tokens drafted after the request's last one, computed with it
     # (num_new_tokens = 1 + len(draft)) and verified (worker/speculative/).
     draft: list[int] = field(default_factory=list)
+    # With a grammar: the allowed tokens at each of the row's 1 + len(draft) positions
+    # (`[1 + len(draft), W]` int32, GrammarManager.check_draft).
+    draft_mask: torch.Tensor | None = None
 
     @property
     def start(self) -> int:
@@ -26,6 +29,14 @@ class ScheduledRequest:
         """True when this step reaches the end of the sequence: its last logits are sampled
         (a drafting row's are all verified instead)."""
         return not self.draft and self.start + self.num_new_tokens == self.req.num_tokens
+
+
+@dataclass
+class Draft:
+    """One request's drafted tokens for a step, and its grammar's masks (see above)."""
+
+    tokens: list[int]
+    mask: torch.Tensor | None = None
 
 
 @dataclass

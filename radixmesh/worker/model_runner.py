@@ -259,7 +259,13 @@ class ModelRunner:
         step with drafting rows is synchronous (the overlap scheduler runs it so)."""
         drafts = [items[i] for i in rows.verify_items]
         rows_of = [_sampling_row(item.req) for item in drafts]
-        verified = verify_drafts(self.sampler, logits, rows_of, [item.draft for item in drafts])
+        verified = verify_drafts(
+            self.sampler,
+            logits,
+            rows_of,
+            [item.draft for item in drafts],
+            [item.draft_mask for item in drafts],
+        )
         for i, v in zip(rows.verify_items, verified, strict=True):
             out.verified[i] = v
 

@@ -38,7 +38,14 @@ from typing import Protocol
 
 import torch
 
-from radixmesh.worker.batch import Batch, ForwardOutput, Launched, PromptLogprobs, ScheduledRequest
+from radixmesh.worker.batch import (
+    Batch,
+    Draft,
+    ForwardOutput,
+    Launched,
+    PromptLogprobs,
+    ScheduledRequest,
+)
 from radixmesh.worker.config import SchedulerConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.forward_batch import to_device
@@ -223,7 +230,7 @@ class Scheduler:
         budget: int,
         items: list[ScheduledRequest],
         slots: list[torch.Tensor],
-        drafts: dict[Request, list[int]] | None = None,
+        drafts: dict[Request, Draft] | None = None,
     ) -> bool:
         """The common step where every running request decodes one token, batched.
 
@@ -242,7 +249,10 @@ class Scheduler:
             return False
         counts = [r.num_tokens - r.num_computed_tokens for r in running]
         if drafts:
-            counts = [c + len(drafts.get(r, ())) for r, c in zip(running, counts, strict=True)]
+            counts = [
+                c + (len(drafts[r].tokens) if r in drafts else 0)
+                for r, c in zip(running, counts, strict=True)
+            ]
         total = sum(counts)
         # Only with pages does the last slot matter: a row mid-page takes the next one.
         by_page = self.page_size > 1
@@ -252,10 +262,13 @@ class Scheduler:
         if new is None:
             return False
         if drafts:
-            items.extend(
-                ScheduledRequest(r, k, drafts.get(r, []))
-                for r, k in zip(running, counts, strict=True)
-            )
+            for r, k in zip(running, counts, strict=True):
+                d = drafts.get(r)
+                items.append(
+                    ScheduledRequest(r, k)
+                    if d is None
+                    else ScheduledRequest(r, k, d.tokens, d.mask)
+                )
         else:
             items.extend(ScheduledRequest(r, k) for r, k in zip(running, counts, strict=True))
         slots.append(new)
@@ -501,7 +514,7 @@ class Scheduler:
                     req.hidden_pool.add(pooled.first, pooled.count, pooled.value)
             j = sampled_at.get(i)
             if item.draft:
-                self._take_verified(req, out, i, now)
+                self._take_verified(item, out, i, now)
             elif j is not None:
                 if not self._take_token(req, launched.positions[j], j, tokens[j], out, i, now):
                     continue  # its placeholder is gone: aborted since the launch
@@ -545,23 +558,39 @@ class Scheduler:
             ids.extend(tail)
         return True
 
-    def _take_verified(self, req: Request, out: ForwardOutput, i: int, now: float) -> None:
+    def _take_verified(
+        self, item: ScheduledRequest, out: ForwardOutput, i: int, now: float
+    ) -> None:
         """A drafting row's tokens (its accepted drafts and the one after), one by one
-        through the output path until one ends the request. Tokens after that are
-        dropped with the KV of any accepted draft among them."""
+        through the output path (the grammar's, with its jump-forward, for a constrained
+        request) until one ends the request or a jump-forward appends forced text. The
+        row's KV is kept as far as the sequence still runs through its drafts."""
+        req = item.req
         verified = out.verified[i]
         assert verified is not None
         if req.first_token_time is None:
             req.first_token_time = now
+        ids = req.token_ids
+        start = len(ids) - 1  # the row's first token, the last one before the step
+        constrained = req.grammar is not None and self.grammars is not None
         for token, lp, top in zip(
             verified.tokens, verified.logprobs, verified.top_logprobs, strict=True
         ):
             self._generated_tokens += 1
-            self.output.append_token(req, token, lp, top)
-            if req.finish_reason is not None:
+            before = len(ids)
+            if constrained:
+                self.grammars.append(req, token, lp, top, self.output)  # type: ignore[union-attr]
+            else:
+                self.output.append_token(req, token, lp, top)
+            if req.finish_reason is not None or len(ids) != before + 1 or ids[-1] != token:
+                break  # ended, or forced text (or a retokenized token) took the place
+        kept = 1  # the row's first token, then each draft the sequence still holds
+        for d in item.draft[: verified.accepted]:
+            if start + kept >= len(ids) or ids[start + kept] != d:
                 break
-        if req.num_computed_tokens >= len(req.token_ids):  # ended on an accepted draft
-            req.num_computed_tokens = len(req.token_ids)
+            kept += 1
+        if start + kept < req.num_computed_tokens:
+            req.num_computed_tokens = start + kept
             self.slots.trim(req, req.num_computed_tokens)
 
     def _end(self, req: Request, ended: set[Request]) -> None:

@@ -443,7 +443,8 @@ class Worker:
         speculator = None
         sp = self.config.speculative
         if sp.enabled:
-            speculator = Speculator(sp, create_drafter(sp, self.cache), self.context_len)
+            drafter = create_drafter(sp, self.cache)
+            speculator = Speculator(sp, drafter, self.context_len, self.grammars)
         self.scheduler = Scheduler(
             self.config.scheduler,
             cache=self.cache,

@@ -286,6 +286,27 @@ class GrammarManager:
                 bits[j].fill_(-1)
         return bits
 
+    def check_draft(self, req: Request, draft: list[int]) -> tuple[list[int], torch.Tensor]:
+        """Speculative decoding: the longest prefix of `draft` the request's grammar
+        allows, and the allowed tokens at each of its positions and at the one after it
+        (`[len(prefix) + 1, W]` int32: row j is the state after the prefix's first j
+        tokens, for verifying the row's samples). The matcher ends where it started."""
+        g = req.grammar
+        assert g is not None and g.matcher is not None
+        m = g.matcher
+        bits = allocate_bitmask(len(draft) + 1, self.vocab_size)
+        n = 0
+        while True:
+            m.fill_bitmask(bits, n)
+            if n == len(draft) or m.is_terminated() or not m.accept_token(draft[n]):
+                break
+            n += 1
+        if n:
+            m.rollback(n)
+        if not bool(bits[n].ne(0).any()):  # a dead end after the prefix: let `append` say so
+            bits[n].fill_(-1)
+        return draft[:n], bits[: n + 1]
+
     def append(
         self,
         req: Request,

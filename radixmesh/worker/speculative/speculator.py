@@ -2,12 +2,13 @@
 
 A step drafts only while at most `speculative_max_batch_size` requests run (a large batch
 is bound by compute, where rejected drafts cost what accepted ones save). A request
-drafts when it decodes (its next token is its last one, read back on the host), has no
-grammar (its mask would have to follow the drafts), did not opt out
-(`SamplingParams.speculative`), and is not resting: a request whose drafts are accepted at
+drafts when it decodes (its next token is its last one, read back on the host), did not
+opt out (`SamplingParams.speculative`), and is not resting: a request whose drafts are accepted at
 less than `speculative_min_accept_rate` (a moving average over its verify steps) rests
 for a number of output tokens that doubles each time (8, 16, ... 256), then tries again.
-Drafts never run past max_new_tokens or the context.
+Drafts never run past max_new_tokens or the context. A constrained request's draft is
+cut where its grammar stops allowing it, and carries the grammar's masks at each position
+for verification (text the grammar forces is not drafted: jump-forward appends it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
+from radixmesh.worker.batch import Draft
 from radixmesh.worker.config import SpeculativeConfig
+from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.request import Request
 from radixmesh.worker.speculative.registry import Drafter
 
@@ -40,10 +43,17 @@ class SpecStats:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, drafter: Drafter, context_len: int) -> None:
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        drafter: Drafter,
+        context_len: int,
+        grammars: GrammarManager | None = None,
+    ) -> None:
         self.config = config
         self.drafter = drafter
         self.context_len = context_len
+        self.grammars = grammars
         self.stats = SpecStats(accept_lengths=[0] * (config.speculative_tokens + 1))
         self._states: weakref.WeakKeyDictionary[Request, _State] = weakref.WeakKeyDictionary()
 
@@ -54,9 +64,9 @@ class Speculator:
             return False
         return any(self._allowed(r) for r in running)
 
-    def drafts(self, running: list[Request]) -> dict[Request, list[int]]:
+    def drafts(self, running: list[Request]) -> dict[Request, Draft]:
         """Each drafting request's draft (non-empty) for the next step."""
-        out: dict[Request, list[int]] = {}
+        out: dict[Request, Draft] = {}
         if len(running) > self.config.speculative_max_batch_size:
             return out
         for req in running:
@@ -71,8 +81,13 @@ class Speculator:
             if k < 1:
                 continue
             draft = self.drafter.propose(req, k)[:k]
+            mask = None
+            if draft and req.grammar is not None:
+                if self.grammars is None or req.grammar.matcher is None:
+                    continue
+                draft, mask = self.grammars.check_draft(req, draft)
             if draft:
-                out[req] = draft
+                out[req] = Draft(draft, mask)
         return out
 
     def record(self, req: Request, drafted: int, accepted: int) -> None:
@@ -95,7 +110,7 @@ class Speculator:
             state.accept_rate = 1.0  # a fresh start after the rest
 
     def _allowed(self, req: Request) -> bool:
-        if req.grammar is not None or not req.params.speculative or req.hidden_pool is not None:
+        if not req.params.speculative or req.hidden_pool is not None:
             return False
         state = self._states.get(req)
         return state is None or req.num_output_tokens >= state.resume_at

@@ -21,24 +21,38 @@ from collections.abc import Sequence
 import torch
 
 from radixmesh.worker.batch import Verified
+from radixmesh.worker.constrained.bitmask import TokenBitmask
 from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids
 
 
 def verify_drafts(
-    sampler: Sampler, logits: torch.Tensor, rows: Sequence[SamplingRow], drafts: Sequence[list[int]]
+    sampler: Sampler,
+    logits: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    drafts: Sequence[list[int]],
+    masks: Sequence[torch.Tensor | None] | None = None,
 ) -> list[Verified]:
     """`logits`: [sum(len(d) + 1)] rows, each drafting row's positions in order; `rows`:
-    each drafting request's sampling row (its own output so far). Returns each row's
-    outcome, the tokens read back on the host (this waits for the device)."""
+    each drafting request's sampling row (its own output so far); `masks`: a constrained
+    row's allowed tokens at each of its positions (GrammarManager.check_draft), else
+    None. Returns each row's outcome, the tokens read back on the host (this waits for
+    the device)."""
     positions: list[SamplingRow] = []
-    for base, draft in zip(rows, drafts, strict=True):
+    mask_rows: list[int] = []
+    mask_bits: list[torch.Tensor] = []
+    for i, (base, draft) in enumerate(zip(rows, drafts, strict=True)):
+        mask = masks[i] if masks is not None else None
+        if mask is not None:
+            mask_rows.extend(range(len(positions), len(positions) + len(draft) + 1))
+            mask_bits.append(mask)
         counts = reads_output_ids(base.params)
         for j in range(len(draft) + 1):
             output = [*base.output_ids, *draft[:j]] if counts and j else base.output_ids
             positions.append(
                 SamplingRow(base.params, base.prompt_ids, output, base.stop_ids, base.generator)
             )
-    res = sampler.draw(logits, positions)
+    allowed = TokenBitmask(torch.cat(mask_bits), mask_rows) if mask_bits else None
+    res = sampler.draw(logits, positions, allowed=allowed)
     drawn = res.token_ids.tolist()
     lps, tops = res.logprobs, res.top_logprobs
     out: list[Verified] = []
