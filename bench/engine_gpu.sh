@@ -26,6 +26,8 @@
 #   fp8e2e    bench.fp8_gemm (each path beside bf16 at 1-256 rows, effective TB/s), then
 #             bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all: throughput 256 x (512,
 #             256), shared prefix and batch-1 time per token of each precision vs bf16
+#   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
+#             TensorRT-LLM's request counts, with the engine's default batch sizes
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
 # (installed to /tmp/site).
 set -u
@@ -49,7 +51,9 @@ run() {  # run LABEL TREE TIMEOUT ARGS...: python3 with TREE's radixmesh first o
     > "$OUT/$label.log" 2>&1
   echo "$label rc=$?"; tail -n 25 "$OUT/$label.log"; el "$label"
 }
-# The engine's own defaults (bench.offline's are the CPU workloads' 64 and 2,048).
+# The sizes the engine's defaults resolved to before the running cap and the graphs
+# followed the KV pool, kept so that these runs compare with earlier ones (bench.offline's
+# own defaults are the CPU workloads' 64 and 2,048).
 OFFLINE="-m bench.offline --model dummy:llama-3-8b --device cuda --workloads gpu --kv-cache-bytes 0
   --max-running-requests 256 --max-num-batched-tokens 8192 --skip-baseline --skip-cache-off --repeats 2"
 
@@ -109,6 +113,11 @@ if part fp8e2e; then
   run fp8_gemm "$PWD" 120 -m bench.fp8_gemm --rows 1,4,16,64,256 --out "$OUT/fp8_gemm-$MACHINE.json"
   run tp-fp8 "$PWD" 420 -m bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all \
     --out "$OUT/tp-fp8-$MACHINE.json"
+fi
+if part peerdefaults; then
+  run peer_shapes "$PWD" 540 -m bench.peer_shapes --configs fp8-all \
+    --shapes 128/128,1000/1000,2048/2048 --requests-scale 0.5 \
+    --out "$OUT/peer_shapes-defaults-$MACHINE.json"
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \

@@ -59,9 +59,12 @@ class ModelConfig:
     """For dummy weights and unseeded sampling."""
     pack_cpu_weights: bool = True
     """CPU: repack weights into oneDNN's GEMM layout after loading (see layers/dense.py)."""
-    cuda_graph_max_batch_size: int = 256
+    cuda_graph_max_batch_size: int | None = None
     """CUDA (triton or flashinfer attention): capture decode steps as CUDA graphs for
-    batches up to this size (capped by max_running_requests); 0 turns graphs off."""
+    batches up to this size (capped by what max_running_requests can use); 0 turns graphs
+    off. None: sized with the KV pool (pool_sizing.fit_batches_to_pool): what the running
+    cap can use, at most CUDA_GRAPH_MAX_BATCH_SIZE, within GRAPH_MEMORY_FRACTION of the
+    memory the pool and the graphs share."""
     cuda_graph_prefill_reads: int = 65536
     """With decode CUDA graphs: a step whose prompt chunks are short runs them as decode
     rows (one per token; ModelRunner._decode_shaped) and replays the graph instead of an
@@ -89,7 +92,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise InvalidArgument("model", "must not be empty")
-        if self.cuda_graph_max_batch_size < 0:
+        if self.cuda_graph_max_batch_size is not None and self.cuda_graph_max_batch_size < 0:
             raise InvalidArgument(
                 "cuda_graph_max_batch_size", f"must be >= 0, got {self.cuda_graph_max_batch_size}"
             )
@@ -202,15 +205,23 @@ class CacheConfig:
 
 
 # Batch sizes when none is given: on CPU, small steps keep latency sane; on CUDA, the
-# sizes measured best for an 8B model on an H200 (docs/performance.md: the engine with no
-# options against the tuned run), the running cap shrunk for small KV pools.
+# token budget measured best for an 8B model on an H200 (docs/performance.md: the engine
+# with no options against the tuned run), and a running cap and CUDA graphs that follow
+# the KV pool (`fit_running_to_pool`, pool_sizing.fit_batches_to_pool).
 CPU_MAX_RUNNING_REQUESTS = 64
 CPU_MAX_NUM_BATCHED_TOKENS = 2048
-CUDA_MAX_RUNNING_REQUESTS = 256
 CUDA_MAX_NUM_BATCHED_TOKENS = 8192
 CUDA_SMALL_GPU_BATCHED_TOKENS = 4096  # GPUs under 40 GiB: less activation memory per step
-# With an auto running cap on CUDA, at most one running request per this many pool tokens.
-CUDA_POOL_TOKENS_PER_REQUEST = 512
+# An auto running cap on CUDA: one request per this many tokens of the KV pool, within
+# [CUDA_MIN_RUNNING_REQUESTS, CUDA_MAX_RUNNING_REQUESTS] (the reasons: fit_running_to_pool).
+CUDA_POOL_TOKENS_PER_REQUEST = 1024
+CUDA_MIN_RUNNING_REQUESTS = 16
+CUDA_MAX_RUNNING_REQUESTS = 1024
+# The largest decode CUDA graph an auto cuda_graph_max_batch_size captures: the peer-shape
+# runs' best on Llama-3-8B FP8 (1,024 running, graphs to 512; docs/performance.md). Past
+# it a decode step of an 8B model is long enough that its kernel launches, which a graph
+# saves, are a small part of it, and every 16 rows more is one more graph to capture.
+CUDA_GRAPH_MAX_BATCH_SIZE = 512
 
 
 @dataclass(frozen=True)
@@ -221,8 +232,9 @@ class SchedulerConfig:
     """The order waiting requests are admitted in (worker/policy.py): lpm, longest cached
     prefix first; dfs-weight, a walk of the radix tree, heavier subtrees first; fcfs."""
     max_running_requests: int | None = None
-    """None: CPU_MAX_RUNNING_REQUESTS on CPU; on CUDA CUDA_MAX_RUNNING_REQUESTS, at most one
-    per CUDA_POOL_TOKENS_PER_REQUEST tokens of the KV pool (and at least 16)."""
+    """None: CPU_MAX_RUNNING_REQUESTS on CPU; on CUDA one per CUDA_POOL_TOKENS_PER_REQUEST
+    tokens of the KV pool, between CUDA_MIN_RUNNING_REQUESTS and CUDA_MAX_RUNNING_REQUESTS
+    (`fit_running_to_pool`)."""
     max_num_batched_tokens: int | None = None
     """Token budget of one forward step; long prompts are prefilled in chunks of this.
     None: CPU_MAX_NUM_BATCHED_TOKENS on CPU, CUDA_MAX_NUM_BATCHED_TOKENS on CUDA."""
@@ -284,8 +296,9 @@ class SchedulerConfig:
 
 def batch_defaults(sc: SchedulerConfig, device_type: str, device_bytes: int = 0) -> SchedulerConfig:
     """The scheduler config with its unset batch sizes and overlap filled in for the device.
-    On CUDA the running cap is the largest it may be; `fit_running_to_pool` lowers it once the KV
-    pool's size is known (pool sizing needs the cap first: the graphs and profile use it)."""
+    On CUDA the running cap is the largest it may be; `fit_running_to_pool` lowers it to what
+    the largest pool the free memory allows could hold before the pool is sized (its profile
+    step samples that many rows, its graph reserve covers them), then to the pool's size."""
     cuda = device_type == "cuda"
     running = sc.max_running_requests
     if running is None:
@@ -305,8 +318,20 @@ def batch_defaults(sc: SchedulerConfig, device_type: str, device_bytes: int = 0)
 
 
 def fit_running_to_pool(resolved: SchedulerConfig, pool_tokens: int) -> SchedulerConfig:
-    """An auto running cap on CUDA, lowered for a small KV pool (see SchedulerConfig)."""
-    cap = max(16, pool_tokens // CUDA_POOL_TOKENS_PER_REQUEST)
+    """An auto running cap on CUDA: as many requests as the KV pool holds at
+    CUDA_POOL_TOKENS_PER_REQUEST tokens each, at least CUDA_MIN_RUNNING_REQUESTS and at
+    most the cap `batch_defaults` gave (CUDA_MAX_RUNNING_REQUESTS).
+
+    Why from the pool: admission reserves pool room for each request (its prompt and
+    new_token_ratio of its remaining outputs), so with long requests the pool, not the cap,
+    bounds the batch; the cap binds with short ones, where a larger decode batch reads the
+    weights once for more tokens. More running requests than the pool holds at a typical
+    length would be retracted, and each one costs a req->token table row, sampling rows
+    in the profile step and host work in every step. 1,024 tokens is the middle of the
+    workloads measured (P1's 512 + 256, the peer shapes' 128 + 128 to 2,048 + 2,048).
+    Llama-3-8B on an H200: 876 with a bf16 pool (897k tokens), 1,024 with FP8 KV (1.78M),
+    where the peer-shape runs needed 1,024 set by hand (docs/performance.md)."""
+    cap = max(CUDA_MIN_RUNNING_REQUESTS, pool_tokens // CUDA_POOL_TOKENS_PER_REQUEST)
     return dataclasses.replace(resolved, max_running_requests=min(resolved.running_cap, cap))
 
 

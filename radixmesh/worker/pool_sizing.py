@@ -8,13 +8,22 @@ decode batch) and the KV pool. The pool takes `mem_fraction` of what the first t
 the rest is slack for allocator fragmentation and other small allocations (cuBLAS
 workspaces, NCCL buffers).
 
-`size_pool` is the arithmetic alone, so it is tested with injected numbers on any
-machine; `ProfileStep` runs the real model (on any device) and `profile_peak_bytes`
-measures its CUDA peak.
+The batch sizes left unset follow the pool (`fit_batches_to_pool`): the running cap from
+the pool's tokens (config.fit_running_to_pool), the decode graphs up to what that cap can
+use. Before the pool is sized, the cap is bounded by what the largest pool the free
+memory allows could hold, so the profile samples, and the graph reserve covers, no more
+rows than can ever run; and an auto graph ladder stops where its reserve would pass
+GRAPH_MEMORY_FRACTION of the memory the pool and the graphs share
+(`graph_batch_within_budget`).
+
+`size_pool`, `graph_batch_within_budget` and `fit_batches_to_pool` are the arithmetic
+alone, so they are tested with injected numbers on any machine; `ProfileStep` runs the
+real model (on any device) and `profile_peak_bytes` measures its CUDA peak.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 from collections.abc import Callable
@@ -24,7 +33,7 @@ import torch
 
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.attention.registry import create_attention_backend
-from radixmesh.worker.config import EngineConfig
+from radixmesh.worker.config import CUDA_GRAPH_MAX_BATCH_SIZE, EngineConfig, fit_running_to_pool
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.kvcache.pool import KVPool
 from radixmesh.worker.model.arch import LlamaArchConfig
@@ -40,6 +49,12 @@ MAX_AUTO_SLOTS = 1 << 24
 # Device memory a worker's process holds outside PyTorch's caching allocator: the CUDA
 # context, cuBLAS / Triton workspaces (about 0.5-0.8 GiB seen with torch 2.11 on an H200).
 CUDA_CONTEXT_BYTES = 1 << 30
+# The most an auto-sized graph ladder may reserve, as a share of what the weights and the
+# activations leave (the memory the graphs and the KV pool share): graphs save kernel
+# launches, a few percent of a step at large batches, so they may not take more than a
+# few percent of the KV cache. On an H200 this never binds (Llama-3-8B's reserve for
+# graphs to 512 is ~0.1% of it); it does on a small share of a GPU (gpu_memory_share).
+GRAPH_MEMORY_FRACTION = 0.05
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,7 @@ class PoolSizing:
     bytes_per_slot: int  # K and V of one token over every layer
     page_size: int
     num_slots: int  # including the reserved padding page
+    graph_batch_size: int = 0  # the largest decode graph graph_bytes was reserved for
 
     @property
     def pool_bytes(self) -> int:
@@ -68,7 +84,8 @@ class PoolSizing:
         return (
             f"KV pool auto-sized: {self.free_bytes / GIB:.2f} GiB free after the weights - "
             f"{self.activation_bytes / GIB:.2f} GiB activations (profile forward) - "
-            f"{self.graph_bytes / GIB:.2f} GiB CUDA graphs = {left / GIB:.2f} GiB; "
+            f"{self.graph_bytes / GIB:.2f} GiB CUDA graphs (batches to {self.graph_batch_size}) "
+            f"= {left / GIB:.2f} GiB; "
             f"mem_fraction {self.mem_fraction} of it -> {self.pool_bytes / GIB:.2f} GiB = "
             f"{self.num_tokens} tokens at {self.bytes_per_slot} bytes per token"
         )
@@ -82,6 +99,7 @@ def size_pool(
     bytes_per_slot: int,
     mem_fraction: float,
     page_size: int,
+    graph_batch_size: int = 0,
 ) -> PoolSizing:
     """Slots = mem_fraction * (free - activations - graphs) / bytes_per_slot, whole pages,
     at most MAX_AUTO_SLOTS.
@@ -109,6 +127,7 @@ def size_pool(
         bytes_per_slot=bytes_per_slot,
         page_size=page_size,
         num_slots=slots,
+        graph_batch_size=graph_batch_size,
     )
 
 
@@ -230,7 +249,44 @@ def graph_max_batch_size(config: EngineConfig) -> int:
     if config.grammar.jump_forward_decode_rows:
         rows *= 4
     rows += math.isqrt(2 * config.model.cuda_graph_prefill_reads)
-    return min(config.model.cuda_graph_max_batch_size, rows)
+    cap = config.model.cuda_graph_max_batch_size
+    return min(CUDA_GRAPH_MAX_BATCH_SIZE if cap is None else cap, rows)
+
+
+def graph_batch_within_budget(
+    wanted: int, budget_bytes: int, reserve_bytes: Callable[[int], int]
+) -> int:
+    """The largest size of `wanted`'s graph ladder whose reserve (`reserve_bytes(size)`,
+    growing with the size) is at most `budget_bytes`; 0 (no graphs) when none is."""
+    if wanted <= 0:
+        return 0
+    from radixmesh.worker.cuda_graph import batch_size_ladder
+
+    for size in reversed(batch_size_ladder(wanted)):
+        if reserve_bytes(size) <= budget_bytes:
+            return size
+    return 0
+
+
+def fit_batches_to_pool(
+    config: EngineConfig, pool_tokens: int, *, auto_running: bool, graph_limit: int
+) -> EngineConfig:
+    """On CUDA, once the pool is sized: `config` with an auto running cap fitted to the
+    pool's tokens (`fit_running_to_pool`) and an auto graph size (cuda_graph_max_batch_size
+    None) resolved to what that cap can use (`graph_max_batch_size`), at most
+    `graph_limit` (the size the pool sizing reserved memory for). Sizes the caller gave
+    are kept."""
+    sc = config.scheduler
+    if auto_running:
+        sc = fit_running_to_pool(sc, pool_tokens)
+    config = dataclasses.replace(config, scheduler=sc)
+    mc = config.model
+    if mc.cuda_graph_max_batch_size is None:
+        graphs = min(graph_max_batch_size(config), graph_limit)
+        config = dataclasses.replace(
+            config, model=dataclasses.replace(mc, cuda_graph_max_batch_size=graphs)
+        )
+    return config
 
 
 @dataclass(frozen=True)
@@ -246,32 +302,63 @@ class ModelOnDevice:
     num_heads: int  # query heads on this rank
 
 
-def auto_size_pool(m: ModelOnDevice, config: EngineConfig, bytes_per_slot: int) -> PoolSizing:
-    """Profile the largest step, then give the pool mem_fraction of what is left."""
+def auto_size_pool(
+    m: ModelOnDevice, config: EngineConfig, bytes_per_slot: int, *, auto_running: bool = False
+) -> PoolSizing:
+    """Profile the largest step, then give the pool mem_fraction of what is left.
+
+    `auto_running`: the running cap was not given; it is first lowered to what the largest
+    pool the free memory allows could hold (the profile samples that many rows and the
+    graph reserve covers them), and the caller fits it to the pool afterwards
+    (`fit_batches_to_pool`, with the PoolSizing's graph_batch_size as the graph limit)."""
     sc = config.scheduler
+    free = free_device_bytes(m.device, config.cache.gpu_memory_share)
+    if auto_running:
+        sc = fit_running_to_pool(sc, free // bytes_per_slot)
+        config = dataclasses.replace(config, scheduler=sc)
     limit = config.model.context_length or m.arch.max_position_embeddings
     tokens = sc.token_budget
     activation = _profile_activation_bytes(m, config, min(tokens, limit))
     gc.collect()  # nothing of the profile step may outlive it...
     torch.cuda.empty_cache()  # ...and its pool and activations go back to the device
-    graphs = 0
+    reserve = _graph_reserve(m, config, activation, limit)
     graph_bs = graph_max_batch_size(config)
-    if m.attention_backend == "triton" and graph_bs > 0:
-        workspace = _graph_workspace_bytes(m, graph_bs, limit, config.model.deterministic)
-        graphs = graph_reserve_bytes(activation, tokens, graph_bs, workspace)
-    elif m.attention_backend == "flashinfer":
-        # Its workspace is allocated after the pool; with graphs, a wrapper each.
-        graphs = flashinfer_reserve_bytes(graph_bs, limit)
-        if graph_bs > 0:
-            graphs += graph_reserve_bytes(activation, tokens, graph_bs, 0)
+    if config.model.cuda_graph_max_batch_size is None:
+        budget = int(GRAPH_MEMORY_FRACTION * max(free - activation, 0))
+        graph_bs = graph_batch_within_budget(graph_bs, budget, reserve)
     return size_pool(
         free_bytes=free_device_bytes(m.device, config.cache.gpu_memory_share),
         activation_bytes=activation,
-        graph_bytes=graphs,
+        graph_bytes=reserve(graph_bs),
         bytes_per_slot=bytes_per_slot,
         mem_fraction=config.cache.mem_fraction,
         page_size=config.cache.page_size,
+        graph_batch_size=graph_bs,
     )
+
+
+def _graph_reserve(
+    m: ModelOnDevice, config: EngineConfig, activation: int, max_context_len: int
+) -> Callable[[int], int]:
+    """Bytes to reserve beside the pool for decode graphs up to a batch size, by backend:
+    triton's graphs (`graph_reserve_bytes` with their decode workspaces); flashinfer's
+    workspace (allocated after the pool, graphs or not) and, with graphs, a wrapper each;
+    nothing for torch, which captures no graphs."""
+    tokens = config.scheduler.token_budget
+
+    def triton(bs: int) -> int:
+        if bs <= 0:
+            return 0
+        det = config.model.deterministic
+        workspace = _graph_workspace_bytes(m, bs, max_context_len, det)
+        return graph_reserve_bytes(activation, tokens, bs, workspace)
+
+    def flashinfer(bs: int) -> int:
+        graphs = graph_reserve_bytes(activation, tokens, bs, 0) if bs > 0 else 0
+        return flashinfer_reserve_bytes(bs, max_context_len) + graphs
+
+    backends = {"triton": triton, "flashinfer": flashinfer}
+    return backends.get(m.attention_backend, lambda bs: 0)
 
 
 def _profile_activation_bytes(m: ModelOnDevice, config: EngineConfig, max_seq_len: int) -> int:

@@ -32,12 +32,12 @@ from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.attention.registry import create_attention_backend
 from radixmesh.worker.attention.selection import resolve_attention_backend
 from radixmesh.worker.config import (
+    CUDA_GRAPH_MAX_BATCH_SIZE,
     DEFAULT_CPU_KV_CACHE_BYTES,
     HOST_KV_POOL_MULTIPLE,
     HOST_KV_RAM_FRACTION,
     EngineConfig,
     batch_defaults,
-    fit_running_to_pool,
 )
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.deterministic import DETERMINISTIC_BLOCK, make_deterministic
@@ -69,6 +69,7 @@ from radixmesh.worker.pool_sizing import (
     ModelOnDevice,
     PoolSizing,
     auto_size_pool,
+    fit_batches_to_pool,
     graph_max_batch_size,
 )
 from radixmesh.worker.scheduler import Scheduler
@@ -267,9 +268,15 @@ class Worker:
             compile_kernels(heads, kv_heads, head_dim, kv_dtype, self.device)
         self.pool_sizing: PoolSizing | None = None  # set when the pool was auto-sized
         self.kv_pool = self._build_pool()
-        if self._auto_running and self.device.type == "cuda":
-            sc = fit_running_to_pool(self.config.scheduler, self.kv_pool.num_slots)
-            self.config = dataclasses.replace(self.config, scheduler=sc)
+        if self.device.type == "cuda":  # unset batch sizes follow the pool
+            sizing = self.pool_sizing
+            graphs = sizing.graph_batch_size if sizing is not None else CUDA_GRAPH_MAX_BATCH_SIZE
+            self.config = fit_batches_to_pool(
+                self.config,
+                self.kv_pool.num_slots,
+                auto_running=self._auto_running,
+                graph_limit=self.tp.min_over_ranks(graphs, self.device),  # the same graphs
+            )
         self.allocator = KVAllocator(self.kv_pool.num_slots, cc.page_size, device=self.device)
         limit = self.config.model.context_length or self.arch.max_position_embeddings
         self.context_len = min(limit, self.allocator.num_usable_slots)  # one request fits
@@ -334,7 +341,9 @@ class Worker:
         if cc.kv_cache_tokens is not None:
             slots = cc.kv_cache_tokens + cc.page_size  # + the reserved page
         elif cc.kv_cache_bytes is None and self.device.type == "cuda":
-            self.pool_sizing = auto_size_pool(self._on_device(), self.config, per_slot)
+            self.pool_sizing = auto_size_pool(
+                self._on_device(), self.config, per_slot, auto_running=self._auto_running
+            )
             logger.info(self.pool_sizing.describe())
             slots = self.pool_sizing.num_slots
         else:

@@ -27,16 +27,19 @@ def test_cpu_defaults() -> None:
 
 
 def test_cuda_defaults_follow_the_gpu() -> None:
+    # The running cap is the most it may be until the pool is known (fit_running_to_pool).
     big = batch_defaults(SchedulerConfig(), "cuda", 141 * GIB)
-    assert (big.max_running_requests, big.max_num_batched_tokens) == (256, 8192)
+    assert (big.max_running_requests, big.max_num_batched_tokens) == (1024, 8192)
     small = batch_defaults(SchedulerConfig(), "cuda", 24 * GIB)
-    assert (small.max_running_requests, small.max_num_batched_tokens) == (256, 4096)
+    assert (small.max_running_requests, small.max_num_batched_tokens) == (1024, 4096)
 
 
 def test_cuda_running_cap_follows_the_pool() -> None:
     sc = batch_defaults(SchedulerConfig(), "cuda", 141 * GIB)
-    assert fit_running_to_pool(sc, 897_413).max_running_requests == 256
-    assert fit_running_to_pool(sc, 64_000).max_running_requests == 125  # 64,000 / 512
+    # Llama-3-8B on an H200: a bf16 pool, then an FP8 one (about twice the tokens).
+    assert fit_running_to_pool(sc, 897_413).max_running_requests == 876  # 897,413 / 1,024
+    assert fit_running_to_pool(sc, 1_776_000).max_running_requests == 1024  # the ceiling
+    assert fit_running_to_pool(sc, 64_000).max_running_requests == 62
     assert fit_running_to_pool(sc, 1_000).max_running_requests == 16  # the floor
 
 

@@ -1,20 +1,32 @@
 """KV pool auto-sizing: the arithmetic with injected numbers (any machine), the profile
-step on the real dummy model (CPU), the CPU default, and on CUDA the sized pool."""
+step on the real dummy model (CPU), the CPU default, and on CUDA the sized pool; the batch
+sizes that follow the pool (the running cap and the CUDA graphs)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from radixmesh.errors import InvalidArgument
-from radixmesh.worker.config import DEFAULT_CPU_KV_CACHE_BYTES, CacheConfig
+from radixmesh.worker.config import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    CacheConfig,
+    EngineConfig,
+    batch_defaults,
+    fit_running_to_pool,
+)
 from radixmesh.worker.kvcache.pool import KVPool
 from radixmesh.worker.pool_sizing import (
     GIB,
     MAX_AUTO_SLOTS,
     ProfileStep,
     decode_workspace_bytes,
+    fit_batches_to_pool,
     flashinfer_reserve_bytes,
+    graph_batch_within_budget,
+    graph_max_batch_size,
     graph_reserve_bytes,
     profile_lengths,
     size_pool,
@@ -76,6 +88,7 @@ def test_llama_3_8b_on_an_h200_gets_850k_kv_tokens() -> None:
     assert s.num_slots == 897_638  # int(0.9 * 121.75 GiB) // 128 KiB
     assert s.num_tokens >= 850_000
     assert "897637 tokens at 131072 bytes per token" in s.describe()
+    assert "0.25 GiB CUDA graphs (batches to 0)" in s.describe()
 
 
 def test_size_pool_without_room_raises() -> None:
@@ -256,3 +269,83 @@ def test_cuda_auto_sized_fp8_pool_holds_about_twice_the_tokens() -> None:
         page_size=s.page_size,
     )
     assert s.num_tokens / bf16.num_tokens >= 1.9
+
+
+def cuda_config(**options: object) -> EngineConfig:
+    """A config as the worker has it on an H200 before the pool is sized."""
+    config = EngineConfig.from_options(**options)
+    sc = batch_defaults(config.scheduler, "cuda", 141 * GIB)
+    return dataclasses.replace(config, scheduler=sc)
+
+
+@pytest.mark.parametrize(
+    ("pool_tokens", "running", "graphs"),
+    [
+        (897_413, 876, 512),  # Llama-3-8B, bf16 KV: 897,413 / 1,024
+        (1_776_000, 1024, 512),  # FP8 KV: the ceiling (the peer shapes' best by hand)
+        (64_000, 62, 512),  # graphed prompt rows (362) + 4 x 62 forced tokens: past 512
+        (1_000, 16, 426),  # the floor; 16 x 4 + 362
+    ],
+)
+def test_batch_sizes_follow_the_pool(pool_tokens: int, running: int, graphs: int) -> None:
+    c = fit_batches_to_pool(cuda_config(), pool_tokens, auto_running=True, graph_limit=512)
+    assert (c.scheduler.running_cap, c.model.cuda_graph_max_batch_size) == (running, graphs)
+    assert graph_max_batch_size(c) == graphs
+
+
+def test_graphs_follow_the_running_cap_alone_without_graphed_extra_rows() -> None:
+    plain = cuda_config(jump_forward_decode_rows=False, cuda_graph_prefill_reads=0)
+    c = fit_batches_to_pool(plain, 64_000, auto_running=True, graph_limit=512)
+    assert (c.scheduler.running_cap, c.model.cuda_graph_max_batch_size) == (62, 62)
+
+
+def test_graphs_stay_within_the_limit_the_pool_sizing_reserved() -> None:
+    c = fit_batches_to_pool(cuda_config(), 897_413, auto_running=True, graph_limit=128)
+    assert (c.scheduler.running_cap, c.model.cuda_graph_max_batch_size) == (876, 128)
+
+
+def test_given_batch_sizes_are_kept() -> None:
+    given = cuda_config(max_running_requests=300, cuda_graph_max_batch_size=64)
+    c = fit_batches_to_pool(given, 64_000, auto_running=False, graph_limit=512)
+    assert (c.scheduler.running_cap, c.model.cuda_graph_max_batch_size) == (300, 64)
+    off = cuda_config(cuda_graph_max_batch_size=0)
+    assert fit_batches_to_pool(off, 64_000, auto_running=True, graph_limit=512).model == off.model
+
+
+def test_before_the_pool_the_running_cap_is_what_the_largest_pool_could_hold() -> None:
+    # auto_size_pool's first step: 6 GiB free at 128 KiB a token (a 24 GiB GPU with an 8B
+    # model in bf16) could hold 49,152 tokens, so the profile samples 48 rows, not 1,024.
+    sc = cuda_config().scheduler
+    assert fit_running_to_pool(sc, 6 * GIB // 131072).running_cap == 48
+
+
+def test_graph_batch_within_budget_walks_down_the_ladder() -> None:
+    def per_row(bs: int) -> int:
+        return 1000 * bs
+
+    assert graph_batch_within_budget(512, 10**9, per_row) == 512
+    assert graph_batch_within_budget(512, 300_000, per_row) == 288  # the ladder's multiples of 16
+    assert graph_batch_within_budget(512, 12_000, per_row) == 8
+    assert graph_batch_within_budget(512, 999, per_row) == 0  # not even one row: no graphs
+    assert graph_batch_within_budget(0, 10**9, per_row) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_auto_batch_sizes_follow_the_sized_pool() -> None:
+    # dummy:tiny: 512 bytes a token, so even 0.05 of a GPU holds millions of tokens.
+    w = make_worker(
+        device="cuda",
+        kv_cache_tokens=None,
+        max_running_requests=None,
+        mem_fraction=0.05,
+    )
+    try:
+        s = w.pool_sizing
+        assert s is not None and s.graph_batch_size == 512
+        assert w.config.scheduler.running_cap == w.req_table.max_requests == 1024
+        assert w.config.model.cuda_graph_max_batch_size == 512
+        graphs = w.runner.decode_graphs
+        assert graphs is not None and graphs.ladder[-1] == 512
+    finally:
+        w.close()
