@@ -26,6 +26,9 @@
 #   fp8e2e    bench.fp8_gemm (each path beside bf16 at 1-256 rows, effective TB/s), then
 #             bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all: throughput 256 x (512,
 #             256), shared prefix and batch-1 time per token of each precision vs bf16
+#   coldstart bench.cold_start: FP8 W+KV on dummy:llama-3-8b, warm-up on and off, each in
+#             a process of its own with an empty Triton cache: engine start, the first
+#             128/128 batch (1,024 requests) after start against the same batch again
 #   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
@@ -113,6 +116,10 @@ if part fp8e2e; then
   run fp8_gemm "$PWD" 120 -m bench.fp8_gemm --rows 1,4,16,64,256 --out "$OUT/fp8_gemm-$MACHINE.json"
   run tp-fp8 "$PWD" 420 -m bench.tp --tp 1 --configs bf16,fp8,fp8-kv,fp8-all \
     --out "$OUT/tp-fp8-$MACHINE.json"
+fi
+if part coldstart; then
+  run cold_start "$PWD" 420 -m bench.cold_start --configs fp8-all --warmup on,off \
+    --out "$OUT/cold_start-$MACHINE.json"
 fi
 if part peerdefaults; then
   run peer_shapes "$PWD" 540 -m bench.peer_shapes --configs fp8-all \

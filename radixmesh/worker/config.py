@@ -72,6 +72,14 @@ class ModelConfig:
     every key before it), are at most this many keys: 65,536 is one ~360-token prompt
     from scratch or three of ~190. Longer prompts and long cached prefixes keep the extend
     kernel, which reads each key once per tile. 0: prompt chunks always run eagerly."""
+    warmup: bool | None = None
+    """Before the worker reports ready, run dummy requests through its scheduler and model
+    runner (prefills at several token counts, one over a cached prefix, a step that mixes
+    decoding rows with a prompt, greedy and sampled rows; worker/warmup.py), so that the
+    kernels a step can launch are compiled before the first request rather than during
+    it. Everything the warm-up took is freed and the radix cache left empty.
+    None: on CUDA (Triton compiles a kernel at its first launch), off on CPU (nothing to
+    compile)."""
     quantization: str | None = None
     """None: the checkpoint's own. "fp8": linear weights (q/k/v/o, gate/up/down) as
     float8_e4m3fn with a float32 scale per output channel, quantized at load ("fp8-1x128":

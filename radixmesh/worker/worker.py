@@ -8,6 +8,9 @@
    the model runner over them.
 4. `build_scheduler`: continuous batching over all of it.
 
+Then, on CUDA, `warm_up` runs dummy requests through all of it (worker/warmup.py), so
+that the kernels a step launches are compiled before the first request.
+
 Order matters for memory: the weights load first, then the pool takes its budget, then
 the graphs are captured inside what the pool left.
 """
@@ -79,6 +82,7 @@ from radixmesh.worker.tp.follower import run_follower
 from radixmesh.worker.tp.group import rank_device
 from radixmesh.worker.tp.leader import FollowerRanks
 from radixmesh.worker.tp.one_shot import try_one_shot
+from radixmesh.worker.warmup import WarmupReport, run_warmup, warmup_plan
 
 if TYPE_CHECKING:  # imports triton
     from radixmesh.worker.cuda_graph import DecodeCudaGraphs
@@ -113,6 +117,9 @@ class Worker:
             self.build_scheduler()
             if self.followers is not None:
                 self.followers.wait_ready()
+            self.warmup: WarmupReport | None = None
+            if self.tp.rank == 0:  # the other ranks run its steps as rank 0 sends them
+                self.warm_up()
         except BaseException:
             self.close()
             raise
@@ -465,6 +472,28 @@ class Worker:
             grammars=self.grammars,
             align=DETERMINISTIC_BLOCK if self.config.model.deterministic else 1,
             speculator=speculator,
+        )
+
+    def warm_up(self) -> None:
+        """ModelConfig.warmup (None: on CUDA): dummy requests through the scheduler, then
+        the cache reset (worker/warmup.py) and the scheduler built again, so the one that
+        serves starts with its counters at zero."""
+        on = self.config.model.warmup
+        if not (self.device.type == "cuda" if on is None else on):
+            return
+        plan = warmup_plan(
+            self.config.scheduler.token_budget, self.context_len, self.allocator.num_usable_slots
+        )
+        if not plan:  # a pool or context too small for any prompt
+            return
+        self.warmup = run_warmup(self.scheduler, plan, self.arch.vocab_size)
+        self.build_scheduler()
+        logger.info(
+            "warm-up: %d steps (%d to %d tokens) in %.1f s",
+            len(self.warmup.steps),
+            min(s.num_tokens for s in self.warmup.steps),
+            max(s.num_tokens for s in self.warmup.steps),
+            self.warmup.seconds,
         )
 
     # ---- serving --------------------------------------------------------------------------

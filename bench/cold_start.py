@@ -1,0 +1,129 @@
+"""Cold start: the first batch after the engine starts, against the same batch run again.
+
+The first FP8 prefill after start stalled ~1.9 s on an H200 (Triton compiles kernels at
+their first launch); the worker's warm-up (`ModelConfig.warmup`, worker/warmup.py) runs
+them before it is ready. This benchmark measures what a first batch still pays: for each
+`--configs` precision and each `--warmup` setting, a fresh process starts an engine
+(timed, the warm-up's own seconds apart), runs one batch (the peer shapes' first:
+`--requests` random prompts of ISL tokens, OSL tokens each, greedy, ignore_eos), flushes
+the radix cache and runs the identical batch again. `first_vs_warm` is the first run's
+output tok/s over the second's (target: >= 0.9). It also records the batch sizes the
+engine chose (the running cap and the largest decode graph follow the KV pool).
+
+Each run has a process and an empty Triton cache of its own (TRITON_CACHE_DIR in a new
+temporary folder): kernels an earlier process compiled to disk would hide the stall.
+
+One GPU: `python -m bench.cold_start [--configs fp8-all] [--warmup on,off] [--shape
+128/128] [--requests 1024]`; CPU smoke run: `--smoke`. Writes
+bench/results/cold_start-<machine>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import record
+from bench.peer_shapes import CONFIGS, parse_shapes, run_shape
+from radixmesh.worker.engine import Engine
+
+WARMUPS = {"on": True, "off": False}
+
+
+def measure(model: str, options: dict[str, Any], isl: int, osl: int, n: int) -> dict[str, Any]:
+    """Start an engine, run the batch twice (cache flushed before each), and shut down."""
+    t0 = time.perf_counter()
+    engine = Engine(model, **options)
+    start = time.perf_counter() - t0
+    try:
+        worker = engine.worker
+        vocab = engine.info.vocab_size
+        first = run_shape(engine, isl, osl, n, vocab)
+        warm = run_shape(engine, isl, osl, n, vocab)
+        report = worker.warmup
+        sc, mc = engine.config.scheduler, engine.config.model
+        return {
+            "start_seconds": start,
+            "warmup_seconds": report.seconds if report is not None else 0.0,
+            "warmup_steps": len(report.steps) if report is not None else 0,
+            "first": first,
+            "warm": warm,
+            "first_vs_warm": first["output_tok_per_s"] / warm["output_tok_per_s"],
+            "max_running_requests": sc.max_running_requests,
+            "cuda_graph_max_batch_size": mc.cuda_graph_max_batch_size,
+            "kv_pool_tokens": worker.allocator.num_usable_slots,
+            "graph_memory_bytes": worker.graph_memory_bytes,
+        }
+    finally:
+        engine.shutdown()
+
+
+def run_in_own_process(args: argparse.Namespace, config: str, warmup: str) -> dict[str, Any]:
+    """`measure` in a child process with an empty Triton cache; its figures."""
+    with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
+        out = Path(tmp) / "run.json"
+        env = {**os.environ, "TRITON_CACHE_DIR": str(Path(tmp) / "triton")}
+        cmd = [sys.executable, "-m", "bench.cold_start", "--child", f"{config}:{warmup}"]
+        cmd += ["--child-out", str(out), "--model", args.model, "--shape", args.shape]
+        cmd += ["--requests", str(args.requests)]
+        subprocess.run(cmd, env=env, check=True)
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def child(args: argparse.Namespace) -> None:
+    config, _, warmup = args.child.partition(":")
+    quantization, kv_dtype = CONFIGS[config]
+    options = {"quantization": quantization, "kv_cache_dtype": kv_dtype, "warmup": WARMUPS[warmup]}
+    [(isl, osl)] = parse_shapes(args.shape)
+    result = measure(args.model, options, isl, osl, args.requests)
+    Path(args.child_out).write_text(json.dumps(result))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="dummy:llama-3-8b")
+    ap.add_argument("--configs", default="fp8-all", help=f"of {sorted(CONFIGS)}")
+    ap.add_argument("--warmup", default="on,off", help="on, off or both")
+    ap.add_argument("--shape", default="128/128", help="ISL/OSL of the batch")
+    ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument("--smoke", action="store_true", help="CPU: dummy:tiny, a tiny batch")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    record.add_output_arguments(ap)
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        child(args)
+    else:
+        parent(args)
+
+
+def parent(args: argparse.Namespace) -> None:
+    if args.smoke:
+        args.model, args.shape, args.requests = "dummy:tiny", "16/4", 4
+    runs: dict[str, Any] = {}
+    for config in args.configs.split(","):
+        if config not in CONFIGS:
+            raise ValueError(f"--configs: unknown {config!r}; choices: {sorted(CONFIGS)}")
+        for warmup in args.warmup.split(","):
+            if warmup not in WARMUPS:
+                raise ValueError(f"--warmup: {warmup!r} is not on or off")
+            r = runs[f"{config}/warmup-{warmup}"] = run_in_own_process(args, config, warmup)
+            print(
+                f"{config:8} warm-up {warmup:3}: start {r['start_seconds']:.1f} s (warm-up "
+                f"{r['warmup_seconds']:.1f} s), first {r['first']['output_tok_per_s']:,.0f} "
+                f"tok/s, warm {r['warm']['output_tok_per_s']:,.0f}: {r['first_vs_warm']:.2f}x",
+                flush=True,
+            )
+    record.write("cold_start", args, {"model": args.model, "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
