@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Speculative decoding's GPU runs, from the repository root on one GPU:
+#   PARTS="tests verify batch p1" bash bench/speculative_gpu.sh
+#   tests   the GPU test (graphs + overlap against plain greedy) and the CPU tests
+#   verify  bench.speculative's verify part on dummy:llama-3-8b bf16: a verify step of
+#           1 + k tokens at batch 1 against plain decode (k = 4, 8)
+#   batch   64 requests (512-token prompts, 256 new tokens) with --speculative ngram
+#           against off: speculation switched off above the batch limit
+#   p1      the same at 256 x (512, 256) (the offline P1 shape)
+# The project's missing packages travel as wheels in .whl/ (docs/performance.md,
+# "Running the GPU benchmarks").
+set -u
+PARTS=${PARTS:-"tests verify batch p1"}
+OUT=${OUT:-bench/results}; mkdir -p "$OUT"
+SITE=/tmp/site
+export PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
+S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target $SITE .whl/*.whl 2>/dev/null || exit 1
+export PYTHONPATH=$PWD:$SITE
+el "installed"
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+run() {  # run LABEL TIMEOUT ARGS...
+  local label=$1 limit=$2; shift 2
+  PYTHONSAFEPATH=1 timeout "$limit" python3 "$@" > "$OUT/$label.log" 2>&1
+  echo "$label rc=$?"; tail -n 20 "$OUT/$label.log"; el "$label"
+}
+GPU="--model dummy:llama-3-8b --device cuda --dtype bfloat16"
+if part tests; then
+  run spec-tests 300 -m pytest -q -p no:cacheprovider tests/worker/test_speculative_gpu.py \
+    tests/worker/speculative
+fi
+if part verify; then
+  run spec-verify 300 -m bench.speculative $GPU --parts verify --verify-ks 4,8 \
+    --verify-tokens 256 --repeats 3 --out "$OUT/speculative-verify-h200.json"
+fi
+if part batch; then
+  run spec-batch 300 -m bench.speculative $GPU --parts batch --batch 64 \
+    --out "$OUT/speculative-batch64-h200.json"
+fi
+if part p1; then
+  run spec-p1 300 -m bench.speculative $GPU --parts batch --batch 256 \
+    --out "$OUT/speculative-p1-h200.json"
+fi
