@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from radixmesh.worker.batch import Batch, ForwardOutput, ScheduledRequest
+from radixmesh.worker.batch import Batch, Draft, ForwardOutput, ScheduledRequest
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.request import FinishReason, Request
 from tests.worker.factories import (
@@ -300,7 +300,7 @@ def test_batched_steps_with_forced_tokens_match_the_per_request_path(page_size: 
             budget: int,
             items: list[ScheduledRequest],
             slots: list[torch.Tensor],
-            drafts: dict[Request, list[int]] | None = None,
+            drafts: dict[Request, Draft] | None = None,
         ) -> bool:
             ok = inner_decode(budget, items, slots, drafts)
             hits.extend(it.num_new_tokens for it in items if ok and it.num_new_tokens > 1)
