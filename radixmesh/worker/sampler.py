@@ -413,7 +413,10 @@ def _cdf_draw(x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     below the total, so searchsorted's first cdf > u is a position of positive weight.
     """
     cdf = x.sub_(x.amax(dim=-1, keepdim=True)).exp_().cumsum_(dim=-1)  # [R, W]
-    u = torch.rand(x.shape[0], 1, generator=gen, device=x.device) * _BELOW_ONE
+    # A seeded row's generator lives on the host (Request makes it there): its uniforms
+    # are drawn there and moved, so a seed gives the same draws on every device.
+    where = gen.device if gen is not None else x.device
+    u = torch.rand(x.shape[0], 1, generator=gen, device=where).to(x.device) * _BELOW_ONE
     pos = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).view(-1)  # [R]
     return pos.clamp_(max=x.shape[-1] - 1)
 

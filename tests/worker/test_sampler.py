@@ -106,6 +106,23 @@ def test_seeded_sampling_reproducible_and_batch_independent() -> None:
     assert len(set(alone)) > 1  # actually random, not collapsed to argmax
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_seeded_rows_on_cuda_logits_repeat() -> None:
+    """A request's generator is a host one: seeded rows of CUDA logits draw from it (a
+    CUDA draw with a host generator is an error) and repeat."""
+    v = 64
+    logits = (torch.randn(3, v, generator=torch.Generator().manual_seed(3)) * 2).cuda()
+    sampler = Sampler(v)
+
+    def run() -> list[int]:
+        rows = [row(seed=42, temperature=0.9), row(), row(seed=7, top_p=0.9, top_k=10)]
+        return [t for _ in range(10) for t in sampler.sample(logits, rows).token_ids[::2]]
+
+    first = run()
+    assert run() == first and len(set(first)) > 2
+
+
 def test_different_seeds_differ() -> None:
     logits = torch.zeros(1, 1000)
     sampler = Sampler(1000)
