@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Speculative decoding's GPU runs, from the repository root on one GPU:
 #   PARTS="tests verify batch p1" bash bench/speculative_gpu.sh
-#   tests   the GPU test (graphs + overlap against plain greedy) and the CPU tests
+#   tests   the GPU test (graphs + overlap against plain greedy)
 #   verify  bench.speculative's verify part on dummy:llama-3-8b bf16: a verify step of
 #           1 + k tokens at batch 1 against plain decode (k = 4, 8)
 #   batch   64 requests (512-token prompts, 256 new tokens) with --speculative ngram
@@ -27,8 +27,7 @@ run() {  # run LABEL TIMEOUT ARGS...
 }
 GPU="--model dummy:llama-3-8b --device cuda --dtype bfloat16"
 if part tests; then
-  run spec-tests 300 -m pytest -q -p no:cacheprovider tests/worker/test_speculative_gpu.py \
-    tests/worker/speculative
+  run spec-tests 300 -m pytest -q -p no:cacheprovider tests/worker/test_speculative_gpu.py
 fi
 if part verify; then
   run spec-verify 300 -m bench.speculative $GPU --parts verify --verify-ks 4,8 \

@@ -176,6 +176,8 @@ def test_same_outputs_under_memory_pressure_and_overlap() -> None:
 
 def test_abort_of_a_drafting_request() -> None:
     w = make_worker(speculative="ngram")
+    assert w.scheduler.speculator is not None
+    w.scheduler.speculator.drafter = _Fixed([7, 8, 9, 10])  # drafts every step, mostly wrong
     prompts = _prompts(5, 2)
     a = make_request(w, prompts[0], rid="a", max_new_tokens=60)
     b = make_request(w, prompts[1], rid="b", max_new_tokens=30)
