@@ -165,6 +165,16 @@ def host_tier_routing() -> str:
     )
 
 
+def speculative_copy() -> str:
+    copy = load("speculative-cpu")["copy"]
+    off, ngram = copy["off"], copy["ngram"]
+    return (
+        f"{ngram['tok_per_s']:.1f} vs {off['tok_per_s']:.1f} output tok/s "
+        f"({ngram['speedup']:.2f}x), {ngram['identical_outputs']}/{ngram['tasks']} outputs "
+        f"identical, {ngram['mean_accept_length']:.2f} tokens per step"
+    )
+
+
 ROWS: list[tuple[str, Callable[[], str]]] = [
     ("256 x (512 in, 256 out), `dummy:llama-3-8b` bf16 (one H200)", offline_throughput),
     ("1,024 requests, 16 groups sharing 1,536-token prefixes (one H200)", offline_shared_prefix),
@@ -201,6 +211,10 @@ ROWS: list[tuple[str, Callable[[], str]]] = [
         "two workers, prefixes beyond their pools: hit rate, tier-aware vs tier-blind router "
         "(one H200)",
         host_tier_routing,
+    ),
+    (
+        "speculative decoding (n-gram) vs off, batch 1, copy-heavy set, smollm2 (2-core CPU)",
+        speculative_copy,
     ),
 ]
 

@@ -44,6 +44,8 @@ def _engine(args: argparse.Namespace, **options: Any) -> Engine:
     kw: dict[str, Any] = {"device": args.device}
     if args.dtype:
         kw["dtype"] = args.dtype
+    if args.overlap != "auto":
+        kw["overlap_schedule"] = args.overlap == "on"
     return Engine(args.model, **kw, **options)
 
 
@@ -200,6 +202,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--parts", default="copy,verify")
+    ap.add_argument(
+        "--overlap",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the overlap scheduler (auto: the device's default); off makes plain decode "
+        "as synchronous as a drafting step, so the verify part then times the rows alone",
+    )
     ap.add_argument("--drafters", default="ngram,radix", help="copy: drafters beside off")
     ap.add_argument("--k", type=int, default=4, help="copy: draft tokens per step")
     ap.add_argument("--max-new-tokens", type=int, default=160)
