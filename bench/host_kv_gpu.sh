@@ -15,21 +15,8 @@
 # "Running the GPU benchmarks").
 set -u
 PARTS=${PARTS:-"tests bench"}
-OUT=${OUT:-bench/results}; mkdir -p "$OUT"
-MACHINE=${MACHINE:-h200}
-SITE=/tmp/site
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
-S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target $SITE .whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=$PWD:$SITE
+source bench/gpu_env.sh
 el "installed"
-part() { [[ " $PARTS " == *" $1 "* ]]; }
-run() {  # run LABEL TIMEOUT ARGS...
-  local label=$1 limit=$2; shift 2
-  PYTHONSAFEPATH=1 timeout "$limit" python3 "$@" > "$OUT/$label.log" 2>&1
-  echo "$label rc=$?"; tail -n 30 "$OUT/$label.log"; el "$label"
-}
 if part tests; then
   run host-tests 300 -m pytest -q -p no:cacheprovider tests/worker/kvcache/test_host_tier.py \
     tests/worker/kvcache/test_tier_properties.py

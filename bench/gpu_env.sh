@@ -1,0 +1,19 @@
+# Sourced by the GPU run scripts (bench/*_gpu.sh) from the repository root: installs the
+# wheels the GPU machine lacks (.whl/, docs/performance.md "Running the GPU benchmarks")
+# into $SITE and defines `el` (elapsed-time lines), `part NAME` (whether $PARTS names it)
+# and `run LABEL TIMEOUT ARGS...` (python3 ARGS with its log in $OUT/LABEL.log, the log's
+# tail and the elapsed time printed). The caller sets PARTS first; OUT defaults here.
+OUT=${OUT:-bench/results}; mkdir -p "$OUT"
+MACHINE=${MACHINE:-h200}
+SITE=${SITE:-/tmp/site}
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
+S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$SITE" .whl/*.whl 2>/dev/null || exit 1
+export PYTHONPATH=$PWD:$SITE
+part() { [[ " $PARTS " == *" $1 "* ]]; }
+run() {  # run LABEL TIMEOUT ARGS...
+  local label=$1 limit=$2; shift 2
+  PYTHONSAFEPATH=1 timeout "$limit" python3 "$@" > "$OUT/$label.log" 2>&1
+  echo "$label rc=$?"; tail -n 30 "$OUT/$label.log"; el "$label"
+}
