@@ -12,7 +12,10 @@ and updates the message those events describe, so a streamed and a whole reply a
   (the radix cache keeps prefixes without being asked, and writing them costs nothing).
 - `stop_reason`: `tool_use` when the reply called a tool and stopped, `stop_sequence`
   (with `stop_sequence`) when one of the request's stop sequences ended it, `max_tokens`
-  when it ran out, else `end_turn`.
+  when it ran out, else `end_turn`. `max_tokens` wins over `tool_use`: a reply cut in a
+  call keeps the calls complete before it as `tool_use` blocks and drops the half call
+  (no markup reaches a text block; openai/tool_parsers.py), and the stop reason says the
+  reply was cut.
 - A call's arguments go out as one `input_json_delta` with the whole JSON: calls are
   released whole by the tool-call splitter.
 """

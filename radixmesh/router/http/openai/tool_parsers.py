@@ -11,13 +11,26 @@ The syntaxes (`PARSERS`):
 
 `ToolCallSplitter` feeds text through a parser as it streams: text that cannot start a
 call goes out as content at once, text that might (a partial `<tool_c`) waits, and each
-call comes out whole when it is complete. A block that turns out not to be a call (bad
-JSON, no name) is content, so nothing the model wrote is lost.
+call comes out whole when it is complete.
+
+Tool-call markup never reaches content. Decisions:
+- Markup that holds no call is dropped, with the whitespace after it: a block cut off by
+  the end of the reply (`max_tokens` in the middle of a call; the finish reason says so),
+  a block whose JSON does not parse or names no function, a partial start marker left
+  at the end. An agent reading content would take any of them for prose.
+- llama3 calls have no marker: JSON at the start of the reply that is no call is the
+  model's answer, content; an object cut off at the end is dropped when it opens like a
+  call (`{"name": ...`), else content.
+- An identical call (same name, same arguments as JSON values) already made in the reply
+  is dropped: a reply's calls run together, so a copy asks for the same result twice,
+  and a model repeating its own call is the usual cause. No request field asks for
+  copies; a client that wants a call run again asks in its next turn.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -32,7 +45,8 @@ class ParsedCall:
 @dataclass(frozen=True)
 class Taken:
     """What a parser took from the start of the text: `consumed` characters, and the calls
-    in them; `valid` False means they are no call, the caller keeps them as content."""
+    in them; `valid` False means they are no call (nor markup), the caller keeps them as
+    content. Valid characters beyond the calls' are markup, dropped."""
 
     calls: list[ParsedCall]
     consumed: int
@@ -125,8 +139,8 @@ class HermesParser(ToolCallParser):
             return None
         consumed = len(text) if end < 0 else end + len(self.END)
         body = text[len(self.START) : end if end >= 0 else len(text)]
-        call = call_of(_loads(body.strip()))
-        return Taken([call], consumed) if call else Taken([], consumed, valid=False)
+        call = call_of(_loads(body.strip()))  # a model may stop without the closing tag
+        return Taken([call] if call else [], consumed)
 
 
 class Llama3Parser(ToolCallParser):
@@ -144,8 +158,9 @@ class Llama3Parser(ToolCallParser):
         return len(text) if at_start and self.TAG.startswith(rest) else 0
 
     def take(self, text: str, final: bool) -> Taken | None:
-        i = len(self.TAG) if text.startswith(self.TAG) else 0
-        calls = []
+        tagged = text.startswith(self.TAG)
+        i = len(self.TAG) if tagged else 0
+        calls: list[ParsedCall] = []
         while True:
             while i < len(text) and (text[i].isspace() or text[i] == ";"):
                 i += 1
@@ -155,13 +170,19 @@ class Llama3Parser(ToolCallParser):
                 break
             end = json_end(text, i)
             if end is None:
-                return None if not final else Taken([], len(text), valid=False)
+                if not final:
+                    return None
+                if tagged or calls or _opens_call(text[i:]):
+                    return Taken(calls, len(text))  # cut off in a call: dropped
+                return Taken([], len(text), valid=False)
             call = call_of(_loads(text[i:end]))
             if call is None:
-                return Taken([], len(text) if final else end, valid=False)
+                if tagged or calls:
+                    return Taken(calls, end)  # markup that is no call: dropped
+                return Taken([], end, valid=False)  # the model's JSON answer
             calls.append(call)
             i = end
-        return Taken(calls, i) if calls else Taken([], max(i, 1), valid=False)
+        return Taken(calls, i) if calls or tagged else Taken([], max(i, 1), valid=False)
 
 
 class MistralParser(ToolCallParser):
@@ -182,13 +203,39 @@ class MistralParser(ToolCallParser):
         if end is None:
             if not final and (i == len(text) or text[i] in "[{"):
                 return None
-            return Taken([], len(text) if final else i, valid=False)
+            if not final:
+                return Taken([], i)  # the marker with no list after it: dropped
+            return Taken(self._complete_calls(text, i), len(text))  # cut off in the list
         value = _loads(text[i:end])
         objects = value if isinstance(value, list) else [value]
-        calls = [call_of(o) for o in objects]
-        if not calls or any(c is None for c in calls):
-            return Taken([], end, valid=False)
-        return Taken([c for c in calls if c is not None], end)
+        return Taken([c for c in map(call_of, objects) if c is not None], end)
+
+    @staticmethod
+    def _complete_calls(text: str, i: int) -> list[ParsedCall]:
+        """The calls complete before the end, in a list cut off there (it opens at i)."""
+        calls: list[ParsedCall] = []
+        if not text.startswith("[", i):
+            return calls
+        i += 1
+        while True:
+            while i < len(text) and (text[i].isspace() or text[i] == ","):
+                i += 1
+            end = json_end(text, i) if text.startswith("{", i) else None
+            if end is None:
+                return calls
+            call = call_of(_loads(text[i:end]))
+            if call is not None:
+                calls.append(call)
+            i = end
+
+
+_CALL_HEAD = '{"name":'
+
+
+def _opens_call(text: str) -> bool:
+    """Whether an incomplete JSON object opens as a call does (`{"name": ...`)."""
+    head = re.sub(r"\s+", "", text[: 4 * len(_CALL_HEAD)])
+    return head.startswith(_CALL_HEAD) or _CALL_HEAD.startswith(head)
 
 
 PARSERS: dict[str, type[ToolCallParser]] = {
@@ -204,8 +251,9 @@ class ToolCallSplitter:
     buf: str = ""
     in_call: bool = False
     at_start: bool = True  # only whitespace went out as content so far
-    after_call: bool = False  # whitespace right after a call is not content
+    after_call: bool = False  # whitespace right after a call (or dropped markup) is not content
     calls: int = field(default=0)
+    seen: set[tuple[str, str]] = field(default_factory=set)  # (name, canonical arguments)
 
     def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
         self.buf += text
@@ -221,9 +269,13 @@ class ToolCallSplitter:
             if not self.in_call:
                 start = self.parser.find_start(self.buf, self.at_start)
                 if start < 0:
-                    keep = 0 if final else self.parser.held(self.buf, self.at_start)
+                    keep = self.parser.held(self.buf, self.at_start)
                     self._content(content, self.buf[: len(self.buf) - keep])
                     self.buf = self.buf[len(self.buf) - keep :]
+                    if final:  # half a start marker at the end is dropped, whitespace kept
+                        if self.buf.isspace():
+                            self._content(content, self.buf)
+                        self.buf = ""
                     break
                 self._content(content, self.buf[:start])
                 self.buf = self.buf[start:]
@@ -234,12 +286,20 @@ class ToolCallSplitter:
             self.in_call = False
             piece, self.buf = self.buf[: taken.consumed], self.buf[taken.consumed :]
             if taken.valid:
-                calls += taken.calls
-                self.calls += len(taken.calls)
+                new = [c for c in taken.calls if self._first_time(c)]
+                calls += new
+                self.calls += len(new)
                 self.after_call, self.at_start = True, False
             else:
                 self._content(content, piece)
         return "".join(content), calls
+
+    def _first_time(self, call: ParsedCall) -> bool:
+        key = (call.name, json.dumps(json.loads(call.arguments), sort_keys=True))
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
 
     def _content(self, out: list[str], text: str) -> None:
         if self.after_call:

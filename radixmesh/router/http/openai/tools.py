@@ -14,6 +14,13 @@ overrides it. With `tool_choice` "required" or a named function, the call is gen
 under a structural tag (xgrammar) in that syntax: fixed text around each function's
 parameter schema, so the arguments always parse and validate. With "auto" the reply is
 parsed; with "none" it is content.
+
+The grammar ends after the calls: the reply can hold nothing but them, and no more than
+it may make. A named function, or `parallel_tool_calls: false`, allows one call (OpenAI's
+named choice is one call of that function); otherwise at most `PARALLEL_CALLS_LIMIT`.
+Without that end a small model repeats its call until `max_tokens` cuts one in half.
+Identical calls within the limit are collapsed by the parser (tool_parsers.py): a
+grammar cannot tell a call from its copy.
 """
 
 from __future__ import annotations
@@ -38,6 +45,11 @@ _CALL_TEXT = {
     "mistral": ('{{"name": "{name}", "arguments": ', "}", ", "),
 }
 _AROUND = {"mistral": ("[TOOL_CALLS][", "]")}
+# The calls one reply may make when parallel calls are allowed. OpenAI states no limit;
+# a bound is what ends the grammar, and a model that wants more calls makes them in its
+# next turn. 8 covers the fan-outs agents ask for (read these files, these cities) and
+# bounds what a model looping on its own call spends.
+PARALLEL_CALLS_LIMIT = 8
 FALLBACK_PROMPT = (
     "You can call functions to answer. They are described below in JSON Schema, one per "
     "line, between <tools> and </tools>.\n<tools>\n{tools}\n</tools>\nTo call functions, "
@@ -108,11 +120,15 @@ def plan(req: rq.ChatCompletionRequest, syntax: str) -> ToolPlan | None:
     if isinstance(choice, rq.NamedToolChoice):
         functions = [f for f in functions if f.name == choice.function.name]
     single = isinstance(choice, rq.NamedToolChoice) or req.parallel_tool_calls is False
-    return ToolPlan(parser, structural_tag(functions, syntax, single))
+    max_calls = 1 if single else PARALLEL_CALLS_LIMIT
+    return ToolPlan(parser, structural_tag(functions, syntax, max_calls))
 
 
-def structural_tag(functions: list[rq.FunctionDefinition], syntax: str, single: bool) -> str:
-    """xgrammar's structural tag: one call (`single`) or calls in a row, nothing else."""
+def structural_tag(functions: list[rq.FunctionDefinition], syntax: str, max_calls: int) -> str:
+    """xgrammar's structural tag: 1 to `max_calls` calls in a row, nothing else (the
+    grammar, and so the reply, ends after the last one)."""
+    if max_calls < 1:
+        raise ValueError(f"max_calls must be at least 1, got {max_calls}")
     before, after, between = _CALL_TEXT[syntax]
     tags = [
         {
@@ -128,15 +144,14 @@ def structural_tag(functions: list[rq.FunctionDefinition], syntax: str, single: 
         }
         for f in functions
     ]
-    calls: dict[str, Any] = {
-        "type": "tags_with_separator",
-        "tags": tags,
-        "separator": between,
-        "at_least_one": True,
-        "stop_after_first": single,
-    }
-    if len(tags) == 1 and single:
-        calls = tags[0]
+    call: dict[str, Any] = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
+    calls = call
+    if max_calls > 1:
+        more = {"type": "sequence", "elements": [{"type": "const_string", "value": between}, call]}
+        calls = {
+            "type": "sequence",
+            "elements": [call, {"type": "repeat", "min": 0, "max": max_calls - 1, "content": more}],
+        }
     if syntax in _AROUND:
         head, tail = _AROUND[syntax]
         calls = {

@@ -1,4 +1,6 @@
-"""Each tool-call syntax on model outputs, whole and streamed piece by piece.
+"""Each tool-call syntax on model outputs, whole and streamed piece by piece: calls out,
+no markup left in content (a call cut off by the end of the reply is dropped), no call
+twice.
 
 The hermes outputs were recorded from the bundled smollm2 through the router (with and
 without the call grammar). smollm2 cannot speak the llama3 and mistral syntaxes and no
@@ -52,9 +54,27 @@ CASES = [
         '<tool_call>\n{"name": "get_weather", "arguments": {\n    "city" : "Paris",\n    '
         '"unit" : "celsius"\n}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", '
         '"arguments": {\n    "city" : "Paris",\n    "unit" : "fahrenheit"\n',
-        '<tool_call>\n{"name": "get_weather", "arguments": {\n    "city" : "Paris",\n    '
-        '"unit" : "fahrenheit"\n',
+        "",
         [("get_weather", {"city": "Paris", "unit": "celsius"})],
+    ),
+    (  # smollm2 repeating its calls (the grammar allowed more), cut in a start marker
+        "hermes",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": '
+        '"celsius"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Paris", "unit": "fahrenheit"}}\n</tool_call>\n<tool_call>\n{"name": '
+        '"get_weather", "arguments": {"unit": "celsius",  "city": "Paris"}}\n</tool_call>\n'
+        "<tool_",
+        "",
+        [
+            ("get_weather", {"city": "Paris", "unit": "celsius"}),
+            ("get_weather", {"city": "Paris", "unit": "fahrenheit"}),
+        ],
+    ),
+    (  # cut right after the start marker, text before it kept
+        "hermes",
+        "Checking.\n<tool_call>",
+        "Checking.\n",
+        [],
     ),
     (  # smollm2 with tool_choice auto, after a one-shot example
         "hermes",
@@ -77,10 +97,16 @@ CASES = [
         "Let me check both.\n",
         [("get_time", {"city": "Tokyo"}), ("get_weather", {"city": "Tokyo", "unit": "celsius"})],
     ),
-    (  # a block that is no call (no name) stays content
+    (  # a block that is no call (no name) is dropped, the text after it kept
         "hermes",
-        '<tool_call>\n{"arguments": {}}\n</tool_call> done',
-        '<tool_call>\n{"arguments": {}}\n</tool_call> done',
+        'Hm. <tool_call>\n{"arguments": {}}\n</tool_call> done',
+        "Hm. done",
+        [],
+    ),
+    (  # the marker in prose opens markup all the same: what follows it is dropped
+        "hermes",
+        "Use the <tool_call> tag.",
+        "Use the ",
         [],
     ),
     (  # Llama 3.1: the reply is the call, "parameters" for the arguments
@@ -108,6 +134,24 @@ CASES = [
         '{"answer": 42}',
         [],
     ),
+    (  # such JSON cut off: content
+        "llama3",
+        '{"answer": 4',
+        '{"answer": 4',
+        [],
+    ),
+    (  # a second call cut off: dropped
+        "llama3",
+        '{"name": "get_time", "parameters": {"city": "Oslo"}}; {"name": "get_time", "par',
+        "",
+        [("get_time", {"city": "Oslo"})],
+    ),
+    (  # the only call cut off inside its name: dropped
+        "llama3",
+        '{"na',
+        "",
+        [],
+    ),
     (  # Mistral: a list of calls after [TOOL_CALLS]
         "mistral",
         '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Nice", "unit": '
@@ -121,6 +165,19 @@ CASES = [
         '["x", {"y": [1]}]}}]',
         "Checking. ",
         [("search", {"q": "a}b", "tags": ["x", {"y": [1]}]})],
+    ),
+    (  # Mistral's list cut off in its second call: the first is kept
+        "mistral",
+        '[TOOL_CALLS][{"name": "get_time", "arguments": {"city": "Nice"}}, {"name": "get_ti',
+        "",
+        [("get_time", {"city": "Nice"})],
+    ),
+    (  # the same call twice in Mistral's list: once
+        "mistral",
+        '[TOOL_CALLS][{"name": "get_time", "arguments": {"city": "Nice"}}, '
+        '{"name": "get_time", "arguments": {"city": "Nice"}}]',
+        "",
+        [("get_time", {"city": "Nice"})],
     ),
 ]
 
@@ -149,7 +206,12 @@ def test_arguments_given_as_json_text_are_kept() -> None:
     content, calls = split("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}')
     assert (content, calls) == ("", [ParsedCall("f", '{"a": 1}')])
     content, calls = split("hermes", '<tool_call>{"name": "f", "arguments": "not json"}')
-    assert calls == [] and content.startswith("<tool_call>")
+    assert (content, calls) == ("", [])
+
+
+def test_whitespace_alone_is_content() -> None:
+    for syntax in PARSERS:
+        assert split(syntax, "\n ") == ("\n ", [])
 
 
 def test_json_end() -> None:

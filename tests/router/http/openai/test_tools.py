@@ -1,6 +1,6 @@
-"""Tool calling: the call grammar, rendering, bad tools, and the `openai` client against
-the bundled model (tool_choice required, a named function, auto; streamed deltas; a
-two-turn conversation). Arguments are checked against the declared schema."""
+"""Tool calling: the call grammar (and the calls it allows), rendering, bad tools, and the
+`openai` client against the bundled model (tool_choice required, a named function, auto;
+streamed deltas; a two-turn conversation). Arguments are checked against their schema."""
 
 from __future__ import annotations
 
@@ -18,7 +18,12 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.router.http.openai import requests as rq
 from radixmesh.router.http.openai.convert import parse_chat
 from radixmesh.router.http.openai.tool_parsers import PARSERS, ToolCallSplitter
-from radixmesh.router.http.openai.tools import prompt_ids, structural_tag, syntax_of
+from radixmesh.router.http.openai.tools import (
+    PARALLEL_CALLS_LIMIT,
+    prompt_ids,
+    structural_tag,
+    syntax_of,
+)
 from radixmesh.tokenizer import Tokenizer
 from tests.router.http.openai.conftest import MODEL, Smollm2Cluster
 
@@ -63,22 +68,31 @@ def check_call(call: Any) -> dict[str, Any]:
 # ---- the call grammar -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("syntax", "output"),
-    [
-        ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", '
-                   '"unit": "celsius"}}\n</tool_call>'),
-        ("llama3", '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}}'),
-        ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", '
-                    '"unit": "celsius"}}]'),
-    ],
-)  # fmt: skip
-def test_the_grammar_accepts_what_the_parser_reads(syntax: str, output: str) -> None:
+OSLO = '{"city": "Oslo", "unit": "celsius"}'
+# Each syntax: the text of one get_weather call, how calls are joined, around them.
+SYNTAXES = {
+    "hermes": ('<tool_call>\n{"name": "get_weather", "arguments": ' + OSLO + "}\n</tool_call>",
+               "\n", "", ""),
+    "llama3": ('{"name": "get_weather", "parameters": ' + OSLO + "}", ";", "", ""),
+    "mistral": ('{"name": "get_weather", "arguments": ' + OSLO + "}", ", ", "[TOOL_CALLS][", "]"),
+}  # fmt: skip
+
+
+def calls_text(syntax: str, n: int) -> str:
+    """`n` get_weather calls (Oslo, celsius) as a model writes them in `syntax`."""
+    one, between, head, tail = SYNTAXES[syntax]
+    return head + between.join([one] * n) + tail
+
+
+@pytest.mark.parametrize("syntax", sorted(SYNTAXES))
+def test_the_grammar_accepts_what_the_parser_reads(syntax: str) -> None:
     functions = [rq.FunctionDefinition.model_validate(t["function"]) for t in (WEATHER, TIME)]
-    grammar = xgr.Grammar.from_structural_tag(structural_tag(functions, syntax, single=False))
+    grammar = xgr.Grammar.from_structural_tag(structural_tag(functions, syntax, max_calls=2))
+    output = calls_text(syntax, 1)
     assert _is_grammar_accept_string(grammar, output)
     assert not _is_grammar_accept_string(grammar, output.replace("celsius", "kelvin"))
     assert not _is_grammar_accept_string(grammar, "Sure! " + output)  # calls and nothing else
+    assert not _is_grammar_accept_string(grammar, "")  # at least one call
     splitter = ToolCallSplitter(PARSERS[syntax]())
     content, calls = splitter.feed(output)
     rest, more = splitter.finish()
@@ -86,8 +100,49 @@ def test_the_grammar_accepts_what_the_parser_reads(syntax: str, output: str) -> 
         "",
         [("get_weather", {"city": "Oslo", "unit": "celsius"})],
     )
-    one = xgr.Grammar.from_structural_tag(structural_tag(functions[1:], syntax, single=True))
+    one = xgr.Grammar.from_structural_tag(structural_tag(functions[1:], syntax, max_calls=1))
     assert not _is_grammar_accept_string(one, output)  # only get_time
+
+
+@pytest.mark.parametrize("syntax", sorted(SYNTAXES))
+def test_the_grammar_ends_after_the_calls_allowed(syntax: str) -> None:
+    functions = [rq.FunctionDefinition.model_validate(WEATHER["function"])]
+    for max_calls in (1, 3):
+        grammar = xgr.Grammar.from_structural_tag(structural_tag(functions, syntax, max_calls))
+        accepted = [
+            n for n in range(5) if _is_grammar_accept_string(grammar, calls_text(syntax, n))
+        ]
+        assert accepted == list(range(1, max_calls + 1))
+    with pytest.raises(ValueError, match="max_calls"):
+        structural_tag(functions, syntax, 0)
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "max_calls"),
+    [
+        ("required", None, PARALLEL_CALLS_LIMIT),
+        ("required", True, PARALLEL_CALLS_LIMIT),
+        ("required", False, 1),
+        ({"type": "function", "function": {"name": "get_time"}}, None, 1),
+        ({"type": "function", "function": {"name": "get_time"}}, True, 1),
+    ],
+)
+def test_the_request_sets_how_many_calls(
+    smollm2_tokenizer: Any, choice: Any, parallel: bool | None, max_calls: int
+) -> None:
+    body: dict[str, Any] = {"model": MODEL, "messages": ASK, "tools": [WEATHER, TIME]}
+    body |= {"tool_choice": choice} | (
+        {} if parallel is None else {"parallel_tool_calls": parallel}
+    )
+    gen = parse_chat(body, tokenizer=Tokenizer(smollm2_tokenizer), context_length=8192)
+    assert gen.tool_plan is not None
+    names = ["get_time"] if isinstance(choice, dict) else ["get_weather", "get_time"]
+    functions = [rq.FunctionDefinition.model_validate(t["function"]) for t in (WEATHER, TIME)]
+    expected = structural_tag([f for f in functions if f.name in names], "hermes", max_calls)
+    assert gen.tool_plan.structural_tag == expected
+    grammar = xgr.Grammar.from_structural_tag(expected)
+    two = calls_text("hermes", 2).replace("get_weather", names[0])
+    assert _is_grammar_accept_string(grammar, two) == (max_calls > 1)
 
 
 # ---- rendering ------------------------------------------------------------------------------
