@@ -3,7 +3,7 @@ and what leaving it on costs a large batch; each beside the same engine without 
 one run.
 
 Parts:
-  copy    Batch 1, greedy, the copy-heavy set (bench/speculative_set.py): every task
+  copy    Batch 1, greedy, the copy-heavy set (bench/sets/copy_heavy.py): every task
           through an engine with `--speculative off`, then through one with each drafter
           named. Per task and overall: output tokens per second, the outputs' identity
           with the plain run's, and the mean tokens a verify step adds (accepted drafts
@@ -35,7 +35,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from bench import record
-from bench.speculative_set import TASKS
+from bench.sets.copy_heavy import TASKS
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.request import Request
 

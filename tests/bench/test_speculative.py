@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from bench import speculative
-from bench.speculative_set import TASKS
+from bench.sets.copy_heavy import TASKS
 
 
 def test_the_set_has_each_kind() -> None:

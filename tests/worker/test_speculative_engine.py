@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench.speculative_set import TASKS
+from bench.sets.copy_heavy import TASKS
 from radixmesh.worker.engine import Engine
 from tests.worker.conftest import assert_engine_idle_and_clean
 

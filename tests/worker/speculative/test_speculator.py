@@ -212,7 +212,7 @@ def test_constrained_drafts_keep_every_slot_accounted(smollm2_gguf: object) -> N
     replaces (forced text after an accepted draft) trim their KV; every step balances."""
     import json
 
-    from bench.speculative_set import TASKS
+    from bench.sets.copy_heavy import TASKS
     from tests.worker.test_speculative_engine import PEOPLE_SCHEMA
 
     w = make_worker("smollm2", speculative="ngram", kv_cache_tokens=4096)

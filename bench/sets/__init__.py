@@ -1,0 +1,1 @@
+"""Prompt sets the benchmarks and tests share (copy_heavy: speculative decoding's)."""
