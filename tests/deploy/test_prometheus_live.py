@@ -109,9 +109,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         workers, addresses, worker_metrics = [], [], []
         for _ in range(2):
             port, metrics = free_port(), free_port()
+            # Speculating from the radix tree: a repeated request (`_load`) drafts from the
+            # first one's output, so the speculative decoding panels have data.
             workers.append(subprocess.Popen(_cli(
                 "worker", "--model", "dummy:tiny", "--dtype", "float32", "--host", "127.0.0.1",
-                "--port", str(port), "--metrics-port", str(metrics),
+                "--port", str(port), "--metrics-port", str(metrics), "--speculative", "radix",
             )))  # fmt: skip
             addresses.append(f"127.0.0.1:{port}")
             worker_metrics.append(f"127.0.0.1:{metrics}")
@@ -160,6 +162,10 @@ def _load(live: Live) -> None:
 
     def client(i: int) -> None:
         with Client(live.router_address, timeout=60) as c:
+            # The same request twice: the second drafts the first's output from the tree.
+            repeat = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
+            for _ in range(2):
+                c.generate(f"Say it again, client {i}.", repeat)
             deadline = time.monotonic() + 8.0
             n = 0
             while time.monotonic() < deadline:
