@@ -8,6 +8,7 @@ status is the error catalogue's, `param` names the field in the spelling the cli
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -61,12 +62,17 @@ class ApiError(Exception):
     def from_exception(
         cls, e: BaseException, field_name: Callable[[str], str] = openai_field
     ) -> ApiError:
-        """`field_name` maps the field an InvalidArgument names to the client's spelling."""
+        """`field_name` maps the field an InvalidArgument names to the client's spelling,
+        in the message too: a worker's "prompt + max_new_tokens exceeds the context"
+        reaches an OpenAI client as `max_tokens` (or `max_completion_tokens`, as sent), an
+        Anthropic one as `max_tokens`, never under a name the client did not send."""
         if isinstance(e, grpc.aio.AioRpcError):
             e = error_from_rpc(e)
         entry = entry_for(e)
         if isinstance(e, InvalidArgument):
-            return cls(entry.http_status, e.message, field_name(e.field), "invalid_argument")
+            name = field_name(e.field)
+            message = _renamed(e.message, e.field.removeprefix("sampling_params."), name)
+            return cls(entry.http_status, message, name, "invalid_argument")
         after = e.retry_after if isinstance(e, Overloaded | Unavailable) else None
         return cls(entry.http_status, str(e), None, entry.grpc_status.lower(), after)
 
@@ -86,6 +92,13 @@ class ApiError(Exception):
             after = UNAVAILABLE_RETRY_AFTER  # every 503 says when to come back
         headers = retry_after_header(after) if after is not None else {}
         return web.json_response(self.to_json(), status=self.status, headers=headers)
+
+
+def _renamed(message: str, internal: str, client: str) -> str:
+    """`message` with the field's internal name, as a whole word, in the client's."""
+    if internal == client or not internal:
+        return message
+    return re.sub(rf"(?<![\w.]){re.escape(internal)}(?!\w)", client, message)
 
 
 def retry_after_header(seconds: float) -> dict[str, str]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic_core import PydanticCustomError
 
 from radixmesh.router.http.sampling_fields import with_sampling_fields
 
@@ -45,7 +46,48 @@ class TextPart(Part):
     text: str
 
 
-Content = str | list[TextPart]
+_UNREADABLE = ("image_url", "input_audio", "file")
+
+
+class UnreadablePart(Part):
+    """A part the served model cannot read (OpenAI's image, audio and file parts):
+    declared so that it is refused naming the part and why, not as "not a string"."""
+
+    type: Literal["image_url", "input_audio", "file"]
+
+    @model_validator(mode="after")
+    def _refuse(self) -> UnreadablePart:
+        raise PydanticCustomError(
+            "unsupported_content",
+            "{kind} content parts are not supported: the served model takes text only",
+            {"kind": self.type},
+        )
+
+
+def _part_type(part: Any) -> str:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return "part unreadable" if kind in _UNREADABLE else f"part {kind}"
+
+
+def _content_kind(content: Any) -> str:
+    return "content text" if isinstance(content, str) else "content parts"
+
+
+# Tags are not identifiers, so `error_param` leaves them out of the field path.
+ContentPart = Annotated[
+    Annotated[TextPart, Tag("part text")] | Annotated[UnreadablePart, Tag("part unreadable")],
+    Discriminator(
+        _part_type,
+        custom_error_type="invalid_part_type",
+        custom_error_message="type must be text (the served model takes text only)",
+    ),
+]
+# A string or a list of parts, told apart before either is validated: an error inside a
+# list names its part (`messages[0].content[1]`), not "not a string" for the whole list.
+Content = Annotated[
+    Annotated[str, Tag("content text")] | Annotated[list[ContentPart], Tag("content parts")],
+    Discriminator(_content_kind),
+]
 
 
 def text_of(content: Content | None) -> str:
@@ -54,7 +96,7 @@ def text_of(content: Content | None) -> str:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.text for part in content)
+    return "".join(part.text for part in content if isinstance(part, TextPart))
 
 
 class FunctionCall(Part):

@@ -14,6 +14,7 @@ from radixmesh.tokenizer import ByteTokenizer
 TOK = ByteTokenizer(256, eos_token_ids=[0])
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "m", "prompt": "hi"}
+IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
 
 
 def chat(**fields: Any) -> Any:
@@ -80,7 +81,11 @@ def test_strict_refuses_unknown_fields_by_name() -> None:
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
         ({"messages": [{"role": "user"}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
+            "messages[0].content[0]",
+        ),
+        ({"messages": [{"role": "user", "content": [IMAGE]}]}, "messages[0].content[0]"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
         ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs: true
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
