@@ -10,8 +10,9 @@ the one routing / retry / proxy path of the router, shared with the gRPC front e
 
 Errors use OpenAI's layout `{"error": {"message", "type", "param", "code"}}` with the
 catalogue's HTTP status (400 naming the field as `param`, 401, 404, 429, 503; see
-api_error.py); on the Messages API's paths they are Anthropic's (anthropic/routes.py),
-the middleware's 401 and 429 too, and the key may come as `x-api-key`. An error after a
+api_error.py); on the Messages API's paths, and on `/v1/models` asked by Anthropic's
+clients (`anthropic_models`), they are Anthropic's (anthropic/routes.py), the
+middleware's 401 and 429 too, and the key may come as `x-api-key`. An error after a
 stream started is sent as one `data: {"error": ...}` event before `[DONE]` (the Messages
 and Responses APIs: one `event: error`). A client that disconnects cancels its handler
 (`handler_cancellation`), which closes the worker call: the worker aborts the request and
@@ -37,7 +38,7 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from radixmesh.auth import bearer_allowed, caller_of
-from radixmesh.errors import Overloaded, RadixMeshError, Unavailable
+from radixmesh.errors import InvalidArgument, Overloaded, RadixMeshError, Unavailable
 from radixmesh.listener import AcceptErrors, Tally, connection_cap, descriptor_limit
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import ControlPlane
@@ -51,7 +52,7 @@ from radixmesh.router.http.anthropic.routes import (
 from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.http.frontend import Job, JobChunks
 from radixmesh.router.http.listener import ConnectionGuard, GuardedSite, ServerLog
-from radixmesh.router.http.model_identity import identity
+from radixmesh.router.http.model_identity import anthropic_model, openai_model
 from radixmesh.router.http.openai.responses_api.routes import ResponsesRoutes
 from radixmesh.router.http.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
@@ -64,6 +65,12 @@ __all__ = ["ApiError", "HttpFrontend", "JobChunks", "ssl_context"]
 
 # Probes, scrapers and the API's description: no API key, no request metrics.
 _OPEN_PATHS = ("/health", "/metrics", "/openapi.json", "/ping", "/ready")
+
+
+def anthropic_models(request: web.Request) -> bool:
+    """Whether a `/v1/models` request is Anthropic's: its clients send `anthropic-version`
+    on every call (OpenAI's never do), and get Anthropic's model objects and errors."""
+    return request.path.startswith("/v1/models") and "anthropic-version" in request.headers
 
 
 def ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
@@ -163,8 +170,8 @@ class HttpFrontend:
     async def _handle(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        # Anthropic's Messages API: its errors in its layout, its key also as `x-api-key`.
-        anthropic = is_anthropic(request.path)
+        # Anthropic's API: its errors in its layout, its key also as `x-api-key`.
+        anthropic = is_anthropic(request.path) or anthropic_models(request)
         render = anthropic_error if anthropic else ApiError.response
         if request.path in _OPEN_PATHS:
             return await self._answer(request, handler, render)
@@ -267,23 +274,28 @@ class HttpFrontend:
             body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
-    def _model_json(self) -> dict[str, Any]:
-        info = self.ready()[1]
-        return {
-            "id": info.model,
-            "object": "model",
-            "created": self.started,
-            "owned_by": "radixmesh",
-            "root": identity(info.tokenizer or info.model),  # the weights (model_identity.py)
-            "max_model_len": info.context_length,
-        }
-
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [self._model_json()]})
+        """The served model in a list: OpenAI's, or Anthropic's page when the request is
+        Anthropic's (`anthropic_models`). Anthropic's `after_id` / `before_id` find
+        nothing past the only model; `limit` is checked (1 to 1000, its range)."""
+        info = self.ready()[1]
+        if not anthropic_models(request):
+            return web.json_response({"object": "list", "data": [openai_model(info, self.started)]})
+        limit = request.query.get("limit", "20")
+        if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+            raise InvalidArgument("limit", f"must be an integer from 1 to 1000, got {limit!r:.32}")
+        past = "after_id" in request.query or "before_id" in request.query
+        data: list[dict[str, Any]] = [] if past else [anthropic_model(info)]
+        first = None if past else info.model
+        page = {"data": data, "has_more": False, "first_id": first, "last_id": first}
+        return web.json_response(page)
 
     async def model(self, request: web.Request) -> web.Response:
         self.check_model(request.match_info["model"])
-        return web.json_response(self._model_json())
+        info = self.ready()[1]
+        if anthropic_models(request):
+            return web.json_response(anthropic_model(info))
+        return web.json_response(openai_model(info, self.started))
 
     def ready(self) -> tuple[TokenizerLike, common_pb2.ModelInfo]:
         tok, info = self.control.tokenizer, self.control.model_info

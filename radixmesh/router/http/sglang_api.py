@@ -103,15 +103,18 @@ class SglangApi:
     # ---- information ----------------------------------------------------------------------
 
     async def model_info(self, request: web.Request) -> web.Response:
-        """SGLang's fields; `model_path` is the weights' identity with the note SGLang's
-        client picks its chat template from, `tokenizer_path` the bare identity, and
-        `chat_template` the template's family (model_identity.py)."""
+        """SGLang's fields; `model_path` and `tokenizer_path` are the weights' identity,
+        `chat_template` the template's family. SGLang's frontend alone gets `model_path`
+        with the note its template patterns read (model_identity.py)."""
         info = self.frontend.ready()[1]
         source = model_identity.identity(info.tokenizer or info.model)
         template = model_identity.template_name(info.chat_template)
+        model_path = source
+        if model_identity.is_sglang_frontend(request.headers):
+            model_path = model_identity.sglang_model_path(source, template)
         return web.json_response(
             {
-                "model_path": model_identity.sglang_model_path(source, template),
+                "model_path": model_path,
                 "served_model_name": info.model,
                 "tokenizer_path": source,
                 "chat_template": template,

@@ -30,8 +30,10 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[3]
 SGLANG_SITE = Path(os.environ.get("RADIXMESH_SGLANG_SITE", ROOT / ".sglang-site"))
 PROMPT = "The capital of France is"
-# The hub id, and the note SGLang's client reads its chat template from (model_identity.py).
-SMOLLM2_MODEL_PATH = "HuggingFaceTB/SmolLM2-135M-Instruct (chat template: chatml, as TinyLlama's)"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# What SGLang's frontend alone is given: the hub id and the note its template patterns read
+# (model_identity.py).
+SGLANG_MODEL_PATH = f"{SMOLLM2_HUB_ID} (chat template: chatml, as TinyLlama's)"
 
 
 class Cluster:
@@ -197,13 +199,11 @@ def test_streaming(cluster: Cluster) -> None:
 
 def test_info_flush_and_health(cluster: Cluster) -> None:
     info = cluster.http.get("/get_model_info").json()
-    assert info["model_path"] == SMOLLM2_MODEL_PATH and info["is_generation"] is True
+    assert info["model_path"] == SMOLLM2_HUB_ID and info["is_generation"] is True
     assert (info["served_model_name"], info["chat_template"]) == ("smollm2", "chatml")
-    assert info["tokenizer_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert info["tokenizer_path"] == SMOLLM2_HUB_ID
     models = cluster.http.get("/v1/models").json()["data"]
-    assert [(m["id"], m["root"]) for m in models] == [
-        ("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct")
-    ]
+    assert [(m["id"], m["root"]) for m in models] == [("smollm2", SMOLLM2_HUB_ID)]
     assert cluster.http.get("/model_info").json() == info
     server = cluster.http.get("/get_server_info").json()
     assert server["grpc_port"] == int(cluster.cluster.address.rsplit(":", 1)[1])
@@ -285,7 +285,7 @@ def test_sglang_runtime_endpoint_runs_programs(cluster: Cluster) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # SmolLM2-Instruct speaks ChatML: the client found it from model_path alone.
-    assert out["model_path"] == SMOLLM2_MODEL_PATH
+    assert out["model_path"] == SGLANG_MODEL_PATH
     assert out["chat_template"] == "chatml"
     full, literal, cut = out["stop_regex"]
     match = re.search(literal, full)
