@@ -63,6 +63,9 @@ REFUSED = {
     "POST /v1/score",
     "POST /v1/rerank",
     "PUT /v1/rerank",
+    "POST /rerank",
+    "POST /v2/rerank",
+    "POST /score",
 }
 
 

@@ -9,11 +9,11 @@ or an admin's reach: auth.Roles), `GET /health_generate` (one token through the 
 `POST /concate_and_append_request` (acknowledged: see `concate_and_append`), the probes
 `GET /ping` (SageMaker's) and `GET /ready` (200 once serving, else 503 with Retry-After;
 both open like /health: http.py), vLLM's `POST /reset_prefix_cache` (as /flush_cache),
-`/start_profile` and `/stop_profile` (501: no profiler runs here), and `/v1/score` and
-`/v1/rerank` (score_api.py). Generation
-runs through the same `route_and_stream` as every other front end; parsing and reply
-shapes are sglang_protocol.py's. Errors: the HTTP frontend's `{"error": {...}}` with
-status 400 / 503.
+`/start_profile` and `/stop_profile` (501: no profiler runs here), and the scoring
+routes: SGLang's `/v1/score` and `/v1/rerank`, vLLM's and Cohere's `/score`, `/rerank`
+and `/v2/rerank` (score_api.py). Generation runs through the same `route_and_stream` as
+every other front end; parsing and reply shapes are sglang_protocol.py's. Errors: the
+HTTP frontend's `{"error": {...}}` with status 400 / 503.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""SGLang's probes, scoring, reranking, profiler switches, vLLM's /reset_prefix_cache and
-stop_regex on every path, against a real router.
+"""SGLang's probes, scoring, reranking (and vLLM's and Cohere's shapes of them), profiler
+switches, vLLM's /reset_prefix_cache and stop_regex on every path, against a real router.
 
 A one-worker dummy:tiny cluster (byte tokenizer: a prompt's tokens are its UTF-8 bytes)
 with a user and an admin key serves the successes; the router's HTTP front end with no
@@ -8,16 +8,20 @@ reachable worker (tests/router/http/openai/frontend.py) serves the errors and th
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pytest
+import requests
 
 from radixmesh.client import Client
 from radixmesh.cluster.launch import LocalCluster, free_port
 from radixmesh.cluster.spec import LaunchSpec
+from radixmesh.router.http.score_protocol import rerank_prompt
 from radixmesh.tokenizer import ByteTokenizer
 from tests.router.http.openai.frontend import Frontend
 from tests.router.http_helpers import Http, Response
@@ -31,6 +35,8 @@ SIX = r"[\s\S]{6}"  # any six characters: ends a text at its sixth, whatever the
 class Cluster:
     def __init__(self, cluster: LocalCluster, http_port: int) -> None:
         self.cluster = cluster
+        self.url = f"http://127.0.0.1:{http_port}"
+        self.key = {"Authorization": f"Bearer {USER}"}
         self.user = Http(http_port, api_key=USER)
         self.admin = Http(http_port, api_key=ADMIN)
         self.anonymous = Http(http_port)
@@ -141,33 +147,177 @@ def test_bad_score_requests_name_the_field(idle: Frontend) -> None:
     assert error(idle.http.post("/v1/score", base), 503, None)  # valid: no worker to ask
 
 
-# ---- /v1/rerank --------------------------------------------------------------------------
+# ---- reranking and vLLM's scores ----------------------------------------------------------
+# Every shape scores through one path (the model's yes / no on `rerank_prompt`), so a query
+# and a document get the same score on every route; sent with `requests` and `aiohttp`, as
+# those APIs' users send them.
+
+QUERY = "Where is Paris?"
+DOCS = ["Paris is in France.", "Bananas are yellow.", "The sky is blue."]
 
 
-def test_rerank_ranks_documents_by_the_models_yes(cluster: Cluster) -> None:
-    docs = ["Paris is in France.", "Bananas are yellow.", "The sky is blue."]
-    body = {"query": "Where is Paris?", "documents": docs}
-    resp = cluster.user.post("/v1/rerank", body)
+def post(cluster: Cluster, path: str, body: dict[str, Any]) -> Any:
+    resp = requests.post(cluster.url + path, json=body, headers=cluster.key, timeout=60)
     assert resp.status_code == 200, resp.text
-    ranked = resp.json()
+    return resp.json()
+
+
+@pytest.fixture(scope="module")
+def sglang_scores(cluster: Cluster) -> list[float]:
+    """Each document's score from SGLang's /v1/rerank (its documented body: with model)."""
+    ranked = post(cluster, "/v1/rerank", {"model": "dummy:tiny", "query": QUERY, "documents": DOCS})
     assert sorted(r["index"] for r in ranked) == [0, 1, 2]
-    assert [r["score"] for r in ranked] == sorted((r["score"] for r in ranked), reverse=True)
-    assert all(0 < r["score"] < 1 and r["document"] == docs[r["index"]] for r in ranked)
-    top = cluster.user.post("/v1/rerank", {**body, "top_n": 1, "return_documents": False})
-    assert top.json() == [{"score": ranked[0]["score"], "index": ranked[0]["index"]}]
+    assert all(r["document"] == DOCS[r["index"]] for r in ranked)
+    scores = [0.0] * len(DOCS)
+    for r in ranked:
+        scores[r["index"]] = r["score"]
+    assert [r["score"] for r in ranked] == sorted(scores, reverse=True)
+    assert all(0 < s < 1 for s in scores)
+    return scores
+
+
+def best_first(scores: list[float]) -> list[int]:
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+
+
+def prompt_tokens(pairs: list[tuple[str, str]]) -> int:
+    return sum(len(rerank_prompt(q, d, None).encode()) for q, d in pairs)
+
+
+def test_sglang_rerank_takes_top_n_and_the_cohere_body(
+    cluster: Cluster, sglang_scores: list[float]
+) -> None:
+    body = {"query": QUERY, "documents": DOCS, "top_n": 1, "return_documents": False}
+    top = best_first(sglang_scores)[0]
+    assert post(cluster, "/v1/rerank", body) == [{"score": sglang_scores[top], "index": top}]
+    objects = {**body, "model": "dummy:tiny", "documents": [{"text": d} for d in DOCS]}
+    assert post(cluster, "/v1/rerank", {**objects, "top_n": 2}) == [
+        {"score": sglang_scores[i], "index": i} for i in best_first(sglang_scores)[:2]
+    ]
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/v2/rerank"])
+def test_rerank_results_carry_index_and_relevance_score(
+    cluster: Cluster, path: str, sglang_scores: list[float]
+) -> None:
+    out = post(cluster, path, {"model": "dummy:tiny", "query": QUERY, "documents": DOCS})
+    assert out["id"].startswith("rerank-") and out["model"] == "dummy:tiny"
+    tokens = prompt_tokens([(QUERY, d) for d in DOCS])
+    assert out["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    assert out["results"] == [
+        {"index": i, "relevance_score": sglang_scores[i], "document": {"text": DOCS[i]}}
+        for i in best_first(sglang_scores)
+    ]
+
+
+def test_rerank_top_n_and_return_documents(cluster: Cluster, sglang_scores: list[float]) -> None:
+    top = best_first(sglang_scores)[0]
+    body = {"model": "dummy:tiny", "query": QUERY, "documents": DOCS}
+    one = post(cluster, "/v2/rerank", {**body, "top_n": 1, "return_documents": False})
+    assert one["results"] == [{"index": top, "relevance_score": sglang_scores[top]}]
+    every = post(cluster, "/rerank", {**body, "top_n": 0})  # vLLM's default: all of them
+    assert [r["index"] for r in every["results"]] == best_first(sglang_scores)
+    # Cohere's and Jina's document objects read as their text.
+    objects = post(cluster, "/v2/rerank", {**body, "documents": [{"text": d} for d in DOCS]})
+    assert objects["results"] == every["results"]
+
+
+def test_rerank_through_aiohttp(cluster: Cluster, sglang_scores: list[float]) -> None:
+    async def call() -> Any:
+        async with aiohttp.ClientSession(headers=cluster.key) as session:
+            body = {"model": "dummy:tiny", "query": QUERY, "documents": DOCS, "top_n": 2}
+            async with session.post(cluster.url + "/v2/rerank", json=body) as resp:
+                assert resp.status == 200
+                return await resp.json()
+
+    out = asyncio.run(call())
+    assert [(r["index"], r["relevance_score"]) for r in out["results"]] == [
+        (i, sglang_scores[i]) for i in best_first(sglang_scores)[:2]
+    ]
+
+
+@pytest.mark.parametrize("path", ["/score", "/v1/score"])
+def test_vllm_score_pairs_one_to_many(
+    cluster: Cluster, path: str, sglang_scores: list[float]
+) -> None:
+    out = post(cluster, path, {"model": "dummy:tiny", "text_1": QUERY, "text_2": DOCS})
+    assert out["id"].startswith("score-") and out["object"] == "list"
+    assert out["model"] == "dummy:tiny" and isinstance(out["created"], int)
+    assert out["data"] == [
+        {"index": i, "object": "score", "score": s} for i, s in enumerate(sglang_scores)
+    ]
+    tokens = prompt_tokens([(QUERY, d) for d in DOCS])
+    assert out["usage"] == {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
+
+
+def test_vllm_score_pairs_one_to_one_and_n_to_n(
+    cluster: Cluster, sglang_scores: list[float]
+) -> None:
+    one = post(cluster, "/score", {"text_1": QUERY, "text_2": DOCS[1]})
+    assert [d["score"] for d in one["data"]] == [sglang_scores[1]]
+    # N to N under each of vLLM's names for the two sides; pair i is (first[i], second[i]).
+    other = "What colour is the sky?"
+    many = post(cluster, "/score", {"text_1": [QUERY, other], "text_2": DOCS[:2]})
+    for first, second in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        again = post(cluster, "/v1/score", {first: [QUERY, other], second: DOCS[:2]})
+        assert again["data"] == many["data"]
+    assert many["data"][0]["score"] == sglang_scores[0]
+    alone = post(cluster, "/score", {"text_1": other, "text_2": DOCS[1]})
+    assert many["data"][1]["score"] == alone["data"][0]["score"]
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank", "/v2/rerank", "/score", "/v1/score"])
+def test_a_wrong_model_is_404_on_every_scoring_route(idle: Frontend, path: str) -> None:
+    body: dict[str, Any] = {"model": "bge-reranker-v2-m3", "query": "q", "documents": ["a"]}
+    if "score" in path:
+        body = {"model": "bge-reranker-v2-m3", "text_1": "q", "text_2": ["a"]}
+    resp = idle.http.post(path, body)
+    assert error(resp, 404, "model") == (
+        "the model 'bge-reranker-v2-m3' does not exist; this router serves 'dummy:tiny'"
+    )
+    assert resp.json()["error"]["code"] == "model_not_found"
 
 
 def test_bad_rerank_requests_name_the_field(idle: Frontend) -> None:
     base: dict[str, Any] = {"query": "q", "documents": ["a"]}
-    for body, param in [
-        ({**base, "query": [{"type": "text", "text": "q"}]}, "query"),
-        ({**base, "documents": []}, "documents"),
-        ({**base, "documents": ["a", 5]}, "documents[1]"),
-        ({**base, "top_n": 0}, "top_n"),
-        ({**base, "documents": ["x" * 70]}, "documents[0]"),
-        ({**base, "extra": 1}, "extra"),
-    ]:
-        error(idle.http.post("/v1/rerank", body), 400, param)
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    text_only = 'expected a string or {"text": string}: the served model takes text only'
+    long = len(rerank_prompt("q", "x" * 70, None).encode())
+    cases: list[tuple[str, dict[str, Any], str, str]] = [
+        ("/v1/rerank", {**base, "query": [{"type": "text", "text": "q"}]}, "query",
+         "give a non-empty string (the served model takes text only)"),
+        ("/v1/rerank", {**base, "documents": []}, "documents", "give a non-empty list of strings"),
+        ("/v1/rerank", {**base, "documents": ["a", 5]}, "documents[1]", text_only),
+        ("/v2/rerank", {**base, "documents": ["a", image]}, "documents[1]", text_only),
+        ("/v1/rerank", {**base, "top_n": 0}, "top_n", "must be an integer >= 1, got 0"),
+        ("/rerank", {**base, "top_n": -1}, "top_n", "must be an integer >= 0, got -1"),
+        ("/v1/rerank", {**base, "documents": ["x" * 70]}, "documents[0]",
+         f"the prompt is {long} tokens; the model's context is 64, with room for at least "
+         "one generated token"),
+        ("/v1/rerank", {**base, "extra": 1}, "extra", "unknown field 'extra'"),
+        ("/v2/rerank", {**base, "rank_fields": ["x"]}, "rank_fields",
+         "unknown field 'rank_fields'"),
+    ]  # fmt: skip
+    for path, body, param, message in cases:
+        assert error(idle.http.post(path, body), 400, param) == message
+
+
+def test_bad_vllm_score_requests_name_the_field(idle: Frontend) -> None:
+    text_only = 'expected a string or {"text": string}: the served model takes text only'
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2",
+         "2 text_1 for 3 text_2: pair 1 to 1, 1 to N or N to N"),
+        ({"text_1": "a"}, "text_1",
+         "give text_1 and text_2 (or queries and documents, queries and items, data_1 and "
+         "data_2)"),
+        ({"text_1": "a", "text_2": [5]}, "text_2[0]", text_only),
+        ({"text_1": {"content": []}, "text_2": "b"}, "text_1", text_only),
+        ({"text_1": "", "text_2": "b"}, "text_1", "give non-empty strings"),
+        ({"text_1": "a", "text_2": "b", "label_token_ids": [1]}, "label_token_ids",
+         "unknown field 'label_token_ids'"),
+    ]  # fmt: skip
+    for body, param, message in cases:
+        assert error(idle.http.post("/score", body), 400, param) == message
 
 
 # ---- profiler, /reset_prefix_cache ---------------------------------------------------------

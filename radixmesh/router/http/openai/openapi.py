@@ -60,9 +60,12 @@ _SGLANG = (
     ("post", "/start_profile", "501: no profiler runs in this server", False),
     ("get", "/stop_profile", "501: no profiler runs in this server", False),
     ("post", "/stop_profile", "501: no profiler runs in this server", False),
-    ("post", "/v1/score", "probabilities of label tokens after query + item", True),
+    ("post", "/v1/score", "SGLang's label probabilities, or vLLM's pair scores", True),
     ("post", "/v1/rerank", "documents ranked by the model's yes / no relevance", True),
     ("put", "/v1/rerank", "documents ranked by the model's yes / no relevance", True),
+    ("post", "/score", "vLLM's pair scores: the model's yes / no relevance", True),
+    ("post", "/rerank", "vLLM's and Cohere's rerank: results with relevance_score", True),
+    ("post", "/v2/rerank", "vLLM's and Cohere's rerank: results with relevance_score", True),
 )
 ENDPOINTS = (
     Endpoint("get", "/v1/models", "The served model, as a list", response=rs.ModelList),
