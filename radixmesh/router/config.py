@@ -71,10 +71,12 @@ class RouterConfig:
     separate_reasoning: bool = False
     """Return `<think>...</think>` as reasoning_content unless a request says otherwise."""
     response_store_bytes: int = 64 * 1024 * 1024
-    """Bytes of stored Responses conversations (`previous_response_id`), per router
-    process, oldest dropped first (openai/responses_api/store.py; 0: nothing stored)."""
+    """Bytes of stored Responses (`previous_response_id`, retrieve, input items), per
+    router process, oldest dropped first (openai/responses_api/store.py; 0: none stored)."""
+    response_store_entries: int = 65536
+    """Stored Responses, per router process, oldest dropped first (0: none stored)."""
     response_store_ttl: float = 3600.0
-    """Seconds a stored response can be continued with `previous_response_id`."""
+    """Seconds a stored response can be retrieved or continued with `previous_response_id`."""
     metrics_port: int | None = None
     """Prometheus /metrics on a port of its own (None: only on the HTTP port)."""
     listen_when_serving: bool = False
@@ -206,6 +208,7 @@ class RouterConfig:
             "breaker_failures",
             "program_max_queued",
             "response_store_bytes",
+            "response_store_entries",
         ):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")

@@ -56,6 +56,7 @@ REFUSED = {
     "POST /v1/messages",
     "POST /v1/messages/count_tokens",
     "POST /v1/responses",
+    "POST /v1/responses/input_tokens",
     "POST /generate",
     "PUT /generate",
     "GET /ping",

@@ -1,16 +1,24 @@
 """Responses requests -> prompts and sampling parameters, worker chunks -> the reply and
-its events, and the store behind previous_response_id, without a cluster."""
+its events (logprobs included), without a cluster."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import pytest
+
+from radixmesh.errors import InvalidArgument
 from radixmesh.router.http.openai.convert import Generation
+from radixmesh.router.http.openai.reply import chat_logprobs
 from radixmesh.router.http.openai.responses_api import requests as rq
-from radixmesh.router.http.openai.responses_api.convert import generation_of, parse_request
+from radixmesh.router.http.openai.responses_api.convert import (
+    count_input_tokens,
+    generation_of,
+    parse_count_request,
+    parse_request,
+)
 from radixmesh.router.http.openai.responses_api.output import ResponseReply, echoed
-from radixmesh.router.http.openai.responses_api.store import ResponseStore
 from radixmesh.tokenizer import ByteTokenizer
 from radixmesh.v1 import common_pb2
 
@@ -106,7 +114,7 @@ def run(
     req: rq.ResponsesRequest, chunks: list[common_pb2.GenerateChunk]
 ) -> tuple[list[dict[str, Any]], ResponseReply]:
     gen = generation_of(req, (), tokenizer=TOK, context_length=4096)
-    reply = ResponseReply(gen, "resp_1", echoed(req))
+    reply = ResponseReply(gen, "resp_1", echoed(req), TOK)
     out = reply.opening()
     for c in chunks:
         out += reply.of(c)
@@ -133,8 +141,11 @@ def test_text_events_and_response() -> None:
     assert final["output"][0]["content"][0]["text"] == "Hi there"
     assert final["usage"]["input_tokens_details"]["cached_tokens"] == 32
     assert (final["usage"]["input_tokens"], final["usage"]["total_tokens"]) == (40, 43)
-    stored = reply.items()
-    assert isinstance(stored[0], rq.MessageItem) and stored[0].role == "assistant"
+    assert final["output"][0]["content"][0]["logprobs"] == [] and got[4]["logprobs"] == []
+    # The output goes back in as input items (a stored conversation, sent back as is).
+    back = rq.items_of(final["output"])
+    assert isinstance(back[0], rq.MessageItem) and back[0].role == "assistant"
+    assert back[0].id == final["output"][0]["id"]
 
 
 def test_call_events_and_incomplete() -> None:
@@ -151,33 +162,96 @@ def test_call_events_and_incomplete() -> None:
         {"q": "x"},
     )
     assert item["call_id"].startswith("call_") and got[2]["item"]["arguments"] == ""
-    assert isinstance(reply.items()[0], rq.FunctionCallItem)
+    back = rq.items_of(reply.response()["output"])
+    assert isinstance(back[0], rq.FunctionCallItem) and back[0].call_id == item["call_id"]
     got, reply = run(request(), [chunk("cut sho", 4, LENGTH)])
     assert got[-1]["type"] == "response.incomplete"
     assert reply.response()["incomplete_details"] == {"reason": "max_output_tokens"}
     assert reply.response()["output"][0]["status"] == "incomplete"
 
 
-# ---- the store --------------------------------------------------------------------------
+# ---- logprobs ---------------------------------------------------------------------------
 
 
-def items(text: str) -> tuple[rq.Item, ...]:
-    return (rq.MessageItem(role="user", content=[rq.InputText(type="input_text", text=text)]),)
+def lp_chunk(
+    text: str, tokens: list[tuple[int, float]], done: int, reason: int = 0
+) -> common_pb2.GenerateChunk:
+    """A chunk of `tokens` (id, logprob), each with itself and id 0 as its top two."""
+    c = chunk(text, done, reason)
+    for tid, lp in tokens:
+        c.logprobs.add(token_id=tid, logprob=lp)
+        top = c.top_logprobs.add()
+        top.tokens.add(token_id=tid, logprob=lp)
+        top.tokens.add(token_id=0, logprob=lp - 1.0)
+    return c
 
 
-def test_store_bounds_and_callers() -> None:
-    now = [0.0]
-    store = ResponseStore(max_bytes=1000, ttl=10.0, clock=lambda: now[0])
-    assert store.put("alice", "r1", items("a" * 300))
-    assert store.get("alice", "r1") == items("a" * 300)
-    assert store.get("bob", "r1") is None  # another caller's id is unknown
-    assert store.put("alice", "r2", items("b" * 300))
-    assert store.put("alice", "r3", items("c" * 300))  # over the budget: r1 goes
-    assert store.get("alice", "r1") is None and store.get("alice", "r2") is not None
-    assert store.bytes <= 1000
-    assert not store.put("alice", "big", items("d" * 2000))  # alone over the budget
-    now[0] = 10.0
-    assert store.get("alice", "r3") is None and len(store) == 0 and store.bytes == 0
+def test_logprobs_follow_the_text() -> None:
+    chunks = [
+        lp_chunk(" ", [(32, -0.5)], 1),  # whitespace first: held by the blocks
+        lp_chunk("Hi", [(72, -0.25), (105, -0.125)], 3),
+        lp_chunk("", [(0, -2.0)], 4, STOP),  # the end-of-text token: no text
+    ]
+    got, reply = run(request(stream=True, top_logprobs=1), chunks)
+    deltas = [e for e in got if e["type"] == "response.output_text.delta"]
+    assert [(d["delta"], [t["token"] for t in d["logprobs"]]) for d in deltas] == [
+        (" Hi", [" ", "H", "i"])
+    ]
+    assert deltas[0]["logprobs"][0] == {
+        "token": " ",
+        "logprob": -0.5,
+        "top_logprobs": [{"token": " ", "logprob": -0.5}, {"token": "\x00", "logprob": -1.5}],
+    }
+    part = reply.response()["output"][0]["content"][0]
+    # The part's logprobs are the chat completion's, token for token.
+    assert part["logprobs"] == [lp.model_dump() for c in chunks for lp in chat_logprobs(c, TOK)]
+    assert [t["token"] for t in part["logprobs"]] == [" ", "H", "i", "\x00"]
+    assert part["logprobs"][1]["bytes"] == [72]
+    done = next(e for e in got if e["type"] == "response.output_text.done")
+    assert [t["token"] for t in done["logprobs"]] == [" ", "H", "i", "\x00"]
+    assert got[-1]["response"]["top_logprobs"] == 1
+
+
+def test_logprobs_are_asked_by_include_or_top_logprobs() -> None:
+    assert parse(include=["message.output_text.logprobs"]).top_logprobs == 0
+    assert parse(top_logprobs=3).top_logprobs == 3
+    assert parse(include=["reasoning.encrypted_content"]).top_logprobs is None
+    params = parse(top_logprobs=2).params[0]
+    assert (params.return_logprob, params.top_logprobs_num) == (True, 2)
+    # The text without calls to parse: tool_choice none keeps logprobs.
+    assert parse(tools=[TOOL], tool_choice="none", top_logprobs=1).top_logprobs == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"tools": [TOOL], "top_logprobs": 1}, "top_logprobs"),
+        ({"tools": [TOOL], "include": ["message.output_text.logprobs"]}, "include"),
+        ({"include": ["message.output_text.tokens"]}, "include[0]"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"background": True}, "background"),
+        ({"conversation": "conv_1"}, "conversation"),
+    ],
+)
+def test_refused_fields_are_named(body: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        parse(**body)
+    assert e.value.field == field
+
+
+def test_input_tokens_count_the_prompt_a_create_makes() -> None:
+    history = (rq.MessageItem(role="user", content=[rq.InputText(type="input_text", text="one")]),)
+    body = {"instructions": "new", "input": "three", "tools": [TOOL]}
+    req = parse_count_request(body)
+    count = count_input_tokens(req, history, tokenizer=TOK, context_length=4096)
+    assert count == len(parse(history, **body).prompts[0])
+    alone = count_input_tokens(
+        parse_count_request({"input": "hi"}), (), tokenizer=TOK, context_length=4096
+    )
+    assert alone == len("<|user|>\nhi\n<|assistant|>\n")
+    with pytest.raises(InvalidArgument) as e:
+        count_input_tokens(parse_count_request({}), (), tokenizer=TOK, context_length=4096)
+    assert e.value.field == "input"
 
 
 def test_one_conversation_is_one_prompt_over_every_api() -> None:

@@ -12,6 +12,7 @@ free-form JSON objects.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,19 @@ ENDPOINTS = (
     ),
     Endpoint(
         "post",
+        "/v1/responses/input_tokens",
+        "The prompt's token count of a Responses request",
+        responses_rq.InputTokensRequest,
+    ),
+    Endpoint("get", "/v1/responses/{response_id}", "A stored response"),
+    Endpoint("delete", "/v1/responses/{response_id}", "Delete a stored response"),
+    Endpoint(
+        "get",
+        "/v1/responses/{response_id}/input_items",
+        "A stored response's input items, a page (`after`, `limit`, `order`)",
+    ),
+    Endpoint(
+        "post",
         "/v1/messages",
         "Anthropic's Messages API: content blocks, tools",
         anthropic_rq.MessagesRequest,
@@ -201,9 +215,10 @@ def openapi_document(version: str) -> dict[str, Any]:
 
 def _operation(e: Endpoint, names: dict[tuple[Any, Any], Any]) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": e.summary, "operationId": _operation_id(e)}
-    if e.path == "/v1/models/{model}":
+    if names_in_path := re.findall(r"{(\w+)}", e.path):
         op["parameters"] = [
-            {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in names_in_path
         ]
     if e.request is not None or e.free_body:
         schema = names[(e.request, "validation")] if e.request is not None else {"type": "object"}

@@ -16,7 +16,14 @@ The mapping:
 - `text.format` json_schema / json_object -> chat's `response_format` (the grammar
   engine constrains the output); `tools`, `tool_choice`, `parallel_tool_calls` as chat's;
 - `max_output_tokens` -> `max_tokens` (default: what the context leaves), `temperature`,
-  `top_p` and radixmesh's `speculative` as they are.
+  `top_p` and radixmesh's `speculative` as they are;
+- `top_logprobs`, or `include: ["message.output_text.logprobs"]` -> `logprobs: true` and
+  `top_logprobs` (0 when only `include` asks): the output text's logprobs, which are the
+  chat completion's for the same request. Either alone asks for them (`top_logprobs`
+  alone is not dropped). Refused with tools that may be called: the text is parsed for
+  calls as it comes, so its tokens are not the output text's one for one.
+
+The input-token count (`POST /v1/responses/input_tokens`) renders the same prompt.
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from radixmesh.router.http.openai.convert import (
     refuse,
     validate,
 )
+from radixmesh.router.http.openai.message import MessageStream
 from radixmesh.router.http.openai.responses_api import requests as rq
+from radixmesh.tokenizer import TokenizerLike
 
 _RENAMES = (
     (re.compile(r"^max_tokens$"), "max_output_tokens"),
@@ -59,34 +68,91 @@ def parse_request(body: Any, *, strict: bool = False) -> rq.ResponsesRequest:
     checked on the raw JSON (limits.py, `--max-messages`)."""
     req = validate(rq.ResponsesRequest, body, strict=strict)
     if req.background:
-        refuse("background", "background responses are not supported")
-    for name in ("conversation", "prompt"):
-        if getattr(req, name) is not None:
-            refuse(name, f"{name} is not supported: send the items in `input`")
+        refuse(
+            "background",
+            "background responses are not supported: send the request without it "
+            "(`stream: true` gives the output as it comes)",
+        )
+    _refuse_unsupported(req)
+    if req.prompt is not None:
+        refuse("prompt", "prompt is not supported: send the items in `input`")
     if not req.input and req.previous_response_id is None:
         refuse("input", "give at least one input item")
     return req
+
+
+def parse_count_request(body: Any, *, strict: bool = False) -> rq.InputTokensRequest:
+    """An input-token count's body, validated."""
+    req = validate(rq.InputTokensRequest, body, strict=strict)
+    _refuse_unsupported(req)
+    return req
+
+
+def _refuse_unsupported(req: rq.InputTokensRequest) -> None:
+    if req.conversation is not None:
+        refuse("conversation", "conversation is not supported: send the items in `input`")
 
 
 def generation_of(
     req: rq.ResponsesRequest,
     history: Sequence[rq.Item],
     *,
-    tokenizer: Any,
+    tokenizer: TokenizerLike,
     context_length: int,
     tool_call_parser: str = "auto",
 ) -> Generation:
     """The request, after the previous response's items (`history`), as a Generation."""
-    chat: dict[str, Any] = {
-        "model": req.model,
-        "messages": chat_messages(req, history),
-        "stream": bool(req.stream),
-    }
+    chat = _chat_body(req, history)
+    chat["stream"] = bool(req.stream)
     if req.max_output_tokens is not None:
         chat["max_tokens"] = req.max_output_tokens
-    for name in ("temperature", "top_p", "speculative", "parallel_tool_calls"):
+    for name in ("temperature", "top_p", "speculative"):
         if getattr(req, name) is not None:
             chat[name] = getattr(req, name)
+    if req.logprobs:
+        chat |= {"logprobs": True, "top_logprobs": req.top_logprobs or 0}
+    gen = _parse_chat(chat, tokenizer, context_length, tool_call_parser)
+    if req.logprobs and MessageStream.of(gen) is not None:
+        refuse(
+            "top_logprobs" if req.top_logprobs is not None else "include",
+            "logprobs are not supported with tools the model may call (tool_choice auto, "
+            "required or a function): its text is parsed for calls; use tool_choice none",
+        )
+    return gen
+
+
+def count_input_tokens(
+    req: rq.InputTokensRequest,
+    history: Sequence[rq.Item],
+    *,
+    tokenizer: TokenizerLike,
+    context_length: int,
+    tool_call_parser: str = "auto",
+) -> int:
+    """The prompt's tokens of the request, after the previous response's items."""
+    chat = _chat_body(req, history) | {"max_tokens": 0}
+    return len(_parse_chat(chat, tokenizer, context_length, tool_call_parser).prompts[0])
+
+
+def _parse_chat(
+    chat: dict[str, Any], tokenizer: TokenizerLike, context_length: int, parser: str
+) -> Generation:
+    try:
+        return parse_chat(
+            chat,
+            tokenizer=tokenizer,
+            context_length=context_length,
+            options=ChatOptions(tool_call_parser=parser, separate_reasoning=False),
+        )
+    except InvalidArgument as e:
+        raise InvalidArgument(field_name(e.field), e.message) from None
+
+
+def _chat_body(req: rq.InputTokensRequest, history: Sequence[rq.Item]) -> dict[str, Any]:
+    """The chat body of the prompt's fields."""
+    chat: dict[str, Any] = {"model": req.model or "", "messages": chat_messages(req, history)}
+    if req.parallel_tool_calls is not None:
+        chat["parallel_tool_calls"] = req.parallel_tool_calls
     if isinstance(req.tool_choice, rq.NamedFunction):
         chat["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.name}}
     elif req.tool_choice is not None:
@@ -99,15 +165,7 @@ def generation_of(
     fmt = req.text.format if req.text is not None else None
     if fmt is not None and fmt.type != "text":
         chat["response_format"] = _response_format(fmt)
-    try:
-        return parse_chat(
-            chat,
-            tokenizer=tokenizer,
-            context_length=context_length,
-            options=ChatOptions(tool_call_parser=tool_call_parser, separate_reasoning=False),
-        )
-    except InvalidArgument as e:
-        raise InvalidArgument(field_name(e.field), e.message) from None
+    return chat
 
 
 def _response_format(fmt: rq.TextFormat) -> dict[str, Any]:
@@ -119,7 +177,7 @@ def _response_format(fmt: rq.TextFormat) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": schema}
 
 
-def chat_messages(req: rq.ResponsesRequest, history: Sequence[rq.Item]) -> list[dict[str, Any]]:
+def chat_messages(req: rq.InputTokensRequest, history: Sequence[rq.Item]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     if req.instructions:
         messages.append({"role": "system", "content": req.instructions})

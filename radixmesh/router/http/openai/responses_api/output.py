@@ -16,6 +16,12 @@ whole reply agree (the blocks come from openai/blocks.py, as Anthropic's do):
   `sequence_number`, from 0.
 - `usage`: `input_tokens` is the whole prompt, `input_tokens_details.cached_tokens` the
   part the worker served from its radix cache.
+- logprobs (asked for: convert.py): each token's entry is the chat completion's (`token`,
+  `logprob`, `bytes`, `top_logprobs`), in the `output_text` part; a delta event carries
+  its tokens (without `bytes`, as OpenAI's events do). The text comes out of `Blocks`
+  later than its tokens (leading whitespace is held): tokens wait until a delta goes out,
+  and those after the last delta (an end-of-text token) are the part's and the `.done`
+  event's only. Without logprobs the lists are empty.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from radixmesh.errors import Unavailable
 from radixmesh.router.http.openai.blocks import Blocks, Call, Event, TextDelta
 from radixmesh.router.http.openai.convert import Generation
 from radixmesh.router.http.openai.message import MessageStream
+from radixmesh.router.http.openai.reply import chat_logprobs
 from radixmesh.router.http.openai.responses_api import requests as rq
+from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
 
 SseEvent = tuple[str, dict[str, Any]]
@@ -48,6 +56,7 @@ def echoed(req: rq.ResponsesRequest) -> dict[str, Any]:
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
         "store": req.store is not False,
+        "background": False,
         "temperature": req.temperature,
         "text": {
             "format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}
@@ -58,22 +67,27 @@ def echoed(req: rq.ResponsesRequest) -> dict[str, Any]:
             else req.tool_choice or "auto"
         ),
         "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "top_logprobs": req.top_logprobs,
         "top_p": req.top_p,
         "truncation": req.truncation or "disabled",
     }
 
 
 class ResponseReply:
-    def __init__(self, gen: Generation, rid: str, settings: dict[str, Any]) -> None:
+    def __init__(
+        self, gen: Generation, rid: str, settings: dict[str, Any], tokenizer: TokenizerLike
+    ) -> None:
         self.gen = gen
         self.rid = rid
         self.settings = settings
+        self.tokenizer = tokenizer
         self.created = int(time.time())
         self.blocks = Blocks(MessageStream.of(gen))
         self.output: list[dict[str, Any]] = []
         self.status = "in_progress"
         self.usage: dict[str, Any] | None = None
         self.sequence = 0
+        self._tokens: list[dict[str, Any]] = []  # logprobs of tokens whose text is not out yet
 
     def response(self) -> dict[str, Any]:
         incomplete = {"reason": "max_output_tokens"} if self.status == "incomplete" else None
@@ -89,24 +103,6 @@ class ResponseReply:
             **self.settings,
             "usage": self.usage,
         }
-
-    def items(self) -> list[rq.Item]:
-        """The output as input items, for the store (store.py)."""
-        out: list[rq.Item] = []
-        for item in self.output:
-            if item["type"] == "message":
-                parts = [rq.InputText(type="output_text", text=item["content"][0]["text"])]
-                out.append(rq.MessageItem(type="message", role="assistant", content=parts))  # type: ignore[arg-type]
-            else:
-                out.append(
-                    rq.FunctionCallItem(
-                        type="function_call",
-                        call_id=item["call_id"],
-                        name=item["name"],
-                        arguments=item["arguments"],
-                    )
-                )
-        return out
 
     # ---- chunk by chunk -----------------------------------------------------------------
 
@@ -130,6 +126,8 @@ class ResponseReply:
                 raise Unavailable(f"the worker aborted the request: {why}")
             cut = chunk.finish.reason == common_pb2.FINISH_REASON_LENGTH
             self.status = "incomplete" if cut else "completed"
+        if self.gen.top_logprobs is not None:
+            self._tokens += [lp.model_dump() for lp in chat_logprobs(chunk, self.tokenizer)]
         out: list[SseEvent] = []
         for event in self.blocks.feed(chunk.text, last):
             out += self._block_events(event)
@@ -158,12 +156,19 @@ class ResponseReply:
             return self._text_events(event)
         item = self.output[event.block]
         item["status"] = self._item_status
+        part = item["content"][0]
+        part["logprobs"] += self._take_tokens()
         where = {"item_id": item["id"], "output_index": event.block, "content_index": 0}
+        lps = _event_logprobs(part["logprobs"])
         return [
-            self._event("response.output_text.done", **where, text=event.text, logprobs=[]),
-            self._event("response.content_part.done", **where, part=_part(event.text)),
+            self._event("response.output_text.done", **where, text=event.text, logprobs=lps),
+            self._event("response.content_part.done", **where, part=dict(part)),
             self._event("response.output_item.done", output_index=event.block, item=_copy(item)),
         ]
+
+    def _take_tokens(self) -> list[dict[str, Any]]:
+        tokens, self._tokens = self._tokens, []
+        return tokens
 
     def _text_events(self, event: TextDelta) -> list[SseEvent]:
         index, out = event.block, []
@@ -183,9 +188,12 @@ class ResponseReply:
         item = self.output[index]
         item["content"][0]["text"] += event.text
         if event.text:
+            tokens = self._take_tokens()
+            item["content"][0]["logprobs"] += tokens
             where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            lps = _event_logprobs(tokens)
             delta = self._event(
-                "response.output_text.delta", **where, delta=event.text, logprobs=[]
+                "response.output_text.delta", **where, delta=event.text, logprobs=lps
             )
             out.append(delta)
         return out
@@ -221,8 +229,23 @@ def _part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def _event_logprobs(tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tokens' logprobs as the text events carry them: without `bytes`."""
+    return [
+        {
+            "token": t["token"],
+            "logprob": t["logprob"],
+            "top_logprobs": [
+                {"token": a["token"], "logprob": a["logprob"]} for a in t["top_logprobs"]
+            ],
+        }
+        for t in tokens
+    ]
+
+
 def _copy(item: dict[str, Any]) -> dict[str, Any]:
     """A snapshot of an item as an event carries it (the item goes on changing)."""
-    return (
-        item | {"content": [dict(p) for p in item["content"]]} if "content" in item else dict(item)
-    )
+    if "content" not in item:
+        return dict(item)
+    parts = [p | {"logprobs": list(p["logprobs"])} for p in item["content"]]
+    return item | {"content": parts}

@@ -10,16 +10,20 @@ message). Output items a client sends back (`response.output` of an earlier turn
 input items too: an assistant message with `output_text` parts, `function_call`s.
 `reasoning` items are declared and dropped (radixmesh makes none; a client may pass
 through ones it got elsewhere). Parts the served model cannot read (images, files,
-audio) are declared, so the conversion refuses them by name with a reason.
+audio) are declared, so the conversion refuses them by name with a reason. An item's `id`
+(output items sent back carry theirs) is kept for the stored response's `input_items`.
+
+`InputTokensRequest` is the prompt's fields alone (`POST /v1/responses/input_tokens`);
+`ResponsesRequest` adds what shapes the generation.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, TypeAdapter, field_validator
 
-from radixmesh.router.http.openai.requests import Body, Part
+from radixmesh.router.http.openai.requests import MAX_TOP_LOGPROBS, Body, Part
 from radixmesh.sampling_params import FIELD_DOCS
 
 
@@ -68,6 +72,7 @@ def _as_parts(value: Any) -> Any:
 
 class MessageItem(Part):
     type: Literal["message"] = "message"
+    id: str | None = None
     role: Literal["user", "assistant", "system", "developer"]
     content: list[ContentPart]
 
@@ -78,6 +83,7 @@ class MessageItem(Part):
 
 class FunctionCallItem(Part):
     type: Literal["function_call"]
+    id: str | None = None
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str  # JSON text
@@ -85,6 +91,7 @@ class FunctionCallItem(Part):
 
 class FunctionCallOutputItem(Part):
     type: Literal["function_call_output"]
+    id: str | None = None
     call_id: str = Field(min_length=1)
     output: list[ContentPart]
 
@@ -117,6 +124,12 @@ InputItem = Annotated[
     ),
 ]
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+_ITEMS: TypeAdapter[list[Item]] = TypeAdapter(list[InputItem])
+
+
+def items_of(values: Any) -> list[Item]:
+    """Items in their JSON layout (a stored conversation's) as models."""
+    return _ITEMS.validate_python(values)
 
 
 class FunctionTool(Part):
@@ -154,37 +167,67 @@ def _as_items(value: Any) -> Any:
     )
 
 
-class ResponsesRequest(Body):
-    model: str
-    input: list[InputItem]
+# OpenAI's `include` values. Only the logprobs change a reply here; the others name parts
+# of items radixmesh never makes (hosted tools' results, images, encrypted reasoning).
+LOGPROBS = "message.output_text.logprobs"
+Includable = Literal[
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+]
+
+
+class InputTokensRequest(Body):
+    """The fields that make a response's prompt: `POST /v1/responses/input_tokens`."""
+
+    model: str | None = None
+    input: list[InputItem] = Field(default_factory=list)
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
+    previous_response_id: str | None = None
+    # Accepted and ignored: they do not change the prompt. `truncation: "auto"` asks to
+    # drop old items past the context; none are dropped (a conversation past it is a 400).
+    reasoning: Any = None
+    truncation: Literal["auto", "disabled"] | None = None
+    # Refused when set: no stored conversations.
+    conversation: Any = None
+
+    _items = field_validator("input", mode="before", json_schema_input_type=str | list[InputItem])(
+        _as_items
+    )
+
+
+class ResponsesRequest(InputTokensRequest):
+    model: str
+    input: list[InputItem]
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, description=FIELD_DOCS["temperature"])
     top_p: float | None = Field(None, description=FIELD_DOCS["top_p"])
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    include: list[Includable] | None = None
     speculative: bool | None = Field(None, description=FIELD_DOCS["speculative"])  # ours
-    previous_response_id: str | None = None
     store: bool | None = None
     stream: bool | None = None
-    # Accepted and ignored: they do not change the output. `truncation: "auto"` asks to
-    # drop old items past the context; none are dropped (a conversation past it is a 400).
+    # Accepted and ignored: they do not change the output.
     metadata: dict[str, str] | None = None
     user: Any = None
     service_tier: Any = None
     prompt_cache_key: Any = None
     safety_identifier: Any = None
-    reasoning: Any = None
-    include: Any = None
-    truncation: Literal["auto", "disabled"] | None = None
     stream_options: Any = None
-    # Refused when set: no background runs, stored conversations or prompt templates.
+    # Refused when set: no background runs or prompt templates.
     background: bool | None = None
-    conversation: Any = None
     prompt: Any = None
 
-    _items = field_validator("input", mode="before", json_schema_input_type=str | list[InputItem])(
-        _as_items
-    )
+    @property
+    def logprobs(self) -> bool:
+        """The output text's logprobs are asked for (`include`, or `top_logprobs` alone)."""
+        return self.top_logprobs is not None or LOGPROBS in (self.include or ())

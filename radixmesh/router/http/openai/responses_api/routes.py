@@ -1,19 +1,26 @@
-"""`POST /v1/responses`, registered on the router's HTTP app.
+"""OpenAI's Responses API on the router's HTTP app: create, retrieve, delete, input items
+and the input-token count.
 
-A request is validated and tokenized off the event loop (convert.py), its
-`previous_response_id` looked up in the router's store (store.py: 404 naming the field
-when unknown, expired, never stored or another caller's), generated through the front
-end's `stream_jobs` (the router's one routing / retry / proxy path), and replied to as a
-whole `response` or as the semantic SSE events (output.py). Unless `store: false`, the
-finished response's conversation is stored for a later `previous_response_id`; a stream
-the client left before its end is not stored. Errors are OpenAI's (api_error.py); after a
-stream opened, one `event: error` carries the error and ends it.
+`POST /v1/responses`: a request is validated and tokenized off the event loop
+(convert.py), its `previous_response_id` looked up in the store (store.py: 404 naming the
+field when unknown, expired, never stored or another caller's), generated through the
+front end's `stream_jobs` (the router's one routing / retry / proxy path), and replied to
+as a whole `response` or as the semantic SSE events (output.py). Unless `store: false`,
+the finished response is stored with the items it was generated from (items.py); a stream
+the client left before its end, or one that failed, is not stored. Errors are OpenAI's
+(api_error.py); after a stream opened, one `event: error` carries the error and ends it.
+
+`GET` / `DELETE /v1/responses/{response_id}` and `GET .../input_items` read the store: a
+response that is not there (never stored, `store: false`, expired, dropped, deleted,
+another caller's or another replica's) is a 404 naming `response_id`. `POST
+/v1/responses/input_tokens` counts the prompt a create with the same fields would have.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -21,33 +28,55 @@ import grpc
 from aiohttp import web
 
 from radixmesh.auth import caller_of
-from radixmesh.errors import RadixMeshError
+from radixmesh.errors import InvalidArgument, RadixMeshError
 from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError, read_json
 from radixmesh.router.http.event_stream import EventStream, first_chunk
 from radixmesh.router.http.openai import generation
+from radixmesh.router.http.openai.convert import Generation
 from radixmesh.router.http.openai.generation import WORKER_HEADER
 from radixmesh.router.http.openai.responses_api import requests as rq
 from radixmesh.router.http.openai.responses_api.convert import (
+    count_input_tokens,
     field_name,
     generation_of,
+    parse_count_request,
     parse_request,
 )
+from radixmesh.router.http.openai.responses_api.items import listed, page, page_params
 from radixmesh.router.http.openai.responses_api.output import ResponseReply, echoed, response_id
-from radixmesh.router.http.openai.responses_api.store import ResponseStore
+from radixmesh.router.http.openai.responses_api.store import (
+    Json,
+    MemoryResponseStore,
+    ResponseStore,
+    StoredResponse,
+)
+from radixmesh.tokenizer import TokenizerLike
 
 if TYPE_CHECKING:
     from radixmesh.router.http.frontend import Frontend
 
+PATH = "/v1/responses"
+
 
 class ResponsesRoutes:
-    def __init__(self, frontend: Frontend) -> None:
+    def __init__(self, frontend: Frontend, store: ResponseStore | None = None) -> None:
         self.frontend = frontend
         config = frontend.config
         self.limits = config.limits
-        self.store = ResponseStore(config.response_store_bytes, config.response_store_ttl)
+        if store is None:
+            store = MemoryResponseStore(
+                config.response_store_entries,
+                config.response_store_bytes,
+                config.response_store_ttl,
+            )
+        self.store = store
 
     def register(self, app: web.Application) -> None:
-        app.router.add_post("/v1/responses", self.create)
+        app.router.add_post(PATH, self.create)
+        app.router.add_post(PATH + "/input_tokens", self.input_tokens)
+        app.router.add_get(PATH + "/{response_id}", self.retrieve)
+        app.router.add_delete(PATH + "/{response_id}", self.delete)
+        app.router.add_get(PATH + "/{response_id}/input_items", self.input_items)
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         tok, info = self.frontend.ready()
@@ -55,28 +84,13 @@ class ResponsesRoutes:
         config = self.frontend.config
         req = await asyncio.to_thread(parse_request, body, strict=config.strict_openai)
         self.frontend.check_model(req.model)
+        self.limits.check_top_logprobs("top_logprobs", req.top_logprobs)
         caller = caller_of(request.headers.get("Authorization"))
-        history: tuple[rq.Item, ...] = ()
-        if req.previous_response_id is not None:
-            found = self.store.get(caller, req.previous_response_id)
-            if found is None:
-                message = (
-                    f"no stored response {req.previous_response_id!r} (unknown, expired, stored "
-                    "with store: false, or on another router replica)"
-                )
-                raise ApiError(404, message, "previous_response_id", "previous_response_not_found")
-            history = found
-        gen = await asyncio.to_thread(
-            generation_of,
-            req,
-            history,
-            tokenizer=tok,
-            context_length=info.context_length,
-            tool_call_parser=config.tool_call_parser,
-        )
+        history = await self._history(caller, req.previous_response_id)
+        gen = await asyncio.to_thread(self._generation, req, history, tok, info.context_length)
         rid = response_id()
         workers: set[str] = set()
-        reply = ResponseReply(gen, rid, echoed(req))
+        reply = ResponseReply(gen, rid, echoed(req), tok)
         stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
         chunks = generation.choices(stream_jobs, gen, rid, workers)
         async with aclosing(chunks):
@@ -91,8 +105,91 @@ class ResponsesRoutes:
                     reply.response(), headers={WORKER_HEADER: ",".join(sorted(workers))}
                 )
         if req.store is not False and reply.status in ("completed", "incomplete"):
-            self.store.put(caller, rid, (*history, *req.input, *reply.items()))
+            inputs = listed(req.input, (item["id"] for item in history))
+            await self.store.put(caller, StoredResponse(reply.response(), (*history, *inputs)))
         return resp
+
+    async def input_tokens(self, request: web.Request) -> web.Response:
+        tok, info = self.frontend.ready()
+        body = await read_json(request, self.limits, info.context_length)
+        config = self.frontend.config
+        req = await asyncio.to_thread(parse_count_request, body, strict=config.strict_openai)
+        if req.model is not None:
+            self.frontend.check_model(req.model)
+        caller = caller_of(request.headers.get("Authorization"))
+        history = await self._history(caller, req.previous_response_id)
+        count = await asyncio.to_thread(
+            lambda: count_input_tokens(
+                req,
+                rq.items_of(history),
+                tokenizer=tok,
+                context_length=info.context_length,
+                tool_call_parser=config.tool_call_parser,
+            )
+        )
+        return web.json_response({"object": "response.input_tokens", "input_tokens": count})
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        # Streaming a stored response replays a background one's events: none here.
+        if request.query.get("stream", "false").lower() not in ("false", "0"):
+            raise InvalidArgument("stream", "streaming a stored response is not supported")
+        return web.json_response((await self._stored(request)).response)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        rid = request.match_info["response_id"]
+        if not await self.store.delete(caller_of(request.headers.get("Authorization")), rid):
+            raise _not_stored(rid)
+        return web.json_response({"id": rid, "object": "response", "deleted": True})
+
+    async def input_items(self, request: web.Request) -> web.Response:
+        after, limit, ascending = page_params(request.query)
+        stored = await self._stored(request)
+        return web.json_response(page(stored.input_items, after, limit, ascending))
+
+    # ---- the store ----------------------------------------------------------------------
+
+    async def _history(self, caller: str, previous: str | None) -> tuple[Json, ...]:
+        """The conversation `previous_response_id` continues (none without it)."""
+        if previous is None:
+            return ()
+        found = await self.store.get(caller, previous)
+        if found is None:
+            message = (
+                f"no stored response {previous!r} (unknown, expired, stored with store: "
+                "false, or on another router replica)"
+            )
+            raise ApiError(404, message, "previous_response_id", "previous_response_not_found")
+        return found.conversation()
+
+    async def _stored(self, request: web.Request) -> StoredResponse:
+        rid = request.match_info["response_id"]
+        stored = await self.store.get(caller_of(request.headers.get("Authorization")), rid)
+        if stored is None:
+            raise _not_stored(rid)
+        return stored
+
+    def _generation(
+        self,
+        req: rq.ResponsesRequest,
+        history: Sequence[Json],
+        tok: TokenizerLike,
+        context_length: int,
+    ) -> Generation:
+        return generation_of(
+            req,
+            rq.items_of(history),
+            tokenizer=tok,
+            context_length=context_length,
+            tool_call_parser=self.frontend.config.tool_call_parser,
+        )
+
+
+def _not_stored(rid: str) -> ApiError:
+    message = (
+        f"no stored response {rid!r} (unknown, expired, deleted, stored with store: false, "
+        "or on another router replica)"
+    )
+    return ApiError(404, message, "response_id", "response_not_found")
 
 
 async def _stream(
