@@ -76,6 +76,7 @@ from radixmesh.worker.pool_sizing import (
     graph_max_batch_size,
 )
 from radixmesh.worker.scheduler import Scheduler
+from radixmesh.worker.speculative.draft_model import DraftModelDrafter
 from radixmesh.worker.speculative.registry import create_drafter
 from radixmesh.worker.speculative.speculator import Speculator
 from radixmesh.worker.tp.follower import run_follower
@@ -105,13 +106,18 @@ DEVICE_STATE = (
 
 
 class Worker:
+    scheduler: Scheduler  # build_scheduler
+
     def __init__(self, config: EngineConfig, tp: TPGroup | None = None) -> None:
         """`tp`: given on ranks 1..N-1 of a TP group (`follower_main`); rank 0 passes
         None and, when tp_size > 1, spawns and joins the other ranks itself."""
         self.followers: FollowerRanks | None = None
+        self.draft: Worker | None = None  # speculative='draft': the draft model's worker
         self._check_speculative(config)
         try:
             self.load_model(config, tp)
+            if self.tp.rank == 0:  # before the pool is sized from what memory is left
+                self.draft = self._build_draft()
             self.build_memory()
             self.build_runner()
             self.build_scheduler()
@@ -134,6 +140,9 @@ class Worker:
         process runs out of GPU memory."""
         if self.followers is not None:
             self.followers.stop()
+        draft: Worker | None = getattr(self, "draft", None)
+        if draft is not None:
+            draft.close()
         grammars: GrammarManager | None = getattr(self, "grammars", None)
         if grammars is not None:
             grammars.shutdown()
@@ -183,6 +192,35 @@ class Worker:
         self.load_seconds = time.perf_counter() - t0
         if self.tp.rank == 0:  # one line in any log, where the terminal's bar is not drawn
             logger.info("loading weights: %s in %.1f s", mc.model, self.load_seconds)
+
+    def _build_draft(self) -> Worker | None:
+        """The draft model's worker (speculative='draft'): same device and dtype, a pool
+        of its own, no warm-up, graphs or overlap; its vocabulary must be the target's."""
+        sp, mc = self.config.speculative, self.config.model
+        if sp.speculative != "draft" or sp.speculative_draft_model is None:
+            return None
+        options = {
+            "model": sp.speculative_draft_model,
+            "device": str(self.device),
+            "dtype": mc.dtype,
+            "kv_cache_tokens": sp.speculative_draft_kv_tokens,
+            "max_running_requests": sp.speculative_max_batch_size,
+            "cuda_graph_max_batch_size": 0,
+            "overlap_schedule": False,
+            "warmup": False,
+            "grammar_warmup": False,
+            "host_kv_cache_bytes": 0,
+        }
+        draft = Worker(EngineConfig.from_options(**options))
+        if draft.arch.vocab_size != self.arch.vocab_size:
+            draft.close()
+            raise InvalidArgument(
+                "speculative_draft_model",
+                f"its vocabulary has {draft.arch.vocab_size} tokens, the model's "
+                f"{self.arch.vocab_size}: a draft model needs the same tokenizer",
+            )
+        logger.info("speculative draft model: %s", sp.speculative_draft_model)
+        return draft
 
     @staticmethod
     def _check_speculative(config: EngineConfig) -> None:
@@ -459,7 +497,10 @@ class Worker:
         speculator = None
         sp = self.config.speculative
         if sp.enabled:
-            drafter = create_drafter(sp, self.cache)
+            model_drafter = None
+            if self.draft is not None:
+                model_drafter = DraftModelDrafter(self.draft.scheduler, self.draft.context_len)
+            drafter = create_drafter(sp, self.cache, model_drafter)
             speculator = Speculator(sp, drafter, self.context_len, self.grammars)
         self.scheduler = Scheduler(
             self.config.scheduler,

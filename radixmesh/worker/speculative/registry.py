@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from radixmesh.worker.config import SpeculativeConfig
@@ -17,7 +18,26 @@ class Drafter(Protocol):
         ...
 
 
-def create_drafter(config: SpeculativeConfig, cache: RadixCache) -> Drafter:
+def propose_all(
+    drafter: Drafter, wanted: Sequence[tuple[Request, int]]
+) -> dict[Request, list[int]]:
+    """Drafts for several requests: in one batch where the drafter can (a draft model),
+    else one by one."""
+    batched = getattr(drafter, "propose_all", None)
+    if batched is not None:
+        out: dict[Request, list[int]] = batched(wanted)
+        return out
+    return {req: drafter.propose(req, k) for req, k in wanted}
+
+
+def create_drafter(
+    config: SpeculativeConfig, cache: RadixCache, draft: Drafter | None = None
+) -> Drafter:
+    """`draft`: the draft-model drafter the worker built (speculative='draft')."""
+    if config.speculative == "draft":
+        if draft is None:
+            raise ValueError("speculative: 'draft' needs the draft model's drafter")
+        return draft
     ngram = NgramDrafter(config.speculative_ngram_min, config.speculative_ngram_max)
     if config.speculative == "ngram":
         return ngram

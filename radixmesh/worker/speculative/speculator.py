@@ -20,7 +20,7 @@ from radixmesh.worker.batch import Draft
 from radixmesh.worker.config import SpeculativeConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.request import Request
-from radixmesh.worker.speculative.registry import Drafter
+from radixmesh.worker.speculative.registry import Drafter, propose_all
 
 _EMA = 0.3  # weight of the latest verify step in a request's acceptance average
 _FIRST_REST = 8  # output tokens a request rests the first time its drafts fail
@@ -69,6 +69,7 @@ class Speculator:
         out: dict[Request, Draft] = {}
         if len(running) > self.config.speculative_max_batch_size:
             return out
+        wanted: list[tuple[Request, int]] = []
         for req in running:
             ids = req.token_ids
             if req.num_computed_tokens != len(ids) - 1 or ids[-1] < 0 or not self._allowed(req):
@@ -78,9 +79,13 @@ class Speculator:
                 req.remaining_new_tokens - 1,  # the step samples one more after them
                 self.context_len - len(ids) - 1,
             )
-            if k < 1:
-                continue
-            draft = self.drafter.propose(req, k)[:k]
+            if k >= 1:
+                wanted.append((req, k))
+        if not wanted:
+            return out
+        proposed = propose_all(self.drafter, wanted)
+        for req, k in wanted:
+            draft = proposed.get(req, [])[:k]
             mask = None
             if draft and req.grammar is not None:
                 if self.grammars is None or req.grammar.matcher is None:
