@@ -64,8 +64,10 @@ class RouterConfig:
     runs or queues fewer requests than this (programs.py; 0: off)."""
     http_port: int | None = None
     """The HTTP API's port, OpenAI's and SGLang's (None: off)."""
-    strict_openai: bool = False
-    """Refuse unknown fields in OpenAI requests (400 naming them) instead of ignoring them."""
+    strict_openai: bool = True
+    """Refuse unknown fields in OpenAI and Anthropic requests with a 400 naming them, as
+    those APIs do; `--no-strict-openai` ignores them instead (each name logged once), for
+    clients that send other servers' extensions."""
     tool_call_parser: str = "auto"
     """The model's tool-call syntax (openai/tool_parsers.py); auto: from its chat template."""
     separate_reasoning: bool = False

@@ -109,7 +109,7 @@ def test_every_router_setting_is_documented_and_a_flag() -> None:
 def test_router_flags_build_the_config_they_name() -> None:
     args = build_parser().parse_args(
         ["router", "--workers", "a:1,b:2", "--seed", "7", "--tentative-ttl", "2.5",
-         "--strict-openai", "--http-port", "8000", "--max-attempts", "2",
+         "--no-strict-openai", "--http-port", "8000", "--max-attempts", "2",
          "--policy", "round_robin", "--tool-call-parser", "hermes", "--host-hit-cost", "1"]
     )  # fmt: skip
     config = RouterConfig(workers=("a:1", "b:2"), **router_options(args, launch=False))
@@ -117,7 +117,7 @@ def test_router_flags_build_the_config_they_name() -> None:
         workers=("a:1", "b:2"),
         seed=7,
         tentative_ttl=2.5,
-        strict_openai=True,
+        strict_openai=False,
         http_port=8000,
         max_attempts=2,
         policy="round_robin",
@@ -128,11 +128,11 @@ def test_router_flags_build_the_config_they_name() -> None:
 
 def test_launch_hands_its_routers_what_differs_from_the_defaults() -> None:
     args = build_parser().parse_args(
-        ["launch", "--model", "dummy:tiny", "--queue-timeout", "3", "--strict-openai",
+        ["launch", "--model", "dummy:tiny", "--queue-timeout", "3", "--no-strict-openai",
          "--no-per-request-streams", "--request-cost-tokens", "16"]
     )  # fmt: skip
     options = router_options(args, launch=True)
-    assert options == {"queue_timeout": 3.0, "strict_openai": True, "request_cost_tokens": 16}
+    assert options == {"queue_timeout": 3.0, "strict_openai": False, "request_cost_tokens": 16}
     spec = LaunchSpec(model="dummy:tiny", router_options=options)
     # What the launcher's routers are started with parses back to the same config.
     flags = ["router", "--workers", "w:1", *spec.router_flags()]

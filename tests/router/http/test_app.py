@@ -209,14 +209,19 @@ def test_chat_through_the_openai_client(tiny: HttpCluster) -> None:
     assert many.usage.prompt_tokens == 4
 
 
-def test_unknown_and_ignored_fields_do_not_change_the_answer(tiny: HttpCluster) -> None:
+def test_ignored_fields_do_not_change_the_answer_and_unknown_ones_are_refused(
+    tiny: HttpCluster,
+) -> None:
     client = openai.OpenAI(base_url=tiny.url + "/v1", api_key="unused", max_retries=0)
     args: Any = {"model": MODEL, "prompt": "same answer", "max_tokens": 4, "temperature": 0}
     plain = client.completions.create(**args)
     extra = client.completions.create(
-        **args, user="someone", extra_body={"frobnicate": 1, "metadata": {"k": "v"}}
+        **args, user="someone", extra_body={"metadata": {"k": "v"}, "prompt_cache_key": "k"}
     )
     assert extra.choices[0].text == plain.choices[0].text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(**args, extra_body={"frobnicate": 1})
+    assert e.value.param == "frobnicate"
 
 
 def test_logprobs(tiny: HttpCluster) -> None:

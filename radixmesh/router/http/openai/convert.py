@@ -4,13 +4,14 @@ The one place where OpenAI's names meet radixmesh's: a request body is validated
 pydantic model (requests.py), its fields are mapped to sampling parameters and checked by
 the shared schema (`SamplingParams`), and errors name the field the client sent
 (`max_tokens`, not `max_new_tokens`; `messages[2].tool_call_id`). Unknown top-level fields
-are logged once per name and dropped, or refused with `strict`.
+are refused with `strict` (the router's default: `--strict-openai`, as OpenAI's API
+refuses them), else logged once per name and dropped. The output constraint, in any of
+its dialects, is constraints.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -21,10 +22,9 @@ from pydantic import BaseModel, ValidationError
 
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument
+from radixmesh.router.http.openai import constraints, tools
 from radixmesh.router.http.openai import requests as rq
-from radixmesh.router.http.openai import tools
 from radixmesh.router.limits import check_prompt_fits, encode_within
-from radixmesh.sampling_params import CONSTRAINT_KINDS
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
 
@@ -150,6 +150,8 @@ def parse_completion(
         refuse("suffix", "suffix (insertion) is not supported")
     top = req.logprobs
     sampling = _sampling(req, top)
+    fields = _renamed(req)
+    _constrain(sampling, fields, constraints.requested(req))
     sampling.setdefault("max_new_tokens", _COMPLETIONS_MAX_TOKENS)
     prompts, texts = _prompts(req.prompt, tokenizer, context_length, sampling["max_new_tokens"])
     if req.echo and top is not None:
@@ -157,7 +159,7 @@ def parse_completion(
             # Prompt logprobs come with a request's last chunk, after its first text.
             refuse("echo", "echo with logprobs is not supported when streaming")
         sampling["logprob_start_len"] = 0  # the prompt's logprobs, from its first token
-    gen = _generation(req, False, prompts, sampling, top, _renamed(req))
+    gen = _generation(req, False, prompts, sampling, top, fields)
     return dataclasses.replace(gen, echo=texts) if req.echo else gen
 
 
@@ -184,19 +186,19 @@ def parse_chat(
     top = (req.top_logprobs or 0) if req.logprobs else None
     sampling = _sampling(req, top)
     fields = _renamed(req)
-    constraint = _response_format(req.response_format)
+    constraint = constraints.requested(req)
     tools.check_tools(req)
     syntax = tools.syntax_of(tokenizer, options.tool_call_parser)
     plan = tools.plan(req, syntax)
     if plan is not None and plan.structural_tag is not None:
-        if constraint is not None or any(k in sampling for k in CONSTRAINT_KINDS):
-            refuse("tool_choice", "a required tool call cannot be combined with another constraint")
-        constraint = ("structural_tag", plan.structural_tag)
-        fields["structural_tag"] = "tools"
-    elif constraint is not None:
-        fields[constraint[0]] = "response_format"
-    if constraint is not None:
-        sampling[constraint[0]] = constraint[1]
+        if constraint is not None:
+            refuse(
+                "tool_choice",
+                f"a required tool call cannot be combined with another constraint "
+                f"({constraint.field})",
+            )
+        constraint = constraints.Constraint("structural_tag", plan.structural_tag, "tools")
+    _constrain(sampling, fields, constraint)
     if plan is not None and plan.parser is not None and syntax == "mistral":
         sampling.setdefault("skip_special_tokens", False)  # [TOOL_CALLS] is a special token
     prompts = [chat_ids(req, tokenizer, context_length=context_length)]
@@ -217,9 +219,11 @@ def parse_chat(
 def _refuse_unsupported_chat(req: rq.ChatCompletionRequest) -> None:
     if req.audio is not None or "audio" in (req.modalities or ()):
         refuse("audio" if req.audio is not None else "modalities", "audio output is not supported")
-    for name in ("prediction", "web_search_options"):
+    for name in ("prediction", "web_search_options", "moderation"):
         if getattr(req, name) is not None:
             refuse(name, f"{name} is not supported")
+    if req.verbosity not in (None, "medium"):
+        refuse("verbosity", 'only "medium" (the default) is supported: the model sets its length')
     for name in ("functions", "function_call"):
         if getattr(req, name) is not None:
             refuse(name, f"the deprecated {name} is not supported: use tools / tool_choice")
@@ -267,12 +271,12 @@ def _to_proto(params: dict[str, Any], fields: Mapping[str, str]) -> common_pb2.S
 
 
 def _sampling(req: rq.Sampling, top: int | None) -> dict[str, Any]:
-    values = req.model_dump(include=set(PARAMS), exclude_none=True)
+    """PARAMS' fields as SamplingParams names; the constraint is `_constrain`'s."""
+    include = set(PARAMS) - set(constraints.SGLANG_FIELDS)
+    values = req.model_dump(include=include, exclude_none=True)
     params = {PARAMS[k]: v for k, v in values.items()}
     if req.max_completion_tokens is not None:
         params["max_new_tokens"] = req.max_completion_tokens
-    if isinstance(params.get("json_schema"), dict):
-        params["json_schema"] = json.dumps(params["json_schema"])
     if top is not None:
         params["return_logprob"] = True
         params["top_logprobs_num"] = top
@@ -286,20 +290,13 @@ def _renamed(req: rq.Sampling) -> dict[str, str]:
     )
 
 
-def _response_format(fmt: rq.ResponseFormat | None) -> tuple[str, str] | None:
-    """The constraint a response_format asks for, as (SamplingParams field, text)."""
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return "json_schema", json.dumps({"type": "object"})
-    if fmt.type == "json_schema":
-        if fmt.json_schema is None:
-            refuse("response_format.json_schema", "needs an object with a `schema` object")
-        assert fmt.json_schema is not None
-        return "json_schema", json.dumps(fmt.json_schema.schema_)
-    if fmt.format is None:
-        refuse("response_format.format", "a structural_tag needs its `format` object")
-    return "structural_tag", json.dumps({"type": "structural_tag", "format": fmt.format})
+def _constrain(
+    sampling: dict[str, Any], fields: dict[str, str], constraint: constraints.Constraint | None
+) -> None:
+    """Set `constraint` in `sampling`, remembering the request field it came from."""
+    if constraint is not None:
+        sampling[constraint.kind] = constraint.value
+        fields[constraint.kind] = constraint.field
 
 
 def chat_ids(

@@ -5,11 +5,13 @@ validates with), so a bad value reads the same over HTTP and gRPC; these models 
 only the OpenAI API has (`n`, `logprobs`, message and tool shapes). Types are strict: a
 string is not a number and 1 is not `true`.
 
-Unknown top-level fields are kept in `model_extra` (the conversion layer logs and drops
-them, or refuses them under `--strict-openai`); unknown keys inside nested objects are
-ignored. Fields OpenAI defines that radixmesh accepts and ignores are declared (`user`,
-`metadata`, ...), so they are not "unknown"; fields that would change the output and
-cannot be honoured are declared too, for the conversion layer to refuse by name.
+Unknown top-level fields are kept in `model_extra` for the conversion layer to refuse by
+name (the router's default, as OpenAI's API does) or, with `--no-strict-openai`, to log
+and drop; unknown keys inside nested objects are ignored, except in `structured_outputs`,
+whose every key changes the output. Fields OpenAI defines that radixmesh accepts and
+ignores are declared (`user`, `metadata`, ...), so they are not "unknown"; fields that
+would change the output and cannot be honoured are declared too, for the conversion
+layer to refuse by name.
 """
 
 from __future__ import annotations
@@ -194,6 +196,27 @@ class ResponseFormat(Part):
     format: dict[str, Any] | None = None  # type structural_tag: xgrammar's structural tag
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` object: one constraint (`json`, `regex`, `choice`,
+    `grammar`, `json_object`, `structural_tag`) and options on how JSON is laid out.
+    Unknown keys are refused: each would change the output."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    json_: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None  # xgrammar's structural tag as JSON text
+    disable_additional_properties: bool | None = None
+    # The grammar's JSON layout is fixed (no free whitespace): what these ask for, or a
+    # subset of it; `whitespace_pattern` is refused.
+    disable_any_whitespace: bool | None = None
+    whitespace_pattern: str | None = None
+    disable_fallback: bool | None = None  # accepted: there is no fallback backend
+
+
 class StreamOptions(Part):
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None  # usage on every chunk (vLLM's extension)
@@ -237,12 +260,25 @@ class SamplingBase(Body):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     max_completion_tokens: int | None = Field(None, ge=0)
-    # Accepted and ignored: they do not change the output.
+    # Output constraints, at most one (constraints.py): OpenAI's, then vLLM's (SGLang's
+    # `regex`, `ebnf`, `json_schema` are PARAMS').
+    response_format: ResponseFormat | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_whitespace_pattern: str | None = None  # refused when set
+    guided_decoding_backend: str | None = None  # ignored: the worker's backend compiles
+    # Accepted and ignored: they do not change the output (the prompt cache keeps every
+    # prefix it can, whatever a request asks).
     user: Any = None
     metadata: Any = None
     store: Any = None
     service_tier: Any = None
     prompt_cache_key: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
     safety_identifier: Any = None
 
 
@@ -267,15 +303,17 @@ class ChatCompletionRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     separate_reasoning: bool | None = None  # `<think>...</think>` -> reasoning_content
     reasoning_effort: Any = None  # ignored
-    # Refused: radixmesh cannot produce audio, predicted outputs, web search or the
-    # deprecated `functions` (use `tools`).
+    # Only OpenAI's default, "medium": the model's own length (no control of it here).
+    verbosity: str | None = None
+    # Refused: radixmesh cannot produce audio, predicted outputs, web search or
+    # moderation, or the deprecated `functions` (use `tools`).
     audio: Any = None
+    moderation: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
     web_search_options: Any = None
