@@ -32,12 +32,10 @@ import json
 import re
 from typing import Any
 
-from radixmesh.errors import InvalidArgument
 from radixmesh.router.http.anthropic import requests as rq
 from radixmesh.router.http.openai.convert import (
-    ChatOptions,
     Generation,
-    parse_chat,
+    parse_translated_chat,
     refuse,
     validate,
 )
@@ -88,7 +86,13 @@ def parse_messages(
     fmt = req.output_config.format if req.output_config is not None else None
     if fmt is not None:
         chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt.schema_}}
-    gen = _parse_chat(chat, tokenizer, context_length, tool_call_parser)
+    gen = parse_translated_chat(
+        chat,
+        tokenizer=tokenizer,
+        context_length=context_length,
+        tool_call_parser=tool_call_parser,
+        field_name=field_name,
+    )
     if prefill:
         ids = gen.prompts[0] + tokenizer.encode(prefill)
         check_prompt_fits("messages", len(ids), context_length, req.max_tokens)
@@ -102,22 +106,14 @@ def count_tokens(
     """The prompt's tokens of a `count_tokens` request (its prefill included)."""
     req = validate(rq.CountTokensRequest, body, strict=strict)
     chat, prefill = chat_body(req)
-    gen = _parse_chat(chat | {"max_tokens": 0}, tokenizer, context_length, "auto")
+    gen = parse_translated_chat(
+        chat | {"max_tokens": 0},
+        tokenizer=tokenizer,
+        context_length=context_length,
+        tool_call_parser="auto",
+        field_name=field_name,
+    )
     return len(gen.prompts[0]) + (len(tokenizer.encode(prefill)) if prefill else 0)
-
-
-def _parse_chat(
-    chat: dict[str, Any], tokenizer: TokenizerLike, context_length: int, parser: str
-) -> Generation:
-    try:
-        return parse_chat(
-            chat,
-            tokenizer=tokenizer,
-            context_length=context_length,
-            options=ChatOptions(tool_call_parser=parser, separate_reasoning=False),
-        )
-    except InvalidArgument as e:
-        raise InvalidArgument(field_name(e.field), e.message) from None
 
 
 def chat_body(req: rq.MessagesRequest | rq.CountTokensRequest) -> tuple[dict[str, Any], str]:

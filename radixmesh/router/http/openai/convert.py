@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -169,6 +169,29 @@ class ChatOptions:
 
     tool_call_parser: str = "auto"  # a syntax of tool_parsers.PARSERS, or auto
     separate_reasoning: bool = False  # the default of the request's separate_reasoning
+
+
+def parse_translated_chat(
+    chat: dict[str, Any],
+    *,
+    tokenizer: TokenizerLike,
+    context_length: int,
+    tool_call_parser: str,
+    field_name: Callable[[str], str],
+) -> Generation:
+    """`parse_chat` of a chat body that another front door built from its own request
+    (Anthropic's Messages, the Responses API): a bad field's error names it as that
+    door's clients spell it (`field_name`); reasoning is not separated (each door shapes
+    its own reply)."""
+    try:
+        return parse_chat(
+            chat,
+            tokenizer=tokenizer,
+            context_length=context_length,
+            options=ChatOptions(tool_call_parser=tool_call_parser, separate_reasoning=False),
+        )
+    except InvalidArgument as e:
+        raise InvalidArgument(field_name(e.field), e.message) from None
 
 
 def parse_chat(

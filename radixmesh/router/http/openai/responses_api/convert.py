@@ -33,11 +33,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from radixmesh.errors import InvalidArgument
 from radixmesh.router.http.openai.convert import (
-    ChatOptions,
     Generation,
-    parse_chat,
+    parse_translated_chat,
     refuse,
     validate,
 )
@@ -111,7 +109,13 @@ def generation_of(
             chat[name] = getattr(req, name)
     if req.logprobs:
         chat |= {"logprobs": True, "top_logprobs": req.top_logprobs or 0}
-    gen = _parse_chat(chat, tokenizer, context_length, tool_call_parser)
+    gen = parse_translated_chat(
+        chat,
+        tokenizer=tokenizer,
+        context_length=context_length,
+        tool_call_parser=tool_call_parser,
+        field_name=field_name,
+    )
     if req.logprobs and MessageStream.of(gen) is not None:
         refuse(
             "top_logprobs" if req.top_logprobs is not None else "include",
@@ -131,21 +135,15 @@ def count_input_tokens(
 ) -> int:
     """The prompt's tokens of the request, after the previous response's items."""
     chat = _chat_body(req, history) | {"max_tokens": 0}
-    return len(_parse_chat(chat, tokenizer, context_length, tool_call_parser).prompts[0])
-
-
-def _parse_chat(
-    chat: dict[str, Any], tokenizer: TokenizerLike, context_length: int, parser: str
-) -> Generation:
-    try:
-        return parse_chat(
+    return len(
+        parse_translated_chat(
             chat,
             tokenizer=tokenizer,
             context_length=context_length,
-            options=ChatOptions(tool_call_parser=parser, separate_reasoning=False),
-        )
-    except InvalidArgument as e:
-        raise InvalidArgument(field_name(e.field), e.message) from None
+            tool_call_parser=tool_call_parser,
+            field_name=field_name,
+        ).prompts[0]
+    )
 
 
 def _chat_body(req: rq.InputTokensRequest, history: Sequence[rq.Item]) -> dict[str, Any]:
