@@ -3,14 +3,9 @@
 A step drafts only while at most `speculative_max_batch_size` requests run (a large batch
 is bound by compute, where rejected drafts cost what accepted ones save). A request
 drafts when it decodes (its next token is its last one, read back on the host), did not
-opt out (`SamplingParams.speculative`), and is not resting: a request whose drafts are
-accepted at less than `speculative_min_accept_rate` (a moving average over its verify
-steps, a step where the drafter found nothing counting as none accepted) rests for a
-number of output tokens that doubles each time (8, 16, ... 256), then tries again.
-Resting matters beyond the wasted rows: while any request may draft, the overlap
-scheduler steps synchronously (0.44 ms a step at batch 1 on the H200), so text the
-drafter cannot predict must not keep it so.
-
+opt out (`SamplingParams.speculative`), and is not resting: a request whose drafts are accepted at
+less than `speculative_min_accept_rate` (a moving average over its verify steps) rests
+for a number of output tokens that doubles each time (8, 16, ... 256), then tries again.
 Drafts never run past max_new_tokens or the context. A constrained request's draft is
 cut where its grammar stops allowing it, and carries the grammar's masks at each position
 for verification (text the grammar forces is not drafted: jump-forward appends it).
@@ -98,8 +93,6 @@ class Speculator:
                 draft, mask = self.grammars.check_draft(req, draft)
             if draft:
                 out[req] = Draft(draft, mask)
-            else:  # nothing to draft counts as drafts that failed: the request may rest
-                self._update(req, 0.0)
         return out
 
     def record(self, req: Request, drafted: int, accepted: int) -> None:
@@ -114,12 +107,8 @@ class Speculator:
         req.spec_verify_steps += 1
         req.spec_drafted_tokens += drafted
         req.spec_accepted_tokens += accepted
-        self._update(req, accepted / drafted)
-
-    def _update(self, req: Request, rate: float) -> None:
-        """A step's acceptance rate into the request's average; a rest when it is low."""
         state = self._state(req)
-        state.accept_rate += _EMA * (rate - state.accept_rate)
+        state.accept_rate += _EMA * (accepted / drafted - state.accept_rate)
         if state.accept_rate < self.config.speculative_min_accept_rate:
             state.resume_at = req.num_output_tokens + state.rest
             state.rest = min(2 * state.rest, _MAX_REST)

@@ -229,16 +229,3 @@ def test_constrained_drafts_keep_every_slot_accounted(smollm2_gguf: object) -> N
     assert all(r.grammar is not None and r.grammar.num_forced_tokens > 0 for r in reqs)
     assert reqs[1].output_ids == reqs[0].output_ids[:37]
     assert all_free_after_flush(w)
-
-
-def test_nothing_to_draft_counts_as_failed_drafts() -> None:
-    """A request the drafter finds nothing for rests too, so it does not keep the overlap
-    scheduler synchronous: four empty proposals (1.0 -> 0.7 -> 0.49 -> 0.34 -> 0.24)."""
-    cfg = SpeculativeConfig(speculative="ngram", speculative_min_accept_rate=0.25)
-    spec = Speculator(cfg, _Fixed([]), context_len=1000)
-    req = _decoding([1, 2, 3], [4], max_new_tokens=500)
-    for _ in range(3):
-        assert spec.drafts([req]) == {} and spec.may_draft([req])
-    assert spec.drafts([req]) == {}
-    assert not spec.may_draft([req])  # resting for 8 output tokens
-    assert spec.stats.verify_steps == 0  # nothing was verified
