@@ -549,14 +549,20 @@ class Scheduler:
         if req.first_token_time is None:
             req.first_token_time = now
         self._generated_tokens += 1
-        if req.grammar is not None and self.grammars is not None:
-            # Accepts the token, appends it and any forced string (jump-forward).
-            self.grammars.append(req, token, out.logprobs[i], out.top_logprobs[i], self.output)
-        else:
-            self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
+        self._append(req, token, out.logprobs[i], out.top_logprobs[i])
         if tail and req.finish_reason is None:
             ids.extend(tail)
         return True
+
+    def _append(
+        self, req: Request, token: int, logprob: float | None, top: list[tuple[int, float]] | None
+    ) -> None:
+        """A sampled token through the output path: the grammar's (which accepts it and
+        appends any forced string after it: jump-forward) for a constrained request."""
+        if req.grammar is not None and self.grammars is not None:
+            self.grammars.append(req, token, logprob, top, self.output)
+        else:
+            self.output.append_token(req, token, logprob, top)
 
     def _take_verified(
         self, item: ScheduledRequest, out: ForwardOutput, i: int, now: float
@@ -572,16 +578,12 @@ class Scheduler:
             req.first_token_time = now
         ids = req.token_ids
         start = len(ids) - 1  # the row's first token, the last one before the step
-        constrained = req.grammar is not None and self.grammars is not None
         for token, lp, top in zip(
             verified.tokens, verified.logprobs, verified.top_logprobs, strict=True
         ):
             self._generated_tokens += 1
             before = len(ids)
-            if constrained:
-                self.grammars.append(req, token, lp, top, self.output)  # type: ignore[union-attr]
-            else:
-                self.output.append_token(req, token, lp, top)
+            self._append(req, token, lp, top)
             if req.finish_reason is not None or len(ids) != before + 1 or ids[-1] != token:
                 break  # ended, or forced text (or a retokenized token) took the place
         kept = 1  # the row's first token, then each draft the sequence still holds
