@@ -206,3 +206,51 @@ class EmbedResponse(_message.Message):
     EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     embedding: _common_pb2.Embedding
     def __init__(self, embedding: _Optional[_Union[_common_pb2.Embedding, _Mapping]] = ...) -> None: ...
+
+class PutStoredResponseRequest(_message.Message):
+    __slots__ = ("caller", "response_id", "entry", "ttl_seconds")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    caller: str
+    response_id: str
+    entry: bytes
+    ttl_seconds: float
+    def __init__(self, caller: _Optional[str] = ..., response_id: _Optional[str] = ..., entry: _Optional[bytes] = ..., ttl_seconds: _Optional[float] = ...) -> None: ...
+
+class PutStoredResponseResponse(_message.Message):
+    __slots__ = ("stored",)
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    stored: bool
+    def __init__(self, stored: _Optional[bool] = ...) -> None: ...
+
+class GetStoredResponseRequest(_message.Message):
+    __slots__ = ("caller", "response_id")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    caller: str
+    response_id: str
+    def __init__(self, caller: _Optional[str] = ..., response_id: _Optional[str] = ...) -> None: ...
+
+class GetStoredResponseResponse(_message.Message):
+    __slots__ = ("found", "entry")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    entry: bytes
+    def __init__(self, found: _Optional[bool] = ..., entry: _Optional[bytes] = ...) -> None: ...
+
+class DeleteStoredResponseRequest(_message.Message):
+    __slots__ = ("caller", "response_id")
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    caller: str
+    response_id: str
+    def __init__(self, caller: _Optional[str] = ..., response_id: _Optional[str] = ...) -> None: ...
+
+class DeleteStoredResponseResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...

@@ -85,6 +85,21 @@ class WorkerStub:
                 request_serializer=radixmesh_dot_v1_dot_worker__pb2.StreamOutputsRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_worker__pb2.StreamOutputsResponse.FromString,
                 _registered_method=True)
+        self.PutStoredResponse = channel.unary_unary(
+                '/radixmesh.v1.Worker/PutStoredResponse',
+                request_serializer=radixmesh_dot_v1_dot_worker__pb2.PutStoredResponseRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_worker__pb2.PutStoredResponseResponse.FromString,
+                _registered_method=True)
+        self.GetStoredResponse = channel.unary_unary(
+                '/radixmesh.v1.Worker/GetStoredResponse',
+                request_serializer=radixmesh_dot_v1_dot_worker__pb2.GetStoredResponseRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_worker__pb2.GetStoredResponseResponse.FromString,
+                _registered_method=True)
+        self.DeleteStoredResponse = channel.unary_unary(
+                '/radixmesh.v1.Worker/DeleteStoredResponse',
+                request_serializer=radixmesh_dot_v1_dot_worker__pb2.DeleteStoredResponseRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_worker__pb2.DeleteStoredResponseResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -164,6 +179,28 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutStoredResponse(self, request, context):
+        """Keep a finished response of OpenAI's Responses API for `previous_response_id`,
+        retrieve and delete through any router replica (bounded and expiring on the worker).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetStoredResponse(self, request, context):
+        """A stored response, when this worker still holds it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteStoredResponse(self, request, context):
+        """Forget a stored response.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -216,6 +253,21 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.StreamOutputs,
                     request_deserializer=radixmesh_dot_v1_dot_worker__pb2.StreamOutputsRequest.FromString,
                     response_serializer=radixmesh_dot_v1_dot_worker__pb2.StreamOutputsResponse.SerializeToString,
+            ),
+            'PutStoredResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutStoredResponse,
+                    request_deserializer=radixmesh_dot_v1_dot_worker__pb2.PutStoredResponseRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_worker__pb2.PutStoredResponseResponse.SerializeToString,
+            ),
+            'GetStoredResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStoredResponse,
+                    request_deserializer=radixmesh_dot_v1_dot_worker__pb2.GetStoredResponseRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_worker__pb2.GetStoredResponseResponse.SerializeToString,
+            ),
+            'DeleteStoredResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteStoredResponse,
+                    request_deserializer=radixmesh_dot_v1_dot_worker__pb2.DeleteStoredResponseRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_worker__pb2.DeleteStoredResponseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -489,6 +541,87 @@ class Worker:
             '/radixmesh.v1.Worker/StreamOutputs',
             radixmesh_dot_v1_dot_worker__pb2.StreamOutputsRequest.SerializeToString,
             radixmesh_dot_v1_dot_worker__pb2.StreamOutputsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutStoredResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.Worker/PutStoredResponse',
+            radixmesh_dot_v1_dot_worker__pb2.PutStoredResponseRequest.SerializeToString,
+            radixmesh_dot_v1_dot_worker__pb2.PutStoredResponseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStoredResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.Worker/GetStoredResponse',
+            radixmesh_dot_v1_dot_worker__pb2.GetStoredResponseRequest.SerializeToString,
+            radixmesh_dot_v1_dot_worker__pb2.GetStoredResponseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteStoredResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixmesh.v1.Worker/DeleteStoredResponse',
+            radixmesh_dot_v1_dot_worker__pb2.DeleteStoredResponseRequest.SerializeToString,
+            radixmesh_dot_v1_dot_worker__pb2.DeleteStoredResponseResponse.FromString,
             options,
             channel_credentials,
             insecure,
