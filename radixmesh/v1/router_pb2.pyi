@@ -24,12 +24,24 @@ class RouterGenerateRequest(_message.Message):
     def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., stream: _Optional[bool] = ..., program_id: _Optional[str] = ..., shared_prefix_tokens: _Optional[int] = ...) -> None: ...
 
 class RouterGenerateResponse(_message.Message):
-    __slots__ = ("chunk", "worker_id")
+    __slots__ = ("chunk", "worker_id", "stream_id", "offset")
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     chunk: _common_pb2.GenerateChunk
     worker_id: str
-    def __init__(self, chunk: _Optional[_Union[_common_pb2.GenerateChunk, _Mapping]] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    stream_id: str
+    offset: int
+    def __init__(self, chunk: _Optional[_Union[_common_pb2.GenerateChunk, _Mapping]] = ..., worker_id: _Optional[str] = ..., stream_id: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ResumeRequest(_message.Message):
+    __slots__ = ("stream_id", "offset")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    stream_id: str
+    offset: int
+    def __init__(self, stream_id: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class SelectRequest(_message.Message):
     __slots__ = ("input", "choices")

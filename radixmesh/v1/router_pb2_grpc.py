@@ -45,6 +45,11 @@ class RouterStub:
                 request_serializer=radixmesh_dot_v1_dot_router__pb2.SelectRequest.SerializeToString,
                 response_deserializer=radixmesh_dot_v1_dot_router__pb2.SelectResponse.FromString,
                 _registered_method=True)
+        self.Resume = channel.unary_stream(
+                '/radixmesh.v1.Router/Resume',
+                request_serializer=radixmesh_dot_v1_dot_router__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=radixmesh_dot_v1_dot_router__pb2.RouterGenerateResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/radixmesh.v1.Router/Abort',
                 request_serializer=radixmesh_dot_v1_dot_router__pb2.RouterAbortRequest.SerializeToString,
@@ -85,6 +90,13 @@ class RouterServicer:
 
     def Select(self, request, context):
         """Pick the most likely of several continuations (the language's `select`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Continue a stream whose router went away (any replica will do), from an offset.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -137,6 +149,11 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.Select,
                     request_deserializer=radixmesh_dot_v1_dot_router__pb2.SelectRequest.FromString,
                     response_serializer=radixmesh_dot_v1_dot_router__pb2.SelectResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_stream_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=radixmesh_dot_v1_dot_router__pb2.ResumeRequest.FromString,
+                    response_serializer=radixmesh_dot_v1_dot_router__pb2.RouterGenerateResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -219,6 +236,33 @@ class Router:
             '/radixmesh.v1.Router/Select',
             radixmesh_dot_v1_dot_router__pb2.SelectRequest.SerializeToString,
             radixmesh_dot_v1_dot_router__pb2.SelectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/radixmesh.v1.Router/Resume',
+            radixmesh_dot_v1_dot_router__pb2.ResumeRequest.SerializeToString,
+            radixmesh_dot_v1_dot_router__pb2.RouterGenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,20 +26,34 @@ CACHE_EVENT_KIND_OFFLOADED: CacheEventKind
 CACHE_EVENT_KIND_LOADED: CacheEventKind
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("input", "sampling_params", "request_id", "stream", "first_and_rest", "output_stream")
+    __slots__ = ("input", "sampling_params", "request_id", "stream", "first_and_rest", "output_stream", "resumable", "owner", "resume_from")
     INPUT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     FIRST_AND_REST_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_STREAM_FIELD_NUMBER: _ClassVar[int]
+    RESUMABLE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     input: _common_pb2.Input
     sampling_params: _common_pb2.SamplingParams
     request_id: str
     stream: bool
     first_and_rest: bool
     output_stream: str
-    def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., stream: _Optional[bool] = ..., first_and_rest: _Optional[bool] = ..., output_stream: _Optional[str] = ...) -> None: ...
+    resumable: bool
+    owner: str
+    resume_from: ResumeFrom
+    def __init__(self, input: _Optional[_Union[_common_pb2.Input, _Mapping]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., stream: _Optional[bool] = ..., first_and_rest: _Optional[bool] = ..., output_stream: _Optional[str] = ..., resumable: _Optional[bool] = ..., owner: _Optional[str] = ..., resume_from: _Optional[_Union[ResumeFrom, _Mapping]] = ...) -> None: ...
+
+class ResumeFrom(_message.Message):
+    __slots__ = ("request_id", "offset")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    offset: int
+    def __init__(self, request_id: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class StreamOutputsRequest(_message.Message):
     __slots__ = ("stream_id",)

@@ -121,7 +121,8 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
-        """Abort a request by id; its stream ends with FINISH_REASON_ABORT.
+        """Abort a request by id (also one held for a resume); its stream ends with
+        FINISH_REASON_ABORT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
