@@ -40,7 +40,8 @@ def test_stubs_import_and_name_the_services() -> None:
     assert worker.full_name == "radixmesh.v1.Worker"
     assert [m.name for m in worker.methods] == [
         "Generate", "Score", "Abort", "GetLoad", "StreamCacheEvents", "GetCacheSnapshot",
-        "FlushCache", "GetModelInfo", "Embed", "StreamOutputs",
+        "FlushCache", "GetModelInfo", "Embed", "StreamOutputs", "PutStoredResponse",
+        "GetStoredResponse", "DeleteStoredResponse",
     ]  # fmt: skip
     assert [m.name for m in router.methods] == [
         "Generate", "Select", "Abort", "ClusterStatus", "FlushCache", "GetModelInfo", "Embed",
