@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from radixmesh.v1 import common_pb2 as radixmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19radixmesh/v1/router.proto\x12\x0cradixmesh.v1\x1a\x19radixmesh/v1/common.proto\"\xc8\x01\n\x15RouterGenerateRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\x12\n\nprogram_id\x18\x05 \x01(\t\x12\x1c\n\x14shared_prefix_tokens\x18\x06 \x01(\r\"z\n\x16RouterGenerateResponse\x12*\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tstream_id\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\"2\n\rResumeRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"D\n\rSelectRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x0f\n\x07\x63hoices\x18\x02 \x03(\t\"`\n\x0eSelectResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x1b\n\x13normalized_logprobs\x18\x03 \x03(\x01\x12\x14\n\x0csum_logprobs\x18\x04 \x03(\x01\"(\n\x12RouterAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"$\n\x13RouterAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x16\n\x14\x43lusterStatusRequest\"\xcd\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x05 \x01(\r\x12\x16\n\x0ekv_tokens_used\x18\x06 \x01(\x04\x12\x17\n\x0fkv_tokens_total\x18\x07 \x01(\x04\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x08 \x01(\x01\x12\x15\n\rcached_blocks\x18\t \x01(\x04\"W\n\x15\x43lusterStatusResponse\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.radixmesh.v1.WorkerStatus\x12\x11\n\trouter_id\x18\x02 \x01(\t\"\x19\n\x17RouterFlushCacheRequest\":\n\x18RouterFlushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\r\x12\r\n\x05total\x18\x02 \x01(\r\"\x1b\n\x19RouterGetModelInfoRequest\"C\n\x1aRouterGetModelInfoResponse\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.ModelInfo\"t\n\x12RouterEmbedRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12&\n\x07pooling\x18\x02 \x01(\x0e\x32\x15.radixmesh.v1.Pooling\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"T\n\x13RouterEmbedResponse\x12*\n\tembedding\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.Embedding\x12\x11\n\tworker_id\x18\x02 \x01(\t2\xab\x05\n\x06Router\x12W\n\x08Generate\x12#.radixmesh.v1.RouterGenerateRequest\x1a$.radixmesh.v1.RouterGenerateResponse0\x01\x12\x43\n\x06Select\x12\x1b.radixmesh.v1.SelectRequest\x1a\x1c.radixmesh.v1.SelectResponse\x12M\n\x06Resume\x12\x1b.radixmesh.v1.ResumeRequest\x1a$.radixmesh.v1.RouterGenerateResponse0\x01\x12L\n\x05\x41\x62ort\x12 .radixmesh.v1.RouterAbortRequest\x1a!.radixmesh.v1.RouterAbortResponse\x12X\n\rClusterStatus\x12\".radixmesh.v1.ClusterStatusRequest\x1a#.radixmesh.v1.ClusterStatusResponse\x12[\n\nFlushCache\x12%.radixmesh.v1.RouterFlushCacheRequest\x1a&.radixmesh.v1.RouterFlushCacheResponse\x12\x61\n\x0cGetModelInfo\x12\'.radixmesh.v1.RouterGetModelInfoRequest\x1a(.radixmesh.v1.RouterGetModelInfoResponse\x12L\n\x05\x45mbed\x12 .radixmesh.v1.RouterEmbedRequest\x1a!.radixmesh.v1.RouterEmbedResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19radixmesh/v1/router.proto\x12\x0cradixmesh.v1\x1a\x19radixmesh/v1/common.proto\"\xc8\x01\n\x15RouterGenerateRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\x12\n\nprogram_id\x18\x05 \x01(\t\x12\x1c\n\x14shared_prefix_tokens\x18\x06 \x01(\r\"z\n\x16RouterGenerateResponse\x12*\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tstream_id\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\"2\n\rResumeRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"r\n\x0eResumeResponse\x12*\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x11\n\tstream_id\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x04\"D\n\rSelectRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x0f\n\x07\x63hoices\x18\x02 \x03(\t\"`\n\x0eSelectResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x1b\n\x13normalized_logprobs\x18\x03 \x03(\x01\x12\x14\n\x0csum_logprobs\x18\x04 \x03(\x01\"(\n\x12RouterAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"$\n\x13RouterAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x16\n\x14\x43lusterStatusRequest\"\xcd\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x05 \x01(\r\x12\x16\n\x0ekv_tokens_used\x18\x06 \x01(\x04\x12\x17\n\x0fkv_tokens_total\x18\x07 \x01(\x04\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x08 \x01(\x01\x12\x15\n\rcached_blocks\x18\t \x01(\x04\"W\n\x15\x43lusterStatusResponse\x12+\n\x07workers\x18\x01 \x03(\x0b\x32\x1a.radixmesh.v1.WorkerStatus\x12\x11\n\trouter_id\x18\x02 \x01(\t\"\x19\n\x17RouterFlushCacheRequest\":\n\x18RouterFlushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\r\x12\r\n\x05total\x18\x02 \x01(\r\"\x1b\n\x19RouterGetModelInfoRequest\"C\n\x1aRouterGetModelInfoResponse\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.ModelInfo\"t\n\x12RouterEmbedRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12&\n\x07pooling\x18\x02 \x01(\x0e\x32\x15.radixmesh.v1.Pooling\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"T\n\x13RouterEmbedResponse\x12*\n\tembedding\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.Embedding\x12\x11\n\tworker_id\x18\x02 \x01(\t2\xa3\x05\n\x06Router\x12W\n\x08Generate\x12#.radixmesh.v1.RouterGenerateRequest\x1a$.radixmesh.v1.RouterGenerateResponse0\x01\x12\x43\n\x06Select\x12\x1b.radixmesh.v1.SelectRequest\x1a\x1c.radixmesh.v1.SelectResponse\x12\x45\n\x06Resume\x12\x1b.radixmesh.v1.ResumeRequest\x1a\x1c.radixmesh.v1.ResumeResponse0\x01\x12L\n\x05\x41\x62ort\x12 .radixmesh.v1.RouterAbortRequest\x1a!.radixmesh.v1.RouterAbortResponse\x12X\n\rClusterStatus\x12\".radixmesh.v1.ClusterStatusRequest\x1a#.radixmesh.v1.ClusterStatusResponse\x12[\n\nFlushCache\x12%.radixmesh.v1.RouterFlushCacheRequest\x1a&.radixmesh.v1.RouterFlushCacheResponse\x12\x61\n\x0cGetModelInfo\x12\'.radixmesh.v1.RouterGetModelInfoRequest\x1a(.radixmesh.v1.RouterGetModelInfoResponse\x12L\n\x05\x45mbed\x12 .radixmesh.v1.RouterEmbedRequest\x1a!.radixmesh.v1.RouterEmbedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,32 +38,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTERGENERATERESPONSE']._serialized_end=395
   _globals['_RESUMEREQUEST']._serialized_start=397
   _globals['_RESUMEREQUEST']._serialized_end=447
-  _globals['_SELECTREQUEST']._serialized_start=449
-  _globals['_SELECTREQUEST']._serialized_end=517
-  _globals['_SELECTRESPONSE']._serialized_start=519
-  _globals['_SELECTRESPONSE']._serialized_end=615
-  _globals['_ROUTERABORTREQUEST']._serialized_start=617
-  _globals['_ROUTERABORTREQUEST']._serialized_end=657
-  _globals['_ROUTERABORTRESPONSE']._serialized_start=659
-  _globals['_ROUTERABORTRESPONSE']._serialized_end=695
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=697
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=719
-  _globals['_WORKERSTATUS']._serialized_start=722
-  _globals['_WORKERSTATUS']._serialized_end=927
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=929
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1016
-  _globals['_ROUTERFLUSHCACHEREQUEST']._serialized_start=1018
-  _globals['_ROUTERFLUSHCACHEREQUEST']._serialized_end=1043
-  _globals['_ROUTERFLUSHCACHERESPONSE']._serialized_start=1045
-  _globals['_ROUTERFLUSHCACHERESPONSE']._serialized_end=1103
-  _globals['_ROUTERGETMODELINFOREQUEST']._serialized_start=1105
-  _globals['_ROUTERGETMODELINFOREQUEST']._serialized_end=1132
-  _globals['_ROUTERGETMODELINFORESPONSE']._serialized_start=1134
-  _globals['_ROUTERGETMODELINFORESPONSE']._serialized_end=1201
-  _globals['_ROUTEREMBEDREQUEST']._serialized_start=1203
-  _globals['_ROUTEREMBEDREQUEST']._serialized_end=1319
-  _globals['_ROUTEREMBEDRESPONSE']._serialized_start=1321
-  _globals['_ROUTEREMBEDRESPONSE']._serialized_end=1405
-  _globals['_ROUTER']._serialized_start=1408
-  _globals['_ROUTER']._serialized_end=2091
+  _globals['_RESUMERESPONSE']._serialized_start=449
+  _globals['_RESUMERESPONSE']._serialized_end=563
+  _globals['_SELECTREQUEST']._serialized_start=565
+  _globals['_SELECTREQUEST']._serialized_end=633
+  _globals['_SELECTRESPONSE']._serialized_start=635
+  _globals['_SELECTRESPONSE']._serialized_end=731
+  _globals['_ROUTERABORTREQUEST']._serialized_start=733
+  _globals['_ROUTERABORTREQUEST']._serialized_end=773
+  _globals['_ROUTERABORTRESPONSE']._serialized_start=775
+  _globals['_ROUTERABORTRESPONSE']._serialized_end=811
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=813
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=835
+  _globals['_WORKERSTATUS']._serialized_start=838
+  _globals['_WORKERSTATUS']._serialized_end=1043
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1045
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1132
+  _globals['_ROUTERFLUSHCACHEREQUEST']._serialized_start=1134
+  _globals['_ROUTERFLUSHCACHEREQUEST']._serialized_end=1159
+  _globals['_ROUTERFLUSHCACHERESPONSE']._serialized_start=1161
+  _globals['_ROUTERFLUSHCACHERESPONSE']._serialized_end=1219
+  _globals['_ROUTERGETMODELINFOREQUEST']._serialized_start=1221
+  _globals['_ROUTERGETMODELINFOREQUEST']._serialized_end=1248
+  _globals['_ROUTERGETMODELINFORESPONSE']._serialized_start=1250
+  _globals['_ROUTERGETMODELINFORESPONSE']._serialized_end=1317
+  _globals['_ROUTEREMBEDREQUEST']._serialized_start=1319
+  _globals['_ROUTEREMBEDREQUEST']._serialized_end=1435
+  _globals['_ROUTEREMBEDRESPONSE']._serialized_start=1437
+  _globals['_ROUTEREMBEDRESPONSE']._serialized_end=1521
+  _globals['_ROUTER']._serialized_start=1524
+  _globals['_ROUTER']._serialized_end=2199
 # @@protoc_insertion_point(module_scope)

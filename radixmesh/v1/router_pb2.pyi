@@ -43,6 +43,18 @@ class ResumeRequest(_message.Message):
     offset: int
     def __init__(self, stream_id: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
+class ResumeResponse(_message.Message):
+    __slots__ = ("chunk", "worker_id", "stream_id", "offset")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    chunk: _common_pb2.GenerateChunk
+    worker_id: str
+    stream_id: str
+    offset: int
+    def __init__(self, chunk: _Optional[_Union[_common_pb2.GenerateChunk, _Mapping]] = ..., worker_id: _Optional[str] = ..., stream_id: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
 class SelectRequest(_message.Message):
     __slots__ = ("input", "choices")
     INPUT_FIELD_NUMBER: _ClassVar[int]

@@ -48,7 +48,7 @@ class RouterStub:
         self.Resume = channel.unary_stream(
                 '/radixmesh.v1.Router/Resume',
                 request_serializer=radixmesh_dot_v1_dot_router__pb2.ResumeRequest.SerializeToString,
-                response_deserializer=radixmesh_dot_v1_dot_router__pb2.RouterGenerateResponse.FromString,
+                response_deserializer=radixmesh_dot_v1_dot_router__pb2.ResumeResponse.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/radixmesh.v1.Router/Abort',
@@ -153,7 +153,7 @@ def add_RouterServicer_to_server(servicer, server):
             'Resume': grpc.unary_stream_rpc_method_handler(
                     servicer.Resume,
                     request_deserializer=radixmesh_dot_v1_dot_router__pb2.ResumeRequest.FromString,
-                    response_serializer=radixmesh_dot_v1_dot_router__pb2.RouterGenerateResponse.SerializeToString,
+                    response_serializer=radixmesh_dot_v1_dot_router__pb2.ResumeResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -262,7 +262,7 @@ class Router:
             target,
             '/radixmesh.v1.Router/Resume',
             radixmesh_dot_v1_dot_router__pb2.ResumeRequest.SerializeToString,
-            radixmesh_dot_v1_dot_router__pb2.RouterGenerateResponse.FromString,
+            radixmesh_dot_v1_dot_router__pb2.ResumeResponse.FromString,
             options,
             channel_credentials,
             insecure,
