@@ -76,6 +76,10 @@ class PermissionDenied(RadixMeshError):
     """The API key is valid but not allowed this (an admin RPC without an admin key)."""
 
 
+class NotFound(RadixMeshError):
+    """What the request names is not there (a stream to resume that no worker holds)."""
+
+
 class Internal(RadixMeshError):
     """A bug: the server failed in a way the request did not cause."""
 
@@ -105,6 +109,7 @@ CATALOGUE: tuple[CatalogueEntry, ...] = (
     CatalogueEntry(Unauthenticated, "UNAUTHENTICATED", 401, "a missing or wrong API key"),
     CatalogueEntry(PermissionDenied, "PERMISSION_DENIED", 403, "an admin RPC without an admin key"),
     CatalogueEntry(RequestAborted, "ABORTED", 409, "the request was aborted"),
+    CatalogueEntry(NotFound, "NOT_FOUND", 404, "a stream to resume that no worker holds"),
     CatalogueEntry(Internal, "INTERNAL", 500, "a server bug"),
 )
 

@@ -10,6 +10,7 @@ from radixmesh.errors import (
     DeadlineExceeded,
     Internal,
     InvalidArgument,
+    NotFound,
     Overloaded,
     PermissionDenied,
     RadixMeshError,
@@ -71,12 +72,16 @@ def test_request_aborted() -> None:
     _roundtrip(RequestAborted("aborted by the client"), "ABORTED", 409)
 
 
+def test_not_found() -> None:
+    _roundtrip(NotFound("no stream 'x' is held here"), "NOT_FOUND", 404)
+
+
 def test_internal() -> None:
     _roundtrip(Internal("RuntimeError: boom"), "INTERNAL", 500)
 
 
 def test_catalogue_has_one_entry_per_class_and_no_unknown() -> None:
-    assert len({e.error for e in CATALOGUE}) == len(CATALOGUE) == 9
+    assert len({e.error for e in CATALOGUE}) == len(CATALOGUE) == 10
     assert all(e.grpc_status != "UNKNOWN" for e in CATALOGUE)
 
 
