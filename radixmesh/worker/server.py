@@ -59,7 +59,9 @@ from radixmesh.worker.proto_out import (
     load_to_proto,
     model_info_to_proto,
 )
+from radixmesh.worker.resumable import HeldRequests, OutputLog, ResumeConfig
 from radixmesh.worker.stats import SchedulerStats
+from radixmesh.worker.stored_responses import StoredResponses
 
 if TYPE_CHECKING:
     from radixmesh.worker.request_output import RequestOutput
@@ -90,6 +92,9 @@ class ServerConfig:
     engine_process: bool = True
     # Seconds between stats log lines while serving (logged when they changed); 0: none.
     log_stats_interval: float = 10.0
+    # How long and how much a resumable request's output is held once its caller's
+    # connection dropped (resumable.py).
+    resume: ResumeConfig = field(default_factory=ResumeConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -137,8 +142,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.in_flight: set[str] = set()
         self.output_streams: dict[str, OutputStream] = {}  # StreamOutputs' by name
         self.scoring = 0  # continuations of Score calls in flight (each one request)
+        # Resumable requests, held for a resume when their caller went away.
+        self.held = HeldRequests(config.resume, self._abort_in_engine)
         self.max_in_flight = config.max_in_flight or 0
         self._load_samples: collections.deque[tuple[float, int]] = collections.deque()
+        # The Responses API's stored entries that router replicas put here (any replica
+        # finds them again by the response id, which names this worker).
+        self.stored_responses = StoredResponses()
 
     def attach(self, engine: ServingEngine, hub: CacheEventHub) -> None:
         sc = engine.config.scheduler
@@ -149,8 +159,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     @property
     def busy(self) -> int:
-        """Requests in flight: Generate streams and Score continuations."""
-        return len(self.in_flight) + self.scoring
+        """Requests in flight: Generate streams, resumable requests still generating and
+        Score continuations."""
+        held = sum(1 for log in self.held.logs.values() if not log.finished)
+        return len(self.in_flight) + held + self.scoring
+
+    def _abort_in_engine(self, rid: str) -> None:
+        if self.engine is not None:
+            self.engine.abort(rid)
 
     def read_stats(self) -> SchedulerStats | None:
         engine = self.engine
@@ -166,21 +182,31 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        rid = request.request_id or uuid.uuid4().hex
+        resume = request.resume_from if request.HasField("resume_from") else None
+        rid = (resume.request_id if resume else request.request_id) or uuid.uuid4().hex
         stream: AsyncIterator[RequestOutput] | None = None
         sink: OutputStream | None = None
+        log: OutputLog | None = None
         finished = False
         try:
             engine = self._engine()
-            self._admit(1)
-            if rid in self.in_flight:
-                raise InvalidArgument("request_id", f"request {rid!r} is already in flight")
-            ids = self._input_ids(request.input)
-            params = params_from_proto(request.sampling_params)
-            stream = engine.async_stream(ids, params, rid=rid)
-            self._announce(engine, ids)
-            self.in_flight.add(rid)
-            outputs = self._timed(stream)
+            if resume is not None:  # a held request (resumable.py): no new work
+                log = self.held.attach(rid, request.owner)
+                outputs = log.follow(resume.offset)
+            else:
+                self._admit(1)
+                if rid in self.in_flight or rid in self.held.logs:
+                    raise InvalidArgument("request_id", f"request {rid!r} is already in flight")
+                ids = self._input_ids(request.input)
+                params = params_from_proto(request.sampling_params)
+                stream = engine.async_stream(ids, params, rid=rid)
+                self._announce(engine, ids)
+                if request.resumable:
+                    log = self.held.start(rid, request.owner, self._timed(stream))
+                    outputs = log.follow(0)
+                else:
+                    self.in_flight.add(rid)
+                    outputs = self._timed(stream)
             sink = self.output_streams.get(request.output_stream)
             if sink is not None:
                 first = True
@@ -208,12 +234,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             logger.exception("Generate failed")
             await abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
         finally:
-            # A cancelled / disconnected / expired stream: abort it in the engine now.
-            if stream is not None and not finished and self.engine is not None:
+            if log is not None:
+                # A resumable request runs on without its call (an Abort ends it).
+                self.held.detach(log)
+            elif stream is not None and not finished and self.engine is not None:
+                # A cancelled / disconnected / expired stream: abort it in the engine now.
                 self.engine.abort(rid)
             if sink is not None and not finished:
                 sink.discard(rid)  # what it held for a request that ends with an error
-            self.in_flight.discard(rid)
+            if log is None:
+                self.in_flight.discard(rid)
 
     def _announce(self, engine: ServingEngine, ids: list[int]) -> None:
         """Tell the routers (cache-event subscribers) which prefix blocks this request
@@ -226,7 +256,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _admit(self, n: int) -> None:
         """Overloaded unless n more requests fit (Generate streams and Score continuations
         count alike)."""
-        busy = len(self.in_flight) + self.scoring
+        busy = self.busy
         if busy + n > self.max_in_flight:
             raise Overloaded(
                 f"{busy} requests in flight, {n} more would pass the limit of "
@@ -321,6 +351,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             found = request.request_id in self.in_flight
             if found:
                 engine.abort(request.request_id)
+            found = self.held.abort(request.request_id) or found
             return worker_pb2.AbortResponse(found=found)
 
         return await _unary(context, run)
@@ -444,6 +475,39 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 template if isinstance(template, str) else "",
             )
             return worker_pb2.GetModelInfoResponse(info=info)
+
+        return await _unary(context, run)
+
+    # ---- stored responses (worker/stored_responses.py) ---------------------------------
+
+    async def PutStoredResponse(
+        self, request: worker_pb2.PutStoredResponseRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PutStoredResponseResponse:
+        async def run() -> worker_pb2.PutStoredResponseResponse:
+            stored = self.stored_responses.put(
+                request.caller, request.response_id, request.entry, request.ttl_seconds
+            )
+            return worker_pb2.PutStoredResponseResponse(stored=stored)
+
+        return await _unary(context, run)
+
+    async def GetStoredResponse(
+        self, request: worker_pb2.GetStoredResponseRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.GetStoredResponseResponse:
+        async def run() -> worker_pb2.GetStoredResponseResponse:
+            entry = self.stored_responses.get(request.caller, request.response_id)
+            if entry is None:
+                return worker_pb2.GetStoredResponseResponse(found=False)
+            return worker_pb2.GetStoredResponseResponse(found=True, entry=entry)
+
+        return await _unary(context, run)
+
+    async def DeleteStoredResponse(
+        self, request: worker_pb2.DeleteStoredResponseRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.DeleteStoredResponseResponse:
+        async def run() -> worker_pb2.DeleteStoredResponseResponse:
+            deleted = self.stored_responses.delete(request.caller, request.response_id)
+            return worker_pb2.DeleteStoredResponseResponse(deleted=deleted)
 
         return await _unary(context, run)
 
