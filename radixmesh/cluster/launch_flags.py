@@ -34,7 +34,14 @@ from radixmesh.cluster.flags import (
     merged_field_docs,
 )
 from radixmesh.cluster.router_flags import router_options
-from radixmesh.cluster.spec import DEVICES, ROUTER_PLACEMENTS, STRATEGIES, LaunchSpec, RayOptions
+from radixmesh.cluster.spec import (
+    DEVICES,
+    ROUTER_PLACEMENTS,
+    STRATEGIES,
+    WORKER_PLACEMENTS,
+    LaunchSpec,
+    RayOptions,
+)
 from radixmesh.errors import InvalidArgument
 
 # LaunchSpec fields set another way: the router's settings (its own generated flags), the
@@ -89,7 +96,7 @@ def add_launch_flags(parser: argparse.ArgumentParser) -> None:
 
     choices = {
         "policy": sorted(POLICIES), "device": DEVICES, "placement_strategy": STRATEGIES,
-        "router_placement": ROUTER_PLACEMENTS,
+        "router_placement": ROUTER_PLACEMENTS, "worker_placement": WORKER_PLACEMENTS,
     }  # fmt: skip
     parse = {
         "worker_args": (lambda s: tuple(shlex.split(s)), "'FLAGS'"),

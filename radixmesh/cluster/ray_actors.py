@@ -28,17 +28,6 @@ _PR_SET_PDEATHSIG = 1
 _ANY_HOST = ("0.0.0.0", "::", "")
 
 
-def rank_resources(use_gpu: bool, cpus_per_rank: float) -> dict[str, float]:
-    """What one tensor-parallel rank asks Ray for (as actor options)."""
-    return {"num_gpus": 1.0, "num_cpus": cpus_per_rank} if use_gpu else {"num_cpus": cpus_per_rank}
-
-
-def bundles(tp_size: int, use_gpu: bool, cpus_per_rank: float) -> list[dict[str, float]]:
-    """The placement group of one worker: a bundle per tensor-parallel rank."""
-    bundle = {"GPU": 1.0, "CPU": cpus_per_rank} if use_gpu else {"CPU": cpus_per_rank}
-    return [{k: v for k, v in bundle.items() if v} for _ in range(tp_size)]
-
-
 def advertised_host(bind_host: str, node_ip: str) -> str:
     """The address others reach a server at: the node's IP when it binds every interface."""
     return node_ip if bind_host in _ANY_HOST else bind_host
@@ -111,6 +100,12 @@ class WorkerActor:
     def metrics_address(self) -> str:
         """host:port of this worker's Prometheus /metrics, as of its latest (re)start."""
         return self._metrics_address
+
+    def node_id(self) -> str:
+        """The Ray node this actor runs on (after a restart: where it was placed again)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
 
     def pids(self) -> tuple[int, int]:
         """(the actor's process, the worker subprocess)."""

@@ -68,15 +68,10 @@ from pathlib import Path
 from typing import Any
 
 from radixmesh.cluster.launch import supervise, wait_router_ready
-from radixmesh.cluster.ray_actors import (
-    GpuReservation,
-    RouterActor,
-    WorkerActor,
-    bundles,
-    rank_resources,
-)
+from radixmesh.cluster.ray_actors import GpuReservation, RouterActor, WorkerActor
+from radixmesh.cluster.ray_placement import WorkerPlacement, rank_resources
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
-from radixmesh.errors import InvalidArgument, Unavailable, Unimplemented
+from radixmesh.errors import Unavailable, Unimplemented
 
 
 class RayCluster:
@@ -91,6 +86,7 @@ class RayCluster:
         self.routers: list[Any] = []  # RouterActor handles, router-i at index i
         self.addresses: list[str] = []  # each router's, once ready
         self._router_group: Any = None  # the routers' placement group ("spread")
+        self._placement: WorkerPlacement | None = None  # the workers' groups
         self._owns_ray = False
         self._dead: set[str] = set()  # workers and routers dead for good, already logged
 
@@ -136,8 +132,13 @@ class RayCluster:
         worker_args = c.worker_args
         if c.tp_size > 1:
             worker_args = (*worker_args, "--tp-size", str(c.tp_size))
-        for _ in range(c.workers):
-            self.workers.append(self._start_worker(ray, use_gpu, worker_args))
+        self._placement = WorkerPlacement(
+            o.worker_placement, c.workers, c.tp_size, use_gpu, o.cpus_per_worker,
+            o.placement_strategy,
+        )  # fmt: skip
+        self.placement_groups.extend(self._placement.groups)
+        for i in range(c.workers):
+            self.workers.append(self._start_worker(ray, i, use_gpu, worker_args))
         self._start_routers(ray)
 
     def _start_routers(self, ray: Any) -> None:
@@ -171,49 +172,47 @@ class RayCluster:
             )
             self.routers.append(actor.remote(c, self.workers, i, pg))
 
-    def _start_worker(self, ray: Any, use_gpu: bool, worker_args: tuple[str, ...]) -> Any:
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
+    def _start_worker(
+        self, ray: Any, index: int, use_gpu: bool, worker_args: tuple[str, ...]
+    ) -> Any:
+        """Worker `index`: its actor (rank 0) and a reservation per other rank, each where
+        the workers' placement puts it (ray_placement.py)."""
         c, o = self.config, self.options
-        key = c.worker_api_key
+        placement = self._placement
+        assert placement is not None
         rank = rank_resources(use_gpu, o.cpus_per_worker)
-        if c.tp_size == 1:
-            actor = ray.remote(WorkerActor).options(max_restarts=o.ray_max_restarts, **rank)
-            return actor.remote(
-                c.model, c.host, worker_args, c.stop_timeout, None, o.worker_metrics_port, key
-            )
-        if not use_gpu and o.cpus_per_worker <= 0:
-            raise InvalidArgument(
-                "cpus_per_worker", "must be > 0 for a CPU tensor-parallel worker (its bundles)"
-            )
-        pg = placement_group(
-            bundles(c.tp_size, use_gpu, o.cpus_per_worker), strategy=o.placement_strategy
-        )
-        self.placement_groups.append(pg)
 
-        def in_bundle(i: int) -> PlacementGroupSchedulingStrategy:
-            return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+        def where(r: int) -> dict[str, Any]:
+            strategy = placement.strategy(index, r)
+            return {} if strategy is None else {"scheduling_strategy": strategy}
 
         peers = [
-            ray.remote(GpuReservation)
-            .options(max_restarts=-1, scheduling_strategy=in_bundle(i), **rank)
-            .remote()
-            for i in range(1, c.tp_size)
+            ray.remote(GpuReservation).options(max_restarts=-1, **where(r), **rank).remote()
+            for r in range(1, c.tp_size)
         ]
         self.reservations.extend(peers)
         gpu_peers = peers if use_gpu else None  # GpuReservation handles
-        actor = ray.remote(WorkerActor).options(
-            max_restarts=o.ray_max_restarts, scheduling_strategy=in_bundle(0), **rank
-        )
+        actor = ray.remote(WorkerActor).options(max_restarts=o.ray_max_restarts, **where(0), **rank)
         return actor.remote(
-            c.model, c.host, worker_args, c.stop_timeout, gpu_peers, o.worker_metrics_port, key
-        )
+            c.model, c.host, worker_args, c.stop_timeout, gpu_peers, o.worker_metrics_port,
+            c.worker_api_key,
+        )  # fmt: skip
 
     def worker_addresses(self) -> list[str]:
         import ray
 
         return [str(a) for a in ray.get([w.address.remote() for w in self.workers])]
+
+    def worker_nodes(self) -> list[str]:
+        """The Ray node id each worker actor runs on now (as the actor itself says)."""
+        import ray
+
+        return [str(n) for n in ray.get([w.node_id.remote() for w in self.workers])]
+
+    def worker_bundle_nodes(self) -> list[str] | None:
+        """The node id of each worker's bundle in the placement group table (spread
+        placement; None otherwise; "" for a bundle waiting for room)."""
+        return None if self._placement is None else self._placement.bundle_nodes()
 
     def worker_metrics_addresses(self) -> list[str]:
         import ray

@@ -21,6 +21,7 @@ from radixmesh.router.policy import POLICIES
 DEVICES = ("auto", "cuda", "cpu")
 STRATEGIES = ("STRICT_PACK", "PACK")
 ROUTER_PLACEMENTS = ("driver", "spread")
+WORKER_PLACEMENTS = ("any", "spread")
 # RouterConfig fields the spec sets itself (from its own fields, or per backend).
 _SET_BY_THE_SPEC = (
     "workers", "host", "port", "policy", "api_keys", "admin_keys", "tls_cert", "tls_key",
@@ -56,6 +57,12 @@ class RayOptions:
     Service finds them, sharing its gRPC and HTTP ports) or spread (one per node, through a
     STRICT_SPREAD placement group of one router_cpus bundle per router; needs as many nodes
     as routers)."""
+    worker_placement: str = "any"
+    """Where the worker actors run (ray_placement.py): any (Ray's scheduler; a
+    tensor-parallel worker in a group of its own) or spread (one SPREAD placement group, a
+    bundle per worker holding all its ranks: each worker on one node, the workers spread
+    evenly over the nodes; a bundle lost with its node is placed again on another node and
+    its worker restarted there; needs cpus_per_worker > 0 on CPU)."""
 
     def __post_init__(self) -> None:
         if self.cpus_per_worker < 0 or self.router_cpus < 0:
@@ -76,6 +83,11 @@ class RayOptions:
             raise InvalidArgument(
                 "router_placement",
                 f"must be one of {ROUTER_PLACEMENTS}, got {self.router_placement!r}",
+            )
+        if self.worker_placement not in WORKER_PLACEMENTS:
+            raise InvalidArgument(
+                "worker_placement",
+                f"must be one of {WORKER_PLACEMENTS}, got {self.worker_placement!r}",
             )
         if self.router_placement == "spread" and self.router_cpus <= 0:
             raise InvalidArgument(

@@ -22,8 +22,9 @@ import pytest
 
 from radixmesh.client import Client
 from radixmesh.cluster.launch import free_port
-from radixmesh.cluster.ray_actors import advertised_host, bundles, host_rank, rank_resources
+from radixmesh.cluster.ray_actors import advertised_host, host_rank
 from radixmesh.cluster.ray_launch import RayCluster
+from radixmesh.cluster.ray_placement import bundles, rank_resources
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
