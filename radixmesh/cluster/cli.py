@@ -74,6 +74,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import os
 
     from radixmesh.cluster.parent import watch_parent
+    from radixmesh.worker.resumable import ResumeConfig
     from radixmesh.worker.server import ServerConfig
     from radixmesh.worker.serving import run
 
@@ -89,6 +90,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         engine_process=args.engine_process,
         tls_client_ca=args.tls_client_ca,
         log_stats_interval=args.log_stats_interval,
+        resume=ResumeConfig(grace=args.resume_grace, max_bytes=args.resume_max_bytes),
     )
     return run(config, engine_options(args))
 
@@ -115,6 +117,18 @@ def _add_worker_parser(sub: Any) -> None:
     wk.add_argument("--tls-client-ca", default=None, help="require client certificates (mTLS)")
     wk.add_argument(
         "--log-stats-interval", type=float, default=10.0, help="seconds between stats lines"
+    )
+    wk.add_argument(
+        "--resume-grace",
+        type=float,
+        default=30.0,
+        help="seconds a resumable stream whose router went away is held for a resume",
+    )
+    wk.add_argument(
+        "--resume-max-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="output bytes held for resumable streams no router follows",
     )
     add_engine_options(wk)
     wk.set_defaults(func=_cmd_worker)
