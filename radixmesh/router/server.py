@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from radixmesh import redact
+from radixmesh import log_limit, redact
 from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.grpc_server import (
     PENDING_CALL_OPTIONS,
@@ -249,7 +249,5 @@ def _say_serving(control: ControlPlane, port: int) -> None:
 
 
 def run(config: RouterConfig) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_limit.configure(logging.INFO)  # and at most a burst a place an interval
     return asyncio.run(serve(config))

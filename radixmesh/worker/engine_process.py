@@ -45,6 +45,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from radixmesh import log_limit, redact
 from radixmesh.errors import (
     InvalidArgument,
     RadixMeshError,
@@ -436,9 +437,8 @@ def _child_main(cmd: Connection, out: Connection, options: dict[str, Any]) -> No
     # terminal reaches the whole process group, and must not kill the engine under it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_limit.configure(logging.INFO)  # as the server's: bounded and redacted lines
+    redact.install()
     # tqdm's default lock is a multiprocessing one, whose semaphore the child's os._exit
     # would leave to the resource tracker (a "leaked semaphore" warning at every stop).
     from tqdm import tqdm

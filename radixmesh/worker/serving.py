@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from radixmesh import redact
+from radixmesh import log_limit, redact
 from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.grpc_server import (
     DecodeGuard,
@@ -155,9 +155,7 @@ async def _drain(
 
 
 def run(config: ServerConfig, engine_options: dict[str, Any]) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_limit.configure(logging.INFO)  # and at most a burst a place an interval
     code = asyncio.run(serve(config, engine_options))
     # Only a process that loaded torch can hold a process group. The engine runs in a
     # child, so this one usually never did, and importing tp.group would load torch just

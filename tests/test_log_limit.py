@@ -1,0 +1,103 @@
+"""log_limit.py: a burst of lines per place per interval, the rest counted into one line."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from radixmesh.log_limit import RateLimit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def logged() -> Iterator[tuple[logging.Logger, io.StringIO, RateLimit, Clock]]:
+    clock = Clock()
+    limit = RateLimit(interval=10.0, burst=3, clock=clock)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s %(message)s"))
+    second = logging.StreamHandler(io.StringIO())  # a second handler: one verdict a record
+    for h in (handler, second):
+        h.addFilter(limit)
+    root = logging.getLogger()
+    for h in (handler, second):
+        root.addHandler(h)
+    log = logging.getLogger("flood.source")
+    old_level = log.level
+    log.setLevel(logging.INFO)
+    try:
+        yield log, out, limit, clock
+    finally:
+        log.setLevel(old_level)
+        for h in (handler, second):
+            root.removeHandler(h)
+
+
+def _boom(log: logging.Logger, i: int) -> None:
+    try:
+        raise ValueError(f"bad call {i}")
+    except ValueError:
+        log.exception("call %d failed", i)  # one place: this line
+
+
+def test_a_burst_then_one_count_line(
+    logged: tuple[logging.Logger, io.StringIO, RateLimit, Clock],
+) -> None:
+    log, out, _, clock = logged
+    for i in range(500):
+        _boom(log, i)
+    lines = out.getvalue().splitlines()
+    assert [line for line in lines if line.startswith("flood.source")] == [
+        "flood.source ERROR call 0 failed",
+        "flood.source ERROR call 1 failed (traceback as above, not repeated)",
+        "flood.source ERROR call 2 failed (traceback as above, not repeated)",
+    ]
+    assert sum("Traceback" in line for line in lines) == 1
+    assert "ValueError: bad call 0" in out.getvalue()
+    clock.now += 10.0  # the interval ends: the next record brings the count first
+    _boom(log, 500)
+    lines = out.getvalue().splitlines()
+    count = next(line for line in lines if "were not logged" in line)
+    assert count == (
+        "radixmesh.log_limit WARNING 497 more lines like this one in 10 s were not logged "
+        "(flood.source, test_log_limit.py:50): call 3 failed"
+    )
+    assert lines[-1] == "ValueError: bad call 500"  # a new interval: its traceback again
+    assert sum("were not logged" in line for line in lines) == 1
+
+
+def test_places_are_counted_apart_and_flushed(
+    logged: tuple[logging.Logger, io.StringIO, RateLimit, Clock],
+) -> None:
+    log, out, limit, _ = logged
+    for i in range(5):
+        log.info("first place %d", i)
+        log.info("second place %d", i)
+    other = logging.getLogger("flood.other")
+    other.warning("quiet place")
+    text = out.getvalue()
+    assert [f"first place {i}" in text for i in range(5)] == [True] * 3 + [False] * 2
+    assert [f"second place {i}" in text for i in range(5)] == [True] * 3 + [False] * 2
+    assert "quiet place" in text
+    limit.flush()  # at exit: every count that is left
+    counts = [line for line in out.getvalue().splitlines() if "were not logged" in line]
+    assert [c.split(" more lines")[0].split()[-1] for c in counts] == ["2", "2"]
+    limit.flush()
+    assert sum("were not logged" in line for line in out.getvalue().splitlines()) == 2
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="interval must be > 0"):
+        RateLimit(interval=0)
+    with pytest.raises(ValueError, match="burst >= 1"):
+        RateLimit(burst=0)
