@@ -230,7 +230,8 @@ class RouterActor:
             return False
 
     def summaries(self) -> dict[str, dict[str, Any]]:
-        """Per worker: the address the router uses and the state of its prefix summary."""
+        """Per worker: the address the router uses, the state of its prefix summary and the
+        router's requests on it now."""
 
         async def read() -> dict[str, dict[str, Any]]:
             return {
@@ -241,6 +242,7 @@ class RouterActor:
                     "sequence": w.summary.sequence,
                     "resyncs": w.resyncs,
                     "cached_blocks": w.summary.num_confirmed,
+                    "in_flight": w.in_flight,
                 }
                 for wid, w in self.pool.workers.items()
             }
