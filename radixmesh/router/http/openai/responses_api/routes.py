@@ -12,7 +12,8 @@ the client left before its end, or one that failed, is not stored. Errors are Op
 
 `GET` / `DELETE /v1/responses/{response_id}` and `GET .../input_items` read the store: a
 response that is not there (never stored, `store: false`, expired, dropped, deleted,
-another caller's or another replica's) is a 404 naming `response_id`. `POST
+another caller's, or its worker gone) is a 404 naming `response_id`. The entries live on
+the workers (worker_store.py), so every router replica finds them. `POST
 /v1/responses/input_tokens` counts the prompt a create with the same fields would have.
 """
 
@@ -50,6 +51,7 @@ from radixmesh.router.http.openai.responses_api.store import (
     ResponseStore,
     StoredResponse,
 )
+from radixmesh.router.http.openai.responses_api.worker_store import WorkerResponseStore
 from radixmesh.tokenizer import TokenizerLike
 
 if TYPE_CHECKING:
@@ -64,11 +66,7 @@ class ResponsesRoutes:
         config = frontend.config
         self.limits = config.limits
         if store is None:
-            store = MemoryResponseStore(
-                config.response_store_entries,
-                config.response_store_bytes,
-                config.response_store_ttl,
-            )
+            store = _default_store(frontend)
         self.store = store
 
     def register(self, app: web.Application) -> None:
@@ -88,6 +86,8 @@ class ResponsesRoutes:
         caller = caller_of(request.headers.get("Authorization"))
         history = await self._history(caller, req.previous_response_id)
         gen = await asyncio.to_thread(self._generation, req, history, tok, info.context_length)
+        # The workers know the request by this id; the response gets its own from the
+        # store once the serving worker is known (an id may name where it is stored).
         rid = response_id()
         workers: set[str] = set()
         reply = ResponseReply(gen, rid, echoed(req), tok)
@@ -95,6 +95,7 @@ class ResponsesRoutes:
         chunks = generation.choices(stream_jobs, gen, rid, workers)
         async with aclosing(chunks):
             first = await first_chunk(chunks, lambda f: field_name(gen.openai_field(f)))
+            reply.rid = self.store.new_id(min(workers, default=""))
             if gen.stream:
                 resp = await _stream(request, reply, first, chunks, workers)
             else:
@@ -155,8 +156,8 @@ class ResponsesRoutes:
         found = await self.store.get(caller, previous)
         if found is None:
             message = (
-                f"no stored response {previous!r} (unknown, expired, stored with store: "
-                "false, or on another router replica)"
+                f"no stored response {previous!r} (unknown, expired, deleted, stored with "
+                "store: false, another caller's, or its worker is gone)"
             )
             raise ApiError(404, message, "previous_response_id", "previous_response_not_found")
         return found.conversation()
@@ -184,10 +185,20 @@ class ResponsesRoutes:
         )
 
 
+def _default_store(frontend: Frontend) -> ResponseStore:
+    """On the workers (worker_store.py); none kept when a bound is 0."""
+    config = frontend.config
+    if config.response_store_entries == 0 or config.response_store_bytes == 0:
+        return MemoryResponseStore(0, 0, config.response_store_ttl)
+    return WorkerResponseStore(
+        frontend.control.pool, config.response_store_ttl, config.response_store_bytes
+    )
+
+
 def _not_stored(rid: str) -> ApiError:
     message = (
         f"no stored response {rid!r} (unknown, expired, deleted, stored with store: false, "
-        "or on another router replica)"
+        "another caller's, or its worker is gone)"
     )
     return ApiError(404, message, "response_id", "response_not_found")
 

@@ -1,10 +1,11 @@
 """Stored responses: what `previous_response_id`, retrieve, delete and `input_items` read.
 
-`ResponseStore` is the interface; `MemoryResponseStore` keeps the entries in the router's
-memory, per router process: with several router replicas behind one address, a response
-is found only on the replica that served it (docs/router-http.md). A store shared between
-the replicas implements the same interface; it is why the methods are coroutines and the
-entries plain JSON values.
+`ResponseStore` is the interface. The router's default is worker_store.py's: the entries
+live on the workers, so that every router replica finds them (that module says why).
+`MemoryResponseStore` keeps them in one process's memory, where a response is found only
+through the replica that served it. A store that reaches the network is why the methods
+are coroutines and the entries plain JSON values; a store names the ids (`new_id`), so
+that an id can say where its entry is.
 
 An entry (`StoredResponse`) is the response as answered and the items it was generated
 from (items.py: its conversation before it, then its input), so the next request
@@ -27,6 +28,7 @@ Past a bound the oldest entries are dropped; an entry alone over a bound is not 
 from __future__ import annotations
 
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable
@@ -68,6 +70,10 @@ class ResponseStore(ABC):
       them); callers do not change them;
     - the methods run on the event loop: a store that reaches the network awaits it.
     """
+
+    def new_id(self, worker_id: str) -> str:
+        """The id of a new response that worker `worker_id` generates."""
+        return "resp_" + uuid.uuid4().hex
 
     @abstractmethod
     async def put(self, caller: str, entry: StoredResponse) -> bool:
