@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,16 +89,28 @@ class Roles:
         return not self.api_keys
 
 
+Outcome = Callable[[str, bool], None]
+
+
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Denies RPCs without a valid key; `on_deny(method)` is called for each denial."""
+    """Denies RPCs without a valid key; `on_deny(method)` is called for each denial.
+
+    `on_outcome(peer, ok)`: told, for each call that needs a key, whether it had one and
+    on which connection (`context.peer()`), so that the gate (gate.py) can keep the
+    connections that authenticate and close the ones that do not. Only the handler knows
+    the peer, so each such call runs inside one more (thin) handler."""
 
     _OPEN = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
     def __init__(
-        self, keys: Sequence[str], on_deny: Callable[[str], None] = lambda method: None
+        self,
+        keys: Sequence[str],
+        on_deny: Callable[[str], None] = lambda method: None,
+        on_outcome: Outcome | None = None,
     ) -> None:
         self.keys = tuple(keys)
         self.on_deny = on_deny
+        self.on_outcome = on_outcome
 
     async def intercept_service(
         self,
@@ -109,17 +122,61 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = details.method or ""
         authorization = dict(details.invocation_metadata or ()).get("authorization")
-        if method.startswith(self._OPEN) or bearer_allowed(authorization, self.keys):
+        if method.startswith(self._OPEN):
             return handler
+        if bearer_allowed(authorization, self.keys):
+            if self.on_outcome is None:
+                return handler
+            return _reported(handler, self.on_outcome)
         self.on_deny(method)
-        return _deny(handler)
+        return _deny(handler, self.on_outcome)
 
 
-def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _reported(handler: grpc.RpcMethodHandler, on_outcome: Outcome) -> grpc.RpcMethodHandler:
+    """`handler`, telling `on_outcome` its call's peer authenticated. grpc.aio calls a
+    streaming handler as an async generator function (or a coroutine function that
+    writes), so the wrapper is of the same kind as the handler it wraps."""
+    des, ser = handler.request_deserializer, handler.response_serializer
+    if handler.unary_stream is not None:
+        inner_stream = handler.unary_stream
+        if inspect.isasyncgenfunction(inner_stream):
+
+            async def streaming(
+                request: Any, context: grpc.aio.ServicerContext
+            ) -> AsyncIterator[Any]:
+                on_outcome(context.peer(), True)
+                async for item in inner_stream(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
+
+        async def writing(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            on_outcome(context.peer(), True)
+            return await inner_stream(request, context)
+
+        return grpc.unary_stream_rpc_method_handler(writing, des, ser)
+    if handler.unary_unary is None:
+        return handler  # no client-streaming RPCs here
+    inner = handler.unary_unary
+
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        on_outcome(context.peer(), True)
+        return await inner(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(unary, des, ser)
+
+
+def _deny(handler: grpc.RpcMethodHandler, on_outcome: Outcome | None) -> grpc.RpcMethodHandler:
+    def denied(context: grpc.aio.ServicerContext) -> None:
+        if on_outcome is not None:
+            on_outcome(context.peer(), False)
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        denied(context)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, DENIED_MESSAGE)
 
     async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        denied(context)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, DENIED_MESSAGE)
         yield None  # pragma: no cover (makes this an async generator)
 

@@ -23,6 +23,23 @@ failed with EMFILE meanwhile logged a traceback (hundreds of megabytes in minute
 - `max_connections_per_peer`: connections from one address at once (HTTP only: grpc-core
   has no such cap; the total cap and the handshake timeout bound gRPC). 0: no cap.
 
+Where the port takes keys, a connection that has not authenticated (keyless: no request
+on it carried a valid key yet) is not one the listener keeps (gate.py does it for gRPC,
+router/http/listener.py for HTTP):
+
+- `keyless_connections` / `keyless_per_peer`: keyless connections open at once per port and
+  per address; one more evicts the oldest keyless one (of that address first). They are
+  a share of `max_connections`, never a claim on it: a connection that authenticated is
+  never evicted for a keyless one, so a flood of keyless connections cannot take the
+  capacity of clients that hold a key (the router's own connections to a worker).
+- `auth_failures`: failed authentications after which a keyless connection is closed.
+- `auth_window`: seconds from the accept within which a connection must authenticate.
+
+Why: 1,024 keyless connections per port are far more than clients that connect before
+their first call ever hold at once (they authenticate within a round trip); 64 per
+address allow a pool of clients behind one NAT to start at once. 3 failures allow a
+retry or two with a fixed key; 10 s is a TLS handshake and a first call on any network.
+
 Why these defaults: 10 s for a request head is ample for any client on any network
 (nginx's `client_header_timeout` is 60 s, but a head is a few hundred bytes; a head that
 takes longer is an attack or a dead client). 60 s for a body: the largest body allowed
@@ -53,6 +70,9 @@ logger = logging.getLogger(__name__)
 # Descriptors kept out of the connection caps for everything else the process opens:
 # worker channels, log and model files, the event loop's own, a metrics port.
 RESERVED_DESCRIPTORS = 1024
+# Descriptors one connection through the gRPC gate holds: the client's, the gate's to
+# grpc-core, and grpc-core's end of that (gate.py).
+GATED_DESCRIPTORS = 3
 # One summary line per this many seconds, at most, for each listener's refusals,
 # timeouts and failed accept() calls.
 LOG_INTERVAL = 10.0
@@ -65,15 +85,22 @@ class ListenerLimits:
     idle_timeout: float = 75.0
     max_connections: int = 0  # per listener; 0: from the descriptor limit
     max_connections_per_peer: int = 1000  # 0: no cap
+    keyless_connections: int = 1024  # per port, of connections that have not authenticated
+    keyless_per_peer: int = 64
+    auth_failures: int = 3  # failed authentications that close a keyless connection
+    auth_window: float = 10.0  # seconds a connection may stay keyless
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout", "body_timeout", "idle_timeout"):
+        for name in ("header_timeout", "body_timeout", "idle_timeout", "auth_window"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise InvalidArgument(name, f"must be > 0 seconds, got {value}")
         for name in ("max_connections", "max_connections_per_peer"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in ("keyless_connections", "keyless_per_peer", "auth_failures"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(name, f"must be >= 1, got {getattr(self, name)}")
 
 
 def descriptor_limit() -> int:
@@ -120,6 +147,21 @@ def grpc_options(limits: ListenerLimits, max_connections: int) -> list[tuple[str
         ("grpc.max_connection_idle_ms", _millis(limits.idle_timeout)),
         ("grpc.max_allowed_incoming_connections", max_connections),
     ]
+
+
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
+
+
+def listen_backlog() -> int:
+    """The accept queue to ask for: the kernel's ceiling (`net.core.somaxconn`, which
+    silently cuts any larger request), not asyncio's and aiohttp's 100-128, which a burst
+    of connections overflows while the event loop is busy (the kernel then drops SYNs and
+    clients wait out a retransmit: 1 s, then 3 s). grpc-core reads the same file."""
+    try:
+        with open(SOMAXCONN_PATH) as f:
+            return max(128, min(int(f.read()), 65535))
+    except (OSError, ValueError):
+        return 4096
 
 
 def _millis(seconds: float) -> int:

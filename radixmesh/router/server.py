@@ -22,6 +22,7 @@ import grpc
 
 from radixmesh import log_limit, redact
 from radixmesh.auth import ApiKeyInterceptor
+from radixmesh.gate import Gate, KeylessCollector
 from radixmesh.grpc_server import (
     PENDING_CALL_OPTIONS,
     DecodeGuard,
@@ -29,7 +30,13 @@ from radixmesh.grpc_server import (
     bind,
     set_health,
 )
-from radixmesh.listener import connection_cap, grpc_options, raise_descriptor_limit
+from radixmesh.listener import (
+    GATED_DESCRIPTORS,
+    Tally,
+    connection_cap,
+    grpc_options,
+    raise_descriptor_limit,
+)
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import ControlPlane
 from radixmesh.router.discovery import DnsDiscovery, dns_names
@@ -77,7 +84,10 @@ async def serve(
     metrics = RouterMetrics(pool)
     cap = _connection_cap(config)
     options = _SERVER_OPTIONS + grpc_options(config.listener_limits, cap)
-    server = grpc.aio.server(options=options, interceptors=_interceptors(config, metrics))
+    gate = _gate(config, cap)
+    keyless = KeylessCollector({} if gate is None else {"grpc": gate})
+    metrics.registry.register(keyless)
+    server = grpc.aio.server(options=options, interceptors=_interceptors(config, metrics, gate))
     control = ControlPlane(config, pool, metrics)
     dispatch = Dispatcher(config, control, metrics)
     router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(control, dispatch), server)
@@ -87,7 +97,7 @@ async def serve(
     if config.metrics_port is not None:
         metrics_server = metrics.serve(config.metrics_port, config.host)
     stop = stop if stop is not None else _stop_on_signals()
-    ports = _Ports(config, server, control, dispatch, http_cap=cap)
+    ports = _Ports(config, server, control, dispatch, http_cap=cap, gate=gate, keyless=keyless)
     if not config.listen_when_serving:
         await ports.open()
     logger.info("radixmesh router on port %d; waiting for workers", ports.port)
@@ -103,6 +113,8 @@ async def serve(
     # client given several routers fails over); the calls in flight run on meanwhile.
     grace = config.drain_timeout + STOPPED_STREAMS_GRACE + 1.0
     grpc_stopped = asyncio.create_task(server.stop(grace=grace)) if ports.opened else None
+    if gate is not None:
+        await gate.close()  # the public port closed; authenticated connections run on
     await drain(dispatch, config.drain_timeout)
     if http is not None:
         await http.stop()
@@ -168,8 +180,19 @@ def _connection_cap(config: RouterConfig) -> int:
     return cap
 
 
-def _interceptors(config: RouterConfig, metrics: RouterMetrics) -> list[Any]:
-    """Undecodable messages become INVALID_ARGUMENT; callers' keys (with the admin keys)."""
+def _gate(config: RouterConfig, cap: int) -> Gate | None:
+    """The gRPC port's gate (gate.py) where callers need a key: it closes the connections
+    that do not authenticate. A gated connection holds GATED_DESCRIPTORS descriptors."""
+    if not config.caller_keys:
+        return None
+    tls = bool(config.tls_cert and config.tls_key)
+    limits = config.listener_limits
+    return Gate(limits, max(1, cap // GATED_DESCRIPTORS), Tally("gRPC port"), tls=tls)
+
+
+def _interceptors(config: RouterConfig, metrics: RouterMetrics, gate: Gate | None) -> list[Any]:
+    """Undecodable messages become INVALID_ARGUMENT; callers' keys (with the admin keys),
+    each call's outcome told to the gate."""
     interceptors: list[Any] = [DecodeGuard()]
     if not config.caller_keys:
         return interceptors
@@ -178,7 +201,8 @@ def _interceptors(config: RouterConfig, metrics: RouterMetrics) -> list[Any]:
     def on_deny(method: str) -> None:
         denied("grpc", method.rsplit("/", 1)[-1], "UNAUTHENTICATED").inc()
 
-    interceptors.append(ApiKeyInterceptor(config.caller_keys, on_deny))
+    on_outcome = None if gate is None else gate.report
+    interceptors.append(ApiKeyInterceptor(config.caller_keys, on_deny, on_outcome))
     return interceptors
 
 
@@ -201,8 +225,12 @@ class _Ports:
         control: ControlPlane,
         dispatch: Dispatcher,
         http_cap: int,
+        gate: Gate | None = None,
+        keyless: KeylessCollector | None = None,
     ) -> None:
         self.config = config
+        self.gate = gate
+        self.keyless = keyless
         self.http_cap = http_cap
         self.server = server
         self.control = control
@@ -216,14 +244,23 @@ class _Ports:
             return
         self.opened = True
         c = self.config
-        self.port = bind(self.server, f"{c.host}:{c.port}", c.tls_cert, c.tls_key, c.tls_client_ca)
-        await self.server.start()
+        if self.gate is None:
+            address = f"{c.host}:{c.port}"
+            self.port = bind(self.server, address, c.tls_cert, c.tls_key, c.tls_client_ca)
+            await self.server.start()
+        else:  # grpc-core on loopback, the gate on the public address
+            inner = bind(self.server, "127.0.0.1:0", c.tls_cert, c.tls_key, c.tls_client_ca)
+            await self.server.start()
+            self.port = await self.gate.start(c.host, c.port, inner)
+            self.gate.tally.name = f"gRPC port {self.port}"
         if c.http_port is not None:
             # Imported only when asked for: aiohttp is the HTTP API's dependency alone.
             from radixmesh.router.http.app import HttpFrontend
 
             self.http = HttpFrontend(self.dispatch, self.control, c, grpc_port=self.port)
             http_port = await self.http.start(c.host, c.http_port, self.http_cap)
+            if self.keyless is not None and c.caller_keys:
+                self.keyless.sources["http"] = self.http.guard
             print(f"radixmesh router HTTP (OpenAI and SGLang APIs) on port {http_port}", flush=True)
 
 

@@ -22,13 +22,20 @@ import grpc
 
 from radixmesh import log_limit, redact
 from radixmesh.auth import ApiKeyInterceptor
+from radixmesh.gate import Gate, KeylessCollector
 from radixmesh.grpc_server import (
     DecodeGuard,
     add_health_and_reflection,
     bind,
     set_health,
 )
-from radixmesh.listener import ListenerLimits, connection_cap, raise_descriptor_limit
+from radixmesh.listener import (
+    GATED_DESCRIPTORS,
+    ListenerLimits,
+    Tally,
+    connection_cap,
+    raise_descriptor_limit,
+)
 from radixmesh.v1 import worker_pb2_grpc
 from radixmesh.worker.cache_event_hub import CacheEventHub
 from radixmesh.worker.engine_process import EngineProcess
@@ -53,20 +60,22 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     """Run a worker until SIGTERM / SIGINT, then drain. Returns the exit status."""
     redact.install([config.api_key] if config.api_key else [])  # no key in a log line
     loop = asyncio.get_running_loop()
+    cap = connection_cap(ListenerLimits(), 1, raise_descriptor_limit())
+    gate = _gate(config, cap)
     interceptors: list[grpc.aio.ServerInterceptor] = [DecodeGuard()]
     if config.api_key:
-        interceptors.append(ApiKeyInterceptor([config.api_key]))
-    cap = connection_cap(ListenerLimits(), 1, raise_descriptor_limit())
+        on_outcome = None if gate is None else gate.report
+        interceptors.append(ApiKeyInterceptor([config.api_key], on_outcome=on_outcome))
     server = grpc.aio.server(
         options=grpc_options(config.max_message_bytes, cap), interceptors=interceptors
     )
     servicer = WorkerServicer(config, served_model_name(engine_options))
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, SERVICE_NAME)
-    address = f"{config.host}:{config.port}"
-    port = bind(server, address, config.tls_cert, config.tls_key, config.tls_client_ca)
+    if gate is not None:
+        servicer.metrics.registry.register(KeylessCollector({"grpc": gate}))
     await set_health(health_servicer, SERVICE_NAME, serving=False)
-    await server.start()
+    port = await _listen(config, server, gate)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -93,10 +102,36 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     await _drain(config, servicer, engine, health_servicer)
     hub.close()
     servicer.close_output_streams()
+    if gate is not None:
+        await gate.close()
     await server.stop(grace=2.0)
     await asyncio.to_thread(engine.shutdown)
     logger.info("radixmesh worker stopped")
     return 0
+
+
+def _gate(config: ServerConfig, cap: int) -> Gate | None:
+    """The port's gate (gate.py) when the worker takes a key: a connection that does not
+    authenticate is closed, and keyless ones never take the router's place."""
+    if not config.api_key:
+        return None
+    tls = bool(config.tls_cert and config.tls_key)
+    return Gate(ListenerLimits(), max(1, cap // GATED_DESCRIPTORS), Tally("gRPC port"), tls=tls)
+
+
+async def _listen(config: ServerConfig, server: grpc.aio.Server, gate: Gate | None) -> int:
+    """Start `server` on the configured address, or on loopback behind `gate`; returns the
+    public port."""
+    c = config
+    if gate is None:
+        port = bind(server, f"{c.host}:{c.port}", c.tls_cert, c.tls_key, c.tls_client_ca)
+        await server.start()
+        return port
+    inner = bind(server, "127.0.0.1:0", c.tls_cert, c.tls_key, c.tls_client_ca)
+    await server.start()
+    port = await gate.start(c.host, c.port, inner)
+    gate.tally.name = f"gRPC port {port}"
+    return port
 
 
 FAILURE_POLL_S = 0.2
