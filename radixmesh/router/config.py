@@ -73,10 +73,11 @@ class RouterConfig:
     separate_reasoning: bool = False
     """Return `<think>...</think>` as reasoning_content unless a request says otherwise."""
     response_store_bytes: int = 64 * 1024 * 1024
-    """Bytes of stored Responses (`previous_response_id`, retrieve, input items), per
-    router process, oldest dropped first (openai/responses_api/store.py; 0: none stored)."""
+    """The largest stored Response (`previous_response_id`, retrieve, input items) in
+    bytes; 0: none stored. Entries live on the workers, each bounding its own total
+    (openai/responses_api/worker_store.py)."""
     response_store_entries: int = 65536
-    """Stored Responses, per router process, oldest dropped first (0: none stored)."""
+    """0: no Response is stored (else the workers' own bounds hold: 65,536 each)."""
     response_store_ttl: float = 3600.0
     """Seconds a stored response can be retrieved or continued with `previous_response_id`."""
     metrics_port: int | None = None
