@@ -163,6 +163,16 @@ class RouterConfig:
     max_connections_per_peer: int = ListenerLimits.max_connections_per_peer
     """HTTP connections open at once from one address (0: no cap; behind a proxy that sends
     every client from one address, set 0)."""
+    keyless_connections: int = ListenerLimits.keyless_connections
+    """With API keys: connections per port that have not authenticated yet; one more evicts
+    the oldest of them (never one that authenticated)."""
+    keyless_per_peer: int = ListenerLimits.keyless_per_peer
+    """With API keys: connections from one address that have not authenticated yet."""
+    auth_failures: int = ListenerLimits.auth_failures
+    """With API keys: calls without a valid key after which a connection that never sent
+    one is closed (gRPC GOAWAY, HTTP `Connection: close`)."""
+    auth_window: float = ListenerLimits.auth_window
+    """With API keys: seconds from its accept a connection gets to authenticate."""
 
     @property
     def limits(self) -> RequestLimits:
@@ -183,6 +193,10 @@ class RouterConfig:
             self.idle_timeout,
             self.max_connections,
             self.max_connections_per_peer,
+            self.keyless_connections,
+            self.keyless_per_peer,
+            self.auth_failures,
+            self.auth_window,
         )
 
     @property
