@@ -30,6 +30,7 @@ from typing import Any
 from bench import record
 from bench.sim import (
     ABLATIONS,
+    LOAD_SHARING,
     ORACLE,
     SHARING,
     TRACES,
@@ -218,34 +219,46 @@ def replica_rows(
     seed: int,
     event_delay_s: float = SimConfig.event_delay_s,
     oracle: bool = True,
+    load_sharings: Sequence[str] = ("local",),
 ) -> list[dict[str, Any]]:
     """cache_aware behind several router replicas: one row per trace x workers x replicas
-    x sharing (one replica: one row, the single router, which every sharing reduces to),
-    and the oracle's. `hit_rate_vs_one` is the hit rate over the one router's on the same
-    trace, workers and event delay."""
+    x sharing x load sharing (one replica: one row, the single router, which every sharing
+    reduces to), and the oracle's. `hit_rate_vs_one` is the hit rate over the one router's
+    on the same trace, workers and event delay; `ttft_p99_vs_one` its TTFT p99 likewise."""
     rows = []
     for name in traces:
         for w in worker_counts:
             trace = TRACES[name](w, seed, SimConfig.block_size)
-            runs = [(1, "local")] + [(r, s) for r in replica_counts if r > 1 for s in sharings]
+            runs = [(1, "local", "local")] + [
+                (r, s, load)
+                for r in replica_counts
+                if r > 1
+                for s in sharings
+                for load in load_sharings
+            ]
             one: float | None = None
-            for replicas, sharing in runs:
+            one_p99 = 0.0
+            for replicas, sharing, load in runs:
                 config = SimConfig(
                     workers=w,
                     seed=seed,
                     replicas=replicas,
                     sharing=sharing,
                     event_delay_s=event_delay_s,
+                    load_sharing=load,
                 )
                 row = _replica_run(name, trace, "cache_aware", config)
-                one = row["hit_rate"] if one is None else one
+                if one is None:
+                    one, one_p99 = row["hit_rate"], row["ttft_p99_s"]
                 row["hit_rate_vs_one"] = row["hit_rate"] / one if one else 1.0
+                row["ttft_p99_vs_one"] = row["ttft_p99_s"] / one_p99 if one_p99 else 1.0
                 rows.append(row)
                 _print_replica_row(row)
             if oracle:
                 config = SimConfig(workers=w, seed=seed, event_delay_s=event_delay_s)
                 rows.append(_replica_run(name, trace, ORACLE, config))
                 rows[-1]["hit_rate_vs_one"] = rows[-1]["hit_rate"] / one if one else 1.0
+                rows[-1]["ttft_p99_vs_one"] = rows[-1]["ttft_p99_s"] / one_p99 if one_p99 else 1.0
                 _print_replica_row(rows[-1])
     return rows
 
@@ -263,6 +276,7 @@ def _replica_run(name: str, trace: list[Request], policy: str, config: SimConfig
         "policy": policy,
         "replicas": config.replicas,
         "sharing": config.sharing if config.replicas > 1 else "one router",
+        "load_sharing": config.load_sharing if config.replicas > 1 else "one router",
         "event_delay_ms": config.event_delay_s * 1e3,
         **figures,
         # The simulator's route(): the real summaries and policy, wall and thread CPU time.
@@ -385,8 +399,9 @@ def _print_tier_row(r: dict[str, Any]) -> None:
 def _print_replica_row(r: dict[str, Any]) -> None:
     print(
         f"{r['trace']:<10} {r['workers']:>3} {r['event_delay_ms']:>4g} {r['policy']:<12}"
-        f" {r['replicas']:>2} {r['sharing']:<17} {r['hit_rate']:>7.2%}"
+        f" {r['replicas']:>2} {r['sharing']:<17} {r['load_sharing']:<17} {r['hit_rate']:>7.2%}"
         f" {r['hit_rate_vs_one']:>7.2%} {r['ttft_p99_s'] * 1e3:>8.0f}"
+        f" {r['ttft_p99_vs_one']:>5.2f}"
         f" {r['route_p50_us']:>6.0f} {r['route_p99_us']:>7.0f} {r['route_cpu_p99_us']:>7.0f}",
         flush=True,
     )
@@ -430,6 +445,16 @@ def _sharings(text: str) -> list[str]:
     return names
 
 
+def _load_sharings(text: str) -> list[str]:
+    names = text.split(",")
+    for name in names:
+        if name not in LOAD_SHARING:
+            raise argparse.ArgumentTypeError(
+                f"unknown load sharing {name!r}; choose from {LOAD_SHARING}"
+            )
+    return names
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, nargs="+", default=[8, 16, 64])
@@ -458,6 +483,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=_sharings,
         default=["local", "worker-announced"],
         help=f"replicas: comma-separated, of {','.join(SHARING)}",
+    )
+    p.add_argument(
+        "--load-sharing",
+        type=_load_sharings,
+        default=["local"],
+        help=f"replicas: comma-separated, of {','.join(LOAD_SHARING)}",
     )
     p.add_argument(
         "--event-delays",
@@ -522,11 +553,19 @@ def replicas_section(args: argparse.Namespace) -> dict[str, Any]:
     worker_counts = [8] if args.quick else args.replica_workers
     header = (
         f"{'trace':<10} {'W':>3} {'ms':>4} {'policy':<12} {'R':>2} {'sharing':<17} "
-        f"{'hit':>7} {'vs one':>7} {'ttft p99':>8} {'rt p50':>6} {'rt p99':>7} {'cpu p99':>7}"
+        f"{'load':<17} {'hit':>7} {'vs one':>7} {'ttft p99':>8} {'x one':>5} {'rt p50':>6} "
+        f"{'rt p99':>7} {'cpu p99':>7}"
         "   (ms, route time us)"
     )
     print(header)
-    rows = replica_rows(worker_counts, args.replica_traces, args.replicas, args.sharing, args.seed)
+    rows = replica_rows(
+        worker_counts,
+        args.replica_traces,
+        args.replicas,
+        args.sharing,
+        args.seed,
+        load_sharings=args.load_sharing,
+    )
     out: dict[str, Any] = {"replicas": rows}
     # The main table already holds the default delay's rows when it covers the sweep's size.
     done = args.delay_workers in worker_counts and "grouped" in args.replica_traces

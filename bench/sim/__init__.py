@@ -33,7 +33,8 @@ what is modelled:
   `event_delay_s` after it was published), its own tentative entries and its own load view
   (its in-flight requests per worker, the workers' load polled every `health_interval_s`),
   as separate router processes have. `SimConfig.sharing` says how a replica learns the
-  others' placements (`SHARING`).
+  others' placements (`SHARING`) and `SimConfig.load_sharing` how it learns the load they
+  put on each worker (`LOAD_SHARING`).
 - MODELLED: the cost of a forward step (`CostModel`): a fixed overhead, a cost per
   uncached prompt token prefilled in the step and a cost per running sequence decoded;
   continuous batching up to `max_batch` requests and `max_prefill_tokens` per step.
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 from bench.sim.config import (
     ABLATIONS,
+    LOAD_SHARING,
     ORACLE,
     SHARING,
     VOCAB,
@@ -75,6 +77,7 @@ from bench.sim.worker import BlockCache, HostTier, Outcome, Running, SimWorker
 
 __all__ = [
     "ABLATIONS",
+    "LOAD_SHARING",
     "ORACLE",
     "SHARING",
     "TRACES",

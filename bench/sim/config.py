@@ -17,6 +17,12 @@ VOCAB = 32000
 # entry), `owner` (a prefix's first block names the replica that routes it; the others
 # forward to it).
 SHARING = ("local", "worker-announced", "owner")
+# How router replicas learn the load the others put on a worker: `local` (each knows its own
+# requests in flight and pending prefill, and the worker's load polled every
+# `health_interval_s`), `worker-announced` (the worker publishes each request's arrival, its
+# first token and its end on its cache-event stream; every replica counts the others'
+# requests from those, an event delay late, its pending prefill estimated from its summary).
+LOAD_SHARING = ("local", "worker-announced")
 
 
 @dataclass(frozen=True)
@@ -54,12 +60,24 @@ class SimConfig:
     sharing: str = "local"  # how replicas learn each other's placements: one of SHARING
     health_interval_s: float = 1.0  # RouterConfig.health_interval: load polls per worker
     forward_s: float = 0.0005  # `owner`: a non-owner replica's hop to the prefix's owner
+    load_sharing: str = "local"  # how replicas learn the others' load: one of LOAD_SHARING
+    # With shared load: the weight of the other replicas' pending prefill in a replica's
+    # view (its own counts in full). `radixmesh.router.load_view.SHARED_PENDING_WEIGHT`.
+    shared_pending_weight: float = 0.25
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.sharing not in SHARING:
             raise ValueError(f"sharing must be one of {SHARING}, got {self.sharing!r}")
+        if self.load_sharing not in LOAD_SHARING:
+            raise ValueError(
+                f"load_sharing must be one of {LOAD_SHARING}, got {self.load_sharing!r}"
+            )
+        if not 0 <= self.shared_pending_weight <= 1:
+            raise ValueError(
+                f"shared_pending_weight must be in [0, 1], got {self.shared_pending_weight}"
+            )
         if self.health_interval_s <= 0:
             raise ValueError(f"health_interval_s must be > 0, got {self.health_interval_s}")
         if self.host_capacity_tokens < 0:

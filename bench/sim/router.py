@@ -27,6 +27,13 @@ class SimRouter:
     last polled load - this replica's requests ended since, this replica's in-flight
     requests there); pending prefill = this replica's routed and not yet started tokens.
     With one replica that view is exact (every request goes through it).
+
+    With `load_sharing` "worker-announced" it also counts the other replicas' requests on
+    each worker, as `WorkerHandle` does from the worker's request events: one from the
+    event announcing its arrival to the one announcing its end, its prompt's blocks that
+    this replica's summary lacked at its arrival as pending prefill until its first token,
+    weighed at `shared_pending_weight` (docs/router-sim.md: at full weight, 8 replicas
+    acting on the same view an event delay old herd onto the same workers).
     """
 
     def __init__(
@@ -49,6 +56,10 @@ class SimRouter:
         self.pending = [0] * n  # uncached tokens routed, until the first token comes back
         self.polled = [0] * n  # the worker's running + waiting at the last poll
         self.ended_since_poll = [0] * n
+        # The other replicas' requests per worker, from the worker's request events:
+        # rid -> its pending-prefill estimate (0 once its first token came).
+        self.others: list[dict[int, int]] = [{} for _ in range(n)]
+        self.others_pending = [0] * n
         # Each worker's Candidate with nothing cached, rebuilt when its load view changes:
         # a request patches in only the workers whose summary holds its first block (as
         # `WorkerHandle.candidate` reuses an unchanged one).
@@ -116,6 +127,33 @@ class SimRouter:
         self.ended_since_poll[w.index] += 1
         self._changed(w.index)
 
+    def announced(self, w: SimWorker, req: Request) -> None:
+        """Another replica's request arrived at `w` (the worker's event): counted queued,
+        and the blocks this replica's summary of `w` lacks as its pending prefill."""
+        hashes = req.prompt_hashes
+        missing = len(hashes) - self.index[w.wid].match(hashes)
+        estimate = missing * self.config.block_size
+        self.others[w.index][req.rid] = estimate
+        self.others_pending[w.index] += estimate
+        self._changed(w.index)
+
+    def started_elsewhere(self, w: SimWorker, rid: int) -> None:
+        """Another replica's request on `w` produced its first token (the worker's event)."""
+        others = self.others[w.index]
+        estimate = others.get(rid)
+        if estimate:
+            self.others_pending[w.index] -= estimate
+            others[rid] = 0
+            self._changed(w.index)
+
+    def ended_elsewhere(self, w: SimWorker, rid: int) -> None:
+        """Another replica's request on `w` ended (the worker's event)."""
+        estimate = self.others[w.index].pop(rid, None)
+        if estimate is not None:
+            self.others_pending[w.index] -= estimate
+            self.ended_since_poll[w.index] += 1
+            self._changed(w.index)
+
     def poll(self) -> None:
         """`WorkerHandle.poll` of every worker (GetLoad), answered at once."""
         for w in self.workers:
@@ -124,8 +162,12 @@ class SimRouter:
             self._changed(w.index)
 
     def _changed(self, i: int) -> None:
-        queued = max(self.polled[i] - self.ended_since_poll[i], self.in_flight[i])
-        self.idle[i] = Candidate(self.workers[i].wid, True, 0, queued, self.pending[i])
+        tracked = self.in_flight[i] + len(self.others[i])
+        queued = max(self.polled[i] - self.ended_since_poll[i], tracked)
+        pending = self.pending[i]
+        if self.others_pending[i]:
+            pending += int(self.config.shared_pending_weight * self.others_pending[i])
+        self.idle[i] = Candidate(self.workers[i].wid, True, 0, queued, pending)
 
     def _oracle(self, req: Request) -> SimWorker:
         """cache_aware's cost from the truth: true caches (+ queued prompts; the host tiers,

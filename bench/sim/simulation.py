@@ -13,7 +13,7 @@ from bench.sim.config import Request, SimConfig
 from bench.sim.router import SimClock, SimRouter
 from bench.sim.worker import Outcome, SimWorker
 
-_ARRIVE, _ROUTE, _STEP_END, _DELIVER, _POLL = 0, 1, 2, 3, 4
+_ARRIVE, _ROUTE, _STEP_END, _DELIVER, _POLL, _REQUEST_EVENT = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -93,6 +93,7 @@ class Simulation:
             _STEP_END: self._step_end,
             _DELIVER: self._deliver,
             _POLL: self._poll,
+            _REQUEST_EVENT: self._request_event,
         }
         heap = self.heap
         while heap:
@@ -120,6 +121,9 @@ class Simulation:
         w = self.routers[replica].route(req)
         self.route_ns[replica].append(time.perf_counter_ns() - t0)
         self.route_cpu_ns[replica].append(time.thread_time_ns() - c0)
+        # Before the pending event (same time, pushed first): a replica estimates the
+        # request's prefill from its summary as it was before the announcement.
+        self._announce(w, now, "arrived", req)
         if self.config.sharing == "worker-announced":
             self.push(
                 now + self.config.event_delay_s, _DELIVER, (w.wid, "pending", req.prompt_hashes)
@@ -140,9 +144,11 @@ class Simulation:
     def _step_end(self, now: float, w: SimWorker) -> None:
         for r in w.prefilling:
             self.routers[self.replica_of[r.req.rid]].first_token(w, r.req.rid)
+            self._announce(w, now, "started", r.req)
         events: list[tuple[str, list[int]]] = []
         for done in w.end_step(now, self.outcomes, events):
             self.routers[self.replica_of[done.rid]].ended(w)
+            self._announce(w, now, "ended", done)
             self.unfinished -= 1
             follow = self.next_turn.get(done.rid)
             if follow is not None:
@@ -158,6 +164,25 @@ class Simulation:
         wid, kind, hashes = payload
         for router in self.routers:
             router.apply(wid, kind, hashes)
+
+    def _announce(self, w: SimWorker, now: float, kind: str, req: Request) -> None:
+        """With shared load, the worker's event about one request (its arrival, first
+        token, end), reaching every replica an event delay later."""
+        if self.config.load_sharing == "worker-announced" and len(self.routers) > 1:
+            self.push(now + self.config.event_delay_s, _REQUEST_EVENT, (w, kind, req))
+
+    def _request_event(self, now: float, payload: tuple[SimWorker, str, Request]) -> None:
+        w, kind, req = payload
+        own = self.replica_of[req.rid]
+        for i, router in enumerate(self.routers):
+            if i == own:
+                continue  # its own request: counted from its decision to its end
+            if kind == "arrived":
+                router.announced(w, req)
+            elif kind == "started":
+                router.started_elsewhere(w, req.rid)
+            else:
+                router.ended_elsewhere(w, req.rid)
 
     def _poll(self, now: float, replica: int) -> None:
         if self.unfinished:  # repeated while anything is left to route or run

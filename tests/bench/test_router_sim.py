@@ -177,11 +177,37 @@ def test_replicas_same_seed_same_figures() -> None:
     assert sim.simulate(_tiny_grouped(seed=1), "cache_aware", other) != figures
 
 
+def test_shared_load_counts_the_other_replicas_requests() -> None:
+    config = sim.SimConfig(workers=2, replicas=2, load_sharing="worker-announced")
+    workers = [sim.SimWorker(i, config) for i in range(2)]
+    router = sim.SimRouter("cache_aware", workers, config, sim.SimClock(), random.Random(0))
+    cold = _request(0, 0.0, _prefix(0, 256))  # 16 blocks, none in the summary
+    warm = _request(1, 0.0, _prefix(1, 256))
+    router.apply("worker-1", "stored", warm.prompt_hashes[:12])  # 4 blocks missing
+    router.announced(workers[0], cold)
+    router.announced(workers[1], warm)
+    view = [(c.queued, c.pending_prefill) for c in router.idle]
+    assert view == [(1, 64), (1, 16)]  # 0.25 x 256 and 0.25 x 64 tokens
+    router.started_elsewhere(workers[0], 0)
+    router.started_elsewhere(workers[0], 0)  # (once only)
+    assert [(c.queued, c.pending_prefill) for c in router.idle] == [(1, 0), (1, 16)]
+    router.ended_elsewhere(workers[0], 0)
+    router.ended_elsewhere(workers[1], 1)  # ended before it started: its estimate goes too
+    assert [(c.queued, c.pending_prefill) for c in router.idle] == [(0, 0), (0, 0)]
+    # Its own requests count from its decision on (the others' events name only theirs).
+    assert router.route(_request(2, 0.0, _prefix(2, 256))) is workers[1]
+    assert [(c.queued, c.pending_prefill) for c in router.idle] == [(0, 0), (1, 256)]
+
+
 def test_replica_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="replicas"):
         sim.SimConfig(workers=4, replicas=0)
     with pytest.raises(ValueError, match="sharing"):
         sim.SimConfig(workers=4, sharing="gossip")
+    with pytest.raises(ValueError, match="load_sharing"):
+        sim.SimConfig(workers=4, load_sharing="gossip")
+    with pytest.raises(ValueError, match="shared_pending_weight"):
+        sim.SimConfig(workers=4, shared_pending_weight=1.5)
 
 
 def test_replica_rows_compare_with_one_router() -> None:
