@@ -49,7 +49,7 @@ from radixmesh.router.http.anthropic.routes import (
     authorization,
     is_anthropic,
 )
-from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError
+from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError, json_errors
 from radixmesh.router.http.frontend import Job, JobChunks
 from radixmesh.router.http.listener import ConnectionGuard, GuardedSite, ServerLog
 from radixmesh.router.http.model_identity import anthropic_model, openai_model
@@ -143,7 +143,8 @@ class HttpFrontend:
         )
         await runner.setup()
         assert runner.server is not None
-        self.guard = ConnectionGuard(limits, max_connections, runner.server, tally, context)
+        handlers = json_errors(runner.server)  # a malformed request's 400 quotes nothing
+        self.guard = ConnectionGuard(limits, max_connections, handlers, tally, context)
         site = GuardedSite(runner, host, port, self.guard)
         await site.start()
         self._runner = runner
