@@ -26,7 +26,7 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADER = ("benchmark", "date", "machine", "versions", "command")
 # Packages whose version a record names when the benchmark has imported them.
-_PACKAGES = ("torch", "triton", "transformers", "xgrammar", "grpc", "aiohttp", "numpy")
+_PACKAGES = ("torch", "triton", "transformers", "xgrammar", "grpc", "aiohttp", "numpy", "ray")
 
 
 def now() -> str:
