@@ -143,8 +143,10 @@ class HttpFrontend:
         )
         await runner.setup()
         assert runner.server is not None
-        handlers = json_errors(runner.server)  # a malformed request's 400 quotes nothing
-        self.guard = ConnectionGuard(limits, max_connections, handlers, tally, context)
+        keyed = bool(c.caller_keys)
+        self.guard = ConnectionGuard(
+            limits, max_connections, json_errors(runner.server), tally, context, keyed=keyed
+        )
         site = GuardedSite(runner, host, port, self.guard)
         await site.start()
         self._runner = runner
@@ -166,7 +168,10 @@ class HttpFrontend:
         if self.guard is None:  # an app served by someone else (tests)
             return await self._handle(request, handler)
         with self.guard.request(request.transport):  # the head arrived: its timer stops
-            return await self._handle(request, handler)
+            resp = await self._handle(request, handler)
+        if self.guard.closing(request.transport):  # a keyless connection's last response
+            resp.force_close()
+        return resp
 
     async def _handle(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -179,8 +184,11 @@ class HttpFrontend:
         route = request.match_info.route.resource
         endpoint = route.canonical if route is not None else "other"
         key = authorization(request) if anthropic else request.headers.get("Authorization")
+        allowed = bearer_allowed(key, self.config.caller_keys)
+        if self.guard is not None:
+            self.guard.outcome(request.transport, allowed)
         with self.metrics.request("http", endpoint) as record:
-            if not bearer_allowed(key, self.config.caller_keys):
+            if not allowed:
                 how = "`x-api-key: <key>` or " if anthropic else ""
                 resp: web.StreamResponse = render(ApiError(
                     401, f"missing or wrong API key (send {how}`Authorization: Bearer <key>`)",

@@ -22,7 +22,15 @@ connection's protocol a `_Connection` that stands between the socket and aiohttp
   (`loop.start_tls`), not by the server, so that the cap and the timer cover connections
   that are still in their handshake;
 - the body is the middleware's to time (`body_timeout`, http.py), as only it knows when
-  the head ended.
+  the head ended;
+- where the API takes keys (`keyed`), a connection is keyless until a request on it
+  carries a valid key (the middleware tells `ConnectionGuard.outcome`). Keyless
+  connections have caps of their own (`keyless_connections` per port, `keyless_per_peer`
+  per address; one more evicts the oldest keyless one, of its address first), and one is
+  closed after `auth_failures` 401s (that 401 says `Connection: close`) or
+  `auth_window` seconds after its accept (idle: closed at once; else after the response
+  in flight, which says `Connection: close`). A connection that authenticated is never
+  evicted: keyless ones cannot take its capacity (listener.py says why).
 
 Refusals and timeouts are counted into a `Tally`: one log line per interval, never one per
 connection. So are the errors aiohttp logs (`ServerLog`): a malformed request, which it
@@ -44,7 +52,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from radixmesh.listener import ListenerLimits, Tally
+from radixmesh.listener import ListenerLimits, Tally, listen_backlog
 
 # Seconds a refused connection stays open for the client to read the 503 and close first.
 REFUSAL_LINGER = 2.0
@@ -83,8 +91,10 @@ class ConnectionGuard:
         handler_factory: Callable[[], asyncio.Protocol],
         tally: Tally,
         ssl_context: ssl.SSLContext | None = None,
+        keyed: bool = False,
     ) -> None:
         self.limits = limits
+        self.keyed = keyed
         self.max_connections = max_connections
         self.handler_factory = handler_factory
         self.tally = tally
@@ -94,6 +104,13 @@ class ConnectionGuard:
         self.lingering = 0  # refused connections waiting for their client to close
         self.connections: set[_Connection] = set()
         self.by_transport: dict[Any, _Connection] = {}  # the handler's transport -> its own
+        self.keyless: dict[_Connection, None] = {}  # admitted, not authenticated; oldest first
+        self.keyless_by_peer: dict[str, dict[_Connection, None]] = {}
+        self.closed: Counter[str] = Counter()  # keyless connections closed, by reason
+
+    @property
+    def keyless_open(self) -> int:
+        return len(self.keyless)
 
     def __call__(self) -> _Connection:
         return _Connection(self)
@@ -108,6 +125,44 @@ class ConnectionGuard:
         self.open += 1
         self.peers[peer] += 1
         return None
+
+    def hold_keyless(self, conn: _Connection) -> None:
+        """Count an admitted connection as keyless, evicting the oldest keyless one of its
+        address (or of the port) when a cap is full."""
+        peers = self.keyless_by_peer.setdefault(conn.peer, {})
+        if len(peers) >= self.limits.keyless_per_peer:
+            next(iter(peers)).shed("evicted over keyless_per_peer")
+        elif len(self.keyless) >= self.limits.keyless_connections:
+            next(iter(self.keyless)).shed("evicted over keyless_connections")
+        self.keyless[conn] = None
+        self.keyless_by_peer.setdefault(conn.peer, {})[conn] = None
+
+    def forget(self, conn: _Connection) -> None:
+        """`conn` is no longer keyless (it authenticated, was shed, or closed)."""
+        self.keyless.pop(conn, None)
+        peers = self.keyless_by_peer.get(conn.peer)
+        if peers is not None:
+            peers.pop(conn, None)
+            if not peers:
+                del self.keyless_by_peer[conn.peer]
+
+    def count(self, reason: str) -> None:
+        self.closed[reason] += 1
+        self.tally.add(reason)
+
+    def outcome(self, transport: Any, ok: bool) -> None:
+        """A request on `transport` did (`ok`) or did not carry a valid key."""
+        conn = self.by_transport.get(transport)
+        if conn is not None:
+            if ok:
+                conn.authenticated()
+            else:
+                conn.failed()
+
+    def closing(self, transport: Any) -> bool:
+        """Whether the response to the request on `transport` is its connection's last."""
+        conn = self.by_transport.get(transport)
+        return conn is not None and conn.closing
 
     def release(self, peer: str) -> None:
         self.open -= 1
@@ -153,6 +208,10 @@ class _Connection(asyncio.Protocol):
         self.early: list[bytes] = []  # decrypted before the handler was attached
         self.early_eof = False
         self.tls: asyncio.Task[None] | None = None  # the handshake (a task needs an owner)
+        self.keyless = False
+        self.failures = 0  # requests without a valid key
+        self.closing = False  # the response in flight is the last
+        self.window: asyncio.TimerHandle | None = None  # auth_window, while keyless
 
     # ---- asyncio.Protocol -------------------------------------------------------------
 
@@ -168,6 +227,11 @@ class _Connection(asyncio.Protocol):
             return
         self.admitted = True
         self._arm()
+        if self.guard.keyed:
+            self.keyless = True
+            self.guard.hold_keyless(self)
+            loop = asyncio.get_running_loop()
+            self.window = loop.call_later(self.guard.limits.auth_window, self._window_passed)
         if self.guard.ssl_context is None:
             self._attach(transport)
         else:
@@ -190,6 +254,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_window()
+        if self.keyless:
+            self.keyless = False
+            self.guard.forget(self)
         self.guard.connections.discard(self)
         if self.refused:
             self.refused = False
@@ -218,6 +286,44 @@ class _Connection(asyncio.Protocol):
 
     def request_finished(self) -> None:
         self.active -= 1
+
+    # ---- authentication -----------------------------------------------------------------
+
+    def authenticated(self) -> None:
+        if self.keyless:
+            self.keyless = False
+            self._stop_window()
+            self.guard.forget(self)
+
+    def failed(self) -> None:
+        if self.keyless:
+            self.failures += 1
+            if self.failures >= self.guard.limits.auth_failures:
+                self.shed("closed after auth_failures 401s")
+
+    def _window_passed(self) -> None:
+        self.window = None
+        if self.keyless:
+            self.shed("closed at auth_window without a key")
+
+    def shed(self, reason: str) -> None:
+        """Close a keyless connection: at once when no request is in flight, else after
+        the response in flight (the middleware marks it `Connection: close`)."""
+        self.guard.count(reason)
+        self.guard.forget(self)
+        self.keyless = False
+        self._stop_window()
+        self.closing = True
+        if self.active == 0:
+            if self.handler is not None:
+                self.handler_transport.close()
+            elif self.transport is not None:
+                self.transport.abort()
+
+    def _stop_window(self) -> None:
+        if self.window is not None:
+            self.window.cancel()
+            self.window = None
 
     # ---- the parts ------------------------------------------------------------------------
 
@@ -332,7 +438,7 @@ class GuardedSite(web.BaseSite):
         # reuse_port: router replicas on one machine share the port (the kernel spreads
         # connections over them), as their gRPC servers do (gRPC sets SO_REUSEPORT itself).
         self._server = await asyncio.get_running_loop().create_server(
-            self.guard, self._host, self._port, backlog=self._backlog, reuse_port=True
+            self.guard, self._host, self._port, backlog=listen_backlog(), reuse_port=True
         )
 
     async def stop(self) -> None:
