@@ -16,6 +16,7 @@ from . import convert
 from .channels import Channels, StubsInTurn
 from .client import Params, Service
 from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retryable
+from .resume import ResumableStream
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
@@ -132,22 +133,53 @@ class AsyncClient(StubsInTurn):
         deadline: Deadline,
         program: ProgramHint | None = None,
     ) -> AsyncGenerator[Chunk, None]:
+        stream = ResumableStream()
         attempt = 0
-        got_token = False
         while True:
-            call = await self._generate_call(inp, params, rid, True, deadline.remaining(), program)
+            if stream.resume_at is None:
+                call = await self._generate_call(
+                    inp, params, rid, True, deadline.remaining(), program
+                )
+            else:
+                call = self._resume_call(*stream.resume_at, deadline.remaining())
             try:
                 async for resp in call:
-                    chunk = convert.chunk_from_proto(resp.chunk, convert.served_by(resp))
-                    got_token = got_token or bool(chunk.token_ids)
-                    yield chunk
+                    attempt = 0
+                    yield stream.chunk(resp)
                 return
             except grpc.RpcError as e:
-                if got_token or not await self._wait_retry(e, attempt, deadline):
-                    raise convert.error_from_rpc(e) from None
+                if not stream.may_retry(e) or not await self._wait_retry(e, attempt, deadline):
+                    raise stream.error(e) from None
                 attempt += 1
             finally:
                 call.cancel()
+
+    async def resume(
+        self, stream_id: str, offset: int = 0, *, timeout: float | None = None
+    ) -> AsyncGenerator[Chunk, None]:
+        """Continue a stream (a Chunk's `stream_id`) after its first `offset` completion
+        tokens, through any router (Client.resume says more)."""
+        deadline = Deadline(timeout if timeout is not None else self.options.timeout)
+        stream = ResumableStream(resume_at=(stream_id, offset))
+        attempt = 0
+        while True:
+            assert stream.resume_at is not None
+            call = self._resume_call(*stream.resume_at, deadline.remaining())
+            try:
+                async for resp in call:
+                    attempt = 0
+                    yield stream.chunk(resp)
+                return
+            except grpc.RpcError as e:
+                if not stream.may_retry(e) or not await self._wait_retry(e, attempt, deadline):
+                    raise stream.error(e) from None
+                attempt += 1
+            finally:
+                call.cancel()
+
+    def _resume_call(self, stream_id: str, offset: int, timeout: float | None) -> Any:
+        req = router_pb2.ResumeRequest(stream_id=stream_id, offset=offset)
+        return self._router.Resume(req, timeout=timeout, metadata=self.options.metadata())
 
     async def select(
         self,

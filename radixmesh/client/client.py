@@ -23,6 +23,7 @@ from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 from . import convert
 from .channels import Channels, StubsInTurn
 from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retryable
+from .resume import ResumableStream
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
 T = TypeVar("T")
@@ -153,22 +154,53 @@ class Client(StubsInTurn):
         deadline: Deadline,
         program: ProgramHint | None = None,
     ) -> Generator[Chunk, None, None]:
+        stream = ResumableStream()
         attempt = 0
-        got_token = False
         while True:
-            call = self._generate_call(inp, params, rid, True, deadline.remaining(), program)
+            if stream.resume_at is None:
+                call = self._generate_call(inp, params, rid, True, deadline.remaining(), program)
+            else:
+                call = self._resume_call(*stream.resume_at, deadline.remaining())
             try:
                 for resp in call:
-                    chunk = convert.chunk_from_proto(resp.chunk, convert.served_by(resp))
-                    got_token = got_token or bool(chunk.token_ids)
-                    yield chunk
+                    attempt = 0
+                    yield stream.chunk(resp)
                 return
             except grpc.RpcError as e:
-                if got_token or not self._wait_retry(e, attempt, deadline):
-                    raise convert.error_from_rpc(e) from None
+                if not stream.may_retry(e) or not self._wait_retry(e, attempt, deadline):
+                    raise stream.error(e) from None
                 attempt += 1
             finally:
                 call.cancel()  # no-op when done; cancels the server request when closed early
+
+    def resume(
+        self, stream_id: str, offset: int = 0, *, timeout: float | None = None
+    ) -> Generator[Chunk, None, None]:
+        """Continue a stream (a Chunk's `stream_id`) after its first `offset` completion
+        tokens (the `offset` of the last chunk you have), through any router of the
+        cluster; it resumes again on its own if this router goes away too. NotFound when
+        no worker holds it any more (it finished, or its grace period passed)."""
+        deadline = Deadline(timeout if timeout is not None else self.options.timeout)
+        stream = ResumableStream(resume_at=(stream_id, offset))
+        attempt = 0
+        while True:
+            assert stream.resume_at is not None
+            call = self._resume_call(*stream.resume_at, deadline.remaining())
+            try:
+                for resp in call:
+                    attempt = 0
+                    yield stream.chunk(resp)
+                return
+            except grpc.RpcError as e:
+                if not stream.may_retry(e) or not self._wait_retry(e, attempt, deadline):
+                    raise stream.error(e) from None
+                attempt += 1
+            finally:
+                call.cancel()
+
+    def _resume_call(self, stream_id: str, offset: int, timeout: float | None) -> Any:
+        req = router_pb2.ResumeRequest(stream_id=stream_id, offset=offset)
+        return self._router.Resume(req, timeout=timeout, metadata=self.options.metadata())
 
     def select(
         self,

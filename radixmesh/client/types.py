@@ -34,6 +34,10 @@ class Chunk:
     spec_verify_steps: int = 0
     spec_drafted_tokens: int = 0
     spec_accepted_tokens: int = 0
+    # A resumable stream's (through a router): its id and the completion tokens delivered
+    # through this chunk, what `Client.resume` takes.
+    stream_id: str = ""
+    offset: int = 0
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,13 @@ and yields the worker's chunks under the caller's id. A worker that fails before
 first chunk reaches the client (UNAVAILABLE, or overloaded: RESOURCE_EXHAUSTED with
 retry-after metadata) is left for another, up to `max_attempts` workers; once a chunk has
 been forwarded, a failure ends the stream with the worker's status.
+
+A resumable stream (the caller passes a `StreamRef`) is started on its worker as one
+that outlives its call: if this router dies, the worker holds it for a grace period and
+`resume` continues it through any router (worker/resumable.py). Its id names the worker
+and the worker's request id, a random 128-bit name; the worker lets only the same caller
+(auth.caller_of its key) resume it. A caller that goes away from a live router ends it
+here with an Abort, as a plain stream's cancelled call ends it.
 """
 
 from __future__ import annotations
@@ -25,13 +32,13 @@ from typing import Protocol
 import grpc
 
 from radixmesh.client import convert
-from radixmesh.errors import InvalidArgument, Overloaded, RadixMeshError, Unavailable
+from radixmesh.errors import InvalidArgument, NotFound, Overloaded, RadixMeshError, Unavailable
 from radixmesh.router.admission import Admission, RateLimiter
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import Placement
 from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.outputs import Joined, Sink, SinkWatch, WorkerStalled, pump_call
-from radixmesh.router.pool import WorkerHandle
+from radixmesh.router.pool import WorkerHandle, WorkerPool
 from radixmesh.router.programs import ProgramHint
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.tokenizer import TokenizerLike
@@ -46,6 +53,7 @@ class Picker(Protocol):
 
     tokenizer: TokenizerLike | None  # None while the router is starting
     model_info: common_pb2.ModelInfo | None
+    pool: WorkerPool  # the workers by id (a resumed stream names its worker)
 
     def pick(
         self, ids: list[int], exclude: set[str], hint: ProgramHint | None = None
@@ -57,6 +65,23 @@ def retryable(e: grpc.aio.AioRpcError) -> bool:
     the worker was gone or going, or overloaded (never a message over gRPC's size limits,
     also RESOURCE_EXHAUSTED, which every worker would refuse)."""
     return convert.server_went_away(e) or convert.is_overloaded(e)
+
+
+@dataclass
+class StreamRef:
+    """A resumable stream's id, filled in once its worker is chosen: "<worker id>/<the
+    worker's request id>". Front ends send it with each message, with the completion
+    tokens delivered so far (the offset to resume at)."""
+
+    stream_id: str = ""
+
+    @staticmethod
+    def parse(stream_id: str, field: str) -> tuple[str, str]:
+        """(worker id, worker request id) of a stream id; InvalidArgument naming `field`."""
+        worker_id, _, wrid = stream_id.rpartition("/")
+        if not worker_id or len(wrid) != 32 or not all(c in "0123456789abcdef" for c in wrid):
+            raise InvalidArgument(field, f"not a stream id: {stream_id[:128]!r}")
+        return worker_id, wrid
 
 
 class Dispatcher:
@@ -76,6 +101,7 @@ class Dispatcher:
         )
         self.metrics.watch_admission(self.admission, self.rate)
         self.streams = SinkWatch(config.stream_stall_timeout)
+        self._aborts: set[asyncio.Task[bool]] = set()  # Aborts of resumable streams left
 
     async def input_ids(self, inp: common_pb2.Input) -> list[int]:
         """The prompt's token ids; text is tokenized on a thread (a long prompt must not
@@ -114,8 +140,11 @@ class Dispatcher:
         stream: bool,
         hint: ProgramHint | None = None,
         caller: str = "",
+        resumable: StreamRef | None = None,
     ) -> AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]:
         """Route a tokenized prompt; yield (worker id, chunk) as the worker streams them.
+        With `resumable` (a stream), the worker holds the request for a resume should
+        this router die; `resumable.stream_id` names it once a worker was chosen.
         `rid` is the caller's id for it (`caller`: auth.caller_of its key); the worker gets
         an id of the router's own.
 
@@ -139,6 +168,8 @@ class Dispatcher:
             request_id=uuid.uuid4().hex,
             stream=stream,
             first_and_rest=not stream,
+            resumable=resumable is not None,
+            owner=caller,
         )
         tried: set[str] = set()
         last_error: grpc.aio.AioRpcError | WorkerStalled | None = None
@@ -152,6 +183,8 @@ class Dispatcher:
                         break
                     raise
                 tried.add(worker.worker_id)
+                if resumable is not None:
+                    resumable.stream_id = f"{worker.worker_id}/{wreq.request_id}"
                 attempt = _Attempt(worker, pending=len(ids) - cached, started_at=t0)
                 try:
                     async with aclosing(self._stream_from(attempt, wreq, key, stream)) as chunks:
@@ -163,6 +196,38 @@ class Dispatcher:
                     last_error = e
             assert last_error is not None
             raise last_error
+
+    async def resume(
+        self, stream_id: str, offset: int, caller: str = "", field: str = "stream_id"
+    ) -> AsyncGenerator[tuple[str, common_pb2.GenerateChunk], None]:
+        """A resumable stream's chunks after its first `offset` completion tokens, from
+        the worker holding it, under the stream id as request id. NotFound when that
+        worker does not hold it for this caller (finished and gone, the grace passed, or
+        another caller's); InvalidArgument naming `field` for an id that is none."""
+        worker_id, wrid = StreamRef.parse(stream_id, field)
+        worker = self.pool_worker(worker_id)
+        if worker is None:
+            raise NotFound(f"no stream {stream_id[:128]!r}: no worker {worker_id[:64]!r} here")
+        key = (caller, stream_id)
+        self._claim(key)
+        wreq = worker_pb2.GenerateRequest(
+            request_id=wrid,
+            stream=True,
+            resumable=True,
+            owner=caller,
+            resume_from=worker_pb2.ResumeFrom(request_id=wrid, offset=offset),
+        )
+        attempt = _Attempt(worker, pending=0, started_at=time.perf_counter())
+        async with self.admission.slot():
+            try:
+                async with aclosing(self._stream_from(attempt, wreq, key, True)) as chunks:
+                    async for chunk in chunks:
+                        yield worker.worker_id, chunk
+            except (grpc.aio.AioRpcError, WorkerStalled) as e:
+                self._failed(worker, e, give_up=True)
+
+    def pool_worker(self, worker_id: str) -> WorkerHandle | None:
+        return self.picker.pool.workers.get(worker_id)
 
     def _check_against_the_model(self, ids: list[int], params: common_pb2.SamplingParams) -> None:
         """The workers' checks against the model, made here first: a prompt past the context
@@ -200,6 +265,21 @@ class Dispatcher:
         status = "UNAVAILABLE" if isinstance(e, WorkerStalled) else e.code().name
         logger.info("worker %s failed (%s); retrying", worker.worker_id, status)
         self._count_retry()
+
+    def _abort_later(self, worker: WorkerHandle, worker_rid: str) -> None:
+        """End a resumable request its caller left (or that failed here): the worker
+        holds it for a resume otherwise. Not when this router is stopping: then its
+        callers resume elsewhere."""
+
+        async def abort() -> bool:
+            try:
+                return await _abort_on(worker, worker_rid)
+            except grpc.aio.AioRpcError:
+                return False  # the worker is gone: so is the request
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
 
     def _count_retry(self) -> None:
         self.retries += 1
@@ -264,6 +344,8 @@ class Dispatcher:
             sinks.pop(wreq.request_id, None)
             pump.cancel()
             call.cancel()
+            if wreq.resumable and status != "OK" and self.streams.stopping is None:
+                self._abort_later(worker, wreq.request_id)
             if not started:
                 worker.request_streaming(pending)
             worker.request_ended()

@@ -22,7 +22,7 @@ from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError, Unavailable
 from radixmesh.grpc_server import abort_rpc
 from radixmesh.router.control import ControlPlane
-from radixmesh.router.dispatch import Dispatcher
+from radixmesh.router.dispatch import Dispatcher, StreamRef
 from radixmesh.router.limits import MAX_REQUEST_ID
 from radixmesh.router.programs import program_hint
 from radixmesh.router.rpc import authorization, caller_of_call, fail, unary
@@ -52,6 +52,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self.config.limits.check_top_logprobs("sampling_params.top_logprobs_num", top)
                 ids = await self.dispatch.input_ids(request.input)
                 hint = program_hint(request.program_id, request.shared_prefix_tokens)
+                ref = StreamRef() if request.stream else None
                 chunks = self.dispatch.route_and_stream(
                     ids,
                     request.sampling_params,
@@ -59,10 +60,38 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     stream=request.stream,
                     hint=hint,
                     caller=caller_of_call(context),
+                    resumable=ref,
                 )
                 async with aclosing(chunks):
                     async for worker_id, chunk in chunks:
-                        yield router_pb2.RouterGenerateResponse(chunk=chunk, worker_id=worker_id)
+                        yield router_pb2.RouterGenerateResponse(
+                            chunk=chunk,
+                            worker_id=worker_id,
+                            stream_id=ref.stream_id if ref else "",
+                            offset=chunk.completion_tokens if ref else 0,
+                        )
+            except (RadixMeshError, grpc.aio.AioRpcError) as e:
+                await fail(context, e, record)
+
+    async def Resume(
+        self, request: router_pb2.ResumeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.ResumeResponse]:
+        """A resumable stream after its first `offset` completion tokens, from the worker
+        that holds it (any replica finds it: the id names the worker)."""
+        with self.metrics.request("grpc", "Resume") as record:
+            try:
+                self.dispatch.rate.take(caller_of_call(context))
+                chunks = self.dispatch.resume(
+                    request.stream_id, request.offset, caller_of_call(context)
+                )
+                async with aclosing(chunks):
+                    async for worker_id, chunk in chunks:
+                        yield router_pb2.ResumeResponse(
+                            chunk=chunk,
+                            worker_id=worker_id,
+                            stream_id=request.stream_id,
+                            offset=chunk.completion_tokens,
+                        )
             except (RadixMeshError, grpc.aio.AioRpcError) as e:
                 await fail(context, e, record)
 

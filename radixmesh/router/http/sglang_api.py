@@ -14,6 +14,12 @@ routes: SGLang's `/v1/score` and `/v1/rerank`, vLLM's and Cohere's `/score`, `/r
 and `/v2/rerank` (score_api.py). Generation runs through the same `route_and_stream` as
 every other front end; parsing and reply shapes are sglang_protocol.py's. Errors: the
 HTTP frontend's `{"error": {...}}` with status 400 / 503.
+
+A stream of one output is resumable (router/dispatch.py): its events have SSE ids
+("<stream id>/<completion tokens so far>"); the same request sent again with
+`Last-Event-ID` (to any router) continues it. Each event carries the whole text so far,
+so a resumed stream restarts from the worker's first output: its first event has the
+text up to now, as the next event would have had.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from aiohttp import web
 from radixmesh.auth import ADMIN_MESSAGE, caller_of
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError
+from radixmesh.router.dispatch import StreamRef
 from radixmesh.router.http import model_identity
 from radixmesh.router.http.api_error import ApiError, read_json, retry_after_header
+from radixmesh.router.http.openai.generation import ROUTER_HEADER, event_id, parse_event_id
 from radixmesh.router.http.score_api import ScoreApi
 from radixmesh.router.http.sglang_protocol import (
     GenerateRequest,
@@ -42,6 +50,7 @@ from radixmesh.router.http.sglang_protocol import (
 )
 from radixmesh.router.limits import MAX_REQUEST_ID
 from radixmesh.router.liveness import UNAVAILABLE_RETRY_AFTER
+from radixmesh.router.service import ROUTER_ID
 from radixmesh.v1 import common_pb2
 from radixmesh.version import __version__
 
@@ -238,21 +247,48 @@ class SglangApi:
         states = [OutputState(req, i, rids[i], tok) for i in range(len(req.outputs))]
         jobs = [(i, req.prompts[o.prompt], o.params) for i, o in enumerate(req.outputs)]
         started = time.perf_counter()
-        chunks = self.frontend.stream_jobs(
-            jobs,
-            rid,
-            stream=req.stream,
-            rids=rids,
-            hint=req.program,
-            caller=caller_of(request.headers.get("Authorization")),
-        )
+        caller = caller_of(request.headers.get("Authorization"))
+        last_event_id = request.headers.get("Last-Event-ID") if req.stream else None
+        ref = StreamRef() if req.stream and len(jobs) == 1 else None
+        chunks: JobChunks
+        if ref is not None:
+            chunks = self._resumable(req, jobs[0], rids[0], ref, caller, last_event_id)
+        elif last_event_id is not None:
+            raise InvalidArgument("Last-Event-ID", "only a stream of one output resumes")
+        else:
+            chunks = self.frontend.stream_jobs(
+                jobs, rid, stream=req.stream, rids=rids, hint=req.program, caller=caller
+            )
         async with aclosing(chunks):
             if req.stream:
-                return await self._stream(request, req, states, chunks, started)
+                return await self._stream(request, req, states, chunks, started, ref)
             async for index, worker_id, chunk in chunks:
                 states[index].add(chunk, worker_id)
         out = [s.to_json(time.perf_counter() - started) for s in states]
         return web.json_response(out if req.batch else out[0])
+
+    async def _resumable(
+        self,
+        req: GenerateRequest,
+        job: tuple[int, list[int], common_pb2.SamplingParams],
+        rid: str,
+        ref: StreamRef,
+        caller: str,
+        last_event_id: str | None,
+    ) -> JobChunks:
+        """A one-output stream's chunks, started resumable or resumed from its start."""
+        dispatch = self.frontend.dispatch
+        if last_event_id is None:
+            _, ids, params = job
+            chunks = dispatch.route_and_stream(
+                ids, params, rid, stream=True, hint=req.program, caller=caller, resumable=ref
+            )
+        else:
+            ref.stream_id, _ = parse_event_id(last_event_id)
+            chunks = dispatch.resume(ref.stream_id, 0, caller, field="Last-Event-ID")
+        async with aclosing(chunks):
+            async for worker_id, chunk in chunks:
+                yield 0, worker_id, chunk
 
     async def _stream(
         self,
@@ -261,22 +297,29 @@ class SglangApi:
         states: list[OutputState],
         chunks: JobChunks,
         started: float,
+        ref: StreamRef | None,
     ) -> web.StreamResponse:
         # Wait for the first chunk before the 200: errors until then get their own status.
         item = await anext(chunks, None)
         resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                ROUTER_HEADER: ROUTER_ID,
+            }
         )
         await resp.prepare(request)
 
-        async def send(payload: Any) -> None:
-            await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        async def send(payload: Any, event_id: str | None = None) -> None:
+            tail = b"" if event_id is None else b"id: " + event_id.encode() + b"\n"
+            await resp.write(b"data: " + json.dumps(payload).encode() + b"\n" + tail + b"\n")
 
         try:
             while item is not None:
                 index, worker_id, chunk = item
                 states[index].add(chunk, worker_id)
-                await send(states[index].to_json(time.perf_counter() - started))
+                payload = states[index].to_json(time.perf_counter() - started)
+                await send(payload, event_id(ref, chunk))
                 item = await anext(chunks, None)
         except (RadixMeshError, grpc.aio.AioRpcError) as e:
             await send(api_error(e).to_json())

@@ -73,8 +73,9 @@ def tiny() -> Iterator[HttpCluster]:
 
 
 def _sse(text: str) -> list[Any]:
-    """An SSE body's `data:` payloads (JSON decoded, `[DONE]` kept as the string)."""
-    events = [e for e in text.split("\n\n") if e]
+    """An SSE body's `data:` payloads (JSON decoded, `[DONE]` kept as the string); a
+    resumable stream's events have an `id:` line after it."""
+    events = [e.split("\n")[0] for e in text.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events)
     return [e[6:] if e == "data: [DONE]" else json.loads(e[6:]) for e in events]
 

@@ -77,7 +77,8 @@ def error(resp: Response, status: int, param: str) -> str:
 
 
 def sse(text: str) -> list[Any]:
-    events = [e for e in text.split("\n\n") if e]
+    """The events' data; a resumable stream's events have an `id:` line after it."""
+    events = [e.split("\n")[0] for e in text.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
     return [json.loads(e[6:]) for e in events[:-1]]

@@ -6,6 +6,12 @@ reply is built from response models (responses.py); a stream sends one chunk per
 chunk, then the usage chunk (with `stream_options.include_usage`) and `[DONE]`. Errors
 before the first chunk get their own HTTP status; after it, one `data: {"error": ...}`
 event ends the stream.
+
+A stream of one choice with plain text (no logprobs, tools or reasoning to parse) is
+resumable (router/dispatch.py): each event that carries a chunk has an SSE id,
+"<stream id>/<completion tokens so far>", and the same request sent again with that id
+as `Last-Event-ID` (to any router of the cluster) continues after it: no token lost,
+none twice. Other streams have no ids; a client whose router died sees the stream cut.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from radixmesh.errors import RadixMeshError
+from radixmesh.errors import InvalidArgument, RadixMeshError
+from radixmesh.router.dispatch import Dispatcher, StreamRef
 from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError
 from radixmesh.router.http.openai import responses as rs
 from radixmesh.router.http.openai.convert import Generation
@@ -32,6 +39,7 @@ from radixmesh.router.http.openai.reply import (
     join_completion_logprobs,
     prompt_logprobs,
 )
+from radixmesh.router.service import ROUTER_ID
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2
 
@@ -40,6 +48,57 @@ Chunks = AsyncGenerator[tuple[int, common_pb2.GenerateChunk], None]
 StreamJobs = Callable[..., AsyncGenerator[tuple[int, str, common_pb2.GenerateChunk], None]]
 # Names the workers that served a reply (benchmarks and debugging read it).
 WORKER_HEADER = "X-Radixmesh-Worker"
+# Names the router replica that serves a stream (host:pid): a test or an operator can
+# tell which replica's death cut it.
+ROUTER_HEADER = "X-Radixmesh-Router"
+
+
+def resumable(gen: Generation) -> bool:
+    """Whether `gen`'s stream can resume: one choice of plain text, whose events each
+    carry their chunk's text alone (a parser's or logprobs' state would not carry over)."""
+    return (
+        gen.stream
+        and gen.num_choices == 1
+        and gen.top_logprobs is None
+        and MessageStream.of(gen) is None
+    )
+
+
+def event_id(ref: StreamRef | None, chunk: common_pb2.GenerateChunk) -> str | None:
+    """A chunk's SSE id on a resumable stream: where a resume continues after it."""
+    return None if ref is None else f"{ref.stream_id}/{chunk.completion_tokens}"
+
+
+def parse_event_id(value: str) -> tuple[str, int]:
+    """(stream id, offset) of a `Last-Event-ID`; InvalidArgument naming the header."""
+    stream_id, _, offset = value.rpartition("/")
+    if not stream_id or not offset.isdigit() or len(offset) > 12:
+        raise InvalidArgument("Last-Event-ID", f"not an event id of this API: {value[:160]!r}")
+    return stream_id, int(offset)
+
+
+async def resumable_choice(
+    dispatch: Dispatcher,
+    gen: Generation,
+    rid: str,
+    workers: set[str],
+    ref: StreamRef,
+    caller: str,
+    last_event_id: str | None,
+) -> Chunks:
+    """The one choice of a resumable stream, as `choices` yields it: started (the worker
+    holds it for a resume), or continued after `last_event_id`."""
+    if last_event_id is None:
+        chunks = dispatch.route_and_stream(
+            gen.prompts[0], gen.params[0], rid, stream=True, caller=caller, resumable=ref
+        )
+    else:
+        ref.stream_id, offset = parse_event_id(last_event_id)
+        chunks = dispatch.resume(ref.stream_id, offset, caller, field="Last-Event-ID")
+    async with aclosing(chunks):
+        async for worker, chunk in chunks:
+            workers.add(worker)
+            yield 0, chunk
 
 
 async def choices(stream_jobs: StreamJobs, gen: Generation, rid: str, workers: set[str]) -> Chunks:
@@ -126,14 +185,15 @@ async def _collect_completion(
 
 
 class _Sse:
-    """One SSE response: `data: <json>` events."""
+    """One SSE response: `data: <json>` events, with an `id:` where given."""
 
     def __init__(self, resp: web.StreamResponse) -> None:
         self.resp = resp
 
-    async def send(self, payload: dict[str, Any] | str) -> None:
+    async def send(self, payload: dict[str, Any] | str, event_id: str | None = None) -> None:
         data = payload if isinstance(payload, str) else json.dumps(payload)
-        await self.resp.write(b"data: " + data.encode() + b"\n\n")
+        tail = b"" if event_id is None else b"id: " + event_id.encode() + b"\n"
+        await self.resp.write(b"data: " + data.encode() + b"\n" + tail + b"\n")
 
 
 async def stream(
@@ -144,12 +204,17 @@ async def stream(
     tok: TokenizerLike,
     error: Callable[[BaseException], ApiError],
     workers: set[str],
+    ref: StreamRef | None = None,
+    resumed: bool = False,
 ) -> web.StreamResponse:
     """The reply as SSE. `error` turns a failure after the first chunk into its event;
-    `workers` has the serving worker once the first chunk came (`choices` fills it)."""
+    `workers` has the serving worker once the first chunk came (`choices` fills it).
+    `ref`: a resumable stream's (events get ids); `resumed`: it continues one (no
+    opening events: the client has them)."""
     # Wait for the first chunk before the 200: errors until then get their own status.
     item = await anext(chunks, None)
     headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    headers[ROUTER_HEADER] = ROUTER_ID
     if item is not None and gen.num_choices == 1:
         headers[WORKER_HEADER] = ",".join(sorted(workers))
     resp = web.StreamResponse(headers=headers)
@@ -157,11 +222,11 @@ async def stream(
     sse = _Sse(resp)
     events = _ChunkEvents(gen, rid, tok)
     try:
-        for payload in events.opening():
+        for payload in [] if resumed else events.opening():
             await sse.send(payload)
         while item is not None:
             for payload in events.of(*item):
-                await sse.send(payload)
+                await sse.send(payload, event_id(ref, item[1]))
             item = await anext(chunks, None)
     except (RadixMeshError, grpc.aio.AioRpcError) as e:
         api_error = error(e)

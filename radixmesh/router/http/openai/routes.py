@@ -21,7 +21,8 @@ import grpc
 from aiohttp import web
 
 from radixmesh.auth import caller_of
-from radixmesh.errors import RadixMeshError
+from radixmesh.errors import InvalidArgument, RadixMeshError
+from radixmesh.router.dispatch import StreamRef
 from radixmesh.router.http.api_error import ApiError, read_json
 from radixmesh.router.http.openai import generation
 from radixmesh.router.http.openai import requests as rq
@@ -148,11 +149,33 @@ class OpenAIRoutes:
         workers: set[str] = set()
         caller = caller_of(request.headers.get("Authorization"))
         stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
-        chunks = _named_errors(generation.choices(stream_jobs, gen, rid, workers), gen)
+        last_event_id = request.headers.get("Last-Event-ID") if gen.stream else None
+        ref = StreamRef() if generation.resumable(gen) else None
+        if ref is not None:
+            source = generation.resumable_choice(
+                self.frontend.dispatch, gen, rid, workers, ref, caller, last_event_id
+            )
+        elif last_event_id is not None:
+            raise InvalidArgument(
+                "Last-Event-ID",
+                "only a stream of one choice of plain text resumes (no n > 1, logprobs, "
+                "tools or reasoning)",
+            )
+        else:
+            source = generation.choices(stream_jobs, gen, rid, workers)
+        chunks = _named_errors(source, gen)
         async with aclosing(chunks):
             if gen.stream:
                 return await generation.stream(
-                    request, gen, rid, chunks, tok, lambda e: _api_error(e, gen), workers
+                    request,
+                    gen,
+                    rid,
+                    chunks,
+                    tok,
+                    lambda e: _api_error(e, gen),
+                    workers,
+                    ref,
+                    resumed=last_event_id is not None,
                 )
             body = await generation.collect(gen, rid, chunks, tok)
         return web.json_response(body, headers={WORKER_HEADER: ",".join(sorted(workers))})

@@ -1,0 +1,65 @@
+"""Resuming a stream whose router went away: the SDK's side of resumable streams.
+
+A router's streamed messages carry the stream's id and the completion tokens delivered
+so far (its offset). When the call then breaks because the server went away
+(UNAVAILABLE, or a CANCELLED the server side made), the client asks any router to
+`Resume` from that offset: the worker holding the request sends what came after, so the
+caller sees every token once. A stream no worker holds any more raises NotFound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import grpc
+
+from radixmesh.errors import NotFound, RadixMeshError
+
+from . import convert
+from .types import Chunk
+
+
+class ResumableStream:
+    """One client stream's resume point, read from each message it gets."""
+
+    def __init__(self, resume_at: tuple[str, int] | None = None) -> None:
+        self.resume_at = resume_at  # (stream id, offset) once a router sent one
+        self.got_token = False
+        self._request_id: str | None = None  # the first message's: the caller's id
+
+    def chunk(self, resp: Any) -> Chunk:
+        """A message as a Chunk, under the stream's first request id, with its resume
+        point."""
+        chunk = convert.chunk_from_proto(resp.chunk, convert.served_by(resp))
+        if self._request_id is None:
+            self._request_id = chunk.request_id
+        stream_id = str(getattr(resp, "stream_id", ""))
+        if stream_id:
+            offset = int(resp.offset)
+            self.resume_at = (stream_id, offset)
+            chunk = dataclasses.replace(
+                chunk, request_id=self._request_id, stream_id=stream_id, offset=offset
+            )
+        self.got_token = self.got_token or bool(chunk.token_ids)
+        return chunk
+
+    def may_retry(self, e: grpc.RpcError) -> bool:
+        """Whether the call may be tried again (within the client's retry budget): before
+        the first token as any call; after it only by resuming, when the server went away."""
+        if self.resume_at is not None:
+            return convert.server_went_away(e)
+        return not self.got_token
+
+    def error(self, e: grpc.RpcError) -> RadixMeshError:
+        """The error to raise for a failed call; a resume that found nothing says so."""
+        error = convert.error_from_rpc(e)
+        if isinstance(error, NotFound) and self.resume_at is not None:
+            stream_id, offset = self.resume_at
+            lost = NotFound(
+                f"the stream {stream_id!r} broke after {offset} tokens and could not be "
+                f"resumed: {error}"
+            )
+            lost.grpc_status = error.grpc_status
+            return lost
+        return error
