@@ -47,12 +47,21 @@ Decisions:
   nodes; a bundle whose node dies is placed again on another). The cluster serves on
   while one router is left. The driver only starts actors, waits for every router to be
   ready, and stops everything on SIGINT / SIGTERM.
-- **Tensor parallelism**: a worker with `tp_size` > 1 gets a placement group of
-  `tp_size` bundles (one GPU each on CUDA, one CPU each otherwise). The worker actor
-  holds bundle 0 and one small reservation actor holds each other bundle; the worker's
-  subprocess sees all of the group's GPUs (CUDA_VISIBLE_DEVICES) and runs its ranks on
-  them. The default strategy is STRICT_PACK, because the ranks are local processes of
-  one worker and cannot use another node's GPUs; PACK is accepted too.
+- **Tensor parallelism**: the worker actor holds rank 0 and one small reservation actor
+  holds each other rank's resources; the worker's subprocess sees all of their GPUs
+  (CUDA_VISIBLE_DEVICES) and runs its ranks on them. With `worker_placement` "any" a
+  worker with `tp_size` > 1 gets a placement group of `tp_size` bundles (one GPU each on
+  CUDA, one CPU each otherwise), STRICT_PACK by default because the ranks are local
+  processes of one worker and cannot use another node's GPUs (PACK is accepted too).
+- **Workers across nodes** (`worker_placement` "spread", ray_placement.py): one SPREAD
+  placement group, a bundle per worker holding all its ranks, so a worker's ranks share
+  a node and the workers spread evenly. **A lost node's workers come back through Ray**,
+  not the launcher: Ray places the lost bundles again on the surviving nodes and
+  restarts the actors in them under the same handles, so the routers' resolvers find
+  them, worker ids stay, and nothing depends on the driver being alive at that moment
+  (ray_placement.py gives the whole reasoning). Meanwhile the routers retry the lost
+  workers' requests elsewhere (router/dispatch.py) and, once the workers moved, replace
+  their summaries from the new processes' snapshots.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from radixmesh.grpc_server import (
     PENDING_CALL_OPTIONS,
     abort_rpc,
 )
+from radixmesh.keepalive import KEEPALIVE
 from radixmesh.listener import ListenerLimits
 from radixmesh.listener import grpc_options as listener_options
 from radixmesh.prefix import block_hashes, common_prefix_len
@@ -119,12 +120,7 @@ def grpc_options(max_message_bytes: int, max_connections: int) -> list[tuple[str
         *listener_options(ListenerLimits(), max_connections),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        *KEEPALIVE.server_options(),  # what the routers' channels keep to
         *PENDING_CALL_OPTIONS,
     ]
 
