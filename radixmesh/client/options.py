@@ -12,16 +12,15 @@ from dataclasses import dataclass
 import grpc
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.keepalive import KEEPALIVE
 
 from .convert import server_went_away
 
+# Keepalive: the policy the router's and the worker's servers enforce (keepalive.py).
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
+    *KEEPALIVE.client_options(),
 ]
 # gRPC's own balancer for a list of routers: each call goes to the next READY address.
 ROUND_ROBIN = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})

@@ -30,6 +30,7 @@ from radixmesh.grpc_server import (
     bind,
     set_health,
 )
+from radixmesh.keepalive import KEEPALIVE
 from radixmesh.listener import (
     GATED_DESCRIPTORS,
     Tally,
@@ -51,9 +52,7 @@ logger = logging.getLogger(__name__)
 _SERVER_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    *KEEPALIVE.server_options(),  # what the SDK's and the routers' channels keep to
     *PENDING_CALL_OPTIONS,
 ]
 SERVICE_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
