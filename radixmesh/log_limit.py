@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from radixmesh.redact import clip
 
 INTERVAL = 10.0  # seconds
-BURST = 10  # records per place per interval
+BURST = 5  # records per place per interval
 MAX_PLACES = 4096  # places tracked at once; past it the oldest interval is forgotten
 _DECIDED = "_radixmesh_rate_limited"  # record attribute: this filter's verdict, once
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

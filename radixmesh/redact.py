@@ -156,6 +156,17 @@ def clip(text: str, limit: int = MAX_LINE) -> str:
     )
 
 
+def label(name: str, limit: int = 40) -> str:
+    """A client-chosen name (an unknown field's) as a log line or an error message may show
+    it: characters that do not print (control characters, bidirectional overrides) escaped
+    as Python escapes them, cut to `limit` characters, saying how long it was. A name can be
+    anything a client sends: 10 KB, terminal escapes, a piece of its key."""
+    safe = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in name[: limit + 1])
+    if len(safe) <= limit and len(name) <= limit:
+        return safe
+    return f"{safe[:limit]}... ({len(name)} characters)"
+
+
 def _mask_scheme(m: re.Match[str]) -> str:
     token = m.group(3)
     if not token or token.startswith(MASK):

@@ -1,12 +1,17 @@
 """HTTP error replies in OpenAI's layout: `{"error": {"message", "type", "param", "code"}}`.
 
-Shared by every HTTP handler of the router (http.py, the OpenAI and SGLang routes): the
-status is the error catalogue's, `param` names the field in the spelling the client sent.
+Shared by every HTTP handler of the router (http.py, the OpenAI and SGLang routes; the
+Messages API renders the same objects in its layout): the status is the error catalogue's,
+`param` names the field in the spelling the client sent, cut and with its unprintable
+characters escaped (an unknown field's name is whatever the client sent), and the message
+is cut too. `JsonErrors` answers the requests aiohttp cannot parse without echoing them.
 `read_json` reads a request's body with its errors as these replies.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import re
 from collections.abc import Callable
@@ -14,9 +19,11 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from radixmesh.client.convert import error_from_rpc
 from radixmesh.errors import CATALOGUE, InvalidArgument, Overloaded, Unavailable, entry_for
+from radixmesh.redact import label
 from radixmesh.router.http.openai.convert import openai_field
 from radixmesh.router.limits import RequestLimits, parse_json
 from radixmesh.router.liveness import UNAVAILABLE_RETRY_AFTER
@@ -37,6 +44,8 @@ STATUS_NAMES = {200: "OK", 404: "NOT_FOUND", 405: "UNIMPLEMENTED", 408: "DEADLIN
     e.http_status: e.grpc_status for e in CATALOGUE
 }
 STATUS_KEY = "radixmesh_status"  # request key: a status that the HTTP status does not show
+MAX_PARAM = 64  # characters of a field's name an error shows (real ones are shorter)
+MAX_MESSAGE = 2048  # characters of an error's message (as gRPC's trailers carry)
 
 
 class ApiError(Exception):
@@ -50,6 +59,7 @@ class ApiError(Exception):
         code: str | None = None,
         retry_after: float | None = None,
     ) -> None:
+        message, param = _shown(message, param)
         super().__init__(message)
         self.status = status
         self.message = message
@@ -94,6 +104,24 @@ class ApiError(Exception):
         return web.json_response(self.to_json(), status=self.status, headers=headers)
 
 
+def _shown(message: str, param: str | None) -> tuple[str, str | None]:
+    """The message and field an error reply may show: a field's name is the client's own
+    text (an unknown field can be 10 KB, terminal escapes, a piece of a key), so it is cut
+    and its unprintable characters escaped (redact.label), where it is named and inside the
+    message; the message is cut to MAX_MESSAGE characters."""
+    if param is not None:
+        shown = label(param, MAX_PARAM)
+        if shown != param:
+            for written in (param, repr(param)[1:-1], json.dumps(param)[1:-1]):
+                message = message.replace(written, shown)
+            param = shown
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[:MAX_MESSAGE]}... ({len(message)} characters)"
+    if not message.isprintable():  # line breaks stay (a compiler's message has them)
+        message = "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in message)
+    return message, param
+
+
 def _renamed(message: str, internal: str, client: str) -> str:
     """`message` with the field's internal name, as a whole word, in the client's."""
     if internal == client or not internal:
@@ -119,3 +147,40 @@ async def read_json(
         raise ApiError(400, e.message, None, "invalid_json") from None
     limits.check_body(body, context_length)
     return body
+
+
+class JsonErrors(RequestHandler):
+    """aiohttp's handler of one connection, whose reply to a request aiohttp cannot parse
+    (a 400 for a malformed head, a 413 or 431 for one too large) is this module's JSON,
+    naming the kind of error only: aiohttp's own reply quotes the line it could not parse,
+    a malformed `Authorization` header's key and all, and a proxy in front may log it."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        plain = super().handle_error(request, status, exc, None)  # logs it; closes after
+        if status == 500:
+            return plain  # aiohttp's says nothing about the request
+        reason = type(exc).__name__ if exc is not None else "malformed"
+        reply = ApiError(status, f"the request could not be parsed ({reason})", None, "bad_request")
+        response = reply.response()
+        response.force_close()
+        return response
+
+
+def json_errors(factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+    """`factory` (aiohttp's `web.Server`) with its connections' handlers `JsonErrors`."""
+
+    def make() -> asyncio.Protocol:
+        handler = factory()
+        if type(handler) is RequestHandler:
+            handler.__class__ = JsonErrors  # the same object, its error replies this module's
+        return handler
+
+    return make

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from radixmesh.client import convert
 from radixmesh.errors import InvalidArgument
+from radixmesh.redact import label
 from radixmesh.router.http.openai import constraints, tools
 from radixmesh.router.http.openai import requests as rq
 from radixmesh.router.limits import check_prompt_fits, encode_within
@@ -96,7 +97,8 @@ def validate(model: type[M], body: Any, *, strict: bool) -> M:
     for name in unknown:
         if name not in _logged and len(_logged) < _LOGGED_LIMIT:
             _logged.add(name)
-            logger.warning("ignoring the unknown request field %r (reported once)", name)
+            # The name is the client's text: cut and escaped, and masked as any log line.
+            logger.warning("ignoring the unknown request field '%s' (reported once)", label(name))
     return parsed
 
 
