@@ -74,6 +74,7 @@ class OutputLog:
                 self.outputs.append(out)
                 self.ends.append(out.meta_info.completion_tokens)
                 self.nbytes += _size(out)
+                self.finished = out.finished
                 self._wake()
         except Exception as e:  # the request failed: its followers raise it
             self.error = e

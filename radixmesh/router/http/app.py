@@ -53,6 +53,7 @@ from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError, 
 from radixmesh.router.http.frontend import Job, JobChunks
 from radixmesh.router.http.listener import ConnectionGuard, GuardedSite, ServerLog
 from radixmesh.router.http.model_identity import anthropic_model, openai_model
+from radixmesh.router.http.openai.generation import WORKER_HEADER
 from radixmesh.router.http.openai.responses_api.routes import ResponsesRoutes
 from radixmesh.router.http.openai.routes import OpenAIRoutes
 from radixmesh.router.programs import ProgramHint
@@ -63,7 +64,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ApiError", "HttpFrontend", "JobChunks", "ssl_context"]
 
-# Probes, scrapers and the API's description: no API key, no request metrics.
+# Probes, scrapers and the API's description: no API key, no request metrics (`/metrics`
+# checks its own: `operator`).
 _OPEN_PATHS = ("/health", "/metrics", "/openapi.json", "/ping", "/ready")
 
 
@@ -107,6 +109,7 @@ class HttpFrontend:
         )
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_text)
+        app.on_response_prepare.append(self._worker_identity)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
         OpenAIRoutes(self).register(app)
@@ -278,7 +281,29 @@ class HttpFrontend:
             raise ApiError(503, "no healthy worker", None, "unavailable")
         return web.json_response({"status": "ok", "healthy_workers": healthy})
 
+    def operator(self, request: web.Request) -> bool:
+        """Whether the caller may see the router's internals on this port: `/metrics` and
+        which worker served a reply (`X-Radixmesh-Worker`). With admin keys, an admin key;
+        with API keys alone, nobody (the metrics port serves the metrics; the operator named
+        no admin); with no keys at all (a local cluster, the demo), everybody."""
+        c = self.config
+        if c.admin_keys:
+            return bearer_allowed(authorization(request), c.admin_keys)
+        return not c.api_keys
+
+    async def _worker_identity(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Before a reply's headers go out: the serving worker's name only to an operator
+        (a client learns nothing of the cluster behind the router from its replies)."""
+        if WORKER_HEADER in response.headers and not self.operator(request):
+            del response.headers[WORKER_HEADER]
+
     async def metrics_text(self, request: web.Request) -> web.Response:
+        if not self.operator(request):
+            if not bearer_allowed(authorization(request), self.config.caller_keys):
+                raise ApiError(401, "missing or wrong admin key", None, "invalid_api_key")
+            raise ApiError(
+                403, "the metrics are the admin keys' (or the --metrics-port's)", None, "forbidden"
+            )
         return web.Response(
             body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )

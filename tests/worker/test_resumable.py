@@ -1,0 +1,128 @@
+"""HeldRequests / OutputLog (worker/resumable.py): following a request's log from an
+offset, owners, the grace period and the bytes bound, with scripted outputs and explicit
+clock values (no engine, no timing)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from radixmesh.errors import InvalidArgument, NotFound
+from radixmesh.worker.request_output import Finish, MetaInfo, RequestOutput
+from radixmesh.worker.resumable import HeldRequests, ResumeConfig
+
+
+def out(rid: str, ids: list[int], done: int, finished: bool = False) -> RequestOutput:
+    """An output of `ids` (text: their digits) after which `done` tokens were made."""
+    meta = MetaInfo(rid, prompt_tokens=4, completion_tokens=done, cached_tokens=0)
+    if finished:
+        meta.finish = Finish("length", length=done)
+    text = "".join(str(i) for i in ids)
+    return RequestOutput(rid, ids, text, finished, meta)
+
+
+class Script:
+    """An engine stream fed by the test."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        while (item := await self.queue.get()) is not None:
+            yield item
+
+    async def feed(self, *items: RequestOutput) -> None:
+        for item in items:
+            self.queue.put_nowait(item)
+        for _ in range(3):  # the log's reader takes them
+            await asyncio.sleep(0)
+
+
+class Aborts:
+    def __init__(self) -> None:
+        self.rids: list[str] = []
+
+    def __call__(self, rid: str) -> None:
+        self.rids.append(rid)
+
+
+def test_follow_from_an_offset_joins_what_is_there_then_streams() -> None:
+    async def run() -> None:
+        held = HeldRequests(ResumeConfig(grace=5.0), Aborts())
+        script = Script()
+        log = held.start("r", "alice", script.outputs())
+        await script.feed(out("r", [1], 1), out("r", [2, 3], 3), out("r", [4], 4))
+        assert log.ends == [1, 3, 4]
+        resumed = held.attach("r", "alice")
+        follow = resumed.follow(1)
+        first = await anext(follow)
+        assert (first.new_token_ids, first.text_delta) == ([2, 3, 4], "234")
+        await script.feed(out("r", [5], 5, finished=True))
+        last = await anext(follow)
+        assert (last.new_token_ids, last.finished) == ([5], True)
+        assert await anext(follow, None) is None
+        with pytest.raises(InvalidArgument) as bad:
+            log.start_of(2)  # inside a message: no caller can hold that
+        assert bad.value.field == "resume_from.offset"
+        assert log.start_of(0) == 0 and log.start_of(3) == 2 and log.start_of(5) == 4
+        held.close()
+
+    asyncio.run(run())
+
+
+def test_only_the_owner_reaches_a_held_request() -> None:
+    async def run() -> None:
+        held = HeldRequests(ResumeConfig(), Aborts())
+        held.start("r", "alice", Script().outputs())
+        with pytest.raises(NotFound):
+            held.attach("r", "mallory")
+        with pytest.raises(NotFound):
+            held.attach("nope", "alice")
+        assert held.attach("r", "alice").followers == 2
+        held.close()
+
+    asyncio.run(run())
+
+
+def test_the_grace_aborts_only_unfollowed_unfinished_requests() -> None:
+    async def run() -> None:
+        aborts = Aborts()
+        held = HeldRequests(ResumeConfig(grace=10.0), aborts)
+        scripts = {rid: Script() for rid in ("left", "followed", "done")}
+        logs = {rid: held.start(rid, "", s.outputs()) for rid, s in scripts.items()}
+        await scripts["done"].feed(out("done", [1], 1, finished=True))
+        held.detach(logs["left"])
+        held.detach(logs["done"])
+        t0 = logs["left"].idle_since
+        held.sweep(t0 + 9.0)  # within the grace: all kept
+        assert set(held.logs) == {"left", "followed", "done"} and aborts.rids == []
+        assert held.unfinished == 1
+        held.sweep(t0 + 11.0)
+        assert aborts.rids == ["left"] and held.expired == 1
+        assert set(held.logs) == {"followed"}  # the finished one dropped, not aborted
+        assert held.abort("followed") and aborts.rids == ["left", "followed"]
+        assert not held.abort("left")
+        held.close()
+
+    asyncio.run(run())
+
+
+def test_the_bytes_bound_drops_the_oldest_unfollowed_logs() -> None:
+    async def run() -> None:
+        aborts = Aborts()
+        one = out("a", [1] * 8, 8)
+        size = 64 + 8 + 8 * 8  # an output's bytes as the log counts them
+        held = HeldRequests(ResumeConfig(grace=60.0, max_bytes=2 * size), aborts)
+        scripts = [Script() for _ in range(3)]
+        logs = [held.start(f"r{i}", "", s.outputs()) for i, s in enumerate(scripts)]
+        for i, s in enumerate(scripts):
+            await s.feed(out(f"r{i}", one.new_token_ids, 8))
+        assert [log.nbytes for log in logs] == [size] * 3
+        for log in logs:
+            held.detach(log)
+        assert set(held.logs) == {"r1", "r2"} and aborts.rids == ["r0"]
+        held.close()
+
+    asyncio.run(run())
