@@ -208,6 +208,7 @@ class _Client(asyncio.Protocol):
         self.to_client: Frames | None = None if gate.tls else Frames()
         self.connecting: asyncio.Task[None] | None = None
         self.shedding = False
+        self.server_eof = False  # the server's EOF was passed on: nothing more to write
 
     # ---- the client's side ------------------------------------------------------------
 
@@ -305,13 +306,14 @@ class _Client(asyncio.Protocol):
     def _close(self) -> None:
         self.timer = None
         frames_in, frames_out = self.to_server, self.to_client
-        # Over TLS, or mid-frame, no GOAWAY can go in: a plain close.
-        if frames_in and frames_out and frames_out.between and self.transport is not None:
-            self.transport.write(goaway(frames_in.last_stream))
+        transport = self.transport
+        # Over TLS, mid-frame or after the server's EOF, no GOAWAY can go in: a plain close.
+        if frames_in and frames_out and frames_out.between and not self.server_eof and transport:
+            transport.write(goaway(frames_in.last_stream))
         if self.upstream is not None:
             self.upstream.close()
-        if self.transport is not None:
-            self.transport.close()
+        if transport is not None:
+            transport.close()
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -381,6 +383,7 @@ class _Upstream(asyncio.Protocol):
         client = self.client.transport
         if client is not None and client.can_write_eof():
             client.write_eof()
+            self.client.server_eof = True
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
