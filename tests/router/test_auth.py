@@ -181,7 +181,9 @@ def test_https_needs_a_key(secure: SecureCluster) -> None:
     assert anonymous.post("/generate", native).status_code == 401  # SGLang's API too
     assert anonymous.get("/get_server_info").status_code == 401
     assert keyed.post("/generate", native).json()["meta_info"]["completion_tokens"] == 2
-    metrics = anonymous.get("/metrics").text
+    assert anonymous.get("/metrics").status_code == 401  # the router's internals: admins'
+    assert keyed.get("/metrics").status_code == 403
+    metrics = Http(secure.http_port, context=secure.ssl, api_key=ADMIN).get("/metrics").text
     denied = 'endpoint="/v1/models",frontend="http",status="UNAUTHENTICATED"'
     assert f"radixmesh_router_requests_total{{{denied}}} 1.0" in metrics.splitlines()
 
@@ -340,8 +342,27 @@ def test_http_endpoints_by_key(secure: SecureCluster, key: str) -> None:
         else:
             want = 200
         assert got == want, (method, path, key)
-    for path in ("/health", "/metrics"):  # open to probes and scrapers
-        assert _http(secure, "GET", path, None, _HTTP_AUTH[key]) == 200
+    assert _http(secure, "GET", "/health", None, _HTTP_AUTH[key]) == 200  # open to probes
+    # The metrics: an admin's here (a scraper without the key reads the metrics port).
+    want = {NONE: 401, WRONG: 401, MALFORMED: 401, API: 403, ADMIN_KEY: 200}[key]
+    assert _http(secure, "GET", "/metrics", None, _HTTP_AUTH[key]) == want
+
+
+@pytest.mark.slow
+def test_the_serving_worker_is_named_to_admins_only(secure: SecureCluster) -> None:
+    body = {"model": "dummy:tiny", "prompt": "hi", "max_tokens": 2}
+    user = Http(secure.http_port, context=secure.ssl, api_key="key-beta")
+    admin = Http(secure.http_port, context=secure.ssl, api_key=ADMIN)
+    assert "x-radixmesh-worker" not in user.post("/v1/completions", body).headers
+    assert admin.post("/v1/completions", body).headers["x-radixmesh-worker"] == "worker-0"
+    for caller in (user, admin):  # streams too (their headers go out before the first event)
+        conn, resp = caller.open_stream("/v1/completions", {**body, "stream": True})
+        try:
+            worker = resp.getheader("X-Radixmesh-Worker")
+            resp.read()
+        finally:
+            conn.close()
+        assert worker == (None if caller is user else "worker-0")
 
 
 @pytest.mark.slow
@@ -391,7 +412,8 @@ def test_keys_stay_off_command_lines_and_out_of_output(secure: SecureCluster) ->
             assert secret.encode() not in cmdline
     worker_env = Path(f"/proc/{secure.cluster.workers[0].pid}/environ").read_bytes()
     assert f"RADIXMESH_API_KEY={secure.cluster.worker_key}".encode() in worker_env.split(b"\0")
-    metrics = Http(secure.http_port, context=secure.ssl).get("/metrics").text
+    metrics = Http(secure.http_port, context=secure.ssl, api_key=ADMIN).get("/metrics").text
+    assert "radixmesh_router_requests_total" in metrics
     for secret in (*KEYS, ADMIN, secure.cluster.worker_key):
         assert secret not in metrics
     c = secure.cluster.config

@@ -1,7 +1,9 @@
 """The router's HTTP server (aiohttp, on the router's own event loop): OpenAI's API, Anthropic's
 Messages API and SGLang's.
 
-`GET /health` and `GET /metrics` are served here; the OpenAI-compatible API (`/v1/...`,
+`GET /health` and `GET /metrics` are served here (the metrics, and the
+`X-Radixmesh-Worker` header naming the worker that served a reply, only to an admin key
+where there are keys: `operator`); the OpenAI-compatible API (`/v1/...`,
 `/tokenize`, `/detokenize`, `/openapi.json`: openai/routes.py; `/v1/responses`:
 openai/responses_api/), Anthropic's `/v1/messages` (anthropic/routes.py) and SGLang's
 native API (`/generate`, `/get_model_info`, ...: sglang_api.py) register their routes.
