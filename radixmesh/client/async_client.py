@@ -15,7 +15,7 @@ from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 from . import convert
 from .channels import Channels, StubsInTurn
 from .client import Params, Service
-from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retryable
+from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retry_wait
 from .resume import ResumableStream
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
@@ -341,10 +341,8 @@ class AsyncClient(StubsInTurn):
                 attempt += 1
 
     async def _wait_retry(self, e: grpc.RpcError, attempt: int, deadline: Deadline) -> bool:
-        if not retryable(e, attempt, self.options):
-            return False
-        delay = self.options.retry_delay(attempt)
-        if not deadline.allows(delay):
+        delay = retry_wait(e, attempt, self.options)  # honours the server's retry-after
+        if delay is None or not deadline.allows(delay):
             return False
         await asyncio.sleep(delay)
         return True

@@ -22,7 +22,7 @@ from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 
 from . import convert
 from .channels import Channels, StubsInTurn
-from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retryable
+from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retry_wait
 from .resume import ResumableStream
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
@@ -364,10 +364,8 @@ class Client(StubsInTurn):
                 attempt += 1
 
     def _wait_retry(self, e: grpc.RpcError, attempt: int, deadline: Deadline) -> bool:
-        if not retryable(e, attempt, self.options):
-            return False
-        delay = self.options.retry_delay(attempt)
-        if not deadline.allows(delay):
+        delay = retry_wait(e, attempt, self.options)  # honours the server's retry-after
+        if delay is None or not deadline.allows(delay):
             return False
         time.sleep(delay)
         return True

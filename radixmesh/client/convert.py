@@ -4,6 +4,9 @@ and gRPC errors -> the error catalogue."""
 from __future__ import annotations
 
 import dataclasses
+import email.utils
+import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,6 +148,37 @@ def is_overloaded(e: grpc.RpcError) -> bool:
     if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
         return False
     return any(k == OVERLOADED_METADATA_KEY for k, _ in e.trailing_metadata() or ())
+
+
+RETRY_AFTER_KEYS = ("retry-after", OVERLOADED_METADATA_KEY)
+
+
+def server_retry_after(e: grpc.RpcError) -> float | None:
+    """The seconds the server asked the client to wait (trailing metadata `retry-after`,
+    or ours, `radixmesh-retry-after`); None when it said nothing readable."""
+    for key, value in e.trailing_metadata() or ():
+        if key in RETRY_AFTER_KEYS:
+            seconds = parse_retry_after(value)
+            if seconds is not None:
+                return seconds
+    return None
+
+
+def parse_retry_after(value: str | bytes, now: float | None = None) -> float | None:
+    """An HTTP Retry-After value (RFC 9110: delay-seconds, or an HTTP date, seconds from
+    `now`, default the wall clock) as seconds >= 0; None when it is neither."""
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
 def _seconds(text: str | bytes) -> float:

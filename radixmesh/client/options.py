@@ -1,12 +1,25 @@
-"""Connection options shared by `Client` and `AsyncClient`: channel, auth, retries."""
+"""Connection options shared by `Client` and `AsyncClient`: channel, auth, retries.
+
+Retries (`retry_wait`): a call the server did not take (UNAVAILABLE, or a call a server
+shutting down dropped; with `retry_overloaded`, also RESOURCE_EXHAUSTED for load) is
+tried again up to `max_retries` times, before its first token only. When the server said
+when to come back (gRPC metadata `retry-after` or `radixmesh-retry-after`, in seconds or
+as an HTTP date: convert.server_retry_after), the retry waits at least that long, plus a
+jitter of up to `retry_after_jitter` of it, so that the clients a server turned away at
+once do not all return at once; a server asking for more than `max_retry_after` is not
+waited for (the error is raised, its `retry_after` set). Without it: exponential backoff
+with full jitter. The call's deadline bounds it all.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -14,7 +27,7 @@ import grpc
 from radixmesh.errors import InvalidArgument
 from radixmesh.keepalive import KEEPALIVE
 
-from .convert import server_went_away
+from .convert import is_overloaded, server_retry_after, server_went_away
 
 # Keepalive: the policy the router's and the worker's servers enforce (keepalive.py).
 CHANNEL_OPTIONS = [
@@ -36,10 +49,17 @@ class ClientOptions:
     backoff: float = 0.1  # first retry waits up to this (full jitter), doubling each time
     max_backoff: float = 2.0
     connections: int = 1  # channels (each its own connection per address) calls rotate over
+    max_retry_after: float = 30.0  # the longest server's retry-after waited for, seconds
+    retry_after_jitter: float = 0.2  # a retry-after wait: uniform in [r, r * (1 + this)]
+    retry_overloaded: bool = False  # also retry RESOURCE_EXHAUSTED (overload), after its r
 
     def __post_init__(self) -> None:
         if self.connections < 1:
             raise InvalidArgument("connections", f"must be >= 1, got {self.connections}")
+        for name in ("max_retry_after", "retry_after_jitter", "backoff", "max_backoff"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise InvalidArgument(name, f"must be a number >= 0, got {value}")
 
     @property
     def secure(self) -> bool:
@@ -51,9 +71,25 @@ class ClientOptions:
     def credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=self.root_certificates)
 
-    def retry_delay(self, attempt: int) -> float:
-        """Full jitter: uniform in [0, min(max_backoff, backoff * 2**attempt)]."""
-        return random.uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
+    def retry_delay(
+        self, attempt: int, uniform: Callable[[float, float], float] | None = None
+    ) -> float:
+        """Full jitter: uniform in [0, min(max_backoff, backoff * 2**attempt)] (attempt 0
+        first). `uniform`: the draw (default random.uniform, looked up per call)."""
+        uniform = uniform or random.uniform
+        return uniform(0.0, min(self.max_backoff, self.backoff * 2**attempt))
+
+    def retry_after_delay(
+        self, retry_after: float, uniform: Callable[[float, float], float] | None = None
+    ) -> float | None:
+        """The wait for a server's `retry_after` r: uniform in [r, r * (1 +
+        retry_after_jitter)], at most max_retry_after; None (no retry) when r itself is
+        over max_retry_after."""
+        if retry_after > self.max_retry_after:
+            return None
+        uniform = uniform or random.uniform
+        jittered = uniform(retry_after, retry_after * (1.0 + self.retry_after_jitter))
+        return min(max(jittered, retry_after), self.max_retry_after)
 
 
 class Deadline:
@@ -75,7 +111,25 @@ RESOLVE_TIMEOUT_S = 10.0
 
 
 def retryable(e: grpc.RpcError, attempt: int, options: ClientOptions) -> bool:
-    return server_went_away(e) and attempt < options.max_retries
+    if attempt >= options.max_retries:
+        return False
+    return server_went_away(e) or (options.retry_overloaded and is_overloaded(e))
+
+
+def retry_wait(
+    e: grpc.RpcError,
+    attempt: int,
+    options: ClientOptions,
+    uniform: Callable[[float, float], float] | None = None,
+) -> float | None:
+    """Seconds to wait before retrying the call that failed with `e` (module docstring);
+    None: not retried."""
+    if not retryable(e, attempt, options):
+        return None
+    retry_after = server_retry_after(e)
+    if retry_after is None:
+        return options.retry_delay(attempt, uniform)
+    return options.retry_after_delay(retry_after, uniform)
 
 
 def channel_target(target: str) -> str:
