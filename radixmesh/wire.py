@@ -47,6 +47,8 @@ EVENT_KIND_CODES = {  # the worker sends them (worker/proto_out.py)
     "pending": worker_pb2.CACHE_EVENT_KIND_PENDING,
     "offloaded": worker_pb2.CACHE_EVENT_KIND_OFFLOADED,
     "loaded": worker_pb2.CACHE_EVENT_KIND_LOADED,
+    "request_started": worker_pb2.CACHE_EVENT_KIND_REQUEST_STARTED,
+    "request_ended": worker_pb2.CACHE_EVENT_KIND_REQUEST_ENDED,
 }
 
 Messages = Sequence[Mapping[str, str]]

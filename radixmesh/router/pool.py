@@ -47,6 +47,11 @@ from radixmesh.wire import load_age, reports_deterministic
 logger = logging.getLogger(__name__)
 
 UNHEALTHY_PROBE_INTERVAL = 0.5  # seconds between polls of a worker that is down
+# The weight of the other replicas' pending prefill on a worker in this replica's view (its
+# own counts in full). The others' requests are known an event delay late, and every
+# replica acts on them at once: at full weight, 8 replicas in the router simulator herded
+# their spills onto the same workers and the hit rate collapsed (docs/router-sim.md).
+SHARED_PENDING_WEIGHT = 0.25
 RESOLVE_INTERVAL = 1.0  # seconds between address look-ups of a worker that is down
 
 # The worker's current address, or None when it is not known right now.
@@ -98,6 +103,12 @@ class WorkerHandle:
         # streaming (their prefill is queued or running): cache_aware weighs them.
         self.pending_prefill = 0
         self.ended_since_poll = 0  # of the router's requests, those ended since `load` came
+        # Other router replicas' requests here, from the worker's request events (a
+        # "pending" event naming a request this replica did not send, to its "ended"):
+        # request id -> its prompt tokens this replica's summary lacked when it arrived,
+        # counted as pending prefill until its "started" event (then 0).
+        self.others: dict[str, int] = {}
+        self.others_pending = 0
         # Until then (time.monotonic()) the worker said it is full: not routed to meanwhile.
         self.full_until = 0.0
         self.resyncs = 0  # snapshot pulls (the first one included)
@@ -164,12 +175,14 @@ class WorkerHandle:
         # turn as queued work on the worker caching it, and went to a cold worker.
         load = self.load
         reported = load.num_running + load.num_waiting - self.ended_since_poll
-        queued = max(reported, self.in_flight)
+        queued = max(reported, self.in_flight + len(self.others))
         healthy = self.reachable and self.breaker.allows() and not self.full
         # Reused while unchanged: the router builds one per worker per request, and most
         # workers' candidates are the same as for the last request.
         c = self._candidate
         pending = self.pending_prefill
+        if self.others_pending:
+            pending += int(SHARED_PENDING_WEIGHT * self.others_pending)
         if (
             c.cached_tokens != cached_tokens
             or c.queued != queued
@@ -335,11 +348,39 @@ class WorkerHandle:
         elif kind == worker_pb2.CACHE_EVENT_KIND_CLEARED:
             s.clear()
         elif kind == worker_pb2.CACHE_EVENT_KIND_PENDING:
+            if ev.request_id:  # (before its blocks count as tentative: what it prefills)
+                self._arrived(ev.request_id, ev.block_hashes)
             # Another replica (or this one) routed a request here: count its prefix as
             # on its way, as the replica that routed it does.
             s.add_tentative(ev.block_hashes, self.config.tentative_ttl)
             self.on_grow()
+        elif kind == worker_pb2.CACHE_EVENT_KIND_REQUEST_STARTED:
+            estimate = self.others.get(ev.request_id)
+            if estimate:
+                self.others_pending -= estimate
+                self.others[ev.request_id] = 0
+        elif kind == worker_pb2.CACHE_EVENT_KIND_REQUEST_ENDED:
+            estimate = self.others.pop(ev.request_id, None)
+            if estimate is not None:
+                self.others_pending -= estimate
+                self.ended_since_poll += 1  # (the next load report no longer counts it)
         s.sequence = ev.sequence
+
+    def _arrived(self, request_id: str, hashes: Sequence[int]) -> None:
+        """A request reached the worker. This replica's own requests (those with a sink
+        here) it counts from its decision on; another replica's it counts from now, with
+        the prompt tokens its summary of the worker lacks as pending prefill."""
+        if request_id in self.outputs.sinks:
+            return
+        estimate = (len(hashes) - self.summary.match(hashes)) * self.block_size
+        self.others[request_id] = estimate
+        self.others_pending += estimate
+
+    def forget_others(self) -> None:
+        """Events were missed (a resync): the other replicas' requests are not known now
+        (their ends may be among the lost events); the load polls count them meanwhile."""
+        self.others.clear()
+        self.others_pending = 0
 
     async def resync(self) -> None:
         snap = await self.stub.GetCacheSnapshot(
@@ -349,6 +390,7 @@ class WorkerHandle:
         )
         device, host = snapshot_tiers(snap.events)
         self.summary.reset(snap.epoch, snap.sequence, device, host)
+        self.forget_others()
         self.on_grow()
         self.block_size = snap.block_size
         self.resyncs += 1

@@ -4,8 +4,10 @@ The radix cache fires events on the scheduler thread. The hub's one listener num
 (1, 2, 3, ... within an `epoch` that is new for every process start) and hands each to
 every subscriber's asyncio queue through `call_soon_threadsafe`, so the scheduler thread
 never blocks on a slow consumer. The server adds "pending" events on its loop when a
-request arrives (`publish_pending`): numbered under the same lock and queued to the loop
-in number order, so subscribers see one gapless sequence. A consumer that falls more
+request arrives (`publish_pending`), and "request_started" / "request_ended" when it is
+prefilled and when it ends (`publish_request`: router replicas count each other's requests
+from them): numbered under the same lock and queued to the loop in number order, so
+subscribers see one gapless sequence. A consumer that falls more
 than `max_queue` events behind is cut off (its stream ends) and must resubscribe and pull
 a snapshot; the sequence numbers let it see a gap.
 """
@@ -16,7 +18,7 @@ import asyncio
 import random
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from radixmesh.worker.kvcache.events import CacheEvent
 
@@ -62,11 +64,21 @@ class CacheEventHub:
     def subscribed(self) -> bool:
         return bool(self._subscribers)
 
-    def publish_pending(self, hashes: tuple[int, ...], block_size: int) -> None:
+    def publish_pending(
+        self, hashes: tuple[int, ...], block_size: int, request_id: str = ""
+    ) -> None:
         """On the loop: a request for these prefix blocks arrived."""
-        if not hashes:
+        if not hashes and not request_id:
             return
-        event = CacheEvent("pending", hashes, None, len(hashes) * block_size)
+        self._publish(CacheEvent("pending", hashes, None, len(hashes) * block_size, request_id))
+
+    def publish_request(
+        self, kind: Literal["request_started", "request_ended"], request_id: str
+    ) -> None:
+        """On the loop: the request a "pending" event announced was prefilled / ended."""
+        self._publish(CacheEvent(kind, (), None, 0, request_id))
+
+    def _publish(self, event: CacheEvent) -> None:
         with self._lock:
             self._sequence += 1
             self.loop.call_soon(self._fan_out, NumberedEvent(self.epoch, self._sequence, event))

@@ -111,6 +111,8 @@ def event_to_proto(epoch: int, sequence: int, event: CacheEvent) -> worker_pb2.C
     )
     if event.parent_hash is not None:
         msg.parent_hash = event.parent_hash
+    if event.request_id:
+        msg.request_id = event.request_id
     return msg
 
 

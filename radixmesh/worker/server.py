@@ -184,6 +184,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         sink: OutputStream | None = None
         log: OutputLog | None = None
         finished = False
+        announced = False  # the routers were told of it by id: they hear of its end too
         try:
             engine = self._engine()
             if resume is not None:  # a held request (resumable.py): no new work
@@ -196,13 +197,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 ids = self._input_ids(request.input)
                 params = params_from_proto(request.sampling_params)
                 stream = engine.async_stream(ids, params, rid=rid)
-                self._announce(engine, ids)
+                # A resumable request outlives its call: announced without its id.
+                announced = self._announce(engine, ids, "" if request.resumable else rid)
                 if request.resumable:
                     log = self.held.start(rid, request.owner, self._timed(stream))
                     outputs = log.follow(0)
                 else:
                     self.in_flight.add(rid)
                     outputs = self._timed(stream)
+                    if announced:
+                        outputs = self._announce_start(outputs, rid)
             sink = self.output_streams.get(request.output_stream)
             if sink is not None:
                 first = True
@@ -240,14 +244,32 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 sink.discard(rid)  # what it held for a request that ends with an error
             if log is None:
                 self.in_flight.discard(rid)
+            if announced and self.hub is not None:
+                self.hub.publish_request("request_ended", rid)
 
-    def _announce(self, engine: ServingEngine, ids: list[int]) -> None:
+    def _announce(self, engine: ServingEngine, ids: list[int], rid: str) -> bool:
         """Tell the routers (cache-event subscribers) which prefix blocks this request
-        will leave cached: each router replica then counts them as tentatively here."""
+        will leave cached: each router replica then counts them as tentatively here. With
+        `rid`, each also counts the request on this worker until its "ended" event (router/
+        pool.py). Whether the routers were told of `rid`."""
         hub = self.hub
-        if hub is not None and hub.subscribed:
-            size = engine.config.cache.event_block_size
-            hub.publish_pending(tuple(block_hashes(ids, size)), size)
+        if hub is None or not hub.subscribed:
+            return False
+        size = engine.config.cache.event_block_size
+        hub.publish_pending(tuple(block_hashes(ids, size)), size, rid)
+        return bool(rid)
+
+    async def _announce_start(
+        self, outputs: AsyncIterator[RequestOutput], rid: str
+    ) -> AsyncIterator[RequestOutput]:
+        """`outputs`, telling the routers when the first one comes: the prompt is prefilled
+        (their pending-prefill estimate of the request ends)."""
+        first = True
+        async for out in outputs:
+            if first and self.hub is not None:
+                self.hub.publish_request("request_started", rid)
+                first = False
+            yield out
 
     def _admit(self, n: int) -> None:
         """Overloaded unless n more requests fit (Generate streams and Score continuations

@@ -1,12 +1,15 @@
-"""A worker's queued work as the router's policy sees it, between two load reports."""
+"""A worker's queued work as the router's policy sees it: between two load reports, and
+with the requests other router replicas sent there (the worker's request events)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 
 from radixmesh.router.config import RouterConfig
+from radixmesh.router.outputs import Sink
 from radixmesh.router.pool import LoadReport, WorkerPool
+from radixmesh.v1 import worker_pb2
 
 
 def test_requests_ended_since_the_load_report_are_not_queued() -> None:
@@ -30,8 +33,6 @@ def test_requests_ended_since_the_load_report_are_not_queued() -> None:
 
 
 def test_a_request_ending_during_a_load_poll_stays_subtracted() -> None:
-    from radixmesh.v1 import worker_pb2
-
     async def run() -> tuple[int, int]:
         pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))
         handle = pool.workers["worker-0"]
@@ -75,3 +76,47 @@ def test_pending_prefill_counts_requests_until_they_stream() -> None:
         return seen
 
     assert asyncio.run(run()) == [(4064, 2), (64, 2), (0, 0)]
+
+
+def _event(
+    seq: int, kind: worker_pb2.CacheEventKind, rid: str, hashes: Sequence[int] = ()
+) -> worker_pb2.CacheEvent:
+    return worker_pb2.CacheEvent(
+        epoch=7, sequence=seq, kind=kind, block_hashes=hashes, request_id=rid
+    )
+
+
+def test_the_view_counts_requests_another_replica_sent() -> None:
+    pending_kind = worker_pb2.CACHE_EVENT_KIND_PENDING
+    started, ended = (
+        worker_pb2.CACHE_EVENT_KIND_REQUEST_STARTED,
+        worker_pb2.CACHE_EVENT_KIND_REQUEST_ENDED,
+    )
+
+    async def run() -> list[tuple[int, int]]:
+        pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))
+        handle = pool.workers["worker-0"]
+        handle.block_size = 16
+        handle.summary.reset(7, 0, [1, 2, 3])  # the worker caches blocks 1-3
+        seen = []
+        # This replica's own request: counted from its decision on (it has a sink here).
+        handle.request_started(64)
+        handle.outputs.sinks["mine"] = Sink(handle, None)
+        handle.apply(_event(1, pending_kind, "mine", [1, 2, 3, 4]))
+        seen.append((handle.candidate(0).queued, handle.candidate(0).pending_prefill))
+        # Another replica's: 2 of its 6 blocks are not cached here (32 tokens) ...
+        handle.apply(_event(2, pending_kind, "theirs-a", [1, 2, 3, 4, 5, 6]))
+        # ... and a cold one: 4 blocks, 64 tokens (block 4 is tentative now: 3 missing).
+        handle.apply(_event(3, pending_kind, "theirs-b", [9, 10, 11, 12]))
+        seen.append((handle.candidate(0).queued, handle.candidate(0).pending_prefill))
+        handle.apply(_event(4, started, "theirs-a"))  # prefilled: no longer pending
+        seen.append((handle.candidate(0).queued, handle.candidate(0).pending_prefill))
+        handle.apply(_event(5, ended, "theirs-a"))
+        handle.apply(_event(6, ended, "mine"))  # ours: counted by in_flight until it ends
+        seen.append((handle.candidate(0).queued, handle.candidate(0).pending_prefill))
+        handle.forget_others()  # a resync: what it missed is unknown
+        seen.append((handle.candidate(0).queued, handle.candidate(0).pending_prefill))
+        return seen
+
+    # 64 own + 0.25 x (32 + 64) of the others' = 88; then 64 + 0.25 x 64 = 80.
+    assert asyncio.run(run()) == [(1, 64), (3, 88), (3, 80), (2, 80), (1, 64)]

@@ -31,7 +31,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 # Appended only: pipe.py sends a kind as its index here.
-CacheEventKind = Literal["stored", "removed", "cleared", "pending", "offloaded", "loaded"]
+# "request_started" / "request_ended": a request announced by "pending" was prefilled /
+# ended (the server publishes them, with its request id, for the routers' shared view of
+# the worker's load).
+CacheEventKind = Literal[
+    "stored",
+    "removed",
+    "cleared",
+    "pending",
+    "offloaded",
+    "loaded",
+    "request_started",
+    "request_ended",
+]
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,7 @@ class CacheEvent:
     block_hashes: tuple[int, ...]  # chained hashes, in path order
     parent_hash: int | None  # hash of the block before block_hashes[0]; None: root
     num_tokens: int  # tokens the blocks cover: len(block_hashes) * block size
+    request_id: str = ""  # pending / started / ended: the request's id
 
 
 CacheListener = Callable[[CacheEvent], None]
