@@ -363,6 +363,9 @@ def test_the_serving_worker_is_named_to_admins_only(secure: SecureCluster) -> No
         finally:
             conn.close()
         assert worker == (None if caller is user else "worker-0")
+    native = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+    assert user.post("/generate", native).json()["meta_info"]["worker_id"] == ""
+    assert admin.post("/generate", native).json()["meta_info"]["worker_id"] == "worker-0"
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Protocol
 from radixmesh.v1 import common_pb2
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from radixmesh.router.config import RouterConfig
     from radixmesh.router.control import ControlPlane
     from radixmesh.router.dispatch import Dispatcher
@@ -38,6 +40,10 @@ class Frontend(Protocol):
 
     def check_model(self, name: str) -> None:
         """An ApiError 404 naming `model` unless `name` is the served model."""
+        ...
+
+    def operator(self, request: web.Request) -> bool:
+        """Whether the caller may see the router's internals (which worker served)."""
         ...
 
     def stream_jobs(

@@ -262,8 +262,9 @@ class SglangApi:
         async with aclosing(chunks):
             if req.stream:
                 return await self._stream(request, req, states, chunks, started, ref)
+            shown = self.frontend.operator(request)  # which worker served: an admin's
             async for index, worker_id, chunk in chunks:
-                states[index].add(chunk, worker_id)
+                states[index].add(chunk, worker_id if shown else "")
         out = [s.to_json(time.perf_counter() - started) for s in states]
         return web.json_response(out if req.batch else out[0])
 
@@ -314,10 +315,11 @@ class SglangApi:
             tail = b"" if event_id is None else b"id: " + event_id.encode() + b"\n"
             await resp.write(b"data: " + json.dumps(payload).encode() + b"\n" + tail + b"\n")
 
+        shown = self.frontend.operator(request)  # which worker served: an admin's
         try:
             while item is not None:
                 index, worker_id, chunk = item
-                states[index].add(chunk, worker_id)
+                states[index].add(chunk, worker_id if shown else "")
                 payload = states[index].to_json(time.perf_counter() - started)
                 await send(payload, event_id(ref, chunk))
                 item = await anext(chunks, None)
