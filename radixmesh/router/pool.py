@@ -52,6 +52,11 @@ UNHEALTHY_PROBE_INTERVAL = 0.5  # seconds between polls of a worker that is down
 # replica acts on them at once: at full weight, 8 replicas in the router simulator herded
 # their spills onto the same workers and the hit rate collapsed (docs/router-sim.md).
 SHARED_PENDING_WEIGHT = 0.25
+# Whether a replica's candidates count the other replicas' requests at all. Off: in the
+# simulator at 256 workers and 8 replicas, counting them (even the queue counts alone)
+# lowered the hit rate and raised TTFT p99 against each replica's own view (the same herd);
+# the counts are kept either way (`others`), for the metrics and for a better rule.
+COUNT_OTHERS = False
 RESOLVE_INTERVAL = 1.0  # seconds between address look-ups of a worker that is down
 
 # The worker's current address, or None when it is not known right now.
@@ -109,6 +114,7 @@ class WorkerHandle:
         # counted as pending prefill until its "started" event (then 0).
         self.others: dict[str, int] = {}
         self.others_pending = 0
+        self.count_others = COUNT_OTHERS  # whether `candidate` counts them
         # Until then (time.monotonic()) the worker said it is full: not routed to meanwhile.
         self.full_until = 0.0
         self.resyncs = 0  # snapshot pulls (the first one included)
@@ -175,13 +181,14 @@ class WorkerHandle:
         # turn as queued work on the worker caching it, and went to a cold worker.
         load = self.load
         reported = load.num_running + load.num_waiting - self.ended_since_poll
-        queued = max(reported, self.in_flight + len(self.others))
+        tracked = self.in_flight + len(self.others) if self.count_others else self.in_flight
+        queued = max(reported, tracked)
         healthy = self.reachable and self.breaker.allows() and not self.full
         # Reused while unchanged: the router builds one per worker per request, and most
         # workers' candidates are the same as for the last request.
         c = self._candidate
         pending = self.pending_prefill
-        if self.others_pending:
+        if self.others_pending and self.count_others:
             pending += int(SHARED_PENDING_WEIGHT * self.others_pending)
         if (
             c.cached_tokens != cached_tokens

@@ -97,6 +97,7 @@ def test_the_view_counts_requests_another_replica_sent() -> None:
         pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))
         handle = pool.workers["worker-0"]
         handle.block_size = 16
+        handle.count_others = True
         handle.summary.reset(7, 0, [1, 2, 3])  # the worker caches blocks 1-3
         seen = []
         # This replica's own request: counted from its decision on (it has a sink here).
@@ -120,3 +121,15 @@ def test_the_view_counts_requests_another_replica_sent() -> None:
 
     # 64 own + 0.25 x (32 + 64) of the others' = 88; then 64 + 0.25 x 64 = 80.
     assert asyncio.run(run()) == [(1, 64), (3, 88), (3, 80), (2, 80), (1, 64)]
+
+
+def test_by_default_the_others_requests_are_counted_but_not_weighed() -> None:
+    async def run() -> tuple[int, int, int, int]:
+        pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))
+        handle = pool.workers["worker-0"]
+        handle.block_size = 16
+        handle.apply(_event(1, worker_pb2.CACHE_EVENT_KIND_PENDING, "theirs", [1, 2]))
+        c = handle.candidate(0)
+        return c.queued, c.pending_prefill, len(handle.others), handle.others_pending
+
+    assert asyncio.run(run()) == (0, 0, 1, 32)
