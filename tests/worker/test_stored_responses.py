@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import grpc
 import pytest
 
-from radixmesh.errors import InvalidArgument
+from radixmesh.errors import FIELD_METADATA_KEY, InvalidArgument
+from radixmesh.v1 import worker_pb2, worker_pb2_grpc
+from radixmesh.worker.server import ServerConfig, WorkerServicer
 from radixmesh.worker.stored_responses import (
     ENTRY_OVERHEAD,
     StoredResponseLimits,
@@ -79,3 +84,45 @@ def test_bad_input_names_the_field() -> None:
     with pytest.raises(InvalidArgument) as e:
         StoredResponseLimits(max_ttl=0)
     assert e.value.field == "max_ttl"
+
+
+def test_the_rpcs_on_loopback() -> None:
+    """The Worker service's three RPCs over a real gRPC server (no model needed): what
+    one router puts, another reads and deletes; bad input is INVALID_ARGUMENT naming the
+    field."""
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(ServerConfig()), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        a = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        b = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        try:
+            put = worker_pb2.PutStoredResponseRequest(
+                caller="c", response_id="resp_1", entry=b'{"a":1}', ttl_seconds=60
+            )
+            assert (await worker_pb2_grpc.WorkerStub(a).PutStoredResponse(put)).stored
+            stub = worker_pb2_grpc.WorkerStub(b)
+            get = worker_pb2.GetStoredResponseRequest(caller="c", response_id="resp_1")
+            got = await stub.GetStoredResponse(get)
+            assert (got.found, got.entry) == (True, b'{"a":1}')
+            other = worker_pb2.GetStoredResponseRequest(caller="d", response_id="resp_1")
+            assert not (await stub.GetStoredResponse(other)).found
+            delete = worker_pb2.DeleteStoredResponseRequest(caller="c", response_id="resp_1")
+            assert (await stub.DeleteStoredResponse(delete)).deleted
+            assert not (await stub.DeleteStoredResponse(delete)).deleted
+            assert not (await stub.GetStoredResponse(get)).found
+            no_id = worker_pb2.PutStoredResponseRequest(caller="c", entry=b"{}", ttl_seconds=1)
+            no_ttl = worker_pb2.PutStoredResponseRequest(caller="c", response_id="r", entry=b"")
+            for request, field in ((no_id, "response_id"), (no_ttl, "ttl_seconds")):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await stub.PutStoredResponse(request)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert (FIELD_METADATA_KEY, field) in tuple(e.value.trailing_metadata() or ())
+        finally:
+            await a.close()
+            await b.close()
+            await server.stop(None)
+
+    asyncio.run(run())
