@@ -125,7 +125,14 @@ class WorkerActor:
 
 
 class GpuReservation:
-    """Holds one bundle of a worker's placement group and says which GPUs Ray gave it."""
+    """Holds one more rank's resources of a worker (in its placement group) and says which
+    GPUs Ray gave it."""
+
+    def node_id(self) -> str:
+        """The Ray node this reservation holds resources on (the worker's, by its bundle)."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
 
     def gpu_ids(self) -> list[int | str]:
         import ray

@@ -15,6 +15,7 @@ the router's retry is what the test sees, whatever the timing of the machine.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import re
 import signal
@@ -117,6 +118,37 @@ def test_spread_workers_sit_evenly_on_the_nodes_the_table_names(cluster: RayClus
     assert nodes == cluster.worker_bundle_nodes()
     assert set(nodes) == _alive_nodes()
     assert sorted(collections.Counter(nodes).values()) == [2, 2, 2]
+
+
+@pytest.mark.slow
+def test_a_spread_tensor_parallel_worker_keeps_its_ranks_on_one_node(
+    cluster: RayCluster,
+) -> None:
+    """Two tp_size 2 workers (CPU, gloo) beside the six: a bundle each of both ranks'
+    CPUs, on two nodes; each worker's reservation sits on its worker's node, and the
+    worker serves."""
+    import ray
+
+    config = dataclasses.replace(
+        cluster.config, workers=2, tp_size=2, port=free_port(), router_options={"seed": 0}
+    )
+    with RayCluster(config) as tp:
+        (pg,) = tp.placement_groups[:1]
+        table = ray.util.placement_group_table(pg)
+        assert (table["strategy"], table["state"]) == ("SPREAD", "CREATED")
+        assert list(table["bundles"].values()) == [{"CPU": 1.0}] * 2
+        nodes = tp.worker_nodes()
+        assert nodes == tp.worker_bundle_nodes() and len(set(nodes)) == 2
+        assert ray.get([r.node_id.remote() for r in tp.reservations]) == nodes
+        for worker in tp.workers:
+            _, child = ray.get(worker.pids.remote())
+            with open(f"/proc/{child}/cmdline") as f:
+                argv = f.read().split("\0")
+            assert argv[argv.index("--tp-size") + 1] == "2"
+        with Client(tp.address) as client:
+            out = client.generate(input_ids=[1, 5, 9, 200] * 4, sampling_params=PARAMS)
+        assert len(out.token_ids) == NEW_TOKENS
+    assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
 
 
 @dataclass
