@@ -34,12 +34,21 @@ class AsyncClient(StubsInTurn):
         max_retries: int = 3,
         service: Service = "auto",
         connections: int = 1,
+        max_retry_after: float = 30.0,
+        retry_overloaded: bool = False,
     ) -> None:
-        """`target` and `connections` as `Client`'s: several routers spread calls round
-        robin over those READY; `connections` per address, >= 1."""
+        """`target`, `connections` and the retry options as `Client`'s: several routers
+        spread calls round robin over those READY; `connections` per address, >= 1."""
         self.target = target
         self.options = ClientOptions(
-            api_key, tls, root_certificates, timeout, max_retries, connections=connections
+            api_key,
+            tls,
+            root_certificates,
+            timeout,
+            max_retries,
+            connections=connections,
+            max_retry_after=max_retry_after,
+            retry_overloaded=retry_overloaded,
         )
         self._channels = Channels(target, self.options, aio=True)
         self._service: Service = service

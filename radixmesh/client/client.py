@@ -43,6 +43,8 @@ class Client(StubsInTurn):
         max_retries: int = 3,
         service: Service = "auto",
         connections: int = 1,
+        max_retry_after: float = 30.0,
+        retry_overloaded: bool = False,
     ) -> None:
         """`target`: `host:port`, any gRPC target (`dns:///name:port`), or several routers
         as `host:port,host:port`: each call then goes to the next READY router (gRPC's
@@ -54,10 +56,21 @@ class Client(StubsInTurn):
         one client reaches several replicas only through several connections. It applies
         per address: a list of R routers with `connections=N` holds R*N connections,
         so a host of several replicas in a list is spread over as well. Below 1:
-        InvalidArgument naming `connections`."""
+        InvalidArgument naming `connections`.
+
+        Retries (`max_retries`, before the first token) wait a server's retry-after, up
+        to `max_retry_after` seconds (a longer ask raises at once); `retry_overloaded`
+        also retries a server's refusal for load (options.py says how)."""
         self.target = target
         self.options = ClientOptions(
-            api_key, tls, root_certificates, timeout, max_retries, connections=connections
+            api_key,
+            tls,
+            root_certificates,
+            timeout,
+            max_retries,
+            connections=connections,
+            max_retry_after=max_retry_after,
+            retry_overloaded=retry_overloaded,
         )
         self._channels = Channels(target, self.options)
         self._service: Service = service

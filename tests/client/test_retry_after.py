@@ -158,3 +158,18 @@ def test_the_async_client_sleeps_the_retry_after(slept: list[float]) -> None:
 
     assert asyncio.run(run()) == "ok"
     assert slept == [2.0]
+
+
+def test_the_clients_take_the_retry_options() -> None:
+    with Client("127.0.0.1:1", max_retry_after=5.0, retry_overloaded=True) as client:
+        assert (client.options.max_retry_after, client.options.retry_overloaded) == (5.0, True)
+    with pytest.raises(InvalidArgument) as e:
+        Client("127.0.0.1:1", max_retry_after=-1.0)
+    assert e.value.field == "max_retry_after"
+
+    async def make() -> tuple[float, bool]:
+        client = AsyncClient("127.0.0.1:1", max_retry_after=2.0, retry_overloaded=True)
+        await client.close()
+        return client.options.max_retry_after, client.options.retry_overloaded
+
+    assert asyncio.run(make()) == (2.0, True)
