@@ -1,5 +1,6 @@
-"""Ray mode over three Ray nodes: six workers spread by one placement group, and a node
-lost under a steady load (dummy:tiny).
+"""Ray mode over three Ray nodes: six workers spread by one placement group (and two
+tensor-parallel ones beside them, each on one node), then a node lost under a steady load
+(dummy:tiny).
 
 The nodes are three raylets of this machine (`ray.cluster_utils.Cluster`); the router runs
 on the head, the driver's node, which is never the one removed (losing the head loses
