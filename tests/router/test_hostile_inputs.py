@@ -211,8 +211,11 @@ HTTP_CASES = [
         ),
         400,
         "temperature",
-        "finite",
+        "less than or equal to 2",  # OpenAI's range
     ),
+    Case("temperature-1e308", "http", _completion(temperature=1e308), 400, "temperature"),
+    Case("chat-temperature-1e308", "http", _chat(temperature=1e308), 400, "temperature"),
+    Case("presence-penalty-three", "http", _chat(presence_penalty=3), 400, "presence_penalty"),
     Case("top-p-zero", "http", _completion(top_p=0), 400, "top_p"),
     Case("top-p-two", "http", _completion(top_p=2), 400, "top_p"),
     Case("top-k-zero", "http", _completion(top_k=0), 400, "top_k"),

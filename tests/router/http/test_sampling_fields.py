@@ -7,8 +7,13 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from radixmesh.router.http.openai.requests import PARAMS, ChatCompletionRequest
+from radixmesh.errors import InvalidArgument
+from radixmesh.router.http.anthropic.requests import MessagesRequest
+from radixmesh.router.http.openai.convert import validate
+from radixmesh.router.http.openai.requests import PARAMS, ChatCompletionRequest, CompletionRequest
+from radixmesh.router.http.openai.responses_api.requests import ResponsesRequest
 from radixmesh.router.http.sampling_fields import json_type, with_sampling_fields
+from radixmesh.router.http.sglang_protocol import parse_generate
 from radixmesh.sampling_params import FIELD_DOCS
 
 
@@ -55,3 +60,67 @@ def test_openai_requests_carry_every_mapped_field_with_its_description() -> None
         assert fields[api_name].description == FIELD_DOCS[sp_name], api_name
     schema = ChatCompletionRequest.model_json_schema()
     assert schema["properties"]["temperature"]["description"] == FIELD_DOCS["temperature"]
+
+
+_MESSAGES = [{"role": "user", "content": "hi"}]
+_BODIES: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
+    "completions": (CompletionRequest, {"model": "m", "prompt": "hi"}),
+    "chat": (ChatCompletionRequest, {"model": "m", "messages": _MESSAGES}),
+    "responses": (ResponsesRequest, {"model": "m", "input": "hi"}),
+    "messages": (MessagesRequest, {"model": "m", "max_tokens": 4, "messages": _MESSAGES}),
+}
+
+
+@pytest.mark.parametrize(
+    ("api", "field", "value", "message"),
+    [
+        ("completions", "temperature", 1e308, "less than or equal to 2"),
+        ("chat", "temperature", 1e308, "less than or equal to 2"),
+        ("chat", "temperature", 2.01, "less than or equal to 2"),
+        ("chat", "temperature", -0.5, "greater than or equal to 0"),
+        ("chat", "top_p", 1.5, "less than or equal to 1"),
+        ("chat", "presence_penalty", 2.5, "less than or equal to 2"),
+        ("completions", "frequency_penalty", -3, "greater than or equal to -2"),
+        ("responses", "temperature", 1e308, "less than or equal to 2"),
+        ("responses", "top_p", 1.01, "less than or equal to 1"),
+        ("messages", "temperature", 1.5, "less than or equal to 1"),  # Anthropic's: 0 to 1
+        ("messages", "top_p", 2, "less than or equal to 1"),
+    ],
+)
+def test_each_api_holds_its_sampling_fields_to_its_ranges(
+    api: str, field: str, value: float, message: str
+) -> None:
+    model, body = _BODIES[api]
+    with pytest.raises(InvalidArgument) as e:
+        validate(model, {**body, field: value}, strict=True)
+    assert (e.value.field, e.value.message) == (field, f"Input should be {message}")
+
+
+@pytest.mark.parametrize(
+    ("api", "fields"),
+    [
+        (
+            "chat",
+            {"temperature": 2.0, "top_p": 1.0, "presence_penalty": -2, "frequency_penalty": 2},
+        ),
+        ("completions", {"temperature": 0, "top_p": 0.5}),
+        ("responses", {"temperature": 2.0, "top_p": 1.0}),
+        ("messages", {"temperature": 1.0, "top_p": 1.0}),
+    ],
+)
+def test_the_ends_of_each_range_are_taken(api: str, fields: dict[str, float]) -> None:
+    model, body = _BODIES[api]
+    parsed = validate(model, {**body, **fields}, strict=True)
+    assert {name: getattr(parsed, name) for name in fields} == fields
+
+
+def test_sglang_keeps_sampling_params_ranges() -> None:
+    # SGLang's native API: any finite temperature >= 0, as SamplingParams (and SGLang) take.
+    body = {"input_ids": [1, 2], "sampling_params": {"temperature": 5.0}}
+    params = parse_generate(body, tokenizer=None).outputs[0].params  # type: ignore[arg-type]
+    assert params.temperature == 5.0
+    with pytest.raises(InvalidArgument, match="finite") as e:
+        parse_generate({"input_ids": [1], "sampling_params": {"temperature": float("inf")}}, None)  # type: ignore[arg-type]
+    assert e.value.field == "sampling_params.temperature"
+    schema = ChatCompletionRequest.model_json_schema()["properties"]["temperature"]
+    assert schema["anyOf"][0] == {"maximum": 2.0, "minimum": 0.0, "type": "number"}

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from radixmesh.router.http.openai.requests import Body, Part
+from radixmesh.router.http.sampling_fields import ANTHROPIC_RANGES, sampling_field
 from radixmesh.sampling_params import FIELD_DOCS
 
 # Anthropic's tool names: ^[a-zA-Z0-9_-]{1,128}$; held to the chat API's 64 characters
@@ -140,8 +141,8 @@ class MessagesRequest(Body):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     stop_sequences: list[str] | None = None
-    temperature: float | None = Field(None, description=FIELD_DOCS["temperature"])
-    top_p: float | None = Field(None, description=FIELD_DOCS["top_p"])
+    temperature: float | None = sampling_field("temperature", "temperature", ANTHROPIC_RANGES)
+    top_p: float | None = sampling_field("top_p", "top_p", ANTHROPIC_RANGES)
     top_k: int | None = Field(None, description=FIELD_DOCS["top_k"])
     speculative: bool | None = Field(None, description=FIELD_DOCS["speculative"])  # ours
     stream: bool | None = None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic_core import PydanticCustomError
 
-from radixmesh.router.http.sampling_fields import with_sampling_fields
+from radixmesh.router.http.sampling_fields import OPENAI_RANGES, with_sampling_fields
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -285,7 +285,7 @@ class SamplingBase(Body):
 if TYPE_CHECKING:  # the checker sees the base; PARAMS' fields are read by name
     Sampling = SamplingBase
 else:
-    Sampling = with_sampling_fields(SamplingBase, PARAMS, "Sampling")
+    Sampling = with_sampling_fields(SamplingBase, PARAMS, "Sampling", OPENAI_RANGES)
 
 
 PromptItem = str | list[int]

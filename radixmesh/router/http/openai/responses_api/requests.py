@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, TypeAdapter, field_validator
 
 from radixmesh.router.http.openai.requests import MAX_TOP_LOGPROBS, Body, Part
+from radixmesh.router.http.sampling_fields import OPENAI_RANGES, sampling_field
 from radixmesh.sampling_params import FIELD_DOCS
 
 
@@ -209,8 +210,8 @@ class ResponsesRequest(InputTokensRequest):
     model: str
     input: list[InputItem]
     max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, description=FIELD_DOCS["temperature"])
-    top_p: float | None = Field(None, description=FIELD_DOCS["top_p"])
+    temperature: float | None = sampling_field("temperature", "temperature", OPENAI_RANGES)
+    top_p: float | None = sampling_field("top_p", "top_p", OPENAI_RANGES)
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     include: list[Includable] | None = None
     speculative: bool | None = Field(None, description=FIELD_DOCS["speculative"])  # ours
