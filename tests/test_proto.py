@@ -44,5 +44,6 @@ def test_stubs_import_and_name_the_services() -> None:
         "GetStoredResponse", "DeleteStoredResponse",
     ]  # fmt: skip
     assert [m.name for m in router.methods] == [
-        "Generate", "Select", "Abort", "ClusterStatus", "FlushCache", "GetModelInfo", "Embed",
+        "Generate", "Select", "Resume", "Abort", "ClusterStatus", "FlushCache", "GetModelInfo",
+        "Embed",
     ]  # fmt: skip
