@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.slow
 GRACE = 3.0  # the worker's --resume-grace
 WORKER_ARGS = ("--dtype", "float32", "--deterministic", "--resume-grace", str(GRACE))
 FLAGS = {"health_interval": 0.2, "stream_stall_timeout": 2.0, "drain_timeout": 1.0}
-PARAMS = {"max_new_tokens": 160, "temperature": 0.0, "ignore_eos": True}
+# Long enough that every stream is still generating when its router is killed.
+PARAMS = {"max_new_tokens": 512, "temperature": 0.0, "ignore_eos": True}
 PROMPTS = [[3 + (11 * i + 7 * j) % 500 for j in range(20)] for i in range(4)]
 
 
@@ -68,9 +70,12 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def reference(cluster: LocalCluster) -> list[tuple[str, list[int]]]:
-    """Each prompt's uninterrupted greedy text and ids."""
-    with Client(cluster.address, timeout=60) as client:
-        outs = [client.generate(input_ids=p, sampling_params=PARAMS) for p in PROMPTS]
+    """Each prompt's uninterrupted greedy text and ids (generated together: in
+    deterministic mode a request's tokens do not depend on its batch)."""
+    with Client(cluster.address, timeout=120) as client, ThreadPoolExecutor(4) as pool:
+        outs = list(
+            pool.map(lambda p: client.generate(input_ids=p, sampling_params=PARAMS), PROMPTS)
+        )
     return [(o.text, o.token_ids) for o in outs]
 
 
