@@ -95,10 +95,14 @@ def free_port() -> int:
 
 @contextmanager
 def cluster(
-    directory: Path, keys: Keys = Keys(), source: str | None = None, timeout: float = 120.0
+    directory: Path,
+    keys: Keys = Keys(),
+    source: str | None = None,
+    timeout: float = 120.0,
+    router_args: tuple[str, ...] = (),
 ) -> Iterator[Cluster]:
-    """A worker and a router serving (the router's /health answers 200); stopped at the
-    end. `source`: a source tree to run instead of this one."""
+    """A worker and a router (with `router_args`) serving (the router's /health answers
+    200); stopped at the end. `source`: a source tree to run instead of this one."""
     c = Cluster(free_port(), free_port(), free_port(), {})
     env = {**os.environ, "RADIXMESH_API_KEY": keys.worker}
     if source:
@@ -107,7 +111,7 @@ def cluster(
     worker = [*cli, "worker", "--model", "dummy:tiny", "--host", "127.0.0.1"]
     worker += ["--port", str(c.worker_port)]
     router = [*cli, "router", "--host", "127.0.0.1", "--workers", f"127.0.0.1:{c.worker_port}"]
-    router += ["--port", str(c.grpc_port), "--http-port", str(c.http_port)]
+    router += ["--port", str(c.grpc_port), "--http-port", str(c.http_port), *router_args]
     router_env = {**env, "RADIXMESH_API_KEY": ",".join(keys.clients)}
     router_env |= {"RADIXMESH_ADMIN_KEY": keys.admin, "RADIXMESH_WORKER_API_KEY": keys.worker}
     try:
