@@ -1,0 +1,114 @@
+"""The SDK resumes a stream whose router went away (client/resume.py), sync and asyncio,
+against a scripted Router on loopback: its Generate sends two tokens and fails
+UNAVAILABLE; its Resume sends the rest from the offset asked for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+
+from radixmesh.client import AsyncClient, Chunk, Client
+from radixmesh.errors import NotFound
+from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
+
+STREAM = "worker-0/" + "ab" * 16
+TOKENS = [11, 12, 13, 14]
+
+
+def _chunk(i: int, rid: str) -> common_pb2.GenerateChunk:
+    chunk = common_pb2.GenerateChunk(
+        request_id=rid, token_ids=[TOKENS[i]], text=f"<{i}>", completion_tokens=i + 1
+    )
+    if i == len(TOKENS) - 1:
+        chunk.finish.reason = common_pb2.FINISH_REASON_LENGTH
+    return chunk
+
+
+class ScriptedRouter(router_pb2_grpc.RouterServicer):
+    def __init__(self) -> None:
+        self.resumes: list[tuple[str, int]] = []
+        self.held = True  # whether "the worker" still holds the stream
+
+    def Generate(self, request: Any, context: Any) -> Iterator[Any]:
+        for i in range(2):
+            yield router_pb2.RouterGenerateResponse(
+                chunk=_chunk(i, request.request_id), worker_id="worker-0", stream_id=STREAM,
+                offset=i + 1,
+            )  # fmt: skip
+        context.abort(grpc.StatusCode.UNAVAILABLE, "the router is gone")
+
+    def Resume(self, request: Any, context: Any) -> Iterator[Any]:
+        self.resumes.append((request.stream_id, request.offset))
+        if not self.held:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no stream is held here")
+        for i in range(request.offset, len(TOKENS)):
+            yield router_pb2.ResumeResponse(
+                chunk=_chunk(i, request.stream_id), worker_id="worker-0",
+                stream_id=request.stream_id, offset=i + 1,
+            )  # fmt: skip
+
+
+@pytest.fixture
+def router() -> Iterator[tuple[str, ScriptedRouter]]:
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    servicer = ScriptedRouter()
+    router_pb2_grpc.add_RouterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", servicer
+    finally:
+        server.stop(None)
+
+
+def _check(chunks: list[Chunk], servicer: ScriptedRouter) -> None:
+    assert [t for c in chunks for t in c.token_ids] == TOKENS
+    assert "".join(c.text for c in chunks) == "<0><1><2><3>"
+    assert [c.offset for c in chunks] == [1, 2, 3, 4]
+    assert {c.request_id for c in chunks} == {"mine"}  # the caller's id throughout
+    assert {c.stream_id for c in chunks} == {STREAM}
+    assert chunks[-1].finish_reason == "length"
+    assert servicer.resumes == [(STREAM, 2)]
+
+
+def test_the_sync_client_resumes_after_unavailable(router: tuple[str, ScriptedRouter]) -> None:
+    address, servicer = router
+    with Client(address, service="router", timeout=10) as client:
+        chunks = list(client.generate("hi", request_id="mine", stream=True))
+    _check(chunks, servicer)
+
+
+def test_the_async_client_resumes_after_unavailable(router: tuple[str, ScriptedRouter]) -> None:
+    address, servicer = router
+
+    async def run() -> list[Chunk]:
+        async with AsyncClient(address, service="router", timeout=10) as client:
+            stream = await client.generate("hi", request_id="mine", stream=True)
+            return [c async for c in stream]
+
+    _check(asyncio.run(run()), servicer)
+
+
+def test_a_stream_no_worker_holds_raises_not_found(router: tuple[str, ScriptedRouter]) -> None:
+    address, servicer = router
+    servicer.held = False
+    got: list[Chunk] = []
+    with Client(address, service="router", timeout=10) as client, pytest.raises(NotFound) as e:
+        for chunk in client.generate("hi", request_id="mine", stream=True):
+            got.append(chunk)
+    assert [c.offset for c in got] == [1, 2]
+    assert str(e.value).startswith(f"the stream {STREAM!r} broke after 2 tokens")
+    assert servicer.resumes == [(STREAM, 2)]
+
+
+def test_resume_by_hand_from_an_offset(router: tuple[str, ScriptedRouter]) -> None:
+    address, servicer = router
+    with Client(address, service="router", timeout=10) as client:
+        chunks = list(client.resume(STREAM, 3))
+    assert [c.token_ids for c in chunks] == [[TOKENS[3]]]
+    assert servicer.resumes == [(STREAM, 3)]
