@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Protocol
@@ -40,7 +41,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from radixmesh.listener import ListenerLimits, Tally, listen_backlog
+from radixmesh.listener import STRUCK, ListenerLimits, Strikes, Tally, listen_backlog
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,7 @@ class Gate:
         self.keyless_by_peer: dict[str, dict[_Client, None]] = {}
         self.by_local_port: dict[int, _Client] = {}  # outbound port -> its client
         self.closed: Counter[str] = Counter()  # since start, by reason (the metric)
+        self.strikes = Strikes(limits.keyless_per_peer, limits.auth_window)
         self._server: asyncio.Server | None = None
 
     @property
@@ -162,8 +164,13 @@ class Gate:
 
     def admit(self, client: _Client) -> bool:
         """Count `client` in as keyless, evicting the oldest keyless one of its address (or
-        of the port) when a cap is full; False: over `max_connections`."""
+        of the port) when a cap is full; False (counted): over `max_connections`, or
+        from an address whose keyless connections were closed too often (`Strikes`)."""
         if self.open >= self.max_connections:
+            self.count("refused over max_connections")
+            return False
+        if self.strikes.blocked(client.peer, time.monotonic()):
+            self.count(STRUCK)
             return False
         self.open += 1
         peers = self.keyless_by_peer.setdefault(client.peer, {})
@@ -218,7 +225,6 @@ class _Client(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         if not self.gate.admit(self):
-            self.gate.count("refused over max_connections")
             transport.abort()
             return
         self.counted = True
@@ -294,6 +300,7 @@ class _Client(asyncio.Protocol):
             return
         self.shedding = True
         self.gate.count(reason)
+        self.gate.strikes.add(self.peer, time.monotonic())
         self.gate.forget(self)  # no longer a candidate for eviction
         self._disarm()
         if self.transport is None or self.transport.is_closing():

@@ -34,6 +34,10 @@ router/http/listener.py for HTTP):
   capacity of clients that hold a key (the router's own connections to a worker).
 - `auth_failures`: failed authentications after which a keyless connection is closed.
 - `auth_window`: seconds from the accept within which a connection must authenticate.
+- An address that had `keyless_per_peer` keyless connections closed (evicted, failed or
+  out of time) within `auth_window` seconds gets its new connections closed at accept
+  until that window ends (`Strikes`): an attacker that reconnects as fast as it is closed
+  costs an accept and a close per attempt, not a handshake and a splice.
 
 Why: 1,024 keyless connections per port are far more than clients that connect before
 their first call ever hold at once (they authenticate within a round trip); 64 per
@@ -147,6 +151,43 @@ def grpc_options(limits: ListenerLimits, max_connections: int) -> list[tuple[str
         ("grpc.max_connection_idle_ms", _millis(limits.idle_timeout)),
         ("grpc.max_allowed_incoming_connections", max_connections),
     ]
+
+
+# Why a new connection from an address `Strikes` blocks is closed at accept.
+STRUCK = "refused: the address's keyless connections were closed too often"
+# Addresses `Strikes` remembers at most (past it, those whose window ended are dropped,
+# then the oldest).
+MAX_STRUCK_PEERS = 65_536
+
+
+class Strikes:
+    """Keyless connections closed per address in a fixed window of `window` seconds from
+    the first; an address with `limit` of them is `blocked` until its window ends."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit = limit
+        self.window = window
+        self.peers: dict[str, list[float]] = {}  # address -> [window start, closes]
+
+    def add(self, peer: str, now: float) -> None:
+        entry = self.peers.get(peer)
+        if entry is None or now - entry[0] >= self.window:
+            self.peers.pop(peer, None)  # re-inserted last: the dict stays oldest first
+            if len(self.peers) >= MAX_STRUCK_PEERS:
+                self._prune(now)
+            self.peers[peer] = [now, 1.0]
+        else:
+            entry[1] += 1
+
+    def blocked(self, peer: str, now: float) -> bool:
+        entry = self.peers.get(peer)
+        return entry is not None and entry[1] >= self.limit and now - entry[0] < self.window
+
+    def _prune(self, now: float) -> None:
+        for peer in [p for p, (start, _) in self.peers.items() if now - start >= self.window]:
+            del self.peers[peer]
+        for peer in list(self.peers)[: max(0, len(self.peers) - MAX_STRUCK_PEERS // 2)]:
+            del self.peers[peer]
 
 
 SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"

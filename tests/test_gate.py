@@ -2,9 +2,10 @@
 service, unattached (an authorized call gets UNAVAILABLE: it got past the key), behind
 the API key interceptor that reports each call's outcome to the gate.
 
-Keyless connections are raw HTTP/2 (h2) from 127.0.0.1: each finishes the handshake and
-may send keyless calls. Every count asserted follows from the caps; waits are for events
-(a connection closed, a count reached), never for a time to pass, except the window.
+Keyless connections are raw HTTP/2 (h2): each finishes the handshake and may send keyless
+calls; a flood comes from 127.0.0.2, clients with the key from 127.0.0.1. Every count
+asserted follows from the caps; waits are for events (a connection closed, a count
+reached), never for a time to pass, except the window.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import h2.events
 from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.gate import Frames, Gate, KeylessCollector, goaway
 from radixmesh.grpc_server import DecodeGuard
-from radixmesh.listener import ListenerLimits, Tally
+from radixmesh.listener import STRUCK, ListenerLimits, Tally
 from radixmesh.v1 import worker_pb2, worker_pb2_grpc
 from radixmesh.worker.server import ServerConfig, WorkerServicer
 
 KEY = "gate-key"
 GET_LOAD = "/radixmesh.v1.Worker/GetLoad"
+FLOOD = "127.0.0.2"
 
 
 @asynccontextmanager
@@ -61,8 +63,8 @@ class Keyless:
         self.closed = False
 
     @classmethod
-    async def open(cls, port: int) -> Keyless:
-        client = cls(*await asyncio.open_connection("127.0.0.1", port))
+    async def open(cls, port: int, source: str = "127.0.0.1") -> Keyless:
+        client = cls(*await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)))
         client.h2.initiate_connection()
         await client.flush()
         return client
@@ -159,21 +161,31 @@ def test_keyless_connections_past_their_cap_evict_the_oldest_never_an_authentica
 
                 assert await authorized() == grpc.StatusCode.UNAVAILABLE  # past the key
                 assert (gate.open, gate.keyless_open) == (1, 0)
-                flood = [await Keyless.open(port) for _ in range(200)]
-                await until(lambda: gate.open == 51)  # the evicted ones are gone
+                flood = [await Keyless.open(port, FLOOD) for _ in range(200)]
+                # 1-50 held; 51-100 each evict the oldest; then the address has had 50
+                # closed in the window: 101-200 are closed at accept.
+                await until(lambda: sum(gate.closed.values()) == 150 and gate.open == 51)
                 assert gate.keyless_open == 50
-                assert dict(gate.closed) == {"evicted over keyless_per_peer": 150}
-                evicted, kept = flood[:150], flood[150:]
+                assert dict(gate.closed) == {"evicted over keyless_per_peer": 50, STRUCK: 100}
+                evicted, kept, refused = flood[:50], flood[50:100], flood[100:]
                 for client in evicted:
                     await within(5, client.read_until(lambda: False))
                     assert client.closed and client.goaway == 0
+                for client in refused:
+                    await within(5, client.read_until(lambda: False))
+                    assert client.closed and client.goaway is None
                 # The authorized connection was never a candidate: the same channel (its
                 # connection still open) gets in again.
                 assert await authorized() == grpc.StatusCode.UNAVAILABLE
                 assert gate.open == 51
-                # A new authorized client evicts one more keyless connection to get in.
+                # A new authorized client (another address) evicts the port's oldest
+                # keyless connection to get in.
                 assert await get_load(port, KEY) == grpc.StatusCode.UNAVAILABLE
-                assert dict(gate.closed) == {"evicted over keyless_per_peer": 151}
+                assert dict(gate.closed) == {
+                    "evicted over keyless_per_peer": 50,
+                    "evicted over keyless_connections": 1,
+                    STRUCK: 100,
+                }
                 for client in kept:
                     client.close()
 

@@ -52,7 +52,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from radixmesh.listener import ListenerLimits, Tally, listen_backlog
+from radixmesh.listener import STRUCK, ListenerLimits, Strikes, Tally, listen_backlog
 
 # Seconds a refused connection stays open for the client to read the 503 and close first.
 REFUSAL_LINGER = 2.0
@@ -107,6 +107,7 @@ class ConnectionGuard:
         self.keyless: dict[_Connection, None] = {}  # admitted, not authenticated; oldest first
         self.keyless_by_peer: dict[str, dict[_Connection, None]] = {}
         self.closed: Counter[str] = Counter()  # keyless connections closed, by reason
+        self.strikes = Strikes(limits.keyless_per_peer, limits.auth_window)
 
     @property
     def keyless_open(self) -> int:
@@ -122,6 +123,9 @@ class ConnectionGuard:
         per_peer = self.limits.max_connections_per_peer
         if per_peer and self.peers[peer] >= per_peer:
             return "refused over max_connections_per_peer"
+        if self.keyed and self.strikes.blocked(peer, time.monotonic()):
+            self.closed[STRUCK] += 1
+            return STRUCK
         self.open += 1
         self.peers[peer] += 1
         return None
@@ -310,6 +314,7 @@ class _Connection(asyncio.Protocol):
         """Close a keyless connection: at once when no request is in flight, else after
         the response in flight (the middleware marks it `Connection: close`)."""
         self.guard.count(reason)
+        self.guard.strikes.add(self.peer, time.monotonic())
         self.guard.forget(self)
         self.keyless = False
         self._stop_window()

@@ -2,9 +2,9 @@
 front end in-process, with an API key and no reachable worker (a request with the key
 gets past the key check and is answered 503: the router is still starting).
 
-Clients are raw HTTP/1.1 sockets from 127.0.0.1. Every count asserted follows from the
-caps; waits are for events (a connection closed, a count reached), never for a time to
-pass, except the window's.
+Clients are raw HTTP/1.1 sockets: a flood from 127.0.0.2, the others from 127.0.0.1.
+Every count asserted follows from the caps; waits are for events (a connection closed, a
+count reached), never for a time to pass, except the window's.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from radixmesh.listener import STRUCK
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import ControlPlane
 from radixmesh.router.dispatch import Dispatcher
@@ -23,6 +24,7 @@ from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.pool import WorkerPool
 
 KEY = "http-key"
+FLOOD = "127.0.0.2"
 
 
 @asynccontextmanager
@@ -46,8 +48,8 @@ class Client:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, port: int) -> Client:
-        return cls(*await asyncio.open_connection("127.0.0.1", port))
+    async def open(cls, port: int, source: str = "127.0.0.1") -> Client:
+        return cls(*await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)))
 
     async def get(self, key: str | None) -> tuple[int, dict[str, str]]:
         """GET /v1/models on this connection: the status and the headers (lower-cased)."""
@@ -80,20 +82,28 @@ def test_keyless_connections_past_their_cap_evict_the_oldest_never_an_authentica
         async with frontend(keyless_connections=50, keyless_per_peer=50) as (port, guard):
             keyed = await Client.open(port)
             assert (await keyed.get(KEY))[0] == 503  # past the key: no worker yet
-            flood = [await Client.open(port) for _ in range(200)]
-            await until(lambda: guard.open == 51)
+            flood = [await Client.open(port, FLOOD) for _ in range(200)]
+            # 1-50 held; 51-100 each evict the oldest; then the address has had 50 closed
+            # in the window: 101-200 get a 503 at accept.
+            await until(lambda: sum(guard.closed.values()) == 150 and guard.open == 51)
             assert guard.keyless_open == 50
-            assert dict(guard.closed) == {"evicted over keyless_per_peer": 150}
-            for client in flood[:150]:
+            assert dict(guard.closed) == {"evicted over keyless_per_peer": 50, STRUCK: 100}
+            for client in flood[:50]:
                 assert await client.closed()
+            for client in flood[100:]:
+                assert (await client.reader.read())[:12] == b"HTTP/1.1 503"
             # Authenticated, never a candidate: the same connection is served again.
             status, headers = await keyed.get(KEY)
             assert (status, headers.get("connection")) == (503, None)
-            # A new client with the key evicts one more keyless connection.
+            # A new client with the key (another address) evicts the port's oldest keyless.
             fresh = await Client.open(port)
             assert (await fresh.get(KEY))[0] == 503
-            assert dict(guard.closed) == {"evicted over keyless_per_peer": 151}
-            for client in (keyed, fresh, *flood[150:]):
+            assert dict(guard.closed) == {
+                "evicted over keyless_per_peer": 50,
+                "evicted over keyless_connections": 1,
+                STRUCK: 100,
+            }
+            for client in (keyed, fresh, *flood[50:]):
                 client.close()
 
     asyncio.run(run())
