@@ -164,12 +164,11 @@ class HeldRequests:
             self._bound_bytes()
 
     def abort(self, rid: str) -> bool:
-        """End a held request now (an Abort): whether one was held."""
+        """End a held request now (an Abort): whether one was still generating."""
         log = self.logs.get(rid)
-        if log is None:
+        if log is None or log.finished:
             return False
-        if not log.finished:
-            self._abort(rid)
+        self._abort(rid)
         return True
 
     @property

@@ -103,7 +103,10 @@ def test_the_grace_aborts_only_unfollowed_unfinished_requests() -> None:
         assert aborts.rids == ["left"] and held.expired == 1
         assert set(held.logs) == {"followed"}  # the finished one dropped, not aborted
         assert held.abort("followed") and aborts.rids == ["left", "followed"]
-        assert not held.abort("left")
+        assert not held.abort("left")  # gone
+        held.detach(logs["followed"])
+        await scripts["followed"].feed(out("followed", [], 0, finished=True))
+        assert not held.abort("followed")  # finished: nothing to end
         held.close()
 
     asyncio.run(run())
