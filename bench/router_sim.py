@@ -220,25 +220,28 @@ def replica_rows(
     event_delay_s: float = SimConfig.event_delay_s,
     oracle: bool = True,
     load_sharings: Sequence[str] = ("local",),
+    partitions: Sequence[bool] = (False,),
 ) -> list[dict[str, Any]]:
     """cache_aware behind several router replicas: one row per trace x workers x replicas
-    x sharing x load sharing (one replica: one row, the single router, which every sharing
-    reduces to), and the oracle's. `hit_rate_vs_one` is the hit rate over the one router's
-    on the same trace, workers and event delay; `ttft_p99_vs_one` its TTFT p99 likewise."""
+    x sharing x load sharing x cold partition (one replica: one row, the single router,
+    which every sharing reduces to), and the oracle's. `hit_rate_vs_one` is the hit rate
+    over the one router's on the same trace, workers and event delay; `ttft_p99_vs_one` its
+    TTFT p99 likewise."""
     rows = []
     for name in traces:
         for w in worker_counts:
             trace = TRACES[name](w, seed, SimConfig.block_size)
-            runs = [(1, "local", "local")] + [
-                (r, s, load)
+            runs = [(1, "local", "local", False)] + [
+                (r, s, load, part)
                 for r in replica_counts
                 if r > 1
                 for s in sharings
                 for load in load_sharings
+                for part in partitions
             ]
             one: float | None = None
             one_p99 = 0.0
-            for replicas, sharing, load in runs:
+            for replicas, sharing, load, partition in runs:
                 config = SimConfig(
                     workers=w,
                     seed=seed,
@@ -246,6 +249,7 @@ def replica_rows(
                     sharing=sharing,
                     event_delay_s=event_delay_s,
                     load_sharing=load,
+                    partition_cold=partition,
                 )
                 row = _replica_run(name, trace, "cache_aware", config)
                 if one is None:
@@ -277,6 +281,7 @@ def _replica_run(name: str, trace: list[Request], policy: str, config: SimConfig
         "replicas": config.replicas,
         "sharing": config.sharing if config.replicas > 1 else "one router",
         "load_sharing": config.load_sharing if config.replicas > 1 else "one router",
+        "partition_cold": config.partition_cold and config.replicas > 1,
         "event_delay_ms": config.event_delay_s * 1e3,
         **figures,
         # The simulator's route(): the real summaries and policy, wall and thread CPU time.
@@ -399,7 +404,8 @@ def _print_tier_row(r: dict[str, Any]) -> None:
 def _print_replica_row(r: dict[str, Any]) -> None:
     print(
         f"{r['trace']:<10} {r['workers']:>3} {r['event_delay_ms']:>4g} {r['policy']:<12}"
-        f" {r['replicas']:>2} {r['sharing']:<17} {r['load_sharing']:<17} {r['hit_rate']:>7.2%}"
+        f" {r['replicas']:>2} {r['sharing']:<17} {r['load_sharing']:<17}"
+        f" {'yes' if r['partition_cold'] else 'no':<4} {r['hit_rate']:>7.2%}"
         f" {r['hit_rate_vs_one']:>7.2%} {r['ttft_p99_s'] * 1e3:>8.0f}"
         f" {r['ttft_p99_vs_one']:>5.2f}"
         f" {r['route_p50_us']:>6.0f} {r['route_p99_us']:>7.0f} {r['route_cpu_p99_us']:>7.0f}",
@@ -491,6 +497,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"replicas: comma-separated, of {','.join(LOAD_SHARING)}",
     )
     p.add_argument(
+        "--partition-cold",
+        nargs="+",
+        choices=["off", "on"],
+        default=["off"],
+        help="replicas: cache_aware's cold_partition off and / or on",
+    )
+    p.add_argument(
         "--event-delays",
         type=_floats,
         default=[1.0, 5.0, 20.0],
@@ -553,8 +566,8 @@ def replicas_section(args: argparse.Namespace) -> dict[str, Any]:
     worker_counts = [8] if args.quick else args.replica_workers
     header = (
         f"{'trace':<10} {'W':>3} {'ms':>4} {'policy':<12} {'R':>2} {'sharing':<17} "
-        f"{'load':<17} {'hit':>7} {'vs one':>7} {'ttft p99':>8} {'x one':>5} {'rt p50':>6} "
-        f"{'rt p99':>7} {'cpu p99':>7}"
+        f"{'load':<17} {'part':<4} {'hit':>7} {'vs one':>7} {'ttft p99':>8} {'x one':>5} "
+        f"{'rt p50':>6} {'rt p99':>7} {'cpu p99':>7}"
         "   (ms, route time us)"
     )
     print(header)
@@ -565,6 +578,7 @@ def replicas_section(args: argparse.Namespace) -> dict[str, Any]:
         args.sharing,
         args.seed,
         load_sharings=args.load_sharing,
+        partitions=[{"off": False, "on": True}[x] for x in args.partition_cold],
     )
     out: dict[str, Any] = {"replicas": rows}
     # The main table already holds the default delay's rows when it covers the sweep's size.

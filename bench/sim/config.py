@@ -64,6 +64,9 @@ class SimConfig:
     # With shared load: the weight of the other replicas' pending prefill in a replica's
     # view (its own counts in full). `radixmesh.router.load_view.SHARED_PENDING_WEIGHT`.
     shared_pending_weight: float = 0.25
+    # cache_aware's `cold_partition` for each replica (its index, `replicas`): a prompt no
+    # worker caches goes to the replica's share of the workers only.
+    partition_cold: bool = False
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

@@ -43,6 +43,7 @@ class SimRouter:
         config: SimConfig,
         clock: SimClock,
         rng: random.Random,
+        index: int = 0,
     ) -> None:
         self.workers = workers
         self.config = config
@@ -73,9 +74,11 @@ class SimRouter:
         self.blocks_bound = 0
         if policy != ORACLE:
             overrides = ABLATIONS.get(policy, {})
+            partition = (index, config.replicas) if config.partition_cold else (0, 1)
             options = PolicyOptions(
                 request_cost_tokens=config.request_cost_tokens,
                 host_hit_cost=config.host_hit_cost,
+                cold_partition=partition,
                 **overrides,
             )
             name = "cache_aware" if policy in ABLATIONS else policy

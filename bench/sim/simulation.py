@@ -66,7 +66,8 @@ class Simulation:
         # one router's, so the two differ only where the replicas' views do.
         rng = random.Random(config.seed)
         self.routers = [
-            SimRouter(policy, self.workers, config, self.clock, rng) for _ in range(config.replicas)
+            SimRouter(policy, self.workers, config, self.clock, rng, i)
+            for i in range(config.replicas)
         ]
         self.trace = trace
         self.outcomes = [Outcome() for _ in trace]

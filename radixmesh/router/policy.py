@@ -46,10 +46,23 @@ class PolicyOptions:
     # the batch sizes a router sees. 0.2 leaves room for the copy's overheads and for
     # small models, whose prefill is cheaper per byte of KV.
     host_hit_cost: float = 0.2
+    # cache_aware behind several router replicas: (this replica's index, the replicas). A
+    # prompt that no worker caches any of goes only to this replica's share of the workers
+    # (every `replicas`-th by sorted id, from `index`): a replica sees its own placements
+    # at once and the others' an event delay later, so replicas choosing among all workers
+    # on the same view herd their cold prefills onto the same least-loaded one
+    # (docs/router-sim.md). (0, 1): one router, every worker.
+    cold_partition: tuple[int, int] = (0, 1)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.host_hit_cost <= 1.0:
             raise InvalidArgument("host_hit_cost", f"must be in [0, 1], got {self.host_hit_cost}")
+        index, replicas = self.cold_partition
+        if replicas < 1 or not 0 <= index < replicas:
+            raise InvalidArgument(
+                "cold_partition",
+                f"want (index, replicas) with 0 <= index < replicas, got {self.cold_partition}",
+            )
 
 
 class Policy(ABC):
@@ -84,11 +97,39 @@ class CacheAware(Policy):
 
     The last two terms are the load: a hot prefix's requests stay on the worker caching it
     until its queue costs more than prefilling the prefix elsewhere, then spill over (the
-    router simulator's `hot` trace; docs/router-sim.md)."""
+    router simulator's `hot` trace; docs/router-sim.md).
+
+    Behind several replicas (`cold_partition`), a worker that caches none of the prompt is
+    a choice only if it is in this replica's share; when no healthy worker is left that
+    way, every worker is."""
 
     name = "cache_aware"
 
+    def __init__(self, rng: random.Random, options: PolicyOptions) -> None:
+        super().__init__(rng, options)
+        self._ids: tuple[str, ...] = ()  # the worker ids `_share` was computed for
+        self._share: frozenset[str] = frozenset()
+
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
+        share = self._share_of(candidates) if self.options.cold_partition[1] > 1 else None
+        chosen = self._cheapest(prompt_tokens, candidates, share)
+        if chosen is None and share is not None:
+            chosen = self._cheapest(prompt_tokens, candidates, None)
+        if chosen is None:
+            raise Unavailable("no healthy worker to route to")
+        return chosen
+
+    def _share_of(self, candidates: Sequence[Candidate]) -> frozenset[str]:
+        """This replica's share of the workers: every `replicas`-th by sorted id."""
+        ids = tuple(c.worker_id for c in candidates)
+        if ids != self._ids:
+            index, replicas = self.options.cold_partition
+            self._ids, self._share = ids, frozenset(sorted(ids)[index::replicas])
+        return self._share
+
+    def _cheapest(
+        self, prompt_tokens: int, candidates: Sequence[Candidate], share: frozenset[str] | None
+    ) -> str | None:
         # Plain loops, no per-candidate calls: the router runs this for every request over
         # every worker. Same result and random draws as `_min(_healthy(...), cost)`.
         o = self.options
@@ -97,6 +138,8 @@ class CacheAware(Policy):
         ties: list[str] = []
         for worker_id, healthy, cached_tokens, queued, pending, host in candidates:
             if not healthy:
+                continue
+            if share is not None and not (cached_tokens or host) and worker_id not in share:
                 continue
             cost = (
                 max(prompt_tokens - cached_tokens - host, 0)
@@ -109,9 +152,7 @@ class CacheAware(Policy):
                 best, ties = cost, [worker_id]
             elif cost == best:
                 ties.append(worker_id)
-        if not ties:
-            raise Unavailable("no healthy worker to route to")
-        return self.rng.choice(ties)
+        return self.rng.choice(ties) if ties else None
 
 
 class RoundRobin(Policy):

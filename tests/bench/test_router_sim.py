@@ -166,6 +166,16 @@ def test_local_replicas_scatter_a_burst_of_one_prefix() -> None:
     assert _placements(_burst(), owner) == [3] * 8
 
 
+def test_partitioned_replicas_place_cold_prompts_in_their_shares() -> None:
+    config = sim.SimConfig(workers=4, seed=0, replicas=4, partition_cold=True)
+    observe = sim.Observation()
+    sim.simulate(_burst(), "cache_aware", config, observe)
+    # Replica r's share of 4 workers is worker-r alone: each places the (to it) new prefix
+    # there, and keeps to it (its own tentative entries).
+    assert observe.replica_of == [3, 0, 1, 2, 3, 0, 1, 2]
+    assert observe.placements == observe.replica_of
+
+
 def test_replicas_same_seed_same_figures() -> None:
     config = replace(_config(), replicas=4, sharing="worker-announced")
     first, again = sim.Observation(), sim.Observation()

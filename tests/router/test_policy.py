@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from radixmesh.errors import InvalidArgument, Unavailable
-from radixmesh.router.policy import POLICIES, Candidate, PolicyOptions, make_policy
+from radixmesh.router.policy import POLICIES, Candidate, Policy, PolicyOptions, make_policy
 
 
 def _c(
@@ -136,3 +136,23 @@ def test_random_is_seeded() -> None:
 def test_no_healthy_worker_is_unavailable(name: str) -> None:
     with pytest.raises(Unavailable, match="no healthy worker"):
         make_policy(name, seed=0).choose(1, [_c("w0", healthy=False)])
+
+
+def test_cache_aware_places_cold_prompts_in_its_replicas_share() -> None:
+    def policy(index: int) -> Policy:
+        return make_policy("cache_aware", 0, PolicyOptions(cold_partition=(index, 2)))
+
+    # Sorted ids w0 w1 w2 w3: replica 0's share is w0, w2; replica 1's w1, w3.
+    idle = [_c("w3"), _c("w2", queued=1), _c("w1"), _c("w0", queued=2)]
+    assert make_policy("cache_aware", 0).choose(128, idle) in {"w1", "w3"}  # one router
+    p0, p1 = policy(0), policy(1)
+    assert p0.choose(128, idle) == "w2"  # w2 (192) beats w0 (256); w1 and w3 not its own
+    assert p1.choose(128, idle) in {"w1", "w3"}
+    # A worker caching some of the prompt is a choice for every replica.
+    warm = [_c("w3"), _c("w2", queued=1), _c("w1", cached=96), _c("w0", queued=2)]
+    assert p0.choose(128, warm) == "w1"
+    # No healthy worker in its share: every worker is.
+    down = [_c("w3"), _c("w2", healthy=False), _c("w1", queued=1), _c("w0", healthy=False)]
+    assert p0.choose(128, down) == "w3"
+    with pytest.raises(InvalidArgument, match="cold_partition"):
+        PolicyOptions(cold_partition=(2, 2))
