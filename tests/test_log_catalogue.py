@@ -45,6 +45,8 @@ from bench.log_flood import (
 from bench.log_flood import http_raw as http_status
 from radixmesh.redact import MASK
 
+pytestmark = pytest.mark.slow  # a cluster of two processes, ~35 s
+
 KEYS = Keys()
 CLIENT = KEYS.clients[0]
 PIECE = 8  # no piece of a key this long may be in a log

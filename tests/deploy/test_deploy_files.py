@@ -310,7 +310,8 @@ def test_rendered_chart_validates_and_runs_real_commands() -> None:
     assert container["startupProbe"]["grpc"] == {"port": 50051}
     services = {s["metadata"]["name"]: s["spec"] for s in kinds["Service"]}
     assert services["radixmesh-worker"]["clusterIP"] == "None"
-    assert [p["port"] for p in services["radixmesh-router"]["ports"]] == [50050, 8000, 9090]
+    # The metrics port on the headless Service only: the other may face the clients.
+    assert [p["port"] for p in services["radixmesh-router"]["ports"]] == [50050, 8000]
     # Router replicas: two by default, one rollout at a time without losing one, spread
     # over nodes where possible; each pod's address on the headless router-pods Service.
     spec = router["spec"]
@@ -451,13 +452,16 @@ def test_every_option_renders_valid_resources_and_commands() -> None:
     # ServiceMonitors: jobLabel in .spec (the CRD schema refuses it under endpoints).
     for monitor in kinds["ServiceMonitor"]:
         assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/component"
-    # Each selects one Service (the router's: not router-pods too, or every router pod
-    # would be scraped twice).
+    # Each selects one Service (the router's: router-pods alone, the one with the metrics
+    # port, or every router pod would be scraped twice).
+    services = {"router": "radixmesh-router-pods", "worker": "radixmesh-worker"}
     for monitor in kinds["ServiceMonitor"]:
         wanted = monitor["spec"]["selector"]["matchLabels"].items()
         chosen = [s for s in kinds["Service"] if wanted <= s["metadata"]["labels"].items()]
         component = monitor["metadata"]["labels"]["app.kubernetes.io/component"]
-        assert [s["metadata"]["name"] for s in chosen] == [f"radixmesh-{component}"]
+        assert [s["metadata"]["name"] for s in chosen] == [services[component]]
+        ports = {p["name"] for s in chosen for p in s["spec"]["ports"]}
+        assert monitor["spec"]["endpoints"][0]["port"] in ports
     (rule,) = kinds["PrometheusRule"]
     alerts = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())
     assert rule["spec"]["groups"] == alerts["groups"]
