@@ -265,6 +265,8 @@ class LocalCluster:
             router_args += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
         if c.routers > 1:  # replicas share the ports: none takes connections before serving
             router_args.append("--listen-when-serving")
+            # ... and the cold placements: each its own share of the workers (policy.py).
+            router_args += ["--replicas", str(c.routers), "--replica-index", str(index)]
         env = dict(c.env if c.env is not None else os.environ)
         env.pop(API_KEY_ENV, None)  # only the keys given to the launcher
         if c.api_keys:

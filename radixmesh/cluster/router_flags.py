@@ -26,7 +26,7 @@ HAND_WRITTEN = frozenset({"workers", "api_keys", "admin_keys", "worker_api_key"}
 SET_BY_LAUNCH = HAND_WRITTEN | {
     "host", "port", "policy", "tls_cert", "tls_key", "tls_client_ca", "download_dir",
     "listen_when_serving", "discovery_interval", "worker_tls_ca", "worker_tls_cert",
-    "worker_tls_key", "worker_tls_server_name",
+    "worker_tls_key", "worker_tls_server_name", "replicas", "replica_index",
 }  # fmt: skip
 
 

@@ -31,6 +31,11 @@ class RouterConfig:
     """How a worker is chosen (router/policy.py)."""
     seed: int | None = None
     """The policy's random tie-breaks (None: unseeded)."""
+    replicas: int = 1
+    """Router replicas in front of the same workers (the launcher sets it): cache_aware
+    places a prompt no worker caches on this replica's share of the workers only."""
+    replica_index: int = 0
+    """This replica's index among `replicas` (0-based; the launcher sets it)."""
     summary_budget_bytes: int = 256 * 1024 * 1024
     """Bytes every worker's prefix summary together may hold (accounted per block)."""
     tentative_ttl: float = 5.0
@@ -219,6 +224,12 @@ class RouterConfig:
             raise InvalidArgument("workers", "give at least one worker address")
         if not 0 <= self.port < 65536:
             raise InvalidArgument("port", f"must be in [0, 65536), got {self.port}")
+        if self.replicas < 1:
+            raise InvalidArgument("replicas", f"must be >= 1, got {self.replicas}")
+        if not 0 <= self.replica_index < self.replicas:
+            raise InvalidArgument(
+                "replica_index", f"must be in [0, {self.replicas}), got {self.replica_index}"
+            )
         for name in (
             "summary_budget_bytes",
             "request_cost_tokens",

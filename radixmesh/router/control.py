@@ -45,6 +45,7 @@ class ControlPlane:
             request_cost_tokens=config.request_cost_tokens,
             pending_prefill_weight=config.pending_prefill_weight,
             host_hit_cost=config.host_hit_cost,
+            cold_partition=(config.replica_index, config.replicas),
         )
         self.policy: Policy = make_policy(config.policy, config.seed, options)
         self.programs = ProgramTable(config.program_max_queued)
