@@ -8,7 +8,8 @@ router without keys in front of the same workers. Then:
    port spliced to grpc-core by gate.py) and without (the router without keys), in
    alternating rounds: `--clients` concurrent generate calls of `--tokens` tokens.
 2. Three floods of `--connections` keyless connections for `--hold` seconds each, spread
-   over source addresses 127.0.0.1-127.0.0.N (`--per-address` each):
+   over source addresses 127.0.0.2-127.0.0.N (`--per-address` each; the cluster's own
+   connections and the gRPC clients come from 127.0.0.1):
    - `grpc`: the router's gRPC port; each connection finishes the HTTP/2 handshake (and
      answers SETTINGS and PINGs) and sends one call without a key every `--every` s;
    - `http`: the router's HTTP port; `GET /v1/models` without a key every `--every` s
@@ -123,7 +124,7 @@ class Flood:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def hold(self, i: int) -> None:
-        source = f"127.0.0.{1 + i // self.args.per_address}"
+        source = f"127.0.0.{2 + i // self.args.per_address}"  # 127.0.0.1: the cluster's own
         await asyncio.sleep(i / self.args.ramp)
         while not self.stop.is_set():
             try:
@@ -191,8 +192,9 @@ class Flood:
 
 
 async def normal_requests(http_port: int, grpc: str, stop: asyncio.Event, model: str) -> Any:
-    """Every 0.5 s: a completion over a new HTTP connection, a generate call over a new
-    gRPC channel; (ok, failed) counts of each."""
+    """Every 0.5 s, whatever the ones before are doing: a completion over a new HTTP
+    connection and a generate call over a new gRPC channel (30 s each at most); how each
+    ended, counted."""
     from radixmesh.client import AsyncClient
 
     body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 2}).encode()
@@ -201,26 +203,52 @@ async def normal_requests(http_port: int, grpc: str, stop: asyncio.Event, model:
         f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     out = {"http": Counter[str](), "grpc": Counter[str]()}
-    while not stop.is_set():
+    latency: dict[str, list[float]] = {"http": [], "grpc": []}
+
+    async def http() -> None:
         t0 = time.monotonic()
         try:
-            reader, writer = await asyncio.open_connection(
-                "127.0.0.1", http_port, local_addr=(NORMAL_ADDRESS, 0)
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection("127.0.0.1", http_port, local_addr=(NORMAL_ADDRESS, 0)), 30
             )
             writer.write(head + body)
             got = await asyncio.wait_for(reader.read(), 30)
             writer.close()
-            out["http"]["ok" if got.startswith(b"HTTP/1.1 200") else got[:12].decode()] += 1
+            ok = got.startswith(b"HTTP/1.1 200")
+            out["http"]["ok" if ok else got[:12].decode(errors="replace")] += 1
+            if ok:
+                latency["http"].append(time.monotonic() - t0)
         except (OSError, TimeoutError) as e:
             out["http"][type(e).__name__] += 1
+
+    async def rpc() -> None:
+        t0 = time.monotonic()
         try:
             async with AsyncClient(grpc, api_key=KEY) as client:
                 await client.generate("hello", sampling_params={"max_new_tokens": 2}, timeout=30)
             out["grpc"]["ok"] += 1
+            latency["grpc"].append(time.monotonic() - t0)
         except Exception as e:  # a failure is a figure here
             out["grpc"][type(e).__name__] += 1
-        await asyncio.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
-    return {k: dict(v) for k, v in out.items()}
+
+    tasks: list[asyncio.Task[None]] = []
+    while not stop.is_set():
+        tasks += [asyncio.create_task(http()), asyncio.create_task(rpc())]
+        await asyncio.sleep(0.5)
+    await asyncio.gather(*tasks)
+    return {
+        api: {
+            **counts,
+            "p50_s": _quantile(latency[api], 0.5),
+            "p99_s": _quantile(latency[api], 0.99),
+        }
+        for api, counts in out.items()
+    }
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
 
 
 async def reaches_workers(address: str, stop: asyncio.Event, workers: int) -> dict[str, int]:
@@ -466,12 +494,16 @@ def _print(f: dict[str, Any]) -> None:
     for kind, p in f["floods"].items():
         cells = []
         for api in ("http", "grpc"):
-            counts = p["normal"][api]
+            counts = {k: v for k, v in p["normal"][api].items() if not k.startswith("p")}
             cells.append(f"{counts.get('ok', 0)}/{sum(counts.values())}")
         seen = p["router_sees_workers"]
         cells.append(f"{seen.get('all healthy', 0)}/{sum(seen.values())}")
         print(f"{kind:8}{cells[0]:>14}{cells[1]:>14}{cells[2]:>16}{p['flood_open_peak']:>11}")
         print(f"         events: {p['flood_events']}")
+        lat = {
+            api: (p["normal"][api]["p50_s"], p["normal"][api]["p99_s"]) for api in ("http", "grpc")
+        }
+        print(f"         normal latency p50/p99 s: {lat}")
         if "new_router_serving_s" in p:
             print(f"         a new router saw every worker after {p['new_router_serving_s']} s")
     print("RSS MB (before / peak of each flood / after):")

@@ -58,14 +58,16 @@ client through one address).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
+import functools
 import logging
 import math
 import resource
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from radixmesh.errors import InvalidArgument
 
@@ -209,9 +211,29 @@ def _millis(seconds: float) -> int:
     return max(1, min(2**31 - 1, round(seconds * 1000)))
 
 
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the system (glibc's `malloc_trim`). A flood of
+    connections leaves grpc-core's and Python's per-connection buffers freed but kept by
+    malloc's arenas, so RSS stayed ~20% above where it was long after; trimmed, it comes
+    back. A no-op where libc has no malloc_trim."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return cast(Callable[[int], int], ctypes.CDLL(None).malloc_trim)
+    except (OSError, AttributeError):
+        return None
+
+
 class Tally:
     """Counts of what a listener refused or closed, logged as one line per LOG_INTERVAL
-    at most (never a line per connection: a flood must not become a flood of logs)."""
+    at most (never a line per connection: a flood must not become a flood of logs).
+    After each line, the memory the closed connections freed goes back to the system
+    (`release_freed_memory`): a line means connections came and went."""
 
     def __init__(self, name: str, interval: float = LOG_INTERVAL) -> None:
         self.name = name
@@ -234,6 +256,7 @@ class Tally:
             parts = ", ".join(f"{n} {what}" for what, n in sorted(self.counts.items()))
             logger.warning("%s, in %.0f s: %s", self.name, seconds, parts)
             self.counts.clear()
+            release_freed_memory()
 
     def close(self) -> None:
         if self._flush is not None:
