@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -55,7 +56,13 @@ def _size(out: RequestOutput) -> int:
 class OutputLog:
     """One resumable request's outputs, read from the engine by a task of its own."""
 
-    def __init__(self, rid: str, owner: str, outputs: AsyncIterator[RequestOutput]) -> None:
+    def __init__(
+        self,
+        rid: str,
+        owner: str,
+        outputs: AsyncIterator[RequestOutput],
+        on_finish: Callable[[OutputLog], None] = lambda log: None,
+    ) -> None:
         self.rid = rid
         self.owner = owner
         self.outputs: list[RequestOutput] = []
@@ -65,6 +72,7 @@ class OutputLog:
         self.error: BaseException | None = None
         self.followers = 0
         self.idle_since = time.monotonic()  # when the last follower left
+        self._on_finish = on_finish
         self._changed = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._read(outputs))
 
@@ -74,13 +82,19 @@ class OutputLog:
                 self.outputs.append(out)
                 self.ends.append(out.meta_info.completion_tokens)
                 self.nbytes += _size(out)
-                self.finished = out.finished
+                if out.finished:
+                    self._finish()
                 self._wake()
         except Exception as e:  # the request failed: its followers raise it
             self.error = e
         finally:
-            self.finished = True
+            self._finish()
             self._wake()
+
+    def _finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._on_finish(self)
 
     def _wake(self) -> None:
         self._changed.set()
@@ -127,21 +141,31 @@ class OutputLog:
 
 
 class HeldRequests:
-    """The worker's resumable requests by id: started, followed, held, expired."""
+    """The worker's resumable requests by id: started, followed, held, expired.
+
+    Each call is O(1) but a sweep, once every quarter of the grace (at most 1 s): the
+    requests no call follows are kept in the order they became so."""
 
     def __init__(self, config: ResumeConfig, abort: Callable[[str], None]) -> None:
         self.config = config
         self._abort = abort  # the engine's abort(rid)
         self.logs: dict[str, OutputLog] = {}
+        self.generating = 0  # requests of these logs the engine still runs
         self.expired = 0  # requests aborted because no caller came back in time
+        self._idle: OrderedDict[str, OutputLog] = OrderedDict()  # no follower, oldest first
+        self._idle_bytes = 0  # their bytes (as of when each became idle; resynced by sweeps)
         self._sweeper: asyncio.Task[None] | None = None
 
     def start(self, rid: str, owner: str, outputs: AsyncIterator[RequestOutput]) -> OutputLog:
-        log = self.logs[rid] = OutputLog(rid, owner, outputs)
+        log = self.logs[rid] = OutputLog(rid, owner, outputs, self._finished)
         log.followers = 1
+        self.generating += 1
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return log
+
+    def _finished(self, log: OutputLog) -> None:
+        self.generating -= 1
 
     def attach(self, rid: str, owner: str) -> OutputLog:
         """A held request to follow; NotFound when none has that id and owner (a
@@ -152,6 +176,8 @@ class HeldRequests:
                 f"no stream {rid[:64]!r} is held here: it finished or was not resumed within "
                 f"the {self.config.grace:g} s grace period"
             )
+        if self._idle.pop(rid, None) is not None:
+            self._idle_bytes -= log.nbytes
         log.followers += 1
         return log
 
@@ -159,9 +185,12 @@ class HeldRequests:
         """A call stopped following `log` (done, failed or dropped): with no other
         follower, the grace period starts."""
         log.followers -= 1
-        if log.followers == 0:
+        if log.followers == 0 and log.rid in self.logs:
             log.idle_since = time.monotonic()
-            self._bound_bytes()
+            self._idle[log.rid] = log
+            self._idle_bytes += log.nbytes
+            while self._idle_bytes > self.config.max_bytes and self._idle:
+                self._drop(self._idle.popitem(last=False)[1])
 
     def abort(self, rid: str) -> bool:
         """End a held request now (an Abort): whether one was still generating."""
@@ -174,32 +203,25 @@ class HeldRequests:
     @property
     def unfinished(self) -> int:
         """Held requests still generating that no call follows."""
-        return sum(1 for log in self.logs.values() if not log.finished and not log.followers)
+        return sum(1 for log in self._idle.values() if not log.finished)
 
     def sweep(self, now: float) -> None:
         """Drop the logs no call followed for `grace` seconds; abort those unfinished (the
         engine frees their slots by its next step; their readers end with the abort)."""
-        for rid, log in list(self.logs.items()):
-            if log.followers or now - log.idle_since < self.config.grace:
-                continue
-            del self.logs[rid]
-            if not log.finished:
-                self.expired += 1
-                self._abort(rid)
-
-    def _bound_bytes(self) -> None:
-        idle = sorted(
-            (log for log in self.logs.values() if not log.followers), key=lambda g: g.idle_since
-        )
-        total = sum(log.nbytes for log in idle)
-        for log in idle:
-            if total <= self.config.max_bytes:
+        while self._idle:
+            log = next(iter(self._idle.values()))
+            if now - log.idle_since < self.config.grace:
                 break
-            total -= log.nbytes
-            self.logs.pop(log.rid, None)
-            if not log.finished:
-                self.expired += 1
-                self._abort(log.rid)
+            del self._idle[log.rid]
+            self._drop(log)
+        self._idle_bytes = sum(log.nbytes for log in self._idle.values())
+
+    def _drop(self, log: OutputLog) -> None:
+        self._idle_bytes -= log.nbytes
+        del self.logs[log.rid]
+        if not log.finished:
+            self.expired += 1
+            self._abort(log.rid)
 
     async def _sweep(self) -> None:
         interval = min(max(self.config.grace / 4, 0.05), 1.0)
@@ -212,5 +234,6 @@ class HeldRequests:
         for log in self.logs.values():
             log.cancel()
         self.logs.clear()
+        self._idle.clear()
         if self._sweeper is not None:
             self._sweeper.cancel()

@@ -157,8 +157,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def busy(self) -> int:
         """Requests in flight: Generate streams, resumable requests still generating and
         Score continuations."""
-        held = sum(1 for log in self.held.logs.values() if not log.finished)
-        return len(self.in_flight) + held + self.scoring
+        return len(self.in_flight) + self.held.generating + self.scoring
 
     def _abort_in_engine(self, rid: str) -> None:
         if self.engine is not None:
