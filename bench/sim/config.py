@@ -62,7 +62,7 @@ class SimConfig:
     forward_s: float = 0.0005  # `owner`: a non-owner replica's hop to the prefix's owner
     load_sharing: str = "local"  # how replicas learn the others' load: one of LOAD_SHARING
     # With shared load: the weight of the other replicas' pending prefill in a replica's
-    # view (its own counts in full). `radixmesh.router.load_view.SHARED_PENDING_WEIGHT`.
+    # view (its own counts in full). `radixmesh.router.pool.SHARED_PENDING_WEIGHT`.
     shared_pending_weight: float = 0.25
     # cache_aware's `cold_partition` for each replica (its index, `replicas`): a prompt no
     # worker caches goes to the replica's share of the workers only.

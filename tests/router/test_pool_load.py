@@ -94,10 +94,10 @@ def test_the_view_counts_requests_another_replica_sent() -> None:
     )
 
     async def run() -> list[tuple[int, int]]:
-        pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))
+        config = RouterConfig(workers=("127.0.0.1:1",), replicas=2, replica_index=1)
+        pool = WorkerPool(config)
         handle = pool.workers["worker-0"]
         handle.block_size = 16
-        handle.count_others = True
         handle.summary.reset(7, 0, [1, 2, 3])  # the worker caches blocks 1-3
         seen = []
         # This replica's own request: counted from its decision on (it has a sink here).
@@ -123,9 +123,9 @@ def test_the_view_counts_requests_another_replica_sent() -> None:
     assert asyncio.run(run()) == [(1, 64), (3, 88), (3, 80), (2, 80), (1, 64)]
 
 
-def test_by_default_the_others_requests_are_counted_but_not_weighed() -> None:
+def test_one_router_keeps_the_others_requests_but_does_not_weigh_them() -> None:
     async def run() -> tuple[int, int, int, int]:
-        pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))
+        pool = WorkerPool(RouterConfig(workers=("127.0.0.1:1",)))  # (replicas: 1)
         handle = pool.workers["worker-0"]
         handle.block_size = 16
         handle.apply(_event(1, worker_pb2.CACHE_EVENT_KIND_PENDING, "theirs", [1, 2]))
