@@ -4,7 +4,8 @@ A router's streamed messages carry the stream's id and the completion tokens del
 so far (its offset). When the call then breaks because the server went away
 (UNAVAILABLE, or a CANCELLED the server side made), the client asks any router to
 `Resume` from that offset: the worker holding the request sends what came after, so the
-caller sees every token once. A stream no worker holds any more raises NotFound.
+caller sees every token once. A stream no worker holds any more (its worker died, or the
+grace passed) raises Unavailable naming both; `resume` by hand, NotFound.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from radixmesh.errors import NotFound, RadixMeshError
+from radixmesh.errors import NotFound, RadixMeshError, Unavailable
 
 from . import convert
 from .types import Chunk
@@ -27,6 +28,7 @@ class ResumableStream:
         self.resume_at = resume_at  # (stream id, offset) once a router sent one
         self.got_token = False
         self._request_id: str | None = None  # the first message's: the caller's id
+        self._broke: grpc.RpcError | None = None  # how the stream last broke
 
     def chunk(self, resp: Any) -> Chunk:
         """A message as a Chunk, under the stream's first request id, with its resume
@@ -48,18 +50,23 @@ class ResumableStream:
         """Whether the call may be tried again (within the client's retry budget): before
         the first token as any call; after it only by resuming, when the server went away."""
         if self.resume_at is not None:
-            return convert.server_went_away(e)
+            if convert.server_went_away(e):
+                self._broke = e
+                return True
+            return False
         return not self.got_token
 
     def error(self, e: grpc.RpcError) -> RadixMeshError:
-        """The error to raise for a failed call; a resume that found nothing says so."""
+        """The error to raise for a failed call. A stream that broke and then could not be
+        resumed (its worker died, or the grace passed) raises Unavailable, as a broken
+        stream did before it could resume, saying both."""
         error = convert.error_from_rpc(e)
-        if isinstance(error, NotFound) and self.resume_at is not None:
+        if isinstance(error, NotFound) and self._broke is not None and self.resume_at:
             stream_id, offset = self.resume_at
-            lost = NotFound(
-                f"the stream {stream_id!r} broke after {offset} tokens and could not be "
-                f"resumed: {error}"
+            lost = Unavailable(
+                f"the stream {stream_id!r} broke after {offset} tokens "
+                f"({self._broke.details()}) and could not be resumed: {error}"
             )
-            lost.grpc_status = error.grpc_status
+            lost.grpc_status = "UNAVAILABLE"
             return lost
         return error

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from radixmesh.client import AsyncClient, Chunk, Client
-from radixmesh.errors import NotFound
+from radixmesh.errors import NotFound, Unavailable
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 STREAM = "worker-0/" + "ab" * 16
@@ -94,16 +94,24 @@ def test_the_async_client_resumes_after_unavailable(router: tuple[str, ScriptedR
     _check(asyncio.run(run()), servicer)
 
 
-def test_a_stream_no_worker_holds_raises_not_found(router: tuple[str, ScriptedRouter]) -> None:
+def test_a_broken_stream_no_worker_holds_is_unavailable(
+    router: tuple[str, ScriptedRouter],
+) -> None:
     address, servicer = router
     servicer.held = False
     got: list[Chunk] = []
-    with Client(address, service="router", timeout=10) as client, pytest.raises(NotFound) as e:
+    client = Client(address, service="router", timeout=10)
+    with client, pytest.raises(Unavailable) as e:
         for chunk in client.generate("hi", request_id="mine", stream=True):
             got.append(chunk)
     assert [c.offset for c in got] == [1, 2]
-    assert str(e.value).startswith(f"the stream {STREAM!r} broke after 2 tokens")
+    assert str(e.value) == (
+        f"the stream {STREAM!r} broke after 2 tokens (the router is gone) and could not be "
+        "resumed: no stream is held here"
+    )
     assert servicer.resumes == [(STREAM, 2)]
+    with Client(address, service="router", timeout=10) as again, pytest.raises(NotFound):
+        list(again.resume(STREAM, 2))  # by hand: what the router said
 
 
 def test_resume_by_hand_from_an_offset(router: tuple[str, ScriptedRouter]) -> None:
