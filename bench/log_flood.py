@@ -3,7 +3,7 @@
 Starts a worker (dummy:tiny) and a router, each a process of its own with its log (stdout
 and stderr, the worker's engine process included) in a file, with API, admin and worker
 keys set; then makes `--calls` calls, each carrying a 4 KB junk `authorization` value,
-in turn of four kinds:
+in turn of four kinds (`--rate` a second, else back to back):
 
 - `grpc-router`, `grpc-worker`: raw HTTP/2 to the router's and the worker's gRPC port,
   `authorization: Basic <junk>\\xff` (not UTF-8: gRPC's "Invalid encoding" ERROR, with a
@@ -17,6 +17,7 @@ log_limit.py writes at exit are in. Prints a table and writes JSON to bench/resu
 the calls' answers, each log's growth in bytes and lines, the seconds the flood took.
 
     python -m bench.log_flood --calls 2000
+    python -m bench.log_flood --calls 2000 --rate 40  # over 50 s: five intervals
     python -m bench.log_flood --calls 500 --source /tmp/old-tree  # the same, older code
 """
 
@@ -229,10 +230,14 @@ def _junk_call(c: Cluster, kind: str) -> str:
     raise ValueError(f"kind: unknown {kind!r}")
 
 
-def flood(c: Cluster, calls: int) -> Counter[str]:
-    """`calls` junk calls, the kinds in turn: how each kind was answered."""
+def flood(c: Cluster, calls: int, rate: float = 0.0) -> Counter[str]:
+    """`calls` junk calls, the kinds in turn, `rate` a second (0: one after another): how
+    each kind was answered."""
     answers: Counter[str] = Counter()
+    start = time.monotonic()
     for i in range(calls):
+        if rate > 0:
+            time.sleep(max(0.0, start + i / rate - time.monotonic()))
         kind = KINDS[i % len(KINDS)]
         answers[f"{kind}: {junk_call(c, kind)}"] += 1
     return answers
@@ -241,12 +246,12 @@ def flood(c: Cluster, calls: int) -> Counter[str]:
 # ---- the benchmark ------------------------------------------------------------------------
 
 
-def run(calls: int, source: str | None = None) -> dict[str, Any]:
+def run(calls: int, rate: float = 0.0, source: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, cluster(Path(tmp), source=source) as c:
         before = c.sizes()
         lines_before = {n: len(p.read_bytes().splitlines()) for n, p in c.logs.items()}
         start = time.monotonic()
-        answers = flood(c, calls)
+        answers = flood(c, calls, rate)
         seconds = time.monotonic() - start
         c.stop()
         after = c.sizes()
@@ -254,6 +259,7 @@ def run(calls: int, source: str | None = None) -> dict[str, Any]:
     growth = {n: after[n] - before[n] for n in before}
     return {
         "calls": calls,
+        "rate": rate,
         "junk_bytes": len(JUNK),
         "seconds": round(seconds, 2),
         "answers": dict(sorted(answers.items())),
@@ -266,10 +272,11 @@ def run(calls: int, source: str | None = None) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rate", type=float, default=0.0, help="calls a second (0: back to back)")
     ap.add_argument("--source", default=None, help="run the cluster from this source tree")
     record.add_output_arguments(ap)
     args = ap.parse_args()
-    figures = run(args.calls, args.source)
+    figures = run(args.calls, args.rate, args.source)
     print(f"{args.calls} junk calls in {figures['seconds']} s")
     print(f"{'process':<8} {'bytes added':>12} {'lines added':>12}")
     added, lines = figures["log_bytes_added"], figures["log_lines_added"]
