@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from radixmesh import redact
-from radixmesh.redact import MASK, MAX_LINE, Redactor, clip
+from radixmesh.redact import MASK, MAX_LINE, Redactor, clip, label
 
 KEY = "sk-test-4f9a1c"
 ODD = "k'\\ey%&"  # printable ASCII a config accepts, escaped differently by repr and URLs
@@ -183,3 +183,13 @@ def test_uninstalled_records_are_as_logged(caplog: pytest.LogCaptureFixture) -> 
     with caplog.at_level(logging.INFO):
         logging.getLogger("plain").info("Bearer %s", "visible")
     assert caplog.records[0].getMessage() == "Bearer visible"
+
+
+def test_a_client_chosen_name_is_cut_and_escaped() -> None:
+    assert label("max_tokens") == "max_tokens"
+    assert (
+        label("x\x00\x1b[31m\u202e") == "x\\x00\\x1b[31m\\u202e"
+    )  # nothing raw reaches a terminal
+    assert label("a" * 40) == "a" * 40
+    assert label("a" * 5000) == "a" * 40 + "... (5000 characters)"
+    assert label("\x00" * 30, limit=8) == "\\x00\\x00... (30 characters)"
