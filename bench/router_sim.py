@@ -39,6 +39,7 @@ from bench.sim import (
     Request,
     SimConfig,
     grouped_trace,
+    hot_prefix_trace,
     percentile,
     random_tokens,
     simulate,
@@ -375,6 +376,31 @@ def host_hit_cost_sweep(
     return rows
 
 
+def hot_rows(
+    workers: int = 8, rates: Sequence[float] = (10.0, 15.0, 20.0), seed: int = 0
+) -> list[dict[str, Any]]:
+    """cache_aware with and without hot-prefix replication on the hot-prefix trace (one
+    prefix: 60% of the requests), per arrival rate (requests a second per worker)."""
+    rows = []
+    for rate in rates:
+        trace = hot_prefix_trace(workers, seed, rate_per_worker=rate)
+        plain = SimConfig(workers=workers, seed=seed)
+        for router, config in (
+            ("cache_aware", plain),
+            ("hot prefixes", replace(plain, hot_prefixes=True)),
+        ):
+            figures = simulate(trace, "cache_aware", config)
+            rows.append({"rate_per_worker": rate, "router": router, **figures})
+            r = rows[-1]
+            print(
+                f"{rate:>5g} {router:<13} {r['hit_rate']:>7.1%} {r['throughput_rps']:>7.1f}"
+                f" {r['goodput_rps']:>7.1f} {r['ttft_p50_s'] * 1e3:>8.0f}"
+                f" {r['ttft_p99_s'] * 1e3:>8.0f} {r['max_worker_share']:>6.3f}",
+                flush=True,
+            )
+    return rows
+
+
 def ideal_miss_rate(trace: list[Request], block_size: int = SimConfig.block_size) -> float:
     """The share of prompt tokens that miss in one cache of unbounded size: what no router
     can avoid (each prefix's first request, every request's own tokens)."""
@@ -469,7 +495,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--section",
         nargs="+",
-        choices=["all", "sim", "latency", "memory", "replicas", "tiers"],
+        choices=["all", "sim", "latency", "memory", "replicas", "tiers", "hot"],
         default=["all"],
         help="parts to run; other than all, the JSON is router_sim-<parts>-<machine>.json",
     )
@@ -633,17 +659,32 @@ def tiers_section(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def hot_section(args: argparse.Namespace) -> dict[str, Any]:
+    print(
+        f"hot prefix (60% of the requests, 128 output tokens), 8 workers, goodput: TTFT <= "
+        f"{SimConfig.ttft_slo_s * 1e3:.0f} ms"
+    )
+    print(
+        f"{'req/s':>5} {'router':<13} {'hit':>7} {'req/s':>7} {'good':>7} {'ttft p50':>8}"
+        f" {'ttft p99':>8} {'share':>6}   (in per worker; ms)"
+    )
+    return {"hot_prefix": hot_rows(rates=[15.0] if args.quick else [10.0, 15.0, 20.0])}
+
+
 SECTIONS = {
     "sim": sim_section,
     "latency": latency_section,
     "memory": memory_section,
     "replicas": replicas_section,
     "tiers": tiers_section,
+    "hot": hot_section,
 }
 TRACE_NOTES = {
     "grouped": "4W groups x 24 requests, 2048-token prefix + 64 own, 16 out, "
     "Poisson 40 req/s per worker, Zipf(0.6) groups",
     "hot": "the grouped trace over 2W groups, Zipf(1.5): one group brings about half",
+    "hot_prefix": "(section hot) the grouped trace with 48 requests a group, 128 out, one "
+    "group 60% of the requests, Poisson 10 / 15 / 20 req/s per worker",
     "multiturn": "12W chats x 6 turns, 512 first + 128 per message, 64 out, "
     "chat starts Poisson 2/s per worker, think time exp(2 s)",
     "noshare": "48W unique 1024-token prompts, 64 out, Poisson 10 req/s per worker",

@@ -68,6 +68,7 @@ from bench.sim.simulation import Observation, Simulation, owner, percentile, sim
 from bench.sim.traces import (
     TRACES,
     grouped_trace,
+    hot_prefix_trace,
     hot_trace,
     multiturn_trace,
     noshare_trace,
@@ -95,6 +96,7 @@ __all__ = [
     "SimWorker",
     "Simulation",
     "grouped_trace",
+    "hot_prefix_trace",
     "hot_trace",
     "multiturn_trace",
     "noshare_trace",

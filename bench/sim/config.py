@@ -67,6 +67,9 @@ class SimConfig:
     # cache_aware's `cold_partition` for each replica (its index, `replicas`): a prompt no
     # worker caches goes to the replica's share of the workers only.
     partition_cold: bool = False
+    # cache_aware with hot-prefix replication (`radixmesh.router.hot.HotPrefixes`).
+    hot_prefixes: bool = False
+    ttft_slo_s: float = 0.5  # goodput: requests a second whose time to first token is within
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

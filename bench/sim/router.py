@@ -6,6 +6,7 @@ import random
 
 from bench.sim.config import ABLATIONS, ORACLE, Request, SimConfig
 from bench.sim.worker import SimWorker
+from radixmesh.router.hot import HotPrefixConfig, HotPrefixes
 from radixmesh.router.policy import POLICIES, Candidate, Policy, PolicyOptions
 from radixmesh.router.summary import BYTES_PER_BLOCK, SummaryIndex
 
@@ -87,6 +88,7 @@ class SimRouter:
                 raise ValueError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}")
             self.policy = cls(rng, options)
         self.by_id = {w.wid: w for w in workers}
+        self.hot = HotPrefixes(HotPrefixConfig()) if config.hot_prefixes else None
 
     def route(self, req: Request) -> SimWorker:
         if self.policy is None:
@@ -110,6 +112,8 @@ class SimRouter:
                         i = self.position[wid]
                         candidates[i] = candidates[i]._replace(cached_tokens=n * bs)
             chosen = self.by_id[self.policy.choose(req.prompt_len, candidates)]
+            if self.hot is not None:
+                chosen = self._hot(req, candidates, chosen)
             # As `Placement.cached`: the tokens reloaded from host memory are not prefilled.
             estimate = max(req.prompt_len - matched[chosen.wid] * bs, 0)
             self.estimates[req.rid] = estimate
@@ -121,11 +125,39 @@ class SimRouter:
         self._changed(chosen.index)
         return chosen
 
+    def _hot(self, req: Request, candidates: list[Candidate], chosen: SimWorker) -> SimWorker:
+        """`ControlPlane.pick`'s hot-prefix step: a hot prefix's request goes to the least
+        loaded of its homes (each counted as caching the prompt), or to a new home."""
+        assert self.hot is not None and self.policy is not None
+        key = self.hot.key(req.prompt_hashes)
+        if key is None:
+            return chosen
+        homes, grow = self.hot.arrived(key, self.index.clock(), chosen.wid)
+        if not homes:
+            return chosen
+        members = set(homes)
+        if grow:  # the cheapest worker that is not a home yet
+            others = [
+                c._replace(healthy=False) if c.worker_id in members else c for c in candidates
+            ]
+            wid = self.policy.choose(req.prompt_len, others)
+            self.hot.add_home(key, wid)
+            return self.by_id[wid]
+        at_home = [
+            c._replace(cached_tokens=req.prompt_len)
+            if c.worker_id in members
+            else c._replace(healthy=False)
+            for c in candidates
+        ]
+        return self.by_id[self.policy.choose(req.prompt_len, at_home)]
+
     def first_token(self, w: SimWorker, rid: int) -> None:
         self.pending[w.index] -= self.estimates.pop(rid, 0)
         self._changed(w.index)
 
     def ended(self, w: SimWorker) -> None:
+        if self.hot is not None:
+            self.hot.finished(w.wid, self.index.clock())
         self.in_flight[w.index] -= 1
         self.ended_since_poll[w.index] += 1
         self._changed(w.index)

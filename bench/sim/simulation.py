@@ -212,6 +212,7 @@ def _figures(
         "hit_rate": cached / prompt,  # on the device
         "host_hit_rate": host_cached / prompt,  # reloaded from host memory
         "throughput_rps": len(trace) / makespan,
+        "goodput_rps": sum(1 for t in ttft if t <= config.ttft_slo_s) / makespan,
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p99_s": percentile(ttft, 99),
         "makespan_s": makespan,

@@ -32,13 +32,18 @@ def grouped_trace(
     output_len: int = 16,
     rate_per_worker: float = 40.0,
     zipf: float = 0.6,
+    top_share: float = 0.0,
 ) -> list[Request]:
-    """Many groups of requests sharing a long system prompt; popularity Zipf-skewed."""
+    """Many groups of requests sharing a long system prompt; popularity Zipf-skewed (with
+    `top_share`, the first group brings that share of the requests, the rest Zipf)."""
     rng = random.Random(seed)
     n_groups = groups_per_worker * workers
     prefixes = [random_tokens(rng, prefix_len) for _ in range(n_groups)]
     prefix_hashes = [block_hashes(p, block_size) for p in prefixes]
     weights = [1.0 / (g + 1) ** zipf for g in range(n_groups)]
+    if top_share:
+        rest = sum(weights[1:])
+        weights = [top_share] + [(1 - top_share) * w / rest for w in weights[1:]]
     n = requests_per_group * n_groups
     arrivals = _poisson(rng, rate_per_worker * workers, n)
     out = []
@@ -112,6 +117,23 @@ def hot_trace(workers: int, seed: int, block_size: int = 16) -> list[Request]:
     """The grouped trace with one hot group: Zipf(1.5) over 2 groups per worker, so the
     most popular group alone brings about half of all requests."""
     return grouped_trace(workers, seed, block_size, groups_per_worker=2, zipf=1.5)
+
+
+def hot_prefix_trace(
+    workers: int, seed: int, block_size: int = 16, rate_per_worker: float = 15.0
+) -> list[Request]:
+    """The grouped trace with one prefix bringing 60% of the requests, 128 output tokens
+    each: decoding holds a worker's batch, so the hot prefix needs several workers (the
+    hot-prefix replication's workload)."""
+    return grouped_trace(
+        workers,
+        seed,
+        block_size,
+        requests_per_group=48,
+        output_len=128,
+        rate_per_worker=rate_per_worker,
+        top_share=0.6,
+    )
 
 
 TRACES: dict[str, Callable[..., list[Request]]] = {
