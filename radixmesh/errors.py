@@ -19,6 +19,10 @@ FIELD_METADATA_KEY = "radixmesh-field"
 # router sends it with its UNAVAILABLE too (`Unavailable.retry_after`: no healthy worker,
 # still starting, shutting down), as it sends HTTP 503 with a Retry-After header.
 OVERLOADED_METADATA_KEY = "radixmesh-retry-after"
+# Trailing metadata of a router's UNAVAILABLE that ends a resumable stream because the
+# router is shutting down: its worker holds the request, and the client resumes it
+# elsewhere. A router's other UNAVAILABLEs (a worker died or stalled) end the stream.
+RESUME_METADATA_KEY = "radixmesh-resume"
 
 
 class RadixMeshError(Exception):

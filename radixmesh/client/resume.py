@@ -15,10 +15,24 @@ from typing import Any
 
 import grpc
 
-from radixmesh.errors import NotFound, RadixMeshError, Unavailable
+from radixmesh.errors import (
+    OVERLOADED_METADATA_KEY,
+    RESUME_METADATA_KEY,
+    NotFound,
+    RadixMeshError,
+    Unavailable,
+)
 
 from . import convert
 from .types import Chunk
+
+
+def _resumable_failure(e: grpc.RpcError) -> bool:
+    """A failure the stream survives: the router went away (no status of its own, only
+    the transport's) or said to resume (it shuts down). A router's own UNAVAILABLE for a
+    worker that died or stalled (it names a retry-after) ends the stream."""
+    metadata = dict(e.trailing_metadata() or ())
+    return RESUME_METADATA_KEY in metadata or OVERLOADED_METADATA_KEY not in metadata
 
 
 class ResumableStream:
@@ -50,7 +64,7 @@ class ResumableStream:
         """Whether the call may be tried again (within the client's retry budget): before
         the first token as any call; after it only by resuming, when the server went away."""
         if self.resume_at is not None:
-            if convert.server_went_away(e):
+            if convert.server_went_away(e) and _resumable_failure(e):
                 self._broke = e
                 return True
             return False

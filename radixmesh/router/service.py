@@ -19,11 +19,18 @@ import grpc
 
 from radixmesh.auth import ADMIN_MESSAGE
 from radixmesh.client import convert
-from radixmesh.errors import InvalidArgument, PermissionDenied, RadixMeshError, Unavailable
-from radixmesh.grpc_server import abort_rpc
+from radixmesh.errors import (
+    RESUME_METADATA_KEY,
+    InvalidArgument,
+    PermissionDenied,
+    RadixMeshError,
+    Unavailable,
+)
+from radixmesh.grpc_server import abort_rpc, status_message
 from radixmesh.router.control import ControlPlane
 from radixmesh.router.dispatch import Dispatcher, StreamRef
 from radixmesh.router.limits import MAX_REQUEST_ID
+from radixmesh.router.metrics import RequestRecord
 from radixmesh.router.programs import program_hint
 from radixmesh.router.rpc import authorization, caller_of_call, fail, unary
 from radixmesh.v1 import router_pb2, router_pb2_grpc
@@ -71,6 +78,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                             offset=chunk.completion_tokens if ref else 0,
                         )
             except (RadixMeshError, grpc.aio.AioRpcError) as e:
+                if ref is not None and ref.stream_id:
+                    await self._resume_elsewhere(context, record)
                 await fail(context, e, record)
 
     async def Resume(
@@ -93,7 +102,23 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                             offset=chunk.completion_tokens,
                         )
             except (RadixMeshError, grpc.aio.AioRpcError) as e:
+                await self._resume_elsewhere(context, record)
                 await fail(context, e, record)
+
+    async def _resume_elsewhere(
+        self, context: grpc.aio.ServicerContext, record: RequestRecord
+    ) -> None:
+        """While this router shuts down, end a resumable stream with UNAVAILABLE that says
+        to resume it (its worker holds it: dispatch.py sends no Abort then)."""
+        stopping = self.dispatch.streams.stopping
+        if stopping is None:
+            return
+        record.status = "UNAVAILABLE"
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            status_message(stopping),
+            trailing_metadata=((RESUME_METADATA_KEY, "1"),),
+        )
 
     async def Embed(
         self, request: router_pb2.RouterEmbedRequest, context: grpc.aio.ServicerContext

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from radixmesh.client import AsyncClient, Chunk, Client
-from radixmesh.errors import NotFound, Unavailable
+from radixmesh.errors import OVERLOADED_METADATA_KEY, NotFound, Unavailable
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 STREAM = "worker-0/" + "ab" * 16
@@ -33,6 +33,9 @@ class ScriptedRouter(router_pb2_grpc.RouterServicer):
     def __init__(self) -> None:
         self.resumes: list[tuple[str, int]] = []
         self.held = True  # whether "the worker" still holds the stream
+        # The router's own UNAVAILABLE (a worker died: it names a retry-after), not the
+        # transport's.
+        self.worker_died = False
 
     def Generate(self, request: Any, context: Any) -> Iterator[Any]:
         for i in range(2):
@@ -40,6 +43,8 @@ class ScriptedRouter(router_pb2_grpc.RouterServicer):
                 chunk=_chunk(i, request.request_id), worker_id="worker-0", stream_id=STREAM,
                 offset=i + 1,
             )  # fmt: skip
+        if self.worker_died:
+            context.abort_with_status(_worker_died())
         context.abort(grpc.StatusCode.UNAVAILABLE, "the router is gone")
 
     def Resume(self, request: Any, context: Any) -> Iterator[Any]:
@@ -51,6 +56,15 @@ class ScriptedRouter(router_pb2_grpc.RouterServicer):
                 chunk=_chunk(i, request.stream_id), worker_id="worker-0",
                 stream_id=request.stream_id, offset=i + 1,
             )  # fmt: skip
+
+
+def _worker_died() -> Any:
+    class Status(grpc.Status):
+        code = grpc.StatusCode.UNAVAILABLE
+        details = "worker-0 went away"
+        trailing_metadata = ((OVERLOADED_METADATA_KEY, "1"),)
+
+    return Status()
 
 
 @pytest.fixture
@@ -112,6 +126,15 @@ def test_a_broken_stream_no_worker_holds_is_unavailable(
     assert servicer.resumes == [(STREAM, 2)]
     with Client(address, service="router", timeout=10) as again, pytest.raises(NotFound):
         list(again.resume(STREAM, 2))  # by hand: what the router said
+
+
+def test_a_stream_whose_worker_died_is_not_resumed(router: tuple[str, ScriptedRouter]) -> None:
+    address, servicer = router
+    servicer.worker_died = True
+    with Client(address, service="router", timeout=10) as client, pytest.raises(Unavailable) as e:
+        list(client.generate("hi", request_id="mine", stream=True))
+    assert str(e.value) == "worker-0 went away"
+    assert servicer.resumes == []
 
 
 def test_resume_by_hand_from_an_offset(router: tuple[str, ScriptedRouter]) -> None:
