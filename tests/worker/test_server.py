@@ -379,6 +379,31 @@ def test_cache_events_stream_and_snapshot(client: Client, engine: Engine) -> Non
     assert all(e.kind != worker_pb2.CACHE_EVENT_KIND_PENDING for e in snap.events)
 
 
+def test_a_request_is_announced_started_and_ended_by_its_id(client: Client, engine: Engine) -> None:
+    """The events router replicas count each other's requests by (router/pool.py)."""
+    stub = client._worker
+    events = stub.StreamCacheEvents(worker_pb2.StreamCacheEventsRequest(), metadata=MD, timeout=60)
+    stub.GetCacheSnapshot(worker_pb2.GetCacheSnapshotRequest(), metadata=MD)  # subscribed
+    ids = engine.tokenizer.encode("Replicas share the load on a worker. " * 3)
+    client.generate(input_ids=ids, sampling_params={"temperature": 0.0, "max_new_tokens": 4})
+    hashes = block_hashes(ids, 16)
+    rid, named = "", []  # (an earlier test's request may end after this one subscribed)
+    for resp in events:
+        e = resp.event
+        if e.kind == worker_pb2.CACHE_EVENT_KIND_PENDING and list(e.block_hashes) == hashes:
+            rid = e.request_id
+        if rid and e.request_id == rid:
+            named.append(e.kind)
+            if e.kind == worker_pb2.CACHE_EVENT_KIND_REQUEST_ENDED:
+                break
+    events.cancel()
+    assert rid and named == [
+        worker_pb2.CACHE_EVENT_KIND_PENDING,
+        worker_pb2.CACHE_EVENT_KIND_REQUEST_STARTED,
+        worker_pb2.CACHE_EVENT_KIND_REQUEST_ENDED,
+    ]
+
+
 # ---- errors: one per catalogue status the server produces ---------------------------------
 
 
