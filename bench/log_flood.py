@@ -78,7 +78,9 @@ class Cluster:
     def stop(self) -> None:
         """SIGTERM, router first; every process waited for (its exit flushes its log)."""
         for name in ("router", "worker"):
-            proc = self.procs[name]
+            proc = self.procs.get(name)
+            if proc is None:
+                continue
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
             try:
@@ -103,7 +105,38 @@ def cluster(
     router_args: tuple[str, ...] = (),
 ) -> Iterator[Cluster]:
     """A worker and a router (with `router_args`) serving (the router's /health answers
-    200); stopped at the end. `source`: a source tree to run instead of this one."""
+    200); stopped at the end. `source`: a source tree to run instead of this one. A
+    process that exits while starting (a free port taken meanwhile by another program) is
+    started again on other ports, up to ATTEMPTS times."""
+    for attempt in range(1, ATTEMPTS + 1):
+        c = _start(directory, keys, source, router_args)
+        try:
+            _wait_serving(c, timeout)
+        except _Exited:
+            c.stop()
+            if attempt == ATTEMPTS:
+                raise
+            continue
+        except BaseException:
+            c.stop()
+            raise
+        try:
+            yield c
+        finally:
+            c.stop()
+        return
+
+
+ATTEMPTS = 3
+
+
+class _Exited(RuntimeError):
+    """A process of the cluster exited while it started."""
+
+
+def _start(
+    directory: Path, keys: Keys, source: str | None, router_args: tuple[str, ...]
+) -> Cluster:
     c = Cluster(free_port(), free_port(), free_port(), {})
     env = {**os.environ, "RADIXMESH_API_KEY": keys.worker}
     if source:
@@ -115,18 +148,13 @@ def cluster(
     router += ["--port", str(c.grpc_port), "--http-port", str(c.http_port), *router_args]
     router_env = {**env, "RADIXMESH_API_KEY": ",".join(keys.clients)}
     router_env |= {"RADIXMESH_ADMIN_KEY": keys.admin, "RADIXMESH_WORKER_API_KEY": keys.worker}
-    try:
-        for name, cmd, e in (("worker", worker, env), ("router", router, router_env)):
-            c.logs[name] = directory / f"{name}.log"
-            with c.logs[name].open("wb") as log:
-                c.procs[name] = subprocess.Popen(
-                    cmd, env=e, stdout=log, stderr=subprocess.STDOUT, cwd=source
-                )
-        _wait_serving(c, timeout)
-        yield c
-    finally:
-        if c.procs:
-            c.stop()
+    for name, cmd, e in (("worker", worker, env), ("router", router, router_env)):
+        c.logs[name] = directory / f"{name}.log"
+        with c.logs[name].open("wb") as log:
+            c.procs[name] = subprocess.Popen(
+                cmd, env=e, stdout=log, stderr=subprocess.STDOUT, cwd=source
+            )
+    return c
 
 
 def _wait_serving(c: Cluster, timeout: float) -> None:
@@ -135,7 +163,7 @@ def _wait_serving(c: Cluster, timeout: float) -> None:
     while True:
         for name, proc in c.procs.items():
             if proc.poll() is not None:
-                raise RuntimeError(f"the {name} exited: {c.logs[name].read_text()[-2000:]}")
+                raise _Exited(f"the {name} exited: {c.logs[name].read_text()[-2000:]}")
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
