@@ -322,12 +322,19 @@ async def wait_serving(address: str, key: str | None, workers: int, timeout: flo
 # ---- the phases --------------------------------------------------------------------------------
 
 
-async def throughput(args: argparse.Namespace, gated: str, plain: str) -> dict[str, Any]:
-    """Calls per second through each router, `--rounds` alternating rounds of
-    `--round-seconds`, `--clients` concurrent callers each."""
+async def throughput(
+    args: argparse.Namespace, gated: tuple[str, int], plain: tuple[str, int]
+) -> dict[str, Any]:
+    """Calls per second through each router (address, pid), `--rounds` alternating rounds
+    of `--round-seconds`, `--clients` concurrent callers each; and the router process's
+    CPU time per call, which other work on the machine disturbs less."""
+    import psutil
+
     from radixmesh.client import AsyncClient
 
-    async def one_round(address: str, key: str | None) -> float:
+    cpu_ms: dict[str, list[float]] = {"gate": [], "no_gate": []}
+
+    async def one_round(name: str, address: str, pid: int, key: str | None) -> float:
         done = 0
         end = time.monotonic() + args.round_seconds
         params = {"max_new_tokens": args.tokens, "ignore_eos": True}
@@ -340,19 +347,26 @@ async def throughput(args: argparse.Namespace, gated: str, plain: str) -> dict[s
 
         async with AsyncClient(address, api_key=key) as client:
             await client.generate("warm", sampling_params=params, timeout=60)
-            t0 = time.monotonic()
+            router = psutil.Process(pid)
+            cpu0, t0 = sum(router.cpu_times()[:2]), time.monotonic()
             await asyncio.gather(*(caller(client) for _ in range(args.clients)))
-        return done / (time.monotonic() - t0)
+            seconds, cpu = time.monotonic() - t0, sum(router.cpu_times()[:2]) - cpu0
+        cpu_ms[name].append(1000 * cpu / max(1, done))
+        return done / seconds
 
     rates: dict[str, list[float]] = {"gate": [], "no_gate": []}
     for _ in range(args.rounds):
-        rates["gate"].append(await one_round(gated, KEY))
-        rates["no_gate"].append(await one_round(plain, None))
+        rates["gate"].append(await one_round("gate", *gated, KEY))
+        rates["no_gate"].append(await one_round("no_gate", *plain, None))
     mean = {k: sum(v) / len(v) for k, v in rates.items()}
+    cpu = {k: sum(v) / len(v) for k, v in cpu_ms.items()}
     return {
         "calls_per_s": {k: [round(x, 2) for x in v] for k, v in rates.items()},
         "mean_calls_per_s": {k: round(v, 2) for k, v in mean.items()},
         "gate_cost_pct": round(100 * (1 - mean["gate"] / mean["no_gate"]), 1),
+        "router_cpu_ms_per_call": {k: [round(x, 3) for x in v] for k, v in cpu_ms.items()},
+        "mean_router_cpu_ms_per_call": {k: round(v, 3) for k, v in cpu.items()},
+        "gate_cpu_cost_pct": round(100 * (cpu["gate"] / cpu["no_gate"] - 1), 1),
     }
 
 
@@ -440,7 +454,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             plain_address = f"127.0.0.1:{plain_port}"
             await wait_serving(plain_address, None, args.workers, 120)
             if args.rounds:
-                figures["throughput"] = await throughput(args, cluster.address, plain_address)
+                figures["throughput"] = await throughput(
+                    args, (cluster.address, cluster.router.pid), (plain_address, plain.pid)
+                )
         finally:
             plain.terminate()
             plain.wait(30)
@@ -449,7 +465,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         router_port = int(cluster.address.rsplit(":", 1)[1])
         ports = {"grpc": router_port, "http": http_port, "worker": worker_port}
         figures["floods"] = {}
-        for kind in args.kinds.split(","):
+        for kind in filter(None, args.kinds.split(",")):
             figures["floods"][kind] = await flood_phase(
                 args, kind, ports[kind], http_port, cluster, pids
             )
@@ -488,8 +504,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _print(f: dict[str, Any]) -> None:
     if "throughput" in f:
         t = f["throughput"]["mean_calls_per_s"]
+        c = f["throughput"]["mean_router_cpu_ms_per_call"]
         print(f"router gRPC calls/s: gate {t['gate']}, no gate {t['no_gate']} "
               f"(gate cost {f['throughput']['gate_cost_pct']}%)")  # fmt: skip
+        print(f"router CPU ms per call: gate {c['gate']}, no gate {c['no_gate']} "
+              f"(gate cost {f['throughput']['gate_cpu_cost_pct']}%)")  # fmt: skip
     print(f"{'flood':8}{'http ok/all':>14}{'grpc ok/all':>14}{'sees workers':>16}{'peak open':>11}")
     for kind, p in f["floods"].items():
         cells = []
