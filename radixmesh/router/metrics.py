@@ -80,6 +80,12 @@ class _PoolCollector(Collector):
             "streamed yet (cache_aware weighs them).",
             labels=["worker"],
         )
+        others = GaugeMetricFamily(
+            "radixmesh_router_worker_other_replicas_requests",
+            "Requests other router replicas have on each worker, from its request events "
+            "(weighed in routing behind several replicas; router/pool.py).",
+            labels=["worker"],
+        )
         slow = CounterMetricFamily(
             "radixmesh_router_worker_slow_health_polls",
             "Health polls that timed out while the worker was heard from on another channel "
@@ -98,9 +104,10 @@ class _PoolCollector(Collector):
             healthy.add_metric([w.worker_id], 1.0 if w.healthy else 0.0)
             in_flight.add_metric([w.worker_id], w.in_flight)
             pending.add_metric([w.worker_id], w.pending_prefill)
+            others.add_metric([w.worker_id], len(w.others))
             slow.add_metric([w.worker_id], w.slow_polls)
             blocks.add_metric([w.worker_id], len(w.summary))
-        yield from (breaker, healthy, in_flight, pending, slow, blocks)
+        yield from (breaker, healthy, in_flight, pending, others, slow, blocks)
         yield GaugeMetricFamily(
             "radixmesh_router_prefix_index_bytes",
             f"Accounted memory of every summary together ({BYTES_PER_BLOCK} bytes per block).",
