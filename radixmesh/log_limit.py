@@ -8,11 +8,14 @@ there. Finding each such line is a hunt that never ends, so the limit is on ever
 `RateLimit` is a filter on the process's handlers (`configure` puts it there) that lets
 through at most `burst` records from one place (logger, file and line) per `interval`
 seconds, the first of them with its traceback and the others without, and counts the
-rest. The count is written as one line when the place logs again after its interval, or
-when any record comes through after another place's interval ended, or at exit:
+rest. The count is written as one line once the interval ended: when the place logs
+again, when any record comes through, within another interval at the latest (a thread
+looks), and at exit:
 
-    WARNING radixmesh.log_limit: 1,990 more lines like this one in 10 s were not logged
-    (grpc._cython.cygrpc, grpc_string.pyx.pxi:48): Invalid encoding on ***
+    WARNING radixmesh.log_limit: 1,995 more lines like this one in 10 s were not logged
+    (grpc._cython.cygrpc, events.py:80): Invalid encoding on ***
+
+(A place is the innermost Python frame: gRPC's Cython code logs from asyncio's.)
 
 A place that logs less than `burst` lines an interval (nearly all of them: start and
 stop, a worker joining, a stats line every 10 s) is not touched.
@@ -78,7 +81,16 @@ class RateLimit(logging.Filter):
 
     def flush(self) -> None:
         """Log the counts of every place that dropped records (at exit, in tests)."""
-        self._report(self._expire(float("inf")))
+        with self._lock:
+            done = self._expire(float("inf"))
+        self._report(done)
+
+    def report_due(self) -> None:
+        """Log the counts of the places whose interval ended (`configure`'s thread calls
+        this every interval, so a count comes even when nothing else is logged)."""
+        with self._lock:
+            done = self._expire(self.clock())
+        self._report(done)
 
     def _judge(self, record: logging.LogRecord) -> bool:
         if getattr(self._local, "reporting", False):
@@ -151,4 +163,11 @@ def configure(level: int = logging.INFO, limit: RateLimit | None = None) -> Rate
         if not any(isinstance(f, RateLimit) for f in handler.filters):
             handler.addFilter(limit)
     atexit.register(limit.flush)
+    threading.Thread(target=_report_every_interval, args=(limit,), daemon=True).start()
     return limit
+
+
+def _report_every_interval(limit: RateLimit) -> None:
+    while True:
+        time.sleep(limit.interval)
+        limit.report_due()

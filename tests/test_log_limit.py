@@ -96,6 +96,25 @@ def test_places_are_counted_apart_and_flushed(
     assert sum("were not logged" in line for line in out.getvalue().splitlines()) == 2
 
 
+def test_a_count_comes_without_another_record(
+    logged: tuple[logging.Logger, io.StringIO, RateLimit, Clock],
+) -> None:
+    log, out, limit, clock = logged
+    for i in range(4):
+        log.warning("burst %d", i)
+    limit.report_due()  # the interval has not ended: nothing yet
+    assert "were not logged" not in out.getvalue()
+    clock.now += 10.0
+    limit.report_due()  # what configure's thread does every interval
+    assert (
+        out.getvalue()
+        .splitlines()[-1]
+        .startswith(
+            "radixmesh.log_limit WARNING 1 more lines like this one in 10 s were not logged"
+        )
+    )
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="interval must be > 0"):
         RateLimit(interval=0)
