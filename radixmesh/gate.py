@@ -48,12 +48,16 @@ logger = logging.getLogger(__name__)
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _HEADERS = 0x1
 _GOAWAY = 0x7
+_END_STREAM = 0x1
 # Bytes read from one side before the other side's buffer must drain (flow control both
 # ways: a reader that does not read stops the writer, instead of the gate buffering).
 _HIGH_WATER = 256 * 1024
-# Seconds a connection closed for its failed calls stays open for the last one's
-# UNAUTHENTICATED to reach the client (the interceptor reports before it answers).
-FAILED_LINGER = 0.5
+# A connection closed for its failed calls stays open until the last one's
+# UNAUTHENTICATED has gone to the client (the interceptor reports before it answers):
+# plaintext, until the frame that ends that stream, or at most this many seconds; over
+# TLS, where frames cannot be seen, this many.
+FAILED_LINGER = 5.0
+FAILED_LINGER_TLS = 0.5
 
 
 def goaway(last_stream: int) -> bytes:
@@ -64,13 +68,15 @@ def goaway(last_stream: int) -> bytes:
 
 
 class Frames:
-    """Where one direction of an HTTP/2 connection is between frames, and the highest
-    stream a HEADERS frame opened (its headers are not decoded)."""
+    """Where one direction of an HTTP/2 connection is between frames, the highest stream
+    a HEADERS frame opened, and the highest one a HEADERS frame ended (END_STREAM: a
+    response's trailers); headers are not decoded."""
 
     def __init__(self, preface: int = 0) -> None:
         self.skip = preface  # bytes of payload (or the client's preface) still to pass
         self.head = b""  # a frame header not yet complete
         self.last_stream = 0
+        self.last_ended = 0
 
     def feed(self, data: bytes) -> None:
         i, n = 0, len(data)
@@ -89,6 +95,8 @@ class Frames:
                 if head[3] == _HEADERS:
                     stream = int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
                     self.last_stream = max(self.last_stream, stream)
+                    if head[4] & _END_STREAM:
+                        self.last_ended = max(self.last_ended, stream)
 
     @property
     def between(self) -> bool:
@@ -215,6 +223,7 @@ class _Client(asyncio.Protocol):
         self.to_client: Frames | None = None if gate.tls else Frames()
         self.connecting: asyncio.Task[None] | None = None
         self.shedding = False
+        self.awaited = 0  # the stream whose answer goes out before a close for failures
         self.server_eof = False  # the server's EOF was passed on: nothing more to write
 
     # ---- the client's side ------------------------------------------------------------
@@ -285,7 +294,10 @@ class _Client(asyncio.Protocol):
             return
         self.failures += 1
         if self.failures >= self.gate.limits.auth_failures:
-            self.shed("closed after auth_failures failed calls", linger=FAILED_LINGER)
+            if self.to_server is not None:  # close once that call's answer is out
+                self.awaited = self.to_server.last_stream
+            linger = FAILED_LINGER if self.to_server is not None else FAILED_LINGER_TLS
+            self.shed("closed after auth_failures failed calls", linger=linger)
 
     def _window_passed(self) -> None:
         self.timer = None
@@ -362,9 +374,13 @@ class _Client(asyncio.Protocol):
     def from_server(self, data: bytes) -> None:
         if self.transport is None:
             return
-        if self.keyless and self.to_client is not None:
-            self.to_client.feed(data)
+        frames = self.to_client
+        if self.keyless and frames is not None:
+            frames.feed(data)
         self.transport.write(data)
+        if self.awaited and frames and frames.last_ended >= self.awaited and self.timer:
+            self.timer.cancel()  # the failed call's answer is out: close now
+            self._close()
 
 
 class _Upstream(asyncio.Protocol):

@@ -133,7 +133,7 @@ def test_401s_close_a_keyless_connection() -> None:
 
 def test_a_connection_without_a_key_in_the_window_is_closed() -> None:
     async def run() -> None:
-        async with frontend(auth_window=0.5) as (port, guard):
+        async with frontend(auth_window=3.0) as (port, guard):  # ample for the keyed call
             idle, keyed = await Client.open(port), await Client.open(port)
             assert (await keyed.get(KEY))[0] == 503
             assert await idle.closed()
