@@ -7,10 +7,11 @@ workers' key (bench/log_flood.py starts them). The router runs with
 `--no-strict-openai`, so that an unknown field's name is logged rather than refused. Every
 case carries a real key (or a piece of one) in the wrong place:
 
-- HTTP/1.1 to the router: a key in a header aiohttp cannot parse (control characters, a
-  bare CR, 9 KB, no colon), as Basic credentials, under another header's name; a wrong
-  or cut key, well-formed; a key's prefix or a whole key as a JSON field's name, at the
-  top level and inside `sampling_params`, on every generation API;
+- HTTP/1.1 to the router (and HTTP/2 with a key, which it does not speak): a key in a
+  header aiohttp cannot parse (control characters, a bare CR, 9 KB, no colon), as Basic
+  credentials, under another header's name; a wrong or cut key, well-formed; a key's
+  prefix or a whole key as a JSON field's name, at the top level and inside
+  `sampling_params`, on every generation API;
 - raw HTTP/2 (gRPC) to the router and to the worker: a key in metadata that is not UTF-8
   (`\\xff`) or holds control characters, as Basic credentials, bare, under another
   metadata name, as a metadata name; the worker does not know the client keys, so only
@@ -30,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import h2.config
+import h2.connection
 import pytest
 
 from bench.log_flood import (
@@ -136,6 +139,9 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Probed]:
             reply = _reply(c, http_request("GET", "/v1/models", headers))
             http[name] = int(reply.split(b" ", 2)[1])
             replies.append(reply)
+        reply = _reply(c, _h2_to_http_port())  # HTTP/2 where HTTP/1.1 is served
+        http["HTTP/2 prior knowledge"] = int(reply.split(b" ", 2)[1])
+        replies.append(reply)
         fields: dict[str, int | None] = {}
         auth = f"Authorization: Bearer {KEYS.clients[1]}".encode()
         for path, body in _BODIES.items():
@@ -157,6 +163,16 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Probed]:
         c.stop()
         logs = {name: path.read_text(errors="replace") for name, path in c.logs.items()}
     yield Probed(grpc, http, fields, replies, logs, grown)
+
+
+def _h2_to_http_port() -> bytes:
+    """An HTTP/2 connection's first bytes (preface, SETTINGS, a HEADERS frame with a key)."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    headers = [(":method", "GET"), (":scheme", "http"), (":authority", "127.0.0.1")]
+    headers += [(":path", "/v1/models"), ("authorization", f"Bearer {CLIENT}")]
+    conn.send_headers(1, headers, end_stream=True)
+    return conn.data_to_send()
 
 
 def _pieces(secret: str) -> set[str]:
@@ -186,7 +202,8 @@ def test_every_case_is_refused(probed: Probed) -> None:
         if name.endswith("key as a bad name"):
             want_grpc[name] = INTERNAL  # grpc-core's for a metadata name it cannot take
     assert probed.grpc == want_grpc
-    assert probed.http == {name: status for name, (_, status) in _HEADERS.items()}
+    want_http = {name: status for name, (_, status) in _HEADERS.items()}
+    assert probed.http == {**want_http, "HTTP/2 prior knowledge": 400}
     # Not strict: OpenAI's and Anthropic's APIs ignore the unknown field (and serve);
     # SGLang's native API refuses it, as SGLang does.
     want = {k: 400 if k.startswith("/generate") else 200 for k in probed.fields}
