@@ -153,9 +153,11 @@ class RouterActor:
     ) -> None:
         import ray
 
+        from radixmesh import log_limit
         from radixmesh.router.pool import WorkerPool
         from radixmesh.router.server import serve
 
+        log_limit.configure()  # as `radixmesh router`: at most a burst a place an interval
         addresses = tuple(ray.get([w.address.remote() for w in workers]))
         router_config = config.router_config(addresses)
         if router_config.metrics_port is not None:  # the one port routers cannot share
