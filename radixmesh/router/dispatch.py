@@ -344,7 +344,9 @@ class Dispatcher:
             sinks.pop(wreq.request_id, None)
             pump.cancel()
             call.cancel()
-            if wreq.resumable and status != "OK" and self.streams.stopping is None:
+            # A worker that refused the request (overloaded, bad input) holds nothing.
+            held = started or status in ("CANCELLED", "UNAVAILABLE")
+            if wreq.resumable and status != "OK" and held and self.streams.stopping is None:
                 self._abort_later(worker, wreq.request_id)
             if not started:
                 worker.request_streaming(pending)

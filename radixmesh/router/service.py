@@ -51,6 +51,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     ) -> AsyncIterator[router_pb2.RouterGenerateResponse]:
         with self.metrics.request("grpc", "Generate") as record:
             rid = request.request_id or uuid.uuid4().hex
+            ref: StreamRef | None = None
             try:
                 if len(rid) > MAX_REQUEST_ID:
                     raise InvalidArgument("request_id", f"at most {MAX_REQUEST_ID} characters")
