@@ -156,12 +156,16 @@ def _message(record: logging.LogRecord) -> str:
 def configure(level: int = logging.INFO, limit: RateLimit | None = None) -> RateLimit:
     """The process's logging: records of `level` and up to stderr in FORMAT, every root
     handler behind one `RateLimit` (its counts flushed at exit). For a server's `main`;
-    redaction is installed where the keys are known (redact.install)."""
+    redaction is installed where the keys are known (redact.install). Once per process:
+    a second call returns the first one's limit."""
     logging.basicConfig(level=level, format=FORMAT, stream=sys.stderr)
+    handlers = logging.getLogger().handlers
+    present = [f for h in handlers for f in h.filters if isinstance(f, RateLimit)]
+    if present:  # configured already (a second call in one process)
+        return present[0]
     limit = limit if limit is not None else RateLimit()
-    for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, RateLimit) for f in handler.filters):
-            handler.addFilter(limit)
+    for handler in handlers:
+        handler.addFilter(limit)
     atexit.register(limit.flush)
     threading.Thread(target=_report_every_interval, args=(limit,), daemon=True).start()
     return limit

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -50,6 +52,9 @@ def _boom(log: logging.Logger, i: int) -> None:
         log.exception("call %d failed", i)  # one place: this line
 
 
+_BOOM_LINE = _boom.__code__.co_firstlineno + 4  # the log.exception line: the place
+
+
 def test_a_burst_then_one_count_line(
     logged: tuple[logging.Logger, io.StringIO, RateLimit, Clock],
 ) -> None:
@@ -70,7 +75,7 @@ def test_a_burst_then_one_count_line(
     count = next(line for line in lines if "were not logged" in line)
     assert count == (
         "radixmesh.log_limit WARNING 497 more lines like this one in 10 s were not logged "
-        "(flood.source, test_log_limit.py:50): call 3 failed"
+        f"(flood.source, test_log_limit.py:{_BOOM_LINE}): call 3 failed"
     )
     assert lines[-1] == "ValueError: bad call 500"  # a new interval: its traceback again
     assert sum("were not logged" in line for line in lines) == 1
@@ -120,3 +125,23 @@ def test_bad_settings_are_refused() -> None:
         RateLimit(interval=0)
     with pytest.raises(ValueError, match="burst >= 1"):
         RateLimit(burst=0)
+
+
+def test_configure_limits_a_process_and_counts_at_exit() -> None:
+    script = (
+        "import logging\n"
+        "from radixmesh import log_limit\n"
+        "limit = log_limit.configure()\n"
+        "assert log_limit.configure() is limit  # once per process\n"
+        "for i in range(20):\n"
+        "    logging.getLogger('flood').error('junk %d', i)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    lines = [line.split(" ", 2)[2] for line in done.stderr.splitlines()]  # no timestamps
+    assert lines == [
+        *(f"ERROR flood: junk {i}" for i in range(5)),
+        "WARNING radixmesh.log_limit: 15 more lines like this one in 10 s were not logged "
+        "(flood, <string>:6): junk 5",
+    ]
