@@ -54,10 +54,12 @@ _END_STREAM = 0x1
 _HIGH_WATER = 256 * 1024
 # A connection closed for its failed calls stays open until the last one's
 # UNAUTHENTICATED has gone to the client (the interceptor reports before it answers):
-# plaintext, until the frame that ends that stream, or at most this many seconds; over
-# TLS, where frames cannot be seen, this many.
+# plaintext, until the frame that ends that stream (then GOAWAY: the client's later
+# calls go to a new connection), at most FAILED_LINGER seconds; over TLS, where no frame
+# can be seen or sent, FAILED_LINGER_TLS seconds, during which its calls are still
+# answered (the close without GOAWAY fails the client's next call UNAVAILABLE).
 FAILED_LINGER = 5.0
-FAILED_LINGER_TLS = 0.5
+FAILED_LINGER_TLS = 2.0
 
 
 def goaway(last_stream: int) -> bytes:
@@ -294,9 +296,10 @@ class _Client(asyncio.Protocol):
             return
         self.failures += 1
         if self.failures >= self.gate.limits.auth_failures:
-            if self.to_server is not None:  # close once that call's answer is out
-                self.awaited = self.to_server.last_stream
-            linger = FAILED_LINGER if self.to_server is not None else FAILED_LINGER_TLS
+            if self.to_server is None:
+                linger = FAILED_LINGER_TLS
+            else:  # close once that call's answer is out
+                self.awaited, linger = self.to_server.last_stream, FAILED_LINGER
             self.shed("closed after auth_failures failed calls", linger=linger)
 
     def _window_passed(self) -> None:
