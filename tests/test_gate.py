@@ -87,7 +87,10 @@ class Keyless:
     async def read_until(self, done: Callable[[], bool]) -> None:
         """Read (answering what h2 must) until `done()` or the server closes."""
         while not done() and not self.closed:
-            data = await self.reader.read(65536)
+            try:
+                data = await self.reader.read(65536)
+            except ConnectionResetError:  # closed at accept, before its preface was read
+                data = b""
             if not data:
                 self.closed = True
                 return

@@ -63,7 +63,10 @@ class Client:
 
     async def closed(self) -> bool:
         """Whether the server closed the connection (waits up to 5 s for it)."""
-        return await asyncio.wait_for(self.reader.read(1), 5) == b""
+        try:
+            return await asyncio.wait_for(self.reader.read(1), 5) == b""
+        except ConnectionResetError:
+            return True
 
     def close(self) -> None:
         self.writer.close()
