@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from radixmesh.v1 import common_pb2 as radixmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19radixmesh/v1/worker.proto\x12\x0cradixmesh.v1\x1a\x19radixmesh/v1/common.proto\"\x90\x02\n\x0fGenerateRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\x16\n\x0e\x66irst_and_rest\x18\x05 \x01(\x08\x12\x15\n\routput_stream\x18\x06 \x01(\t\x12\x11\n\tresumable\x18\x07 \x01(\x08\x12\r\n\x05owner\x18\x08 \x01(\t\x12-\n\x0bresume_from\x18\t \x01(\x0b\x32\x18.radixmesh.v1.ResumeFrom\"0\n\nResumeFrom\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\")\n\x14StreamOutputsRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\"D\n\x15StreamOutputsResponse\x12+\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\">\n\x10GenerateResponse\x12*\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\"S\n\x0c\x43ontinuation\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.radixmesh.v1.TokenIdsH\x00\x42\x06\n\x04kind\"e\n\x0cScoreRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x31\n\rcontinuations\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.Continuation\"M\n\x11\x43ontinuationScore\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x01\x12\x13\n\x0bsum_logprob\x18\x03 \x01(\x01\"W\n\rScoreResponse\x12/\n\x06scores\x18\x01 \x03(\x0b\x32\x1f.radixmesh.v1.ContinuationScore\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"\xcc\x01\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x16\n\x0ekv_tokens_used\x18\x03 \x01(\x04\x12\x17\n\x0fkv_tokens_total\x18\x04 \x01(\x04\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x05 \x01(\x01\x12\x1d\n\x15generation_throughput\x18\x06 \x01(\x01\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x15\n\rnum_in_flight\x18\x08 \x01(\r\"\x1a\n\x18StreamCacheEventsRequest\"\xc1\x01\n\nCacheEvent\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.radixmesh.v1.CacheEventKind\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x04\x12\x18\n\x0bparent_hash\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nnum_tokens\x18\x06 \x01(\r\x12\x12\n\nrequest_id\x18\x07 \x01(\tB\x0e\n\x0c_parent_hash\"D\n\x19StreamCacheEventsResponse\x12\'\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x18.radixmesh.v1.CacheEvent\"\x19\n\x17GetCacheSnapshotRequest\"y\n\x18GetCacheSnapshotResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12(\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x18.radixmesh.v1.CacheEvent\"\x13\n\x11\x46lushCacheRequest\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"=\n\x14GetModelInfoResponse\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.ModelInfo\"n\n\x0c\x45mbedRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12&\n\x07pooling\x18\x02 \x01(\x0e\x32\x15.radixmesh.v1.Pooling\x12\x12\n\nrequest_id\x18\x03 \x01(\t\";\n\rEmbedResponse\x12*\n\tembedding\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.Embedding\"c\n\x18PutStoredResponseRequest\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\x12\r\n\x05\x65ntry\x18\x03 \x01(\x0c\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x01\"+\n\x19PutStoredResponseResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\"?\n\x18GetStoredResponseRequest\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\"9\n\x19GetStoredResponseResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05\x65ntry\x18\x02 \x01(\x0c\"B\n\x1b\x44\x65leteStoredResponseRequest\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\"/\n\x1c\x44\x65leteStoredResponseResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08*\xb0\x02\n\x0e\x43\x61\x63heEventKind\x12 \n\x1c\x43\x41\x43HE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41\x43HE_EVENT_KIND_STORED\x10\x01\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_REMOVED\x10\x02\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_CLEARED\x10\x03\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_PENDING\x10\x04\x12\x1e\n\x1a\x43\x41\x43HE_EVENT_KIND_OFFLOADED\x10\x05\x12\x1b\n\x17\x43\x41\x43HE_EVENT_KIND_LOADED\x10\x06\x12$\n CACHE_EVENT_KIND_REQUEST_STARTED\x10\x07\x12\"\n\x1e\x43\x41\x43HE_EVENT_KIND_REQUEST_ENDED\x10\x08\x32\xed\x08\n\x06Worker\x12K\n\x08Generate\x12\x1d.radixmesh.v1.GenerateRequest\x1a\x1e.radixmesh.v1.GenerateResponse0\x01\x12@\n\x05Score\x12\x1a.radixmesh.v1.ScoreRequest\x1a\x1b.radixmesh.v1.ScoreResponse\x12@\n\x05\x41\x62ort\x12\x1a.radixmesh.v1.AbortRequest\x1a\x1b.radixmesh.v1.AbortResponse\x12\x46\n\x07GetLoad\x12\x1c.radixmesh.v1.GetLoadRequest\x1a\x1d.radixmesh.v1.GetLoadResponse\x12\x66\n\x11StreamCacheEvents\x12&.radixmesh.v1.StreamCacheEventsRequest\x1a\'.radixmesh.v1.StreamCacheEventsResponse0\x01\x12\x61\n\x10GetCacheSnapshot\x12%.radixmesh.v1.GetCacheSnapshotRequest\x1a&.radixmesh.v1.GetCacheSnapshotResponse\x12O\n\nFlushCache\x12\x1f.radixmesh.v1.FlushCacheRequest\x1a .radixmesh.v1.FlushCacheResponse\x12U\n\x0cGetModelInfo\x12!.radixmesh.v1.GetModelInfoRequest\x1a\".radixmesh.v1.GetModelInfoResponse\x12@\n\x05\x45mbed\x12\x1a.radixmesh.v1.EmbedRequest\x1a\x1b.radixmesh.v1.EmbedResponse\x12Z\n\rStreamOutputs\x12\".radixmesh.v1.StreamOutputsRequest\x1a#.radixmesh.v1.StreamOutputsResponse0\x01\x12\x64\n\x11PutStoredResponse\x12&.radixmesh.v1.PutStoredResponseRequest\x1a\'.radixmesh.v1.PutStoredResponseResponse\x12\x64\n\x11GetStoredResponse\x12&.radixmesh.v1.GetStoredResponseRequest\x1a\'.radixmesh.v1.GetStoredResponseResponse\x12m\n\x14\x44\x65leteStoredResponse\x12).radixmesh.v1.DeleteStoredResponseRequest\x1a*.radixmesh.v1.DeleteStoredResponseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19radixmesh/v1/worker.proto\x12\x0cradixmesh.v1\x1a\x19radixmesh/v1/common.proto\"\x90\x02\n\x0fGenerateRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x35\n\x0fsampling_params\x18\x02 \x01(\x0b\x32\x1c.radixmesh.v1.SamplingParams\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x0e\n\x06stream\x18\x04 \x01(\x08\x12\x16\n\x0e\x66irst_and_rest\x18\x05 \x01(\x08\x12\x15\n\routput_stream\x18\x06 \x01(\t\x12\x11\n\tresumable\x18\x07 \x01(\x08\x12\r\n\x05owner\x18\x08 \x01(\t\x12-\n\x0bresume_from\x18\t \x01(\x0b\x32\x18.radixmesh.v1.ResumeFrom\"0\n\nResumeFrom\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\")\n\x14StreamOutputsRequest\x12\x11\n\tstream_id\x18\x01 \x01(\t\"D\n\x15StreamOutputsResponse\x12+\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\">\n\x10GenerateResponse\x12*\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1b.radixmesh.v1.GenerateChunk\"S\n\x0c\x43ontinuation\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.radixmesh.v1.TokenIdsH\x00\x42\x06\n\x04kind\"e\n\x0cScoreRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12\x31\n\rcontinuations\x18\x02 \x03(\x0b\x32\x1a.radixmesh.v1.Continuation\"M\n\x11\x43ontinuationScore\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x01\x12\x13\n\x0bsum_logprob\x18\x03 \x01(\x01\"W\n\rScoreResponse\x12/\n\x06scores\x18\x01 \x03(\x0b\x32\x1f.radixmesh.v1.ContinuationScore\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"\xcc\x01\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x16\n\x0ekv_tokens_used\x18\x03 \x01(\x04\x12\x17\n\x0fkv_tokens_total\x18\x04 \x01(\x04\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x05 \x01(\x01\x12\x1d\n\x15generation_throughput\x18\x06 \x01(\x01\x12\x10\n\x08\x64raining\x18\x07 \x01(\x08\x12\x15\n\rnum_in_flight\x18\x08 \x01(\r\"\x1a\n\x18StreamCacheEventsRequest\"\xd7\x01\n\nCacheEvent\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.radixmesh.v1.CacheEventKind\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x04\x12\x18\n\x0bparent_hash\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nnum_tokens\x18\x06 \x01(\r\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\x14\n\x0cgrammar_keys\x18\x08 \x03(\x04\x42\x0e\n\x0c_parent_hash\"D\n\x19StreamCacheEventsResponse\x12\'\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x18.radixmesh.v1.CacheEvent\"\x19\n\x17GetCacheSnapshotRequest\"y\n\x18GetCacheSnapshotResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12(\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x18.radixmesh.v1.CacheEvent\"\x13\n\x11\x46lushCacheRequest\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"=\n\x14GetModelInfoResponse\x12%\n\x04info\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.ModelInfo\"n\n\x0c\x45mbedRequest\x12\"\n\x05input\x18\x01 \x01(\x0b\x32\x13.radixmesh.v1.Input\x12&\n\x07pooling\x18\x02 \x01(\x0e\x32\x15.radixmesh.v1.Pooling\x12\x12\n\nrequest_id\x18\x03 \x01(\t\";\n\rEmbedResponse\x12*\n\tembedding\x18\x01 \x01(\x0b\x32\x17.radixmesh.v1.Embedding\"c\n\x18PutStoredResponseRequest\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\x12\r\n\x05\x65ntry\x18\x03 \x01(\x0c\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x01\"+\n\x19PutStoredResponseResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\"?\n\x18GetStoredResponseRequest\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\"9\n\x19GetStoredResponseResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05\x65ntry\x18\x02 \x01(\x0c\"B\n\x1b\x44\x65leteStoredResponseRequest\x12\x0e\n\x06\x63\x61ller\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\"/\n\x1c\x44\x65leteStoredResponseResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08*\xfd\x02\n\x0e\x43\x61\x63heEventKind\x12 \n\x1c\x43\x41\x43HE_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41\x43HE_EVENT_KIND_STORED\x10\x01\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_REMOVED\x10\x02\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_CLEARED\x10\x03\x12\x1c\n\x18\x43\x41\x43HE_EVENT_KIND_PENDING\x10\x04\x12\x1e\n\x1a\x43\x41\x43HE_EVENT_KIND_OFFLOADED\x10\x05\x12\x1b\n\x17\x43\x41\x43HE_EVENT_KIND_LOADED\x10\x06\x12$\n CACHE_EVENT_KIND_REQUEST_STARTED\x10\x07\x12\"\n\x1e\x43\x41\x43HE_EVENT_KIND_REQUEST_ENDED\x10\x08\x12%\n!CACHE_EVENT_KIND_GRAMMAR_COMPILED\x10\t\x12$\n CACHE_EVENT_KIND_GRAMMAR_EVICTED\x10\n2\xed\x08\n\x06Worker\x12K\n\x08Generate\x12\x1d.radixmesh.v1.GenerateRequest\x1a\x1e.radixmesh.v1.GenerateResponse0\x01\x12@\n\x05Score\x12\x1a.radixmesh.v1.ScoreRequest\x1a\x1b.radixmesh.v1.ScoreResponse\x12@\n\x05\x41\x62ort\x12\x1a.radixmesh.v1.AbortRequest\x1a\x1b.radixmesh.v1.AbortResponse\x12\x46\n\x07GetLoad\x12\x1c.radixmesh.v1.GetLoadRequest\x1a\x1d.radixmesh.v1.GetLoadResponse\x12\x66\n\x11StreamCacheEvents\x12&.radixmesh.v1.StreamCacheEventsRequest\x1a\'.radixmesh.v1.StreamCacheEventsResponse0\x01\x12\x61\n\x10GetCacheSnapshot\x12%.radixmesh.v1.GetCacheSnapshotRequest\x1a&.radixmesh.v1.GetCacheSnapshotResponse\x12O\n\nFlushCache\x12\x1f.radixmesh.v1.FlushCacheRequest\x1a .radixmesh.v1.FlushCacheResponse\x12U\n\x0cGetModelInfo\x12!.radixmesh.v1.GetModelInfoRequest\x1a\".radixmesh.v1.GetModelInfoResponse\x12@\n\x05\x45mbed\x12\x1a.radixmesh.v1.EmbedRequest\x1a\x1b.radixmesh.v1.EmbedResponse\x12Z\n\rStreamOutputs\x12\".radixmesh.v1.StreamOutputsRequest\x1a#.radixmesh.v1.StreamOutputsResponse0\x01\x12\x64\n\x11PutStoredResponse\x12&.radixmesh.v1.PutStoredResponseRequest\x1a\'.radixmesh.v1.PutStoredResponseResponse\x12\x64\n\x11GetStoredResponse\x12&.radixmesh.v1.GetStoredResponseRequest\x1a\'.radixmesh.v1.GetStoredResponseResponse\x12m\n\x14\x44\x65leteStoredResponse\x12).radixmesh.v1.DeleteStoredResponseRequest\x1a*.radixmesh.v1.DeleteStoredResponseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixmesh.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CACHEEVENTKIND']._serialized_start=2372
-  _globals['_CACHEEVENTKIND']._serialized_end=2676
+  _globals['_CACHEEVENTKIND']._serialized_start=2394
+  _globals['_CACHEEVENTKIND']._serialized_end=2775
   _globals['_GENERATEREQUEST']._serialized_start=71
   _globals['_GENERATEREQUEST']._serialized_end=343
   _globals['_RESUMEFROM']._serialized_start=345
@@ -63,37 +63,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STREAMCACHEEVENTSREQUEST']._serialized_start=1221
   _globals['_STREAMCACHEEVENTSREQUEST']._serialized_end=1247
   _globals['_CACHEEVENT']._serialized_start=1250
-  _globals['_CACHEEVENT']._serialized_end=1443
-  _globals['_STREAMCACHEEVENTSRESPONSE']._serialized_start=1445
-  _globals['_STREAMCACHEEVENTSRESPONSE']._serialized_end=1513
-  _globals['_GETCACHESNAPSHOTREQUEST']._serialized_start=1515
-  _globals['_GETCACHESNAPSHOTREQUEST']._serialized_end=1540
-  _globals['_GETCACHESNAPSHOTRESPONSE']._serialized_start=1542
-  _globals['_GETCACHESNAPSHOTRESPONSE']._serialized_end=1663
-  _globals['_FLUSHCACHEREQUEST']._serialized_start=1665
-  _globals['_FLUSHCACHEREQUEST']._serialized_end=1684
-  _globals['_FLUSHCACHERESPONSE']._serialized_start=1686
-  _globals['_FLUSHCACHERESPONSE']._serialized_end=1723
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1725
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1746
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1748
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1809
-  _globals['_EMBEDREQUEST']._serialized_start=1811
-  _globals['_EMBEDREQUEST']._serialized_end=1921
-  _globals['_EMBEDRESPONSE']._serialized_start=1923
-  _globals['_EMBEDRESPONSE']._serialized_end=1982
-  _globals['_PUTSTOREDRESPONSEREQUEST']._serialized_start=1984
-  _globals['_PUTSTOREDRESPONSEREQUEST']._serialized_end=2083
-  _globals['_PUTSTOREDRESPONSERESPONSE']._serialized_start=2085
-  _globals['_PUTSTOREDRESPONSERESPONSE']._serialized_end=2128
-  _globals['_GETSTOREDRESPONSEREQUEST']._serialized_start=2130
-  _globals['_GETSTOREDRESPONSEREQUEST']._serialized_end=2193
-  _globals['_GETSTOREDRESPONSERESPONSE']._serialized_start=2195
-  _globals['_GETSTOREDRESPONSERESPONSE']._serialized_end=2252
-  _globals['_DELETESTOREDRESPONSEREQUEST']._serialized_start=2254
-  _globals['_DELETESTOREDRESPONSEREQUEST']._serialized_end=2320
-  _globals['_DELETESTOREDRESPONSERESPONSE']._serialized_start=2322
-  _globals['_DELETESTOREDRESPONSERESPONSE']._serialized_end=2369
-  _globals['_WORKER']._serialized_start=2679
-  _globals['_WORKER']._serialized_end=3812
+  _globals['_CACHEEVENT']._serialized_end=1465
+  _globals['_STREAMCACHEEVENTSRESPONSE']._serialized_start=1467
+  _globals['_STREAMCACHEEVENTSRESPONSE']._serialized_end=1535
+  _globals['_GETCACHESNAPSHOTREQUEST']._serialized_start=1537
+  _globals['_GETCACHESNAPSHOTREQUEST']._serialized_end=1562
+  _globals['_GETCACHESNAPSHOTRESPONSE']._serialized_start=1564
+  _globals['_GETCACHESNAPSHOTRESPONSE']._serialized_end=1685
+  _globals['_FLUSHCACHEREQUEST']._serialized_start=1687
+  _globals['_FLUSHCACHEREQUEST']._serialized_end=1706
+  _globals['_FLUSHCACHERESPONSE']._serialized_start=1708
+  _globals['_FLUSHCACHERESPONSE']._serialized_end=1745
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1747
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1768
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1770
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1831
+  _globals['_EMBEDREQUEST']._serialized_start=1833
+  _globals['_EMBEDREQUEST']._serialized_end=1943
+  _globals['_EMBEDRESPONSE']._serialized_start=1945
+  _globals['_EMBEDRESPONSE']._serialized_end=2004
+  _globals['_PUTSTOREDRESPONSEREQUEST']._serialized_start=2006
+  _globals['_PUTSTOREDRESPONSEREQUEST']._serialized_end=2105
+  _globals['_PUTSTOREDRESPONSERESPONSE']._serialized_start=2107
+  _globals['_PUTSTOREDRESPONSERESPONSE']._serialized_end=2150
+  _globals['_GETSTOREDRESPONSEREQUEST']._serialized_start=2152
+  _globals['_GETSTOREDRESPONSEREQUEST']._serialized_end=2215
+  _globals['_GETSTOREDRESPONSERESPONSE']._serialized_start=2217
+  _globals['_GETSTOREDRESPONSERESPONSE']._serialized_end=2274
+  _globals['_DELETESTOREDRESPONSEREQUEST']._serialized_start=2276
+  _globals['_DELETESTOREDRESPONSEREQUEST']._serialized_end=2342
+  _globals['_DELETESTOREDRESPONSERESPONSE']._serialized_start=2344
+  _globals['_DELETESTOREDRESPONSERESPONSE']._serialized_end=2391
+  _globals['_WORKER']._serialized_start=2778
+  _globals['_WORKER']._serialized_end=3911
 # @@protoc_insertion_point(module_scope)

@@ -19,6 +19,8 @@ class CacheEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_EVENT_KIND_LOADED: _ClassVar[CacheEventKind]
     CACHE_EVENT_KIND_REQUEST_STARTED: _ClassVar[CacheEventKind]
     CACHE_EVENT_KIND_REQUEST_ENDED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_GRAMMAR_COMPILED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_GRAMMAR_EVICTED: _ClassVar[CacheEventKind]
 CACHE_EVENT_KIND_UNSPECIFIED: CacheEventKind
 CACHE_EVENT_KIND_STORED: CacheEventKind
 CACHE_EVENT_KIND_REMOVED: CacheEventKind
@@ -28,6 +30,8 @@ CACHE_EVENT_KIND_OFFLOADED: CacheEventKind
 CACHE_EVENT_KIND_LOADED: CacheEventKind
 CACHE_EVENT_KIND_REQUEST_STARTED: CacheEventKind
 CACHE_EVENT_KIND_REQUEST_ENDED: CacheEventKind
+CACHE_EVENT_KIND_GRAMMAR_COMPILED: CacheEventKind
+CACHE_EVENT_KIND_GRAMMAR_EVICTED: CacheEventKind
 
 class GenerateRequest(_message.Message):
     __slots__ = ("input", "sampling_params", "request_id", "stream", "first_and_rest", "output_stream", "resumable", "owner", "resume_from")
@@ -152,7 +156,7 @@ class StreamCacheEventsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheEvent(_message.Message):
-    __slots__ = ("epoch", "sequence", "kind", "block_hashes", "parent_hash", "num_tokens", "request_id")
+    __slots__ = ("epoch", "sequence", "kind", "block_hashes", "parent_hash", "num_tokens", "request_id", "grammar_keys")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +164,7 @@ class CacheEvent(_message.Message):
     PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_KEYS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     sequence: int
     kind: CacheEventKind
@@ -167,7 +172,8 @@ class CacheEvent(_message.Message):
     parent_hash: int
     num_tokens: int
     request_id: str
-    def __init__(self, epoch: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEventKind, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., num_tokens: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    grammar_keys: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[CacheEventKind, str]] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., num_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., grammar_keys: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StreamCacheEventsResponse(_message.Message):
     __slots__ = ("event",)
