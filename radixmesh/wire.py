@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.grammar_key import CHOICES_SEPARATOR, grammar_key
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.tokenizer import TokenizerLike, validate_messages
 from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
@@ -49,6 +50,8 @@ EVENT_KIND_CODES = {  # the worker sends them (worker/proto_out.py)
     "loaded": worker_pb2.CACHE_EVENT_KIND_LOADED,
     "request_started": worker_pb2.CACHE_EVENT_KIND_REQUEST_STARTED,
     "request_ended": worker_pb2.CACHE_EVENT_KIND_REQUEST_ENDED,
+    "grammar_compiled": worker_pb2.CACHE_EVENT_KIND_GRAMMAR_COMPILED,
+    "grammar_evicted": worker_pb2.CACHE_EVENT_KIND_GRAMMAR_EVICTED,
 }
 
 Messages = Sequence[Mapping[str, str]]
@@ -162,6 +165,18 @@ def params_from_proto(p: common_pb2.SamplingParams) -> dict[str, Any]:
     elif kind is not None:
         params[kind] = getattr(p, kind)
     return params
+
+
+def grammar_key_of(p: common_pb2.SamplingParams) -> int | None:
+    """The key of the request's constraint (radixmesh.grammar_key), None without one: what
+    the router matches against the grammars each worker announced it has compiled."""
+    kind = p.WhichOneof("constraint")
+    if kind is None:
+        return None
+    if kind == "choices":
+        return grammar_key(kind, CHOICES_SEPARATOR.join(p.choices.choices))
+    text: str = getattr(p, kind)
+    return grammar_key(kind, text)
 
 
 # ---- generated chunks ---------------------------------------------------------------------

@@ -47,6 +47,10 @@ class RouterConfig:
     host_hit_cost: float = 0.2
     """cache_aware: the cost of a prompt token a worker holds in host memory (reloaded over
     PCIe instead of prefilled), relative to prefilling it; 1.0 counts it as a miss (policy.py)."""
+    grammar_affinity_tokens: int = 32
+    """cache_aware: what a worker that has the request's grammar compiled is worth, in prefill
+    tokens: among workers costing within this much of each other, one holding the grammar
+    wins (policy.py); 0 turns grammar affinity off."""
     health_interval: float = 1.0
     """Seconds between GetLoad polls of each worker."""
     health_timeout: float = 2.0
@@ -257,6 +261,10 @@ class RouterConfig:
         if not self.pending_prefill_weight >= 0:
             raise InvalidArgument(
                 "pending_prefill_weight", f"must be >= 0, got {self.pending_prefill_weight}"
+            )
+        if self.grammar_affinity_tokens < 0:
+            raise InvalidArgument(
+                "grammar_affinity_tokens", f"must be >= 0, got {self.grammar_affinity_tokens}"
             )
         if not 0 <= self.host_hit_cost <= 1:
             raise InvalidArgument("host_hit_cost", f"must be in [0, 1], got {self.host_hit_cost}")

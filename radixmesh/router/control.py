@@ -46,6 +46,7 @@ class ControlPlane:
             pending_prefill_weight=config.pending_prefill_weight,
             host_hit_cost=config.host_hit_cost,
             cold_partition=(config.replica_index, config.replicas),
+            grammar_affinity_tokens=config.grammar_affinity_tokens,
         )
         self.policy: Policy = make_policy(config.policy, config.seed, options)
         self.programs = ProgramTable(config.program_max_queued)
@@ -76,10 +77,17 @@ class ControlPlane:
             return
         raise Unavailable("no healthy worker to ask for the model")
 
-    def pick(self, ids: list[int], exclude: set[str], hint: ProgramHint | None = None) -> Placement:
+    def pick(
+        self,
+        ids: list[int],
+        exclude: set[str],
+        hint: ProgramHint | None = None,
+        grammar: int | None = None,
+    ) -> Placement:
         """The worker for a prompt (never one in `exclude`) and how many of its tokens that
         worker caches; a program's request stays with its program while that worker's load
-        allows. Raises Unavailable when no worker can take it.
+        allows. `grammar`: the key of the request's constraint (wire.grammar_key_of), for
+        the policy's grammar affinity. Raises Unavailable when no worker can take it.
 
         The chosen worker's summary counts the prompt's blocks as tentatively cached (its
         own announcement of them follows as a pending cache event), so the next prompt
@@ -89,6 +97,8 @@ class ControlPlane:
         cached: dict[str, int] = {}
         host_cached: dict[str, int] = {}  # only workers with host-memory hits
         candidates = []
+        if not self.config.grammar_affinity_tokens:
+            grammar = None  # (off: no worker holds it, as far as routing is concerned)
         for wid, w in self.pool.workers.items():
             bs = w.block_size
             device = host = 0
@@ -103,7 +113,7 @@ class ControlPlane:
             cached[wid] = (device + host) * bs
             if host:
                 host_cached[wid] = host * bs
-            c = w.candidate(device * bs, host * bs)
+            c = w.candidate(device * bs, host * bs, grammar is not None and grammar in w.grammars)
             if wid in exclude:
                 c = c._replace(healthy=False)
             candidates.append(c)

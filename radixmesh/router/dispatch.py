@@ -43,7 +43,7 @@ from radixmesh.router.programs import ProgramHint
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.tokenizer import TokenizerLike
 from radixmesh.v1 import common_pb2, worker_pb2
-from radixmesh.wire import input_ids_from_proto, params_from_proto
+from radixmesh.wire import grammar_key_of, input_ids_from_proto, params_from_proto
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,11 @@ class Picker(Protocol):
     pool: WorkerPool  # the workers by id (a resumed stream names its worker)
 
     def pick(
-        self, ids: list[int], exclude: set[str], hint: ProgramHint | None = None
+        self,
+        ids: list[int],
+        exclude: set[str],
+        hint: ProgramHint | None = None,
+        grammar: int | None = None,
     ) -> Placement: ...
 
 
@@ -177,7 +181,7 @@ class Dispatcher:
         async with self.admission.slot():  # before routing: a refusal leaves no load behind
             while len(tried) < self.config.max_attempts:
                 try:
-                    worker, cached = self.picker.pick(ids, tried, hint)
+                    worker, cached = self.picker.pick(ids, tried, hint, grammar_key_of(params))
                 except RadixMeshError:
                     if last_error is not None:
                         break

@@ -31,6 +31,8 @@ class Candidate(NamedTuple):
     # Prompt tokens right after the cached ones that the worker holds only in host memory:
     # reloaded, not prefilled (the worker's host KV tier).
     host_cached_tokens: int = 0
+    # The worker has the request's grammar compiled (it announced its key; grammar_key.py).
+    has_grammar: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,19 @@ class PolicyOptions:
     # on the same view herd their cold prefills onto the same least-loaded one
     # (docs/router-sim.md). (0, 1): one router, every worker.
     cold_partition: tuple[int, int] = (0, 1)
+    # cache_aware: what a worker holding the request's grammar compiled is worth, in
+    # prefill tokens (grammar affinity; 0: off). Small on purpose, below one queued
+    # request's cost: it breaks ties and near-ties between workers, never outweighs a
+    # cache hit of more than a block or two or a busier queue. A compile costs ~10-100 ms
+    # of a CPU core and delays its request's first token by that, so without it requests
+    # with the same schema spread over tied workers and each compiles it once.
+    grammar_affinity_tokens: int = 32
 
     def __post_init__(self) -> None:
+        if self.grammar_affinity_tokens < 0:
+            raise InvalidArgument(
+                "grammar_affinity_tokens", f"must be >= 0, got {self.grammar_affinity_tokens}"
+            )
         if not 0.0 <= self.host_hit_cost <= 1.0:
             raise InvalidArgument("host_hit_cost", f"must be in [0, 1], got {self.host_hit_cost}")
         index, replicas = self.cold_partition
@@ -99,9 +112,17 @@ class CacheAware(Policy):
     until its queue costs more than prefilling the prefix elsewhere, then spill over (the
     router simulator's `hot` trace; docs/router-sim.md).
 
+    Grammar affinity: a worker that has the request's grammar compiled (`has_grammar`)
+    costs `grammar_affinity_tokens` less. So among workers whose costs are equal or within
+    that tolerance of each other, one that holds the grammar wins, and a request whose
+    prompt no worker caches (all cost the same but for their load) goes where its grammar
+    is, unless that worker is busier by more than the tolerance. Requests with the same
+    schema then compile it on one worker, not on every tied worker they land on.
+
     Behind several replicas (`cold_partition`), a worker that caches none of the prompt is
-    a choice only if it is in this replica's share; when no healthy worker is left that
-    way, every worker is."""
+    a choice only if it is in this replica's share or holds the request's grammar (a
+    grammar's requests gather on its holders, not on one least-loaded worker: the herding
+    the shares prevent); when no healthy worker is left that way, every worker is."""
 
     name = "cache_aware"
 
@@ -136,10 +157,14 @@ class CacheAware(Policy):
         pending_weight, per_request = o.pending_prefill_weight, o.request_cost_tokens
         best = float("inf")
         ties: list[str] = []
-        for worker_id, healthy, cached_tokens, queued, pending, host in candidates:
+        for worker_id, healthy, cached_tokens, queued, pending, host, grammar in candidates:
             if not healthy:
                 continue
-            if share is not None and not (cached_tokens or host) and worker_id not in share:
+            if (
+                share is not None
+                and not (cached_tokens or host or grammar)
+                and worker_id not in share
+            ):
                 continue
             cost = (
                 max(prompt_tokens - cached_tokens - host, 0)
@@ -148,6 +173,8 @@ class CacheAware(Policy):
             )
             if host:  # (a separate term: without host hits the sum is as it always was)
                 cost += o.host_hit_cost * host
+            if grammar:
+                cost -= o.grammar_affinity_tokens
             if cost < best:
                 best, ties = cost, [worker_id]
             elif cost == best:

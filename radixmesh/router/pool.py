@@ -13,6 +13,8 @@ Each handle owns a gRPC channel and three background tasks on the router's loop:
 - a cache-event loop that keeps the worker's `PrefixSummary` exact: it opens
   `StreamCacheEvents`, then pulls `GetCacheSnapshot` and applies the events after it.
   A sequence gap, a new epoch or a broken stream means a resync (reconnect + snapshot).
+  The same events carry the keys of the grammars the worker has compiled (`grammars`,
+  for cache_aware's grammar affinity); a snapshot sends the whole set.
 
 A worker that can move (a Ray actor restarted on another port or node) comes with a
 `Resolver`: while the worker does not answer, the health loop asks it for the current
@@ -53,6 +55,9 @@ UNHEALTHY_PROBE_INTERVAL = 0.5  # seconds between polls of a worker that is down
 # their spills onto the same workers and the hit rate collapsed (docs/router-sim.md).
 SHARED_PENDING_WEIGHT = 0.25
 RESOLVE_INTERVAL = 1.0  # seconds between address look-ups of a worker that is down
+# Grammar keys kept per worker: a worker's compiled cache holds at most 1,024 grammars
+# (compile_cache.py), so this bounds only what a misbehaving worker could make us keep.
+MAX_GRAMMARS = 4096
 
 # The worker's current address, or None when it is not known right now.
 Resolver = Callable[[], Awaitable[str | None]]
@@ -118,6 +123,9 @@ class WorkerHandle:
         self.full_until = 0.0
         self.resyncs = 0  # snapshot pulls (the first one included)
         self.block_size = 0  # the worker's event block size (from its snapshot)
+        # The keys of the grammars the worker has compiled (radixmesh.grammar_key), from its
+        # grammar events; replaced by each snapshot's set.
+        self.grammars: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._candidate = Candidate(worker_id, False, 0, 0)  # the last one `candidate` built
         # time.monotonic() of the worker's last word of any kind (an output batch, a chunk, a
@@ -159,6 +167,7 @@ class WorkerHandle:
         # A new process starts with an empty cache: forget the old one's blocks now, not
         # at the snapshot the event loop pulls next (epoch 0: never synced).
         self.summary.reset(0, 0, ())
+        self.grammars.clear()
         return True
 
     @property
@@ -174,7 +183,9 @@ class WorkerHandle:
         said (its Retry-After), so that requests are not sent to it only to be refused."""
         self.full_until = time.monotonic() + max(error.retry_after, 0.0)
 
-    def candidate(self, cached_tokens: int, host_cached_tokens: int = 0) -> Candidate:
+    def candidate(
+        self, cached_tokens: int, host_cached_tokens: int = 0, has_grammar: bool = False
+    ) -> Candidate:
         # The load report lags by up to a health interval and still counts requests that
         # ended since: without subtracting them, a chat's next turn saw its own finished
         # turn as queued work on the worker caching it, and went to a cold worker.
@@ -195,9 +206,16 @@ class WorkerHandle:
             or c.healthy != healthy
             or c.pending_prefill != pending
             or c.host_cached_tokens != host_cached_tokens
+            or c.has_grammar != has_grammar
         ):
             c = Candidate(
-                self.worker_id, healthy, cached_tokens, queued, pending, host_cached_tokens
+                self.worker_id,
+                healthy,
+                cached_tokens,
+                queued,
+                pending,
+                host_cached_tokens,
+                has_grammar,
             )
             self._candidate = c
         return c
@@ -370,6 +388,10 @@ class WorkerHandle:
             if estimate is not None:
                 self.others_pending -= estimate
                 self.ended_since_poll += 1  # (the next load report no longer counts it)
+        elif kind == worker_pb2.CACHE_EVENT_KIND_GRAMMAR_COMPILED:
+            self._add_grammars(ev.grammar_keys)
+        elif kind == worker_pb2.CACHE_EVENT_KIND_GRAMMAR_EVICTED:
+            self.grammars.difference_update(ev.grammar_keys)
         s.sequence = ev.sequence
 
     def _arrived(self, request_id: str, hashes: Sequence[int]) -> None:
@@ -381,6 +403,12 @@ class WorkerHandle:
         estimate = (len(hashes) - self.summary.match(hashes)) * self.block_size
         self.others[request_id] = estimate
         self.others_pending += estimate
+
+    def _add_grammars(self, keys: Iterable[int]) -> None:
+        for key in keys:
+            if len(self.grammars) >= MAX_GRAMMARS:
+                return
+            self.grammars.add(key)
 
     def forget_others(self) -> None:
         """Events were missed (a resync): the other replicas' requests are not known now
@@ -396,6 +424,10 @@ class WorkerHandle:
         )
         device, host = snapshot_tiers(snap.events)
         self.summary.reset(snap.epoch, snap.sequence, device, host)
+        self.grammars.clear()
+        for ev in snap.events:
+            if ev.kind == worker_pb2.CACHE_EVENT_KIND_GRAMMAR_COMPILED:
+                self._add_grammars(ev.grammar_keys)
         self.forget_others()
         self.on_grow()
         self.block_size = snap.block_size

@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from radixmesh.worker.constrained.compile_cache import GrammarEventKind
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.request import Request
 from radixmesh.worker.tp.leader import RankFailure
@@ -39,6 +40,14 @@ class Abort:
 @dataclass(frozen=True)
 class AbortAll:
     reason: str
+
+
+@dataclass(frozen=True)
+class GrammarChanged:
+    """A grammar entered or left the compile cache (its `announce`, from its threads)."""
+
+    kind: GrammarEventKind
+    key: int
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,7 @@ Command = (
     AddRequest
     | Abort
     | AbortAll
+    | GrammarChanged
     | FlushCache
     | GetStats
     | CacheSnapshot
@@ -115,6 +125,8 @@ def handle(worker: Worker, cmd: Command) -> None:
             sched.abort(rid, reason)
         case AbortAll(reason=reason):
             sched.abort_all(reason)
+        case GrammarChanged(kind=kind, key=key):
+            worker.announced_grammars.change(kind, key)
         case RankFailed(message=message):
             raise RankFailure(message)
         case Stop():
@@ -130,10 +142,10 @@ def _query(worker: Worker, cmd: Query) -> Any:
         case GetStats():
             return worker.scheduler.stats()
         case CacheSnapshot(stamp=stamp):
-            return stamp(), worker.cache.snapshot()
+            return stamp(), worker.cache_snapshot()
         case AddCacheListener(fn=fn, snapshot=snapshot):
-            worker.cache.add_listener(fn)
-            return worker.cache.snapshot() if snapshot else []
+            worker.add_cache_listener(fn)
+            return worker.cache_snapshot() if snapshot else []
         case Inspect(fn=fn):
             return fn()
 

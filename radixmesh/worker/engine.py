@@ -32,6 +32,7 @@ from radixmesh.worker.commands import (
     Command,
     FlushCache,
     GetStats,
+    GrammarChanged,
     Inspect,
     Query,
     RankFailed,
@@ -78,6 +79,11 @@ class Engine:
         # Per event loop: hands that loop's requests their outputs (see Mailbox).
         self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
             weakref.WeakKeyDictionary()
+        )
+        # The compile cache's announcements reach the scheduler thread in order (a queue),
+        # where the cache-event listeners hear them (constrained/announced.py).
+        self.worker.grammars.on_change = lambda kind, key: self._inbox.put(
+            GrammarChanged(kind, key)
         )
         self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
         self._thread.start()

@@ -556,7 +556,7 @@ def _run_call(engine: Engine, outbox: _Outbox, cid: int, name: str, args: tuple[
         if name == "cache_snapshot":
             # Queued from the scheduler thread itself, right behind the events the snapshot
             # includes and before any later one: the server stamps it in that order.
-            engine.call(lambda: outbox.put(Result(cid, engine.worker.cache.snapshot())))
+            engine.call(lambda: outbox.put(Result(cid, engine.worker.cache_snapshot())))
             return
         if name == "flush_cache":
             value: Any = engine.flush_cache()

@@ -163,6 +163,7 @@ _SUBMIT, _ABORT, _ABORT_ALL, _DRAIN, _CALL, _SHUTDOWN = range(6)
 _OUT, _ERROR, _EVENT, _RESULT, _RAISE, _FATAL, _READY, _FAILED = range(8)
 _EVENT_KINDS: tuple[CacheEventKind, ...] = get_args(CacheEventKind)
 _EVENT_CODE = {kind: code for code, kind in enumerate(_EVENT_KINDS)}
+_GRAMMAR_KINDS = frozenset(("grammar_compiled", "grammar_evicted"))
 _EVENT_KIND = dict(enumerate(_EVENT_KINDS))  # a bad code is a KeyError (not a wrap-around)
 _UNICODE = "surrogatepass"
 
@@ -263,7 +264,9 @@ def encode_results(msgs: Iterable[ResultMessage]) -> bytes:
             add(_output_row(msg.rid, msg.output))
         elif isinstance(msg, Event):
             ev = msg.event
-            add((_EVENT, _EVENT_CODE[ev.kind], ev.block_hashes, ev.parent_hash, ev.num_tokens))
+            # (a grammar event has no blocks: its keys travel in the blocks' place)
+            hashes = ev.grammar_keys or ev.block_hashes
+            add((_EVENT, _EVENT_CODE[ev.kind], hashes, ev.parent_hash, ev.num_tokens))
         elif isinstance(msg, Error):
             add((_ERROR, msg.rid, *msg.error))
         elif isinstance(msg, Result):
@@ -339,6 +342,8 @@ def _event(kind: str, hashes: tuple[int, ...], parent: int | None, num_tokens: i
     d["block_hashes"] = hashes
     d["parent_hash"] = parent
     d["num_tokens"] = num_tokens
+    if kind in _GRAMMAR_KINDS:  # (the fields left unset read the class's defaults)
+        d["block_hashes"], d["grammar_keys"] = (), hashes
     return ev
 
 

@@ -113,6 +113,8 @@ def event_to_proto(epoch: int, sequence: int, event: CacheEvent) -> worker_pb2.C
         msg.parent_hash = event.parent_hash
     if event.request_id:
         msg.request_id = event.request_id
+    if event.grammar_keys:
+        msg.grammar_keys.extend(event.grammar_keys)
     return msg
 
 

@@ -631,6 +631,7 @@ class Scheduler:
             num_steps=self._num_steps,
             constrained_requests=self.grammars.stats.requests if self.grammars else 0,
             jump_forward_tokens=self.grammars.stats.forced_tokens if self.grammars else 0,
+            grammar_compiles=self.grammars.compiles if self.grammars else 0,
             num_aborted=self._num_aborted,
             host_cache_hit_tokens=self._host_hit_tokens,
             host_kv_slots_used=tier.slots_used if tier else 0,

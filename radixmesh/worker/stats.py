@@ -20,6 +20,7 @@ class SchedulerStats:
     num_steps: int
     constrained_requests: int = 0
     jump_forward_tokens: int = 0  # output tokens appended without a decode step
+    grammar_compiles: int = 0  # constraints compiled (not found in the compiled cache)
     num_aborted: int = 0  # requests that ended aborted (by a client, a failure, shutdown)
     # The host-memory KV tier (zeros without one): prompt tokens reloaded from it (part of
     # cache_hit_tokens), its slots, the bytes copied each way, and the copies' bandwidth

@@ -42,6 +42,7 @@ from radixmesh.worker.config import (
     EngineConfig,
     batch_defaults,
 )
+from radixmesh.worker.constrained.announced import AnnouncedGrammars
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.deterministic import DETERMINISTIC_BLOCK, make_deterministic
 from radixmesh.worker.device import (
@@ -50,6 +51,7 @@ from radixmesh.worker.device import (
     resolve_dtype,
 )
 from radixmesh.worker.kvcache.allocator import KVAllocator
+from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.kvcache.host_tier import HostTier, default_host_bytes
 from radixmesh.worker.kvcache.pool import KVPool, kv_storage_dtype
 from radixmesh.worker.kvcache.radix_cache import RadixCache
@@ -447,6 +449,9 @@ class Worker:
             max_costly_compiles=gc.grammar_max_costly_compiles,
             limits=gc.limits,
         )
+        # The compiled grammars' keys the cache-event subscribers know (the engine feeds it
+        # the compile cache's announcements on the scheduler thread).
+        self.announced_grammars = AnnouncedGrammars()
         self.graph_memory_bytes = 0  # device memory the CUDA graphs took (measured)
         graphs = None
         if self.device.type == "cuda" and attn.supports_cuda_graphs:
@@ -557,6 +562,15 @@ class Worker:
             vocab_size=vocab,
             max_top_logprobs=self.config.scheduler.max_top_logprobs,
         )
+
+    def add_cache_listener(self, fn: CacheListener) -> None:
+        """`fn` hears the radix cache's events and the compiled grammars' (scheduler thread)."""
+        self.cache.add_listener(fn)
+        self.announced_grammars.add_listener(fn)
+
+    def cache_snapshot(self) -> list[CacheEvent]:
+        """The radix cache's contents, then the compiled grammars' keys (scheduler thread)."""
+        return [*self.cache.snapshot(), *self.announced_grammars.snapshot()]
 
     def flush_cache(self) -> bool:
         if self.scheduler.has_work():

@@ -13,8 +13,9 @@ def _c(
     healthy: bool = True,
     pending: int = 0,
     host: int = 0,
+    grammar: bool = False,
 ) -> Candidate:
-    return Candidate(wid, healthy, cached, queued, pending, host)
+    return Candidate(wid, healthy, cached, queued, pending, host, grammar)
 
 
 def test_registry_names() -> None:
@@ -156,3 +157,38 @@ def test_cache_aware_places_cold_prompts_in_its_replicas_share() -> None:
     assert p0.choose(128, down) == "w3"
     with pytest.raises(InvalidArgument, match="cold_partition"):
         PolicyOptions(cold_partition=(2, 2))
+
+
+def test_grammar_affinity_breaks_ties_for_the_worker_holding_the_grammar() -> None:
+    # Equal costs (a cold prompt, idle workers): the holder wins every draw of every seed.
+    for seed in range(20):
+        p = make_policy("cache_aware", seed)
+        cands = [_c("w0"), _c("w1", grammar=True), _c("w2"), _c("w3")]
+        assert p.choose(100, cands) == "w1"
+
+
+def test_grammar_affinity_decides_near_ties_only() -> None:
+    p = make_policy("cache_aware", 0, PolicyOptions(grammar_affinity_tokens=32))
+    # w0 caches 16 more prompt tokens (cost 84 against 100 - 32 = 68): the grammar wins.
+    assert p.choose(100, [_c("w0", cached=16), _c("w1", grammar=True)]) == "w1"
+    # 48 more (52 against 68): the cache wins.
+    assert p.choose(100, [_c("w0", cached=48), _c("w1", grammar=True)]) == "w0"
+    # One more queued request there (64 > 32): the idle worker wins.
+    assert p.choose(100, [_c("w0"), _c("w1", queued=1, grammar=True)]) == "w0"
+
+
+def test_grammar_affinity_zero_is_off() -> None:
+    p = make_policy("cache_aware", 3, PolicyOptions(grammar_affinity_tokens=0))
+    chosen = {p.choose(100, [_c("w0"), _c("w1", grammar=True)]) for _ in range(40)}
+    assert chosen == {"w0", "w1"}
+    with pytest.raises(InvalidArgument, match="grammar_affinity_tokens"):
+        PolicyOptions(grammar_affinity_tokens=-1)
+
+
+def test_a_grammar_holder_outside_the_replicas_share_takes_a_cold_prompt() -> None:
+    # Replica 0 of 2 owns w0 and w2; w1 holds the grammar and wins the cold prompt.
+    p = make_policy("cache_aware", 0, PolicyOptions(cold_partition=(0, 2)))
+    cands = [_c("w0"), _c("w1", grammar=True), _c("w2"), _c("w3")]
+    assert p.choose(100, cands) == "w1"
+    # Without it, the cold prompt stays in the share.
+    assert p.choose(100, [_c("w0"), _c("w1"), _c("w2"), _c("w3")]) in ("w0", "w2")

@@ -114,6 +114,8 @@ def _events() -> list[CacheEvent]:
         CacheEvent("removed", (5,), top, 16),
         CacheEvent("cleared", (), None, 0),
         CacheEvent("pending", (3, 4), 0, 32),
+        CacheEvent("grammar_compiled", (), None, 0, grammar_keys=(7, top)),
+        CacheEvent("grammar_evicted", (), None, 0, grammar_keys=(7,)),
     ]
 
 
@@ -231,6 +233,8 @@ def test_the_schema_names_every_field_it_carries() -> None:
         "block_hashes",
         "parent_hash",
         "num_tokens",
+        "request_id",  # (never crosses: the server publishes the request events itself)
+        "grammar_keys",  # (in the blocks' place: a grammar event has none)
     ]
 
 
@@ -254,7 +258,7 @@ def test_a_truncated_frame_raises_frame_error() -> None:
         msgpack.packb(5),  # not an array of messages
         msgpack.packb([[99, "x"]]),  # an unknown tag
         msgpack.packb([[0, RID, None, [1]]]),  # an Out row cut short
-        msgpack.packb([[2, 9, [1], None, 16]]),  # an unknown event kind
+        msgpack.packb([[2, 99, [1], None, 16]]),  # an unknown event kind
         msgpack.packb([[2, -1, [1], None, 16]]),
         msgpack.packb([[3, 0, b"not a pickle"]]),  # a Result whose payload does not load
         msgpack.packb([5]),  # a message that is not an array

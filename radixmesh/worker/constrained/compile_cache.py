@@ -10,6 +10,12 @@ Compiles run in the compile pool's processes (compile_pool.py); what they send b
 loaded into a grammar on one thread here, never on the scheduler thread or an event loop.
 The cache holds at most `max_entries` grammars and about `max_bytes` of them (their
 serialized size), dropping the least recently used first.
+
+`announce(kind, key)` (optional) hears each grammar that compiled and is still held
+("grammar_compiled") and each such grammar dropped later ("grammar_evicted"), with its
+`radixmesh.grammar_key`: the worker tells the routers (grammar affinity). It is called
+under the cache's lock, so one grammar's announcements come in the order they happened;
+it must only hand them on (a queue put).
 """
 
 from __future__ import annotations
@@ -18,12 +24,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
+from radixmesh.grammar_key import grammar_key
 from radixmesh.worker.constrained.cost import CompileCost, estimate
 from radixmesh.worker.constrained.grammar import GrammarBackend, GrammarError
 
 Submit = Callable[[str, str, int], "Future[str | bytes]"]
+GrammarEventKind = Literal["grammar_compiled", "grammar_evicted"]
+Announce = Callable[[GrammarEventKind, int], None]  # (what happened, the grammar's key)
 _Key = tuple[str, str, str, str]
 
 
@@ -36,6 +45,7 @@ class CompileCache:
         submit: Submit | None = None,
         max_entries: int = 1024,
         max_bytes: int = 256 * 1024 * 1024,
+        announce: Announce | None = None,
     ) -> None:
         """`submit(kind, text, weight)`: compile elsewhere and return the serialized
         grammar (compile_pool.CompilePool.submit); None: `backend.compile` on a thread
@@ -45,12 +55,15 @@ class CompileCache:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._submit = submit
+        self._announce = announce
+        self._announced: set[_Key] = set()  # compiled, held, and announced as such
         # Loads results (and, without `submit`, compiles) off every caller's thread.
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="radixmesh-grammar")
         self._futures: OrderedDict[_Key, Future[Any]] = OrderedDict()
         self._sizes: dict[_Key, int] = {}
         self._bytes = 0
-        self._lock = threading.Lock()
+        # Reentrant: a compile done at once runs its callback inside `get`, under the lock.
+        self._lock = threading.RLock()
         self.hits = 0
         self.misses = 0
 
@@ -68,7 +81,9 @@ class CompileCache:
             fut = self._start(key, kind, text, cost)
             self.misses += 1
             self._futures[key] = fut
-            self._evict()
+            self._evict()  # (before the callback: what it drops is announced first)
+            if self._submit is None:  # compiled here: held once done (maybe at once, here)
+                fut.add_done_callback(lambda f: self._compiled_here(key, f))
             return fut
 
     def _start(self, key: _Key, kind: str, text: str, cost: CompileCost | None) -> Future[Any]:
@@ -100,10 +115,21 @@ class CompileCache:
             out.set_exception(e)
             return
         out.set_result(grammar)
+        self._held(key, out, len(data))
+
+    def _compiled_here(self, key: _Key, fut: Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self._held(key, fut, 0)
+
+    def _held(self, key: _Key, fut: Future[Any], size: int) -> None:
+        """`fut` compiled: count its size and announce it, if the cache still holds it."""
         with self._lock:
-            if self._futures.get(key) is out:
-                self._sizes[key] = len(data)
-                self._bytes += len(data)
+            if self._futures.get(key) is fut:
+                self._sizes[key] = size
+                self._bytes += size
+                if self._announce is not None:
+                    self._announced.add(key)
+                    self._announce("grammar_compiled", grammar_key(key[2], key[3]))
                 self._evict()
 
     def _evict(self) -> None:
@@ -113,6 +139,10 @@ class CompileCache:
         ):
             key, _ = self._futures.popitem(last=False)
             self._bytes -= self._sizes.pop(key, 0)
+            if key in self._announced:
+                self._announced.discard(key)
+                assert self._announce is not None
+                self._announce("grammar_evicted", grammar_key(key[2], key[3]))
 
     def __len__(self) -> int:
         return len(self._futures)

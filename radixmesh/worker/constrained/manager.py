@@ -39,7 +39,7 @@ import torch
 from radixmesh.errors import InvalidArgument, Overloaded
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.constrained.bitmask import allocate_bitmask
-from radixmesh.worker.constrained.compile_cache import CompileCache
+from radixmesh.worker.constrained.compile_cache import Announce, CompileCache, GrammarEventKind
 from radixmesh.worker.constrained.compile_pool import CompileLimits, CompilePool
 from radixmesh.worker.constrained.cost import CompileCost
 from radixmesh.worker.constrained.grammar import (
@@ -128,6 +128,10 @@ class GrammarManager:
         self._token_bytes: list[bytes | None] = []
         self._lock = threading.Lock()
         self.stats = GrammarStats()
+        # Hears each grammar that compiled into the cache / left it, with its key
+        # (compile_cache.py's `announce`): the engine tells the routers. Set before the
+        # first constrained request.
+        self.on_change: Announce | None = None
 
     # ---- compile ----------------------------------------------------------------------
 
@@ -178,8 +182,17 @@ class GrammarManager:
         if self.compile_limits.processes:
             self._pool = CompilePool(backend.compiler_spec(), self.compile_limits)
             submit = self._pool.submit
-        self._cache = CompileCache(backend, vocab.name, submit=submit)
+        self._cache = CompileCache(backend, vocab.name, submit=submit, announce=self._announce)
         return self._cache
+
+    def _announce(self, kind: GrammarEventKind, key: int) -> None:
+        if self.on_change is not None:
+            self.on_change(kind, key)
+
+    @property
+    def compiles(self) -> int:
+        """Constraints compiled so far (misses of the compiled cache)."""
+        return self._cache.misses if self._cache is not None else 0
 
     def compile(self, kind: str, text: str, cost: CompileCost | None = None) -> Future[Any]:
         return self.cache.get(kind, text, cost)

@@ -33,7 +33,9 @@ from typing import Literal
 # Appended only: pipe.py sends a kind as its index here.
 # "request_started" / "request_ended": a request announced by "pending" was prefilled /
 # ended (the server publishes them, with its request id, for the routers' shared view of
-# the worker's load).
+# the worker's load). "grammar_compiled" / "grammar_evicted": grammars entered / left the
+# worker's compiled-grammar cache (their keys in `grammar_keys`; the routers' grammar
+# affinity). Neither kind says anything about the radix cache's blocks.
 CacheEventKind = Literal[
     "stored",
     "removed",
@@ -43,6 +45,8 @@ CacheEventKind = Literal[
     "loaded",
     "request_started",
     "request_ended",
+    "grammar_compiled",
+    "grammar_evicted",
 ]
 
 
@@ -53,6 +57,7 @@ class CacheEvent:
     parent_hash: int | None  # hash of the block before block_hashes[0]; None: root
     num_tokens: int  # tokens the blocks cover: len(block_hashes) * block size
     request_id: str = ""  # pending / started / ended: the request's id
+    grammar_keys: tuple[int, ...] = ()  # grammar_*: the grammars' keys (radixmesh.grammar_key)
 
 
 CacheListener = Callable[[CacheEvent], None]
