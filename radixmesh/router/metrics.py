@@ -97,6 +97,11 @@ class _PoolCollector(Collector):
             "Prefix blocks in each worker's summary (confirmed and tentative).",
             labels=["worker"],
         )
+        grammars = GaugeMetricFamily(
+            "radixmesh_router_worker_grammars",
+            "Grammars each worker announced it has compiled (cache_aware's grammar affinity).",
+            labels=["worker"],
+        )
         for w in workers:
             state = w.breaker.state
             for s in BREAKER_STATES:
@@ -107,7 +112,8 @@ class _PoolCollector(Collector):
             others.add_metric([w.worker_id], len(w.others))
             slow.add_metric([w.worker_id], w.slow_polls)
             blocks.add_metric([w.worker_id], len(w.summary))
-        yield from (breaker, healthy, in_flight, pending, others, slow, blocks)
+            grammars.add_metric([w.worker_id], len(w.grammars))
+        yield from (breaker, healthy, in_flight, pending, others, slow, blocks, grammars)
         yield GaugeMetricFamily(
             "radixmesh_router_prefix_index_bytes",
             f"Accounted memory of every summary together ({BYTES_PER_BLOCK} bytes per block).",

@@ -114,8 +114,9 @@ class CompileCache:
                         del self._futures[key]
             out.set_exception(e)
             return
-        out.set_result(grammar)
+        # Announced before its requests hear of it: the worker's event leads their outputs.
         self._held(key, out, len(data))
+        out.set_result(grammar)
 
     def _compiled_here(self, key: _Key, fut: Future[Any]) -> None:
         if not fut.cancelled() and fut.exception() is None:
