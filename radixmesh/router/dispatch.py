@@ -215,7 +215,7 @@ class Dispatcher:
         key = (caller, stream_id)
         self._claim(key)
         wreq = worker_pb2.GenerateRequest(
-            request_id=wrid,
+            request_id=uuid.uuid4().hex,
             stream=True,
             resumable=True,
             owner=caller,
@@ -305,7 +305,10 @@ class Dispatcher:
         started = False  # the worker streamed
         status = "CANCELLED"  # unless the stream ends or fails first
         worker.request_started(pending)  # prefill work queued there until the first chunk
-        self.requests[key] = (worker, wreq.request_id)
+        # The worker's id of the request (a resume's call has one of its own, for its
+        # chunks: the first call may still be reading them on this router).
+        held_rid = wreq.resume_from.request_id or wreq.request_id
+        self.requests[key] = (worker, held_rid)
         sinks = worker.outputs.sinks
         wreq.output_stream = worker.outputs.stream_id or ""
         sink = sinks[wreq.request_id] = Sink(worker, worker.outputs.stream_id)
@@ -351,7 +354,7 @@ class Dispatcher:
             # A worker that refused the request (overloaded, bad input) holds nothing.
             held = started or status in ("CANCELLED", "UNAVAILABLE")
             if wreq.resumable and status != "OK" and held and self.streams.stopping is None:
-                self._abort_later(worker, wreq.request_id)
+                self._abort_later(worker, held_rid)
             if not started:
                 worker.request_streaming(pending)
             worker.request_ended()

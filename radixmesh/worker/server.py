@@ -178,7 +178,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
         resume = request.resume_from if request.HasField("resume_from") else None
-        rid = (resume.request_id if resume else request.request_id) or uuid.uuid4().hex
+        rid = request.request_id or uuid.uuid4().hex  # this call's chunks go under it
         stream: AsyncIterator[RequestOutput] | None = None
         sink: OutputStream | None = None
         log: OutputLog | None = None
@@ -187,7 +187,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             engine = self._engine()
             if resume is not None:  # a held request (resumable.py): no new work
-                log = self.held.attach(rid, request.owner)
+                log = self.held.attach(resume.request_id, request.owner)
                 outputs = log.follow(resume.offset)
             else:
                 self._admit(1)

@@ -20,6 +20,7 @@ import pytest
 from radixmesh.client import Client
 from radixmesh.cluster.launch import LocalCluster, free_port
 from radixmesh.cluster.spec import LaunchSpec
+from radixmesh.errors import NotFound
 from radixmesh.v1 import router_pb2, router_pb2_grpc
 from tests.router.http_helpers import Http
 from tests.router.routers import ExtraRouter
@@ -71,6 +72,28 @@ def test_a_caller_reaches_only_its_own_requests(cluster: LocalCluster) -> None:
         # Alpha's request ran on through all of that; its owner reaches it.
         assert alpha_http.post("/abort_request", {"rid": "job-1"}).json() == {"aborted": 1}
         assert list(mine)[-1].finish_reason == "abort"
+
+
+@pytest.mark.slow
+def test_a_caller_resumes_only_its_own_streams(cluster: LocalCluster) -> None:
+    """A stream's id is scoped to its key: another key's Resume finds nothing, the same
+    key's follows it (here beside its first call) from the offset given."""
+    with (
+        Client(cluster.address, api_key=ALPHA) as alpha,
+        Client(cluster.address, api_key=BETA) as beta,
+    ):
+        mine = alpha.generate("count", LONG, stream=True)
+        first = next(mine)
+        assert first.stream_id and first.offset == first.completion_tokens
+        with pytest.raises(NotFound):
+            list(beta.resume(first.stream_id, first.offset))
+        again = alpha.resume(first.stream_id, first.offset)
+        assert alpha.abort(first.request_id) is True
+        rest, resumed = list(mine), list(again)
+    assert rest[-1].finish_reason == resumed[-1].finish_reason == "abort"
+    ids = [t for c in rest for t in c.token_ids]
+    assert [t for c in resumed for t in c.token_ids] == ids  # the same log, from the offset
+    assert resumed[-1].completion_tokens == first.completion_tokens + len(ids)
 
 
 @pytest.mark.slow
