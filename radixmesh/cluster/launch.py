@@ -263,10 +263,7 @@ class LocalCluster:
         ]
         if c.tls_cert is not None and c.tls_key is not None:
             router_args += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
-        if c.routers > 1:  # replicas share the ports: none takes connections before serving
-            router_args.append("--listen-when-serving")
-            # ... and the cold placements: each its own share of the workers (policy.py).
-            router_args += ["--replicas", str(c.routers), "--replica-index", str(index)]
+        router_args += c.replica_flags(index)  # (several: shared ports, cold partition)
         env = dict(c.env if c.env is not None else os.environ)
         env.pop(API_KEY_ENV, None)  # only the keys given to the launcher
         if c.api_keys:

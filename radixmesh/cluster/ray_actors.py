@@ -159,7 +159,7 @@ class RouterActor:
 
         log_limit.configure()  # as `radixmesh router`: at most a burst a place an interval
         addresses = tuple(ray.get([w.address.remote() for w in workers]))
-        router_config = config.router_config(addresses)
+        router_config = config.router_config(addresses, index)
         if router_config.metrics_port is not None:  # the one port routers cannot share
             hosts = _router_hosts(config.routers, placement_group)
             port = router_config.metrics_port + host_rank(hosts, index)

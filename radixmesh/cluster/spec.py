@@ -25,7 +25,7 @@ WORKER_PLACEMENTS = ("any", "spread")
 # RouterConfig fields the spec sets itself (from its own fields, or per backend).
 _SET_BY_THE_SPEC = (
     "workers", "host", "port", "policy", "api_keys", "admin_keys", "tls_cert", "tls_key",
-    "worker_api_key",
+    "worker_api_key", "replicas", "replica_index",
 )  # fmt: skip
 
 
@@ -194,9 +194,14 @@ class LaunchSpec:
         cuda = self.device == "cuda" or (self.device == "auto" and bool(self.visible_gpus))
         return self.tp_size if cuda else 0
 
-    def router_config(self, workers: tuple[str, ...]) -> RouterConfig:
+    def router_config(self, workers: tuple[str, ...], index: int = 0) -> RouterConfig:
+        """Router replica `index`'s config (of `routers`): behind several, each one places
+        cold prompts on its own share of the workers (`--replicas`, `--replica-index`:
+        policy.py's cold partition), as the local launch's replicas do."""
         return RouterConfig(
             workers=workers,
+            replicas=self.routers,
+            replica_index=index,
             host=self.host,
             port=self.port,
             policy=self.policy,
@@ -207,6 +212,20 @@ class LaunchSpec:
             worker_api_key=self.worker_api_key,
             **self.router_options,
         )
+
+    def replica_flags(self, index: int) -> list[str]:
+        """The `radixmesh router` flags of local replica `index` (none for one router):
+        replicas share the ports, so none takes connections before it serves; and each
+        places cold prompts on its own share of the workers (what `router_config` sets)."""
+        if self.routers == 1:
+            return []
+        return [
+            "--listen-when-serving",
+            "--replicas",
+            str(self.routers),
+            "--replica-index",
+            str(index),
+        ]
 
     def router_flags(self) -> list[str]:
         """`router_options` as `radixmesh router` flags (one flag per RouterConfig field,

@@ -238,3 +238,20 @@ def test_launch_deterministic_reaches_workers_and_routers() -> None:
     spec = launch_spec(args, **NO_KEYS)
     assert spec.worker_args == ("--deterministic", "--device", "cpu")
     assert spec.router_options == {"require_deterministic": True}
+
+
+@pytest.mark.parametrize("routers", [1, 3])
+def test_every_launcher_gives_each_router_replica_its_share(routers: int) -> None:
+    # Local replicas get flags, Ray's router actors a config: the same partition.
+    spec = LaunchSpec(model="dummy:tiny", routers=routers)
+    for index in range(routers):
+        flags = ["router", "--workers", "w:1", *spec.replica_flags(index)]
+        local = RouterConfig(
+            workers=("w:1",), **router_options(build_parser().parse_args(flags), launch=False)
+        )
+        ray = spec.router_config(("w:1",), index)  # what RouterActor `index` serves with
+        assert (local.replicas, local.replica_index) == (ray.replicas, ray.replica_index)
+        assert (ray.replicas, ray.replica_index) == (routers, index)
+        assert local.listen_when_serving == (routers > 1)
+    with pytest.raises(InvalidArgument, match="router_options: set 'replica_index'"):
+        LaunchSpec(model="dummy:tiny", router_options={"replica_index": 1})
