@@ -159,7 +159,7 @@ def _queried_metrics() -> dict[str, set[str]]:
 def test_every_queried_metric_is_exported() -> None:
     exported = _worker_metric_names() | _router_metric_names() | {"up"}
     queried = _queried_metrics()
-    assert len(queried) == 9 + 68  # 9 alerts, 68 panel queries
+    assert len(queried) == 9 + 69  # 9 alerts, 69 panel queries
     missing = {w: sorted(names - exported) for w, names in queried.items() if names - exported}
     assert missing == {}
     used = set().union(*queried.values())
