@@ -445,26 +445,31 @@ class KeylessSource(Protocol):
 class KeylessCollector(Collector):
     """`radixmesh_listener_closed_total{listener, reason}`: connections a listener closed
     or refused (keyless ones evicted, closed after failures or the window; over the cap),
-    and `radixmesh_listener_keyless_connections{listener}`: keyless connections open."""
+    and `radixmesh_listener_keyless_connections{listener}`: keyless connections open.
+    `labels` are put on every sample (a worker's `model_name`, as its other metrics carry)."""
 
-    def __init__(self, sources: dict[str, KeylessSource]) -> None:
+    def __init__(
+        self, sources: dict[str, KeylessSource], labels: dict[str, str] | None = None
+    ) -> None:
         self.sources = sources
+        self.labels = dict(labels or {})
 
     def collect(self) -> Iterator[Metric]:
         closed = CounterMetricFamily(
             "radixmesh_listener_closed",
             "Connections a listener closed or refused, by reason.",
-            labels=["listener", "reason"],
+            labels=[*self.labels, "listener", "reason"],
         )
         keyless = GaugeMetricFamily(
             "radixmesh_listener_keyless_connections",
             "Connections open that have not authenticated.",
-            labels=["listener"],
+            labels=[*self.labels, "listener"],
         )
+        fixed = list(self.labels.values())
         for name, source in self.sources.items():
             for reason, n in sorted(source.closed.items()):
-                closed.add_metric([name, reason], n)
-            keyless.add_metric([name], source.keyless_open)
+                closed.add_metric([*fixed, name, reason], n)
+            keyless.add_metric([*fixed, name], source.keyless_open)
         yield closed
         yield keyless
 

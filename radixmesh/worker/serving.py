@@ -39,6 +39,7 @@ from radixmesh.listener import (
 from radixmesh.v1 import worker_pb2_grpc
 from radixmesh.worker.cache_event_hub import CacheEventHub
 from radixmesh.worker.engine_process import EngineProcess
+from radixmesh.worker.metrics import MODEL_LABEL
 from radixmesh.worker.stats_log import log_stats
 
 if TYPE_CHECKING:
@@ -69,11 +70,14 @@ async def serve(config: ServerConfig, engine_options: dict[str, Any]) -> int:
     server = grpc.aio.server(
         options=grpc_options(config.max_message_bytes, cap), interceptors=interceptors
     )
-    servicer = WorkerServicer(config, served_model_name(engine_options))
+    model_name = served_model_name(engine_options)
+    servicer = WorkerServicer(config, model_name)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = add_health_and_reflection(server, SERVICE_NAME)
     if gate is not None:
-        servicer.metrics.registry.register(KeylessCollector({"grpc": gate}))
+        servicer.metrics.registry.register(
+            KeylessCollector({"grpc": gate}, {MODEL_LABEL: model_name})
+        )
     await set_health(health_servicer, SERVICE_NAME, serving=False)
     port = await _listen(config, server, gate)
     stop = asyncio.Event()
