@@ -163,6 +163,17 @@ def _post_stream(port: int, body: dict[str, Any], last_event_id: str | None = No
     return conn, resp
 
 
+def _reconnect(port: int, body: dict[str, Any], last_id: str) -> Any:
+    """The resume, sent again (as an SSE client reconnects) while a connection reaches
+    the killed replica's socket before the kernel has closed it."""
+    for _ in range(50):
+        try:
+            return _post_stream(port, body, last_event_id=last_id)
+        except ConnectionError:
+            time.sleep(0.1)
+    raise AssertionError("no replica took the resume")
+
+
 def _events(resp: Any, until: int | None = None) -> list[tuple[str | None, str]]:
     """(id, data) of the SSE events read (`until`: stop after that many)."""
     events: list[tuple[str | None, str]] = []
@@ -202,7 +213,7 @@ def test_an_sse_stream_resumes_with_last_event_id(
     assert before[-1][1] != "[DONE]"
     last_id = before[-1][0]
     assert last_id is not None
-    conn, resp = _post_stream(port, body, last_event_id=last_id)
+    conn, resp = _reconnect(port, body, last_id)
     after = _events(resp)
     conn.close()
     assert after[-1] == (None, "[DONE]")
