@@ -151,21 +151,29 @@ class HeldRequests:
         self._abort = abort  # the engine's abort(rid)
         self.logs: dict[str, OutputLog] = {}
         self.generating = 0  # requests of these logs the engine still runs
+        self._counted: set[str] = set()  # their ids
         self.expired = 0  # requests aborted because no caller came back in time
         self._idle: OrderedDict[str, OutputLog] = OrderedDict()  # no follower, oldest first
         self._idle_bytes = 0  # their bytes (as of when each became idle; resynced by sweeps)
         self._sweeper: asyncio.Task[None] | None = None
 
     def start(self, rid: str, owner: str, outputs: AsyncIterator[RequestOutput]) -> OutputLog:
-        log = self.logs[rid] = OutputLog(rid, owner, outputs, self._finished)
+        log = self.logs[rid] = OutputLog(rid, owner, outputs, self._release)
         log.followers = 1
         self.generating += 1
+        self._counted.add(rid)
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return log
 
-    def _finished(self, log: OutputLog) -> None:
-        self.generating -= 1
+    def _release(self, log: OutputLog) -> None:
+        """The request stops counting as generating: when its last output is read, or at
+        once when it is aborted (the engine is told then; its final output may come a
+        step later, and a new request must not be refused meanwhile, as a plain call's
+        request stops counting when the call is cancelled)."""
+        if log.rid in self._counted:
+            self._counted.discard(log.rid)
+            self.generating -= 1
 
     def attach(self, rid: str, owner: str) -> OutputLog:
         """A held request to follow; NotFound when none has that id and owner (a
@@ -198,6 +206,7 @@ class HeldRequests:
         if log is None or log.finished:
             return False
         self._abort(rid)
+        self._release(log)
         return True
 
     @property
@@ -222,6 +231,7 @@ class HeldRequests:
         if not log.finished:
             self.expired += 1
             self._abort(log.rid)
+            self._release(log)
 
     async def _sweep(self) -> None:
         interval = min(max(self.config.grace / 4, 0.05), 1.0)

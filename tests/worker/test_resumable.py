@@ -129,3 +129,29 @@ def test_the_bytes_bound_drops_the_oldest_unfollowed_logs() -> None:
         held.close()
 
     asyncio.run(run())
+
+
+def test_an_aborted_request_stops_counting_at_once_and_once() -> None:
+    """The engine's last output of an aborted request comes a step later; the worker's
+    admission must not count it meanwhile (a plain call's request stops counting when the
+    call is cancelled), nor count it down twice when that output arrives."""
+
+    async def run() -> None:
+        aborts = Aborts()
+        held = HeldRequests(ResumeConfig(grace=5.0), aborts)
+        script = Script()
+        log = held.start("r", "alice", script.outputs())
+        other = held.start("s", "alice", Script().outputs())
+        await script.feed(out("r", [1], 1))
+        held.detach(log)
+        assert held.generating == 2
+        assert held.abort("r") is True
+        assert (aborts.rids, held.generating) == (["r"], 1)
+        await script.feed(out("r", [], 1, finished=True))
+        assert (log.finished, held.generating) == (True, 1)
+        assert held.abort("r") is False
+        assert (aborts.rids, held.generating) == (["r"], 1)
+        other.cancel()
+        held.close()
+
+    asyncio.run(run())
