@@ -81,10 +81,11 @@ class Engine:
             weakref.WeakKeyDictionary()
         )
         # The compile cache's announcements reach the scheduler thread in order (a queue),
-        # where the cache-event listeners hear them (constrained/announced.py).
-        self.worker.grammars.on_change = lambda kind, key: self._inbox.put(
-            GrammarChanged(kind, key)
-        )
+        # where the cache-event listeners hear them (constrained/announced.py). The hook
+        # holds the queue, not the engine: the compile pool outlives a shut-down engine,
+        # and must not keep its weights and KV pool alive.
+        inbox = self._inbox
+        self.worker.grammars.on_change = lambda kind, key: inbox.put(GrammarChanged(kind, key))
         self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
         self._thread.start()
         if self.worker.followers is not None:  # a TP rank dying ends the engine
