@@ -394,6 +394,8 @@ def _dead_for_good(actors: list[Any]) -> list[int]:
     for i, ref in enumerate(refs):
         try:
             ray.get(ref, timeout=5)
+        except ray.exceptions.ActorUnavailableError:
+            pass  # restarting (a RayActorError too, so caught before it)
         except ray.exceptions.RayActorError:
             dead.append(i)
         except ray.exceptions.GetTimeoutError:

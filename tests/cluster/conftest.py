@@ -9,7 +9,11 @@ lives; the other process's Ray module waits for it (its other modules do not).
 Ray runs its worker processes, our actors among them, at niceness 15 (RAY_worker_niceness)
 so that its own daemons come first. Beside any process at the default priority (two busy
 loops, here) the actors then get next to no CPU, and a cluster that is ready in 20 s was
-not ready in 300. A serving cluster sets it to 0 (deploy/ray/), and so do these tests."""
+not ready in 300. A serving cluster sets it to 0 (deploy/ray/), and so do these tests.
+
+Ray's memory monitor is off here (RAY_memory_monitor_refresh_ms=0): it reads the whole
+machine's memory as its node's, so the other test process's servers counted against
+this module's actors: it killed a router actor at start during a full run."""
 
 from __future__ import annotations
 
@@ -30,4 +34,5 @@ def ray_turn() -> Iterator[None]:
     with LOCK.open("w") as f, pytest.MonkeyPatch.context() as env:
         fcntl.flock(f, fcntl.LOCK_EX)
         env.setenv("RAY_worker_niceness", "0")
+        env.setenv("RAY_memory_monitor_refresh_ms", "0")
         yield
