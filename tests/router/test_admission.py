@@ -143,8 +143,9 @@ async def _post(port: int, key: str = "") -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
 
 
-def _metric(port: int, name: str) -> float:
-    text = Http(port).get("/metrics").text
+def _metric(port: int, name: str, key: str | None = None) -> float:
+    """A metric's value from a router's HTTP port (`key`: its admin key, where it has keys)."""
+    text = Http(port, api_key=key).get("/metrics").text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
@@ -200,10 +201,11 @@ def test_a_caller_past_its_rate_gets_429_with_retry_after(
     cluster: tuple[LocalCluster, int],
 ) -> None:
     """A second router on the same worker, with keys and a rate limit of one request every
-    two seconds, in bursts of up to five."""
+    two seconds, in bursts of up to five (and an admin key, for its metrics)."""
     c, _ = cluster
     args = ("--rate-limit", "0.5", "--rate-burst", "5", "--api-key", "alpha", "--api-key", "b")
-    with ExtraRouter(c, *args, http=True, key="alpha") as limited:
+    args += ("--admin-key", "root")
+    with ExtraRouter(c, *args, http=True, key="root") as limited:
         port = limited.http_port
         assert port is not None
 
@@ -220,7 +222,7 @@ def test_a_caller_past_its_rate_gets_429_with_retry_after(
                 assert message == "rate limit: 0.5 requests a second (burst 5)"
         assert [s for s, _, _ in asyncio.run(run("b", 5))] == [200] * 5  # its own bucket
         refused = 'radixmesh_router_refused_requests_total{reason="rate_limit"}'
-        assert _metric(port, refused) == 3
+        assert _metric(port, refused, key="root") == 3
 
 
 # ---- thousands of streams on one connection ------------------------------------------------
