@@ -134,7 +134,7 @@ class AsyncClient(StubsInTurn):
         )
         return self._worker.Generate(req, timeout=timeout, metadata=md)
 
-    async def _stream(
+    def _stream(
         self,
         inp: common_pb2.Input,
         params: common_pb2.SamplingParams,
@@ -142,38 +142,34 @@ class AsyncClient(StubsInTurn):
         deadline: Deadline,
         program: ProgramHint | None = None,
     ) -> AsyncGenerator[Chunk, None]:
-        stream = ResumableStream()
-        attempt = 0
-        while True:
-            if stream.resume_at is None:
-                call = await self._generate_call(
-                    inp, params, rid, True, deadline.remaining(), program
-                )
-            else:
-                call = self._resume_call(*stream.resume_at, deadline.remaining())
-            try:
-                async for resp in call:
-                    attempt = 0
-                    yield stream.chunk(resp)
-                return
-            except grpc.RpcError as e:
-                if not stream.may_retry(e) or not await self._wait_retry(e, attempt, deadline):
-                    raise stream.error(e) from None
-                attempt += 1
-            finally:
-                call.cancel()
+        async def start(timeout: float | None) -> Any:
+            return await self._generate_call(inp, params, rid, True, timeout, program)
 
-    async def resume(
+        return self._follow(ResumableStream(), deadline, start)
+
+    def resume(
         self, stream_id: str, offset: int = 0, *, timeout: float | None = None
     ) -> AsyncGenerator[Chunk, None]:
         """Continue a stream (a Chunk's `stream_id`) after its first `offset` completion
         tokens, through any router (Client.resume says more)."""
         deadline = Deadline(timeout if timeout is not None else self.options.timeout)
-        stream = ResumableStream(resume_at=(stream_id, offset))
+        return self._follow(ResumableStream(resume_at=(stream_id, offset)), deadline, None)
+
+    async def _follow(
+        self,
+        stream: ResumableStream,
+        deadline: Deadline,
+        start: Callable[[float | None], Awaitable[Any]] | None,
+    ) -> AsyncGenerator[Chunk, None]:
+        """A stream's chunks: from `start`'s call (None: `stream` is a resume from the
+        outset), then from Resume calls each time it breaks where it may resume."""
         attempt = 0
         while True:
-            assert stream.resume_at is not None
-            call = self._resume_call(*stream.resume_at, deadline.remaining())
+            if stream.resume_at is None:
+                assert start is not None
+                call = await start(deadline.remaining())
+            else:
+                call = self._resume_call(*stream.resume_at, deadline.remaining())
             try:
                 async for resp in call:
                     attempt = 0

@@ -167,11 +167,34 @@ class Client(StubsInTurn):
         deadline: Deadline,
         program: ProgramHint | None = None,
     ) -> Generator[Chunk, None, None]:
-        stream = ResumableStream()
+        def start(timeout: float | None) -> Any:
+            return self._generate_call(inp, params, rid, True, timeout, program)
+
+        return self._follow(ResumableStream(), deadline, start)
+
+    def resume(
+        self, stream_id: str, offset: int = 0, *, timeout: float | None = None
+    ) -> Generator[Chunk, None, None]:
+        """Continue a stream (a Chunk's `stream_id`) after its first `offset` completion
+        tokens (the `offset` of the last chunk you have), through any router of the
+        cluster; it resumes again on its own if this router goes away too. NotFound when
+        no worker holds it any more (it finished, or its grace period passed)."""
+        deadline = Deadline(timeout if timeout is not None else self.options.timeout)
+        return self._follow(ResumableStream(resume_at=(stream_id, offset)), deadline, None)
+
+    def _follow(
+        self,
+        stream: ResumableStream,
+        deadline: Deadline,
+        start: Callable[[float | None], Any] | None,
+    ) -> Generator[Chunk, None, None]:
+        """A stream's chunks: from `start`'s call (None: `stream` is a resume from the
+        outset), then from Resume calls each time it breaks where it may resume."""
         attempt = 0
         while True:
             if stream.resume_at is None:
-                call = self._generate_call(inp, params, rid, True, deadline.remaining(), program)
+                assert start is not None
+                call = start(deadline.remaining())
             else:
                 call = self._resume_call(*stream.resume_at, deadline.remaining())
             try:
@@ -185,31 +208,6 @@ class Client(StubsInTurn):
                 attempt += 1
             finally:
                 call.cancel()  # no-op when done; cancels the server request when closed early
-
-    def resume(
-        self, stream_id: str, offset: int = 0, *, timeout: float | None = None
-    ) -> Generator[Chunk, None, None]:
-        """Continue a stream (a Chunk's `stream_id`) after its first `offset` completion
-        tokens (the `offset` of the last chunk you have), through any router of the
-        cluster; it resumes again on its own if this router goes away too. NotFound when
-        no worker holds it any more (it finished, or its grace period passed)."""
-        deadline = Deadline(timeout if timeout is not None else self.options.timeout)
-        stream = ResumableStream(resume_at=(stream_id, offset))
-        attempt = 0
-        while True:
-            assert stream.resume_at is not None
-            call = self._resume_call(*stream.resume_at, deadline.remaining())
-            try:
-                for resp in call:
-                    attempt = 0
-                    yield stream.chunk(resp)
-                return
-            except grpc.RpcError as e:
-                if not stream.may_retry(e) or not self._wait_retry(e, attempt, deadline):
-                    raise stream.error(e) from None
-                attempt += 1
-            finally:
-                call.cancel()
 
     def _resume_call(self, stream_id: str, offset: int, timeout: float | None) -> Any:
         req = router_pb2.ResumeRequest(stream_id=stream_id, offset=offset)
