@@ -203,8 +203,8 @@ def test_a_caller_past_its_rate_gets_429_with_retry_after(
     """A second router on the same worker, with keys and a rate limit of one request every
     two seconds, in bursts of up to five (and an admin key, for its metrics)."""
     c, _ = cluster
-    args = ("--rate-limit", "0.5", "--rate-burst", "5", "--api-key", "alpha", "--api-key", "b")
-    args += ("--admin-key", "root")
+    keys = ("--api-key", "alpha", "--api-key", "b", "--admin-key", "root")
+    args = ("--rate-limit", "0.5", "--rate-burst", "5", *keys)
     with ExtraRouter(c, *args, http=True, key="root") as limited:
         port = limited.http_port
         assert port is not None
