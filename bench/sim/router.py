@@ -6,7 +6,7 @@ import random
 
 from bench.sim.config import ABLATIONS, ORACLE, Request, SimConfig
 from bench.sim.worker import SimWorker
-from radixmesh.router.hot import HotPrefixConfig, HotPrefixes
+from radixmesh.router.hot import HotPrefixConfig, HotPrefixes, place
 from radixmesh.router.policy import POLICIES, Candidate, Policy, PolicyOptions
 from radixmesh.router.summary import BYTES_PER_BLOCK, SummaryIndex
 
@@ -132,24 +132,10 @@ class SimRouter:
         key = self.hot.key(req.prompt_hashes)
         if key is None:
             return chosen
-        homes, grow = self.hot.arrived(key, self.index.clock(), chosen.wid)
-        if not homes:
-            return chosen
-        members = set(homes)
-        if grow:  # the cheapest worker that is not a home yet
-            others = [
-                c._replace(healthy=False) if c.worker_id in members else c for c in candidates
-            ]
-            wid = self.policy.choose(req.prompt_len, others)
-            self.hot.add_home(key, wid)
-            return self.by_id[wid]
-        at_home = [
-            c._replace(cached_tokens=req.prompt_len)
-            if c.worker_id in members
-            else c._replace(healthy=False)
-            for c in candidates
-        ]
-        return self.by_id[self.policy.choose(req.prompt_len, at_home)]
+        wid = place(
+            self.hot, self.policy, key, self.index.clock(), req.prompt_len, candidates, chosen.wid
+        )
+        return self.by_id[wid]
 
     def first_token(self, w: SimWorker, rid: int) -> None:
         self.pending[w.index] -= self.estimates.pop(rid, 0)

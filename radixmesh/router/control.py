@@ -19,6 +19,7 @@ import grpc
 from radixmesh.errors import Unavailable
 from radixmesh.prefix import block_hashes
 from radixmesh.router.config import RouterConfig
+from radixmesh.router.hot import place
 from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.policy import Candidate, Policy, PolicyOptions, make_policy
 from radixmesh.router.pool import WorkerHandle, WorkerPool
@@ -124,7 +125,10 @@ class ControlPlane:
             except Unavailable:
                 # Workers that said they are full are left out while others can serve;
                 # when none can, one of them gets the request (it may have room now).
-                chosen_id = self.policy.choose(len(ids), self._with_full(candidates, exclude))
+                candidates = self._with_full(candidates, exclude)
+                chosen_id = self.policy.choose(len(ids), candidates)
+            if self.pool.hot is not None:
+                chosen_id = self._hot(len(ids), hashes, candidates, chosen_id)
             self.programs.placed(hint, chosen_id)
         chosen = self.pool.workers[chosen_id]
         if chosen.block_size:
@@ -135,6 +139,25 @@ class ControlPlane:
         if host_cached:
             self.metrics.host_cached_tokens.inc(host_cached.get(chosen.worker_id, 0))
         return Placement(chosen, cached[chosen.worker_id])
+
+    def _hot(
+        self,
+        prompt_tokens: int,
+        hashes: dict[int, list[int]],
+        candidates: list[Candidate],
+        chosen_id: str,
+    ) -> str:
+        """Hot-prefix replication (`--hot-prefix-replication`, router/hot.py) on top of the
+        policy's choice: the simulator's rule and step (`hot.place`), on the prompt's block
+        hashes at the chosen worker's block size and the pool's clock."""
+        hot = self.pool.hot
+        assert hot is not None
+        bs = self.pool.workers[chosen_id].block_size
+        key = hot.key(hashes[bs]) if bs else None
+        if key is None:
+            return chosen_id  # (the worker's block size is not known yet, or a short prompt)
+        now = self.pool.clock()
+        return place(hot, self.policy, key, now, prompt_tokens, candidates, chosen_id)
 
     def _with_full(self, candidates: list[Candidate], exclude: set[str]) -> list[Candidate]:
         """`candidates` with the workers that are only full (up, breaker closed) healthy."""

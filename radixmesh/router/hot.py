@@ -21,7 +21,9 @@ The rule (docs/router-sim.md, "Hot prefixes"):
   prefix at the boundary does not flap). With one home left it is no longer hot.
 
 Pure bookkeeping on a caller-given clock: the router calls it from its one event loop,
-the simulator on simulated time.
+the simulator on simulated time. `place` is the routing step both run on top of
+cache_aware's choice, so the router (control.py, `--hot-prefix-replication`) makes the
+simulator's decisions.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixmesh.errors import InvalidArgument
+from radixmesh.errors import InvalidArgument, Unavailable
+from radixmesh.router.policy import Candidate, Policy
 
 
 @dataclass(frozen=True)
@@ -185,3 +188,43 @@ class HotPrefixes:
             self._trim(times, now)
             if not times:
                 del self._arrivals[key]
+
+
+def place(
+    hot: HotPrefixes,
+    policy: Policy,
+    key: int,
+    now: float,
+    prompt_tokens: int,
+    candidates: Sequence[Candidate],
+    chosen: str,
+) -> str:
+    """The worker for a request of prefix `key`, given `chosen`, the policy's own pick over
+    `candidates`. A prefix that is not hot keeps `chosen`. A hot one that wants another
+    home gets the worker the policy picks among its non-homes; otherwise its request goes
+    to the cheapest of its homes, each counted as caching the whole prompt (so the
+    choice among them is by load). Where no candidate is left that way (the homes down
+    or excluded), `chosen` stands: the rule never makes a request unroutable."""
+    homes, grow = hot.arrived(key, now, chosen)
+    if not homes:
+        return chosen
+    members = set(homes)
+    if grow:
+        others = [c._replace(healthy=False) if c.worker_id in members else c for c in candidates]
+        try:
+            wid = policy.choose(prompt_tokens, others)
+        except Unavailable:
+            pass  # no other worker can take it: stay on the homes
+        else:
+            hot.add_home(key, wid)
+            return wid
+    at_home = [
+        c._replace(cached_tokens=prompt_tokens, host_cached_tokens=0)
+        if c.worker_id in members
+        else c._replace(healthy=False)
+        for c in candidates
+    ]
+    try:
+        return policy.choose(prompt_tokens, at_home)
+    except Unavailable:
+        return chosen

@@ -24,6 +24,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from radixmesh.router.breaker import BreakerState
+from radixmesh.router.hot import HotPrefixStats
 from radixmesh.router.summary import BYTES_PER_BLOCK
 
 if TYPE_CHECKING:
@@ -123,6 +124,24 @@ class _PoolCollector(Collector):
             "radixmesh_router_prefix_index_forgotten_blocks",
             "Summary blocks dropped to keep within the byte budget.",
             value=self.pool.index.forgotten_blocks,
+        )
+        # Hot-prefix replication (0 while off): read from its own counts, so a home dropped
+        # with its worker leaving the pool moves the gauge without a counter of its own.
+        stats = self.pool.hot.stats if self.pool.hot is not None else HotPrefixStats()
+        yield GaugeMetricFamily(
+            "radixmesh_router_hot_prefixes",
+            "Prefixes with more than one home worker now (--hot-prefix-replication).",
+            value=stats.hot,
+        )
+        yield CounterMetricFamily(
+            "radixmesh_router_hot_prefix_homes_added",
+            "Homes given to hot prefixes (a worker added to a prefix's homes).",
+            value=stats.replications,
+        )
+        yield CounterMetricFamily(
+            "radixmesh_router_hot_prefix_homes_removed",
+            "Homes taken from prefixes as they cooled (their last-added one each time).",
+            value=stats.dereplications,
         )
 
 

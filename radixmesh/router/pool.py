@@ -39,6 +39,7 @@ from radixmesh.client.options import CHANNEL_OPTIONS
 from radixmesh.errors import InvalidArgument, Overloaded
 from radixmesh.router.breaker import CircuitBreaker
 from radixmesh.router.config import DNS_PREFIX, RouterConfig
+from radixmesh.router.hot import HotPrefixes
 from radixmesh.router.liveness import judge
 from radixmesh.router.outputs import OutputReader
 from radixmesh.router.policy import Candidate
@@ -81,8 +82,12 @@ class WorkerHandle:
         config: RouterConfig,
         on_grow: Callable[[], None] = lambda: None,
         resolve: Resolver | None = None,
+        on_end: Callable[[str], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
+        # Called with the worker's id when a request on it ends, this replica's or another's
+        # (hot-prefix replication measures a worker's capacity by them).
+        self.on_end = on_end
         self.summary = summary
         self.on_grow = on_grow  # called after the summary grew (the pool enforces its budget)
         self.config = config
@@ -233,6 +238,8 @@ class WorkerHandle:
         """One of the router's requests on this worker ended (however it ended)."""
         self.in_flight -= 1
         self.ended_since_poll += 1
+        if self.on_end is not None:
+            self.on_end(self.worker_id)
 
     def start(self) -> None:
         self._tasks = [
@@ -388,6 +395,8 @@ class WorkerHandle:
             if estimate is not None:
                 self.others_pending -= estimate
                 self.ended_since_poll += 1  # (the next load report no longer counts it)
+                if self.on_end is not None:
+                    self.on_end(self.worker_id)
         elif kind == worker_pb2.CACHE_EVENT_KIND_GRAMMAR_COMPILED:
             self._add_grammars(ev.grammar_keys)
         elif kind == worker_pb2.CACHE_EVENT_KIND_GRAMMAR_EVICTED:
@@ -435,12 +444,24 @@ class WorkerHandle:
 
 
 class WorkerPool:
-    """`resolvers`, if given, has one `Resolver` per address of `config.workers`."""
+    """`resolvers`, if given, has one `Resolver` per address of `config.workers`.
 
-    def __init__(self, config: RouterConfig, resolvers: Sequence[Resolver] = ()) -> None:
+    With `config.hot_prefix_replication`, `hot` keeps the hot prefixes and the workers'
+    finished requests (their measured capacity) on `clock` (seconds; tests inject one)."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        resolvers: Sequence[Resolver] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if resolvers and len(resolvers) != len(config.workers):
             raise InvalidArgument("resolvers", "give one resolver per worker, or none")
         self.config = config
+        self.clock = clock
+        hot = config.hot_prefixes
+        self.hot = HotPrefixes(hot) if hot is not None else None
+        self._on_end = self._finished if self.hot is not None else None
         self.index = SummaryIndex(config.summary_budget_bytes)
         self.workers: dict[str, WorkerHandle] = {}
         self._started = False
@@ -450,7 +471,13 @@ class WorkerPool:
             wid = f"worker-{i}"
             resolve = resolvers[i] if resolvers else None
             self.workers[wid] = WorkerHandle(
-                wid, address, self.index.add(wid), config, self.index.enforce_budget, resolve
+                wid,
+                address,
+                self.index.add(wid),
+                config,
+                self.index.enforce_budget,
+                resolve,
+                self._on_end,
             )
 
     def start(self) -> None:
@@ -461,7 +488,14 @@ class WorkerPool:
     def add_worker(self, worker_id: str, address: str) -> WorkerHandle:
         """A worker that appeared (discovery); polled at once if the pool runs."""
         summary = self.index.add(worker_id)
-        handle = WorkerHandle(worker_id, address, summary, self.config, self.index.enforce_budget)
+        handle = WorkerHandle(
+            worker_id,
+            address,
+            summary,
+            self.config,
+            self.index.enforce_budget,
+            on_end=self._on_end,
+        )
         self.workers[worker_id] = handle
         if self._started:
             handle.start()
@@ -471,7 +505,13 @@ class WorkerPool:
         """A worker that went away: no new request is routed to it. The caller closes the
         handle once the requests on it have ended."""
         self.index.summaries.pop(worker_id, None)
+        if self.hot is not None:
+            self.hot.forget_worker(worker_id)
         return self.workers.pop(worker_id)
+
+    def _finished(self, worker_id: str) -> None:
+        assert self.hot is not None
+        self.hot.finished(worker_id, self.clock())
 
     async def close(self) -> None:
         await asyncio.gather(*(w.close() for w in self.workers.values()))
