@@ -75,6 +75,11 @@ class Roles:
     are known by their keys (`caller_of`) and each finds only its own requests; whoever
     holds an API key must not end another's work. Without any key (an open cluster, the
     demo) everybody: there is no identity to scope by, so every request is everybody's.
+
+    `operator`: seeing the router's internals in replies (which worker served a request:
+    gRPC's `worker_id`, HTTP's X-Radixmesh-Worker; HTTP's `/metrics`). The same rule as
+    `reaches_all`: with API keys but no admin key nobody, since whoever holds an API key is
+    a client, and a client learns nothing of the cluster behind the router.
     """
 
     api_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -87,6 +92,9 @@ class Roles:
         if self.admin_keys:
             return bearer_allowed(authorization, self.admin_keys)
         return not self.api_keys
+
+    def operator(self, authorization: str | bytes | None) -> bool:
+        return self.reaches_all(authorization)
 
 
 Outcome = Callable[[str, bool], None]

@@ -10,10 +10,12 @@ been forwarded, a failure ends the stream with the worker's status.
 
 A resumable stream (the caller passes a `StreamRef`) is started on its worker as one
 that outlives its call: if this router dies, the worker holds it for a grace period and
-`resume` continues it through any router (worker/resumable.py). Its id names the worker
-and the worker's request id, a random 128-bit name; the worker lets only the same caller
-(auth.caller_of its key) resume it. A caller that goes away from a live router ends it
-here with an Abort, as a plain stream's cancelled call ends it.
+`resume` continues it through any router (worker/resumable.py). Its id is the worker's
+cache-event epoch (holders.py: every replica maps it back to the worker, a client learns
+nothing of the cluster from it) and the worker's request id, a random 128-bit name; the
+worker lets only the same caller (auth.caller_of its key) resume it. A caller that goes
+away from a live router ends it here with an Abort, as a plain stream's cancelled call
+ends it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from radixmesh.errors import InvalidArgument, NotFound, Overloaded, RadixMeshErr
 from radixmesh.router.admission import Admission, RateLimiter
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import Placement
+from radixmesh.router.holders import holders, is_token, token_of
 from radixmesh.router.metrics import RouterMetrics
 from radixmesh.router.outputs import Joined, Sink, SinkWatch, WorkerStalled, pump_call
 from radixmesh.router.pool import WorkerHandle, WorkerPool
@@ -73,19 +76,22 @@ def retryable(e: grpc.aio.AioRpcError) -> bool:
 
 @dataclass
 class StreamRef:
-    """A resumable stream's id, filled in once its worker is chosen: "<worker id>/<the
-    worker's request id>". Front ends send it with each message, with the completion
-    tokens delivered so far (the offset to resume at)."""
+    """A resumable stream's id, filled in once its worker is chosen: "<the worker's epoch,
+    16 hex digits>/<the worker's request id, 32 hex digits>" (holders.py: the epoch lets
+    any replica find the worker without naming it to the client). Front ends send it with
+    each message, with the completion tokens delivered so far (the offset to resume at)."""
 
     stream_id: str = ""
 
     @staticmethod
     def parse(stream_id: str, field: str) -> tuple[str, str]:
-        """(worker id, worker request id) of a stream id; InvalidArgument naming `field`."""
-        worker_id, _, wrid = stream_id.rpartition("/")
-        if not worker_id or len(wrid) != 32 or not all(c in "0123456789abcdef" for c in wrid):
+        """(worker token, worker request id) of a stream id; InvalidArgument naming
+        `field`."""
+        token, _, wrid = stream_id.rpartition("/")
+        hexes = all(c in "0123456789abcdef" for c in wrid)
+        if not is_token(token) or len(wrid) != 32 or not hexes:
             raise InvalidArgument(field, f"not a stream id: {stream_id[:128]!r}")
-        return worker_id, wrid
+        return token, wrid
 
 
 class Dispatcher:
@@ -188,7 +194,8 @@ class Dispatcher:
                     raise
                 tried.add(worker.worker_id)
                 if resumable is not None:
-                    resumable.stream_id = f"{worker.worker_id}/{wreq.request_id}"
+                    token = token_of(self.picker.pool, worker.worker_id)
+                    resumable.stream_id = f"{token}/{wreq.request_id}"
                 attempt = _Attempt(worker, pending=len(ids) - cached, started_at=t0)
                 try:
                     async with aclosing(self._stream_from(attempt, wreq, key, stream)) as chunks:
@@ -207,11 +214,16 @@ class Dispatcher:
         """A resumable stream's chunks after its first `offset` completion tokens, from
         the worker holding it, under the stream id as request id. NotFound when that
         worker does not hold it for this caller (finished and gone, the grace passed, or
-        another caller's); InvalidArgument naming `field` for an id that is none."""
-        worker_id, wrid = StreamRef.parse(stream_id, field)
-        worker = self.pool_worker(worker_id)
-        if worker is None:
-            raise NotFound(f"no stream {stream_id[:128]!r}: no worker {worker_id[:64]!r} here")
+        another caller's); InvalidArgument naming `field` for an id that is none.
+
+        The id's epoch names one worker; where this replica cannot tell which (holders.py),
+        each candidate is asked in turn until one holds the stream: the others answer
+        NOT_FOUND before any chunk. The error of the last asked is raised, unless an earlier
+        one failed otherwise (it may have been the holder: its error says more)."""
+        token, wrid = StreamRef.parse(stream_id, field)
+        candidates = holders(self.picker.pool, token)
+        if not candidates:
+            raise NotFound(f"no stream {stream_id[:128]!r}: its worker is not known here")
         key = (caller, stream_id)
         self._claim(key)
         wreq = worker_pb2.GenerateRequest(
@@ -221,17 +233,20 @@ class Dispatcher:
             owner=caller,
             resume_from=worker_pb2.ResumeFrom(request_id=wrid, offset=offset),
         )
-        attempt = _Attempt(worker, pending=0, started_at=time.perf_counter())
+        failed: tuple[WorkerHandle, grpc.aio.AioRpcError | WorkerStalled] | None = None
         async with self.admission.slot():
-            try:
-                async with aclosing(self._stream_from(attempt, wreq, key, True)) as chunks:
-                    async for chunk in chunks:
-                        yield worker.worker_id, chunk
-            except (grpc.aio.AioRpcError, WorkerStalled) as e:
-                self._failed(worker, e, give_up=True)
-
-    def pool_worker(self, worker_id: str) -> WorkerHandle | None:
-        return self.picker.pool.workers.get(worker_id)
+            for i, worker in enumerate(candidates):
+                attempt = _Attempt(worker, pending=0, started_at=time.perf_counter())
+                try:
+                    async with aclosing(self._stream_from(attempt, wreq, key, True)) as chunks:
+                        async for chunk in chunks:
+                            yield worker.worker_id, chunk
+                    return
+                except (grpc.aio.AioRpcError, WorkerStalled) as e:
+                    if failed is None or _not_found(failed[1]) or attempt.forwarded:
+                        failed = (worker, e)
+                    if attempt.forwarded or i == len(candidates) - 1:
+                        self._failed(*failed, give_up=True)
 
     def _check_against_the_model(self, ids: list[int], params: common_pb2.SamplingParams) -> None:
         """The workers' checks against the model, made here first: a prompt past the context
@@ -471,3 +486,7 @@ class _Attempt:
     pending: int  # the prompt tokens it has to prefill (not cached there)
     started_at: float  # perf_counter() when the request reached the router
     forwarded: bool = False  # the caller got a chunk: no retry elsewhere after this
+
+
+def _not_found(e: grpc.aio.AioRpcError | WorkerStalled) -> bool:
+    return isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.NOT_FOUND

@@ -4,7 +4,9 @@ It turns the Router service's messages into the dispatcher's terms (dispatch.py:
 generation path for every front end) and answers the cluster's questions from the control
 plane (control.py). Generate: the prompt is tokenized here (chat template for messages),
 the dispatcher admits it and picks a worker, and the worker's chunks go back under the
-caller's request id.
+caller's request id. Replies name the worker that served them (`worker_id`) only to an
+operator (auth.Roles.operator, the rule of HTTP's X-Radixmesh-Worker header): a client
+learns nothing of the cluster behind the router from its replies.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 import grpc
@@ -61,6 +63,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 ids = await self.dispatch.input_ids(request.input)
                 hint = program_hint(request.program_id, request.shared_prefix_tokens)
                 ref = StreamRef() if request.stream else None
+                shown = self._shown(context)
                 chunks = self.dispatch.route_and_stream(
                     ids,
                     request.sampling_params,
@@ -74,7 +77,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     async for worker_id, chunk in chunks:
                         yield router_pb2.RouterGenerateResponse(
                             chunk=chunk,
-                            worker_id=worker_id,
+                            worker_id=shown(worker_id),
                             stream_id=ref.stream_id if ref else "",
                             offset=chunk.completion_tokens if ref else 0,
                         )
@@ -91,6 +94,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         with self.metrics.request("grpc", "Resume") as record:
             try:
                 self.dispatch.rate.take(caller_of_call(context))
+                shown = self._shown(context)
                 chunks = self.dispatch.resume(
                     request.stream_id, request.offset, caller_of_call(context)
                 )
@@ -98,7 +102,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     async for worker_id, chunk in chunks:
                         yield router_pb2.ResumeResponse(
                             chunk=chunk,
-                            worker_id=worker_id,
+                            worker_id=shown(worker_id),
                             stream_id=request.stream_id,
                             offset=chunk.completion_tokens,
                         )
@@ -131,7 +135,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             worker_id, embedding = await self.dispatch.route_and_embed(
                 ids, request.pooling, rid, caller_of_call(context)
             )
-            return router_pb2.RouterEmbedResponse(embedding=embedding, worker_id=worker_id)
+            return router_pb2.RouterEmbedResponse(
+                embedding=embedding, worker_id=self._shown(context)(worker_id)
+            )
 
         with self.metrics.request("grpc", "Embed") as record:
             return await unary(context, run, record)
@@ -169,6 +175,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return router_pb2.RouterAbortResponse(found=found)
 
         return await unary(context, run)
+
+    def _shown(self, context: grpc.aio.ServicerContext) -> Callable[[str], str]:
+        """What a reply's `worker_id` is for this caller: the worker's id to an operator,
+        else empty (decided once per call: the key does not change within it)."""
+        if self.config.roles.operator(authorization(context)):
+            return _as_is
+        return _hidden
 
     def _admin(self, context: grpc.aio.ServicerContext) -> bool:
         return self.config.roles.admin(authorization(context))
@@ -215,3 +228,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return router_pb2.RouterGetModelInfoResponse(info=self.control.model_info)
 
         return await unary(context, run)
+
+
+def _as_is(worker_id: str) -> str:
+    return worker_id
+
+
+def _hidden(worker_id: str) -> str:
+    return ""

@@ -16,7 +16,7 @@ from radixmesh.client import AsyncClient, Chunk, Client
 from radixmesh.errors import OVERLOADED_METADATA_KEY, NotFound, Unavailable
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
 
-STREAM = "worker-0/" + "ab" * 16
+STREAM = "000000000000001f/" + "ab" * 16
 TOKENS = [11, 12, 13, 14]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,10 +53,13 @@ def test_roles() -> None:
     with_admins = Roles(KEYS, (ADMIN,))
     assert (with_admins.admin(alpha), with_admins.reaches_all(alpha)) == (False, False)
     assert (with_admins.admin(admin), with_admins.reaches_all(admin)) == (True, True)
+    assert (with_admins.operator(alpha), with_admins.operator(admin)) == (False, True)
     api_only = Roles(KEYS)  # the default: API keys see the cluster, reach only their own
     assert (api_only.admin(alpha), api_only.reaches_all(alpha)) == (True, False)
+    assert api_only.operator(alpha) is False  # a client: the serving worker is not its business
     open_cluster = Roles()  # no identities: everybody reaches everything
     assert (open_cluster.admin(other), open_cluster.reaches_all(None)) == (True, True)
+    assert open_cluster.operator(None) is True
     open_with_admins = Roles((), (ADMIN,))
     assert (open_with_admins.admin(other), open_with_admins.reaches_all(other)) == (False, False)
     assert "key-alpha" not in repr(with_admins) and ADMIN not in repr(with_admins)
@@ -368,6 +372,37 @@ def test_the_serving_worker_is_named_to_admins_only(secure: SecureCluster) -> No
     native = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
     assert user.post("/generate", native).json()["meta_info"]["worker_id"] == ""
     assert admin.post("/generate", native).json()["meta_info"]["worker_id"] == "worker-0"
+
+
+@pytest.mark.slow
+def test_grpc_replies_name_the_serving_worker_to_admins_only(secure: SecureCluster) -> None:
+    """Generate, Resume and Embed replies carry `worker_id` for an admin key only, and a
+    resumable stream's id names its worker by epoch: an API key learns no worker id."""
+    creds = grpc.ssl_channel_credentials(secure.root)
+    streamed = router_pb2.RouterGenerateRequest(
+        input=GENERATE.input, sampling_params=GENERATE.sampling_params, stream=True
+    )
+    embed = router_pb2.RouterEmbedRequest(input=common_pb2.Input(text="hello"))
+    with grpc.secure_channel(secure.address, creds) as ch:
+        stub = router_pb2_grpc.RouterStub(ch)
+        for key, want in ((API, ""), (ADMIN_KEY, "worker-0")):
+            md = _HEADERS[key]
+            (whole,) = list(stub.Generate(GENERATE, metadata=md, timeout=30))
+            assert (whole.worker_id, whole.chunk.completion_tokens) == (want, 3)
+            chunks = list(stub.Generate(streamed, metadata=md, timeout=30))
+            assert [c.worker_id for c in chunks] == [want] * len(chunks)
+            assert sum(len(c.chunk.token_ids) for c in chunks) == 3
+            (stream_id,) = {c.stream_id for c in chunks}
+            assert re.fullmatch(r"[0-9a-f]{16}/[0-9a-f]{32}", stream_id), stream_id
+            assert "worker" not in stream_id
+            # The finished stream is held for the grace period: resumed from the start.
+            resume = router_pb2.ResumeRequest(stream_id=stream_id, offset=0)
+            resumed = list(stub.Resume(resume, metadata=md, timeout=30))
+            assert [c.worker_id for c in resumed] == [want] * len(resumed)
+            assert [t for c in resumed for t in c.chunk.token_ids] == [
+                t for c in chunks for t in c.chunk.token_ids
+            ]
+            assert stub.Embed(embed, metadata=md, timeout=30).worker_id == want
 
 
 @pytest.mark.slow

@@ -287,11 +287,9 @@ class HttpFrontend:
         """Whether the caller may see the router's internals on this port: `/metrics` and
         which worker served a reply (`X-Radixmesh-Worker`). With admin keys, an admin key;
         with API keys alone, nobody (the metrics port serves the metrics; the operator named
-        no admin); with no keys at all (a local cluster, the demo), everybody."""
-        c = self.config
-        if c.admin_keys:
-            return bearer_allowed(authorization(request), c.admin_keys)
-        return not c.api_keys
+        no admin); with no keys at all (a local cluster, the demo), everybody: auth.Roles'
+        `operator`, as for gRPC's `worker_id`."""
+        return self.config.roles.operator(authorization(request))
 
     async def _worker_identity(self, request: web.Request, response: web.StreamResponse) -> None:
         """Before a reply's headers go out: the serving worker's name only to an operator
