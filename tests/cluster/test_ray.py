@@ -240,7 +240,7 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
 ) -> None:
     """`radixmesh launch --ray-address` joins the running Ray instance (workers with no
     CPU reserved, since the cluster's two CPUs are taken), passes the router options to
-    both router actors (an API key, the HTTP and metrics ports), prints the routers'
+    both router actors (API and admin keys, the HTTP and metrics ports), prints the routers'
     addresses and the workers' metrics addresses,
     logs a worker whose restarts are used up (--max-restarts 0) and serves on with the
     other, and SIGTERM (which ray.init takes over) stops its actors, as Ctrl-C does."""
@@ -255,7 +255,8 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
          "--workers", "2", "--port", str(port), "--dtype", "float32", "--max-restarts", "0",
          "--ray-address", ray.get_runtime_context().gcs_address, "--cpus-per-worker", "0",
          "--ray-device", "cpu", "--routers", "2",
-         "--api-key", "k1", "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
+         "--api-key", "k1", "--admin-key", "a1",
+         "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
         stdout=subprocess.PIPE, stderr=(tmp_path / "stderr").open("w"), text=True,
     )  # fmt: skip
     try:
@@ -281,6 +282,9 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
         assert proc.poll() is None
         with Client(f"127.0.0.1:{port}", api_key="k1") as client:
             outs = [client.generate(input_ids=PROMPTS[0], sampling_params=GREEDY) for _ in "ab"]
+        assert [o.worker_id for o in outs] == ["", ""]  # a client is not told which worker
+        with Client(f"127.0.0.1:{port}", api_key="a1") as admin:  # the operator is
+            outs = [admin.generate(input_ids=PROMPTS[0], sampling_params=GREEDY) for _ in "ab"]
         assert [o.worker_id for o in outs] == ["worker-0", "worker-0"]
         models = f"http://127.0.0.1:{http_port}/v1/models"
         with pytest.raises(urllib.error.HTTPError) as denied:
