@@ -172,6 +172,29 @@ def test_a_tiny_summary_budget_evicts_and_still_routes(cluster: LocalCluster) ->
         assert len(again.chunk.token_ids) == 2
 
 
+def test_a_stream_id_that_names_no_worker_is_resumed_by_asking_each(
+    cluster: LocalCluster,
+) -> None:
+    """A stream id whose epoch is all zeros (made by a replica that had not synced its
+    worker's epoch yet) names no worker: a resume asks each worker in turn, and the one
+    holding the stream serves it; an id no worker holds is NOT_FOUND once all said so."""
+    unknown = "0" * 16
+    with grpc.insecure_channel(cluster.address) as ch:
+        stub = router_pb2_grpc.RouterStub(ch)
+        chunks = list(stub.Generate(_request("resume me", stream=True), timeout=60))
+        _, rid = chunks[0].stream_id.split("/")
+        resume = router_pb2.ResumeRequest(stream_id=f"{unknown}/{rid}", offset=0)
+        resumed = list(stub.Resume(resume, timeout=60))
+        nobodys = router_pb2.ResumeRequest(stream_id=f"{unknown}/{'ab' * 16}")
+        with pytest.raises(grpc.RpcError) as missing:
+            list(stub.Resume(nobodys, timeout=60))
+    assert [t for c in resumed for t in c.chunk.token_ids] == [
+        t for c in chunks for t in c.chunk.token_ids
+    ]
+    assert {c.worker_id for c in resumed} == {chunks[0].worker_id}  # no keys: shown to all
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_a_worker_killed_mid_run() -> None:
     # One running request per worker: a second request routed to a busy worker waits.
     with _launch((*WORKER_ARGS[:4], "--max-running-requests", "1")) as c:  # default pool
