@@ -120,14 +120,17 @@ class SinkWatch:
             self.sweep(time.monotonic())
 
     def sweep(self, now: float) -> None:
-        """Fail the sinks whose worker said nothing since `now` - stall_timeout."""
+        """Fail the sinks whose worker said nothing since `now` - stall_timeout. The error
+        goes to the caller and does not name the worker (only an operator learns which
+        worker served a request): the log does."""
         for sink in list(self._sinks):
             if now - max(sink.touched, sink.worker.last_heard) > self.stall_timeout:
-                sink.fail(
-                    WorkerStalled(
-                        f"worker {sink.worker.worker_id} sent nothing for {self.stall_timeout:g} s"
-                    )
+                logger.warning(
+                    "worker %s sent nothing for %g s: its request fails",
+                    sink.worker.worker_id,
+                    self.stall_timeout,
                 )
+                sink.fail(WorkerStalled(f"the worker sent nothing for {self.stall_timeout:g} s"))
 
 
 class OutputReader:
@@ -169,10 +172,17 @@ class OutputReader:
             self._lost(name)
 
     def _lost(self, name: str) -> None:
-        """The stream ended: requests that named it may have lost their last chunks."""
-        for sink in list(self.sinks.values()):
-            if sink.stream_id == name:
-                sink.fail(WorkerStalled(f"worker {self.worker.worker_id}: its output stream ended"))
+        """The stream ended: requests that named it may have lost their last chunks (their
+        error does not name the worker: the caller's; the log does)."""
+        lost = [s for s in self.sinks.values() if s.stream_id == name]
+        if lost:
+            logger.info(
+                "worker %s: its output stream ended under %d requests",
+                self.worker.worker_id,
+                len(lost),
+            )
+        for sink in lost:
+            sink.fail(WorkerStalled("the worker's output stream ended"))
 
 
 async def pump_call(call: Any, sink: Sink) -> None:
