@@ -1,6 +1,5 @@
-"""Ray mode over three Ray nodes: six workers spread by one placement group (and two
-tensor-parallel ones beside them, each on one node), then a node lost under a steady load
-(dummy:tiny).
+"""Ray mode over three Ray nodes: two tensor-parallel workers, each on one node; then six
+workers spread by one placement group, and a node lost under a steady load (dummy:tiny).
 
 The nodes are three raylets of this machine (`ray.cluster_utils.Cluster`); the router runs
 on the head, the driver's node, which is never the one removed (losing the head loses
@@ -69,9 +68,8 @@ def three_nodes(ray_turn: None) -> Iterator[Any]:
         nodes.shutdown()
 
 
-@pytest.fixture(scope="module")
-def cluster(three_nodes: Any) -> Iterator[RayCluster]:
-    config = LaunchSpec(
+def _spec() -> LaunchSpec:
+    return LaunchSpec(
         model="dummy:tiny",
         workers=WORKERS,
         port=free_port(),
@@ -82,7 +80,16 @@ def cluster(three_nodes: Any) -> Iterator[RayCluster]:
         # Two CPUs a node, half a CPU a worker: a node holds four, so two survivors hold six.
         ray=RayOptions(cpus_per_worker=0.5, worker_placement="spread"),
     )
-    with RayCluster(config) as c:
+
+
+@pytest.fixture(scope="module")
+def cluster(three_nodes: Any) -> Iterator[RayCluster]:
+    import ray
+
+    # SPREAD is best effort: with an earlier cluster's CPUs not yet given back (the
+    # tensor-parallel test's), it put four bundles on one node.
+    _wait_for(lambda: ray.available_resources().get("CPU", 0) == 6, timeout=120)
+    with RayCluster(_spec()) as c:
         yield c
 
 
@@ -107,32 +114,14 @@ def _alive_nodes() -> set[str]:
 
 
 @pytest.mark.slow
-def test_spread_workers_sit_evenly_on_the_nodes_the_table_names(cluster: RayCluster) -> None:
+def test_a_spread_tensor_parallel_worker_keeps_its_ranks_on_one_node(three_nodes: Any) -> None:
+    """Two tp_size 2 workers (CPU, gloo): a bundle each of both ranks' CPUs, on two nodes;
+    each worker's reservation sits on its worker's node, and the worker serves. First in
+    the module and on its own, before the six workers start: beside them, the machine's
+    memory (a worker process is ~0.7 GB) ran out while the other test process ran too."""
     import ray
 
-    (pg,) = cluster.placement_groups
-    table = ray.util.placement_group_table(pg)
-    assert (table["strategy"], table["state"]) == ("SPREAD", "CREATED")
-    assert list(table["bundles"].values()) == [{"CPU": 0.5}] * WORKERS
-    # Where each actor says it runs is where Ray's table put its bundle.
-    nodes = cluster.worker_nodes()
-    assert nodes == cluster.worker_bundle_nodes()
-    assert set(nodes) == _alive_nodes()
-    assert sorted(collections.Counter(nodes).values()) == [2, 2, 2]
-
-
-@pytest.mark.slow
-def test_a_spread_tensor_parallel_worker_keeps_its_ranks_on_one_node(
-    cluster: RayCluster,
-) -> None:
-    """Two tp_size 2 workers (CPU, gloo) beside the six: a bundle each of both ranks'
-    CPUs, on two nodes; each worker's reservation sits on its worker's node, and the
-    worker serves."""
-    import ray
-
-    config = dataclasses.replace(
-        cluster.config, workers=2, tp_size=2, port=free_port(), router_options={"seed": 0}
-    )
+    config = dataclasses.replace(_spec(), workers=2, tp_size=2, router_options={"seed": 0})
     with RayCluster(config) as tp:
         (pg,) = tp.placement_groups[:1]
         table = ray.util.placement_group_table(pg)
@@ -150,6 +139,21 @@ def test_a_spread_tensor_parallel_worker_keeps_its_ranks_on_one_node(
             out = client.generate(input_ids=[1, 5, 9, 200] * 4, sampling_params=PARAMS)
         assert len(out.token_ids) == NEW_TOKENS
     assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
+
+
+@pytest.mark.slow
+def test_spread_workers_sit_evenly_on_the_nodes_the_table_names(cluster: RayCluster) -> None:
+    import ray
+
+    (pg,) = cluster.placement_groups
+    table = ray.util.placement_group_table(pg)
+    assert (table["strategy"], table["state"]) == ("SPREAD", "CREATED")
+    assert list(table["bundles"].values()) == [{"CPU": 0.5}] * WORKERS
+    # Where each actor says it runs is where Ray's table put its bundle.
+    nodes = cluster.worker_nodes()
+    assert nodes == cluster.worker_bundle_nodes()
+    assert set(nodes) == _alive_nodes()
+    assert sorted(collections.Counter(nodes).values()) == [2, 2, 2]
 
 
 @dataclass
