@@ -20,11 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import h2.config
-import h2.connection
-import h2.events
 import pytest
 
+from bench.log_flood import grpc_raw
 from radixmesh.cluster.env import ADMIN_KEY_ENV, API_KEY_ENV, WORKER_API_KEY_ENV
 from radixmesh.cluster.launch import free_port
 
@@ -77,34 +75,7 @@ def _http(port: int, line: bytes, headers: bytes) -> bytes:
     return data.split(b"\r\n", 1)[0]
 
 
-def _grpc(port: int, metadata: list[tuple[bytes, bytes]]) -> int | None:
-    """One GetModelInfo call with `metadata` as is: its grpc-status."""
-    config = h2.config.H2Configuration(
-        client_side=True, validate_outbound_headers=False, normalize_outbound_headers=False
-    )
-    conn = h2.connection.H2Connection(config)
-    headers = [
-        (b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"127.0.0.1"),
-        (b":path", b"/radixmesh.v1.Router/GetModelInfo"),
-        (b"content-type", b"application/grpc"), (b"te", b"trailers"), *metadata,
-    ]  # fmt: skip
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        conn.initiate_connection()
-        conn.send_headers(1, headers)
-        conn.send_data(1, b"\x00\x00\x00\x00\x00", end_stream=True)  # an empty message
-        s.sendall(conn.data_to_send())
-        while True:
-            data = s.recv(65536)
-            if not data:
-                return None
-            for event in conn.receive_data(data):
-                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                    status = dict(event.headers or ()).get(b"grpc-status")
-                    if status is not None:
-                        return int(status)
-                if isinstance(event, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
-                    return None
-            s.sendall(conn.data_to_send())
+RPC = "/radixmesh.v1.Router/GetModelInfo"  # one call with each case's metadata as is
 
 
 def _wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
@@ -134,7 +105,7 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Probed]:
         _wait_listening(proc, http_port)
         _wait_listening(proc, grpc_port)
         http = {name: _http(http_port, *case) for name, case in HTTP_CASES.items()}
-        grpc = {name: _grpc(grpc_port, md) for name, md in GRPC_CASES.items()}
+        grpc = {name: grpc_raw(grpc_port, RPC, md) for name, md in GRPC_CASES.items()}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
