@@ -23,12 +23,16 @@ UNKNOWN = 0  # the epoch of a worker this replica has not synced yet
 _TOKEN = re.compile(r"[0-9a-f]{16}")
 
 
+def epoch_of(pool: WorkerPool, worker_id: str) -> int:
+    """The worker's epoch; UNKNOWN while this replica has not synced it."""
+    handle = pool.workers.get(worker_id)
+    return handle.summary.epoch if handle is not None else UNKNOWN
+
+
 def token_of(pool: WorkerPool, worker_id: str) -> str:
     """The worker's epoch as 16 hex digits; all zeros while this replica does not know
     it (then a resume asks every worker: `holders`)."""
-    handle = pool.workers.get(worker_id)
-    epoch = handle.summary.epoch if handle is not None else UNKNOWN
-    return f"{epoch:016x}"
+    return f"{epoch_of(pool, worker_id):016x}"
 
 
 def is_token(token: str) -> bool:
@@ -42,8 +46,14 @@ def holders(pool: WorkerPool, token: str) -> list[WorkerHandle]:
     unknown token, every worker. A worker that does not hold the request says NotFound,
     so asking one too many costs a call, never a wrong answer."""
     epoch = int(token, 16)
-    workers = list(pool.workers.values())
     if epoch == UNKNOWN:
-        return sorted(workers, key=lambda h: h.summary.epoch != UNKNOWN)
+        return sorted(pool.workers.values(), key=lambda h: h.summary.epoch != UNKNOWN)
+    return holders_of_epoch(pool, epoch)
+
+
+def holders_of_epoch(pool: WorkerPool, epoch: int) -> list[WorkerHandle]:
+    """The worker of a known `epoch`; else (not synced here yet) the workers whose epoch
+    this replica does not know."""
+    workers = list(pool.workers.values())
     named = [h for h in workers if h.summary.epoch == epoch]
     return named or [h for h in workers if h.summary.epoch == UNKNOWN]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from radixmesh.router.holders import epoch_of, holders_of_epoch
 from radixmesh.router.http.openai.responses_api.store import (
     ResponseStore,
     StoredResponse,
@@ -65,9 +66,8 @@ class WorkerResponseStore(ResponseStore):
         self.max_entry_bytes = max_entry_bytes
 
     def new_id(self, worker_id: str) -> str:
-        handle = self.pool.workers.get(worker_id)
         # Epoch 0 (never synced) names no worker: such a response is answered, not stored.
-        return response_id_on(handle.summary.epoch if handle is not None else 0)
+        return response_id_on(epoch_of(self.pool, worker_id))
 
     async def put(self, caller: str, entry: StoredResponse) -> bool:
         epoch = holder_epoch(entry.id)
@@ -120,11 +120,7 @@ class WorkerResponseStore(ResponseStore):
     def _holders(self, response_id: str) -> list[WorkerHandle]:
         """The worker the id names, else those whose epoch this replica does not know yet."""
         epoch = holder_epoch(response_id)
-        if not epoch:
-            return []
-        workers = list(self.pool.workers.values())
-        named = [h for h in workers if h.summary.epoch == epoch]
-        return named or [h for h in workers if h.summary.epoch == 0]
+        return holders_of_epoch(self.pool, epoch) if epoch else []
 
 
 def _encode(entry: StoredResponse) -> bytes:
