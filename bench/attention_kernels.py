@@ -38,6 +38,7 @@ from triton.testing import do_bench
 from bench import record
 from bench.baselines.extend_attention import extend_attention_before
 from radixmesh.worker.attention.kernels.decode_attention import (
+    FP8_MMA_CONFIG,
     DecodeConfig,
     decode_attention,
     decode_attention_ref,
@@ -45,6 +46,7 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     decode_workspace,
     max_shared_memory,
 )
+from radixmesh.worker.attention.kernels.decode_fp8_cuda import LAUNCHES as FP8_CUDA_LAUNCHES
 from radixmesh.worker.attention.kernels.extend_attention import (
     ExtendConfig,
     extend_attention,
@@ -362,6 +364,9 @@ FP8_MMA_GRID = [
     for qt, wt in ((1, 1), (2, 1), (2, 2))
 ]
 
+# The CUDA kernel (decode_fp8_cuda.py): warps per block, keys a warp takes at a time.
+FP8_CUDA_GRID = [DecodeConfig(keys, warps, 1, cuda=True) for warps, keys in FP8_CUDA_LAUNCHES]
+
 
 def decode_pool(batch: int, ctx: int, fp8: bool) -> dict[str, Any]:
     """`pool_case` for `batch` sequences of `ctx` keys; an FP8 pool holds its values
@@ -376,9 +381,17 @@ def decode_pool(batch: int, ctx: int, fp8: bool) -> dict[str, Any]:
     return c
 
 
-def sweep_decode(batch: int, ctx: int, fp8: bool, sms: int) -> list[dict[str, Any]]:
+def sweep_decode(
+    batch: int, ctx: int, fp8: bool, sms: int, quick: bool = False
+) -> list[dict[str, Any]]:
+    """Every launch of the pool's grid (`quick`: the bf16 default, the Triton conversion
+    path's default, the e4m3 matrix-unit launch and the CUDA kernel's grid)."""
     c = decode_pool(batch, ctx, fp8)
-    grid = [decode_config(D, DTYPE.itemsize, 1 << 30), *FP8_MMA_GRID] if fp8 else DECODE_GRID
+    default = decode_config(D, DTYPE.itemsize, 1 << 30)
+    if quick:
+        grid = [default, FP8_MMA_CONFIG, *FP8_CUDA_GRID] if fp8 else [default]
+    else:
+        grid = [default, *FP8_MMA_GRID, *FP8_CUDA_GRID] if fp8 else DECODE_GRID
     splits = choose_num_splits(batch, HKV, ctx, sms)
     q = torch.randn(batch, HQ, D, device=DEV, dtype=DTYPE)
     rows_t, lens = ints(c["rows"]), ints([ctx] * batch)
@@ -413,7 +426,8 @@ def decode_paths() -> list[tuple[str, Any]]:
     """The sweep's rows by path: (name, row filter)."""
     paths: list[tuple[str, Any]] = [
         ("bf16 pool", lambda r: not r["fp8"]),
-        ("fp8 pool, converted", lambda r: r["fp8"] and not r["fp8_mma"]),
+        ("fp8 pool, converted", lambda r: r["fp8"] and not r["fp8_mma"] and not r["cuda"]),
+        ("fp8 pool, CUDA kernel", lambda r: r["fp8"] and r["cuda"]),
     ]
     for terms in ((1, 1), (2, 1), (2, 2)):
         paths.append((
@@ -430,7 +444,7 @@ def decode_sweep(args: argparse.Namespace) -> None:
     copy = copy_bandwidth()
     rows = [
         row for batch, ctx in DECODE_SHAPES for fp8 in (False, True)
-        for row in sweep_decode(batch, ctx, fp8, sms)
+        for row in sweep_decode(batch, ctx, fp8, sms, args.quick)
     ]  # fmt: skip
     path = record.write(
         "attention_decode_sweep", args, {"copy_bytes_per_s": copy, "decode_sweep": rows}
@@ -478,6 +492,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--grid-sweep", action="store_true", help="only the tile grid sweep")
     ap.add_argument("--decode-sweep", action="store_true", help="only the decode sweep")
+    ap.add_argument(
+        "--quick", action="store_true", help="decode sweep: each path's default launch only"
+    )
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     if args.grid_sweep:

@@ -29,6 +29,11 @@
 #   coldstart bench.cold_start: FP8 W+KV on dummy:llama-3-8b, warm-up on and off, each in
 #             a process of its own with an empty Triton cache: engine start, the first
 #             128/128 batch (1,024 requests) after start against the same batch again
+#   fp8cuda   the CUDA FP8 decode kernel's GPU tests, then bench.attention_kernels
+#             --decode-sweep --quick: each decode path's default launch and the CUDA
+#             kernel's launches on bf16 and FP8 pools, same call
+#   fp8cudae2e bench.tp --tp 1: fp8-all with the Triton decode kernels
+#             (RADIXMESH_FP8_DECODE=triton), then bf16 and fp8-all with the CUDA one
 #   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
@@ -125,6 +130,20 @@ if part peerdefaults; then
   run peer_shapes "$PWD" 540 -m bench.peer_shapes --configs fp8-all \
     --shapes 128/128,1000/1000,2048/2048 --requests-scale 0.5 \
     --out "$OUT/peer_shapes-defaults-$MACHINE.json"
+fi
+if part fp8cuda; then
+  run fp8-cuda-tests "$PWD" 240 -m pytest -q -p no:cacheprovider \
+    tests/worker/attention/test_decode_fp8_cuda.py
+  run decode_quick "$PWD" 240 -m bench.attention_kernels --decode-sweep --quick \
+    --out "$OUT/attention_decode_quick-$MACHINE.json"
+fi
+if part fp8cudae2e; then
+  export RADIXMESH_FP8_DECODE=triton
+  run tp-fp8-triton-decode "$PWD" 300 -m bench.tp --tp 1 --configs fp8-all \
+    --out "$OUT/tp-fp8-triton-decode-$MACHINE.json"
+  unset RADIXMESH_FP8_DECODE
+  run tp-fp8 "$PWD" 360 -m bench.tp --tp 1 --configs bf16,fp8-all \
+    --out "$OUT/tp-fp8-$MACHINE.json"
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from radixmesh.worker.attention.base import AttentionBackend
+from radixmesh.worker.attention.kernels import decode_fp8_cuda
 from radixmesh.worker.attention.kernels.decode_attention import (
     DecodeConfig,
     decode_attention,
@@ -117,6 +118,8 @@ class TritonAttentionBackend(AttentionBackend):
         device = kv_pool.device
         if device.type == "cuda":
             self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+            if kv_pool.quantized:  # the FP8 decode kernel built (or loaded) at start
+                decode_fp8_cuda.prepare_library(device)
         else:
             self.num_sms = 4  # the interpreter: few programs, few splits
         self.extend_cfg: ExtendConfig | None = None  # deterministic mode's configuration

@@ -17,7 +17,9 @@ conversion-bound at 1.2x a bf16 pool's time on the H200), to float32 for float32
 The exponents scale the scores and the softmax weights instead of the values (exact:
 powers of two), and each head's query and weights are shifted by powers of two into
 fp16's range. `DecodeConfig.fp8_mma` multiplies e4m3 on the matrix unit instead
-(decode_fp8_mma.py; FP8_MMA_CONFIG).
+(decode_fp8_mma.py; FP8_MMA_CONFIG). On CUDA (sm_89+, nvcc present) an FP8 pool's stage 1
+is a CUDA C++ kernel with the conversion path's numerics by default (decode_fp8_cuda.py,
+`FP8_CUDA_CONFIG`; `DecodeConfig.cuda`).
 
 Deterministic mode does not use this kernel: its decode rows run through the extend
 kernel (triton_backend.py says why).
@@ -33,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixmesh.worker.attention.kernels import decode_fp8_cuda
 from radixmesh.worker.attention.kernels.decode_fp8_mma import decode_split_fp8_mma
 from radixmesh.worker.attention.kernels.decode_split import split_range
 from radixmesh.worker.attention.kernels.extend_attention import extend_attention_ref
@@ -45,7 +48,9 @@ LOG2E = 1.0 / math.log(2.0)
 class DecodeConfig:
     """The split kernel's launch: keys per tile, warps, pipeline stages; and, over an FP8
     pool, whether to multiply e4m3 on the matrix unit (decode_fp8_mma.py) instead of
-    converting keys and values to the query's dtype."""
+    converting keys and values to the query's dtype, or to run the CUDA kernel
+    (decode_fp8_cuda.py; `num_warps` its warps per block, `block_n` the keys a warp takes
+    at a time, 16 or 32)."""
 
     block_n: int
     num_warps: int = 4
@@ -54,6 +59,7 @@ class DecodeConfig:
     # The FP8 path's operands as one or two e4m3 terms (hi + lo: ~7 mantissa bits, as bf16)
     q_terms: int = 2
     w_terms: int = 1
+    cuda: bool = False
 
 
 # Most preferred first. From the decode sweep on the H200 (2026-12-02,
@@ -77,6 +83,9 @@ DECODE_CONFIGS = [
 # "FP8 KV decode"): ~10% faster than the fp16 conversion path on long batches, at ~20x its
 # error on random data.
 FP8_MMA_CONFIG = DecodeConfig(128, 4, 2, fp8_mma=True, q_terms=1, w_terms=1)
+
+# The CUDA kernel's launch over an FP8 pool where it applies (decode_fp8_cuda.py).
+FP8_CUDA_CONFIG = DecodeConfig(16, 4, 1, cuda=True)
 
 
 def decode_config(block_d: int, elem_bytes: int, max_shared: int) -> DecodeConfig:
@@ -340,10 +349,17 @@ def decode_attention(
     assert mid_o.shape == (b, hq, num_splits, d) and mid_o.is_contiguous(), mid_o.shape
     assert mid_l.shape == (b, hq, num_splits) and mid_l.is_contiguous(), mid_l.shape
     block_d = max(16, triton.next_power_of_2(d))
+    if config is None and scales is not None and decode_fp8_cuda.applies(q, k_buf):
+        config = FP8_CUDA_CONFIG
     cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device))
     # mid_l is addressed as mid_o's offset // D: both are contiguous with the same leading dims.
     # e4m3 matrix products take K >= 32 (the head dim, and the tile's keys) on the GPU.
-    if scales is not None and cfg.fp8_mma and min(block_d, cfg.block_n) >= 32:
+    if scales is not None and cfg.cuda:
+        decode_fp8_cuda.decode_split_fp8_cuda(
+            q, k_buf, v_buf, scales, workspace, req_to_token, req_rows, seq_lens,
+            scale * LOG2E, num_splits, cfg.num_warps, cfg.block_n,
+        )  # fmt: skip
+    elif scales is not None and cfg.fp8_mma and min(block_d, cfg.block_n) >= 32:
         decode_split_fp8_mma(
             q, k_buf, v_buf, scales, workspace, req_to_token, req_rows, seq_lens,
             scale * LOG2E, num_splits, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.q_terms,

@@ -1,0 +1,202 @@
+"""Decode attention's stage 1 over an FP8 pool in CUDA C++ (cuda/decode_fp8.cu says how
+and why), built with nvcc at first use and loaded through ctypes.
+
+The library is compiled once per source, flags and GPU architecture into
+`RADIXMESH_CUDA_CACHE` (default ~/.cache/radixmesh/cuda), so a second start loads it in
+milliseconds; the worker builds it before it reports ready (`prepare_library`). It has no
+Python or torch headers in it: nvcc alone builds it in ~3 s, and its one entry point takes
+a parameter block of raw pointers and strides and the caller's CUDA stream (so CUDA graph
+capture records it like any other launch on that stream).
+
+Where it does not apply (no CUDA, a GPU before sm_89, which lacks the e4m3 -> f16
+conversion instruction, no nvcc, a head dim other than 128, more than 8 query heads per
+KV head, float32 queries) decode_attention.py takes the Triton kernels, and the reason is
+logged once. `RADIXMESH_FP8_DECODE=triton` chooses the Triton kernels on purpose (A/B).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).parent / "cuda" / "decode_fp8.cu"
+SWITCH = "RADIXMESH_FP8_DECODE"  # "triton": the Triton kernels over FP8 pools
+HEAD_DIM = 128
+MAX_GROUP = 8  # query heads per KV head: the mma tile's 8 live rows
+LAUNCHES = ((4, 16), (4, 32), (8, 16), (8, 32))  # (warps, keys a warp takes per step)
+_FLAGS = ("-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17")
+
+
+class _Params(ctypes.Structure):
+    """cuda/decode_fp8.cu's `Params`, field for field."""
+
+    _fields_ = [
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("k_exp", ctypes.c_void_p),
+        ("v_exp", ctypes.c_void_p),
+        ("mid_o", ctypes.c_void_p),
+        ("mid_l", ctypes.c_void_p),
+        ("req_to_token", ctypes.c_void_p),
+        ("req_rows", ctypes.c_void_p),
+        ("seq_lens", ctypes.c_void_p),
+        ("scale_log2", ctypes.c_float),
+        ("num_splits", ctypes.c_int32),
+        ("num_kv_heads", ctypes.c_int32),
+        ("group", ctypes.c_int32),
+        ("q_bf16", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
+        ("stride_qt", ctypes.c_int64),
+        ("stride_qh", ctypes.c_int64),
+        ("stride_buf_slot", ctypes.c_int64),
+        ("stride_buf_head", ctypes.c_int64),
+        ("stride_scale_slot", ctypes.c_int64),
+        ("stride_table", ctypes.c_int64),
+        ("stride_mid_b", ctypes.c_int64),
+        ("stride_mid_h", ctypes.c_int64),
+        ("stride_mid_s", ctypes.c_int64),
+    ]
+
+
+def nvcc() -> str | None:
+    """The nvcc to build with: on PATH, else under CUDA_HOME or /usr/local/cuda."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root and (Path(root) / "bin" / "nvcc").is_file():
+            return str(Path(root) / "bin" / "nvcc")
+    return None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RADIXMESH_CUDA_CACHE", Path.home() / ".cache/radixmesh/cuda"))
+
+
+def build(capability: tuple[int, int], compiler: str, out_dir: Path) -> Path:
+    """Compile the library for sm_<capability> into `out_dir` (named by a hash of the
+    source, the flags and the architecture; kept if already there). Raises on failure."""
+    arch = f"{capability[0]}{capability[1]}"
+    flags = [*_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    target = out_dir / f"decode_fp8-{digest}-sm{arch}.so"
+    if target.is_file():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Another process may build the same library at once: each writes its own file and
+    # renames it into place (atomic), so a reader never sees a partial one.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        run = subprocess.run(
+            [compiler, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"nvcc failed ({run.returncode}): {run.stderr[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def library(device_index: int) -> ctypes.CDLL | None:
+    """The built library for this GPU, or None (the reason logged once)."""
+    capability = torch.cuda.get_device_capability(device_index)
+    if capability < (8, 9):
+        log.info("FP8 decode: the CUDA kernel needs sm_89+ (this GPU: sm_%d%d)", *capability)
+        return None
+    compiler = nvcc()
+    if compiler is None:
+        log.warning("FP8 decode: no nvcc found, so the Triton kernels run over the FP8 pool")
+        return None
+    try:
+        lib = ctypes.CDLL(str(build(capability, compiler, cache_dir())))
+    except (OSError, RuntimeError) as e:
+        log.warning("FP8 decode: the CUDA kernel did not build (%s); Triton kernels instead", e)
+        return None
+    lib.radixmesh_decode_fp8_split.restype = ctypes.c_int
+    lib.radixmesh_decode_fp8_split.argtypes = [
+        ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+    ]  # fmt: skip
+    size, here = lib.radixmesh_decode_fp8_params_size(), ctypes.sizeof(_Params)
+    if size != here:  # the two definitions disagree
+        log.warning("FP8 decode: parameter block %d bytes in CUDA, %d here", size, here)
+        return None
+    return lib
+
+
+def applies(q: torch.Tensor, k_buf: torch.Tensor) -> bool:
+    """Whether the CUDA kernel serves this query and FP8 pool (its library built)."""
+    if os.environ.get(SWITCH, "cuda") == "triton" or not q.is_cuda:
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or k_buf.dtype != torch.float8_e4m3fn:
+        return False
+    hq, hkv = q.shape[1], k_buf.shape[1]
+    if q.shape[2] != HEAD_DIM or hq % hkv or hq // hkv > MAX_GROUP:
+        return False
+    return library(q.device.index or 0) is not None
+
+
+def prepare_library(device: torch.device) -> bool:
+    """Build (or load) the library before the first decode step: the worker's start."""
+    return device.type == "cuda" and library(device.index or 0) is not None
+
+
+def decode_split_fp8_cuda(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor],
+    workspace: tuple[torch.Tensor, torch.Tensor],
+    req_to_token: torch.Tensor,
+    req_rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale_log2: float,
+    num_splits: int,
+    num_warps: int,
+    keys_per_step: int,
+) -> None:
+    """Stage 1 of `decode_attention` over an FP8 pool, as decode_split_fp8_mma: each
+    (sequence, KV head, split)'s partial output and log-sum-exp into `workspace`."""
+    lib = library(q.device.index or 0)
+    assert lib is not None, "decode_split_fp8_cuda without its library (see applies)"
+    b, hq, d = q.shape
+    hkv = k_buf.shape[1]
+    k_exp, v_exp = scales
+    mid_o, mid_l = workspace
+    # 16-byte loads: the query rows, each slot's head and the buffers themselves aligned.
+    assert d == HEAD_DIM and q.stride(2) == 1 and k_buf.stride(2) == 1
+    assert q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
+    assert k_buf.stride() == v_buf.stride() and k_buf.stride(0) % 16 == 0
+    assert k_buf.data_ptr() % 16 == 0 and v_buf.data_ptr() % 16 == 0
+    assert k_exp.stride() == v_exp.stride() and k_exp.stride(1) == 1
+    assert req_to_token.dtype == req_rows.dtype == seq_lens.dtype == torch.int64
+    assert mid_o.stride(2) == d and mid_l.stride(1) == mid_o.stride(1) // d
+    params = _Params(
+        q.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(), k_exp.data_ptr(), v_exp.data_ptr(),
+        mid_o.data_ptr(), mid_l.data_ptr(), req_to_token.data_ptr(), req_rows.data_ptr(),
+        seq_lens.data_ptr(), scale_log2, num_splits, hkv, hq // hkv,
+        int(q.dtype == torch.bfloat16), 0, q.stride(0), q.stride(1), k_buf.stride(0),
+        k_buf.stride(1), k_exp.stride(0), req_to_token.stride(0), mid_o.stride(0),
+        mid_o.stride(1), mid_o.stride(2),
+    )  # fmt: skip
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    err = lib.radixmesh_decode_fp8_split(
+        ctypes.byref(params), b, num_warps, keys_per_step // 16, stream
+    )
+    if err != 0:
+        raise RuntimeError(f"FP8 decode kernel launch failed: cudaError {err}")

@@ -1,0 +1,141 @@
+"""The CUDA FP8 decode kernel (kernels/decode_fp8_cuda.py, cuda/decode_fp8.cu) against the
+float32 reference on the pool's dequantized values and against the Triton conversion
+path, which has its numerics; its launch inside a CUDA graph; its binding's parameter
+block against the CUDA source."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+import torch
+
+from radixmesh.worker.attention.kernels import decode_fp8_cuda
+from radixmesh.worker.attention.kernels.decode_attention import (
+    FP8_CUDA_CONFIG,
+    DecodeConfig,
+    decode_attention,
+    decode_attention_ref,
+    decode_workspace,
+)
+from tests.worker.attention.test_triton_kernels import (
+    DEVICE,
+    decode_case,
+    fp8_pool,
+    ints,
+    make_pool_case,
+    rel_err,
+    spread_fp8_pool,
+)
+
+LAUNCHES = [DecodeConfig(keys, warps, 1, cuda=True) for warps, keys in decode_fp8_cuda.LAUNCHES]
+# (sequence lengths, query heads, KV heads, splits): tile edges (15, 16, 17), a sequence
+# shorter than its splits (empty splits), groups of 1, 4 and 8 query heads per KV head.
+CASES = [
+    ([1, 15, 16, 17, 100], 32, 8, 1),
+    ([1, 15, 16, 17, 100], 32, 8, 3),
+    ([5, 777, 1500], 32, 8, 32),
+    ([300, 64], 8, 8, 2),
+    ([513, 40], 64, 8, 4),
+    ([1000], 4, 1, 7),
+]
+# The conversion path's error against the float32 reference (1.7e-3 on the H200's sweep):
+# fp16 operands, float32 accumulators.
+TOL = 6e-3
+
+
+def _case(case: int, dtype: torch.dtype, spread: bool) -> tuple:
+    seq_lens, hq, hkv, splits = CASES[case]
+    c = make_pool_case(
+        [(n - 1, 1) for n in seq_lens], hq, hkv, 128, dtype, 900 + case, 4096, max(seq_lens) + 8
+    )
+    pool = spread_fp8_pool(c, 11 + case) if spread else fp8_pool(c)
+    return c, seq_lens, splits, pool
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA kernel")
+@pytest.mark.parametrize("spread", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_cuda_decode_matches_reference_and_the_conversion_path(
+    case: int, dtype: torch.dtype, spread: bool
+) -> None:
+    c, seq_lens, splits, (k8, v8, scales, (k_ref, v_ref)) = _case(case, dtype, spread)
+    assert decode_fp8_cuda.applies(c["q"], k8), "the kernel must build on the GPU machine"
+    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, 128**-0.5)
+    triton_out = decode_case(c, k8, v8, seq_lens, splits, DecodeConfig(64, 4, 2), scales=scales)
+    for cfg in LAUNCHES:
+        out = decode_case(c, k8, v8, seq_lens, splits, cfg, scales=scales)
+        assert not out.isnan().any(), cfg
+        assert rel_err(out, ref) < TOL, (cfg, rel_err(out, ref))
+        assert rel_err(out, triton_out) < TOL, (cfg, rel_err(out, triton_out))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA kernel")
+def test_cuda_decode_is_the_default_over_an_fp8_pool() -> None:
+    c, seq_lens, splits, (k8, v8, scales, _) = _case(2, torch.bfloat16, False)
+    default = decode_case(c, k8, v8, seq_lens, splits, None, scales=scales)  # type: ignore[arg-type]
+    chosen = decode_case(c, k8, v8, seq_lens, splits, FP8_CUDA_CONFIG, scales=scales)
+    assert torch.equal(default, chosen)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA kernel")
+def test_cuda_decode_replays_in_a_cuda_graph() -> None:
+    """Captured once, replayed over new queries and new lengths: the eager launch's bits."""
+    c, seq_lens, splits, (k8, v8, scales, _) = _case(2, torch.bfloat16, False)
+    q = c["q"].clone()
+    lens = ints(seq_lens)
+    rows = ints(c["rows"])
+    out = torch.empty_like(q)
+    ws = decode_workspace(q.shape[0], q.shape[1], 128, splits, q.device)
+
+    def run() -> None:
+        decode_attention(
+            q, k8, v8, out, c["table"], rows, lens, 128**-0.5, splits, ws,
+            scales=scales, config=FP8_CUDA_CONFIG,
+        )  # fmt: skip
+
+    run()  # loads the library outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    gen = torch.Generator(device=q.device).manual_seed(3)
+    q.copy_(torch.randn(q.shape, generator=gen, device=q.device, dtype=q.dtype))
+    lens.copy_(ints([n // 2 + 1 for n in seq_lens]))
+    graph.replay()
+    replayed = out.clone()
+    run()
+    assert torch.equal(replayed, out)
+
+
+def test_parameter_block_matches_the_cuda_struct() -> None:
+    """ctypes' `_Params` names the CUDA `Params` fields in their order, with their sizes."""
+    src = decode_fp8_cuda.SOURCE.read_text()
+    body = re.search(r"struct Params \{(.*?)\n\};", src, re.S)
+    assert body is not None
+    sizes = {"int32_t": 4, "int64_t": 8, "float": 4}
+    fields: list[tuple[str, int]] = []
+    for line in body.group(1).splitlines():
+        decl = line.split("//")[0].strip().rstrip(";").removeprefix("const ")
+        if not decl:
+            continue
+        kind, names = decl.split(" ", 1)
+        size = 8 if kind.endswith("*") else sizes[kind]
+        fields += [(name.strip(), size) for name in names.split(",")]
+    params = decode_fp8_cuda._Params
+    assert fields == [(f[0], ctypes.sizeof(f[1])) for f in params._fields_]
+    assert ctypes.sizeof(params) == sum(size for _, size in fields)  # no padding either side
+
+
+def test_kernel_does_not_apply_off_cuda_or_when_switched_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    q = torch.zeros(2, 32, 128, dtype=torch.bfloat16)
+    k = torch.zeros(10, 8, 128, dtype=torch.float8_e4m3fn)
+    assert not decode_fp8_cuda.applies(q, k)  # a CPU tensor
+    monkeypatch.setenv(decode_fp8_cuda.SWITCH, "triton")
+    assert not decode_fp8_cuda.applies(q, k)
