@@ -3,7 +3,8 @@ Messages API and OpenAI's Responses API stream (chat completions send `data:` on
 
 The 200 and its headers go out with the first event: a handler waits for the worker's
 first chunk (`first_chunk`) before opening the stream, so errors until then get their
-own HTTP status, naming the field in the API's spelling.
+own HTTP status, naming the field in the API's spelling. A stream that resumes has an
+`id:` on every event (event_ids.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from aiohttp import web
 
 from radixmesh.errors import RadixMeshError, Unavailable
 from radixmesh.router.http.api_error import ApiError
-from radixmesh.router.http.openai.generation import WORKER_HEADER
+from radixmesh.router.http.event_ids import IdentifiedEvents, SseEvent
+from radixmesh.router.http.openai.generation import ROUTER_HEADER, WORKER_HEADER
+from radixmesh.router.service import ROUTER_ID
 from radixmesh.v1 import common_pb2
 
 
@@ -44,19 +47,32 @@ class EventStream:
     async def open(cls, request: web.Request, workers: set[str]) -> EventStream:
         """The response, prepared; `workers`: the serving workers, named in a header."""
         headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers[ROUTER_HEADER] = ROUTER_ID
         if workers:
             headers[WORKER_HEADER] = ",".join(sorted(workers))
         resp = web.StreamResponse(headers=headers)
         await resp.prepare(request)
         return cls(resp)
 
-    async def send(self, name: str, payload: dict[str, Any]) -> None:
+    async def send(self, name: str, payload: dict[str, Any], event_id: str | None = None) -> None:
         data = json.dumps(payload, separators=(",", ":")).encode()
-        await self.resp.write(b"event: " + name.encode() + b"\ndata: " + data + b"\n\n")
+        tail = b"" if event_id is None else b"\nid: " + event_id.encode()
+        await self.resp.write(b"event: " + name.encode() + b"\ndata: " + data + tail + b"\n\n")
 
-    async def send_all(self, events: list[tuple[str, dict[str, Any]]]) -> None:
-        for name, payload in events:
-            await self.send(name, payload)
+    async def relay(
+        self,
+        events: IdentifiedEvents,
+        first: common_pb2.GenerateChunk,
+        chunks: AsyncGenerator[tuple[int, common_pb2.GenerateChunk], None],
+    ) -> None:
+        """The reply's events of `first` and of the chunks after it, with their ids."""
+        await self._send_all(events.of(first))
+        async for _, chunk in chunks:
+            await self._send_all(events.of(chunk))
+
+    async def _send_all(self, events: list[tuple[SseEvent, str | None]]) -> None:
+        for (name, payload), event_id in events:
+            await self.send(name, payload, event_id)
 
     async def close(self) -> None:
         await self.resp.write_eof()

@@ -85,6 +85,9 @@ class MessageReply:
             ("ping", {"type": "ping"}),
         ]
 
+    def renumber(self, sent: int) -> None:
+        """Anthropic's events carry no sequence number: nothing to carry on."""
+
     def of(self, chunk: common_pb2.GenerateChunk) -> list[SseEvent]:
         """The events of the next chunk; the last one (with `finish`) ends the message."""
         self._count(chunk)

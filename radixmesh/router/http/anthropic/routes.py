@@ -11,6 +11,11 @@ member, so the message starts with the field, in Anthropic's spelling
 (`stop_sequences: ...`). An error after a stream opened is one `event: error`, which
 Anthropic's client raises. The key may come as `x-api-key` (Anthropic's header) or as
 `Authorization: Bearer`.
+
+A stream of plain text (no tools, no thinking to separate) resumes: its events have SSE
+ids, and the same request sent again with the last one as `Last-Event-ID` (to any router
+replica) gets the events after it, and only those (no second `message_start`), under the
+same message id (event_ids.py).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from radixmesh.errors import RadixMeshError
 from radixmesh.router.http.anthropic.convert import count_tokens, field_name, parse_messages
 from radixmesh.router.http.anthropic.replies import MessageReply, message_id
 from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError, read_json
+from radixmesh.router.http.event_ids import IdentifiedEvents, derived_id, resumption
 from radixmesh.router.http.event_stream import EventStream, first_chunk
 from radixmesh.router.http.openai import generation
 from radixmesh.router.http.openai.generation import WORKER_HEADER
@@ -114,15 +120,23 @@ class AnthropicRoutes:
         self.frontend.check_model(gen.model)
         rid = message_id()
         workers: set[str] = set()
-        stream_jobs = functools.partial(
-            self.frontend.stream_jobs, caller=caller_of(authorization(request))
-        )
+        caller = caller_of(authorization(request))
+        ref, after = resumption(gen, request.headers.get("Last-Event-ID"))
         reply = MessageReply(gen, rid)
-        chunks = generation.choices(stream_jobs, gen, rid, workers)
+        if ref is None:
+            stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
+            chunks = generation.choices(stream_jobs, gen, rid, workers)
+        else:  # a resume replays the stream from its start (event_ids.py)
+            resume = None if after is None else (after.stream_id, 0)
+            dispatch = self.frontend.dispatch
+            chunks = generation.resumable_choice(dispatch, gen, rid, workers, ref, caller, resume)
         async with aclosing(chunks):
             first = await first_chunk(chunks, lambda f: field_name(gen.openai_field(f)))
             if gen.stream:
-                return await _stream(request, reply, first, chunks, workers)
+                if ref is not None:  # the id every replica gives this stream's message
+                    reply.rid = "msg_" + derived_id(ref.stream_id, "message")
+                events = IdentifiedEvents(reply, ref, after)
+                return await _stream(request, events, first, chunks, workers)
             reply.opening(first)
             reply.of(first)
             async for _, chunk in chunks:
@@ -134,17 +148,14 @@ class AnthropicRoutes:
 
 async def _stream(
     request: web.Request,
-    reply: MessageReply,
+    events: IdentifiedEvents,
     first: Any,
     chunks: generation.Chunks,
     workers: set[str],
 ) -> web.StreamResponse:
     sse = await EventStream.open(request, workers)
     try:
-        await sse.send_all(reply.opening(first))
-        await sse.send_all(reply.of(first))
-        async for _, chunk in chunks:
-            await sse.send_all(reply.of(chunk))
+        await sse.relay(events, first, chunks)
     except (RadixMeshError, grpc.aio.AioRpcError) as e:
         error = ApiError.from_exception(e)
         request[STATUS_KEY] = STATUS_NAMES.get(error.status, "UNKNOWN")

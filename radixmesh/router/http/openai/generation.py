@@ -7,11 +7,14 @@ chunk, then the usage chunk (with `stream_options.include_usage`) and `[DONE]`. 
 before the first chunk get their own HTTP status; after it, one `data: {"error": ...}`
 event ends the stream.
 
-A stream of one choice with plain text (no logprobs, tools or reasoning to parse) is
-resumable (router/dispatch.py): each event that carries a chunk has an SSE id,
-"<stream id>/<completion tokens so far>", and the same request sent again with that id
-as `Last-Event-ID` (to any router of the cluster) continues after it: no token lost,
-none twice. Other streams have no ids; a client whose router died sees the stream cut.
+A stream of one choice without tools or reasoning to parse (plain text; a chat's also with
+logprobs) is resumable (router/dispatch.py): each event that carries a chunk has an SSE
+id, "<stream id>/<completion tokens so far>", and the same request sent again with that
+id as `Last-Event-ID` (to any router of the cluster) continues after it: no token lost,
+none twice. Other streams (n > 1, several prompts, a completion's logprobs, whose text
+offsets a token offset does not give, a parser's state) have no ids, and a
+`Last-Event-ID` on one is a 400 naming the header; a client whose router died sees the
+stream cut. Anthropic's and the Responses API's streams resume otherwise (event_ids.py).
 """
 
 from __future__ import annotations
@@ -54,12 +57,14 @@ ROUTER_HEADER = "X-Radixmesh-Router"
 
 
 def resumable(gen: Generation) -> bool:
-    """Whether `gen`'s stream can resume: one choice of plain text, whose events each
-    carry their chunk's text alone (a parser's or logprobs' state would not carry over)."""
+    """Whether `gen`'s stream can resume: one choice without a parser (tools, reasoning),
+    whose events each carry their chunk's text alone: plain text, or a chat's with its
+    tokens' logprobs (a completion's logprobs carry text offsets, which a resume at a
+    token offset does not know)."""
     return (
         gen.stream
         and gen.num_choices == 1
-        and gen.top_logprobs is None
+        and (gen.top_logprobs is None or gen.chat)
         and MessageStream.of(gen) is None
     )
 
@@ -84,16 +89,16 @@ async def resumable_choice(
     workers: set[str],
     ref: StreamRef,
     caller: str,
-    last_event_id: str | None,
+    resume: tuple[str, int] | None,
 ) -> Chunks:
     """The one choice of a resumable stream, as `choices` yields it: started (the worker
-    holds it for a resume), or continued after `last_event_id`."""
-    if last_event_id is None:
+    holds it for a resume), or continued from `resume` (stream id, offset in tokens)."""
+    if resume is None:
         chunks = dispatch.route_and_stream(
             gen.prompts[0], gen.params[0], rid, stream=True, caller=caller, resumable=ref
         )
     else:
-        ref.stream_id, offset = parse_event_id(last_event_id)
+        ref.stream_id, offset = resume
         chunks = dispatch.resume(ref.stream_id, offset, caller, field="Last-Event-ID")
     async with aclosing(chunks):
         async for worker, chunk in chunks:

@@ -152,14 +152,15 @@ class OpenAIRoutes:
         last_event_id = request.headers.get("Last-Event-ID") if gen.stream else None
         ref = StreamRef() if generation.resumable(gen) else None
         if ref is not None:
+            resume = None if last_event_id is None else generation.parse_event_id(last_event_id)
             source = generation.resumable_choice(
-                self.frontend.dispatch, gen, rid, workers, ref, caller, last_event_id
+                self.frontend.dispatch, gen, rid, workers, ref, caller, resume
             )
         elif last_event_id is not None:
             raise InvalidArgument(
                 "Last-Event-ID",
-                "only a stream of one choice of plain text resumes (no n > 1, logprobs, "
-                "tools or reasoning)",
+                "only a stream of one choice without tools or reasoning to parse resumes "
+                "(no n > 1, several prompts, a completion's logprobs, tools or reasoning)",
             )
         else:
             source = generation.choices(stream_jobs, gen, rid, workers)

@@ -31,6 +31,7 @@ import uuid
 from typing import Any
 
 from radixmesh.errors import Unavailable
+from radixmesh.router.http.event_ids import derived_id
 from radixmesh.router.http.openai.blocks import Blocks, Call, Event, TextDelta
 from radixmesh.router.http.openai.convert import Generation
 from radixmesh.router.http.openai.message import MessageStream
@@ -111,11 +112,17 @@ class ResponseReply:
         self.sequence += 1
         return kind, payload
 
-    def opening(self) -> list[SseEvent]:
+    def opening(self, first: common_pb2.GenerateChunk | None = None) -> list[SseEvent]:
+        """`response.created` and `response.in_progress` (`first`: the chunk they open
+        the stream with, which they do not depend on)."""
         return [
             self._event("response.created", response=self.response()),
             self._event("response.in_progress", response=self.response()),
         ]
+
+    def renumber(self, sent: int) -> None:
+        """The next event's `sequence_number` is `sent` (a resume skipped those before)."""
+        self.sequence = sent
 
     def of(self, chunk: common_pb2.GenerateChunk) -> list[SseEvent]:
         """The events of the next chunk; the last one (with `finish`) ends the response."""
@@ -174,7 +181,8 @@ class ResponseReply:
         index, out = event.block, []
         if event.first:  # a new message item, its one part
             item: dict[str, Any] = {
-                "id": "msg_" + uuid.uuid4().hex,
+                # Named after the response and its place: a resumed stream's are the same.
+                "id": "msg_" + derived_id(self.rid, f"output/{index}"),
                 "type": "message",
                 "status": "in_progress",
                 "role": "assistant",

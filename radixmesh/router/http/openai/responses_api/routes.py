@@ -9,6 +9,10 @@ as a whole `response` or as the semantic SSE events (output.py). Unless `store: 
 the finished response is stored with the items it was generated from (items.py); a stream
 the client left before its end, or one that failed, is not stored. Errors are OpenAI's
 (api_error.py); after a stream opened, one `event: error` carries the error and ends it.
+A stream of plain text (no tools to parse, no logprobs) resumes: its events have SSE ids,
+and the same request sent again with the last one as `Last-Event-ID` (to any router
+replica) gets the events after it, numbered on from the client's last `sequence_number`,
+under the same response id; the replica that finishes it stores it (event_ids.py).
 
 `GET` / `DELETE /v1/responses/{response_id}` and `GET .../input_items` read the store: a
 response that is not there (never stored, `store: false`, expired, dropped, deleted,
@@ -31,6 +35,7 @@ from aiohttp import web
 from radixmesh.auth import caller_of
 from radixmesh.errors import InvalidArgument, RadixMeshError
 from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError, read_json
+from radixmesh.router.http.event_ids import IdentifiedEvents, resumption
 from radixmesh.router.http.event_stream import EventStream, first_chunk
 from radixmesh.router.http.openai import generation
 from radixmesh.router.http.openai.convert import Generation
@@ -91,13 +96,24 @@ class ResponsesRoutes:
         rid = response_id()
         workers: set[str] = set()
         reply = ResponseReply(gen, rid, echoed(req), tok)
-        stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
-        chunks = generation.choices(stream_jobs, gen, rid, workers)
+        ref, after = resumption(gen, request.headers.get("Last-Event-ID"))
+        if ref is None:
+            stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
+            chunks = generation.choices(stream_jobs, gen, rid, workers)
+        else:  # a resume replays the stream from its start (event_ids.py)
+            resume = None if after is None else (after.stream_id, 0)
+            dispatch = self.frontend.dispatch
+            chunks = generation.resumable_choice(dispatch, gen, rid, workers, ref, caller, resume)
         async with aclosing(chunks):
             first = await first_chunk(chunks, lambda f: field_name(gen.openai_field(f)))
-            reply.rid = self.store.new_id(min(workers, default=""))
+            if ref is None:
+                reply.rid = self.store.new_id(min(workers, default=""))
+            else:  # the id every replica gives this stream's response
+                reply.rid = self.store.stream_response_id(ref.stream_id)
             if gen.stream:
-                resp = await _stream(request, reply, first, chunks, workers)
+                events = IdentifiedEvents(reply, ref, after)
+                reply.created = events.created
+                resp = await _stream(request, reply, events, first, chunks, workers)
             else:
                 reply.of(first)
                 async for _, chunk in chunks:
@@ -206,16 +222,14 @@ def _not_stored(rid: str) -> ApiError:
 async def _stream(
     request: web.Request,
     reply: ResponseReply,
+    events: IdentifiedEvents,
     first: Any,
     chunks: generation.Chunks,
     workers: set[str],
 ) -> web.StreamResponse:
     sse = await EventStream.open(request, workers)
     try:
-        await sse.send_all(reply.opening())
-        await sse.send_all(reply.of(first))
-        async for _, chunk in chunks:
-            await sse.send_all(reply.of(chunk))
+        await sse.relay(events, first, chunks)
     except (RadixMeshError, grpc.aio.AioRpcError) as e:
         error = ApiError.from_exception(e)
         request[STATUS_KEY] = STATUS_NAMES.get(error.status, "UNKNOWN")

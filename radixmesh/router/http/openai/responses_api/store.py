@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from radixmesh.router.http.event_ids import derived_id
 from radixmesh.router.limits import text_bytes
 
 Json = dict[str, Any]
@@ -74,6 +75,13 @@ class ResponseStore(ABC):
     def new_id(self, worker_id: str) -> str:
         """The id of a new response that worker `worker_id` generates."""
         return "resp_" + uuid.uuid4().hex
+
+    def stream_response_id(self, stream_id: str) -> str:
+        """The id of a resumable stream's response, the same on every replica (a resume
+        goes on under the id the client has): it names the worker by the epoch the
+        stream id starts with, as `new_id` does on the workers' store."""
+        token = stream_id.partition("/")[0]
+        return f"resp_{token}{derived_id(stream_id, 'response')}"
 
     @abstractmethod
     async def put(self, caller: str, entry: StoredResponse) -> bool:
