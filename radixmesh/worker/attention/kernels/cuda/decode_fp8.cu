@@ -41,11 +41,8 @@
 #include <math_constants.h>
 #include <stdint.h>
 
-namespace {
-
-constexpr int kHeadDim = 128;
-constexpr int kTile = 16;  // keys per tile (one mma k-step of the output product)
-
+// The parameter block (decode_fp8_cuda.py's `_Params`, field for field): outside the
+// anonymous namespace, so that the extern "C" entry point taking it keeps external linkage.
 struct Params {
   const uint16_t* q;  // [B, Hq, D] bf16 or fp16 bits
   const uint8_t* k;   // [slots, Hkv, D] e4m3
@@ -69,6 +66,11 @@ struct Params {
   int64_t stride_table;
   int64_t stride_mid_b, stride_mid_h, stride_mid_s;
 };
+
+namespace {
+
+constexpr int kHeadDim = 128;
+constexpr int kTile = 16;  // keys per tile (one mma k-step of the output product)
 
 __device__ __forceinline__ float pow2(int e) {  // e in [-126, 127]: 2^e exactly
   return __int_as_float((e + 127) << 23);
