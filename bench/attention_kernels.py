@@ -365,7 +365,9 @@ FP8_MMA_GRID = [
 ]
 
 # The CUDA kernel (decode_fp8_cuda.py): warps per block, keys a warp takes at a time.
-FP8_CUDA_GRID = [DecodeConfig(keys, warps, 1, cuda=True) for warps, keys in FP8_CUDA_LAUNCHES]
+FP8_CUDA_GRID = [
+    DecodeConfig(keys, warps, 1, cuda=True, min_blocks=mb) for warps, keys, mb in FP8_CUDA_LAUNCHES
+]
 
 
 def decode_pool(batch: int, ctx: int, fp8: bool) -> dict[str, Any]:

@@ -29,7 +29,10 @@ from tests.worker.attention.test_triton_kernels import (
     spread_fp8_pool,
 )
 
-LAUNCHES = [DecodeConfig(keys, warps, 1, cuda=True) for warps, keys in decode_fp8_cuda.LAUNCHES]
+LAUNCHES = [
+    DecodeConfig(keys, warps, 1, cuda=True, min_blocks=mb)
+    for warps, keys, mb in decode_fp8_cuda.LAUNCHES
+]
 # (sequence lengths, query heads, KV heads, splits): tile edges (15, 16, 17), a sequence
 # shorter than its splits (empty splits), groups of 1, 4 and 8 query heads per KV head.
 CASES = [

@@ -50,7 +50,7 @@ class DecodeConfig:
     pool, whether to multiply e4m3 on the matrix unit (decode_fp8_mma.py) instead of
     converting keys and values to the query's dtype, or to run the CUDA kernel
     (decode_fp8_cuda.py; `num_warps` its warps per block, `block_n` the keys a warp takes
-    at a time, 16 or 32)."""
+    at a time, 16 or 32, `min_blocks` the blocks per SM it is compiled for)."""
 
     block_n: int
     num_warps: int = 4
@@ -60,6 +60,7 @@ class DecodeConfig:
     q_terms: int = 2
     w_terms: int = 1
     cuda: bool = False
+    min_blocks: int = 0
 
 
 # Most preferred first. From the decode sweep on the H200 (2026-12-02,
@@ -357,7 +358,7 @@ def decode_attention(
     if scales is not None and cfg.cuda:
         decode_fp8_cuda.decode_split_fp8_cuda(
             q, k_buf, v_buf, scales, workspace, req_to_token, req_rows, seq_lens,
-            scale * LOG2E, num_splits, cfg.num_warps, cfg.block_n,
+            scale * LOG2E, num_splits, cfg.num_warps, cfg.block_n, cfg.min_blocks,
         )  # fmt: skip
     elif scales is not None and cfg.fp8_mma and min(block_d, cfg.block_n) >= 32:
         decode_split_fp8_mma(

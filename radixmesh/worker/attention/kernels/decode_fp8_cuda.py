@@ -34,7 +34,9 @@ SOURCE = Path(__file__).parent / "cuda" / "decode_fp8.cu"
 SWITCH = "RADIXMESH_FP8_DECODE"  # "triton": the Triton kernels over FP8 pools
 HEAD_DIM = 128
 MAX_GROUP = 8  # query heads per KV head: the mma tile's 8 live rows
-LAUNCHES = ((4, 16), (4, 32), (8, 16), (8, 32))  # (warps, keys a warp takes per step)
+# (warps per block, keys a warp loads at a time, blocks an SM is compiled to hold: 0 for no
+# register cap), as cuda/decode_fp8.cu instantiates them.
+LAUNCHES = ((4, 16, 0), (4, 16, 4), (4, 32, 0), (4, 32, 3), (2, 16, 8), (8, 16, 2))
 _FLAGS = ("-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17")
 
 
@@ -130,7 +132,8 @@ def library(device_index: int) -> ctypes.CDLL | None:
         return None
     lib.radixmesh_decode_fp8_split.restype = ctypes.c_int
     lib.radixmesh_decode_fp8_split.argtypes = [
-        ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
+        ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int64,
     ]  # fmt: skip
     size, here = lib.radixmesh_decode_fp8_params_size(), ctypes.sizeof(_Params)
     if size != here:  # the two definitions disagree
@@ -169,6 +172,7 @@ def decode_split_fp8_cuda(
     num_splits: int,
     num_warps: int,
     keys_per_step: int,
+    min_blocks: int,
 ) -> None:
     """Stage 1 of `decode_attention` over an FP8 pool, as decode_split_fp8_mma: each
     (sequence, KV head, split)'s partial output and log-sum-exp into `workspace`."""
@@ -196,7 +200,7 @@ def decode_split_fp8_cuda(
     )  # fmt: skip
     stream = torch.cuda.current_stream(q.device).cuda_stream
     err = lib.radixmesh_decode_fp8_split(
-        ctypes.byref(params), b, num_warps, keys_per_step // 16, stream
+        ctypes.byref(params), b, num_warps, keys_per_step // 16, min_blocks, stream
     )
     if err != 0:
         raise RuntimeError(f"FP8 decode kernel launch failed: cudaError {err}")

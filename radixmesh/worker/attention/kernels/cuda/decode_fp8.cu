@@ -120,6 +120,13 @@ struct TileRegs {
   int e_v[4];
 };
 
+// A tile's slots: keys g and 8 + g (the thread's keys of the score product), then 2t,
+// 2t + 1, 8 + 2t, 9 + 2t (its keys of the output product). Loaded a tile ahead, so that a
+// tile's value loads wait for one memory latency, not for a slot's and then a value's.
+struct TileSlots {
+  int32_t s[6];
+};
+
 struct Block {
   const Params& p;
   const int64_t* table_row;  // this sequence's row of the slot table
@@ -127,21 +134,28 @@ struct Block {
   int64_t lo, hi;            // this block's keys
   int kv_head, g, t;
 
-  __device__ __forceinline__ void load(int64_t n0, TileRegs& r) const {
+  __device__ __forceinline__ void slots(int64_t n0, TileSlots& r) const {
     const int64_t last = hi - 1;  // keys past the end read the last one's (valid) bytes
+    r.s[0] = (int32_t)__ldg(table_row + min(n0 + g, last));
+    r.s[1] = (int32_t)__ldg(table_row + min(n0 + 8 + g, last));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r.s[2 + i] = (int32_t)__ldg(table_row + min(n0 + 2 * t + (i & 1) + 8 * (i >> 1), last));
+    }
+  }
+
+  __device__ __forceinline__ void load(const TileSlots& sl, TileRegs& r) const {
     const uint8_t* kb = p.k + head_off + 32 * t;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const int64_t slot = __ldg(table_row + min(n0 + 8 * n + g, last));
-      const uint8_t* src = kb + slot * p.stride_buf_slot;
+      const uint8_t* src = kb + (int64_t)sl.s[n] * p.stride_buf_slot;
       r.k[n][0] = load16(src);
       r.k[n][1] = load16(src + 16);
     }
     const uint8_t* vb = p.v + head_off + 16 * g;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // keys 2t, 2t + 1, 8 + 2t, 9 + 2t
-      const int64_t key = n0 + 2 * t + (i & 1) + 8 * (i >> 1);
-      const int64_t slot = __ldg(table_row + min(key, last));
+    for (int i = 0; i < 4; ++i) {
+      const int64_t slot = sl.s[2 + i];
       r.v[i] = load16(vb + slot * p.stride_buf_slot);
       const int64_t e = slot * p.stride_scale_slot + kv_head;
       r.e_k[i] = __ldg(p.k_exp + e);
@@ -150,8 +164,8 @@ struct Block {
   }
 };
 
-template <int WARPS, int SUB>
-__global__ void __launch_bounds__(WARPS * 32)
+template <int WARPS, int SUB, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     decode_fp8_split(const Params p) {
   const int split = blockIdx.x;
   const int kv_head = blockIdx.y;
@@ -233,11 +247,22 @@ __global__ void __launch_bounds__(WARPS * 32)
   for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = 0.f;
   float m = -CUDART_INF_F, big_m = -CUDART_INF_F, l = 0.f;
 
-  for (int64_t n_step = lo + (int64_t)warp * kStep; n_step < hi; n_step += WARPS * kStep) {
+  constexpr int64_t kStride = (int64_t)WARPS * kStep;  // keys between a warp's steps
+  TileSlots next[SUB];
+  const int64_t first = lo + (int64_t)warp * kStep;
+#pragma unroll
+  for (int u = 0; u < SUB; ++u) {
+    if (first + u * kTile < hi) blk.slots(first + u * kTile, next[u]);
+  }
+  for (int64_t n_step = first; n_step < hi; n_step += kStride) {
     TileRegs regs[SUB];
 #pragma unroll
     for (int u = 0; u < SUB; ++u) {
-      if (n_step + u * kTile < hi) blk.load(n_step + u * kTile, regs[u]);
+      if (n_step + u * kTile < hi) blk.load(next[u], regs[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < SUB; ++u) {  // the next step's slots, in flight while this one runs
+      if (n_step + kStride + u * kTile < hi) blk.slots(n_step + kStride + u * kTile, next[u]);
     }
 #pragma unroll
     for (int u = 0; u < SUB; ++u) {
@@ -339,24 +364,28 @@ __global__ void __launch_bounds__(WARPS * 32)
   }
 }
 
-template <int WARPS, int SUB>
+template <int WARPS, int SUB, int MIN_BLOCKS>
 cudaError_t launch(const Params& p, int batch, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.num_kv_heads, batch);
-  decode_fp8_split<WARPS, SUB><<<grid, WARPS * 32, 0, stream>>>(p);
+  decode_fp8_split<WARPS, SUB, MIN_BLOCKS><<<grid, WARPS * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-// The launchers' C entry point (ctypes, decode_fp8_cuda.py). Returns a cudaError_t; 1
-// (cudaErrorInvalidValue) for a launch shape that is not compiled.
+// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block, `sub`
+// 16-key tiles a warp loads at a time, `min_blocks` resident blocks an SM is compiled for
+// (0: no register cap). Returns a cudaError_t; cudaErrorInvalidValue for a launch that is
+// not compiled.
 extern "C" int radixmesh_decode_fp8_split(const Params* p, int batch, int warps, int sub,
-                                          int64_t stream) {
+                                          int min_blocks, int64_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (warps == 4 && sub == 1) return launch<4, 1>(*p, batch, s);
-  if (warps == 4 && sub == 2) return launch<4, 2>(*p, batch, s);
-  if (warps == 8 && sub == 1) return launch<8, 1>(*p, batch, s);
-  if (warps == 8 && sub == 2) return launch<8, 2>(*p, batch, s);
+  if (warps == 4 && sub == 1 && min_blocks == 0) return launch<4, 1, 0>(*p, batch, s);
+  if (warps == 4 && sub == 1 && min_blocks == 4) return launch<4, 1, 4>(*p, batch, s);
+  if (warps == 4 && sub == 2 && min_blocks == 0) return launch<4, 2, 0>(*p, batch, s);
+  if (warps == 4 && sub == 2 && min_blocks == 3) return launch<4, 2, 3>(*p, batch, s);
+  if (warps == 2 && sub == 1 && min_blocks == 8) return launch<2, 1, 8>(*p, batch, s);
+  if (warps == 8 && sub == 1 && min_blocks == 2) return launch<8, 1, 2>(*p, batch, s);
   return cudaErrorInvalidValue;
 }
 
