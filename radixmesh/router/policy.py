@@ -8,6 +8,7 @@ when none is healthy; draw every random choice from the `random.Random` it was b
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -49,12 +50,20 @@ class PolicyOptions:
     # small models, whose prefill is cheaper per byte of KV.
     host_hit_cost: float = 0.2
     # cache_aware behind several router replicas: (this replica's index, the replicas). A
-    # prompt that no worker caches any of goes only to this replica's share of the workers
+    # prompt that no worker caches any of goes to this replica's share of the workers
     # (every `replicas`-th by sorted id, from `index`): a replica sees its own placements
     # at once and the others' an event delay later, so replicas choosing among all workers
     # on the same view herd their cold prefills onto the same least-loaded one
     # (docs/router-sim.md). (0, 1): one router, every worker.
     cold_partition: tuple[int, int] = (0, 1)
+    # cache_aware behind several replicas: what a worker outside this replica's share that
+    # caches none of the prompt costs more, in prefills of the prompt. A cold prompt leaves
+    # the share only when every worker in it is busier than one outside by more than that:
+    # a share of 8 workers (64 workers, 8 replicas) is too few to even out a burst of cold
+    # prompts on its own, and a margin of one prefill is more than the others' unseen
+    # placements make a worker look idle. Below ~0.9 the replicas herd again, from ~1.5
+    # it is a hard partition (docs/router-sim.md, "Soft shares").
+    off_share_prefills: float = 1.0
     # cache_aware: what a worker holding the request's grammar compiled is worth, in
     # prefill tokens (grammar affinity; 0: off). Small on purpose, below one queued
     # request's cost: it breaks ties and near-ties between workers, never outweighs a
@@ -71,6 +80,10 @@ class PolicyOptions:
             )
         if not 0.0 <= self.host_hit_cost <= 1.0:
             raise InvalidArgument("host_hit_cost", f"must be in [0, 1], got {self.host_hit_cost}")
+        if not 0.0 <= self.off_share_prefills < math.inf:
+            raise InvalidArgument(
+                "off_share_prefills", f"must be finite and >= 0, got {self.off_share_prefills}"
+            )
         index, replicas = self.cold_partition
         if replicas < 1 or not 0 <= index < replicas:
             raise InvalidArgument(
@@ -120,10 +133,12 @@ class CacheAware(Policy):
     is, unless that worker is busier by more than the tolerance. Requests with the same
     schema then compile it on one worker, not on every tied worker they land on.
 
-    Behind several replicas (`cold_partition`), a worker that caches none of the prompt is
-    a choice only if it is in this replica's share or holds the request's grammar (a
-    grammar's requests gather on its holders, not on one least-loaded worker: the herding
-    the shares prevent); when no healthy worker is left that way, every worker is."""
+    Behind several replicas (`cold_partition`), a worker that caches none of the prompt
+    costs `off_share_prefills` x the prompt's tokens more unless it is in this replica's
+    share or holds the request's grammar (a grammar's requests gather on its holders, not
+    on one least-loaded worker: the herding the shares prevent). So a cold prompt, or a
+    warm one spilling off its holders, stays in the share unless the whole share is
+    busier by more than that; with no healthy worker in the share, it goes elsewhere."""
 
     name = "cache_aware"
 
@@ -135,8 +150,6 @@ class CacheAware(Policy):
     def choose(self, prompt_tokens: int, candidates: Sequence[Candidate]) -> str:
         share = self._share_of(candidates) if self.options.cold_partition[1] > 1 else None
         chosen = self._cheapest(prompt_tokens, candidates, share)
-        if chosen is None and share is not None:
-            chosen = self._cheapest(prompt_tokens, candidates, None)
         if chosen is None:
             raise Unavailable("no healthy worker to route to")
         return chosen
@@ -156,22 +169,23 @@ class CacheAware(Policy):
         # every worker. Same result and random draws as `_min(_healthy(...), cost)`.
         o = self.options
         pending_weight, per_request = o.pending_prefill_weight, o.request_cost_tokens
+        off_share = o.off_share_prefills * prompt_tokens
         best = float("inf")
         ties: list[str] = []
         for worker_id, healthy, cached_tokens, queued, pending, host, grammar in candidates:
             if not healthy:
-                continue
-            if (
-                share is not None
-                and not (cached_tokens or host or grammar)
-                and worker_id not in share
-            ):
                 continue
             cost = (
                 max(prompt_tokens - cached_tokens - host, 0)
                 + pending_weight * pending
                 + per_request * queued
             )
+            if (
+                share is not None
+                and not (cached_tokens or host or grammar)
+                and worker_id not in share
+            ):
+                cost += off_share
             if host:  # (a separate term: without host hits the sum is as it always was)
                 cost += o.host_hit_cost * host
             if grammar:

@@ -152,11 +152,41 @@ def test_cache_aware_places_cold_prompts_in_its_replicas_share() -> None:
     # A worker caching some of the prompt is a choice for every replica.
     warm = [_c("w3"), _c("w2", queued=1), _c("w1", cached=96), _c("w0", queued=2)]
     assert p0.choose(128, warm) == "w1"
-    # No healthy worker in its share: every worker is.
+    # No healthy worker in its share: the others are (at the same margin each).
     down = [_c("w3"), _c("w2", healthy=False), _c("w1", queued=1), _c("w0", healthy=False)]
     assert p0.choose(128, down) == "w3"
     with pytest.raises(InvalidArgument, match="cold_partition"):
         PolicyOptions(cold_partition=(2, 2))
+
+
+def test_a_cold_prompt_leaves_the_share_only_for_a_worker_idler_by_a_prefill() -> None:
+    # Replica 0 of 2 owns w0 and w2 (sorted ids); a 128-token prompt that a worker caches
+    # none of costs 128 more on w1 or w3. Costs: 128 + 64 a queued request + 0.5 a
+    # pending token (+ 128 off the share).
+    p = make_policy("cache_aware", 0, PolicyOptions(cold_partition=(0, 2)))
+    # w0 192, w2 256, w1 and w3 256 (one router: 128, its pick).
+    assert p.choose(128, [_c("w0", queued=1), _c("w1"), _c("w2", queued=2), _c("w3")]) == "w0"
+    # w0 and w2 320, w1 256, w3 320: the whole share is busier than w1 by more than one
+    # prefill of the prompt, so w1.
+    busy = [_c("w0", queued=3), _c("w1"), _c("w2", queued=3), _c("w3", queued=1)]
+    assert p.choose(128, busy) == "w1"
+    # w1's 160 pending tokens make it 336 against w0's 320, w2 384, w3 384: w0.
+    pending = [_c("w0", queued=3), _c("w1", pending=160), _c("w2", queued=4), _c("w3", queued=2)]
+    assert p.choose(128, pending) == "w0"
+    # A warm prompt spilling off its holder (w3 caches 96 tokens: 32 + 4 queued = 288) goes
+    # to the share (w0 192), not to the idle w1 (256 off the share).
+    warm = [_c("w0", queued=1), _c("w1"), _c("w2", queued=3), _c("w3", cached=96, queued=4)]
+    assert p.choose(128, warm) == "w0"
+    # 0: no margin, the replica chooses among every worker as one router does.
+    free = make_policy("cache_aware", 0, PolicyOptions(cold_partition=(0, 2), off_share_prefills=0))
+    assert free.choose(128, busy) == "w1"
+    assert (
+        free.choose(128, [_c("w0", queued=1), _c("w1"), _c("w2", queued=1), _c("w3", queued=1)])
+        == "w1"
+    )
+    for bad in (-1.0, float("inf")):
+        with pytest.raises(InvalidArgument, match="off_share_prefills"):
+            PolicyOptions(off_share_prefills=bad)
 
 
 def test_grammar_affinity_breaks_ties_for_the_worker_holding_the_grammar() -> None:
