@@ -366,7 +366,8 @@ FP8_MMA_GRID = [
 
 # The CUDA kernel (decode_fp8_cuda.py): warps per block, keys a warp takes at a time.
 FP8_CUDA_GRID = [
-    DecodeConfig(keys, warps, 1, cuda=True, min_blocks=mb) for warps, keys, mb in FP8_CUDA_LAUNCHES
+    DecodeConfig(keys, warps, stages, cuda=True, min_blocks=mb)
+    for warps, keys, stages, mb in FP8_CUDA_LAUNCHES
 ]
 
 

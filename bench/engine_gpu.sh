@@ -33,7 +33,8 @@
 #             --decode-sweep --quick: each decode path's default launch and the CUDA
 #             kernel's launches on bf16 and FP8 pools, same call
 #   fp8cudae2e bench.tp --tp 1: fp8-all with the Triton decode kernels
-#             (RADIXMESH_FP8_DECODE=triton), then bf16 and fp8-all with the CUDA one
+#             (RADIXMESH_FP8_DECODE=triton), then bf16 and fp8-all with the CUDA one (the
+#             launch fp8cuda's sweep found fastest, when it ran first in the same call)
 #   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
@@ -138,12 +139,21 @@ if part fp8cuda; then
     --out "$OUT/attention_decode_quick-$MACHINE.json"
 fi
 if part fp8cudae2e; then
+  # The CUDA launch the decode sweep found fastest (geometric mean over its batch-256 and
+  # batch-64 shapes), when the sweep ran in this call.
+  if [ -f "$OUT/attention_decode_quick-$MACHINE.json" ]; then
+    export RADIXMESH_FP8_DECODE=$(python3 -m bench.fp8_decode_launch \
+      "$OUT/attention_decode_quick-$MACHINE.json")
+    echo "FP8 decode launch: $RADIXMESH_FP8_DECODE"
+  fi
+  CUDA_LAUNCH=${RADIXMESH_FP8_DECODE:-cuda}
   export RADIXMESH_FP8_DECODE=triton
   run tp-fp8-triton-decode "$PWD" 300 -m bench.tp --tp 1 --configs fp8-all \
     --out "$OUT/tp-fp8-triton-decode-$MACHINE.json"
-  unset RADIXMESH_FP8_DECODE
+  export RADIXMESH_FP8_DECODE=$CUDA_LAUNCH
   run tp-fp8 "$PWD" 360 -m bench.tp --tp 1 --configs bf16,fp8-all \
     --out "$OUT/tp-fp8-$MACHINE.json"
+  unset RADIXMESH_FP8_DECODE
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \

@@ -30,8 +30,8 @@ from tests.worker.attention.test_triton_kernels import (
 )
 
 LAUNCHES = [
-    DecodeConfig(keys, warps, 1, cuda=True, min_blocks=mb)
-    for warps, keys, mb in decode_fp8_cuda.LAUNCHES
+    DecodeConfig(keys, warps, stages, cuda=True, min_blocks=mb)
+    for warps, keys, stages, mb in decode_fp8_cuda.LAUNCHES
 ]
 # (sequence lengths, query heads, KV heads, splits): tile edges (15, 16, 17), a sequence
 # shorter than its splits (empty splits), groups of 1, 4 and 8 query heads per KV head.

@@ -50,7 +50,8 @@ class DecodeConfig:
     pool, whether to multiply e4m3 on the matrix unit (decode_fp8_mma.py) instead of
     converting keys and values to the query's dtype, or to run the CUDA kernel
     (decode_fp8_cuda.py; `num_warps` its warps per block, `block_n` the keys a warp takes
-    at a time, 16 or 32, `min_blocks` the blocks per SM it is compiled for)."""
+    at a time, `num_stages` 1 (tiles into registers) or its shared-memory ring's tiles,
+    `min_blocks` the blocks per SM it is compiled for)."""
 
     block_n: int
     num_warps: int = 4
@@ -87,6 +88,15 @@ FP8_MMA_CONFIG = DecodeConfig(128, 4, 2, fp8_mma=True, q_terms=1, w_terms=1)
 
 # The CUDA kernel's launch over an FP8 pool where it applies (decode_fp8_cuda.py).
 FP8_CUDA_CONFIG = DecodeConfig(16, 4, 1, cuda=True)
+
+
+def fp8_cuda_config() -> DecodeConfig:
+    """FP8_CUDA_CONFIG, or the launch RADIXMESH_FP8_DECODE names (decode_fp8_cuda.py)."""
+    launch = decode_fp8_cuda.launch_override()
+    if launch is None:
+        return FP8_CUDA_CONFIG
+    warps, keys, stages, min_blocks = launch
+    return DecodeConfig(keys, warps, stages, cuda=True, min_blocks=min_blocks)
 
 
 def decode_config(block_d: int, elem_bytes: int, max_shared: int) -> DecodeConfig:
@@ -351,14 +361,15 @@ def decode_attention(
     assert mid_l.shape == (b, hq, num_splits) and mid_l.is_contiguous(), mid_l.shape
     block_d = max(16, triton.next_power_of_2(d))
     if config is None and scales is not None and decode_fp8_cuda.applies(q, k_buf):
-        config = FP8_CUDA_CONFIG
+        config = fp8_cuda_config()
     cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device))
     # mid_l is addressed as mid_o's offset // D: both are contiguous with the same leading dims.
     # e4m3 matrix products take K >= 32 (the head dim, and the tile's keys) on the GPU.
     if scales is not None and cfg.cuda:
         decode_fp8_cuda.decode_split_fp8_cuda(
             q, k_buf, v_buf, scales, workspace, req_to_token, req_rows, seq_lens,
-            scale * LOG2E, num_splits, cfg.num_warps, cfg.block_n, cfg.min_blocks,
+            scale * LOG2E, num_splits, cfg.num_warps, cfg.block_n, cfg.num_stages,
+            cfg.min_blocks,
         )  # fmt: skip
     elif scales is not None and cfg.fp8_mma and min(block_d, cfg.block_n) >= 32:
         decode_split_fp8_mma(

@@ -11,7 +11,8 @@ capture records it like any other launch on that stream).
 Where it does not apply (no CUDA, a GPU before sm_89, which lacks the e4m3 -> f16
 conversion instruction, no nvcc, a head dim other than 128, more than 8 query heads per
 KV head, float32 queries) decode_attention.py takes the Triton kernels, and the reason is
-logged once. `RADIXMESH_FP8_DECODE=triton` chooses the Triton kernels on purpose (A/B).
+logged once. `RADIXMESH_FP8_DECODE=triton` chooses the Triton kernels on purpose (A/B);
+`RADIXMESH_FP8_DECODE=cuda:W,K,S,B` a launch of LAUNCHES other than the default.
 """
 
 from __future__ import annotations
@@ -31,12 +32,21 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "cuda" / "decode_fp8.cu"
-SWITCH = "RADIXMESH_FP8_DECODE"  # "triton": the Triton kernels over FP8 pools
+SWITCH = "RADIXMESH_FP8_DECODE"  # "triton", "cuda" (the default) or "cuda:W,K,S,B"
 HEAD_DIM = 128
 MAX_GROUP = 8  # query heads per KV head: the mma tile's 8 live rows
-# (warps per block, keys a warp loads at a time, blocks an SM is compiled to hold: 0 for no
-# register cap), as cuda/decode_fp8.cu instantiates them.
-LAUNCHES = ((4, 16, 0), (4, 16, 4), (4, 32, 0), (4, 32, 3), (2, 16, 8), (8, 16, 2))
+# The launches cuda/decode_fp8.cu compiles, as (warps per block, keys a warp loads at a
+# time, stages, blocks per SM): stages 1 loads tiles into registers (the last number the
+# blocks an SM is compiled to hold, 0 for no register cap); stages >= 2 copies them
+# asynchronously into a shared-memory ring of that many tiles a warp.
+LAUNCHES = (
+    (4, 16, 1, 0),
+    (2, 16, 1, 8),
+    (4, 16, 3, 0),
+    (4, 16, 4, 0),
+    (2, 16, 4, 0),
+    (8, 16, 3, 0),
+)
 _FLAGS = ("-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17")
 
 
@@ -70,6 +80,17 @@ class _Params(ctypes.Structure):
         ("stride_mid_h", ctypes.c_int64),
         ("stride_mid_s", ctypes.c_int64),
     ]
+
+
+def launch_override() -> tuple[int, int, int, int] | None:
+    """The launch `RADIXMESH_FP8_DECODE=cuda:W,K,S,B` names (one of LAUNCHES), if any."""
+    value = os.environ.get(SWITCH, "cuda")
+    if not value.startswith("cuda:"):
+        return None
+    launch = tuple(int(x) for x in value.removeprefix("cuda:").split(","))
+    if launch not in LAUNCHES:
+        raise ValueError(f"{SWITCH}: {value!r} is not one of {LAUNCHES}")
+    return launch  # type: ignore[return-value,unused-ignore]
 
 
 def nvcc() -> str | None:
@@ -172,6 +193,7 @@ def decode_split_fp8_cuda(
     num_splits: int,
     num_warps: int,
     keys_per_step: int,
+    stages: int,
     min_blocks: int,
 ) -> None:
     """Stage 1 of `decode_attention` over an FP8 pool, as decode_split_fp8_mma: each
@@ -190,6 +212,12 @@ def decode_split_fp8_cuda(
     assert k_exp.stride() == v_exp.stride() and k_exp.stride(1) == 1
     assert req_to_token.dtype == req_rows.dtype == seq_lens.dtype == torch.int64
     assert mid_o.stride(2) == d and mid_l.stride(1) == mid_o.stride(1) // d
+    # The ring copies each exponent as the aligned 4-byte word that holds it: rows of whole
+    # words, else the registers' launch.
+    if stages > 1 and (
+        hkv % 4 or k_exp.stride(0) % 4 or k_exp.data_ptr() % 4 or v_exp.data_ptr() % 4
+    ):
+        num_warps, keys_per_step, stages, min_blocks = LAUNCHES[0]
     params = _Params(
         q.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(), k_exp.data_ptr(), v_exp.data_ptr(),
         mid_o.data_ptr(), mid_l.data_ptr(), req_to_token.data_ptr(), req_rows.data_ptr(),
@@ -199,8 +227,10 @@ def decode_split_fp8_cuda(
         mid_o.stride(1), mid_o.stride(2),
     )  # fmt: skip
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    err = lib.radixmesh_decode_fp8_split(
-        ctypes.byref(params), b, num_warps, keys_per_step // 16, min_blocks, stream
-    )
+    if stages > 1:  # the entry point's encoding: sub 0 and the stage count
+        sub, last = 0, stages
+    else:
+        sub, last = keys_per_step // 16, min_blocks
+    err = lib.radixmesh_decode_fp8_split(ctypes.byref(params), b, num_warps, sub, last, stream)
     if err != 0:
         raise RuntimeError(f"FP8 decode kernel launch failed: cudaError {err}")

@@ -5,9 +5,12 @@
 // Why CUDA and not Triton: on the H200 the Triton kernels over an FP8 pool were bound by
 // the layouts Triton chose (cross-warp softmax reductions, byte-wise shared loads, ~200
 // registers a thread), not by bytes (docs/performance.md, "FP8 KV decode"). Here each warp
-// owns its keys and its softmax state; operands go from global memory to registers with
-// 16-byte loads and never through shared memory; blocks combine their warps once, at the
-// end.
+// owns its keys and its softmax state, and a thread reads exactly the bytes it multiplies
+// (16-byte loads; no shared tile, no barrier inside the loop); blocks combine their warps
+// once, at the end. Two ways to load a tile: straight into registers (`decode_fp8_split`),
+// or copied asynchronously (cp.async) into the thread's own slice of a shared-memory ring
+// of STAGES tiles (`decode_fp8_split_async`), which keeps STAGES - 1 tiles a warp in flight
+// without holding them in registers.
 //
 // Numerics are those of the Triton conversion path (exact to the pool's values): e4m3
 // keys and values become fp16 (which holds every e4m3 value exactly) with one `cvt` per
@@ -164,40 +167,19 @@ struct Block {
   }
 };
 
-template <int WARPS, int SUB, int MIN_BLOCKS>
-__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
-    decode_fp8_split(const Params p) {
-  const int split = blockIdx.x;
-  const int kv_head = blockIdx.y;
-  const int b = blockIdx.z;
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
+// A block's query (row g of the mma tile: a head of the group or zero), as the score
+// product's A fragments, and its scale back to scores in log2 units.
+struct Query {
+  uint32_t qa[8][2];  // k-step s: dims 32t + 4s + {0, 1} and {2, 3}
+  float scale;
+};
 
-  const int64_t seq_len = p.seq_lens[b];
-  constexpr int kStep = kTile * SUB;  // keys a warp takes at a time
-  int64_t per = (seq_len + p.num_splits - 1) / p.num_splits;
-  per = (per + kStep - 1) / kStep * kStep;
-  const int64_t lo = split * per;
-  const int64_t hi = min(lo + per, seq_len);
-  const int64_t mid_row = b * p.stride_mid_b + split * p.stride_mid_s;
-
-  if (lo >= hi) {  // an empty split: no output, lse -inf (the merge weighs it 0)
-    for (int i = threadIdx.x; i < p.group * kHeadDim; i += WARPS * 32) {
-      const int h = kv_head * p.group + i / kHeadDim;
-      p.mid_o[mid_row + h * p.stride_mid_h + i % kHeadDim] = 0.f;
-      if (i % kHeadDim == 0) p.mid_l[(mid_row + h * p.stride_mid_h) / kHeadDim] = -CUDART_INF_F;
-    }
-    return;
-  }
-
-  // The query: row g (a head of the group, or zero), dims [32t, 32t + 32), as fp16 after a
-  // power-of-two shift that brings the head's max |q| to at most 2^14.
-  const bool row_valid = g < p.group;
-  const int head = kv_head * p.group + g;
+__device__ __forceinline__ Query load_query(const Params& p, int b, int kv_head, int g, int t) {
+  // Row g's dims [32t, 32t + 32), as fp16 after a power-of-two shift that brings the
+  // head's max |q| to at most 2^14.
   float qf[32];
-  if (row_valid) {
+  if (g < p.group) {
+    const int head = kv_head * p.group + g;
     const uint4* src = reinterpret_cast<const uint4*>(p.q + b * p.stride_qt +
                                                       head * p.stride_qh + 32 * t);
 #pragma unroll
@@ -230,119 +212,137 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     const float m = frexpf(amax * (1.f / 16384.f), &e);
     e_q = min(max(m == 0.5f ? e - 1 : e, -126), 126);
   }
-  const float q_shift = pow2(-e_q);
-  uint32_t qa[8][2];  // k-step s: dims 32t + 4s + {0, 1} and {2, 3}
+  const float shift = pow2(-e_q);
+  Query q;
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
-    qa[s][0] = pack_f16x2(qf[4 * s] * q_shift, qf[4 * s + 1] * q_shift);
-    qa[s][1] = pack_f16x2(qf[4 * s + 2] * q_shift, qf[4 * s + 3] * q_shift);
+    q.qa[s][0] = pack_f16x2(qf[4 * s] * shift, qf[4 * s + 1] * shift);
+    q.qa[s][1] = pack_f16x2(qf[4 * s + 2] * shift, qf[4 * s + 3] * shift);
   }
-  const float q_scale = p.scale_log2 * pow2(e_q);
+  q.scale = p.scale_log2 * pow2(e_q);
+  return q;
+}
 
-  const Block blk{p, p.req_to_token + p.req_rows[b] * p.stride_table,
-                  (int64_t)kv_head * p.stride_buf_head, lo, hi, kv_head, g, t};
+// A warp's online softmax over its keys, row g.
+struct State {
+  float acc[16][2];  // dims 32t + j (acc[j][0]) and 32t + 16 + j (acc[j][1])
+  float m, big_m, l;  // l: this thread's share (its four keys a tile), summed at the end
+};
 
-  float acc[16][2];  // dims 32t + j (acc[j][0]) and 32t + 16 + j (acc[j][1]), row g
+// One 16-key tile starting at key n0 (keys >= hi masked) into the warp's state.
+__device__ __forceinline__ void compute_tile(State& st, const TileRegs& r, const Query& q,
+                                             int64_t n0, int64_t hi, int t) {
+  float s[4] = {0.f, 0.f, 0.f, 0.f};  // keys 2t, 2t + 1, 8 + 2t, 9 + 2t
 #pragma unroll
-  for (int j = 0; j < 16; ++j) acc[j][0] = acc[j][1] = 0.f;
-  float m = -CUDART_INF_F, big_m = -CUDART_INF_F, l = 0.f;
-
-  constexpr int64_t kStride = (int64_t)WARPS * kStep;  // keys between a warp's steps
-  TileSlots next[SUB];
-  const int64_t first = lo + (int64_t)warp * kStep;
+  for (int n = 0; n < 2; ++n) {
+    const uint32_t w[8] = {r.k[n][0].x, r.k[n][0].y, r.k[n][0].z, r.k[n][0].w,
+                           r.k[n][1].x, r.k[n][1].y, r.k[n][1].z, r.k[n][1].w};
 #pragma unroll
-  for (int u = 0; u < SUB; ++u) {
-    if (first + u * kTile < hi) blk.slots(first + u * kTile, next[u]);
-  }
-  for (int64_t n_step = first; n_step < hi; n_step += kStride) {
-    TileRegs regs[SUB];
-#pragma unroll
-    for (int u = 0; u < SUB; ++u) {
-      if (n_step + u * kTile < hi) blk.load(next[u], regs[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < SUB; ++u) {  // the next step's slots, in flight while this one runs
-      if (n_step + kStride + u * kTile < hi) blk.slots(n_step + kStride + u * kTile, next[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < SUB; ++u) {
-      const int64_t n0 = n_step + u * kTile;
-      if (n0 >= hi) break;
-      const TileRegs& r = regs[u];
-      float s[4] = {0.f, 0.f, 0.f, 0.f};  // keys 2t, 2t + 1, 8 + 2t, 9 + 2t
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const uint32_t w[8] = {r.k[n][0].x, r.k[n][0].y, r.k[n][0].z, r.k[n][0].w,
-                               r.k[n][1].x, r.k[n][1].y, r.k[n][1].z, r.k[n][1].w};
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-          mma_rows8(s[2 * n], s[2 * n + 1], qa[ks][0], qa[ks][1],
-                    e4m3x2_to_f16x2(w[ks] & 0xffffu), e4m3x2_to_f16x2(w[ks] >> 16));
-        }
-      }
-      float u_v[4];  // s + e_v: the weight's log2 before the running max M
-      float tile_max = -CUDART_INF_F, tile_umax = -CUDART_INF_F;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t key = n0 + 2 * t + (i & 1) + 8 * (i >> 1);
-        s[i] = key < hi ? s[i] * pow2(r.e_k[i]) * q_scale : -CUDART_INF_F;
-        u_v[i] = s[i] + (float)r.e_v[i];
-        tile_max = fmaxf(tile_max, s[i]);
-        tile_umax = fmaxf(tile_umax, u_v[i]);
-      }
-      const float m_new = fmaxf(m, quad_max(tile_max));  // finite: key n0 is valid
-      const float big_new = fmaxf(big_m, quad_max(tile_umax));
-      const float alpha = exp2f(m - m_new);
-      const float beta = exp2f(big_m - big_new);
-      float w[4];
-      float psum = 0.f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        psum += exp2f(s[i] - m_new);
-        w[i] = exp2f(u_v[i] - big_new);
-      }
-      l = l * alpha + psum;
-      m = m_new;
-      big_m = big_new;
-      const uint32_t pa0 = pack_f16x2(w[0], w[1]);
-      const uint32_t pa2 = pack_f16x2(w[2], w[3]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // word i of each key: dims 16g + 4i + {0..3}
-        const uint32_t v0 = (&r.v[0].x)[i], v1 = (&r.v[1].x)[i];
-        const uint32_t v2 = (&r.v[2].x)[i], v3 = (&r.v[3].x)[i];
-        const uint32_t x01 = __byte_perm(v0, v1, 0x5140), y01 = __byte_perm(v0, v1, 0x7362);
-        const uint32_t x23 = __byte_perm(v2, v3, 0x5140), y23 = __byte_perm(v2, v3, 0x7362);
-        const uint32_t b0[4] = {e4m3x2_to_f16x2(x01 & 0xffffu), e4m3x2_to_f16x2(x01 >> 16),
-                                e4m3x2_to_f16x2(y01 & 0xffffu), e4m3x2_to_f16x2(y01 >> 16)};
-        const uint32_t b1[4] = {e4m3x2_to_f16x2(x23 & 0xffffu), e4m3x2_to_f16x2(x23 >> 16),
-                                e4m3x2_to_f16x2(y23 & 0xffffu), e4m3x2_to_f16x2(y23 >> 16)};
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int j = 4 * i + c;  // n-tile: column n is dim 16n + j
-          acc[j][0] *= beta;
-          acc[j][1] *= beta;
-          mma_rows8(acc[j][0], acc[j][1], pa0, pa2, b0[c], b1[c]);
-        }
-      }
+    for (int ks = 0; ks < 8; ++ks) {
+      mma_rows8(s[2 * n], s[2 * n + 1], q.qa[ks][0], q.qa[ks][1],
+                e4m3x2_to_f16x2(w[ks] & 0xffffu), e4m3x2_to_f16x2(w[ks] >> 16));
     }
   }
-  l = quad_sum(l);
+  float u_v[4];  // s + e_v: the weight's log2 before the running max M
+  float tile_max = -CUDART_INF_F, tile_umax = -CUDART_INF_F;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t key = n0 + 2 * t + (i & 1) + 8 * (i >> 1);
+    s[i] = key < hi ? s[i] * pow2(r.e_k[i]) * q.scale : -CUDART_INF_F;
+    u_v[i] = s[i] + (float)r.e_v[i];
+    tile_max = fmaxf(tile_max, s[i]);
+    tile_umax = fmaxf(tile_umax, u_v[i]);
+  }
+  const float m_new = fmaxf(st.m, quad_max(tile_max));  // finite: key n0 is valid
+  const float big_new = fmaxf(st.big_m, quad_max(tile_umax));
+  const float alpha = exp2f(st.m - m_new);
+  const float beta = exp2f(st.big_m - big_new);
+  float w[4];
+  float psum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    psum += exp2f(s[i] - m_new);
+    w[i] = exp2f(u_v[i] - big_new);
+  }
+  st.l = st.l * alpha + psum;
+  st.m = m_new;
+  st.big_m = big_new;
+  const uint32_t pa0 = pack_f16x2(w[0], w[1]);
+  const uint32_t pa2 = pack_f16x2(w[2], w[3]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // word i of each key: dims 16g + 4i + {0..3}
+    const uint32_t v0 = (&r.v[0].x)[i], v1 = (&r.v[1].x)[i];
+    const uint32_t v2 = (&r.v[2].x)[i], v3 = (&r.v[3].x)[i];
+    const uint32_t x01 = __byte_perm(v0, v1, 0x5140), y01 = __byte_perm(v0, v1, 0x7362);
+    const uint32_t x23 = __byte_perm(v2, v3, 0x5140), y23 = __byte_perm(v2, v3, 0x7362);
+    const uint32_t b0[4] = {e4m3x2_to_f16x2(x01 & 0xffffu), e4m3x2_to_f16x2(x01 >> 16),
+                            e4m3x2_to_f16x2(y01 & 0xffffu), e4m3x2_to_f16x2(y01 >> 16)};
+    const uint32_t b1[4] = {e4m3x2_to_f16x2(x23 & 0xffffu), e4m3x2_to_f16x2(x23 >> 16),
+                            e4m3x2_to_f16x2(y23 & 0xffffu), e4m3x2_to_f16x2(y23 >> 16)};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int j = 4 * i + c;  // n-tile: column n is dim 16n + j
+      st.acc[j][0] *= beta;
+      st.acc[j][1] *= beta;
+      mma_rows8(st.acc[j][0], st.acc[j][1], pa0, pa2, b0[c], b1[c]);
+    }
+  }
+}
 
-  // The block's warps combined: each warp's state through shared memory. A row's dims
-  // [32t, 32t + 32) at t * 36 floats: a quarter warp's 16-byte stores hit distinct banks.
-  __shared__ float4 s_acc[WARPS][8][4][9];
-  __shared__ float s_m[WARPS][8], s_big[WARPS][8], s_l[WARPS][8];
+// The block's keys [lo, hi) of split `split`: whole tiles of `step` keys.
+struct Range {
+  int64_t lo, hi, mid_row;
+};
+
+__device__ __forceinline__ Range split_range(const Params& p, int b, int split, int step) {
+  const int64_t seq_len = p.seq_lens[b];
+  int64_t per = (seq_len + p.num_splits - 1) / p.num_splits;
+  per = (per + step - 1) / step * step;
+  const int64_t lo = split * per;
+  return {lo, min(lo + per, seq_len), b * p.stride_mid_b + split * p.stride_mid_s};
+}
+
+// An empty split: no output, lse -inf (the merge weighs it 0).
+__device__ __forceinline__ void store_empty(const Params& p, const Range& r, int kv_head,
+                                            int threads) {
+  for (int i = threadIdx.x; i < p.group * kHeadDim; i += threads) {
+    const int h = kv_head * p.group + i / kHeadDim;
+    p.mid_o[r.mid_row + h * p.stride_mid_h + i % kHeadDim] = 0.f;
+    if (i % kHeadDim == 0) p.mid_l[(r.mid_row + h * p.stride_mid_h) / kHeadDim] = -CUDART_INF_F;
+  }
+}
+
+// The block's warps combined through shared memory (`smem`, at least
+// combine_bytes<WARPS>() bytes, free to reuse), written as the split's partial output and
+// log2-sum-exp. A row's dims [32t, 32t + 32) at t * 36 floats: a quarter warp's 16-byte
+// stores hit distinct banks.
+template <int WARPS>
+__host__ __device__ constexpr int combine_bytes() {
+  return WARPS * 8 * (4 * 9 * 16 + 3 * 4);
+}
+
+template <int WARPS>
+__device__ __forceinline__ void combine_and_store(const Params& p, const Range& r,
+                                                  State& st, int kv_head, void* smem) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  st.l = quad_sum(st.l);
+  float4(*s_acc)[8][4][9] = reinterpret_cast<float4(*)[8][4][9]>(smem);
+  float(*s_m)[8] = reinterpret_cast<float(*)[8]>(s_acc + WARPS);
+  float(*s_big)[8] = s_m + WARPS;
+  float(*s_l)[8] = s_big + WARPS;
+  __syncthreads();  // the smem may still be a tile ring being read
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    s_acc[warp][g][t][j] = make_float4(acc[4 * j][0], acc[4 * j + 1][0], acc[4 * j + 2][0],
-                                       acc[4 * j + 3][0]);
-    s_acc[warp][g][t][4 + j] = make_float4(acc[4 * j][1], acc[4 * j + 1][1],
-                                           acc[4 * j + 2][1], acc[4 * j + 3][1]);
+    s_acc[warp][g][t][j] = make_float4(st.acc[4 * j][0], st.acc[4 * j + 1][0],
+                                       st.acc[4 * j + 2][0], st.acc[4 * j + 3][0]);
+    s_acc[warp][g][t][4 + j] = make_float4(st.acc[4 * j][1], st.acc[4 * j + 1][1],
+                                           st.acc[4 * j + 2][1], st.acc[4 * j + 3][1]);
   }
   if (t == 0) {
-    s_m[warp][g] = m;
-    s_big[warp][g] = big_m;
-    s_l[warp][g] = l;
+    s_m[warp][g] = st.m;
+    s_big[warp][g] = st.big_m;
+    s_l[warp][g] = st.l;
   }
   __syncthreads();
   for (int i = threadIdx.x; i < p.group * kHeadDim; i += WARPS * 32) {
@@ -358,10 +358,174 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
         num += (&s_acc[w][row][d / 32][0].x)[d % 32] * exp2f(s_big[w][row] - m_all);
       }
     }
-    const int64_t o = mid_row + (int64_t)(kv_head * p.group + row) * p.stride_mid_h;
+    const int64_t o = r.mid_row + (int64_t)(kv_head * p.group + row) * p.stride_mid_h;
     p.mid_o[o + d] = num / den;
     if (d == 0) p.mid_l[o / kHeadDim] = m_all + log2f(den);
   }
+}
+
+__device__ __forceinline__ void init_state(State& st) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) st.acc[j][0] = st.acc[j][1] = 0.f;
+  st.m = st.big_m = -CUDART_INF_F;
+  st.l = 0.f;
+}
+
+// Tiles into registers: a warp loads SUB tiles, then computes them; each tile's slots
+// come a step ahead.
+template <int WARPS, int SUB, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
+    decode_fp8_split(const Params p) {
+  const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  constexpr int kStep = kTile * SUB;  // keys a warp takes at a time
+  const Range r = split_range(p, b, split, kStep);
+  __shared__ __align__(16) unsigned char smem[combine_bytes<WARPS>()];
+  if (r.lo >= r.hi) {
+    store_empty(p, r, kv_head, WARPS * 32);
+    return;
+  }
+  const Query q = load_query(p, b, kv_head, g, t);
+  const Block blk{p, p.req_to_token + p.req_rows[b] * p.stride_table,
+                  (int64_t)kv_head * p.stride_buf_head, r.lo, r.hi, kv_head, g, t};
+  State st;
+  init_state(st);
+  constexpr int64_t kStride = (int64_t)WARPS * kStep;  // keys between a warp's steps
+  TileSlots next[SUB];
+  const int64_t first = r.lo + (int64_t)warp * kStep;
+#pragma unroll
+  for (int u = 0; u < SUB; ++u) {
+    if (first + u * kTile < r.hi) blk.slots(first + u * kTile, next[u]);
+  }
+  for (int64_t n_step = first; n_step < r.hi; n_step += kStride) {
+    TileRegs regs[SUB];
+#pragma unroll
+    for (int u = 0; u < SUB; ++u) {
+      if (n_step + u * kTile < r.hi) blk.load(next[u], regs[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < SUB; ++u) {  // the next step's slots, in flight while this one runs
+      if (n_step + kStride + u * kTile < r.hi) blk.slots(n_step + kStride + u * kTile, next[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < SUB; ++u) {
+      if (n_step + u * kTile < r.hi) compute_tile(st, regs[u], q, n_step + u * kTile, r.hi, t);
+    }
+  }
+  combine_and_store<WARPS>(p, r, st, kv_head, smem);
+}
+
+// The asynchronous copies: 16 bytes (a key's or a value's chunk) or 4 (an exponent's
+// aligned word), global -> this thread's own shared-memory slice.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// One warp's tile in the ring: chunk c of lane l at [c][l] (a warp's 16-byte reads of one
+// chunk are consecutive: no bank conflicts). Chunks 0-3: the two keys' 32 bytes; 4-7: the
+// four values' 16 bytes. Then each key's exponent words (k for the four keys, then v),
+// the aligned 4 bytes that hold the KV head's byte.
+struct AsyncTile {
+  uint4 chunk[8][32];
+  uint32_t exp_words[8][32];
+};
+
+// Tiles through a shared-memory ring of STAGES per warp: STAGES - 1 tiles in flight while
+// one is computed. Needs exponent rows of whole aligned words (num_kv_heads % 4 == 0).
+template <int WARPS, int STAGES>
+__global__ void __launch_bounds__(WARPS * 32)
+    decode_fp8_split_async(const Params p) {
+  const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const Range r = split_range(p, b, split, kTile);
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (r.lo >= r.hi) {
+    store_empty(p, r, kv_head, WARPS * 32);
+    return;
+  }
+  AsyncTile* ring = reinterpret_cast<AsyncTile*>(smem) + warp * STAGES;
+  const Query q = load_query(p, b, kv_head, g, t);
+  const Block blk{p, p.req_to_token + p.req_rows[b] * p.stride_table,
+                  (int64_t)kv_head * p.stride_buf_head, r.lo, r.hi, kv_head, g, t};
+  const int exp_byte = kv_head & 3;
+  const int64_t exp_off = kv_head & ~3;
+
+  // This warp's tiles: lo + (warp + i WARPS) 16, i = 0 .. n_tiles - 1.
+  const int64_t first = r.lo + (int64_t)warp * kTile;
+  constexpr int64_t kStride = (int64_t)WARPS * kTile;
+  const int n_tiles = first < r.hi ? (int)((r.hi - first + kStride - 1) / kStride) : 0;
+
+  auto issue = [&](const TileSlots& sl, AsyncTile& dst) {
+    const uint8_t* kb = p.k + blk.head_off + 32 * t;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const uint8_t* src = kb + (int64_t)sl.s[n] * p.stride_buf_slot;
+      cp_async16(&dst.chunk[2 * n][lane], src);
+      cp_async16(&dst.chunk[2 * n + 1][lane], src + 16);
+    }
+    const uint8_t* vb = p.v + blk.head_off + 16 * g;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t slot = sl.s[2 + i];
+      cp_async16(&dst.chunk[4 + i][lane], vb + slot * p.stride_buf_slot);
+      const int64_t e = slot * p.stride_scale_slot + exp_off;
+      cp_async4(&dst.exp_words[i][lane], p.k_exp + e);
+      cp_async4(&dst.exp_words[4 + i][lane], p.v_exp + e);
+    }
+  };
+
+  TileSlots next;
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {  // the ring's first tiles
+    if (i < n_tiles) {
+      blk.slots(first + i * kStride, next);
+      issue(next, ring[i]);
+    }
+    cp_async_commit();
+  }
+  if (STAGES - 1 < n_tiles) blk.slots(first + (STAGES - 1) * kStride, next);
+
+  State st;
+  init_state(st);
+  for (int i = 0; i < n_tiles; ++i) {
+    const int ahead = i + STAGES - 1;  // into the stage tile i - 1 left
+    if (ahead < n_tiles) {
+      issue(next, ring[ahead % STAGES]);
+      if (ahead + 1 < n_tiles) blk.slots(first + (int64_t)(ahead + 1) * kStride, next);
+    }
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();  // tile i's group is complete
+    const AsyncTile& src = ring[i % STAGES];
+    TileRegs regs;
+    regs.k[0][0] = src.chunk[0][lane];
+    regs.k[0][1] = src.chunk[1][lane];
+    regs.k[1][0] = src.chunk[2][lane];
+    regs.k[1][1] = src.chunk[3][lane];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      regs.v[j] = src.chunk[4 + j][lane];
+      regs.e_k[j] = (int8_t)(src.exp_words[j][lane] >> (8 * exp_byte));
+      regs.e_v[j] = (int8_t)(src.exp_words[4 + j][lane] >> (8 * exp_byte));
+    }
+    compute_tile(st, regs, q, first + (int64_t)i * kStride, r.hi, t);
+  }
+  cp_async_wait<0>();
+  combine_and_store<WARPS>(p, r, st, kv_head, smem);
 }
 
 template <int WARPS, int SUB, int MIN_BLOCKS>
@@ -371,21 +535,45 @@ cudaError_t launch(const Params& p, int batch, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <int WARPS, int STAGES>
+__host__ __device__ constexpr int async_smem_bytes() {
+  return WARPS * STAGES * (int)sizeof(AsyncTile) > combine_bytes<WARPS>()
+             ? WARPS * STAGES * (int)sizeof(AsyncTile)
+             : combine_bytes<WARPS>();
+}
+
+template <int WARPS, int STAGES>
+cudaError_t launch_async(const Params& p, int batch, cudaStream_t stream) {
+  constexpr int bytes = async_smem_bytes<WARPS, STAGES>();
+  static bool raised = false;  // more than 48 KiB of dynamic shared memory: opted in once
+  if (!raised) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        decode_fp8_split_async<WARPS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        bytes);
+    if (e != cudaSuccess) return e;
+    raised = true;
+  }
+  const dim3 grid(p.num_splits, p.num_kv_heads, batch);
+  decode_fp8_split_async<WARPS, STAGES><<<grid, WARPS * 32, bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
-// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block, `sub`
-// 16-key tiles a warp loads at a time, `min_blocks` resident blocks an SM is compiled for
-// (0: no register cap). Returns a cudaError_t; cudaErrorInvalidValue for a launch that is
-// not compiled.
+// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block; `sub` > 0:
+// tiles into registers, `sub` 16-key tiles a warp loads at a time, `min_blocks` resident
+// blocks an SM is compiled for (0: no register cap); `sub` == 0: through the shared ring
+// of `stages` tiles a warp (`min_blocks` then names the stages). Returns a cudaError_t;
+// cudaErrorInvalidValue for a launch that is not compiled.
 extern "C" int radixmesh_decode_fp8_split(const Params* p, int batch, int warps, int sub,
                                           int min_blocks, int64_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   if (warps == 4 && sub == 1 && min_blocks == 0) return launch<4, 1, 0>(*p, batch, s);
-  if (warps == 4 && sub == 1 && min_blocks == 4) return launch<4, 1, 4>(*p, batch, s);
-  if (warps == 4 && sub == 2 && min_blocks == 0) return launch<4, 2, 0>(*p, batch, s);
-  if (warps == 4 && sub == 2 && min_blocks == 3) return launch<4, 2, 3>(*p, batch, s);
   if (warps == 2 && sub == 1 && min_blocks == 8) return launch<2, 1, 8>(*p, batch, s);
-  if (warps == 8 && sub == 1 && min_blocks == 2) return launch<8, 1, 2>(*p, batch, s);
+  if (warps == 4 && sub == 0 && min_blocks == 3) return launch_async<4, 3>(*p, batch, s);
+  if (warps == 4 && sub == 0 && min_blocks == 4) return launch_async<4, 4>(*p, batch, s);
+  if (warps == 2 && sub == 0 && min_blocks == 4) return launch_async<2, 4>(*p, batch, s);
+  if (warps == 8 && sub == 0 && min_blocks == 3) return launch_async<8, 3>(*p, batch, s);
   return cudaErrorInvalidValue;
 }
 
