@@ -313,8 +313,9 @@ class _ChunkEvents:
         g = self.gen
         self.usage.add(index, chunk)
         reason = finish_reason(chunk)
-        # With continuous usage every chunk that brings tokens goes out, text or not.
-        counts = g.continuous_usage and bool(chunk.token_ids)
+        # With continuous usage or logprobs every chunk that brings tokens goes out, text
+        # or not (a token of a character's first bytes has no text yet, but its logprob).
+        counts = (g.continuous_usage or g.top_logprobs is not None) and bool(chunk.token_ids)
         if not chunk.text and reason is None and not counts:
             return []
         if self.plain:

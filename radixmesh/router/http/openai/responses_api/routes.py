@@ -73,6 +73,7 @@ class ResponsesRoutes:
         if store is None:
             store = _default_store(frontend)
         self.store = store
+        self._puts: set[asyncio.Future[bool]] = set()  # stores under way (`_store`)
 
     def register(self, app: web.Application) -> None:
         app.router.add_post(PATH, self.create)
@@ -123,8 +124,18 @@ class ResponsesRoutes:
                 )
         if req.store is not False and reply.status in ("completed", "incomplete"):
             inputs = listed(req.input, (item["id"] for item in history))
-            await self.store.put(caller, StoredResponse(reply.response(), (*history, *inputs)))
+            entry = StoredResponse(reply.response(), (*history, *inputs))
+            await self._store(caller, entry)
         return resp
+
+    async def _store(self, caller: str, entry: StoredResponse) -> None:
+        """Keep `entry`, even when the handler is cancelled meanwhile (a client that leaves
+        once it has a stream's last event, before the stream's end: the app cancels the
+        handler of a disconnected client)."""
+        task = asyncio.ensure_future(self.store.put(caller, entry))
+        self._puts.add(task)
+        task.add_done_callback(self._puts.discard)
+        await asyncio.shield(task)
 
     async def input_tokens(self, request: web.Request) -> web.Response:
         tok, info = self.frontend.ready()
