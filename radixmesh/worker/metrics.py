@@ -12,7 +12,7 @@ conventions (`radixmesh_` prefix, base units, `_total` counters); every series c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import (
@@ -145,6 +145,46 @@ class _StatsCollector(Collector):
         return hist
 
 
+class HeldCounts(Protocol):
+    """What the metrics read of the worker's resumable requests (resumable.HeldRequests)."""
+
+    @property
+    def waiting(self) -> int: ...
+
+    resumes: int
+    expired: int
+
+
+class _HeldCollector(Collector):
+    """Resumable requests (worker/resumable.py), read at scrape time."""
+
+    def __init__(self, held: HeldCounts, model_name: str) -> None:
+        self.held = held
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        held = self.held
+        gauge = GaugeMetricFamily(
+            "radixmesh_resumable_streams_held",
+            "Resumable requests whose caller went away, held for a resume (still "
+            "generating or finished) until the grace period passes.",
+            labels=[MODEL_LABEL],
+        )
+        gauge.add_metric([self.model_name], held.waiting)
+        yield gauge
+        for name, doc, value in (
+            ("radixmesh_resumable_stream_resumes",
+             "Calls that resumed a held request (a client reconnected through a router).",
+             held.resumes),
+            ("radixmesh_resumable_stream_expiries",
+             "Held requests aborted unfinished because nobody resumed them: the grace "
+             "period passed, or the bytes bound dropped them first.", held.expired),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(name, doc, labels=[MODEL_LABEL])
+            counter.add_metric([self.model_name], value)
+            yield counter
+
+
 class WorkerMetrics:
     """One registry per worker (tests run several in one process)."""
 
@@ -152,6 +192,7 @@ class WorkerMetrics:
         self, read_stats: Callable[[], SchedulerStats | None], model_name: str = ""
     ) -> None:
         self.registry = CollectorRegistry()
+        self.model_name = model_name
         self.registry.register(_StatsCollector(read_stats, model_name))
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
@@ -203,6 +244,10 @@ class WorkerMetrics:
             registry=self.registry,
         )
         self.finished = {r: success.labels(model_name, r) for r in FINISH_REASONS}
+
+    def watch_held(self, held: HeldCounts) -> None:
+        """Export the resumable requests' gauge and counters (read at scrape time)."""
+        self.registry.register(_HeldCollector(held, self.model_name))
 
     def observe_finished(self, meta: MetaInfo) -> None:
         """A request's final MetaInfo: its phases, lengths and finish reason."""

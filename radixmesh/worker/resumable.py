@@ -153,6 +153,7 @@ class HeldRequests:
         self.generating = 0  # requests of these logs the engine still runs
         self._counted: set[str] = set()  # their ids
         self.expired = 0  # requests aborted because no caller came back in time
+        self.resumes = 0  # calls that followed a held request again (`attach`)
         self._idle: OrderedDict[str, OutputLog] = OrderedDict()  # no follower, oldest first
         self._idle_bytes = 0  # their bytes (as of when each became idle; resynced by sweeps)
         self._sweeper: asyncio.Task[None] | None = None
@@ -187,6 +188,7 @@ class HeldRequests:
         if self._idle.pop(rid, None) is not None:
             self._idle_bytes -= log.nbytes
         log.followers += 1
+        self.resumes += 1
         return log
 
     def detach(self, log: OutputLog) -> None:
@@ -208,6 +210,12 @@ class HeldRequests:
         self._abort(rid)
         self._release(log)
         return True
+
+    @property
+    def waiting(self) -> int:
+        """Held requests no call follows (generating or finished): those a resume may
+        still take, until the grace passes."""
+        return len(self._idle)
 
     @property
     def unfinished(self) -> int:

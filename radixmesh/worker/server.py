@@ -140,6 +140,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.scoring = 0  # continuations of Score calls in flight (each one request)
         # Resumable requests, held for a resume when their caller went away.
         self.held = HeldRequests(config.resume, self._abort_in_engine)
+        self.metrics.watch_held(self.held)
         self.max_in_flight = config.max_in_flight or 0
         self._load_samples: collections.deque[tuple[float, int]] = collections.deque()
         # The Responses API's stored entries that router replicas put here (any replica

@@ -1,6 +1,6 @@
 """HeldRequests / OutputLog (worker/resumable.py): following a request's log from an
 offset, owners, the grace period and the bytes bound, with scripted outputs and explicit
-clock values (no engine, no timing)."""
+clock values (no engine, no timing), and the metrics that count them."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from radixmesh.errors import InvalidArgument, NotFound
+from radixmesh.worker.metrics import WorkerMetrics
 from radixmesh.worker.request_output import Finish, MetaInfo, RequestOutput
 from radixmesh.worker.resumable import HeldRequests, ResumeConfig
 
@@ -152,6 +153,40 @@ def test_an_aborted_request_stops_counting_at_once_and_once() -> None:
         assert held.abort("r") is False
         assert (aborts.rids, held.generating) == (["r"], 1)
         other.cancel()
+        held.close()
+
+    asyncio.run(run())
+
+
+def test_metrics_count_held_streams_resumes_and_expiries() -> None:
+    async def run() -> None:
+        held = HeldRequests(ResumeConfig(grace=10.0), Aborts())
+        metrics = WorkerMetrics(lambda: None, "m")
+        metrics.watch_held(held)
+
+        def value(name: str) -> float | None:
+            return metrics.registry.get_sample_value(name, {"model_name": "m"})
+
+        def values() -> tuple[float | None, ...]:
+            return (
+                value("radixmesh_resumable_streams_held"),
+                value("radixmesh_resumable_stream_resumes_total"),
+                value("radixmesh_resumable_stream_expiries_total"),
+            )
+
+        scripts = {rid: Script() for rid in ("resumed", "left", "done")}
+        logs = {rid: held.start(rid, "", s.outputs()) for rid, s in scripts.items()}
+        assert values() == (0.0, 0.0, 0.0)  # followed by their first calls
+        await scripts["done"].feed(out("done", [1], 1, finished=True))
+        for log in logs.values():
+            held.detach(log)  # every caller's router died
+        assert values() == (3.0, 0.0, 0.0)
+        again = held.attach("resumed", "")
+        assert values() == (2.0, 1.0, 0.0)
+        held.sweep(logs["left"].idle_since + 11.0)  # nobody came back for the other two
+        assert values() == (0.0, 1.0, 1.0)  # the finished one is dropped, not an expiry
+        held.detach(again)
+        assert values() == (1.0, 1.0, 1.0)
         held.close()
 
     asyncio.run(run())
