@@ -5,7 +5,10 @@ so far (its offset). When the call then breaks because the server went away
 (UNAVAILABLE, or a CANCELLED the server side made), the client asks any router to
 `Resume` from that offset: the worker holding the request sends what came after, so the
 caller sees every token once. A stream no worker holds any more (its worker died, or the
-grace passed) raises Unavailable naming both; `resume` by hand, NotFound.
+grace passed) raises Unavailable naming both; `resume` by hand, NotFound. A stream that
+is not resumed (the client's `max_retries` or deadline spent) raises Unavailable naming
+its stream id and offset, for a `resume` by hand; a router killed mid-stream reaches the
+client as a transport error (the process could send no status), never raised as such.
 """
 
 from __future__ import annotations
@@ -73,7 +76,19 @@ class ResumableStream:
     def error(self, e: grpc.RpcError) -> RadixMeshError:
         """The error to raise for a failed call. A stream that broke and then could not be
         resumed (its worker died, or the grace passed) raises Unavailable, as a broken
-        stream did before it could resume, saying both."""
+        stream did before it could resume, saying both; one whose router went away and
+        that was not resumed (no retry left, or the deadline) raises Unavailable saying
+        where to resume it, never the transport's error."""
+        if self.resume_at is not None and convert.server_went_away(e) and _resumable_failure(e):
+            stream_id, offset = self.resume_at
+            cut = Unavailable(
+                f"the stream {stream_id!r} broke after {offset} tokens: its router went "
+                f"away ({e.details() or e.code().name}), and no retry or time was left to "
+                f"resume it; resume({stream_id!r}, {offset}) continues it while its worker "
+                "holds it (the worker's grace period)"
+            )
+            cut.grpc_status = "UNAVAILABLE"
+            return cut
         error = convert.error_from_rpc(e)
         if isinstance(error, NotFound) and self._broke is not None and self.resume_at:
             stream_id, offset = self.resume_at

@@ -128,6 +128,46 @@ def test_a_broken_stream_no_worker_holds_is_unavailable(
         list(again.resume(STREAM, 2))  # by hand: what the router said
 
 
+CUT = (
+    f"the stream {STREAM!r} broke after 2 tokens: its router went away (the router is "
+    f"gone), and no retry or time was left to resume it; resume({STREAM!r}, 2) continues "
+    "it while its worker holds it (the worker's grace period)"
+)
+
+
+def test_a_stream_not_resumed_raises_unavailable_naming_where_to_resume(
+    router: tuple[str, ScriptedRouter],
+) -> None:
+    address, servicer = router
+    got: list[Chunk] = []
+    client = Client(address, service="router", timeout=10, max_retries=0)
+    with client, pytest.raises(Unavailable) as e:
+        for chunk in client.generate("hi", request_id="mine", stream=True):
+            got.append(chunk)
+    assert str(e.value) == CUT and e.value.grpc_status == "UNAVAILABLE"
+    assert e.value.__cause__ is None and e.value.__suppress_context__  # not the transport's
+    assert servicer.resumes == []
+    with Client(address, service="router", timeout=10) as again:
+        got += list(again.resume(STREAM, got[-1].offset))  # by hand, where it said
+    assert [t for c in got for t in c.token_ids] == TOKENS
+
+
+def test_the_async_client_not_resuming_raises_the_same(
+    router: tuple[str, ScriptedRouter],
+) -> None:
+    address, _ = router
+
+    async def run() -> None:
+        async with AsyncClient(address, service="router", timeout=10, max_retries=0) as client:
+            stream = await client.generate("hi", request_id="mine", stream=True)
+            with pytest.raises(Unavailable) as e:
+                async for _ in stream:
+                    pass
+            assert str(e.value) == CUT
+
+    asyncio.run(run())
+
+
 def test_a_stream_whose_worker_died_is_not_resumed(router: tuple[str, ScriptedRouter]) -> None:
     address, servicer = router
     servicer.worker_died = True

@@ -19,14 +19,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import grpc
 import openai
 import pydantic
 import pytest
 from anthropic.types import RawMessageStreamEvent
 from openai.types.responses import ResponseStreamEvent
 
+from radixmesh.client import Chunk, Client
 from radixmesh.cluster.launch import LocalCluster
+from radixmesh.errors import Unavailable
+from radixmesh.v1 import router_pb2, router_pb2_grpc
 from tests.cluster.test_resumable_streams import (  # noqa: F401 (the fixture)
+    PARAMS,
+    PROMPTS,
     _both_replicas,
     _idle_worker,
     _pid_of,
@@ -40,6 +46,17 @@ KEY = "unused"  # the cluster has no keys: a caller is known by its key all the 
 MAX_TOKENS = 512  # long enough that the stream is still generating when its router dies
 
 Event = tuple[str | None, str | None, str]  # (id, event name, data)
+
+
+def _both_up(cluster: LocalCluster) -> None:
+    """Both replicas serve (a killed one restarted), asked again while a connection
+    reaches the killed replica's socket before the kernel has closed it."""
+    for _ in range(100):
+        try:
+            return _both_replicas(cluster)
+        except grpc.RpcError:
+            time.sleep(0.1)
+    raise AssertionError("the replicas did not come back")
 
 
 def _port(cluster: LocalCluster) -> int:
@@ -104,7 +121,7 @@ def _events(resp: http.client.HTTPResponse, until: int | None = None) -> list[Ev
 def _cut_and_resume(cluster: LocalCluster, path: str, body: dict[str, Any]) -> list[Event]:
     """A stream whose replica is SIGKILLed after its first events, resumed: every event
     the client got, in order."""
-    _both_replicas(cluster)
+    _both_up(cluster)
     port = _port(cluster)
     conn, resp = _post(port, path, body)
     assert resp.status == 200, resp.read()
@@ -135,7 +152,7 @@ def test_an_anthropic_stream_resumes_after_its_last_event(
     cluster: LocalCluster, clients: tuple[anthropic.Anthropic, openai.OpenAI]
 ) -> None:
     claude, _ = clients
-    _both_replicas(cluster)
+    _both_up(cluster)
     messages: Any = [{"role": "user", "content": "Tell me a long story about routers."}]
     body: dict[str, Any] = {"model": MODEL, "max_tokens": MAX_TOKENS, "messages": messages}
     greedy = {"temperature": 0}  # Anthropic's newer clients no longer declare it
@@ -165,7 +182,7 @@ def test_a_responses_stream_resumes_and_is_stored_by_the_replica_that_ends_it(
     cluster: LocalCluster, clients: tuple[anthropic.Anthropic, openai.OpenAI]
 ) -> None:
     _, gpt = clients
-    _both_replicas(cluster)
+    _both_up(cluster)
     body: dict[str, Any] = {
         "model": MODEL,
         "input": "Tell me a long story about replicas.",
@@ -213,7 +230,7 @@ def test_a_chat_stream_with_logprobs_resumes(
     cluster: LocalCluster, clients: tuple[anthropic.Anthropic, openai.OpenAI]
 ) -> None:
     _, gpt = clients
-    _both_replicas(cluster)
+    _both_up(cluster)
     messages: Any = [{"role": "user", "content": "Count the replicas."}]
     body: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": MAX_TOKENS}
     body["temperature"] = 0
@@ -259,3 +276,37 @@ def test_streams_that_cannot_resume_refuse_a_last_event_id(
     assert resp.status == 400, reply
     assert "Last-Event-ID" in json.dumps(reply)
     assert "resumes" in json.dumps(reply)
+
+
+def test_an_sdk_stream_not_resumed_raises_unavailable_saying_where_to_resume(
+    cluster: LocalCluster,
+) -> None:
+    """A client that may not retry (max_retries=0) sees its router's SIGKILL as the SDK's
+    Unavailable naming the stream and offset, not as the transport's error; a resume by
+    hand from there ends the text as an uninterrupted run does."""
+    _both_up(cluster)
+    with Client(cluster.address, timeout=60) as client:
+        whole = client.generate(input_ids=PROMPTS[2], sampling_params=PARAMS)
+    got: list[Chunk] = []
+    client = Client(cluster.address, timeout=60, max_retries=0)
+    try:
+        (channel,) = client._channels.channels()
+        status = router_pb2_grpc.RouterStub(channel).ClusterStatus(
+            router_pb2.ClusterStatusRequest(), timeout=10
+        )
+        with pytest.raises(Unavailable) as e:
+            for chunk in client.generate(input_ids=PROMPTS[2], sampling_params=PARAMS, stream=True):
+                got.append(chunk)
+                if len(got) == 3:
+                    os.kill(_pid_of(status.router_id), signal.SIGKILL)
+    finally:
+        client.close()
+    assert not isinstance(e.value, grpc.RpcError)
+    stream_id, offset = got[-1].stream_id, got[-1].offset
+    assert f"the stream {stream_id!r} broke after {offset} tokens" in str(e.value)
+    assert f"resume({stream_id!r}, {offset})" in str(e.value)
+    with Client(cluster.address, timeout=60) as again:  # retries until a replica takes it
+        got += list(again.resume(stream_id, offset))
+    assert "".join(c.text for c in got) == whole.text
+    assert [t for c in got for t in c.token_ids] == whole.token_ids
+    assert _idle_worker(cluster).kv_tokens_used == 0
