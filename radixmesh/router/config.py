@@ -70,6 +70,10 @@ class RouterConfig:
     """Hot prefixes: the most homes one prefix gets."""
     hot_prefix_key_blocks: int = 4
     """Hot prefixes: prompts sharing their first this many blocks are one prefix."""
+    hot_prefix_new_home_prefill: float = 0.5
+    """Hot prefixes: a worker that is not one of a hot prefix's homes counts as prefilling
+    this share of the prompt it lacks (a copy's prefill serves the requests after it too;
+    1.0: as cache_aware counts it)."""
     health_interval: float = 1.0
     """Seconds between GetLoad polls of each worker."""
     health_timeout: float = 2.0
@@ -216,6 +220,7 @@ class RouterConfig:
             shrink_utilization=self.hot_prefix_shrink_utilization,
             max_homes=self.hot_prefix_max_homes,
             key_blocks=self.hot_prefix_key_blocks,
+            new_home_prefill=self.hot_prefix_new_home_prefill,
         )
 
     @property

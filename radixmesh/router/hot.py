@@ -1,11 +1,12 @@
 """Hot prefixes: a prefix whose requests outrun one worker is placed on several.
 
 cache_aware keeps a prefix's requests on the worker caching it until that worker's queue
-costs more than prefilling the prefix elsewhere. For a prefix that brings most of the
-traffic that is a long queue on one worker: every request waits behind its group before
-one spills. `HotPrefixes` notices such a prefix and gives it a set of home workers
-(Preble's replication of hot prefixes): the prefix's requests go to the least loaded of
-its homes, each home caching it after its first request there.
+costs more than prefilling the whole prefix elsewhere: the right trade for one request,
+but for a prefix that brings most of the traffic a copy's prefill serves many requests,
+and with a long prefix the holder's queue grows past its batch (decode-bound waiting)
+before one spills. `HotPrefixes` notices such a prefix and gives it a set of home workers
+(Preble's replication of hot prefixes): its requests go to the cheapest of its homes, or
+to a new one where a copy would be cheaper.
 
 The rule (docs/router-sim.md, "Hot prefixes"):
 
@@ -13,12 +14,16 @@ The rule (docs/router-sim.md, "Hot prefixes"):
   shorter): prompts sharing their first `key_blocks` blocks share a prefix.
 - Its load is its requests over the last `window_s` seconds, per second.
 - A worker's capacity is measured, not configured: the most requests any one worker
-  finished in one window, per second, over the run (a worker holding a hot prefix runs
-  saturated, so this is what a saturated worker serves).
-- A prefix wants ceil(load / (utilization x capacity)) homes, at most `max_homes`; it
-  gains one home per request while it wants more, and loses its last-added home when its
-  load would fit one home fewer at `shrink_utilization` (lower than `utilization`: a
-  prefix at the boundary does not flap). With one home left it is no longer hot.
+  finished in one window, per second, over the run.
+- A prefix is hot once its load passes `utilization` x capacity (one worker would run it
+  full); cache_aware's pick at that moment is its first home.
+- A hot prefix's request goes where cache_aware's cost is least when each home counts as
+  caching the whole prompt and every other worker as prefilling `new_home_prefill` of
+  what it lacks (the copy's prefill, shared with the requests that follow it there);
+  a worker so chosen that is not a home becomes one (at most `max_homes`).
+- A hot prefix loses its last-added home when its load would fit one home fewer at
+  `shrink_utilization` x capacity each (lower than `utilization`: a prefix at the boundary
+  does not flap); with one home, it is no longer hot once its load is below that share.
 
 Pure bookkeeping on a caller-given clock: the router calls it from its one event loop,
 the simulator on simulated time. `place` is the routing step both run on top of
@@ -28,7 +33,6 @@ simulator's decisions.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +48,9 @@ class HotPrefixConfig:
     shrink_utilization: float = 0.5  # ... and a home is dropped when the rest stay below it
     max_homes: int = 8
     key_blocks: int = 4  # a prefix: the prompt's block hash at this depth
+    # A non-home worker's prefill for a hot prefix's request, as a share of what it lacks
+    # (1.0: what cache_aware alone counts; a copy serves the requests after it too).
+    new_home_prefill: float = 0.5
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
@@ -58,6 +65,10 @@ class HotPrefixConfig:
             raise InvalidArgument("max_homes", f"must be >= 1, got {self.max_homes}")
         if self.key_blocks < 1:
             raise InvalidArgument("key_blocks", f"must be >= 1, got {self.key_blocks}")
+        if not 0 <= self.new_home_prefill <= 1:
+            raise InvalidArgument(
+                "new_home_prefill", f"must be in [0, 1], got {self.new_home_prefill}"
+            )
 
 
 @dataclass
@@ -106,47 +117,43 @@ class HotPrefixes:
         """The prefix's homes if it is hot now, else []."""
         return self._homes.get(key, [])
 
-    def arrived(self, key: int, now: float, holder: str) -> tuple[list[str], bool]:
+    def arrived(self, key: int, now: float, holder: str) -> list[str]:
         """A request for `key` arrived; `holder`: where cache_aware alone would send it.
-        Returns the prefix's homes ([]: not hot, route as usual) and whether one more
-        home is wanted (the caller adds it with `add_home`: the worker it picks)."""
+        Returns the prefix's homes ([]: not hot, route as usual)."""
         times = self._arrivals.setdefault(key, deque())
         times.append(now)
         self._trim(times, now)
         if now - self._swept >= self.config.window_s / 4:
             self._sweep(now, key)
         if not self.capacity_rps:
-            return [], False  # no worker has been measured yet
-        c = self.config
-        load = len(times) / c.window_s
-        homes = self._homes.get(key)
-        want = min(c.max_homes, math.ceil(load / (c.utilization * self.capacity_rps)))
-        if homes is None:
-            if want < 2:
-                if len(times) == 1 and len(self._arrivals) > 4096:
-                    self._forget_cold(now)
-                return [], False
-            homes = self._homes[key] = [holder]
-            self.stats.hot += 1
-            self.stats.homes += 1
-        if want > len(homes):
-            return homes, True
-        return self._shrink(key, load), False
+            return []  # no worker has been measured yet
+        load = len(times) / self.config.window_s
+        if key in self._homes:
+            return self._shrink(key, load)
+        if load <= self.config.utilization * self.capacity_rps:
+            if len(times) == 1 and len(self._arrivals) > 4096:
+                self._forget_cold(now)
+            return []
+        self._homes[key] = [holder]
+        return self._homes[key]
 
     def _shrink(self, key: int, load: float) -> list[str]:
-        """Drop the prefix's last-added home if its load fits one home fewer; its homes
+        """Drop the prefix's last-added home if its load fits one home fewer (with one
+        home: if it fits that home at the lower share, the prefix is not hot); its homes
         after ([] once it is not hot)."""
         homes = self._homes[key]
         n = len(homes)
-        if load < (n - 1) * self.config.shrink_utilization * self.capacity_rps:
+        if load < max(n - 1, 1) * self.config.shrink_utilization * self.capacity_rps:
+            if n == 1:
+                del self._homes[key]
+                return []
             homes.pop()
             self.stats.dereplications += 1
-            self.stats.homes -= 1
-            if n - 1 == 1:
+            if n == 2:
                 del self._homes[key]
-                self.stats.hot -= 1
-                self.stats.homes -= 1
+                self._count()
                 return []
+            self._count()
         return homes
 
     def _sweep(self, now: float, skip: int) -> None:
@@ -161,7 +168,7 @@ class HotPrefixes:
         if worker_id not in homes:
             homes.append(worker_id)
             self.stats.replications += 1
-            self.stats.homes += 1
+            self._count()
 
     def forget_worker(self, worker_id: str) -> None:
         """A worker left the pool: it is no prefix's home."""
@@ -170,11 +177,14 @@ class HotPrefixes:
             homes = self._homes[key]
             if worker_id in homes:
                 homes.remove(worker_id)
-                self.stats.homes -= 1
                 if len(homes) < 2:
-                    self.stats.homes -= len(homes)
-                    self.stats.hot -= 1
                     del self._homes[key]
+        self._count()
+
+    def _count(self) -> None:
+        """The gauges: prefixes placed on more than one home, and those homes."""
+        placed = [len(h) for h in self._homes.values() if len(h) > 1]
+        self.stats.hot, self.stats.homes = len(placed), sum(placed)
 
     def _trim(self, times: deque[float], now: float) -> None:
         horizon = now - self.config.window_s
@@ -200,31 +210,30 @@ def place(
     chosen: str,
 ) -> str:
     """The worker for a request of prefix `key`, given `chosen`, the policy's own pick over
-    `candidates`. A prefix that is not hot keeps `chosen`. A hot one that wants another
-    home gets the worker the policy picks among its non-homes; otherwise its request goes
-    to the cheapest of its homes, each counted as caching the whole prompt (so the
-    choice among them is by load). Where no candidate is left that way (the homes down
-    or excluded), `chosen` stands: the rule never makes a request unroutable."""
-    homes, grow = hot.arrived(key, now, chosen)
+    `candidates`. A prefix that is not hot keeps `chosen`. A hot one's request goes to the
+    policy's pick over `candidates` with each home counted as caching the whole prompt and
+    each other worker as prefilling `new_home_prefill` of what it lacks (none once the
+    prefix has `max_homes`); a non-home so picked becomes a home. Where no candidate is
+    left that way, `chosen` stands: the rule never makes a request unroutable."""
+    homes = hot.arrived(key, now, chosen)
     if not homes:
         return chosen
     members = set(homes)
-    if grow:
-        others = [c._replace(healthy=False) if c.worker_id in members else c for c in candidates]
-        try:
-            wid = policy.choose(prompt_tokens, others)
-        except Unavailable:
-            pass  # no other worker can take it: stay on the homes
-        else:
-            hot.add_home(key, wid)
-            return wid
-    at_home = [
-        c._replace(cached_tokens=prompt_tokens, host_cached_tokens=0)
-        if c.worker_id in members
-        else c._replace(healthy=False)
-        for c in candidates
-    ]
+    room = len(homes) < hot.config.max_homes
+    share = hot.config.new_home_prefill
+
+    def view(c: Candidate) -> Candidate:
+        if c.worker_id in members:
+            return c._replace(cached_tokens=prompt_tokens, host_cached_tokens=0)
+        if not room:
+            return c._replace(healthy=False)
+        missing = max(prompt_tokens - c.cached_tokens - c.host_cached_tokens, 0)
+        return c._replace(cached_tokens=c.cached_tokens + missing - round(share * missing))
+
     try:
-        return policy.choose(prompt_tokens, at_home)
+        wid = policy.choose(prompt_tokens, [view(c) for c in candidates])
     except Unavailable:
         return chosen
+    if wid not in members:
+        hot.add_home(key, wid)
+    return wid

@@ -76,32 +76,38 @@ def _pick(control: ControlPlane, clock: Clock, t: float) -> str:
     return control.pick(PROMPT, set()).worker.worker_id
 
 
-def test_a_hot_prefix_gets_more_homes_then_returns_to_one() -> None:
+def test_a_hot_prefix_gets_a_home_where_a_copy_is_cheaper_then_none() -> None:
     def test(control: ControlPlane, clock: Clock) -> list[Any]:
         _measure(control, clock)
-        assert control.pool.hot is not None and control.pool.hot.capacity_rps == 10.0
-        # 20 requests a second: hot past 0.8 x 10 a second (the 9th: a second home, the
-        # cheapest non-home), a third past 16 (the 17th); the rest go to the least loaded
-        # home, worker-0.
-        peak = [_pick(control, clock, 1.0 + i / 20) for i in range(1, 21)]
-        at_peak = [list(control.pool.hot.homes(HASHES[3])), _metrics(control)]
-        # worker-0 gets busy: the prefix's next request goes to its least loaded home.
-        control.pool.workers["worker-0"].load = LoadReport(num_running=4)
-        busy = _pick(control, clock, 2.05)
+        hot = control.pool.hot
+        assert hot is not None and hot.capacity_rps == 10.0
+        # 20 requests a second: hot past 0.8 x 10 a second (the 9th), with worker-0, which
+        # caches the prompt and is idle, its first home; it takes every request.
+        peak = [_pick(control, clock, 1.0 + i / 20) for i in range(1, 11)]
+        first = list(hot.homes(HASHES[3]))
+        # worker-0 runs 2 (cost 128): worker-1 costs half the 16 tokens it lacks + 64 for
+        # its one running request (72), worker-2 136: worker-1 becomes a home.
+        control.pool.workers["worker-0"].load = LoadReport(num_running=2)
+        second = _pick(control, clock, 1.55)
+        homes = [list(hot.homes(HASHES[3])), _metrics(control)]
+        # A home counts as caching the prompt (its summary does not yet): worker-1, 64.
+        again = _pick(control, clock, 1.6)
         control.pool.workers["worker-0"].load = LoadReport()
-        # 2 a second: one home fewer at each request (load below 0.5 x 10 per home left).
+        # 1 a second: below 0.5 x 10 for the one home left, the prefix is not hot.
         cool = [_pick(control, clock, t) for t in (3.0, 3.5)]
-        return [peak, *at_peak, busy, cool, control.pool.hot.homes(HASHES[3]), _metrics(control)]
+        return [peak, first, second, *homes, again, cool, hot.homes(HASHES[3]), _metrics(control)]
 
-    w0, w1, w2 = "worker-0", "worker-1", "worker-2"
+    w0, w1 = "worker-0", "worker-1"
     assert _with_control(test, hot_prefix_replication=True) == [
-        [w0] * 8 + [w1] + [w0] * 7 + [w2] + [w0] * 3,
-        [w0, w1, w2],
-        [1.0, 2.0, 0.0],
+        [w0] * 10,
+        [w0],
+        w1,
+        [w0, w1],
+        [1.0, 1.0, 0.0],
         w1,
         [w0, w0],
         [],
-        [0.0, 2.0, 2.0],
+        [0.0, 1.0, 1.0],
     ]
 
 
@@ -139,6 +145,8 @@ def test_a_removed_worker_is_no_home() -> None:
         _measure(control, clock)
         for i in range(1, 10):
             _pick(control, clock, 1.0 + i / 20)
+        control.pool.workers["worker-0"].load = LoadReport(num_running=2)
+        _pick(control, clock, 1.5)  # (worker-1: a second home, as above)
         hot = control.pool.hot
         assert hot is not None
         before = list(hot.homes(HASHES[3]))
