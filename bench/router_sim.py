@@ -376,29 +376,74 @@ def host_hit_cost_sweep(
     return rows
 
 
+# The hot-prefix workloads: (name, hot prefix and every group's prefix in tokens, each
+# worker's KV cache in tokens). The long one keeps 8 prefixes a worker, as the short one.
+HOT_WORKLOADS = (("2k prefix", 2048, SimConfig.capacity_tokens), ("8k prefix", 8192, 65536))
+
+
 def hot_rows(
-    workers: int = 8, rates: Sequence[float] = (10.0, 15.0, 20.0), seed: int = 0
+    workers: int = 8,
+    rates: Sequence[float] = (10.0, 15.0, 20.0),
+    seeds: Sequence[int] = (0, 1, 2, 3),
 ) -> list[dict[str, Any]]:
-    """cache_aware with and without hot-prefix replication on the hot-prefix trace (one
-    prefix: 60% of the requests), per arrival rate (requests a second per worker)."""
+    """cache_aware with and without hot-prefix replication on the hot-prefix traces (one
+    prefix: 60% of the requests), per workload, arrival rate (requests a second per
+    worker) and seed; then per workload and rate, over the seeds: the mean goodput of
+    each and their ratio, the hit rates' mean difference."""
     rows = []
-    for rate in rates:
-        trace = hot_prefix_trace(workers, seed, rate_per_worker=rate)
-        plain = SimConfig(workers=workers, seed=seed)
-        for router, config in (
-            ("cache_aware", plain),
-            ("hot prefixes", replace(plain, hot_prefixes=True)),
-        ):
-            figures = simulate(trace, "cache_aware", config)
-            rows.append({"rate_per_worker": rate, "router": router, **figures})
+    for workload, prefix_len, capacity in HOT_WORKLOADS:
+        for rate in rates:
+            runs = []
+            for seed in seeds:
+                trace = hot_prefix_trace(workers, seed, rate_per_worker=rate, prefix_len=prefix_len)
+                plain = SimConfig(workers=workers, seed=seed, capacity_tokens=capacity)
+                pair = {}
+                for router, config in (
+                    ("cache_aware", plain),
+                    ("hot prefixes", replace(plain, hot_prefixes=True)),
+                ):
+                    pair[router] = simulate(trace, "cache_aware", config)
+                    row = {"workload": workload, "rate_per_worker": rate, "seed": seed}
+                    rows.append({**row, "router": router, **pair[router]})
+                    _print_hot_row(rows[-1])
+                runs.append(pair)
+            good = {r: sum(p[r]["goodput_rps"] for p in runs) / len(runs) for r in runs[0]}
+            hit = {r: sum(p[r]["hit_rate"] for p in runs) / len(runs) for r in runs[0]}
+            rows.append(
+                {
+                    "workload": workload,
+                    "rate_per_worker": rate,
+                    "seed": "mean",
+                    "router": "hot prefixes / cache_aware",
+                    "goodput_rps": good["hot prefixes"],
+                    "cache_aware_goodput_rps": good["cache_aware"],
+                    "goodput_ratio": good["hot prefixes"] / good["cache_aware"],
+                    "hit_rate_points": 100 * (hit["hot prefixes"] - hit["cache_aware"]),
+                    "goodput_ratio_by_seed": [
+                        p["hot prefixes"]["goodput_rps"] / p["cache_aware"]["goodput_rps"]
+                        for p in runs
+                    ],
+                }
+            )
             r = rows[-1]
             print(
-                f"{rate:>5g} {router:<13} {r['hit_rate']:>7.1%} {r['throughput_rps']:>7.1f}"
-                f" {r['goodput_rps']:>7.1f} {r['ttft_p50_s'] * 1e3:>8.0f}"
-                f" {r['ttft_p99_s'] * 1e3:>8.0f} {r['max_worker_share']:>6.3f}",
+                f"{workload:<9} {rate:>5g} mean goodput {r['cache_aware_goodput_rps']:.1f} -> "
+                f"{r['goodput_rps']:.1f} ({r['goodput_ratio']:.2f}x; by seed "
+                f"{', '.join(f'{x:.2f}' for x in r['goodput_ratio_by_seed'])}), hit rate "
+                f"{r['hit_rate_points']:+.2f} points",
                 flush=True,
             )
     return rows
+
+
+def _print_hot_row(r: dict[str, Any]) -> None:
+    print(
+        f"{r['workload']:<9} {r['rate_per_worker']:>5g} {r['seed']:>4} {r['router']:<13}"
+        f" {r['hit_rate']:>7.1%} {r['throughput_rps']:>7.1f} {r['goodput_rps']:>7.1f}"
+        f" {r['ttft_p50_s'] * 1e3:>8.0f} {r['ttft_p99_s'] * 1e3:>8.0f}"
+        f" {r['max_worker_share']:>6.3f}",
+        flush=True,
+    )
 
 
 def ideal_miss_rate(trace: list[Request], block_size: int = SimConfig.block_size) -> float:
@@ -665,10 +710,13 @@ def hot_section(args: argparse.Namespace) -> dict[str, Any]:
         f"{SimConfig.ttft_slo_s * 1e3:.0f} ms"
     )
     print(
-        f"{'req/s':>5} {'router':<13} {'hit':>7} {'req/s':>7} {'good':>7} {'ttft p50':>8}"
-        f" {'ttft p99':>8} {'share':>6}   (in per worker; ms)"
+        f"{'workload':<9} {'req/s':>5} {'seed':>4} {'router':<13} {'hit':>7} {'req/s':>7}"
+        f" {'good':>7} {'ttft p50':>8} {'ttft p99':>8} {'share':>6}   (in per worker; ms)"
     )
-    return {"hot_prefix": hot_rows(rates=[15.0] if args.quick else [10.0, 15.0, 20.0])}
+    if args.quick:
+        return {"hot_prefix": hot_rows(rates=[15.0], seeds=[args.seed])}
+    seeds = [args.seed + i for i in range(4)]
+    return {"hot_prefix": hot_rows(rates=[10.0, 15.0, 20.0], seeds=seeds)}
 
 
 SECTIONS = {
@@ -684,7 +732,9 @@ TRACE_NOTES = {
     "Poisson 40 req/s per worker, Zipf(0.6) groups",
     "hot": "the grouped trace over 2W groups, Zipf(1.5): one group brings about half",
     "hot_prefix": "(section hot) the grouped trace with 48 requests a group, 128 out, one "
-    "group 60% of the requests, Poisson 10 / 15 / 20 req/s per worker",
+    "group 60% of the requests, Poisson 10 / 15 / 20 req/s per worker, seeds 0-3; 2k "
+    "prefix: 2048-token prefixes, 16384-token KV caches; 8k prefix: 8192-token prefixes, "
+    "65536-token KV caches",
     "multiturn": "12W chats x 6 turns, 512 first + 128 per message, 64 out, "
     "chat starts Poisson 2/s per worker, think time exp(2 s)",
     "noshare": "48W unique 1024-token prompts, 64 out, Poisson 10 req/s per worker",

@@ -120,16 +120,23 @@ def hot_trace(workers: int, seed: int, block_size: int = 16) -> list[Request]:
 
 
 def hot_prefix_trace(
-    workers: int, seed: int, block_size: int = 16, rate_per_worker: float = 15.0
+    workers: int,
+    seed: int,
+    block_size: int = 16,
+    rate_per_worker: float = 15.0,
+    prefix_len: int = 2048,
 ) -> list[Request]:
     """The grouped trace with one prefix bringing 60% of the requests, 128 output tokens
     each: decoding holds a worker's batch, so the hot prefix needs several workers (the
-    hot-prefix replication's workload)."""
+    hot-prefix replication's workload). With `prefix_len` 4,096 or more, cache_aware
+    keeps the hot prefix's requests on its holder past a full batch (its queue costs
+    64 tokens a request against the prefix's prefill elsewhere)."""
     return grouped_trace(
         workers,
         seed,
         block_size,
         requests_per_group=48,
+        prefix_len=prefix_len,
         output_len=128,
         rate_per_worker=rate_per_worker,
         top_share=0.6,
