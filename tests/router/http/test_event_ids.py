@@ -151,3 +151,13 @@ def test_streams_with_tools_or_logprobs_refuse_a_resume() -> None:
             resumption(gen, f"{STREAM_ID}/1/0/0/1")
         assert e.value.field == "Last-Event-ID"
         assert "only a stream of plain text resumes" in e.value.message
+
+
+def test_the_opening_events_describe_the_response_before_its_output() -> None:
+    """A stream whose first chunk is its last: `response.created` was built before the
+    chunk's events, and still has no output when sent."""
+    items = run(responses_reply(), [chunk("Hi", 1, LENGTH)])
+    (_, created), _ = items[0]
+    assert created["type"] == "response.created" and created["response"]["output"] == []
+    (_, last), _ = items[-1]
+    assert [part["text"] for part in last["response"]["output"][0]["content"]] == ["Hi"]

@@ -100,7 +100,9 @@ class ResponseReply:
             "error": None,
             "incomplete_details": incomplete,
             "model": self.gen.model,
-            "output": self.output,
+            # A snapshot: an event's response must not change as the output goes on
+            # (a resumable stream builds a chunk's events before it sends the first).
+            "output": [_copy(item) for item in self.output],
             **self.settings,
             "usage": self.usage,
         }
