@@ -50,8 +50,7 @@ class DecodeConfig:
     pool, whether to multiply e4m3 on the matrix unit (decode_fp8_mma.py) instead of
     converting keys and values to the query's dtype, or to run the CUDA kernel
     (decode_fp8_cuda.py; `num_warps` its warps per block, `block_n` the keys a warp takes
-    at a time, `num_stages` 1 (tiles into registers) or its shared-memory ring's tiles,
-    `min_blocks` the blocks per SM it is compiled for)."""
+    at a time, `min_blocks` the blocks per SM it is compiled for)."""
 
     block_n: int
     num_warps: int = 4
@@ -86,8 +85,10 @@ DECODE_CONFIGS = [
 # error on random data.
 FP8_MMA_CONFIG = DecodeConfig(128, 4, 2, fp8_mma=True, q_terms=1, w_terms=1)
 
-# The CUDA kernel's launch over an FP8 pool where it applies (decode_fp8_cuda.py).
-FP8_CUDA_CONFIG = DecodeConfig(16, 4, 1, cuda=True)
+# The CUDA kernel's launch over an FP8 pool where it applies (decode_fp8_cuda.py): 2 warps
+# a block, 16 keys a warp at a time, compiled for 8 blocks an SM (128 registers); the
+# fastest of its launches in the H200's decode sweep (2026-12-05, docs/performance.md).
+FP8_CUDA_CONFIG = DecodeConfig(16, 2, 1, cuda=True, min_blocks=8)
 
 
 def fp8_cuda_config() -> DecodeConfig:
@@ -368,8 +369,7 @@ def decode_attention(
     if scales is not None and cfg.cuda:
         decode_fp8_cuda.decode_split_fp8_cuda(
             q, k_buf, v_buf, scales, workspace, req_to_token, req_rows, seq_lens,
-            scale * LOG2E, num_splits, cfg.num_warps, cfg.block_n, cfg.num_stages,
-            cfg.min_blocks,
+            scale * LOG2E, num_splits, cfg.num_warps, cfg.block_n, cfg.min_blocks,
         )  # fmt: skip
     elif scales is not None and cfg.fp8_mma and min(block_d, cfg.block_n) >= 32:
         decode_split_fp8_mma(

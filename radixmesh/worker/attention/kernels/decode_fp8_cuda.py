@@ -36,17 +36,10 @@ SWITCH = "RADIXMESH_FP8_DECODE"  # "triton", "cuda" (the default) or "cuda:W,K,S
 HEAD_DIM = 128
 MAX_GROUP = 8  # query heads per KV head: the mma tile's 8 live rows
 # The launches cuda/decode_fp8.cu compiles, as (warps per block, keys a warp loads at a
-# time, stages, blocks per SM): stages 1 loads tiles into registers (the last number the
-# blocks an SM is compiled to hold, 0 for no register cap); stages >= 2 copies them
-# asynchronously into a shared-memory ring of that many tiles a warp.
-LAUNCHES = (
-    (4, 16, 1, 0),
-    (2, 16, 1, 8),
-    (4, 16, 3, 0),
-    (4, 16, 4, 0),
-    (2, 16, 4, 0),
-    (8, 16, 3, 0),
-)
+# time, stages (1: tiles straight into registers), blocks an SM is compiled to hold: 0
+# for no register cap). The first is the default (the decode sweep's fastest on the
+# H200, docs/performance.md).
+LAUNCHES = ((2, 16, 1, 8), (4, 16, 1, 0), (4, 16, 1, 4))
 _FLAGS = ("-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17")
 
 
@@ -193,7 +186,6 @@ def decode_split_fp8_cuda(
     num_splits: int,
     num_warps: int,
     keys_per_step: int,
-    stages: int,
     min_blocks: int,
 ) -> None:
     """Stage 1 of `decode_attention` over an FP8 pool, as decode_split_fp8_mma: each
@@ -212,12 +204,6 @@ def decode_split_fp8_cuda(
     assert k_exp.stride() == v_exp.stride() and k_exp.stride(1) == 1
     assert req_to_token.dtype == req_rows.dtype == seq_lens.dtype == torch.int64
     assert mid_o.stride(2) == d and mid_l.stride(1) == mid_o.stride(1) // d
-    # The ring copies each exponent as the aligned 4-byte word that holds it: rows of whole
-    # words, else the registers' launch.
-    if stages > 1 and (
-        hkv % 4 or k_exp.stride(0) % 4 or k_exp.data_ptr() % 4 or v_exp.data_ptr() % 4
-    ):
-        num_warps, keys_per_step, stages, min_blocks = LAUNCHES[0]
     params = _Params(
         q.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(), k_exp.data_ptr(), v_exp.data_ptr(),
         mid_o.data_ptr(), mid_l.data_ptr(), req_to_token.data_ptr(), req_rows.data_ptr(),
@@ -227,10 +213,8 @@ def decode_split_fp8_cuda(
         mid_o.stride(1), mid_o.stride(2),
     )  # fmt: skip
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    if stages > 1:  # the entry point's encoding: sub 0 and the stage count
-        sub, last = 0, stages
-    else:
-        sub, last = keys_per_step // 16, min_blocks
-    err = lib.radixmesh_decode_fp8_split(ctypes.byref(params), b, num_warps, sub, last, stream)
+    err = lib.radixmesh_decode_fp8_split(
+        ctypes.byref(params), b, num_warps, keys_per_step // 16, min_blocks, stream
+    )
     if err != 0:
         raise RuntimeError(f"FP8 decode kernel launch failed: cudaError {err}")

@@ -7,10 +7,9 @@
 // registers a thread), not by bytes (docs/performance.md, "FP8 KV decode"). Here each warp
 // owns its keys and its softmax state, and a thread reads exactly the bytes it multiplies
 // (16-byte loads; no shared tile, no barrier inside the loop); blocks combine their warps
-// once, at the end. Two ways to load a tile: straight into registers (`decode_fp8_split`),
-// or copied asynchronously (cp.async) into the thread's own slice of a shared-memory ring
-// of STAGES tiles (`decode_fp8_split_async`), which keeps STAGES - 1 tiles a warp in flight
-// without holding them in registers.
+// once, at the end. Tiles go straight into registers; each tile's slots are read a tile
+// ahead. (Copying tiles asynchronously into a per-warp shared-memory ring of 3-4 stages
+// instead measured 1.3-1.5x slower on the H200: docs/performance.md, "FP8 KV decode".)
 //
 // Numerics are those of the Triton conversion path (exact to the pool's values): e4m3
 // keys and values become fp16 (which holds every e4m3 value exactly) with one `cvt` per
@@ -312,8 +311,8 @@ __device__ __forceinline__ void store_empty(const Params& p, const Range& r, int
   }
 }
 
-// The block's warps combined through shared memory (`smem`, at least
-// combine_bytes<WARPS>() bytes, free to reuse), written as the split's partial output and
+// The block's warps combined through shared memory (`smem`, combine_bytes<WARPS>() bytes),
+// written as the split's partial output and
 // log2-sum-exp. A row's dims [32t, 32t + 32) at t * 36 floats: a quarter warp's 16-byte
 // stores hit distinct banks.
 template <int WARPS>
@@ -331,7 +330,6 @@ __device__ __forceinline__ void combine_and_store(const Params& p, const Range& 
   float(*s_m)[8] = reinterpret_cast<float(*)[8]>(s_acc + WARPS);
   float(*s_big)[8] = s_m + WARPS;
   float(*s_l)[8] = s_big + WARPS;
-  __syncthreads();  // the smem may still be a tile ring being read
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     s_acc[warp][g][t][j] = make_float4(st.acc[4 * j][0], st.acc[4 * j + 1][0],
@@ -416,118 +414,6 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
   combine_and_store<WARPS>(p, r, st, kv_head, smem);
 }
 
-// The asynchronous copies: 16 bytes (a key's or a value's chunk) or 4 (an exponent's
-// aligned word), global -> this thread's own shared-memory slice.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// One warp's tile in the ring: chunk c of lane l at [c][l] (a warp's 16-byte reads of one
-// chunk are consecutive: no bank conflicts). Chunks 0-3: the two keys' 32 bytes; 4-7: the
-// four values' 16 bytes. Then each key's exponent words (k for the four keys, then v),
-// the aligned 4 bytes that hold the KV head's byte.
-struct AsyncTile {
-  uint4 chunk[8][32];
-  uint32_t exp_words[8][32];
-};
-
-// Tiles through a shared-memory ring of STAGES per warp: STAGES - 1 tiles in flight while
-// one is computed. Needs exponent rows of whole aligned words (num_kv_heads % 4 == 0).
-template <int WARPS, int STAGES>
-__global__ void __launch_bounds__(WARPS * 32)
-    decode_fp8_split_async(const Params p) {
-  const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const Range r = split_range(p, b, split, kTile);
-  extern __shared__ __align__(16) unsigned char smem[];
-  if (r.lo >= r.hi) {
-    store_empty(p, r, kv_head, WARPS * 32);
-    return;
-  }
-  AsyncTile* ring = reinterpret_cast<AsyncTile*>(smem) + warp * STAGES;
-  const Query q = load_query(p, b, kv_head, g, t);
-  const Block blk{p, p.req_to_token + p.req_rows[b] * p.stride_table,
-                  (int64_t)kv_head * p.stride_buf_head, r.lo, r.hi, kv_head, g, t};
-  const int exp_byte = kv_head & 3;
-  const int64_t exp_off = kv_head & ~3;
-
-  // This warp's tiles: lo + (warp + i WARPS) 16, i = 0 .. n_tiles - 1.
-  const int64_t first = r.lo + (int64_t)warp * kTile;
-  constexpr int64_t kStride = (int64_t)WARPS * kTile;
-  const int n_tiles = first < r.hi ? (int)((r.hi - first + kStride - 1) / kStride) : 0;
-
-  auto issue = [&](const TileSlots& sl, AsyncTile& dst) {
-    const uint8_t* kb = p.k + blk.head_off + 32 * t;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const uint8_t* src = kb + (int64_t)sl.s[n] * p.stride_buf_slot;
-      cp_async16(&dst.chunk[2 * n][lane], src);
-      cp_async16(&dst.chunk[2 * n + 1][lane], src + 16);
-    }
-    const uint8_t* vb = p.v + blk.head_off + 16 * g;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t slot = sl.s[2 + i];
-      cp_async16(&dst.chunk[4 + i][lane], vb + slot * p.stride_buf_slot);
-      const int64_t e = slot * p.stride_scale_slot + exp_off;
-      cp_async4(&dst.exp_words[i][lane], p.k_exp + e);
-      cp_async4(&dst.exp_words[4 + i][lane], p.v_exp + e);
-    }
-  };
-
-  TileSlots next;
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {  // the ring's first tiles
-    if (i < n_tiles) {
-      blk.slots(first + i * kStride, next);
-      issue(next, ring[i]);
-    }
-    cp_async_commit();
-  }
-  if (STAGES - 1 < n_tiles) blk.slots(first + (STAGES - 1) * kStride, next);
-
-  State st;
-  init_state(st);
-  for (int i = 0; i < n_tiles; ++i) {
-    const int ahead = i + STAGES - 1;  // into the stage tile i - 1 left
-    if (ahead < n_tiles) {
-      issue(next, ring[ahead % STAGES]);
-      if (ahead + 1 < n_tiles) blk.slots(first + (int64_t)(ahead + 1) * kStride, next);
-    }
-    cp_async_commit();
-    cp_async_wait<STAGES - 1>();  // tile i's group is complete
-    const AsyncTile& src = ring[i % STAGES];
-    TileRegs regs;
-    regs.k[0][0] = src.chunk[0][lane];
-    regs.k[0][1] = src.chunk[1][lane];
-    regs.k[1][0] = src.chunk[2][lane];
-    regs.k[1][1] = src.chunk[3][lane];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      regs.v[j] = src.chunk[4 + j][lane];
-      regs.e_k[j] = (int8_t)(src.exp_words[j][lane] >> (8 * exp_byte));
-      regs.e_v[j] = (int8_t)(src.exp_words[4 + j][lane] >> (8 * exp_byte));
-    }
-    compute_tile(st, regs, q, first + (int64_t)i * kStride, r.hi, t);
-  }
-  cp_async_wait<0>();
-  combine_and_store<WARPS>(p, r, st, kv_head, smem);
-}
-
 template <int WARPS, int SUB, int MIN_BLOCKS>
 cudaError_t launch(const Params& p, int batch, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.num_kv_heads, batch);
@@ -535,45 +421,18 @@ cudaError_t launch(const Params& p, int batch, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int WARPS, int STAGES>
-__host__ __device__ constexpr int async_smem_bytes() {
-  return WARPS * STAGES * (int)sizeof(AsyncTile) > combine_bytes<WARPS>()
-             ? WARPS * STAGES * (int)sizeof(AsyncTile)
-             : combine_bytes<WARPS>();
-}
-
-template <int WARPS, int STAGES>
-cudaError_t launch_async(const Params& p, int batch, cudaStream_t stream) {
-  constexpr int bytes = async_smem_bytes<WARPS, STAGES>();
-  static bool raised = false;  // more than 48 KiB of dynamic shared memory: opted in once
-  if (!raised) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        decode_fp8_split_async<WARPS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        bytes);
-    if (e != cudaSuccess) return e;
-    raised = true;
-  }
-  const dim3 grid(p.num_splits, p.num_kv_heads, batch);
-  decode_fp8_split_async<WARPS, STAGES><<<grid, WARPS * 32, bytes, stream>>>(p);
-  return cudaGetLastError();
-}
-
 }  // namespace
 
-// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block; `sub` > 0:
-// tiles into registers, `sub` 16-key tiles a warp loads at a time, `min_blocks` resident
-// blocks an SM is compiled for (0: no register cap); `sub` == 0: through the shared ring
-// of `stages` tiles a warp (`min_blocks` then names the stages). Returns a cudaError_t;
-// cudaErrorInvalidValue for a launch that is not compiled.
+// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block, `sub`
+// 16-key tiles a warp loads at a time, `min_blocks` resident blocks an SM is compiled for
+// (0: no register cap). Returns a cudaError_t; cudaErrorInvalidValue for a launch that is
+// not compiled.
 extern "C" int radixmesh_decode_fp8_split(const Params* p, int batch, int warps, int sub,
                                           int min_blocks, int64_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (warps == 4 && sub == 1 && min_blocks == 0) return launch<4, 1, 0>(*p, batch, s);
   if (warps == 2 && sub == 1 && min_blocks == 8) return launch<2, 1, 8>(*p, batch, s);
-  if (warps == 4 && sub == 0 && min_blocks == 3) return launch_async<4, 3>(*p, batch, s);
-  if (warps == 4 && sub == 0 && min_blocks == 4) return launch_async<4, 4>(*p, batch, s);
-  if (warps == 2 && sub == 0 && min_blocks == 4) return launch_async<2, 4>(*p, batch, s);
-  if (warps == 8 && sub == 0 && min_blocks == 3) return launch_async<8, 3>(*p, batch, s);
+  if (warps == 4 && sub == 1 && min_blocks == 0) return launch<4, 1, 0>(*p, batch, s);
+  if (warps == 4 && sub == 1 && min_blocks == 4) return launch<4, 1, 4>(*p, batch, s);
   return cudaErrorInvalidValue;
 }
 
