@@ -36,10 +36,10 @@ SWITCH = "RADIXMESH_FP8_DECODE"  # "triton", "cuda" (the default) or "cuda:W,K,S
 HEAD_DIM = 128
 MAX_GROUP = 8  # query heads per KV head: the mma tile's 8 live rows
 # The launches cuda/decode_fp8.cu compiles, as (warps per block, keys a warp loads at a
-# time, stages (1: tiles straight into registers), blocks an SM is compiled to hold: 0
-# for no register cap). The first is the default (the decode sweep's fastest on the
-# H200, docs/performance.md).
-LAUNCHES = ((2, 16, 1, 8), (4, 16, 1, 0), (4, 16, 1, 4))
+# time, stages: 1 tiles straight into registers, 2 also the next tile prefetched into
+# L2, blocks an SM is compiled to hold: 0 for no register cap). The first is the default
+# (the decode sweep's fastest on the H200, docs/performance.md).
+LAUNCHES = ((2, 16, 1, 8), (4, 16, 1, 0), (2, 16, 2, 8), (4, 16, 2, 0))
 _FLAGS = ("-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17")
 
 
@@ -185,7 +185,7 @@ def decode_split_fp8_cuda(
     scale_log2: float,
     num_splits: int,
     num_warps: int,
-    keys_per_step: int,
+    stages: int,
     min_blocks: int,
 ) -> None:
     """Stage 1 of `decode_attention` over an FP8 pool, as decode_split_fp8_mma: each
@@ -214,7 +214,7 @@ def decode_split_fp8_cuda(
     )  # fmt: skip
     stream = torch.cuda.current_stream(q.device).cuda_stream
     err = lib.radixmesh_decode_fp8_split(
-        ctypes.byref(params), b, num_warps, keys_per_step // 16, min_blocks, stream
+        ctypes.byref(params), b, num_warps, stages, min_blocks, stream
     )
     if err != 0:
         raise RuntimeError(f"FP8 decode kernel launch failed: cudaError {err}")

@@ -109,6 +109,10 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 __device__ __forceinline__ uint4 load16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
@@ -162,6 +166,24 @@ struct Block {
       const int64_t e = slot * p.stride_scale_slot + kv_head;
       r.e_k[i] = __ldg(p.k_exp + e);
       r.e_v[i] = __ldg(p.v_exp + e);
+    }
+  }
+
+  // A tile's bytes into L2 ahead of its loads (no registers held): one thread a line,
+  // the keys' rows by the t == 0 threads, the values' rows and the exponents by g == 0.
+  __device__ __forceinline__ void prefetch(const TileSlots& sl) const {
+    if (t == 0) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) prefetch_l2(p.k + head_off + (int64_t)sl.s[n] * p.stride_buf_slot);
+    }
+    if (g == 0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t slot = sl.s[2 + i];
+        prefetch_l2(p.v + head_off + slot * p.stride_buf_slot);
+        prefetch_l2(p.k_exp + slot * p.stride_scale_slot + kv_head);
+        prefetch_l2(p.v_exp + slot * p.stride_scale_slot + kv_head);
+      }
     }
   }
 };
@@ -369,16 +391,16 @@ __device__ __forceinline__ void init_state(State& st) {
   st.l = 0.f;
 }
 
-// Tiles into registers: a warp loads SUB tiles, then computes them; each tile's slots
-// come a step ahead.
-template <int WARPS, int SUB, int MIN_BLOCKS>
+// Tiles into registers, a warp's 16-key tiles one at a time; each tile's slots come a
+// tile ahead. STAGES 2: also the next tile's bytes prefetched into L2 while this one is
+// computed (its slots then come two tiles ahead).
+template <int WARPS, int STAGES, int MIN_BLOCKS>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     decode_fp8_split(const Params p) {
   const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  constexpr int kStep = kTile * SUB;  // keys a warp takes at a time
-  const Range r = split_range(p, b, split, kStep);
+  const Range r = split_range(p, b, split, kTile);
   __shared__ __align__(16) unsigned char smem[combine_bytes<WARPS>()];
   if (r.lo >= r.hi) {
     store_empty(p, r, kv_head, WARPS * 32);
@@ -389,50 +411,48 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
                   (int64_t)kv_head * p.stride_buf_head, r.lo, r.hi, kv_head, g, t};
   State st;
   init_state(st);
-  constexpr int64_t kStride = (int64_t)WARPS * kStep;  // keys between a warp's steps
-  TileSlots next[SUB];
-  const int64_t first = r.lo + (int64_t)warp * kStep;
-#pragma unroll
-  for (int u = 0; u < SUB; ++u) {
-    if (first + u * kTile < r.hi) blk.slots(first + u * kTile, next[u]);
-  }
-  for (int64_t n_step = first; n_step < r.hi; n_step += kStride) {
-    TileRegs regs[SUB];
-#pragma unroll
-    for (int u = 0; u < SUB; ++u) {
-      if (n_step + u * kTile < r.hi) blk.load(next[u], regs[u]);
+  constexpr int64_t kStride = (int64_t)WARPS * kTile;  // keys between a warp's tiles
+  const int64_t first = r.lo + (int64_t)warp * kTile;
+  TileSlots cur, ahead;  // this tile's slots; the next one's (STAGES 2)
+  if (first < r.hi) blk.slots(first, cur);
+  if (STAGES == 2 && first + kStride < r.hi) blk.slots(first + kStride, ahead);
+  for (int64_t n0 = first; n0 < r.hi; n0 += kStride) {
+    TileRegs regs;
+    blk.load(cur, regs);
+    if (STAGES == 2) {
+      if (n0 + kStride < r.hi) {
+        blk.prefetch(ahead);
+        cur = ahead;
+      }
+      if (n0 + 2 * kStride < r.hi) blk.slots(n0 + 2 * kStride, ahead);
+    } else if (n0 + kStride < r.hi) {
+      blk.slots(n0 + kStride, cur);  // in flight while this tile is computed
     }
-#pragma unroll
-    for (int u = 0; u < SUB; ++u) {  // the next step's slots, in flight while this one runs
-      if (n_step + kStride + u * kTile < r.hi) blk.slots(n_step + kStride + u * kTile, next[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < SUB; ++u) {
-      if (n_step + u * kTile < r.hi) compute_tile(st, regs[u], q, n_step + u * kTile, r.hi, t);
-    }
+    compute_tile(st, regs, q, n0, r.hi, t);
   }
   combine_and_store<WARPS>(p, r, st, kv_head, smem);
 }
 
-template <int WARPS, int SUB, int MIN_BLOCKS>
+template <int WARPS, int STAGES, int MIN_BLOCKS>
 cudaError_t launch(const Params& p, int batch, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.num_kv_heads, batch);
-  decode_fp8_split<WARPS, SUB, MIN_BLOCKS><<<grid, WARPS * 32, 0, stream>>>(p);
+  decode_fp8_split<WARPS, STAGES, MIN_BLOCKS><<<grid, WARPS * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block, `sub`
-// 16-key tiles a warp loads at a time, `min_blocks` resident blocks an SM is compiled for
-// (0: no register cap). Returns a cudaError_t; cudaErrorInvalidValue for a launch that is
-// not compiled.
-extern "C" int radixmesh_decode_fp8_split(const Params* p, int batch, int warps, int sub,
+// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block, `stages`
+// 1 or 2 (the next tile prefetched into L2), `min_blocks` resident blocks an SM is
+// compiled for (0: no register cap). Returns a cudaError_t; cudaErrorInvalidValue for a
+// launch that is not compiled.
+extern "C" int radixmesh_decode_fp8_split(const Params* p, int batch, int warps, int stages,
                                           int min_blocks, int64_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (warps == 2 && sub == 1 && min_blocks == 8) return launch<2, 1, 8>(*p, batch, s);
-  if (warps == 4 && sub == 1 && min_blocks == 0) return launch<4, 1, 0>(*p, batch, s);
-  if (warps == 4 && sub == 1 && min_blocks == 4) return launch<4, 1, 4>(*p, batch, s);
+  if (warps == 2 && stages == 1 && min_blocks == 8) return launch<2, 1, 8>(*p, batch, s);
+  if (warps == 4 && stages == 1 && min_blocks == 0) return launch<4, 1, 0>(*p, batch, s);
+  if (warps == 2 && stages == 2 && min_blocks == 8) return launch<2, 2, 8>(*p, batch, s);
+  if (warps == 4 && stages == 2 && min_blocks == 0) return launch<4, 2, 0>(*p, batch, s);
   return cudaErrorInvalidValue;
 }
 
