@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
@@ -79,9 +79,17 @@ class StreamRef:
     """A resumable stream's id, filled in once its worker is chosen: "<the worker's epoch,
     16 hex digits>/<the worker's request id, 32 hex digits>" (holders.py: the epoch lets
     any replica find the worker without naming it to the client). Front ends send it with
-    each message, with the completion tokens delivered so far (the offset to resume at)."""
+    each message, with the completion tokens delivered so far (the offset to resume at).
+    `worker_rid` is known before the worker is: a front end names the stream's reply
+    after it (event_ids.derived_id), and so does any replica that resumes it."""
 
     stream_id: str = ""
+    worker_rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @classmethod
+    def resumed(cls, stream_id: str, field: str) -> StreamRef:
+        """The ref of a stream to resume; InvalidArgument naming `field` for no stream id."""
+        return cls(stream_id, cls.parse(stream_id, field)[1])
 
     @staticmethod
     def parse(stream_id: str, field: str) -> tuple[str, str]:
@@ -175,7 +183,7 @@ class Dispatcher:
         wreq = worker_pb2.GenerateRequest(
             input=common_pb2.Input(token_ids=common_pb2.TokenIds(ids=ids)),
             sampling_params=params,
-            request_id=uuid.uuid4().hex,
+            request_id=uuid.uuid4().hex if resumable is None else resumable.worker_rid,
             stream=stream,
             first_and_rest=not stream,
             resumable=resumable is not None,

@@ -251,6 +251,32 @@ def test_a_chat_stream_with_logprobs_resumes(
     assert deltas[-1]["finish_reason"] == "length"
 
 
+def test_a_chat_stream_with_tools_resumes_by_a_replay(
+    cluster: LocalCluster, clients: tuple[anthropic.Anthropic, openai.OpenAI]
+) -> None:
+    """Tools to parse: its events have the replay's ids (event_ids.py); the chunks keep
+    their id and `created` across the resume."""
+    _, gpt = clients
+    _both_up(cluster)
+    messages: Any = [{"role": "user", "content": "Check the replicas."}]
+    tools: Any = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    body: dict[str, Any] = {"model": MODEL, "messages": messages, "tools": tools}
+    body |= {"max_tokens": MAX_TOKENS, "temperature": 0}
+    whole = gpt.chat.completions.create(**body, extra_body={"ignore_eos": True})
+    (choice,) = whole.choices
+    events = _cut_and_resume(
+        cluster, "/v1/chat/completions", body | {"stream": True, "ignore_eos": True}
+    )
+    assert events[-1] == (None, None, "[DONE]")
+    assert all(event_id and event_id.count("/") == 5 for event_id, _, _ in events[:-1])
+    chunks = [json.loads(data) for _, _, data in events[:-1]]
+    assert len({(c["id"], c["created"]) for c in chunks}) == 1
+    deltas = [c["choices"][0] for c in chunks]
+    assert [d["delta"].get("role") for d in deltas].count("assistant") == 1
+    assert "".join(d["delta"].get("content") or "" for d in deltas) == choice.message.content
+    assert [d["finish_reason"] for d in deltas][-1] == choice.finish_reason == "length"
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -265,6 +291,14 @@ def test_a_chat_stream_with_logprobs_resumes(
         ("/v1/responses", {"input": "hi", "top_logprobs": 2}),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "logprobs": 2}),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 2}),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "logprobs": True,
+            },
+        ),
     ],
 )
 def test_streams_that_cannot_resume_refuse_a_last_event_id(

@@ -1,11 +1,13 @@
 """Resumable named-event streams: Anthropic's Messages and OpenAI's Responses SSE events
 with ids, and the resume of one after the id a client last got.
 
-A chat completion's events each carry one chunk's text alone, so its resume continues at
-a token offset (openai/generation.py). These APIs' events do not: a chunk opens blocks
-(`content_block_start`, `response.output_item.added`), the last one closes them with the
-whole text (`response.output_text.done`, `response.completed`), and one chunk lets out
-several events. A resume therefore replays the stream from the worker's first output
+A plain chat completion's events each carry one chunk's text alone, so its resume
+continues at a token offset (openai/generation.py). These APIs' events do not: a chunk
+opens blocks (`content_block_start`, `response.output_item.added`), the last one closes
+them with the whole text (`response.output_text.done`, `response.completed`), and one
+chunk lets out several events. (A chat completion whose text a parser splits, tools or
+reasoning, is alike: a delta depends on the text before it; generation.py resumes it
+here too.) A resume therefore replays the stream from the worker's first output
 (worker/resumable.py keeps it all) through a fresh reply, drops the events the client
 has, and sends the rest: the client gets exactly the events after its id, with the ids,
 sequence numbers and `created_at` it already saw.
@@ -27,7 +29,9 @@ resumes (no tools, reasoning or logprobs: `generation.resumable`): its events ar
 function of the text so far whatever the chunking, and within one chunk's events the
 text is in one delta, so the events the client has of a chunk are a prefix of those a
 longer chunk lets out. (A tool-call parser lets out a piece's text before its calls: its
-blocks would be numbered otherwise after a replay, so such streams do not resume.)
+blocks would be numbered otherwise after a replay, so such streams do not resume. A chat
+delta has no blocks, its content, reasoning and calls are apart, and the parsers let out
+the same of the same text however it is chunked: tests/router/http/test_event_ids.py.)
 """
 
 from __future__ import annotations
@@ -106,13 +110,17 @@ def resumption(
                 "reasoning to separate or logprobs)",
             )
         return None, None
-    return StreamRef(), None if last_event_id is None else EventId.parse(last_event_id)
+    if last_event_id is None:
+        return StreamRef(), None
+    after = EventId.parse(last_event_id)
+    return StreamRef.resumed(after.stream_id, "Last-Event-ID"), after
 
 
-def derived_id(stream_id: str, what: str, n: int = 32) -> str:
-    """`n` hex digits named after a stream: an id every replica gives the same thing of
-    the same stream (a resumed reply's message and item ids)."""
-    return hashlib.sha256(f"{stream_id}#{what}".encode()).hexdigest()[:n]
+def derived_id(name: str, what: str, n: int = 32) -> str:
+    """`n` hex digits named after a stream (its id, or its worker request id, known before
+    its worker): an id every replica gives the same thing of the same stream (a reply's
+    message, response and item ids, which a resume repeats)."""
+    return hashlib.sha256(f"{name}#{what}".encode()).hexdigest()[:n]
 
 
 class IdentifiedEvents:
@@ -120,12 +128,18 @@ class IdentifiedEvents:
     that does not resume); resuming `after` an id, only the events the client lacks."""
 
     def __init__(
-        self, reply: EventReply, ref: StreamRef | None, after: EventId | None = None
+        self,
+        reply: EventReply,
+        ref: StreamRef | None,
+        after: EventId | None = None,
+        created: int | None = None,
     ) -> None:
         self.reply = reply
         self.ref = ref
         self.after = after
-        self.created = after.created if after is not None else int(time.time())
+        # The reply's creation time (`created`: its own), as the client first saw it.
+        now = int(time.time()) if created is None else created
+        self.created = after.created if after is not None else now
         self.fed = 0  # characters (and the finish) of the worker's text fed to the reply
         self.sent = after.sent if after is not None else 0
         self.skip = 0  # events of the replay the client has, still to drop

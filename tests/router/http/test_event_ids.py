@@ -15,8 +15,12 @@ from radixmesh.router.dispatch import StreamRef
 from radixmesh.router.http.anthropic.convert import parse_messages
 from radixmesh.router.http.anthropic.replies import MessageReply
 from radixmesh.router.http.event_ids import EventId, EventReply, IdentifiedEvents, resumption
+from radixmesh.router.http.openai.convert import Generation
+from radixmesh.router.http.openai.generation import _ChunkEvents, _ReplayedChoice
 from radixmesh.router.http.openai.responses_api.convert import generation_of, parse_request
 from radixmesh.router.http.openai.responses_api.output import ResponseReply, echoed
+from radixmesh.router.http.openai.tool_parsers import HermesParser
+from radixmesh.router.http.openai.tools import ToolPlan
 from radixmesh.tokenizer import ByteTokenizer
 from radixmesh.v1 import common_pb2
 
@@ -161,3 +165,62 @@ def test_the_opening_events_describe_the_response_before_its_output() -> None:
     assert created["type"] == "response.created" and created["response"]["output"] == []
     (_, last), _ = items[-1]
     assert [part["text"] for part in last["response"]["output"][0]["content"]] == ["Hi"]
+
+
+# A reasoning model's reply with a call between two texts, as a hermes template writes it.
+CHAT_TEXT = (
+    "<think>Which city?\nParis.</think>\n\nLet me look.\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\nDone: sunny.'
+)
+
+
+def chat_reply() -> _ReplayedChoice:
+    gen = Generation(
+        chat=True,
+        model="m",
+        prompts=[[1, 2, 3]],
+        params=[common_pb2.SamplingParams()],
+        n=1,
+        stream=True,
+        include_usage=True,
+        continuous_usage=False,
+        top_logprobs=None,
+        tool_plan=ToolPlan(HermesParser(), None),
+        reasoning_tail="",
+    )
+    return _ReplayedChoice(_ChunkEvents(gen, "chatcmpl-1", TOK))
+
+
+def chat_view(items: list[Item]) -> tuple[str, str, list[tuple[str, str]], list[Any]]:
+    """What a chat client puts together: content, reasoning, calls, finish reasons."""
+    content = reasoning = ""
+    calls: list[tuple[str, str]] = []
+    reasons = []
+    for (_, payload), _ in items:
+        (choice,) = payload["choices"]
+        delta = choice["delta"]
+        content += delta.get("content") or ""
+        reasoning += delta.get("reasoning_content") or ""
+        calls += [
+            (c["function"]["name"], c["function"]["arguments"])
+            for c in delta.get("tool_calls") or []
+        ]
+        reasons.append(choice["finish_reason"])
+    return content, reasoning, calls, [r for r in reasons if r is not None]
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 100])
+def test_a_chat_stream_with_tools_and_reasoning_resumes_after_any_event(size: int) -> None:
+    """Its deltas depend on the text before them (a call is let out whole, reasoning split
+    off): a replay chunked otherwise still gives the client each part once."""
+    chunks = [chunk(CHAT_TEXT[i : i + 5], i // 5 + 1) for i in range(0, len(CHAT_TEXT), 5)]
+    chunks.append(chunk("", len(chunks) + 1, STOP))
+    whole = run(chat_reply(), chunks)
+    content, reasoning, calls, reasons = chat_view(whole)
+    assert (content, reasoning) == ("Let me look.\nDone: sunny.", "Which city?\nParis.")
+    assert calls == [("get_weather", '{"city": "Paris"}')] and reasons == ["tool_calls"]
+    for cut in range(1, len(whole)):
+        rest = run(chat_reply(), joined(chunks, size), EventId.parse(str(whole[cut - 1][1])))
+        assert chat_view(whole[:cut] + rest) == chat_view(whole), cut
+        assert whole[0][0][1]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert all(p["choices"][0]["delta"].get("role") is None for (_, p), _ in rest)

@@ -118,10 +118,11 @@ class AnthropicRoutes:
             tool_call_parser=config.tool_call_parser,
         )
         self.frontend.check_model(gen.model)
-        rid = message_id()
         workers: set[str] = set()
         caller = caller_of(authorization(request))
         ref, after = resumption(gen, request.headers.get("Last-Event-ID"))
+        # A resumable stream's message id is the same on every replica that serves it.
+        rid = message_id() if ref is None else "msg_" + derived_id(ref.worker_rid, "message")
         reply = MessageReply(gen, rid)
         if ref is None:
             stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
@@ -133,8 +134,6 @@ class AnthropicRoutes:
         async with aclosing(chunks):
             first = await first_chunk(chunks, lambda f: field_name(gen.openai_field(f)))
             if gen.stream:
-                if ref is not None:  # the id every replica gives this stream's message
-                    reply.rid = "msg_" + derived_id(ref.stream_id, "message")
                 events = IdentifiedEvents(reply, ref, after)
                 return await _stream(request, events, first, chunks, workers)
             reply.opening(first)

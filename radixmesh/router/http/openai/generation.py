@@ -19,6 +19,7 @@ stream cut. Anthropic's and the Responses API's streams resume otherwise (event_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -30,6 +31,7 @@ from aiohttp import web
 from radixmesh.errors import InvalidArgument, RadixMeshError
 from radixmesh.router.dispatch import Dispatcher, StreamRef
 from radixmesh.router.http.api_error import STATUS_KEY, STATUS_NAMES, ApiError
+from radixmesh.router.http.event_ids import EventId, IdentifiedEvents, SseEvent
 from radixmesh.router.http.openai import responses as rs
 from radixmesh.router.http.openai.convert import Generation
 from radixmesh.router.http.openai.message import Message, MessageStream
@@ -66,6 +68,19 @@ def resumable(gen: Generation) -> bool:
         and gen.num_choices == 1
         and (gen.top_logprobs is None or gen.chat)
         and MessageStream.of(gen) is None
+    )
+
+
+def replayed(gen: Generation) -> bool:
+    """Whether `gen`'s stream resumes by a replay (router/http/event_ids.py): one chat
+    choice whose text a parser splits (tools, reasoning), without logprobs (a replay cuts
+    a chunk at a character, where its tokens cannot be told apart)."""
+    return (
+        gen.stream
+        and gen.chat
+        and gen.num_choices == 1
+        and gen.top_logprobs is None
+        and MessageStream.of(gen) is not None
     )
 
 
@@ -211,13 +226,19 @@ async def stream(
     workers: set[str],
     ref: StreamRef | None = None,
     resumed: bool = False,
+    replay: bool = False,
+    after: EventId | None = None,
 ) -> web.StreamResponse:
     """The reply as SSE. `error` turns a failure after the first chunk into its event;
     `workers` has the serving worker once the first chunk came (`choices` fills it).
-    `ref`: a resumable stream's (events get ids); `resumed`: it continues one (no
-    opening events: the client has them)."""
+    `ref`: a resumable stream's (events get ids); `resumed`: it continues one at a token
+    offset (no opening events: the client has them); `replay`: it resumes by a replay
+    (`replayed`), after the event `after` when it continues one."""
     # Wait for the first chunk before the 200: errors until then get their own status.
     item = await anext(chunks, None)
+    identified: IdentifiedEvents | None = None
+    if after is not None:  # the chunks' time as the client first saw it
+        gen = dataclasses.replace(gen, created=after.created)
     headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     headers[ROUTER_HEADER] = ROUTER_ID
     if item is not None and gen.num_choices == 1:
@@ -226,12 +247,18 @@ async def stream(
     await resp.prepare(request)
     sse = _Sse(resp)
     events = _ChunkEvents(gen, rid, tok)
+    if replay:
+        identified = IdentifiedEvents(_ReplayedChoice(events), ref, after, gen.created)
     try:
-        for payload in [] if resumed else events.opening():
+        for payload in [] if resumed or replay else events.opening():
             await sse.send(payload)
         while item is not None:
-            for payload in events.of(*item):
-                await sse.send(payload, event_id(ref, item[1]))
+            if identified is not None:
+                for (_, payload), eid in identified.of(item[1]):
+                    await sse.send(payload, eid)
+            else:
+                for payload in events.of(*item):
+                    await sse.send(payload, event_id(ref, item[1]))
             item = await anext(chunks, None)
     except (RadixMeshError, grpc.aio.AioRpcError) as e:
         api_error = error(e)
@@ -242,6 +269,23 @@ async def stream(
     await sse.send("[DONE]")
     await resp.write_eof()
     return resp
+
+
+class _ReplayedChoice:
+    """A one-choice stream's events as event_ids.py replays them (the events have no
+    names: chat completions send `data:` only)."""
+
+    def __init__(self, events: _ChunkEvents) -> None:
+        self.events = events
+
+    def opening(self, first: common_pb2.GenerateChunk) -> list[SseEvent]:
+        return [("", payload) for payload in self.events.opening()]
+
+    def of(self, chunk: common_pb2.GenerateChunk) -> list[SseEvent]:
+        return [("", payload) for payload in self.events.of(0, chunk)]
+
+    def renumber(self, sent: int) -> None:
+        """Chat chunks carry no sequence number."""
 
 
 class _ChunkEvents:

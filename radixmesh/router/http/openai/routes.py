@@ -24,6 +24,7 @@ from radixmesh.auth import caller_of
 from radixmesh.errors import InvalidArgument, RadixMeshError
 from radixmesh.router.dispatch import StreamRef
 from radixmesh.router.http.api_error import ApiError, read_json
+from radixmesh.router.http.event_ids import EventId, derived_id
 from radixmesh.router.http.openai import generation
 from radixmesh.router.http.openai import requests as rq
 from radixmesh.router.http.openai import responses as rs
@@ -145,24 +146,29 @@ class OpenAIRoutes:
         field = "n" if chat or len(gen.prompts) == 1 else "prompt"
         self.limits.check_choices(field, len(gen.prompts), gen.n)
         self.limits.check_top_logprobs("top_logprobs" if chat else "logprobs", gen.top_logprobs)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        rid = prefix + uuid.uuid4().hex
         workers: set[str] = set()
         caller = caller_of(request.headers.get("Authorization"))
         stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
         last_event_id = request.headers.get("Last-Event-ID") if gen.stream else None
-        ref = StreamRef() if generation.resumable(gen) else None
-        if ref is not None:
-            resume = None if last_event_id is None else generation.parse_event_id(last_event_id)
+        replay = generation.replayed(gen)
+        after: EventId | None = None
+        if generation.resumable(gen) or replay:
+            ref, resume, after = _resume_point(last_event_id, replay)
+            # The same id on every replica that serves the stream.
+            rid = prefix + derived_id(ref.worker_rid, "completion")
             source = generation.resumable_choice(
                 self.frontend.dispatch, gen, rid, workers, ref, caller, resume
             )
         elif last_event_id is not None:
             raise InvalidArgument(
                 "Last-Event-ID",
-                "only a stream of one choice without tools or reasoning to parse resumes "
-                "(no n > 1, several prompts, a completion's logprobs, tools or reasoning)",
+                "only a stream of one choice resumes, and not a completion's with logprobs, "
+                "nor a chat's with both logprobs and tools or reasoning to parse",
             )
         else:
+            ref = None
             source = generation.choices(stream_jobs, gen, rid, workers)
         chunks = _named_errors(source, gen)
         async with aclosing(chunks):
@@ -176,10 +182,27 @@ class OpenAIRoutes:
                     lambda e: _api_error(e, gen),
                     workers,
                     ref,
-                    resumed=last_event_id is not None,
+                    resumed=last_event_id is not None and not replay,
+                    replay=replay,
+                    after=after,
                 )
             body = await generation.collect(gen, rid, chunks, tok)
         return web.json_response(body, headers={WORKER_HEADER: ",".join(sorted(workers))})
+
+
+def _resume_point(
+    last_event_id: str | None, replay: bool
+) -> tuple[StreamRef, tuple[str, int] | None, EventId | None]:
+    """A resumable stream's ref, where its worker continues (stream id, token offset; None
+    for a new stream) and, resuming by a replay (generation.replayed), the event after
+    which the client lacks the events."""
+    if last_event_id is None:
+        return StreamRef(), None, None
+    if replay:
+        after = EventId.parse(last_event_id)
+        return StreamRef.resumed(after.stream_id, "Last-Event-ID"), (after.stream_id, 0), after
+    stream_id, offset = generation.parse_event_id(last_event_id)
+    return StreamRef.resumed(stream_id, "Last-Event-ID"), (stream_id, offset), None
 
 
 def _api_error(e: BaseException, gen: Generation) -> ApiError:
