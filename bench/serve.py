@@ -109,6 +109,7 @@ def build_workload(name: str, args: argparse.Namespace, mode: Mode, tokenizer: A
             prefix_len=args.prefix_len,
             question_len=args.question_len,
             output_len=_range(args.output_len)[1],
+            hot_share=args.hot_share,
             **common,
         )
     if name == "multi-turn":
@@ -276,12 +277,16 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
 
 def _policy(spec: str) -> tuple[str, dict[str, Any]]:
     """`--policies` entry: a policy name, with router options after a colon
-    (`cache_aware:host_hit_cost=1.0;request_cost_tokens=32`), values as numbers."""
+    (`cache_aware:host_hit_cost=1.0;request_cost_tokens=32`), values as numbers (true /
+    false: a switch, `cache_aware:hot_prefix_replication=true`)."""
     name, _, opts = spec.partition(":")
     options: dict[str, Any] = {}
     for item in filter(None, opts.split(";")):
         key, _, value = item.partition("=")
-        options[key] = float(value) if "." in value else int(value)
+        if value in ("true", "false"):
+            options[key] = value == "true"
+        else:
+            options[key] = float(value) if "." in value else int(value)
     return name, options
 
 
@@ -448,6 +453,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     load.add_argument("--output-len", default="64-128", help="output tokens lo-hi (ignore_eos)")
     load.add_argument("--groups", type=int, default=8, help="shared-prefix: prefixes")
     load.add_argument("--prefix-len", type=int, default=1024, help="prefix / system tokens")
+    load.add_argument(
+        "--hot-share", type=float, default=0.0, help="shared-prefix: group 0's share of requests"
+    )
     load.add_argument("--question-len", type=int, default=64, help="question / message tokens")
     load.add_argument("--turns", type=int, default=4, help="multi-turn: turns a conversation")
     load.add_argument("--think-time", type=float, default=0.5, help="multi-turn: seconds")

@@ -135,15 +135,22 @@ def shared_prefix_workload(
     mode: Mode,
     seed: int = 0,
     tokenizer: TokenizerLike | None = None,
+    hot_share: float = 0.0,
 ) -> Workload:
     """`num_groups` long system prompts, each followed by `requests_per_group` questions;
     the requests of all groups are shuffled together. Every request after its group's
-    first could hit the group's prefix."""
+    first could hit the group's prefix. With `hot_share`, group 0 brings that share of the
+    `num_groups` x `requests_per_group` requests and the others share the rest evenly (a
+    hot prefix)."""
     rng = random.Random(seed)
     maker = PromptMaker(mode, rng, tokenizer)
     prefixes = [maker.make(prefix_len) for _ in range(num_groups)]
     prefix_tokens = [maker.length(p) for p in prefixes]
     order = [g for g in range(num_groups) for _ in range(requests_per_group)]
+    if hot_share and num_groups > 1:
+        n = len(order)
+        hot = round(hot_share * n)
+        order = [0] * hot + [1 + i % (num_groups - 1) for i in range(n - hot)]
     rng.shuffle(order)
     seen: set[int] = set()
     sessions = []
@@ -161,6 +168,8 @@ def shared_prefix_workload(
         "output_len": output_len,
         "seed": seed,
     }
+    if hot_share:
+        params["hot_share"] = hot_share
     return Workload("shared-prefix", mode, tuple(sessions), params)
 
 
