@@ -11,10 +11,12 @@ A stream of one choice without tools or reasoning to parse (plain text; a chat's
 logprobs) is resumable (router/dispatch.py): each event that carries a chunk has an SSE
 id, "<stream id>/<completion tokens so far>", and the same request sent again with that
 id as `Last-Event-ID` (to any router of the cluster) continues after it: no token lost,
-none twice. Other streams (n > 1, several prompts, a completion's logprobs, whose text
-offsets a token offset does not give, a parser's state) have no ids, and a
-`Last-Event-ID` on one is a 400 naming the header; a client whose router died sees the
-stream cut. Anthropic's and the Responses API's streams resume otherwise (event_ids.py).
+none twice. A chat stream of one choice with tools or reasoning to parse (no logprobs)
+resumes by a replay through a fresh parser, as Anthropic's and the Responses API's
+streams do (router/http/event_ids.py; `replayed`). Other streams (n > 1, several
+prompts, a completion's logprobs, whose text offsets a token offset does not give, a
+chat's logprobs with a parser) have no ids, and a `Last-Event-ID` on one is a 400 naming
+the header; a client whose router died sees the stream cut.
 """
 
 from __future__ import annotations
