@@ -65,7 +65,8 @@ class SimConfig:
     # view (its own counts in full). `radixmesh.router.pool.SHARED_PENDING_WEIGHT`.
     shared_pending_weight: float = 0.25
     # cache_aware's `cold_partition` for each replica (its index, `replicas`): a prompt no
-    # worker caches goes to the replica's share of the workers only.
+    # worker caches goes to the replica's share of the workers, unless a worker outside it
+    # is cheaper by more than one prefill of it (`PolicyOptions.off_share_prefills`).
     partition_cold: bool = False
     # cache_aware with hot-prefix replication (`radixmesh.router.hot.HotPrefixes`).
     hot_prefixes: bool = False

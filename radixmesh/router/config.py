@@ -34,7 +34,8 @@ class RouterConfig:
     """The policy's random tie-breaks (None: unseeded)."""
     replicas: int = 1
     """Router replicas in front of the same workers (the launcher sets it): cache_aware
-    places a prompt no worker caches on this replica's share of the workers only."""
+    places a prompt no worker caches on this replica's share of the workers, unless one
+    outside it is cheaper by more than a prefill of the prompt (policy.py)."""
     replica_index: int = 0
     """This replica's index among `replicas` (0-based; the launcher sets it)."""
     summary_budget_bytes: int = 256 * 1024 * 1024
