@@ -56,7 +56,7 @@ class RouterConfig:
     hot_prefix_replication: bool = False
     """cache_aware: give a prefix whose requests outrun one worker home workers
     (router/hot.py), added where a copy is cheaper. Off by default: in the router simulator
-    it gains 1.15-1.45x goodput where a long (8k-token) prompt carries 60% of the traffic
+    it gains 1.15-1.45x goodput where a long (8k-token) prompt carries most of the traffic
     and nothing on average with 2k-token ones, and it is not measured on real workers
     (docs/router-sim.md, "Hot prefixes")."""
     hot_prefix_window: float = 1.0
