@@ -126,8 +126,9 @@ class SimRouter:
         return chosen
 
     def _hot(self, req: Request, candidates: list[Candidate], chosen: SimWorker) -> SimWorker:
-        """`ControlPlane.pick`'s hot-prefix step: a hot prefix's request goes to the least
-        loaded of its homes (each counted as caching the prompt), or to a new home."""
+        """`ControlPlane.pick`'s hot-prefix step: a hot prefix's request goes where
+        cache_aware's cost is least with its homes counted as caching the prompt and
+        every other worker at `new_home_prefill` of its prefill (a new home)."""
         assert self.hot is not None and self.policy is not None
         key = self.hot.key(req.prompt_hashes)
         if key is None:
