@@ -335,3 +335,18 @@ def test_host_tier_settings_are_checked() -> None:
         sim.SimConfig(workers=1, host_capacity_tokens=-16)
     with pytest.raises(ValueError, match="host_hit_cost"):
         sim.SimConfig(workers=1, host_hit_cost=2.0)
+
+
+def test_the_hot_prefix_trace_gives_one_prefix_sixty_percent_at_the_length_asked() -> None:
+    # Seeded: the hot prefix's requests of 384, drawn at 60% each.
+    for prefix_len, hot in ((2048, 240), (8192, 234)):
+        trace = sim.hot_prefix_trace(2, 0, rate_per_worker=10.0, prefix_len=prefix_len)
+        assert len(trace) == 2 * 4 * 48  # 4 groups a worker, 48 requests a group
+        assert {r.prompt_len for r in trace} == {prefix_len + 64}
+        assert {r.output_len for r in trace} == {128}
+        key = prefix_len // 16 - 1  # the prefix's last block
+        counts: dict[int, int] = {}
+        for r in trace:
+            counts[r.prompt_hashes[key]] = counts.get(r.prompt_hashes[key], 0) + 1
+        assert len(counts) == 8
+        assert max(counts.values()) == hot

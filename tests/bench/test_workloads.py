@@ -21,6 +21,22 @@ def smollm2() -> TokenizerLike:
     return load_tokenizer("smollm2")
 
 
+def test_a_hot_share_gives_group_zero_that_share_of_the_requests() -> None:
+    w = shared_prefix_workload(
+        num_groups=5,
+        requests_per_group=4,
+        prefix_len=20,
+        question_len=3,
+        output_len=2,
+        mode="ids",
+        seed=0,
+        hot_share=0.6,
+    )
+    per_group = [sum(1 for s in w.sessions if s.group == g) for g in range(5)]
+    assert per_group == [12, 2, 2, 2, 2]  # 60% of 20; the other 8 spread evenly
+    assert w.params["hot_share"] == 0.6
+
+
 def test_random_prompts_have_the_lengths_asked_for() -> None:
     w = random_workload(num_requests=20, input_len=(5, 9), output_len=(3, 3), mode="ids", seed=1)
     assert w.num_requests == 20
