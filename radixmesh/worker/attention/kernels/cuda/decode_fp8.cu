@@ -109,10 +109,6 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 __device__ __forceinline__ uint4 load16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
@@ -166,24 +162,6 @@ struct Block {
       const int64_t e = slot * p.stride_scale_slot + kv_head;
       r.e_k[i] = __ldg(p.k_exp + e);
       r.e_v[i] = __ldg(p.v_exp + e);
-    }
-  }
-
-  // A tile's bytes into L2 ahead of its loads (no registers held): one thread a line,
-  // the keys' rows by the t == 0 threads, the values' rows and the exponents by g == 0.
-  __device__ __forceinline__ void prefetch(const TileSlots& sl) const {
-    if (t == 0) {
-#pragma unroll
-      for (int n = 0; n < 2; ++n) prefetch_l2(p.k + head_off + (int64_t)sl.s[n] * p.stride_buf_slot);
-    }
-    if (g == 0) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t slot = sl.s[2 + i];
-        prefetch_l2(p.v + head_off + slot * p.stride_buf_slot);
-        prefetch_l2(p.k_exp + slot * p.stride_scale_slot + kv_head);
-        prefetch_l2(p.v_exp + slot * p.stride_scale_slot + kv_head);
-      }
     }
   }
 };
@@ -392,9 +370,9 @@ __device__ __forceinline__ void init_state(State& st) {
 }
 
 // Tiles into registers, a warp's 16-key tiles one at a time; each tile's slots come a
-// tile ahead. STAGES 2: also the next tile's bytes prefetched into L2 while this one is
-// computed (its slots then come two tiles ahead).
-template <int WARPS, int STAGES, int MIN_BLOCKS>
+// tile ahead. (Prefetching the next tile's bytes into L2 as well measured slower on the
+// H200: docs/performance.md, "FP8 KV decode".)
+template <int WARPS, int MIN_BLOCKS>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     decode_fp8_split(const Params p) {
   const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
@@ -413,46 +391,34 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
   init_state(st);
   constexpr int64_t kStride = (int64_t)WARPS * kTile;  // keys between a warp's tiles
   const int64_t first = r.lo + (int64_t)warp * kTile;
-  TileSlots cur, ahead;  // this tile's slots; the next one's (STAGES 2)
-  if (first < r.hi) blk.slots(first, cur);
-  if (STAGES == 2 && first + kStride < r.hi) blk.slots(first + kStride, ahead);
+  TileSlots slots;
+  if (first < r.hi) blk.slots(first, slots);
   for (int64_t n0 = first; n0 < r.hi; n0 += kStride) {
     TileRegs regs;
-    blk.load(cur, regs);
-    if (STAGES == 2) {
-      if (n0 + kStride < r.hi) {
-        blk.prefetch(ahead);
-        cur = ahead;
-      }
-      if (n0 + 2 * kStride < r.hi) blk.slots(n0 + 2 * kStride, ahead);
-    } else if (n0 + kStride < r.hi) {
-      blk.slots(n0 + kStride, cur);  // in flight while this tile is computed
-    }
+    blk.load(slots, regs);
+    if (n0 + kStride < r.hi) blk.slots(n0 + kStride, slots);  // in flight meanwhile
     compute_tile(st, regs, q, n0, r.hi, t);
   }
   combine_and_store<WARPS>(p, r, st, kv_head, smem);
 }
 
-template <int WARPS, int STAGES, int MIN_BLOCKS>
+template <int WARPS, int MIN_BLOCKS>
 cudaError_t launch(const Params& p, int batch, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.num_kv_heads, batch);
-  decode_fp8_split<WARPS, STAGES, MIN_BLOCKS><<<grid, WARPS * 32, 0, stream>>>(p);
+  decode_fp8_split<WARPS, MIN_BLOCKS><<<grid, WARPS * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block, `stages`
-// 1 or 2 (the next tile prefetched into L2), `min_blocks` resident blocks an SM is
-// compiled for (0: no register cap). Returns a cudaError_t; cudaErrorInvalidValue for a
-// launch that is not compiled.
-extern "C" int radixmesh_decode_fp8_split(const Params* p, int batch, int warps, int stages,
+// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block,
+// `min_blocks` resident blocks an SM is compiled for (0: no register cap). Returns a
+// cudaError_t; cudaErrorInvalidValue for a launch that is not compiled.
+extern "C" int radixmesh_decode_fp8_split(const Params* p, int batch, int warps,
                                           int min_blocks, int64_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (warps == 2 && stages == 1 && min_blocks == 8) return launch<2, 1, 8>(*p, batch, s);
-  if (warps == 4 && stages == 1 && min_blocks == 0) return launch<4, 1, 0>(*p, batch, s);
-  if (warps == 2 && stages == 2 && min_blocks == 8) return launch<2, 2, 8>(*p, batch, s);
-  if (warps == 4 && stages == 2 && min_blocks == 0) return launch<4, 2, 0>(*p, batch, s);
+  if (warps == 2 && min_blocks == 8) return launch<2, 8>(*p, batch, s);
+  if (warps == 4 && min_blocks == 0) return launch<4, 0>(*p, batch, s);
   return cudaErrorInvalidValue;
 }
 
