@@ -21,10 +21,12 @@ ENV DEBIAN_FRONTEND=noninteractive \
     RADIXMESH_HEALTH_ADDRESS=127.0.0.1:50051 \
     NCCL_NVLS_ENABLE=0
 
-# Python 3.12 from Ubuntu; a C compiler for Triton's launcher stubs.
+# Python 3.12 from Ubuntu; a C compiler for Triton's launcher stubs; nvcc and the CUDA
+# runtime's headers for the FP8 KV decode kernel (built below, ahead of time).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc g++ \
+       cuda-nvcc-12-8 cuda-cudart-dev-12-8 \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/radixmesh/venv \
     && useradd --no-log-init --create-home --uid 10001 radixmesh \
@@ -40,8 +42,11 @@ RUN pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
 
 USER 10001
 WORKDIR /home/radixmesh
-# Converts the bundled GGUF into the cache once (on the build machine's CPU).
-RUN radixmesh generate --model smollm2 --max-new-tokens 1 --device cpu --dtype float32 "Hi"
+# Converts the bundled GGUF into the cache once (on the build machine's CPU); builds the
+# FP8 KV decode kernel for Ada, Hopper and Blackwell GPUs into the user's cache
+# (RADIXMESH_CUDA_CACHE's default), so workers load it at start instead of compiling it.
+RUN radixmesh generate --model smollm2 --max-new-tokens 1 --device cpu --dtype float32 "Hi" \
+    && python -m radixmesh.worker.attention.kernels.decode_fp8_cuda 8.9 9.0 10.0
 
 EXPOSE 50050 50051 8000 9090 9091
 HEALTHCHECK --interval=15s --timeout=10s --start-period=900s --retries=3 \

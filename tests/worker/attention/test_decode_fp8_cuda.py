@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,3 +143,22 @@ def test_kernel_does_not_apply_off_cuda_or_when_switched_off(
     assert not decode_fp8_cuda.applies(q, k)  # a CPU tensor
     monkeypatch.setenv(decode_fp8_cuda.SWITCH, "triton")
     assert not decode_fp8_cuda.applies(q, k)
+
+
+@pytest.mark.skipif(decode_fp8_cuda.nvcc() is None, reason="needs nvcc (no GPU)")
+def test_library_builds_ahead_of_time_and_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m ...decode_fp8_cuda 9.0` builds the library where RADIXMESH_CUDA_CACHE
+    says, under the name the loader looks for, exporting the entry points with the
+    parameter block ctypes builds; a second build keeps the file."""
+    monkeypatch.setenv("RADIXMESH_CUDA_CACHE", str(tmp_path))
+    decode_fp8_cuda.main(["9.0"])
+    path = decode_fp8_cuda.library_path((9, 0), tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    lib = ctypes.CDLL(str(path))
+    assert lib.radixmesh_decode_fp8_params_size() == ctypes.sizeof(decode_fp8_cuda._Params)
+    assert hasattr(lib, "radixmesh_decode_fp8_split")
+    built = path.stat().st_mtime_ns
+    assert decode_fp8_cuda.build((9, 0), "/nonexistent/nvcc", tmp_path) == path
+    assert path.stat().st_mtime_ns == built

@@ -3,7 +3,9 @@ and why), built with nvcc at first use and loaded through ctypes.
 
 The library is compiled once per source, flags and GPU architecture into
 `RADIXMESH_CUDA_CACHE` (default ~/.cache/radixmesh/cuda), so a second start loads it in
-milliseconds; the worker builds it before it reports ready (`prepare_library`). It has no
+milliseconds; the worker builds it before it reports ready (`prepare_library`). A library
+already there (the CUDA image builds one per GPU architecture it targets) is loaded
+without nvcc. It has no
 Python or torch headers in it: nvcc alone builds it in ~3 s, and its one entry point takes
 a parameter block of raw pointers and strides and the caller's CUDA stream (so CUDA graph
 capture records it like any other launch on that stream).
@@ -101,13 +103,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RADIXMESH_CUDA_CACHE", Path.home() / ".cache/radixmesh/cuda"))
 
 
-def build(capability: tuple[int, int], compiler: str, out_dir: Path) -> Path:
-    """Compile the library for sm_<capability> into `out_dir` (named by a hash of the
-    source, the flags and the architecture; kept if already there). Raises on failure."""
+def _flags(capability: tuple[int, int]) -> list[str]:
     arch = f"{capability[0]}{capability[1]}"
-    flags = [*_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+    return [*_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+
+
+def library_path(capability: tuple[int, int], out_dir: Path) -> Path:
+    """Where the library for sm_<capability> is (or will be) in `out_dir`: named by a hash
+    of the source and the flags, so an edit never loads a stale build."""
+    flags = _flags(capability)
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    target = out_dir / f"decode_fp8-{digest}-sm{arch}.so"
+    return out_dir / f"decode_fp8-{digest}-sm{capability[0]}{capability[1]}.so"
+
+
+def build(capability: tuple[int, int], compiler: str, out_dir: Path) -> Path:
+    """Compile the library for sm_<capability> into `out_dir` (kept if already there; no
+    GPU needed, so an image can build it for its GPUs ahead of time). Raises on failure."""
+    target = library_path(capability, out_dir)
     if target.is_file():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +129,9 @@ def build(capability: tuple[int, int], compiler: str, out_dir: Path) -> Path:
     os.close(fd)
     try:
         run = subprocess.run(
-            [compiler, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True
+            [compiler, *_flags(capability), "-o", tmp, str(SOURCE)],
+            capture_output=True,
+            text=True,
         )
         if run.returncode != 0:
             raise RuntimeError(f"nvcc failed ({run.returncode}): {run.stderr[-2000:]}")
@@ -135,14 +149,21 @@ def library(device_index: int) -> ctypes.CDLL | None:
     if capability < (8, 9):
         log.info("FP8 decode: the CUDA kernel needs sm_89+ (this GPU: sm_%d%d)", *capability)
         return None
-    compiler = nvcc()
-    if compiler is None:
-        log.warning("FP8 decode: no nvcc found, so the Triton kernels run over the FP8 pool")
-        return None
+    path = library_path(capability, cache_dir())
+    if not path.is_file():  # not built ahead of time (an image's build): build it here
+        compiler = nvcc()
+        if compiler is None:
+            log.warning("FP8 decode: no nvcc found, so the Triton kernels run over the FP8 pool")
+            return None
+        try:
+            path = build(capability, compiler, cache_dir())
+        except (OSError, RuntimeError) as e:
+            log.warning("FP8 decode: the CUDA kernel did not build (%s); Triton kernels instead", e)
+            return None
     try:
-        lib = ctypes.CDLL(str(build(capability, compiler, cache_dir())))
-    except (OSError, RuntimeError) as e:
-        log.warning("FP8 decode: the CUDA kernel did not build (%s); Triton kernels instead", e)
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        log.warning("FP8 decode: the CUDA kernel did not load (%s); Triton kernels instead", e)
         return None
     lib.radixmesh_decode_fp8_split.restype = ctypes.c_int
     lib.radixmesh_decode_fp8_split.argtypes = [
@@ -214,3 +235,24 @@ def decode_split_fp8_cuda(
     err = lib.radixmesh_decode_fp8_split(ctypes.byref(params), b, num_warps, min_blocks, stream)
     if err != 0:
         raise RuntimeError(f"FP8 decode kernel launch failed: cudaError {err}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m radixmesh.worker.attention.kernels.decode_fp8_cuda 8.9 9.0 10.0`: build the
+    library for these GPU architectures into RADIXMESH_CUDA_CACHE ahead of time (the CUDA
+    image does, so its workers start without compiling)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("archs", nargs="+", help="compute capabilities, e.g. 9.0")
+    args = ap.parse_args(argv)
+    compiler = nvcc()
+    if compiler is None:
+        raise SystemExit("no nvcc found (PATH, CUDA_HOME, /usr/local/cuda)")
+    for arch in args.archs:
+        major, minor = (int(x) for x in arch.split("."))
+        print(build((major, minor), compiler, cache_dir()))
+
+
+if __name__ == "__main__":
+    main()
