@@ -30,6 +30,7 @@ from radixmesh.client import Chunk, Client
 from radixmesh.cluster.launch import LocalCluster
 from radixmesh.errors import Unavailable
 from radixmesh.v1 import router_pb2, router_pb2_grpc
+from tests.cluster.sse import Event, read_events
 from tests.cluster.test_resumable_streams import (  # noqa: F401 (the fixture)
     PARAMS,
     PROMPTS,
@@ -44,8 +45,6 @@ pytestmark = pytest.mark.slow
 MODEL = "dummy:tiny"
 KEY = "unused"  # the cluster has no keys: a caller is known by its key all the same
 MAX_TOKENS = 512  # long enough that the stream is still generating when its router dies
-
-Event = tuple[str | None, str | None, str]  # (id, event name, data)
 
 
 def _both_up(cluster: LocalCluster) -> None:
@@ -86,36 +85,10 @@ def _reconnect(port: int, path: str, body: dict[str, Any], last_id: str) -> list
             continue
         assert resp.status == 200, resp.read()
         try:
-            return _events(resp)
+            return read_events(resp)
         finally:
             conn.close()
     raise AssertionError("no replica took the resume")
-
-
-def _events(resp: http.client.HTTPResponse, until: int | None = None) -> list[Event]:
-    """(id, name, data) of the SSE events read (`until`: stop after that many)."""
-    events: list[Event] = []
-    event_id: str | None = None
-    name: str | None = None
-    data: str | None = None
-    while until is None or len(events) < until:
-        try:
-            line = resp.readline()
-        except (http.client.IncompleteRead, ConnectionError):
-            break  # the router died mid-event
-        if not line:
-            break
-        text = line.decode().rstrip("\n")
-        if text.startswith("data: "):
-            data = text[6:]
-        elif text.startswith("id: "):
-            event_id = text[4:]
-        elif text.startswith("event: "):
-            name = text[7:]
-        elif not text and data is not None:
-            events.append((event_id, name, data))
-            event_id, name, data = None, None, None
-    return events
 
 
 def _cut_and_resume(cluster: LocalCluster, path: str, body: dict[str, Any]) -> list[Event]:
@@ -126,9 +99,9 @@ def _cut_and_resume(cluster: LocalCluster, path: str, body: dict[str, Any]) -> l
     conn, resp = _post(port, path, body)
     assert resp.status == 200, resp.read()
     victim = _pid_of(resp.getheader("X-Radixmesh-Router") or "")
-    before = _events(resp, until=4)
+    before = read_events(resp, until=4)
     os.kill(victim, signal.SIGKILL)
-    before += _events(resp)  # what was on its way, then the cut
+    before += read_events(resp)  # what was on its way, then the cut
     conn.close()
     last_id = before[-1][0]
     assert last_id is not None

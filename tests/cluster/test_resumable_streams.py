@@ -28,6 +28,7 @@ from radixmesh.cluster.launch import LocalCluster, free_port
 from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import NotFound
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from tests.cluster.sse import read_events
 from tests.cluster.test_router_replicas import replica_ids
 
 pytestmark = pytest.mark.slow
@@ -176,24 +177,7 @@ def _reconnect(port: int, body: dict[str, Any], last_id: str) -> Any:
 
 def _events(resp: Any, until: int | None = None) -> list[tuple[str | None, str]]:
     """(id, data) of the SSE events read (`until`: stop after that many)."""
-    events: list[tuple[str | None, str]] = []
-    event_id, data = None, None
-    while until is None or len(events) < until:
-        try:
-            line = resp.readline()
-        except (http.client.IncompleteRead, ConnectionError):
-            break  # the router died mid-event
-        if not line:
-            break
-        line = line.decode().rstrip("\n")
-        if line.startswith("data: "):
-            data = line[6:]
-        elif line.startswith("id: "):
-            event_id = line[4:]
-        elif not line and data is not None:
-            events.append((event_id, data))
-            event_id, data = None, None
-    return events
+    return [(event_id, data) for event_id, _, data in read_events(resp, until)]
 
 
 def test_an_sse_stream_resumes_with_last_event_id(

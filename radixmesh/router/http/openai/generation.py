@@ -123,6 +123,26 @@ async def resumable_choice(
             yield 0, chunk
 
 
+def reply_chunks(
+    stream_jobs: StreamJobs,
+    dispatch: Dispatcher,
+    gen: Generation,
+    rid: str,
+    workers: set[str],
+    ref: StreamRef | None,
+    after: EventId | None,
+    caller: str,
+) -> Chunks:
+    """The chunks of a stream whose events resume by a replay (Anthropic's Messages, the
+    Responses API; `event_ids.resumption` gives `ref` and `after`): `choices` when it does
+    not resume; a resumable one started, or replayed from the worker's first output when
+    it resumes after `after` (event_ids.py sends only the events past it)."""
+    if ref is None:
+        return choices(stream_jobs, gen, rid, workers)
+    resume = None if after is None else (after.stream_id, 0)
+    return resumable_choice(dispatch, gen, rid, workers, ref, caller, resume)
+
+
 async def choices(stream_jobs: StreamJobs, gen: Generation, rid: str, workers: set[str]) -> Chunks:
     """Every choice's chunks as (choice index, chunk), the choices generated at once
     (choice index = prompt x n + choice); the workers that serve them go into `workers`."""

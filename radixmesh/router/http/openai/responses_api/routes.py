@@ -98,13 +98,10 @@ class ResponsesRoutes:
         workers: set[str] = set()
         reply = ResponseReply(gen, rid, echoed(req), tok)
         ref, after = resumption(gen, request.headers.get("Last-Event-ID"))
-        if ref is None:
-            stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
-            chunks = generation.choices(stream_jobs, gen, rid, workers)
-        else:  # a resume replays the stream from its start (event_ids.py)
-            resume = None if after is None else (after.stream_id, 0)
-            dispatch = self.frontend.dispatch
-            chunks = generation.resumable_choice(dispatch, gen, rid, workers, ref, caller, resume)
+        stream_jobs = functools.partial(self.frontend.stream_jobs, caller=caller)
+        chunks = generation.reply_chunks(
+            stream_jobs, self.frontend.dispatch, gen, rid, workers, ref, after, caller
+        )
         async with aclosing(chunks):
             first = await first_chunk(chunks, lambda f: field_name(gen.openai_field(f)))
             if ref is None:
