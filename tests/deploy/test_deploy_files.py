@@ -550,8 +550,10 @@ def test_kuberay_manifests() -> None:
         "auto",
         "0.0.0.0",
     )
-    # One worker per GPU pod, each with /metrics on the port the pods and Service expose.
+    # One worker per GPU pod, each with /metrics on the port the pods and Service expose;
+    # spread over the pods by one placement group (a lost pod's workers placed again).
     assert (args.worker_metrics_port, args.worker_args) == (9091, ())
+    assert args.worker_placement == "spread"
     # Two routers on the head: one port each for their metrics (9090 and the next), on
     # the head pod and the router Service.
     assert (args.routers, args.metrics_port) == (2, 9090)
