@@ -162,3 +162,23 @@ def test_library_builds_ahead_of_time_and_is_kept(
     built = path.stat().st_mtime_ns
     assert decode_fp8_cuda.build((9, 0), "/nonexistent/nvcc", tmp_path) == path
     assert path.stat().st_mtime_ns == built
+
+
+def test_shapes_that_do_not_fit_take_the_triton_kernels() -> None:
+    """Head dim 128, at most 8 query heads per KV head, 16-bit queries, 16-byte aligned
+    rows: anything else is not the CUDA kernel's."""
+    fp8 = torch.float8_e4m3fn
+    pool = torch.zeros(10, 8, 128, dtype=fp8)
+    q = torch.zeros(4, 32, 128, dtype=torch.bfloat16)
+    assert decode_fp8_cuda.shapes_fit(q, pool)
+    assert decode_fp8_cuda.shapes_fit(q.half(), pool)
+    assert not decode_fp8_cuda.shapes_fit(q.float(), pool)  # float32 queries
+    assert not decode_fp8_cuda.shapes_fit(q, pool.to(torch.bfloat16))  # not an FP8 pool
+    assert not decode_fp8_cuda.shapes_fit(
+        torch.zeros(4, 32, 64, dtype=torch.bfloat16), torch.zeros(10, 8, 64, dtype=fp8)
+    )  # head dim
+    assert not decode_fp8_cuda.shapes_fit(torch.zeros(4, 72, 128, dtype=torch.bfloat16), pool)
+    fused = torch.zeros(4, 48 * 128, dtype=torch.bfloat16)  # q, k, v of one projection
+    assert decode_fp8_cuda.shapes_fit(fused[:, : 32 * 128].view(4, 32, 128), pool)
+    shifted = torch.zeros(4 * 32 * 128 + 4, dtype=torch.bfloat16)[4:].view(4, 32, 128)
+    assert not decode_fp8_cuda.shapes_fit(shifted, pool)  # rows off 16-byte alignment

@@ -176,16 +176,33 @@ def library(device_index: int) -> ctypes.CDLL | None:
     return lib
 
 
-def applies(q: torch.Tensor, k_buf: torch.Tensor) -> bool:
-    """Whether the CUDA kernel serves this query and FP8 pool (its library built)."""
-    if os.environ.get(SWITCH, "cuda") == "triton" or not q.is_cuda:
-        return False
+def shapes_fit(q: torch.Tensor, k_buf: torch.Tensor) -> bool:
+    """Whether the kernel's shapes and 16-byte loads fit: 16-bit queries, an e4m3 pool,
+    head dim 128, at most MAX_GROUP query heads per KV head, and query rows and pool
+    slots aligned to 16 bytes (a query that is a view into a fused projection's output
+    keeps its rows' alignment; anything else takes the Triton kernels)."""
     if q.dtype not in (torch.bfloat16, torch.float16) or k_buf.dtype != torch.float8_e4m3fn:
         return False
     hq, hkv = q.shape[1], k_buf.shape[1]
     if q.shape[2] != HEAD_DIM or hq % hkv or hq // hkv > MAX_GROUP:
         return False
-    return library(q.device.index or 0) is not None
+    return (
+        q.stride(2) == 1
+        and q.data_ptr() % 16 == 0
+        and q.stride(0) % 8 == 0
+        and q.stride(1) % 8 == 0
+        and k_buf.stride(2) == 1
+        and k_buf.stride(1) % 16 == 0
+        and k_buf.stride(0) % 16 == 0
+        and k_buf.data_ptr() % 16 == 0
+    )
+
+
+def applies(q: torch.Tensor, k_buf: torch.Tensor) -> bool:
+    """Whether the CUDA kernel serves this query and FP8 pool (its library built)."""
+    if os.environ.get(SWITCH, "cuda") == "triton" or not q.is_cuda:
+        return False
+    return shapes_fit(q, k_buf) and library(q.device.index or 0) is not None
 
 
 def prepare_library(device: torch.device) -> bool:
@@ -216,10 +233,8 @@ def decode_split_fp8_cuda(
     k_exp, v_exp = scales
     mid_o, mid_l = workspace
     # 16-byte loads: the query rows, each slot's head and the buffers themselves aligned.
-    assert d == HEAD_DIM and q.stride(2) == 1 and k_buf.stride(2) == 1
-    assert q.data_ptr() % 16 == 0 and q.stride(0) % 8 == 0 and q.stride(1) % 8 == 0
-    assert k_buf.stride() == v_buf.stride() and k_buf.stride(0) % 16 == 0
-    assert k_buf.data_ptr() % 16 == 0 and v_buf.data_ptr() % 16 == 0
+    assert shapes_fit(q, k_buf) and k_buf.stride() == v_buf.stride()
+    assert v_buf.data_ptr() % 16 == 0
     assert k_exp.stride() == v_exp.stride() and k_exp.stride(1) == 1
     assert req_to_token.dtype == req_rows.dtype == seq_lens.dtype == torch.int64
     assert mid_o.stride(2) == d and mid_l.stride(1) == mid_o.stride(1) // d
