@@ -49,9 +49,8 @@ class DecodeConfig:
     """The split kernel's launch: keys per tile, warps, pipeline stages; and, over an FP8
     pool, whether to multiply e4m3 on the matrix unit (decode_fp8_mma.py) instead of
     converting keys and values to the query's dtype, or to run the CUDA kernel
-    (decode_fp8_cuda.py; `num_warps` its warps per block, `num_stages` 1 or 2 (the next
-    tile loaded while one is computed), `min_blocks` the blocks per SM it is compiled
-    for; 16-key tiles)."""
+    (decode_fp8_cuda.py; `num_warps` its warps per block, `min_blocks` the blocks per SM
+    it is compiled for; 16-key tiles, one stage)."""
 
     block_n: int
     num_warps: int = 4
@@ -370,7 +369,7 @@ def decode_attention(
     if scales is not None and cfg.cuda:
         decode_fp8_cuda.decode_split_fp8_cuda(
             q, k_buf, v_buf, scales, workspace, req_to_token, req_rows, seq_lens,
-            scale * LOG2E, num_splits, cfg.num_warps, cfg.num_stages, cfg.min_blocks,
+            scale * LOG2E, num_splits, cfg.num_warps, cfg.min_blocks,
         )  # fmt: skip
     elif scales is not None and cfg.fp8_mma and min(block_d, cfg.block_n) >= 32:
         decode_split_fp8_mma(

@@ -38,10 +38,10 @@ SWITCH = "RADIXMESH_FP8_DECODE"  # "triton", "cuda" (the default) or "cuda:W,K,S
 HEAD_DIM = 128
 MAX_GROUP = 8  # query heads per KV head: the mma tile's 8 live rows
 # The launches cuda/decode_fp8.cu compiles, as (warps per block, keys a warp loads at a
-# time, stages: 1 a tile's loads then its compute, 2 the next tile's loads during this
-# one's compute, blocks an SM is compiled to hold: 0 for no register cap). The first is
-# the default (the decode sweep's fastest on the H200, docs/performance.md).
-LAUNCHES = ((2, 16, 1, 8), (4, 16, 1, 0), (2, 16, 2, 8), (4, 16, 2, 0), (4, 16, 2, 3))
+# time, stages, blocks an SM is compiled to hold: 0 for no register cap); tiles go
+# straight into registers, 16 keys at a time (one stage). The first is the default (the
+# decode sweep's fastest on the H200, docs/performance.md).
+LAUNCHES = ((2, 16, 1, 8), (4, 16, 1, 0))
 _FLAGS = ("-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17")
 
 
@@ -167,8 +167,7 @@ def library(device_index: int) -> ctypes.CDLL | None:
         return None
     lib.radixmesh_decode_fp8_split.restype = ctypes.c_int
     lib.radixmesh_decode_fp8_split.argtypes = [
-        ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-        ctypes.c_int64,
+        ctypes.POINTER(_Params), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
     ]  # fmt: skip
     size, here = lib.radixmesh_decode_fp8_params_size(), ctypes.sizeof(_Params)
     if size != here:  # the two definitions disagree
@@ -223,7 +222,6 @@ def decode_split_fp8_cuda(
     scale_log2: float,
     num_splits: int,
     num_warps: int,
-    stages: int,
     min_blocks: int,
 ) -> None:
     """Stage 1 of `decode_attention` over an FP8 pool, as decode_split_fp8_mma: each
@@ -249,9 +247,7 @@ def decode_split_fp8_cuda(
         mid_o.stride(1), mid_o.stride(2),
     )  # fmt: skip
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    err = lib.radixmesh_decode_fp8_split(
-        ctypes.byref(params), b, num_warps, stages, min_blocks, stream
-    )
+    err = lib.radixmesh_decode_fp8_split(ctypes.byref(params), b, num_warps, min_blocks, stream)
     if err != 0:
         raise RuntimeError(f"FP8 decode kernel launch failed: cudaError {err}")
 

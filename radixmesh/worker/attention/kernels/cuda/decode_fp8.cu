@@ -8,8 +8,8 @@
 // owns its keys and its softmax state, and a thread reads exactly the bytes it multiplies
 // (16-byte loads; no shared tile, no barrier inside the loop); blocks combine their warps
 // once, at the end. Tiles go straight into registers; each tile's slots are read a tile
-// ahead, and (pipelined) the next tile's keys and values are loaded while this one is
-// computed, into the registers it has finished reading.
+// ahead. (Copying tiles asynchronously into a per-warp shared-memory ring of 3-4 stages
+// instead measured 1.3-1.5x slower on the H200: docs/performance.md, "FP8 KV decode".)
 //
 // Numerics are those of the Triton conversion path (exact to the pool's values): e4m3
 // keys and values become fp16 (which holds every e4m3 value exactly) with one `cvt` per
@@ -146,8 +146,7 @@ struct Block {
     }
   }
 
-  // A tile's keys and exponents (what its scores read).
-  __device__ __forceinline__ void load_keys(const TileSlots& sl, TileRegs& r) const {
+  __device__ __forceinline__ void load(const TileSlots& sl, TileRegs& r) const {
     const uint8_t* kb = p.k + head_off + 32 * t;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -155,19 +154,15 @@ struct Block {
       r.k[n][0] = load16(src);
       r.k[n][1] = load16(src + 16);
     }
+    const uint8_t* vb = p.v + head_off + 16 * g;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int64_t e = (int64_t)sl.s[2 + i] * p.stride_scale_slot + kv_head;
+      const int64_t slot = sl.s[2 + i];
+      r.v[i] = load16(vb + slot * p.stride_buf_slot);
+      const int64_t e = slot * p.stride_scale_slot + kv_head;
       r.e_k[i] = __ldg(p.k_exp + e);
       r.e_v[i] = __ldg(p.v_exp + e);
     }
-  }
-
-  // A tile's values (what its output reads).
-  __device__ __forceinline__ void load_values(const TileSlots& sl, TileRegs& r) const {
-    const uint8_t* vb = p.v + head_off + 16 * g;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r.v[i] = load16(vb + (int64_t)sl.s[2 + i] * p.stride_buf_slot);
   }
 };
 
@@ -233,17 +228,9 @@ struct State {
   float m, big_m, l;  // l: this thread's share (its four keys a tile), summed at the end
 };
 
-// A tile's softmax weights as the output product's A fragment, and the factor its
-// accumulators are rescaled by first.
-struct Weights {
-  uint32_t pa0, pa2;
-  float beta;
-};
-
-// The first half of a 16-key tile starting at key n0 (keys >= hi masked): its scores from
-// the keys, the running maxima and sum, the weights. Reads r.k, r.e_k and r.e_v only.
-__device__ __forceinline__ Weights tile_scores(State& st, const TileRegs& r, const Query& q,
-                                               int64_t n0, int64_t hi, int t) {
+// One 16-key tile starting at key n0 (keys >= hi masked) into the warp's state.
+__device__ __forceinline__ void compute_tile(State& st, const TileRegs& r, const Query& q,
+                                             int64_t n0, int64_t hi, int t) {
   float s[4] = {0.f, 0.f, 0.f, 0.f};  // keys 2t, 2t + 1, 8 + 2t, 9 + 2t
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
@@ -279,11 +266,8 @@ __device__ __forceinline__ Weights tile_scores(State& st, const TileRegs& r, con
   st.l = st.l * alpha + psum;
   st.m = m_new;
   st.big_m = big_new;
-  return {pack_f16x2(w[0], w[1]), pack_f16x2(w[2], w[3]), beta};
-}
-
-// The second half: the weights times the values into the accumulators. Reads r.v only.
-__device__ __forceinline__ void tile_output(State& st, const TileRegs& r, const Weights& p) {
+  const uint32_t pa0 = pack_f16x2(w[0], w[1]);
+  const uint32_t pa2 = pack_f16x2(w[2], w[3]);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // word i of each key: dims 16g + 4i + {0..3}
     const uint32_t v0 = (&r.v[0].x)[i], v1 = (&r.v[1].x)[i];
@@ -297,9 +281,9 @@ __device__ __forceinline__ void tile_output(State& st, const TileRegs& r, const 
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int j = 4 * i + c;  // n-tile: column n is dim 16n + j
-      st.acc[j][0] *= p.beta;
-      st.acc[j][1] *= p.beta;
-      mma_rows8(st.acc[j][0], st.acc[j][1], p.pa0, p.pa2, b0[c], b1[c]);
+      st.acc[j][0] *= beta;
+      st.acc[j][1] *= beta;
+      mma_rows8(st.acc[j][0], st.acc[j][1], pa0, pa2, b0[c], b1[c]);
     }
   }
 }
@@ -386,12 +370,9 @@ __device__ __forceinline__ void init_state(State& st) {
 }
 
 // Tiles into registers, a warp's 16-key tiles one at a time; each tile's slots come a
-// tile ahead. PIPELINED: the next tile's keys are loaded as soon as this tile's scores
-// have read its keys, and its values as soon as this tile's output has read its values,
-// so each warp has a tile's loads in flight while it computes, in the same registers.
-// (Prefetching the next tile into L2, or a shared-memory ring filled by cp.async,
-// measured slower on the H200: docs/performance.md, "FP8 KV decode".)
-template <int WARPS, int MIN_BLOCKS, bool PIPELINED>
+// tile ahead. (Prefetching the next tile's bytes into L2 as well measured slower on the
+// H200: docs/performance.md, "FP8 KV decode".)
+template <int WARPS, int MIN_BLOCKS>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     decode_fp8_split(const Params p) {
   const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
@@ -411,55 +392,33 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
   constexpr int64_t kStride = (int64_t)WARPS * kTile;  // keys between a warp's tiles
   const int64_t first = r.lo + (int64_t)warp * kTile;
   TileSlots slots;
-  TileRegs regs;
-  if (PIPELINED) {
-    if (first < r.hi) {
-      blk.slots(first, slots);
-      blk.load_keys(slots, regs);
-      blk.load_values(slots, regs);
-    }
-    if (first + kStride < r.hi) blk.slots(first + kStride, slots);
-    for (int64_t n0 = first; n0 < r.hi; n0 += kStride) {
-      const bool more = n0 + kStride < r.hi;
-      const Weights w = tile_scores(st, regs, q, n0, r.hi, t);
-      if (more) blk.load_keys(slots, regs);  // the next tile's, into the keys just read
-      tile_output(st, regs, w);
-      if (more) blk.load_values(slots, regs);
-      if (n0 + 2 * kStride < r.hi) blk.slots(n0 + 2 * kStride, slots);
-    }
-  } else {
-    if (first < r.hi) blk.slots(first, slots);
-    for (int64_t n0 = first; n0 < r.hi; n0 += kStride) {
-      blk.load_keys(slots, regs);
-      blk.load_values(slots, regs);
-      if (n0 + kStride < r.hi) blk.slots(n0 + kStride, slots);  // in flight meanwhile
-      tile_output(st, regs, tile_scores(st, regs, q, n0, r.hi, t));
-    }
+  if (first < r.hi) blk.slots(first, slots);
+  for (int64_t n0 = first; n0 < r.hi; n0 += kStride) {
+    TileRegs regs;
+    blk.load(slots, regs);
+    if (n0 + kStride < r.hi) blk.slots(n0 + kStride, slots);  // in flight meanwhile
+    compute_tile(st, regs, q, n0, r.hi, t);
   }
   combine_and_store<WARPS>(p, r, st, kv_head, smem);
 }
 
-template <int WARPS, int MIN_BLOCKS, bool PIPELINED>
+template <int WARPS, int MIN_BLOCKS>
 cudaError_t launch(const Params& p, int batch, cudaStream_t stream) {
   const dim3 grid(p.num_splits, p.num_kv_heads, batch);
-  decode_fp8_split<WARPS, MIN_BLOCKS, PIPELINED><<<grid, WARPS * 32, 0, stream>>>(p);
+  decode_fp8_split<WARPS, MIN_BLOCKS><<<grid, WARPS * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block, `stages`
-// 1 (a tile's loads, then its compute) or 2 (the next tile's loads during this one's
-// compute), `min_blocks` resident blocks an SM is compiled for (0: no register cap).
-// Returns a cudaError_t; cudaErrorInvalidValue for a launch that is not compiled.
-extern "C" int radixmesh_decode_fp8_split(const Params* p, int batch, int warps, int stages,
+// The launchers' C entry point (ctypes, decode_fp8_cuda.py): `warps` per block,
+// `min_blocks` resident blocks an SM is compiled for (0: no register cap). Returns a
+// cudaError_t; cudaErrorInvalidValue for a launch that is not compiled.
+extern "C" int radixmesh_decode_fp8_split(const Params* p, int batch, int warps,
                                           int min_blocks, int64_t stream) {
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (warps == 2 && stages == 1 && min_blocks == 8) return launch<2, 8, false>(*p, batch, s);
-  if (warps == 4 && stages == 1 && min_blocks == 0) return launch<4, 0, false>(*p, batch, s);
-  if (warps == 2 && stages == 2 && min_blocks == 8) return launch<2, 8, true>(*p, batch, s);
-  if (warps == 4 && stages == 2 && min_blocks == 0) return launch<4, 0, true>(*p, batch, s);
-  if (warps == 4 && stages == 2 && min_blocks == 3) return launch<4, 3, true>(*p, batch, s);
+  if (warps == 2 && min_blocks == 8) return launch<2, 8>(*p, batch, s);
+  if (warps == 4 && min_blocks == 0) return launch<4, 0>(*p, batch, s);
   return cudaErrorInvalidValue;
 }
 
