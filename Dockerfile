@@ -43,8 +43,8 @@ RUN pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
 USER 10001
 WORKDIR /home/radixmesh
 # Converts the bundled GGUF into the cache once (on the build machine's CPU); builds the
-# FP8 KV decode kernel for Ada, Hopper and Blackwell GPUs into the user's cache
-# (RADIXMESH_CUDA_CACHE's default), so workers load it at start instead of compiling it.
+# FP8 KV decode kernel for Ada, Hopper and Blackwell GPUs into the cache (cuda/ in
+# RADIXMESH_CACHE_DIR), so workers load it at start instead of compiling it.
 RUN radixmesh generate --model smollm2 --max-new-tokens 1 --device cpu --dtype float32 "Hi" \
     && python -m radixmesh.worker.attention.kernels.decode_fp8_cuda 8.9 9.0 10.0
 

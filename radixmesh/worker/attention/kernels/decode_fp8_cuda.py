@@ -2,13 +2,13 @@
 and why), built with nvcc at first use and loaded through ctypes.
 
 The library is compiled once per source, flags and GPU architecture into
-`RADIXMESH_CUDA_CACHE` (default ~/.cache/radixmesh/cuda), so a second start loads it in
-milliseconds; the worker builds it before it reports ready (`prepare_library`). A library
-already there (the CUDA image builds one per GPU architecture it targets) is loaded
-without nvcc. It has no
-Python or torch headers in it: nvcc alone builds it in ~3 s, and its one entry point takes
-a parameter block of raw pointers and strides and the caller's CUDA stream (so CUDA graph
-capture records it like any other launch on that stream).
+`RADIXMESH_CUDA_CACHE` (default `cuda/` in RADIXMESH_CACHE_DIR, ~/.cache/radixmesh), so
+a second start loads it in milliseconds; the worker builds it before it reports ready
+(`prepare_library`). A library already there (the CUDA image builds one per GPU
+architecture it targets) is loaded without nvcc. It has no Python or torch headers in
+it: nvcc alone builds it in ~3 s, and its one entry point takes a parameter block of raw
+pointers and strides and the caller's CUDA stream (so CUDA graph capture records it like
+any other launch on that stream).
 
 Where it does not apply (no CUDA, a GPU before sm_89, which lacks the e4m3 -> f16
 conversion instruction, no nvcc, a head dim other than 128, more than 8 query heads per
@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from radixmesh.model_source import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,10 @@ def nvcc() -> str | None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("RADIXMESH_CUDA_CACHE", Path.home() / ".cache/radixmesh/cuda"))
+    """RADIXMESH_CUDA_CACHE, else `cuda/` in the project's cache (RADIXMESH_CACHE_DIR, where
+    converted GGUF files go too)."""
+    explicit = os.environ.get("RADIXMESH_CUDA_CACHE")
+    return Path(explicit) if explicit else cache_root() / "cuda"
 
 
 def _flags(capability: tuple[int, int]) -> list[str]:
