@@ -18,24 +18,34 @@
 // accumulators), and each token's power-of-two exponents scale its score (keys) and its
 // softmax weight (values), not its bytes.
 //
-// Layout (g = lane / 4, t = lane % 4; the mma fragments' own names):
-// - Scores S = Q K^T: A = Q, its 16 rows the group's query heads (rows >= group and the
-//   fragment's rows 8-15 are zero); B = K^T, a 16-key tile as two n-tiles of 8 keys. The
-//   sum over the head dim is taken in a permuted order so that thread (g, t) reads key
-//   (8n + g)'s dims [32t, 32t + 32) with two 16-byte loads: k-step s, rows 2t and 2t + 1
-//   are dims 32t + 4s + {0, 1}, rows 2t + 8 and 2t + 9 are dims 32t + 4s + {2, 3}. Its
-//   query fragment follows the same order.
-// - Output O = P V: A = the softmax weights, straight from S's accumulators (thread (g,
-//   t) holds keys 2t, 2t + 1, 8 + 2t, 9 + 2t of row g: the A fragment's k order); B = V,
-//   with column n of n-tile j standing for dim 16n + j, so thread (g, t) reads dims [16g,
-//   16g + 16) of its four keys (one 16-byte load each) and byte-permutes two keys' words
-//   into fp16 pairs. The output columns it accumulates are then dims [32t, 32t + 32).
-// - Per-token exponents: the four keys whose scores a thread holds are the four it reads
-//   values of, so each thread loads exactly the exponents it applies.
-// - Softmax: m, the running max of the scores (log2 units), gives the normalizer l =
-//   sum 2^(s - m); M, the running max of s + e_v, gives the weights 2^(s + e_v - M) <= 1
-//   that go to the matrix unit in fp16, and acc = sum 2^(s + e_v - M) v. The output is
-//   acc 2^(M - m) / l.
+// Layout (g = lane / 4, t = lane % 4; the mma fragments' own names). Both products are
+// taken transposed, so that the keys (scores) and the head dim (output) fill the matrix
+// unit's 16 rows and the group's query heads its 8 columns: no row of either product is
+// padding, and each is 8 mma a tile.
+// - Scores S^T = K Q^T: A = K, a 16-key tile (rows g and 8 + g are the thread's keys);
+//   B = Q^T, column g the group's head g (zero past the group). The sum over the head dim
+//   is taken in a permuted order so that thread (g, t) reads its keys' dims [32t, 32t +
+//   32) with two 16-byte loads each: in k-step s, columns 2t and 2t + 1 are dims 32t + 4s
+//   + {0, 1}, columns 2t + 8 and 2t + 9 dims 32t + 4s + {2, 3}, so word s of a key's
+//   bytes is one A register pair (its halves converted in place). The query's B fragment
+//   (head g's dims [32t, 32t + 32)) follows the same order. The accumulators: keys g and
+//   8 + g, heads 2t and 2t + 1.
+// - Softmax per head over the tile's keys: a reduction over the 8 lanes of a column.
+// - Output O^T = V^T P^T: B = P^T (keys 2t, 2t + 1, 8 + 2t, 9 + 2t of head g), which is
+//   the scores' accumulator layout transposed, 8 x 8 at a time (`movmatrix`); A = V^T, its
+//   row r of mma j standing for dim 16r + 2j (r < 8) or 16(r - 8) + 2j + 1, so thread (g,
+//   t) reads dims [16g, 16g + 16) of its four keys (one 16-byte load each) and
+//   byte-permutes two keys' words into fp16 pairs. The thread accumulates dims [16g, 16g
+//   + 16) of heads 2t and 2t + 1: the heads whose softmax state it holds.
+// - Per-token exponents: the two keys a thread holds scores of take its two k and two v
+//   exponents (the latter scale the softmax weights, before the transpose).
+// - Softmax: m, a running reference for the scores (log2 units), gives the normalizer l =
+//   sum 2^(s - m); M, one for s + e_v, gives the weights 2^(s + e_v - M) that go to the
+//   matrix unit in fp16, and acc = sum 2^(s + e_v - M) v. The output is acc 2^(M - m) / l.
+//   The references are maxima of earlier tiles, raised (and l and acc rescaled) only when
+//   a tile exceeds one of them by more than kSlack: weights stay <= 2^kSlack (far inside
+//   fp16's range, and rounded as finely as weights <= 1), and most tiles skip the
+//   reductions and the rescale.
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -72,15 +82,32 @@ struct Params {
 namespace {
 
 constexpr int kHeadDim = 128;
-constexpr int kTile = 16;  // keys per tile (one mma k-step of the output product)
+constexpr int kTile = 16;      // keys per tile: the score product's 16 rows
+constexpr float kSlack = 8.f;  // log2 units a tile may pass the references by (see above)
+constexpr unsigned kAll = 0xffffffffu;
 
 __device__ __forceinline__ float pow2(int e) {  // e in [-126, 127]: 2^e exactly
   return __int_as_float((e + 127) << 23);
 }
 
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {  // low byte -> low half
-  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, __NV_E4M3);
-  return (uint32_t)h.x | ((uint32_t)h.y << 16);
+__device__ __forceinline__ float ex2(float x) {  // 2^x; 2^-inf = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The low or high two bytes of `w` (e4m3) as an fp16 pair, low byte in the low half: the
+// halves are named as such so that the conversion reads the high one in place.
+__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t w) {
+  uint32_t d;
+  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l;}" : "=r"(d) : "r"(w));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t w) {
+  uint32_t d;
+  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h;}" : "=r"(d) : "r"(w));
+  return d;
 }
 
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
@@ -88,93 +115,111 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// d += A B for rows 0-7 of the tile; rows 8-15 (A's a1, a3) are zero and their results
-// dropped.
-__device__ __forceinline__ void mma_rows8(float& d0, float& d1, uint32_t a0, uint32_t a2,
-                                          uint32_t b0, uint32_t b1) {
-  float z2, z3;
+// An 8 x 8 matrix of 16-bit values in the mma fragment layout (thread (g, t): row g,
+// columns 2t and 2t + 1), transposed.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// d += A B, m16n8k16, fp16 operands, float32 accumulators.
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %10, %11};\n"
-      : "+f"(d0), "+f"(d1), "=f"(z2), "=f"(z3)
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.f), "f"(0.f));
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Across the 8 lanes of a column (lanes t, 4 + t, ..., 28 + t).
+__device__ __forceinline__ float column_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kAll, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(kAll, x, 8));
+  return fmaxf(x, __shfl_xor_sync(kAll, x, 16));
+}
+
+__device__ __forceinline__ float column_sum(float x) {
+  x += __shfl_xor_sync(kAll, x, 4);
+  x += __shfl_xor_sync(kAll, x, 8);
+  return x + __shfl_xor_sync(kAll, x, 16);
 }
 
 __device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+  x = fmaxf(x, __shfl_xor_sync(kAll, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kAll, x, 2));
 }
 
 __device__ __forceinline__ uint4 load16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
 
-// One tile's operands in registers: keys (two n-tiles x 32 bytes), values (four keys x 16
-// bytes), the four keys' exponents.
+// One tile's operands in registers: keys g and 8 + g (32 bytes each), values of keys 2t,
+// 2t + 1, 8 + 2t, 9 + 2t (16 bytes each), the exponents of keys g and 8 + g.
 struct TileRegs {
   uint4 k[2][2];
   uint4 v[4];
-  int e_k[4];
-  int e_v[4];
+  int e_k[2];
+  int e_v[2];
 };
 
-// A tile's slots: keys g and 8 + g (the thread's keys of the score product), then 2t,
-// 2t + 1, 8 + 2t, 9 + 2t (its keys of the output product). Loaded a tile ahead, so that a
-// tile's value loads wait for one memory latency, not for a slot's and then a value's.
+// A tile's slots: keys g and 8 + g, then 2t, 2t + 1, 8 + 2t, 9 + 2t. Loaded a tile ahead,
+// so that a tile's value loads wait for one memory latency, not for a slot's and then a
+// value's.
 struct TileSlots {
   int32_t s[6];
 };
 
-struct Block {
-  const Params& p;
-  const int64_t* table_row;  // this sequence's row of the slot table
-  int64_t head_off;          // kv head's offset in a slot's values
-  int64_t lo, hi;            // this block's keys
-  int kv_head, g, t;
+// base + i elements, i in [0, 2^31): one wide multiply-add, no sign extension.
+template <typename T>
+__device__ __forceinline__ const T* at(const T* base, int i, int stride = 1) {
+  return reinterpret_cast<const T*>(reinterpret_cast<const char*>(base) +
+                                    (uint64_t)(uint32_t)i * (uint32_t)(stride * sizeof(T)));
+}
 
-  __device__ __forceinline__ void slots(int64_t n0, TileSlots& r) const {
-    const int64_t last = hi - 1;  // keys past the end read the last one's (valid) bytes
-    r.s[0] = (int32_t)__ldg(table_row + min(n0 + g, last));
-    r.s[1] = (int32_t)__ldg(table_row + min(n0 + 8 + g, last));
+struct Block {
+  const int64_t* table_row;  // this sequence's row of the slot table
+  const uint8_t* k;          // the KV head's keys in slot 0, at thread (g, t)'s bytes
+  const uint8_t* v;          // its values in slot 0, at the thread's bytes
+  const int8_t* k_exp;       // its exponents in slot 0
+  const int8_t* v_exp;
+  int stride_slot, stride_scale;
+  int hi;  // this block's keys end
+  int g, t;
+
+  __device__ __forceinline__ void slots(int n0, TileSlots& r) const {
+    const int last = hi - 1;  // keys past the end read the last one's (valid) bytes
+    r.s[0] = (int32_t)__ldg(at(table_row, min(n0 + g, last)));
+    r.s[1] = (int32_t)__ldg(at(table_row, min(n0 + 8 + g, last)));
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      r.s[2 + i] = (int32_t)__ldg(table_row + min(n0 + 2 * t + (i & 1) + 8 * (i >> 1), last));
+      r.s[2 + i] = (int32_t)__ldg(at(table_row, min(n0 + 2 * t + (i & 1) + 8 * (i >> 1), last)));
     }
   }
 
   __device__ __forceinline__ void load(const TileSlots& sl, TileRegs& r) const {
-    const uint8_t* kb = p.k + head_off + 32 * t;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const uint8_t* src = kb + (int64_t)sl.s[n] * p.stride_buf_slot;
+      const uint8_t* src = at(k, sl.s[n], stride_slot);
       r.k[n][0] = load16(src);
       r.k[n][1] = load16(src + 16);
+      r.e_k[n] = __ldg(at(k_exp, sl.s[n], stride_scale));
+      r.e_v[n] = __ldg(at(v_exp, sl.s[n], stride_scale));
     }
-    const uint8_t* vb = p.v + head_off + 16 * g;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t slot = sl.s[2 + i];
-      r.v[i] = load16(vb + slot * p.stride_buf_slot);
-      const int64_t e = slot * p.stride_scale_slot + kv_head;
-      r.e_k[i] = __ldg(p.k_exp + e);
-      r.e_v[i] = __ldg(p.v_exp + e);
-    }
+    for (int i = 0; i < 4; ++i) r.v[i] = load16(at(v, sl.s[2 + i], stride_slot));
   }
 };
 
-// A block's query (row g of the mma tile: a head of the group or zero), as the score
-// product's A fragments, and its scale back to scores in log2 units.
+// A block's query: head g of the group (or zero) as the score product's B fragments, and
+// its scale back to scores in log2 units.
 struct Query {
-  uint32_t qa[8][2];  // k-step s: dims 32t + 4s + {0, 1} and {2, 3}
+  uint32_t qb[8][2];  // k-step s: dims 32t + 4s + {0, 1} and {2, 3}
   float scale;
 };
 
 __device__ __forceinline__ Query load_query(const Params& p, int b, int kv_head, int g, int t) {
-  // Row g's dims [32t, 32t + 32), as fp16 after a power-of-two shift that brings the
+  // Head g's dims [32t, 32t + 32), as fp16 after a power-of-two shift that brings the
   // head's max |q| to at most 2^14.
   float qf[32];
   if (g < p.group) {
@@ -215,76 +260,87 @@ __device__ __forceinline__ Query load_query(const Params& p, int b, int kv_head,
   Query q;
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
-    q.qa[s][0] = pack_f16x2(qf[4 * s] * shift, qf[4 * s + 1] * shift);
-    q.qa[s][1] = pack_f16x2(qf[4 * s + 2] * shift, qf[4 * s + 3] * shift);
+    q.qb[s][0] = pack_f16x2(qf[4 * s] * shift, qf[4 * s + 1] * shift);
+    q.qb[s][1] = pack_f16x2(qf[4 * s + 2] * shift, qf[4 * s + 3] * shift);
   }
   q.scale = p.scale_log2 * pow2(e_q);
   return q;
 }
 
-// A warp's online softmax over its keys, row g.
+// A warp's online softmax over its keys, heads 2t + c (c = 0, 1).
 struct State {
-  float acc[16][2];  // dims 32t + j (acc[j][0]) and 32t + 16 + j (acc[j][1])
-  float m, big_m, l;  // l: this thread's share (its four keys a tile), summed at the end
+  float acc[8][4];  // mma j: dim 16g + 2j of heads 2t, 2t + 1; dim 16g + 2j + 1 of both
+  float m[2], big_m[2];  // the references (the same in the 8 lanes of a column)
+  float l[2];            // this thread's share (its two keys a tile), summed at the end
 };
 
-// One 16-key tile starting at key n0 (keys >= hi masked) into the warp's state.
+// One 16-key tile starting at key n0 (keys >= hi masked) into the warp's state;
+// q_scale[c]: head 2t + c's scale of the scores.
 __device__ __forceinline__ void compute_tile(State& st, const TileRegs& r, const Query& q,
-                                             int64_t n0, int64_t hi, int t) {
-  float s[4] = {0.f, 0.f, 0.f, 0.f};  // keys 2t, 2t + 1, 8 + 2t, 9 + 2t
+                                             const float (&q_scale)[2], int n0, int hi,
+                                             int g) {
+  float sc[4] = {0.f, 0.f, 0.f, 0.f};  // (key g, head 2t), (g, 2t + 1), (8 + g, 2t), (8 + g, 2t + 1)
 #pragma unroll
-  for (int n = 0; n < 2; ++n) {
-    const uint32_t w[8] = {r.k[n][0].x, r.k[n][0].y, r.k[n][0].z, r.k[n][0].w,
-                           r.k[n][1].x, r.k[n][1].y, r.k[n][1].z, r.k[n][1].w};
+  for (int ks = 0; ks < 8; ++ks) {
+    const uint32_t w0 = (&r.k[0][ks >> 2].x)[ks & 3];  // key g's word ks
+    const uint32_t w1 = (&r.k[1][ks >> 2].x)[ks & 3];  // key 8 + g's
+    mma(sc, e4m3x2_lo(w0), e4m3x2_lo(w1), e4m3x2_hi(w0), e4m3x2_hi(w1), q.qb[ks][0],
+        q.qb[ks][1]);
+  }
+  float s[2][2], u[2][2];  // [head c][key 8r + g]: the score, and the score + e_v
+  float tile_max[2], tile_umax[2];
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      mma_rows8(s[2 * n], s[2 * n + 1], q.qa[ks][0], q.qa[ks][1],
-                e4m3x2_to_f16x2(w[ks] & 0xffffu), e4m3x2_to_f16x2(w[ks] >> 16));
+  for (int c = 0; c < 2; ++c) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const bool valid = n0 + 8 * rr + g < hi;
+      s[c][rr] = valid ? sc[2 * rr + c] * (pow2(r.e_k[rr]) * q_scale[c]) : -CUDART_INF_F;
+      u[c][rr] = s[c][rr] + (float)r.e_v[rr];
+    }
+    tile_max[c] = fmaxf(s[c][0], s[c][1]);
+    tile_umax[c] = fmaxf(u[c][0], u[c][1]);
+  }
+  const bool over = tile_max[0] > st.m[0] + kSlack || tile_max[1] > st.m[1] + kSlack ||
+                    tile_umax[0] > st.big_m[0] + kSlack || tile_umax[1] > st.big_m[1] + kSlack;
+  if (__any_sync(kAll, over)) {  // new references for the warp, and the state rescaled
+    float beta[2];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float m_new = fmaxf(st.m[c], column_max(tile_max[c]));  // finite: key n0 is valid
+      const float big_new = fmaxf(st.big_m[c], column_max(tile_umax[c]));
+      st.l[c] *= ex2(st.m[c] - m_new);
+      beta[c] = ex2(st.big_m[c] - big_new);
+      st.m[c] = m_new;
+      st.big_m[c] = big_new;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      st.acc[j][0] *= beta[0];
+      st.acc[j][1] *= beta[1];
+      st.acc[j][2] *= beta[0];
+      st.acc[j][3] *= beta[1];
     }
   }
-  float u_v[4];  // s + e_v: the weight's log2 before the running max M
-  float tile_max = -CUDART_INF_F, tile_umax = -CUDART_INF_F;
+  float w[2][2];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t key = n0 + 2 * t + (i & 1) + 8 * (i >> 1);
-    s[i] = key < hi ? s[i] * pow2(r.e_k[i]) * q.scale : -CUDART_INF_F;
-    u_v[i] = s[i] + (float)r.e_v[i];
-    tile_max = fmaxf(tile_max, s[i]);
-    tile_umax = fmaxf(tile_umax, u_v[i]);
+  for (int c = 0; c < 2; ++c) {
+    st.l[c] += ex2(s[c][0] - st.m[c]) + ex2(s[c][1] - st.m[c]);
+    w[c][0] = ex2(u[c][0] - st.big_m[c]);
+    w[c][1] = ex2(u[c][1] - st.big_m[c]);
   }
-  const float m_new = fmaxf(st.m, quad_max(tile_max));  // finite: key n0 is valid
-  const float big_new = fmaxf(st.big_m, quad_max(tile_umax));
-  const float alpha = exp2f(st.m - m_new);
-  const float beta = exp2f(st.big_m - big_new);
-  float w[4];
-  float psum = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    psum += exp2f(s[i] - m_new);
-    w[i] = exp2f(u_v[i] - big_new);
-  }
-  st.l = st.l * alpha + psum;
-  st.m = m_new;
-  st.big_m = big_new;
-  const uint32_t pa0 = pack_f16x2(w[0], w[1]);
-  const uint32_t pa2 = pack_f16x2(w[2], w[3]);
+  // P^T's B fragments: keys 2t, 2t + 1 (b0) and 8 + 2t, 9 + 2t (b1) of head g.
+  const uint32_t b0 = transpose8x8(pack_f16x2(w[0][0], w[1][0]));
+  const uint32_t b1 = transpose8x8(pack_f16x2(w[0][1], w[1][1]));
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // word i of each key: dims 16g + 4i + {0..3}
     const uint32_t v0 = (&r.v[0].x)[i], v1 = (&r.v[1].x)[i];
     const uint32_t v2 = (&r.v[2].x)[i], v3 = (&r.v[3].x)[i];
     const uint32_t x01 = __byte_perm(v0, v1, 0x5140), y01 = __byte_perm(v0, v1, 0x7362);
     const uint32_t x23 = __byte_perm(v2, v3, 0x5140), y23 = __byte_perm(v2, v3, 0x7362);
-    const uint32_t b0[4] = {e4m3x2_to_f16x2(x01 & 0xffffu), e4m3x2_to_f16x2(x01 >> 16),
-                            e4m3x2_to_f16x2(y01 & 0xffffu), e4m3x2_to_f16x2(y01 >> 16)};
-    const uint32_t b1[4] = {e4m3x2_to_f16x2(x23 & 0xffffu), e4m3x2_to_f16x2(x23 >> 16),
-                            e4m3x2_to_f16x2(y23 & 0xffffu), e4m3x2_to_f16x2(y23 >> 16)};
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int j = 4 * i + c;  // n-tile: column n is dim 16n + j
-      st.acc[j][0] *= beta;
-      st.acc[j][1] *= beta;
-      mma_rows8(st.acc[j][0], st.acc[j][1], pa0, pa2, b0[c], b1[c]);
-    }
+    // mma 2i: dims 16g + 4i (rows < 8) and + 1 (rows >= 8); mma 2i + 1: + 2 and + 3.
+    mma(st.acc[2 * i], e4m3x2_lo(x01), e4m3x2_hi(x01), e4m3x2_lo(x23), e4m3x2_hi(x23), b0, b1);
+    mma(st.acc[2 * i + 1], e4m3x2_lo(y01), e4m3x2_hi(y01), e4m3x2_lo(y23), e4m3x2_hi(y23), b0,
+        b1);
   }
 }
 
@@ -312,12 +368,13 @@ __device__ __forceinline__ void store_empty(const Params& p, const Range& r, int
 }
 
 // The block's warps combined through shared memory (`smem`, combine_bytes<WARPS>() bytes),
-// written as the split's partial output and
-// log2-sum-exp. A row's dims [32t, 32t + 32) at t * 36 floats: a quarter warp's 16-byte
-// stores hit distinct banks.
+// written as the split's partial output and log2-sum-exp. A head's row of kRowFloats:
+// the pad spreads a quarter warp's 16-byte stores over the banks.
+constexpr int kRowFloats = kHeadDim + 4;
+
 template <int WARPS>
 __host__ __device__ constexpr int combine_bytes() {
-  return WARPS * 8 * (4 * 9 * 16 + 3 * 4);
+  return WARPS * (8 * kRowFloats + 3 * 8) * 4;
 }
 
 template <int WARPS>
@@ -325,22 +382,25 @@ __device__ __forceinline__ void combine_and_store(const Params& p, const Range& 
                                                   State& st, int kv_head, void* smem) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  st.l = quad_sum(st.l);
-  float4(*s_acc)[8][4][9] = reinterpret_cast<float4(*)[8][4][9]>(smem);
+  float(*s_acc)[8][kRowFloats] = reinterpret_cast<float(*)[8][kRowFloats]>(smem);
   float(*s_m)[8] = reinterpret_cast<float(*)[8]>(s_acc + WARPS);
   float(*s_big)[8] = s_m + WARPS;
   float(*s_l)[8] = s_big + WARPS;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    s_acc[warp][g][t][j] = make_float4(st.acc[4 * j][0], st.acc[4 * j + 1][0],
-                                       st.acc[4 * j + 2][0], st.acc[4 * j + 3][0]);
-    s_acc[warp][g][t][4 + j] = make_float4(st.acc[4 * j][1], st.acc[4 * j + 1][1],
-                                           st.acc[4 * j + 2][1], st.acc[4 * j + 3][1]);
-  }
-  if (t == 0) {
-    s_m[warp][g] = st.m;
-    s_big[warp][g] = st.big_m;
-    s_l[warp][g] = st.l;
+  for (int c = 0; c < 2; ++c) {
+    const float l = column_sum(st.l[c]);
+    float* row = s_acc[warp][2 * t + c] + 16 * g;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // dims 16g + 4i + {0..3}: mma 2i's and 2i + 1's
+      reinterpret_cast<float4*>(row)[i] =
+          make_float4(st.acc[2 * i][c], st.acc[2 * i][2 + c], st.acc[2 * i + 1][c],
+                      st.acc[2 * i + 1][2 + c]);
+    }
+    if (g == 0) {
+      s_m[warp][2 * t + c] = st.m[c];
+      s_big[warp][2 * t + c] = st.big_m[c];
+      s_l[warp][2 * t + c] = l;
+    }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < p.group * kHeadDim; i += WARPS * 32) {
@@ -353,7 +413,7 @@ __device__ __forceinline__ void combine_and_store(const Params& p, const Range& 
     for (int w = 0; w < WARPS; ++w) {
       if (s_l[w][row] > 0.f) {  // a warp with no keys holds m = M = -inf
         den += s_l[w][row] * exp2f(s_m[w][row] - m_all);
-        num += (&s_acc[w][row][d / 32][0].x)[d % 32] * exp2f(s_big[w][row] - m_all);
+        num += s_acc[w][row][d] * exp2f(s_big[w][row] - m_all);
       }
     }
     const int64_t o = r.mid_row + (int64_t)(kv_head * p.group + row) * p.stride_mid_h;
@@ -364,9 +424,9 @@ __device__ __forceinline__ void combine_and_store(const Params& p, const Range& 
 
 __device__ __forceinline__ void init_state(State& st) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) st.acc[j][0] = st.acc[j][1] = 0.f;
-  st.m = st.big_m = -CUDART_INF_F;
-  st.l = 0.f;
+  for (int j = 0; j < 8; ++j) st.acc[j][0] = st.acc[j][1] = st.acc[j][2] = st.acc[j][3] = 0.f;
+  st.m[0] = st.m[1] = st.big_m[0] = st.big_m[1] = -CUDART_INF_F;
+  st.l[0] = st.l[1] = 0.f;
 }
 
 // Tiles into registers, a warp's 16-key tiles one at a time; each tile's slots come a
@@ -385,19 +445,31 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS)
     return;
   }
   const Query q = load_query(p, b, kv_head, g, t);
-  const Block blk{p, p.req_to_token + p.req_rows[b] * p.stride_table,
-                  (int64_t)kv_head * p.stride_buf_head, r.lo, r.hi, kv_head, g, t};
+  // The scales of heads 2t and 2t + 1 (held by lanes 8t and 8t + 4).
+  const float q_scale[2] = {__shfl_sync(kAll, q.scale, 8 * t),
+                            __shfl_sync(kAll, q.scale, 8 * t + 4)};
+  const int head_off = kv_head * (int)p.stride_buf_head;
+  const Block blk{p.req_to_token + p.req_rows[b] * p.stride_table,
+                  p.k + head_off + 32 * t,
+                  p.v + head_off + 16 * g,
+                  p.k_exp + kv_head,
+                  p.v_exp + kv_head,
+                  (int)p.stride_buf_slot,
+                  (int)p.stride_scale_slot,
+                  (int)r.hi,
+                  g,
+                  t};
   State st;
   init_state(st);
-  constexpr int64_t kStride = (int64_t)WARPS * kTile;  // keys between a warp's tiles
-  const int64_t first = r.lo + (int64_t)warp * kTile;
+  constexpr int kStride = WARPS * kTile;  // keys between a warp's tiles
+  const int first = (int)r.lo + warp * kTile;
   TileSlots slots;
-  if (first < r.hi) blk.slots(first, slots);
-  for (int64_t n0 = first; n0 < r.hi; n0 += kStride) {
+  if (first < blk.hi) blk.slots(first, slots);
+  for (int n0 = first; n0 < blk.hi; n0 += kStride) {
     TileRegs regs;
     blk.load(slots, regs);
-    if (n0 + kStride < r.hi) blk.slots(n0 + kStride, slots);  // in flight meanwhile
-    compute_tile(st, regs, q, n0, r.hi, t);
+    if (n0 + kStride < blk.hi) blk.slots(n0 + kStride, slots);  // in flight meanwhile
+    compute_tile(st, regs, q, q_scale, n0, blk.hi, g);
   }
   combine_and_store<WARPS>(p, r, st, kv_head, smem);
 }
