@@ -88,6 +88,33 @@ def test_cuda_decode_is_the_default_over_an_fp8_pool() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA kernel")
+@pytest.mark.parametrize("splits", [1, 3])
+def test_cuda_decode_follows_scores_that_rise_along_the_sequence(splits: int) -> None:
+    """Scores rising by 60 (natural log units) over 1,000 keys, with a few spikes above
+    their neighbours: the kernel's softmax references are raised many times mid-sequence
+    (each tile may pass them by 2^8 before they move), and the result is still the
+    reference's."""
+    seq_lens = [1000, 333]
+    c = make_pool_case([(n - 1, 1) for n in seq_lens], 32, 8, 128, torch.bfloat16, 77, 2048, 1008)
+    gen = torch.Generator().manual_seed(5)
+    c["q"] = torch.ones_like(c["q"])  # key p's score: its level x 128 x 128**-0.5
+    for row, n in zip(c["rows"], seq_lens, strict=True):
+        slots = c["table"][row, :n].cpu()
+        level = torch.linspace(-20.0, 40.0, n) / 128**0.5
+        level[torch.tensor([n // 3, n // 2, n - 7])] += 3.0 / 128**0.5  # spikes
+        noise = 0.3 * torch.randn(n, 8, 128, generator=gen)
+        keys = level[:, None, None] + noise
+        c["k_buf"][slots.to(DEVICE)] = keys.to(DEVICE, torch.bfloat16)
+    k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
+    ref = decode_attention_ref(c["q"], k_ref, v_ref, c["table"], c["rows"], seq_lens, 128**-0.5)
+    for cfg in LAUNCHES:
+        out = decode_case(c, k8, v8, seq_lens, splits, cfg, scales=scales)
+        assert not out.isnan().any(), cfg
+        assert rel_err(out, ref) < TOL, (cfg, rel_err(out, ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE == "cpu", reason="a CUDA kernel")
 def test_cuda_decode_replays_in_a_cuda_graph() -> None:
     """Captured once, replayed over new queries and new lengths: the eager launch's bits."""
     c, seq_lens, splits, (k8, v8, scales, _) = _case(2, torch.bfloat16, False)
