@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import record
 from bench.serving import offline, programs, report
@@ -51,6 +51,9 @@ from bench.serving.workloads import (
     shared_prefix_workload,
     warmup_workload,
 )
+
+if TYPE_CHECKING:
+    from radixmesh.cluster.spec import LaunchSpec
 
 RESULTS = record.RESULTS
 WORKLOAD_NAMES = ("random", "shared-prefix", "multi-turn", "programs")
@@ -243,25 +246,10 @@ def run_all(target: Target, args: argparse.Namespace) -> list[dict[str, Any]]:
 @contextmanager
 def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
     """A local cluster as `--model`, `--workers`, `--worker-args` say, with HTTP."""
-    import shlex
-
     from radixmesh.cluster.launch import LocalCluster, free_port
-    from radixmesh.cluster.spec import LaunchSpec
 
-    policies = [_policy(p) for p in args.policies.split(",")]
     http_port = free_port()
-    config = LaunchSpec(
-        model=args.model,
-        workers=args.workers,
-        routers=args.routers,
-        policy=policies[0][0],
-        port=free_port(),
-        tp_size=max(args.gpus_per_worker, 1),
-        device="cuda" if args.gpus_per_worker else "auto",
-        worker_args=tuple(shlex.split(args.worker_args)),
-        router_options={"http_port": http_port, **policies[0][1]},
-        ready_timeout=args.ready_timeout,
-    )
+    config = launch_spec(args, port=free_port(), http_port=http_port)
     with LocalCluster(config) as cluster:
         target = Target(
             grpc=cluster.address,
@@ -273,6 +261,37 @@ def launched(args: argparse.Namespace) -> Iterator[tuple[Any, Target]]:
             router_pids=[p.pid for p in cluster.routers],
         )
         yield cluster, target
+
+
+def launch_spec(args: argparse.Namespace, port: int, http_port: int) -> LaunchSpec:
+    """The `LaunchSpec` of `--launch`: the first of `--policies` with its router options;
+    on CUDA with `--gpus-per-worker` (each worker's own GPUs) or `--workers-per-gpu` (K
+    workers sharing each GPU, each taking 1/K of its memory, as `radixmesh launch` does)."""
+    import shlex
+
+    from radixmesh.cluster.spec import LaunchSpec
+
+    policy, options = _policy(args.policies.split(",")[0])
+    cuda = args.gpus_per_worker > 0 or args.workers_per_gpu > 1
+    visible = None
+    if cuda and not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        import torch
+
+        visible = torch.cuda.device_count()  # the launcher's count, as `launch` takes it
+    return LaunchSpec(
+        model=args.model,
+        workers=args.workers,
+        routers=args.routers,
+        policy=policy,
+        port=port,
+        tp_size=max(args.gpus_per_worker, 1),
+        device="cuda" if cuda else "auto",
+        workers_per_gpu=args.workers_per_gpu,
+        visible_gpus=visible,
+        worker_args=tuple(shlex.split(args.worker_args)),
+        router_options={"http_port": http_port, **options},
+        ready_timeout=args.ready_timeout,
+    )
 
 
 def _policy(spec: str) -> tuple[str, dict[str, Any]]:
@@ -323,6 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     target.policy = policy
                     target.router_pids = [p.pid for p in cluster.routers]
                 runs += run_all(target, args)
+                write(args, runs, started, plots=False)  # a run cut short keeps these
     else:
         _wait_serving(args.grpc, args.ready_timeout)
         model = _served_model(args.grpc)
@@ -369,7 +389,10 @@ def run_offline_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     return runs
 
 
-def write(args: argparse.Namespace, runs: list[dict[str, Any]], started: str) -> dict[str, Any]:
+def write(
+    args: argparse.Namespace, runs: list[dict[str, Any]], started: str, plots: bool = True
+) -> dict[str, Any]:
+    """The JSON record of `runs` (and, with `plots`, the latency and hit-rate plots)."""
     import aiohttp  # noqa: F401  (its version goes in the record)
     import grpc  # noqa: F401
 
@@ -379,6 +402,7 @@ def write(args: argparse.Namespace, runs: list[dict[str, Any]], started: str) ->
     result = {**record.header("serve", args, started), "runs": runs}
     (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     plain = [r for r in runs if r["workload"] != "programs" and r["policy"] != "offline"]
+    plain = plain if plots else []
     if plain:
         report.plot_latency(plain, out_dir / f"{stem}-latency.png")
         report.plot_hit_timeline(plain, out_dir / f"{stem}-hits.png")
@@ -415,6 +439,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help="with --launch: each worker's own GPUs (its TP size); 0: they share the visible ones",
+    )
+    where.add_argument(
+        "--workers-per-gpu",
+        type=int,
+        default=1,
+        help="with --launch: workers sharing each GPU (on CUDA; each is told to take 1/K of "
+        "its memory, --gpu-memory-share)",
     )
     where.add_argument(
         "--policies",

@@ -3,7 +3,8 @@
 Definitions: request throughput = completed requests / duration; output throughput =
 output tokens / duration; TPOT = (E2E - TTFT) / (output tokens - 1) per request; ITL =
 every gap between token-carrying chunks; concurrency = summed E2E / duration; goodput =
-completed requests meeting the SLO (TTFT <= `slo_ttft` and TPOT <= `slo_tpot`) per second.
+completed requests meeting the SLO (TTFT <= `slo_ttft` and TPOT <= `slo_tpot`) per second;
+goodput_ttft = those meeting the TTFT bound alone (the router simulator's goodput).
 Hit rate = cached prompt tokens / prompt tokens; the ideal is what a cache that kept every
 shared prefix and history would have hit (the workload's `ideal_cached`).
 """
@@ -77,6 +78,7 @@ def summarize(results: Sequence[RequestResult], duration: float, slo: Slo) -> di
         "output_tokens": out_tokens,
         "concurrency": sum(r.e2e for r in ok) / duration if duration else 0.0,
         "goodput": len(good) / duration if duration else 0.0,
+        "goodput_ttft": sum(r.ttft <= slo.ttft for r in ok) / duration if duration else 0.0,
         "slo": {"ttft_s": slo.ttft, "tpot_s": slo.tpot},
         "ttft_ms": _stats([r.ttft for r in ok]),
         "itl_ms": _stats([g for r in ok for g in r.itl]),

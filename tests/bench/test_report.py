@@ -36,7 +36,10 @@ def test_summary_figures() -> None:
     assert s["ttft_ms"]["p50"] == pytest.approx(200.0)
     assert s["tpot_ms"]["mean"] == pytest.approx(100.0)  # every request: 0.1 s per token
     # The third request misses the TTFT bound: two meet the SLO.
-    assert s["goodput"] == 0.5
+    assert s["goodput"] == s["goodput_ttft"] == 0.5
+    # Under a TPOT bound every request misses, the TTFT bound alone still passes two.
+    tight = summarize(RESULTS, duration=4.0, slo=Slo(ttft=1.0, tpot=0.05))
+    assert (tight["goodput"], tight["goodput_ttft"]) == (0.0, 0.5)
     assert s["cache"] == {
         "prompt_tokens": 300,
         "cached_tokens": 120,

@@ -159,3 +159,21 @@ def test_random_and_programs_and_the_files_written(
     assert saved["machine"]["cores"] >= 1
     for name in ("serve-test-latency.png", "serve-test-hits.png"):
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_launch_spec_shares_one_gpu_between_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--workers-per-gpu K`: K workers on CUDA sharing each GPU, each told to take 1/K of
+    its memory; the first of `--policies` with its router options."""
+    from radixmesh.cluster.launch import worker_args, worker_gpu_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    plain = serve.launch_spec(serve.parse_args(["--launch"]), port=50000, http_port=8000)
+    assert (plain.device, plain.workers_per_gpu, plain.gpus_per_worker) == ("auto", 1, 0)
+    argv = ["--launch", "--model", "dummy:tiny", "--workers", "4", "--workers-per-gpu", "4"]
+    argv += ["--policies", "cache_aware:hot_prefix_replication=true,cache_aware"]
+    spec = serve.launch_spec(serve.parse_args(argv), port=50000, http_port=8000)
+    assert (spec.device, spec.workers_per_gpu, spec.gpus_per_worker) == ("cuda", 4, 1)
+    assert spec.router_options == {"http_port": 8000, "hot_prefix_replication": True}
+    assert worker_args(spec)[:2] == ("--gpu-memory-share", "0.250000")
+    envs = [worker_gpu_env(spec, i) or {} for i in range(4)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["3"] * 4
