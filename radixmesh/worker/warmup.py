@@ -22,13 +22,26 @@ sampler), before it returns. The rounds (`warmup_plan`), each stepped until it f
    new tokens: a prefill over a cached prefix;
 4. requests decoding with every kind of sampling (greedy; temperature with top-k, top-p
    and min-p; penalties; logprobs with a seed), joined after two steps by a
-   `MEDIUM_PROMPT`-token prompt: steps that mix decode rows with a prompt chunk.
+   `MEDIUM_PROMPT`-token prompt: steps that mix decode rows with a prompt chunk;
+5. as many requests as the worker runs at once (`many_rows`: the running cap), one-token
+   prompts decoding a few tokens, so that a batch's widest steps run before it does: on
+   an H200 with FP8 KV the cap is 1,024 and the largest decode graph 512, and a full
+   batch's decode steps run eagerly past it, through kernels and row counts that no
+   graph's capture and none of the rounds above launched. The steps: the prompts (one
+   row each), decode steps at the cap's row count, then, once some requests have ended,
+   at a row count of the other pattern (a multiple of 16 or not, `_fewer_rows`), then
+   those rows beside a `MANY_ROWS_PROMPT`-token prompt chunk (a mixed step with many
+   decode rows, as when a batch admits prompts beside its running requests).
 
-Lengths are capped by the token budget, the context and a quarter of the pool, so a
-small worker runs the same rounds, shorter. Afterwards the radix cache is reset and every
-KV slot and req->token table row checked free, and the random number generators are as
-they were (unseeded sampling stays reproducible from ModelConfig.seed); the worker then
-builds its scheduler again, so the one that serves starts with its counters at zero.
+Lengths are capped by the token budget, the context and a quarter of the pool (round 5's
+row count too, at its requests' slots each), so a small worker runs the same rounds,
+smaller. On a CPU round 5 runs the CPU's running cap (64 by default: a few milliseconds a
+step on a tiny model); there are no graphs there and nothing compiles. Afterwards the
+radix cache is reset and every KV slot and req->token table row checked free, and the
+random number generators are as they were (unseeded sampling stays reproducible from
+ModelConfig.seed); the worker then builds its scheduler again, so the one that serves
+starts with its counters at zero. A Triton compile log open in the process
+(worker/triton_compiles.py) labels the compiles in here "warmup", each with its step.
 """
 
 from __future__ import annotations
@@ -43,6 +56,7 @@ from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.batch import Batch, ForwardOutput
 from radixmesh.worker.request import FinishReason, Request
 from radixmesh.worker.scheduler import ModelRunnerLike, Scheduler
+from radixmesh.worker.triton_compiles import compile_phase, note_step
 
 # Round 1's prompt lengths: one token; 2, 3, 5 and 9 rows (the small-batch FP8 GEMM's
 # kernels for 2, 4, 8 and 16 rows, none a multiple of 16); 16 (its largest, a multiple);
@@ -54,6 +68,15 @@ SHORT_PROMPTS = (1, 2, 3, 5, 9, 16, 17, 48)
 MEDIUM_PROMPT = 519
 DECODE_TOKENS = 8  # what round 4's decoding requests generate
 JOIN_STEP = 2  # round 4's prompt arrives when the others decode
+# Round 5: most of its requests generate MANY_ROWS_TOKENS, the few that end early
+# MANY_ROWS_EARLY; the prompt joins at step MANY_ROWS_JOIN, when the early ones have ended
+# and the rest have decoded at least one step by themselves, with the overlap scheduler
+# too (it notices an end a step late). 128 tokens: the shortest prompts of the
+# benchmarks' batches (128/128), a multiple of 16 where round 4's prompt is not.
+MANY_ROWS_TOKENS = 5
+MANY_ROWS_EARLY = 2
+MANY_ROWS_JOIN = 4
+MANY_ROWS_PROMPT = 128
 MAX_STEPS = 1000  # a round that runs longer is a bug (every round takes a few dozen)
 
 _GREEDY = SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
@@ -61,6 +84,10 @@ _GREEDY = SamplingParams(temperature=0.0, max_new_tokens=1, ignore_eos=True)
 
 def _decoding(**params: Any) -> SamplingParams:
     return SamplingParams(max_new_tokens=DECODE_TOKENS, ignore_eos=True, **params)
+
+
+def _greedy(new_tokens: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_new_tokens=new_tokens, ignore_eos=True)
 
 
 # Round 4's decoding requests: every sampling path a step can take.
@@ -84,9 +111,34 @@ class WarmupRequest:
     join_step: int = 0
 
 
-def warmup_plan(token_budget: int, context_len: int, pool_tokens: int) -> list[list[WarmupRequest]]:
-    """The rounds of the module doc, for a worker with this token budget, context length
-    and pool (usable tokens). Empty when not even a one-token prompt fits."""
+def many_rows(running_cap: int, pool_tokens: int, page_size: int = 1) -> int:
+    """Round 5's requests: the running cap (a decode row per running request, so the most
+    a decode step runs), as far as a quarter of the pool holds them, each a one-token
+    prompt and its MANY_ROWS_TOKENS (in whole pages)."""
+    per_request = -(-(1 + MANY_ROWS_TOKENS) // page_size) * page_size
+    return min(running_cap, pool_tokens // 4 // per_request)
+
+
+def _fewer_rows(rows: int) -> int:
+    """Round 5's decode rows once its early requests ended: of the other pattern Triton
+    specializes an int on (a multiple of 16 or not) where `rows` allows one (1,024 ->
+    1,023; 1,000 -> 992), else one fewer (at least one ends early: a row for the prompt
+    under the running cap)."""
+    if rows % 16 == 0 or rows < 16:
+        return rows - 1
+    return rows - rows % 16
+
+
+def warmup_plan(
+    token_budget: int,
+    context_len: int,
+    pool_tokens: int,
+    running_cap: int = 0,
+    page_size: int = 1,
+) -> list[list[WarmupRequest]]:
+    """The rounds of the module doc, for a worker with this token budget, context length,
+    pool (usable tokens), running cap (0: no round 5) and page size. Empty when not even a
+    one-token prompt fits."""
     cap = min(token_budget, context_len - DECODE_TOKENS - 1, pool_tokens // 4)
     if cap < 1:
         return []
@@ -99,6 +151,19 @@ def warmup_plan(token_budget: int, context_len: int, pool_tokens: int) -> list[l
     rounds.append([WarmupRequest(half + min(MEDIUM_PROMPT, cap - half), prefix=(long_index, half))])
     decoding = [WarmupRequest(4 + i, params) for i, params in enumerate(DECODING_PARAMS)]
     rounds.append([*decoding, WarmupRequest(medium, join_step=JOIN_STEP)])
+    rows = many_rows(running_cap, pool_tokens, page_size)
+    if rows >= 2:
+        fewer = _fewer_rows(rows)
+        many = _greedy(MANY_ROWS_TOKENS)
+        early = _greedy(MANY_ROWS_EARLY)
+        prompt = min(MANY_ROWS_PROMPT, cap)
+        rounds.append(
+            [
+                *(WarmupRequest(1, many) for _ in range(fewer)),
+                *(WarmupRequest(1, early) for _ in range(rows - fewer)),
+                WarmupRequest(prompt, join_step=MANY_ROWS_JOIN),
+            ]
+        )
     return rounds
 
 
@@ -139,7 +204,8 @@ def run_warmup(
     scheduler.runner = recorder
     device = scheduler.allocator.device
     t0 = time.perf_counter()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    fork = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+    with fork, compile_phase("warmup"):  # a Triton compile log's label, when one is open
         prompts: list[list[int]] = []
         for requests in plan:
             _run_round(scheduler, requests, prompts, vocab_size)
@@ -204,4 +270,5 @@ class _Recorder:
 
     def forward(self, batch: Batch) -> ForwardOutput:
         self.steps.append(WarmupStep(tuple((it.start, it.num_new_tokens) for it in batch.items)))
+        note_step(batch)
         return self.runner.forward(batch)

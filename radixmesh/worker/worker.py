@@ -527,8 +527,13 @@ class Worker:
         on = self.config.model.warmup
         if not (self.device.type == "cuda" if on is None else on):
             return
+        sc = self.config.scheduler
         plan = warmup_plan(
-            self.config.scheduler.token_budget, self.context_len, self.allocator.num_usable_slots
+            sc.token_budget,
+            self.context_len,
+            self.allocator.num_usable_slots,
+            running_cap=sc.running_cap,
+            page_size=self.config.cache.page_size,
         )
         if not plan:  # a pool or context too small for any prompt
             return

@@ -9,12 +9,17 @@ from typing import Any
 import pytest
 import torch
 
+from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.warmup import (
     DECODING_PARAMS,
     JOIN_STEP,
+    MANY_ROWS_EARLY,
+    MANY_ROWS_JOIN,
+    MANY_ROWS_TOKENS,
     WarmupRequest,
     WarmupStep,
+    many_rows,
     warmup_plan,
 )
 from tests.worker.factories import make_worker
@@ -29,9 +34,23 @@ def decoding(medium: int) -> list[WarmupRequest]:
     ]
 
 
+def many(rows: int, fewer: int, prompt: int = 128) -> list[WarmupRequest]:
+    """Round 5: `rows` one-token prompts, `fewer` of them decoding to the end, and a prompt
+    beside those."""
+    params = {
+        n: SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
+        for n in (MANY_ROWS_TOKENS, MANY_ROWS_EARLY)
+    }
+    return [
+        *(WarmupRequest(1, params[MANY_ROWS_TOKENS]) for _ in range(fewer)),
+        *(WarmupRequest(1, params[MANY_ROWS_EARLY]) for _ in range(rows - fewer)),
+        WarmupRequest(prompt, join_step=MANY_ROWS_JOIN),
+    ]
+
+
 def test_plan_of_an_8b_model_on_a_gpu() -> None:
-    # token budget 8,192, context 8,192, Llama-3-8B's FP8 pool on an H200
-    plan = warmup_plan(8192, 8192, 1_776_000)
+    # token budget 8,192, context 8,192, Llama-3-8B's FP8 pool on an H200, 1,024 running
+    plan = warmup_plan(8192, 8192, 1_776_000, running_cap=1024)
     long = 8192 - 9  # the context less the decoding requests' tokens and one
     assert plan == [
         *SHORT,
@@ -39,18 +58,39 @@ def test_plan_of_an_8b_model_on_a_gpu() -> None:
         [WarmupRequest(519)],  # its short tiles
         [WarmupRequest(4091 + 519, prefix=(8, 4091))],  # over half the long prompt
         decoding(519),
+        many(1024, 1023),  # decode rows past the largest graph (512): 1,024, then 1,023
     ]
+    assert warmup_plan(8192, 8192, 1_776_000)[:-1] == plan[:-2]  # no cap given: no round 5
 
 
 def test_plan_of_a_small_pool_is_shorter() -> None:
-    plan = warmup_plan(2048, 2048, 1023)  # a quarter of the pool: 255 tokens a prompt
+    plan = warmup_plan(2048, 2048, 1023, running_cap=64)  # a quarter: 255 tokens a prompt
     assert plan == [
         *SHORT,
         [WarmupRequest(255)],  # the long and the medium prompt, one length now
         [WarmupRequest(127 + 128, prefix=(8, 127))],
         decoding(255),
+        many(42, 32),  # 42 requests of 6 tokens in 255; then 32 rows, a multiple of 16
     ]
     assert warmup_plan(2048, 9, 1024) == []  # no room for a prompt beside the decoding
+    assert warmup_plan(64, 64, 1024, running_cap=8)[-1] == many(8, 7, prompt=55)
+
+
+@pytest.mark.parametrize(
+    ("cap", "pool", "page", "rows"),
+    [(1024, 1_776_000, 1, 1024), (64, 1023, 1, 42), (64, 1023, 4, 31), (64, 1023, 16, 15)],
+)
+def test_round_5_takes_the_running_cap_as_far_as_a_quarter_of_the_pool_holds(
+    cap: int, pool: int, page: int, rows: int
+) -> None:
+    assert many_rows(cap, pool, page) == rows
+
+
+def test_round_5_visits_both_patterns_of_its_row_count() -> None:
+    for rows, fewer in ((1024, 1023), (1000, 992), (513, 512), (40, 32), (8, 7), (2, 1)):
+        plan = warmup_plan(8192, 8192, 1_776_000, running_cap=rows)
+        assert plan[-1] == many(rows, fewer)
+    assert len(warmup_plan(8192, 8192, 1_776_000, running_cap=1)) == len(SHORT) + 4
 
 
 def test_steps_are_described_by_their_rows() -> None:
@@ -84,6 +124,10 @@ def test_warmup_runs_every_kind_of_step_and_frees_everything(
     alone = {s.num_tokens for s in report.steps if len(s.rows) == 1 and s.rows[0][0] == 0}
     assert {1, 2, 3, 5, 9, 16, 17, 48, 256} <= alone
     assert any(s.mixed for s in report.steps)
+    # round 5: the running cap's 8 rows, then 7, then 7 beside a 128-token chunk
+    decode_rows = {len(s.rows) for s in report.steps if s.num_tokens == len(s.rows)}
+    assert {8, 7} <= decode_rows
+    assert any(s.mixed and s.num_tokens == 7 + 128 for s in report.steps)
     assert [s.rows for s in report.steps if s.over_prefix] == over_prefix
     a = w.allocator
     assert a.num_free_slots == a.num_usable_slots == 1024
