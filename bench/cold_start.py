@@ -13,6 +13,15 @@ engine chose (the running cap and the largest decode graph follow the KV pool).
 Each run has a process and an empty Triton cache of its own (TRITON_CACHE_DIR in a new
 temporary folder): kernels an earlier process compiled to disk would hide the stall.
 
+Each run also logs every Triton compile (worker/triton_compiles.py: Triton's own compile
+hooks, nothing installed otherwise), labelled with the phase it happened in: "start"
+(loading, graph capture), "warmup", "first" (the first batch) and "warm" (the batch
+again), and with the step it happened in (its number in the phase and its rows, e.g.
+"mixed: 600 decode rows + 2 chunks, 256 tokens"). A run's `compiles` sums them per phase
+(count, seconds), `compile_log` lists them in order (kernel, specialization, seconds,
+phase, step, batch); the first batch's are printed after the run's line. With the
+warm-up on, "first" should be empty: whatever is there is what the warm-up misses.
+
 One GPU: `python -m bench.cold_start [--configs fp8-all] [--warmup on,off] [--shape
 128/128] [--requests 1024]`; CPU smoke run: `--smoke`. Writes
 bench/results/cold_start-<machine>.json.
@@ -33,20 +42,33 @@ from typing import Any
 from bench import record
 from bench.peer_shapes import CONFIGS, parse_shapes, run_shape
 from radixmesh.worker.engine import Engine
+from radixmesh.worker.triton_compiles import CompileLog, tag_steps
 
 WARMUPS = {"on": True, "off": False}
+PHASES = ("start", "warmup", "first", "warm")  # the compile log's (see the module doc)
 
 
 def measure(model: str, options: dict[str, Any], isl: int, osl: int, n: int) -> dict[str, Any]:
-    """Start an engine, run the batch twice (cache flushed before each), and shut down."""
+    """Start an engine, run the batch twice (cache flushed before each), and shut down;
+    every Triton compile in the meantime logged."""
+    with CompileLog(phase="start") as log:
+        return {**_measure(log, model, options, isl, osl, n), **_compiles(log)}
+
+
+def _measure(
+    log: CompileLog, model: str, options: dict[str, Any], isl: int, osl: int, n: int
+) -> dict[str, Any]:
     t0 = time.perf_counter()
-    engine = Engine(model, **options)
+    engine = Engine(model, **options)  # the warm-up labels its own compiles
     start = time.perf_counter() - t0
     try:
         worker = engine.worker
         vocab = engine.info.vocab_size
-        first = run_shape(engine, isl, osl, n, vocab)
-        warm = run_shape(engine, isl, osl, n, vocab)
+        tag_steps(worker.scheduler)  # each compile names its step (the engine is idle)
+        with log.in_phase("first"):
+            first = run_shape(engine, isl, osl, n, vocab)
+        with log.in_phase("warm"):
+            warm = run_shape(engine, isl, osl, n, vocab)
         report = worker.warmup
         sc, mc = engine.config.scheduler, engine.config.model
         return {
@@ -63,6 +85,17 @@ def measure(model: str, options: dict[str, Any], isl: int, osl: int, n: int) -> 
         }
     finally:
         engine.shutdown()
+
+
+def _compiles(log: CompileLog) -> dict[str, Any]:
+    """The log's per-phase sums, every phase named, and its compiles in order."""
+    summary = log.summary()
+    return {
+        "compiles": {
+            phase: summary.get(phase, {"compiles": 0, "seconds": 0.0}) for phase in PHASES
+        },
+        "compile_log": log.records(),
+    }
 
 
 def run_in_own_process(args: argparse.Namespace, config: str, warmup: str) -> dict[str, Any]:
@@ -122,7 +155,26 @@ def parent(args: argparse.Namespace) -> None:
                 f"tok/s, warm {r['warm']['output_tok_per_s']:,.0f}: {r['first_vs_warm']:.2f}x",
                 flush=True,
             )
+            # the first batch's compiles where the warm-up should have left none
+            print(compiles_report(r, detail=WARMUPS[warmup]), flush=True)
     record.write("cold_start", args, {"model": args.model, "runs": runs})
+
+
+def compiles_report(run: dict[str, Any], detail: bool, limit: int = 12) -> str:
+    """Lines for a run's log: compiles and seconds per phase; with `detail`, the first
+    batch's compiles too (the `limit` longest, each with its step; all in the JSON)."""
+    sums = ", ".join(
+        f"{phase} {s['compiles']} ({s['seconds']:.1f} s)" for phase, s in run["compiles"].items()
+    )
+    lines = [f"  Triton compiles: {sums}"]
+    first = [c for c in run["compile_log"] if c["phase"] == "first"] if detail else []
+    for c in sorted(first, key=lambda c: -c["seconds"])[:limit]:
+        where = f"step {c['step']}: {c['batch']}" if c["step"] is not None else "before a step"
+        signature = c["signature"] if len(c["signature"]) <= 160 else c["signature"][:157] + "..."
+        lines.append(f"    {c['seconds']:5.2f} s {c['kernel']} ({where}) [{signature}]")
+    if len(first) > limit:
+        lines.append(f"    ... {len(first) - limit} more in compile_log")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

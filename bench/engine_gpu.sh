@@ -28,7 +28,9 @@
 #             256), shared prefix and batch-1 time per token of each precision vs bf16
 #   coldstart bench.cold_start: FP8 W+KV on dummy:llama-3-8b, warm-up on and off, each in
 #             a process of its own with an empty Triton cache: engine start, the first
-#             128/128 batch (1,024 requests) after start against the same batch again
+#             128/128 batch (1,024 requests) after start against the same batch again, and
+#             every Triton compile by phase and step (each run's compiles and compile_log
+#             in the JSON; the log lists the first batch's compiles after the warm-up)
 #   fp8cuda   the CUDA FP8 decode kernel's GPU tests, then bench.attention_kernels
 #             --decode-sweep --quick: each decode path's default launch and the CUDA
 #             kernel's launches on bf16 and FP8 pools, same call

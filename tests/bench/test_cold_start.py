@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import cold_start
 
@@ -23,6 +24,46 @@ def test_smoke_run_records_first_and_warm_batches_with_and_without_warmup(tmp_pa
         assert r["first"]["output_tokens"] == r["warm"]["output_tokens"] == 4 * 4
         assert r["first_vs_warm"] > 0
         assert r["max_running_requests"] == 64  # CPU's default, whatever the pool
+        # The compile log: every phase summed; on a CPU nothing compiles (no Triton kernel
+        # runs there, and the interpreter compiles none)
+        assert list(r["compiles"]) == list(cold_start.PHASES)
+        if not torch.cuda.is_available():
+            assert r["compile_log"] == []
+            assert all(s == {"compiles": 0, "seconds": 0.0} for s in r["compiles"].values())
+
+
+def test_the_first_batchs_compiles_are_listed_longest_first_with_their_step() -> None:
+    def compile_(phase: str, seconds: float, step: int | None, batch: str | None) -> dict:
+        return {
+            "kernel": "m._k",
+            "signature": "n:i32/16, B=64, warps=4, stages=2",
+            "seconds": seconds,
+            "phase": phase,
+            "step": step,
+            "batch": batch,
+        }
+
+    run = {
+        "compiles": {
+            "start": {"compiles": 1, "seconds": 0.5},
+            "warmup": {"compiles": 0, "seconds": 0.0},
+            "first": {"compiles": 2, "seconds": 0.75},
+            "warm": {"compiles": 0, "seconds": 0.0},
+        },
+        "compile_log": [
+            compile_("start", 0.5, None, None),
+            compile_("first", 0.25, 3, "1024 decode rows"),
+            compile_("first", 0.5, 1, "mixed: 600 decode rows + 1 chunk, 128 tokens"),
+        ],
+    }
+    assert cold_start.compiles_report(run, detail=True).splitlines() == [
+        "  Triton compiles: start 1 (0.5 s), warmup 0 (0.0 s), first 2 (0.8 s), warm 0 (0.0 s)",
+        "     0.50 s m._k (step 1: mixed: 600 decode rows + 1 chunk, 128 tokens) "
+        "[n:i32/16, B=64, warps=4, stages=2]",
+        "     0.25 s m._k (step 3: 1024 decode rows) [n:i32/16, B=64, warps=4, stages=2]",
+    ]
+    assert len(cold_start.compiles_report(run, detail=False).splitlines()) == 1
+    assert cold_start.compiles_report(run, detail=True, limit=1).endswith("1 more in compile_log")
 
 
 def test_an_unknown_warmup_setting_is_refused_by_name() -> None:
