@@ -3,7 +3,9 @@
 - `rms_norm`: RMSNorm of each row, alone or fused with the residual add before it.
 - `rotary`: rotary embedding of q and k in place, in the fused qkv projection's output.
 - `silu_mul`: SiLU(gate) * up over the fused gate/up projection's output.
-- `fp8_quant`: per-token FP8 quantization of a linear layer's input (FP8 weights).
+- `fp8_quant`: per-token FP8 quantization of a linear layer's input (FP8 weights);
+  `rms_norm` and `silu_mul` can quantize their output the same way themselves
+  (`*_fp8`), for the FP8 GEMM after them (quantization/fp8.py).
 
 A decode step launches a kernel per op and per layer, and each tiny kernel costs a few
 microseconds however small its tensor; fusing turns 2 norms + 2 adds + 4 rotary ops + 2

@@ -5,6 +5,10 @@ least 1e-12), float32: `quantization/fp8.py`'s `quantize_rows`, bit for bit (IEE
 division, rounding to nearest even). One program per row reads it twice, once for the
 maximum and once to quantize (the second read mostly from L2), instead of PyTorch's
 six passes with float32 temporaries (cast, abs, max, divide, clamp, cast).
+
+`token_scale` and `quantize_e4m3` are the same steps for the kernels that produce a
+linear layer's input and quantize it on the way out (RMSNorm, SiLU-and-mul: their
+`*_fp8` entry points), so those give this kernel's bits.
 """
 
 from __future__ import annotations
@@ -36,6 +40,20 @@ def round_to_e4m3(x):
 
 
 @triton.jit
+def token_scale(peak):
+    """A row's scale from its largest |value| (float32): max(peak / 448, 1e-12), IEEE
+    division, as `quantize_rows` computes it."""
+    return tl.maximum(tl.math.div_rn(peak, 448.0), 1e-12)
+
+
+@triton.jit
+def quantize_e4m3(x, scale):
+    """float32 x over its row's scale, clamped to +-448 and rounded to e4m3 (as float32:
+    cast it to the e4m3 pointer's type to store it)."""
+    return round_to_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0))
+
+
+@triton.jit
 def _per_token_fp8_kernel(X, Q, Scale, k, stride_x, stride_q, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -44,13 +62,13 @@ def _per_token_fp8_kernel(X, Q, Scale, k, stride_x, stride_q, BLOCK: tl.constexp
         mask = k0 + offs < k
         x = tl.load(X + row * stride_x + k0 + offs, mask=mask, other=0.0).to(tl.float32)
         peak = tl.maximum(peak, tl.abs(x))
-    scale = tl.maximum(tl.math.div_rn(tl.max(peak, 0), 448.0), 1e-12)
+    scale = token_scale(tl.max(peak, 0))
     tl.store(Scale + row, scale)
     for k0 in range(0, k, BLOCK):
         mask = k0 + offs < k
         x = tl.load(X + row * stride_x + k0 + offs, mask=mask, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0)
-        tl.store(Q + row * stride_q + k0 + offs, round_to_e4m3(q).to(Q.dtype.element_ty), mask=mask)
+        q = quantize_e4m3(x, scale)
+        tl.store(Q + row * stride_q + k0 + offs, q.to(Q.dtype.element_ty), mask=mask)
 
 
 def per_token_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

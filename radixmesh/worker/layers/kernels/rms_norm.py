@@ -7,6 +7,15 @@ dtype (as PyTorch's `residual + x` rounds it), stores s into `residual` in place
 normalizes s; the normed rows always go to a new tensor, so `x` is left as it was.
 Statistics and the weight multiply are in float32: (s * rsqrt(mean(s^2) + eps)) * w,
 rounded once to x's dtype, as `F.rms_norm` computes it.
+
+`rms_norm_fp8` and `fused_add_rms_norm_fp8` write the normed rows as e4m3 with one
+float32 scale per row instead (the next layer is an FP8 linear on the `_scaled_mm` path):
+the row in registers is rounded to x's dtype first, exactly as the 16-bit output is, and
+then quantized as `fp8_quant.py` quantizes that output (max|y| / 448, IEEE division,
+round to nearest even). So the e4m3 values and scales are bit for bit those of the
+unfused path (norm, then the quantization kernel) and the model's outputs do not change;
+quantizing the float32 row instead would skip one rounding but give other bits than the
+path it replaces, for no accuracy that e4m3's 3-bit mantissa could keep.
 """
 
 from __future__ import annotations
@@ -16,6 +25,9 @@ import triton
 import triton.language as tl
 
 from radixmesh.worker.layers.kernels import MAX_NORM_HIDDEN
+from radixmesh.worker.layers.kernels.fp8_quant import quantize_e4m3, token_scale
+
+FP8 = torch.float8_e4m3fn
 
 
 @triton.jit
@@ -24,12 +36,14 @@ def _rms_norm_kernel(
     Residual,
     Weight,
     Out,
+    Scale,
     stride_x,
     stride_r,
     stride_out,
     eps,
     HIDDEN: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    QUANT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -44,12 +58,24 @@ def _rms_norm_kernel(
     mean_sq = tl.math.div_rn(tl.sum(xf * xf, axis=0), HIDDEN)  # IEEE division, as torch
     rstd = tl.math.rsqrt(mean_sq + eps)
     w = tl.load(Weight + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_out + offs, (xf * rstd * w).to(Out.dtype.element_ty), mask=mask)
+    y = (xf * rstd * w).to(X.dtype.element_ty)  # the 16-bit output (0 past the row)
+    if QUANT:  # Out is e4m3: y quantized over its row, the scale into Scale
+        yf = y.to(tl.float32)
+        scale = token_scale(tl.max(tl.abs(yf), 0))
+        tl.store(Scale + row, scale)
+        y = quantize_e4m3(yf, scale)
+    tl.store(Out + row * stride_out + offs, y.to(Out.dtype.element_ty), mask=mask)
 
 
 def _launch(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> torch.Tensor:
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    quant: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(normed rows in x's shape and dtype, None), or with `quant` (e4m3 [rows, hidden],
+    float32 scales [rows])."""
     hidden = x.shape[-1]
     if hidden > MAX_NORM_HIDDEN:
         raise ValueError(f"hidden size {hidden} > {MAX_NORM_HIDDEN}: use the PyTorch path")
@@ -57,35 +83,62 @@ def _launch(
     x2 = x.reshape(-1, hidden)  # a view for the contiguous rows the model passes
     r2 = x2 if residual is None else residual.view(-1, hidden)  # in place: must be a view
     assert x2.stride(-1) == r2.stride(-1) == 1 and r2.shape == x2.shape and r2.dtype == x.dtype
-    out = torch.empty_like(x2, memory_format=torch.contiguous_format)
-    if x2.shape[0] == 0:
-        return out.view(x.shape)
-    block = triton.next_power_of_2(hidden)
-    _rms_norm_kernel[(x2.shape[0],)](
-        x2,
-        r2,
-        weight,
-        out,
-        x2.stride(0),
-        r2.stride(0),
-        out.stride(0),
-        eps,
-        HIDDEN=hidden,
-        HAS_RESIDUAL=residual is not None,
-        BLOCK=block,
-        num_warps=min(max(block // 512, 1), 16),
-        enable_fp_fusion=False,
-    )
-    return out.view(x.shape)
+    rows = x2.shape[0]
+    scale = None
+    if quant:
+        out = torch.empty((rows, hidden), dtype=FP8, device=x.device)
+        scale = torch.empty((rows,), dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    if rows > 0:
+        block = triton.next_power_of_2(hidden)
+        _rms_norm_kernel[(rows,)](
+            x2,
+            r2,
+            weight,
+            out,
+            out if scale is None else scale,  # not read without QUANT
+            x2.stride(0),
+            r2.stride(0),
+            out.stride(0),
+            eps,
+            HIDDEN=hidden,
+            HAS_RESIDUAL=residual is not None,
+            QUANT=quant,
+            BLOCK=block,
+            num_warps=min(max(block // 512, 1), 16),
+            enable_fp_fusion=False,
+        )
+    return (out, scale) if quant else (out.view(x.shape), None)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of x [..., hidden] (rows with unit stride) times weight [hidden]; a new tensor."""
-    return _launch(x, None, weight, eps)
+    return _launch(x, None, weight, eps)[0]
 
 
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """residual += x in place (rounded to the dtype), then RMSNorm of it into a new tensor."""
-    return _launch(x, residual, weight, eps)
+    return _launch(x, residual, weight, eps)[0]
+
+
+def rms_norm_fp8(
+    x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rms_norm` of x [..., hidden] quantized per row: (e4m3 [rows, hidden], float32
+    scales [rows]), equal to `quantize_rows(rms_norm(x, weight, eps))` bit for bit."""
+    q, scale = _launch(x, None, weight, eps, quant=True)
+    assert scale is not None
+    return q, scale
+
+
+def fused_add_rms_norm_fp8(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm` (residual += x in place) with the normed rows quantized per
+    row: (e4m3 [rows, hidden], float32 scales [rows]), as `rms_norm_fp8`."""
+    q, scale = _launch(x, residual, weight, eps, quant=True)
+    assert scale is not None
+    return q, scale
