@@ -22,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.weights import Loaded, ShardId
 
 if TYPE_CHECKING:
     from radixmesh.worker.layers.quantization.base import LinearMethod
+    from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
 
 
 @functools.cache
@@ -109,6 +111,7 @@ class PackableLinear(nn.Module):
     # on CUDA through cuBLAS where its check passed for this shape (layers/cublas_check.py).
     batch_invariant: bool = False
     cublas_invariant: bool = False
+    tp: TPGroup = SINGLE  # the sharded layers set their own
 
     def weight_loader(self, param: nn.Parameter, loaded: Loaded, shard_id: ShardId) -> None:
         """Copy this rank's part of the full checkpoint tensor `loaded` into `param`."""
@@ -122,10 +125,24 @@ class PackableLinear(nn.Module):
         """Columns (input features) of the full checkpoint tensor, all ranks together."""
         raise NotImplementedError
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [T, in] -> [T, out]: through the quantization method if any."""
+    def wants_fp8_input(self, x: torch.Tensor) -> bool:
+        """Whether the op producing this layer's input, with the rows, dtype and device of
+        x, should hand it over quantized (an `Fp8Activation`, quantization/fp8.py): the
+        method asks for it, on one rank, outside deterministic mode."""
+        method = self.linear_method
+        return (
+            method is not None
+            and not self.batch_invariant
+            and self.tp.size == 1
+            and method.wants_fp8_input(self, x)
+        )
+
+    def matmul(self, x: torch.Tensor | Fp8Activation, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, in] -> [T, out]: through the quantization method if any (which alone
+        takes an `Fp8Activation`)."""
         if self.linear_method is not None:
             return self.linear_method.apply(self, x, bias)
+        assert isinstance(x, torch.Tensor), "a quantized input for an unquantized layer"
         if self.batch_invariant and not self.cublas_invariant:
             return dense_batch_invariant(x, self.weight, bias, self.packed_weight)
         return dense(x, self.weight, bias, self.packed_weight)

@@ -15,6 +15,7 @@ decode step is dominated by per-op overhead and small matmuls.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -28,6 +29,9 @@ from radixmesh.worker.layers.weights import (
     new_parameter,
     set_weight_loader,
 )
+
+if TYPE_CHECKING:
+    from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ class _ColumnSharded(PackableLinear):
         src = loaded.narrow(0, piece.source_start, piece.local_size)
         copy_checked(param.data.narrow(0, piece.local_offset, piece.local_size), src)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         return self.matmul(x, self.bias)  # [T, out_local]
 
 
@@ -242,7 +246,7 @@ class RowParallelLinear(PackableLinear):
             raise ValueError(f"shape mismatch: expected {expected}, got {tuple(loaded.shape)}")
         copy_checked(param.data, loaded.narrow(1, self.tp.rank * local, local))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         if self.tp.size == 1:
             return self.matmul(x, self.bias)  # [T, out_features]
         # [T, out_features], partial sums over this rank's input slice, then summed

@@ -9,6 +9,11 @@ residual add is done by the norm that follows it (vLLM-style): a layer takes and
 `RMSNorm(hidden, residual)` adds it into the residual stream in place and normalizes the
 sum, one kernel on CUDA. The sums and the norms' inputs are the reference's. Tensor
 parallelism lives in the layers; this file never sees a rank.
+
+With FP8 weights, the ops that produce q/k/v's, gate/up's and down's inputs (the two
+norms, SiLU-and-mul) ask the linear layer they feed whether it wants its input quantized
+(`wants_fp8_input`: the `_scaled_mm` path, layers/quantization/fp8.py) and then quantize
+it in their own kernel, bit for bit as the linear layer would have.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from radixmesh.worker.layers.linear import (
 from radixmesh.worker.layers.norm import RMSNorm
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.quantization import quantize_linears
+from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
 from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary_
 from radixmesh.worker.layers.weights import Loaded, ShardId, get_weight_loader, is_optional
 from radixmesh.worker.model.arch import LlamaArchConfig
@@ -67,11 +73,12 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self,
-        hidden: torch.Tensor,
+        hidden: torch.Tensor | Fp8Activation,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         batch: ForwardBatch,
         attn: AttentionBackend,
     ) -> torch.Tensor:
+        """hidden: the normed rows [T, hidden], or already quantized for qkv_proj."""
         t, h, hkv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D]
         qk, v = qkv.split([(h + hkv) * d, hkv * d], dim=-1)
@@ -80,6 +87,8 @@ class LlamaAttention(nn.Module):
         qk = apply_rotary_(qk.view(t, h + hkv, d), *cos_sin)  # [T, Hq + Hkv, D]
         q, k = qk.split([h, hkv], dim=1)  # [T, Hq, D], [T, Hkv, D]
         out = attn.forward(q, k, v.view(t, hkv, d), self.layer_id, batch)  # [T, Hq, D]
+        # With FP8 weights o_proj quantizes this input with its own kernel: the attention
+        # kernels do not write FP8.
         return self.o_proj(out.reshape(t, h * d))  # [T, hidden]
 
 
@@ -95,8 +104,11 @@ class LlamaMLP(nn.Module):
         )
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # [T, hidden]
+    def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
+        """x: the normed rows [T, hidden], or already quantized for gate_up_proj."""
+        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
+        quantize = self.down_proj.wants_fp8_input(gate_up)
+        return self.down_proj(self.act_fn(gate_up, quantize=quantize))  # [T, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -123,13 +135,17 @@ class LlamaDecoderLayer(nn.Module):
         The first layer gets the embeddings and residual None; later layers get the
         previous layer's MLP output, which the input norm adds into the residual stream.
         """
+        # The norms' outputs come quantized where their linear layer wants them so.
+        quantize = self.self_attn.qkv_proj.wants_fp8_input(hidden)
+        normed: torch.Tensor | Fp8Activation
         if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
+            residual, normed = hidden, self.input_layernorm(hidden, quantize=quantize)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, cos_sin, batch, attn)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+            normed, residual = self.input_layernorm(hidden, residual, quantize=quantize)
+        hidden = self.self_attn(normed, cos_sin, batch, attn)
+        quantize = self.mlp.gate_up_proj.wants_fp8_input(hidden)
+        normed, residual = self.post_attention_layernorm(hidden, residual, quantize=quantize)
+        return self.mlp(normed), residual
 
 
 class LlamaModel(nn.Module):

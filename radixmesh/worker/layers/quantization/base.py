@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
 from radixmesh.worker.layers.weights import Loaded, ShardId
 
 
@@ -50,9 +51,19 @@ class LinearMethod(ABC):
 
     @abstractmethod
     def apply(
-        self, layer: QuantizableLinear, x: torch.Tensor, bias: torch.Tensor | None
+        self,
+        layer: QuantizableLinear,
+        x: torch.Tensor | Fp8Activation,
+        bias: torch.Tensor | None,
     ) -> torch.Tensor:
-        """x [T, in] -> [T, out] in x's dtype."""
+        """x [T, in] -> [T, out] in x's dtype. An `Fp8Activation` comes only where
+        `wants_fp8_input` said yes."""
+
+    def wants_fp8_input(self, layer: QuantizableLinear, x: torch.Tensor) -> bool:
+        """Whether `apply` would quantize an input with the rows, dtype and device of x per
+        token for an FP8 GEMM, so that the op producing it may hand over an
+        `Fp8Activation` instead (fp8.py). No, unless the method says so."""
+        return False
 
     @abstractmethod
     def dequantized_weight(self, layer: QuantizableLinear, dtype: torch.dtype) -> torch.Tensor:

@@ -37,6 +37,22 @@ A/B). Group scales at more rows: dequantize, then bf16 GEMM (correct; `_scaled_m
 row-wise scaling cannot apply a scale per K group, and its block-wise modes are not
 measured here yet). Elsewhere, and as the reference: dequantize, then an ordinary matmul
 in the activations' dtype.
+
+Fused activation quantization: where the `_scaled_mm` path takes a layer's input (the
+conditions above, more rows than the small-batch kernel's MAX_ROWS, per-channel scales)
+the op that produces that input can quantize it itself and hand over an `Fp8Activation`
+(fp8_activation.py: e4m3 rows, float32 per-row scales), which `fp8_linear` feeds straight
+into the GEMM: no separate quantization kernel, and the 16-bit rows are never written.
+The producer asks first (`PackableLinear.wants_fp8_input`, which asks
+`Fp8LinearMethod.wants_fp8_input`); in the Llama decoder the input norm before q/k/v,
+the post-attention norm before gate/up and SiLU-and-mul before the down projection do
+(layers/kernels/rms_norm.py, silu_mul.py). The o projection's input (the attention
+output) is still quantized by its own kernel. The fused kernels round each value to the
+model dtype before they quantize it, so the GEMM's inputs, and the outputs, are those of
+the unfused path bit for bit. Not fused: the small-batch kernel's rows, CPU, other
+dtypes, tensor-parallel layers and deterministic mode (their paths are unchanged).
+`RADIXMESH_FP8_FUSED_QUANT=0` turns the fusion off (read at each call, so before a CUDA
+graph is captured) for an A/B.
 """
 
 from __future__ import annotations
@@ -49,6 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixmesh.worker.layers.quantization.base import LinearMethod, QuantizableLinear
+from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
 from radixmesh.worker.layers.quantization.fp8_scales import (
     FP8,
     FP8_MAX,
@@ -106,6 +123,20 @@ def fp8_linear_scaled_mm(
     return y if bias is None else y + bias
 
 
+def fp8_activation_scaled_mm(
+    x: Fp8Activation, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`fp8_linear_scaled_mm` of an input its producer already quantized per token."""
+    y = torch._scaled_mm(
+        x.values,
+        q.t(),
+        scale_a=x.scales[:, None],  # [T, 1]
+        scale_b=scale[None, :],  # [1, out]
+        out_dtype=x.dtype,
+    )
+    return y if bias is None else y + bias
+
+
 @functools.cache
 def _device_has_fp8_gemm(index: int) -> bool:
     # Row-wise scaled FP8 GEMMs: Hopper (sm90) and later.
@@ -145,11 +176,40 @@ def small_m_applies(x: torch.Tensor, q: torch.Tensor) -> bool:
     )
 
 
+FUSED_QUANT_SWITCH = "RADIXMESH_FP8_FUSED_QUANT"
+
+
+def fused_quant_applies(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Whether the input of an FP8 linear with rows, dtype and device of x [T, *] may come
+    already quantized (an `Fp8Activation`): `fp8_linear` would take `_scaled_mm` for it
+    with more rows than the small-batch kernel's MAX_ROWS, the fused kernels are on (the
+    producer's kernel quantizes), and `RADIXMESH_FP8_FUSED_QUANT` is not "0"."""
+    from radixmesh.worker.layers import kernels
+
+    if x.dim() != 2 or scale.dim() != 1 or not kernels.enabled(x):
+        return False
+    from radixmesh.worker.layers.kernels.fp8_small_m import MAX_ROWS
+
+    return (
+        x.shape[0] > MAX_ROWS
+        and os.environ.get(FUSED_QUANT_SWITCH, "1") != "0"
+        and scaled_mm_applies(x, q)
+    )
+
+
 def fp8_linear(
-    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor | Fp8Activation,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """x [T, in] @ (q [out, in] * scale)^T + bias -> [T, out] in x's dtype; scale [out]
-    per channel or [out, ceil(in/128)] per row and group."""
+    per channel or [out, ceil(in/128)] per row and group. An `Fp8Activation` x (given only
+    where `fused_quant_applies`) goes straight into `_scaled_mm`."""
+    if isinstance(x, Fp8Activation):
+        if scale.dim() != 1:
+            raise ValueError("a quantized input needs per-channel weight scales (_scaled_mm)")
+        return fp8_activation_scaled_mm(x, q, scale, bias)
     if x.is_cuda and small_m_applies(x, q):
         from radixmesh.worker.layers.kernels.fp8_small_m import fp8_small_m_linear
 
@@ -197,9 +257,15 @@ class Fp8LinearMethod(LinearMethod):
             raise ValueError("an FP8 weight came without its weight_scale")
 
     def apply(
-        self, layer: QuantizableLinear, x: torch.Tensor, bias: torch.Tensor | None
+        self,
+        layer: QuantizableLinear,
+        x: torch.Tensor | Fp8Activation,
+        bias: torch.Tensor | None,
     ) -> torch.Tensor:
         return fp8_linear(x, layer.weight, layer.weight_scale, bias)
+
+    def wants_fp8_input(self, layer: QuantizableLinear, x: torch.Tensor) -> bool:
+        return fused_quant_applies(x, layer.weight, layer.weight_scale)
 
     def dequantized_weight(self, layer: QuantizableLinear, dtype: torch.dtype) -> torch.Tensor:
         return dequantize_rows(layer.weight, layer.weight_scale, dtype)
@@ -252,4 +318,4 @@ def _load_scale(
     layer.weight_loader(param, rows_of_blocks(scale, rows).contiguous(), shard_id)
 
 
-__all__ = ["FP8", "FP8_MAX", "MIN_SCALE", "dequantize_rows", "quantize_rows"]
+__all__ = ["FP8", "FP8_MAX", "MIN_SCALE", "Fp8Activation", "dequantize_rows", "quantize_rows"]
