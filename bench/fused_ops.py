@@ -8,11 +8,22 @@ checked against the other (max abs difference), then timed with do_bench (median
 
 Run on a CUDA machine with flashinfer installed: `python -m bench.fused_ops [--out FILE]`;
 prints a table and writes its record to bench/results/fused_ops-<machine>.json.
+
+`--fp8-quant` times instead (no flashinfer needed) the per-token FP8 quantization fused
+into the kernel that produces an FP8 GEMM's input, against the same kernel's 16-bit
+output followed by the standalone quantization kernel (`fp8_quant.py`): add + RMSNorm
+and SiLU-and-mul at widths 4,096 and 14,336 (Llama-3-8B's hidden and intermediate
+sizes), at 256 and 8,192 rows. Each pair is first checked to give the same e4m3 bits
+and scales; SiLU-and-mul's fused kernel is also timed at a few launches (column block x
+warps; the first is the default). Writes bench/results/fused_ops-fp8quant-<machine>.json.
+Run: `python -m bench.fused_ops --fp8-quant`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +35,9 @@ from radixmesh.worker.layers.kernels.silu_mul import silu_and_mul
 
 HIDDEN, INTER, EPS = 4096, 14336, 1e-5
 ROWS = (1, 256, 8192)
+FP8_ROWS, FP8_WIDTHS = (256, 8192), (HIDDEN, INTER)
+# SiLU-and-mul's quantizing launches timed: (column block, warps); the first is the default.
+FP8_SILU_LAUNCHES = ((1024, 4), (2048, 8), (4096, 8), (1024, 8))
 
 
 def norm_row(flashinfer: Any, m: int) -> dict[str, Any]:
@@ -55,10 +69,77 @@ def act_row(flashinfer: Any, m: int) -> dict[str, Any]:
             "max_abs_diff": diff}  # fmt: skip
 
 
+def _us(fn: Callable[[], object]) -> float:
+    return float(do_bench(fn, warmup=10, rep=50, return_mode="median")) * 1e3
+
+
+def _same_fp8(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    return torch.equal(a[1], b[1]) and torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8))
+
+
+def fp8_norm_row(m: int, width: int) -> dict[str, Any]:
+    """add + RMSNorm, then the quantization kernel, against add + RMSNorm writing FP8."""
+    from radixmesh.worker.layers.kernels.fp8_quant import per_token_fp8
+    from radixmesh.worker.layers.kernels.rms_norm import fused_add_rms_norm_fp8
+
+    g = torch.Generator(device="cuda").manual_seed(m + width)
+    x, res = (torch.randn((m, width), generator=g, device="cuda").bfloat16() for _ in range(2))
+    w = torch.randn(width, generator=g, device="cuda").bfloat16()
+    r1, r2 = res.clone(), res.clone()
+    equal = _same_fp8(
+        per_token_fp8(fused_add_rms_norm(x, r1, w, EPS)), fused_add_rms_norm_fp8(x, r2, w, EPS)
+    ) and torch.equal(r1, r2)
+    separate = _us(lambda: per_token_fp8(fused_add_rms_norm(x, r1, w, EPS)))
+    fused = _us(lambda: fused_add_rms_norm_fp8(x, r2, w, EPS))
+    return {"op": "add+rmsnorm+fp8", "rows": m, "width": width, "separate_us": separate,
+            "fused_us": fused, "bits_equal": equal}  # fmt: skip
+
+
+def fp8_act_row(m: int, width: int) -> dict[str, Any]:
+    """SiLU-and-mul, then the quantization kernel, against SiLU-and-mul writing FP8."""
+    from radixmesh.worker.layers.kernels.fp8_quant import per_token_fp8
+    from radixmesh.worker.layers.kernels.silu_mul import silu_and_mul_fp8
+
+    g = torch.Generator(device="cuda").manual_seed(m + width)
+    x = torch.randn((m, 2 * width), generator=g, device="cuda").bfloat16()
+    want = per_token_fp8(silu_and_mul(x))
+    launches: dict[str, float] = {}
+    equal = True
+    for block, warps in FP8_SILU_LAUNCHES:
+        run = functools.partial(silu_and_mul_fp8, x, block=block, num_warps=warps)
+        equal &= _same_fp8(want, run())
+        launches[f"{block}x{warps}"] = _us(run)
+    separate = _us(lambda: per_token_fp8(silu_and_mul(x)))
+    fused = next(iter(launches.values()))
+    return {"op": "silu_and_mul+fp8", "rows": m, "width": width, "separate_us": separate,
+            "fused_us": fused, "bits_equal": equal, "fused_launches_us": launches}  # fmt: skip
+
+
+def fp8_quant_main(args: argparse.Namespace) -> None:
+    rows = [f(m, w) for f in (fp8_norm_row, fp8_act_row) for w in FP8_WIDTHS for m in FP8_ROWS]
+    print("op | rows | width | separate us | fused us | separate / fused | bits equal")
+    for r in rows:
+        r["separate_over_fused"] = r["separate_us"] / r["fused_us"]
+        times = f"{r['separate_us']:.1f} | {r['fused_us']:.1f} | {r['separate_over_fused']:.2f}"
+        print(f"{r['op']} | {r['rows']} | {r['width']} | {times} | {r['bits_equal']}")
+        if "fused_launches_us" in r:
+            launches = {k: round(v, 1) for k, v in r["fused_launches_us"].items()}
+            print(f"  launches (block x warps: us) {launches}")
+    record.write("fused_ops", args, {"rows": rows}, name="fp8quant")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     record.add_output_arguments(ap)
+    ap.add_argument(
+        "--fp8-quant",
+        action="store_true",
+        help="time the FP8 quantization fused into add+RMSNorm and SiLU-and-mul instead",
+    )
     args = ap.parse_args(argv)
+    if args.fp8_quant:
+        fp8_quant_main(args)
+        return
     import flashinfer
 
     rows = [f(flashinfer, m) for f in (norm_row, act_row) for m in ROWS]
