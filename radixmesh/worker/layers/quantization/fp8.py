@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixmesh.worker.layers.quantization.base import LinearMethod, QuantizableLinear
-from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
+from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation, quantize_per_token
 from radixmesh.worker.layers.quantization.fp8_scales import (
     FP8,
     FP8_MAX,
@@ -95,17 +95,6 @@ def fp8_linear_ref(
     """Dequantize-then-matmul in x's dtype (per-channel [out] or group scales [out,
     groups]): the CPU path, the reference, and group scales' large-batch path."""
     return F.linear(x, dequantize_rows(q, scale, x.dtype), bias)
-
-
-def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, in] -> (FP8 [T, in], float32 [T]): `quantize_rows`, one kernel on CUDA."""
-    from radixmesh.worker.layers import kernels
-
-    if kernels.enabled(x) and x.stride(-1) == 1:
-        from radixmesh.worker.layers.kernels.fp8_quant import per_token_fp8
-
-        return per_token_fp8(x)
-    return quantize_rows(x)
 
 
 def fp8_linear_scaled_mm(

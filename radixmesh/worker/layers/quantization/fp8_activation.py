@@ -12,7 +12,18 @@ from dataclasses import dataclass
 
 import torch
 
-from radixmesh.worker.layers.quantization.fp8_scales import FP8, dequantize_rows
+from radixmesh.worker.layers.quantization.fp8_scales import FP8, dequantize_rows, quantize_rows
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, in] -> (FP8 [T, in], float32 [T]): `quantize_rows`, one kernel on CUDA."""
+    from radixmesh.worker.layers import kernels
+
+    if kernels.enabled(x) and x.stride(-1) == 1:
+        from radixmesh.worker.layers.kernels.fp8_quant import per_token_fp8
+
+        return per_token_fp8(x)
+    return quantize_rows(x)
 
 
 @dataclass(frozen=True)
@@ -41,8 +52,6 @@ class Fp8Activation:
     @classmethod
     def quantize(cls, x: torch.Tensor) -> Fp8Activation:
         """x [T, K] -> its per-token quantization (one kernel on CUDA)."""
-        from radixmesh.worker.layers.quantization.fp8 import quantize_per_token
-
         values, scales = quantize_per_token(x)
         return cls(values, scales, x.dtype)
 
