@@ -72,11 +72,13 @@ def test_max_rows_is_the_small_batch_kernels() -> None:
 
 
 def test_quantized_input_gives_the_same_gemm() -> None:
-    # torch._scaled_mm runs on CPU (torch 2.13): the two calls side by side.
-    x = gaussian(33, 256, seed=1, dtype=torch.bfloat16)
+    # torch._scaled_mm with row-wise scales runs on CUDA, and on CPU since torch 2.13 (the
+    # GPU machine's older torch has only per-tensor scales there): the calls side by side.
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = gaussian(33, 256, seed=1, dtype=torch.bfloat16).to(dev)
     x[0] *= 1000  # an outlier token
-    q, scale = quantize_rows(gaussian(320, 256, seed=2))
-    bias = gaussian(320, seed=3, dtype=torch.bfloat16)
+    q, scale = (t.to(dev) for t in quantize_rows(gaussian(320, 256, seed=2)))
+    bias = gaussian(320, seed=3, dtype=torch.bfloat16).to(dev)
     xq = Fp8Activation.quantize(x)
     assert xq.shape == x.shape and xq.dtype == torch.bfloat16
     for b in (None, bias):
@@ -117,6 +119,8 @@ def test_who_gets_a_quantized_input(monkeypatch: pytest.MonkeyPatch) -> None:
     few = many[:MAX_ROWS]
     assert not layer.wants_fp8_input(many)  # CPU: no `_scaled_mm` path
     cpu_scaled_mm(monkeypatch)
+    assert not layer.wants_fp8_input(many)  # off unless switched on
+    monkeypatch.setenv(FUSED_QUANT_SWITCH, "1")
     assert layer.wants_fp8_input(many)
     assert not layer.wants_fp8_input(few)  # the small-batch kernel's rows
     assert not layer.wants_fp8_input(many.float())  # _scaled_mm's row-wise mode: bf16
@@ -172,7 +176,8 @@ def test_model_logits_are_unchanged_by_the_fusion(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("prompts", [[40, 24], [256, 256, 256, 256]])  # 64 and 1,024 rows
+# 64 and 1,020 rows (the test model has 256 positions: a 255-token prompt and one more)
+@pytest.mark.parametrize("prompts", [[40, 24], [255, 255, 255, 255]])
 def test_cuda_model_logits_are_unchanged_by_the_fusion(
     prompts: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -181,6 +186,7 @@ def test_cuda_model_logits_are_unchanged_by_the_fusion(
     assert isinstance(decoder, LlamaDecoderLayer)
     layer = decoder.mlp.down_proj
     probe = torch.zeros(sum(prompts), 128, dtype=torch.bfloat16, device="cuda")
+    monkeypatch.setenv(FUSED_QUANT_SWITCH, "1")
     assert layer.wants_fp8_input(probe), torch.cuda.get_device_capability()
     fed: list[int] = []
     plain = fp8.fp8_activation_scaled_mm
