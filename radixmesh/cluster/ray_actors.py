@@ -45,7 +45,9 @@ def _cli(*args: str) -> list[str]:
 
 class WorkerActor:
     """One worker: a `radixmesh worker` subprocess on a free port of this node, with its
-    /metrics on another free port (or on `metrics_port`, when given)."""
+    /metrics on another free port (or on `metrics_port`, when given). `name` (worker-i, as
+    the routers name it) is its repr: Ray's state API and dashboard show it as the actor's
+    repr name, and its log lines carry it."""
 
     def __init__(
         self,
@@ -56,11 +58,13 @@ class WorkerActor:
         gpu_peers: list[Any] | None = None,
         metrics_port: int | None = None,
         api_key: str | None = None,
+        name: str = "",
     ) -> None:
         import ray
 
         from radixmesh.cluster.env import API_KEY_ENV
 
+        self.name = name
         self.stop_timeout = stop_timeout
         bind = host if host not in _ANY_HOST else "0.0.0.0"
         self.port = free_port(bind)
@@ -94,6 +98,9 @@ class WorkerActor:
             print(f"radixmesh worker exited ({status}); restarting", file=sys.stderr, flush=True)
             os._exit(1)
 
+    def __repr__(self) -> str:
+        return self.name or type(self).__name__
+
     def address(self) -> str:
         return self._address
 
@@ -106,6 +113,12 @@ class WorkerActor:
         import ray
 
         return str(ray.get_runtime_context().get_node_id())
+
+    def actor_id(self) -> str:
+        """This actor's Ray id (hex), as Ray's state API and dashboard list it."""
+        import ray
+
+        return str(ray.get_runtime_context().get_actor_id())
 
     def pids(self) -> tuple[int, int]:
         """(the actor's process, the worker subprocess)."""
@@ -126,7 +139,13 @@ class WorkerActor:
 
 class GpuReservation:
     """Holds one more rank's resources of a worker (in its placement group) and says which
-    GPUs Ray gave it."""
+    GPUs Ray gave it. `name` (worker-i rank r) is its repr, as WorkerActor's."""
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name or type(self).__name__
 
     def node_id(self) -> str:
         """The Ray node this reservation holds resources on (the worker's, by its bundle)."""
@@ -142,7 +161,8 @@ class GpuReservation:
 
 class RouterActor:
     """Router `index` of the cluster: the router's `serve()` on an event loop in a thread
-    of this actor. `placement_group`: the routers' spread group (None: on the driver's node)."""
+    of this actor. `placement_group`: the routers' spread group (None: on the driver's node).
+    Its repr (Ray's state API and dashboard) is router-i."""
 
     def __init__(
         self,
@@ -157,6 +177,7 @@ class RouterActor:
         from radixmesh.router.pool import WorkerPool
         from radixmesh.router.server import serve
 
+        self.index = index
         log_limit.configure()  # as `radixmesh router`: at most a burst a place an interval
         addresses = tuple(ray.get([w.address.remote() for w in workers]))
         router_config = config.router_config(addresses, index)
@@ -202,6 +223,9 @@ class RouterActor:
             return str(await asyncio.wait_for(worker.address.remote(), timeout))
 
         return resolve
+
+    def __repr__(self) -> str:
+        return f"router-{self.index}"
 
     def address(self) -> str:
         return self._address

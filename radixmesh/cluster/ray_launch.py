@@ -78,7 +78,12 @@ from typing import Any
 
 from radixmesh.cluster.launch import supervise, wait_router_ready
 from radixmesh.cluster.ray_actors import GpuReservation, RouterActor, WorkerActor
-from radixmesh.cluster.ray_placement import WorkerPlacement, rank_resources
+from radixmesh.cluster.ray_placement import (
+    WorkerPlace,
+    WorkerPlacement,
+    placement_lines,
+    rank_resources,
+)
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import Unavailable, Unimplemented
 
@@ -135,7 +140,8 @@ class RayCluster:
                 # starves them (a cluster ready in 20 s was not in 300 beside two busy
                 # loops). A cluster started elsewhere sets it on its nodes (deploy/ray/).
                 os.environ.setdefault("RAY_worker_niceness", "0")
-            ray.init(address=o.ray_address, include_dashboard=False)
+            # The dashboard: only a Ray started here takes this (a joined one has its own).
+            ray.init(address=o.ray_address, include_dashboard=o.ray_dashboard)
             self._owns_ray = True
         use_gpu = self._use_gpu()
         worker_args = c.worker_args
@@ -195,8 +201,11 @@ class RayCluster:
             strategy = placement.strategy(index, r)
             return {} if strategy is None else {"scheduling_strategy": strategy}
 
+        reservation = ray.remote(GpuReservation)
         peers = [
-            ray.remote(GpuReservation).options(max_restarts=-1, **where(r), **rank).remote()
+            reservation.options(max_restarts=-1, **where(r), **rank).remote(
+                f"worker-{index} rank {r}"
+            )
             for r in range(1, c.tp_size)
         ]
         self.reservations.extend(peers)
@@ -204,7 +213,7 @@ class RayCluster:
         actor = ray.remote(WorkerActor).options(max_restarts=o.ray_max_restarts, **where(0), **rank)
         return actor.remote(
             c.model, c.host, worker_args, c.stop_timeout, gpu_peers, o.worker_metrics_port,
-            c.worker_api_key,
+            c.worker_api_key, f"worker-{index}",
         )  # fmt: skip
 
     def worker_addresses(self) -> list[str]:
@@ -222,6 +231,34 @@ class RayCluster:
         """The node id of each worker's bundle in the placement group table (spread
         placement; None otherwise; "" for a bundle waiting for room)."""
         return None if self._placement is None else self._placement.bundle_nodes()
+
+    def placement(self) -> list[WorkerPlace]:
+        """Where each worker landed now: its actor, node and ranks' nodes, and its group's
+        bundle, with the ids Ray's state API and dashboard list (ray_placement.py)."""
+        import ray
+
+        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        ids = ray.get([w.actor_id.remote() for w in self.workers])
+        nodes = self.worker_nodes()
+        rank_nodes = ray.get([r.node_id.remote() for r in self.reservations])
+        peers = self.config.tp_size - 1  # reservations per worker, in worker order
+        tables: dict[str, dict[str, Any]] = {}
+        places = []
+        for i, (actor_id, node) in enumerate(zip(ids, nodes, strict=True)):
+            ranks = tuple(str(n) for n in rank_nodes[i * peers : (i + 1) * peers])
+            place = WorkerPlace(f"worker-{i}", str(actor_id), node, str(ips.get(node, "")), ranks)
+            group = None if self._placement is None else self._placement.group_of(i)
+            if group is not None:
+                pg, bundle = group
+                pg_id = pg.id.hex()
+                if pg_id not in tables:
+                    tables[pg_id] = ray.util.placement_group_table(pg)
+                strategy = str(tables[pg_id]["strategy"])
+                place = dataclasses.replace(
+                    place, placement_group=pg_id, bundle=bundle, strategy=strategy
+                )
+            places.append(place)
+        return places
 
     def worker_metrics_addresses(self) -> list[str]:
         import ray
@@ -336,16 +373,20 @@ class RayCluster:
             ray.shutdown()
 
     def ready_line(self) -> str:
+        """The ready line (routers, workers, their metrics), then a line per worker saying
+        where it landed."""
         routers = f"router {self.address}"
         if len(self.addresses) > 1:
             routers = f"routers {', '.join(self.addresses)}"
         if metrics := self.router_metrics_addresses():
             routers += f" (metrics {', '.join(metrics)})"
-        return (
+        ready = (
             f"radixmesh cluster ready (ray): {routers}, "
             f"workers {', '.join(self.worker_addresses())}, "
             f"worker metrics {', '.join(self.worker_metrics_addresses())}"
         )
+        # Then where each worker landed, one line each (ray_placement.placement_lines).
+        return "\n".join([ready, *placement_lines(self.placement())])
 
     def failure(self) -> str | None:
         """Why the cluster must stop: every router is dead for good, or every worker is.

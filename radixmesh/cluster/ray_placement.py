@@ -26,10 +26,16 @@ actors would have to be alive and watching, while Ray's GCS restarts them even w
 driver is busy or restarting. When the surviving nodes have no room, the bundle waits
 (the cluster shrinks: the routers see those workers down and route to the others) and
 is placed when a node joins.
+
+**Seeing it**: `RayCluster.placement()` says where each worker landed (a `WorkerPlace`:
+its actor, node, ranks' nodes, group and bundle), with the ids Ray's state API and
+dashboard use (`ray list actors --detail`, `ray list placement-groups --detail`); the
+launcher prints it under its ready line (`placement_lines`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from radixmesh.errors import InvalidArgument
@@ -50,6 +56,47 @@ def worker_bundle(tp_size: int, use_gpu: bool, cpus_per_rank: float) -> dict[str
     """One bundle holding all of a worker's ranks (the spread placement)."""
     bundle = {"GPU": float(tp_size) if use_gpu else 0.0, "CPU": tp_size * cpus_per_rank}
     return {k: v for k, v in bundle.items() if v}
+
+
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where one worker landed, named as Ray's state API and dashboard name it."""
+
+    worker: str
+    """worker-i, as the routers name it (and the actor's repr name in Ray's state API)."""
+    actor_id: str
+    """The worker actor's (rank 0's) Ray actor id."""
+    node_id: str
+    """The Ray node the actor runs on."""
+    node_ip: str
+    """That node's address ("" when Ray no longer lists the node)."""
+    rank_nodes: tuple[str, ...] = ()
+    """The node of each other tensor-parallel rank's reservation (ranks 1, 2, ...)."""
+    placement_group: str | None = None
+    """The id of the placement group the actor sits in (None: Ray's scheduler placed it)."""
+    bundle: int | None = None
+    """The actor's bundle in that group (spread: worker i's is bundle i)."""
+    strategy: str | None = None
+    """That group's strategy (SPREAD, STRICT_PACK, PACK)."""
+
+
+def placement_lines(places: list[WorkerPlace]) -> list[str]:
+    """One line per worker, for an operator to find its rows in `ray list actors --detail`
+    and the dashboard (by actor id, node id or repr name)."""
+    lines = []
+    for p in places:
+        line = f"radixmesh placement (ray): {p.worker} actor {p.actor_id} on node {p.node_id}"
+        line += f" ({p.node_ip})" if p.node_ip else ""
+        if p.rank_nodes:
+            ranks = f"ranks 1-{len(p.rank_nodes)}" if len(p.rank_nodes) > 1 else "rank 1"
+            if all(n == p.node_id for n in p.rank_nodes):
+                line += f", {ranks} on the same node"
+            else:  # only while a reservation's actor restarts elsewhere
+                line += f", {ranks} on nodes {', '.join(p.rank_nodes)}"
+        if p.placement_group is not None:
+            line += f", bundle {p.bundle} of placement group {p.placement_group} ({p.strategy})"
+        lines.append(line)
+    return lines
 
 
 class WorkerPlacement:
@@ -101,6 +148,15 @@ class WorkerPlacement:
             return PlacementGroupSchedulingStrategy(
                 self._per_worker[worker], placement_group_bundle_index=rank
             )
+        return None
+
+    def group_of(self, worker: int) -> tuple[Any, int] | None:
+        """The placement group of worker `worker`'s actor (rank 0) and its bundle index in
+        it (None: placed by Ray's scheduler)."""
+        if self._spread is not None:
+            return self._spread, worker
+        if self._per_worker:
+            return self._per_worker[worker], 0
         return None
 
     def bundle_nodes(self) -> list[str] | None:

@@ -63,6 +63,10 @@ class RayOptions:
     bundle per worker holding all its ranks: each worker on one node, the workers spread
     evenly over the nodes; a bundle lost with its node is placed again on another node and
     its worker restarted there; needs cpus_per_worker > 0 on CPU)."""
+    ray_dashboard: bool = False
+    """Start the local Ray instance (no ray_address) with Ray's dashboard and state API
+    (`ray list actors --detail`; needs radixmesh[ray]), which show where each worker
+    landed; ~200 MB more. A cluster joined keeps its own (ray start runs it)."""
 
     def __post_init__(self) -> None:
         if self.cpus_per_worker < 0 or self.router_cpus < 0:
