@@ -43,10 +43,12 @@ RUN pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
 USER 10001
 WORKDIR /home/radixmesh
 # Converts the bundled GGUF into the cache once (on the build machine's CPU); builds the
-# FP8 KV decode kernel for Ada, Hopper and Blackwell GPUs into the cache (cuda/ in
-# RADIXMESH_CACHE_DIR), so workers load it at start instead of compiling it.
+# CUDA C++ kernels (the FP8 KV decode, the FP8 small-batch GEMM) for Ada, Hopper and
+# Blackwell GPUs into the cache (cuda/ in RADIXMESH_CACHE_DIR), so workers load them at
+# start instead of compiling them.
 RUN radixmesh generate --model smollm2 --max-new-tokens 1 --device cpu --dtype float32 "Hi" \
-    && python -m radixmesh.worker.attention.kernels.decode_fp8_cuda 8.9 9.0 10.0
+    && python -m radixmesh.worker.attention.kernels.decode_fp8_cuda 8.9 9.0 10.0 \
+    && python -m radixmesh.worker.layers.kernels.fp8_gemv_cuda 8.9 9.0 10.0
 
 EXPOSE 50050 50051 8000 9090 9091
 HEALTHCHECK --interval=15s --timeout=10s --start-period=900s --retries=3 \

@@ -6,6 +6,8 @@ For each of Llama-3-8B's four GEMMs (fused qkv 6144 x 4096, o 4096 x 4096, fused
   scaled_mm   per-token activation quantization + torch._scaled_mm (the FP8 GEMM path)
   small_m     the weight-only small-batch kernel (layers/kernels/fp8_small_m.py), rows
               <= its MAX_ROWS only
+  cuda_gemv   the same job in CUDA C++ (layers/kernels/fp8_gemv_cuda.py, opt-in by
+              RADIXMESH_FP8_SMALL_M=cuda), per-channel scales, rows <= 16, where it builds
 each timed with CUDA graphs of 20 calls (no launch gaps), median of 9, and the weight
 bytes each reads per microsecond against the device's copy rate. Also the largest
 relative error of each FP8 path against float32 on the dequantized weights.
@@ -59,7 +61,20 @@ def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
         ref_g = F.linear(x.float(), dequantize_rows(qg, sg, torch.float32))
         res["small_m_us"] = time_us(lambda _: fp8_small_m_linear(x, qg, sg, None))
         res["small_m_rel_err"] = rel_err(fp8_small_m_linear(x, qg, sg, None), ref_g)
-    for path, nbytes in (("bf16", 2), ("scaled_mm", 1), ("small_m", 1), ("small_m_channel", 1)):
+        from radixmesh.worker.layers.kernels import fp8_gemv_cuda
+
+        if fp8_gemv_cuda.shapes_fit(x, q, scale) and fp8_gemv_cuda.library(0) is not None:
+            gemv = fp8_gemv_cuda.fp8_gemv_cuda
+            res["cuda_gemv_us"] = time_us(lambda _: gemv(x, q, scale, None))
+            res["cuda_gemv_rel_err"] = rel_err(gemv(x, q, scale, None), ref)
+    paths = (
+        ("bf16", 2),
+        ("scaled_mm", 1),
+        ("small_m", 1),
+        ("small_m_channel", 1),
+        ("cuda_gemv", 1),
+    )
+    for path, nbytes in paths:
         if f"{path}_us" in res:
             res[f"{path}_weight_GBps"] = n * k * nbytes / res[f"{path}_us"] / 1e3
     return res
@@ -79,16 +94,18 @@ def main(argv: list[str] | None = None) -> None:
     results = [one_shape(s, n, k, r) for r in rows for s, (n, k) in SHAPES.items()]
     print(
         f"{'shape':8} {'rows':>4} {'bf16 us':>9} {'scaled_mm':>9} {'small_m':>9} "
-        f"{'(channel)':>9} {'fp8/bf16':>8} {'small_m TB/s':>12}"
+        f"{'(channel)':>9} {'cuda_gemv':>9} {'fp8/bf16':>8} {'small_m TB/s':>12} {'gemv TB/s':>9}"
     )
     for r in results:
         best = min(r["scaled_mm_us"], r.get("small_m_us", float("inf")))
         small = f"{r['small_m_us']:9.1f}" if "small_m_us" in r else f"{'-':>9}"
         chan = f"{r['small_m_channel_us']:9.1f}" if "small_m_us" in r else f"{'-':>9}"
         tb = f"{r['small_m_weight_GBps'] / 1e3:12.2f}" if "small_m_us" in r else f"{'-':>12}"
+        gemv = f"{r['cuda_gemv_us']:9.1f}" if "cuda_gemv_us" in r else f"{'-':>9}"
+        gtb = f"{r['cuda_gemv_weight_GBps'] / 1e3:9.2f}" if "cuda_gemv_us" in r else f"{'-':>9}"
         print(
             f"{r['shape']:8} {r['rows']:>4} {r['bf16_us']:9.1f} {r['scaled_mm_us']:9.1f} "
-            f"{small} {chan} {best / r['bf16_us']:8.2f} {tb}"
+            f"{small} {chan} {gemv} {best / r['bf16_us']:8.2f} {tb} {gtb}"
         )
     record.write("fp8_gemm", args, {"results": results})
 

@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from radixmesh.model_source import cache_root
+from radixmesh.worker import cuda_library
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +40,6 @@ MAX_GROUP = 8  # query heads per KV head: the mma tile's 8 live rows
 # straight into registers, 16 keys at a time (one stage). The first is the default (the
 # decode sweep's fastest on the H200, docs/performance.md).
 LAUNCHES = ((2, 16, 1, 8), (4, 16, 1, 0))
-_FLAGS = ("-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17")
 
 
 class _Params(ctypes.Structure):
@@ -91,84 +86,30 @@ def launch_override() -> tuple[int, int, int, int] | None:
 
 
 def nvcc() -> str | None:
-    """The nvcc to build with: on PATH, else under CUDA_HOME or /usr/local/cuda."""
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if root and (Path(root) / "bin" / "nvcc").is_file():
-            return str(Path(root) / "bin" / "nvcc")
-    return None
+    """The nvcc to build with (worker/cuda_library.py)."""
+    return cuda_library.nvcc()
 
 
 def cache_dir() -> Path:
-    """RADIXMESH_CUDA_CACHE, else `cuda/` in the project's cache (RADIXMESH_CACHE_DIR, where
-    converted GGUF files go too)."""
-    explicit = os.environ.get("RADIXMESH_CUDA_CACHE")
-    return Path(explicit) if explicit else cache_root() / "cuda"
-
-
-def _flags(capability: tuple[int, int]) -> list[str]:
-    arch = f"{capability[0]}{capability[1]}"
-    return [*_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+    """Where built libraries go (worker/cuda_library.py)."""
+    return cuda_library.cache_dir()
 
 
 def library_path(capability: tuple[int, int], out_dir: Path) -> Path:
-    """Where the library for sm_<capability> is (or will be) in `out_dir`: named by a hash
-    of the source and the flags, so an edit never loads a stale build."""
-    flags = _flags(capability)
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    return out_dir / f"decode_fp8-{digest}-sm{capability[0]}{capability[1]}.so"
+    """Where the library for sm_<capability> is (or will be) in `out_dir`."""
+    return cuda_library.library_path(SOURCE, capability, out_dir)
 
 
 def build(capability: tuple[int, int], compiler: str, out_dir: Path) -> Path:
-    """Compile the library for sm_<capability> into `out_dir` (kept if already there; no
-    GPU needed, so an image can build it for its GPUs ahead of time). Raises on failure."""
-    target = library_path(capability, out_dir)
-    if target.is_file():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # Another process may build the same library at once: each writes its own file and
-    # renames it into place (atomic), so a reader never sees a partial one.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        run = subprocess.run(
-            [compiler, *_flags(capability), "-o", tmp, str(SOURCE)],
-            capture_output=True,
-            text=True,
-        )
-        if run.returncode != 0:
-            raise RuntimeError(f"nvcc failed ({run.returncode}): {run.stderr[-2000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    """Compile the library for sm_<capability> into `out_dir` (kept if already there)."""
+    return cuda_library.build(SOURCE, capability, compiler, out_dir)
 
 
 @functools.cache
 def library(device_index: int) -> ctypes.CDLL | None:
     """The built library for this GPU, or None (the reason logged once)."""
-    capability = torch.cuda.get_device_capability(device_index)
-    if capability < (8, 9):
-        log.info("FP8 decode: the CUDA kernel needs sm_89+ (this GPU: sm_%d%d)", *capability)
-        return None
-    path = library_path(capability, cache_dir())
-    if not path.is_file():  # not built ahead of time (an image's build): build it here
-        compiler = nvcc()
-        if compiler is None:
-            log.warning("FP8 decode: no nvcc found, so the Triton kernels run over the FP8 pool")
-            return None
-        try:
-            path = build(capability, compiler, cache_dir())
-        except (OSError, RuntimeError) as e:
-            log.warning("FP8 decode: the CUDA kernel did not build (%s); Triton kernels instead", e)
-            return None
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as e:
-        log.warning("FP8 decode: the CUDA kernel did not load (%s); Triton kernels instead", e)
+    lib = cuda_library.load(SOURCE, device_index, "FP8 decode")
+    if lib is None:
         return None
     lib.radixmesh_decode_fp8_split.restype = ctypes.c_int
     lib.radixmesh_decode_fp8_split.argtypes = [

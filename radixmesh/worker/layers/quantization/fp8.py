@@ -33,10 +33,11 @@ the GEMM costs the same. Decode batches of at most 16 rows on CUDA take a weight
 kernel instead (`layers/kernels/fp8_small_m.py`: the e4m3 weights read once and converted
 in registers, the activations as they are), where the GEMM is bound by reading weights
 and `_scaled_mm` is not (bench/fp8_gemm.py; `RADIXMESH_FP8_SMALL_M=0` turns it off for an
-A/B). Group scales at more rows: dequantize, then bf16 GEMM (correct; `_scaled_mm`'s
-row-wise scaling cannot apply a scale per K group, and its block-wise modes are not
-measured here yet). Elsewhere, and as the reference: dequantize, then an ordinary matmul
-in the activations' dtype.
+A/B; `RADIXMESH_FP8_SMALL_M=cuda` takes the CUDA C++ kernel of the same job instead,
+layers/kernels/fp8_gemv_cuda.py, opt-in until measured). Group scales at more rows:
+dequantize, then bf16 GEMM (correct; `_scaled_mm`'s row-wise scaling cannot apply a
+scale per K group, and its block-wise modes are not measured here yet). Elsewhere, and as
+the reference: dequantize, then an ordinary matmul in the activations' dtype.
 
 Fused activation quantization: where the `_scaled_mm` path takes a layer's input (the
 conditions above, more rows than the small-batch kernel's MAX_ROWS, per-channel scales)
@@ -204,6 +205,10 @@ def fp8_linear(
             raise ValueError("a quantized input needs per-channel weight scales (_scaled_mm)")
         return fp8_activation_scaled_mm(x, q, scale, bias)
     if x.is_cuda and small_m_applies(x, q):
+        from radixmesh.worker.layers.kernels import fp8_gemv_cuda
+
+        if fp8_gemv_cuda.applies(x, q, scale):  # RADIXMESH_FP8_SMALL_M=cuda
+            return fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, bias)
         from radixmesh.worker.layers.kernels.fp8_small_m import fp8_small_m_linear
 
         return fp8_small_m_linear(x, q, scale, bias)
