@@ -23,26 +23,14 @@ from radixmesh.cluster.launch import free_port
 from radixmesh.cluster.ray_launch import RayCluster
 from radixmesh.cluster.ray_placement import placement_lines
 from radixmesh.cluster.spec import RayOptions
+from tests.cluster.ray_nodes import ray_nodes
 from tests.cluster.test_ray_node_loss import _spec
 
 
 @pytest.fixture(scope="module")
 def two_nodes(ray_turn: None) -> Iterator[Any]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    nodes = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "include_dashboard": True, "dashboard_port": free_port()},
-    )
-    try:
-        nodes.add_node(num_cpus=2)
-        nodes.wait_for_nodes()
-        ray.init(address=nodes.address, log_to_driver=False)
+    with ray_nodes(2, num_cpus=2, include_dashboard=True, dashboard_port=free_port()) as nodes:
         yield nodes
-    finally:
-        ray.shutdown()
-        nodes.shutdown()
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ from radixmesh.cluster.ray_launch import RayCluster
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.router.pool import snapshot_blocks
 from radixmesh.v1 import worker_pb2, worker_pb2_grpc
+from tests.cluster.ray_nodes import ray_nodes
 from tests.cluster.test_ray import WORKER_ARGS
 
 WORKERS = 6
@@ -45,27 +46,9 @@ LOAD_THREADS = 6
 
 @pytest.fixture(scope="module")
 def three_nodes(ray_turn: None) -> Iterator[Any]:
-    import ray
-    from ray.cluster_utils import Cluster
-
     fast_node_death = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
-    nodes = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 2,
-            "include_dashboard": False,
-            "_system_config": fast_node_death,
-        },
-    )
-    try:
-        for _ in range(2):
-            nodes.add_node(num_cpus=2)
-        nodes.wait_for_nodes()
-        ray.init(address=nodes.address, log_to_driver=False)
+    with ray_nodes(3, num_cpus=2, _system_config=fast_node_death) as nodes:
         yield nodes
-    finally:
-        ray.shutdown()
-        nodes.shutdown()
 
 
 def _spec() -> LaunchSpec:

@@ -24,6 +24,7 @@ from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import Unavailable
 from radixmesh.worker.engine import Engine
 from tests.cluster.processes import refuses
+from tests.cluster.ray_nodes import ray_nodes
 from tests.cluster.test_ray import GREEDY, PROMPTS, WORKER_ARGS
 
 HTTP_REQUESTS = re.compile(
@@ -43,20 +44,8 @@ def expected() -> list[int]:
 
 @pytest.fixture(scope="module")
 def two_nodes(ray_turn: None) -> Iterator[Any]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    nodes = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-    )
-    try:
-        nodes.add_node(num_cpus=1)
-        nodes.wait_for_nodes()
-        ray.init(address=nodes.address, log_to_driver=False)
+    with ray_nodes(2, num_cpus=1) as nodes:
         yield nodes
-    finally:
-        ray.shutdown()
-        nodes.shutdown()
 
 
 def _spec(**ray_options: Any) -> LaunchSpec:

@@ -52,6 +52,11 @@ def cpu_scaled_mm(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         "scaled_mm_applies",
         lambda x, q: x.dtype == torch.bfloat16 and q.shape[0] % 16 == 0 and q.shape[1] % 16 == 0,
     )
+    return count_quantized_gemms(monkeypatch)
+
+
+def count_quantized_gemms(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by each GEMM's rows that is fed an `Fp8Activation`."""
     fed: list[int] = []
     plain = fp8.fp8_activation_scaled_mm
 
@@ -188,16 +193,7 @@ def test_cuda_model_logits_are_unchanged_by_the_fusion(
     probe = torch.zeros(sum(prompts), 128, dtype=torch.bfloat16, device="cuda")
     monkeypatch.setenv(FUSED_QUANT_SWITCH, "1")
     assert layer.wants_fp8_input(probe), torch.cuda.get_device_capability()
-    fed: list[int] = []
-    plain = fp8.fp8_activation_scaled_mm
-
-    def counted(
-        x: Fp8Activation, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        fed.append(x.shape[0])
-        return plain(x, q, scale, bias)
-
-    monkeypatch.setattr(fp8, "fp8_activation_scaled_mm", counted)
+    fed = count_quantized_gemms(monkeypatch)
     monkeypatch.setenv(FUSED_QUANT_SWITCH, "0")
     want = logits_of(model, prompts)
     assert fed == []
