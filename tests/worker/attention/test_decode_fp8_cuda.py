@@ -6,7 +6,6 @@ block against the CUDA source."""
 from __future__ import annotations
 
 import ctypes
-import re
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from tests.worker.attention.test_triton_kernels import (
     rel_err,
     spread_fp8_pool,
 )
+from tests.worker.cuda_struct import assert_matches
 
 LAUNCHES = [
     DecodeConfig(keys, warps, stages, cuda=True, min_blocks=mb)
@@ -145,21 +145,7 @@ def test_cuda_decode_replays_in_a_cuda_graph() -> None:
 
 def test_parameter_block_matches_the_cuda_struct() -> None:
     """ctypes' `_Params` names the CUDA `Params` fields in their order, with their sizes."""
-    src = decode_fp8_cuda.SOURCE.read_text()
-    body = re.search(r"struct Params \{(.*?)\n\};", src, re.S)
-    assert body is not None
-    sizes = {"int32_t": 4, "int64_t": 8, "float": 4}
-    fields: list[tuple[str, int]] = []
-    for line in body.group(1).splitlines():
-        decl = line.split("//")[0].strip().rstrip(";").removeprefix("const ")
-        if not decl:
-            continue
-        kind, names = decl.split(" ", 1)
-        size = 8 if kind.endswith("*") else sizes[kind]
-        fields += [(name.strip(), size) for name in names.split(",")]
-    params = decode_fp8_cuda._Params
-    assert fields == [(f[0], ctypes.sizeof(f[1])) for f in params._fields_]
-    assert ctypes.sizeof(params) == sum(size for _, size in fields)  # no padding either side
+    assert_matches(decode_fp8_cuda._Params, decode_fp8_cuda.SOURCE.read_text(), "Params")
 
 
 def test_kernel_does_not_apply_off_cuda_or_when_switched_off(

@@ -6,7 +6,6 @@ switch that chooses it."""
 from __future__ import annotations
 
 import ctypes
-import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 from radixmesh.worker import cuda_library
 from radixmesh.worker.layers.kernels import fp8_gemv_cuda
 from radixmesh.worker.layers.quantization.fp8_scales import quantize_rows
+from tests.worker.cuda_struct import assert_matches
 
 CUDA = torch.cuda.is_available()
 # Llama-3-8B's four GEMMs (n, k), and one small enough to take a single K slice.
@@ -104,20 +104,8 @@ def test_fp8_linear_takes_it_when_switched_on(monkeypatch: pytest.MonkeyPatch) -
 def test_parameter_block_matches_the_cuda_struct() -> None:
     """ctypes' `_GemvParams` names the CUDA `GemvParams` fields in their order, with their
     sizes."""
-    body = re.search(r"struct GemvParams \{(.*?)\n\};", fp8_gemv_cuda.SOURCE.read_text(), re.S)
-    assert body is not None
-    sizes = {"int32_t": 4, "int64_t": 8, "float": 4}
-    fields: list[tuple[str, int]] = []
-    for line in body.group(1).splitlines():
-        decl = line.split("//")[0].strip().rstrip(";").removeprefix("const ")
-        if not decl:
-            continue
-        kind, names = decl.split(" ", 1)
-        size = 8 if kind.endswith("*") else sizes[kind]
-        fields += [(name.strip(), size) for name in names.split(",")]
-    params = fp8_gemv_cuda._GemvParams
-    assert fields == [(f[0], ctypes.sizeof(f[1])) for f in params._fields_]
-    assert ctypes.sizeof(params) == sum(size for _, size in fields)  # no padding either side
+    source = fp8_gemv_cuda.SOURCE.read_text()
+    assert_matches(fp8_gemv_cuda._GemvParams, source, "GemvParams")
 
 
 def test_shapes_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
