@@ -102,33 +102,39 @@ def fp8_linear_ref(
     return F.linear(x, dequantize_rows(q, scale, x.dtype), bias)
 
 
-def fp8_linear_scaled_mm(
-    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+def _scaled_mm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
 ) -> torch.Tensor:
-    """x [T, in] quantized per token, times q [out, in] with row-wise scales, in x's dtype."""
-    xq, x_scale = quantize_per_token(x)  # [T, in] FP8, [T] float32
+    """Per-token e4m3 rows xq [T, in] (scales [T]) times q [out, in] with row-wise scales,
+    in `dtype`."""
     y = torch._scaled_mm(
         xq,
         q.t(),  # [in, out], column-major: the layout the FP8 GEMM wants
         scale_a=x_scale[:, None],  # [T, 1]
         scale_b=scale[None, :],  # [1, out]
-        out_dtype=x.dtype,
+        out_dtype=dtype,
     )
     return y if bias is None else y + bias
+
+
+def fp8_linear_scaled_mm(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [T, in] quantized per token, times q [out, in] with row-wise scales, in x's dtype."""
+    xq, x_scale = quantize_per_token(x)  # [T, in] FP8, [T] float32
+    return _scaled_mm(xq, x_scale, q, scale, bias, x.dtype)
 
 
 def fp8_activation_scaled_mm(
     x: Fp8Activation, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """`fp8_linear_scaled_mm` of an input its producer already quantized per token."""
-    y = torch._scaled_mm(
-        x.values,
-        q.t(),
-        scale_a=x.scales[:, None],  # [T, 1]
-        scale_b=scale[None, :],  # [1, out]
-        out_dtype=x.dtype,
-    )
-    return y if bias is None else y + bias
+    return _scaled_mm(x.values, x.scales, q, scale, bias, x.dtype)
 
 
 @functools.cache
@@ -178,17 +184,16 @@ def fused_quant_applies(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -
     already quantized (an `Fp8Activation`): `fp8_linear` would take `_scaled_mm` for it
     with more rows than the small-batch kernel's MAX_ROWS, the fused kernels are on (the
     producer's kernel quantizes), and `RADIXMESH_FP8_FUSED_QUANT` is "1"."""
+    # Asked three times a layer per forward: the switch (off by default) first.
+    if os.environ.get(FUSED_QUANT_SWITCH, "0") != "1":
+        return False
     from radixmesh.worker.layers import kernels
 
     if x.dim() != 2 or scale.dim() != 1 or not kernels.enabled(x):
         return False
     from radixmesh.worker.layers.kernels.fp8_small_m import MAX_ROWS
 
-    return (
-        x.shape[0] > MAX_ROWS
-        and os.environ.get(FUSED_QUANT_SWITCH, "0") == "1"
-        and scaled_mm_applies(x, q)
-    )
+    return x.shape[0] > MAX_ROWS and scaled_mm_applies(x, q)
 
 
 def fp8_linear(
