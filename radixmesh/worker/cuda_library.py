@@ -3,8 +3,9 @@ project's cache at first use, or ahead of time, and loaded through ctypes.
 
 A library is compiled once per source, flags and GPU architecture into
 `RADIXMESH_CUDA_CACHE` (default `cuda/` in RADIXMESH_CACHE_DIR, ~/.cache/radixmesh, where
-converted GGUF files go too), named by a hash of the source and the flags, so an edit
-never loads a stale build and a second start loads it in milliseconds. A library already
+converted GGUF files go too), named by a hash of the source, the shared headers in
+`INCLUDE_DIR` (worker/cuda/: device helpers the kernels have in common) and the flags, so
+an edit never loads a stale build and a second start loads it in milliseconds. A library already
 there (the CUDA image builds them per GPU architecture it targets) is loaded without
 nvcc. The sources have no Python or torch headers in them: nvcc alone builds each in a
 few seconds, and each entry point takes a parameter block of raw pointers and strides and
@@ -29,6 +30,7 @@ from radixmesh.model_source import cache_root
 log = logging.getLogger(__name__)
 
 _FLAGS = ("-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17")
+INCLUDE_DIR = Path(__file__).parent / "cuda"  # headers every kernel may include
 
 
 def nvcc() -> str | None:
@@ -55,9 +57,11 @@ def _flags(capability: tuple[int, int]) -> list[str]:
 
 def library_path(source: Path, capability: tuple[int, int], out_dir: Path) -> Path:
     """Where `source`'s library for sm_<capability> is (or will be) in `out_dir`."""
-    flags = _flags(capability)
-    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    return out_dir / f"{source.stem}-{digest}-sm{capability[0]}{capability[1]}.so"
+    h = hashlib.sha256(source.read_bytes())
+    for header in sorted(INCLUDE_DIR.glob("*.cuh")):
+        h.update(header.read_bytes())
+    h.update(" ".join(_flags(capability)).encode())
+    return out_dir / f"{source.stem}-{h.hexdigest()[:16]}-sm{capability[0]}{capability[1]}.so"
 
 
 def build(source: Path, capability: tuple[int, int], compiler: str, out_dir: Path) -> Path:
@@ -73,7 +77,7 @@ def build(source: Path, capability: tuple[int, int], compiler: str, out_dir: Pat
     os.close(fd)
     try:
         run = subprocess.run(
-            [compiler, *_flags(capability), "-o", tmp, str(source)],
+            [compiler, *_flags(capability), f"-I{INCLUDE_DIR}", "-o", tmp, str(source)],
             capture_output=True,
             text=True,
         )
@@ -110,3 +114,20 @@ def load(source: Path, device_index: int, what: str) -> ctypes.CDLL | None:
     except OSError as e:
         log.warning("%s: the CUDA kernel did not load (%s); Triton kernels instead", what, e)
         return None
+
+
+def build_ahead(source: Path, argv: list[str] | None, description: str | None) -> None:
+    """A kernel module's `python -m ... 8.9 9.0 10.0`: build `source`'s library for these
+    GPU architectures into the cache ahead of time (the CUDA image does, so its workers
+    start without compiling), printing each library's path."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("archs", nargs="+", help="compute capabilities, e.g. 9.0")
+    args = ap.parse_args(argv)
+    compiler = nvcc()
+    if compiler is None:
+        raise SystemExit("no nvcc found (PATH, CUDA_HOME, /usr/local/cuda)")
+    for arch in args.archs:
+        major, minor = (int(v) for v in arch.split("."))
+        print(build(source, (major, minor), compiler, cache_dir()))

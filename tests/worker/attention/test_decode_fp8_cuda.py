@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixmesh.worker import cuda_library
 from radixmesh.worker.attention.kernels import decode_fp8_cuda
 from radixmesh.worker.attention.kernels.decode_attention import (
     FP8_CUDA_CONFIG,
@@ -158,7 +159,7 @@ def test_kernel_does_not_apply_off_cuda_or_when_switched_off(
     assert not decode_fp8_cuda.applies(q, k)
 
 
-@pytest.mark.skipif(decode_fp8_cuda.nvcc() is None, reason="needs nvcc (no GPU)")
+@pytest.mark.skipif(cuda_library.nvcc() is None, reason="needs nvcc (no GPU)")
 def test_library_builds_ahead_of_time_and_is_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,13 +168,13 @@ def test_library_builds_ahead_of_time_and_is_kept(
     parameter block ctypes builds; a second build keeps the file."""
     monkeypatch.setenv("RADIXMESH_CUDA_CACHE", str(tmp_path))
     decode_fp8_cuda.main(["9.0"])
-    path = decode_fp8_cuda.library_path((9, 0), tmp_path)
+    path = cuda_library.library_path(decode_fp8_cuda.SOURCE, (9, 0), tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
     lib = ctypes.CDLL(str(path))
     assert lib.radixmesh_decode_fp8_params_size() == ctypes.sizeof(decode_fp8_cuda._Params)
     assert hasattr(lib, "radixmesh_decode_fp8_split")
     built = path.stat().st_mtime_ns
-    assert decode_fp8_cuda.build((9, 0), "/nonexistent/nvcc", tmp_path) == path
+    assert cuda_library.build(decode_fp8_cuda.SOURCE, (9, 0), "/nonexistent/nvcc", tmp_path) == path
     assert path.stat().st_mtime_ns == built
 
 

@@ -1,14 +1,7 @@
 """Decode attention's stage 1 over an FP8 pool in CUDA C++ (cuda/decode_fp8.cu says how
-and why), built with nvcc at first use and loaded through ctypes.
-
-The library is compiled once per source, flags and GPU architecture into
-`RADIXMESH_CUDA_CACHE` (default `cuda/` in RADIXMESH_CACHE_DIR, ~/.cache/radixmesh), so
-a second start loads it in milliseconds; the worker builds it before it reports ready
-(`prepare_library`). A library already there (the CUDA image builds one per GPU
-architecture it targets) is loaded without nvcc. It has no Python or torch headers in
-it: nvcc alone builds it in ~3 s, and its one entry point takes a parameter block of raw
-pointers and strides and the caller's CUDA stream (so CUDA graph capture records it like
-any other launch on that stream).
+and why), built with nvcc at first use and loaded through ctypes (worker/cuda_library.py:
+the cache, ahead-of-time builds); the worker builds it before it reports ready
+(`prepare_library`), in ~3 s.
 
 Where it does not apply (no CUDA, a GPU before sm_89, which lacks the e4m3 -> f16
 conversion instruction, no nvcc, a head dim other than 128, more than 8 query heads per
@@ -83,26 +76,6 @@ def launch_override() -> tuple[int, int, int, int] | None:
     if launch not in LAUNCHES:
         raise ValueError(f"{SWITCH}: {value!r} is not one of {LAUNCHES}")
     return launch  # type: ignore[return-value,unused-ignore]
-
-
-def nvcc() -> str | None:
-    """The nvcc to build with (worker/cuda_library.py)."""
-    return cuda_library.nvcc()
-
-
-def cache_dir() -> Path:
-    """Where built libraries go (worker/cuda_library.py)."""
-    return cuda_library.cache_dir()
-
-
-def library_path(capability: tuple[int, int], out_dir: Path) -> Path:
-    """Where the library for sm_<capability> is (or will be) in `out_dir`."""
-    return cuda_library.library_path(SOURCE, capability, out_dir)
-
-
-def build(capability: tuple[int, int], compiler: str, out_dir: Path) -> Path:
-    """Compile the library for sm_<capability> into `out_dir` (kept if already there)."""
-    return cuda_library.build(SOURCE, capability, compiler, out_dir)
 
 
 @functools.cache
@@ -202,17 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m radixmesh.worker.attention.kernels.decode_fp8_cuda 8.9 9.0 10.0`: build the
     library for these GPU architectures into RADIXMESH_CUDA_CACHE ahead of time (the CUDA
     image does, so its workers start without compiling)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("archs", nargs="+", help="compute capabilities, e.g. 9.0")
-    args = ap.parse_args(argv)
-    compiler = nvcc()
-    if compiler is None:
-        raise SystemExit("no nvcc found (PATH, CUDA_HOME, /usr/local/cuda)")
-    for arch in args.archs:
-        major, minor = (int(x) for x in arch.split("."))
-        print(build((major, minor), compiler, cache_dir()))
+    cuda_library.build_ahead(SOURCE, argv, main.__doc__)
 
 
 if __name__ == "__main__":

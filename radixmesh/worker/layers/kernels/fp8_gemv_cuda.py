@@ -140,17 +140,7 @@ def fp8_gemv_cuda(
 def main(argv: list[str] | None = None) -> None:
     """`python -m radixmesh.worker.layers.kernels.fp8_gemv_cuda 8.9 9.0 10.0`: build the
     library for these GPU architectures into RADIXMESH_CUDA_CACHE ahead of time."""
-    import argparse
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("archs", nargs="+", help="compute capabilities, e.g. 9.0")
-    args = ap.parse_args(argv)
-    compiler = cuda_library.nvcc()
-    if compiler is None:
-        raise SystemExit("no nvcc found (PATH, CUDA_HOME, /usr/local/cuda)")
-    for arch in args.archs:
-        major, minor = (int(v) for v in arch.split("."))
-        print(cuda_library.build(SOURCE, (major, minor), compiler, cuda_library.cache_dir()))
+    cuda_library.build_ahead(SOURCE, argv, main.__doc__)
 
 
 if __name__ == "__main__":

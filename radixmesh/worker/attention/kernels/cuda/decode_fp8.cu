@@ -53,6 +53,8 @@
 #include <math_constants.h>
 #include <stdint.h>
 
+#include "fp8_mma.cuh"  // worker/cuda/: e4m3 pairs, mma, 16-byte loads, powers of two
+
 // The parameter block (decode_fp8_cuda.py's `_Params`, field for field): outside the
 // anonymous namespace, so that the extern "C" entry point taking it keeps external linkage.
 struct Params {
@@ -81,33 +83,15 @@ struct Params {
 
 namespace {
 
+using namespace radixmesh;
+
 constexpr int kHeadDim = 128;
 constexpr int kTile = 16;      // keys per tile: the score product's 16 rows
 constexpr float kSlack = 8.f;  // log2 units a tile may pass the references by (see above)
-constexpr unsigned kAll = 0xffffffffu;
-
-__device__ __forceinline__ float pow2(int e) {  // e in [-126, 127]: 2^e exactly
-  return __int_as_float((e + 127) << 23);
-}
-
 __device__ __forceinline__ float ex2(float x) {  // 2^x; 2^-inf = 0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-// The low or high two bytes of `w` (e4m3) as an fp16 pair, low byte in the low half: the
-// halves are named as such so that the conversion reads the high one in place.
-__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t w) {
-  uint32_t d;
-  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l;}" : "=r"(d) : "r"(w));
-  return d;
-}
-
-__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t w) {
-  uint32_t d;
-  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h;}" : "=r"(d) : "r"(w));
-  return d;
 }
 
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
@@ -121,15 +105,6 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
-}
-
-// d += A B, m16n8k16, fp16 operands, float32 accumulators.
-__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                    uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Across the 8 lanes of a column (lanes t, 4 + t, ..., 28 + t).
@@ -148,10 +123,6 @@ __device__ __forceinline__ float column_sum(float x) {
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(kAll, x, 1));
   return fmaxf(x, __shfl_xor_sync(kAll, x, 2));
-}
-
-__device__ __forceinline__ uint4 load16(const uint8_t* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
 }
 
 // One tile's operands in registers: keys g and 8 + g (32 bytes each), values of keys 2t,
@@ -250,12 +221,7 @@ __device__ __forceinline__ Query load_query(const Params& p, int b, int kv_head,
 #pragma unroll
   for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(qf[i]));
   amax = quad_max(amax);
-  int e_q = 0;  // ceil(log2(amax / 2^14)), clamped; any for a zero row
-  if (amax > 0.f) {
-    int e;
-    const float m = frexpf(amax * (1.f / 16384.f), &e);
-    e_q = min(max(m == 0.5f ? e - 1 : e, -126), 126);
-  }
+  const int e_q = fp16_shift_exponent(amax);
   const float shift = pow2(-e_q);
   Query q;
 #pragma unroll

@@ -29,6 +29,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "fp8_mma.cuh"  // worker/cuda/: e4m3 pairs, mma, 16-byte loads, powers of two
+
 // The parameter block (fp8_gemv_cuda.py's `_GemvParams`, field for field).
 struct GemvParams {
   const uint16_t* x;     // [m, k] bf16 or fp16 bits, row stride stride_x
@@ -48,13 +50,10 @@ struct GemvParams {
 
 namespace {
 
+using namespace radixmesh;
+
 constexpr int kChunk = 128;  // K columns a warp's k-steps cover at once (4 threads x 32)
 constexpr int kAhead = 4;    // chunks whose weights a warp has in flight at once
-constexpr unsigned kAll = 0xffffffffu;
-
-__device__ __forceinline__ float pow2(int e) {  // e in [-126, 127]: 2^e exactly
-  return __int_as_float((e + 127) << 23);
-}
 
 __device__ __forceinline__ float to_float(uint16_t bits, bool bf16) {
   return bf16 ? __uint_as_float((uint32_t)bits << 16)
@@ -64,30 +63,6 @@ __device__ __forceinline__ float to_float(uint16_t bits, bool bf16) {
 __device__ __forceinline__ uint16_t from_float(float v, bool bf16) {
   return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
               : __half_as_ushort(__float2half_rn(v));
-}
-
-__device__ __forceinline__ uint32_t e4m3x2_lo(uint32_t w) {
-  uint32_t d;
-  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l;}" : "=r"(d) : "r"(w));
-  return d;
-}
-
-__device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t w) {
-  uint32_t d;
-  asm("{.reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h;}" : "=r"(d) : "r"(w));
-  return d;
-}
-
-__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                    uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint4 load16(const void* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
 }
 
 // Row blockIdx.x of x: its shift into fp16's range (max |x| to at most 2^14) and the
@@ -105,12 +80,7 @@ __global__ void __launch_bounds__(256) prepare_rows(const GemvParams p) {
   __syncthreads();
   amax = 0.f;
   for (int w = 0; w < (int)(blockDim.x >> 5); ++w) amax = fmaxf(amax, s_max[w]);
-  int e = 0;  // ceil(log2(amax / 2^14)), clamped; 0 for a zero row
-  if (amax > 0.f) {
-    int ex;
-    const float mant = frexpf(amax * (1.f / 16384.f), &ex);
-    e = min(max(mant == 0.5f ? ex - 1 : ex, -126), 126);
-  }
+  const int e = fp16_shift_exponent(amax);
   const float shift = pow2(-e);
   uint16_t* out = p.x16 + (int64_t)row * p.k;
   for (int i = threadIdx.x; i < p.k; i += blockDim.x) {
