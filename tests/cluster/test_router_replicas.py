@@ -28,7 +28,7 @@ from radixmesh.cluster.child import RestartPolicy
 from radixmesh.cluster.launch import LocalCluster, free_port
 from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.v1 import common_pb2, router_pb2, router_pb2_grpc
-from tests.cluster.test_faults import Load
+from tests.cluster.test_faults import LOSS_BOUND_S, Load
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +143,7 @@ def test_both_replicas_take_connections(two: LocalCluster) -> None:
 
 def test_a_replica_killed_under_load_loses_nothing_and_comes_back(two: LocalCluster) -> None:
     victim = two.routers[1]
-    with Load(two.address) as load:
+    with Load(two.address, bound_s=LOSS_BOUND_S) as load:
         time.sleep(1.0)
         victim.send_signal(signal.SIGKILL)
         time.sleep(2.0)
