@@ -29,6 +29,13 @@ WARPS = 4  # warps per block of the products' launch (2, 4 or 8 are compiled)
 # so that enough 16-byte loads are in flight on every SM.
 TARGET_BLOCKS = 4 * 132
 MAX_SPLITS = 16
+# Each K slice past the first writes and reads back a float32 partial sum per row and
+# output channel (8 bytes a row and channel) against the k bytes of weights a channel
+# reads: m rows and s slices add s * 8m / k of the weights' traffic. Slices are capped so
+# that this stays within 1/8 (k / (64 m) slices): free at one row (o at 4,096 columns
+# keeps its 8 slices), while 16 rows take 4 rather than 8, whose partial sums would add
+# a quarter of the weights' bytes.
+PARTIAL_TRAFFIC_SHARE = 8
 
 
 class _GemvParams(ctypes.Structure):
@@ -96,11 +103,13 @@ def applies(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> bool:
     return shapes_fit(x, q, scale) and library(x.device.index or 0) is not None
 
 
-def split_k(n: int, k: int) -> tuple[int, int]:
-    """(K slices, columns a slice): enough blocks of WARPS slabs of 16 output channels for
-    TARGET_BLOCKS, each slice whole 128-column chunks."""
+def split_k(n: int, k: int, m: int = 1) -> tuple[int, int]:
+    """(K slices, columns a slice) for m rows: enough blocks of WARPS slabs of 16 output
+    channels for TARGET_BLOCKS, each slice whole 128-column chunks, and no more slices
+    than keep the partial sums' traffic within 1 / PARTIAL_TRAFFIC_SHARE of the weights'."""
     blocks = -(-(n // 16) // WARPS)
-    splits = max(1, min(MAX_SPLITS, -(-TARGET_BLOCKS // blocks), k // CHUNK))
+    traffic_cap = k // (8 * m * PARTIAL_TRAFFIC_SHARE)
+    splits = max(1, min(MAX_SPLITS, -(-TARGET_BLOCKS // blocks), k // CHUNK, traffic_cap))
     per_split = -(-k // splits)
     k_slice = -(-per_split // CHUNK) * CHUNK
     return -(-k // k_slice), k_slice
@@ -115,7 +124,7 @@ def fp8_gemv_cuda(
     assert lib is not None and shapes_fit(x, q, scale), "fp8_gemv_cuda without applies()"
     m, k = x.shape
     n = q.shape[0]
-    splits, k_slice = split_k(n, k)
+    splits, k_slice = split_k(n, k, m)
     dev = x.device
     y = torch.empty((m, n), dtype=x.dtype, device=dev)
     x16 = torch.empty((MAX_ROWS, k), dtype=torch.float16, device=dev)

@@ -127,10 +127,17 @@ def test_shapes_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_k_splits_cover_k_in_whole_chunks() -> None:
     for n, k in [*SHAPES, (16, 128), (16, 256), (131072, 8192)]:
-        splits, k_slice = fp8_gemv_cuda.split_k(n, k)
-        assert 1 <= splits <= fp8_gemv_cuda.MAX_SPLITS and k_slice % fp8_gemv_cuda.CHUNK == 0
-        assert (splits - 1) * k_slice < k <= splits * k_slice, (n, k, splits, k_slice)
+        for m in (1, 2, 4, 8, 16):
+            splits, k_slice = fp8_gemv_cuda.split_k(n, k, m)
+            assert 1 <= splits <= fp8_gemv_cuda.MAX_SPLITS
+            assert k_slice % fp8_gemv_cuda.CHUNK == 0
+            assert (splits - 1) * k_slice < k <= splits * k_slice, (n, k, m, splits, k_slice)
+            if splits > 1:  # the partial sums' bytes within an eighth of the weights'
+                assert splits * 8 * m * fp8_gemv_cuda.PARTIAL_TRAFFIC_SHARE <= k
     assert fp8_gemv_cuda.split_k(4096, 4096) == (8, 512)  # o: 64 blocks of 4 slabs, x 8
+    assert fp8_gemv_cuda.split_k(4096, 4096, 8) == (8, 512)
+    assert fp8_gemv_cuda.split_k(4096, 4096, 16) == (4, 1024)  # traffic: 4 x 128 / 4096
+    assert fp8_gemv_cuda.split_k(4096, 14336, 16) == (9, 1664)  # down: the blocks decide
     assert fp8_gemv_cuda.split_k(28672, 4096) == (2, 2048)  # gate/up: 448 blocks, x 2
 
 
