@@ -50,7 +50,9 @@ class AttentionBackend(ABC):
         layer_id: int,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        """Store k/v for the new tokens, then attend. Returns [T, num_heads, head_dim]."""
+        """Store k/v for the new tokens, then attend. Returns [T, num_heads, head_dim].
+        k/v are the caller's no more: a backend may overwrite them (the triton backend
+        writes an FP8 pool's dequantized values back into them for its extend kernel)."""
 
     def graph_metadata(self, batch_size: int, max_context_len: int, num_heads: int) -> Any:
         """`attn_metadata` for a captured decode step of `batch_size` rows, valid for every

@@ -2,9 +2,11 @@
 
 Per step `prepare` picks the kernel: a decode-only batch (one new token per sequence) runs
 flash-decoding with a split count sized to fill the GPU; an extend-only batch runs the
-extend kernel, reading the new tokens' keys from this forward's k/v where the pool has
-their dtype (contiguous rows, the same bits as the pool's) and through the slot table
-otherwise (an FP8 pool: every kernel reads the quantized keys); a batch with both
+extend kernel, reading the new tokens' keys from this forward's k/v (contiguous rows)
+where they hold the pool's bits: where the pool has their dtype, or over an FP8 pool,
+where the store kernel wrote the pool's dequantized values back into them (bfloat16 and
+float32 k/v; kv_store.py's `write_back`), and through the slot table otherwise (float16
+over an FP8 pool); a batch with both
 (chunked prefill, jump-forward's forced tokens beside decoding rows) runs each kernel on
 its own rows, because the extend kernel computes a BLOCK_M-row tile for every one-row
 query (64x the work of a decode row). Per layer `forward` stores the new k/v with the
@@ -42,7 +44,7 @@ from radixmesh.worker.attention.kernels.extend_attention import (
     extend_attention,
     extend_config,
 )
-from radixmesh.worker.attention.kernels.kv_store import kv_store
+from radixmesh.worker.attention.kernels.kv_store import kv_store, writes_back_exactly
 from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.pool import KVPool
 
@@ -194,11 +196,24 @@ class TritonAttentionBackend(AttentionBackend):
         k_buf = self.kv_pool.k_buffers[layer_id]  # [num_slots, Hkv, D]
         v_buf = self.kv_pool.v_buffers[layer_id]
         scales = self.kv_pool.scales(layer_id)  # an FP8 pool's exponents, else None
-        kv_store(k_buf, v_buf, batch.out_cache_loc, k, v, scales)
-        # The fresh k/v hold exactly what was just stored only when no cast happened.
-        new_kv = (k, v) if k.dtype == k_buf.dtype and v.dtype == v_buf.dtype else None
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
         meta = batch.attn_metadata
+        # Over an FP8 pool the extend kernel reads the new tokens from k/v once the store
+        # has written the pool's dequantized values back into them (this forward's k/v are
+        # not read after attention). Decode steps (graphed or not) read every key from the
+        # pool, and deterministic mode reads every key through the table: no write-back.
+        write_back = (
+            scales is not None
+            and writes_back_exactly(k.dtype)
+            and v.dtype == k.dtype
+            and not isinstance(meta, DecodeMeta)
+            and not self.deterministic
+        )
+        kv_store(k_buf, v_buf, batch.out_cache_loc, k, v, scales, write_back=write_back)
+        # The fresh k/v hold exactly what the pool holds only when no cast happened, or
+        # when the store wrote the FP8 pool's values back into them.
+        same = k.dtype == k_buf.dtype and v.dtype == v_buf.dtype
+        new_kv = (k, v) if same or write_back else None
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
         if isinstance(meta, DecodeMeta) and self.deterministic:
             return self._decode_as_extend(q, k_buf, v_buf, out, layer_id, batch, meta, scales)
         if isinstance(meta, DecodeMeta):

@@ -17,7 +17,9 @@ from radixmesh.worker.attention.kernels.extend_attention import (
     extend_attention_ref,
     extend_config,
 )
+from radixmesh.worker.attention.kernels.kv_store import kv_store
 from tests.worker.attention.test_triton_kernels import (
+    ATTN_DTYPES,
     DEVICE,
     PoolCase,
     fp8_pool,
@@ -117,6 +119,41 @@ def test_fp8_pool_reads_every_key_through_the_table() -> None:
     cfg = ExtendConfig(block_rows=16, block_n=16, num_warps=4, num_stages=2)
     out = run(c, seqs, k8, v8, cfg, scales=scales)
     assert rel_err(out, reference(c, seqs, k_ref, v_ref)) < TOL
+
+
+def new_slots(c: PoolCase, seqs: list[tuple[int, int]]) -> torch.Tensor:
+    """The new tokens' slots, in q's row order."""
+    return torch.cat(
+        [c["table"][row, p : p + e] for row, (p, e) in zip(c["rows"], seqs, strict=True)]
+    )
+
+
+# bfloat16 on the GPU only: the interpreter's bf16 tl.dot is wrong (test_triton_kernels).
+WRITE_BACK_DTYPES = [t for t in ATTN_DTYPES if getattr(t, "values", (t,))[0] != torch.float16]
+
+
+@pytest.mark.parametrize("dtype", WRITE_BACK_DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_fp8_pool_new_tokens_written_back_give_the_tables_bits(
+    case: tuple, dtype: torch.dtype
+) -> None:
+    """Over an FP8 pool, the new tokens read from this forward's k/v once the store wrote
+    the pool's values back into them (their slots hold e4m3 NaNs there) give the bits of
+    reading every key through the table."""
+    _, seqs, hq, hkv, d, rows, block_n = case
+    c = make_pool_case(seqs, hq, hkv, d, dtype, seed=800 + len(seqs), ctx=128)
+    cfg = ExtendConfig(block_rows=rows, block_n=block_n, num_warps=4, num_stages=2)
+    k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)  # the prefixes' (and all) keys quantized
+    k_new, v_new = fresh_kv(c, seqs, hq)  # the new tokens' unquantized k/v
+    loc = new_slots(c, seqs)
+    kv_store(k8, v8, loc, k_new, v_new, scales, write_back=True)
+    pooled = run(c, seqs, k8, v8, cfg, scales=scales)
+    for buf in (k8, v8):
+        buf.view(torch.uint8)[loc] = 0x7F  # e4m3 NaN: the fresh path must not read these
+    fresh = run(c, seqs, k8, v8, cfg, scales=scales, new_kv=(k_new, v_new))
+    assert torch.equal(pooled, fresh)
+    tol = TOL if dtype == torch.float32 else 1e-2
+    assert rel_err(pooled, reference(c, seqs, k_ref, v_ref)) < tol
 
 
 def test_default_tiles_for_a_long_extend_over_a_prefix() -> None:

@@ -98,12 +98,19 @@ def test_fp8_pool_matches_reference_over_its_dequantized_values(
     scale = HEAD_DIM**-0.5
     backend = create_attention_backend("triton", fp8, scale)
     backend.prepare(batch)
+    given_k, given_v = k.clone(), v.clone()
     out = backend.forward(q, k, v, LAYER, batch)  # stores the new k/v quantized, then reads
     err = (out.double().cpu() - reference(dequantized(fp8), batch, q, scale)).abs().max()
     assert err < (1e-4 if DEVICE == "cuda" else 1e-5)
     # The store kernel wrote what the torch backend's store writes.
     ref_pool = fp8_copy(pool)
-    ref_pool.set_kv(LAYER, batch.out_cache_loc, k, v)
+    ref_pool.set_kv(LAYER, batch.out_cache_loc, given_k, given_v)
+    # Steps with new tokens got the pool's values written back into k/v; decode steps not.
+    held = dequantized(ref_pool)
+    written_back = any(e > 1 for _, e in seqs)
+    for x, given, bufs in ((k, given_k, held.k_buffers), (v, given_v, held.v_buffers)):
+        pooled = bufs[LAYER][batch.out_cache_loc].to(x.dtype)
+        assert torch.equal(x, pooled if written_back else given)
     for ours, theirs in ((fp8.k_buffers, ref_pool.k_buffers), (fp8.k_scales, ref_pool.k_scales)):
         assert torch.equal(ours[LAYER].view(torch.uint8), theirs[LAYER].view(torch.uint8))
 

@@ -247,6 +247,39 @@ def test_kv_store_into_fp8_pool_matches_the_reference_bit_for_bit() -> None:
     assert not exps[0][[0, 4, 5]].any()  # untouched slots keep their zeros
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_store_writes_the_fp8_pools_values_back_exactly(dtype: torch.dtype) -> None:
+    """`write_back`: the given k/v become the pool's dequantized values, bit for bit, and the
+    pool gets the bits it gets without it."""
+    gen = torch.Generator().manual_seed(4)
+    magnitude = torch.tensor([1e-3] * 4 + [1, 300, 1e-4] * 2)[:, None]
+    qkv = (torch.randn(6, 4 + 3 + 3, 20, generator=gen) * magnitude).to(DEVICE, dtype)
+    loc = ints([9, 3, 60, 1, 17, 2])
+    pools = [torch.zeros(64, 3, 20, dtype=FP8, device=DEVICE) for _ in range(4)]
+    exps = [torch.zeros(64, 3, dtype=torch.int8, device=DEVICE) for _ in range(4)]
+    kv_store(pools[0], pools[1], loc, qkv[:, 4:7], qkv[:, 7:], (exps[0], exps[1]))
+    given = qkv.clone()
+    k, v = qkv[:, 4:7], qkv[:, 7:]  # strided views, as the model passes them
+    kv_store(pools[2], pools[3], loc, k, v, (exps[2], exps[3]), write_back=True)
+    for a, b in zip(pools[:2] + exps[:2], pools[2:] + exps[2:], strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    for x, pool, e in ((k, pools[2], exps[2]), (v, pools[3], exps[3])):
+        assert torch.equal(x, dequantize_kv(pool[loc], e[loc], dtype))
+    assert torch.equal(qkv[:, :4], given[:, :4])  # q's columns untouched
+    assert not torch.equal(k, given[:, 4:7])  # e4m3 dropped bits: the values did change
+
+
+def test_kv_store_write_back_refuses_what_it_cannot_hold_exactly() -> None:
+    k = torch.randn(2, 3, 20, device=DEVICE, dtype=torch.float16)
+    pool = torch.zeros(8, 3, 20, dtype=FP8, device=DEVICE)
+    e = torch.zeros(8, 3, dtype=torch.int8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"write_back needs .*torch.float16"):
+        kv_store(pool, pool, ints([1, 2]), k, k, (e, e), write_back=True)
+    k16 = torch.zeros(8, 3, 20, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="write_back needs an FP8 pool"):
+        kv_store(k16, k16, ints([1, 2]), k.bfloat16(), k.bfloat16(), write_back=True)
+
+
 @pytest.mark.parametrize("dtype", ATTN_DTYPES)
 @pytest.mark.parametrize("case", range(len(EXTEND_CASES)))
 def test_extend_attention_over_fp8_pool_matches_reference(case: int, dtype: torch.dtype) -> None:

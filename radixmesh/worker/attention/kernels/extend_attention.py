@@ -19,11 +19,17 @@ can be masked pay for the mask:
 The new tokens' keys come from the fresh k/v of this forward (`new_kv`, rows `q_start[b]
 + j`, contiguous: no slot-id load in the loop's dependency chain) when the caller passes
 them; they hold exactly the pool's bits when the pool has their dtype. An FP8 pool holds
-quantized keys, so its caller passes no `new_kv` and every key is read back through the
-table: the new tokens attend to the same numbers that decoding and a later prefix-cache
-hit read, so outputs do not depend on what was cached. Its e4m3 tiles go into the dots as
-they are (exact in bf16/fp16) and each key's 2^e multiplies its scores and its softmax
-weights, a vector per tile rather than a [N, D] tile twice.
+quantized keys: the new tokens must attend to the same numbers that decoding and a later
+prefix-cache hit read, so that outputs do not depend on what was cached. Its store kernel
+writes those numbers back into the fresh k/v (kv_store.py's `write_back`: the e4m3
+values times their 2^e, exact in bfloat16 and float32), and the new tokens' ranges read
+them as 16-bit (or float32) tiles, the cached prefix's e4m3 tiles through the table. The
+two give the same bits: a power of two scales each product and sum exactly, so q . (k 2^e)
+= (q . k) 2^e, and bf16(p) (v 2^e) = bf16(p 2^e) v term by term. Without the write-back
+(float16 k/v, where 2^e can reach subnormals) every key is read through the table. The
+e4m3 tiles go into the dots as they are (exact in bf16/fp16) and each key's 2^e
+multiplies its scores and its softmax weights, a vector per tile rather than a [N, D]
+tile twice.
 
 Deterministic mode (`absolute_tiles`) replaces the three ranges: query blocks start at
 multiples of BLOCK_M in absolute positions and key tiles at multiples of BLOCK_N, every
@@ -54,7 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixmesh.worker.attention.kernels.kv_store import pow2
+from radixmesh.worker.attention.kernels.kv_store import pow2, writes_back_exactly
 
 LOG2E = 1.0 / math.log(2.0)
 # From this longest extend on, the long-extend tiles (8 warps, 64-key tiles: they pay once
@@ -219,6 +225,7 @@ def _extend_kernel(
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
     NEW_CONTIG: tl.constexpr,
+    NEW_FP8: tl.constexpr,
     ABS_TILES: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -368,7 +375,7 @@ def _extend_kernel(
                 rows = tl.load(table_row + prefix + n0 + offs_n).to(tl.int64)
             k, v, k_pow, v_pow = _load_kv(
                 new_k, new_v, K_scale, V_scale, rows, offs_n >= 0, kv_head, offs_d, d_mask,
-                k_row, k_head, v_row, v_head, stride_scale_slot, False, D_PAD, KV_FP8,
+                k_row, k_head, v_row, v_head, stride_scale_slot, False, D_PAD, NEW_FP8,
             )  # fmt: skip
             acc, l_i, m_i = _softmax_step(
                 acc,
@@ -383,7 +390,7 @@ def _extend_kernel(
                 scale_log2,
                 False,
                 IEEE,
-                KV_FP8,
+                NEW_FP8,
             )
         for n0 in range(diagonal, key_end, BLOCK_N):
             offs_j = n0 + offs_n  # [N] index among the new tokens
@@ -394,11 +401,11 @@ def _extend_kernel(
                 rows = tl.load(table_row + prefix + offs_j, mask=n_mask, other=0).to(tl.int64)
             k, v, k_pow, v_pow = _load_kv(
                 new_k, new_v, K_scale, V_scale, rows, n_mask, kv_head, offs_d, d_mask,
-                k_row, k_head, v_row, v_head, stride_scale_slot, True, D_PAD, KV_FP8,
+                k_row, k_head, v_row, v_head, stride_scale_slot, True, D_PAD, NEW_FP8,
             )  # fmt: skip
             visible = n_mask[None, :] & (offs_j[None, :] <= offs_m[:, None])
             acc, l_i, m_i = _softmax_step(
-                acc, l_i, m_i, q, k, v, k_pow, v_pow, visible, scale_log2, True, IEEE, KV_FP8
+                acc, l_i, m_i, q, k, v, k_pow, v_pow, visible, scale_log2, True, IEEE, NEW_FP8
             )
 
     out = acc / l_i[:, None]
@@ -428,8 +435,9 @@ def extend_attention(
     (`q_start[b]`: sequence b's first row of q); `max_extend` bounds extend_lens.
 
     `new_kv`: this forward's k/v [T, Hkv, D] (rows as q's, already stored in the pool and
-    of its dtype), read for the new tokens instead of the pool. `config`: the tiles,
-    `extend_config(max_extend, D)` by default.
+    of its dtype; over an FP8 pool, of q's dtype and holding the pool's dequantized values,
+    as kv_store's `write_back` leaves them), read for the new tokens instead of the pool.
+    `config`: the tiles, `extend_config(max_extend, D)` by default.
 
     `absolute_tiles` (deterministic mode): query blocks and key tiles at absolute
     positions, every key read through the table (`new_kv` unused), so a token's output
@@ -450,7 +458,9 @@ def extend_attention(
         new_kv = None  # every key through the table
     k_new, v_new = new_kv if new_kv is not None else (k_buf, v_buf)
     if new_kv is not None:
-        assert scales is None and k_new.dtype == v_new.dtype == k_buf.dtype
+        held = k_buf.dtype if scales is None else q.dtype  # an FP8 pool's: written back
+        assert k_new.dtype == v_new.dtype == held, (k_new.dtype, held)
+        assert scales is None or writes_back_exactly(held), held
         assert k_new.shape == v_new.shape == (t, hkv, d)
         assert k_new.stride(2) == v_new.stride(2) == 1
     if t == 0 or b == 0:
@@ -503,6 +513,7 @@ def extend_attention(
         IEEE=q.dtype == torch.float32,
         KV_FP8=scales is not None,
         NEW_CONTIG=new_kv is not None,
+        NEW_FP8=scales is not None and new_kv is None,
         ABS_TILES=absolute_tiles,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

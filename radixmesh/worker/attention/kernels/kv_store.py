@@ -4,6 +4,15 @@ One program per token copies its Hkv x D keys and values (one row of the pool ea
 slot's heads are contiguous), casting to the pool's dtype on the way. Into an FP8 pool
 it quantizes each head's vector with its power-of-two scale and stores the exponent
 (kvcache/fp8_kv.py: same bits as `quantize_kv`).
+
+`write_back` (FP8 pool, bfloat16 or float32 k/v): the kernel also overwrites the given
+k/v with what the pool now holds, dequantized (e4m3 value times 2^e). That is exact in
+those dtypes (an e4m3 value has 4 significant bits, and their exponent range is
+float32's; only a head whose largest value is under ~1e-33, e < -117, would reach their
+subnormals), so the extend kernel can read this forward's new tokens from the contiguous
+fresh rows and get the numbers, and the bits, of reading them back through the slot table
+(extend_attention.py). Not for float16: 2^e can take a small head's values into its
+subnormals, where the product is no longer exact.
 """
 
 from __future__ import annotations
@@ -47,10 +56,12 @@ def pow2(e):
 
 @triton.jit
 def _store_fp8(Buf, Scale, dst, scale_dst, x, mask, h_mask):
+    """Quantize x [H, D] float32 into the pool; returns its dequantized values (exact)."""
     e = _fp8_scale_exponent(x)  # [H]
     q = round_to_e4m3(tl.minimum(tl.maximum(x * pow2(-e)[:, None], -448.0), 448.0))
     tl.store(Buf + dst, q.to(Buf.dtype.element_ty), mask=mask)
     tl.store(Scale + scale_dst, e.to(tl.int8), mask=h_mask)
+    return q * pow2(e)[:, None]
 
 
 @triton.jit
@@ -74,6 +85,7 @@ def _kv_store_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     KV_FP8: tl.constexpr,
+    WRITE_BACK: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(loc + t).to(tl.int64)
@@ -89,8 +101,11 @@ def _kv_store_kernel(
     if KV_FP8:
         scale_dst = slot * stride_scale_slot + offs_h
         h_mask = offs_h < NUM_HEADS
-        _store_fp8(K_buf, K_scale, dst, scale_dst, k.to(tl.float32), mask, h_mask)
-        _store_fp8(V_buf, V_scale, dst, scale_dst, v.to(tl.float32), mask, h_mask)
+        k_held = _store_fp8(K_buf, K_scale, dst, scale_dst, k.to(tl.float32), mask, h_mask)
+        v_held = _store_fp8(V_buf, V_scale, dst, scale_dst, v.to(tl.float32), mask, h_mask)
+        if WRITE_BACK:
+            tl.store(k_ptrs, k_held.to(K.dtype.element_ty), mask=mask)
+            tl.store(v_ptrs, v_held.to(V.dtype.element_ty), mask=mask)
     else:
         tl.store(K_buf + dst, k.to(K_buf.dtype.element_ty), mask=mask)
         tl.store(V_buf + dst, v.to(V_buf.dtype.element_ty), mask=mask)
@@ -103,10 +118,15 @@ def kv_store(
     k: torch.Tensor,
     v: torch.Tensor,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    write_back: bool = False,
 ) -> None:
     """k_buf/v_buf [num_slots, Hkv, D]; loc [T] int; k/v [T, Hkv, D] (any row strides);
-    `scales`: an FP8 pool's (k, v) exponents [num_slots, Hkv] int8, else None."""
+    `scales`: an FP8 pool's (k, v) exponents [num_slots, Hkv] int8, else None.
+    `write_back`: k/v overwritten with the FP8 pool's dequantized values (see above)."""
     t, hkv, d = k.shape
+    if write_back and (scales is None or not writes_back_exactly(k.dtype)):
+        raise ValueError(f"write_back needs an FP8 pool and bfloat16 or float32 k/v, got {k.dtype}")
     if t == 0:
         return
     assert v.shape == k.shape and loc.shape == (t,), (k.shape, v.shape, loc.shape)
@@ -134,7 +154,13 @@ def kv_store(
         BLOCK_H=triton.next_power_of_2(hkv),
         BLOCK_D=triton.next_power_of_2(d),
         KV_FP8=scales is not None,
+        WRITE_BACK=write_back,
     )
+
+
+def writes_back_exactly(dtype: torch.dtype) -> bool:
+    """Whether an FP8 pool's dequantized values are exact in `dtype` (`write_back`)."""
+    return dtype in (torch.bfloat16, torch.float32)
 
 
 def kv_store_ref(
