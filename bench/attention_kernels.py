@@ -212,7 +212,13 @@ def time_extend(batch: int, prefix: int, new: int) -> dict[str, Any]:
     """Before vs now on the same inputs: ms (do_bench median) and TFLOP/s of each."""
     c, args, q = extend_case(batch, prefix, new)
     new_kv = fresh_kv(c, [(prefix, new)] * batch)
-    outs = {name: torch.empty_like(q) for name in ("before", "fresh", "table")}
+    # The same pool in FP8: the new tokens written back (kv_store's write_back: their
+    # dequantized values in this forward's k/v) or read through the table as e4m3.
+    (k8, ke), (v8, ve) = quantize_kv(c["k"]), quantize_kv(c["v"])
+    held = {**c, "k": dequantize_kv(k8, ke, DTYPE), "v": dequantize_kv(v8, ve, DTYPE)}
+    held_kv = fresh_kv(held, [(prefix, new)] * batch)
+    names = ("before", "fresh", "table", "fp8_fresh", "fp8_table")
+    outs = {name: torch.empty_like(q) for name in names}
     runs = {
         "before": lambda: extend_attention_before(
             q, c["k"], c["v"], outs["before"], c["table"], *args, new, D**-0.5
@@ -223,6 +229,21 @@ def time_extend(batch: int, prefix: int, new: int) -> dict[str, Any]:
         "table": lambda: extend_attention(
             q, c["k"], c["v"], outs["table"], c["table"], *args, new, D**-0.5
         ),
+        "fp8_fresh": lambda: extend_attention(
+            q,
+            k8,
+            v8,
+            outs["fp8_fresh"],
+            c["table"],
+            *args,
+            new,
+            D**-0.5,
+            scales=(ke, ve),
+            new_kv=held_kv,
+        ),
+        "fp8_table": lambda: extend_attention(
+            q, k8, v8, outs["fp8_table"], c["table"], *args, new, D**-0.5, scales=(ke, ve)
+        ),
     }
     flops = extend_flops(batch, prefix, new)
     res: dict[str, Any] = {"batch": batch, "prefix": prefix, "new": new, "flops": flops}
@@ -232,6 +253,8 @@ def time_extend(batch: int, prefix: int, new: int) -> dict[str, Any]:
         res[name] = {"ms": ms, "tflops": flops / ms / 1e9}
     res["rel_diff_fresh_vs_before"] = rel_err(outs["fresh"], outs["before"])
     res["fresh_equals_table"] = bool(torch.equal(outs["fresh"], outs["table"]))
+    res["fp8_fresh_equals_table"] = bool(torch.equal(outs["fp8_fresh"], outs["fp8_table"]))
+    res["fp8_fresh_time_vs_bf16"] = res["fp8_fresh"]["ms"] / res["fresh"]["ms"]
     return res
 
 
@@ -559,6 +582,15 @@ def main(argv: list[str] | None = None) -> None:
             f"{b['ms']:.3f} / {b['tflops']:.0f} | {f['ms']:.3f} / {f['tflops']:.0f} "
             f"({b['ms'] / f['ms']:.2f}x) | {tb['ms']:.3f} / {tb['tflops']:.0f}; "
             f"rel diff vs before {t['rel_diff_fresh_vs_before']:.1e}; tiles {t['config']}"
+        )
+    print("extend over an FP8 pool (ms / TFLOP/s): new tokens written back | all through the table")
+    for t in report["extend_timing"]:
+        f8, t8 = t["fp8_fresh"], t["fp8_table"]
+        print(
+            f"  B={t['batch']:>2} prefix={t['prefix']:>4} new={t['new']:>4}: "
+            f"{f8['ms']:.3f} / {f8['tflops']:.0f} ({t['fp8_fresh_time_vs_bf16']:.2f}x bf16's "
+            f"time) | {t8['ms']:.3f} / {t8['tflops']:.0f}; equal bits: "
+            f"{t['fp8_fresh_equals_table']}"
         )
     if report.get("extend_sweep"):
         print("extend tile sweep (rows, key tile, warps, stages: ms / TFLOP/s):")
