@@ -79,5 +79,7 @@ def per_token_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty((t,), dtype=torch.float32, device=x.device)
     if t > 0 and k > 0:
         block = min(BLOCK, triton.next_power_of_2(k))
-        _per_token_fp8_kernel[(t,)](x, q, scale, k, x.stride(0), q.stride(0), BLOCK=block)
+        _per_token_fp8_kernel[(t,)](
+            x, q, scale, k, x.stride(0), q.stride(0), BLOCK=block, enable_fp_fusion=False
+        )
     return q, scale

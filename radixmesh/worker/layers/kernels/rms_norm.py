@@ -16,6 +16,26 @@ round to nearest even). So the e4m3 values and scales are bit for bit those of t
 unfused path (norm, then the quantization kernel) and the model's outputs do not change;
 quantizing the float32 row instead would skip one rounding but give other bits than the
 path it replaces, for no accuracy that e4m3's 3-bit mantissa could keep.
+
+Equal bits also need the same sum of squares, and its order of additions follows the
+row's register layout, which triton's coalescing pass picks from the memory accesses:
+each load or store asks for up to 16 bytes a thread, and the row's tensors take the
+largest of those. The 16-bit kernel's accesses all ask for 8 bf16 (4 float32), but an
+e4m3 store asks for 16 bytes = 16 values, so the fused kernel held the row 16 values a
+thread instead of 8 (the fused add: loads and sum in 16, the residual store converted
+back to 8 through shared memory): each thread summed other values, the partial sums met
+in another order, rsqrt(mean) moved in its last bit in about one row in eight, and now
+and then an output rounded the other way (an H200 measured other e4m3 bits; the
+interpreter, adding in its own order either way, cannot show it). So the e4m3 store is
+declared contiguous only in runs of VEC, the values in 16 bytes of x's dtype
+(`tl.max_contiguous`: a weaker claim than the row's full contiguity, so a true one): it
+then asks for what the 16-bit store asks for, and both variants compile the norm to one
+layout and the same instructions, the 16-bit kernel's unchanged. That is the lever plain
+`tl` has over the layout (gluon's explicit layouts would leave the interpreter), and a
+sum in an order no layout changes would cost the kernel more. The e4m3 row is written
+VEC bytes a thread (8 for bf16, as `fp8_quant.py` writes it); the loads stay 16 bytes.
+tests/worker/layers/kernels/test_fused_fp8_layouts.py compiles both variants for sm_90
+and compares them.
 """
 
 from __future__ import annotations
@@ -45,6 +65,7 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     QUANT: tl.constexpr,
     BLOCK: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -64,7 +85,10 @@ def _rms_norm_kernel(
         scale = token_scale(tl.max(tl.abs(yf), 0))
         tl.store(Scale + row, scale)
         y = quantize_e4m3(yf, scale)
-    tl.store(Out + row * stride_out + offs, y.to(Out.dtype.element_ty), mask=mask)
+    out = Out + row * stride_out + offs
+    if QUANT:  # the 16-bit store's layout (see above): VEC e4m3 a thread, not 16
+        out = tl.max_contiguous(out, VEC)
+    tl.store(out, y.to(Out.dtype.element_ty), mask=mask)
 
 
 def _launch(
@@ -106,6 +130,7 @@ def _launch(
             HAS_RESIDUAL=residual is not None,
             QUANT=quant,
             BLOCK=block,
+            VEC=min(16 // x.element_size(), block),  # values in 16 bytes of x's dtype
             num_warps=min(max(block // 512, 1), 16),
             enable_fp_fusion=False,
         )

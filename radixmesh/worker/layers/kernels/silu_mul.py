@@ -12,7 +12,10 @@ per row makes two passes over its column blocks, the first for the largest |prod
 the second to compute the products again and store them quantized (the second read of
 [gate | up] mostly from L2), as `fp8_quant.py` reads its input twice. Each product is
 rounded to the input dtype first, as the 16-bit output is, so the e4m3 values and scales
-are bit for bit those of `silu_and_mul` followed by the quantization kernel.
+are bit for bit those of `silu_and_mul` followed by the quantization kernel. Unlike
+RMSNorm's sum, nothing here depends on the register layout that the e4m3 store may give
+the product (each value is computed alone, and a maximum is the same in any order); at
+the default launch both kernels hold 8 values a thread anyway (test_fused_fp8_layouts.py).
 """
 
 from __future__ import annotations

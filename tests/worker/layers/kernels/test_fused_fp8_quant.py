@@ -1,7 +1,11 @@
 """RMSNorm (plain and fused add) and SiLU-and-mul writing FP8 rows plus per-row scales,
 against their 16-bit kernels followed by `quantize_rows` (the path they replace): the
 same e4m3 bits and the same scales. In triton's interpreter on CPU (conftest.py), and
-compiled on CUDA; the gpu tests add Llama-3-8B's widths at 64 and 1,024 rows.
+compiled on CUDA; the gpu tests add Llama-3-8B's widths at 64 and 1,024 rows. The
+interpreter adds a row's squares in one order whatever the kernel stores, so it cannot
+see the fused kernel hold the row in another register layout than the 16-bit kernel on
+the GPU (another order, other bits): test_fused_fp8_layouts.py compiles both for sm_90
+and compares them.
 """
 
 from __future__ import annotations
