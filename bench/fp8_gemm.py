@@ -21,18 +21,31 @@ launch config on each shape at 1, 4 and 16 rows, weights cold in L2, within
 `--budget-s`); it prints lines to paste into `CONFIGS` / `ROW_CONFIGS`
 (layers/kernels/fp8_small_m.py) and writes `fp8_gemm-sweep-<machine>.json`.
 Run: `python -m bench.fp8_gemm --sweep`.
+
+`--table` measures the engine's kernel table (layers/quantization/fp8_gemm_choice.py, the
+function the worker runs at load) on the four shapes with random e4m3 weights, per-channel
+and per-1x128-group scales, enough copies of each to outgrow the L2 cache: every kernel's
+time at each row bucket (1, 2, 4, 8, 16) and the kernel chosen; it writes
+`fp8_gemm-table-<machine>.json`, whose "shippable" object is a table file as the engine
+reads it (copy it to radixmesh/worker/layers/quantization/fp8_gemm_tables/<gpu>.json to
+ship it). Run: `python -m bench.fp8_gemm --table`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
+import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from bench import fp8_sweep, record
-from bench.fp8_sweep import SHAPES, rel_err, time_us
+from bench.fp8_sweep import SHAPES
+from radixmesh.worker.layers.kernels.timing import time_us
+from radixmesh.worker.layers.quantization.fp8_gemm_choice import rel_err
 
 
 def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
@@ -80,15 +93,65 @@ def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
     return res
 
 
+# --table's scale layouts: the engine's key ("channel" / "group") and how it quantizes.
+TABLE_LAYOUTS = (("channel", "channel"), ("group", "1x128"))
+
+
+def table(args: argparse.Namespace) -> None:
+    """The engine's FP8 GEMM table for Llama-3-8B's shapes, measured as at load."""
+    from radixmesh.worker.layers.quantization import fp8_gemm_choice as fgc
+    from radixmesh.worker.layers.quantization.fp8_scales import quantize
+
+    started = time.monotonic()
+    measurer = fgc.CudaMeasurer(torch.device("cuda"))
+    shapes: dict[fgc.Shape, list[fgc.Operand]] = {}
+    names = {}
+    for (name, (n, k)), (layout, quantized) in itertools.product(SHAPES.items(), TABLE_LAYOUTS):
+        copies = min(fgc.MAX_OPERANDS, math.ceil(fp8_sweep.COLD_BYTES / (n * k)))
+        gen = torch.Generator(device="cuda").manual_seed(n + k)
+        ops: list[fgc.Operand] = []
+        for _ in range(copies):
+            q, scale = quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, quantized)
+            ops.append((q, scale, None))
+        shape = fgc.Shape(n, k, layout, "bfloat16")
+        shapes[shape], names[shape] = ops, name
+    print(f"FP8 GEMM table: {len(shapes)} shapes, kernels {sorted(measurer.available())}, "
+          f"margin {fgc.MARGIN:.0%}", flush=True)  # fmt: skip
+    timings = fgc.measure(shapes, measurer)
+    gemms = fgc.GemmTable(timings, measurer.available())
+    for shape, line in zip(shapes, gemms.describe(shapes), strict=True):
+        print(f"{names[shape]:8} {line}")
+    key = measurer.fingerprint()
+    rows = [
+        {"shape": names[s], "n": s.n, "k": s.k, "layout": s.layout, "rows": r,
+         "us": timings[s.at(r)], "kernel": gemms.kernel(s, r)}
+        for s in shapes
+        for r in fgc.BUCKETS
+    ]  # fmt: skip
+    seconds = time.monotonic() - started
+    print(f"measured in {seconds:.1f} s")
+    payload = {
+        "margin": fgc.MARGIN,
+        "seconds": seconds,
+        "table": rows,
+        "shippable": fgc.table_data(key, timings),
+    }
+    record.write("fp8_gemm", args, payload, name="table")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rows", default="1,4,8,16,64,256", help="comma-separated row counts")
     ap.add_argument("--sweep", action="store_true", help="tune the small-batch kernel's configs")
+    ap.add_argument("--table", action="store_true", help="measure the engine's kernel table")
     fp8_sweep.add_arguments(ap)
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
     if args.sweep:
         fp8_sweep.sweep(args)
+        return
+    if args.table:
+        table(args)
         return
     rows = [int(r) for r in args.rows.split(",")]
     results = [one_shape(s, n, k, r) for r in rows for s, (n, k) in SHAPES.items()]

@@ -27,9 +27,8 @@ import functools
 import itertools
 import math
 import os
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import Any
@@ -45,7 +44,9 @@ from radixmesh.worker.layers.kernels.fp8_small_m import (
     config_for,
     fp8_small_m_linear,
 )
+from radixmesh.worker.layers.kernels.timing import time_us
 from radixmesh.worker.layers.quantization.fp8 import DEFAULT_LAYOUT
+from radixmesh.worker.layers.quantization.fp8_gemm_choice import rel_err
 from radixmesh.worker.layers.quantization.fp8_scales import SCALE_LAYOUTS, dequantize_rows, quantize
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -64,30 +65,6 @@ ROW_GAIN = 0.03
 # Persistent grids are tried on this many of a shape's fastest configs.
 PERSISTENT_TOP = 3
 PROGRAMS_PER_SM = (1, 2, 4)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float() - ref.float()).norm() / ref.float().norm())
-
-
-def time_us(fn: Callable[[int], Any], calls: int = 20, repeats: int = 9) -> float:
-    """Microseconds a call of `fn(i)` (i: the call's index in the graph), CUDA graphs of
-    `calls` calls, median of `repeats`."""
-    fn(0)  # compile / warm up outside the graph
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def tbps(n: int, k: int, us: float, itemsize: int = 1) -> float:

@@ -313,6 +313,22 @@ class Worker:
             heads = self.arch.num_attention_heads // self.config.parallel.tp_size
             kv_heads, head_dim = self.model.num_kv_heads, self.arch.head_size
             compile_kernels(heads, kv_heads, head_dim, kv_dtype, self.device)
+        if self.device.type == "cuda":
+            # FP8 GEMM kernel per shape and row count, timed on this GPU (each TP rank its
+            # own) or read from the cache: before the decode CUDA graphs bake the choice
+            # in, and before the pool is sized (the timing graphs' memory given back).
+            from radixmesh.worker.layers.quantization import fp8_gemm_choice as fgc
+
+            report = fgc.prepare(
+                self.model,
+                self.dtype,
+                fgc.CudaMeasurer(self.device),
+                deterministic=self.config.model.deterministic,
+            )
+            if report is not None:
+                torch.cuda.empty_cache()
+                for line in [report.summary(), *report.lines]:
+                    logger.info("%s%s", f"rank {self.tp.rank}: " if self.tp.size > 1 else "", line)
         self.pool_sizing: PoolSizing | None = None  # set when the pool was auto-sized
         self.kv_pool = self._build_pool()
         if self.device.type == "cuda":  # unset batch sizes follow the pool

@@ -30,14 +30,20 @@ per tensor: one outlier token (the first token's huge activations are common in 
 models) would otherwise squeeze every other token of the batch into e4m3's subnormals;
 a per-token scale needs no calibration and no global reduction across the batch, and
 the GEMM costs the same. Decode batches of at most 16 rows on CUDA take a weight-only
-kernel instead (`layers/kernels/fp8_small_m.py`: the e4m3 weights read once and converted
-in registers, the activations as they are), where the GEMM is bound by reading weights
-and `_scaled_mm` is not (bench/fp8_gemm.py; `RADIXMESH_FP8_SMALL_M=0` turns it off for an
-A/B; `RADIXMESH_FP8_SMALL_M=cuda` takes the CUDA C++ kernel of the same job instead,
-layers/kernels/fp8_gemv_cuda.py, opt-in until measured). Group scales at more rows:
-dequantize, then bf16 GEMM (correct; `_scaled_mm`'s row-wise scaling cannot apply a
-scale per K group, and its block-wise modes are not measured here yet). Elsewhere, and as
-the reference: dequantize, then an ordinary matmul in the activations' dtype.
+kernel instead by default (`layers/kernels/fp8_small_m.py`: the e4m3 weights read once and
+converted in registers, the activations as they are), where the GEMM is bound by reading
+weights and `_scaled_mm` is not (bench/fp8_gemm.py). Which kernel serves such a call is
+measured at load, per shape, scale layout and row bucket (fp8_gemm_choice.py: the model's
+`Fp8LinearMethod.gemm_table`): `_scaled_mm` or the CUDA C++ kernel of the same job
+(layers/kernels/fp8_gemv_cuda.py) replace the Triton kernel where they time more than 5%
+faster on this GPU. Without a table (`RADIXMESH_FP8_GEMM_TABLE=0`, deterministic mode,
+CPU) the fixed rule: the Triton kernel. `RADIXMESH_FP8_SMALL_M=0` turns the small-batch
+kernels off for an A/B (the larger batches' path at every row count);
+`RADIXMESH_FP8_SMALL_M=cuda` takes the CUDA C++ kernel wherever it applies; either
+overrides the table. Group scales at more rows: dequantize, then bf16 GEMM (correct;
+`_scaled_mm`'s row-wise scaling cannot apply a scale per K group, and its block-wise
+modes are not measured here yet). Elsewhere, and as the reference: dequantize, then an
+ordinary matmul in the activations' dtype.
 
 Fused activation quantization: where the `_scaled_mm` path takes a layer's input (the
 conditions above, more rows than the small-batch kernel's MAX_ROWS, per-channel scales)
@@ -71,6 +77,7 @@ from torch import nn
 
 from radixmesh.worker.layers.quantization.base import LinearMethod, QuantizableLinear
 from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation, quantize_per_token
+from radixmesh.worker.layers.quantization.fp8_gemm_choice import GemmTable
 from radixmesh.worker.layers.quantization.fp8_scales import (
     FP8,
     FP8_MAX,
@@ -201,10 +208,13 @@ def fp8_linear(
     q: torch.Tensor,
     scale: torch.Tensor,
     bias: torch.Tensor | None,
+    table: GemmTable | None = None,
 ) -> torch.Tensor:
     """x [T, in] @ (q [out, in] * scale)^T + bias -> [T, out] in x's dtype; scale [out]
     per channel or [out, ceil(in/128)] per row and group. An `Fp8Activation` x (given only
-    where `fused_quant_applies`) goes straight into `_scaled_mm`."""
+    where `fused_quant_applies`) goes straight into `_scaled_mm`. `table` (the model's,
+    measured at load: fp8_gemm_choice.py) may send a call of at most 16 rows to another
+    kernel than the small-batch one."""
     if isinstance(x, Fp8Activation):
         if scale.dim() != 1:
             raise ValueError("a quantized input needs per-channel weight scales (_scaled_mm)")
@@ -213,6 +223,12 @@ def fp8_linear(
         from radixmesh.worker.layers.kernels import fp8_gemv_cuda
 
         if fp8_gemv_cuda.applies(x, q, scale):  # RADIXMESH_FP8_SMALL_M=cuda
+            return fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, bias)
+        # The table's kernels applied to this shape, dtype and device when it was measured.
+        kernel = table.kernel_for(x, q, scale) if table is not None else None
+        if kernel == "scaled_mm":
+            return fp8_linear_scaled_mm(x, q, scale, bias)
+        if kernel == "cuda_gemv":
             return fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, bias)
         from radixmesh.worker.layers.kernels.fp8_small_m import fp8_small_m_linear
 
@@ -231,6 +247,9 @@ class Fp8LinearMethod(LinearMethod):
             raise ValueError(f"layout must be one of {SCALE_LAYOUTS}, got {layout!r}")
         self.layout = layout
         self.name = "fp8" if layout == DEFAULT_LAYOUT else f"fp8-{layout}"
+        # The model's kernel choices at 1-16 rows, set at load (fp8_gemm_choice.prepare);
+        # None: the fixed rule.
+        self.gemm_table: GemmTable | None = None
 
     def create_weights(self, layer: QuantizableLinear) -> None:
         old = layer.weight
@@ -265,7 +284,7 @@ class Fp8LinearMethod(LinearMethod):
         x: torch.Tensor | Fp8Activation,
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
-        return fp8_linear(x, layer.weight, layer.weight_scale, bias)
+        return fp8_linear(x, layer.weight, layer.weight_scale, bias, self.gemm_table)
 
     def wants_fp8_input(self, layer: QuantizableLinear, x: torch.Tensor) -> bool:
         return fused_quant_applies(x, layer.weight, layer.weight_scale)
