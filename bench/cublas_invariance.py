@@ -51,8 +51,8 @@ def child(max_rows: int, head_rows: int) -> dict[str, Any]:
     """In a process with this setting: per shape, the row counts that differ, and times."""
     import torch
 
-    from bench.fp8_sweep import time_us
     from radixmesh.worker.layers.cublas_check import rows_invariant
+    from radixmesh.worker.layers.kernels.timing import time_us
 
     out: dict[str, Any] = {}
     for name, (n, k) in SHAPES.items():

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from bench import record
-from bench.fp8_sweep import time_us
+from radixmesh.worker.layers.kernels.timing import time_us
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # The tiles worth splitting: a sweep without split-K (H200, 2026-12-02) put 128 x 256

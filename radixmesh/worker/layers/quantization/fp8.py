@@ -61,8 +61,10 @@ dtypes, tensor-parallel layers and deterministic mode (their paths are unchanged
 Off by default: `RADIXMESH_FP8_FUSED_QUANT=1` turns it on (read at each call, so set it
 before CUDA graphs are captured). On the H200 the fused add + RMSNorm measured 1.4-2.4x
 faster than the two kernels but its e4m3 bits differed from theirs in three of four
-shapes (SiLU-and-mul's were equal), though the interpreter gives equal bits: until the
-difference is found on the GPU, the unfused path stays the default
+shapes (SiLU-and-mul's were equal): the e4m3 store had Triton hold the row in another
+register layout, so the sum of squares ran in another order. The store now keeps the
+16-bit kernel's layout (layers/kernels/rms_norm.py, checked by compiling both for sm_90
+in the tests); until a GPU run confirms equal bits, the unfused path stays the default
 (docs/quantization.md).
 """
 
