@@ -79,7 +79,7 @@ from torch import nn
 
 from radixmesh.worker.layers.quantization.base import LinearMethod, QuantizableLinear
 from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation, quantize_per_token
-from radixmesh.worker.layers.quantization.fp8_gemm_choice import GemmTable
+from radixmesh.worker.layers.quantization.fp8_gemm_table import GemmTable
 from radixmesh.worker.layers.quantization.fp8_scales import (
     FP8,
     FP8_MAX,

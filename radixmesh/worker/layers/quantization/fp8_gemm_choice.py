@@ -70,39 +70,40 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import tempfile
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from radixmesh.model_source import cache_root
-
-if TYPE_CHECKING:  # imported at use: fp8.py imports this module
-    from radixmesh.worker.layers.dense import PackableLinear
-    from radixmesh.worker.layers.quantization.fp8 import Fp8LinearMethod
+from radixmesh.worker.layers.dense import PackableLinear
+from radixmesh.worker.layers.quantization.fp8 import (
+    Fp8LinearMethod,
+    fp8_linear_ref,
+    fp8_linear_scaled_mm,
+    quantize_rows,
+    scaled_mm_applies,
+)
+from radixmesh.worker.layers.quantization.fp8_gemm_table import (
+    BUCKETS,
+    DEFAULT,
+    KERNELS,
+    LAYOUTS,
+    EntryKey,
+    GemmTable,
+    Shape,
+    Timings,
+)
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("small_m", "cuda_gemv", "scaled_mm")
-DEFAULT = "small_m"  # the fixed rule's kernel at 1-16 rows
-MAX_ROWS = 16  # fp8_small_m.MAX_ROWS: more rows are not in the table
-BUCKETS = (1, 2, 4, 8, 16)
-# Row count -> its bucket, by index (0 has none): the call's lookup, no search.
-BUCKET_OF: tuple[int, ...] = (0, *(next(b for b in BUCKETS if t <= b) for t in range(1, 17)))
-# A kernel replaces the default only when it takes less than (1 - MARGIN) of the default's
-# time. The same shape timed in separate runs moved 1-2% on the H200 (the small-batch
-# sweeps of 2026-12-01 and -02), so a 5% margin keeps a near tie from flipping kernels
-# (and output bits) from one measurement to the next; what it can cost is under 5% of a
-# GEMM whose candidates were that close anyway.
-MARGIN = 0.05
 TABLE_SWITCH = "RADIXMESH_FP8_GEMM_TABLE"  # "0": no measurement, no table
 SMALL_M_SWITCH = "RADIXMESH_FP8_SMALL_M"  # fp8.SMALL_M_SWITCH: "0" / "cuda" force a path
 FORMAT = 1
@@ -116,91 +117,8 @@ CHECK_BOUND = 8e-3
 # most: one per call of the timing graph.
 MAX_OPERANDS = 20
 
-_LAYOUTS = {1: "channel", 2: "group"}  # the scale's dims -> layout
-
-
-@dataclass(frozen=True, order=True)
-class Shape:
-    """A distinct FP8 linear: out features n, in features k, scale layout, rows' dtype."""
-
-    n: int
-    k: int
-    layout: str  # "channel" (scales [n]) or "group" (scales [n, ceil(k/128)])
-    dtype: str  # "bfloat16" or "float16": the activations'
-
-    def at(self, rows: int) -> EntryKey:
-        return (self.n, self.k, self.layout, self.dtype, rows)
-
-
-EntryKey = tuple[int, int, str, str, int]  # Shape's fields + the row bucket
-Timings = dict[EntryKey, dict[str, float]]  # -> kernel name -> microseconds
 # A weight's operands: e4m3 q [n, k], float32 scale [n] or [n, groups], bias [n] or None.
 Operand = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-
-
-def bucket(rows: int) -> int:
-    """The row bucket of a call of `rows` rows (1-16)."""
-    if not 1 <= rows <= MAX_ROWS:
-        raise ValueError(f"rows must be 1-{MAX_ROWS}, got {rows}")
-    return BUCKET_OF[rows]
-
-
-def choose(us: Mapping[str, float], available: Collection[str]) -> str | None:
-    """The kernel for one entry: the default unless the fastest available kernel takes
-    less than (1 - MARGIN) of its time; the fastest if the default did not run; None if
-    nothing ran."""
-    ran = {name: t for name, t in us.items() if name in available and math.isfinite(t)}
-    if not ran:
-        return None
-    best = min(ran, key=lambda name: (ran[name], name))
-    if DEFAULT not in ran:
-        return best
-    return best if ran[best] < ran[DEFAULT] * (1 - MARGIN) else DEFAULT
-
-
-class GemmTable:
-    """The measured choices of one model on one GPU: (n, k, layout, dtype, bucket) ->
-    kernel, where it is not the default."""
-
-    def __init__(self, timings: Timings, available: Collection[str]) -> None:
-        self.timings = dict(timings)
-        self.available = frozenset(available)
-        self.choices: dict[EntryKey, str] = {}
-        # The call's key: scale dims (1 or 2) and torch dtype instead of their names.
-        self._by_call: dict[tuple[int, int, int, int, torch.dtype], str] = {}
-        dims = {layout: d for d, layout in _LAYOUTS.items()}
-        for key, us in self.timings.items():
-            kernel = choose(us, self.available)
-            if kernel is None or kernel == DEFAULT:
-                continue
-            n, k, layout, dtype, rows = key
-            self.choices[key] = kernel
-            self._by_call[(n, k, dims[layout], rows, getattr(torch, dtype))] = kernel
-
-    def kernel_for(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> str | None:
-        """The kernel for x [t, k] (1 <= t <= 16) times q [n, k] where it is not the
-        default, else None."""
-        return self._by_call.get(
-            (q.shape[0], q.shape[1], scale.dim(), BUCKET_OF[x.shape[0]], x.dtype)
-        )
-
-    def kernel(self, shape: Shape, rows: int) -> str:
-        """The kernel a call of `rows` rows of `shape` takes (the default where none was
-        chosen)."""
-        return self.choices.get(shape.at(bucket(rows)), DEFAULT)
-
-    def describe(self, shapes: Iterable[Shape]) -> list[str]:
-        """One line per shape: each bucket's kernel and every kernel's microseconds."""
-        lines = []
-        for shape in shapes:
-            parts = []
-            for rows in BUCKETS:
-                us = self.timings.get(shape.at(rows), {})
-                times = " ".join(f"{name} {us[name]:.1f}" for name in KERNELS if name in us)
-                parts.append(f"{rows}: {self.kernel(shape, rows)} ({times or 'not timed'})")
-            head = f"FP8 GEMM ({shape.n}, {shape.k}) {shape.layout} {shape.dtype}"
-            lines.append(f"{head}, rows -> kernel (us): " + "; ".join(parts))
-        return lines
 
 
 class Measurer(Protocol):
@@ -325,7 +243,6 @@ class CudaMeasurer:
 
     @staticmethod
     def _check(name: str, fn: Any, x: torch.Tensor, op: Operand) -> float:
-        from radixmesh.worker.layers.quantization.fp8 import fp8_linear_ref, quantize_rows
         from radixmesh.worker.layers.quantization.fp8_scales import dequantize_rows
 
         q, scale, bias = op
@@ -352,10 +269,6 @@ class CudaMeasurer:
             if all(fp8_gemv_cuda.shapes_fit(x, q, s) for q, s, _ in operands):
                 return fp8_gemv_cuda.fp8_gemv_cuda
             return None
-        from radixmesh.worker.layers.quantization.fp8 import (
-            fp8_linear_scaled_mm,
-            scaled_mm_applies,
-        )
 
         if shape.layout == "channel" and scaled_mm_applies(x, operands[0][0]):
             return fp8_linear_scaled_mm
@@ -409,7 +322,7 @@ def read_table(path: Path) -> tuple[dict[str, Any], Timings] | None:
         timings: Timings = {}
         for e in data["entries"]:
             us = {str(name): float(t) for name, t in e["us"].items()}
-            if e["layout"] not in _LAYOUTS.values() or not isinstance(
+            if e["layout"] not in LAYOUTS.values() or not isinstance(
                 getattr(torch, e["dtype"], None), torch.dtype
             ):
                 raise ValueError(f"bad entry {e!r}")
@@ -458,22 +371,19 @@ SHIPPED_MATCH = ("gpu", "capability", "kernels")  # a shipped table's key fields
 def fp8_layers(model: nn.Module, dtype: torch.dtype) -> dict[Shape, list[PackableLinear]]:
     """The model's FP8 linear layers by shape (their weights' [n, k], scale layout) for
     activations of `dtype`."""
-    from radixmesh.worker.layers.dense import PackableLinear
-    from radixmesh.worker.layers.quantization.fp8 import Fp8LinearMethod
 
     out: dict[Shape, list[PackableLinear]] = {}
     name = str(dtype).removeprefix("torch.")
     for m in model.modules():
         if isinstance(m, PackableLinear) and isinstance(m.linear_method, Fp8LinearMethod):
             n, k = m.weight.shape
-            shape = Shape(int(n), int(k), _LAYOUTS[m.weight_scale.dim()], name)
+            shape = Shape(int(n), int(k), LAYOUTS[m.weight_scale.dim()], name)
             out.setdefault(shape, []).append(m)
     return out
 
 
 def fp8_methods(layers: Mapping[Shape, Sequence[PackableLinear]]) -> list[Fp8LinearMethod]:
     """The distinct methods of the layers (one a model, as quantize_linears makes it)."""
-    from radixmesh.worker.layers.quantization.fp8 import Fp8LinearMethod
 
     out: dict[int, Fp8LinearMethod] = {}
     for ms in layers.values():

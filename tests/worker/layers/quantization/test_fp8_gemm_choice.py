@@ -17,6 +17,7 @@ from torch import nn
 
 from radixmesh.worker.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from radixmesh.worker.layers.quantization import fp8_gemm_choice as fgc
+from radixmesh.worker.layers.quantization import fp8_gemm_table as fgt
 from radixmesh.worker.layers.quantization.fp8 import (
     Fp8LinearMethod,
     fp8_linear,
@@ -25,16 +26,18 @@ from radixmesh.worker.layers.quantization.fp8 import (
     quantize_rows,
 )
 from radixmesh.worker.layers.quantization.fp8_gemm_choice import (
-    BUCKETS,
-    DEFAULT,
-    GemmTable,
     Operand,
-    Shape,
-    bucket,
-    choose,
     prepare,
     read_table,
     write_table,
+)
+from radixmesh.worker.layers.quantization.fp8_gemm_table import (
+    BUCKETS,
+    DEFAULT,
+    GemmTable,
+    Shape,
+    bucket,
+    choose,
 )
 from radixmesh.worker.layers.quantization.fp8_scales import dequantize_rows
 
@@ -120,14 +123,14 @@ def test_rows_go_to_the_smallest_bucket_at_least_as_large() -> None:
     assert BUCKETS == (1, 2, 4, 8, 16)
     expected = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 7: 8, 8: 8, 9: 16, 15: 16, 16: 16}
     assert {t: bucket(t) for t in expected} == expected
-    assert [fgc.BUCKET_OF[t] for t in range(1, 17)] == [bucket(t) for t in range(1, 17)]
+    assert [fgt.BUCKET_OF[t] for t in range(1, 17)] == [bucket(t) for t in range(1, 17)]
     for bad in (0, 17):
         with pytest.raises(ValueError):
             bucket(bad)
 
 
 def test_a_kernel_replaces_the_default_only_beyond_the_margin() -> None:
-    assert fgc.MARGIN == 0.05
+    assert fgt.MARGIN == 0.05
     assert choose({"small_m": 100.0, "scaled_mm": 96.0}, ALL) == "small_m"  # 4% faster
     assert choose({"small_m": 100.0, "scaled_mm": 95.0}, ALL) == "small_m"  # the margin itself
     assert choose({"small_m": 100.0, "scaled_mm": 90.0}, ALL) == "scaled_mm"  # 10% faster
