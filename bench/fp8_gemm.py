@@ -1,9 +1,13 @@
-"""FP8 linear layers at decode shapes: bf16 against the two FP8 paths, side by side.
+"""FP8 linear layers at decode shapes: bf16 against the FP8 paths, side by side.
 
 For each of Llama-3-8B's four GEMMs (fused qkv 6144 x 4096, o 4096 x 4096, fused gate/up
 28672 x 4096, down 4096 x 14336) and each row count (a decode batch), the time of:
   bf16        F.linear on bfloat16 weights (the baseline)
-  scaled_mm   per-token activation quantization + torch._scaled_mm (the FP8 GEMM path)
+  scaled_mm   per-token activation quantization + torch._scaled_mm with row-wise scales
+              (the FP8 GEMM path past 16 rows by default)
+  tensorwise_mm  the same quantization + the tensor-wise torch._scaled_mm into float32 and
+              the scales' epilogue (layers/kernels/fp8_epilogue.py; the table at load
+              chooses between the two per shape and row count)
   small_m     the weight-only small-batch kernel (layers/kernels/fp8_small_m.py), rows
               <= its MAX_ROWS only
   cuda_gemv   the same job in CUDA C++ (layers/kernels/fp8_gemv_cuda.py, opt-in by
@@ -53,6 +57,7 @@ def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
     from radixmesh.worker.layers.quantization.fp8 import (
         DEFAULT_LAYOUT,
         fp8_linear_scaled_mm,
+        fp8_linear_tensorwise,
         quantize_rows,
     )
     from radixmesh.worker.layers.quantization.fp8_scales import dequantize_rows, quantize
@@ -67,6 +72,8 @@ def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
     res["bf16_us"] = time_us(lambda _: F.linear(x, w16))
     res["scaled_mm_us"] = time_us(lambda _: fp8_linear_scaled_mm(x, q, scale, None))
     res["scaled_mm_rel_err"] = rel_err(fp8_linear_scaled_mm(x, q, scale, None), ref)
+    res["tensorwise_mm_us"] = time_us(lambda _: fp8_linear_tensorwise(x, q, scale, None))
+    res["tensorwise_mm_rel_err"] = rel_err(fp8_linear_tensorwise(x, q, scale, None), ref)
     if rows <= MAX_ROWS:
         res["small_m_channel_us"] = time_us(lambda _: fp8_small_m_linear(x, q, scale, None))
         res["small_m_channel_rel_err"] = rel_err(fp8_small_m_linear(x, q, scale, None), ref)
@@ -83,6 +90,7 @@ def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
     paths = (
         ("bf16", 2),
         ("scaled_mm", 1),
+        ("tensorwise_mm", 1),
         ("small_m", 1),
         ("small_m_channel", 1),
         ("cuda_gemv", 1),
@@ -127,7 +135,7 @@ def table(args: argparse.Namespace) -> None:
         {"shape": names[s], "n": s.n, "k": s.k, "layout": s.layout, "rows": r,
          "us": timings[s.at(r)], "kernel": gemms.kernel(s, r)}
         for s in shapes
-        for r in fgc.BUCKETS
+        for r in s.buckets
     ]  # fmt: skip
     seconds = time.monotonic() - started
     print(f"measured in {seconds:.1f} s")
@@ -157,11 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     rows = [int(r) for r in args.rows.split(",")]
     results = [one_shape(s, n, k, r) for r in rows for s, (n, k) in SHAPES.items()]
     print(
-        f"{'shape':8} {'rows':>4} {'bf16 us':>9} {'scaled_mm':>9} {'small_m':>9} "
-        f"{'(channel)':>9} {'cuda_gemv':>9} {'fp8/bf16':>8} {'small_m TB/s':>12} {'gemv TB/s':>9}"
+        f"{'shape':8} {'rows':>4} {'bf16 us':>9} {'scaled_mm':>9} {'tensorwise':>10} "
+        f"{'small_m':>9} {'(channel)':>9} {'cuda_gemv':>9} {'fp8/bf16':>8} "
+        f"{'small_m TB/s':>12} {'gemv TB/s':>9}"
     )
     for r in results:
-        best = min(r["scaled_mm_us"], r.get("small_m_us", float("inf")))
+        best = min(r["scaled_mm_us"], r["tensorwise_mm_us"], r.get("small_m_us", float("inf")))
         small = f"{r['small_m_us']:9.1f}" if "small_m_us" in r else f"{'-':>9}"
         chan = f"{r['small_m_channel_us']:9.1f}" if "small_m_us" in r else f"{'-':>9}"
         tb = f"{r['small_m_weight_GBps'] / 1e3:12.2f}" if "small_m_us" in r else f"{'-':>12}"
@@ -169,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         gtb = f"{r['cuda_gemv_weight_GBps'] / 1e3:9.2f}" if "cuda_gemv_us" in r else f"{'-':>9}"
         print(
             f"{r['shape']:8} {r['rows']:>4} {r['bf16_us']:9.1f} {r['scaled_mm_us']:9.1f} "
+            f"{r['tensorwise_mm_us']:10.1f} "
             f"{small} {chan} {gemv} {best / r['bf16_us']:8.2f} {tb} {gtb}"
         )
     record.write("fp8_gemm", args, {"results": results})

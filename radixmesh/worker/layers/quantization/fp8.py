@@ -37,7 +37,11 @@ measured at load, per shape, scale layout and row bucket (fp8_gemm_choice.py: th
 `Fp8LinearMethod.gemm_table`): `_scaled_mm` or the CUDA C++ kernel of the same job
 (layers/kernels/fp8_gemv_cuda.py) replace the Triton kernel where they time more than 5%
 faster on this GPU. Without a table (`RADIXMESH_FP8_GEMM_TABLE=0`, deterministic mode,
-CPU) the fixed rule: the Triton kernel. `RADIXMESH_FP8_SMALL_M=0` turns the small-batch
+CPU) the fixed rule: the Triton kernel. Past 16 rows the same table chooses between
+row-wise `_scaled_mm` (the fixed rule) and `fp8_linear_tensorwise`: the tensor-wise FP8
+GEMM with unit scales into float32, then both scales in one pass
+(layers/kernels/fp8_epilogue.py), which cuBLAS runs faster on narrow outputs (o, down)
+at decode batches. `RADIXMESH_FP8_SMALL_M=0` turns the small-batch
 kernels off for an A/B (the larger batches' path at every row count);
 `RADIXMESH_FP8_SMALL_M=cuda` takes the CUDA C++ kernel wherever it applies; either
 overrides the table. Group scales at more rows: dequantize, then bf16 GEMM (correct;
@@ -147,6 +151,45 @@ def fp8_activation_scaled_mm(
 
 
 @functools.cache
+def _unit_scale(index: int) -> torch.Tensor:
+    """A float32 1.0 on CUDA device `index`: the tensor-wise GEMM's scales (made once, so
+    that a CUDA graph's capture allocates nothing for it)."""
+    return torch.ones((), dtype=torch.float32, device=torch.device("cuda", index))
+
+
+def _tensorwise_mm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """`_scaled_mm`'s result another way: the tensor-wise FP8 GEMM with unit scales into
+    float32, then the row and channel scales (and bias) in one pass, rounded once to
+    `dtype` (layers/kernels/fp8_epilogue.py says why and where it pays)."""
+    from radixmesh.worker.layers.kernels.fp8_epilogue import scale_rows_cols
+
+    one = _unit_scale(xq.device.index or 0)
+    acc = torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    return scale_rows_cols(acc, x_scale, scale, bias, dtype)
+
+
+def fp8_linear_tensorwise(
+    x: torch.Tensor | Fp8Activation,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """`fp8_linear_scaled_mm` (or, for an `Fp8Activation`, `fp8_activation_scaled_mm`)
+    through the tensor-wise GEMM and the scales' epilogue."""
+    if isinstance(x, Fp8Activation):
+        return _tensorwise_mm(x.values, x.scales, q, scale, bias, x.dtype)
+    xq, x_scale = quantize_per_token(x)
+    return _tensorwise_mm(xq, x_scale, q, scale, bias, x.dtype)
+
+
+@functools.cache
 def _device_has_fp8_gemm(index: int) -> bool:
     # Row-wise scaled FP8 GEMMs: Hopper (sm90) and later.
     return torch.cuda.get_device_capability(index) >= (9, 0)
@@ -215,27 +258,34 @@ def fp8_linear(
     """x [T, in] @ (q [out, in] * scale)^T + bias -> [T, out] in x's dtype; scale [out]
     per channel or [out, ceil(in/128)] per row and group. An `Fp8Activation` x (given only
     where `fused_quant_applies`) goes straight into `_scaled_mm`. `table` (the model's,
-    measured at load: fp8_gemm_choice.py) may send a call of at most 16 rows to another
-    kernel than the small-batch one."""
+    measured at load: fp8_gemm_choice.py) may send a call to another kernel than the
+    fixed rule's: at most 16 rows, the small-batch one's; more, row-wise `_scaled_mm`'s."""
     if isinstance(x, Fp8Activation):
         if scale.dim() != 1:
             raise ValueError("a quantized input needs per-channel weight scales (_scaled_mm)")
+        rows = x.values.shape[0]
+        if table is not None and table.kernel_for(rows, x.dtype, q, scale) == "tensorwise_mm":
+            return fp8_linear_tensorwise(x, q, scale, bias)
         return fp8_activation_scaled_mm(x, q, scale, bias)
+    # The table's kernels applied to this shape, dtype and device when it was measured.
+    kernel = table.kernel_for(x.shape[0], x.dtype, q, scale) if table is not None else None
     if x.is_cuda and small_m_applies(x, q):
         from radixmesh.worker.layers.kernels import fp8_gemv_cuda
 
         if fp8_gemv_cuda.applies(x, q, scale):  # RADIXMESH_FP8_SMALL_M=cuda
             return fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, bias)
-        # The table's kernels applied to this shape, dtype and device when it was measured.
-        kernel = table.kernel_for(x, q, scale) if table is not None else None
         if kernel == "scaled_mm":
             return fp8_linear_scaled_mm(x, q, scale, bias)
+        if kernel == "tensorwise_mm":
+            return fp8_linear_tensorwise(x, q, scale, bias)
         if kernel == "cuda_gemv":
             return fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, bias)
         from radixmesh.worker.layers.kernels.fp8_small_m import fp8_small_m_linear
 
         return fp8_small_m_linear(x, q, scale, bias)
     if x.shape[0] > 0 and scale.dim() == 1 and scaled_mm_applies(x, q):
+        if kernel == "tensorwise_mm":
+            return fp8_linear_tensorwise(x, q, scale, bias)
         return fp8_linear_scaled_mm(x, q, scale, bias)
     return fp8_linear_ref(x, q, scale, bias)
 
@@ -249,8 +299,8 @@ class Fp8LinearMethod(LinearMethod):
             raise ValueError(f"layout must be one of {SCALE_LAYOUTS}, got {layout!r}")
         self.layout = layout
         self.name = "fp8" if layout == DEFAULT_LAYOUT else f"fp8-{layout}"
-        # The model's kernel choices at 1-16 rows, set at load (fp8_gemm_choice.prepare);
-        # None: the fixed rule.
+        # The model's kernel choices per shape and row bucket, set at load
+        # (fp8_gemm_choice.prepare); None: the fixed rule.
         self.gemm_table: GemmTable | None = None
 
     def create_weights(self, layer: QuantizableLinear) -> None:

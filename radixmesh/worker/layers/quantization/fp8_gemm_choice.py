@@ -1,27 +1,35 @@
-"""Which FP8 GEMM kernel serves a linear call of 1-16 rows: a table measured at load.
+"""Which FP8 GEMM kernel serves a linear call: a table measured at load.
 
-Three kernels can multiply a few rows by e4m3 weights on CUDA (fp8.py says what each
-does), and which is fastest depends on the GPU, the shape and the row count:
-  small_m    the Triton weight-only kernel (layers/kernels/fp8_small_m.py): the fixed
-             rule's choice at 1-16 rows, so the default of every entry (`DEFAULT`)
-  cuda_gemv  the CUDA C++ kernel of the same job (layers/kernels/fp8_gemv_cuda.py), where
-             it builds or is built (sm_89+, nvcc or a library already in the cache) and
-             the shape fits (per-channel scales, n % 16, k % 128, aligned rows)
-  scaled_mm  per-token activation quantization + `torch._scaled_mm` (sm90+, bfloat16,
-             per-channel scales)
-More than 16 rows always take `scaled_mm` (or the dequantize path), as before: no entry.
+Four kernels can multiply rows by e4m3 weights on CUDA (fp8.py says what each does), and
+which is fastest depends on the GPU, the shape and the row count:
+  small_m        the Triton weight-only kernel (layers/kernels/fp8_small_m.py): the fixed
+                 rule's choice at 1-16 rows, so the default of those entries (`DEFAULT`)
+  cuda_gemv      the CUDA C++ kernel of the same job (layers/kernels/fp8_gemv_cuda.py),
+                 1-16 rows, where it builds or is built (sm_89+, nvcc or a library already
+                 in the cache) and the shape fits (per-channel scales, n % 16, k % 128,
+                 aligned rows)
+  scaled_mm      per-token activation quantization + `torch._scaled_mm` with row-wise
+                 scales (sm90+, bfloat16, per-channel scales): the fixed rule past 16
+                 rows, so the default of those entries (`LARGE_DEFAULT`)
+  tensorwise_mm  the same quantization + the tensor-wise `_scaled_mm` into float32, then
+                 the scales in one pass (layers/kernels/fp8_epilogue.py): cuBLAS's
+                 tensor-wise FP8 GEMM outran the row-wise one by 1.6x on the 4,096-column
+                 shapes at 256 rows on the H200, and the pass costs what the float32
+                 output's size does, so where it pays is measured.
+Past 16 rows only the last two compete, on per-channel bfloat16 shapes (`buckets_for`);
+past the last bucket (`MAX_TABLE_ROWS`) the fixed rule.
 
 The table: for each distinct (out features n, in features k, scale layout "channel" or
 "group", activation dtype) of the loaded model's FP8 layers and each row bucket
-(`BUCKETS`, powers of two to 16: a call of t rows takes the smallest bucket >= t, timed
-at the bucket's row count, its slowest), the microseconds of every kernel that applies,
-timed on this GPU with the layers' own weights (`CudaMeasurer`: CUDA graphs of
-`timing.CALLS` calls cycling through the layers of that shape, so the weights come cold
-from L2 as in a decode step, median of `timing.REPEATS`; each kernel's output first
-checked against the dequantize reference, a kernel that fails or errs is never chosen).
-The dtype is in the key because `scaled_mm` serves bfloat16 only and fp16 rows time
-differently. An entry replaces the default only where a kernel beats `small_m` by more
-than `MARGIN` (`choose`).
+(`BUCKETS`, powers of two to MAX_TABLE_ROWS: a call of t rows takes the smallest bucket
+>= t, timed at the bucket's row count, its slowest), the microseconds of every kernel
+that applies, timed on this GPU with the layers' own weights (`CudaMeasurer`: CUDA graphs
+of `timing.CALLS` calls, fewer past 256 rows (`calls_for`), cycling through the layers of
+that shape, so the weights come cold from L2 as in a decode step, median of
+`timing.REPEATS`; each kernel's output first checked against the dequantize reference, a
+kernel that fails or errs is never chosen). The dtype is in the key because the
+`_scaled_mm` forms serve bfloat16 only and fp16 rows time differently. An entry replaces
+its bucket's default only where a kernel beats it by more than `MARGIN` (`choose`).
 
 Why timings and not decisions are stored: the margin and the set of kernels available
 on this machine (a shipped table may name `cuda_gemv` where nvcc is missing) apply when
@@ -88,6 +96,7 @@ from radixmesh.worker.layers.quantization.fp8 import (
     Fp8LinearMethod,
     fp8_linear_ref,
     fp8_linear_scaled_mm,
+    fp8_linear_tensorwise,
     quantize_rows,
     scaled_mm_applies,
 )
@@ -96,6 +105,7 @@ from radixmesh.worker.layers.quantization.fp8_gemm_table import (
     DEFAULT,
     KERNELS,
     LAYOUTS,
+    MAX_ROWS,
     EntryKey,
     GemmTable,
     Shape,
@@ -147,6 +157,7 @@ def kernel_sources() -> list[Path]:
         kernels / "fp8_small_m.py",
         kernels / "fp8_gemv_cuda.py",
         kernels / "fp8_quant.py",
+        kernels / "fp8_epilogue.py",
         here / "fp8_activation.py",
         *sorted((kernels / "cuda").glob("fp8_gemv*.cu")),
         *sorted((worker / "cuda").glob("*.cuh")),
@@ -214,7 +225,7 @@ class CudaMeasurer:
         if capability >= (8, 9) and buildable and fp8_gemv_cuda.library(self.index) is not None:
             found.append("cuda_gemv")
         if capability >= (9, 0):
-            found.append("scaled_mm")
+            found += ["scaled_mm", "tensorwise_mm"]
         return found
 
     def time(self, shape: Shape, operands: Sequence[Operand], rows: int) -> dict[str, float]:
@@ -232,7 +243,8 @@ class CudaMeasurer:
                 err = self._check(name, fn, x, operands[0])
                 if not err <= CHECK_BOUND:  # NaN too
                     raise RuntimeError(f"relative error {err:.2e} > {CHECK_BOUND:.0e}")
-                out[name] = time_us(functools.partial(_cycled, fn, x, operands))
+                calls = calls_for(rows)
+                out[name] = time_us(functools.partial(_cycled, fn, x, operands), calls=calls)
             except Exception as e:  # a kernel that fails is not chosen; the load goes on
                 if name not in self._failed:
                     self._failed.add(name)
@@ -247,7 +259,7 @@ class CudaMeasurer:
 
         q, scale, bias = op
         ref_x = x.float()
-        if name == "scaled_mm":  # against its own quantized rows: the GEMM alone
+        if name in ("scaled_mm", "tensorwise_mm"):  # against its own quantized rows
             xq, xs = quantize_rows(x.float())
             ref_x = dequantize_rows(xq, xs, torch.float32)
         ref = fp8_linear_ref(ref_x, q, scale, None if bias is None else bias.float())
@@ -258,6 +270,8 @@ class CudaMeasurer:
     ) -> Any | None:
         """The kernel's call (x, q, scale, bias) -> y, or None where it does not apply."""
         if name not in self.available():
+            return None
+        if x.shape[0] > MAX_ROWS and name in ("small_m", "cuda_gemv"):
             return None
         if name == "small_m":
             from radixmesh.worker.layers.kernels.fp8_small_m import fp8_small_m_linear
@@ -270,9 +284,18 @@ class CudaMeasurer:
                 return fp8_gemv_cuda.fp8_gemv_cuda
             return None
 
-        if shape.layout == "channel" and scaled_mm_applies(x, operands[0][0]):
-            return fp8_linear_scaled_mm
-        return None
+        if shape.layout != "channel" or not scaled_mm_applies(x, operands[0][0]):
+            return None
+        return fp8_linear_tensorwise if name == "tensorwise_mm" else fp8_linear_scaled_mm
+
+
+def calls_for(rows: int) -> int:
+    """Calls in a timing graph of `rows` rows: `timing.CALLS` up to 256 rows, fewer past
+    them (down to 2), so that a graph's outputs (float32 [rows, n] for `tensorwise_mm`)
+    stay within a few GB."""
+    from radixmesh.worker.layers.kernels.timing import CALLS
+
+    return max(2, min(CALLS, CALLS * 256 // rows))
 
 
 def _cycled(fn: Any, x: torch.Tensor, operands: Sequence[Operand], i: int) -> torch.Tensor:
@@ -289,7 +312,7 @@ def measure(
     """Each shape at each bucket that `known` lacks, timed by `measurer`."""
     out: Timings = {}
     for shape, operands in shapes.items():
-        for rows in BUCKETS:
+        for rows in shape.buckets:
             key = shape.at(rows)
             if known is None or key not in known:
                 out[key] = measurer.time(shape, operands, rows)
@@ -436,7 +459,7 @@ class Report:
         if self.table is None:
             return f"FP8 GEMM table off ({self.reason}): the fixed rule"
         return (
-            f"FP8 GEMM table: {len(self.shapes)} shapes x {len(BUCKETS)} row buckets, "
+            f"FP8 GEMM table: {len(self.shapes)} shapes, up to {len(BUCKETS)} row buckets, "
             f"{self.measured} entries measured, {self.cached} cached, {self.shipped} shipped, "
             f"in {self.seconds:.1f} s (cache {self.cache_file})"
         )
@@ -478,7 +501,7 @@ def prepare(
         else:
             _warn_once(shipped_dir, "FP8 GEMM shipped table for %s measured with other kernels; "
                        "measuring", key["gpu"])  # fmt: skip
-    wanted = {s.at(rows) for s in shapes for rows in BUCKETS}
+    wanted = {s.at(rows) for s in shapes for rows in s.buckets}
     report.shipped = len(wanted & timings.keys())
     path = cache_path(key["gpu"], cache_dir)
     report.cache_file = path
@@ -493,7 +516,7 @@ def prepare(
     report.cached = len(wanted & fresh_from_cache.keys())
     timings.update(fresh_from_cache)
     missing = {
-        s: operands_of(layers[s]) for s in shapes if any(s.at(r) not in timings for r in BUCKETS)
+        s: operands_of(layers[s]) for s in shapes if any(s.at(r) not in timings for r in s.buckets)
     }
     new = measure(missing, measurer, timings)
     report.measured = len(new)

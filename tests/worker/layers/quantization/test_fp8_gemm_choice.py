@@ -23,8 +23,10 @@ from radixmesh.worker.layers.quantization.fp8 import (
     fp8_linear,
     fp8_linear_ref,
     fp8_linear_scaled_mm,
+    fp8_linear_tensorwise,
     quantize_rows,
 )
+from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
 from radixmesh.worker.layers.quantization.fp8_gemm_choice import (
     Operand,
     prepare,
@@ -70,9 +72,16 @@ class FakeMeasurer:
     def time(self, shape: Shape, operands: Sequence[Operand], rows: int) -> dict[str, float]:
         self.calls.append((shape, rows))
         assert operands and all(q.shape == (shape.n, shape.k) for q, _, _ in operands)
+        if rows > fgt.MAX_ROWS:  # the tensor-wise GEMM wins by 10% from 256 rows on
+            return {"scaled_mm": 10.0, "tensorwise_mm": 9.0 if rows >= 256 else 11.0}
         # The other kernel wins by 10% at 8 and 16 rows, loses by 10% below.
         other = 9.0 if rows >= 8 else 11.0
         return {DEFAULT: 10.0, self.faster: other}
+
+
+# Per-channel bfloat16 shapes time every bucket, 1 to 8,192 rows; the others to 16.
+PER_SHAPE = len(BUCKETS)
+LARGE_WINS = {r for r in BUCKETS if r >= 256}  # FakeMeasurer's tensor-wise wins
 
 
 def model(layout: str = "fp8-channel") -> nn.Sequential:
@@ -120,13 +129,17 @@ def run(m: nn.Module, measurer: FakeMeasurer, tmp_path: Path, **kw: Any) -> fgc.
 
 
 def test_rows_go_to_the_smallest_bucket_at_least_as_large() -> None:
-    assert BUCKETS == (1, 2, 4, 8, 16)
-    expected = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 7: 8, 8: 8, 9: 16, 15: 16, 16: 16}
+    assert BUCKETS == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+    expected = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 7: 8, 8: 8, 9: 16, 15: 16, 16: 16, 17: 32}
+    expected |= {300: 512, 1024: 1024, 1025: 2048, 8191: 8192, 8192: 8192}
     assert {t: bucket(t) for t in expected} == expected
-    assert [fgt.BUCKET_OF[t] for t in range(1, 17)] == [bucket(t) for t in range(1, 17)]
-    for bad in (0, 17):
+    assert [fgt.BUCKET_OF[t] for t in range(1, 8193)] == [bucket(t) for t in range(1, 8193)]
+    for bad in (0, 8193):
         with pytest.raises(ValueError):
             bucket(bad)
+    assert fgt.buckets_for("channel", "bfloat16") == BUCKETS
+    assert fgt.buckets_for("group", "bfloat16") == fgt.buckets_for("channel", "float16")
+    assert fgt.buckets_for("group", "float16") == (1, 2, 4, 8, 16)
 
 
 def test_a_kernel_replaces_the_default_only_beyond_the_margin() -> None:
@@ -140,6 +153,10 @@ def test_a_kernel_replaces_the_default_only_beyond_the_margin() -> None:
     # The default did not run: the fastest that did; nothing ran: no choice.
     assert choose({"scaled_mm": 30.0, "cuda_gemv": 20.0}, ALL) == "cuda_gemv"
     assert choose({}, ALL) is None
+    # Past 16 rows the default is row-wise scaled_mm.
+    large = {"scaled_mm": 100.0, "tensorwise_mm": 96.0}
+    assert choose(large, ALL, "scaled_mm") == "scaled_mm"
+    assert choose({**large, "tensorwise_mm": 90.0}, ALL, "scaled_mm") == "tensorwise_mm"
 
 
 def test_the_table_answers_a_call_by_shape_layout_dtype_and_bucket() -> None:
@@ -147,25 +164,34 @@ def test_the_table_answers_a_call_by_shape_layout_dtype_and_bucket() -> None:
         (256, 128, "channel", "bfloat16", 4): {"small_m": 10.0, "scaled_mm": 8.0},
         (256, 128, "channel", "bfloat16", 8): {"small_m": 10.0, "scaled_mm": 9.8},
         (256, 128, "group", "bfloat16", 4): {"small_m": 10.0, "cuda_gemv": 7.0},
+        (256, 128, "channel", "bfloat16", 256): {"scaled_mm": 10.0, "tensorwise_mm": 8.0},
+        (256, 128, "channel", "bfloat16", 512): {"scaled_mm": 10.0, "tensorwise_mm": 9.8},
+        # A small-batch kernel's time at a large bucket (a hand-edited file) is not a choice.
+        (256, 128, "channel", "bfloat16", 1024): {"scaled_mm": 10.0, "small_m": 1.0},
     }
     table = GemmTable(timings, ALL)
     assert table.choices == {
         (256, 128, "channel", "bfloat16", 4): "scaled_mm",
         (256, 128, "group", "bfloat16", 4): "cuda_gemv",
+        (256, 128, "channel", "bfloat16", 256): "tensorwise_mm",
     }
     q = torch.zeros(256, 128, dtype=torch.float8_e4m3fn)
     channel, group = torch.ones(256), torch.ones(256, 1)
-    for rows, expected in ((1, None), (3, "scaled_mm"), (4, "scaled_mm"), (5, None), (16, None)):
-        x = torch.zeros(rows, 128, dtype=torch.bfloat16)
-        assert table.kernel_for(x, q, channel) == expected, rows
-    assert table.kernel_for(torch.zeros(3, 128, dtype=torch.bfloat16), q, group) == "cuda_gemv"
-    assert table.kernel_for(torch.zeros(3, 128, dtype=torch.float16), q, channel) is None
+    bf16, fp16 = torch.bfloat16, torch.float16
+    answers = {1: None, 3: "scaled_mm", 4: "scaled_mm", 5: None, 16: None, 17: None}
+    answers |= {129: "tensorwise_mm", 256: "tensorwise_mm", 257: None, 1000: None, 9000: None}
+    for rows, expected in answers.items():
+        assert table.kernel_for(rows, bf16, q, channel) == expected, rows
+    assert table.kernel_for(0, bf16, q, channel) is None
+    assert table.kernel_for(3, bf16, q, group) == "cuda_gemv"
+    assert table.kernel_for(3, fp16, q, channel) is None
     shape = Shape(256, 128, "channel", "bfloat16")
     assert [table.kernel(shape, r) for r in BUCKETS] == [DEFAULT, DEFAULT, "scaled_mm"] + [
         DEFAULT
-    ] * 2
+    ] * 2 + ["scaled_mm"] * 3 + ["tensorwise_mm"] + ["scaled_mm"] * 5
     (line,) = table.describe([shape])
     assert "4: scaled_mm (small_m 10.0 scaled_mm 8.0)" in line and "1: small_m (not timed)" in line
+    assert "256: tensorwise_mm (scaled_mm 10.0 tensorwise_mm 8.0)" in line
 
 
 def test_the_models_fp8_shapes_and_its_method_get_the_table(tmp_path: Path) -> None:
@@ -181,8 +207,10 @@ def test_the_models_fp8_shapes_and_its_method_get_the_table(tmp_path: Path) -> N
     report = run(m, measurer, tmp_path)
     assert sorted(measurer.calls) == sorted((s, r) for s in shapes for r in BUCKETS)
     assert method_of(m).gemm_table is report.table
-    assert report.table is not None and report.measured == 10 and report.cached == 0
-    assert report.table.choices == {s.at(r): "scaled_mm" for s in shapes for r in (8, 16)}
+    assert report.table is not None and report.measured == 2 * PER_SHAPE and report.cached == 0
+    assert report.table.choices == {s.at(r): "scaled_mm" for s in shapes for r in (8, 16)} | {
+        s.at(r): "tensorwise_mm" for s in shapes for r in LARGE_WINS
+    }
     assert len(report.lines) == 2
     assert prepare(nn.Linear(4, 4), torch.bfloat16, measurer) is None  # no FP8 layer
 
@@ -197,13 +225,14 @@ def test_the_cache_is_reused_and_a_changed_key_measures_again(tmp_path: Path) ->
     # A second start: nothing timed, the same table.
     second = FakeMeasurer()
     again = run(model(), second, tmp_path)
-    assert second.calls == [] and again.cached == 10 and again.measured == 0
+    assert second.calls == [] and again.cached == 2 * PER_SHAPE and again.measured == 0
     assert again.table is not None and again.table.choices == report.table.choices
     # Another kernel source (or torch, triton, GPU ...): timed again, and the file rewritten.
     third = FakeMeasurer({**KEY, "kernels": "fedcba9876543210"}, faster="cuda_gemv")
     changed = run(model(), third, tmp_path)
-    assert len(third.calls) == 10 and changed.measured == 10 and changed.cached == 0
-    assert changed.table is not None and set(changed.table.choices.values()) == {"cuda_gemv"}
+    assert len(third.calls) == 2 * PER_SHAPE and changed.measured == 2 * PER_SHAPE
+    assert changed.cached == 0 and changed.table is not None
+    assert set(changed.table.choices.values()) == {"cuda_gemv", "tensorwise_mm"}
     rewritten = read_table(report.cache_file)
     assert rewritten is not None and rewritten[0]["kernels"] == "fedcba9876543210"
 
@@ -216,9 +245,9 @@ def test_a_new_shape_is_measured_and_merged_into_the_cache(tmp_path: Path) -> No
     measurer = FakeMeasurer()
     report = run(other, measurer, tmp_path)
     assert {s for s, _ in measurer.calls} == {Shape(64, 512, "channel", "bfloat16")}
-    assert report.measured == 5
+    assert report.measured == PER_SHAPE
     back = read_table(tmp_path / "cache" / "nvidia-test-gpu.json")
-    assert back is not None and len(back[1]) == 15  # both models' entries
+    assert back is not None and len(back[1]) == 3 * PER_SHAPE  # both models' entries
 
 
 def test_a_corrupt_cache_is_ignored_and_logged_once(
@@ -236,7 +265,7 @@ def test_a_corrupt_cache_is_ignored_and_logged_once(
         assert len([r for r in caplog.records if "ignored" in r.getMessage()]) == 1
     measurer = FakeMeasurer()
     report = run(model(), measurer, tmp_path)
-    assert len(measurer.calls) == 10 and report.table is not None
+    assert len(measurer.calls) == 2 * PER_SHAPE and report.table is not None
     assert read_table(path) is not None  # replaced by a good one
 
 
@@ -281,7 +310,7 @@ def test_the_switches_default_values_build_the_table(
     monkeypatch.setenv(fgc.TABLE_SWITCH, "1")
     monkeypatch.setenv(fgc.SMALL_M_SWITCH, "1")
     report = run(model(), FakeMeasurer(), tmp_path)
-    assert report.table is not None and report.measured == 10
+    assert report.table is not None and report.measured == 2 * PER_SHAPE
 
 
 def test_deterministic_mode_measures_nothing(tmp_path: Path) -> None:
@@ -304,7 +333,9 @@ def test_a_shipped_table_comes_first(tmp_path: Path) -> None:
     shape = Shape(256, 128, "channel", "bfloat16")
     # Measured with another torch and triton (not compared), the same kernels: used.
     ship_key = {**KEY, "torch": "2.9.0", "triton": "3.5.0", "available": ["small_m"]}
-    ship = {shape.at(r): {"small_m": 10.0, "cuda_gemv": 5.0} for r in BUCKETS}
+    small = fgt.SMALL_BUCKETS
+    ship = {shape.at(r): {"small_m": 10.0, "cuda_gemv": 5.0} for r in small}
+    ship |= {shape.at(r): {"scaled_mm": 10.0, "tensorwise_mm": 5.0} for r in fgt.LARGE_BUCKETS}
     write_table(shipped, ship_key, ship)
     # The cache says otherwise for the same entries; the shipped table wins.
     write_table(
@@ -313,20 +344,21 @@ def test_a_shipped_table_comes_first(tmp_path: Path) -> None:
     measurer = FakeMeasurer()
     report = run(model(), measurer, tmp_path)
     assert {s for s, _ in measurer.calls} == {Shape(256, 256, "channel", "bfloat16")}
-    assert report.shipped == 5 and report.measured == 5 and report.cached == 0
+    assert report.shipped == PER_SHAPE and report.measured == PER_SHAPE and report.cached == 0
     assert report.table is not None
-    assert [report.table.kernel(shape, r) for r in BUCKETS] == ["cuda_gemv"] * 5
+    large = ["tensorwise_mm"] * len(fgt.LARGE_BUCKETS)
+    assert [report.table.kernel(shape, r) for r in BUCKETS] == ["cuda_gemv"] * 5 + large
     # Not where this machine has no CUDA kernel.
-    no_gemv = FakeMeasurer({**KEY, "available": ["small_m", "scaled_mm"]})
+    no_gemv = FakeMeasurer({**KEY, "available": ["small_m", "scaled_mm", "tensorwise_mm"]})
     report = run(model(), no_gemv, tmp_path)
     assert report.table is not None
-    assert [report.table.kernel(shape, r) for r in BUCKETS] == [DEFAULT] * 5
+    assert [report.table.kernel(shape, r) for r in BUCKETS] == [DEFAULT] * 5 + large
     # Another kernel source: ignored, measured.
     write_table(shipped, {**ship_key, "kernels": "ffffffffffffffff"}, ship)
     fgc._warned.clear()
     later = FakeMeasurer()
     report = run(model(), later, tmp_path, cache_dir=tmp_path / "other-cache")
-    assert len(later.calls) == 10 and report.shipped == 0
+    assert len(later.calls) == 2 * PER_SHAPE and report.shipped == 0
 
 
 def test_the_gpu_name_as_a_file_name() -> None:
@@ -338,6 +370,7 @@ def test_the_gpu_name_as_a_file_name() -> None:
 def test_the_key_hashes_the_kernel_sources() -> None:
     names = {p.name for p in fgc.kernel_sources()}
     assert {"fp8_small_m.py", "fp8_gemv_cuda.py", "fp8_gemv.cu", "fp8_quant.py"} <= names
+    assert "fp8_epilogue.py" in names
     assert len(fgc.sources_hash()) == 16 and fgc.sources_hash() == fgc.sources_hash()
 
 
@@ -363,7 +396,7 @@ def _operands(n: int, k: int, layout: str) -> list[Operand]:
 
 
 def _reference(kernel: str, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    if kernel == "scaled_mm":  # the GEMM on its per-token quantized rows
+    if kernel in ("scaled_mm", "tensorwise_mm"):  # the GEMM on its per-token quantized rows
         xq, xs = quantize_rows(x.float())
         return fp8_linear_ref(dequantize_rows(xq, xs, torch.float32), q, scale, None)
     return fp8_linear_ref(x.float(), q, scale, None)
@@ -379,13 +412,16 @@ def test_a_measured_tables_every_choice_gives_the_reference() -> None:
         for layout in ("channel", "group")
     }
     timings = fgc.measure(shapes, measurer)
-    assert set(timings) == {s.at(r) for s in shapes for r in BUCKETS}
-    assert all(DEFAULT in us for us in timings.values()), timings
+    assert set(timings) == {s.at(r) for s in shapes for r in s.buckets}
+    # Every entry timed its default; per-channel ones past 16 rows both _scaled_mm forms.
+    assert all(fgt.default_for(e[4]) in us for e, us in timings.items()), timings
+    large = [us for e, us in timings.items() if e[4] > fgt.MAX_ROWS]
+    assert large and all(set(us) == {"scaled_mm", "tensorwise_mm"} for us in large), large
     table = GemmTable(timings, measurer.available())
     gen = torch.Generator(device="cuda").manual_seed(0)
     for shape, ops in shapes.items():
         q, scale, _ = ops[0]
-        for rows in range(1, 17):
+        for rows in [*range(1, 17), 17, 100, 256, 600]:
             x = torch.randn(rows, shape.k, device="cuda", generator=gen).to(torch.bfloat16)
             kernel = table.kernel(shape, rows)
             out = fp8_linear(x, q, scale, None, table)
@@ -407,6 +443,19 @@ def test_fp8_linear_takes_the_kernel_the_table_names() -> None:
     from radixmesh.worker.layers.kernels.fp8_small_m import fp8_small_m_linear
 
     assert torch.equal(fp8_linear(x, q, scale, None), fp8_small_m_linear(x, q, scale, None))
+    # Past 16 rows: the tensor-wise form where the table names it, for 16-bit rows and for
+    # rows a fused kernel quantized; row-wise without a table.
+    x = torch.randn(300, k, device="cuda").to(torch.bfloat16)
+    tensorwise = GemmTable(
+        {(n, k, "channel", "bfloat16", 512): {"scaled_mm": 9.0, "tensorwise_mm": 1.0}}, ALL
+    )
+    want = fp8_linear_tensorwise(x, q, scale, None)
+    assert torch.equal(fp8_linear(x, q, scale, None, tensorwise), want)
+    assert torch.equal(fp8_linear(x, q, scale, None), fp8_linear_scaled_mm(x, q, scale, None))
+    assert _rel(want, _reference("tensorwise_mm", x, q, scale)) < 4e-3
+    xq, xs = quantize_rows(x)
+    quantized = Fp8Activation(xq, xs, torch.bfloat16)
+    assert torch.equal(fp8_linear(quantized, q, scale, None, tensorwise), want)
 
 
 @pytest.mark.gpu
@@ -424,9 +473,9 @@ def test_prepare_on_a_cuda_model(tmp_path: Path) -> None:
     measurer = fgc.CudaMeasurer(torch.device("cuda"))
     dirs: dict[str, Any] = {"cache_dir": tmp_path, "shipped_dir": tmp_path / "shipped"}
     report = prepare(m, torch.bfloat16, measurer, **dirs)
-    assert report is not None and report.table is not None and report.measured == 10
+    assert report is not None and report.table is not None and report.measured == 2 * PER_SHAPE
     again = prepare(m, torch.bfloat16, measurer, **dirs)
-    assert again is not None and again.measured == 0 and again.cached == 10
+    assert again is not None and again.measured == 0 and again.cached == 2 * PER_SHAPE
     assert again.table is not None and method_of(m).gemm_table is again.table
     row = fp8[1]
     x = torch.randn(3, 128, device="cuda").to(torch.bfloat16)
