@@ -39,6 +39,13 @@
 #             launch fp8cuda's sweep found fastest, when it ran first in the same call)
 #   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
+#   fp8checks the FP8 paths' GPU tests, each file in a process of its own (a broken CUDA
+#             context stops one file, not the rest): the GEMM table and the tensor-wise
+#             epilogue, the CUDA small-batch GEMM, the fused quantization (equal bits),
+#             the extend kernel over an FP8 pool with the new tokens written back (equal
+#             bits); then bench.fp8_gemm (every path at 1-256 rows), bench.fp8_gemm --table
+#             (the engine's table for Llama-3-8B's shapes), bench.fused_ops --fp8-quant and
+#             bench.attention_kernels' extend timings (FP8 written back vs the table)
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
 # (installed to /tmp/site).
 set -u
@@ -156,6 +163,23 @@ if part fp8cudae2e; then
   run tp-fp8 "$PWD" 360 -m bench.tp --tp 1 --configs bf16,fp8-all \
     --out "$OUT/tp-fp8-$MACHINE.json"
   unset RADIXMESH_FP8_DECODE
+fi
+if part fp8checks; then
+  for t in tests/worker/layers/quantization/test_fp8_gemm_choice.py \
+      tests/worker/layers/kernels/test_fp8_epilogue.py \
+      tests/worker/layers/kernels/test_fp8_gemv_cuda.py \
+      tests/worker/layers/kernels/test_fused_fp8_quant.py \
+      tests/worker/layers/quantization/test_fp8_fused_quant.py \
+      tests/worker/attention/test_extend_paths.py tests/worker/attention/test_triton_backend.py; do
+    run "gpu-$(basename "$t" .py)" "$PWD" 200 -m pytest -q -p no:cacheprovider "$t"
+  done
+  run fp8_gemm "$PWD" 150 -m bench.fp8_gemm --rows 1,4,8,16,64,256 \
+    --out "$OUT/fp8_gemm-$MACHINE.json"
+  run fp8_gemm_table "$PWD" 240 -m bench.fp8_gemm --table --out "$OUT/fp8_gemm-table-$MACHINE.json"
+  run fused_ops_fp8 "$PWD" 120 -m bench.fused_ops --fp8-quant \
+    --out "$OUT/fused_ops-fp8quant-$MACHINE.json"
+  run attention_kernels "$PWD" 240 -m bench.attention_kernels --skip-sweep --skip-engine \
+    --out "$OUT/attention_kernels-$MACHINE.json"
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \
