@@ -6,11 +6,12 @@ row-wise scaling, or takes one scale per operand (tensor-wise). The two are diff
 kernels: on the H200 (2026-12-04) cuBLAS's tensor-wise FP8 GEMM ran at 1.66x bf16's speed
 on down (4,096 x 14,336) at 256 rows, where the row-wise one with its activation
 quantization took 1.03x bf16's time (bench/results/fp8_gemm-h200.json, and a probe of the
-tensor-wise GEMM on the same machine that day). So the tensor-wise path runs the GEMM with unit scales into float32
-and this kernel then writes y[t, n] = acc[t, n] * a[t] * s[n] (+ bias[n]) in the output
-dtype, rounded once, as the row-wise epilogue does. Which of the two a layer's calls
-take, per shape and row count, is measured at load (quantization/fp8_gemm_choice.py): the
-extra pass over float32 [T, N] pays where N is small (o, down) and not where it is large.
+tensor-wise GEMM on the same machine that day). So the tensor-wise path runs the GEMM
+with unit scales into float32 and this kernel then writes y[t, n] = acc[t, n] * a[t] *
+s[n] (+ bias[n]) in the output dtype, rounded once, as the row-wise epilogue does. Which
+of the two a layer's calls take, per shape and row count, is measured at load
+(quantization/fp8_gemm_choice.py): the extra pass over float32 [T, N] pays where N is
+small (o, down) and not where it is large.
 
 No FMA contraction (`enable_fp_fusion=False`): the result is the float32 expression above
 in that order, bit for bit `scale_rows_cols_ref`'s.
