@@ -151,9 +151,11 @@ def fp8_activation_scaled_mm(
 
 
 @functools.cache
-def _unit_scale(index: int) -> torch.Tensor:
-    """A float32 1.0 on CUDA device `index`: the tensor-wise GEMM's scales (made once, so
-    that a CUDA graph's capture allocates nothing for it)."""
+def unit_scale(index: int) -> torch.Tensor:
+    """A float32 1.0 on CUDA device `index`: the tensor-wise GEMM's scales, made once.
+    Made outside any CUDA graph capture (fp8_gemm_choice.prepare makes it at load): made
+    inside one, its fill would only be recorded, not run, and an eager call before the
+    graph's first replay would read uninitialized memory."""
     return torch.ones((), dtype=torch.float32, device=torch.device("cuda", index))
 
 
@@ -170,7 +172,7 @@ def _tensorwise_mm(
     `dtype` (layers/kernels/fp8_epilogue.py says why and where it pays)."""
     from radixmesh.worker.layers.kernels.fp8_epilogue import scale_rows_cols
 
-    one = _unit_scale(xq.device.index or 0)
+    one = unit_scale(xq.device.index or 0)
     acc = torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
     return scale_rows_cols(acc, x_scale, scale, bias, dtype)
 

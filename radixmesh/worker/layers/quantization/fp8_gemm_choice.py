@@ -99,6 +99,7 @@ from radixmesh.worker.layers.quantization.fp8 import (
     fp8_linear_tensorwise,
     quantize_rows,
     scaled_mm_applies,
+    unit_scale,
 )
 from radixmesh.worker.layers.quantization.fp8_gemm_table import (
     BUCKETS,
@@ -529,6 +530,9 @@ def prepare(
                 "FP8 GEMM table: could not write %s (%s); measured again next start", path, e
             )
     table = GemmTable({e: timings[e] for e in wanted if e in timings}, measurer.available())
+    device = next(iter(layers.values()))[0].weight.device
+    if device.type == "cuda":  # before any graph capture can be the first to ask for it
+        unit_scale(device.index or 0)
     for method in methods:
         method.gemm_table = table
     report.table = table
