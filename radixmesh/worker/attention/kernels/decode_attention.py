@@ -37,7 +37,7 @@ import triton.language as tl
 
 from radixmesh.worker.attention.kernels import decode_fp8_cuda
 from radixmesh.worker.attention.kernels.decode_fp8_mma import decode_split_fp8_mma
-from radixmesh.worker.attention.kernels.decode_split import split_range
+from radixmesh.worker.attention.kernels.decode_split import key_range, split_range
 from radixmesh.worker.attention.kernels.extend_attention import extend_attention_ref
 from radixmesh.worker.attention.kernels.kv_store import ceil_log2, floor_log2, pow2
 
@@ -123,61 +123,49 @@ def max_shared_memory(device: torch.device) -> int:
 
 
 @triton.jit
-def _decode_split_kernel(
-    Q,
+def _shift_q(q, scale_log2, BLOCK_R: tl.constexpr, F16: tl.constexpr):
+    """Query rows [R, D] for the matrix unit and their score scales [R] (log2 units): over
+    an FP8 pool with 16-bit queries each row shifted by a power of two into fp16's range,
+    exactly, the shift undone on the scores."""
+    q_scale = tl.full([BLOCK_R], scale_log2, tl.float32)
+    if F16:
+        e_q = tl.minimum(ceil_log2(tl.max(tl.abs(q.to(tl.float32)), 1) / 16384.0), 126)
+        q = (q.to(tl.float32) * pow2(-e_q)[:, None]).to(tl.float16)
+        q_scale = q_scale * pow2(e_q)
+    return q, q_scale
+
+
+@triton.jit
+def _attend(
+    q,
+    q_scale,
+    table_row,
+    lo,
+    hi,
     K_buf,
     V_buf,
     K_scale,
     V_scale,
-    Mid_O,
-    Mid_L,
-    req_to_token,
-    req_rows,
-    seq_lens,
-    scale_log2,
-    num_splits,
-    stride_qt,
-    stride_qh,
+    kv_head,
+    offs_d,
+    d_mask,
     stride_buf_slot,
     stride_buf_head,
     stride_scale_slot,
-    stride_table,
-    stride_mid_b,
-    stride_mid_h,
-    stride_mid_s,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
     F16: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    table_row, lo, hi = split_range(
-        req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N
-    )
-
-    offs_g = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + offs_g  # [H] query heads of this KV head
-    q_ptrs = Q + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [H, D]
-    q_scale = tl.full([BLOCK_H], scale_log2, tl.float32)  # [H]: scores to log2 units
-    if F16:  # each head by a power of two into fp16's range, exactly; undone on the scores
-        e_q = tl.minimum(ceil_log2(tl.max(tl.abs(q.to(tl.float32)), 1) / 16384.0), 126)
-        q = (q.to(tl.float32) * pow2(-e_q)[:, None]).to(tl.float16)
-        q_scale = q_scale * pow2(e_q)
+    """Query rows q [R, D] (one KV head's) over keys [lo, hi) of the slot-table row
+    `table_row`, online softmax in BLOCK_N-key tiles: (unnormalized output [R, D], sums
+    [R], running maxima [R], log2 units)."""
     mma_dtype = q.dtype
-
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
@@ -195,17 +183,17 @@ def _decode_split_kernel(
         if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
             k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
             s = s * pow2(k_exp)[None, :]
-        s = tl.where(n_mask[None, :], s * q_scale[:, None], float("-inf"))  # [H, N] log2 units
+        s = tl.where(n_mask[None, :], s * q_scale[:, None], float("-inf"))  # [R, N] log2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
-        if KV_FP8:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [H, N] not [N, D]
+        if KV_FP8:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [R, N] not [N, D]
             v_exp = tl.load(V_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
             v = v.to(mma_dtype)
             p = p * pow2(v_exp)[None, :]
-        if F16:  # each head's weights shifted into [1, 2) at the top: no fp16 subnormals
+        if F16:  # each row's weights shifted into [1, 2) at the top: no fp16 subnormals
             e_w = floor_log2(tl.max(p, 1))
             p = p * pow2(tl.minimum(tl.maximum(-e_w, -126), 127))[:, None]
         if IEEE:  # noqa: SIM108
@@ -216,12 +204,86 @@ def _decode_split_kernel(
             pv = pv * pow2(e_w)[:, None]
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _store_partial(Mid_O, Mid_L, mid, acc, l_i, m_i, row_mask, offs_d, d_mask, stride_mid_s):
+    """Rows' partial outputs and log2-sum-exps at workspace offsets `mid` [R]; -inf for a
+    row that saw no key (an empty split)."""
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-    mid = b.to(tl.int64) * stride_mid_b + heads * stride_mid_h + split * stride_mid_s  # [H]
-    tl.store(Mid_O + mid[:, None] + offs_d[None, :], out, mask=g_mask[:, None] & d_mask[None, :])
-    tl.store(Mid_L + mid // stride_mid_s, lse, mask=g_mask)
+    tl.store(Mid_O + mid[:, None] + offs_d[None, :], out, mask=row_mask[:, None] & d_mask[None, :])
+    tl.store(Mid_L + mid // stride_mid_s, lse, mask=row_mask)
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q,
+    K_buf,
+    V_buf,
+    K_scale,
+    V_scale,
+    Mid_O,
+    Mid_L,
+    req_to_token,
+    req_rows,
+    seq_lens,
+    Starts,
+    scale_log2,
+    num_splits,
+    split_base,
+    stride_qt,
+    stride_qh,
+    stride_buf_slot,
+    stride_buf_head,
+    stride_scale_slot,
+    stride_table,
+    stride_mid_b,
+    stride_mid_h,
+    stride_mid_s,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    F16: tl.constexpr,
+    HAS_START: tl.constexpr,
+):
+    """`HAS_START`: sequence b's keys from Starts[b] on (those before are another kernel's:
+    decode_attention_shared), its splits written from workspace split `split_base` on."""
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    if HAS_START:
+        table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
+        start = tl.load(Starts + b).to(tl.int32)
+        lo, hi = key_range(start, tl.load(seq_lens + b).to(tl.int32), split, num_splits, BLOCK_N)
+    else:
+        table_row, lo, hi = split_range(
+            req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N
+        )
+
+    offs_g = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_g  # [H] query heads of this KV head
+    q_ptrs = Q + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [H, D]
+    q, q_scale = _shift_q(q, scale_log2, BLOCK_H, F16)
+    acc, l_i, m_i = _attend(
+        q, q_scale, table_row, lo, hi, K_buf, V_buf, K_scale, V_scale, kv_head, offs_d,
+        d_mask, stride_buf_slot, stride_buf_head, stride_scale_slot, BLOCK_H, BLOCK_D,
+        BLOCK_N, IEEE, KV_FP8, F16,
+    )  # fmt: skip
+    if HAS_START:
+        split = split + split_base
+    mid = b.to(tl.int64) * stride_mid_b + heads * stride_mid_h + split * stride_mid_s
+    _store_partial(Mid_O, Mid_L, mid, acc, l_i, m_i, g_mask, offs_d, d_mask, stride_mid_s)
 
 
 @triton.jit
@@ -249,12 +311,15 @@ def _decode_merge_kernel(
     d_mask = offs_d < HEAD_DIM
     s_mask = offs_s < num_splits
     base = b.to(tl.int64) * stride_mid_b + h * stride_mid_h
-    # -inf marks an empty split; split 0 is never empty (seq_len >= 1), so m is finite.
+    # -inf marks an empty split. Some split of every row holds a key (split 0 of the flat
+    # kernel, seq_len >= 1; a row's own keys in decode_shared.py), so m is finite.
     lse = tl.load(Mid_L + base // stride_mid_s + offs_s, mask=s_mask, other=float("-inf"))
     m = tl.max(lse, 0)
     w = tl.exp2(lse - m)  # [S], 0 for empty splits
     o_ptrs = Mid_O + base + offs_s[:, None] * stride_mid_s + offs_d[None, :]
-    o = tl.load(o_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [S, D]
+    # An empty split's partial output is not read: decode_shared.py leaves it unwritten.
+    full = s_mask & (lse > float("-inf"))
+    o = tl.load(o_ptrs, mask=full[:, None] & d_mask[None, :], other=0.0)  # [S, D]
     acc = tl.sum(o * w[:, None], 0)  # [D]
     out = acc / tl.sum(w, 0)
     out_ptrs = O + b.to(tl.int64) * stride_ot + h * stride_oh + offs_d
@@ -286,8 +351,11 @@ def _decode_split(
     num_splits: int,
     cfg: DecodeConfig,
     kv_fp8: bool,
+    starts: torch.Tensor | None = None,
+    split_base: int = 0,
 ) -> None:
-    """Stage 1 with keys and values in the query's dtype (an FP8 pool's converted)."""
+    """Stage 1 with keys and values in the query's dtype (an FP8 pool's converted).
+    `starts` [B]: each sequence's keys from there on, into splits `split_base` on."""
     b, hq, d = q.shape
     hkv = k_buf.shape[1]
     group = hq // hkv
@@ -303,8 +371,10 @@ def _decode_split(
         req_to_token,
         req_rows,
         seq_lens,
+        seq_lens if starts is None else starts,  # not read without HAS_START
         scale_log2,
         num_splits,
+        split_base,
         q.stride(0),
         q.stride(1),
         k_buf.stride(0),
@@ -322,6 +392,7 @@ def _decode_split(
         IEEE=q.dtype == torch.float32,
         KV_FP8=kv_fp8,
         F16=kv_fp8 and q.dtype != torch.float32,
+        HAS_START=starts is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -1,0 +1,284 @@
+"""Decode attention over shared prefixes: the rows of a decode batch that share a cached
+prefix read it once per chunk of rows, not once per row.
+
+The radix cache gives every request that matches a tree node the node's KV slots, so a
+batch decoding many requests behind one system prompt or document holds that prefix once
+in the pool and reads it once per row: 256 rows over a 1,536-token prefix read 1.6 GB of
+bf16 KV a step for 6.3 MB of distinct data. On the H200 the flat decode kernel still runs
+at the L2's speed there (6.6-7.0 TB/s effective, docs/performance.md, "FlashInfer"), but
+the reads stay 256 x the data. Here (the SGLang paper's sharing carried into the kernel):
+
+1. `_prefix_kernel`, one program per (chunk, KV head, split): a chunk is up to `ROWS` rows
+   of one group (attention/shared_prefix.py finds the groups in the slot table's host
+   mirror); their G query heads each, ROWS x G query rows (64 for Llama-3-8B's 4 heads a
+   KV head: a full tile for the matrix unit), attend to the group's shared keys, read once
+   through the first row's table row. Each row's partial output and log2-sum-exp go to
+   workspace splits [0, prefix_splits); rows in no chunk get -inf there.
+2. The flat kernel (decode_attention.py's stage 1) over each row's own keys, from its
+   chunk's prefix length on (0 for a row in no chunk), into splits [prefix_splits, ...).
+3. The flat kernel's merge over all the splits.
+
+The arithmetic per key is the flat kernel's (the same loop, `_attend`), over an FP8 pool
+too (the Triton conversion path); the split boundaries differ, so the results are the
+flat kernel's up to float32 rounding. Not for deterministic mode (its decode rows run the
+extend kernel) nor CUDA graphs (chunks change from step to step: the triton backend runs
+such steps eagerly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from radixmesh.worker.attention.kernels.decode_attention import (
+    LOG2E,
+    DecodeConfig,
+    _attend,
+    _decode_merge_kernel,
+    _decode_split,
+    _shift_q,
+    _store_partial,
+    decode_config,
+    decode_workspace,
+    max_shared_memory,
+)
+from radixmesh.worker.attention.kernels.decode_split import key_range
+from radixmesh.worker.attention.shared_prefix import CascadeGroups
+
+QUERY_ROWS = 64  # a chunk's query rows (rows x query heads a KV head): one matrix-unit tile
+
+
+def rows_per_chunk(group: int) -> int:
+    """Batch rows in a chunk for `group` query heads a KV head: QUERY_ROWS query rows."""
+    return max(1, QUERY_ROWS // triton.next_power_of_2(group))
+
+
+@dataclass(frozen=True)
+class PrefixChunks:
+    """A decode batch's shared prefixes as chunks of rows (device tensors, int64)."""
+
+    rows: torch.Tensor  # [R] batch indices, each chunk's rows consecutive
+    offsets: torch.Tensor  # [C + 1] into rows
+    prefix_lens: torch.Tensor  # [C] keys a chunk's rows share, from position 0
+    starts: torch.Tensor  # [B] each row's first own key: its chunk's prefix, or 0
+    num_chunks: int
+    rows_per_chunk: int
+    max_prefix: int
+    max_own: int  # the most own keys of a row (seq_len - start)
+
+
+def chunk_lists(
+    groups: CascadeGroups, seq_lens: list[int], rows: int
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """(rows, offsets, prefix lengths, starts) of the chunks: each group of two rows or
+    more cut into chunks of at most `rows` rows; a lone row reads its keys alone (start 0)."""
+    order: list[int] = []
+    offsets = [0]
+    prefixes: list[int] = []
+    starts = [0] * len(seq_lens)
+    at = 0
+    for size, prefix in zip(groups.sizes, groups.prefix_lens, strict=True):
+        members = groups.order[at : at + size]
+        at += size
+        if size < 2 or prefix < 1:
+            continue
+        for first in range(0, size, rows):
+            chunk = members[first : first + rows]
+            order += chunk
+            offsets.append(len(order))
+            prefixes.append(prefix)
+            for i in chunk:
+                starts[i] = prefix
+    return order, offsets, prefixes, starts
+
+
+def prefix_chunks(
+    groups: CascadeGroups, seq_lens: list[int], rows: int, device: torch.device
+) -> PrefixChunks | None:
+    """`chunk_lists` as device tensors; None when no group has two rows."""
+    order, offsets, prefixes, starts = chunk_lists(groups, seq_lens, rows)
+    if not prefixes:
+        return None
+
+    def ints(xs: list[int]) -> torch.Tensor:
+        return torch.tensor(xs, dtype=torch.int64).to(device, non_blocking=True)
+
+    return PrefixChunks(
+        rows=ints(order),
+        offsets=ints(offsets),
+        prefix_lens=ints(prefixes),
+        starts=ints(starts),
+        num_chunks=len(prefixes),
+        rows_per_chunk=rows,
+        max_prefix=max(prefixes),
+        max_own=max(n - s for n, s in zip(seq_lens, starts, strict=True)),
+    )
+
+
+@triton.jit
+def _prefix_kernel(
+    Q,
+    K_buf,
+    V_buf,
+    K_scale,
+    V_scale,
+    Mid_O,
+    Mid_L,
+    req_to_token,
+    req_rows,
+    Chunk_rows,
+    Chunk_offsets,
+    Chunk_prefix,
+    scale_log2,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_buf_slot,
+    stride_buf_head,
+    stride_scale_slot,
+    stride_table,
+    stride_mid_b,
+    stride_mid_h,
+    stride_mid_s,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    F16: tl.constexpr,
+):
+    chunk = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    first = tl.load(Chunk_offsets + chunk)
+    n = tl.load(Chunk_offsets + chunk + 1) - first
+    prefix = tl.load(Chunk_prefix + chunk).to(tl.int32)
+    # Query row r: the chunk's row r // GROUP_P2, query head g = r % GROUP_P2 of the KV head.
+    offs_r = tl.arange(0, ROWS * GROUP_P2)
+    member = offs_r // GROUP_P2
+    g = offs_r % GROUP_P2
+    row_mask = (member < n) & (g < GROUP)
+    rows = tl.load(Chunk_rows + first + member, mask=member < n, other=0)  # [R] batch rows
+    # The shared keys' slots are the same in every member's table row: the first's.
+    table_row = req_to_token + tl.load(req_rows + tl.load(Chunk_rows + first)) * stride_table
+    lo, hi = key_range(0, prefix, split, num_splits, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + g
+    q_ptrs = Q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
+    q, q_scale = _shift_q(q, scale_log2, ROWS * GROUP_P2, F16)
+    acc, l_i, m_i = _attend(
+        q, q_scale, table_row, lo, hi, K_buf, V_buf, K_scale, V_scale, kv_head, offs_d,
+        d_mask, stride_buf_slot, stride_buf_head, stride_scale_slot, ROWS * GROUP_P2,
+        BLOCK_D, BLOCK_N, IEEE, KV_FP8, F16,
+    )  # fmt: skip
+    mid = rows * stride_mid_b + heads * stride_mid_h + split * stride_mid_s
+    _store_partial(Mid_O, Mid_L, mid, acc, l_i, m_i, row_mask, offs_d, d_mask, stride_mid_s)
+
+
+def decode_attention_shared(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    out: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    chunks: PrefixChunks,
+    prefix_splits: int,
+    own_splits: int,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    config: DecodeConfig | None = None,
+) -> torch.Tensor:
+    """`decode_attention` (same arguments, same result up to rounding) with the rows of
+    `chunks` reading their shared prefixes once per chunk. `workspace`: `decode_workspace`
+    with prefix_splits + own_splits splits (allocated if None). `config`: the flat kernel's
+    tiles (Triton, `decode_config` by default; the CUDA FP8 kernel is not used here)."""
+    b, hq, d = q.shape
+    hkv = k_buf.shape[1]
+    group = hq // hkv
+    assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
+    assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
+    assert prefix_splits >= 1 and own_splits >= 1 and chunks.starts.shape == (b,)
+    assert chunks.rows_per_chunk * triton.next_power_of_2(group) <= max(QUERY_ROWS, 16)
+    k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)
+    if b == 0:
+        return out
+    splits = prefix_splits + own_splits
+    if workspace is None:
+        workspace = decode_workspace(b, hq, d, splits, q.device)
+    mid_o, mid_l = workspace
+    assert mid_o.shape == (b, hq, splits, d) and mid_l.shape == (b, hq, splits)
+    block_d = max(16, triton.next_power_of_2(d))
+    cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device))
+    kv_fp8 = scales is not None
+    f16 = kv_fp8 and q.dtype != torch.float32
+    mid_l[:, :, :prefix_splits].fill_(float("-inf"))  # rows in no chunk: no prefix part
+    group_p2 = triton.next_power_of_2(group)
+    # At least 16 query rows for the matrix unit (padding rows are masked out).
+    rows = max(chunks.rows_per_chunk, -(-16 // group_p2))
+    _prefix_kernel[(chunks.num_chunks, hkv, prefix_splits)](
+        q,
+        k_buf,
+        v_buf,
+        k_scale,
+        v_scale,
+        mid_o,
+        mid_l,
+        req_to_token,
+        req_rows,
+        chunks.rows,
+        chunks.offsets,
+        chunks.prefix_lens,
+        scale * LOG2E,
+        prefix_splits,
+        q.stride(0),
+        q.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        k_scale.stride(0),
+        req_to_token.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        GROUP=group,
+        GROUP_P2=group_p2,
+        ROWS=triton.next_power_of_2(rows),
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        BLOCK_N=cfg.block_n,
+        IEEE=q.dtype == torch.float32,
+        KV_FP8=kv_fp8,
+        F16=f16,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    _decode_split(
+        q, k_buf, v_buf, k_scale, v_scale, workspace, req_to_token, req_rows, seq_lens,
+        scale * LOG2E, own_splits, cfg, kv_fp8, starts=chunks.starts, split_base=prefix_splits,
+    )  # fmt: skip
+    _decode_merge_kernel[(b, hq)](
+        mid_o,
+        mid_l,
+        out,
+        splits,
+        out.stride(0),
+        out.stride(1),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        BLOCK_S=max(2, triton.next_power_of_2(splits)),
+    )
+    return out
