@@ -7,7 +7,9 @@ Shapes (batch x context over a shuffled slot table):
   shared        256 decode rows over one 1,536-token prefix (+ 64 own each), and in 16
                 groups of 16 over 16 such prefixes (P2's decode): the radix cache's
                 sharing, which the flashinfer backend reads once per group (its cascade,
-                shared_prefix.py) and the triton backend once per row
+                shared_prefix.py), the triton backend once per row, and the triton backend
+                with its shared-prefix decode (triton-shared: kernels/decode_shared.py)
+                once per chunk of up to 16 rows
   extend        16 x 512 new over 1,536 cached (P2's prefill), 16 x 512 and 1 x 8,192 new
                 with no prefix, causal
   mixed         8 x 512 new prompts beside 192 decode rows at 768 (a chunked step)
@@ -20,8 +22,8 @@ one 512-token prompt, 256 greedy new tokens (after a warm-up request), milliseco
 output token from the wall time less the prefill's (a max_new_tokens=1 request).
 
 Run on a CUDA machine with flashinfer installed: `python -m bench.attention_backends
-[--engine] [--out FILE]`. Prints a table; writes its record to
-bench/results/attention_backends-<machine>.json.
+[--engine] [--out FILE]` (`--backends triton,triton-shared` without flashinfer). Prints
+a table; writes its record to bench/results/attention_backends-<machine>.json.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ DEV = torch.device("cuda")
 # flashinfer-flat: the flashinfer backend without its shared-prefix cascade, every row
 # read in full (what the cascade saves). (FA2's prefill kernels against FA3's, the choice
 # of flashinfer_backend.PREFILL_BACKEND, are in docs/performance.md.)
-BACKENDS = ("triton", "flashinfer", "flashinfer-flat")
+# triton-shared: the triton backend with its shared-prefix decode on.
+BACKENDS = ("triton", "triton-shared", "flashinfer", "flashinfer-flat")
 LAYER = 0
 
 
@@ -133,6 +136,13 @@ def reference_rows(
 
 
 def make_backend(name: str, pool: KVPool) -> Any:
+    if name == "triton-shared":
+        from radixmesh.worker.attention.triton_backend import TritonAttentionBackend
+
+        triton_backend = create_attention_backend("triton", pool, D**-0.5)
+        assert isinstance(triton_backend, TritonAttentionBackend)
+        triton_backend.shared_prefix = True
+        return triton_backend
     if name != "flashinfer-flat":
         return create_attention_backend(name, pool, D**-0.5)
     from radixmesh.worker.attention.flashinfer_backend import FlashInferAttentionBackend
@@ -143,7 +153,9 @@ def make_backend(name: str, pool: KVPool) -> Any:
     return backend
 
 
-def measure(name: str, seqs: list[tuple[int, int]], sharing: tuple[int, int]) -> dict[str, Any]:
+def measure(
+    name: str, seqs: list[tuple[int, int]], sharing: tuple[int, int], backends: list[str]
+) -> dict[str, Any]:
     pool, batch, q, k, v = build_case(seqs, sharing, seed=len(name))
     t = q.shape[0]
     rows = sorted({0, t // 3, t - 1})
@@ -151,7 +163,7 @@ def measure(name: str, seqs: list[tuple[int, int]], sharing: tuple[int, int]) ->
     kv_bytes = 2 * kv_tokens * HKV * D * DTYPE.itemsize
     causal_flops = sum(4 * n * (p + (n + 1) / 2) * HQ * D for p, n in seqs)
     row: dict[str, Any] = {"shape": name, "tokens": t, "kv_tokens": kv_tokens}
-    for backend_name in BACKENDS:
+    for backend_name in backends:
         attn = make_backend(backend_name, pool)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -181,8 +193,8 @@ def measure(name: str, seqs: list[tuple[int, int]], sharing: tuple[int, int]) ->
             "tflops": causal_flops / (ms * 1e-3) / 1e12,
         }
         del attn
-    for name_ in BACKENDS[1:]:
-        row[f"{name_}_over_triton_time"] = row[name_]["ms"] / row["triton"]["ms"]
+    for name_ in backends[1:]:
+        row[f"{name_}_over_triton_time"] = row[name_]["ms"] / row[backends[0]]["ms"]
     return row
 
 
@@ -216,28 +228,36 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     record.add_output_arguments(ap)
     ap.add_argument("--engine", action="store_true", help="also the engine's batch-1 decode")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help="the first is the baseline")
     args = ap.parse_args(argv)
-    import flashinfer  # the comparison needs it: fail here, not in the middle
+    backends = args.backends.split(",")
+    fi_version = None
+    if any(b.startswith("flashinfer") for b in backends):
+        import flashinfer  # the comparison needs it: fail here, not in the middle
+
+        fi_version = flashinfer.__version__
 
     torch.manual_seed(0)
     rows = []
-    print("shape | us: triton, flashinfer, fi-flat | fi / triton | flat / triton | TB/s | "
-          "TFLOP/s | prepare ms | rel err  (each: triton, flashinfer, fi-flat)")  # fmt: skip
+    names = ", ".join(backends)
+    print(f"shape | us: {names} | each / {backends[0]} | TB/s | TFLOP/s | prepare ms | "
+          f"rel err  (each: {names})")  # fmt: skip
     for name, seqs, sharing in shapes():
-        r = measure(name, seqs, sharing)
+        r = measure(name, seqs, sharing, backends)
         rows.append(r)
-        each = [r[b] for b in BACKENDS]
+        each = [r[b] for b in backends]
 
         def cols(key: str, fmt: str, scale: float = 1.0, each: list[Any] = each) -> str:
             return ", ".join(format(x[key] * scale, fmt) for x in each)
 
-        ratios = " | ".join(f"{r[f'{b}_over_triton_time']:.2f}" for b in BACKENDS[1:])
+        ratios = ", ".join(f"{r[f'{b}_over_triton_time']:.2f}" for b in backends[1:])
         print(f"{name} | {cols('ms', '.0f', 1e3)} | {ratios} | {cols('tb_per_s', '.2f')} | "
               f"{cols('tflops', '.0f')} | {cols('prepare_ms', '.2f')} | {cols('rel_err', '.1e')}",
               flush=True)  # fmt: skip
     report = {
         "shapes": {"num_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "dtype": "bfloat16"},
-        "flashinfer_version": flashinfer.__version__,
+        "backends": backends,
+        "flashinfer_version": fi_version,
         "rows": rows,
     }
     if args.engine:

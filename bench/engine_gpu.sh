@@ -46,6 +46,11 @@
 #             bits); then bench.fp8_gemm (every path at 1-256 rows), bench.fp8_gemm --table
 #             (the engine's table for Llama-3-8B's shapes), bench.fused_ops --fp8-quant and
 #             bench.attention_kernels' extend timings (FP8 written back vs the table)
+#   shared    the shared-prefix decode (kernels/decode_shared.py): its GPU tests, then
+#             bench.attention_backends --backends triton,triton-shared (flat against
+#             shared on the shared shapes, one layer's call), then bench.step_anatomy
+#             --workload prefill with RADIXMESH_SHARED_PREFIX_DECODE off and on (the
+#             shared_prefix workload's decode steps' attention time)
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
 # (installed to /tmp/site).
 set -u
@@ -180,6 +185,18 @@ if part fp8checks; then
     --out "$OUT/fused_ops-fp8quant-$MACHINE.json"
   run attention_kernels "$PWD" 240 -m bench.attention_kernels --skip-sweep --skip-engine \
     --out "$OUT/attention_kernels-$MACHINE.json"
+fi
+if part shared; then
+  run gpu-test_decode_shared "$PWD" 200 -m pytest -q -p no:cacheprovider \
+    tests/worker/attention/test_decode_shared.py tests/worker/attention/test_triton_backend.py
+  run attention_backends_shared "$PWD" 300 -m bench.attention_backends \
+    --backends triton,triton-shared --out "$OUT/attention_backends-shared-$MACHINE.json"
+  run step_anatomy_flat "$PWD" 240 -m bench.step_anatomy --workload prefill \
+    --out "$OUT/step_anatomy-prefill-$MACHINE.json"
+  export RADIXMESH_SHARED_PREFIX_DECODE=1
+  run step_anatomy_shared "$PWD" 240 -m bench.step_anatomy --workload prefill \
+    --out "$OUT/step_anatomy-prefill-shared-decode-$MACHINE.json"
+  unset RADIXMESH_SHARED_PREFIX_DECODE
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \

@@ -22,6 +22,7 @@ TRITON = {
     "_extend_kernel": "attention",
     "_decode_split_kernel": "attention",
     "_decode_merge_kernel": "attention",
+    "_prefix_kernel": "attention",  # decode_shared.py: shared prefixes read once per chunk
     "_kv_store_kernel": "kv_store",
     "_rms_norm_kernel": "norm",
     "_rotary_kernel": "rotary",
@@ -31,6 +32,7 @@ TRITON = {
     "_fp8_small_m_kernel": "gemm",
     "_sum_slices_kernel": "gemm",
     "_per_token_fp8_kernel": "gemm",
+    "_scale_rows_cols_kernel": "gemm",  # the tensor-wise FP8 GEMM's scale epilogue
 }
 GEMM_NAMES = ("gemm", "nvjet", "xmma", "cutlass", "gemv", "cublas", "sm90_", "splitk")
 

@@ -23,10 +23,20 @@ step) and a generated token that a later prompt repeats then hold in the KV cach
 a cold prefill computes. Flash-decoding's splits would sum another way (its running
 max and merge), so the mode gives up their parallelism: a decode program per (sequence,
 KV head) walks all the keys.
+
+Shared prefixes (off by default: `RADIXMESH_SHARED_PREFIX_DECODE=1`, or `shared_prefix` on
+the backend): a decode-only step whose rows share cached prefixes worth reading once
+(attention/shared_prefix.py's `plan_cascade`, from the slot table's host mirror) runs
+kernels/decode_shared.py: each group's prefix read once per chunk of rows, each row's own
+keys through the flat kernel, one merge. Such steps run eagerly (their chunks change from
+step to step, so a captured graph cannot hold them); the others replay their graphs. Off
+until it is measured on a GPU against the flat kernel, which on the H200 reads a prefix's
+repeats from L2 (docs/performance.md, "FlashInfer").
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +48,12 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention,
     decode_workspace,
 )
+from radixmesh.worker.attention.kernels.decode_shared import (
+    PrefixChunks,
+    decode_attention_shared,
+    prefix_chunks,
+    rows_per_chunk,
+)
 from radixmesh.worker.attention.kernels.extend_attention import (
     LONG_EXTEND,
     ExtendConfig,
@@ -45,12 +61,14 @@ from radixmesh.worker.attention.kernels.extend_attention import (
     extend_config,
 )
 from radixmesh.worker.attention.kernels.kv_store import kv_store, writes_back_exactly
+from radixmesh.worker.attention.shared_prefix import CascadeGroups, plan_cascade
 from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.pool import KVPool
 
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
 WAVES = 16
+SHARED_PREFIX_SWITCH = "RADIXMESH_SHARED_PREFIX_DECODE"  # "1": shared-prefix decode on
 
 
 @dataclass
@@ -82,6 +100,19 @@ class MixedMeta:
     extend_prefix_lens: torch.Tensor  # [Be]
     extend_lens: torch.Tensor  # [Be]
     extend: ExtendMeta  # q_start [Be] into the whole q
+
+
+@dataclass
+class SharedPrefixMeta:
+    """A decode-only step over shared prefixes (kernels/decode_shared.py): the groups
+    from `prepare`; the chunks, split counts and workspace made by the first layer (it
+    knows the query heads a KV head, which size a chunk)."""
+
+    groups: CascadeGroups
+    chunks: PrefixChunks | None = None
+    prefix_splits: int = 1
+    own_splits: int = 1
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -128,6 +159,10 @@ class TritonAttentionBackend(AttentionBackend):
         self.decode_cfg: ExtendConfig | None = None  # and its decode-only batches'
         # The decode kernel's launch; None: `decode_config`'s for the device and pool.
         self.decode_launch: DecodeConfig | None = None
+        self.shared_prefix = os.environ.get(SHARED_PREFIX_SWITCH, "0") == "1"
+        self.num_shared_prefix_steps = 0
+        self._groups_for: ForwardBatch | None = None  # `_shared_groups`' batch and answer
+        self._groups: CascadeGroups | None = None
 
     def enable_deterministic(self, max_context_len: int) -> None:
         super().enable_deterministic(max_context_len)
@@ -153,6 +188,10 @@ class TritonAttentionBackend(AttentionBackend):
 
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.is_decode_only:
+            if (groups := self._shared_groups(batch)) is not None:
+                batch.attn_metadata = SharedPrefixMeta(groups)
+                self.num_shared_prefix_steps += 1
+                return
             batch.attn_metadata = self.decode_meta(batch.batch_size, max(batch.seq_lens_cpu))
             return
         starts = [0]
@@ -166,6 +205,45 @@ class TritonAttentionBackend(AttentionBackend):
         decode = [i for i, n in enumerate(batch.extend_lens_cpu) if n == 1]
         if decode and len(decode) < batch.batch_size and not self.deterministic:
             batch.attn_metadata = self._mixed(batch, decode, q_start)
+
+    def graph_can_run(self, batch: ForwardBatch, graph_batch_size: int) -> bool:
+        """Not when the rows share prefixes worth reading once (those steps run eagerly)."""
+        return self._shared_groups(batch) is None
+
+    def _shared_groups(self, batch: ForwardBatch) -> CascadeGroups | None:
+        """The decode batch's shared-prefix groups when reading prefixes once pays, else
+        None (memoized for the batch: `graph_can_run` asks first, then `prepare`)."""
+        if not self.shared_prefix or self.deterministic:
+            return None
+        if self._groups_for is not batch:
+            host, rows = batch.req_to_token_host, batch.req_rows_cpu
+            groups = None
+            if host is not None and rows is not None:
+                groups = plan_cascade(host, rows, batch.seq_lens_cpu)
+            self._groups_for, self._groups = batch, groups
+        return self._groups
+
+    def _shared_chunks(self, batch: ForwardBatch, meta: SharedPrefixMeta, q: torch.Tensor) -> bool:
+        """Fill `meta` at the first layer: chunks sized for q's query heads a KV head, each
+        part's splits, the workspace. False when no group has two rows (the step then runs
+        the flat kernel)."""
+        hkv = self.kv_pool.num_kv_heads
+        b, hq, d = q.shape
+        device = q.device
+        per_chunk = rows_per_chunk(hq // hkv)
+        chunks = prefix_chunks(
+            meta.groups, batch.seq_lens_cpu, per_chunk, lambda t: to_device(t, device)
+        )
+        if chunks is None:
+            return False
+        meta.chunks = chunks
+        meta.prefix_splits = choose_num_splits(
+            chunks.num_chunks, hkv, chunks.max_prefix, self.num_sms
+        )
+        meta.own_splits = choose_num_splits(b, hkv, chunks.max_own, self.num_sms)
+        splits = meta.prefix_splits + meta.own_splits
+        meta.workspace = decode_workspace(b, hq, d, splits, device)
+        return True
 
     def _mixed(self, batch: ForwardBatch, decode: list[int], q_start: torch.Tensor) -> MixedMeta:
         lens = batch.extend_lens_cpu
@@ -205,7 +283,7 @@ class TritonAttentionBackend(AttentionBackend):
             scales is not None
             and writes_back_exactly(k.dtype)
             and v.dtype == k.dtype
-            and not isinstance(meta, DecodeMeta)
+            and not isinstance(meta, (DecodeMeta, SharedPrefixMeta))
             and not self.deterministic
         )
         kv_store(k_buf, v_buf, batch.out_cache_loc, k, v, scales, write_back=write_back)
@@ -214,6 +292,17 @@ class TritonAttentionBackend(AttentionBackend):
         same = k.dtype == k_buf.dtype and v.dtype == v_buf.dtype
         new_kv = (k, v) if same or write_back else None
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
+        if isinstance(meta, SharedPrefixMeta):
+            if meta.chunks is not None or self._shared_chunks(batch, meta, q):
+                assert meta.chunks is not None and meta.workspace is not None
+                launch = self.decode_launch
+                return decode_attention_shared(
+                    q, k_buf, v_buf, out, batch.req_to_token, batch.req_rows, batch.seq_lens,
+                    self.scale, meta.chunks, meta.prefix_splits, meta.own_splits,
+                    meta.workspace, scales=scales,
+                    config=launch if launch is not None and not launch.cuda else None,
+                )  # fmt: skip
+            meta = batch.attn_metadata = self.decode_meta(batch.batch_size, max(batch.seq_lens_cpu))
         if isinstance(meta, DecodeMeta) and self.deterministic:
             return self._decode_as_extend(q, k_buf, v_buf, out, layer_id, batch, meta, scales)
         if isinstance(meta, DecodeMeta):

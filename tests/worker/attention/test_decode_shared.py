@@ -74,7 +74,7 @@ def run_shared(
 ) -> torch.Tensor:
     groups = plan_cascade(c["table"].cpu().numpy(), rows, lens)
     assert groups is not None
-    chunks = prefix_chunks(groups, lens, per_chunk, torch.device(DEVICE))
+    chunks = prefix_chunks(groups, lens, per_chunk, lambda t: t.to(DEVICE))
     assert chunks is not None
     out = torch.full_like(c["q"], float("nan"))
     decode_attention_shared(
@@ -138,11 +138,11 @@ def test_chunks_of_the_groups() -> None:
     assert offsets == [0, 3, 4, 6]  # the group of 4 cut into 3 + 1
     assert prefixes == [30, 30, 12]
     assert starts == [30, 0, 30, 12, 30, 12, 30]
-    chunks = prefix_chunks(groups, lens, 3, torch.device("cpu"))
+    chunks = prefix_chunks(groups, lens, 3, lambda t: t)
     assert chunks is not None and chunks.num_chunks == 3 and chunks.max_prefix == 30
     assert chunks.max_own == 35  # row 1, alone, reads all its keys as its own
     alone = CascadeGroups(order=[0, 1], sizes=[1, 1], prefix_lens=[5, 6], saved_fraction=0.3)
-    assert prefix_chunks(alone, [6, 7], 3, torch.device("cpu")) is None
+    assert prefix_chunks(alone, [6, 7], 3, lambda t: t) is None
 
 
 def test_rows_per_chunk_fill_a_64_row_tile() -> None:

@@ -12,10 +12,12 @@ from radixmesh.worker.attention.triton_backend import (
     DecodeMeta,
     ExtendMeta,
     MixedMeta,
+    SharedPrefixMeta,
     TritonAttentionBackend,
     choose_num_splits,
 )
-from radixmesh.worker.kvcache.pool import kv_storage_dtype
+from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.kvcache.pool import KVPool, kv_storage_dtype
 from radixmesh.worker.model import dummy
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from tests.worker.attention.test_torch_backend import (
@@ -133,3 +135,61 @@ def test_cuda_fp8_model_triton_matches_torch_backend(kv_cache_dtype: str) -> Non
         logits[backend] = torch.cat([x for step in (first, decode) for x in step]).float()
     err = (logits["triton"] - logits["torch"]).norm() / logits["torch"].norm()
     assert float(err) < 3e-2  # bfloat16 attention in two implementations, two layers
+
+
+def shared_prefix_case(seed: int) -> tuple[KVPool, ForwardBatch, torch.Tensor, torch.Tensor]:
+    """A decode batch of 9 rows: 6 hold the same slots for a 30-token prefix (then 1-5
+    tokens of their own), 3 share nothing; every key's KV already in the pool."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = KVPool(
+        num_slots=NUM_SLOTS, num_layers=2, num_kv_heads=2, head_dim=HEAD_DIM,
+        dtype=torch.float32, device=DEVICE,
+    )  # fmt: skip
+    for buf in (pool.k_buffers[LAYER], pool.v_buffers[LAYER]):
+        buf.copy_(torch.randn(buf.shape, generator=gen))
+    free = (torch.randperm(NUM_SLOTS - 1, generator=gen) + 1).tolist()
+    shared = [free.pop() for _ in range(30)]
+    table = torch.zeros(16, 64, dtype=torch.int64)
+    rows = torch.randperm(16, generator=gen)[:9].tolist()
+    lens = []
+    for i, row in enumerate(rows):
+        own = [free.pop() for _ in range(1 + i % 5)]
+        slots = (shared if i % 3 else [free.pop() for _ in range(20)]) + own
+        table[row, : len(slots)] = torch.tensor(slots)
+        lens.append(len(slots))
+    batch = ForwardBatch.build(
+        input_ids=[0] * 9,
+        out_cache_loc=torch.tensor([int(table[r, n - 1]) for r, n in zip(rows, lens, strict=True)]),
+        req_rows=rows,
+        prefix_lens=[n - 1 for n in lens],
+        extend_lens=[1] * 9,
+        req_to_token=table.to(DEVICE),
+    )
+    batch.req_to_token_host = table.numpy()
+    q = torch.randn(9, 8, HEAD_DIM, generator=gen).to(DEVICE)
+    # The new tokens' k/v as the pool already holds them: the store rewrites the same values.
+    new = batch.out_cache_loc
+    return pool, batch, q, pool.k_buffers[LAYER][new].clone()
+
+
+def test_shared_prefix_decode_matches_the_reference_and_runs_eagerly() -> None:
+    pool, batch, q, k = shared_prefix_case(seed=3)
+    v = pool.v_buffers[LAYER][batch.out_cache_loc].clone()
+    scale = HEAD_DIM**-0.5
+    backend = create_attention_backend("triton", pool, scale)
+    assert isinstance(backend, TritonAttentionBackend) and not backend.shared_prefix  # off
+    assert backend.graph_can_run(batch, 16)
+    backend.shared_prefix = True
+    assert not backend.graph_can_run(batch, 16)  # its chunks change from step to step
+    backend.prepare(batch)
+    meta = batch.attn_metadata
+    assert isinstance(meta, SharedPrefixMeta) and backend.num_shared_prefix_steps == 1
+    out = backend.forward(q, k, v, LAYER, batch)
+    assert meta.chunks is not None and meta.chunks.num_chunks == 1  # 6 rows, one chunk
+    assert (out.double().cpu() - reference(pool, batch, q, scale)).abs().max() < 1e-5
+    again = backend.forward(q, k, v, LAYER, batch)  # the next layer reuses the chunks
+    assert torch.equal(again, out)
+    flat = create_attention_backend("triton", pool, scale)
+    flat.prepare(batch)
+    assert isinstance(batch.attn_metadata, DecodeMeta)
+    assert (flat.forward(q, k, v, LAYER, batch) - out).abs().max() < 1e-5

@@ -27,6 +27,7 @@ such steps eagerly).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -96,15 +97,20 @@ def chunk_lists(
 
 
 def prefix_chunks(
-    groups: CascadeGroups, seq_lens: list[int], rows: int, device: torch.device
+    groups: CascadeGroups,
+    seq_lens: list[int],
+    rows: int,
+    move: Callable[[torch.Tensor], torch.Tensor],
 ) -> PrefixChunks | None:
-    """`chunk_lists` as device tensors; None when no group has two rows."""
+    """`chunk_lists` as tensors on the device, each host tensor moved by `move` (the
+    backend's copy through pinned memory, which does not wait for the step in flight);
+    None when no group has two rows."""
     order, offsets, prefixes, starts = chunk_lists(groups, seq_lens, rows)
     if not prefixes:
         return None
 
     def ints(xs: list[int]) -> torch.Tensor:
-        return torch.tensor(xs, dtype=torch.int64).to(device, non_blocking=True)
+        return move(torch.tensor(xs, dtype=torch.int64))
 
     return PrefixChunks(
         rows=ints(order),
