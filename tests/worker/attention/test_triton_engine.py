@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
 
+from radixmesh.worker.attention.triton_backend import TritonAttentionBackend
 from radixmesh.worker.engine import Engine
 
 
@@ -36,4 +37,32 @@ def test_greedy_tokens_match_torch_backend(kv_cache_dtype: str) -> None:
         outs[backend] = [r["output_ids"] for r in first + rest]
         eng.shutdown()
     assert all(len(o) == 6 for o in outs["triton"])
+    assert outs["triton"] == outs["torch"]
+
+
+def test_shared_prefix_decode_gives_the_torch_backends_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nine requests decoding behind one cached 48-token prefix: with the shared-prefix
+    decode on, their decode steps read it once (kernels/decode_shared.py), and the greedy
+    tokens are the torch backend's."""
+    shared = [(13 * j) % 480 + 20 for j in range(48)]
+    prompts = [shared + [(7 * i + j) % 480 + 20 for j in range(2 + i)] for i in range(9)]
+    params = {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True}
+    outs = {}
+    for backend in ("triton", "torch"):
+        monkeypatch.setenv("RADIXMESH_SHARED_PREFIX_DECODE", "1" if backend == "triton" else "0")
+        eng = Engine(
+            "dummy:tiny", device="cpu", dtype="float32", attention_backend=backend,
+            kv_cache_tokens=2048,
+        )  # fmt: skip
+        eng.generate(input_ids=prompts[:1], sampling_params=params)  # the prefix cached
+        out = eng.generate(input_ids=prompts, sampling_params=params)
+        assert isinstance(out, list)
+        outs[backend] = [r["output_ids"] for r in out]
+        attn = eng.worker.runner.attn
+        if backend == "triton":
+            assert isinstance(attn, TritonAttentionBackend)
+            assert attn.num_shared_prefix_steps >= 1
+        eng.shutdown()
     assert outs["triton"] == outs["torch"]
