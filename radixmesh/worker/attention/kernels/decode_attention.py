@@ -453,6 +453,15 @@ def decode_attention(
             q, k_buf, v_buf, k_scale, v_scale, workspace, req_to_token, req_rows, seq_lens,
             scale * LOG2E, num_splits, cfg, scales is not None,
         )  # fmt: skip
+    return merge_splits(workspace, out, num_splits)
+
+
+def merge_splits(
+    workspace: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor, num_splits: int
+) -> torch.Tensor:
+    """Stage 2: each (sequence, query head)'s splits in `workspace` merged into `out`."""
+    mid_o, mid_l = workspace
+    b, hq, d = out.shape
     _decode_merge_kernel[(b, hq)](
         mid_o,
         mid_l,
@@ -464,7 +473,7 @@ def decode_attention(
         mid_o.stride(1),
         mid_o.stride(2),
         HEAD_DIM=d,
-        BLOCK_D=block_d,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
     )
     return out

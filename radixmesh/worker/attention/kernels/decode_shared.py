@@ -38,13 +38,13 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     LOG2E,
     DecodeConfig,
     _attend,
-    _decode_merge_kernel,
     _decode_split,
     _shift_q,
     _store_partial,
     decode_config,
     decode_workspace,
     max_shared_memory,
+    merge_splits,
 )
 from radixmesh.worker.attention.kernels.decode_split import key_range
 from radixmesh.worker.attention.shared_prefix import CascadeGroups
@@ -273,18 +273,4 @@ def decode_attention_shared(
         q, k_buf, v_buf, k_scale, v_scale, workspace, req_to_token, req_rows, seq_lens,
         scale * LOG2E, own_splits, cfg, kv_fp8, starts=chunks.starts, split_base=prefix_splits,
     )  # fmt: skip
-    _decode_merge_kernel[(b, hq)](
-        mid_o,
-        mid_l,
-        out,
-        splits,
-        out.stride(0),
-        out.stride(1),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        BLOCK_S=max(2, triton.next_power_of_2(splits)),
-    )
-    return out
+    return merge_splits(workspace, out, splits)
