@@ -140,6 +140,9 @@ def test_chunks_of_the_groups() -> None:
     assert starts == [30, 0, 30, 12, 30, 12, 30]
     chunks = prefix_chunks(groups, lens, 3, lambda t: t)
     assert chunks is not None and chunks.num_chunks == 3 and chunks.max_prefix == 30
+    # One packed copy, sliced: each tensor holds its list.
+    assert chunks.rows.tolist() == order and chunks.offsets.tolist() == offsets
+    assert chunks.prefix_lens.tolist() == prefixes and chunks.starts.tolist() == starts
     assert chunks.max_own == 35  # row 1, alone, reads all its keys as its own
     alone = CascadeGroups(order=[0, 1], sizes=[1, 1], prefix_lens=[5, 6], saved_fraction=0.3)
     assert prefix_chunks(alone, [6, 7], 3, lambda t: t) is None

@@ -102,21 +102,19 @@ def prefix_chunks(
     rows: int,
     move: Callable[[torch.Tensor], torch.Tensor],
 ) -> PrefixChunks | None:
-    """`chunk_lists` as tensors on the device, each host tensor moved by `move` (the
-    backend's copy through pinned memory, which does not wait for the step in flight);
-    None when no group has two rows."""
+    """`chunk_lists` as tensors on the device: one host tensor moved by `move` (the
+    backend's copy through pinned memory, which does not wait for the step in flight),
+    sliced there; None when no group has two rows."""
     order, offsets, prefixes, starts = chunk_lists(groups, seq_lens, rows)
     if not prefixes:
         return None
-
-    def ints(xs: list[int]) -> torch.Tensor:
-        return move(torch.tensor(xs, dtype=torch.int64))
-
+    on_device = move(torch.tensor([*order, *offsets, *prefixes, *starts], dtype=torch.int64))
+    r, c = len(order), len(prefixes)
     return PrefixChunks(
-        rows=ints(order),
-        offsets=ints(offsets),
-        prefix_lens=ints(prefixes),
-        starts=ints(starts),
+        rows=on_device[:r],
+        offsets=on_device[r : r + c + 1],
+        prefix_lens=on_device[r + c + 1 : r + 2 * c + 1],
+        starts=on_device[r + 2 * c + 1 :],
         num_chunks=len(prefixes),
         rows_per_chunk=rows,
         max_prefix=max(prefixes),
