@@ -29,9 +29,11 @@ the backend): a decode-only step whose rows share cached prefixes worth reading 
 (attention/shared_prefix.py's `plan_cascade`, from the slot table's host mirror) runs
 kernels/decode_shared.py: each group's prefix read once per chunk of rows, each row's own
 keys through the flat kernel, one merge. Such steps run eagerly (their chunks change from
-step to step, so a captured graph cannot hold them); the others replay their graphs. Off
-until it is measured on a GPU against the flat kernel, which on the H200 reads a prefix's
-repeats from L2 (docs/performance.md, "FlashInfer").
+step to step, so a captured graph cannot hold them); the others replay their graphs. Not
+under tensor parallelism (the model runner gives the host mirror only to a single rank,
+so every rank runs the same path). Off until it is measured on a GPU against the flat
+kernel, which on the H200 reads a prefix's repeats from L2 (docs/performance.md,
+"FlashInfer").
 """
 
 from __future__ import annotations
