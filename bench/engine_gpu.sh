@@ -45,7 +45,8 @@
 #             the extend kernel over an FP8 pool with the new tokens written back (equal
 #             bits); then bench.fp8_gemm (every path at 1-256 rows), bench.fp8_gemm --table
 #             (the engine's table for Llama-3-8B's shapes), bench.fused_ops --fp8-quant and
-#             bench.attention_kernels' extend timings (FP8 written back vs the table)
+#             bench.attention_kernels' extend timings (FP8 written back vs the table), again
+#             with RADIXMESH_FP8_EXTEND_F16=1 (the cached FP8 prefix's tiles as fp16)
 #   shared    the shared-prefix decode (kernels/decode_shared.py): its GPU tests, then
 #             bench.attention_backends --backends triton,triton-shared (flat against
 #             shared on the shared shapes, one layer's call), then bench.step_anatomy
@@ -185,6 +186,10 @@ if part fp8checks; then
     --out "$OUT/fused_ops-fp8quant-$MACHINE.json"
   run attention_kernels "$PWD" 240 -m bench.attention_kernels --skip-sweep --skip-engine \
     --out "$OUT/attention_kernels-$MACHINE.json"
+  export RADIXMESH_FP8_EXTEND_F16=1  # the FP8 prefix's tiles as fp16 (extend_attention.py)
+  run attention_kernels_fp8f16 "$PWD" 240 -m bench.attention_kernels --skip-sweep \
+    --skip-engine --out "$OUT/attention_kernels-fp8-prefix-f16-$MACHINE.json"
+  unset RADIXMESH_FP8_EXTEND_F16
 fi
 if part shared; then
   run gpu-test_decode_shared "$PWD" 200 -m pytest -q -p no:cacheprovider \

@@ -173,3 +173,39 @@ def test_config_table_keys_on_extend_length_and_head_dim() -> None:
     assert short == ExtendConfig(block_rows=128, block_n=32, num_warps=4, num_stages=3)
     assert long == ExtendConfig(block_rows=128, block_n=64, num_warps=8, num_stages=3)
     assert extend_config(8192, 256).block_n == 32
+
+
+F16_PREFIX_DTYPES = [t for t in ATTN_DTYPES if getattr(t, "values", (t,))[0] != torch.float32]
+
+
+@pytest.mark.parametrize("dtype", F16_PREFIX_DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_fp8_prefix_in_fp16_matches_the_reference(case: tuple, dtype: torch.dtype) -> None:
+    """`fp16_prefix`: the cached prefix's e4m3 tiles multiplied as fp16 beside a query
+    shifted per row, the weights shifted per row for P.V: the reference's numbers over the
+    pool's dequantized values, to fp16's rounding (queries large enough that unshifted
+    scores would leave fp16's comfortable range)."""
+    _, seqs, hq, hkv, d, rows, block_n = case
+    c = make_pool_case(seqs, hq, hkv, d, dtype, seed=900 + len(seqs), ctx=128)
+    c["q"] = c["q"] * 40.0  # queries past fp16's comfortable range: the shift must hold
+    cfg = ExtendConfig(block_rows=rows, block_n=block_n, num_warps=4, num_stages=2)
+    k8, v8, scales, (k_ref, v_ref) = fp8_pool(c)
+    out = run(c, seqs, k8, v8, cfg, scales=scales, fp16_prefix=True)
+    plain = run(c, seqs, k8, v8, cfg, scales=scales, fp16_prefix=False)
+    ref = reference(c, seqs, k_ref, v_ref)
+    assert rel_err(out, ref) < (2e-3 if dtype == torch.float16 else 1e-2)
+    if dtype == torch.float16:
+        # The shifts are powers of two on exact operands: the bits of the plain fp16 path
+        # (e4m3 keys converted to the query's dtype, the values' 2^e on them).
+        assert torch.equal(out, plain)
+
+
+def test_fp16_prefix_is_refused_where_it_cannot_apply() -> None:
+    seqs = [(5, 3)]
+    c = make_pool_case(seqs, 2, 1, 16, torch.float32, seed=1, ctx=128)
+    cfg = ExtendConfig(block_rows=16, block_n=16, num_warps=4, num_stages=2)
+    k8, v8, scales, _ = fp8_pool(c)
+    with pytest.raises(ValueError, match="fp16_prefix needs"):
+        run(c, seqs, k8, v8, cfg, scales=scales, fp16_prefix=True)  # float32 queries
+    with pytest.raises(ValueError, match="fp16_prefix needs"):
+        run(c, seqs, c["k_buf"], c["v_buf"], cfg, fp16_prefix=True)  # no FP8 pool

@@ -54,15 +54,22 @@ extends use 8 warps (two warpgroups of 64 rows on Hopper) and a third pipeline s
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from radixmesh.worker.attention.kernels.kv_store import pow2, writes_back_exactly
+from radixmesh.worker.attention.kernels.kv_store import (
+    ceil_log2,
+    floor_log2,
+    pow2,
+    writes_back_exactly,
+)
 
 LOG2E = 1.0 / math.log(2.0)
+FP8_PREFIX_F16_SWITCH = "RADIXMESH_FP8_EXTEND_F16"  # "1": `fp16_prefix` for bf16 queries
 # From this longest extend on, the long-extend tiles (8 warps, 64-key tiles: they pay once
 # each program loops over thousands of keys). Measured at 512 and 8,192 new tokens only;
 # the crossover between them is not, so the cut sits at a round value between.
@@ -147,22 +154,31 @@ def _softmax_step(
     v,
     k_pow,
     v_pow,
+    q_pow,
     visible,
     scale_log2,
     MASKED: tl.constexpr,
     IEEE: tl.constexpr,
     KV_FP8: tl.constexpr,
+    F16: tl.constexpr,
 ):
     """One key tile of the online softmax (log2 units). Unmasked tiles fold the scale into
     the max and the exponent's argument (one FMA a score); masked ones scale first so -inf
     stays -inf. Every row has seen a key by its first masked tile (the prefix, or key 0 of
-    the new tokens, comes first), so m_new is finite and no row divides 0 by 0."""
+    the new tokens, comes first), so m_new is finite and no row divides 0 by 0.
+
+    `F16` (an FP8 pool's tiles, the query already shifted into fp16 by q_pow [R], a
+    power of two a row): e4m3 keys and values become fp16 with one conversion per two
+    values (to bf16 they take a second per value), the scores are unshifted by q_pow, and
+    each row's weights are shifted into fp16's range for the P.V product and back."""
     k = k.to(q.dtype)  # no-op but for an FP8 pool's e4m3 tiles (exact in the query's dtype)
     if IEEE:  # noqa: SIM108 (a constexpr branch: one compiled path)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
+    if F16:  # both shifts are powers of two: exact
+        s = s * k_pow[None, :] * q_pow[:, None]
+    elif KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
         s = s * k_pow[None, :]
     if MASKED:
         s = tl.where(visible, s * scale_log2, float("-inf"))
@@ -174,6 +190,12 @@ def _softmax_step(
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
+    if F16:  # each row's weights (with the values' 2^e) shifted into [1, 2) at the top
+        p = p * v_pow[None, :]
+        e_w = floor_log2(tl.max(p, 1))
+        p = p * pow2(tl.minimum(tl.maximum(-e_w, -126), 127))[:, None]
+        pv = tl.dot(p.to(tl.float16), v.to(tl.float16))
+        return acc + pv * pow2(e_w)[:, None], l_i, m_new
     if KV_FP8 and q.dtype == tl.float16:  # p 2^e would fall into fp16's subnormals
         v = (v.to(tl.float32) * v_pow[:, None]).to(tl.float16)
     elif KV_FP8:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [R, N] not [N, D]
@@ -227,6 +249,7 @@ def _extend_kernel(
     NEW_CONTIG: tl.constexpr,
     NEW_FP8: tl.constexpr,
     ABS_TILES: tl.constexpr,
+    PREFIX_F16: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // num_kv_heads
@@ -256,6 +279,13 @@ def _extend_kernel(
     d_mask = offs_d < HEAD_DIM
     q_ptrs = Q + (start + offs_m)[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
+    if PREFIX_F16:  # for the FP8 prefix's tiles: each row shifted into fp16's range, exactly
+        e_q = tl.minimum(ceil_log2(tl.max(tl.abs(q.to(tl.float32)), 1) / 16384.0), 126)
+        q_prefix = (q.to(tl.float32) * pow2(-e_q)[:, None]).to(tl.float16)
+        q_pow = pow2(e_q)
+    else:
+        q_prefix = q
+        q_pow = tl.zeros([BLOCK_M * GROUP_P2], tl.float32)
 
     m_i = tl.full([BLOCK_M * GROUP_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M * GROUP_P2], tl.float32)
@@ -288,11 +318,13 @@ def _extend_kernel(
                 v,
                 k_pow,
                 v_pow,
+                q_pow,
                 all_rows[:, None],
                 scale_log2,
                 False,
                 IEEE,
                 KV_FP8,
+                False,
             )
         for n0 in range(diagonal, last + 1, BLOCK_N):
             keys = n0 + offs_n
@@ -305,7 +337,21 @@ def _extend_kernel(
             )  # fmt: skip
             visible = n_mask[None, :] & (keys[None, :] <= prefix + offs_m[:, None])
             acc, l_i, m_i = _softmax_step(
-                acc, l_i, m_i, q, k, v, k_pow, v_pow, visible, scale_log2, True, IEEE, KV_FP8
+                acc,
+                l_i,
+                m_i,
+                q,
+                k,
+                v,
+                k_pow,
+                v_pow,
+                q_pow,
+                visible,
+                scale_log2,
+                True,
+                IEEE,
+                KV_FP8,
+                False,
             )
     else:
         # 1. The cached prefix, through the table: full tiles unmasked, then the partial one.
@@ -321,16 +367,18 @@ def _extend_kernel(
                 acc,
                 l_i,
                 m_i,
-                q,
+                q_prefix,
                 k,
                 v,
                 k_pow,
                 v_pow,
+                q_pow,
                 all_rows[:, None],
                 scale_log2,
                 False,
                 IEEE,
                 KV_FP8,
+                PREFIX_F16,
             )
         if prefix_full < prefix:
             n_mask = prefix_full + offs_n < prefix
@@ -344,16 +392,18 @@ def _extend_kernel(
                 acc,
                 l_i,
                 m_i,
-                q,
+                q_prefix,
                 k,
                 v,
                 k_pow,
                 v_pow,
+                q_pow,
                 n_mask[None, :],
                 scale_log2,
                 True,
                 IEEE,
                 KV_FP8,
+                PREFIX_F16,
             )
 
         # 2.-3. The new tokens j = 0 .. the block's last: off-diagonal tiles unmasked, then the
@@ -386,11 +436,13 @@ def _extend_kernel(
                 v,
                 k_pow,
                 v_pow,
+                q_pow,
                 all_rows[:, None],
                 scale_log2,
                 False,
                 IEEE,
                 NEW_FP8,
+                False,
             )
         for n0 in range(diagonal, key_end, BLOCK_N):
             offs_j = n0 + offs_n  # [N] index among the new tokens
@@ -405,7 +457,21 @@ def _extend_kernel(
             )  # fmt: skip
             visible = n_mask[None, :] & (offs_j[None, :] <= offs_m[:, None])
             acc, l_i, m_i = _softmax_step(
-                acc, l_i, m_i, q, k, v, k_pow, v_pow, visible, scale_log2, True, IEEE, NEW_FP8
+                acc,
+                l_i,
+                m_i,
+                q,
+                k,
+                v,
+                k_pow,
+                v_pow,
+                q_pow,
+                visible,
+                scale_log2,
+                True,
+                IEEE,
+                NEW_FP8,
+                False,
             )
 
     out = acc / l_i[:, None]
@@ -430,6 +496,7 @@ def extend_attention(
     new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     config: ExtendConfig | None = None,
     absolute_tiles: bool = False,
+    fp16_prefix: bool | None = None,
 ) -> torch.Tensor:
     """q/out [T, Hq, D]; k_buf/v_buf [num_slots, Hkv, D]; per-sequence int tensors [B]
     (`q_start[b]`: sequence b's first row of q); `max_extend` bounds extend_lens.
@@ -443,7 +510,14 @@ def extend_attention(
     positions, every key read through the table (`new_kv` unused), so a token's output
     bits depend on its position and its keys only, never on where its chunk or cached
     prefix starts: a decode row (prefix = its position, extend 1) gets the bits it would
-    get as a row of any prefill."""
+    get as a row of any prefill.
+
+    `fp16_prefix` (an FP8 pool, 16-bit queries, not `absolute_tiles`): the cached prefix's
+    e4m3 tiles go to the matrix unit as fp16, one conversion per two values, beside a
+    query shifted into fp16's range per row (`_softmax_step`'s F16); the new tokens keep
+    the query's dtype. None: `FP8_PREFIX_F16_SWITCH` ("1") for bfloat16 queries. Off by
+    default until the GPU shows what it saves: the decode kernel over an FP8 pool was
+    conversion-bound at bf16 (1.2x a bf16 pool's time) and not at fp16."""
     t, hq, d = q.shape
     hkv = k_buf.shape[1]
     b = req_rows.shape[0]
@@ -465,6 +539,11 @@ def extend_attention(
         assert k_new.stride(2) == v_new.stride(2) == 1
     if t == 0 or b == 0:
         return out
+    if fp16_prefix is None:
+        fp16_prefix = os.environ.get(FP8_PREFIX_F16_SWITCH, "0") == "1"
+        fp16_prefix = fp16_prefix and scales is not None and q.dtype == torch.bfloat16
+    if fp16_prefix and (scales is None or absolute_tiles or q.dtype == torch.float32):
+        raise ValueError("fp16_prefix needs an FP8 pool, 16-bit queries and no absolute_tiles")
     cfg = config or extend_config(max_extend, d)
     group = hq // hkv
     group_p2 = triton.next_power_of_2(group)
@@ -515,6 +594,7 @@ def extend_attention(
         NEW_CONTIG=new_kv is not None,
         NEW_FP8=scales is not None and new_kv is None,
         ABS_TILES=absolute_tiles,
+        PREFIX_F16=bool(fp16_prefix),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
