@@ -39,7 +39,8 @@ from radixmesh.worker.attention.kernels import decode_fp8_cuda
 from radixmesh.worker.attention.kernels.decode_fp8_mma import decode_split_fp8_mma
 from radixmesh.worker.attention.kernels.decode_split import key_range, split_range
 from radixmesh.worker.attention.kernels.extend_attention import extend_attention_ref
-from radixmesh.worker.attention.kernels.kv_store import ceil_log2, floor_log2, pow2
+from radixmesh.worker.attention.kernels.fp16_shift import rows_to_fp16, weights_to_fp16_range
+from radixmesh.worker.attention.kernels.kv_store import pow2
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -129,9 +130,8 @@ def _shift_q(q, scale_log2, BLOCK_R: tl.constexpr, F16: tl.constexpr):
     exactly, the shift undone on the scores."""
     q_scale = tl.full([BLOCK_R], scale_log2, tl.float32)
     if F16:
-        e_q = tl.minimum(ceil_log2(tl.max(tl.abs(q.to(tl.float32)), 1) / 16384.0), 126)
-        q = (q.to(tl.float32) * pow2(-e_q)[:, None]).to(tl.float16)
-        q_scale = q_scale * pow2(e_q)
+        q, q_pow = rows_to_fp16(q)
+        q_scale = q_scale * q_pow
     return q, q_scale
 
 
@@ -194,8 +194,7 @@ def _attend(
             v = v.to(mma_dtype)
             p = p * pow2(v_exp)[None, :]
         if F16:  # each row's weights shifted into [1, 2) at the top: no fp16 subnormals
-            e_w = floor_log2(tl.max(p, 1))
-            p = p * pow2(tl.minimum(tl.maximum(-e_w, -126), 127))[:, None]
+            p, e_w = weights_to_fp16_range(p)
         if IEEE:  # noqa: SIM108
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:

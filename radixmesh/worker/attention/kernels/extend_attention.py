@@ -61,9 +61,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixmesh.worker.attention.kernels.fp16_shift import rows_to_fp16, weights_to_fp16_range
 from radixmesh.worker.attention.kernels.kv_store import (
-    ceil_log2,
-    floor_log2,
     pow2,
     writes_back_exactly,
 )
@@ -192,8 +191,7 @@ def _softmax_step(
     acc = acc * alpha[:, None]
     if F16:  # each row's weights (with the values' 2^e) shifted into [1, 2) at the top
         p = p * v_pow[None, :]
-        e_w = floor_log2(tl.max(p, 1))
-        p = p * pow2(tl.minimum(tl.maximum(-e_w, -126), 127))[:, None]
+        p, e_w = weights_to_fp16_range(p)
         pv = tl.dot(p.to(tl.float16), v.to(tl.float16))
         return acc + pv * pow2(e_w)[:, None], l_i, m_new
     if KV_FP8 and q.dtype == tl.float16:  # p 2^e would fall into fp16's subnormals
@@ -280,9 +278,7 @@ def _extend_kernel(
     q_ptrs = Q + (start + offs_m)[:, None] * stride_qt + h[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
     if PREFIX_F16:  # for the FP8 prefix's tiles: each row shifted into fp16's range, exactly
-        e_q = tl.minimum(ceil_log2(tl.max(tl.abs(q.to(tl.float32)), 1) / 16384.0), 126)
-        q_prefix = (q.to(tl.float32) * pow2(-e_q)[:, None]).to(tl.float16)
-        q_pow = pow2(e_q)
+        q_prefix, q_pow = rows_to_fp16(q)
     else:
         q_prefix = q
         q_pow = tl.zeros([BLOCK_M * GROUP_P2], tl.float32)
