@@ -43,8 +43,8 @@
 #             context stops one file, not the rest): the GEMM table and the tensor-wise
 #             epilogue, the CUDA small-batch GEMM, the fused quantization (equal bits),
 #             the extend kernel over an FP8 pool with the new tokens written back (equal
-#             bits); then bench.fp8_gemm (every path at 1-256 rows), bench.fp8_gemm --table
-#             (the engine's table for Llama-3-8B's shapes), bench.fused_ops --fp8-quant and
+#             bits), and the shared-prefix decode's (the files in parallel); then
+#             bench.fp8_gemm (every path at 1-256 rows), bench.fp8_gemm --table (the engine's table for Llama-3-8B's shapes), bench.fused_ops --fp8-quant and
 #             bench.attention_kernels' extend timings (FP8 written back vs the table), again
 #             with RADIXMESH_FP8_EXTEND_F16=1 (the cached FP8 prefix's tiles as fp16)
 #   shared    the shared-prefix decode (kernels/decode_shared.py): its GPU tests, then
@@ -176,9 +176,12 @@ if part fp8checks; then
       tests/worker/layers/kernels/test_fp8_gemv_cuda.py \
       tests/worker/layers/kernels/test_fused_fp8_quant.py \
       tests/worker/layers/quantization/test_fp8_fused_quant.py \
-      tests/worker/attention/test_extend_paths.py tests/worker/attention/test_triton_backend.py; do
-    run "gpu-$(basename "$t" .py)" "$PWD" 200 -m pytest -q -p no:cacheprovider "$t"
+      tests/worker/attention/test_extend_paths.py tests/worker/attention/test_triton_backend.py \
+      tests/worker/attention/test_decode_shared.py; do
+    # In parallel: the files are independent and mostly compile Triton kernels (CPU work).
+    run "gpu-$(basename "$t" .py)" "$PWD" 200 -m pytest -q -p no:cacheprovider "$t" &
   done
+  wait
   run fp8_gemm "$PWD" 150 -m bench.fp8_gemm --rows 1,4,8,16,64,256 \
     --out "$OUT/fp8_gemm-$MACHINE.json"
   run fp8_gemm_table "$PWD" 240 -m bench.fp8_gemm --table --out "$OUT/fp8_gemm-table-$MACHINE.json"
@@ -192,7 +195,7 @@ if part fp8checks; then
   unset RADIXMESH_FP8_EXTEND_F16
 fi
 if part shared; then
-  run gpu-test_decode_shared "$PWD" 200 -m pytest -q -p no:cacheprovider \
+  part fp8checks || run gpu-test_decode_shared "$PWD" 200 -m pytest -q -p no:cacheprovider \
     tests/worker/attention/test_decode_shared.py tests/worker/attention/test_triton_backend.py
   run attention_backends_shared "$PWD" 300 -m bench.attention_backends \
     --backends triton,triton-shared --out "$OUT/attention_backends-shared-$MACHINE.json"
