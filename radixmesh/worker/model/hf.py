@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.worker.layers.quantization.fp8_static import check_input_scale
 from radixmesh.worker.layers.weights import LazySlice, Loaded
 from radixmesh.worker.model.arch import LlamaArchConfig
 
@@ -25,7 +26,9 @@ _SAFETENSORS_FP8 = "F8_E4M3"
 _SCALE = ".weight_scale"
 # Block-scaled FP8 checkpoints name their scales so (they multiply, despite the name).
 _SCALE_INV = ".weight_scale_inv"
-_UNUSED_SCALES = (".input_scale", ".output_scale", ".k_scale", ".v_scale", ".kv_scale")
+# Static activation scales: loaded where activation_scheme is "static", else read past.
+_INPUT_SCALE = ".input_scale"
+_UNUSED_SCALES = (".output_scale", ".k_scale", ".v_scale", ".kv_scale")
 
 
 def read_arch_config(model_dir: str | Path) -> LlamaArchConfig:
@@ -57,13 +60,16 @@ def check_supported(cfg: dict[str, Any], where: str | Path) -> None:
 
 def checkpoint_quantization(cfg: dict[str, Any], where: str | Path) -> str | None:
     """The quantization a checkpoint's weights are stored in: None, "fp8-channel" (a
-    weight_scale per tensor or per output channel) or "fp8-128x128" / "fp8-1x128"
+    weight_scale per tensor or per output channel), "fp8-static" (the same, with
+    activation_scheme "static": an input_scale per linear layer, used as its activations'
+    scale, layers/quantization/fp8_static.py) or "fp8-128x128" / "fp8-1x128"
     (`weight_block_size` [128, 128] or [1, 128]: `weight_scale_inv` per block).
 
-    Static activation scales (activation_scheme "static": input_scale tensors) and KV
-    scales are not used: activations are quantized per token and the FP8 KV cache keeps
-    its own scales. Other block sizes are rejected: every kernel reads scales per 128
-    input columns."""
+    With activation_scheme "dynamic" (or none) input_scale tensors are read past and
+    activations are quantized per token. KV scales are never used: the FP8 KV cache keeps
+    its own. Rejected: static scales beside block scales (the block-scaled layers have no
+    use for them), and other block sizes (every kernel reads scales per 128 input
+    columns)."""
     qc = cfg.get("quantization_config")
     if not qc:
         return None
@@ -75,8 +81,13 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str | Path) -> str | Non
             "(supported: 'fp8')",
         )
     block = qc.get("weight_block_size")
+    if block and static_activation_scales(cfg):
+        raise InvalidArgument(
+            "model",
+            f"{where}: FP8 activation_scheme 'static' with weight_block_size is not supported",
+        )
     if not block:
-        return "fp8-channel"
+        return "fp8-static" if static_activation_scales(cfg) else "fp8-channel"
     if list(block) not in ([128, 128], [1, 128]):
         raise InvalidArgument(
             "model",
@@ -84,6 +95,16 @@ def checkpoint_quantization(cfg: dict[str, Any], where: str | Path) -> str | Non
             "(supported: [128, 128], [1, 128])",
         )
     return f"fp8-{block[0]}x{block[1]}"
+
+
+def static_activation_scales(cfg: dict[str, Any]) -> bool:
+    """Whether an FP8 checkpoint's config says its input_scale tensors are to be used."""
+    qc = cfg.get("quantization_config")
+    return (
+        isinstance(qc, dict)
+        and qc.get("quant_method") == "fp8"
+        and qc.get("activation_scheme") == "static"
+    )
 
 
 def read_quantization(model_dir: str | Path) -> str | None:
@@ -117,13 +138,23 @@ def iter_hf_weights(
     and their float32 scales keep their own dtypes.
 
     sliced=True (tensor parallelism): `LazySlice`s instead, so each rank reads only the
-    rows or columns its layers keep; valid until the next item is requested."""
+    rows or columns its layers keep; valid until the next item is requested.
+
+    Static activation scales (`static_activation_scales`): every input_scale is checked
+    as it comes and every FP8 weight must have one; either fault is an InvalidArgument
+    naming the tensor (the last one raised once every file was read)."""
+    static = static_activation_scales(_read_json(Path(model_dir) / "config.json"))
+    fp8_weights: list[str] = []
+    input_scales: set[str] = set()
     for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 -- safe_open handles are not iterable
-                if _skip(name, arch):
+                if _skip(name, arch, static):
                     continue
-                if name.endswith(_SCALE_INV):  # the same role: the layer's weight_scale
+                if name.endswith(_INPUT_SCALE):
+                    input_scales.add(name)
+                    yield name, _input_scale(model_dir, name, f.get_tensor(name), device)
+                elif name.endswith(_SCALE_INV):  # the same role: the layer's weight_scale
                     scale = f.get_tensor(name).to(device=device, dtype=torch.float32)
                     yield name.removesuffix("_inv"), scale
                 elif name.endswith(_SCALE):  # tiny, and never narrowed to a model dtype
@@ -131,22 +162,56 @@ def iter_hf_weights(
                 elif sliced:
                     part = f.get_slice(name)
                     fp8 = part.get_dtype() == _SAFETENSORS_FP8
+                    fp8_weights += [name] if fp8 else []
                     load_dtype = FP8 if fp8 else dtype
                     yield name, LazySlice(part, dtype=load_dtype, device=device)
                 else:
                     tensor = f.get_tensor(name)
+                    fp8_weights += [name] if tensor.dtype == FP8 else []
                     load_dtype = FP8 if tensor.dtype == FP8 else dtype
                     yield name, tensor.to(device=device, dtype=load_dtype)
+    if static:
+        _check_input_scales_present(model_dir, fp8_weights, input_scales)
 
 
-def _skip(name: str, arch: LlamaArchConfig) -> bool:
+def _skip(name: str, arch: LlamaArchConfig, static: bool) -> bool:
     # Old checkpoints store rotary inverse frequencies (recomputed by the model), and some
-    # store lm_head even when it is tied to the embedding. FP8 checkpoints may carry
-    # static activation and KV scales, which this engine does not use (see
-    # checkpoint_quantization).
+    # store lm_head even when it is tied to the embedding. FP8 checkpoints may carry KV
+    # scales, which this engine does not use, and activation scales, used only where the
+    # checkpoint says they are static (see checkpoint_quantization).
     if name.endswith(("rotary_emb.inv_freq", *_UNUSED_SCALES)):
         return True
+    if name.endswith(_INPUT_SCALE):
+        return not static
     return arch.tie_word_embeddings and name == "lm_head.weight"
+
+
+def _input_scale(
+    model_dir: str | Path, name: str, tensor: torch.Tensor, device: torch.device | str
+) -> torch.Tensor:
+    """A static input_scale as float32 [] on `device`, or an InvalidArgument naming it."""
+    try:
+        return check_input_scale(tensor).to(device)
+    except ValueError as e:
+        raise InvalidArgument("model", f"{model_dir}: {name}: {e}") from None
+
+
+def _check_input_scales_present(
+    model_dir: str | Path, fp8_weights: list[str], input_scales: set[str]
+) -> None:
+    """Every FP8 weight of a static checkpoint has its input_scale (layers the checkpoint
+    keeps in full precision need none: they are quantized at load, per token)."""
+    wanted = [w.removesuffix(".weight") + _INPUT_SCALE for w in fp8_weights]
+    missing = [name for name in wanted if name not in input_scales]
+    if missing:
+        shown = ", ".join(missing[:4]) + (
+            f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        )
+        raise InvalidArgument(
+            "model",
+            f"{model_dir}: activation_scheme is 'static' but {shown} "
+            + ("is missing" if len(missing) == 1 else "are missing"),
+        )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -19,12 +19,14 @@ from radixmesh.worker.layers.quantization.base import LinearMethod
 
 # name -> "module:factory", the factory called with the name. The fp8 names differ only in
 # how full-precision weights are quantized at load (fp8.py; "fp8" is the measured default).
+# "fp8-static" is what an FP8 checkpoint with static activation scales loads as (fp8_static.py).
 _FP8 = "radixmesh.worker.layers.quantization.fp8:method_for"
 _METHODS: dict[str, str] = {
     "fp8": _FP8,
     "fp8-channel": _FP8,
     "fp8-1x128": _FP8,
     "fp8-128x128": _FP8,
+    "fp8-static": "radixmesh.worker.layers.quantization.fp8_static:method_for",
 }
 
 
@@ -68,8 +70,9 @@ def dequantize_linears(model: nn.Module, dtype: torch.dtype) -> int:
         if method is not None:
             weight = method.dequantized_weight(layer, dtype)
             layer.linear_method = None
+            # A static input scale goes too: dequantized layers run unquantized activations.
             for name in [n for n, _ in layer.named_parameters(recurse=False)]:
-                if name.startswith("weight_"):
+                if name.startswith("weight_") or name == "input_scale":
                     delattr(layer, name)
             layer.weight = nn.Parameter(weight, requires_grad=False)
             count += 1

@@ -64,7 +64,13 @@ def load(param: nn.Parameter, full: torch.Tensor, shard_id: ShardId = None) -> N
 
 
 def test_registry_names_fp8() -> None:
-    assert quantization_methods() == ["fp8", "fp8-128x128", "fp8-1x128", "fp8-channel"]
+    assert quantization_methods() == [
+        "fp8",
+        "fp8-128x128",
+        "fp8-1x128",
+        "fp8-channel",
+        "fp8-static",
+    ]
     assert linear_method("fp8").layout == "channel"  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="quantization"):
         linear_method("int3")
