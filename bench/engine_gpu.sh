@@ -47,6 +47,8 @@
 #             bench.fp8_gemm (every path at 1-256 rows), bench.fp8_gemm --table (the engine's table for Llama-3-8B's shapes), bench.fused_ops --fp8-quant and
 #             bench.attention_kernels' extend timings (FP8 written back vs the table), again
 #             with RADIXMESH_FP8_EXTEND_F16=1 (the cached FP8 prefix's tiles as fp16)
+#   fp8tests  fp8checks' tests alone (with the static activation scales'); fp8bench its
+#             benchmarks alone
 #   shared    the shared-prefix decode (kernels/decode_shared.py): its GPU tests, then
 #             bench.attention_backends --backends triton,triton-shared (flat against
 #             shared on the shared shapes, one layer's call), then bench.step_anatomy
@@ -170,20 +172,21 @@ if part fp8cudae2e; then
     --out "$OUT/tp-fp8-$MACHINE.json"
   unset RADIXMESH_FP8_DECODE
 fi
-if part fp8checks; then
+if part fp8checks || part fp8tests; then
   for t in tests/worker/layers/quantization/test_fp8_gemm_choice.py \
       tests/worker/layers/kernels/test_fp8_epilogue.py \
       tests/worker/layers/kernels/test_fp8_gemv_cuda.py \
       tests/worker/layers/kernels/test_fused_fp8_quant.py \
       tests/worker/layers/quantization/test_fp8_fused_quant.py \
+      tests/worker/layers/quantization/test_fp8_static.py \
       tests/worker/attention/test_extend_paths.py tests/worker/attention/test_triton_backend.py \
       tests/worker/attention/test_decode_shared.py; do
     # In parallel: the files are independent and mostly compile Triton kernels (CPU work).
     run "gpu-$(basename "$t" .py)" "$PWD" 200 -m pytest -q -p no:cacheprovider "$t" &
   done
   wait
-  run fp8_gemm "$PWD" 150 -m bench.fp8_gemm --rows 1,4,8,16,64,256 \
-    --out "$OUT/fp8_gemm-$MACHINE.json"
+fi
+if part fp8checks || part fp8bench; then
   run fp8_gemm_table "$PWD" 240 -m bench.fp8_gemm --table --out "$OUT/fp8_gemm-table-$MACHINE.json"
   run fused_ops_fp8 "$PWD" 120 -m bench.fused_ops --fp8-quant \
     --out "$OUT/fused_ops-fp8quant-$MACHINE.json"
@@ -193,9 +196,11 @@ if part fp8checks; then
   run attention_kernels_fp8f16 "$PWD" 240 -m bench.attention_kernels --skip-sweep \
     --skip-engine --out "$OUT/attention_kernels-fp8-prefix-f16-$MACHINE.json"
   unset RADIXMESH_FP8_EXTEND_F16
+  run fp8_gemm "$PWD" 150 -m bench.fp8_gemm --rows 1,4,8,16,64,256 \
+    --out "$OUT/fp8_gemm-$MACHINE.json"
 fi
 if part shared; then
-  part fp8checks || run gpu-test_decode_shared "$PWD" 200 -m pytest -q -p no:cacheprovider \
+  part fp8checks || part fp8tests || run gpu-test_decode_shared "$PWD" 200 -m pytest -q -p no:cacheprovider \
     tests/worker/attention/test_decode_shared.py tests/worker/attention/test_triton_backend.py
   run attention_backends_shared "$PWD" 300 -m bench.attention_backends \
     --backends triton,triton-shared --out "$OUT/attention_backends-shared-$MACHINE.json"
