@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import random
 import time
 from typing import Any
@@ -54,7 +55,7 @@ from radixmesh.worker.attention.kernels.extend_attention import (
     extend_config,
 )
 from radixmesh.worker.attention.kernels.kv_store import kv_store, kv_store_ref
-from radixmesh.worker.attention.triton_backend import choose_num_splits
+from radixmesh.worker.attention.triton_backend import MAX_SPLITS, choose_num_splits
 from radixmesh.worker.kvcache.fp8_kv import dequantize_kv, quantize_kv
 
 HQ, HKV, D = 32, 8, 128
@@ -418,24 +419,30 @@ def sweep_decode(
         grid = [default, FP8_MMA_CONFIG, *FP8_CUDA_GRID] if fp8 else [default]
     else:
         grid = [default, *FP8_MMA_GRID, *FP8_CUDA_GRID] if fp8 else DECODE_GRID
-    splits = choose_num_splits(batch, HKV, ctx, sms)
+    chosen = choose_num_splits(batch, HKV, ctx, sms)
+    # Quick: each launch also at half and twice the backend's split count (its rule counts
+    # programs, not how fast a path reads a key: a faster path may want fewer, longer splits).
+    options = (
+        sorted({max(1, chosen // 2), chosen, min(2 * chosen, MAX_SPLITS)}) if quick else [chosen]
+    )
     q = torch.randn(batch, HQ, D, device=DEV, dtype=DTYPE)
     rows_t, lens = ints(c["rows"]), ints([ctx] * batch)
-    ws = decode_workspace(batch, HQ, D, splits, q.device)
+    ws = decode_workspace(batch, HQ, D, max(options), q.device)
     n = min(batch, 8)
     ref = decode_attention_ref(
         q[:n], c["ref_k"], c["ref_v"], c["table"], c["rows"][:n], [ctx] * n, D**-0.5
     )
     kv_bytes = 2 * batch * ctx * HKV * (D + 1 if fp8 else 2 * D)  # an FP8 pool's exponents too
     rows: list[dict[str, Any]] = []
-    for cfg in grid:
+    for cfg, splits in itertools.product(grid, options):
         out = torch.full_like(q, float("nan"))
         run = functools.partial(
             decode_attention, q, c["k"], c["v"], out, c["table"], rows_t, lens, D**-0.5,
             splits, ws, scales=c["scales"], config=cfg,
         )  # fmt: skip
         row: dict[str, Any] = {
-            "batch": batch, "context": ctx, "fp8": fp8, "splits": splits, **cfg.__dict__
+            "batch": batch, "context": ctx, "fp8": fp8, "splits": splits,
+            "backend_splits": chosen, **cfg.__dict__,
         }  # fmt: skip
         try:
             run()
@@ -477,17 +484,22 @@ def decode_sweep(args: argparse.Namespace) -> None:
     )
     bad = [r for r in rows if "rel_err" in r and not r["rel_err"] < 5e-2]
     print(f"copy {copy / 1e12:.2f} TB/s; launches off the reference (rel err >= 5e-2): {len(bad)}")
-    print("batch x ctx | path | best launch | us | TB/s | rel err | time / bf16 default")
+    print(
+        "batch x ctx | path | best launch | us | TB/s | rel err | time / bf16 default (its splits)"
+    )
     default = decode_config(D, DTYPE.itemsize, max_shared_memory(torch.device(DEV))).__dict__
     for batch, ctx in DECODE_SHAPES:
         shape = [r for r in rows if (r["batch"], r["context"]) == (batch, ctx) and "ms" in r]
-        base = next(r for r in shape if not r["fp8"] and r.items() >= default.items())
+        base = next(
+            r for r in shape
+            if not r["fp8"] and r.items() >= default.items() and r["splits"] == r["backend_splits"]
+        )  # fmt: skip
         for path_name, keep in decode_paths():
             ok = sorted((r for r in shape if keep(r)), key=lambda r: r["ms"])
             if not ok:
                 continue
             r = ok[0]
-            launch = (r["block_n"], r["num_warps"], r["num_stages"])
+            launch = (r["block_n"], r["num_warps"], r["num_stages"], f"splits {r['splits']}")
             ratio = r["ms"] / base["ms"]
             print(f"{batch} x {ctx} | {path_name} | {launch} | {r['ms'] * 1e3:.1f} | "
                   f"{r['tb_per_s']:.2f} | {r['rel_err']:.1e} | {ratio:.2f}")  # fmt: skip

@@ -3,7 +3,8 @@
 `python -m bench.fp8_decode_launch bench/results/attention_decode_quick-h200.json` prints
 `cuda:W,K,S,B` (kernels/decode_fp8_cuda.py's LAUNCHES): the launch with the least geometric
 mean time over the sweep's shapes of batch >= 64, where its time is the kernel's (batch 1
-is bound by launch latency). bench/engine_gpu.sh's fp8cudae2e part runs the engine with it.
+is bound by launch latency), at the backend's split count (the engine's).
+bench/engine_gpu.sh's fp8cudae2e part runs the engine with it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 def best_launch(rows: list[dict[str, Any]]) -> tuple[int, int, int, int]:
     times: dict[tuple[int, int, int, int], list[float]] = {}
     for r in rows:
-        if r.get("cuda") and "ms" in r and r["batch"] >= 64:
+        at_backend_splits = r["splits"] == r.get("backend_splits", r["splits"])
+        if r.get("cuda") and "ms" in r and r["batch"] >= 64 and at_backend_splits:
             key = (r["num_warps"], r["block_n"], r["num_stages"], r["min_blocks"])
             times.setdefault(key, []).append(r["ms"])
     if not times:
