@@ -63,7 +63,19 @@ def check_input_scale(loaded: torch.Tensor) -> torch.Tensor:
 
 def quantize_static(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [T, in] -> e4m3 [T, in]: clamp(x / scale, -448, 448), divided in float32 (IEEE
-    division on every device, so the CPU rounds as the GPU does)."""
+    division on every device, so the CPU rounds as the GPU does). One kernel on CUDA
+    (layers/kernels/fp8_quant.py's `static_fp8`, the same bits), else PyTorch."""
+    from radixmesh.worker.layers import kernels
+
+    if kernels.enabled(x) and x.stride(-1) == 1:
+        from radixmesh.worker.layers.kernels.fp8_quant import static_fp8
+
+        return static_fp8(x, scale)
+    return quantize_static_ref(x, scale)
+
+
+def quantize_static_ref(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`quantize_static` in PyTorch (float32 temporaries of x's size)."""
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
@@ -76,7 +88,7 @@ def static_linear_ref(
 ) -> torch.Tensor:
     """The reference and the CPU path: x quantized with `scale` [] and dequantized in x's
     dtype, then fp8.py's dequantize-then-matmul with q [out, in] and weight_scale [out]."""
-    x_deq = (quantize_static(x, scale).float() * scale).to(x.dtype)  # [T, in]
+    x_deq = (quantize_static_ref(x, scale).float() * scale).to(x.dtype)  # [T, in]
     return fp8_linear_ref(x_deq, q, weight_scale, bias)
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixmesh.worker.layers.kernels.fp8_quant import per_token_fp8
+from radixmesh.worker.layers.kernels.fp8_quant import per_token_fp8, static_fp8
 from radixmesh.worker.layers.quantization.fp8 import quantize_rows
+from radixmesh.worker.layers.quantization.fp8_static import quantize_static_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -41,3 +42,32 @@ def test_every_e4m3_rounding_case() -> None:
 def test_empty_batch() -> None:
     q, scale = per_token_fp8(torch.empty(0, 64, device=DEVICE))
     assert q.shape == (0, 64) and scale.shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [16, 576, 2500])  # one block, several, a ragged tail
+def test_static_bits_equal_the_reference(dtype: torch.dtype, k: int) -> None:
+    gen = torch.Generator().manual_seed(k)
+    x = (torch.randn(5, k, generator=gen) * torch.logspace(-3, 2, 5)[:, None]).to(DEVICE, dtype)
+    x[2, 3], x[4, 5] = 1e5, -1e5  # past 448 scales: saturated, not NaN
+    scale = torch.tensor(0.0371, device=DEVICE)
+    q = static_fp8(x, scale)
+    ref = quantize_static_ref(x, scale)
+    assert torch.equal(q.view(torch.uint8), ref.view(torch.uint8))
+    assert float(q[2, 3]) == 448.0 and float(q[4, 5]) == -448.0
+
+
+def test_static_every_e4m3_rounding_case() -> None:
+    values = torch.tensor(
+        [448.0, 31.5, 15.5, 17.0, 18.0, 19.0, 0.0146484375, 0.0068359375, 2.0**-10, -3.0 * 2**-9]
+    )
+    row = torch.cat([values, -values]).to(DEVICE)[None, :] * 0.5  # the scale's division: exact
+    q = static_fp8(row, torch.tensor(0.5, device=DEVICE))
+    assert torch.equal(q.view(torch.uint8), (row * 2).to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def test_static_empty_batch_and_a_scale_of_one_value() -> None:
+    one = torch.tensor(1.0, device=DEVICE)
+    assert static_fp8(torch.empty(0, 64, device=DEVICE), one).shape == (0, 64)
+    with pytest.raises(AssertionError):
+        static_fp8(torch.ones(2, 64, device=DEVICE), torch.ones(2, device=DEVICE))
