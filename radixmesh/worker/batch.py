@@ -122,6 +122,9 @@ class ForwardOutput:
     hidden: list[PooledRows | None] = field(default_factory=list)
     # Drafting rows' outcomes, read on the host in the forward (None for the others).
     verified: list[Verified | None] = field(default_factory=list)
+    # speculative='eagle': the final hidden rows [n, hidden] of each item that may draft,
+    # a copy on the device (empty list when no drafter reads them).
+    features: list[torch.Tensor | None] = field(default_factory=list)
 
     @classmethod
     def empty(cls, num_items: int) -> ForwardOutput:

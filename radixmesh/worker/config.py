@@ -30,7 +30,7 @@ KV_CACHE_DTYPES = ("auto", "fp8")
 # When the host-memory tier copies a node out of the device (docs/kv-cache.md).
 HOST_KV_WRITE_POLICIES = ("write_through", "write_back")
 # Where speculative decoding's drafts come from (radixmesh/worker/speculative/).
-SPECULATIVE_METHODS = ("off", "ngram", "radix", "draft")
+SPECULATIVE_METHODS = ("off", "ngram", "radix", "draft", "eagle")
 
 
 @dataclass(frozen=True)
@@ -450,7 +450,8 @@ class SpeculativeConfig:
     """Where drafts come from: off; ngram (the request's own prompt and output: the text
     after the latest earlier occurrence of its last few tokens); radix (the radix tree:
     what earlier requests generated after the same text, else ngram); draft (a smaller
-    model with the same tokenizer, `speculative_draft_model`, run beside the target)."""
+    model with the same tokenizer, `speculative_draft_model`, run beside the target);
+    eagle (an EAGLE head over the target's own features, `speculative_draft_model`)."""
     speculative_tokens: int = 4
     """Draft tokens a request verifies per step (k; the step computes 1 + k tokens)."""
     speculative_max_batch_size: int = 16
@@ -463,7 +464,8 @@ class SpeculativeConfig:
     """The shortest suffix the ngram drafter looks up."""
     speculative_draft_model: str | None = None
     """The draft model for speculative='draft' (a name or path as for `model`): its
-    vocabulary must be the target's. It runs on the same device with a KV pool of its own."""
+    vocabulary must be the target's. It runs on the same device with a KV pool of its own.
+    For speculative='eagle': the EAGLE head's directory (config.json, *.safetensors)."""
     speculative_draft_kv_tokens: int = 65536
     """KV slots of the draft model's pool (its radix cache keeps each request's sequence
     between steps, so a step computes only the tokens added since the last)."""
@@ -484,8 +486,10 @@ class SpeculativeConfig:
             raise InvalidArgument(
                 "speculative_ngram_min", "must be >= 1 and <= speculative_ngram_max"
             )
-        if self.speculative == "draft" and not self.speculative_draft_model:
-            raise InvalidArgument("speculative_draft_model", "needed with speculative='draft'")
+        if self.speculative in ("draft", "eagle") and not self.speculative_draft_model:
+            raise InvalidArgument(
+                "speculative_draft_model", f"needed with speculative={self.speculative!r}"
+            )
         if self.speculative_draft_kv_tokens < 64:
             raise InvalidArgument("speculative_draft_kv_tokens", "must be >= 64")
         if not 0.0 <= self.speculative_min_accept_rate <= 1.0:

@@ -76,14 +76,18 @@ class ModelRunner:
         decode_shaped_max_rows: int = 0,
         decode_shaped_forced: bool = True,
         decode_shaped_prompt_reads: int = 0,
+        keep_features: bool = False,
     ) -> None:
         """`decode_graphs`: captured on CUDA with a capture-safe backend (cuda_graph.py).
         Up to `decode_shaped_max_rows` tokens (the worker gives the largest graph), a step
         whose multi-token rows are jump-forward's forced tokens (with
         `decode_shaped_forced`) or short prompt chunks (within `decode_shaped_prompt_reads`)
         runs as one decode row per token; see `_decode_shaped`. 0: never. The three stay
-        switches a caller may flip between steps (ablations)."""
+        switches a caller may flip between steps (ablations). `keep_features`
+        (speculative='eagle'): each step hands back the final hidden rows of the requests
+        that may draft (`ForwardOutput.features`); off, no copy is made."""
         self.model = model
+        self.keep_features = keep_features
         self.decode_shaped_max_rows = decode_shaped_max_rows
         self.decode_shaped_forced = decode_shaped_forced
         self.decode_shaped_prompt_reads = decode_shaped_prompt_reads
@@ -123,6 +127,8 @@ class ModelRunner:
             hidden = self.model(fb, self.attn)  # [T, hidden]
         out = ForwardOutput.empty(len(batch.items))
         out.hidden = _pooled(batch.items, hidden)
+        if self.keep_features:
+            out.features = _features(batch.items, hidden)
         if not all_rows:
             return out
         logits = self.model.compute_logits(hidden.index_select(0, index))  # [N, V] fp32
@@ -324,6 +330,29 @@ def _pooled(items: list[ScheduledRequest], hidden: torch.Tensor) -> list[PooledR
                 rows = hidden[offset + lo : offset + hi].float()  # [k, hidden]
                 out[i] = PooledRows(item.start + lo, hi - lo, rows.sum(dim=0))
         offset += n
+    return out
+
+
+def _features(items: list[ScheduledRequest], hidden: torch.Tensor) -> list[torch.Tensor | None]:
+    """Every new row of the items whose request may draft, [n, hidden] each: copies (one
+    gather), since a decode graph's output buffer is overwritten by its next replay. A
+    drafting row's are all 1 + k positions: the scheduler keeps the accepted ones."""
+    out: list[torch.Tensor | None] = [None] * len(items)
+    wanted: list[int] = []
+    index: list[int] = []
+    offset = 0
+    for i, item in enumerate(items):
+        req, n = item.req, item.num_new_tokens
+        if req.params.speculative and req.hidden_pool is None and n:
+            wanted.append(i)
+            index.extend(range(offset, offset + n))
+        offset += n
+    if not wanted:
+        return out
+    at = torch.tensor(index, dtype=torch.int64).to(hidden.device, non_blocking=True)
+    rows = hidden.index_select(0, at).split([items[i].num_new_tokens for i in wanted])
+    for i, r in zip(wanted, rows, strict=True):
+        out[i] = r
     return out
 
 

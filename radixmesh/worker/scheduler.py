@@ -459,10 +459,13 @@ class Scheduler:
                 self.slots.trim(req, req.num_computed_tokens)
                 if self.speculator is not None:
                     self.speculator.record(req, len(item.draft), verified.accepted)
+                    self._observe(req, start, out, i)
                 samples.append(False)
                 continue
             samples.append(start + item.num_new_tokens == len(req.token_ids))
             req.num_computed_tokens = start + item.num_new_tokens
+            if out.features and self.speculator is not None:
+                self._observe(req, start, out, i)
             # Forced output tokens (jump-forward) stay out of the tree, like decoded ones
             # (~2% of a jump-forward step).
             if item.num_new_tokens > 1 and start < req.num_prompt_tokens:
@@ -473,6 +476,14 @@ class Scheduler:
             positions.append(len(ids))
             ids.append(out.tokens.placeholder(j))
         return Launched(batch, out, samples, positions)
+
+    def _observe(self, req: Request, start: int, out: ForwardOutput, i: int) -> None:
+        """The target's features of the positions the request keeps (a drafting row's
+        accepted ones, as its KV slots) to the drafter that reads them (speculative/)."""
+        features = out.features[i] if out.features else None
+        if features is not None and self.speculator is not None:
+            kept = req.num_computed_tokens - start
+            self.speculator.observe(req, start, features[:kept])
 
     def process_output(self, launched: Launched) -> list[Request]:
         """A launched step's results, once its tokens are on the host (this waits for it).

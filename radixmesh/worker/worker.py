@@ -79,7 +79,9 @@ from radixmesh.worker.pool_sizing import (
 )
 from radixmesh.worker.scheduler import Scheduler
 from radixmesh.worker.speculative.draft_model import DraftModelDrafter
-from radixmesh.worker.speculative.registry import create_drafter
+from radixmesh.worker.speculative.eagle import EagleDrafter
+from radixmesh.worker.speculative.eagle_head import EagleHead, load_eagle_head
+from radixmesh.worker.speculative.registry import Drafter, create_drafter
 from radixmesh.worker.speculative.speculator import Speculator
 from radixmesh.worker.tp.follower import run_follower
 from radixmesh.worker.tp.group import rank_device
@@ -115,11 +117,13 @@ class Worker:
         None and, when tp_size > 1, spawns and joins the other ranks itself."""
         self.followers: FollowerRanks | None = None
         self.draft: Worker | None = None  # speculative='draft': the draft model's worker
+        self.eagle_head: EagleHead | None = None  # speculative='eagle'
         self._check_speculative(config)
         try:
             self.load_model(config, tp)
             if self.tp.rank == 0:  # before the pool is sized from what memory is left
                 self.draft = self._build_draft()
+                self.eagle_head = self._build_eagle_head()
             self.build_memory()
             self.build_runner()
             self.build_scheduler()
@@ -224,6 +228,15 @@ class Worker:
         logger.info("speculative draft model: %s", sp.speculative_draft_model)
         return draft
 
+    def _build_eagle_head(self) -> EagleHead | None:
+        """The EAGLE head (speculative='eagle') on the target's device and dtype."""
+        sp = self.config.speculative
+        if sp.speculative != "eagle" or sp.speculative_draft_model is None:
+            return None
+        head = load_eagle_head(sp.speculative_draft_model, self.arch, self.dtype, self.device)
+        logger.info("speculative EAGLE head: %s", sp.speculative_draft_model)
+        return head
+
     @staticmethod
     def _check_speculative(config: EngineConfig) -> None:
         """Speculative decoding's limits, refused by name at start."""
@@ -241,6 +254,9 @@ class Worker:
                 "needs page_size 1 (rejected drafts free single slots), "
                 f"got {config.cache.page_size}",
             )
+        if config.speculative.speculative == "eagle" and config.parallel.tp_size != 1:
+            # The head reads the target's embedding and lm_head, which are sharded then.
+            raise InvalidArgument("speculative", "'eagle' needs tp_size 1")
 
     def _with_batch_defaults(self, config: EngineConfig) -> EngineConfig:
         """`config` with the scheduler's unset batch sizes filled in for this device."""
@@ -488,6 +504,7 @@ class Worker:
             decode_shaped_max_rows=graphs.ladder[-1] if graphs is not None and shaped else 0,
             decode_shaped_forced=gc.jump_forward_decode_rows if graphs is not None else True,
             decode_shaped_prompt_reads=mc.cuda_graph_prefill_reads if graphs is not None else 0,
+            keep_features=self.config.speculative.speculative == "eagle",
         )
 
     def _capture_decode_graphs(self, attn: AttentionBackend) -> DecodeCudaGraphs:
@@ -518,9 +535,11 @@ class Worker:
         speculator = None
         sp = self.config.speculative
         if sp.enabled:
-            model_drafter = None
+            model_drafter: Drafter | None = None
             if self.draft is not None:
                 model_drafter = DraftModelDrafter(self.draft.scheduler, self.draft.context_len)
+            elif self.eagle_head is not None:
+                model_drafter = EagleDrafter(self.eagle_head, self.model)
             drafter = create_drafter(sp, self.cache, model_drafter)
             speculator = Speculator(sp, drafter, self.context_len, self.grammars)
         self.scheduler = Scheduler(

@@ -11,6 +11,9 @@ greedy output is what plain decoding gives, and sampled output has its distribut
 - `ngram.py`: drafts from the request's own prompt and output (prompt lookup).
 - `radix.py`: drafts from the radix tree: what earlier requests generated after the
   same text (then the n-gram drafter).
+- `draft_model.py`: drafts from a smaller model run beside the target.
+- `eagle.py`: drafts from an EAGLE head over the target's own features (`eagle_head.py`:
+  the head's layer and its checkpoint loader).
 - `registry.py`: the drafters by name (`--speculative`).
 - `verify.py`: which drafts a row keeps, from its positions' samples.
 - `speculator.py`: which requests draft in a step, and the adaptive rule that stops a

@@ -1,9 +1,12 @@
-"""The drafters by name: `--speculative ngram|radix` (SpeculativeConfig.speculative)."""
+"""The drafters by name: `--speculative ngram|radix|draft|eagle`
+(SpeculativeConfig.speculative)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
+
+import torch
 
 from radixmesh.worker.config import SpeculativeConfig
 from radixmesh.worker.kvcache.radix_cache import RadixCache
@@ -30,13 +33,22 @@ def propose_all(
     return {req: drafter.propose(req, k) for req, k in wanted}
 
 
+def observe(drafter: Drafter, req: Request, start: int, features: torch.Tensor) -> None:
+    """The target's final hidden rows [n, H] of positions start .. start + n - 1 of `req`,
+    to a drafter that reads them (an EAGLE head); the others ignore them."""
+    take = getattr(drafter, "observe", None)
+    if take is not None:
+        take(req, start, features)
+
+
 def create_drafter(
     config: SpeculativeConfig, cache: RadixCache, draft: Drafter | None = None
 ) -> Drafter:
-    """`draft`: the draft-model drafter the worker built (speculative='draft')."""
-    if config.speculative == "draft":
+    """`draft`: the drafter the worker built around a model (speculative='draft': the
+    draft model's worker; 'eagle': the head over the target's features)."""
+    if config.speculative in ("draft", "eagle"):
         if draft is None:
-            raise ValueError("speculative: 'draft' needs the draft model's drafter")
+            raise ValueError(f"speculative: {config.speculative!r} needs the worker's drafter")
         return draft
     ngram = NgramDrafter(config.speculative_ngram_min, config.speculative_ngram_max)
     if config.speculative == "ngram":

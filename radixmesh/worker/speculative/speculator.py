@@ -16,11 +16,13 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
+import torch
+
 from radixmesh.worker.batch import Draft
 from radixmesh.worker.config import SpeculativeConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.request import Request
-from radixmesh.worker.speculative.registry import Drafter, propose_all
+from radixmesh.worker.speculative.registry import Drafter, observe, propose_all
 
 _EMA = 0.3  # weight of the latest verify step in a request's acceptance average
 _FIRST_REST = 8  # output tokens a request rests the first time its drafts fail
@@ -94,6 +96,11 @@ class Speculator:
             if draft:
                 out[req] = Draft(draft, mask)
         return out
+
+    def observe(self, req: Request, start: int, features: torch.Tensor) -> None:
+        """The target's final hidden rows [n, H] the request kept, from position `start`
+        (for a drafter that reads them: eagle)."""
+        observe(self.drafter, req, start, features)
 
     def record(self, req: Request, drafted: int, accepted: int) -> None:
         """A verify step's outcome for `req`: counters, and its rest when it fails."""

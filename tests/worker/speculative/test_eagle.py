@@ -1,0 +1,190 @@
+"""The EAGLE drafter in the worker (dummy:tiny target, a random head of its shape written
+to disk, float32, CPU): greedy output is plain decoding's whatever the head proposes,
+with plain and drafting requests mixed and an abort, every KV slot accounted for after
+every step; the features the drafter receives are the target's final hidden states of a
+plain forward of the same tokens; nothing is copied when speculation is not eagle."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from radixmesh.worker.batch import Batch, ForwardOutput
+from radixmesh.worker.request import FinishReason, Request
+from radixmesh.worker.speculative.eagle import EagleDrafter
+from radixmesh.worker.worker import Worker
+from tests.worker.factories import (
+    all_free_after_flush,
+    assert_slots_accounted,
+    make_request,
+    make_worker,
+    run_to_completion,
+)
+from tests.worker.speculative.eagle_checkpoint import write_head
+
+
+def _prompts(n: int, seed: int = 11) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 500) for _ in range(8 + 5 * i)] for i in range(n)]
+
+
+def _eagle(tmp_path: Path, **options: Any) -> Worker:
+    head = write_head(tmp_path / "head", seed=3)
+    return make_worker(speculative="eagle", speculative_draft_model=str(head), **options)
+
+
+def _drafter(w: Worker) -> EagleDrafter:
+    spec = w.scheduler.speculator
+    assert spec is not None and isinstance(spec.drafter, EagleDrafter)
+    return spec.drafter
+
+
+def _plain_outputs(prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    w = make_worker()
+    reqs = [make_request(w, p, max_new_tokens=n) for p, n in zip(prompts, lengths, strict=True)]
+    for r in reqs:
+        w.scheduler.add_request(r)
+    run_to_completion(w)
+    w.close()
+    return [r.output_ids for r in reqs]
+
+
+def test_greedy_output_is_plain_decodings(tmp_path: Path) -> None:
+    prompts = _prompts(5)
+    lengths = [24 + 4 * i for i in range(5)]
+    want = _plain_outputs(prompts, lengths)
+    # min_accept_rate 0: a random head's drafts are mostly rejected; keep drafting anyway.
+    w = _eagle(tmp_path, speculative_min_accept_rate=0.0)
+    reqs = []
+    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
+        r = make_request(w, p, rid=f"e{i}", max_new_tokens=n, speculative=i % 3 != 1)
+        w.scheduler.add_request(r)
+        reqs.append(r)
+    run_to_completion(w)  # slots balance after every step
+    assert [r.output_ids for r in reqs] == want
+    spec = w.scheduler.speculator
+    assert spec is not None and spec.stats.verify_steps > 0 and spec.stats.drafted_tokens > 0
+    assert reqs[1].spec_verify_steps == 0 and reqs[0].spec_verify_steps > 0
+    drafter = _drafter(w)
+    assert drafter.propose_all([]) == {} and len(drafter._states) == 0  # finished: freed
+    # A radix-cache hit on the whole prompt: its positions have no features, the head
+    # drafts from what follows; the output is the same.
+    again = make_request(w, prompts[0], rid="again", max_new_tokens=lengths[0])
+    w.scheduler.add_request(again)
+    run_to_completion(w)
+    assert again.output_ids == want[0] and again.spec_verify_steps > 0
+    assert all_free_after_flush(w)
+    w.close()
+
+
+def test_abort_of_a_drafting_request(tmp_path: Path) -> None:
+    prompts = _prompts(3, seed=5)
+    w = _eagle(tmp_path, speculative_min_accept_rate=0.0)
+    a = make_request(w, prompts[0], rid="a", max_new_tokens=60)
+    b = make_request(w, prompts[1], rid="b", max_new_tokens=30)
+    for r in (a, b):
+        w.scheduler.add_request(r)
+    for _ in range(6):
+        w.scheduler.step()
+        assert_slots_accounted(w)
+    assert a.spec_verify_steps > 0 and a in _drafter(w)._states
+    assert w.scheduler.abort("a")
+    assert_slots_accounted(w)
+    assert a.finish_reason is FinishReason.ABORT
+    run_to_completion(w)
+    assert b.finish_reason is FinishReason.LENGTH
+    assert b.output_ids == _plain_outputs([prompts[1]], [30])[0]
+    assert a not in _drafter(w)._states
+    assert all_free_after_flush(w)
+    w.close()
+
+
+def _target_hidden(w: Worker, ids: list[int]) -> torch.Tensor:
+    """The target's final hidden states of `ids`, one plain prefill (no speculation)."""
+    got: list[torch.Tensor] = []
+    inner = w.runner.forward
+
+    def forward(batch: Batch) -> ForwardOutput:
+        out = inner(batch)
+        got.extend(f for f in out.features if f is not None)
+        return out
+
+    w.runner.keep_features = True
+    w.scheduler.runner = type("R", (), {"forward": staticmethod(forward)})()
+    r = make_request(w, ids, max_new_tokens=1)
+    w.scheduler.add_request(r)
+    run_to_completion(w)
+    return torch.cat(got)
+
+
+def test_features_are_the_targets_hidden_states(tmp_path: Path) -> None:
+    w = _eagle(tmp_path, speculative_min_accept_rate=0.0, max_num_batched_tokens=16)
+    drafter = _drafter(w)
+    seen: dict[int, torch.Tensor] = {}  # position -> the last feature received for it
+    observe = drafter.observe
+
+    def record(req: Request, start: int, features: torch.Tensor) -> None:
+        for j, row in enumerate(features):
+            seen[start + j] = row.clone()
+        observe(req, start, features)
+
+    drafter.observe = record  # type: ignore[method-assign]
+    prompt = _prompts(1, seed=9)[0] + _prompts(1, seed=10)[0] * 3  # 32 tokens: two chunks
+    r = make_request(w, prompt, max_new_tokens=40)
+    w.scheduler.add_request(r)
+    run_to_completion(w)
+    assert r.spec_verify_steps > 0
+    sequence = r.token_ids
+    assert sorted(seen) == list(range(len(sequence) - 1))  # every computed position
+    want = _target_hidden(make_worker(), sequence[:-1])
+    got = torch.stack([seen[p] for p in range(len(sequence) - 1)])
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    w.close()
+
+
+@pytest.mark.parametrize("speculative", ["off", "ngram"])
+def test_no_features_without_eagle(speculative: str) -> None:
+    w = make_worker(speculative=speculative)
+    assert not w.runner.keep_features
+    outs: list[ForwardOutput] = []
+    inner = w.runner.forward
+
+    def forward(batch: Batch) -> ForwardOutput:
+        outs.append(inner(batch))
+        return outs[-1]
+
+    w.scheduler.runner = type("R", (), {"forward": staticmethod(forward)})()
+    w.scheduler.add_request(make_request(w, _prompts(1)[0], max_new_tokens=4))
+    run_to_completion(w)
+    assert outs and all(o.features == [] for o in outs)
+    w.close()
+
+
+@torch.inference_mode()
+def test_drafts_equal_the_head_over_the_whole_history(tmp_path: Path) -> None:
+    """The drafter's k tokens (features fed in two chunks, then k - 1 cached steps) equal
+    the head run over the whole history at once for each draft position."""
+    w = _eagle(tmp_path)
+    drafter = _drafter(w)
+    ids = _prompts(1, seed=4)[0] + _prompts(1, seed=6)[0]  # 16 tokens
+    feats = _target_hidden(make_worker(), ids[:-1])  # [15, H]
+    req = make_request(w, ids)
+    req.num_computed_tokens = len(ids) - 1
+    drafter.observe(req, 0, feats[:6])
+    drafter.observe(req, 6, feats[6:])
+    got = drafter.propose(req, 4)
+    head, target = drafter.head, drafter.target
+    tokens, features, want = list(ids[1:]), feats, []
+    kv = feats.new_empty(0, 2, 16)
+    for _ in range(4):
+        embeds = target.model.embed_tokens(torch.tensor(tokens))
+        h, _, _ = head(embeds, features, torch.arange(len(tokens)), kv, kv)
+        want.append(int(target.compute_logits(h[-1:]).argmax()))
+        tokens.append(want[-1])
+        features = torch.cat((features, h[-1:]))
+    assert got == want
+    w.close()
