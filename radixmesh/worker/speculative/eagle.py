@@ -15,8 +15,15 @@ have no features: they are absent from the head's history, and rotary still uses
 real positions. Drafts may then be worse, never wrong: verification is the target's.
 
 The state is keyed weakly by request and dropped as soon as the request has finished
-(or was aborted). Held outside the KV pool: pending features (hidden_size values a
-token) until the next draft, and the head's K/V (2 x kv heads x head_dim a token).
+(or was aborted), or while more requests run than may draft (the speculator's
+`speculative_max_batch_size`: `forget`). Held outside the KV pool, and bounded per
+request: pending features (hidden_size values a token) until the next draft, at most
+`MAX_PENDING` positions (the oldest dropped), and the head's K/V (2 x kv heads x head_dim
+a token), at most `MAX_HISTORY` positions (a sliding window: the oldest dropped). So at
+most speculative_max_batch_size x (MAX_PENDING x hidden + MAX_HISTORY x 2 x kv heads x
+head_dim) values: 16 x (2,048 x 4,096 + 8,192 x 2,048) x 2 bytes = 0.8 GB at Llama-3-8B's
+sizes in bf16, whatever the context length. Positions dropped either way are absent from
+the head's history: drafts may be worse, never wrong.
 Requests draft one after another (one head forward each, then k - 1 per step); a
 batched head forward over padded histories is not built yet.
 """
@@ -33,6 +40,9 @@ import torch
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.request import Request
 from radixmesh.worker.speculative.eagle_head import EagleHead
+
+MAX_PENDING = 2048  # features kept per request until its next draft (one prefill chunk's)
+MAX_HISTORY = 8192  # the head's K/V positions kept per request
 
 
 @dataclass
@@ -71,7 +81,14 @@ class EagleDrafter:
         state.pending = [
             (first, rows[: start - first]) for first, rows in state.pending if first < start
         ]
-        state.pending.append((start, features))
+        drop = max(0, len(features) - MAX_PENDING)  # a long chunk's first positions: none
+        state.pending.append((start + drop, features[drop:]))
+        while sum(len(rows) for _, rows in state.pending) > MAX_PENDING:
+            state.pending.pop(0)
+
+    def forget(self, req: Request) -> None:
+        """Drop `req`'s state (it may not draft for a while: the batch is large)."""
+        self._states.pop(req, None)
 
     def propose(self, req: Request, k: int) -> list[int]:
         return self.propose_all([(req, k)]).get(req, [])
@@ -120,9 +137,10 @@ class EagleDrafter:
             return
         tokens = [ids[p + 1] for p in positions]
         h, key, value = self._step(tokens, torch.cat(rows), positions, state.keys, state.values)
-        state.keys = torch.cat((state.keys, key))
-        state.values = torch.cat((state.values, value))
+        state.keys = torch.cat((state.keys, key))[-MAX_HISTORY:]
+        state.values = torch.cat((state.values, value))[-MAX_HISTORY:]
         state.positions.extend(positions)
+        del state.positions[:-MAX_HISTORY]
         state.last = h[-1]
 
     def _step(

@@ -22,7 +22,7 @@ from radixmesh.worker.batch import Draft
 from radixmesh.worker.config import SpeculativeConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.request import Request
-from radixmesh.worker.speculative.registry import Drafter, observe, propose_all
+from radixmesh.worker.speculative.registry import Drafter, forget, observe, propose_all
 
 _EMA = 0.3  # weight of the latest verify step in a request's acceptance average
 _FIRST_REST = 8  # output tokens a request rests the first time its drafts fail
@@ -58,6 +58,7 @@ class Speculator:
         self.grammars = grammars
         self.stats = SpecStats(accept_lengths=[0] * (config.speculative_tokens + 1))
         self._states: weakref.WeakKeyDictionary[Request, _State] = weakref.WeakKeyDictionary()
+        self._observing = True  # the last schedule's batch may draft: drafters keep features
 
     def may_draft(self, running: list[Request]) -> bool:
         """Whether the next step may draft for one of `running` (the overlap scheduler
@@ -69,7 +70,8 @@ class Speculator:
     def drafts(self, running: list[Request]) -> dict[Request, Draft]:
         """Each drafting request's draft (non-empty) for the next step."""
         out: dict[Request, Draft] = {}
-        if len(running) > self.config.speculative_max_batch_size:
+        self._observing = len(running) <= self.config.speculative_max_batch_size
+        if not self._observing:
             return out
         wanted: list[tuple[Request, int]] = []
         for req in running:
@@ -99,8 +101,12 @@ class Speculator:
 
     def observe(self, req: Request, start: int, features: torch.Tensor) -> None:
         """The target's final hidden rows [n, H] the request kept, from position `start`
-        (for a drafter that reads them: eagle)."""
-        observe(self.drafter, req, start, features)
+        (for a drafter that reads them: eagle). While the batch is too large to draft,
+        the drafter keeps nothing for the request (bounded memory outside the KV pool)."""
+        if self._observing:
+            observe(self.drafter, req, start, features)
+        else:
+            forget(self.drafter, req)
 
     def record(self, req: Request, drafted: int, accepted: int) -> None:
         """A verify step's outcome for `req`: counters, and its rest when it fails."""

@@ -188,3 +188,46 @@ def test_drafts_equal_the_head_over_the_whole_history(tmp_path: Path) -> None:
         features = torch.cat((features, h[-1:]))
     assert got == want
     w.close()
+
+
+def test_what_the_drafter_keeps_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixmesh.worker.speculative import eagle
+
+    monkeypatch.setattr(eagle, "MAX_PENDING", 6)
+    monkeypatch.setattr(eagle, "MAX_HISTORY", 10)
+    w = _eagle(tmp_path)
+    drafter = _drafter(w)
+    hidden = w.arch.hidden_size
+    req = make_request(w, list(range(3, 40)), max_new_tokens=4)
+    drafter.observe(req, 0, torch.zeros(9, hidden))  # a chunk longer than MAX_PENDING
+    state = drafter._states[req]
+    assert [(first, len(rows)) for first, rows in state.pending] == [(3, 6)]
+    drafter.observe(req, 9, torch.zeros(4, hidden))  # the oldest chunk goes
+    assert [(first, len(rows)) for first, rows in state.pending] == [(9, 4)]
+    drafter.observe(req, 13, torch.zeros(24, hidden))
+    req.num_computed_tokens = 37
+    drafter._feed(state, req.token_ids, 36)  # positions 31..35 through the head
+    assert state.positions == list(range(31, 36)) and state.keys.shape[0] == 5
+    drafter.observe(req, 36, torch.zeros(1, hidden))
+    for p in range(37, 45):  # one position at a time: the window slides
+        drafter._feed(state, [*req.token_ids, *range(3, 12)], p)
+        drafter.observe(req, p, torch.zeros(1, hidden))
+    assert state.positions == list(range(34, 44)) and state.keys.shape[0] == 10
+    w.close()
+
+
+def test_a_batch_too_large_to_draft_keeps_nothing(tmp_path: Path) -> None:
+    w = _eagle(tmp_path, speculative_max_batch_size=2)
+    spec = w.scheduler.speculator
+    assert spec is not None
+    drafter = _drafter(w)
+    reqs: list[Request] = [make_request(w, p, max_new_tokens=8) for p in _prompts(3)]
+    hidden = torch.zeros(len(reqs[0].token_ids), w.arch.hidden_size)
+    assert spec.drafts(reqs[:2]) == {}  # two running: may draft, features kept
+    spec.observe(reqs[0], 0, hidden)
+    assert reqs[0] in drafter._states
+    spec.drafts(reqs)  # three running: above the limit
+    spec.observe(reqs[0], 0, hidden)
+    spec.observe(reqs[1], 0, hidden)
+    assert len(drafter._states) == 0
+    w.close()
