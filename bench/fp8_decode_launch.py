@@ -19,7 +19,7 @@ from typing import Any
 def best_launch(rows: list[dict[str, Any]]) -> tuple[int, int, int, int]:
     times: dict[tuple[int, int, int, int], list[float]] = {}
     for r in rows:
-        at_backend_splits = r["splits"] == r.get("backend_splits", r["splits"])
+        at_backend_splits = r.get("splits") == r.get("backend_splits", r.get("splits"))
         if r.get("cuda") and "ms" in r and r["batch"] >= 64 and at_backend_splits:
             key = (r["num_warps"], r["block_n"], r["num_stages"], r["min_blocks"])
             times.setdefault(key, []).append(r["ms"])

@@ -39,3 +39,14 @@ def test_prints_the_switch_value(tmp_path: Path, capsys: pytest.CaptureFixture[s
     path.write_text(json.dumps({"decode_sweep": [_row(256, 4, 4, 0.3)]}))
     main([str(path)])
     assert capsys.readouterr().out == "cuda:4,16,4,0\n"
+
+
+def test_only_the_backends_split_count_is_compared() -> None:
+    # The quick sweep times each launch at other split counts too; a launch is chosen by
+    # its time at the engine's count, not by a faster time at another.
+    rows = [
+        {**_row(256, 4, 3, 0.5), "splits": 2, "backend_splits": 2},
+        {**_row(256, 4, 3, 0.05), "splits": 1, "backend_splits": 2},
+        {**_row(256, 2, 4, 0.3), "splits": 2, "backend_splits": 2},
+    ]
+    assert best_launch(rows) == (2, 16, 4, 0)
