@@ -62,14 +62,13 @@ output) is still quantized by its own kernel. The fused kernels round each value
 model dtype before they quantize it, so the GEMM's inputs, and the outputs, are those of
 the unfused path bit for bit. Not fused: the small-batch kernel's rows, CPU, other
 dtypes, tensor-parallel layers and deterministic mode (their paths are unchanged).
-Off by default: `RADIXMESH_FP8_FUSED_QUANT=1` turns it on (read at each call, so set it
-before CUDA graphs are captured). On the H200 the fused add + RMSNorm measured 1.4-2.4x
-faster than the two kernels but its e4m3 bits differed from theirs in three of four
-shapes (SiLU-and-mul's were equal): the e4m3 store had Triton hold the row in another
-register layout, so the sum of squares ran in another order. The store now keeps the
-16-bit kernel's layout (layers/kernels/rms_norm.py, checked by compiling both for sm_90
-in the tests); until a GPU run confirms equal bits, the unfused path stays the default
-(docs/quantization.md).
+On by default; `RADIXMESH_FP8_FUSED_QUANT=0` turns it off (read at each call, so set it
+before CUDA graphs are captured). The e4m3 store keeps the 16-bit kernel's register
+layout (layers/kernels/rms_norm.py, checked by compiling both for sm_90 in the tests), so
+the sum of squares runs in the same order; on the H200 (2026-12-05,
+fused_ops-fp8quant-h200.json) every fused kernel gave the unfused path's bits at 256 and
+8,192 rows, 4,096 and 14,336 columns, in 1/5.2 to 1/1.45 of the separate kernels' time
+for add + RMSNorm and 1/6.8 to 1/1.01 for SiLU-and-mul (docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -237,9 +236,9 @@ def fused_quant_applies(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -
     """Whether the input of an FP8 linear with rows, dtype and device of x [T, *] may come
     already quantized (an `Fp8Activation`): `fp8_linear` would take `_scaled_mm` for it
     with more rows than the small-batch kernel's MAX_ROWS, the fused kernels are on (the
-    producer's kernel quantizes), and `RADIXMESH_FP8_FUSED_QUANT` is "1"."""
-    # Asked three times a layer per forward: the switch (off by default) first.
-    if os.environ.get(FUSED_QUANT_SWITCH, "0") != "1":
+    producer's kernel quantizes), and `RADIXMESH_FP8_FUSED_QUANT` is not "0"."""
+    # Asked three times a layer per forward: the switch (on by default) first.
+    if os.environ.get(FUSED_QUANT_SWITCH, "1") == "0":
         return False
     from radixmesh.worker.layers import kernels
 

@@ -124,7 +124,8 @@ def test_who_gets_a_quantized_input(monkeypatch: pytest.MonkeyPatch) -> None:
     few = many[:MAX_ROWS]
     assert not layer.wants_fp8_input(many)  # CPU: no `_scaled_mm` path
     cpu_scaled_mm(monkeypatch)
-    assert not layer.wants_fp8_input(many)  # off unless switched on
+    monkeypatch.delenv(FUSED_QUANT_SWITCH, raising=False)
+    assert layer.wants_fp8_input(many)  # on by default
     monkeypatch.setenv(FUSED_QUANT_SWITCH, "1")
     assert layer.wants_fp8_input(many)
     assert not layer.wants_fp8_input(few)  # the small-batch kernel's rows

@@ -390,7 +390,9 @@ def _operands(n: int, k: int, layout: str) -> list[Operand]:
     gen = torch.Generator(device="cuda").manual_seed(n + k)
     out: list[Operand] = []
     for _ in range(3):
-        q, scale = quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, layout)
+        w = torch.randn(n, k, device="cuda", generator=gen) * 0.02
+        # The table's "group" key: per-token groups of 128 columns (1 x 128 blocks).
+        q, scale = quantize(w, "1x128" if layout == "group" else layout)
         out.append((q, scale, None))
     return out
 

@@ -215,6 +215,9 @@ def test_cpu_dequantize_once_drops_the_input_scale() -> None:
 @pytest.mark.parametrize("tensorwise", [True, False], ids=["tensorwise", "rowwise"])
 def test_scaled_mm_forms_against_the_reference(tensorwise: bool) -> None:
     # torch._scaled_mm also runs on CPU (torch 2.13); fp8_static_linear calls it on CUDA.
+    version = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    if not tensorwise and version < (2, 13):  # the project pins 2.13: not in `make test`
+        pytest.skip("before torch 2.13 the CPU _scaled_mm is per-tensor only (CUDA: below)")
     check_scaled_mm("cpu", 33, 320, 256, tensorwise)
 
 
