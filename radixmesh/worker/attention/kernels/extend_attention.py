@@ -512,8 +512,9 @@ def extend_attention(
     e4m3 tiles go to the matrix unit as fp16, one conversion per two values, beside a
     query shifted into fp16's range per row (`_softmax_step`'s F16); the new tokens keep
     the query's dtype. None: `FP8_PREFIX_F16_SWITCH` ("1") for bfloat16 queries. Off by
-    default until the GPU shows what it saves: the decode kernel over an FP8 pool was
-    conversion-bound at bf16 (1.2x a bf16 pool's time) and not at fp16."""
+    default: on the H200 (2026-12-05) it took 1.32-2.11x a bf16 pool's time against
+    1.00-1.65x without (attention_kernels-fp8-prefix-f16-h200.json), so the per-row shifts
+    cost more than the conversions they save in this kernel."""
     t, hq, d = q.shape
     hkv = k_buf.shape[1]
     b = req_rows.shape[0]
