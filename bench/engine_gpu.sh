@@ -55,7 +55,9 @@
 #             --workload prefill with RADIXMESH_SHARED_PREFIX_DECODE off and on (the
 #             shared_prefix workload's decode steps' attention time)
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
-# (installed to /tmp/site).
+# (installed to /tmp/site). Bound a call with the per-run limits below, not a `timeout`
+# around this script: that stops the shell, not the Python run it started, which then
+# shares the GPU with whatever the call runs next (two engines on one GPU run out of memory).
 set -u
 PARTS=${PARTS:-"kernels offline anatomy tests"}
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
