@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -98,11 +100,25 @@ def test_bad_options_name_the_field() -> None:
 
 @pytest.fixture
 def slept(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    # Only this test's thread is recorded (and does not wait): threads another test left
+    # running in this process sleep as usual, and their sleeps are not the client's.
     waits: list[float] = []
-    monkeypatch.setattr("time.sleep", waits.append)
+    this_thread = threading.get_ident()
+    real_sleep, real_async_sleep = time.sleep, asyncio.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() != this_thread:
+            return real_sleep(seconds)
+        waits.append(seconds)
+        return None
+
+    monkeypatch.setattr("time.sleep", sleep)
 
     async def no_wait(seconds: float) -> None:
+        if threading.get_ident() != this_thread:
+            return await real_async_sleep(seconds)
         waits.append(seconds)
+        return None
 
     monkeypatch.setattr("asyncio.sleep", no_wait)
     monkeypatch.setattr("random.uniform", low)
