@@ -10,8 +10,9 @@ For each of Llama-3-8B's four GEMMs (fused qkv 6144 x 4096, o 4096 x 4096, fused
               chooses between the two per shape and row count)
   small_m     the weight-only small-batch kernel (layers/kernels/fp8_small_m.py), rows
               <= its MAX_ROWS only
-  cuda_gemv   the same job in CUDA C++ (layers/kernels/fp8_gemv_cuda.py, opt-in by
-              RADIXMESH_FP8_SMALL_M=cuda), per-channel scales, rows <= 16, where it builds
+  cuda_gemv   the same job in CUDA C++ (layers/kernels/fp8_gemv_cuda.py), per-channel
+              scales, rows <= 16, where it builds; also at each block size it compiles
+              (`cuda_gemv_us_by_warps`)
 each timed with CUDA graphs of 20 calls (no launch gaps), median of 9, and the weight
 bytes each reads per microsecond against the device's copy rate. Also the largest
 relative error of each FP8 path against float32 on the dequantized weights.
@@ -87,6 +88,13 @@ def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
             gemv = fp8_gemv_cuda.fp8_gemv_cuda
             res["cuda_gemv_us"] = time_us(lambda _: gemv(x, q, scale, None))
             res["cuda_gemv_rel_err"] = rel_err(gemv(x, q, scale, None), ref)
+            # Every block size the kernel compiles, beside the one `warps_for` picks.
+            res["cuda_gemv_warps"] = fp8_gemv_cuda.warps_for(k)
+            res["cuda_gemv_us_by_warps"] = {
+                str(wc): time_us(lambda _, wc=wc: gemv(x, q, scale, None, warps=wc))
+                for wc in fp8_gemv_cuda.WARP_COUNTS
+                if wc * fp8_gemv_cuda.CHUNK <= k and wc >= 4
+            }
     paths = (
         ("bf16", 2),
         ("scaled_mm", 1),

@@ -1,11 +1,12 @@
 """The decode-time FP8 GEMM (1-16 rows) in CUDA C++ (cuda/fp8_gemv.cu says how and why),
 built with nvcc at first use and loaded through ctypes (worker/cuda_library.py).
 
-Opt-in until it is measured against the Triton small-batch kernel (fp8_small_m.py) on a
-GPU: `RADIXMESH_FP8_SMALL_M=cuda` takes it where it applies (CUDA sm_89+, nvcc found or a
-library already built, 16-bit activations, 1-16 rows, per-channel weight scales, output
-channels a multiple of 16, input columns a multiple of 128, 16-byte aligned weight rows);
-anything else keeps the Triton kernel. `python -m bench.fp8_gemm --cuda-gemv` times it
+The kernel table measured at load (quantization/fp8_gemm_choice.py) takes it where it
+times faster than the other small-batch kernels; `RADIXMESH_FP8_SMALL_M=cuda` takes it
+wherever it applies (CUDA sm_89+, nvcc found or a library already built, 16-bit
+activations, 1-16 rows, per-channel weight scales, output channels a multiple of 16,
+input columns a multiple of 128, 16-byte aligned weight and activation rows); anything
+else keeps the Triton kernel. `python -m bench.fp8_gemm --cuda-gemv` times it
 beside the Triton kernel and bf16 (docs/quantization.md).
 """
 
@@ -24,18 +25,12 @@ SOURCE = Path(__file__).parent / "cuda" / "fp8_gemv.cu"
 SWITCH = "RADIXMESH_FP8_SMALL_M"  # "cuda": this kernel; "0": neither; else the Triton one
 MAX_ROWS = 16
 CHUNK = 128  # input columns a warp's k-steps cover at once (the .cu's kChunk)
-WARPS = 4  # warps per block of the products' launch (2, 4 or 8 are compiled)
-# Blocks of the products' launch the K split aims for: 4 a SM of an H100 / H200 (132 SMs),
-# so that enough 16-byte loads are in flight on every SM.
-TARGET_BLOCKS = 4 * 132
-MAX_SPLITS = 16
-# Each K slice past the first writes and reads back a float32 partial sum per row and
-# output channel (8 bytes a row and channel) against the k bytes of weights a channel
-# reads: m rows and s slices add s * 8m / k of the weights' traffic. Slices are capped so
-# that this stays within 1/8 (k / (64 m) slices): free at one row (o at 4,096 columns
-# keeps its 8 slices), while 16 rows take 4 rather than 8, whose partial sums would add
-# a quarter of the weights' bytes.
-PARTIAL_TRAFFIC_SHARE = 8
+WARP_COUNTS = (1, 2, 4, 8, 16)  # warps per block the .cu compiles
+# Chunks a warp's share of K aims for: four are the loads a warp has in flight at once
+# (the .cu's kAhead), so Llama-3-8B's k = 4,096 takes 8 warps (one round of loads each)
+# and 14,336 takes 16 (7 chunks each); a block is 16 output channels, so o's 256 blocks
+# of 8 warps put ~16 warps and ~128 KB of loads in flight on each of 132 SMs.
+CHUNKS_PER_WARP = 4
 
 
 class _GemvParams(ctypes.Structure):
@@ -47,15 +42,10 @@ class _GemvParams(ctypes.Structure):
         ("scale", ctypes.c_void_p),
         ("bias", ctypes.c_void_p),
         ("y", ctypes.c_void_p),
-        ("x16", ctypes.c_void_p),
-        ("x_scale", ctypes.c_void_p),
-        ("partial", ctypes.c_void_p),
         ("m", ctypes.c_int32),
         ("n", ctypes.c_int32),
         ("k", ctypes.c_int32),
         ("x_bf16", ctypes.c_int32),
-        ("splits", ctypes.c_int32),
-        ("k_slice", ctypes.c_int32),
         ("stride_x", ctypes.c_int64),
         ("stride_w", ctypes.c_int64),
         ("stride_y", ctypes.c_int64),
@@ -92,6 +82,9 @@ def shapes_fit(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> bool:
         and q.stride(1) == 1
         and q.stride(0) % 16 == 0
         and q.data_ptr() % 16 == 0
+        and x.stride(1) == 1
+        and x.stride(0) % 8 == 0  # 16-byte loads of 16-bit activations
+        and x.data_ptr() % 16 == 0
         and scale.is_contiguous()
     )
 
@@ -103,44 +96,38 @@ def applies(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> bool:
     return shapes_fit(x, q, scale) and library(x.device.index or 0) is not None
 
 
-def split_k(n: int, k: int, m: int = 1) -> tuple[int, int]:
-    """(K slices, columns a slice) for m rows: enough blocks of WARPS slabs of 16 output
-    channels for TARGET_BLOCKS, each slice whole 128-column chunks, and no more slices
-    than keep the partial sums' traffic within 1 / PARTIAL_TRAFFIC_SHARE of the weights'."""
-    blocks = -(-(n // 16) // WARPS)
-    traffic_cap = k // (8 * m * PARTIAL_TRAFFIC_SHARE)
-    splits = max(1, min(MAX_SPLITS, -(-TARGET_BLOCKS // blocks), k // CHUNK, traffic_cap))
-    per_split = -(-k // splits)
-    k_slice = -(-per_split // CHUNK) * CHUNK
-    return -(-k // k_slice), k_slice
+def warps_for(k: int) -> int:
+    """Warps a block for k input columns: the most of WARP_COUNTS that leave each warp at
+    least CHUNKS_PER_WARP chunks (or the fewest, for short rows)."""
+    chunks = k // CHUNK
+    fits = [w for w in WARP_COUNTS if w * CHUNKS_PER_WARP <= chunks]
+    return fits[-1] if fits else 1
 
 
 def fp8_gemv_cuda(
-    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    warps: int | None = None,
 ) -> torch.Tensor:
     """x [m, k] (1 <= m <= 16) times e4m3 q [n, k] with float32 scales [n] (+ bias [n])
-    -> [m, n] in x's dtype (`shapes_fit` must hold)."""
+    -> [m, n] in x's dtype (`shapes_fit` must hold); `warps` a block (WARP_COUNTS, at
+    most k / CHUNK) overrides `warps_for` (for bench.fp8_gemm's sweep)."""
     lib = library(x.device.index or 0)
     assert lib is not None and shapes_fit(x, q, scale), "fp8_gemv_cuda without applies()"
     m, k = x.shape
     n = q.shape[0]
-    splits, k_slice = split_k(n, k, m)
-    dev = x.device
-    y = torch.empty((m, n), dtype=x.dtype, device=dev)
-    x16 = torch.empty((MAX_ROWS, k), dtype=torch.float16, device=dev)
-    x_scale = torch.empty((MAX_ROWS,), dtype=torch.float32, device=dev)
-    partial = torch.empty(
-        (splits if splits > 1 else 0, MAX_ROWS, n), dtype=torch.float32, device=dev
-    )
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if bias is not None:
         bias = bias.to(x.dtype).contiguous()
     params = _GemvParams(
         x.data_ptr(), q.data_ptr(), scale.data_ptr(), bias.data_ptr() if bias is not None else None,
-        y.data_ptr(), x16.data_ptr(), x_scale.data_ptr(), partial.data_ptr(), m, n, k,
-        int(x.dtype == torch.bfloat16), splits, k_slice, x.stride(0), q.stride(0), y.stride(0),
+        y.data_ptr(), m, n, k, int(x.dtype == torch.bfloat16), x.stride(0), q.stride(0),
+        y.stride(0),
     )  # fmt: skip
-    stream = torch.cuda.current_stream(dev).cuda_stream
-    err = lib.radixmesh_fp8_gemv(ctypes.byref(params), WARPS, stream)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    err = lib.radixmesh_fp8_gemv(ctypes.byref(params), warps or warps_for(k), stream)
     if err != 0:
         raise RuntimeError(f"FP8 small-batch GEMM launch failed: cudaError {err}")
     return y

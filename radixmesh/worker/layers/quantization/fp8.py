@@ -279,7 +279,7 @@ def fp8_linear(
             return fp8_linear_scaled_mm(x, q, scale, bias)
         if kernel == "tensorwise_mm":
             return fp8_linear_tensorwise(x, q, scale, bias)
-        if kernel == "cuda_gemv":
+        if kernel == "cuda_gemv" and fp8_gemv_cuda.shapes_fit(x, q, scale):
             return fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, bias)
         from radixmesh.worker.layers.kernels.fp8_small_m import fp8_small_m_linear
 

@@ -63,13 +63,16 @@ def test_matches_float32_and_the_triton_kernel(
         # The output's own rounding (bf16: 2^-9) bounds the error; fp16 operands add less.
         assert _rel(out, ref) < 8e-3, _rel(out, ref)
         assert _rel(out, fp8_small_m_linear(x, q, scale, b)) < 8e-3
+        for warps in fp8_gemv_cuda.WARP_COUNTS:  # any split of K: the same sums but order
+            if warps * fp8_gemv_cuda.CHUNK <= k:
+                other = fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, b, warps=warps)
+                assert _rel(other, ref) < 8e-3, (warps, _rel(other, ref))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="a CUDA kernel")
 def test_replays_in_a_cuda_graph() -> None:
-    """Captured once (its three launches and workspaces), replayed over new activations:
-    the eager call's bits."""
+    """Captured once, replayed over new activations: the eager call's bits."""
     x, q, scale, bias = _case(4096, 4096, 5, torch.bfloat16, seed=3)
     fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, bias)  # loads the library outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -120,25 +123,24 @@ def test_shapes_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not fp8_gemv_cuda.shapes_fit(x, q, torch.ones(64, 2))  # group scales
     assert not fp8_gemv_cuda.shapes_fit(x[:, :200], q[:, :200], scale)  # k % 128
     assert not fp8_gemv_cuda.shapes_fit(x, q[:40], scale[:40])  # n % 16
+    wide = torch.zeros(3, 260, dtype=torch.bfloat16)
+    assert not fp8_gemv_cuda.shapes_fit(wide[:, :256], q, scale)  # rows not 16-byte aligned
+    assert not fp8_gemv_cuda.shapes_fit(wide[:, 4:], q, scale)  # nor the first one
+    assert fp8_gemv_cuda.shapes_fit(torch.zeros(3, 264, dtype=torch.bfloat16)[:, 8:], q, scale)
     assert not fp8_gemv_cuda.applies(x, q, scale)  # CPU tensors, and off by default
     monkeypatch.setenv(fp8_gemv_cuda.SWITCH, "cuda")
     assert not fp8_gemv_cuda.applies(x, q, scale)  # still CPU tensors
 
 
-def test_k_splits_cover_k_in_whole_chunks() -> None:
-    for n, k in [*SHAPES, (16, 128), (16, 256), (131072, 8192)]:
-        for m in (1, 2, 4, 8, 16):
-            splits, k_slice = fp8_gemv_cuda.split_k(n, k, m)
-            assert 1 <= splits <= fp8_gemv_cuda.MAX_SPLITS
-            assert k_slice % fp8_gemv_cuda.CHUNK == 0
-            assert (splits - 1) * k_slice < k <= splits * k_slice, (n, k, m, splits, k_slice)
-            if splits > 1:  # the partial sums' bytes within an eighth of the weights'
-                assert splits * 8 * m * fp8_gemv_cuda.PARTIAL_TRAFFIC_SHARE <= k
-    assert fp8_gemv_cuda.split_k(4096, 4096) == (8, 512)  # o: 64 blocks of 4 slabs, x 8
-    assert fp8_gemv_cuda.split_k(4096, 4096, 8) == (8, 512)
-    assert fp8_gemv_cuda.split_k(4096, 4096, 16) == (4, 1024)  # traffic: 4 x 128 / 4096
-    assert fp8_gemv_cuda.split_k(4096, 14336, 16) == (9, 1664)  # down: the blocks decide
-    assert fp8_gemv_cuda.split_k(28672, 4096) == (2, 2048)  # gate/up: 448 blocks, x 2
+def test_warps_split_k_in_whole_chunks_of_at_least_four() -> None:
+    assert fp8_gemv_cuda.warps_for(4096) == 8  # qkv, o, gate/up: 4 chunks a warp
+    assert fp8_gemv_cuda.warps_for(14336) == 16  # down: 7 chunks a warp
+    assert fp8_gemv_cuda.warps_for(128) == 1
+    assert fp8_gemv_cuda.warps_for(1024) == 2
+    for k in range(128, 65536 + 1, 128):
+        w = fp8_gemv_cuda.warps_for(k)
+        assert w in fp8_gemv_cuda.WARP_COUNTS and w * fp8_gemv_cuda.CHUNK <= k
+        assert w == 1 or w * fp8_gemv_cuda.CHUNKS_PER_WARP <= k // fp8_gemv_cuda.CHUNK
 
 
 @pytest.mark.skipif(cuda_library.nvcc() is None, reason="needs nvcc (no GPU)")
