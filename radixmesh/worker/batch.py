@@ -43,6 +43,10 @@ class Draft:
 class Batch:
     items: list[ScheduledRequest]
     out_cache_loc: torch.Tensor  # [T] slots of the new tokens, in item order
+    # speculative='eagle': whether the step's drafter keeps the target's features. The
+    # scheduler clears it for a step too large to draft, or with no request that may
+    # draft: the runner then copies none (Speculator.keeps_features).
+    keep_features: bool = True
 
     @property
     def num_tokens(self) -> int:

@@ -84,8 +84,10 @@ class ModelRunner:
         `decode_shaped_forced`) or short prompt chunks (within `decode_shaped_prompt_reads`)
         runs as one decode row per token; see `_decode_shaped`. 0: never. The three stay
         switches a caller may flip between steps (ablations). `keep_features`
-        (speculative='eagle'): each step hands back the final hidden rows of the requests
-        that may draft (`ForwardOutput.features`); off, no copy is made."""
+        (speculative='eagle'): each step whose batch keeps features (`Batch.keep_features`,
+        which the scheduler clears for a step that cannot draft) hands back the final
+        hidden rows of the requests that may draft (`ForwardOutput.features`); otherwise
+        no copy is made."""
         self.model = model
         self.keep_features = keep_features
         self.decode_shaped_max_rows = decode_shaped_max_rows
@@ -127,7 +129,7 @@ class ModelRunner:
             hidden = self.model(fb, self.attn)  # [T, hidden]
         out = ForwardOutput.empty(len(batch.items))
         out.hidden = _pooled(batch.items, hidden)
-        if self.keep_features:
+        if self.keep_features and batch.keep_features:
             out.features = _features(batch.items, hidden)
         if not all_rows:
             return out

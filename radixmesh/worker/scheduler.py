@@ -204,7 +204,10 @@ class Scheduler:
         if not items:
             return None
         host = slots[0] if len(slots) == 1 else torch.cat(slots)
-        return Batch(items=items, out_cache_loc=to_device(host, self.allocator.device))
+        spec = self.speculator  # without one, the runner's own switch alone decides
+        keep = spec is None or spec.keeps_features(item.req for item in items)
+        loc = to_device(host, self.allocator.device)
+        return Batch(items=items, out_cache_loc=loc, keep_features=keep)
 
     def _schedule_running(
         self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]

@@ -1,8 +1,9 @@
 """Drafts from an EAGLE head (eagle_head.py) over the target model's own features.
 
 The runner hands back the target's final hidden rows of every position it computes for a
-request that may draft (`ForwardOutput.features`); the scheduler passes on those the
-request keeps (`observe`: a verify row's accepted positions only, as with its KV slots).
+request that may draft, in a step that may draft (`ForwardOutput.features`; a larger
+batch's step copies none); the scheduler passes on those the request keeps (`observe`:
+a verify row's accepted positions only, as with its KV slots).
 Each request's state here is its features not yet fed to the head, and the head's keys
 and values for the positions it has processed (its own KV: the head attends over its
 earlier positions). A draft first feeds the pending features (one head forward over
@@ -16,7 +17,7 @@ real positions. Drafts may then be worse, never wrong: verification is the targe
 
 The state is keyed weakly by request and dropped as soon as the request has finished
 (or was aborted), or while more requests run than may draft (the speculator's
-`speculative_max_batch_size`: `forget`). Held outside the KV pool, and bounded per
+`speculative_max_batch_size`: `forget_all`). Held outside the KV pool, and bounded per
 request: pending features (hidden_size values a token) until the next draft, at most
 `MAX_PENDING` positions (the oldest dropped), and the head's K/V (2 x kv heads x head_dim
 a token), at most `MAX_HISTORY` positions (a sliding window: the oldest dropped). So at
@@ -89,6 +90,11 @@ class EagleDrafter:
     def forget(self, req: Request) -> None:
         """Drop `req`'s state (it may not draft for a while: the batch is large)."""
         self._states.pop(req, None)
+
+    def forget_all(self) -> None:
+        """Drop every request's state (a step too large to draft: no features come)."""
+        if self._states:
+            self._states.clear()
 
     def propose(self, req: Request, k: int) -> list[int]:
         return self.propose_all([(req, k)]).get(req, [])

@@ -48,6 +48,13 @@ def forget(drafter: Drafter, req: Request) -> None:
         drop(req)
 
 
+def forget_all(drafter: Drafter) -> None:
+    """Drop what a drafter keeps for every request (the others keep nothing)."""
+    drop = getattr(drafter, "forget_all", None)
+    if drop is not None:
+        drop()
+
+
 def create_drafter(
     config: SpeculativeConfig, cache: RadixCache, draft: Drafter | None = None
 ) -> Drafter:

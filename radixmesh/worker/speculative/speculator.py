@@ -14,6 +14,7 @@ for verification (text the grammar forces is not drafted: jump-forward appends i
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +23,13 @@ from radixmesh.worker.batch import Draft
 from radixmesh.worker.config import SpeculativeConfig
 from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.request import Request
-from radixmesh.worker.speculative.registry import Drafter, forget, observe, propose_all
+from radixmesh.worker.speculative.registry import (
+    Drafter,
+    forget,
+    forget_all,
+    observe,
+    propose_all,
+)
 
 _EMA = 0.3  # weight of the latest verify step in a request's acceptance average
 _FIRST_REST = 8  # output tokens a request rests the first time its drafts fail
@@ -67,11 +74,21 @@ class Speculator:
             return False
         return any(self._allowed(r) for r in running)
 
+    def keeps_features(self, reqs: Iterable[Request]) -> bool:
+        """Whether the step the last `drafts` call scheduled, over `reqs`, keeps the
+        target's features: it may draft, and one of them may. Otherwise the runner makes
+        no copy (a large batch's would be a gather over it all, for nothing)."""
+        return self._observing and any(_may_speculate(r) for r in reqs)
+
     def drafts(self, running: list[Request]) -> dict[Request, Draft]:
         """Each drafting request's draft (non-empty) for the next step."""
         out: dict[Request, Draft] = {}
         self._observing = len(running) <= self.config.speculative_max_batch_size
         if not self._observing:
+            # The runner hands back no features for this step, so nothing reaches
+            # `observe` to drop a request's state: drop it all here (a retracted
+            # request's too), keeping the drafter's memory bounded by the small batches.
+            forget_all(self.drafter)
             return out
         wanted: list[tuple[Request, int]] = []
         for req in running:
@@ -128,7 +145,7 @@ class Speculator:
             state.accept_rate = 1.0  # a fresh start after the rest
 
     def _allowed(self, req: Request) -> bool:
-        if not req.params.speculative or req.hidden_pool is not None:
+        if not _may_speculate(req):
             return False
         state = self._states.get(req)
         return state is None or req.num_output_tokens >= state.resume_at
@@ -138,3 +155,8 @@ class Speculator:
         if state is None:
             state = self._states[req] = _State()
         return state
+
+
+def _may_speculate(req: Request) -> bool:
+    """Opted in (the default) and generating: an embedding request never drafts."""
+    return req.params.speculative and req.hidden_pool is None

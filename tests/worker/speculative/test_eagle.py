@@ -2,7 +2,8 @@
 to disk, float32, CPU): greedy output is plain decoding's whatever the head proposes,
 with plain and drafting requests mixed and an abort, every KV slot accounted for after
 every step; the features the drafter receives are the target's final hidden states of a
-plain forward of the same tokens; nothing is copied when speculation is not eagle."""
+plain forward of the same tokens; nothing is copied when speculation is not eagle, nor
+in a step too large to draft or with no request that may draft."""
 
 from __future__ import annotations
 
@@ -230,4 +231,95 @@ def test_a_batch_too_large_to_draft_keeps_nothing(tmp_path: Path) -> None:
     spec.observe(reqs[0], 0, hidden)
     spec.observe(reqs[1], 0, hidden)
     assert len(drafter._states) == 0
+    w.close()
+
+
+def _count_feature_copies(
+    w: Worker, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[tuple[int, int]], list[ForwardOutput]]:
+    """Wraps the runner: per step, (requests running when it was scheduled, feature copies
+    the runner made in it), and its outputs."""
+    from radixmesh.worker import model_runner
+
+    copies = [0]
+    inner_features = model_runner._features
+
+    def features(items: Any, hidden: torch.Tensor) -> list[torch.Tensor | None]:
+        copies[0] += 1
+        return inner_features(items, hidden)
+
+    monkeypatch.setattr(model_runner, "_features", features)
+    steps: list[tuple[int, int]] = []
+    outs: list[ForwardOutput] = []
+    inner = w.runner.forward
+    running = [0]
+
+    def forward(batch: Batch) -> ForwardOutput:
+        before = copies[0]
+        outs.append(inner(batch))
+        steps.append((running[0], copies[0] - before))
+        return outs[-1]
+
+    w.scheduler.runner = type("R", (), {"forward": staticmethod(forward)})()
+    schedule = w.scheduler.schedule
+
+    def counted() -> Batch | None:
+        running[0] = len(w.scheduler.running)  # what the speculator's decision reads
+        return schedule()
+
+    w.scheduler.schedule = counted  # type: ignore[method-assign]
+    return steps, outs
+
+
+def test_a_step_too_large_to_draft_copies_no_features(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = _prompts(3, seed=7)
+    lengths = [4, 6, 20]
+    want = _plain_outputs(prompts, lengths)
+    w = _eagle(
+        tmp_path,
+        speculative_max_batch_size=2,
+        speculative_min_accept_rate=0.0,
+        overlap_schedule=False,
+    )
+    drafter = _drafter(w)
+    steps, outs = _count_feature_copies(w, monkeypatch)
+    reqs = [
+        make_request(w, p, rid=f"b{i}", max_new_tokens=n)
+        for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
+    ]
+    for r in reqs:
+        w.scheduler.add_request(r)
+    held: list[int] = []  # requests the drafter holds state for, after each step
+    while w.scheduler.has_work():
+        w.scheduler.step()
+        assert_slots_accounted(w)
+        held.append(len(drafter._states))
+    # The prompts' step (none running yet) copies; the three decoding together (above
+    # the limit of 2) copy nothing and the drafter holds nothing; once the first has
+    # finished the two left copy again, and draft.
+    running = [n for n, _ in steps]
+    assert running[:5] == [0, 3, 3, 3, 2]
+    assert [c for _, c in steps] == [1 if n <= 2 else 0 for n in running]
+    assert [o.features == [] for o in outs] == [n > 2 for n in running]
+    assert held[:4] == [3, 0, 0, 0] and held[4] == 2
+    assert sum(f is not None for f in outs[0].features) == 3  # the three prompts' rows
+    assert [r.output_ids for r in reqs] == want
+    assert reqs[2].spec_verify_steps > 0
+    w.close()
+
+
+def test_a_step_with_no_request_that_may_draft_copies_no_features(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = _eagle(tmp_path, overlap_schedule=False)
+    steps, outs = _count_feature_copies(w, monkeypatch)
+    for i, p in enumerate(_prompts(2, seed=8)):
+        w.scheduler.add_request(
+            make_request(w, p, rid=f"n{i}", max_new_tokens=5, speculative=False)
+        )
+    run_to_completion(w)
+    assert len(steps) == 5 and [c for _, c in steps] == [0, 0, 0, 0, 0]
+    assert all(o.features == [] for o in outs)
     w.close()
