@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -56,6 +57,14 @@ def _both_up(cluster: LocalCluster) -> None:
         except grpc.RpcError:
             time.sleep(0.1)
     raise AssertionError("the replicas did not come back")
+
+
+def _reaped(pid: int) -> bool:
+    """Whether the process `pid` is gone, reaped by its launcher (the cluster's tender
+    polls it). Not merely a zombie: a multithreaded process's main thread shows as one
+    while its other threads still exit, holding its descriptors (its listening socket),
+    and a thread group is reaped only once its last thread has closed them."""
+    return not Path(f"/proc/{pid}").exists()
 
 
 def _port(cluster: LocalCluster) -> int:
@@ -301,18 +310,29 @@ def test_an_sdk_stream_not_resumed_raises_unavailable_saying_where_to_resume(
         status = router_pb2_grpc.RouterStub(channel).ClusterStatus(
             router_pb2.ClusterStatusRequest(), timeout=10
         )
+        victim = _pid_of(status.router_id)
         with pytest.raises(Unavailable) as e:
             for chunk in client.generate(input_ids=PROMPTS[2], sampling_params=PARAMS, stream=True):
                 got.append(chunk)
                 if len(got) == 3:
-                    os.kill(_pid_of(status.router_id), signal.SIGKILL)
+                    os.kill(victim, signal.SIGKILL)
     finally:
         client.close()
     assert not isinstance(e.value, grpc.RpcError)
     stream_id, offset = got[-1].stream_id, got[-1].offset
     assert f"the stream {stream_id!r} broke after {offset} tokens" in str(e.value)
     assert f"resume({stream_id!r}, {offset})" in str(e.value)
-    with Client(cluster.address, timeout=60) as again:  # retries until a replica takes it
+    # The client sees its stream break while the killed replica is still exiting: until
+    # the kernel has closed that process's listening socket, a new connection to the
+    # shared port can land in its backlog and be reset, and on a loaded machine that
+    # outlasts the SDK's few retries (gRPC also fails calls at once for a second after a
+    # failed connect). Resume once it is gone: the port then leads only to replicas that
+    # serve (a restarted one listens only once serving).
+    deadline = time.monotonic() + 60
+    while not _reaped(victim):
+        assert time.monotonic() < deadline, "the killed replica did not exit"
+        time.sleep(0.05)
+    with Client(cluster.address, timeout=60) as again:
         got += list(again.resume(stream_id, offset))
     assert "".join(c.text for c in got) == whole.text
     assert [t for c in got for t in c.token_ids] == whole.token_ids
