@@ -49,6 +49,10 @@
 #             with RADIXMESH_FP8_EXTEND_F16=1 (the cached FP8 prefix's tiles as fp16)
 #   fp8tests  fp8checks' tests alone (with the static activation scales'); fp8bench its
 #             benchmarks alone
+#   gemv      the CUDA small-batch FP8 GEMM's GPU tests (with the table's and the static
+#             scales'), bench.fp8_gemm at 1-16 rows (every block size it compiles) and
+#             --table, then bench.tp --tp 1 --configs fp8-all,bf16 (the engine with the
+#             table measured at load: its batch-1 time per token against bf16's)
 #   shared    the shared-prefix decode (kernels/decode_shared.py): its GPU tests, then
 #             bench.attention_backends --backends triton,triton-shared (flat against
 #             shared on the shared shapes, one layer's call), then bench.step_anatomy
@@ -200,6 +204,19 @@ if part fp8checks || part fp8bench; then
   unset RADIXMESH_FP8_EXTEND_F16
   run fp8_gemm "$PWD" 150 -m bench.fp8_gemm --rows 1,4,8,16,64,256 \
     --out "$OUT/fp8_gemm-$MACHINE.json"
+fi
+if part gemv; then
+  for t in tests/worker/layers/kernels/test_fp8_gemv_cuda.py \
+      tests/worker/layers/quantization/test_fp8_gemm_choice.py \
+      tests/worker/layers/quantization/test_fp8_static.py; do
+    run "gpu-$(basename "$t" .py)" "$PWD" 200 -m pytest -q -p no:cacheprovider "$t" &
+  done
+  wait
+  run fp8_gemm_small "$PWD" 150 -m bench.fp8_gemm --rows 1,2,4,8,16 \
+    --out "$OUT/fp8_gemm-small-$MACHINE.json"
+  run fp8_gemm_table "$PWD" 240 -m bench.fp8_gemm --table --out "$OUT/fp8_gemm-table-$MACHINE.json"
+  run tp-fp8 "$PWD" 240 -m bench.tp --tp 1 --configs fp8-all,bf16 \
+    --out "$OUT/tp-fp8-$MACHINE.json"
 fi
 if part shared; then
   part fp8checks || part fp8tests || run gpu-test_decode_shared "$PWD" 200 -m pytest -q -p no:cacheprovider \
