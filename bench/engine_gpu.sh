@@ -50,7 +50,7 @@
 #   fp8tests  fp8checks' tests alone (with the static activation scales'); fp8bench its
 #             benchmarks alone
 #   gemv      the CUDA small-batch FP8 GEMM's GPU tests (with the table's and the static
-#             scales'), bench.fp8_gemm at 1-16 rows (every block size it compiles) and
+#             scales'), bench.fp8_gemm at 1-256 rows (at 1-16 every block size it compiles) and
 #             --table, then bench.tp --tp 1 --configs fp8-all,bf16 (the engine with the
 #             table measured at load: its batch-1 time per token against bf16's)
 #   shared    the shared-prefix decode (kernels/decode_shared.py): its GPU tests, then
@@ -212,8 +212,8 @@ if part gemv; then
     run "gpu-$(basename "$t" .py)" "$PWD" 200 -m pytest -q -p no:cacheprovider "$t" &
   done
   wait
-  run fp8_gemm_small "$PWD" 150 -m bench.fp8_gemm --rows 1,2,4,8,16 \
-    --out "$OUT/fp8_gemm-small-$MACHINE.json"
+  run fp8_gemm "$PWD" 150 -m bench.fp8_gemm --rows 1,2,4,8,16,64,256 \
+    --out "$OUT/fp8_gemm-$MACHINE.json"
   run fp8_gemm_table "$PWD" 240 -m bench.fp8_gemm --table --out "$OUT/fp8_gemm-table-$MACHINE.json"
   run tp-fp8 "$PWD" 240 -m bench.tp --tp 1 --configs fp8-all,bf16 \
     --out "$OUT/tp-fp8-$MACHINE.json"
