@@ -15,7 +15,13 @@ from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 from . import convert
 from .channels import Channels, StubsInTurn
 from .client import Params, Service
-from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retry_wait
+from .options import (
+    CONNECT_RETRY_WINDOW_S,
+    RESOLVE_TIMEOUT_S,
+    ClientOptions,
+    Deadline,
+    Retries,
+)
 from .resume import ResumableStream
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
@@ -36,6 +42,7 @@ class AsyncClient(StubsInTurn):
         connections: int = 1,
         max_retry_after: float = 30.0,
         retry_overloaded: bool = False,
+        connect_retry_window: float = CONNECT_RETRY_WINDOW_S,
     ) -> None:
         """`target`, `connections` and the retry options as `Client`'s: several routers
         spread calls round robin over those READY; `connections` per address, >= 1."""
@@ -49,6 +56,7 @@ class AsyncClient(StubsInTurn):
             connections=connections,
             max_retry_after=max_retry_after,
             retry_overloaded=retry_overloaded,
+            connect_retry_window=connect_retry_window,
         )
         self._channels = Channels(target, self.options, aio=True)
         self._service: Service = service
@@ -163,7 +171,7 @@ class AsyncClient(StubsInTurn):
     ) -> AsyncGenerator[Chunk, None]:
         """A stream's chunks: from `start`'s call (None: `stream` is a resume from the
         outset), then from Resume calls each time it breaks where it may resume."""
-        attempt = 0
+        retries = Retries(self.options)
         while True:
             if stream.resume_at is None:
                 assert start is not None
@@ -172,13 +180,12 @@ class AsyncClient(StubsInTurn):
                 call = self._resume_call(*stream.resume_at, deadline.remaining())
             try:
                 async for resp in call:
-                    attempt = 0
+                    retries.reset()
                     yield stream.chunk(resp)
                 return
             except grpc.RpcError as e:
-                if not stream.may_retry(e) or not await self._wait_retry(e, attempt, deadline):
+                if not stream.may_retry(e) or not await self._wait_retry(e, retries, deadline):
                     raise stream.error(e) from None
-                attempt += 1
             finally:
                 call.cancel()
 
@@ -322,7 +329,7 @@ class AsyncClient(StubsInTurn):
         if self._service == "auto":
             req = router_pb2.RouterGetModelInfoRequest()
             md = self.options.metadata()
-            deadline, attempt = Deadline(RESOLVE_TIMEOUT_S), 0
+            deadline, retries = Deadline(RESOLVE_TIMEOUT_S), Retries(self.options)
             while self._service == "auto":
                 try:
                     await self._router.GetModelInfo(req, timeout=deadline.remaining(), metadata=md)
@@ -330,23 +337,21 @@ class AsyncClient(StubsInTurn):
                 except grpc.RpcError as e:
                     if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                         self._service = "worker"
-                    elif not await self._wait_retry(e, attempt, deadline):
+                    elif not await self._wait_retry(e, retries, deadline):
                         raise convert.error_from_rpc(e) from None
-                    attempt += 1
         return self._service
 
     async def _retry(self, fn: Callable[[float | None], Awaitable[T]], deadline: Deadline) -> T:
-        attempt = 0
+        retries = Retries(self.options)
         while True:
             try:
                 return await fn(deadline.remaining())
             except grpc.RpcError as e:
-                if not await self._wait_retry(e, attempt, deadline):
+                if not await self._wait_retry(e, retries, deadline):
                     raise convert.error_from_rpc(e) from None
-                attempt += 1
 
-    async def _wait_retry(self, e: grpc.RpcError, attempt: int, deadline: Deadline) -> bool:
-        delay = retry_wait(e, attempt, self.options)  # honours the server's retry-after
+    async def _wait_retry(self, e: grpc.RpcError, retries: Retries, deadline: Deadline) -> bool:
+        delay = retries.wait(e)  # honours the server's retry-after
         if delay is None or not deadline.allows(delay):
             return False
         await asyncio.sleep(delay)

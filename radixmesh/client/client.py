@@ -22,7 +22,13 @@ from radixmesh.v1 import common_pb2, router_pb2, worker_pb2
 
 from . import convert
 from .channels import Channels, StubsInTurn
-from .options import RESOLVE_TIMEOUT_S, ClientOptions, Deadline, retry_wait
+from .options import (
+    CONNECT_RETRY_WINDOW_S,
+    RESOLVE_TIMEOUT_S,
+    ClientOptions,
+    Deadline,
+    Retries,
+)
 from .resume import ResumableStream
 from .types import Chunk, Completion, Embedding, Load, ModelInfo, ProgramHint, Selection
 
@@ -45,6 +51,7 @@ class Client(StubsInTurn):
         connections: int = 1,
         max_retry_after: float = 30.0,
         retry_overloaded: bool = False,
+        connect_retry_window: float = CONNECT_RETRY_WINDOW_S,
     ) -> None:
         """`target`: `host:port`, any gRPC target (`dns:///name:port`), or several routers
         as `host:port,host:port`: each call then goes to the next READY router (gRPC's
@@ -60,7 +67,9 @@ class Client(StubsInTurn):
 
         Retries (`max_retries`, before the first token) wait a server's retry-after, up
         to `max_retry_after` seconds (a longer ask raises at once); `retry_overloaded`
-        also retries a server's refusal for load (options.py says how)."""
+        also retries a server's refusal for load. A call whose connection could not be
+        made (a router restarting) is retried for `connect_retry_window` seconds instead,
+        not counted against `max_retries` (options.py says how)."""
         self.target = target
         self.options = ClientOptions(
             api_key,
@@ -71,6 +80,7 @@ class Client(StubsInTurn):
             connections=connections,
             max_retry_after=max_retry_after,
             retry_overloaded=retry_overloaded,
+            connect_retry_window=connect_retry_window,
         )
         self._channels = Channels(target, self.options)
         self._service: Service = service
@@ -190,7 +200,7 @@ class Client(StubsInTurn):
     ) -> Generator[Chunk, None, None]:
         """A stream's chunks: from `start`'s call (None: `stream` is a resume from the
         outset), then from Resume calls each time it breaks where it may resume."""
-        attempt = 0
+        retries = Retries(self.options)
         while True:
             if stream.resume_at is None:
                 assert start is not None
@@ -199,13 +209,12 @@ class Client(StubsInTurn):
                 call = self._resume_call(*stream.resume_at, deadline.remaining())
             try:
                 for resp in call:
-                    attempt = 0
+                    retries.reset()
                     yield stream.chunk(resp)
                 return
             except grpc.RpcError as e:
-                if not stream.may_retry(e) or not self._wait_retry(e, attempt, deadline):
+                if not stream.may_retry(e) or not self._wait_retry(e, retries, deadline):
                     raise stream.error(e) from None
-                attempt += 1
             finally:
                 call.cancel()  # no-op when done; cancels the server request when closed early
 
@@ -351,7 +360,7 @@ class Client(StubsInTurn):
         if self._service == "auto":
             req = router_pb2.RouterGetModelInfoRequest()
             md = self.options.metadata()
-            deadline, attempt = Deadline(RESOLVE_TIMEOUT_S), 0
+            deadline, retries = Deadline(RESOLVE_TIMEOUT_S), Retries(self.options)
             while self._service == "auto":
                 try:
                     self._router.GetModelInfo(req, timeout=deadline.remaining(), metadata=md)
@@ -359,23 +368,21 @@ class Client(StubsInTurn):
                 except grpc.RpcError as e:
                     if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                         self._service = "worker"
-                    elif not self._wait_retry(e, attempt, deadline):
+                    elif not self._wait_retry(e, retries, deadline):
                         raise convert.error_from_rpc(e) from None
-                    attempt += 1
         return self._service
 
     def _retry(self, fn: Callable[[float | None], T], deadline: Deadline) -> T:
-        attempt = 0
+        retries = Retries(self.options)
         while True:
             try:
                 return fn(deadline.remaining())
             except grpc.RpcError as e:
-                if not self._wait_retry(e, attempt, deadline):
+                if not self._wait_retry(e, retries, deadline):
                     raise convert.error_from_rpc(e) from None
-                attempt += 1
 
-    def _wait_retry(self, e: grpc.RpcError, attempt: int, deadline: Deadline) -> bool:
-        delay = retry_wait(e, attempt, self.options)  # honours the server's retry-after
+    def _wait_retry(self, e: grpc.RpcError, retries: Retries, deadline: Deadline) -> bool:
+        delay = retries.wait(e)  # honours the server's retry-after
         if delay is None or not deadline.allows(delay):
             return False
         time.sleep(delay)

@@ -115,6 +115,22 @@ def server_went_away(e: grpc.RpcError) -> bool:
     return bool(e.code() == grpc.StatusCode.UNAVAILABLE or _dropped_by_server(e))
 
 
+# How grpc-core's load balancing policies fail a call while they have no connection
+# (pick_first's and round_robin's pickers in TRANSIENT_FAILURE): the channel could not
+# connect, so no server saw the call. tests/client/test_reconnect.py checks them against
+# a real channel.
+NEVER_CONNECTED = ("failed to connect to all addresses", "connections to all backends failing")
+
+
+def never_connected(e: grpc.RpcError) -> bool:
+    """Whether the call failed because its channel could not connect to any server (so
+    none saw it), rather than being refused or dropped by one."""
+    if e.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = e.details() or ""
+    return details.startswith(NEVER_CONNECTED)
+
+
 def error_from_rpc(e: grpc.RpcError) -> RadixMeshError:
     """A typed exception (the catalogue's) carrying the status name and message.
 

@@ -506,8 +506,11 @@ def test_missing_api_key_is_unauthenticated(worker: WorkerProcess) -> None:
 def test_unavailable_target_is_retried_then_raised() -> None:
     port = _free_port()  # nothing listens here
     t0 = time.monotonic()
+    # A target that refuses connections is retried for the connect window (10 s by
+    # default, to outlast a router's restart), then raised.
+    target = f"127.0.0.1:{port}"
     with (
-        Client(f"127.0.0.1:{port}", service="worker", max_retries=2) as c,
+        Client(target, service="worker", max_retries=2, connect_retry_window=1.0) as c,
         pytest.raises(Unavailable),
     ):
         c.generate("hi", {"max_new_tokens": 1})
