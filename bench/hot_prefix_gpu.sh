@@ -45,13 +45,15 @@
 #     here does not rule one out there. Three, not four: four steps a round (~40 ms) would
 #     put TPOT at the 50 ms bound; two leave plain cache_aware nowhere to spill but the other
 #     holder.
-# Rates: with 3 workers a round of ~30-35 ms serves ~64 / (128 x 0.033) = 15 requests a
-# second per worker, ~45 for the cluster. At 30 and 40 req/s the hot prefix brings 18 and 24
-# (1.2x and 1.6x a worker: past its holder, as in the simulator's 15-20 req/s per worker
-# with capacity ~25) while the cluster runs at 2/3 and 0.9 of what it serves: past plain
-# cache_aware within the SLO, not far past the cluster. 384 requests (48 a group, as the
-# simulator's trace), 12.8 s of arrivals at 30 req/s. Goodput as the simulator's (TTFT <=
-# 500 ms: goodput_ttft) and with TPOT <= 50 ms beside it (goodput).
+# Rates: measured, not estimated. The estimate (a round of ~30-35 ms, ~15 requests a second
+# per worker, ~45 for the cluster) was 2.2x too high: on the H200 (2026-12-05) the cluster
+# served 19-21 req/s at offered 30 and 40, both policies with TTFT p50 at 0.6-1.2 s, past
+# the 500 ms SLO for most requests, and replication gained nothing there (1.01x and 0.92x
+# goodput: a saturated cluster has no spare worker to give a hot prefix). So the rates are
+# 14 and 20 req/s: the cluster (~20) at 0.7 and 1.0 of what it serves, the hot prefix
+# bringing 8.4 and 12 (1.3x and 1.8x a worker's ~6.7: past its holder). 384 requests (48 a
+# group, as the simulator's trace), 27 s of arrivals at 14 req/s. Goodput as the
+# simulator's (TTFT <= 500 ms: goodput_ttft) and with TPOT <= 50 ms beside it (goodput).
 #
 # SMOKE=1: the same command at CPU size on any machine (dummy:tiny, 2 workers, 1,536-token
 # prefixes, a few requests; .venv/bin/python; OUT default /tmp/hot-prefix-smoke).
@@ -81,7 +83,7 @@ else
   WORKERS=${WORKERS:-3}
   CLUSTER="--workers $WORKERS --workers-per-gpu $WORKERS"
   WORKER="--kv-cache-tokens 65536 --max-running-requests 64 --max-num-batched-tokens 8192"
-  LOAD="--prefix-len 7936 --num-requests ${REQUESTS:-384} --rates ${RATES:-30,40} --warmup 8"
+  LOAD="--prefix-len 7936 --num-requests ${REQUESTS:-384} --rates ${RATES:-14,20} --warmup 8"
   LIMIT=${LIMIT:-330}
 fi
 NAME="hot-prefix-${MODEL#dummy:}-$MACHINE"
