@@ -89,7 +89,7 @@ def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
             res["cuda_gemv_us"] = time_us(lambda _: gemv(x, q, scale, None))
             res["cuda_gemv_rel_err"] = rel_err(gemv(x, q, scale, None), ref)
             # Every block size the kernel compiles, beside the one `warps_for` picks.
-            res["cuda_gemv_warps"] = fp8_gemv_cuda.warps_for(k)
+            res["cuda_gemv_warps"] = fp8_gemv_cuda.warps_for(n, k)
             res["cuda_gemv_us_by_warps"] = {
                 str(wc): time_us(lambda _, wc=wc: gemv(x, q, scale, None, warps=wc))
                 for wc in fp8_gemv_cuda.WARP_COUNTS

@@ -26,11 +26,16 @@ SWITCH = "RADIXMESH_FP8_SMALL_M"  # "cuda": this kernel; "0": neither; else the 
 MAX_ROWS = 16
 CHUNK = 128  # input columns a warp's k-steps cover at once (the .cu's kChunk)
 WARP_COUNTS = (1, 2, 4, 8, 16)  # warps per block the .cu compiles
-# Chunks a warp's share of K aims for: four are the loads a warp has in flight at once
-# (the .cu's kAhead), so Llama-3-8B's k = 4,096 takes 8 warps (one round of loads each)
-# and 14,336 takes 16 (7 chunks each); a block is 16 output channels, so o's 256 blocks
-# of 8 warps put ~16 warps and ~128 KB of loads in flight on each of 132 SMs.
+# Warps in flight over the whole launch that the block size aims for (16 on each of an
+# H200's 132 SMs, ~8 KB of loads each), with at least CHUNKS_PER_WARP chunks a warp (four
+# are the loads a warp has in flight at once, the .cu's kAhead) and at least MIN_WARPS a
+# block. Measured on the H200 (2026-12-05, fp8_gemm-h200.json, `cuda_gemv_us_by_warps`,
+# one row): o (256 blocks) and down (256) fastest at 8 warps (6.3 against 7.1 at 4 and 7.8
+# at 16; 20.1 against 24.4 and 21.8), qkv (384) at 4 (8.3 against 9.8 and 10.7), gate/up
+# (1,792) at 4 or 8 (36.6, 37.4; 48.9 at 16).
+TARGET_WARPS = 2048
 CHUNKS_PER_WARP = 4
+MIN_WARPS = 4
 
 
 class _GemvParams(ctypes.Structure):
@@ -96,12 +101,17 @@ def applies(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> bool:
     return shapes_fit(x, q, scale) and library(x.device.index or 0) is not None
 
 
-def warps_for(k: int) -> int:
-    """Warps a block for k input columns: the most of WARP_COUNTS that leave each warp at
-    least CHUNKS_PER_WARP chunks (or the fewest, for short rows)."""
+def warps_for(n: int, k: int) -> int:
+    """Warps a block for n output channels (n / 16 blocks) and k input columns: the
+    largest of WARP_COUNTS within TARGET_WARPS over all blocks, but at least MIN_WARPS,
+    and at most one with CHUNKS_PER_WARP chunks a warp (one warp for short rows)."""
+    blocks = max(1, n // 16)
     chunks = k // CHUNK
     fits = [w for w in WARP_COUNTS if w * CHUNKS_PER_WARP <= chunks]
-    return fits[-1] if fits else 1
+    if not fits:
+        return 1
+    wanted = [w for w in fits if w * blocks <= TARGET_WARPS or w <= MIN_WARPS]
+    return wanted[-1]
 
 
 def fp8_gemv_cuda(
@@ -127,7 +137,7 @@ def fp8_gemv_cuda(
         y.stride(0),
     )  # fmt: skip
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    err = lib.radixmesh_fp8_gemv(ctypes.byref(params), warps or warps_for(k), stream)
+    err = lib.radixmesh_fp8_gemv(ctypes.byref(params), warps or warps_for(n, k), stream)
     if err != 0:
         raise RuntimeError(f"FP8 small-batch GEMM launch failed: cudaError {err}")
     return y

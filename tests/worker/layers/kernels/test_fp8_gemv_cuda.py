@@ -132,15 +132,19 @@ def test_shapes_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not fp8_gemv_cuda.applies(x, q, scale)  # still CPU tensors
 
 
-def test_warps_split_k_in_whole_chunks_of_at_least_four() -> None:
-    assert fp8_gemv_cuda.warps_for(4096) == 8  # qkv, o, gate/up: 4 chunks a warp
-    assert fp8_gemv_cuda.warps_for(14336) == 16  # down: 7 chunks a warp
-    assert fp8_gemv_cuda.warps_for(128) == 1
-    assert fp8_gemv_cuda.warps_for(1024) == 2
-    for k in range(128, 65536 + 1, 128):
-        w = fp8_gemv_cuda.warps_for(k)
-        assert w in fp8_gemv_cuda.WARP_COUNTS and w * fp8_gemv_cuda.CHUNK <= k
-        assert w == 1 or w * fp8_gemv_cuda.CHUNKS_PER_WARP <= k // fp8_gemv_cuda.CHUNK
+def test_warps_per_block_follow_the_measured_best() -> None:
+    g = fp8_gemv_cuda
+    assert g.warps_for(6144, 4096) == 4  # qkv: 384 blocks
+    assert g.warps_for(4096, 4096) == 8  # o: 256 blocks
+    assert g.warps_for(28672, 4096) == 4  # gate/up: 1,792 blocks, the minimum
+    assert g.warps_for(4096, 14336) == 8  # down
+    assert g.warps_for(512, 4096) == 8  # 32 blocks: 16 would leave 2 chunks a warp
+    assert g.warps_for(512, 128) == 1 and g.warps_for(512, 1024) == 2
+    for n in (16, 512, 4096, 131072):
+        for k in range(128, 65536 + 1, 128):
+            w = g.warps_for(n, k)
+            assert w in g.WARP_COUNTS and w * g.CHUNK <= k
+            assert w == 1 or w * g.CHUNKS_PER_WARP <= k // g.CHUNK
 
 
 @pytest.mark.skipif(cuda_library.nvcc() is None, reason="needs nvcc (no GPU)")
