@@ -12,7 +12,8 @@ For each of Llama-3-8B's four GEMMs (fused qkv 6144 x 4096, o 4096 x 4096, fused
               <= its MAX_ROWS only
   cuda_gemv   the same job in CUDA C++ (layers/kernels/fp8_gemv_cuda.py), per-channel
               scales, rows <= 16, where it builds; also at each block size it compiles
-              (`cuda_gemv_us_by_warps`)
+              (`cuda_gemv_us_by_warps`) and with a block per slab of 16 channels rather
+              than a persistent grid (`cuda_gemv_per_slab_us`)
 each timed with CUDA graphs of 20 calls (no launch gaps), median of 9, and the weight
 bytes each reads per microsecond against the device's copy rate. Also the largest
 relative error of each FP8 path against float32 on the dequantized weights.
@@ -39,6 +40,7 @@ ship it). Run: `python -m bench.fp8_gemm --table`.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import time
@@ -51,6 +53,15 @@ from bench import fp8_sweep, record
 from bench.fp8_sweep import SHAPES
 from radixmesh.worker.layers.kernels.timing import time_us
 from radixmesh.worker.layers.quantization.fp8_gemm_choice import rel_err
+
+
+def _gemv_call(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, warps: int, _call: int
+) -> torch.Tensor:
+    """The CUDA small-batch GEMM at `warps` a block (a `time_us` call)."""
+    from radixmesh.worker.layers.kernels.fp8_gemv_cuda import fp8_gemv_cuda
+
+    return fp8_gemv_cuda(x, q, scale, None, warps=warps)
 
 
 def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
@@ -91,10 +102,13 @@ def one_shape(name: str, n: int, k: int, rows: int) -> dict[str, Any]:
             # Every block size the kernel compiles, beside the one `warps_for` picks.
             res["cuda_gemv_warps"] = fp8_gemv_cuda.warps_for(n, k)
             res["cuda_gemv_us_by_warps"] = {
-                str(wc): time_us(lambda _, wc=wc: gemv(x, q, scale, None, warps=wc))
+                str(wc): time_us(functools.partial(_gemv_call, x, q, scale, wc))
                 for wc in fp8_gemv_cuda.WARP_COUNTS
                 if wc * fp8_gemv_cuda.CHUNK <= k and wc >= 4
             }
+            res["cuda_gemv_per_slab_us"] = time_us(
+                lambda _: gemv(x, q, scale, None, persistent=False)
+            )
     paths = (
         ("bf16", 2),
         ("scaled_mm", 1),

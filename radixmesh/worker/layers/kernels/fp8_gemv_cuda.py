@@ -27,12 +27,13 @@ MAX_ROWS = 16
 CHUNK = 128  # input columns a warp's k-steps cover at once (the .cu's kChunk)
 WARP_COUNTS = (1, 2, 4, 8, 16)  # warps per block the .cu compiles
 # Warps in flight over the whole launch that the block size aims for (16 on each of an
-# H200's 132 SMs, ~8 KB of loads each), with at least CHUNKS_PER_WARP chunks a warp (four
-# are the loads a warp has in flight at once, the .cu's kAhead) and at least MIN_WARPS a
-# block. Measured on the H200 (2026-12-05, fp8_gemm-h200.json, `cuda_gemv_us_by_warps`,
-# one row): o (256 blocks) and down (256) fastest at 8 warps (6.3 against 7.1 at 4 and 7.8
-# at 16; 20.1 against 24.4 and 21.8), qkv (384) at 4 (8.3 against 9.8 and 10.7), gate/up
-# (1,792) at 4 or 8 (36.6, 37.4; 48.9 at 16).
+# H200's 132 SMs, ~8 KB of loads each), with at least CHUNKS_PER_WARP chunks a warp (two
+# of the .cu's stages of kStage = 2: one in flight while the other is multiplied) and at
+# least MIN_WARPS a block. Measured on the H200 (2026-12-05, fp8_gemm-h200.json,
+# `cuda_gemv_us_by_warps`, one row, a block per slab before the K loop was pipelined):
+# o (256 blocks) and down (256) fastest at 8 warps (6.3 against 7.1 at 4 and 7.8 at 16;
+# 20.1 against 24.4 and 21.8), qkv (384) at 4 (8.3 against 9.8 and 10.7), gate/up (1,792)
+# at 4 or 8 (36.6, 37.4; 48.9 at 16).
 TARGET_WARPS = 2048
 CHUNKS_PER_WARP = 4
 MIN_WARPS = 4
@@ -64,7 +65,12 @@ def library(device_index: int) -> ctypes.CDLL | None:
     if lib is None:
         return None
     lib.radixmesh_fp8_gemv.restype = ctypes.c_int
-    lib.radixmesh_fp8_gemv.argtypes = [ctypes.POINTER(_GemvParams), ctypes.c_int, ctypes.c_int64]
+    lib.radixmesh_fp8_gemv.argtypes = [
+        ctypes.POINTER(_GemvParams),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int64,
+    ]
     if lib.radixmesh_fp8_gemv_params_size() != ctypes.sizeof(_GemvParams):
         return None  # the two definitions disagree
     return lib
@@ -120,10 +126,13 @@ def fp8_gemv_cuda(
     scale: torch.Tensor,
     bias: torch.Tensor | None,
     warps: int | None = None,
+    persistent: bool = True,
 ) -> torch.Tensor:
     """x [m, k] (1 <= m <= 16) times e4m3 q [n, k] with float32 scales [n] (+ bias [n])
     -> [m, n] in x's dtype (`shapes_fit` must hold); `warps` a block (WARP_COUNTS, at
-    most k / CHUNK) overrides `warps_for` (for bench.fp8_gemm's sweep)."""
+    most k / CHUNK) overrides `warps_for` (for bench.fp8_gemm's sweep); `persistent`: a
+    grid of the blocks the SMs hold at once, each walking several slabs of 16 output
+    channels, rather than a block per slab (cuda/fp8_gemv.cu says why)."""
     lib = library(x.device.index or 0)
     assert lib is not None and shapes_fit(x, q, scale), "fp8_gemv_cuda without applies()"
     m, k = x.shape
@@ -137,7 +146,9 @@ def fp8_gemv_cuda(
         y.stride(0),
     )  # fmt: skip
     stream = torch.cuda.current_stream(x.device).cuda_stream
-    err = lib.radixmesh_fp8_gemv(ctypes.byref(params), warps or warps_for(n, k), stream)
+    err = lib.radixmesh_fp8_gemv(
+        ctypes.byref(params), warps or warps_for(n, k), int(persistent), stream
+    )
     if err != 0:
         raise RuntimeError(f"FP8 small-batch GEMM launch failed: cudaError {err}")
     return y

@@ -65,8 +65,13 @@ def test_matches_float32_and_the_triton_kernel(
         assert _rel(out, fp8_small_m_linear(x, q, scale, b)) < 8e-3
         for warps in fp8_gemv_cuda.WARP_COUNTS:  # any split of K: the same sums but order
             if warps * fp8_gemv_cuda.CHUNK <= k:
-                other = fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, b, warps=warps)
-                assert _rel(other, ref) < 8e-3, (warps, _rel(other, ref))
+                for persistent in (True, False):
+                    other = fp8_gemv_cuda.fp8_gemv_cuda(
+                        x, q, scale, b, warps=warps, persistent=persistent
+                    )
+                    assert _rel(other, ref) < 8e-3, (warps, persistent, _rel(other, ref))
+        # The grid does not change the sums' order: the same bits either way.
+        assert torch.equal(out, fp8_gemv_cuda.fp8_gemv_cuda(x, q, scale, b, persistent=False))
 
 
 @pytest.mark.gpu
