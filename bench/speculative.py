@@ -115,7 +115,7 @@ def copy_part(args: argparse.Namespace) -> dict[str, Any]:
     return table
 
 
-class _NeverAccepted:
+class NeverAccepted:
     """k drafts the model will not produce: a token id above any it samples here (the
     last id of the vocabulary, a padding or rare token), so each step verifies k and
     keeps none."""
@@ -141,7 +141,7 @@ def verify_part(args: argparse.Namespace) -> dict[str, Any]:
     n = args.verify_tokens
     print(f"{'k':>3} {'ms/step':>9} {'ratio':>7}")
     base = None
-    spec.drafter = _NeverAccepted(vocab - 1)
+    spec.drafter = NeverAccepted(vocab - 1)
     for k in [0, *ks]:
         # Between requests the engine is idle: the speculator's config is swapped for k.
         spec.config = dataclasses.replace(spec.config, speculative_tokens=max(k, 1))

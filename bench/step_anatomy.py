@@ -5,7 +5,10 @@ Three workloads:
           or without --overlap-schedule. Host phases per step from wrappers around the
           scheduler's parts, then the same run under torch.profiler: kernels per step,
           the GPU's busy time (union of kernel intervals) against the wall time, and the
-          kernel time by kind (GEMM, NCCL, Triton, other).
+          kernel time by kind (GEMM, attention, NCCL, Triton, other). With
+          --draft-tokens k each step verifies k drafts that are never kept (1 + k rows,
+          one token added: bench/speculative.py's verify part), so its steps are the
+          verify steps whose cost the speculative target bounds.
   json    bench/json_decode.py's workload (jump-forward on, then off): each step is
           classified (graph decode, forced tokens as graphed decode rows, eager with a
           prompt chunk, other eager) and timed in its host phases (schedule, forward +
@@ -16,6 +19,7 @@ Three workloads:
           step's floor and what takes the gap (bench/anatomy/prefill.py).
 
   python -m bench.step_anatomy --workload batch1 --tp 2 --overlap-schedule
+  python -m bench.step_anatomy --workload batch1 --draft-tokens 4
   python -m bench.step_anatomy --workload json --documents 256
   python -m bench.step_anatomy --workload prefill [--requests 64] [--no-overlap-schedule]
 Prints a table per run and writes JSON (--out).
@@ -55,6 +59,8 @@ def _kernel_kind(name: str) -> str:
     low = name.lower()
     if "nccl" in low:
         return "nccl"
+    if any(s in low for s in ("decode", "extend", "attention", "flash", "cascade")):
+        return "attention"  # before "fp8": the FP8 KV decode kernels are not GEMMs
     if any(s in low for s in ("gemm", "nvjet", "xmma", "cutlass", "gemv", "sm90", "fp8")):
         return "gemm"  # FP8 weights: the small-batch kernel and the activations' quantization
     if low.startswith("triton") or ("_kernel" in low and "at::" not in low):
@@ -105,6 +111,11 @@ def _kernel_profile(prof: Any, steps: int, wall_s: float) -> dict[str, Any]:
 
 
 def batch1(args: argparse.Namespace) -> dict[str, Any]:
+    k = args.draft_tokens
+    spec: dict[str, Any] = {}
+    if k:  # drafts that are never kept: each step verifies 1 + k rows and adds one token
+        spec = {"speculative": "ngram", "speculative_tokens": k}
+        spec["speculative_min_accept_rate"] = 0.0
     engine = Engine(
         args.model,
         tp_size=args.tp,
@@ -114,12 +125,21 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         **({"kv_cache_tokens": args.kv_cache_tokens} if args.kv_cache_tokens else {}),
+        **spec,
     )
     try:
         vocab = engine.worker.arch.vocab_size
-        prompt = [(7 * i + 3) % (vocab - 1) + 1 for i in range(args.prompt_len)]
+        speculator = engine.worker.scheduler.speculator
+        if k:
+            from bench.speculative import NeverAccepted
+
+            assert speculator is not None
+            speculator.drafter = NeverAccepted(vocab - 1)
+        # Token ids below vocab - 1, which the never-kept drafts use.
+        prompt = [(7 * i + 3) % (vocab - 2) + 1 for i in range(args.prompt_len)]
         params = {"max_new_tokens": args.steps, "temperature": 0.0, "ignore_eos": True}
         engine.generate(input_ids=prompt, sampling_params=params)  # warm-up
+        verified = speculator.stats.verify_steps if speculator is not None else 0
         sched, runner = engine.worker.scheduler, engine.worker.runner
         timer = PhaseTimer()
         step_times: list[float] = []
@@ -129,6 +149,8 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
         timer.wrap(sched, "launch", "launch")
         timer.wrap(runner, "forward", "runner_forward")
         timer.wrap(runner.sampler, "draw", "sampler")
+        if k:
+            timer.wrap(runner, "_verify", "verify")
         if runner.followers is not None:
             timer.wrap(runner.followers, "send_step", "send_step")
         if runner.decode_graphs is not None:
@@ -149,6 +171,8 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
             "wall_ms_per_token": 1e3 * wall / args.steps,
             "step_ms": _summary(body),
             "host_phase_ms_mean": host,
+            "draft_tokens": k,
+            "verify_steps": (speculator.stats.verify_steps - verified) if speculator else 0,
         }
         if torch.cuda.is_available():
             prof, wall = profile_generation(engine, prompt, params)
@@ -291,6 +315,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trace", default=None, help="batch1: write a Chrome trace here")
     ap.add_argument("--quantization", default=None, help="batch1, prefill: e.g. fp8")
     ap.add_argument("--kv-cache-dtype", default="auto", help="batch1, prefill: e.g. fp8")
+    ap.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=0,
+        help="batch1: k drafts a step that are never kept (each step verifies 1 + k rows)",
+    )
     prefill_workload.add_arguments(ap)
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
@@ -300,6 +330,8 @@ def main(argv: list[str] | None = None) -> None:
         res = batch1(args) if args.workload == "batch1" else json_steps(args)
         print(json.dumps(res, indent=1))
     name = f"b1-tp{args.tp}" if args.workload == "batch1" else args.workload
+    if args.workload == "batch1" and args.draft_tokens:
+        name = f"{name}-verify{args.draft_tokens}"
     if args.name:  # a configuration's, e.g. fp8-all
         name = f"{name}-{args.name}"
     record.write("step_anatomy", args, {"result": res}, name=name)

@@ -107,3 +107,31 @@ def test_decode_window_reports_its_distribution_and_host_shares(result: dict[str
     # synchronous on the CPU: every step reads its own sampled ids, and launches its forward
     assert dec["host_phase_ms"]["wait"] > 0
     assert shares["launch"] > shares["schedule"] > 0
+
+
+def test_kernel_kinds_put_the_fp8_decode_kernels_in_attention() -> None:
+    kind = step_anatomy._kernel_kind
+    assert kind("void (anonymous namespace)::decode_fp8_split<2, 8>(Params)") == "attention"
+    assert kind("_decode_merge_kernel") == "attention"
+    assert kind("_extend_kernel") == "attention"
+    assert kind("void (anonymous namespace)::gemv<8, true, false>(GemvParams)") == "gemm"
+    assert kind("nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT") == "gemm"
+    assert kind("_fp8_small_m_kernel") == "gemm"
+    assert kind("_rms_norm_kernel") == "triton"
+    assert kind("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "nccl"
+
+
+def test_batch1_with_drafts_that_are_never_kept_verifies_every_step_it_can(
+    tmp_path: Any,
+) -> None:
+    """8 tokens: the prefill samples the first, then each step verifies 2 drafts and adds
+    one token while at least 2 more remain after it (6 steps), and the last is plain."""
+    out = tmp_path / "verify.json"
+    argv = ["--workload", "batch1", "--model", "dummy:tiny", "--steps", "8"]
+    argv += ["--prompt-len", "16", "--draft-tokens", "2", "--max-running-requests", "8"]
+    argv += ["--cuda-graph-max-batch-size", "8", "--out", str(out)]
+    step_anatomy.main(argv)
+    record = json.loads(out.read_text())
+    res = record["result"]
+    assert (res["draft_tokens"], res["verify_steps"], res["steps"]) == (2, 6, 8)
+    assert "verify" in res["host_phase_ms_mean"] and "schedule" in res["host_phase_ms_mean"]
