@@ -1,7 +1,7 @@
 // Device helpers shared by the project's CUDA C++ kernels that multiply e4m3 rows on the
-// fp16 matrix unit (attention/kernels/cuda/decode_fp8.cu, layers/kernels/cuda/fp8_gemv.cu):
-// e4m3 pairs to fp16 pairs, mma.sync m16n8k16, 16-byte loads, powers of two, and the
-// power-of-two shift that brings a 16-bit vector into fp16's range. worker/cuda_library.py
+// 16-bit matrix unit (attention/kernels/cuda/decode_fp8.cu, layers/kernels/cuda/fp8_gemv.cu):
+// e4m3 pairs to fp16 pairs, mma.sync m16n8k16 (fp16 and bf16 operands), 16-byte loads,
+// powers of two, and the power-of-two shift that brings a 16-bit vector into fp16's range. worker/cuda_library.py
 // compiles every kernel with this folder on the include path and names each library by a
 // hash that covers this file too.
 
@@ -47,6 +47,15 @@ __device__ __forceinline__ uint32_t e4m3x2_hi(uint32_t w) {
 __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                     uint32_t a3, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += A B, m16n8k16, bf16 operands, float32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
