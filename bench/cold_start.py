@@ -22,14 +22,24 @@ again), and with the step it happened in (its number in the phase and its rows, 
 phase, step, batch); the first batch's are printed after the run's line. With the
 warm-up on, "first" should be empty: whatever is there is what the warm-up misses.
 
+`--module-loading lazy,eager` runs each configuration a second time with
+CUDA_MODULE_LOADING=EAGER. CUDA loads a library's kernels at their first launch by default
+(lazy loading), so a first batch can pay a module load for each kernel it is the first to
+run: cuBLASLt's GEMM kernels for row counts the warm-up never ran are the suspect once
+the warm-up leaves no Triton compile in the first batch. Eager loading loads every kernel
+when the CUDA context is made (a slower start, no loads later): if it closes the gap
+between the first batch and the second, lazy loading is what the first batch pays.
+Eager runs are recorded as `<config>/warmup-<on|off>/eager-modules`.
+
 One GPU: `python -m bench.cold_start [--configs fp8-all] [--warmup on,off] [--shape
-128/128] [--requests 1024]`; CPU smoke run: `--smoke`. Writes
-bench/results/cold_start-<machine>.json.
+128/128] [--requests 1024] [--module-loading lazy,eager]`; CPU smoke run: `--smoke`.
+Writes bench/results/cold_start-<machine>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -45,6 +55,7 @@ from radixmesh.worker.engine import Engine
 from radixmesh.worker.triton_compiles import CompileLog, tag_steps
 
 WARMUPS = {"on": True, "off": False}
+MODULE_LOADING = ("lazy", "eager")  # CUDA_MODULE_LOADING: CUDA's default, and EAGER
 PHASES = ("start", "warmup", "first", "warm")  # the compile log's (see the module doc)
 
 
@@ -98,11 +109,16 @@ def _compiles(log: CompileLog) -> dict[str, Any]:
     }
 
 
-def run_in_own_process(args: argparse.Namespace, config: str, warmup: str) -> dict[str, Any]:
-    """`measure` in a child process with an empty Triton cache; its figures."""
+def run_in_own_process(
+    args: argparse.Namespace, config: str, warmup: str, modules: str = "lazy"
+) -> dict[str, Any]:
+    """`measure` in a child process with an empty Triton cache (and, for `modules`
+    "eager", CUDA_MODULE_LOADING=EAGER); its figures."""
     with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
         out = Path(tmp) / "run.json"
         env = {**os.environ, "TRITON_CACHE_DIR": str(Path(tmp) / "triton")}
+        if modules == "eager":
+            env["CUDA_MODULE_LOADING"] = "EAGER"
         cmd = [sys.executable, "-m", "bench.cold_start", "--child", f"{config}:{warmup}"]
         cmd += ["--child-out", str(out), "--model", args.model, "--shape", args.shape]
         cmd += ["--requests", str(args.requests)]
@@ -117,6 +133,7 @@ def child(args: argparse.Namespace) -> None:
     options = {"quantization": quantization, "kv_cache_dtype": kv_dtype, "warmup": WARMUPS[warmup]}
     [(isl, osl)] = parse_shapes(args.shape)
     result = measure(args.model, options, isl, osl, args.requests)
+    result["cuda_module_loading"] = os.environ.get("CUDA_MODULE_LOADING", "")  # "": CUDA's
     Path(args.child_out).write_text(json.dumps(result))
 
 
@@ -127,6 +144,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", default="on,off", help="on, off or both")
     ap.add_argument("--shape", default="128/128", help="ISL/OSL of the batch")
     ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument(
+        "--module-loading",
+        default="lazy",
+        help="lazy, eager or both: CUDA_MODULE_LOADING of the runs (module doc)",
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU: dummy:tiny, a tiny batch")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -141,22 +163,30 @@ def main(argv: list[str] | None = None) -> None:
 def parent(args: argparse.Namespace) -> None:
     if args.smoke:
         args.model, args.shape, args.requests = "dummy:tiny", "16/4", 4
-    runs: dict[str, Any] = {}
+    modules = args.module_loading.split(",")
+    if not set(modules) <= set(MODULE_LOADING):
+        raise ValueError(f"--module-loading: {args.module_loading!r} is not lazy, eager or both")
     for config in args.configs.split(","):
         if config not in CONFIGS:
             raise ValueError(f"--configs: unknown {config!r}; choices: {sorted(CONFIGS)}")
-        for warmup in args.warmup.split(","):
-            if warmup not in WARMUPS:
-                raise ValueError(f"--warmup: {warmup!r} is not on or off")
-            r = runs[f"{config}/warmup-{warmup}"] = run_in_own_process(args, config, warmup)
-            print(
-                f"{config:8} warm-up {warmup:3}: start {r['start_seconds']:.1f} s (warm-up "
-                f"{r['warmup_seconds']:.1f} s), first {r['first']['output_tok_per_s']:,.0f} "
-                f"tok/s, warm {r['warm']['output_tok_per_s']:,.0f}: {r['first_vs_warm']:.2f}x",
-                flush=True,
-            )
-            # the first batch's compiles where the warm-up should have left none
-            print(compiles_report(r, detail=WARMUPS[warmup]), flush=True)
+    for warmup in args.warmup.split(","):
+        if warmup not in WARMUPS:
+            raise ValueError(f"--warmup: {warmup!r} is not on or off")
+    runs: dict[str, Any] = {}
+    for config, warmup, loading in itertools.product(
+        args.configs.split(","), args.warmup.split(","), modules
+    ):
+        key = f"{config}/warmup-{warmup}" + ("/eager-modules" if loading == "eager" else "")
+        r = runs[key] = run_in_own_process(args, config, warmup, loading)
+        label = f"{config:8} warm-up {warmup:3}" + (" eager modules" if loading == "eager" else "")
+        print(
+            f"{label}: start {r['start_seconds']:.1f} s (warm-up "
+            f"{r['warmup_seconds']:.1f} s), first {r['first']['output_tok_per_s']:,.0f} "
+            f"tok/s, warm {r['warm']['output_tok_per_s']:,.0f}: {r['first_vs_warm']:.2f}x",
+            flush=True,
+        )
+        # the first batch's compiles where the warm-up should have left none
+        print(compiles_report(r, detail=WARMUPS[warmup]), flush=True)
     record.write("cold_start", args, {"model": args.model, "runs": runs})
 
 

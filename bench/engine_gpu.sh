@@ -31,6 +31,9 @@
 #             128/128 batch (1,024 requests) after start against the same batch again, and
 #             every Triton compile by phase and step (each run's compiles and compile_log
 #             in the JSON; the log lists the first batch's compiles after the warm-up)
+#   coldmodules bench.cold_start with the warm-up on, CUDA's lazy module loading against
+#             CUDA_MODULE_LOADING=EAGER, each in a process of its own: whether the first
+#             batch's remaining cost is kernels loaded at their first launch
 #   fp8cuda   the CUDA FP8 decode kernel's GPU tests, then bench.attention_kernels
 #             --decode-sweep --quick: each decode path's default launch and the CUDA
 #             kernel's launches on bf16 and FP8 pools, same call
@@ -149,6 +152,10 @@ fi
 if part coldstart; then
   run cold_start "$PWD" 420 -m bench.cold_start --configs fp8-all --warmup on,off \
     --out "$OUT/cold_start-$MACHINE.json"
+fi
+if part coldmodules; then
+  run cold_start_modules "$PWD" 420 -m bench.cold_start --configs fp8-all --warmup on \
+    --module-loading lazy,eager --out "$OUT/cold_start-modules-$MACHINE.json"
 fi
 if part peerdefaults; then
   run peer_shapes "$PWD" 540 -m bench.peer_shapes --configs fp8-all \

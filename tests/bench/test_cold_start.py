@@ -69,3 +69,19 @@ def test_the_first_batchs_compiles_are_listed_longest_first_with_their_step() ->
 def test_an_unknown_warmup_setting_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="--warmup: 'maybe'"):
         cold_start.main(["--smoke", "--warmup", "maybe"])
+
+
+def test_module_loading_runs_each_configuration_lazily_and_eagerly(tmp_path: Path) -> None:
+    out = tmp_path / "cold.json"
+    argv = ["--smoke", "--configs", "bf16", "--warmup", "on", "--module-loading", "lazy,eager"]
+    cold_start.main([*argv, "--out", str(out)])
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted(runs) == ["bf16/warmup-on", "bf16/warmup-on/eager-modules"]
+    assert runs["bf16/warmup-on/eager-modules"]["cuda_module_loading"] == "EAGER"
+    for r in runs.values():
+        assert r["first"]["output_tokens"] == r["warm"]["output_tokens"] == 4 * 4
+
+
+def test_module_loading_refuses_other_values() -> None:
+    with pytest.raises(ValueError, match="--module-loading"):
+        cold_start.main(["--smoke", "--module-loading", "eagerly"])
