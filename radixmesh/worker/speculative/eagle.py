@@ -87,10 +87,6 @@ class EagleDrafter:
         while sum(len(rows) for _, rows in state.pending) > MAX_PENDING:
             state.pending.pop(0)
 
-    def forget(self, req: Request) -> None:
-        """Drop `req`'s state (it may not draft for a while: the batch is large)."""
-        self._states.pop(req, None)
-
     def forget_all(self) -> None:
         """Drop every request's state (a step too large to draft: no features come)."""
         if self._states:

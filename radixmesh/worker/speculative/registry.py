@@ -41,13 +41,6 @@ def observe(drafter: Drafter, req: Request, start: int, features: torch.Tensor) 
         take(req, start, features)
 
 
-def forget(drafter: Drafter, req: Request) -> None:
-    """Drop what a drafter keeps for `req` between steps (the others keep nothing)."""
-    drop = getattr(drafter, "forget", None)
-    if drop is not None:
-        drop(req)
-
-
 def forget_all(drafter: Drafter) -> None:
     """Drop what a drafter keeps for every request (the others keep nothing)."""
     drop = getattr(drafter, "forget_all", None)

@@ -25,7 +25,6 @@ from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.request import Request
 from radixmesh.worker.speculative.registry import (
     Drafter,
-    forget,
     forget_all,
     observe,
     propose_all,
@@ -119,11 +118,10 @@ class Speculator:
     def observe(self, req: Request, start: int, features: torch.Tensor) -> None:
         """The target's final hidden rows [n, H] the request kept, from position `start`
         (for a drafter that reads them: eagle). While the batch is too large to draft,
-        the drafter keeps nothing for the request (bounded memory outside the KV pool)."""
+        the drafter keeps nothing: that step's `drafts` call dropped every request's state
+        (bounded memory outside the KV pool), and features are not taken."""
         if self._observing:
             observe(self.drafter, req, start, features)
-        else:
-            forget(self.drafter, req)
 
     def record(self, req: Request, drafted: int, accepted: int) -> None:
         """A verify step's outcome for `req`: counters, and its rest when it fails."""
