@@ -22,14 +22,17 @@ again), and with the step it happened in (its number in the phase and its rows, 
 phase, step, batch); the first batch's are printed after the run's line. With the
 warm-up on, "first" should be empty: whatever is there is what the warm-up misses.
 
-`--module-loading lazy,eager` runs each configuration a second time with
-CUDA_MODULE_LOADING=EAGER. CUDA loads a library's kernels at their first launch by default
-(lazy loading), so a first batch can pay a module load for each kernel it is the first to
-run: cuBLASLt's GEMM kernels for row counts the warm-up never ran are the suspect once
-the warm-up leaves no Triton compile in the first batch. Eager loading loads every kernel
-when the CUDA context is made (a slower start, no loads later): if it closes the gap
-between the first batch and the second, lazy loading is what the first batch pays.
-Eager runs are recorded as `<config>/warmup-<on|off>/eager-modules`.
+`--module-loading lazy,eager` runs each configuration with CUDA_MODULE_LOADING=LAZY and
+again with EAGER. CUDA loads a library's kernels at their first launch under lazy loading
+(torch's default), so a first batch can pay a module load for each kernel it is the first
+to run: cuBLASLt's GEMM kernels for row counts the warm-up never ran, torch's elementwise
+kernels. Eager loading loads every kernel when the CUDA context is made (more memory, no
+loads later). The worker asks for eager loading unless CUDA_MODULE_LOADING is set
+(worker/device.py says what it measured), so `eager` (the default here) is the engine's
+own start and `lazy` torch's.
+Lazy runs are recorded as `<config>/warmup-<on|off>/lazy-modules` (in files written before
+eager loading became the worker's default, the plain key is lazy and eager runs carry
+`/eager-modules`).
 
 One GPU: `python -m bench.cold_start [--configs fp8-all] [--warmup on,off] [--shape
 128/128] [--requests 1024] [--module-loading lazy,eager]`; CPU smoke run: `--smoke`.
@@ -110,15 +113,14 @@ def _compiles(log: CompileLog) -> dict[str, Any]:
 
 
 def run_in_own_process(
-    args: argparse.Namespace, config: str, warmup: str, modules: str = "lazy"
+    args: argparse.Namespace, config: str, warmup: str, modules: str = "eager"
 ) -> dict[str, Any]:
-    """`measure` in a child process with an empty Triton cache (and, for `modules`
-    "eager", CUDA_MODULE_LOADING=EAGER); its figures."""
+    """`measure` in a child process with an empty Triton cache and CUDA_MODULE_LOADING
+    `modules` (upper-cased); its figures."""
     with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
         out = Path(tmp) / "run.json"
         env = {**os.environ, "TRITON_CACHE_DIR": str(Path(tmp) / "triton")}
-        if modules == "eager":
-            env["CUDA_MODULE_LOADING"] = "EAGER"
+        env["CUDA_MODULE_LOADING"] = modules.upper()
         cmd = [sys.executable, "-m", "bench.cold_start", "--child", f"{config}:{warmup}"]
         cmd += ["--child-out", str(out), "--model", args.model, "--shape", args.shape]
         cmd += ["--requests", str(args.requests)]
@@ -133,7 +135,7 @@ def child(args: argparse.Namespace) -> None:
     options = {"quantization": quantization, "kv_cache_dtype": kv_dtype, "warmup": WARMUPS[warmup]}
     [(isl, osl)] = parse_shapes(args.shape)
     result = measure(args.model, options, isl, osl, args.requests)
-    result["cuda_module_loading"] = os.environ.get("CUDA_MODULE_LOADING", "")  # "": CUDA's
+    result["cuda_module_loading"] = os.environ.get("CUDA_MODULE_LOADING", "")
     Path(args.child_out).write_text(json.dumps(result))
 
 
@@ -146,8 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument(
         "--module-loading",
-        default="lazy",
-        help="lazy, eager or both: CUDA_MODULE_LOADING of the runs (module doc)",
+        default="eager",
+        help="eager (the worker's default), lazy or both: CUDA_MODULE_LOADING (module doc)",
     )
     ap.add_argument("--smoke", action="store_true", help="CPU: dummy:tiny, a tiny batch")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -176,9 +178,9 @@ def parent(args: argparse.Namespace) -> None:
     for config, warmup, loading in itertools.product(
         args.configs.split(","), args.warmup.split(","), modules
     ):
-        key = f"{config}/warmup-{warmup}" + ("/eager-modules" if loading == "eager" else "")
+        key = f"{config}/warmup-{warmup}" + ("/lazy-modules" if loading == "lazy" else "")
         r = runs[key] = run_in_own_process(args, config, warmup, loading)
-        label = f"{config:8} warm-up {warmup:3}" + (" eager modules" if loading == "eager" else "")
+        label = f"{config:8} warm-up {warmup:3}" + (" lazy modules" if loading == "lazy" else "")
         print(
             f"{label}: start {r['start_seconds']:.1f} s (warm-up "
             f"{r['warmup_seconds']:.1f} s), first {r['first']['output_tok_per_s']:,.0f} "

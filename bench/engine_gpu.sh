@@ -155,7 +155,7 @@ if part coldstart; then
 fi
 if part coldmodules; then
   run cold_start_modules "$PWD" 420 -m bench.cold_start --configs fp8-all --warmup on \
-    --module-loading lazy,eager --out "$OUT/cold_start-modules-$MACHINE.json"
+    --module-loading eager,lazy --out "$OUT/cold_start-modules-$MACHINE.json"
 fi
 if part peerdefaults; then
   run peer_shapes "$PWD" 540 -m bench.peer_shapes --configs fp8-all \

@@ -32,6 +32,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -174,6 +175,8 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
             "draft_tokens": k,
             "verify_steps": (speculator.stats.verify_steps - verified) if speculator else 0,
         }
+        if args.host_profile:
+            res["host_profile"] = host_profile(engine, prompt, params, args.host_profile)
         if torch.cuda.is_available():
             prof, wall = profile_generation(engine, prompt, params)
             res["profile"] = _kernel_profile(prof, args.steps, wall)
@@ -182,6 +185,50 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
         return res
     finally:
         engine.shutdown()
+
+
+def host_profile(
+    engine: Engine, prompt: list[int], params: dict[str, Any], top: int
+) -> dict[str, Any]:
+    """One more generation with cProfile on the scheduler's steps (the thread that runs
+    them): the `top` functions by own time and by cumulative time, in ms per step. Run
+    apart from the timed and the kernel-profiled generations (cProfile slows every
+    Python call); what it ranks is the host work on a synchronous step's critical path."""
+    import cProfile
+    import pstats
+
+    sched = engine.worker.scheduler
+    prof = cProfile.Profile()
+    step = sched.step
+    calls = [0]
+
+    def profiled_step() -> Any:
+        calls[0] += 1
+        return prof.runcall(step)
+
+    sched.step = profiled_step  # type: ignore[method-assign]
+    engine.flush_cache()
+    try:
+        engine.generate(input_ids=prompt, sampling_params=params)
+    finally:
+        del sched.step
+    stats = pstats.Stats(prof)
+    rows: list[tuple[str, int, float, float]] = [
+        (f"{Path(f).name}:{line}({fn})", nc, tt, ct)
+        for (f, line, fn), (_cc, nc, tt, ct, _callers) in stats.stats.items()  # type: ignore[attr-defined]
+    ]
+    steps = max(calls[0], 1)
+
+    def ranked(cumulative: bool) -> list[tuple[str, float, float]]:
+        # (function, calls per step, ms per step) by own or cumulative time
+        best = sorted(rows, key=lambda r: -(r[3] if cumulative else r[2]))[:top]
+        return [(r[0], r[1] / steps, 1e3 * (r[3] if cumulative else r[2]) / steps) for r in best]
+
+    return {
+        "steps": steps,
+        "by_own_ms_per_step": ranked(False),
+        "by_cumulative_ms_per_step": ranked(True),
+    }
 
 
 # ---- json -------------------------------------------------------------------------------
@@ -320,6 +367,12 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=0,
         help="batch1: k drafts a step that are never kept (each step verifies 1 + k rows)",
+    )
+    ap.add_argument(
+        "--host-profile",
+        type=int,
+        default=0,
+        help="batch1: cProfile the scheduler's steps in one more generation, top N functions",
     )
     prefill_workload.add_arguments(ap)
     record.add_output_arguments(ap)

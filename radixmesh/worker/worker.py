@@ -47,6 +47,7 @@ from radixmesh.worker.constrained.manager import GrammarManager
 from radixmesh.worker.deterministic import DETERMINISTIC_BLOCK, make_deterministic
 from radixmesh.worker.device import (
     keep_freed_memory_in_process,
+    load_cuda_modules_eagerly,
     resolve_device,
     resolve_dtype,
 )
@@ -167,6 +168,8 @@ class Worker:
         # A hub id becomes its snapshot directory here, once (downloaded if need be); the
         # router loads the tokenizer of the same commit (`tokenizer_spec`).
         files, self.tokenizer_spec = locate_model(mc)
+        if mc.device == "auto" or mc.device.startswith("cuda"):
+            load_cuda_modules_eagerly()  # before anything starts CUDA (device.py)
         self.device = resolve_device(mc.device)
         if mc.deterministic and self.device.type == "cuda":
             request_zero_workspace()  # before any cuBLAS call (layers/cublas_check.py)

@@ -76,8 +76,9 @@ def test_module_loading_runs_each_configuration_lazily_and_eagerly(tmp_path: Pat
     argv = ["--smoke", "--configs", "bf16", "--warmup", "on", "--module-loading", "lazy,eager"]
     cold_start.main([*argv, "--out", str(out)])
     runs = json.loads(out.read_text())["runs"]
-    assert sorted(runs) == ["bf16/warmup-on", "bf16/warmup-on/eager-modules"]
-    assert runs["bf16/warmup-on/eager-modules"]["cuda_module_loading"] == "EAGER"
+    assert sorted(runs) == ["bf16/warmup-on", "bf16/warmup-on/lazy-modules"]
+    assert runs["bf16/warmup-on"]["cuda_module_loading"] == "EAGER"
+    assert runs["bf16/warmup-on/lazy-modules"]["cuda_module_loading"] == "LAZY"
     for r in runs.values():
         assert r["first"]["output_tokens"] == r["warm"]["output_tokens"] == 4 * 4
 

@@ -426,6 +426,8 @@ def test_a_measured_tables_every_choice_gives_the_reference() -> None:
         for rows in [*range(1, 17), 17, 100, 256, 600]:
             x = torch.randn(rows, shape.k, device="cuda", generator=gen).to(torch.bfloat16)
             kernel = table.kernel(shape, rows)
+            if shape.layout == "group" and rows > fgt.MAX_ROWS:
+                kernel = "dequantize"  # group scales past 16 rows: fp8_linear_ref's path
             out = fp8_linear(x, q, scale, None, table)
             err = _rel(out, _reference(kernel, x, q, scale))
             assert out.dtype == torch.bfloat16 and err < 4e-3, (shape, rows, kernel, err)
