@@ -427,7 +427,8 @@ def sweep_decode(
     )
     q = torch.randn(batch, HQ, D, device=DEV, dtype=DTYPE)
     rows_t, lens = ints(c["rows"]), ints([ctx] * batch)
-    ws = decode_workspace(batch, HQ, D, max(options), q.device)
+    # A workspace per split count: the bf16 kernel takes exactly its splits' partials.
+    ws = {s: decode_workspace(batch, HQ, D, s, q.device) for s in options}
     n = min(batch, 8)
     ref = decode_attention_ref(
         q[:n], c["ref_k"], c["ref_v"], c["table"], c["rows"][:n], [ctx] * n, D**-0.5
@@ -438,7 +439,7 @@ def sweep_decode(
         out = torch.full_like(q, float("nan"))
         run = functools.partial(
             decode_attention, q, c["k"], c["v"], out, c["table"], rows_t, lens, D**-0.5,
-            splits, ws, scales=c["scales"], config=cfg,
+            splits, ws[splits], scales=c["scales"], config=cfg,
         )  # fmt: skip
         row: dict[str, Any] = {
             "batch": batch, "context": ctx, "fp8": fp8, "splits": splits,

@@ -19,13 +19,13 @@ if part tests; then
 fi
 if part verify; then
   run spec-verify 300 -m bench.speculative $GPU --parts verify --verify-ks 4,8 \
-    --verify-tokens 256 --repeats 3 --out "$OUT/speculative-verify-h200.json"
+    --verify-tokens 256 --repeats 3 --out "$OUT/speculative-verify-$MACHINE.json"
 fi
 if part batch; then
   run spec-batch 300 -m bench.speculative $GPU --parts batch --batch 64 \
-    --out "$OUT/speculative-batch64-h200.json"
+    --out "$OUT/speculative-batch64-$MACHINE.json"
 fi
 if part p1; then
   run spec-p1 300 -m bench.speculative $GPU --parts batch --batch 256 \
-    --out "$OUT/speculative-p1-h200.json"
+    --out "$OUT/speculative-p1-$MACHINE.json"
 fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -124,8 +125,10 @@ class ForwardOutput:
     prompt_logprobs: list[PromptLogprobs | None]
     # Embedding requests' rows of this step (None for the others).
     hidden: list[PooledRows | None] = field(default_factory=list)
-    # Drafting rows' outcomes, read on the host in the forward (None for the others).
+    # Drafting rows' outcomes (None for the others), on the host once `read_verified`
+    # ran: the forward leaves them on the device (`pending_verified` reads them back).
     verified: list[Verified | None] = field(default_factory=list)
+    pending_verified: Callable[[], list[tuple[int, Verified]]] | None = None
     # speculative='eagle': the final hidden rows [n, hidden] of each item that may draft,
     # a copy on the device (empty list when no drafter reads them).
     features: list[torch.Tensor | None] = field(default_factory=list)
@@ -134,6 +137,13 @@ class ForwardOutput:
     def empty(cls, num_items: int) -> ForwardOutput:
         none: list[None] = [None] * num_items
         return cls(NO_TOKENS, list(none), list(none), list(none), list(none), list(none))
+
+    def read_verified(self) -> None:
+        """The drafting rows' outcomes onto `verified` (waits for the step)."""
+        if self.pending_verified is not None:
+            pending, self.pending_verified = self.pending_verified, None
+            for i, v in pending():
+                self.verified[i] = v
 
     def next_token_ids(self) -> list[int | None]:
         """Per item: its sampled token, or None (waits for this step's tokens)."""

@@ -34,7 +34,7 @@ from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.request import Request
 from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids, token_logprobs
-from radixmesh.worker.speculative.verify import verify_drafts
+from radixmesh.worker.speculative.verify import draw_drafts
 
 if TYPE_CHECKING:  # imports triton: only where graphs are built
     from radixmesh.worker.cuda_graph import DecodeCudaGraphs
@@ -116,10 +116,18 @@ class ModelRunner:
         fb, pending_inputs = self._forward_batch(batch)
         rows = self._rows(batch)
         all_rows = rows.sample_rows + rows.verify_rows + rows.prompt_rows
-        # Copied before the forward is launched: on CUDA a blocking copy would otherwise
-        # wait for the whole forward, and the host work after the launch (the grammar
-        # bitmask above all, see _sample) could no longer overlap the GPU.
-        index = to_device(torch.tensor(all_rows, dtype=torch.int64), self.future.device)
+        # Every row of a decode step, in order (each plain row samples, a drafting row's
+        # all verify): the logits take the hidden rows as they are, with no index to copy
+        # to the device and gather by. Otherwise the index is copied before the forward is
+        # launched: on CUDA a blocking copy would wait for the whole forward, and the host
+        # work after the launch (the grammar bitmask above all, see _sample) could no
+        # longer overlap the GPU.
+        every_row = len(all_rows) == len(fb.input_ids) and all_rows == list(range(len(all_rows)))
+        index = (
+            None
+            if every_row
+            else to_device(torch.tensor(all_rows, dtype=torch.int64), self.future.device)
+        )
         if self.followers is not None:  # placeholders: they get the resolved ids too
             self.followers.send_step(batch, fb, all_rows, ids_on_device=pending_inputs)
         if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
@@ -133,7 +141,8 @@ class ModelRunner:
             out.features = _features(batch.items, hidden)
         if not all_rows:
             return out
-        logits = self.model.compute_logits(hidden.index_select(0, index))  # [N, V] fp32
+        wanted = hidden if index is None else hidden.index_select(0, index)
+        logits = self.model.compute_logits(wanted)  # [N, V] fp32
         n_sample, n_verify = len(rows.sample_rows), len(rows.verify_rows)
         if n_sample:
             self._sample(batch.items, rows, logits[:n_sample], out)
@@ -263,19 +272,20 @@ class ModelRunner:
     def _verify(
         self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput
     ) -> None:
-        """Drafting rows' outcomes (speculative/verify.py); read on the host here, so a
-        step with drafting rows is synchronous (the overlap scheduler runs it so)."""
+        """Drafting rows' draws (speculative/verify.py), left on the device: their
+        outcomes are read back by `out.read_verified()`, which waits for the step, so a
+        step with drafting rows is synchronous (the overlap scheduler runs it so), but
+        the caller's host work before that call overlaps the device."""
         drafts = [items[i] for i in rows.verify_items]
-        rows_of = [_sampling_row(item.req) for item in drafts]
-        verified = verify_drafts(
+        drawn = draw_drafts(
             self.sampler,
             logits,
-            rows_of,
+            [_sampling_row(item.req) for item in drafts],
             [item.draft for item in drafts],
             [item.draft_mask for item in drafts],
         )
-        for i, v in zip(rows.verify_items, verified, strict=True):
-            out.verified[i] = v
+        verify_items = rows.verify_items
+        out.pending_verified = lambda: list(zip(verify_items, drawn.outcomes(), strict=True))
 
     def _pending(self, ids: torch.Tensor, sample_items: list[int]) -> PendingTokens:
         """`ids` ([N] on the device) into this step's half of `future`, and to the host

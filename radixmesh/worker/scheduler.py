@@ -129,7 +129,8 @@ class Scheduler:
 
     def has_work(self) -> bool:
         inflight = self._overlap is not None and self._overlap.inflight is not None
-        return bool(self.waiting or self.running or inflight)
+        # Trimmed slots not yet given back: one more (empty) schedule frees them.
+        return bool(self.waiting or self.running or inflight or self.slots.num_trimmed)
 
     def needs_host_tokens(self) -> bool:
         """Whether a present request's next step reads its previous token on the host:
@@ -202,6 +203,7 @@ class Scheduler:
                 self.cache.poll_loads(wait=True)
                 self._admit(budget, items, slots)
         if not items:
+            self.slots.free_trimmed()  # idle: nothing to overlap with
             return None
         host = slots[0] if len(slots) == 1 else torch.cat(slots)
         spec = self.speculator  # without one, the runner's own switch alone decides
@@ -418,7 +420,8 @@ class Scheduler:
         )
 
     def _available(self) -> int:
-        return self.allocator.num_free_slots + self.cache.evictable_size()
+        free = self.allocator.num_free_slots + self.slots.num_trimmed
+        return free + self.cache.evictable_size()
 
     # ---- slots ----------------------------------------------------------------------
 
@@ -450,6 +453,10 @@ class Scheduler:
         placeholder for each sampled token until `process_output` reads it."""
         items = batch.items
         out = self.runner.forward(batch)
+        # While the device computes: the last verify step's rejected slots back to the
+        # allocator, then this step's drafting rows' outcomes (which wait for it).
+        self.slots.free_trimmed()
+        out.read_verified()
         self._num_steps += 1
         samples: list[bool] = []
         for i, item in enumerate(items):

@@ -87,12 +87,15 @@ def run_to_completion(worker: Worker, max_steps: int = 10_000) -> int:
 
 
 def assert_slots_accounted(worker: Worker) -> None:
-    """free + cached (tree) + held by running requests == usable, exactly."""
+    """free + cached (tree) + held by running requests + trimmed (rejected drafts' slots,
+    given back at the next launch) == usable, exactly."""
     free = worker.allocator.num_free_slots
     cached = worker.cache.total_size()
     held = worker.scheduler.slots_held_by_requests()
-    assert free + cached + held == worker.allocator.num_usable_slots, (
-        f"free {free} + cached {cached} + held {held} != {worker.allocator.num_usable_slots}"
+    trimmed = worker.scheduler.slots.num_trimmed
+    assert free + cached + held + trimmed == worker.allocator.num_usable_slots, (
+        f"free {free} + cached {cached} + held {held} + trimmed {trimmed} "
+        f"!= {worker.allocator.num_usable_slots}"
     )
 
 

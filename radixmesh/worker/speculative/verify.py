@@ -17,12 +17,13 @@ So sampled output keeps the target distribution, and greedy rows keep the argmax
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from radixmesh.worker.batch import Verified
 from radixmesh.worker.constrained.bitmask import TokenBitmask
-from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids
+from radixmesh.worker.sampler import Draw, Sampler, SamplingRow, reads_output_ids
 
 
 def verify_drafts(
@@ -37,6 +38,48 @@ def verify_drafts(
     row's allowed tokens at each of its positions (GrammarManager.check_draft), else
     None. Returns each row's outcome, the tokens read back on the host (this waits for
     the device)."""
+    return draw_drafts(sampler, logits, rows, drafts, masks).outcomes()
+
+
+@dataclass
+class DrawnDrafts:
+    """Each drafting row's positions drawn on the device, not yet read back."""
+
+    drafts: Sequence[list[int]]
+    draws: Draw
+
+    def outcomes(self) -> list[Verified]:
+        """Each row's outcome (reads the draws back: waits for the device)."""
+        drawn = self.draws.token_ids.tolist()
+        lps, tops = self.draws.logprobs, self.draws.top_logprobs
+        out: list[Verified] = []
+        at = 0
+        for draft in self.drafts:
+            accepted = 0
+            while accepted < len(draft) and drawn[at + accepted] == draft[accepted]:
+                accepted += 1
+            keep = range(at, at + accepted + 1)
+            none: list[None] = [None] * len(keep)
+            out.append(
+                Verified(
+                    tokens=[drawn[r] for r in keep],
+                    logprobs=[lps[r] for r in keep] if lps is not None else list(none),
+                    top_logprobs=[tops[r] for r in keep] if tops is not None else list(none),
+                )
+            )
+            at += len(draft) + 1
+        return out
+
+
+def draw_drafts(
+    sampler: Sampler,
+    logits: torch.Tensor,
+    rows: Sequence[SamplingRow],
+    drafts: Sequence[list[int]],
+    masks: Sequence[torch.Tensor | None] | None = None,
+) -> DrawnDrafts:
+    """`verify_drafts` up to the draws, which stay on the device: the caller does other
+    host work before `outcomes` waits for them."""
     positions: list[SamplingRow] = []
     mask_rows: list[int] = []
     mask_bits: list[torch.Tensor] = []
@@ -52,22 +95,4 @@ def verify_drafts(
                 SamplingRow(base.params, base.prompt_ids, output, base.stop_ids, base.generator)
             )
     allowed = TokenBitmask(torch.cat(mask_bits), mask_rows) if mask_bits else None
-    res = sampler.draw(logits, positions, allowed=allowed)
-    drawn = res.token_ids.tolist()
-    lps, tops = res.logprobs, res.top_logprobs
-    out: list[Verified] = []
-    at = 0
-    for draft in drafts:
-        accepted = 0
-        while accepted < len(draft) and drawn[at + accepted] == draft[accepted]:
-            accepted += 1
-        keep = range(at, at + accepted + 1)
-        out.append(
-            Verified(
-                tokens=[drawn[r] for r in keep],
-                logprobs=[lps[r] for r in keep] if lps is not None else [None] * len(keep),
-                top_logprobs=[tops[r] for r in keep] if tops is not None else [None] * len(keep),
-            )
-        )
-        at += len(draft) + 1
-    return out
+    return DrawnDrafts(drafts, sampler.draw(logits, positions, allowed=allowed))
