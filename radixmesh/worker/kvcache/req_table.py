@@ -120,8 +120,9 @@ class ReqToTokenTable:
             self._staged_end[row] = end
 
     def write_one_each(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
-        """Record one token per row: token positions[i] of rows[i] lives in slots[i]
-        (int64, on the host; rows distinct).
+        """Record one token per entry: token positions[i] of rows[i] lives in slots[i]
+        (int64, on the host; a row repeats only at distinct positions, as a drafting
+        row's tokens do).
 
         One indexed write for a whole decode step instead of one per request. Rows and
         positions come from the scheduler's own counters, so they are checked only for
