@@ -54,6 +54,7 @@ from typing import Any
 
 from bench import record
 from bench.peer_shapes import CONFIGS, parse_shapes, run_shape
+from radixmesh.worker.device import MODULE_LOADING as MODULE_LOADING_VAR
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.triton_compiles import CompileLog, tag_steps
 
@@ -120,7 +121,7 @@ def run_in_own_process(
     with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
         out = Path(tmp) / "run.json"
         env = {**os.environ, "TRITON_CACHE_DIR": str(Path(tmp) / "triton")}
-        env["CUDA_MODULE_LOADING"] = modules.upper()
+        env[MODULE_LOADING_VAR] = modules.upper()
         cmd = [sys.executable, "-m", "bench.cold_start", "--child", f"{config}:{warmup}"]
         cmd += ["--child-out", str(out), "--model", args.model, "--shape", args.shape]
         cmd += ["--requests", str(args.requests)]
@@ -135,7 +136,7 @@ def child(args: argparse.Namespace) -> None:
     options = {"quantization": quantization, "kv_cache_dtype": kv_dtype, "warmup": WARMUPS[warmup]}
     [(isl, osl)] = parse_shapes(args.shape)
     result = measure(args.model, options, isl, osl, args.requests)
-    result["cuda_module_loading"] = os.environ.get("CUDA_MODULE_LOADING", "")
+    result["cuda_module_loading"] = os.environ.get(MODULE_LOADING_VAR, "")
     Path(args.child_out).write_text(json.dumps(result))
 
 

@@ -150,7 +150,7 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
         timer.wrap(sched, "launch", "launch")
         timer.wrap(runner, "forward", "runner_forward")
         timer.wrap(runner.sampler, "draw", "sampler")
-        if k:
+        if k:  # the draws' launch: their readback, which waits for the step, is in `launch`
             timer.wrap(runner, "_verify", "verify")
         if runner.followers is not None:
             timer.wrap(runner.followers, "send_step", "send_step")
