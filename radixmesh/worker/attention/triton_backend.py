@@ -71,19 +71,6 @@ MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 32
 WAVES = 16
 SHARED_PREFIX_SWITCH = "RADIXMESH_SHARED_PREFIX_DECODE"  # "1": shared-prefix decode on
-# The decode kernel's floor on keys per split at run time (kernels/decode_split.py): a
-# sequence takes no more splits than leave each this many keys. The split count itself is
-# fixed before the lengths are known in a CUDA graph (sized for the longest context: 32 at
-# batch 1-8), which leaves a short sequence one 128-key tile a program. On an H100
-# (2026-12-05, bench.attention_kernels --decode-sweep --quick,
-# attention_decode_quick-h100.json) fewer, longer splits were faster at every shape
-# measured: one sequence of 4,096 keys in 8 splits 51.7 us, 16 splits 69.8, 32 splits 83.2;
-# 64 x 2,048 in 2 splits 204.9 us against 5 splits' 210.9. A floor of 512 keys would give
-# the first 8 splits and leave long contexts' counts (256 x 4,096: 2 splits of 2,048) as
-# they are. Off (0) until the engine's steps are measured with it:
-# `RADIXMESH_DECODE_MIN_SPLIT_KEYS=512` turns it on.
-MIN_SPLIT_KEYS = 0
-MIN_SPLIT_KEYS_SWITCH = "RADIXMESH_DECODE_MIN_SPLIT_KEYS"
 
 
 @dataclass
@@ -175,7 +162,6 @@ class TritonAttentionBackend(AttentionBackend):
         # The decode kernel's launch; None: `decode_config`'s for the device and pool.
         self.decode_launch: DecodeConfig | None = None
         self.shared_prefix = os.environ.get(SHARED_PREFIX_SWITCH, "0") == "1"
-        self.min_split_keys = int(os.environ.get(MIN_SPLIT_KEYS_SWITCH, MIN_SPLIT_KEYS))
         self.num_shared_prefix_steps = 0
         self._groups_for: ForwardBatch | None = None  # `_shared_groups`' batch and answer
         self._groups: CascadeGroups | None = None
@@ -338,7 +324,6 @@ class TritonAttentionBackend(AttentionBackend):
                 meta.workspace,
                 scales=scales,
                 config=self.decode_launch,
-                min_split_keys=self.min_split_keys,
             )
         if isinstance(meta, MixedMeta):
             return self._forward_mixed(q, k_buf, v_buf, out, batch, meta, scales, new_kv)
@@ -429,7 +414,6 @@ class TritonAttentionBackend(AttentionBackend):
             meta.decode.workspace,
             scales=scales,
             config=self.decode_launch,
-            min_split_keys=self.min_split_keys,
         )
         extend_attention(
             q,

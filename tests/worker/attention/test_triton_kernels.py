@@ -16,7 +16,6 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     decode_attention,
     decode_attention_ref,
     decode_config,
-    decode_workspace,
 )
 from radixmesh.worker.attention.kernels.decode_fp8_mma import _load_v_transposed
 from radixmesh.worker.attention.kernels.extend_attention import (
@@ -160,33 +159,6 @@ def test_decode_attention_matches_reference(case: int, dtype: torch.dtype) -> No
     )
     assert not out.isnan().any()
     assert rel_err(out, ref) < TOL[dtype]
-
-
-def test_a_split_floor_empties_the_splits_past_it_and_keeps_the_result() -> None:
-    """With `min_split_keys` a sequence takes at most ceil(seq_len / floor) splits (whole
-    tiles, the rest empty: log-sum-exp -inf), and the output is the reference's."""
-    seq_lens, hq, hkv, d, splits, floor = [90, 40, 7], 4, 2, 16, 6, 32
-    c = make_pool_case([(n - 1, 1) for n in seq_lens], hq, hkv, d, torch.float32, seed=31)
-    scale = d**-0.5
-    ref = decode_attention_ref(
-        c["q"], c["k_buf"], c["v_buf"], c["table"], c["rows"], seq_lens, scale
-    )
-    ws = decode_workspace(len(seq_lens), hq, d, splits, torch.device(DEVICE))
-    out = torch.full_like(c["q"], float("nan"))
-    decode_attention(
-        c["q"], c["k_buf"], c["v_buf"], out, c["table"], ints(c["rows"]), ints(seq_lens),
-        scale, splits, ws, config=DECODE_16, min_split_keys=floor,
-    )  # fmt: skip
-    assert rel_err(out, ref) < TOL[torch.float32]
-    nonempty = (ws[1] > float("-inf")).sum(dim=-1)  # [B, Hq]: splits that saw a key
-    # 90 keys: ceil(90 / 32) = 3 splits of 32 (two 16-key tiles each: 32, 32, 26); 40: 2
-    # splits (32 and 8); 7: 1. Without the floor 90 keys took all 6 splits.
-    assert nonempty.tolist() == [[3] * hq, [2] * hq, [1] * hq]
-    decode_attention(
-        c["q"], c["k_buf"], c["v_buf"], out, c["table"], ints(c["rows"]), ints(seq_lens),
-        scale, splits, ws, config=DECODE_16,
-    )  # fmt: skip
-    assert (ws[1][0] > float("-inf")).sum(dim=-1).tolist() == [6] * hq
 
 
 @pytest.mark.parametrize(

@@ -233,7 +233,6 @@ def _decode_split_kernel(
     scale_log2,
     num_splits,
     split_base,
-    min_split_keys,
     stride_qt,
     stride_qh,
     stride_buf_slot,
@@ -264,7 +263,7 @@ def _decode_split_kernel(
         lo, hi = key_range(start, tl.load(seq_lens + b).to(tl.int32), split, num_splits, BLOCK_N)
     else:
         table_row, lo, hi = split_range(
-            req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N, min_split_keys
+            req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N
         )
 
     offs_g = tl.arange(0, BLOCK_H)
@@ -353,11 +352,9 @@ def _decode_split(
     kv_fp8: bool,
     starts: torch.Tensor | None = None,
     split_base: int = 0,
-    min_split_keys: int = 0,
 ) -> None:
     """Stage 1 with keys and values in the query's dtype (an FP8 pool's converted).
-    `starts` [B]: each sequence's keys from there on, into splits `split_base` on.
-    `min_split_keys`: `split_range`'s floor (not with `starts`)."""
+    `starts` [B]: each sequence's keys from there on, into splits `split_base` on."""
     b, hq, d = q.shape
     hkv = k_buf.shape[1]
     group = hq // hkv
@@ -377,7 +374,6 @@ def _decode_split(
         scale_log2,
         num_splits,
         split_base,
-        min_split_keys,
         q.stride(0),
         q.stride(1),
         k_buf.stride(0),
@@ -415,14 +411,10 @@ def decode_attention(
     *,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     config: DecodeConfig | None = None,
-    min_split_keys: int = 0,
 ) -> torch.Tensor:
     """q/out [B, Hq, D] (row b is sequence b's new token); k_buf/v_buf [num_slots, Hkv, D];
     req_rows, seq_lens [B]. `workspace` from `decode_workspace` (allocated if None);
-    `config` defaults to `decode_config` for this head dim, dtype and device.
-    `min_split_keys` > 0: a sequence takes at most ceil(seq_len / min_split_keys) of the
-    `num_splits` splits (decode_split.split_range; the Triton split kernel's, the others
-    split as before)."""
+    `config` defaults to `decode_config` for this head dim, dtype and device."""
     b, hq, d = q.shape
     hkv = k_buf.shape[1]
     assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
@@ -458,7 +450,7 @@ def decode_attention(
     else:
         _decode_split(
             q, k_buf, v_buf, k_scale, v_scale, workspace, req_to_token, req_rows, seq_lens,
-            scale * LOG2E, num_splits, cfg, scales is not None, min_split_keys=min_split_keys,
+            scale * LOG2E, num_splits, cfg, scales is not None,
         )  # fmt: skip
     return merge_splits(workspace, out, num_splits)
 

@@ -156,7 +156,7 @@ def _decode_split_fp8_mma_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     table_row, lo, hi = split_range(
-        req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N, 0
+        req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N
     )
 
     offs_g = tl.arange(0, BLOCK_H)

@@ -17,19 +17,13 @@ def key_range(start, end, split, num_splits, BLOCK_N):
 
 
 @triton.jit
-def split_range(
-    req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N, min_split_keys
-):
+def split_range(req_to_token, req_rows, seq_lens, stride_table, num_splits, BLOCK_N):
     """The program's sequence (axis 0) and split (axis 2): its slot-table row and its key
-    range [lo, hi), the sequence cut into whole tiles of BLOCK_N keys over at most
-    num_splits splits and, with `min_split_keys` > 0, no more splits than leave each that
-    many keys (the others are empty). A CUDA graph's split count is sized for the longest
-    context, so without the floor a short sequence runs one tile a program; 0: no floor."""
+    range [lo, hi), the sequence cut into num_splits whole tiles of BLOCK_N keys."""
     b = tl.program_id(0)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens + b)
     table_row = req_to_token + tl.load(req_rows + b).to(tl.int64) * stride_table
-    active = tl.minimum(num_splits, tl.cdiv(seq_len, tl.maximum(min_split_keys, 1)))
-    split_len = tl.cdiv(tl.cdiv(seq_len, tl.maximum(active, 1)), BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     lo = split * split_len
     return table_row, lo, tl.minimum(lo + split_len, seq_len)
