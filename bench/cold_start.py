@@ -8,7 +8,10 @@ them before it is ready. This benchmark measures what a first batch still pays: 
 `--requests` random prompts of ISL tokens, OSL tokens each, greedy, ignore_eos), flushes
 the radix cache and runs the identical batch again. `first_vs_warm` is the first run's
 output tok/s over the second's (target: >= 0.9). It also records the batch sizes the
-engine chose (the running cap and the largest decode graph follow the KV pool).
+engine chose (the running cap and the largest decode graph follow the KV pool), and for
+each batch where its host time went and what the process allocated meanwhile
+(`host_parts`: the scheduler's parts, CUDA's and the pinned allocator's counters, garbage
+collections; `HostParts`), printed first beside warm.
 
 Each run has a process and an empty Triton cache of its own (TRITON_CACHE_DIR in a new
 temporary folder): kernels an earlier process compiled to disk would hide the stall.
@@ -34,23 +37,36 @@ Lazy runs are recorded as `<config>/warmup-<on|off>/lazy-modules` (in files writ
 eager loading became the worker's default, the plain key is lazy and eager runs carry
 `/eager-modules`).
 
+`--overlap off` runs the scheduler synchronously, so a step's `launch` in `host_parts` is
+the host's work alone and `process_output` holds the wait for the GPU. `--host-profile N`
+runs the host parts under cProfile (slower) and ranks the N functions the first batch
+spends most extra time in, by own and by cumulative time (`host_profile_gap`).
+
 One GPU: `python -m bench.cold_start [--configs fp8-all] [--warmup on,off] [--shape
-128/128] [--requests 1024] [--module-loading lazy,eager]`; CPU smoke run: `--smoke`.
+128/128] [--requests 1024] [--module-loading lazy,eager] [--overlap off]
+[--host-profile 25]`; CPU smoke run: `--smoke`.
 Writes bench/results/cold_start-<machine>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import gc
 import itertools
 import json
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from bench import record
 from bench.peer_shapes import CONFIGS, parse_shapes, run_shape
@@ -63,15 +79,18 @@ MODULE_LOADING = ("lazy", "eager")  # CUDA_MODULE_LOADING: CUDA's default, and E
 PHASES = ("start", "warmup", "first", "warm")  # the compile log's (see the module doc)
 
 
-def measure(model: str, options: dict[str, Any], isl: int, osl: int, n: int) -> dict[str, Any]:
+def measure(
+    model: str, options: dict[str, Any], isl: int, osl: int, n: int, profile: int = 0
+) -> dict[str, Any]:
     """Start an engine, run the batch twice (cache flushed before each), and shut down;
-    every Triton compile in the meantime logged."""
+    every Triton compile in the meantime logged; `profile` > 0: the host parts under
+    cProfile, that many functions ranked by the first batch's extra time."""
     with CompileLog(phase="start") as log:
-        return {**_measure(log, model, options, isl, osl, n), **_compiles(log)}
+        return {**_measure(log, model, options, isl, osl, n, profile), **_compiles(log)}
 
 
 def _measure(
-    log: CompileLog, model: str, options: dict[str, Any], isl: int, osl: int, n: int
+    log: CompileLog, model: str, options: dict[str, Any], isl: int, osl: int, n: int, profile: int
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     engine = Engine(model, **options)  # the warm-up labels its own compiles
@@ -80,9 +99,11 @@ def _measure(
         worker = engine.worker
         vocab = engine.info.vocab_size
         tag_steps(worker.scheduler)  # each compile names its step (the engine is idle)
-        with log.in_phase("first"):
+        parts = HostParts(worker.scheduler, profile=profile > 0)
+        counters: dict[str, Any] = {}
+        with log.in_phase("first"), parts.phase("first", counters):
             first = run_shape(engine, isl, osl, n, vocab)
-        with log.in_phase("warm"):
+        with log.in_phase("warm"), parts.phase("warm", counters):
             warm = run_shape(engine, isl, osl, n, vocab)
         report = worker.warmup
         sc, mc = engine.config.scheduler, engine.config.model
@@ -93,6 +114,8 @@ def _measure(
             "first": first,
             "warm": warm,
             "first_vs_warm": first["output_tok_per_s"] / warm["output_tok_per_s"],
+            "host_parts": counters,
+            **({"host_profile_gap": parts.profile_gap(profile)} if profile else {}),
             "max_running_requests": sc.max_running_requests,
             "cuda_graph_max_batch_size": mc.cuda_graph_max_batch_size,
             "kv_pool_tokens": worker.allocator.num_usable_slots,
@@ -100,6 +123,85 @@ def _measure(
         }
     finally:
         engine.shutdown()
+
+
+class HostParts:
+    """Where a batch's time goes on the host, to set the first batch beside the warm one:
+    seconds in the scheduler's three parts (`schedule`; `launch`, the forward's launch;
+    `process_output`, which waits for the GPU's tokens) and its steps, then the process's
+    counters over the batch: CUDA's allocator (device mallocs and frees, retries), torch's
+    pinned host allocator (allocations and their microseconds, where torch reports them)
+    and the garbage collector's collections per generation. A part that grows only in the
+    first batch is its cost; `process_output` alone growing means the GPU took longer."""
+
+    PARTS = ("schedule", "launch", "process_output")
+    DEVICE = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+    HOST = ("num_host_alloc", "num_host_free", "host_alloc_time.total")
+
+    def __init__(self, scheduler: Any, profile: bool = False) -> None:
+        self.seconds = dict.fromkeys(self.PARTS, 0.0)
+        self.steps = 0
+        # With `profile`: cProfile over the parts, one profile per phase (`profiles`: each
+        # function's (own, cumulative) seconds), to rank what the first batch adds.
+        self.profile: cProfile.Profile | None = None
+        self.profiles: dict[str, dict[str, tuple[float, float]]] = {}
+        self._profiling = profile
+        for part in self.PARTS:
+            setattr(scheduler, part, self._timed(part, getattr(scheduler, part)))
+
+    def _timed(self, part: str, fn: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            if self.profile is not None:
+                self.profile.enable()
+            try:
+                return fn(*a, **k)
+            finally:
+                if self.profile is not None:
+                    self.profile.disable()
+                self.seconds[part] += time.perf_counter() - t0
+                self.steps += part == "launch"
+
+        return call
+
+    def counters(self) -> dict[str, float]:
+        out: dict[str, float] = {**self.seconds, "steps": self.steps}
+        for gen, st in enumerate(gc.get_stats()):
+            out[f"gc_gen{gen}"] = st["collections"]
+        if torch.cuda.is_available():
+            dev = torch.cuda.memory_stats()
+            out.update({k: dev[k] for k in self.DEVICE if k in dev})
+            host: dict[str, Any] = getattr(torch.cuda, "host_memory_stats", dict)()
+            out.update({k: host[k] for k in self.HOST if k in host})
+        return out
+
+    @contextlib.contextmanager
+    def phase(self, name: str, into: dict[str, Any]) -> Iterator[None]:
+        """`into[name]`: each counter's change over the block."""
+        before = self.counters()
+        self.profile = cProfile.Profile() if self._profiling else None
+        yield
+        after = self.counters()
+        into[name] = {k: after[k] - before.get(k, 0) for k in after}
+        if self.profile is not None:
+            stats = pstats.Stats(self.profile).stats  # type: ignore[attr-defined]
+            self.profiles[name] = {
+                f"{Path(f).name}:{line}({fn})": (tt, ct)
+                for (f, line, fn), (_cc, _nc, tt, ct, _callers) in stats.items()
+            }
+            self.profile = None
+
+    def profile_gap(self, top: int) -> dict[str, list[tuple[str, float, float]]]:
+        """The `top` functions by how much more time the first batch spent in them than the
+        warm one, by own and by cumulative time: (function, first ms, warm ms)."""
+        first, warm = self.profiles["first"], self.profiles["warm"]
+        none = (0.0, 0.0)
+
+        def ranked(i: int) -> list[tuple[str, float, float]]:
+            gap = sorted(first, key=lambda f: warm.get(f, none)[i] - first[f][i])[:top]
+            return [(f, 1e3 * first[f][i], 1e3 * warm.get(f, none)[i]) for f in gap]
+
+        return {"by_own": ranked(0), "by_cumulative": ranked(1)}
 
 
 def _compiles(log: CompileLog) -> dict[str, Any]:
@@ -124,7 +226,8 @@ def run_in_own_process(
         env[MODULE_LOADING_VAR] = modules.upper()
         cmd = [sys.executable, "-m", "bench.cold_start", "--child", f"{config}:{warmup}"]
         cmd += ["--child-out", str(out), "--model", args.model, "--shape", args.shape]
-        cmd += ["--requests", str(args.requests)]
+        cmd += ["--requests", str(args.requests), "--overlap", args.overlap]
+        cmd += ["--host-profile", str(args.host_profile)]
         subprocess.run(cmd, env=env, check=True)
         result: dict[str, Any] = json.loads(out.read_text())
         return result
@@ -134,8 +237,10 @@ def child(args: argparse.Namespace) -> None:
     config, _, warmup = args.child.partition(":")
     quantization, kv_dtype = CONFIGS[config]
     options = {"quantization": quantization, "kv_cache_dtype": kv_dtype, "warmup": WARMUPS[warmup]}
+    if args.overlap != "auto":
+        options["overlap_schedule"] = args.overlap == "on"
     [(isl, osl)] = parse_shapes(args.shape)
-    result = measure(args.model, options, isl, osl, args.requests)
+    result = measure(args.model, options, isl, osl, args.requests, args.host_profile)
     result["cuda_module_loading"] = os.environ.get(MODULE_LOADING_VAR, "")
     Path(args.child_out).write_text(json.dumps(result))
 
@@ -147,6 +252,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", default="on,off", help="on, off or both")
     ap.add_argument("--shape", default="128/128", help="ISL/OSL of the batch")
     ap.add_argument("--requests", type=int, default=1024)
+    ap.add_argument(
+        "--host-profile",
+        type=int,
+        default=0,
+        help="N > 0: the host parts under cProfile (slower), the N functions the first batch "
+        "spends most extra time in (host_profile_gap)",
+    )
+    ap.add_argument(
+        "--overlap",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the overlap scheduler (auto: the device's default); off: each step's launch "
+        "is the host's alone and process_output holds the wait for the GPU (host_parts)",
+    )
     ap.add_argument(
         "--module-loading",
         default="eager",
@@ -190,7 +309,26 @@ def parent(args: argparse.Namespace) -> None:
         )
         # the first batch's compiles where the warm-up should have left none
         print(compiles_report(r, detail=WARMUPS[warmup]), flush=True)
+        print(host_parts_report(r), flush=True)
+        for by, rows in r.get("host_profile_gap", {}).items():
+            print(f"  first batch's extra host time {by.replace('_', ' ')} (ms, first / warm):")
+            for fn, a, b in rows:
+                print(f"    {a:9.1f} / {b:9.1f}  {fn}")
     record.write("cold_start", args, {"model": args.model, "runs": runs})
+
+
+def host_parts_report(run: dict[str, Any]) -> str:
+    """The first batch's host parts and counters beside the warm batch's, one per line."""
+    first, warm = run["host_parts"]["first"], run["host_parts"]["warm"]
+    lines = ["  host parts and counters (first / warm):"]
+    for key in first:
+        a, b = first[key], warm.get(key, 0)
+        lines.append(
+            f"    {key:24} {a * 1e3:10.1f} / {b * 1e3:10.1f} ms"
+            if key in HostParts.PARTS
+            else f"    {key:24} {a:10g} / {b:10g}"
+        )
+    return "\n".join(lines)
 
 
 def compiles_report(run: dict[str, Any], detail: bool, limit: int = 12) -> str:

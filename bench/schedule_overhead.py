@@ -194,6 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     assert all(r.num_output_tokens == args.new_tokens for r in reqs)
     stats = sched.stats()
     free = worker.allocator.num_free_slots + worker.cache.total_size()
+    usable = worker.allocator.num_usable_slots  # close() releases the allocator
     worker.close()
     return {
         "steps": summarize(steps),
@@ -204,7 +205,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "gc_full_collections": pauses.full,
         "prompt_tokens": stats.prompt_tokens,
         "cache_hit_tokens": stats.cache_hit_tokens,
-        "kv_slots_accounted": free == worker.allocator.num_usable_slots,
+        "kv_slots_accounted": free == usable,
     }
 
 

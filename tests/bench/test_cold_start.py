@@ -86,3 +86,28 @@ def test_module_loading_runs_each_configuration_lazily_and_eagerly(tmp_path: Pat
 def test_module_loading_refuses_other_values() -> None:
     with pytest.raises(ValueError, match="--module-loading"):
         cold_start.main(["--smoke", "--module-loading", "eagerly"])
+
+
+def test_host_parts_set_each_batchs_host_time_and_counters_beside_the_others(
+    tmp_path: Path,
+) -> None:
+    """Per batch: the scheduler's three parts and their steps (the same batch twice, run
+    synchronously: the same steps), the garbage collector's collections; with
+    --host-profile, the functions ranked by the first batch's extra time."""
+    out = tmp_path / "cold.json"
+    argv = ["--smoke", "--configs", "bf16", "--warmup", "on", "--overlap", "off"]
+    cold_start.main([*argv, "--host-profile", "3", "--out", str(out)])
+    r = json.loads(out.read_text())["runs"]["bf16/warmup-on"]
+    first, warm = r["host_parts"]["first"], r["host_parts"]["warm"]
+    assert first["steps"] == warm["steps"] > 0
+    for part in cold_start.HostParts.PARTS:
+        assert first[part] > 0 and warm[part] > 0
+    assert {"gc_gen0", "gc_gen1", "gc_gen2"} <= set(first)
+    gap = r["host_profile_gap"]
+    assert sorted(gap) == ["by_cumulative", "by_own"]
+    for rows in gap.values():
+        assert len(rows) == 3
+        assert all(isinstance(fn, str) and a >= 0 and b >= 0 for fn, a, b in rows)
+    lines = cold_start.host_parts_report(r).splitlines()
+    assert lines[0] == "  host parts and counters (first / warm):"
+    assert lines[1].split()[0] == "schedule" and lines[1].endswith(" ms")
