@@ -40,6 +40,12 @@
 #   fp8cudae2e bench.tp --tp 1: fp8-all with the Triton decode kernels
 #             (RADIXMESH_FP8_DECODE=triton), then bf16 and fp8-all with the CUDA one (the
 #             launch fp8cuda's sweep found fastest, when it ran first in the same call)
+#   coldprofile bench.cold_start, FP8 W+KV, warm-up on, the scheduler synchronous, the host
+#             parts under cProfile: the functions the first batch spends its extra host
+#             time in (host_profile_gap)
+#   overlapab bench.peer_shapes, FP8 W+KV, 128/128 at half TensorRT-LLM's requests, the
+#             overlap scheduler on, then off (each an engine of its own): whether
+#             overlap pays on that shape
 #   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
 #   fp8checks the FP8 paths' GPU tests, each file in a process of its own (a broken CUDA
@@ -159,6 +165,14 @@ fi
 if part coldmodules; then
   run cold_start_modules "$PWD" 420 -m bench.cold_start --configs fp8-all --warmup on \
     --module-loading eager,lazy --out "$OUT/cold_start-modules-$MACHINE.json"
+fi
+if part coldprofile; then
+  run cold_start_profile "$PWD" 420 -m bench.cold_start --configs fp8-all --warmup on \
+    --overlap off --host-profile 25 --out "$OUT/cold_start-profile-$MACHINE.json"
+fi
+if part overlapab; then
+  run peer_shapes_overlap "$PWD" 540 -m bench.peer_shapes --configs fp8-all --shapes 128/128 \
+    --requests-scale 0.5 --overlap on,off --out "$OUT/peer_shapes-overlap-$MACHINE.json"
 fi
 if part peerdefaults; then
   run peer_shapes "$PWD" 540 -m bench.peer_shapes --configs fp8-all \

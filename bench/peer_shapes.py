@@ -13,14 +13,19 @@ Request counts are smaller than TensorRT-LLM's (30,000 at 128/128; 1,500-3,000 e
 to fit a GPU session; each count keeps the engine's running batch full for most of the
 run (the tail, where the last requests drain, is part of the figure, as in theirs).
 
+`--overlap on,off` runs each configuration with the overlap scheduler on and then off,
+each in an engine of its own (keys `<config>/overlap-<on|off>`): the two side by side.
+
 Run on one GPU: `python -m bench.peer_shapes [--configs bf16,fp8-all] [--shapes
-128/128,1000/1000] [--max-running-requests N] [--cuda-graph-max-batch-size N]`; CPU
+128/128,1000/1000] [--max-running-requests N] [--cuda-graph-max-batch-size N]
+[--overlap on,off]`; CPU
 smoke run: `python -m bench.peer_shapes --smoke`. Writes bench/results/peer_shapes-<machine>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 from typing import Any
 
@@ -88,6 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests-scale", type=float, default=1.0, help="times REQUESTS")
     ap.add_argument("--max-running-requests", type=int, default=None, help="default: engine's")
     ap.add_argument("--cuda-graph-max-batch-size", type=int, default=None)
+    ap.add_argument(
+        "--overlap",
+        default="auto",
+        help="the overlap scheduler, a list of auto (the device's default), on, off: each "
+        "config runs once per value, keyed <config>/overlap-<on|off> unless auto",
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU: dummy:tiny, tiny shapes")
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
@@ -98,12 +109,19 @@ def main(argv: list[str] | None = None) -> None:
         options["max_running_requests"] = args.max_running_requests
     if args.cuda_graph_max_batch_size is not None:
         options["cuda_graph_max_batch_size"] = args.cuda_graph_max_batch_size
+    overlaps = args.overlap.split(",")
+    if not set(overlaps) <= {"auto", "on", "off"}:
+        raise ValueError(f"--overlap: {args.overlap!r} is not a list of auto, on, off")
     results: dict[str, Any] = {}
-    for name in args.configs.split(","):
-        if name not in CONFIGS:
-            raise ValueError(f"--configs: unknown {name!r}; choices: {sorted(CONFIGS)}")
-        quantization, kv_dtype = CONFIGS[name]
-        engine = Engine(model, quantization=quantization, kv_cache_dtype=kv_dtype, **options)
+    for config, overlap in itertools.product(args.configs.split(","), overlaps):
+        if config not in CONFIGS:
+            raise ValueError(f"--configs: unknown {config!r}; choices: {sorted(CONFIGS)}")
+        quantization, kv_dtype = CONFIGS[config]
+        scheduling = {} if overlap == "auto" else {"overlap_schedule": overlap == "on"}
+        name = config if overlap == "auto" else f"{config}/overlap-{overlap}"
+        engine = Engine(
+            model, quantization=quantization, kv_cache_dtype=kv_dtype, **options, **scheduling
+        )
         try:
             vocab = engine.info.vocab_size
             rows = results[name] = {}
@@ -116,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows[f"{isl}/{osl}"] = r
                 vs = f"{r['vs_published']:.2f}x" if published else "-"
                 print(
-                    f"{name:8} {isl:>5}/{osl:<5} x {n:5}: {r['output_tok_per_s']:9,.0f} tok/s "
+                    f"{name:16} {isl:>5}/{osl:<5} x {n:5}: {r['output_tok_per_s']:9,.0f} tok/s "
                     f"({r['seconds']:.1f} s); TensorRT-LLM FP8 {published or '-'}: {vs}",
                     flush=True,
                 )

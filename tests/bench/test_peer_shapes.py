@@ -39,3 +39,14 @@ def test_smoke_run_records_each_config_and_shape(tmp_path: Path) -> None:
 def test_an_unknown_config_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="--configs: unknown 'fp4'"):
         peer_shapes.main(["--smoke", "--configs", "fp4"])
+
+
+def test_overlap_runs_each_config_once_per_setting_under_its_own_key(tmp_path: Path) -> None:
+    out = tmp_path / "peer.json"
+    peer_shapes.main(["--smoke", "--configs", "bf16", "--overlap", "on,off", "--out", str(out)])
+    configs = json.loads(out.read_text())["configs"]
+    assert sorted(configs) == ["bf16/overlap-off", "bf16/overlap-on"]
+    for rows in configs.values():
+        assert all(r["output_tokens"] == 4 * int(s.split("/")[1]) for s, r in rows.items())
+    with pytest.raises(ValueError, match="--overlap: 'sometimes'"):
+        peer_shapes.main(["--smoke", "--overlap", "sometimes"])
