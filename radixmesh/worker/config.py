@@ -77,7 +77,8 @@ class ModelConfig:
     runner (prefills at several token counts, one over a cached prefix, a step that mixes
     decoding rows with a prompt, greedy and sampled rows; worker/warmup.py), so that the
     kernels a step can launch are compiled before the first request rather than during
-    it. Everything the warm-up took is freed and the radix cache left empty.
+    it. Everything the warm-up took is freed and the radix cache left empty. A worker
+    that warms up also waits for the grammar backend's build (`grammar_warmup`).
     None: on CUDA (Triton compiles a kernel at its first launch), off on CPU (nothing to
     compile)."""
     quantization: str | None = None
@@ -406,8 +407,10 @@ class GrammarConfig:
     unrolled items: InvalidArgument at once) and measured before it is serialized."""
     grammar_warmup: bool = True
     """Build the backend (xgrammar's tokenizer info, ~0.5 s on CPU) on a background thread
-    at engine start, so the first constrained request does not wait for it. While it
-    builds it shares the GIL with the first requests; False builds it on first use."""
+    from engine start, so the first constrained request does not wait for it. With the
+    model's warm-up on (`ModelConfig.warmup`, CUDA's default) the worker waits for the build
+    before it reports ready (left running it shares the GIL with the first batch); without
+    it the build goes on beside the first requests. False builds it on first use."""
 
     def __post_init__(self) -> None:
         if self.grammar_backend not in GRAMMAR_BACKENDS:

@@ -88,3 +88,16 @@ def test_failed_warmup_fails_each_request_the_same_way() -> None:
         )
         assert mgr.build is None  # not kept: the next use tries again
     assert not mgr.ready
+
+
+def test_a_warm_worker_reports_ready_with_the_backend_built() -> None:
+    """With the model's warm-up on, the build started beside the rest of the start has
+    finished when the worker is ready (left running, it shared the GIL with the first
+    batch); without the warm-up it goes on in the background."""
+    warm = make_worker(device="cpu", warmup=True)
+    assert warm.warmup is not None
+    assert warm.grammars.build is not None and warm.grammars.build.done()
+    assert warm.grammars.ready
+    cold = make_worker(device="cpu")
+    assert cold.warmup is None and cold.grammars.build is not None
+    assert cold.grammars.build.result(timeout=60) is cold.grammars.cache
