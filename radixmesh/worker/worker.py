@@ -593,8 +593,9 @@ class Worker:
 
     def _await_grammar_build(self) -> None:
         """After the warm-up: the grammar backend's build, waited for before the worker
-        reports ready. Left to finish in the background, the build (the vocabulary's token
-        bytes, in Python) shares the GIL with the first batch's host work: on the CPU
+        reports ready. Left to finish in the background, the build (importing xgrammar,
+        ~0.8 s of Python on a CPU, and its tokenizer info) shares the GIL with the first
+        batch's host work: on the CPU
         (`bench.cold_start --model dummy:tiny --shape 64/16 --requests 256`) the first
         batch ran at 0.29-0.38x a warm one with it and at warm speed without it. A warm
         worker promises a first batch as fast as the next, so it waits; without the
