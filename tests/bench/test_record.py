@@ -13,7 +13,10 @@ import pytest
 from bench import host_overhead, record
 
 BENCH = Path(record.__file__).parent
-MODULES = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
+# Importable names only: a scratch file (".probe.py") is not a benchmark.
+MODULES = sorted(
+    p.stem for p in BENCH.glob("*.py") if p.stem.isidentifier() and p.stem != "__init__"
+)
 
 
 def test_machine_tag_names_the_gpu_and_its_count() -> None:
