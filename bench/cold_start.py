@@ -35,7 +35,7 @@ loads later). The worker asks for eager loading unless CUDA_MODULE_LOADING is se
 own start and `lazy` torch's.
 Lazy runs are recorded as `<config>/warmup-<on|off>/lazy-modules` (in files written before
 eager loading became the worker's default, the plain key is lazy and eager runs carry
-`/eager-modules`).
+`/eager-modules`); runs with `--overlap on|off` carry `/overlap-<on|off>` last.
 
 `--overlap off` runs the scheduler synchronously, so a step's `launch` in `host_parts` is
 the host's work alone and `process_output` holds the wait for the GPU. `--host-profile N`
@@ -299,6 +299,7 @@ def parent(args: argparse.Namespace) -> None:
         args.configs.split(","), args.warmup.split(","), modules
     ):
         key = f"{config}/warmup-{warmup}" + ("/lazy-modules" if loading == "lazy" else "")
+        key += f"/overlap-{args.overlap}" if args.overlap != "auto" else ""
         r = runs[key] = run_in_own_process(args, config, warmup, loading)
         label = f"{config:8} warm-up {warmup:3}" + (" lazy modules" if loading == "lazy" else "")
         print(

@@ -97,7 +97,7 @@ def test_host_parts_set_each_batchs_host_time_and_counters_beside_the_others(
     out = tmp_path / "cold.json"
     argv = ["--smoke", "--configs", "bf16", "--warmup", "on", "--overlap", "off"]
     cold_start.main([*argv, "--host-profile", "3", "--out", str(out)])
-    r = json.loads(out.read_text())["runs"]["bf16/warmup-on"]
+    r = json.loads(out.read_text())["runs"]["bf16/warmup-on/overlap-off"]
     first, warm = r["host_parts"]["first"], r["host_parts"]["warm"]
     assert first["steps"] == warm["steps"] > 0
     for part in cold_start.HostParts.PARTS:
