@@ -14,13 +14,20 @@ Parts:
           token per step, each step computing 1 + k), against plain decode (k = 0);
           ms per step and the ratio. With CUDA graphs the verify rows replay the decode
           graphs (one row per token).
+  draft   Batch 1 with a draft model (`--draft-model`, k = `--k` drafts a step; the
+          target's speculative_min_accept_rate 0, so it drafts every step) against plain
+          decode in the same engine: ms per output token, verify steps and accepted
+          drafts. With `dummy:` models (random weights) the drafts are rarely kept, so
+          the figure is what a draft-model step costs: the draft's k steps (eager) and
+          the verify; the speed-up at an acceptance follows from it.
   batch   A large batch with speculation on (adaptive: no drafts above
           speculative_max_batch_size) against off: output tokens per second, random
           prompts, ignore_eos.
 
 CPU (the bundled model): `python -m bench.speculative --parts copy,verify`
 GPU: `python -m bench.speculative --model dummy:llama-3-8b --device cuda --dtype bfloat16
---parts verify,batch`
+--parts verify,batch` (`--parts draft --draft-model dummy:llama-3.2-1b`: the draft-model
+step)
 """
 
 from __future__ import annotations
@@ -163,6 +170,50 @@ def verify_part(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def draft_part(args: argparse.Namespace) -> dict[str, Any]:
+    eng = _engine(
+        args,
+        speculative="draft",
+        speculative_draft_model=args.draft_model,
+        speculative_tokens=args.k,
+        speculative_min_accept_rate=0.0,
+    )
+    vocab = eng.worker.arch.vocab_size
+    rng = random.Random(0)
+    prompt = [rng.randrange(100, vocab - 100) for _ in range(args.verify_prompt)]
+    n = args.verify_tokens
+    out: dict[str, Any] = {"draft_model": args.draft_model, "k": args.k}
+    print(f"{'run':>6} {'ms/token':>9} {'verify steps':>13} {'accepted':>9}")
+    for name, drafting in (("plain", False), ("draft", True)):
+        params = _greedy(n, ignore_eos=True, speculative=drafting)
+        eng.generate(input_ids=prompt, sampling_params=_greedy(16, ignore_eos=True))  # warm
+        times, meta = [], {}
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            res = eng.generate(input_ids=prompt, sampling_params=params)
+            times.append(time.perf_counter() - t0)
+            assert isinstance(res, dict)
+            meta = res["meta_info"]
+        ms = statistics.median(times) * 1e3 / n
+        steps, kept = meta.get("spec_verify_ct", 0), meta.get("spec_accepted_tokens", 0)
+        out[name] = {
+            "ms_per_token": ms,
+            "times_s": times,
+            "verify_steps": steps,
+            "accepted_tokens": kept,
+        }
+        print(f"{name:>6} {ms:>9.3f} {steps:>13} {kept:>9}")
+    out["ratio"] = out["draft"]["ms_per_token"] / out["plain"]["ms_per_token"]
+    # One verify step's cost in plain steps: ms per step over ms per plain token.
+    steps = out["draft"]["verify_steps"]
+    out["step_vs_plain"] = (
+        out["draft"]["ms_per_token"] * n / steps / out["plain"]["ms_per_token"] if steps else None
+    )
+    print(f"draft / plain per token: {out['ratio']:.2f}x")
+    eng.shutdown()
+    return out
+
+
 def _batch_throughput(args: argparse.Namespace, method: str) -> float:
     """Output tokens per second of one engine (`method`) on the batch workload."""
     eng = _engine(args, speculative=method)
@@ -210,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
         "as synchronous as a drafting step, so the verify part then times the rows alone",
     )
     ap.add_argument("--drafters", default="ngram,radix", help="copy: drafters beside off")
-    ap.add_argument("--k", type=int, default=4, help="copy: draft tokens per step")
+    ap.add_argument("--k", type=int, default=4, help="copy, draft: draft tokens per step")
+    ap.add_argument("--draft-model", default="smollm2", help="draft: the draft model")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--verify-ks", default="4,8")
     ap.add_argument("--verify-prompt", type=int, default=512)
@@ -227,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
         figures["copy"] = copy_part(args)
     if "verify" in parts:
         figures["verify"] = verify_part(args)
+    if "draft" in parts:
+        figures["draft"] = draft_part(args)
     if "batch" in parts:
         figures["batch"] = batch_part(args)
     record.write("speculative", args, figures)

@@ -7,6 +7,8 @@
 #   batch   64 requests (512-token prompts, 256 new tokens) with --speculative ngram
 #           against off: speculation switched off above the batch limit
 #   p1      the same at 256 x (512, 256) (the offline P1 shape)
+#   draft   batch 1 with dummy:llama-3.2-1b drafting 4 tokens a step for dummy:llama-3-8b
+#           (random weights: what a draft-model step costs) against plain decode
 # The project's missing packages travel as wheels in .whl/ (docs/performance.md,
 # "Running the GPU benchmarks").
 set -u
@@ -24,6 +26,10 @@ fi
 if part batch; then
   run spec-batch 300 -m bench.speculative $GPU --parts batch --batch 64 \
     --out "$OUT/speculative-batch64-$MACHINE.json"
+fi
+if part draft; then
+  run spec-draft 300 -m bench.speculative $GPU --parts draft --draft-model dummy:llama-3.2-1b \
+    --k 4 --verify-tokens 128 --repeats 3 --out "$OUT/speculative-draft-$MACHINE.json"
 fi
 if part p1; then
   run spec-p1 300 -m bench.speculative $GPU --parts batch --batch 256 \

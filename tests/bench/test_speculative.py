@@ -19,7 +19,8 @@ def test_smoke_run_records_every_part(tmp_path: Path) -> None:
     out = tmp_path / "spec.json"
     speculative.main(
         [
-            "--model", "dummy:tiny", "--parts", "copy,verify,batch", "--drafters", "ngram",
+            "--model", "dummy:tiny", "--parts", "copy,verify,draft,batch", "--drafters", "ngram",
+            "--draft-model", "dummy:tiny",
             "--max-new-tokens", "6", "--verify-ks", "2", "--verify-prompt", "16",
             "--verify-tokens", "4", "--repeats", "1", "--batch", "4", "--batch-prompt", "8",
             "--batch-new-tokens", "4", "--out", str(out),
@@ -34,3 +35,7 @@ def test_smoke_run_records_every_part(tmp_path: Path) -> None:
     assert all(len(c["per_task"]) == 12 for c in copy.values())
     assert sorted(record["verify"]) == ["0", "2"] and record["verify"]["0"]["ratio"] == 1.0
     assert sorted(record["batch"]["tok_per_s"]) == ["ngram", "off"]
+    draft = record["draft"]
+    assert (draft["draft_model"], draft["k"]) == ("dummy:tiny", 4)
+    assert draft["plain"]["verify_steps"] == 0 and draft["draft"]["verify_steps"] > 0
+    assert draft["ratio"] > 0 and draft["step_vs_plain"] > 0
