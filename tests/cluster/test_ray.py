@@ -28,6 +28,7 @@ from radixmesh.cluster.ray_placement import bundles, rank_resources
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
+from tests.cluster.ports import free_port_run
 from tests.cluster.processes import ready_line, refuses
 
 WORKER_ARGS = ("--dtype", "float32", "--event-block-size", "16")
@@ -249,7 +250,8 @@ def test_launch_ray_address_serves_and_stops_on_sigterm(
 
     import ray
 
-    port, http_port, metrics_port = free_port(), free_port(), free_port()
+    # Two routers on this node: a metrics port each, the given one and the next.
+    port, http_port, metrics_port = free_port(), free_port(), free_port_run(2)
     proc = subprocess.Popen(
         [sys.executable, "-m", "radixmesh.cluster.cli", "launch", "--model", "dummy:tiny",
          "--workers", "2", "--port", str(port), "--dtype", "float32", "--max-restarts", "0",

@@ -23,6 +23,7 @@ from radixmesh.cluster.ray_launch import RayCluster
 from radixmesh.cluster.spec import LaunchSpec, RayOptions
 from radixmesh.errors import Unavailable
 from radixmesh.worker.engine import Engine
+from tests.cluster.ports import free_port_run
 from tests.cluster.processes import refuses
 from tests.cluster.ray_nodes import ray_nodes
 from tests.cluster.test_ray import GREEDY, PROMPTS, WORKER_ARGS
@@ -49,7 +50,7 @@ def two_nodes(ray_turn: None) -> Iterator[Any]:
 
 
 def _spec(**ray_options: Any) -> LaunchSpec:
-    metrics = free_port()
+    metrics = free_port_run(2)  # two routers on this machine: the port and the next
     return LaunchSpec(
         model="dummy:tiny",
         workers=1,
