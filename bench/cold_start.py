@@ -69,6 +69,7 @@ from typing import Any
 import torch
 
 from bench import record
+from bench.anatomy.timer import PhaseTimer
 from bench.peer_shapes import CONFIGS, parse_shapes, run_shape
 from radixmesh.worker.device import MODULE_LOADING as MODULE_LOADING_VAR
 from radixmesh.worker.engine import Engine
@@ -139,33 +140,33 @@ class HostParts:
     HOST = ("num_host_alloc", "num_host_free", "host_alloc_time.total")
 
     def __init__(self, scheduler: Any, profile: bool = False) -> None:
-        self.seconds = dict.fromkeys(self.PARTS, 0.0)
-        self.steps = 0
+        self.scheduler = scheduler
+        self.timer = PhaseTimer()  # seconds per part, summed over the run (never taken)
         # With `profile`: cProfile over the parts, one profile per phase (`profiles`: each
         # function's (own, cumulative) seconds), to rank what the first batch adds.
         self.profile: cProfile.Profile | None = None
         self.profiles: dict[str, dict[str, tuple[float, float]]] = {}
         self._profiling = profile
         for part in self.PARTS:
-            setattr(scheduler, part, self._timed(part, getattr(scheduler, part)))
+            if profile:
+                setattr(scheduler, part, self._profiled(getattr(scheduler, part)))
+            self.timer.wrap(scheduler, part, part)
 
-    def _timed(self, part: str, fn: Any) -> Any:
+    def _profiled(self, fn: Any) -> Any:
         def call(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            if self.profile is not None:
-                self.profile.enable()
+            if self.profile is None:
+                return fn(*a, **k)
+            self.profile.enable()
             try:
                 return fn(*a, **k)
             finally:
-                if self.profile is not None:
-                    self.profile.disable()
-                self.seconds[part] += time.perf_counter() - t0
-                self.steps += part == "launch"
+                self.profile.disable()
 
         return call
 
     def counters(self) -> dict[str, float]:
-        out: dict[str, float] = {**self.seconds, "steps": self.steps}
+        out: dict[str, float] = {part: self.timer.current[part] for part in self.PARTS}
+        out["steps"] = self.scheduler.stats().num_steps
         for gen, st in enumerate(gc.get_stats()):
             out[f"gc_gen{gen}"] = st["collections"]
         if torch.cuda.is_available():

@@ -74,10 +74,7 @@
 set -u
 PARTS=${PARTS:-"kernels offline anatomy tests"}
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
-# The result files' machine suffix: h100, h200, ... from the GPU's name unless given.
-MACHINE=${MACHINE:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
-  | grep -oiE 'h[0-9]{3}' | tr 'A-Z' 'a-z')}
-MACHINE=${MACHINE:-gpu}
+source bench/gpu_machine.sh  # MACHINE
 BASELINE=${BASELINE:-}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 SITE=${SITE:-}  # a folder of packages installed by an earlier call

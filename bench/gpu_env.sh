@@ -4,10 +4,7 @@
 # and `run LABEL TIMEOUT ARGS...` (python3 ARGS with its log in $OUT/LABEL.log, the log's
 # tail and the elapsed time printed). The caller sets PARTS first; OUT defaults here.
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
-# The result files' machine suffix: h100, h200, ... from the GPU's name unless given.
-MACHINE=${MACHINE:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
-  | grep -oiE 'h[0-9]{3}' | tr 'A-Z' 'a-z')}
-MACHINE=${MACHINE:-gpu}
+source bench/gpu_machine.sh  # MACHINE
 SITE=${SITE:-/tmp/site}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
 S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
