@@ -85,6 +85,9 @@ def make_worker(args: argparse.Namespace) -> Worker:
         kv_cache_tokens=2 * tokens,  # room for the whole workload: no eviction noise
         page_size=args.page_size,
         policy=args.policy,
+        # Not this benchmark's work, and built on a thread of its own it would share the GIL
+        # with the first steps (the worker awaits it only after a model warm-up).
+        grammar_warmup=False,
     )
     return Worker(config)
 
