@@ -39,8 +39,12 @@ class RequestSlots:
         self._last_slot: dict[str, int] = {}  # rid -> last slot of its own pages
         self._allocated: dict[str, int] = {}  # rid -> tokens with slots (>= computed)
         # Slots `trim` took off requests, not yet given back (`free_trimmed`).
-        self._trimmed: list[torch.Tensor] = []
-        self.num_trimmed = 0
+        self._trimmed: list[int] = []
+
+    @property
+    def num_trimmed(self) -> int:
+        """Slots `trim` took off requests that `free_trimmed` has not given back yet."""
+        return len(self._trimmed)
 
     def alloc(self, n: int, *, num_existing: int, last_slot: int | None) -> torch.Tensor | None:
         """Slots for n tokens, on the host (evicting if short): the caller reads the last
@@ -112,12 +116,13 @@ class RequestSlots:
         scheduler calls once the next step's forward is queued: a verify step's trim
         comes after the step's wait, on the host's path to the next step, and the
         allocator's bookkeeping (~0.1 ms on a GPU machine's host) runs while the device
-        computes instead. An allocation that falls short frees them first."""
+        computes instead. An allocation that falls short frees them first. The few slots
+        are kept as a list: a tensor view, its copy and a concatenation were three tensor
+        calls on a step's host path for a handful of ints."""
         assert req.row is not None and self.page_size == 1
         end = self._allocated.get(req.rid, keep)
         if end > keep:
-            self._trimmed.append(self.req_table.read(req.row, keep, end).clone())
-            self.num_trimmed += end - keep
+            self._trimmed += self.req_table.read_list(req.row, keep, end)
             self._allocated[req.rid] = keep
 
     def free_trimmed(self) -> None:
@@ -125,8 +130,7 @@ class RequestSlots:
         if not self._trimmed:
             return
         trimmed, self._trimmed = self._trimmed, []
-        self.num_trimmed = 0
-        self.allocator.free(trimmed[0] if len(trimmed) == 1 else torch.cat(trimmed))
+        self.allocator.free(trimmed)
 
     def release(self, req: Request) -> None:
         """Give a request's KV to the cache (which frees what it does not keep)."""

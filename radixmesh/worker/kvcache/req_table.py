@@ -173,6 +173,12 @@ class ReqToTokenTable:
         self._check_row(row)
         return self.host[row, start:end]
 
+    def read_list(self, row: int, start: int, end: int) -> list[int]:
+        """Slots of tokens start .. end-1 of `row` as a list (a copy): a few slots read on
+        a step's host path for one call, where a tensor view and its copy take two."""
+        self._check_row(row)
+        return self._host_np[row, start:end].tolist()
+
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.max_requests:
             raise ValueError(f"row: must be in [0, {self.max_requests}), got {row}")

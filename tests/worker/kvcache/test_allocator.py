@@ -48,6 +48,42 @@ def test_page1_double_free_raises() -> None:
         a.free(_t(4, 4))
 
 
+def test_page1_free_of_a_list_matches_the_tensor_path() -> None:
+    # A few slots (speculative decoding's rejected drafts) as a list: the Python path.
+    by_list, by_tensor = KVAllocator(16), KVAllocator(16)
+    for a in (by_list, by_tensor):
+        assert a.alloc(9) is not None  # slots 1..9
+    by_list.free([7, 2, 5])
+    by_tensor.free(_t(7, 2, 5))
+    assert by_list.num_free_slots == by_tensor.num_free_slots == 9
+    # LIFO, in the order passed: 7, 2, 5 first, then the untouched 10, 11, ...
+    assert by_list.alloc(5).tolist() == by_tensor.alloc(5).tolist() == [7, 2, 5, 10, 11]  # type: ignore[union-attr]
+    by_list.free([])
+    assert by_list.num_free_slots == 4
+    many = list(range(1, 70))  # past the Python path's size: the array path
+    big = KVAllocator(80)
+    assert big.alloc(69) is not None
+    big.free(many)
+    assert big.num_free_slots == 79 and big.alloc(2).tolist() == [1, 2]  # type: ignore[union-attr]
+
+
+def test_page1_free_of_a_list_refuses_what_the_tensor_path_refuses() -> None:
+    a = KVAllocator(8)
+    assert a.alloc(3) is not None  # slots 1, 2, 3
+    with pytest.raises(RuntimeError, match=r"double free: slots \[2\] appear twice"):
+        a.free([2, 3, 2])
+    a.free([3])
+    with pytest.raises(RuntimeError, match=r"double free: pages \[3\] are already free"):
+        a.free([1, 3])
+    with pytest.raises(ValueError, match="slots"):
+        a.free([0])
+    with pytest.raises(ValueError, match="slots"):
+        a.free([8])
+    assert a.num_free_slots == 5  # nothing refused was freed
+    a.free([1, 2])
+    assert a.num_free_slots == 7
+
+
 def test_slot_zero_is_never_handed_out_nor_freed() -> None:
     for page_size in (1, 4):
         a = KVAllocator(32, page_size)

@@ -67,3 +67,15 @@ def test_the_cpu_table_is_its_own_host_copy() -> None:
     assert t.host is t.table and not t.mirrored
     t.write(0, 1, _t(5, 6))
     assert t.table[0].tolist() == [0, 5, 6] and t.num_staged_writes == 0
+
+
+def test_read_list_is_a_copy_of_the_host_slots() -> None:
+    t = ReqToTokenTable(max_requests=2, max_context_len=6, mirrored=True)
+    t.write(1, 1, _t(4, 5, 6))
+    got = t.read_list(1, 2, 4)
+    assert got == [5, 6] and all(type(s) is int for s in got)
+    t.write(1, 2, _t(9))
+    assert got == [5, 6]
+    assert t.read_list(1, 5, 5) == []
+    with pytest.raises(ValueError, match="row"):
+        t.read_list(2, 0, 1)
