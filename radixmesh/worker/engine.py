@@ -398,6 +398,8 @@ class Engine:
         # request whose prompt starts like one it admitted in the same step, so copies
         # after the first hit the cache (see step_prefixes.py).
         self.admission.reserve(len(reqs))
+        for r in reqs:
+            r.stream = False  # collected whole: one output when it ends
         return [self._submit(r) for r in reqs]
 
     def _submit(self, req: Request) -> queue.SimpleQueue[RequestOutput]:
@@ -444,6 +446,8 @@ class Engine:
         """Reserve, submit and collect `reqs`; cancelling the caller (a client went away)
         aborts every one of them."""
         self.admission.reserve(len(reqs))
+        for r in reqs:
+            r.stream = False  # collected whole: one output when it ends
         queues = [self._asubmit(r) for r in reqs]
         try:
             return [await self._acollect(q) for q in queues]

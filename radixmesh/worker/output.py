@@ -2,7 +2,8 @@
 
 The scheduler calls `append_token` for every sampled token and `emit` once per step per
 request; `emit` hands the step's delta (new ids, new text, new logprobs) to the
-request's sink, and the request's `MetaInfo` with it.
+request's sink, and the request's `MetaInfo` with it. A request that does not stream
+(`Request.stream`) gets one output when it ends: its deltas gather until then.
 """
 
 from __future__ import annotations
@@ -129,8 +130,10 @@ class OutputProcessor:
             have += 1
 
     def emit(self, req: Request) -> None:
-        buf = self._pending.pop(req.rid, None)
         finished = req.finish_reason is not None
+        if not finished and not req.stream:
+            return  # the deltas stay pending until the request ends
+        buf = self._pending.pop(req.rid, None)
         if (buf is None or not buf[0]) and not finished:
             return
         sink = req.sink

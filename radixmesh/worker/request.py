@@ -81,6 +81,10 @@ class Request:
     sink: Sink | None = None
     stop_ids: frozenset[int] = frozenset()
     arrival_time: float = field(default_factory=time.monotonic)
+    # Whether the sink gets each step's delta (a stream), or one output when the request
+    # ends, with every token and the whole text (a caller that waits for the result: no
+    # output object, meta info or cross-thread hand-off per token).
+    stream: bool = True
 
     token_ids: list[int] = field(init=False)
     num_prompt_tokens: int = field(init=False)

@@ -10,7 +10,7 @@ import torch
 
 from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
-from radixmesh.worker.request import Request
+from radixmesh.worker.request import Request, RequestOutput
 from tests.worker.conftest import assert_engine_idle_and_clean
 
 pytestmark = pytest.mark.slow
@@ -107,6 +107,43 @@ def test_stream_deltas_concatenate_to_the_full_result(engine: Engine) -> None:
     assert [t for c in chunks for t in c["output_ids"]] == full["output_ids"]
     assert chunks[-1]["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
     assert len(chunks) > 1
+
+
+def test_a_whole_result_reaches_its_caller_as_one_output(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """generate and async_generate without streaming: each request's sink gets one output,
+    when it ends (no output per step), and it holds what the stream's deltas add up to."""
+    calls: dict[str, list[bool]] = {}
+    enqueue = engine._enqueue
+
+    def counting(req: Request, **kw: bool) -> None:
+        sink, seen = req.sink, calls.setdefault(req.rid, [])
+        assert sink is not None
+
+        def count(out: RequestOutput) -> None:
+            seen.append(out.finished)
+            sink(out)
+
+        req.sink = count
+        enqueue(req, **kw)
+
+    monkeypatch.setattr(engine, "_enqueue", counting)
+    params = {"temperature": 0.0, "max_new_tokens": 24}
+    whole = engine.generate(PROMPTS[:3], params)
+    assert isinstance(whole, list) and len(calls) == 3
+    assert all(seen == [True] for seen in calls.values())
+    calls.clear()
+    awaited = asyncio.run(engine.async_generate(PROMPTS[2], params))
+    assert isinstance(awaited, dict) and list(calls.values()) == [[True]]
+    calls.clear()
+    stream = engine.generate(PROMPTS[2], params, stream=True)
+    assert isinstance(stream, Iterator)
+    chunks = list(stream)
+    assert [len(seen) for seen in calls.values()] == [len(chunks)] and len(chunks) > 1
+    assert "".join(c["text"] for c in chunks) == whole[2]["text"] == awaited["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == whole[2]["output_ids"]
+    assert_engine_idle_and_clean(engine)
 
 
 def test_closing_a_stream_early_aborts_and_frees(engine: Engine) -> None:

@@ -71,3 +71,20 @@ def test_plain_run_is_one_push() -> None:
     tokens, reason, _, emitted, _ = _run(True)
     assert reason is None and tokens[len(PROMPT) :] == TOK.encode('A", "city": "')
     assert emitted == [(TOK.encode('A", "city": "'), 'A", "city": "', False)]
+
+
+def test_a_request_that_does_not_stream_gets_one_output_when_it_ends() -> None:
+    out = OutputProcessor(4096)
+    req = _request(max_new_tokens=3, return_logprob=True)
+    req.stream = False
+    got: list[RequestOutput] = []
+    req.sink = got.append
+    for i, t in enumerate(TOK.encode("Abc")):
+        out.append_token(req, t, -0.25 * (i + 1), None)
+        out.emit(req)
+        assert got == [] or req.finished
+    assert [(o.new_token_ids, o.text_delta, o.finished) for o in got] == [
+        (TOK.encode("Abc"), "Abc", True)
+    ]
+    assert [lp for lp, _, _ in got[0].new_token_logprobs] == [-0.25, -0.5, -0.75]
+    assert got[0].meta_info.completion_tokens == 3
