@@ -84,30 +84,44 @@ class RequestSlots:
 
     def alloc_decode(self, running: list[Request], counts: list[int]) -> torch.Tensor | None:
         """Slots for `counts[i]` next tokens of each running request in one allocator call
-        and one indexed table write (per-request calls cost ~10 us each, ~3 ms a step at
-        batch 256). Several tokens a row only with page_size 1. None, having taken
-        nothing, when memory is short (no eviction here: the per-request path does it)."""
+        and one table write (per-request calls cost ~10 us each, ~3 ms a step at batch
+        256). Several tokens a row only with page_size 1. None, having taken nothing,
+        when memory is short (no eviction here: the per-request path does it). One
+        request (batch 1, a drafting row's 1 + k slots) writes its row's span as a slice;
+        several, one indexed write."""
         by_page = self.page_size > 1
         existing = [r.num_computed_tokens for r in running]
-        rows = cast("list[int]", [r.row for r in running])  # running requests hold a row
-        positions, token_rows = existing, rows
-        if sum(counts) != len(running):  # page_size 1: any free slot will do for each token
-            positions = [e + i for e, k in zip(existing, counts, strict=True) for i in range(k)]
-            token_rows = [row for row, k in zip(rows, counts, strict=True) for _ in range(k)]
         last = [self._last_slot.get(r.rid, 0) for r in running] if by_page else []
-        new = self.allocator.alloc_next(positions, last)  # [total] on the CPU
+        new = self._alloc_rows(existing, last, counts)
         if new is None and self.num_trimmed:
             self.free_trimmed()
-            new = self.allocator.alloc_next(positions, last)
+            new = self._alloc_rows(existing, last, counts)
         if new is None:
             return None
-        self.req_table.write_one_each(token_rows, positions, new)
+        rows = cast("list[int]", [r.row for r in running])  # running requests hold a row
+        if len(running) == 1:
+            self.req_table.write(rows[0], existing[0], new)
+        elif len(new) == len(running):
+            self.req_table.write_one_each(rows, existing, new)
+        else:  # page_size 1, several tokens a row: any free slot will do for each token
+            positions = [e + i for e, k in zip(existing, counts, strict=True) for i in range(k)]
+            token_rows = [row for row, k in zip(rows, counts, strict=True) for _ in range(k)]
+            self.req_table.write_one_each(token_rows, positions, new)
         if by_page:
             self._last_slot.update(zip((r.rid for r in running), new.tolist(), strict=True))
         self._allocated.update(
             (r.rid, n + k) for r, n, k in zip(running, existing, counts, strict=True)
         )
         return new
+
+    def _alloc_rows(
+        self, existing: list[int], last: list[int], counts: list[int]
+    ) -> torch.Tensor | None:
+        """The allocator's slots for alloc_decode: with pages one a row (the last page's
+        next slot or a new page), else sum(counts) slots, any."""
+        if self.page_size > 1:
+            return self.allocator.alloc_next(existing, last)
+        return self.allocator.alloc(sum(counts), on_host=True)
 
     def trim(self, req: Request, keep: int) -> None:
         """Take a running request's slots past its first `keep` tokens (speculative

@@ -92,21 +92,19 @@ class KVAllocator:
         """
         if num_tokens < 0:
             raise ValueError(f"num_tokens: must be >= 0, got {num_tokens}")
-        head = self._page_tail(num_tokens, last_slot, num_existing)
-        rest = num_tokens - len(head)
-        n_pages = -(-rest // self.page_size)
-        if n_pages > self._top:
-            return None
-        # Reversed: the top of the stack is the slice's end, and it goes first.
-        pages = self._stack[self._top - n_pages : self._top][::-1].copy()
-        self._top -= n_pages
-        self._is_free[pages] = False
-        if self.page_size == 1:
-            new = pages
+        if self.page_size == 1:  # no page is partly used: no tail to fill first
+            new = self._take(num_tokens)
+            if new is None:
+                return None
         else:
+            head = self._page_tail(num_tokens, last_slot, num_existing)
+            rest = num_tokens - len(head)
+            pages = self._take(-(-rest // self.page_size))
+            if pages is None:
+                return None
             new = (pages[:, None] * self.page_size + self._page_offsets).reshape(-1)[:rest]
-        if len(head):
-            new = np.concatenate([head, new])
+            if len(head):
+                new = np.concatenate([head, new])
         out = torch.from_numpy(new)  # `new` is always a fresh array: safe to share
         return out if on_host or self.device.type == "cpu" else to_device(out, self.device)
 
@@ -122,20 +120,28 @@ class KVAllocator:
         bookkeeping and moves them to the device once, not once per sequence.
         """
         ps = self.page_size
+        if ps == 1:
+            pages = self._take(len(num_existing))
+            return None if pages is None else torch.from_numpy(pages)
         existing = np.asarray(num_existing, dtype=np.int64)  # [B]
-        at_boundary = existing % ps == 0 if ps > 1 else None  # [B] needs a new page
-        n_pages = len(existing) if at_boundary is None else int(at_boundary.sum())
+        at_boundary = existing % ps == 0  # [B] needs a new page
+        pages = self._take(int(at_boundary.sum()))
+        if pages is None:
+            return None
+        new = np.asarray(last_slots, dtype=np.int64) + 1
+        new[at_boundary] = pages * ps
+        return torch.from_numpy(new)  # `new` is always a fresh array: safe to share
+
+    def _take(self, n_pages: int) -> np.ndarray | None:
+        """n pages off the stack (a fresh array), marked taken; None, taking nothing,
+        when fewer are free."""
         if n_pages > self._top:
             return None
+        # Reversed: the top of the stack is the slice's end, and it goes first.
         pages = self._stack[self._top - n_pages : self._top][::-1].copy()
         self._top -= n_pages
         self._is_free[pages] = False
-        if at_boundary is None:
-            new = pages
-        else:
-            new = np.asarray(last_slots, dtype=np.int64) + 1
-            new[at_boundary] = pages * ps
-        return torch.from_numpy(new)  # `new` is always a fresh array: safe to share
+        return pages
 
     def free(self, slots: torch.Tensor | list[int]) -> None:
         """Return the distinct pages `slots` (a tensor, or a list of slot ids) belong to.
