@@ -43,7 +43,9 @@ class Draft:
 @dataclass
 class Batch:
     items: list[ScheduledRequest]
-    out_cache_loc: torch.Tensor  # [T] slots of the new tokens, in item order
+    # [T] slots of the new tokens, in item order, on the host (the scheduler's): the runner
+    # moves them with the step's other inputs (ForwardBatch.build)
+    out_cache_loc: torch.Tensor
     # speculative='eagle': whether the step's drafter keeps the target's features. The
     # scheduler clears it for a step too large to draft, or with no request that may
     # draft: the runner then copies none (Speculator.keeps_features).

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -49,6 +50,12 @@ class ForwardBatch:
     # flashinfer backend finds shared prefixes in it). None: not available.
     req_to_token_host: Any = field(default=None)
     req_rows_cpu: list[int] | None = None  # mirrors req_rows where built from host lists
+    # A decode-only batch built with its slots on the host: [5, B] rows out_cache_loc,
+    # input_ids, positions, req_rows, seq_lens (the fields above are its rows), one
+    # copy for a CUDA graph's inputs. None otherwise.
+    decode_inputs: torch.Tensor | None = None
+    # `build`'s `carry` on the device (the req->token table's staged writes), or None.
+    carried: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -72,33 +79,61 @@ class ForwardBatch:
         prefix_lens: list[int],
         extend_lens: list[int],
         req_to_token: torch.Tensor,
+        carry: np.ndarray | None = None,
     ) -> ForwardBatch:
         """Build from host lists; positions and seq_lens are derived.
 
-        The lists travel to the device as one packed tensor (one pinned copy, sliced
-        there): a copy each was five host-to-device transfers a step on the launch path,
-        ~10-20 us of host time apiece on CUDA (pin, then queue the copy)."""
+        Everything travels to the device as one packed int64 array (one pinned copy,
+        sliced there): a copy each was a host-to-device transfer apiece on the launch
+        path, ~10-20 us of host time each on CUDA (pin, then queue the copy). So do
+        `out_cache_loc` when it is on the host, and `carry` (other ints of the step: the
+        req->token table's staged writes), which comes back on the device as `carried`.
+        seq_lens are summed on the host, not by a kernel. A decode-only batch's slots,
+        ids, positions, rows and seq_lens are one [5, B] block there (`decode_inputs`),
+        which a CUDA graph's replay copies in one go.
+
+        Layout: [slots T if packed | ids T | positions T | rows B | seq_lens B | extend B |
+        prefix B unless decode-only (there positions are the prefixes) | carry]."""
         device = req_to_token.device
         t, b = len(input_ids), len(prefix_lens)
         decode_only = t == b  # each new token at its prefix end: positions are prefix_lens
-        positions = (
-            []
-            if decode_only
-            else [p + i for p, e in zip(prefix_lens, extend_lens, strict=True) for i in range(e)]
-        )
-        packed = torch.tensor(
-            [*input_ids, *req_rows, *prefix_lens, *extend_lens, *positions], dtype=torch.int64
-        )
-        on_device = to_device(packed, device)  # [T | B | B | B | T or nothing]
-        prefix = on_device[t + b : t + 2 * b]
-        extend = on_device[t + 2 * b : t + 3 * b]
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+        if decode_only:
+            ints = [*input_ids, *prefix_lens, *req_rows, *seq_lens, *extend_lens]
+        else:
+            positions = [
+                p + i for p, e in zip(prefix_lens, extend_lens, strict=True) for i in range(e)
+            ]
+            ints = [*input_ids, *positions, *req_rows, *seq_lens, *extend_lens, *prefix_lens]
+        parts = [np.array(ints, dtype=np.int64)]
+        on_host = out_cache_loc.device.type == "cpu"
+        if on_host:
+            parts.insert(0, out_cache_loc.to(torch.int64).numpy())
+        if carry is not None:
+            parts.append(carry)
+        host = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        on_device = to_device(torch.from_numpy(host), device)
+        at = t if on_host else 0
+        ids = on_device[at : at + t]
+        positions_dev = on_device[at + t : at + 2 * t]
+        at += 2 * t
+        rows = on_device[at : at + b]
+        seq = on_device[at + b : at + 2 * b]
+        extend = on_device[at + 2 * b : at + 3 * b]
+        at += 3 * b
+        if decode_only:
+            prefix = positions_dev
+        else:
+            prefix = on_device[at : at + b]
+            at += b
         return cls(
-            input_ids=on_device[:t],
-            positions=prefix if decode_only else on_device[t + 3 * b :],
-            out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int64),
-            req_rows=on_device[t : t + b],
-            seq_lens=prefix + extend,
+            input_ids=ids,
+            positions=positions_dev,
+            out_cache_loc=(
+                on_device[:t] if on_host else out_cache_loc.to(device=device, dtype=torch.int64)
+            ),
+            req_rows=rows,
+            seq_lens=seq,
             prefix_lens=prefix,
             extend_lens=extend,
             req_to_token=req_to_token,
@@ -106,4 +141,6 @@ class ForwardBatch:
             prefix_lens_cpu=list(prefix_lens),
             extend_lens_cpu=list(extend_lens),
             req_rows_cpu=list(req_rows),
+            decode_inputs=on_device[: 5 * b].view(5, b) if decode_only and on_host else None,
+            carried=on_device[at:] if carry is not None else None,
         )

@@ -155,8 +155,9 @@ class ModelRunner:
     def _forward_batch(self, batch: Batch) -> tuple[ForwardBatch, bool]:
         """The step's ForwardBatch, its placeholders resolved from `future` on the device,
         and whether it had any. The req->token table's device copy is brought up to date
-        first (its staged writes: kvcache/req_table.py), as the step reads it."""
-        self.req_table.sync_device()
+        first (its staged writes: kvcache/req_table.py), as the step reads it; they go to
+        the device in the batch's one copy of its inputs (ForwardBatch.build)."""
+        staged = self.req_table.take_staged()
         items = batch.items
         prefix_lens = [item.req.num_computed_tokens for item in items]
         input_ids: list[int] = []
@@ -183,13 +184,16 @@ class ModelRunner:
             prefix_lens=prefix_lens,
             extend_lens=extend_lens,
             req_to_token=self.req_table.table,
+            carry=staged,
         )
+        if fb.carried is not None:
+            self.req_table.apply_staged(fb.carried)
         if self.followers is None:  # followers have no mirror: every rank runs one path
             fb.req_to_token_host = self.req_table.host_array
         pending = bool(input_ids) and min(input_ids) < 0
-        if pending:
+        if pending:  # resolved in place: `decode_inputs` holds the same ids
             given = fb.input_ids
-            fb.input_ids = torch.where(given < 0, self.future[given.neg().clamp_(min=0)], given)
+            given.copy_(torch.where(given < 0, self.future[given.neg().clamp_(min=0)], given))
         return fb, pending
 
     def _decode_shaped(

@@ -48,7 +48,6 @@ from radixmesh.worker.batch import (
 )
 from radixmesh.worker.config import SchedulerConfig
 from radixmesh.worker.constrained.manager import GrammarManager
-from radixmesh.worker.forward_batch import to_device
 from radixmesh.worker.kvcache.allocator import KVAllocator
 from radixmesh.worker.kvcache.radix_cache import RadixCache
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
@@ -185,10 +184,10 @@ class Scheduler:
     # ---- schedule -------------------------------------------------------------------
 
     def schedule(self) -> Batch | None:
-        """The next step's batch. Slots stay on the host while it is built (each part's
-        bookkeeping reads them there) and go to the device once, together: a copy per
-        admitted request was a pinned copy and a wait-free transfer each on CUDA. The
-        req->token table's device copy follows in the runner's `sync_device`."""
+        """The next step's batch. Slots stay on the host (each part's bookkeeping reads
+        them there; a copy per admitted request was a pinned copy and a wait-free
+        transfer each on CUDA): the runner moves them to the device with the step's other
+        inputs and the req->token table's staged writes, in one copy."""
         budget = self.config.token_budget
         items: list[ScheduledRequest] = []
         slots: list[torch.Tensor] = []  # [n_i] int64 on the host, in item order
@@ -208,8 +207,7 @@ class Scheduler:
         host = slots[0] if len(slots) == 1 else torch.cat(slots)
         spec = self.speculator  # without one, the runner's own switch alone decides
         keep = spec is None or spec.keeps_features(item.req for item in items)
-        loc = to_device(host, self.allocator.device)
-        return Batch(items=items, out_cache_loc=loc, keep_features=keep)
+        return Batch(items=items, out_cache_loc=host, keep_features=keep)
 
     def _schedule_running(
         self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]

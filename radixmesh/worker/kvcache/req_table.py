@@ -20,9 +20,10 @@ A step admitting ~60 requests writes ~120 spans (each one's cached prefix and it
 slots); written one at a time to the device that was a pinned copy and a copy kernel each,
 ~4 CUDA calls an admitted request on the host's critical path. So the mirror is written at
 once (numpy slice assignment: ~1 us where a torch indexed write costs ~10-40 us on the
-2-core CPU machine), and the device's part of each write is staged: `sync_device`, called
-by the model runner before a forward reads the table, copies every staged write in one
-host-to-device copy and one `index_copy_`. Staged writes never overlap: a write that
+2-core CPU machine), and the device's part of each write is staged: before a forward reads
+the table, the model runner takes every staged write (`take_staged`), moves them in the
+step's one host-to-device copy of its inputs, and applies them in one `index_copy_`
+(`sync_device` does both on its own). Staged writes never overlap: a write that
 would overlap one staged for the same row (a request's prefix rewritten with the tree's
 slots, a freed row handed to the next request) first flushes the stage, because a scatter
 with repeated indices leaves any one of the values. Stream order keeps the device's
@@ -48,7 +49,7 @@ class ReqToTokenTable:
         mirrored: bool | None = None,
     ) -> None:
         """`mirrored` (default: the device is not the CPU): a device table apart from the
-        host mirror, written through `sync_device`. Tests set it on the CPU to run the
+        host mirror, written through the staged writes. Tests set it on the CPU to run the
         GPU's write path."""
         if max_requests < 1:
             raise ValueError(f"max_requests: must be >= 1, got {max_requests}")
@@ -154,14 +155,25 @@ class ReqToTokenTable:
         """Bring the device table up to date with the staged writes: one host-to-device
         copy (indices and slots together) and one `index_copy_`, queued on the current
         stream without waiting for it. A no-op when nothing is staged (and on the CPU)."""
+        staged = self.take_staged()
+        if staged is not None:
+            self.apply_staged(to_device(torch.from_numpy(staged), self.device))
+
+    def take_staged(self) -> np.ndarray | None:
+        """The staged writes as one int64 array, [flat indices (N) | slots (N)], taken
+        off the stage: the caller moves them to the device (with the step's other inputs:
+        model_runner.py) and applies them with `apply_staged` before anything reads the
+        table there. None when nothing is staged (always on the CPU)."""
         if not self._staged_index:
-            return
-        index = np.concatenate(self._staged_index)
-        packed = torch.from_numpy(np.concatenate([index, *self._staged_slots]))  # [2N]
+            return None
+        packed = np.concatenate([*self._staged_index, *self._staged_slots])
         self._staged_index, self._staged_slots, self._staged_end = [], [], {}
-        on_device = to_device(packed, self.device)
-        n = len(index)
-        self.table.view(-1).index_copy_(0, on_device[:n], on_device[n:])
+        return packed
+
+    def apply_staged(self, packed: torch.Tensor) -> None:
+        """`take_staged`'s array, on the table's device: one `index_copy_` (queued)."""
+        n = packed.numel() // 2
+        self.table.view(-1).index_copy_(0, packed[:n], packed[n:])
 
     @property
     def num_staged_writes(self) -> int:
