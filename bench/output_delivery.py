@@ -1,5 +1,5 @@
 """What handing outputs to the caller costs the offline engine: one output per request
-when it ends (`Request.stream = False`, what `Engine.generate` and `async_generate` ask
+when it ends (`Delivery.LAST`, what `Engine.generate` and `async_generate` ask
 for without streaming) against one output per request per step (a stream's delivery, and
 what those calls got before), in one process, alternating.
 
@@ -29,6 +29,7 @@ from bench import record
 from bench.schedule_overhead import HostOnlyRunner
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.request import Request
+from radixmesh.worker.request_output import Delivery
 
 DELIVERIES = ("whole", "steps")
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     times: dict[str, list[float]] = {d: [] for d in DELIVERIES}
 
     def per_step(req: Request) -> Any:
-        req.stream = True  # the caller gets each step's delta, as a stream does
+        req.delivery = Delivery.STEPS  # each step's delta, as a stream gets
         return submit(req)
 
     try:

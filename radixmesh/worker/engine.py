@@ -52,7 +52,7 @@ from radixmesh.worker.engine_inputs import (
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
 from radixmesh.worker.mailbox import Mailbox, next_item
 from radixmesh.worker.request import HiddenPool, Pooling, Request
-from radixmesh.worker.request_output import Accumulator, RequestOutput, embedding_of
+from radixmesh.worker.request_output import Accumulator, Delivery, RequestOutput, embedding_of
 from radixmesh.worker.score import score_of, score_requests
 from radixmesh.worker.tp.leader import RankFailure
 from radixmesh.worker.worker import Worker
@@ -210,9 +210,14 @@ class Engine:
     # ---- serving: what the gRPC worker server needs ---------------------------------
 
     def async_stream(
-        self, input_ids: list[int], sampling_params: Params = None, rid: str | None = None
+        self,
+        input_ids: list[int],
+        sampling_params: Params = None,
+        rid: str | None = None,
+        delivery: Delivery = Delivery.STEPS,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs under a caller-chosen id (so `abort(rid)` reaches it).
+        """Stream one request's outputs under a caller-chosen id (so `abort(rid)` reaches it):
+        each step's (`delivery` steps), or only the first and the last, or the last.
 
         Validates now (raises InvalidArgument / Unavailable before anything runs); the
         request is submitted on the first iteration. Closing the iterator early aborts it."""
@@ -221,6 +226,7 @@ class Engine:
             raise InvalidArgument("sampling_params.n", "a stream takes n=1")
         if rid is not None:
             reqs[0].rid = rid
+        reqs[0].delivery = delivery
         return self._aoutputs(reqs[0], compiles)
 
     def submit(
@@ -231,12 +237,13 @@ class Engine:
         sink: Callable[[RequestOutput], None],
         pooling: str | None = None,
         on_error: Callable[[BaseException], None] | None = None,
+        delivery: Delivery = Delivery.STEPS,
     ) -> None:
         """Validate one request (raises InvalidArgument / Overloaded / Unavailable) and
-        start it under `rid`, handing each step's output to `sink` on the scheduler thread
-        (which must only hand it on). The engine process's child serves its server
-        through this. With `pooling`, an embedding request (see `encode`;
-        `sampling_params` unused).
+        start it under `rid`, handing each step's output (or those `delivery` names) to
+        `sink` on the scheduler thread (which must only hand it on). The engine process's
+        child serves its server through this. With `pooling`, an embedding request (see
+        `encode`; `sampling_params` unused).
 
         A constraint compiles first, with no thread waiting for it: the request starts
         when it compiled, or `on_error` gets its InvalidArgument (without `on_error`,
@@ -251,6 +258,7 @@ class Engine:
         req = reqs[0]
         req.rid = rid
         req.sink = sink
+        req.delivery = delivery
         if not compiles or on_error is None:
             for done in compiles:
                 done.result()
@@ -399,7 +407,7 @@ class Engine:
         # after the first hit the cache (see step_prefixes.py).
         self.admission.reserve(len(reqs))
         for r in reqs:
-            r.stream = False  # collected whole: one output when it ends
+            r.delivery = Delivery.LAST  # collected whole: one output when it ends
         return [self._submit(r) for r in reqs]
 
     def _submit(self, req: Request) -> queue.SimpleQueue[RequestOutput]:
@@ -447,7 +455,7 @@ class Engine:
         aborts every one of them."""
         self.admission.reserve(len(reqs))
         for r in reqs:
-            r.stream = False  # collected whole: one output when it ends
+            r.delivery = Delivery.LAST  # collected whole: one output when it ends
         queues = [self._asubmit(r) for r in reqs]
         try:
             return [await self._acollect(q) for q in queues]

@@ -81,7 +81,7 @@ from radixmesh.worker.pipe import (
     encode_command,
     encode_results,
 )
-from radixmesh.worker.request_output import RequestOutput, embedding_of
+from radixmesh.worker.request_output import Delivery, RequestOutput, embedding_of
 from radixmesh.worker.score import score_of, score_requests
 
 if TYPE_CHECKING:
@@ -165,13 +165,20 @@ class EngineProcess:
     # ---- the API the server uses (the same as Engine's) ------------------------------------
 
     def async_stream(
-        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        rid: str | None = None,
+        delivery: Delivery = Delivery.STEPS,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs; a bad one raises its error at the first iteration."""
+        """Stream one request's outputs (each step's, or those `delivery` names); a bad one
+        raises its error at the first iteration."""
         if self._draining:
             raise Unavailable("the worker is draining: it takes no new requests")
         self._check_alive()
-        return self._astream(list(input_ids), dict(sampling_params), rid or uuid.uuid4().hex)
+        return self._astream(
+            list(input_ids), dict(sampling_params), rid or uuid.uuid4().hex, None, delivery
+        )
 
     async def async_encode(
         self, input_ids: list[int], pooling: str = "mean", rid: str | None = None
@@ -250,7 +257,12 @@ class EngineProcess:
     # ---- plumbing --------------------------------------------------------------------------
 
     async def _astream(
-        self, ids: list[int], params: dict[str, Any], rid: str, pooling: str | None = None
+        self,
+        ids: list[int],
+        params: dict[str, Any],
+        rid: str,
+        pooling: str | None = None,
+        delivery: Delivery = Delivery.STEPS,
     ) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Any] = asyncio.Queue()
@@ -259,7 +271,7 @@ class EngineProcess:
         self._streams[rid] = (loop, q)
         done = False
         try:
-            self._send(Submit(rid, ids, params, pooling))
+            self._send(Submit(rid, ids, params, pooling, delivery.value))
             while not done:
                 out = await self._next(q)
                 while not out.finished and not q.empty():
@@ -537,12 +549,15 @@ def _submit(
     ids: list[int],
     params: Any,
     pooling: str | None,
+    delivery: str,
 ) -> None:
     def fail(e: BaseException) -> None:
         outbox.put(Error(rid, _pack(e)))
 
     try:  # a constraint compiles in the background; `fail` gets its error
-        engine.submit(ids, params, rid, lambda o: outbox.put(Out(rid, o)), pooling, fail)
+        engine.submit(
+            ids, params, rid, lambda o: outbox.put(Out(rid, o)), pooling, fail, Delivery(delivery)
+        )
     except BaseException as e:
         submissions.done(rid)
         fail(e)

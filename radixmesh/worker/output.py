@@ -3,7 +3,8 @@
 The scheduler calls `append_token` for every sampled token and `emit` once per step per
 request; `emit` hands the step's delta (new ids, new text, new logprobs) to the
 request's sink, and the request's `MetaInfo` with it. A request that does not stream
-(`Request.stream`) gets one output when it ends: its deltas gather until then.
+(`Request.delivery`) gets one output when it ends, or its first and then one when it
+ends: its deltas gather meanwhile.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from radixmesh.worker.batch import PromptLogprobs
 from radixmesh.worker.request import FinishReason, Request
-from radixmesh.worker.request_output import Finish, MetaInfo, RequestOutput
+from radixmesh.worker.request_output import Delivery, Finish, MetaInfo, RequestOutput
 
 
 class OutputProcessor:
@@ -131,7 +132,12 @@ class OutputProcessor:
 
     def emit(self, req: Request) -> None:
         finished = req.finish_reason is not None
-        if not finished and not req.stream:
+        delivery = req.delivery
+        if (
+            not finished
+            and delivery is not Delivery.STEPS
+            and (delivery is Delivery.LAST or req.outputs_sent)
+        ):
             return  # the deltas stay pending until the request ends
         buf = self._pending.pop(req.rid, None)
         if (buf is None or not buf[0]) and not finished:
@@ -140,6 +146,7 @@ class OutputProcessor:
         if sink is None:
             return
         ids, text, lps, tops = buf or ([], [], [], [])
+        req.outputs_sent += 1
         sink(
             RequestOutput(
                 rid=req.rid,

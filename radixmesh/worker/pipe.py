@@ -72,6 +72,7 @@ class Submit(NamedTuple):
     input_ids: list[int]
     params: dict[str, Any]
     pooling: str | None
+    delivery: str = "steps"  # a `Delivery` value: which outputs come back
 
 
 class Abort(NamedTuple):
@@ -189,7 +190,7 @@ def encode_command(msg: Command) -> bytes:
     raises InvalidArgument naming the field."""
     if isinstance(msg, Submit):
         try:
-            return _pack((_SUBMIT, msg.rid, msg.input_ids, msg.params, msg.pooling))
+            return _pack((_SUBMIT, msg.rid, msg.input_ids, msg.params, msg.pooling, msg.delivery))
         except (TypeError, ValueError, OverflowError):
             raise _unencodable(msg) from None
     if isinstance(msg, Abort):
@@ -232,8 +233,8 @@ def decode_command(frame: bytes) -> Command:
     try:
         tag = row[0]
         if tag == _SUBMIT:
-            _, rid, ids, params, pooling = row
-            return Submit(rid, ids, params, pooling)
+            _, rid, ids, params, pooling, delivery = row
+            return Submit(rid, ids, params, pooling, delivery)
         if tag == _ABORT:
             _, rid = row
             return Abort(rid)

@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixmesh.sampling_params import SamplingParams
-from radixmesh.worker.request_output import PromptTokenLogprob, RequestOutput, TokenLogprob
+from radixmesh.worker.request_output import (
+    Delivery,
+    PromptTokenLogprob,
+    RequestOutput,
+    TokenLogprob,
+)
 
 if TYPE_CHECKING:
     from radixmesh.worker.constrained.request_grammar import RequestGrammar
@@ -81,10 +86,8 @@ class Request:
     sink: Sink | None = None
     stop_ids: frozenset[int] = frozenset()
     arrival_time: float = field(default_factory=time.monotonic)
-    # Whether the sink gets each step's delta (a stream), or one output when the request
-    # ends, with every token and the whole text (a caller that waits for the result: no
-    # output object, meta info or cross-thread hand-off per token).
-    stream: bool = True
+    delivery: Delivery = Delivery.STEPS  # which outputs the sink gets
+    outputs_sent: int = 0  # outputs handed to the sink so far
 
     token_ids: list[int] = field(init=False)
     num_prompt_tokens: int = field(init=False)

@@ -11,6 +11,7 @@ Python API's edge: `MetaInfo.to_dict`, `RequestOutput.as_chunk`.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,19 @@ from radixmesh.errors import RequestAborted
 # SGLang's logprob entries: (logprob, token id, None); a prompt's first token has no logprob.
 TokenLogprob = tuple[float, int, None]
 PromptTokenLogprob = tuple[float | None, int, None]
+
+
+class Delivery(enum.StrEnum):
+    """Which outputs a request's sink gets (vLLM's output kinds play this part there).
+
+    A caller that waits for a whole result needs no output per step: each one is an
+    object with its meta info built on the scheduler thread and handed across threads
+    (and, in the worker, across the engine pipe), for nothing (docs/performance.md,
+    "Outputs to the caller")."""
+
+    STEPS = "steps"  # each step's delta: a stream
+    FIRST_AND_LAST = "first_and_last"  # the first output (the prompt is in), then the rest
+    LAST = "last"  # one output when the request ends: every token and the whole text
 
 
 @dataclass(frozen=True)

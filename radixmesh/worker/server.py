@@ -60,6 +60,7 @@ from radixmesh.worker.proto_out import (
     load_to_proto,
     model_info_to_proto,
 )
+from radixmesh.worker.request_output import Delivery
 from radixmesh.worker.resumable import HeldRequests, OutputLog, ResumeConfig
 from radixmesh.worker.stats import SchedulerStats
 from radixmesh.worker.stored_responses import StoredResponses
@@ -196,7 +197,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     raise InvalidArgument("request_id", f"request {rid!r} is already in flight")
                 ids = self._input_ids(request.input)
                 params = params_from_proto(request.sampling_params)
-                stream = engine.async_stream(ids, params, rid=rid)
+                stream = engine.async_stream(ids, params, rid=rid, delivery=_delivery(request))
                 # A resumable request outlives its call: announced without its id.
                 announced = self._announce(engine, ids, "" if request.resumable else rid)
                 if request.resumable:
@@ -540,3 +541,16 @@ async def _unary(context: grpc.aio.ServicerContext, run: Callable[[], Awaitable[
             raise
         logger.exception("RPC failed")
         await abort_rpc(context, Internal(f"{type(e).__name__}: {e}"))
+
+
+def _delivery(request: worker_pb2.GenerateRequest) -> Delivery:
+    """The outputs the engine hands this call: each step's for a stream (and for a
+    resumable request, whose log a stream may follow later); else the first, then the
+    rest in one, which is all `first_and_rest`, an output stream that is not streaming
+    and a joined result send on. The first stays its own output even for a joined
+    result: the latency metrics (`_timed`) take time to first token from it, and the
+    tokens after it, arriving in one output, each count their mean gap, as for a stream
+    whose reader fell behind."""
+    if request.stream or request.resumable:
+        return Delivery.STEPS
+    return Delivery.FIRST_AND_LAST

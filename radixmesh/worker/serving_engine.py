@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from radixmesh.worker.config import EngineConfig
 from radixmesh.worker.engine_info import EngineInfo
 from radixmesh.worker.kvcache.events import CacheEvent, CacheListener
-from radixmesh.worker.request_output import RequestOutput
+from radixmesh.worker.request_output import Delivery, RequestOutput
 
 
 class ServingEngine(Protocol):
@@ -36,9 +36,14 @@ class ServingEngine(Protocol):
         ...
 
     def async_stream(
-        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str | None = None
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        rid: str | None = None,
+        delivery: Delivery = Delivery.STEPS,
     ) -> AsyncIterator[RequestOutput]:
-        """One request's outputs; a bad request raises at once or at the first step."""
+        """One request's outputs (each step's, or those `delivery` names); a bad request
+        raises at once or at the first step."""
         ...
 
     async def async_encode(

@@ -12,6 +12,7 @@ from radixmesh.tokenizer import ByteTokenizer
 from radixmesh.worker.detokenizer import IncrementalDetokenizer
 from radixmesh.worker.output import OutputProcessor
 from radixmesh.worker.request import Request, RequestOutput
+from radixmesh.worker.request_output import Delivery
 
 TOK = ByteTokenizer(512, eos_token_ids=[2])
 PROMPT = TOK.encode("Extract: ")
@@ -73,18 +74,27 @@ def test_plain_run_is_one_push() -> None:
     assert emitted == [(TOK.encode('A", "city": "'), 'A", "city": "', False)]
 
 
-def test_a_request_that_does_not_stream_gets_one_output_when_it_ends() -> None:
+@pytest.mark.parametrize(
+    ("delivery", "expected"),
+    [
+        (Delivery.STEPS, [("A", False), ("b", False), ("c", False), ("d", True)]),
+        (Delivery.FIRST_AND_LAST, [("A", False), ("bcd", True)]),
+        (Delivery.LAST, [("Abcd", True)]),
+    ],
+)
+def test_delivery_names_the_outputs_a_request_gets(
+    delivery: Delivery, expected: list[tuple[str, bool]]
+) -> None:
+    """Whatever the delivery, the outputs add up to the same tokens, text and logprobs."""
     out = OutputProcessor(4096)
-    req = _request(max_new_tokens=3, return_logprob=True)
-    req.stream = False
+    req = _request(max_new_tokens=4, return_logprob=True)
+    req.delivery = delivery
     got: list[RequestOutput] = []
     req.sink = got.append
-    for i, t in enumerate(TOK.encode("Abc")):
+    for i, t in enumerate(TOK.encode("Abcd")):
         out.append_token(req, t, -0.25 * (i + 1), None)
         out.emit(req)
-        assert got == [] or req.finished
-    assert [(o.new_token_ids, o.text_delta, o.finished) for o in got] == [
-        (TOK.encode("Abc"), "Abc", True)
-    ]
-    assert [lp for lp, _, _ in got[0].new_token_logprobs] == [-0.25, -0.5, -0.75]
-    assert got[0].meta_info.completion_tokens == 3
+    assert [(o.text_delta, o.finished) for o in got] == expected
+    assert [t for o in got for t in o.new_token_ids] == TOK.encode("Abcd")
+    assert [lp for o in got for lp, _, _ in o.new_token_logprobs] == [-0.25, -0.5, -0.75, -1.0]
+    assert got[-1].meta_info.completion_tokens == 4 and req.outputs_sent == len(expected)

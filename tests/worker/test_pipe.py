@@ -196,6 +196,7 @@ def test_every_command_round_trips_exactly() -> None:
     msgs: list[Command] = [
         Submit(RID, [1, 2, 3], params, None),
         Submit("e", [4], {}, "mean"),
+        Submit("w", [5, 6], {"max_new_tokens": 2}, None, "last"),
         Abort(RID),
         AbortAll("the worker is shutting down"),
         Drain(),
