@@ -150,10 +150,9 @@ class Sampler:
         """
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [N={len(rows)}, V], got {tuple(logits.shape)}")
+        if vocab_mask is None and allowed is None and all_plain_greedy(rows):
+            return self.argmax(logits)  # the common benchmark path
         logits = logits[:, : self.vocab_size]  # [N, V]
-        if vocab_mask is None and allowed is None and _all_plain_greedy(rows):
-            # The common benchmark path: one kernel, no copies.
-            return Draw(token_ids=logits.argmax(dim=-1))
 
         # [N, V]: our own copy if any rule applied, else the caller's, which is only read.
         logits = self._apply_rules(logits, rows, vocab_mask, allowed)
@@ -162,6 +161,13 @@ class Sampler:
         if lp_rows:
             _fill_logprobs(out, logits, out.token_ids, rows, lp_rows)
         return out
+
+    def argmax(self, logits: torch.Tensor) -> Draw:
+        """`draw` for rows that are all plain greedy (`all_plain_greedy`) with no mask:
+        one kernel, no copies."""
+        if logits.shape[-1] != self.vocab_size:
+            logits = logits[:, : self.vocab_size]
+        return Draw(token_ids=logits.argmax(dim=-1))
 
     # --- hard rules: penalties, bans, masks -------------------------------------------
 
@@ -290,7 +296,10 @@ def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return t if len(rows) == t.shape[0] else t[rows]
 
 
-def _all_plain_greedy(rows: Sequence[SamplingRow]) -> bool:
+def all_plain_greedy(rows: Sequence[SamplingRow]) -> bool:
+    """Whether every row draws its argmax with no rule applied: greedy, no logprobs, no
+    penalty, no logit bias, no min_new_tokens ban in force. A row that is stays so with
+    more output ids (the ban only lifts), so a drafting row's later positions do too."""
     for r in rows:
         p = r.params
         if not p.is_greedy or p.return_logprob or _needs_penalty(p) or _min_tokens_active(r):

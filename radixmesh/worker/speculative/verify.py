@@ -23,7 +23,13 @@ import torch
 
 from radixmesh.worker.batch import Verified
 from radixmesh.worker.constrained.bitmask import TokenBitmask
-from radixmesh.worker.sampler import Draw, Sampler, SamplingRow, reads_output_ids
+from radixmesh.worker.sampler import (
+    Draw,
+    Sampler,
+    SamplingRow,
+    all_plain_greedy,
+    reads_output_ids,
+)
 
 
 def verify_drafts(
@@ -79,7 +85,13 @@ def draw_drafts(
     masks: Sequence[torch.Tensor | None] | None = None,
 ) -> DrawnDrafts:
     """`verify_drafts` up to the draws, which stay on the device: the caller does other
-    host work before `outcomes` waits for them."""
+    host work before `outcomes` waits for them. Rows that are all plain greedy with no
+    grammar mask (every position then is too: `all_plain_greedy`) take every position's
+    argmax at once, without a sampling row per position."""
+    if (masks is None or all(m is None for m in masks)) and all_plain_greedy(rows):
+        if logits.shape[0] != sum(len(d) + 1 for d in drafts):
+            raise ValueError(f"logits: one row per drafting position, got {logits.shape[0]}")
+        return DrawnDrafts(drafts, sampler.argmax(logits))
     positions: list[SamplingRow] = []
     mask_rows: list[int] = []
     mask_bits: list[torch.Tensor] = []

@@ -12,7 +12,7 @@ import torch
 
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.sampler import Sampler, SamplingRow
-from radixmesh.worker.speculative.verify import verify_drafts
+from radixmesh.worker.speculative.verify import draw_drafts, verify_drafts
 
 V = 5
 PROBS = torch.tensor(
@@ -134,3 +134,40 @@ def test_penalties_count_the_drafts_before_each_position() -> None:
         while kept < 2 and draft[kept] == 0:
             kept += 1
         assert w.accepted == kept
+
+
+def test_plain_greedy_rows_take_every_positions_argmax_at_once() -> None:
+    """No sampling row per position: the draws are the argmax of each position's logits
+    over the vocabulary (padding columns past it never win), as the per-position path
+    gives them."""
+    sampler = Sampler(V)
+    logits = torch.tensor(
+        [  # row a: drafts [3, 1, 4] (4 positions); row b: draft [2] (2 positions)
+            [0.1, 0.0, 0.2, 0.9, 0.0, 9.0],
+            [0.0, 0.8, 0.1, 0.0, 0.0, 9.0],
+            [0.0, 0.0, 0.0, 0.1, 0.7, 9.0],
+            [0.6, 0.0, 0.0, 0.0, 0.1, 9.0],
+            [0.0, 0.0, 0.3, 0.0, 0.5, 9.0],
+            [0.2, 0.1, 0.0, 0.0, 0.0, 9.0],
+        ]
+    )  # V + 1 columns: the last is the LM head's padding
+    greedy = SamplingRow(SamplingParams(temperature=0.0), [0], [])
+    drawn = draw_drafts(sampler, logits, [greedy, greedy], [[3, 1, 4], [2]])
+    assert drawn.draws.token_ids.tolist() == [3, 1, 4, 0, 4, 0]
+    va, vb = drawn.outcomes()
+    assert (va.tokens, va.accepted, vb.tokens, vb.accepted) == ([3, 1, 4, 0], 3, [4], 0)
+    assert va.logprobs == [None] * 4 and vb.top_logprobs == [None]
+    per_position = sampler.draw(logits, [greedy] * 6)
+    assert per_position.token_ids.tolist() == [3, 1, 4, 0, 4, 0]
+
+
+def test_a_min_new_tokens_ban_in_force_is_applied_at_each_position() -> None:
+    """Not plain greedy while the ban holds: stop id 0 is the argmax everywhere; with one
+    output token and min_new_tokens 3 it is banned at positions 0 and 1 (1 and 2 output
+    tokens before them), allowed at position 2 (3 before it)."""
+    sampler = Sampler(V)
+    logits = torch.tensor([[5.0, 1.0, 0.0, 0.0, 0.0]] * 3)
+    params = SamplingParams(temperature=0.0, min_new_tokens=3)
+    row = SamplingRow(params, [4], [2], stop_ids=frozenset({0}))
+    (v,) = verify_drafts(sampler, logits, [row], [[1, 1]])
+    assert v.tokens == [1, 1, 0] and v.accepted == 2
