@@ -80,17 +80,19 @@ class ForwardBatch:
         extend_lens: list[int],
         req_to_token: torch.Tensor,
         carry: np.ndarray | None = None,
+        pack_slots: bool | None = None,
     ) -> ForwardBatch:
         """Build from host lists; positions and seq_lens are derived.
 
         Everything travels to the device as one packed int64 array (one pinned copy,
         sliced there): a copy each was a host-to-device transfer apiece on the launch
         path, ~10-20 us of host time each on CUDA (pin, then queue the copy). So do
-        `out_cache_loc` when it is on the host, and `carry` (other ints of the step: the
-        req->token table's staged writes), which comes back on the device as `carried`.
-        seq_lens are summed on the host, not by a kernel. A decode-only batch's slots,
-        ids, positions, rows and seq_lens are one [5, B] block there (`decode_inputs`),
-        which a CUDA graph's replay copies in one go.
+        `carry` (other ints of the step: the req->token table's staged writes), which
+        comes back on the device as `carried`, and `out_cache_loc` with `pack_slots`
+        (default: it is on the host and the device is not). seq_lens are summed on the
+        host, not by a kernel. With packed slots a decode-only batch's slots, ids,
+        positions, rows and seq_lens are one [5, B] block on the device
+        (`decode_inputs`), which a CUDA graph's replay copies in one go.
 
         Layout: [slots T if packed | ids T | positions T | rows B | seq_lens B | extend B |
         prefix B unless decode-only (there positions are the prefixes) | carry]."""
@@ -105,15 +107,14 @@ class ForwardBatch:
                 p + i for p, e in zip(prefix_lens, extend_lens, strict=True) for i in range(e)
             ]
             ints = [*input_ids, *positions, *req_rows, *seq_lens, *extend_lens, *prefix_lens]
-        parts = [np.array(ints, dtype=np.int64)]
-        on_host = out_cache_loc.device.type == "cpu"
-        if on_host:
-            parts.insert(0, out_cache_loc.to(torch.int64).numpy())
-        if carry is not None:
-            parts.append(carry)
-        host = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        host = np.array(ints, dtype=np.int64)
+        if pack_slots is None:
+            pack_slots = out_cache_loc.device.type == "cpu" and device.type != "cpu"
+        if pack_slots or carry is not None:
+            slots = [_int64(out_cache_loc).numpy()] if pack_slots else []
+            host = np.concatenate([*slots, host, *([] if carry is None else [carry])])
         on_device = to_device(torch.from_numpy(host), device)
-        at = t if on_host else 0
+        at = t if pack_slots else 0
         ids = on_device[at : at + t]
         positions_dev = on_device[at + t : at + 2 * t]
         at += 2 * t
@@ -129,9 +130,7 @@ class ForwardBatch:
         return cls(
             input_ids=ids,
             positions=positions_dev,
-            out_cache_loc=(
-                on_device[:t] if on_host else out_cache_loc.to(device=device, dtype=torch.int64)
-            ),
+            out_cache_loc=on_device[:t] if pack_slots else _int64(out_cache_loc).to(device),
             req_rows=rows,
             seq_lens=seq,
             prefix_lens=prefix,
@@ -141,6 +140,10 @@ class ForwardBatch:
             prefix_lens_cpu=list(prefix_lens),
             extend_lens_cpu=list(extend_lens),
             req_rows_cpu=list(req_rows),
-            decode_inputs=on_device[: 5 * b].view(5, b) if decode_only and on_host else None,
+            decode_inputs=on_device[: 5 * b].view(5, b) if decode_only and pack_slots else None,
             carried=on_device[at:] if carry is not None else None,
         )
+
+
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int64 else t.to(torch.int64)

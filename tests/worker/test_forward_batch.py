@@ -23,14 +23,15 @@ def _fields(fb: ForwardBatch) -> dict[str, list[int]]:
     }
 
 
-def test_a_decode_batch_with_host_slots_is_one_block() -> None:
+def test_a_decode_batch_with_packed_slots_is_one_block() -> None:
     fb = ForwardBatch.build(
         input_ids=[11, 12, 13],
-        out_cache_loc=torch.tensor([7, 8, 9]),
+        out_cache_loc=torch.tensor([7, 8, 9], dtype=torch.int32),
         req_rows=[2, 0, 3],
         prefix_lens=[5, 9, 1],
         extend_lens=[1, 1, 1],
         req_to_token=TABLE,
+        pack_slots=True,  # the default where the device is not the CPU
     )
     assert _fields(fb) == {
         "input_ids": [11, 12, 13],
@@ -48,7 +49,21 @@ def test_a_decode_batch_with_host_slots_is_one_block() -> None:
         [5, 9, 1],
         [2, 0, 3],
     )
-    assert fb.carried is None and fb.is_decode_only
+    assert fb.carried is None and fb.is_decode_only and fb.out_cache_loc.dtype == torch.int64
+
+
+def test_on_the_cpu_the_slots_are_used_as_they_are() -> None:
+    loc = torch.tensor([7, 8])
+    fb = ForwardBatch.build(
+        input_ids=[1, 2],
+        out_cache_loc=loc,
+        req_rows=[0, 1],
+        prefix_lens=[3, 4],
+        extend_lens=[1, 1],
+        req_to_token=TABLE,
+    )
+    assert fb.out_cache_loc is loc and fb.decode_inputs is None
+    assert fb.input_ids.tolist() == [1, 2] and fb.seq_lens.tolist() == [4, 5]
 
 
 def test_an_extend_batch_and_the_carried_ints() -> None:
@@ -61,6 +76,7 @@ def test_an_extend_batch_and_the_carried_ints() -> None:
         extend_lens=[3, 1],
         req_to_token=TABLE,
         carry=carry,
+        pack_slots=True,
     )
     assert _fields(fb) == {
         "input_ids": [1, 2, 3, 4],

@@ -199,4 +199,4 @@ class ReqToTokenTable:
 def _host_array(slots: torch.Tensor) -> np.ndarray:
     """`slots` as an int64 numpy array sharing the host tensor's memory."""
     host = slots if slots.device.type == "cpu" else slots.cpu()
-    return host.to(torch.int64).numpy()
+    return (host if host.dtype == torch.int64 else host.to(torch.int64)).numpy()
