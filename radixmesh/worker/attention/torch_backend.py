@@ -184,16 +184,24 @@ def _extend_rows(
     batch: ForwardBatch, extend: list[int], starts: list[int], num_kv_heads: int
 ) -> list[ExtendRow]:
     device = batch.req_to_token.device
-    index = torch.tensor(extend, dtype=torch.int64, device=device)
-    max_len = max(batch.seq_lens_cpu[b] for b in extend)
-    table = batch.req_to_token[batch.req_rows[index], :max_len]  # [Be, L], one gather
-    table = _head_major(table, num_kv_heads)  # [Be, Hkv, L]
+    if len(extend) == 1 and batch.req_rows_cpu is not None:
+        # One sequence (a prompt chunk; on the CPU, a drafting row): its row of the table
+        # read in place, with no index tensor to build and gather by.
+        b = extend[0]
+        slots = batch.req_to_token[batch.req_rows_cpu[b], : batch.seq_lens_cpu[b]]  # [L]
+        tables = [_head_major(slots, num_kv_heads)]  # [Hkv, L]
+    else:
+        index = torch.tensor(extend, dtype=torch.int64, device=device)
+        max_len = max(batch.seq_lens_cpu[b] for b in extend)
+        table = batch.req_to_token[batch.req_rows[index], :max_len]  # [Be, L], one gather
+        table = _head_major(table, num_kv_heads)  # [Be, Hkv, L]
+        tables = [table[i, :, : batch.seq_lens_cpu[b]] for i, b in enumerate(extend)]
     rows = []
-    for i, b in enumerate(extend):
+    for b, kv_rows in zip(extend, tables, strict=True):
         prefix, seq_len = batch.prefix_lens_cpu[b], batch.seq_lens_cpu[b]
         mask = None
         if prefix:  # new token i (absolute position prefix + i) sees keys 0 .. prefix + i
-            query_pos = torch.arange(prefix, seq_len, device=device)[:, None]
-            mask = torch.arange(seq_len, device=device)[None, :] <= query_pos  # [E, L]
-        rows.append(ExtendRow(starts[b], starts[b + 1], table[i, :, :seq_len], mask))
+            ones = torch.ones(seq_len - prefix, seq_len, dtype=torch.bool, device=device)
+            mask = ones.tril_(prefix)  # [E, L]
+        rows.append(ExtendRow(starts[b], starts[b + 1], kv_rows, mask))
     return rows

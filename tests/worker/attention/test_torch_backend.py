@@ -120,8 +120,18 @@ def test_mixed_batch_matches_reference(num_heads: int, num_kv_heads: int, seed: 
         [(0, 12)],
         [(9, 5), (0, 3)],
         [(20, 1)],
+        [(21, 5)],  # a drafting row (its last token and 4 drafts) on the CPU
+        [(4, 1), (6, 3), (2, 1)],  # one extend row among decode rows
     ],
-    ids=["decode-only", "decode-equal-lengths", "one-prompt", "extends-only", "single-decode"],
+    ids=[
+        "decode-only",
+        "decode-equal-lengths",
+        "one-prompt",
+        "extends-only",
+        "single-decode",
+        "one-row-after-a-prefix",
+        "one-extend-among-decodes",
+    ],
 )
 def test_homogeneous_batches_match_reference(seqs: list[tuple[int, int]]) -> None:
     pool, batch, q, k, v = make_case(seqs, 8, 2)
