@@ -156,16 +156,20 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
             timer.wrap(runner.followers, "send_step", "send_step")
         if runner.decode_graphs is not None:
             timer.wrap(runner.decode_graphs, "run", "graph_run")
+        parts = _wrap_host_parts(timer, sched, runner)
         _time_steps(sched, timer, step_times, phases)
         engine.flush_cache()
         t0 = time.perf_counter()
         engine.generate(input_ids=prompt, sampling_params=params)
         wall = time.perf_counter() - t0
         del sched.step
+        for obj, name in parts:  # the finer phases: not in the profiled runs below
+            delattr(obj, name)
         body = step_times[2:-2]  # the prefill and the tail out
         names = sorted({k for p in phases for k in p})
         host = {n: statistics.fmean(p.get(n, 0.0) for p in phases[2:-2]) for n in names}
         res: dict[str, Any] = {
+            "host_phase_us_median": _host_medians(phases[2:-2], body),
             "tp": args.tp,
             "overlap": engine.worker.config.scheduler.overlap_schedule,
             "steps": args.steps,
@@ -185,6 +189,48 @@ def batch1(args: argparse.Namespace) -> dict[str, Any]:
         return res
     finally:
         engine.shutdown()
+
+
+def _wrap_host_parts(timer: PhaseTimer, sched: Any, runner: Any) -> list[tuple[Any, str]]:
+    """Phases inside the scheduler's three (batch1): the runner's inputs (ForwardBatch,
+    the table's staged writes), the attention backend's `prepare` when the step runs
+    eagerly, the model's forward and the logits (on the CPU, the device's work), the
+    drafts and the slots of `schedule`, and `launch`'s slot trims and drafting rows'
+    readback (which waits for the step)."""
+    parts: list[tuple[Any, str, str]] = [
+        (runner, "_forward_batch", "inputs"),
+        (runner.attn, "prepare", "attn_prepare"),
+        (runner.model.model, "forward", "model"),
+        (runner.model, "compute_logits", "logits"),
+        (sched.slots, "alloc_decode", "alloc_decode"),
+        (sched.slots, "trim", "trim"),
+        (sched.slots, "free_trimmed", "free_trimmed"),
+    ]
+    if sched.speculator is not None:
+        parts.append((sched.speculator, "drafts", "drafts"))
+    for obj, name, phase in parts:
+        timer.wrap(obj, name, phase)
+    timed_forward = runner.forward  # runner_forward's wrapper (deleting ours drops both)
+
+    def forward_and_readback(batch: Batch) -> Any:
+        out = timed_forward(batch)
+        timer.wrap(out, "read_verified", "read_verified")
+        return out
+
+    runner.forward = forward_and_readback
+    wrapped = [(obj, name) for obj, name, _ in parts]
+    return [*wrapped, (runner, "forward")]
+
+
+def _host_medians(phases: list[dict[str, float]], step_ms: list[float]) -> dict[str, float]:
+    """Per phase, the median over steps in microseconds (0 where a step lacks it), and
+    `host`: a step's wall time less the model's forward and the logits, which on the CPU
+    are the device's work (on a GPU they are launches, and `host` is the whole step)."""
+    names = sorted({n for p in phases for n in p})
+    out = {n: 1e3 * statistics.median(p.get(n, 0.0) for p in phases) for n in names}
+    device = [p.get("model", 0.0) + p.get("logits", 0.0) for p in phases]
+    out["host"] = 1e3 * statistics.median(s - d for s, d in zip(step_ms, device, strict=True))
+    return out
 
 
 def host_profile(

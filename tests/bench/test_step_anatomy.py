@@ -135,3 +135,8 @@ def test_batch1_with_drafts_that_are_never_kept_verifies_every_step_it_can(
     res = record["result"]
     assert (res["draft_tokens"], res["verify_steps"], res["steps"]) == (2, 6, 8)
     assert "verify" in res["host_phase_ms_mean"] and "schedule" in res["host_phase_ms_mean"]
+    medians = res["host_phase_us_median"]
+    parts = {"inputs", "attn_prepare", "model", "logits", "drafts", "alloc_decode", "trim"}
+    assert parts | {"free_trimmed", "read_verified", "host"} <= medians.keys()
+    assert 0 < medians["inputs"] < medians["runner_forward"] < medians["launch"]
+    assert medians["host"] > 0
