@@ -27,6 +27,7 @@ from radixmesh.worker.sampler import (
     Draw,
     Sampler,
     SamplingRow,
+    TopLogprobs,
     all_plain_greedy,
     reads_output_ids,
 )
@@ -61,19 +62,17 @@ class DrawnDrafts:
         out: list[Verified] = []
         at = 0
         for draft in self.drafts:
+            n = len(draft)
             accepted = 0
-            while accepted < len(draft) and drawn[at + accepted] == draft[accepted]:
+            while accepted < n and drawn[at + accepted] == draft[accepted]:
                 accepted += 1
-            keep = range(at, at + accepted + 1)
-            none: list[None] = [None] * len(keep)
-            out.append(
-                Verified(
-                    tokens=[drawn[r] for r in keep],
-                    logprobs=[lps[r] for r in keep] if lps is not None else list(none),
-                    top_logprobs=[tops[r] for r in keep] if tops is not None else list(none),
-                )
+            end = at + accepted + 1  # the kept drafts and the draw after them
+            kept_lps: list[float | None] = lps[at:end] if lps is not None else [None] * (end - at)
+            kept_tops: list[TopLogprobs | None] = (
+                [*tops[at:end]] if tops is not None else [None] * (end - at)
             )
-            at += len(draft) + 1
+            out.append(Verified(drawn[at:end], kept_lps, kept_tops))
+            at += n + 1
         return out
 
 
