@@ -54,11 +54,15 @@ class DecodeCudaGraphs:
         self.req_to_token = req_to_token
         n, device = self.ladder[-1], req_to_token.device
         with torch.inference_mode():
-            self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-            self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-            self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=device)
-            self.req_rows = torch.zeros(n, dtype=torch.int64, device=device)
-            self.seq_lens = torch.ones(n, dtype=torch.int64, device=device)
+            # The static inputs, rows of one block in ForwardBatch.decode_inputs' order
+            # (out_cache_loc, input_ids, positions, req_rows, seq_lens), and what pads them.
+            width = -(-n // 16) * 16  # each row 128-byte aligned, as a tensor of its own
+            self.inputs = torch.zeros(5, width, dtype=torch.int64, device=device)
+            self.padding = torch.zeros(5, width, dtype=torch.int64, device=device)
+            self.padding[4] = 1  # a padded row's seq_len
+            self.out_cache_loc, self.input_ids = self.inputs[0], self.inputs[1]
+            self.positions, self.req_rows, self.seq_lens = (self.inputs[i] for i in (2, 3, 4))
+            self.seq_lens.fill_(1)
             self.ones = torch.ones(n, dtype=torch.int64, device=device)
             self.zeros = torch.zeros(n, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -85,16 +89,7 @@ class DecodeCudaGraphs:
         """Hidden states [B, hidden] of a decode batch (a view, valid until the next run)."""
         b = batch.batch_size
         bs = next(n for n in self.ladder if n >= b)
-        for static, value, pad in (
-            (self.input_ids, batch.input_ids, self.zeros),
-            (self.positions, batch.positions, self.zeros),
-            (self.out_cache_loc, batch.out_cache_loc, self.zeros),
-            (self.req_rows, batch.req_rows, self.zeros),
-            (self.seq_lens, batch.seq_lens, self.ones),
-        ):
-            static[:b].copy_(value)
-            if bs > b:
-                static[b:bs].copy_(pad[b:bs])
+        fill_static_inputs(self.inputs, self.padding, batch, bs)
         self.attn.before_replay(self.batches[bs], batch.seq_lens_cpu, bs - b)
         self.graphs[bs].replay()
         self.num_replays += 1
@@ -114,6 +109,24 @@ class DecodeCudaGraphs:
             prefix_lens_cpu=[0] * bs,
             extend_lens_cpu=[1] * bs,
         )
+
+
+def fill_static_inputs(
+    static: torch.Tensor, padding: torch.Tensor, batch: ForwardBatch, bs: int
+) -> None:
+    """A decode batch's inputs into the first `bs` columns of the [5, N] `static` block
+    (rows: out_cache_loc, input_ids, positions, req_rows, seq_lens), the columns past
+    its B rows from `padding`. Two copies when the batch came as one block
+    (`decode_inputs`), else one a field; the padding, one copy."""
+    b = batch.batch_size
+    if batch.decode_inputs is not None:
+        static[:, :b].copy_(batch.decode_inputs)
+    else:
+        fields = (batch.out_cache_loc, batch.input_ids, batch.positions, batch.req_rows)
+        for row, value in zip(static, (*fields, batch.seq_lens), strict=True):
+            row[:b].copy_(value)
+    if bs > b:
+        static[:, b:bs].copy_(padding[:, b:bs])
 
 
 @torch.inference_mode()

@@ -21,6 +21,38 @@ def test_ladder() -> None:
         batch_size_ladder(0)
 
 
+def test_static_inputs_take_a_decode_batch_and_its_padding() -> None:
+    from radixmesh.worker.cuda_graph import fill_static_inputs
+    from radixmesh.worker.forward_batch import ForwardBatch
+
+    def batch(on_host: bool) -> ForwardBatch:
+        fb = ForwardBatch.build(
+            input_ids=[11, 12, 13],
+            out_cache_loc=torch.tensor([7, 8, 9]),
+            req_rows=[2, 0, 3],
+            prefix_lens=[5, 9, 1],
+            extend_lens=[1, 1, 1],
+            req_to_token=torch.zeros(4, 16, dtype=torch.int64),
+            pack_slots=on_host,  # else as from slots already on the device: a copy a field
+        )
+        assert (fb.decode_inputs is not None) == on_host
+        return fb
+
+    padding = torch.zeros(5, 6, dtype=torch.int64)
+    padding[4] = 1
+    want = [
+        [7, 8, 9, 0, -1, -1],
+        [11, 12, 13, 0, -1, -1],
+        [5, 9, 1, 0, -1, -1],
+        [2, 0, 3, 0, -1, -1],
+        [6, 10, 2, 1, -1, -1],
+    ]
+    for on_host in (True, False):
+        static = torch.full((5, 6), -1, dtype=torch.int64)
+        fill_static_inputs(static, padding, batch(on_host), 4)
+        assert static.tolist() == want
+
+
 def test_config_rejects_negative_max_batch_size() -> None:
     with pytest.raises(ValueError, match="cuda_graph_max_batch_size"):
         Engine("dummy:tiny", device="cpu", cuda_graph_max_batch_size=-1)
