@@ -9,13 +9,15 @@ dequantized once into float32 (layers/quantization/__init__.py).
 
 Measured (docs/quantization.md): float32 12.878; FP8 KV 12.575 (-2.4%), 4 of 9
 continuations equal; FP8 weights (the default, per-channel scales) 13.897 (+7.9%), 3 of
-9. The FP8-weight target of 3% is missed on this 135M model: e4m3 keeps 3 mantissa bits
-whatever the scale, and every projection adds its share (up_proj alone +3.5%). Finer
-scales do not close it: `python -m bench.fp8_quality` measures 1 x 128 at +0.2% and
-128 x 128 at +10.8%, but re-rounding the same layouts (scales enlarged by a random 0-6%,
-which costs e4m3 no precision) moves each by several points either way, so one figure
-under 3% here is the luck of rounding, not a bound this test could hold. The bounds below
-are the measured figures with some margin, so a regression in either path fails.
+9. Finer scales do not close the gap: `python -m bench.fp8_quality` measures 1 x 128 at
++0.2% and 128 x 128 at +10.8%, but re-rounding the same layouts (scales enlarged by a
+random 0-6%, which costs e4m3 no precision) moves each by several points either way, so
+one figure under 3% there is the luck of rounding. Calibration does: the same
+per-channel format with each weight's rounding chosen by GPTQ-style error compensation
+(layers/quantization/fp8_calibrate.py, calibrated on the bundled passages, never on this
+text) measures 13.541 (+5.1%), and +1.0% to +3.2% re-rounded (mean of the four +2.8%),
+4 of 9 continuations equal, with a KL from float32 a third of plain FP8's. The bounds
+below are the measured figures with some margin, so a regression in any path fails.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from radixmesh.worker.kvcache.fp8_kv import FP8
 from radixmesh.worker.layers.dense import pack_model_for_cpu
 from radixmesh.worker.layers.quantization import dequantize_linears
+from radixmesh.worker.layers.quantization.calibration_text import PASSAGES
 from radixmesh.worker.model import loader
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from tests.worker.model.helpers import RaggedRunner
@@ -72,22 +75,33 @@ CHAT_PROMPTS = [
     "Describe Ada, a 36-year-old programmer, as JSON.",
 ]
 NEW_TOKENS = 16
+# FP8 weights calibrated by fp8_calibrate (GPTQ-style error compensation, on the bundled
+# passages: never on TEXT), in the same per-channel format as "fp8 weights".
+CALIBRATED = "fp8 weights calibrated"
 # Relative perplexity rise allowed against float32 (measured: FP8 KV -2.4% on a Zen 4
-# EPYC, -3.3% on an AVX2-only EPYC; FP8 weights +7.9%). A loss of quality is a rise; a
-# fall is rounding noise (which values land next to an e4m3 step moves with the CPU's
-# float32 kernels), bounded loosely below so that a broken model still fails.
-PPL_TOLERANCE = {"fp8 kv": 0.03, "fp8 weights": 0.10}
+# EPYC, -3.3% on an AVX2-only EPYC; FP8 weights +7.9%; calibrated +5.1%, and +1.0% to
+# +3.2% with the scales enlarged by 0-6%, which only re-rounds: bench/fp8_quality.py). A
+# loss of quality is a rise; a fall is rounding noise (which values land next to an e4m3
+# step moves with the CPU's float32 kernels), bounded loosely below so that a broken model
+# still fails. The calibrated bound fails plain FP8's +7.9% too; which way a handful of
+# this text's tokens round decides a few points of either figure, so the sharper check of
+# the calibration is the KL below.
+PPL_TOLERANCE = {"fp8 kv": 0.03, "fp8 weights": 0.10, CALIBRATED: 0.075}
 PPL_FLOOR = -0.10
-# Continuations equal to float32's token for token over all 16 tokens, of 9 (measured 4, 3),
-# and the mean length of the common start (measured 11.3 and 10.1 of 16 tokens).
-MIN_EQUAL_CONTINUATIONS = {"fp8 kv": 3, "fp8 weights": 2}
-MIN_MEAN_COMMON_START = {"fp8 kv": 8.0, "fp8 weights": 6.0}
+# Continuations equal to float32's token for token over all 16 tokens, of 9 (measured 4, 3,
+# 4), and the mean length of the common start (measured 11.3, 10.1 and 11.8 of 16 tokens).
+MIN_EQUAL_CONTINUATIONS = {"fp8 kv": 3, "fp8 weights": 2, CALIBRATED: 3}
+MIN_MEAN_COMMON_START = {"fp8 kv": 8.0, "fp8 weights": 6.0, CALIBRATED: 9.0}
+# The calibrated weights' KL from float32 on TEXT, at most this fraction of plain FP8's
+# (measured 0.028 against 0.085: 0.33).
+MAX_KL_VS_PLAIN = 0.6
 
 
 @dataclass
 class Result:
     perplexity: float
     continuations: list[list[int]]
+    log_probs: torch.Tensor | None = None  # the text's next-token log-probabilities [S, vocab]
 
 
 def prompt_ids() -> list[list[int]]:
@@ -98,7 +112,11 @@ def prompt_ids() -> list[list[int]]:
 
 
 def evaluate(
-    model: LlamaForCausalLM, kv_dtype: torch.dtype | None, *, continue_prompts: bool = True
+    model: LlamaForCausalLM,
+    kv_dtype: torch.dtype | None,
+    *,
+    continue_prompts: bool = True,
+    keep_log_probs: bool = False,
 ) -> Result:
     tok = loader.load_tokenizer("smollm2")
     text = tok.encode(TEXT)
@@ -106,15 +124,16 @@ def evaluate(
     runner = RaggedRunner(model, num_slots=4096, max_requests=len(prompts) + 1, kv_dtype=kv_dtype)
     logits = runner.step([(0, text)])[0]  # [S, vocab]
     nll = F.cross_entropy(logits[:-1], torch.tensor(text[1:]))
+    log_probs = logits.log_softmax(-1) if keep_log_probs else None
     if not continue_prompts:
-        return Result(math.exp(float(nll)), [])
+        return Result(math.exp(float(nll)), [], log_probs)
     steps = runner.step([(i + 1, ids) for i, ids in enumerate(prompts)])
     tokens = [[int(x[-1].argmax())] for x in steps]
     for _ in range(NEW_TOKENS - 1):  # every prompt decodes in the same steps
         steps = runner.step([(i + 1, t[-1:]) for i, t in enumerate(tokens)])
         for t, x in zip(tokens, steps, strict=True):
             t.append(int(x[-1].argmax()))
-    return Result(math.exp(float(nll)), tokens)
+    return Result(math.exp(float(nll)), tokens, log_probs)
 
 
 def load_model(weights: dict[str, torch.Tensor], quantization: str | None) -> LlamaForCausalLM:
@@ -127,24 +146,57 @@ def load_model(weights: dict[str, torch.Tensor], quantization: str | None) -> Ll
 
 
 @pytest.fixture(scope="module")
-def results(smollm2_gguf: Any) -> dict[str, Result]:
+def weights(smollm2_gguf: Any) -> dict[str, torch.Tensor]:
     arch = loader.load_arch_config("smollm2")
-    weights = dict(loader.iter_weights("smollm2", arch, dtype=torch.float32))
+    return dict(loader.iter_weights("smollm2", arch, dtype=torch.float32))
+
+
+@pytest.fixture(scope="module")
+def results(weights: dict[str, torch.Tensor]) -> dict[str, Result]:
     base = load_model(weights, None)
-    out = {"float32": evaluate(base, None), "fp8 kv": evaluate(base, FP8)}
+    out = {"float32": evaluate(base, None, keep_log_probs=True), "fp8 kv": evaluate(base, FP8)}
     del base
     fp8 = load_model(weights, "fp8")
-    out["fp8 weights"] = evaluate(fp8, None)
+    out["fp8 weights"] = evaluate(fp8, None, keep_log_probs=True)
     out["fp8 weights + kv"] = evaluate(fp8, FP8, continue_prompts=False)  # for the docs
-    tok = loader.load_tokenizer("smollm2")
     for name, r in out.items():
-        print(f"{name}: perplexity {r.perplexity:.4f}")
-        if r.continuations:
-            equal = equal_continuations(r, out["float32"])
-            common = mean_common_start(r, out["float32"])
-            print(f"  {equal}/9 continuations equal, common start {common:.1f} tokens")
-            print("\n".join(f"    {tok.decode(ids)!r}" for ids in r.continuations))
+        report(name, r, out["float32"])
     return out
+
+
+def report(name: str, r: Result, base: Result) -> None:
+    tok = loader.load_tokenizer("smollm2")
+    print(f"{name}: perplexity {r.perplexity:.4f}")
+    if r.log_probs is not None and base.log_probs is not None and r is not base:
+        print(f"  KL from float32 {kl_from(r, base):.4f}")
+    if r.continuations:
+        equal = equal_continuations(r, base)
+        common = mean_common_start(r, base)
+        print(f"  {equal}/9 continuations equal, common start {common:.1f} tokens")
+        print("\n".join(f"    {tok.decode(ids)!r}" for ids in r.continuations))
+
+
+@pytest.fixture(scope="module")
+def calibrated(weights: dict[str, torch.Tensor], results: dict[str, Result]) -> Result:
+    """The FP8 weights `fp8_calibrate` writes (calibrated on the bundled passages, not on
+    TEXT), run as a CPU worker runs them: the dequantized values, packed."""
+    from radixmesh.worker.layers.quantization import fp8_calibrate
+
+    model = LlamaForCausalLM(loader.load_arch_config("smollm2"), dtype=torch.float32)
+    model.load_weights(weights.items())
+    sequences = fp8_calibrate.calibration_sequences(loader.load_tokenizer("smollm2"), PASSAGES)
+    fp8_calibrate.calibrate(model, sequences)
+    pack_model_for_cpu(model)
+    result = evaluate(model, None, keep_log_probs=True)
+    report(CALIBRATED, result, results["float32"])
+    return result
+
+
+def kl_from(ours: Result, base: Result) -> float:
+    """KL(base || ours) of the next-token distributions on TEXT, mean over positions (as
+    bench/fp8_quality.py reports it)."""
+    assert ours.log_probs is not None and base.log_probs is not None
+    return float(F.kl_div(ours.log_probs, base.log_probs, log_target=True, reduction="batchmean"))
 
 
 def equal_continuations(a: Result, b: Result) -> int:
@@ -162,15 +214,39 @@ def mean_common_start(a: Result, b: Result) -> float:
     return sum(lengths) / len(lengths)
 
 
-@pytest.mark.parametrize("config", ["fp8 weights", "fp8 kv"])
-def test_perplexity_close_to_float32(results: dict[str, Result], config: str) -> None:
+def result_of(config: str, request: pytest.FixtureRequest) -> Result:
+    """A configuration's result; the calibrated one's fixture runs only where asked for."""
+    if config == CALIBRATED:
+        result: Result = request.getfixturevalue("calibrated")
+        return result
+    results: dict[str, Result] = request.getfixturevalue("results")
+    return results[config]
+
+
+@pytest.mark.parametrize("config", ["fp8 weights", "fp8 kv", CALIBRATED])
+def test_perplexity_close_to_float32(
+    results: dict[str, Result], config: str, request: pytest.FixtureRequest
+) -> None:
     base = results["float32"].perplexity
     assert 5.0 < base < 30.0  # the model reads English: a sane baseline (measured 12.88)
-    assert PPL_FLOOR <= results[config].perplexity / base - 1.0 <= PPL_TOLERANCE[config]
+    ours = result_of(config, request)
+    assert PPL_FLOOR <= ours.perplexity / base - 1.0 <= PPL_TOLERANCE[config]
 
 
-@pytest.mark.parametrize("config", ["fp8 weights", "fp8 kv"])
-def test_greedy_continuations_agree_with_float32(results: dict[str, Result], config: str) -> None:
-    ours, base = results[config], results["float32"]
+@pytest.mark.parametrize("config", ["fp8 weights", "fp8 kv", CALIBRATED])
+def test_greedy_continuations_agree_with_float32(
+    results: dict[str, Result], config: str, request: pytest.FixtureRequest
+) -> None:
+    ours, base = result_of(config, request), results["float32"]
     assert equal_continuations(ours, base) >= MIN_EQUAL_CONTINUATIONS[config]
     assert mean_common_start(ours, base) >= MIN_MEAN_COMMON_START[config]
+
+
+def test_calibration_moves_the_model_much_less_than_plain_fp8(
+    results: dict[str, Result], calibrated: Result
+) -> None:
+    """The robust measure of the two: how far the next-token distributions on the whole
+    text move from float32's (KL), which a handful of tokens cannot swing as they swing
+    the perplexity."""
+    plain = kl_from(results["fp8 weights"], results["float32"])
+    assert 0.0 < kl_from(calibrated, results["float32"]) <= MAX_KL_VS_PLAIN * plain
