@@ -22,10 +22,13 @@ not run. Two runners (`--runners`):
   scheduler  `bench.schedule_overhead.HostOnlyRunner`: no ModelRunner at all (token 7 for
              every sampling row), as bench.output_delivery runs.
 
-Every run checks the outputs (8 tokens of 7 for every request), the cache hits (each
-prefix computed once) and that every KV slot is free or in the tree afterwards. Besides
-the call's wall time it reports the CPU time of the caller's thread (validating and
-building the requests, submitting, collecting) and of the scheduler thread.
+Every run checks the outputs (8 tokens of 7 for every request) and that every KV slot is
+free or in the tree afterwards, and records the prompt tokens the cache served (each
+prefix computed once: 1,548,288; the requests reach the scheduler thread while it steps,
+so a call may admit one beside a chunk of its prefix, which then computes the rest
+itself). Besides the call's wall time it reports the CPU time of the caller's thread
+(validating and building the requests, submitting, collecting) and of the scheduler
+thread.
 
 Before/after: `--tree DIR` runs the same in a subprocess against another checkout's
 `radixmesh` (e.g. `git archive REV radixmesh | tar -x -C DIR`), alternating with this
@@ -152,10 +155,11 @@ def make_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
 
 def one_call(
     engine: Engine, prompts: list[list[int]], args: argparse.Namespace
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, int]:
     """One timed `generate` over the workload (cache flushed first), its results checked:
-    its wall seconds, and the CPU seconds of the caller's thread (the requests' validation
-    and building, submitting, collecting) and of the scheduler thread in it."""
+    its wall seconds, the CPU seconds of the caller's thread (the requests' validation and
+    building, submitting, collecting) and of the scheduler thread in it, and the prompt
+    tokens the cache served."""
     params = {"temperature": 0.0, "max_new_tokens": args.new_tokens, "ignore_eos": True}
     assert engine.flush_cache()
     sched0 = engine.call(time.thread_time)
@@ -168,15 +172,12 @@ def one_call(
     assert isinstance(outs, list) and len(outs) == len(prompts)
     assert all(o["output_ids"] == [TOKEN] * args.new_tokens for o in outs)
     cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
-    # Each group's first admitted request computes its prefix; the rest hit it.
-    expected = args.groups * (args.per_group - 1) * args.prefix_tokens
-    assert cached >= expected, (cached, expected)
     w = engine.worker
     accounted = engine.call(
         lambda: w.allocator.num_free_slots + w.cache.total_size() == w.allocator.num_usable_slots
     )
     assert accounted, "KV slots leaked"
-    return dt, caller, sched
+    return dt, caller, sched, cached
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -199,6 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "runs_s": [c[0] for c in calls],
             "caller_cpu_s": [c[1] for c in calls],
             "scheduler_cpu_s": [c[2] for c in calls],
+            "cached_tokens": [c[3] for c in calls],
             "steps": stats.num_steps,
             "cache_hit_tokens": stats.cache_hit_tokens,
             "prompt_tokens": stats.prompt_tokens,
@@ -253,10 +255,10 @@ def _workload_argv(args: argparse.Namespace) -> list[str]:
     return argv + (["--overlap"] if args.overlap else ["--no-overlap"])
 
 
-SERIES = ("runs_s", "caller_cpu_s", "scheduler_cpu_s")
+SERIES = ("runs_s", "caller_cpu_s", "scheduler_cpu_s", "cached_tokens")
 
 
-def summarize(series: dict[str, list[float]], requests: int) -> dict[str, Any]:
+def summarize(series: dict[str, list[Any]], requests: int) -> dict[str, Any]:
     runs = series["runs_s"]
     best, median = min(runs), statistics.median(runs)
     return {
@@ -267,6 +269,7 @@ def summarize(series: dict[str, list[float]], requests: int) -> dict[str, Any]:
         "us_per_request_best": 1e6 * best / requests,
         "caller_cpu_s_median": statistics.median(series["caller_cpu_s"]),
         "scheduler_cpu_s_median": statistics.median(series["scheduler_cpu_s"]),
+        "cached_tokens_min": min(series["cached_tokens"]),
         **series,
     }
 
@@ -274,7 +277,7 @@ def summarize(series: dict[str, list[float]], requests: int) -> dict[str, Any]:
 def print_table(results: dict[str, dict[str, dict[str, Any]]]) -> None:
     print(
         f"{'tree':<7}{'runner':<11}{'best s':>8}{'median s':>10}{'req/s best':>12}"
-        f"{'req/s med':>11}{'us/req':>8}{'caller cpu':>12}{'sched cpu':>11}"
+        f"{'req/s med':>11}{'us/req':>8}{'caller cpu':>12}{'sched cpu':>11}{'cached min':>12}"
     )
     for name, by_kind in results.items():
         for kind, f in by_kind.items():
@@ -282,7 +285,7 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]]) -> None:
                 f"{name:<7}{kind:<11}{f['best_s']:8.3f}{f['median_s']:10.3f}"
                 f"{f['req_per_s_best']:12.1f}{f['req_per_s_median']:11.1f}"
                 f"{f['us_per_request_best']:8.0f}{f['caller_cpu_s_median']:12.3f}"
-                f"{f['scheduler_cpu_s_median']:11.3f}"
+                f"{f['scheduler_cpu_s_median']:11.3f}{f['cached_tokens_min']:12,}"
             )
 
 
@@ -313,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     requests = args.groups * args.per_group
     trees = {"this": None} if args.tree is None else {"before": args.tree, "after": None}
-    raw: dict[str, dict[str, dict[str, list[float]]]] = {t: {} for t in trees}
+    raw: dict[str, dict[str, dict[str, list[Any]]]] = {t: {} for t in trees}
     steps: dict[str, int] = {}
     for _ in range(args.rounds):
         for name, tree in trees.items():
