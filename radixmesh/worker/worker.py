@@ -621,11 +621,7 @@ class Worker:
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
         """Everything the model knows about: raises InvalidArgument naming the field."""
         vocab = self.arch.vocab_size
-        for t in input_ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise InvalidArgument(
-                    "input_ids", f"token id {t!r} is outside the vocabulary [0, {vocab})"
-                )
+        check_token_ids(input_ids, vocab)
         params.validate_for(
             prompt_len=len(input_ids),
             context_len=self.context_len,
@@ -647,6 +643,26 @@ class Worker:
             return False
         self.cache.reset()
         return True
+
+
+def check_token_ids(ids: list[int], vocab: int) -> None:
+    """InvalidArgument naming the first id that is not an int (a bool is not) in [0, vocab).
+
+    The common case, every id a plain int in range, is checked by three passes in C (the
+    ids' types, min, max): ~80 us for a 1,600-token prompt on the 2-core CPU machine
+    against ~155 us for the loop, which a call pays for every prompt before any starts
+    (1,024 of them in the shared-prefix benchmark). Anything else takes the loop, which
+    finds the id to name (an int subclass other than bool passes it, as before)."""
+    if not ids or (set(map(type, ids)) <= _PLAIN_INT and min(ids) >= 0 and max(ids) < vocab):
+        return
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise InvalidArgument(
+                "input_ids", f"token id {t!r} is outside the vocabulary [0, {vocab})"
+            )
+
+
+_PLAIN_INT = frozenset({int})
 
 
 def follower_main(
