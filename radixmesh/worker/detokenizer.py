@@ -74,6 +74,10 @@ class IncrementalDetokenizer:
         self._pending = ""  # decoded text held back: it may begin a stop string
         self._pieces: list[str] = []
         self._matched: str | None = None
+        # Whether stop strings or regexes may end the text (then pushes must be token by
+        # token to know which token ended it). Read per token: a field, not a property.
+        self.has_stops = bool(self._stops) or self._has_regexes
+        self.deferred = False  # ids added by `defer` that no push or finish decoded yet
 
     @property
     def text(self) -> str:
@@ -81,12 +85,6 @@ class IncrementalDetokenizer:
         if len(self._pieces) > 1:
             self._pieces = ["".join(self._pieces)]
         return self._pieces[0] if self._pieces else ""
-
-    @property
-    def has_stops(self) -> bool:
-        """Whether stop strings may end the text (then pushes must be token by token to
-        know which token ended it)."""
-        return bool(self._stops) or bool(self._regexes)
 
     @property
     def ended(self) -> bool:
@@ -99,17 +97,30 @@ class IncrementalDetokenizer:
         """The stop string (or stop regex pattern) that ended the text, once one did."""
         return self._matched
 
+    def defer(self, token_ids: Sequence[int]) -> None:
+        """Add output tokens without decoding them yet: the next `push` or `finish`
+        decodes them with its own. The text is the same (the pieces' concatenation does
+        not depend on how the ids were chunked into pushes), so a caller that needs no
+        text until later saves a decode per token. Not with stops (`has_stops`): which
+        token ended the text is known only by decoding each as it comes."""
+        if self.has_stops:
+            raise ValueError("defer: stop strings need each token's text as it comes")
+        self._ids.extend(token_ids)
+        self.deferred = True
+
     def push(self, token_ids: Sequence[int]) -> str:
         """Add output tokens; return the new text that is safe to emit now."""
         if self._matched is not None or self.error is not None:
             return ""
         self._ids.extend(token_ids)
+        self.deferred = False
         return self._emit(self._decode_new(final=False), final=False)
 
     def finish(self) -> str:
         """Flush everything held back (incomplete characters, a partial stop string)."""
         if self._matched is not None or self.error is not None:
             return ""
+        self.deferred = False
         return self._emit(self._decode_new(final=True), final=True)
 
     # --- tokens -> text -------------------------------------------------------------------

@@ -322,3 +322,45 @@ def test_a_stop_regex_search_is_bounded_in_time(tokenizer: Any) -> None:
     assert det.matched_stop is None
     assert set(text) <= {"a"} and len(text) < 300  # what came before the search gave up
     assert det.push(ids[:1]) == "" and det.finish() == ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.lists(
+        st.sampled_from(
+            [0x41, 0x20, 0xC3, 0xA9, 0xE4, 0xBD, 0xA0, 0xF0, 0x9F, 0x8E, 0x89, 0x80, 0xFF]
+        ),
+        max_size=40,
+    ),
+    ops=st.lists(st.tuples(st.integers(1, 4), st.booleans()), min_size=1, max_size=6),
+)
+def test_deferred_ids_give_the_text_of_pushing_them(
+    data: list[int], ops: list[tuple[int, bool]]
+) -> None:
+    """`defer` adds ids without decoding; the next push or finish decodes them: the
+    joined text is the full decode, as with pushes alone."""
+    det = IncrementalDetokenizer(ByteLevel())
+    pieces, i, step = [], 0, 0
+    while i < len(data):
+        size, later = ops[step % len(ops)]
+        if later:
+            det.defer(data[i : i + size])
+            assert det.deferred
+        else:
+            pieces.append(det.push(data[i : i + size]))
+            assert not det.deferred
+        i, step = i + size, step + 1
+    pieces.append(det.finish())
+    assert not det.deferred
+    assert "".join(pieces) == bytes(data).decode("utf-8", errors="replace") == det.text
+
+
+def test_defer_refuses_stops() -> None:
+    for det in (
+        IncrementalDetokenizer(ByteLevel(), stop=["x"]),
+        IncrementalDetokenizer(ByteLevel(), stop_regex=["x+"]),
+    ):
+        assert det.has_stops
+        with pytest.raises(ValueError, match="stop strings"):
+            det.defer([0x41])
+    assert not IncrementalDetokenizer(ByteLevel()).has_stops
