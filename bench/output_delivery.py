@@ -48,18 +48,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     vocab = engine.worker.arch.vocab_size
     prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt)] for _ in range(args.requests)]
     params = {"max_new_tokens": args.new_tokens, "ignore_eos": True, "temperature": 0.0}
-    submit = engine._submit
+    submit = engine._enqueue_all
     times: dict[str, list[float]] = {d: [] for d in DELIVERIES}
 
-    def per_step(req: Request) -> Any:
-        req.delivery = Delivery.STEPS  # each step's delta, as a stream gets
-        return submit(req)
+    def per_step(reqs: list[Request]) -> Any:
+        for req in reqs:
+            req.delivery = Delivery.STEPS  # each step's delta, as a stream gets
+        return submit(reqs)
 
     try:
         engine.generate(input_ids=prompts[:8], sampling_params=params)  # warm-up
         for i in range(2 * args.repeats):
             delivery = DELIVERIES[i % 2]
-            engine._submit = per_step if delivery == "steps" else submit  # type: ignore[method-assign]
+            engine._enqueue_all = per_step if delivery == "steps" else submit  # type: ignore[method-assign]
             t0 = time.perf_counter()
             outs = engine.generate(input_ids=prompts, sampling_params=params)
             times[delivery].append(time.perf_counter() - t0)
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             assert all(len(o["output_ids"]) == args.new_tokens for o in outs)
             engine.flush_cache()
     finally:
-        engine._submit = submit  # type: ignore[method-assign]
+        engine._enqueue_all = submit  # type: ignore[method-assign]
         engine.shutdown()
     tokens = args.requests * args.new_tokens
     figures = {

@@ -32,6 +32,15 @@ class AddRequest:
 
 
 @dataclass(frozen=True)
+class AddRequests:
+    """Requests of one call, added between two steps at once: one message instead of
+    one each (a batch of 1,024 prompts took as many hand-offs between the threads, and
+    the first steps saw whichever had arrived)."""
+
+    reqs: tuple[Request, ...]
+
+
+@dataclass(frozen=True)
 class Abort:
     rid: str
     reason: str = ABORTED_BY_CLIENT
@@ -99,6 +108,7 @@ class Stop:
 
 Command = (
     AddRequest
+    | AddRequests
     | Abort
     | AbortAll
     | GrammarChanged
@@ -121,6 +131,9 @@ def handle(worker: Worker, cmd: Command) -> None:
             sched.add_request(req)
             if aborted:
                 sched.abort(req.rid, ABORTED_BY_CLIENT)
+        case AddRequests(reqs=reqs):
+            for req in reqs:
+                sched.add_request(req)
         case Abort(rid=rid, reason=reason):
             sched.abort(rid, reason)
         case AbortAll(reason=reason):

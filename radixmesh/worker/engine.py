@@ -28,6 +28,7 @@ from radixmesh.worker.commands import (
     AbortAll,
     AddCacheListener,
     AddRequest,
+    AddRequests,
     CacheSnapshot,
     Command,
     FlushCache,
@@ -372,6 +373,19 @@ class Engine:
             self.admission.leave(req.rid)
             raise
 
+    def _enqueue_all(self, reqs: list[Request]) -> None:
+        """`_enqueue` for the reserved requests of one call, in one message: the scheduler
+        adds them all between two steps."""
+        for req in reqs:
+            assert req.sink is not None
+            req.sink = self.admission.counted(req.rid, req.sink)
+        try:
+            self._post(AddRequests(tuple(reqs)))
+        except Unavailable:
+            for req in reqs:
+                self.admission.leave(req.rid)
+            raise
+
     def _make_embed_requests(
         self, prompt: Prompt, input_ids: InputIds, pooling: str
     ) -> tuple[list[Request], bool]:
@@ -406,9 +420,14 @@ class Engine:
         # request whose prompt starts like one it admitted in the same step, so copies
         # after the first hit the cache (see step_prefixes.py).
         self.admission.reserve(len(reqs))
+        queues: list[queue.SimpleQueue[RequestOutput]] = []
         for r in reqs:
             r.delivery = Delivery.LAST  # collected whole: one output when it ends
-        return [self._submit(r) for r in reqs]
+            q: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()
+            r.sink = q.put
+            queues.append(q)
+        self._enqueue_all(reqs)
+        return queues
 
     def _submit(self, req: Request) -> queue.SimpleQueue[RequestOutput]:
         """A reserved request into the scheduler; its outputs come to the queue."""
@@ -441,13 +460,18 @@ class Engine:
     def _asubmit(self, req: Request) -> asyncio.Queue[RequestOutput]:
         """A reserved request into the scheduler; its outputs come to a queue of the
         running event loop."""
+        q = self._aqueue(req)
+        self._enqueue(req)
+        return q
+
+    def _aqueue(self, req: Request) -> asyncio.Queue[RequestOutput]:
+        """`req`'s sink: a queue of the running event loop, which this returns."""
         loop = asyncio.get_running_loop()
         mailbox = self._mailboxes.get(loop)
         if mailbox is None:
             mailbox = self._mailboxes[loop] = Mailbox(loop)
         q: asyncio.Queue[RequestOutput] = asyncio.Queue()
         req.sink = functools.partial(mailbox.put, q)
-        self._enqueue(req)
         return q
 
     async def _arun(self, reqs: list[Request]) -> list[Accumulator]:
@@ -456,7 +480,8 @@ class Engine:
         self.admission.reserve(len(reqs))
         for r in reqs:
             r.delivery = Delivery.LAST  # collected whole: one output when it ends
-        queues = [self._asubmit(r) for r in reqs]
+        queues = [self._aqueue(r) for r in reqs]
+        self._enqueue_all(reqs)
         try:
             return [await self._acollect(q) for q in queues]
         except BaseException:

@@ -115,9 +115,9 @@ def test_a_whole_result_reaches_its_caller_as_one_output(
     """generate and async_generate without streaming: each request's sink gets one output,
     when it ends (no output per step), and it holds what the stream's deltas add up to."""
     calls: dict[str, list[bool]] = {}
-    enqueue = engine._enqueue
+    enqueue, enqueue_all = engine._enqueue, engine._enqueue_all
 
-    def counting(req: Request, **kw: bool) -> None:
+    def count_outputs(req: Request) -> None:
         sink, seen = req.sink, calls.setdefault(req.rid, [])
         assert sink is not None
 
@@ -126,9 +126,18 @@ def test_a_whole_result_reaches_its_caller_as_one_output(
             sink(out)
 
         req.sink = count
+
+    def counting(req: Request, **kw: bool) -> None:  # a stream's request
+        count_outputs(req)
         enqueue(req, **kw)
 
+    def counting_all(reqs: list[Request]) -> None:  # a call's requests, in one message
+        for req in reqs:
+            count_outputs(req)
+        enqueue_all(reqs)
+
     monkeypatch.setattr(engine, "_enqueue", counting)
+    monkeypatch.setattr(engine, "_enqueue_all", counting_all)
     params = {"temperature": 0.0, "max_new_tokens": 24}
     whole = engine.generate(PROMPTS[:3], params)
     assert isinstance(whole, list) and len(calls) == 3
