@@ -33,7 +33,13 @@ from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.req_table import ReqToTokenTable
 from radixmesh.worker.model.llama import LlamaForCausalLM
 from radixmesh.worker.request import Request
-from radixmesh.worker.sampler import Sampler, SamplingRow, reads_output_ids, token_logprobs
+from radixmesh.worker.sampler import (
+    Sampler,
+    SamplingRow,
+    plain_greedy_params,
+    reads_output_ids,
+    token_logprobs,
+)
 from radixmesh.worker.speculative.verify import draw_drafts
 
 if TYPE_CHECKING:  # imports triton: only where graphs are built
@@ -263,10 +269,20 @@ class ModelRunner:
     ) -> None:
         # Host work while the GPU still runs the forward (nothing has waited for it yet):
         # a constrained row's mask depends only on the tokens it has already accepted.
-        allowed = self._allowed([items[i].req for i in rows.sample_items], logits.device)
-        sampling_rows = [_sampling_row(items[i].req) for i in rows.sample_items]
-        res = self.sampler.draw(logits, sampling_rows, allowed=allowed)
+        reqs = [items[i].req for i in rows.sample_items]
+        allowed = self._allowed(reqs, logits.device)
+        # Rows whose params are all plain greedy (each params object checked once: a
+        # batch's requests often share one) take the argmax that `draw` would, without a
+        # SamplingRow per row (at 256 rows ~0.45 against ~0.6-0.9 ms a step on the CPU).
+        if allowed is None and all(
+            map(plain_greedy_params, {id(r.params): r.params for r in reqs}.values())
+        ):
+            res = self.sampler.argmax(logits)
+        else:
+            res = self.sampler.draw(logits, [_sampling_row(r) for r in reqs], allowed=allowed)
         out.tokens = self._pending(res.token_ids, rows.sample_items)
+        if res.logprobs is None and res.top_logprobs is None:
+            return
         for j, i in enumerate(rows.sample_items):
             if res.logprobs is not None:
                 out.logprobs[i] = res.logprobs[j]

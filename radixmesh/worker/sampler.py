@@ -296,6 +296,20 @@ def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return t if len(rows) == t.shape[0] else t[rows]
 
 
+def plain_greedy_params(p: SamplingParams) -> bool:
+    """Whether every row with these params is plain greedy (`all_plain_greedy`), whatever
+    its output so far: as that, with no min_new_tokens at all (its ban depends on the
+    row's output). A step whose requests share a few params objects checks each once,
+    without building a `SamplingRow` per row."""
+    return (
+        p.is_greedy
+        and not p.return_logprob
+        and not _needs_penalty(p)
+        and not p.logit_bias
+        and p.min_new_tokens == 0
+    )
+
+
 def all_plain_greedy(rows: Sequence[SamplingRow]) -> bool:
     """Whether every row draws its argmax with no rule applied: greedy, no logprobs, no
     penalty, no logit bias, no min_new_tokens ban in force. A row that is stays so with

@@ -12,7 +12,9 @@ from radixmesh.worker.sampler import (
     Sampler,
     SamplingRow,
     _window_filter,
+    all_plain_greedy,
     make_generator,
+    plain_greedy_params,
     stop_token_set,
     token_logprobs,
 )
@@ -447,3 +449,29 @@ def test_tiny_temperature_samples_argmax() -> None:
 
 def test_empty_batch() -> None:
     assert Sampler(10).sample(torch.empty(0, 10), []).token_ids == []
+
+
+@pytest.mark.parametrize(
+    ("params", "plain"),
+    [
+        ({"temperature": 0.0}, True),
+        ({"temperature": 0.8, "top_k": 1}, True),
+        ({"temperature": 0.0, "ignore_eos": True, "stop_token_ids": [3]}, True),
+        ({"temperature": 0.8}, False),
+        ({"temperature": 0.0, "return_logprob": True}, False),
+        ({"temperature": 0.0, "repetition_penalty": 1.1}, False),
+        ({"temperature": 0.0, "frequency_penalty": 0.5}, False),
+        ({"temperature": 0.0, "logit_bias": {"3": 1.0}}, False),
+        ({"temperature": 0.0, "min_new_tokens": 2}, False),
+    ],
+)
+def test_plain_greedy_params_hold_for_every_row_with_them(
+    params: dict[str, Any], plain: bool
+) -> None:
+    """What the model runner checks once per params object: True only where every row
+    with these params is plain greedy, whatever its output and stop ids."""
+    assert plain_greedy_params(SamplingParams(**params)) is plain
+    if plain:
+        for output in ((), (5,), (5, 6, 7)):
+            for stops in ((), (3,), (5, 9)):
+                assert all_plain_greedy([row((1, 2), output, stops, **params)])
