@@ -173,9 +173,13 @@ class RequestSlots:
         n = req.num_computed_tokens - req.num_computed_tokens % self.page_size
         if n == 0 or self.cache.disabled:
             return
-        slots = self.req_table.read(req.row, 0, n)  # a view: the cache returns a new tensor
+        slots = self.req_table.read(req.row, 0, n)  # a view of the row
         shared, node = self.cache.cache_unfinished(req.token_ids[:n], slots, req.last_node)
-        self.req_table.write(req.row, 0, shared)
+        if shared is not slots:  # some of its tokens were cached meanwhile: use the tree's
+            self.req_table.write(req.row, 0, shared)
+        # Else the row holds them already. Rewriting it cost a 1,600-slot copy per admitted
+        # request on the shared-prefix workload, and on a GPU as many staged entries
+        # (indices and slots) in the next step's host-to-device copy.
         req.last_node = node
         req.num_shared_tokens = n
 

@@ -1,9 +1,18 @@
 """worker/request_slots.py: rejected drafts' slots, taken off at the verify step and given
-back at the next launch (or sooner, when an allocation would fall short)."""
+back at the next launch (or sooner, when an allocation would fall short); a computed
+prompt shared through the tree."""
 
 from __future__ import annotations
 
+import torch
+
 from bench.speculative import NeverAccepted
+from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker.kvcache.allocator import KVAllocator
+from radixmesh.worker.kvcache.radix_cache import RadixCache
+from radixmesh.worker.kvcache.req_table import ReqToTokenTable
+from radixmesh.worker.request import Request
+from radixmesh.worker.request_slots import RequestSlots
 from radixmesh.worker.worker import Worker
 from tests.worker.factories import assert_slots_accounted, make_request, make_worker
 
@@ -65,3 +74,48 @@ def test_an_allocation_short_of_slots_takes_the_trimmed_ones_first() -> None:
     assert slots.num_trimmed == 0 and w.allocator.num_free_slots == 0
     assert w.cache.total_size() == cached
     w.allocator.free(got)
+
+
+def _sharing(prompt: list[int]) -> tuple[RequestSlots, Request]:
+    """A request admitted with nothing cached, its whole prompt computed, on a mirrored
+    req->token table (the GPU's write path) whose staged writes the step took."""
+    alloc = KVAllocator(64)
+    cache = RadixCache(alloc, 1)
+    table = ReqToTokenTable(4, 32, mirrored=True)
+    slots = RequestSlots(alloc, cache, table, 1)
+    req = Request(rid="r", prompt_ids=prompt, params=SamplingParams(max_new_tokens=2))
+    match = cache.match_prefix(prompt)
+    cache.inc_lock_ref(match.last_node)
+    row = table.alloc_row()
+    assert row is not None
+    req.row, req.last_node = row, match.last_node
+    new = slots.alloc(len(prompt), num_existing=0, last_slot=None)
+    assert new is not None
+    slots.record(req, row, 0, new)
+    req.num_computed_tokens = len(prompt)
+    table.take_staged()  # the step's forward took them
+    return slots, req
+
+
+def test_sharing_a_computed_prompt_rewrites_no_table_entry_the_tree_took_as_is() -> None:
+    slots, req = _sharing([5, 6, 7, 8])
+    assert req.row is not None
+    before = slots.req_table.read_list(req.row, 0, 4)
+    slots.share_prefix(req)
+    assert slots.req_table.num_staged_writes == 0  # nothing for the device to copy
+    assert slots.req_table.read_list(req.row, 0, 4) == before
+    assert req.num_shared_tokens == 4 and req.last_node is not None
+    assert req.last_node.end == 4 and req.last_node.lock_ref == 1
+
+
+def test_sharing_a_prompt_cached_meanwhile_takes_the_trees_slots() -> None:
+    slots, req = _sharing([5, 6, 7, 8])
+    assert req.row is not None
+    own = slots.req_table.read_list(req.row, 0, 4)
+    tree = slots.allocator.alloc(3)  # an equal prompt's first three tokens, shared first
+    assert tree is not None
+    slots.cache.insert([5, 6, 7], tree)
+    slots.share_prefix(req)
+    assert slots.req_table.read_list(req.row, 0, 4) == [*tree.tolist(), own[3]]
+    assert slots.req_table.num_staged_writes == 4  # the row again, for the device
+    assert slots.allocator.free_slot_mask(torch.tensor(own[:3])).tolist() == [True] * 3

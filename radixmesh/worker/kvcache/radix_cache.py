@@ -270,17 +270,20 @@ class RadixCache(TreeCore):
         request must use from now on (same length as `slots`: the tree's slots for the
         aligned prefix, the request's own unaligned tail unchanged) and the node ending at
         the aligned prefix, now locked in place of `locked_node`. Like `cache_finished`,
-        the insert starts at `locked_node`.
+        the insert starts at `locked_node`. The slots returned are `slots` itself when the
+        tree took the request's own for every token past `locked_node` (nothing there was
+        cached yet: the common case), so a caller whose table row holds `slots` has
+        nothing to write back; else a new tensor.
         """
         if self.disable:
             return slots, self.root
         tokens, aligned = self._request_span(key, slots)
         start = self._start_of(locked_node, aligned)
         present, node, tree_slots = self._insert(tokens, aligned, slots, start)
+        new_slots = slots
         if present > start.end:
             self._free_duplicates(slots[start.end : present], tree_slots)
-        new_slots = slots.clone()
-        if present > start.end:
+            new_slots = slots.clone()
             new_slots[start.end : present] = tree_slots
         self.inc_lock_ref(node)
         self.dec_lock_ref(locked_node)

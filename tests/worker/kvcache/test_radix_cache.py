@@ -300,6 +300,26 @@ def test_cache_unfinished_page4_keeps_the_tail() -> None:
     assert (cache.total_size(), cache.protected_size(), alloc.num_free_pages) == (8, 0, 13)
 
 
+def test_cache_unfinished_hands_back_the_callers_slots_when_the_tree_took_them_all() -> None:
+    alloc, cache = make()
+    m = cache.match_prefix([1, 2, 3])
+    slots = alloc_n(alloc, 3)
+    same, node = cache.cache_unfinished([1, 2, 3], slots, m.last_node)
+    assert same is slots and same.tolist() == [1, 2, 3] and node.end == 3
+    # Past a locked prefix: the request's own tokens were new, its slots are the tree's.
+    cache.inc_lock_ref(node)
+    more = torch.cat([slots, alloc_n(alloc, 2)])
+    again, longer = cache.cache_unfinished([1, 2, 3, 4, 5, 9], more, node)
+    assert again is more and longer.end == 5
+    # Some of them cached meanwhile (an equal prompt shared first): a new tensor, the
+    # tree's slots in it, the request's duplicates freed.
+    put(cache, [7, 8, 9])
+    own = alloc_n(alloc, 4)
+    shared, _ = cache.cache_unfinished([7, 8, 9, 10], own, cache.root)
+    assert shared is not own and shared.tolist() == [6, 7, 8, own.tolist()[3]]
+    assert is_free(alloc, *own.tolist()[:3]) == [True] * 3
+
+
 # ---- disabled, reset ----------------------------------------------------------------------
 def test_disabled_cache_shares_nothing_and_frees_everything() -> None:
     alloc, cache = make(num_slots=16, disable=True)
