@@ -1,6 +1,7 @@
 """Speculative decoding on the GPU (skipped without CUDA): decode CUDA graphs and the
 overlap scheduler, drafting rows replaying the graphs one row per token, against the same
-engine's plain decoding. dummy:smollm2-135m (SmolLM2's shapes, random weights: the bundled
+engine's plain decoding, and a draft model's worker replaying graphs of its own.
+dummy:smollm2-135m (SmolLM2's shapes, random weights: the bundled
 model's file does not travel to the GPU machine) in float32, drafting what plain decoding
 produced (so drafts are kept) with every third draft spoiled (so some are rejected)."""
 
@@ -67,15 +68,57 @@ def test_graphs_and_overlap_equal_plain_greedy() -> None:
         assert eng.worker.runner.num_decode_shaped_steps > shaped  # verify rows replayed graphs
         assert spec.stats.accepted_tokens > 0
         assert spec.stats.accepted_tokens < spec.stats.drafted_tokens  # some were spoiled
-        for f, p in zip(fast, plain, strict=True):
-            a, b = f["output_ids"], p["output_ids"]
-            tops = p["meta_info"]["output_top_logprobs"]
-            for i, (x, y) in enumerate(zip(a, b, strict=False)):
-                if x != y:
-                    assert tops[i][0][0] - tops[i][1][0] < NEAR_TIE, (i, tops[i])
-                    break
-            else:
-                assert a == b
+        _assert_same_but_near_ties(fast, plain)
         assert_engine_idle_and_clean(eng)
     finally:
         eng.shutdown()
+
+
+def test_a_draft_model_replays_its_own_graphs_and_equals_plain_greedy() -> None:
+    """The draft worker (the target's own dummy weights: it proposes what the target
+    decodes) captures decode graphs; its steps after a request's first replay them."""
+    eng = Engine(
+        "dummy:smollm2-135m",
+        device="cuda",
+        dtype="float32",
+        speculative="draft",
+        speculative_draft_model="dummy:smollm2-135m",
+    )
+    try:
+        draft = eng.worker.draft
+        assert draft is not None and draft.runner.decode_graphs is not None
+        rng = random.Random(1)
+        prompts = [[rng.randrange(10, 40000) for _ in range(40 + 13 * i)] for i in range(4)]
+        base = {
+            "temperature": 0.0,
+            "max_new_tokens": 40,
+            "ignore_eos": True,
+            "return_logprob": True,
+            "top_logprobs_num": 2,
+        }
+        plain = eng.generate(input_ids=prompts, sampling_params={**base, "speculative": False})
+        assert isinstance(plain, list)
+        shaped = draft.runner.num_decode_shaped_steps
+        fast = eng.generate(input_ids=prompts, sampling_params=base)
+        assert isinstance(fast, list)
+        assert draft.runner.num_decode_shaped_steps > shaped
+        spec = eng.worker.scheduler.speculator
+        assert spec is not None and spec.stats.accepted_tokens > 0
+        _assert_same_but_near_ties(fast, plain)
+        assert_engine_idle_and_clean(eng)
+    finally:
+        eng.shutdown()
+
+
+def _assert_same_but_near_ties(fast: list[dict], plain: list[dict]) -> None:
+    """Each output equals plain decoding's up to its first difference, which must be a
+    near tie of plain decoding's two best tokens."""
+    for f, p in zip(fast, plain, strict=True):
+        a, b = f["output_ids"], p["output_ids"]
+        tops = p["meta_info"]["output_top_logprobs"]
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            if x != y:
+                assert tops[i][0][0] - tops[i][1][0] < NEAR_TIE, (i, tops[i])
+                break
+        else:
+            assert a == b
