@@ -46,7 +46,7 @@ class LPMPolicy(Policy):
     def _order(self, waiting: list[Request]) -> list[Request]:
         for req in waiting:
             match = self.cache.match_prefix(
-                req.token_ids[: req.max_prefix_match()], count_stats=False
+                req.token_ids, end=req.max_prefix_match(), count_stats=False
             )
             req.prefix_hint = len(match.slots)
         # sorted() is stable: equal matches keep arrival order.
@@ -60,7 +60,7 @@ class DFSWeightPolicy(Policy):
         first: dict[int, int] = {}  # earliest arrival in the subtree: breaks weight ties
         for arrival, req in enumerate(waiting):
             node: TreeNode | None = self.cache.match_prefix(
-                req.token_ids[: req.max_prefix_match()], count_stats=False
+                req.token_ids, end=req.max_prefix_match(), count_stats=False
             ).last_node
             at_node.setdefault(id(node), []).append(req)
             while node is not None:  # every ancestor's subtree gains one request

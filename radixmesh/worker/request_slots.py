@@ -153,7 +153,9 @@ class RequestSlots:
         # A view of the row, no copy: the cache copies what it keeps (and reads the rest)
         # before the row is freed below, and nothing writes the row meanwhile.
         slots = self.req_table.read(req.row, 0, n)
-        self.cache.cache_finished(req.token_ids[:n], slots, req.last_node)
+        # The whole token list as the key, not a copy of its first n: the cache reads
+        # the tokens that have slots only.
+        self.cache.cache_finished(req.token_ids, slots, req.last_node)
         self._forget(req)
         self._allocated.pop(req.rid, None)
 
@@ -174,7 +176,7 @@ class RequestSlots:
         if n == 0 or self.cache.disabled:
             return
         slots = self.req_table.read(req.row, 0, n)  # a view of the row
-        shared, node = self.cache.cache_unfinished(req.token_ids[:n], slots, req.last_node)
+        shared, node = self.cache.cache_unfinished(req.token_ids, slots, req.last_node)
         if shared is not slots:  # some of its tokens were cached meanwhile: use the tree's
             self.req_table.write(req.row, 0, shared)
         # Else the row holds them already. Rewriting it cost a 1,600-slot copy per admitted

@@ -304,14 +304,14 @@ class Scheduler:
                 continue  # retracted while its last token was on the device (overlap.py)
             if step is not None and step.defers_without_match(req):
                 continue  # next step it hits the prefix this step computes
-            match = self.cache.match_prefix(req.token_ids[: req.max_prefix_match()])
+            match = self.cache.match_prefix(req.token_ids, end=req.max_prefix_match())
             if match.host_nodes:
                 match = self._reload(req, match, reserved)
             if match.pending:
                 continue  # its prefix is on its way back from host memory
             if len(match.slots) % self._align:  # deterministic mode: an aligned prefix
                 aligned = len(match.slots) - len(match.slots) % self._align
-                match = self.cache.match_prefix(req.token_ids[:aligned], count_stats=False)
+                match = self.cache.match_prefix(req.token_ids, end=aligned, count_stats=False)
             if step is not None and step.defers(req, match.last_node):
                 passed_over += 1
                 if passed_over >= self.config.admission_match_limit:

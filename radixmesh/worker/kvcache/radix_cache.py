@@ -113,9 +113,14 @@ class RadixCache(TreeCore):
         return out
 
     # ---- match / insert ------------------------------------------------------------------
-    def match_prefix(self, key: Sequence[int], *, count_stats: bool = True) -> MatchResult:
-        """The longest page-aligned prefix of `key` cached on the device, the node ending
-        exactly there and (with a host tier) the host-only nodes that continue it.
+    def match_prefix(
+        self, key: Sequence[int], *, end: int | None = None, count_stats: bool = True
+    ) -> MatchResult:
+        """The longest page-aligned prefix of `key[:end]` (`end` None: all of `key`)
+        cached on the device, the node ending exactly there and (with a host tier) the
+        host-only nodes that continue it. `end` spares a caller the slice's copy (a
+        request's tokens less the last: 1,600 ids an admission on the shared-prefix
+        workload).
 
         Splits a node when the match ends inside it. `count_stats=False` keeps the hit-rate
         counters untouched (for priority probes that are not real lookups).
@@ -123,7 +128,8 @@ class RadixCache(TreeCore):
         if self.disable:
             return MatchResult(self._empty, self.root)
         tokens = _as_tokens(key)
-        limit = len(tokens) - len(tokens) % self.page_size
+        n = len(tokens) if end is None else max(0, min(end, len(tokens)))
+        limit = n - n % self.page_size
         node, matched, values = self._walk(tokens, limit)
         if self._loads:
             cut = host_tree.pending_cut(self, node)
@@ -131,7 +137,7 @@ class RadixCache(TreeCore):
                 slots = _cat(values, self._empty)[: cut.end]
                 return MatchResult(slots, cut, pending=True)
         if count_stats:
-            self._queried += len(tokens)
+            self._queried += n
             self._matched += matched
         host: tuple[TreeNode, ...] = ()
         if self._host_only and node.device_children < len(node.children):
@@ -212,7 +218,8 @@ class RadixCache(TreeCore):
         """A request is done: keep its page-aligned KV in the tree, free the rest, unlock.
 
         `slots[i]` holds the KV of `key[i]` (key may be longer: the last sampled token has
-        no KV yet). Where the tree already had a token under a different slot, the
+        no KV yet, and a caller may pass a request's whole token list: only the tokens
+        with slots are read). Where the tree already had a token under a different slot, the
         request's slot is a duplicate and is freed; a slot equal to the tree's was shared
         from it. The unaligned tail is freed. Then `dec_lock_ref(locked_node)`.
 
@@ -266,14 +273,15 @@ class RadixCache(TreeCore):
     ) -> tuple[torch.Tensor, TreeNode]:
         """A running request shares its computed page-aligned prefix with the tree.
 
-        Same insertion and duplicate freeing as `cache_finished`. Returns the slots the
-        request must use from now on (same length as `slots`: the tree's slots for the
-        aligned prefix, the request's own unaligned tail unchanged) and the node ending at
-        the aligned prefix, now locked in place of `locked_node`. Like `cache_finished`,
-        the insert starts at `locked_node`. The slots returned are `slots` itself when the
-        tree took the request's own for every token past `locked_node` (nothing there was
-        cached yet: the common case), so a caller whose table row holds `slots` has
-        nothing to write back; else a new tensor.
+        Same insertion and duplicate freeing as `cache_finished` (`key` may be longer
+        than `slots` there too). Returns the slots the request must use from now on (same
+        length as `slots`: the tree's slots for the aligned prefix, the request's own
+        unaligned tail unchanged) and the node ending at the aligned prefix, now locked in
+        place of `locked_node`. Like `cache_finished`, the insert starts at `locked_node`.
+        The slots returned are `slots` itself when the tree took the request's own for
+        every token past `locked_node` (nothing there was cached yet: the common case), so
+        a caller whose table row holds `slots` has nothing to write back; else a new
+        tensor.
         """
         if self.disable:
             return slots, self.root

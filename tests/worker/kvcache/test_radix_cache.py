@@ -300,6 +300,19 @@ def test_cache_unfinished_page4_keeps_the_tail() -> None:
     assert (cache.total_size(), cache.protected_size(), alloc.num_free_pages) == (8, 0, 13)
 
 
+@pytest.mark.parametrize("page_size", [1, 2])
+@pytest.mark.parametrize("end", [None, 0, 1, 3, 4, 5, 6, 99])
+def test_match_prefix_up_to_end_is_the_match_of_the_slice(page_size: int, end: int | None) -> None:
+    key = [1, 2, 3, 4, 9, 9]
+    got, want = make(page_size=page_size)[1], make(page_size=page_size)[1]
+    for cache in (got, want):
+        put(cache, [1, 2, 3, 4, 5, 6])
+    a = got.match_prefix(key, end=end)
+    b = want.match_prefix(key[:end])
+    assert (a.slots.tolist(), a.last_node.end) == (b.slots.tolist(), b.last_node.end)
+    assert got.stats() == want.stats()  # the same tokens queried and matched
+
+
 def test_cache_unfinished_hands_back_the_callers_slots_when_the_tree_took_them_all() -> None:
     alloc, cache = make()
     m = cache.match_prefix([1, 2, 3])
@@ -315,7 +328,7 @@ def test_cache_unfinished_hands_back_the_callers_slots_when_the_tree_took_them_a
     # tree's slots in it, the request's duplicates freed.
     put(cache, [7, 8, 9])
     own = alloc_n(alloc, 4)
-    shared, _ = cache.cache_unfinished([7, 8, 9, 10], own, cache.root)
+    shared, _ = cache.cache_unfinished([7, 8, 9, 10, -1], own, cache.root)  # a longer key
     assert shared is not own and shared.tolist() == [6, 7, 8, own.tolist()[3]]
     assert is_free(alloc, *own.tolist()[:3]) == [True] * 3
 
