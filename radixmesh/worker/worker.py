@@ -212,12 +212,13 @@ class Worker:
         """The draft model's worker (speculative='draft'): same device and dtype, a pool
         of its own, no warm-up or overlap; its vocabulary must be the target's.
 
-        Decode CUDA graphs up to the drafting batch limit: every draft-model step after
-        a request's first (the tokens the target kept, then k - 1 decode steps) is a
-        short row that replays them. Run eagerly, a 1B draft model's four steps cost
-        5.8x a plain step of an 8B target on an H100 (docs/performance.md, "Speculative
-        decoding"), more than any acceptance can pay back. Built before the target sizes
-        its pool, so the graphs' memory comes out of what the target then leaves."""
+        Decode CUDA graphs for the drafting batch limit's rows of 1 + k tokens: every
+        draft-model step after a request's first (the tokens the target kept, up to
+        1 + k, then k - 1 decode steps) replays them, as decode rows. Run eagerly, a 1B
+        draft model's four steps cost 5.8x a plain step of an 8B target on an H100
+        (docs/performance.md, "Speculative decoding"), more than any acceptance can pay
+        back. Built before the target sizes its pool, so the graphs' memory comes out of
+        what the target then leaves."""
         sp, mc = self.config.speculative, self.config.model
         if sp.speculative != "draft" or sp.speculative_draft_model is None:
             return None
@@ -227,7 +228,8 @@ class Worker:
             "dtype": mc.dtype,
             "kv_cache_tokens": sp.speculative_draft_kv_tokens,
             "max_running_requests": sp.speculative_max_batch_size,
-            "cuda_graph_max_batch_size": sp.speculative_max_batch_size,
+            "cuda_graph_max_batch_size": sp.speculative_max_batch_size
+            * (1 + sp.speculative_tokens),
             "overlap_schedule": False,
             "warmup": False,
             "grammar_warmup": False,
