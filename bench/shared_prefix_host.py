@@ -28,7 +28,8 @@ prefix computed once: 1,548,288; the requests reach the scheduler thread while i
 so a call may admit one beside a chunk of its prefix, which then computes the rest
 itself). Besides the call's wall time it reports the CPU time of the caller's thread
 (validating and building the requests, submitting, collecting) and of the scheduler
-thread.
+thread, and the garbage collector's time in it (in either thread: its collections
+traverse every live list, the prompts' 1,600 ids each included).
 
 Before/after: `--tree DIR` runs the same in a subprocess against another checkout's
 `radixmesh` (e.g. `git archive REV radixmesh | tar -x -C DIR`), alternating with this
@@ -153,31 +154,57 @@ def make_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     return prompts
 
 
-def one_call(
-    engine: Engine, prompts: list[list[int]], args: argparse.Namespace
-) -> tuple[float, float, float, int]:
+class _Collections:
+    """A gc callback: the collector's wall time and its collections per generation, in
+    whichever thread collects."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.by_generation = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._t0
+        self.by_generation[info["generation"]] += 1
+
+
+def one_call(engine: Engine, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     """One timed `generate` over the workload (cache flushed first), its results checked:
     its wall seconds, the CPU seconds of the caller's thread (the requests' validation and
-    building, submitting, collecting) and of the scheduler thread in it, and the prompt
-    tokens the cache served."""
+    building, submitting, collecting) and of the scheduler thread in it, the garbage
+    collector's time and collections in it, and the prompt tokens the cache served."""
     params = {"temperature": 0.0, "max_new_tokens": args.new_tokens, "ignore_eos": True}
     assert engine.flush_cache()
     sched0 = engine.call(time.thread_time)
+    collections = _Collections()
+    gc.callbacks.append(collections)
     caller0 = time.thread_time()
     t0 = time.perf_counter()
-    outs = engine.generate(input_ids=prompts, sampling_params=params)
-    dt = time.perf_counter() - t0
-    caller = time.thread_time() - caller0
+    try:
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+    finally:
+        dt = time.perf_counter() - t0
+        caller = time.thread_time() - caller0
+        gc.callbacks.remove(collections)
     sched = engine.call(time.thread_time) - sched0
     assert isinstance(outs, list) and len(outs) == len(prompts)
     assert all(o["output_ids"] == [TOKEN] * args.new_tokens for o in outs)
-    cached = sum(o["meta_info"]["cached_tokens"] for o in outs)
     w = engine.worker
     accounted = engine.call(
         lambda: w.allocator.num_free_slots + w.cache.total_size() == w.allocator.num_usable_slots
     )
     assert accounted, "KV slots leaked"
-    return dt, caller, sched, cached
+    return {
+        "runs_s": dt,
+        "caller_cpu_s": caller,
+        "scheduler_cpu_s": sched,
+        "gc_s": collections.seconds,
+        "gc_collections": collections.by_generation,
+        "cached_tokens": sum(o["meta_info"]["cached_tokens"] for o in outs),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -197,10 +224,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             engine.shutdown()
         out[kind] = {
-            "runs_s": [c[0] for c in calls],
-            "caller_cpu_s": [c[1] for c in calls],
-            "scheduler_cpu_s": [c[2] for c in calls],
-            "cached_tokens": [c[3] for c in calls],
+            **{k: [c[k] for c in calls] for k in SERIES},
             "steps": stats.num_steps,
             "cache_hit_tokens": stats.cache_hit_tokens,
             "prompt_tokens": stats.prompt_tokens,
@@ -217,7 +241,7 @@ def profile_call(
     # The thread's CPU time, not wall time: waits for the GIL and the inbox are left out.
     prof = cProfile.Profile(time.thread_time)
     engine.call(prof.enable)  # profiles the thread it is enabled on: the scheduler's
-    t = one_call(engine, prompts, args)[0]
+    t = one_call(engine, prompts, args)["runs_s"]
     engine.call(prof.disable)
     path = Path(args.profile) / f"shared_prefix_host-{kind}.prof"
     prof.dump_stats(path)
@@ -256,7 +280,7 @@ def _workload_argv(args: argparse.Namespace) -> list[str]:
     return argv + (["--overlap"] if args.overlap else ["--no-overlap"])
 
 
-SERIES = ("runs_s", "caller_cpu_s", "scheduler_cpu_s", "cached_tokens")
+SERIES = ("runs_s", "caller_cpu_s", "scheduler_cpu_s", "gc_s", "gc_collections", "cached_tokens")
 
 
 def summarize(series: dict[str, list[Any]], requests: int) -> dict[str, Any]:
@@ -270,6 +294,7 @@ def summarize(series: dict[str, list[Any]], requests: int) -> dict[str, Any]:
         "us_per_request_best": 1e6 * best / requests,
         "caller_cpu_s_median": statistics.median(series["caller_cpu_s"]),
         "scheduler_cpu_s_median": statistics.median(series["scheduler_cpu_s"]),
+        "gc_s_median": statistics.median(series["gc_s"]),
         "cached_tokens_min": min(series["cached_tokens"]),
         **series,
     }
@@ -278,7 +303,8 @@ def summarize(series: dict[str, list[Any]], requests: int) -> dict[str, Any]:
 def print_table(results: dict[str, dict[str, dict[str, Any]]]) -> None:
     print(
         f"{'tree':<7}{'runner':<11}{'best s':>8}{'median s':>10}{'req/s best':>12}"
-        f"{'req/s med':>11}{'us/req':>8}{'caller cpu':>12}{'sched cpu':>11}{'cached min':>12}"
+        f"{'req/s med':>11}{'us/req':>8}{'caller cpu':>12}{'sched cpu':>11}{'gc':>7}"
+        f"{'cached min':>12}"
     )
     for name, by_kind in results.items():
         for kind, f in by_kind.items():
@@ -286,7 +312,8 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]]) -> None:
                 f"{name:<7}{kind:<11}{f['best_s']:8.3f}{f['median_s']:10.3f}"
                 f"{f['req_per_s_best']:12.1f}{f['req_per_s_median']:11.1f}"
                 f"{f['us_per_request_best']:8.0f}{f['caller_cpu_s_median']:12.3f}"
-                f"{f['scheduler_cpu_s_median']:11.3f}{f['cached_tokens_min']:12,}"
+                f"{f['scheduler_cpu_s_median']:11.3f}{f['gc_s_median']:7.3f}"
+                f"{f['cached_tokens_min']:12,}"
             )
 
 

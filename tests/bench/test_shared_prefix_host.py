@@ -32,7 +32,7 @@ def test_both_runners_run_the_workload() -> None:
     result = shared_prefix_host.run(_args())
     assert sorted(result) == ["inputs", "scheduler"]
     for r in result.values():
-        for series in ("runs_s", "caller_cpu_s", "scheduler_cpu_s", "cached_tokens"):
+        for series in shared_prefix_host.SERIES:
             assert len(r[series]) == 2
         # 3 calls (the warm-up and two timed), 12 prompts of 45 tokens each; one_call
         # asserted each call's outputs, cache hits and slots.
