@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -15,8 +15,10 @@ class ScheduledRequest:
     req: Request
     num_new_tokens: int  # tokens computed this step, starting at req.num_computed_tokens
     # Speculative decoding: tokens drafted after the request's last one, computed with it
-    # (num_new_tokens = 1 + len(draft)) and verified (worker/speculative/).
-    draft: list[int] = field(default_factory=list)
+    # (num_new_tokens = 1 + len(draft)) and verified (worker/speculative/). An empty
+    # tuple by default, not a new list per row per step, each alive as long as its step
+    # (so the garbage collector counted and visited them).
+    draft: Sequence[int] = ()
     # With a grammar: the allowed tokens at each of the row's 1 + len(draft) positions
     # (`[1 + len(draft), W]` int32, GrammarManager.check_draft).
     draft_mask: torch.Tensor | None = None

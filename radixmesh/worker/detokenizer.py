@@ -108,6 +108,14 @@ class IncrementalDetokenizer:
         self._ids.extend(token_ids)
         self.deferred = True
 
+    def defer_token(self, token_id: int) -> None:
+        """`defer` of one token, without a sequence to hold it (the output path's call,
+        once per token)."""
+        if self.has_stops:
+            raise ValueError("defer: stop strings need each token's text as it comes")
+        self._ids.append(token_id)
+        self.deferred = True
+
     def push(self, token_ids: Sequence[int]) -> str:
         """Add output tokens; return the new text that is safe to emit now."""
         if self._matched is not None or self.error is not None:

@@ -60,7 +60,7 @@ class OutputProcessor:
         detok = req.detokenizer
         if detok is not None and (not stop_token or params.no_stop_trim):
             if _text_later(req, detok):
-                detok.defer((token,))
+                detok.defer_token(token)
             else:
                 text.append(detok.push([token]))
         if (

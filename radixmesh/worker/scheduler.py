@@ -559,9 +559,9 @@ class Scheduler:
         ids = req.token_ids
         if pos >= len(ids) or ids[pos] != out.tokens.placeholder(j):
             return False
+        tail: list[int] | None = None  # None, not a new empty list per row
         if pos == len(ids) - 1:  # the common case: nothing launched since
             ids.pop()
-            tail: list[int] = []
         else:
             tail = ids[pos + 1 :]  # the placeholder of a step launched since (overlap)
             del ids[pos:]

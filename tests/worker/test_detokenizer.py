@@ -344,7 +344,10 @@ def test_deferred_ids_give_the_text_of_pushing_them(
     while i < len(data):
         size, later = ops[step % len(ops)]
         if later:
-            det.defer(data[i : i + size])
+            if size == 1:
+                det.defer_token(data[i])
+            else:
+                det.defer(data[i : i + size])
             assert det.deferred
         else:
             pieces.append(det.push(data[i : i + size]))
@@ -363,4 +366,6 @@ def test_defer_refuses_stops() -> None:
         assert det.has_stops
         with pytest.raises(ValueError, match="stop strings"):
             det.defer([0x41])
+        with pytest.raises(ValueError, match="stop strings"):
+            det.defer_token(0x41)
     assert not IncrementalDetokenizer(ByteLevel()).has_stops

@@ -37,7 +37,7 @@ def verify_drafts(
     sampler: Sampler,
     logits: torch.Tensor,
     rows: Sequence[SamplingRow],
-    drafts: Sequence[list[int]],
+    drafts: Sequence[Sequence[int]],
     masks: Sequence[torch.Tensor | None] | None = None,
 ) -> list[Verified]:
     """`logits`: [sum(len(d) + 1)] rows, each drafting row's positions in order; `rows`:
@@ -52,7 +52,7 @@ def verify_drafts(
 class DrawnDrafts:
     """Each drafting row's positions drawn on the device, not yet read back."""
 
-    drafts: Sequence[list[int]]
+    drafts: Sequence[Sequence[int]]
     draws: Draw
 
     def outcomes(self) -> list[Verified]:
@@ -80,7 +80,7 @@ def draw_drafts(
     sampler: Sampler,
     logits: torch.Tensor,
     rows: Sequence[SamplingRow],
-    drafts: Sequence[list[int]],
+    drafts: Sequence[Sequence[int]],
     masks: Sequence[torch.Tensor | None] | None = None,
 ) -> DrawnDrafts:
     """`verify_drafts` up to the draws, which stay on the device: the caller does other
