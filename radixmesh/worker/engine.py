@@ -15,7 +15,7 @@ import queue
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -398,7 +398,7 @@ class Engine:
             r.hidden_pool = HiddenPool(kind)
         return reqs, single
 
-    def _request(self, ids: list[int], params: SamplingParams) -> Request:
+    def _request(self, ids: Sequence[int], params: SamplingParams) -> Request:
         req = Request(
             rid=uuid.uuid4().hex,
             prompt_ids=ids,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -81,7 +81,7 @@ Sink = Callable[[RequestOutput], None]
 @dataclass(eq=False)
 class Request:
     rid: str
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]  # a tuple from the engine (engine_inputs.normalize_inputs)
     params: SamplingParams
     sink: Sink | None = None
     stop_ids: frozenset[int] = frozenset()

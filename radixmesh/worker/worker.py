@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import logging
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -627,7 +628,7 @@ class Worker:
         ids = frozenset(params.stop_token_ids)
         return ids if params.ignore_eos else ids | self.eos_ids
 
-    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+    def validate(self, input_ids: Sequence[int], params: SamplingParams) -> None:
         """Everything the model knows about: raises InvalidArgument naming the field."""
         vocab = self.arch.vocab_size
         check_token_ids(input_ids, vocab)
@@ -654,7 +655,7 @@ class Worker:
         return True
 
 
-def check_token_ids(ids: list[int], vocab: int) -> None:
+def check_token_ids(ids: Sequence[int], vocab: int) -> None:
     """InvalidArgument naming the first id that is not an int (a bool is not) in [0, vocab).
 
     The common case, every id a plain int in range, is checked by three passes in C (the

@@ -71,8 +71,8 @@ def test_a_calls_requests_reach_the_scheduler_in_one_message(engine: Engine) -> 
     adds = [c for c in posted if isinstance(c, AddRequest | AddRequests)]
     assert [type(c) for c in adds] == [AddRequests, AddRequests]
     assert isinstance(adds[0], AddRequests) and isinstance(adds[1], AddRequests)
-    assert [r.prompt_ids for r in adds[0].reqs] == [[5, 6, 7], [5, 6, 8], [9]]
-    assert [r.prompt_ids for r in adds[1].reqs] == [[5, 6], [7]]
+    assert [r.prompt_ids for r in adds[0].reqs] == [(5, 6, 7), (5, 6, 8), (9,)]
+    assert [r.prompt_ids for r in adds[1].reqs] == [(5, 6), (7,)]
     assert isinstance(outs, list) and isinstance(aouts, list)
     assert [len(o["output_ids"]) for o in outs + aouts] == [3] * 5
     assert engine.admission.outstanding == 0

@@ -180,7 +180,7 @@ def test_shared_prefixes_across_concurrent_requests(page_size: int) -> None:
         w.scheduler.add_request(r)
     run_to_completion(w)
     for r in reqs:
-        assert r.output_ids == _run_alone(r.prompt_ids, 6, page_size=page_size)
+        assert r.output_ids == _run_alone(list(r.prompt_ids), 6, page_size=page_size)
     # The first request's prefill was shared with the later ones.
     assert sum(r.num_cached_tokens for r in reqs) > 0
     assert all_free_after_flush(w)
