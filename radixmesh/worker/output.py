@@ -42,7 +42,10 @@ class OutputProcessor:
         # when one of them can hold (most tokens end nothing).
         all_ids = req.token_ids
         all_ids.append(token)
-        ids, text, lps, tops = self._buf(req)
+        buf = self._pending.get(req.rid)  # `_buf`, inlined (as `_text_later` below)
+        if buf is None:
+            buf = self._pending[req.rid] = ([], [], [], [])
+        ids, text, lps, tops = buf
         ids.append(token)
         params = req.params
         if params.return_logprob:
@@ -59,7 +62,15 @@ class OutputProcessor:
         stop_token = token in req.stop_ids and num_output >= params.min_new_tokens
         detok = req.detokenizer
         if detok is not None and (not stop_token or params.no_stop_trim):
-            if _text_later(req, detok):
+            delivery = req.delivery
+            if (
+                (
+                    delivery is Delivery.LAST
+                    or (delivery is Delivery.FIRST_AND_LAST and req.outputs_sent > 0)
+                )
+                and not detok.has_stops
+                and req.grammar is None
+            ):
                 detok.defer_token(token)
             else:
                 text.append(detok.push([token]))
@@ -67,7 +78,8 @@ class OutputProcessor:
             stop_token
             or num_output >= params.max_new_tokens
             or len(all_ids) >= self.context_len
-            or (detok is not None and detok.ended)
+            # Only a stop string or regex ends the text (`ended`): not asked without one.
+            or (detok is not None and detok.has_stops and detok.ended)
         ):
             self._check_finish(req, token, stop_token)
         if req.finish_reason is not None and detok is not None:

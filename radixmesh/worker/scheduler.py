@@ -479,10 +479,11 @@ class Scheduler:
             if item.num_new_tokens > 1 and start < req.num_prompt_tokens:
                 self.slots.share_prefix(req)
         positions: list[int] = []
+        base = out.tokens.base  # placeholder(j) is -(base + j)
         for j, i in enumerate(out.tokens.sample_items):
             ids = items[i].req.token_ids
             positions.append(len(ids))
-            ids.append(out.tokens.placeholder(j))
+            ids.append(-(base + j))
         return Launched(batch, out, samples, positions)
 
     def _observe(self, req: Request, start: int, out: ForwardOutput, i: int) -> None:
@@ -557,7 +558,7 @@ class Scheduler:
         """Put sampled row j's token where its placeholder stands, through the output path
         (stop checks, text, the grammar and its forced tokens). False when it is gone."""
         ids = req.token_ids
-        if pos >= len(ids) or ids[pos] != out.tokens.placeholder(j):
+        if pos >= len(ids) or ids[pos] != -(out.tokens.base + j):  # its placeholder(j)
             return False
         tail: list[int] | None = None  # None, not a new empty list per row
         if pos == len(ids) - 1:  # the common case: nothing launched since
@@ -568,7 +569,10 @@ class Scheduler:
         if req.first_token_time is None:
             req.first_token_time = now
         self._generated_tokens += 1
-        self._append(req, token, out.logprobs[i], out.top_logprobs[i])
+        if req.grammar is not None and self.grammars is not None:  # `_append`, inlined
+            self.grammars.append(req, token, out.logprobs[i], out.top_logprobs[i], self.output)
+        else:
+            self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
         if tail and req.finish_reason is None:
             ids.extend(tail)
         return True
