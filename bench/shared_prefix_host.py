@@ -175,9 +175,11 @@ def one_call(engine: Engine, prompts: list[list[int]], args: argparse.Namespace)
     """One timed `generate` over the workload (cache flushed first), its results checked:
     its wall seconds, the CPU seconds of the caller's thread (the requests' validation and
     building, submitting, collecting) and of the scheduler thread in it, the garbage
-    collector's time and collections in it, and the prompt tokens the cache served."""
+    collector's time and collections in it, its steps, and the prompt tokens the cache
+    served."""
     params = {"temperature": 0.0, "max_new_tokens": args.new_tokens, "ignore_eos": True}
     assert engine.flush_cache()
+    steps0 = engine.get_stats().num_steps
     sched0 = engine.call(time.thread_time)
     collections = _Collections()
     gc.callbacks.append(collections)
@@ -190,6 +192,7 @@ def one_call(engine: Engine, prompts: list[list[int]], args: argparse.Namespace)
         caller = time.thread_time() - caller0
         gc.callbacks.remove(collections)
     sched = engine.call(time.thread_time) - sched0
+    steps = engine.get_stats().num_steps - steps0
     assert isinstance(outs, list) and len(outs) == len(prompts)
     assert all(o["output_ids"] == [TOKEN] * args.new_tokens for o in outs)
     w = engine.worker
@@ -203,6 +206,7 @@ def one_call(engine: Engine, prompts: list[list[int]], args: argparse.Namespace)
         "scheduler_cpu_s": sched,
         "gc_s": collections.seconds,
         "gc_collections": collections.by_generation,
+        "steps": steps,
         "cached_tokens": sum(o["meta_info"]["cached_tokens"] for o in outs),
     }
 
@@ -225,7 +229,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             engine.shutdown()
         out[kind] = {
             **{k: [c[k] for c in calls] for k in SERIES},
-            "steps": stats.num_steps,
+            # The process's, over the warm-up and the timed calls.
             "cache_hit_tokens": stats.cache_hit_tokens,
             "prompt_tokens": stats.prompt_tokens,
         }
@@ -280,7 +284,15 @@ def _workload_argv(args: argparse.Namespace) -> list[str]:
     return argv + (["--overlap"] if args.overlap else ["--no-overlap"])
 
 
-SERIES = ("runs_s", "caller_cpu_s", "scheduler_cpu_s", "gc_s", "gc_collections", "cached_tokens")
+SERIES = (
+    "runs_s",
+    "caller_cpu_s",
+    "scheduler_cpu_s",
+    "gc_s",
+    "gc_collections",
+    "steps",
+    "cached_tokens",
+)
 
 
 def summarize(series: dict[str, list[Any]], requests: int) -> dict[str, Any]:
@@ -294,6 +306,7 @@ def summarize(series: dict[str, list[Any]], requests: int) -> dict[str, Any]:
         "us_per_request_best": 1e6 * best / requests,
         "caller_cpu_s_median": statistics.median(series["caller_cpu_s"]),
         "scheduler_cpu_s_median": statistics.median(series["scheduler_cpu_s"]),
+        "steps_median": statistics.median(series["steps"]),
         "gc_s_median": statistics.median(series["gc_s"]),
         "cached_tokens_min": min(series["cached_tokens"]),
         **series,
@@ -345,7 +358,6 @@ def main(argv: list[str] | None = None) -> None:
     requests = args.groups * args.per_group
     trees = {"this": None} if args.tree is None else {"before": args.tree, "after": None}
     raw: dict[str, dict[str, dict[str, list[Any]]]] = {t: {} for t in trees}
-    steps: dict[str, int] = {}
     for _ in range(args.rounds):
         for name, tree in trees.items():
             res = run_tree(tree if tree is not None else str(BENCH_DIR.parent), args)
@@ -353,7 +365,6 @@ def main(argv: list[str] | None = None) -> None:
                 into = raw[name].setdefault(kind, {k: [] for k in SERIES})
                 for k in SERIES:
                     into[k].extend(r[k])
-                steps[kind] = r["steps"]
     results = {
         name: {kind: summarize(series, requests) for kind, series in by_kind.items()}
         for name, by_kind in raw.items()
@@ -371,7 +382,6 @@ def main(argv: list[str] | None = None) -> None:
             "max_num_batched_tokens": args.token_budget,
             "overlap_schedule": args.overlap,
         },
-        "steps_per_call": steps,
         "results": results,
     }
     record.write("shared_prefix_host", args, figures)
