@@ -14,10 +14,17 @@ continuations equal; FP8 weights (the default, per-channel scales) 13.897 (+7.9%
 random 0-6%, which costs e4m3 no precision) moves each by several points either way, so
 one figure under 3% there is the luck of rounding. Calibration does: the same
 per-channel format with each weight's rounding chosen by GPTQ-style error compensation
-(layers/quantization/fp8_calibrate.py, calibrated on the bundled passages, never on this
-text) measures 13.541 (+5.1%), and +1.0% to +3.2% re-rounded (mean of the four +2.8%),
-4 of 9 continuations equal, with a KL from float32 a third of plain FP8's. The bounds
-below are the measured figures with some margin, so a regression in any path fails.
+and each row's scale by the search over eight candidates (layers/quantization/
+fp8_calibrate.py, on the bundled passages, never on this text). `bench.fp8_quality`
+measures it calibrated on all the passages: 12.879 (+0.0%; +0.8% against the bf16 model),
+-1.6% to +1.1% re-rounded, 6 of 9 continuations equal, KL from float32 0.28 of plain
+FP8's. This test calibrates on the even-numbered half of the passages (the bench's "even"
+figures): 12.839 (-0.3%), 3 of 9 continuations equal, KL 0.30 of plain FP8's; half the
+text halves the forward pass and the Hessians (about 10 s of a calibration on 2 cores),
+roughly what the scale search adds to the solver (12 s), so the test stays near its
+former time (estimated from the parts' timings, not timed whole on a quiet machine).
+The bounds below are the measured figures with some margin, so a regression in any path
+fails.
 """
 
 from __future__ import annotations
@@ -75,26 +82,28 @@ CHAT_PROMPTS = [
     "Describe Ada, a 36-year-old programmer, as JSON.",
 ]
 NEW_TOKENS = 16
-# FP8 weights calibrated by fp8_calibrate (GPTQ-style error compensation, on the bundled
-# passages: never on TEXT), in the same per-channel format as "fp8 weights".
+# FP8 weights calibrated by fp8_calibrate with its defaults (GPTQ-style error compensation
+# and the scale search) on the even-numbered half of the bundled passages (never on
+# TEXT), in the same per-channel format as "fp8 weights".
 CALIBRATED = "fp8 weights calibrated"
+CALIBRATION_HALF = slice(0, None, 2)
 # Relative perplexity rise allowed against float32 (measured: FP8 KV -2.4% on a Zen 4
-# EPYC, -3.3% on an AVX2-only EPYC; FP8 weights +7.9%; calibrated +5.1%, and +1.0% to
-# +3.2% with the scales enlarged by 0-6%, which only re-rounds: bench/fp8_quality.py). A
-# loss of quality is a rise; a fall is rounding noise (which values land next to an e4m3
-# step moves with the CPU's float32 kernels), bounded loosely below so that a broken model
-# still fails. The calibrated bound fails plain FP8's +7.9% too; which way a handful of
-# this text's tokens round decides a few points of either figure, so the sharper check of
-# the calibration is the KL below.
-PPL_TOLERANCE = {"fp8 kv": 0.03, "fp8 weights": 0.10, CALIBRATED: 0.075}
+# EPYC, -3.3% on an AVX2-only EPYC; FP8 weights +7.9%; calibrated -0.3%, and on all the
+# passages -1.6% to +1.1% with the scales enlarged by 0-6%, which only re-rounds:
+# bench/fp8_quality.py). A loss of quality is a rise; a fall is rounding noise (which
+# values land next to an e4m3 step moves with the CPU's float32 kernels), bounded loosely
+# below so that a broken model still fails. The calibrated bound fails plain FP8's +7.9%
+# too; which way a handful of this text's tokens round decides a few points of either
+# figure, so the sharper check of the calibration is the KL below.
+PPL_TOLERANCE = {"fp8 kv": 0.03, "fp8 weights": 0.10, CALIBRATED: 0.05}
 PPL_FLOOR = -0.10
 # Continuations equal to float32's token for token over all 16 tokens, of 9 (measured 4, 3,
-# 4), and the mean length of the common start (measured 11.3, 10.1 and 11.8 of 16 tokens).
-MIN_EQUAL_CONTINUATIONS = {"fp8 kv": 3, "fp8 weights": 2, CALIBRATED: 3}
-MIN_MEAN_COMMON_START = {"fp8 kv": 8.0, "fp8 weights": 6.0, CALIBRATED: 9.0}
+# 3), and the mean length of the common start (measured 11.3, 10.1 and 9.7 of 16 tokens).
+MIN_EQUAL_CONTINUATIONS = {"fp8 kv": 3, "fp8 weights": 2, CALIBRATED: 2}
+MIN_MEAN_COMMON_START = {"fp8 kv": 8.0, "fp8 weights": 6.0, CALIBRATED: 7.5}
 # The calibrated weights' KL from float32 on TEXT, at most this fraction of plain FP8's
-# (measured 0.028 against 0.085: 0.33).
-MAX_KL_VS_PLAIN = 0.6
+# (measured 0.026 against 0.085: 0.30).
+MAX_KL_VS_PLAIN = 0.45
 
 
 @dataclass
@@ -184,7 +193,8 @@ def calibrated(weights: dict[str, torch.Tensor], results: dict[str, Result]) -> 
 
     model = LlamaForCausalLM(loader.load_arch_config("smollm2"), dtype=torch.float32)
     model.load_weights(weights.items())
-    sequences = fp8_calibrate.calibration_sequences(loader.load_tokenizer("smollm2"), PASSAGES)
+    tok = loader.load_tokenizer("smollm2")
+    sequences = fp8_calibrate.calibration_sequences(tok, PASSAGES[CALIBRATION_HALF])
     fp8_calibrate.calibrate(model, sequences)
     pack_model_for_cpu(model)
     result = evaluate(model, None, keep_log_probs=True)
