@@ -92,22 +92,48 @@ def make_worker(args: argparse.Namespace) -> Worker:
     return Worker(config)
 
 
-def make_requests(worker: Worker, args: argparse.Namespace) -> list[Request]:
+def add_workload_arguments(ap: argparse.ArgumentParser) -> None:
+    """The shared-prefix workload's shape and the scheduler's sizes (bench.offline's GPU
+    shared_prefix shape and engine_gpu.sh's OFFLINE settings by default)."""
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--per-group", type=int, default=64)
+    ap.add_argument("--prefix-tokens", type=int, default=1536)
+    ap.add_argument("--own", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--max-running", type=int, default=256)
+    ap.add_argument("--token-budget", type=int, default=8192, help="max_num_batched_tokens")
+
+
+WORKLOAD_ARGS = (
+    "groups", "per_group", "prefix_tokens", "own", "new_tokens", "max_running", "token_budget"
+)  # fmt: skip
+
+
+def shared_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+    """Each group's prefix followed by each request's own tokens, group by group."""
     rng = random.Random(0)
-    vocab = worker.arch.vocab_size
+    prompts: list[list[int]] = []
+    for _ in range(args.groups):
+        prefix = [rng.randrange(3, vocab) for _ in range(args.prefix_tokens)]
+        prompts += [
+            prefix + [rng.randrange(3, vocab) for _ in range(args.own)]
+            for _ in range(args.per_group)
+        ]
+    return prompts
+
+
+def make_requests(worker: Worker, args: argparse.Namespace) -> list[Request]:
     params = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens, ignore_eos=True)
     reqs = []
-    for g in range(args.groups):
-        prefix = [rng.randrange(3, vocab) for _ in range(args.prefix_tokens)]
-        for i in range(args.per_group):
-            ids = prefix + [rng.randrange(3, vocab) for _ in range(args.own)]
-            req = Request(
-                rid=f"g{g}-{i}", prompt_ids=ids, params=params, stop_ids=worker.stop_ids(params)
-            )
-            req.detokenizer = IncrementalDetokenizer(worker.tokenizer, ids)
-            outputs: list[RequestOutput] = []
-            req.sink = outputs.append
-            reqs.append(req)
+    for n, ids in enumerate(shared_prompts(args, worker.arch.vocab_size)):
+        g, i = divmod(n, args.per_group)
+        req = Request(
+            rid=f"g{g}-{i}", prompt_ids=ids, params=params, stop_ids=worker.stop_ids(params)
+        )
+        req.detokenizer = IncrementalDetokenizer(worker.tokenizer, ids)
+        outputs: list[RequestOutput] = []
+        req.sink = outputs.append
+        reqs.append(req)
     return reqs
 
 
@@ -240,34 +266,28 @@ def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
-def run_tree(tree: str, args: argparse.Namespace) -> dict[str, Any]:
-    """This benchmark against `tree`'s radixmesh, in a subprocess (a directory of links:
-    this `bench`, that `radixmesh`)."""
+def run_tree(tree: str, module: str, argv: list[str]) -> dict[str, Any]:
+    """Benchmark `module` (its --json-only run with `argv`) against `tree`'s radixmesh, in
+    a subprocess (a directory of links: this `bench`, that `radixmesh`)."""
     with tempfile.TemporaryDirectory() as tmp:
         os.symlink(BENCH_DIR, Path(tmp) / "bench")
         os.symlink(Path(tree).resolve() / "radixmesh", Path(tmp) / "radixmesh")
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "bench.schedule_overhead", "--json-only", str(out)]
-        cmd += _workload_argv(args)
-        env = {**os.environ, "PYTHONPATH": tmp}
+        cmd = [sys.executable, "-m", module, "--json-only", str(out), *argv]
+        env = {**os.environ, "PYTHONPATH": tmp, "PYTHONSAFEPATH": "1"}
         subprocess.run(cmd, cwd=tmp, env=env, check=True)
         result: dict[str, Any] = json.loads(out.read_text())
         return result
 
 
-def _workload_argv(args: argparse.Namespace) -> list[str]:
-    names: tuple[str, ...] = ("groups", "per_group", "prefix_tokens", "own", "new_tokens")
-    names += (
-        "max_running",
-        "token_budget",
-        "page_size",
-        "policy",
-        "repeats",
-        "runner",
-        "clock",
-        "gc",
-    )
+def argv_of(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """The command-line options that give `args`' values of `names` again."""
     return [x for n in names for x in (f"--{n.replace('_', '-')}", str(getattr(args, n)))]
+
+
+def _argv(args: argparse.Namespace) -> list[str]:
+    names = ("page_size", "policy", "repeats", "runner", "clock", "gc")
+    return argv_of(args, WORKLOAD_ARGS + names)
 
 
 def print_table(results: dict[str, dict[str, Any]]) -> None:
@@ -290,13 +310,7 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--groups", type=int, default=16)
-    ap.add_argument("--per-group", type=int, default=64)
-    ap.add_argument("--prefix-tokens", type=int, default=1536)
-    ap.add_argument("--own", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=8)
-    ap.add_argument("--max-running", type=int, default=256)
-    ap.add_argument("--token-budget", type=int, default=8192)
+    add_workload_arguments(ap)
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--policy", default="lpm")
     ap.add_argument("--repeats", type=int, default=3)
@@ -313,7 +327,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     results = {"this": res}
     if args.tree:
-        results = {"before": run_tree(args.tree, args), "after": res}
+        results = {
+            "before": run_tree(args.tree, "bench.schedule_overhead", _argv(args)),
+            "after": res,
+        }
     print_table(results)
     model = "dummy:tiny" if args.runner == "model" else "none (dummy:tiny's tokenizer and pool)"
     figures = {"model": model, "dtype": "float32", "results": results}

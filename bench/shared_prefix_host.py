@@ -47,13 +47,8 @@ import argparse
 import cProfile
 import gc
 import json
-import os
 import pstats
-import random
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -61,11 +56,18 @@ from typing import Any
 import torch
 
 from bench import record
-from bench.schedule_overhead import HostOnlyRunner
+from bench.schedule_overhead import (
+    BENCH_DIR,
+    WORKLOAD_ARGS,
+    HostOnlyRunner,
+    add_workload_arguments,
+    argv_of,
+    run_tree,
+    shared_prompts,
+)
 from radixmesh.worker.batch import Batch, ForwardOutput, PendingTokens
 from radixmesh.worker.engine import Engine
 
-BENCH_DIR = Path(__file__).resolve().parent
 RUNNERS = ("inputs", "scheduler")
 TOKEN = 7  # what every sampled row gets
 
@@ -141,19 +143,6 @@ def install_runner(engine: Engine, kind: str) -> None:
     engine.call(swap)
 
 
-def make_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
-    """bench.offline's GPU shared_prefix shape, ids in dummy:tiny's vocabulary."""
-    rng = random.Random(0)
-    prompts: list[list[int]] = []
-    for _ in range(args.groups):
-        prefix = [rng.randrange(3, vocab) for _ in range(args.prefix_tokens)]
-        prompts += [
-            prefix + [rng.randrange(3, vocab) for _ in range(args.own)]
-            for _ in range(args.per_group)
-        ]
-    return prompts
-
-
 class _Collections:
     """A gc callback: the collector's wall time and its collections per generation, in
     whichever thread collects."""
@@ -218,7 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         engine = make_engine(args)
         try:
             install_runner(engine, kind)
-            prompts = make_prompts(args, engine.worker.arch.vocab_size)
+            prompts = shared_prompts(args, engine.worker.arch.vocab_size)
             one_call(engine, prompts, args)  # warm-up
             if args.profile:
                 out[kind] = profile_call(engine, prompts, args, kind)
@@ -262,25 +251,8 @@ def profile_call(
     }
 
 
-def run_tree(tree: str, args: argparse.Namespace) -> dict[str, Any]:
-    """This benchmark against `tree`'s radixmesh, in a subprocess (a directory of links:
-    this `bench`, that `radixmesh`)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        os.symlink(BENCH_DIR, Path(tmp) / "bench")
-        os.symlink(Path(tree).resolve() / "radixmesh", Path(tmp) / "radixmesh")
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "bench.shared_prefix_host", "--json-only", str(out)]
-        cmd += _workload_argv(args)
-        env = {**os.environ, "PYTHONPATH": tmp, "PYTHONSAFEPATH": "1"}
-        subprocess.run(cmd, cwd=tmp, env=env, check=True)
-        result: dict[str, Any] = json.loads(out.read_text())
-        return result
-
-
-def _workload_argv(args: argparse.Namespace) -> list[str]:
-    names: tuple[str, ...] = ("groups", "per_group", "prefix_tokens", "own", "new_tokens")
-    names += ("max_running", "token_budget", "repeats", "runners")
-    argv = [x for n in names for x in (f"--{n.replace('_', '-')}", str(getattr(args, n)))]
+def _argv(args: argparse.Namespace) -> list[str]:
+    argv = argv_of(args, (*WORKLOAD_ARGS, "repeats", "runners"))
     return argv + (["--overlap"] if args.overlap else ["--no-overlap"])
 
 
@@ -332,13 +304,7 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--groups", type=int, default=16)
-    ap.add_argument("--per-group", type=int, default=64)
-    ap.add_argument("--prefix-tokens", type=int, default=1536)
-    ap.add_argument("--own", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=8)
-    ap.add_argument("--max-running", type=int, default=256)
-    ap.add_argument("--token-budget", type=int, default=8192, help="max_num_batched_tokens")
+    add_workload_arguments(ap)
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument(
         "--runners", default=",".join(RUNNERS), help="comma-separated: inputs, scheduler"
@@ -360,7 +326,11 @@ def main(argv: list[str] | None = None) -> None:
     raw: dict[str, dict[str, dict[str, list[Any]]]] = {t: {} for t in trees}
     for _ in range(args.rounds):
         for name, tree in trees.items():
-            res = run_tree(tree if tree is not None else str(BENCH_DIR.parent), args)
+            res = run_tree(
+                tree if tree is not None else str(BENCH_DIR.parent),
+                "bench.shared_prefix_host",
+                _argv(args),
+            )
             for kind, r in res.items():
                 into = raw[name].setdefault(kind, {k: [] for k in SERIES})
                 for k in SERIES:
