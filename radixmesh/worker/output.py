@@ -62,15 +62,7 @@ class OutputProcessor:
         stop_token = token in req.stop_ids and num_output >= params.min_new_tokens
         detok = req.detokenizer
         if detok is not None and (not stop_token or params.no_stop_trim):
-            delivery = req.delivery
-            if (
-                (
-                    delivery is Delivery.LAST
-                    or (delivery is Delivery.FIRST_AND_LAST and req.outputs_sent > 0)
-                )
-                and not detok.has_stops
-                and req.grammar is None
-            ):
+            if _text_later(req, detok):
                 detok.defer_token(token)
             else:
                 text.append(detok.push([token]))
