@@ -41,7 +41,13 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from radixmesh.listener import STRUCK, ListenerLimits, Strikes, Tally, listen_backlog
+from radixmesh.listener import (
+    STRUCK_AT_ACCEPT,
+    KeylessConnections,
+    ListenerLimits,
+    Tally,
+    listen_backlog,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -123,34 +129,32 @@ class Gate:
         self.tls = tls
         self.upstream = 0
         self.open = 0
-        self.keyless: dict[_Client, None] = {}  # oldest first
-        self.keyless_by_peer: dict[str, dict[_Client, None]] = {}
+        self.keyless: KeylessConnections[_Client] = KeylessConnections(limits)
         self.by_local_port: dict[int, _Client] = {}  # outbound port -> its client
         self.closed: Counter[str] = Counter()  # since start, by reason (the metric)
-        self.strikes = Strikes(limits.keyless_per_peer, limits.auth_window)
         self._server: asyncio.Server | None = None
 
     @property
     def keyless_open(self) -> int:
         return len(self.keyless)
 
-    async def start(self, host: str, port: int, upstream: int) -> int:
-        """Listen on host:port (SO_REUSEPORT, as grpc-core does: router replicas share
-        it); returns the bound port."""
+    async def start(self, host: str, port: int, upstream: int, *, reuse_port: bool = True) -> int:
+        """Listen on host:port; returns the bound port. `reuse_port` (SO_REUSEPORT, as
+        grpc-core does): router replicas share the port; a worker's is its own."""
         self.upstream = upstream
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _Client(self),
             host,
             port,
             backlog=listen_backlog(),
-            reuse_port=True,
+            reuse_port=reuse_port,
         )
         return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-            for client in list(self.keyless):
+            for client in self.keyless:
                 client.abort()
         self.tally.close()
 
@@ -172,34 +176,24 @@ class Gate:
         self.closed[reason] += 1
         self.tally.add(reason)
 
-    def admit(self, client: _Client) -> bool:
-        """Count `client` in as keyless, evicting the oldest keyless one of its address (or
-        of the port) when a cap is full; False (counted): over `max_connections`, or
-        from an address whose keyless connections were closed too often (`Strikes`)."""
+    def admit(self, client: _Client) -> tuple[float, str] | None:
+        """Count `client` in as keyless (`KeylessConnections.hold`: the oldest keyless one
+        of its address, or of the port, is shed where a cap is full); returns the seconds
+        it has to authenticate and why it is closed if it does not. None (counted): over
+        `max_connections`, or from a struck address with no place on probation."""
         if self.open >= self.max_connections:
             self.count("refused over max_connections")
-            return False
-        if self.strikes.blocked(client.peer, time.monotonic()):
-            self.count(STRUCK)
-            return False
+            return None
+        now = time.monotonic()
+        if self.keyless.refuses(client.peer, now):
+            self.count(STRUCK_AT_ACCEPT)
+            return None
         self.open += 1
-        peers = self.keyless_by_peer.setdefault(client.peer, {})
-        if len(peers) >= self.limits.keyless_per_peer:
-            next(iter(peers)).shed("evicted over keyless_per_peer")
-        elif len(self.keyless) >= self.limits.keyless_connections:
-            next(iter(self.keyless)).shed("evicted over keyless_connections")
-        self.keyless[client] = None
-        self.keyless_by_peer.setdefault(client.peer, {})[client] = None
-        return True
+        return self.keyless.hold(client, now)
 
     def forget(self, client: _Client) -> None:
         """`client` is no longer keyless (it authenticated, or it closed)."""
-        self.keyless.pop(client, None)
-        peers = self.keyless_by_peer.get(client.peer)
-        if peers is not None:
-            peers.pop(client, None)
-            if not peers:
-                del self.keyless_by_peer[client.peer]
+        self.keyless.forget(client)
 
 
 def _port_of(peer: str) -> int | None:
@@ -227,6 +221,7 @@ class _Client(asyncio.Protocol):
         self.shedding = False
         self.awaited = 0  # the stream whose answer goes out before a close for failures
         self.server_eof = False  # the server's EOF was passed on: nothing more to write
+        self.unauthenticated = "closed at auth_window without a key"  # why, at its window
 
     # ---- the client's side ------------------------------------------------------------
 
@@ -235,13 +230,15 @@ class _Client(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        if not self.gate.admit(self):
+        deadline = self.gate.admit(self)
+        if deadline is None:
             transport.abort()
             return
+        window, self.unauthenticated = deadline
         self.counted = True
         transport.set_write_buffer_limits(_HIGH_WATER)
         loop = asyncio.get_running_loop()
-        self.timer = loop.call_later(self.gate.limits.auth_window, self._window_passed)
+        self.timer = loop.call_later(window, self._window_passed)
         self.connecting = loop.create_task(self._connect())
 
     def data_received(self, data: bytes) -> None:
@@ -305,7 +302,7 @@ class _Client(asyncio.Protocol):
     def _window_passed(self) -> None:
         self.timer = None
         if self.keyless:
-            self.shed("closed at auth_window without a key")
+            self.shed(self.unauthenticated)
 
     def shed(self, reason: str, linger: float = 0.0) -> None:
         """Close a keyless connection, now or `linger` seconds later (once the server's
@@ -315,7 +312,7 @@ class _Client(asyncio.Protocol):
             return
         self.shedding = True
         self.gate.count(reason)
-        self.gate.strikes.add(self.peer, time.monotonic())
+        self.gate.keyless.closed(self, time.monotonic())
         self.gate.forget(self)  # no longer a candidate for eviction
         self._disarm()
         if self.transport is None or self.transport.is_closing():
@@ -371,7 +368,11 @@ class _Client(asyncio.Protocol):
             transport.write(data)
         self.pending.clear()
         if self.eof and transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # the server already reset it (the client's bytes were not gRPC)
+                self.abort()
+                return
         self.transport.resume_reading()
 
     def from_server(self, data: bytes) -> None:

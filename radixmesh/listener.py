@@ -35,9 +35,18 @@ router/http/listener.py for HTTP):
 - `auth_failures`: failed authentications after which a keyless connection is closed.
 - `auth_window`: seconds from the accept within which a connection must authenticate.
 - An address that had `keyless_per_peer` keyless connections closed (evicted, failed or
-  out of time) within `auth_window` seconds gets its new connections closed at accept
-  until that window ends (`Strikes`): an attacker that reconnects as fast as it is closed
-  costs an accept and a close per attempt, not a handshake and a splice.
+  out of time) within `auth_window` seconds is struck (`Strikes`) until that window ends:
+  its new connections are held on probation (`KeylessConnections`). At most
+  `PROBATION_PER_PEER` of them are open at once and each has `PROBATION_WINDOW` seconds,
+  not `auth_window`, to authenticate. With all of them open, a new one takes the place of
+  the oldest if that one is `PROBATION_GRACE` seconds old, and is closed at accept if not.
+  So an attacker that reconnects as fast as it is closed gets a handful of connections
+  a second, most of its attempts cost an accept and a close, and a client with a key
+  behind the same address (one NAT, one node, the router's own host) still gets in: it
+  authenticates a round trip after its handshake, within the grace that keeps its place.
+  Closing every connection of a struck address at accept instead shut such a client out
+  for as long as the flood went on (each round of closes starts a new window): a router
+  whose workers saw a reconnecting client on its own address never reached them.
 
 Why: 1,024 keyless connections per port are far more than clients that connect before
 their first call ever hold at once (they authenticate within a round trip); 64 per
@@ -65,9 +74,9 @@ import logging
 import math
 import resource
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from radixmesh.errors import InvalidArgument
 
@@ -155,8 +164,21 @@ def grpc_options(limits: ListenerLimits, max_connections: int) -> list[tuple[str
     ]
 
 
-# Why a new connection from an address `Strikes` blocks is closed at accept.
-STRUCK = "refused: the address's keyless connections were closed too often"
+# Why a connection on probation (from an address `Strikes` blocks) was closed: a newer one
+# of its address took its place, or PROBATION_WINDOW passed without a key.
+STRUCK = "closed on probation: the address's keyless connections were closed too often"
+# Why one was closed at accept: its address's probation places were all younger than
+# PROBATION_GRACE.
+STRUCK_AT_ACCEPT = "refused: the address's keyless connections were closed too often"
+# A struck address's connections open at once. Together with PROBATION_GRACE this bounds
+# what a flood from one address costs: 8 handshakes (and, for gRPC, splices) per 0.25 s.
+PROBATION_PER_PEER = 8
+# Seconds a connection on probation keeps its place against newer ones from its address:
+# a client with a key needs its handshake and a first call (about two round trips).
+PROBATION_GRACE = 0.25
+# Seconds a connection on probation has to authenticate: a TLS handshake and a first
+# call across a continent (three round trips of ~300 ms) fit in it.
+PROBATION_WINDOW = 1.0
 # Addresses `Strikes` remembers at most (past it, those whose window ended are dropped,
 # then the oldest).
 MAX_STRUCK_PEERS = 65_536
@@ -190,6 +212,83 @@ class Strikes:
             del self.peers[peer]
         for peer in list(self.peers)[: max(0, len(self.peers) - MAX_STRUCK_PEERS // 2)]:
             del self.peers[peer]
+
+
+class Sheddable(Protocol):
+    """A keyless connection as `KeylessConnections` sees it."""
+
+    peer: str
+
+    def shed(self, reason: str) -> None: ...
+
+
+C = TypeVar("C", bound=Sheddable)
+
+
+class KeylessConnections(Generic[C]):
+    """The keyless connections of one port, oldest first: in all, per address, and those
+    on probation per struck address (see the module docstring). `hold` counts a new one
+    in, shedding the oldest where a cap is full; `forget` counts one out (it authenticated,
+    was shed or closed). Shared by the gRPC gate and the HTTP listener."""
+
+    def __init__(self, limits: ListenerLimits) -> None:
+        self.limits = limits
+        self.strikes = Strikes(limits.keyless_per_peer, limits.auth_window)
+        self.all: dict[C, None] = {}
+        self.by_peer: dict[str, dict[C, None]] = {}
+        self.on_probation: dict[str, dict[C, float]] = {}  # -> the time of its accept
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def __iter__(self) -> Iterator[C]:
+        return iter(list(self.all))
+
+    def refuses(self, peer: str, now: float) -> bool:
+        """Whether a new connection from `peer` is closed at accept: its address is struck
+        and every place on probation is taken by one younger than PROBATION_GRACE."""
+        held = self.on_probation.get(peer)
+        if held is None or len(held) < PROBATION_PER_PEER:
+            return False
+        return now - next(iter(held.values())) < PROBATION_GRACE and self.strikes.blocked(peer, now)
+
+    def hold(self, conn: C, now: float) -> tuple[float, str]:
+        """Count `conn` in (`refuses` said no); returns the seconds it has to authenticate,
+        and the reason it is closed for if it does not."""
+        if self.strikes.blocked(conn.peer, now):
+            held = self.on_probation.setdefault(conn.peer, {})
+            if len(held) >= PROBATION_PER_PEER:
+                next(iter(held)).shed(STRUCK)
+            elif len(self.all) >= self.limits.keyless_connections:
+                next(iter(self.all)).shed("evicted over keyless_connections")
+            self.all[conn] = None
+            self.on_probation.setdefault(conn.peer, {})[conn] = now  # (shedding may empty it)
+            return PROBATION_WINDOW, STRUCK
+        peers = self.by_peer.setdefault(conn.peer, {})
+        if len(peers) >= self.limits.keyless_per_peer:
+            next(iter(peers)).shed("evicted over keyless_per_peer")
+        elif len(self.all) >= self.limits.keyless_connections:
+            next(iter(self.all)).shed("evicted over keyless_connections")
+        self.all[conn] = None
+        self.by_peer.setdefault(conn.peer, {})[conn] = None
+        return self.limits.auth_window, "closed at auth_window without a key"
+
+    def forget(self, conn: C) -> None:
+        self.all.pop(conn, None)
+        _drop(self.by_peer, conn)
+        _drop(self.on_probation, conn)
+
+    def closed(self, conn: C, now: float) -> None:
+        """`conn` was shed: a strike against its address."""
+        self.strikes.add(conn.peer, now)
+
+
+def _drop(group: dict[str, dict[C, Any]], conn: C) -> None:
+    peers = group.get(conn.peer)
+    if peers is not None:
+        peers.pop(conn, None)
+        if not peers:
+            del group[conn.peer]
 
 
 SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"

@@ -18,11 +18,13 @@ import grpc
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 
+from radixmesh import listener
 from radixmesh.auth import ApiKeyInterceptor
 from radixmesh.gate import Frames, Gate, KeylessCollector, goaway
 from radixmesh.grpc_server import DecodeGuard
-from radixmesh.listener import STRUCK, ListenerLimits, Tally
+from radixmesh.listener import STRUCK, STRUCK_AT_ACCEPT, ListenerLimits, Tally
 from radixmesh.v1 import worker_pb2, worker_pb2_grpc
 from radixmesh.worker.server import ServerConfig, WorkerServicer
 
@@ -73,12 +75,14 @@ class Keyless:
         self.writer.write(self.h2.data_to_send())
         await self.writer.drain()
 
-    async def call(self) -> int:
+    async def call(self, key: str | None = None) -> int:
         stream = self.h2.get_next_available_stream_id()
         headers = [
             (":method", "POST"), (":scheme", "http"), (":path", GET_LOAD),
             (":authority", "gate"), ("content-type", "application/grpc"), ("te", "trailers"),
         ]  # fmt: skip
+        if key is not None:
+            headers.append(("authorization", f"Bearer {key}"))
         self.h2.send_headers(stream, headers)
         self.h2.send_data(stream, b"\x00\x00\x00\x00\x00", end_stream=True)
         await self.flush()
@@ -145,7 +149,12 @@ def test_frames_follow_boundaries_and_streams() -> None:
     assert goaway(7) == bytes.fromhex("000008 07 00 00000000 00000007 00000000".replace(" ", ""))
 
 
-def test_keyless_connections_past_their_cap_evict_the_oldest_never_an_authenticated_one() -> None:
+def test_keyless_connections_past_their_cap_evict_the_oldest_never_an_authenticated_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Places on probation are kept for the whole test (the grace that lets a newer
+    # connection take the oldest one's place is a unit test's: tests/test_listener.py).
+    monkeypatch.setattr(listener, "PROBATION_GRACE", 60.0)
     limits = ListenerLimits(keyless_connections=50, keyless_per_peer=50, auth_window=60.0)
 
     async def run() -> None:
@@ -164,32 +173,50 @@ def test_keyless_connections_past_their_cap_evict_the_oldest_never_an_authentica
 
                 assert await authorized() == grpc.StatusCode.UNAVAILABLE  # past the key
                 assert (gate.open, gate.keyless_open) == (1, 0)
-                flood = [await Keyless.open(port, FLOOD) for _ in range(200)]
-                # 1-50 held; 51-100 each evict the oldest; then the address has had 50
-                # closed in the window: 101-200 are closed at accept.
-                await until(lambda: sum(gate.closed.values()) == 150 and gate.open == 51)
+                flood = [await Keyless.open(port, FLOOD) for _ in range(100)]
+                # 1-50 held; 51-100 each evict the oldest: the address has had 50 closed
+                # in the window, so it is struck.
+                await until(lambda: sum(gate.closed.values()) == 50 and gate.open == 51)
                 assert gate.keyless_open == 50
-                assert dict(gate.closed) == {"evicted over keyless_per_peer": 50, STRUCK: 100}
-                evicted, kept, refused = flood[:50], flood[50:100], flood[100:]
+                assert dict(gate.closed) == {"evicted over keyless_per_peer": 50}
+                evicted, kept = flood[:50], flood[50:]
                 for client in evicted:
                     await within(5, client.read_until(lambda: False))
                     assert client.closed and client.goaway == 0
-                for client in refused:
-                    await within(5, client.read_until(lambda: False))
-                    assert client.closed and client.goaway is None
-                # The authorized connection was never a candidate: the same channel (its
-                # connection still open) gets in again.
-                assert await authorized() == grpc.StatusCode.UNAVAILABLE
-                assert gate.open == 51
-                # A new authorized client (another address) evicts the port's oldest
-                # keyless connection to get in.
-                assert await get_load(port, KEY) == grpc.StatusCode.UNAVAILABLE
+                # A client with the key behind the struck address gets in on probation (the
+                # port's cap is full: the oldest keyless connection makes room) and stays.
+                keyed = await Keyless.open(port, FLOOD)
+                stream = await keyed.call(KEY)
+                await within(5, keyed.read_until(lambda: stream in keyed.statuses))
+                assert keyed.statuses[stream] == "14"  # UNAVAILABLE: past the key
+                assert (gate.open, gate.keyless_open) == (51, 49)
+                # 20 more from the struck address: 8 on probation (the first fills the
+                # port's cap, 7 each evict its oldest), closed a second after their accept;
+                # the other 12 are closed at accept.
+                probation = [await Keyless.open(port, FLOOD) for _ in range(20)]
+                await until(lambda: sum(gate.closed.values()) == 78 and gate.open == 44)
                 assert dict(gate.closed) == {
                     "evicted over keyless_per_peer": 50,
-                    "evicted over keyless_connections": 1,
-                    STRUCK: 100,
+                    "evicted over keyless_connections": 8,
+                    STRUCK: 8,
+                    STRUCK_AT_ACCEPT: 12,
                 }
-                for client in kept:
+                assert gate.keyless_open == 42
+                for client in (*kept[:8], *probation[:8]):
+                    await within(5, client.read_until(lambda: False))
+                    assert client.closed and client.goaway == 0
+                for client in probation[8:]:
+                    await within(5, client.read_until(lambda: False))
+                    assert client.closed and client.goaway is None
+                # The authorized connections were never candidates: each gets in again.
+                assert await authorized() == grpc.StatusCode.UNAVAILABLE
+                stream = await keyed.call(KEY)
+                await within(5, keyed.read_until(lambda: stream in keyed.statuses))
+                assert keyed.statuses[stream] == "14" and not keyed.closed
+                assert gate.open == 44
+                assert await get_load(port, KEY) == grpc.StatusCode.UNAVAILABLE
+                assert sum(gate.closed.values()) == 78
+                for client in (keyed, *kept[8:]):
                     client.close()
 
     asyncio.run(run())

@@ -1,5 +1,5 @@
 """The connection limits' pieces that need no server (radixmesh/listener.py): the keyless
-limits' validation, the per-address strikes, the listen backlog."""
+limits' validation, the per-address strikes and probation, the listen backlog."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ import pytest
 
 from radixmesh import listener
 from radixmesh.errors import InvalidArgument
-from radixmesh.listener import ListenerLimits, Strikes, listen_backlog
+from radixmesh.listener import (
+    PROBATION_GRACE,
+    PROBATION_PER_PEER,
+    PROBATION_WINDOW,
+    STRUCK,
+    KeylessConnections,
+    ListenerLimits,
+    Strikes,
+    listen_backlog,
+)
 
 
 def test_keyless_limits_are_validated_by_name() -> None:
@@ -57,3 +66,52 @@ def test_the_backlog_is_the_kernels_ceiling(
     for value, backlog in (("64\n", 128), ("4096\n", 4096), ("1000000\n", 65535)):
         path.write_text(value)
         assert listen_backlog() == backlog
+
+
+class Held:
+    """A keyless connection for `KeylessConnections`: shedding forgets it, as the gate's
+    and the HTTP listener's do."""
+
+    def __init__(self, peer: str, held: KeylessConnections[Held]) -> None:
+        self.peer, self.held = peer, held
+        self.shed_for: str | None = None
+
+    def shed(self, reason: str) -> None:
+        self.shed_for = reason
+        self.held.forget(self)
+        self.held.closed(self, 0.0)
+
+
+def test_a_struck_address_gets_a_few_short_lived_connections_not_none() -> None:
+    held: KeylessConnections[Held] = KeylessConnections(
+        ListenerLimits(keyless_connections=20, keyless_per_peer=2, auth_window=10.0)
+    )
+    keyless = (10.0, "closed at auth_window without a key")
+    a = [Held("a", held) for _ in range(4)]
+    assert [held.hold(c, 0.0) for c in a] == [keyless] * 4
+    # a[2] and a[3] each evicted the oldest: 2 closes, so "a" is struck.
+    assert [c.shed_for for c in a] == ["evicted over keyless_per_peer"] * 2 + [None, None]
+    assert held.strikes.blocked("a", 0.0) and not held.strikes.blocked("b", 0.0)
+    probation = [Held("a", held) for _ in range(PROBATION_PER_PEER)]
+    assert [held.hold(c, 0.1 * i) for i, c in enumerate(probation)] == [
+        (PROBATION_WINDOW, STRUCK)
+    ] * PROBATION_PER_PEER
+    # Every place taken: a newer one is refused while the oldest is younger than the
+    # grace, then takes its place; the address's connections from before it was struck
+    # are not touched.
+    assert held.refuses("a", PROBATION_GRACE - 0.01) and not held.refuses("b", 0.0)
+    assert not held.refuses("a", PROBATION_GRACE)
+    late = Held("a", held)
+    assert held.hold(late, PROBATION_GRACE) == (PROBATION_WINDOW, STRUCK)
+    assert [c.shed_for for c in probation] == [STRUCK] + [None] * (PROBATION_PER_PEER - 1)
+    assert [c.shed_for for c in a[2:]] == [None, None]
+    assert (len(held), len(held.by_peer["a"]), len(held.on_probation["a"])) == (10, 2, 8)
+    # The oldest place is now probation[1]'s, taken at 0.1.
+    assert held.refuses("a", 0.1 + PROBATION_GRACE - 0.01)
+    # Once the window of strikes ends, the address is not refused, nor held on probation.
+    assert not held.refuses("a", 10.0) and held.hold(Held("a", held), 10.0) == keyless
+    b = Held("b", held)
+    assert held.hold(b, 0.0) == keyless
+    for c in list(held):
+        held.forget(c)
+    assert (len(held), held.by_peer, held.on_probation) == (0, {}, {})

@@ -116,8 +116,11 @@ class ServerConfig:
 def grpc_options(max_message_bytes: int, max_connections: int) -> list[tuple[str, int]]:
     """Message limits, keepalive pings that keep idle streams (long prefills) alive, and
     the default connection limits (radixmesh/listener.py: the router's few connections
-    never come near them)."""
+    never come near them). No SO_REUSEPORT (grpc-core sets it by default): a worker
+    started on a port another server holds fails to start, where with it both would
+    listen and the kernel would split the router's connections between them."""
     return [
+        ("grpc.so_reuseport", 0),
         *listener_options(ListenerLimits(), max_connections),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),

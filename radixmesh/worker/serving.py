@@ -125,15 +125,20 @@ def _gate(config: ServerConfig, cap: int) -> Gate | None:
 
 async def _listen(config: ServerConfig, server: grpc.aio.Server, gate: Gate | None) -> int:
     """Start `server` on the configured address, or on loopback behind `gate`; returns the
-    public port."""
+    public port. A port that cannot be had (another server holds it: a worker's port is
+    never shared) ends the process with one line that names it."""
     c = config
-    if gate is None:
-        port = bind(server, f"{c.host}:{c.port}", c.tls_cert, c.tls_key, c.tls_client_ca)
+    try:
+        if gate is None:
+            port = bind(server, f"{c.host}:{c.port}", c.tls_cert, c.tls_key, c.tls_client_ca)
+            await server.start()
+            return port
+        inner = bind(server, "127.0.0.1:0", c.tls_cert, c.tls_key, c.tls_client_ca)
         await server.start()
-        return port
-    inner = bind(server, "127.0.0.1:0", c.tls_cert, c.tls_key, c.tls_client_ca)
-    await server.start()
-    port = await gate.start(c.host, c.port, inner)
+        port = await gate.start(c.host, c.port, inner, reuse_port=False)
+    except (OSError, RuntimeError) as e:  # grpc-core's bind failure is a RuntimeError
+        await server.stop(None)
+        raise SystemExit(f"radixmesh worker: cannot listen on {c.host}:{c.port}: {e}") from None
     gate.tally.name = f"gRPC port {port}"
     return port
 

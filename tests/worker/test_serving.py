@@ -1,4 +1,5 @@
-"""A worker's life: NOT_SERVING while the model loads, TLS, and a drain that runs out of time.
+"""A worker's life: NOT_SERVING while the model loads, TLS, a drain that runs out of time,
+and a port it cannot have.
 
 A second worker process (TLS with a self-signed certificate, a 1-second drain timeout):
 a request still running when the drain timeout passes is aborted cleanly (its stream
@@ -7,6 +8,7 @@ ends with finish_reason "abort") and the process exits 0.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -19,6 +21,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixmesh.client import Client
+from radixmesh.cluster.env import API_KEY_ENV
 from tests.tls import self_signed
 
 pytestmark = pytest.mark.slow
@@ -80,3 +83,23 @@ def test_loading_tls_and_drain_timeout(tmp_path: Path, smollm2_gguf: Path) -> No
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def test_a_port_another_server_holds_stops_the_worker_with_one_line() -> None:
+    """The other server shares its port (SO_REUSEPORT, as grpc-core and router replicas
+    do); a worker still gets no share of it, with a key (the gate) or without."""
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        for key in ("", "worker-key"):
+            cmd = [sys.executable, "-m", "radixmesh.cluster.cli", "worker", "--model"]
+            cmd += ["dummy:tiny", "--host", "127.0.0.1", "--port", str(port)]
+            env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+            env |= {API_KEY_ENV: key} if key else {}
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 1, done.stderr
+            last = done.stderr.strip().splitlines()[-1]
+            assert last.startswith(f"radixmesh worker: cannot listen on 127.0.0.1:{port}: ")
+            assert "Traceback" not in done.stderr

@@ -52,7 +52,13 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from radixmesh.listener import STRUCK, ListenerLimits, Strikes, Tally, listen_backlog
+from radixmesh.listener import (
+    STRUCK_AT_ACCEPT,
+    KeylessConnections,
+    ListenerLimits,
+    Tally,
+    listen_backlog,
+)
 
 # Seconds a refused connection stays open for the client to read the 503 and close first.
 REFUSAL_LINGER = 2.0
@@ -104,10 +110,9 @@ class ConnectionGuard:
         self.lingering = 0  # refused connections waiting for their client to close
         self.connections: set[_Connection] = set()
         self.by_transport: dict[Any, _Connection] = {}  # the handler's transport -> its own
-        self.keyless: dict[_Connection, None] = {}  # admitted, not authenticated; oldest first
-        self.keyless_by_peer: dict[str, dict[_Connection, None]] = {}
+        # Admitted, not authenticated (when `keyed`).
+        self.keyless: KeylessConnections[_Connection] = KeylessConnections(limits)
         self.closed: Counter[str] = Counter()  # keyless connections closed, by reason
-        self.strikes = Strikes(limits.keyless_per_peer, limits.auth_window)
 
     @property
     def keyless_open(self) -> int:
@@ -123,32 +128,21 @@ class ConnectionGuard:
         per_peer = self.limits.max_connections_per_peer
         if per_peer and self.peers[peer] >= per_peer:
             return "refused over max_connections_per_peer"
-        if self.keyed and self.strikes.blocked(peer, time.monotonic()):
-            self.closed[STRUCK] += 1
-            return STRUCK
+        if self.keyed and self.keyless.refuses(peer, time.monotonic()):
+            self.closed[STRUCK_AT_ACCEPT] += 1
+            return STRUCK_AT_ACCEPT
         self.open += 1
         self.peers[peer] += 1
         return None
 
-    def hold_keyless(self, conn: _Connection) -> None:
-        """Count an admitted connection as keyless, evicting the oldest keyless one of its
-        address (or of the port) when a cap is full."""
-        peers = self.keyless_by_peer.setdefault(conn.peer, {})
-        if len(peers) >= self.limits.keyless_per_peer:
-            next(iter(peers)).shed("evicted over keyless_per_peer")
-        elif len(self.keyless) >= self.limits.keyless_connections:
-            next(iter(self.keyless)).shed("evicted over keyless_connections")
-        self.keyless[conn] = None
-        self.keyless_by_peer.setdefault(conn.peer, {})[conn] = None
+    def hold_keyless(self, conn: _Connection) -> tuple[float, str]:
+        """Count an admitted connection as keyless (`KeylessConnections.hold`); returns the
+        seconds it has to authenticate and why it is closed if it does not."""
+        return self.keyless.hold(conn, time.monotonic())
 
     def forget(self, conn: _Connection) -> None:
         """`conn` is no longer keyless (it authenticated, was shed, or closed)."""
-        self.keyless.pop(conn, None)
-        peers = self.keyless_by_peer.get(conn.peer)
-        if peers is not None:
-            peers.pop(conn, None)
-            if not peers:
-                del self.keyless_by_peer[conn.peer]
+        self.keyless.forget(conn)
 
     def count(self, reason: str) -> None:
         self.closed[reason] += 1
@@ -216,6 +210,7 @@ class _Connection(asyncio.Protocol):
         self.failures = 0  # requests without a valid key
         self.closing = False  # the response in flight is the last
         self.window: asyncio.TimerHandle | None = None  # auth_window, while keyless
+        self.unauthenticated = ""  # why it is closed at that window
 
     # ---- asyncio.Protocol -------------------------------------------------------------
 
@@ -233,9 +228,8 @@ class _Connection(asyncio.Protocol):
         self._arm()
         if self.guard.keyed:
             self.keyless = True
-            self.guard.hold_keyless(self)
-            loop = asyncio.get_running_loop()
-            self.window = loop.call_later(self.guard.limits.auth_window, self._window_passed)
+            window, self.unauthenticated = self.guard.hold_keyless(self)
+            self.window = asyncio.get_running_loop().call_later(window, self._window_passed)
         if self.guard.ssl_context is None:
             self._attach(transport)
         else:
@@ -308,13 +302,13 @@ class _Connection(asyncio.Protocol):
     def _window_passed(self) -> None:
         self.window = None
         if self.keyless:
-            self.shed("closed at auth_window without a key")
+            self.shed(self.unauthenticated)
 
     def shed(self, reason: str) -> None:
         """Close a keyless connection: at once when no request is in flight, else after
         the response in flight (the middleware marks it `Connection: close`)."""
         self.guard.count(reason)
-        self.guard.strikes.add(self.peer, time.monotonic())
+        self.guard.keyless.closed(self, time.monotonic())
         self.guard.forget(self)
         self.keyless = False
         self._stop_window()

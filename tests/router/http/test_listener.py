@@ -14,7 +14,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from radixmesh.listener import STRUCK
+import pytest
+
+from radixmesh import listener
+from radixmesh.listener import STRUCK, STRUCK_AT_ACCEPT
 from radixmesh.router.config import RouterConfig
 from radixmesh.router.control import ControlPlane
 from radixmesh.router.dispatch import Dispatcher
@@ -80,33 +83,55 @@ async def until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
     await asyncio.wait_for(poll(), seconds)
 
 
-def test_keyless_connections_past_their_cap_evict_the_oldest_never_an_authenticated_one() -> None:
+def test_keyless_connections_past_their_cap_evict_the_oldest_never_an_authenticated_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Places on probation are kept for the whole test (the grace that lets a newer
+    # connection take the oldest one's place is a unit test's: tests/test_listener.py).
+    monkeypatch.setattr(listener, "PROBATION_GRACE", 60.0)
+
     async def run() -> None:
         async with frontend(keyless_connections=50, keyless_per_peer=50) as (port, guard):
             keyed = await Client.open(port)
             assert (await keyed.get(KEY))[0] == 503  # past the key: no worker yet
-            flood = [await Client.open(port, FLOOD) for _ in range(200)]
-            # 1-50 held; 51-100 each evict the oldest; then the address has had 50 closed
-            # in the window: 101-200 get a 503 at accept.
-            await until(lambda: sum(guard.closed.values()) == 150 and guard.open == 51)
+            flood = [await Client.open(port, FLOOD) for _ in range(100)]
+            # 1-50 held; 51-100 each evict the oldest: the address has had 50 closed in
+            # the window, so it is struck.
+            await until(lambda: sum(guard.closed.values()) == 50 and guard.open == 51)
             assert guard.keyless_open == 50
-            assert dict(guard.closed) == {"evicted over keyless_per_peer": 50, STRUCK: 100}
+            assert dict(guard.closed) == {"evicted over keyless_per_peer": 50}
             for client in flood[:50]:
                 assert await client.closed()
-            for client in flood[100:]:
-                assert (await client.reader.read())[:12] == b"HTTP/1.1 503"
-            # Authenticated, never a candidate: the same connection is served again.
-            status, headers = await keyed.get(KEY)
-            assert (status, headers.get("connection")) == (503, None)
-            # A new client with the key (another address) evicts the port's oldest keyless.
-            fresh = await Client.open(port)
-            assert (await fresh.get(KEY))[0] == 503
+            # A client with the key behind the struck address gets in on probation (the
+            # port's cap is full: the oldest keyless connection makes room) and stays.
+            behind = await Client.open(port, FLOOD)
+            assert (await behind.get(KEY))[0] == 503
+            assert (guard.open, guard.keyless_open) == (51, 49)
+            # 20 more from the struck address: 8 on probation (the first fills the port's
+            # cap, 7 each evict its oldest), closed a second after their accept; the other
+            # 12 are closed at accept (HTTP: 503).
+            probation = [await Client.open(port, FLOOD) for _ in range(20)]
+            await until(lambda: sum(guard.closed.values()) == 78 and guard.open == 44)
             assert dict(guard.closed) == {
                 "evicted over keyless_per_peer": 50,
-                "evicted over keyless_connections": 1,
-                STRUCK: 100,
+                "evicted over keyless_connections": 8,
+                STRUCK: 8,
+                STRUCK_AT_ACCEPT: 12,
             }
-            for client in (keyed, fresh, *flood[50:]):
+            assert guard.keyless_open == 42
+            for client in (*flood[50:58], *probation[:8]):
+                assert await client.closed()
+            for client in probation[8:]:
+                assert (await client.reader.read())[:12] == b"HTTP/1.1 503"
+            # Authenticated, never candidates: the same connections are served again.
+            for client in (keyed, behind):
+                status, headers = await client.get(KEY)
+                assert (status, headers.get("connection")) == (503, None)
+            # A new client with the key (another address) gets in.
+            fresh = await Client.open(port)
+            assert (await fresh.get(KEY))[0] == 503
+            assert sum(guard.closed.values()) == 78
+            for client in (keyed, behind, fresh, *flood[58:]):
                 client.close()
 
     asyncio.run(run())
