@@ -237,6 +237,7 @@ def profile_call(
     t = one_call(engine, prompts, args)["runs_s"]
     engine.call(prof.disable)
     path = Path(args.profile) / f"shared_prefix_host-{kind}.prof"
+    path.parent.mkdir(parents=True, exist_ok=True)
     prof.dump_stats(path)
     st = pstats.Stats(prof)
     rows = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:25]  # type: ignore[attr-defined]
