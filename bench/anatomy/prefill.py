@@ -30,16 +30,14 @@ cached prefix) and the floor: (GEMM + attention FLOPs) / matmul rate, with the g
 into GEMM and attention excess over their floors, the other categories, and idle GPU.
 On CPU the "kernels" are the scheduler thread's innermost GEMM ops and other leaf ops.
 
-The engine runs in this process, so by default (`--gc-freeze`) what its start-up built is
-frozen out of the collector, as the engine process does (worker/engine_process.py): a
-full collection otherwise walks the model, tokenizer and pools in the middle of a step
-(130-230 ms on the 2-core CPU machine), a decode tail the served engine does not have.
+The engine freezes what its start-up built out of the collector (`gc_freeze`, the
+engine's default; `--no-gc-freeze` turns it off): a full collection otherwise walks the
+model, tokenizer and pools in the middle of a step (130-230 ms on the 2-core CPU machine).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 from collections import defaultdict
@@ -329,10 +327,7 @@ def prefill(args: argparse.Namespace) -> dict[str, Any]:
 
     with profile():  # Kineto initializes on this thread, before the scheduler's starts it
         pass
-    engine = Engine(args.model, **engine_options(args))
-    if args.gc_freeze:
-        gc.collect()
-        gc.freeze()
+    engine = Engine(args.model, **engine_options(args), gc_freeze=args.gc_freeze)
     rec = None
     try:
         rec = StepRecorder(engine)
@@ -351,8 +346,6 @@ def prefill(args: argparse.Namespace) -> dict[str, Any]:
         if rec is not None:
             rec.close()
         engine.shutdown()
-        if args.gc_freeze:
-            gc.unfreeze()
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -365,7 +358,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--gc-freeze",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="prefill: freeze the engine's start-up objects, as the engine process does",
+        help="prefill: the engine's gc_freeze (its start-up objects out of the collector)",
     )
     ap.add_argument(
         "--decode-steps",

@@ -271,6 +271,14 @@ class SchedulerConfig:
     the forward is synchronous and there is nothing to overlap with."""
     max_top_logprobs: int = MAX_TOP_LOGPROBS
     """The most top logprobs a request may ask for per token (top_logprobs_num)."""
+    gc_freeze: bool = True
+    """Freeze the process's objects out of Python's cyclic garbage collector once the
+    engine has started (`gc.freeze()`; `shutdown` unfreezes them). A full collection
+    otherwise walks every object torch, the model and the tokenizer made, in the middle
+    of a scheduler step (0.2 s a collection on the 2-core CPU, every other 1,024-request
+    call: docs/performance.md). What the engine frees later is still freed (reference
+    counting, and the collector for anything made after); only cycles among objects older
+    than the engine wait for its shutdown."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 import queue
 import threading
@@ -87,6 +88,10 @@ class Engine:
         # and must not keep its weights and KV pool alive.
         inbox = self._inbox
         self.worker.grammars.on_change = lambda kind, key: inbox.put(GrammarChanged(kind, key))
+        self._frozen = self.config.scheduler.gc_freeze
+        if self._frozen:  # what start-up built: out of the collector's full walks
+            gc.collect()
+            gc.freeze()
         self._thread = threading.Thread(target=self._loop, name="radixmesh-scheduler", daemon=True)
         self._thread.start()
         if self.worker.followers is not None:  # a TP rank dying ends the engine
@@ -195,6 +200,8 @@ class Engine:
             self._post(AbortAll("engine shut down"))
             self._inbox.put(Stop())
             self._thread.join(timeout=30)
+        if self._frozen:  # (process-wide: another engine's objects too, which costs it
+            gc.unfreeze()  # only time) so that the worker's objects can be collected
         self.worker.close()
 
     @property

@@ -32,7 +32,6 @@ makes `fatal` say so; every open stream then ends with `Unavailable`.
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import logging
 import multiprocessing as mp
@@ -463,12 +462,7 @@ def _child_main(cmd: Connection, out: Connection, options: dict[str, Any]) -> No
     except BaseException as e:
         out.send_bytes(encode_results([Failed(_pack(e))]))
         return
-    # What start-up built (the model's modules, the tokenizer, the pools) lives as long as
-    # the process: frozen out of the collector, a full collection no longer walks it in
-    # the middle of a scheduler step (one took 227 ms of a CPU benchmark's run and tripled
-    # a step's output time: docs/performance.md). Refcounting still frees what it drops.
-    gc.collect()
-    gc.freeze()
+    # The Engine froze what start-up built out of the collector (`gc_freeze`, the default).
     outbox = _Outbox(out)
     engine.add_cache_listener(lambda ev: outbox.put(Event(ev)))
     out.send_bytes(encode_results([Ready(engine.config, engine.info)]))
