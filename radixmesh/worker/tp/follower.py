@@ -12,6 +12,7 @@ fails, so no rank outlives its worker.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import threading
@@ -60,6 +61,9 @@ def run_follower(
             rank=rank, size=pc.tp_size, store=store, device=device, timeout_s=pc.tp_timeout
         )
         runner, req_to_token = build(tp)
+        if config.scheduler.gc_freeze:  # as rank 0's Engine: start-up's objects out of the
+            gc.collect()  # collector, whose full walks would stall every rank's step
+            gc.freeze()
         conn.send(("ready",))
     except BaseException as e:
         traceback.print_exc()
