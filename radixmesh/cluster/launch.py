@@ -43,11 +43,42 @@ from radixmesh.cluster.env import (
 from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import InvalidArgument, Unavailable
 
+# Where `free_port` picks: above the well-known ports and Ray's worker ports (10002-19999),
+# below the kernel's ephemeral range (Linux's default starts at 32768).
+PICK_LOW = 20_000
+EPHEMERAL_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
+
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now, for a server started next, outside the kernel's ephemeral
+    range where it can: a port the kernel hands out (bind to port 0) can be taken by any
+    process's outgoing connection or bind(0) between this pick and the server's bind, and
+    clients of a server that held it before may still be calling it. Picked at random in
+    [PICK_LOW, the range's start) from the system's randomness (processes forked with one
+    `random` state would pick alike) and checked by binding it; where the range leaves no
+    room below it, the kernel's pick."""
+    start = _ephemeral_start()
+    rng = secrets.SystemRandom()
+    for _ in range(100 if start > PICK_LOW + 1000 else 0):
+        port = rng.randrange(PICK_LOW, start)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:  # taken (or on another address of the same port)
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (IANA's 49152 where unreadable)."""
+    try:
+        with open(EPHEMERAL_PATH) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def gpu_ids(c: LaunchSpec) -> list[str]:

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from radixmesh.client import Client
+from radixmesh.cluster import launch
 from radixmesh.cluster.launch import check_gpus, free_port, worker_args, worker_gpu_env
 from radixmesh.cluster.spec import LaunchSpec
 from radixmesh.errors import InvalidArgument
 from tests.cluster.processes import ready_line, refuses
 
 pytestmark = pytest.mark.slow
+
+REAL_RANGES = launch.EPHEMERAL_PATH  # the kernel's own, read before a test replaces it
 
 
 @pytest.mark.parametrize(("workers", "tp"), [(2, 1), (1, 2)], ids=["2-workers", "tp2-worker-gloo"])
@@ -99,3 +104,21 @@ def test_workers_can_share_a_gpu_each_with_its_share_of_memory() -> None:
     assert worker_args(alone) == ()
     with pytest.raises(InvalidArgument, match="workers_per_gpu: must be >= 1"):
         LaunchSpec(model="m", workers_per_gpu=0)
+
+
+def test_free_ports_are_picked_below_the_kernels_ephemeral_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ranges = tmp_path / "ip_local_port_range"
+    monkeypatch.setattr(launch, "EPHEMERAL_PATH", str(ranges))
+    ranges.write_text("32768\t60999\n")
+    ports = {free_port() for _ in range(20)}
+    assert all(launch.PICK_LOW <= p < 32768 for p in ports) and len(ports) > 1
+    for port in ports:  # free: a server can bind it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    real = [int(x) for x in Path(REAL_RANGES).read_text().split()]
+    ranges.write_text("1024 65535\n")  # no room below the range: the kernel's pick
+    assert real[0] <= free_port() <= real[1]
+    ranges.unlink()  # unreadable: IANA's range, from 49152
+    assert launch.PICK_LOW <= free_port() < 49152
