@@ -8,6 +8,8 @@
 #             prefixes) on dummy:llama-3-8b with defaults, this tree and, with BASELINE=DIR
 #             (a copy of an earlier `radixmesh/` package tree, e.g. `git archive REV
 #             radixmesh | tar -x -C DIR`), that tree first, in the same call
+#   offlinedefaults bench.offline's GPU workloads with the engine's own batch sizes (the
+#             running cap and the graphs sized from the KV pool), as users get them
 #   anatomy   bench.step_anatomy --workload prefill: each step kind's host phases and
 #             kernels against its GPU span
 #   tests     the GPU tests of the attention kernels, fused layers and the model
@@ -110,6 +112,12 @@ if part offline; then
     run offline-before "$BASELINE" 200 $OFFLINE --out "$OUT/offline-before-$MACHINE.json"
   fi
   run offline-now "$PWD" 200 $OFFLINE --out "$OUT/offline-now-$MACHINE.json"
+fi
+if part offlinedefaults; then
+  run offline-defaults "$PWD" 200 -m bench.offline --model dummy:llama-3-8b --device cuda \
+    --workloads gpu --kv-cache-bytes 0 --max-running-requests 0 --max-num-batched-tokens 0 \
+    --cuda-graph-max-batch-size -1 --skip-baseline --skip-cache-off --repeats 2 \
+    --out "$OUT/offline-defaults-$MACHINE.json"
 fi
 if part detcost; then
   run offline-deterministic "$PWD" 200 $OFFLINE --deterministic \

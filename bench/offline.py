@@ -281,9 +281,18 @@ def main(argv: list[str] | None = None) -> None:
         "--kv-cache-bytes", type=int, default=1 << 30, help="0: auto-size the pool on CUDA"
     )
     ap.add_argument("--mem-fraction", type=float, default=0.9, help="with --kv-cache-bytes 0")
-    ap.add_argument("--max-running-requests", type=int, default=64)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    ap.add_argument("--cuda-graph-max-batch-size", type=int, default=256, help="0: no graphs")
+    # The CPU workloads' sizes by default; 0 (-1 for the graphs) leaves a size to the
+    # engine, which on CUDA sizes the running cap and the graphs from the KV pool.
+    ap.add_argument("--max-running-requests", type=int, default=64, help="0: the engine's default")
+    ap.add_argument(
+        "--max-num-batched-tokens", type=int, default=2048, help="0: the engine's default"
+    )
+    ap.add_argument(
+        "--cuda-graph-max-batch-size",
+        type=int,
+        default=256,
+        help="0: no graphs; -1: the engine's default",
+    )
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument(
         "--skip-cache-off",
@@ -325,6 +334,13 @@ def main(argv: list[str] | None = None) -> None:
         deterministic=args.deterministic,
         attention_backend=args.attention_backend,
     )
+    for name, unset in (
+        ("max_running_requests", 0),
+        ("max_num_batched_tokens", 0),
+        ("cuda_graph_max_batch_size", -1),
+    ):
+        if common[name] == unset:
+            del common[name]
     if not args.kv_cache_bytes:  # auto: mem_fraction of what weights and activations leave
         del common["kv_cache_bytes"]
         common["mem_fraction"] = args.mem_fraction
@@ -338,6 +354,12 @@ def main(argv: list[str] | None = None) -> None:
         None if sizing is None else {**dataclasses.asdict(sizing), "tokens": sizing.num_tokens}
     )
     graph_memory = engine.worker.graph_memory_bytes
+    resolved = engine.worker.config  # the sizes the engine settled on (options left unset)
+    sizes = {
+        "max_running_requests": resolved.scheduler.max_running_requests,
+        "max_num_batched_tokens": resolved.scheduler.max_num_batched_tokens,
+        "cuda_graph_max_batch_size": resolved.model.cuda_graph_max_batch_size,
+    }
     dtypes = {
         "radixmesh": str(engine.worker.dtype).replace("torch.", ""),
         "radixmesh_weights": engine.worker.quantization or "model dtype",
@@ -427,6 +449,7 @@ def main(argv: list[str] | None = None) -> None:
     figures = {
         "model": args.model,
         "options": {k: v for k, v in common.items() if k not in ("device", "dtype")},
+        "sizes": sizes,
         "notes": notes,
         "dtypes": dtypes,
         "results": results,

@@ -13,9 +13,12 @@ device computes step n+1. The radix cache's bookkeeping reads the requests' slot
 host (the req->token table's mirror), so admission and finishing never wait for the step
 in flight either.
 
-A request that ends in step n is noticed one step late: step n+1 already computed its last
-token's KV (kept with the rest of its sequence in the radix cache) and sampled one more
-token, which is dropped. Its slots are released as usual; nothing leaks. A request
+A request that ends in step n on a token (EOS, a stop id or string) is noticed one step
+late: step n+1 already computed its last token's KV (kept with the rest of its sequence in
+the radix cache) and sampled one more token, which is dropped. Its slots are released as
+usual; nothing leaks. One that ends by its length (max_new_tokens, the context) is known to
+end on the host when step n is scheduled, so step n+1 leaves it out
+(`Scheduler._to_run`), as a synchronous step would. A request
 retracted while its token is pending is not readmitted until that token is read.
 
 Requests whose next step needs their tokens on the host (`Scheduler.needs_host_tokens`:

@@ -191,9 +191,10 @@ class Scheduler:
         budget = self.config.token_budget
         items: list[ScheduledRequest] = []
         slots: list[torch.Tensor] = []  # [n_i] int64 on the host, in item order
-        drafts = self.speculator.drafts(self.running) if self.speculator is not None else None
-        if not self._schedule_decode(budget, items, slots, drafts):
-            self._schedule_running(budget, items, slots)
+        running = self._to_run()
+        drafts = self.speculator.drafts(running) if self.speculator is not None else None
+        if not self._schedule_decode(running, budget, items, slots, drafts):
+            self._schedule_running(running, budget, items, slots)
         budget -= sum(item.num_new_tokens for item in items)
         if budget > 0:
             self._admit(budget, items, slots)
@@ -209,11 +210,33 @@ class Scheduler:
         keep = spec is None or spec.keeps_features(item.req for item in items)
         return Batch(items=items, out_cache_loc=host, keep_features=keep)
 
+    def _to_run(self) -> list[Request]:
+        """The running requests that take a row this step. Under overlap, a request whose
+        pending token (still on the device) is its last by max_new_tokens ends when that
+        step is read, whatever the token: another row would compute one more token only to
+        drop it, and keep its slot and its place in the batch a step longer. Such a request
+        ends as it would in a synchronous step, its last token without KV. The same for the
+        context length. (An EOS or a stop string cannot be known ahead, and is noticed one
+        step late: overlap.py.)"""
+        running = self.running
+        if self._overlap is None or self._overlap.inflight is None:
+            return running  # a synchronous step has read every token: none is pending
+        ctx = self.output.context_len
+        return [
+            r
+            for r in running
+            if r.params.max_new_tokens > r.num_output_tokens and len(r.token_ids) < ctx
+        ]
+
     def _schedule_running(
-        self, budget: int, items: list[ScheduledRequest], slots: list[torch.Tensor]
+        self,
+        running: list[Request],
+        budget: int,
+        items: list[ScheduledRequest],
+        slots: list[torch.Tensor],
     ) -> None:
         """Running requests in admission order, one allocation each (retracting if short)."""
-        for req in list(self.running):
+        for req in list(running):
             if budget == 0:
                 break
             if req not in self.running:  # retracted while making room for an older one
@@ -230,6 +253,7 @@ class Scheduler:
 
     def _schedule_decode(
         self,
+        running: list[Request],
         budget: int,
         items: list[ScheduledRequest],
         slots: list[torch.Tensor],
@@ -247,7 +271,6 @@ class Scheduler:
         Drafting rows (`drafts`, speculative decoding) take their drafts' slots here too;
         the per-request path runs without drafts (memory is short there).
         """
-        running = self.running
         if not running or len(running) > budget:
             return False
         counts = [r.num_tokens - r.num_computed_tokens for r in running]

@@ -211,7 +211,10 @@ class Worker:
 
     def _build_draft(self) -> Worker | None:
         """The draft model's worker (speculative='draft'): same device and dtype, a pool
-        of its own, no warm-up or overlap; its vocabulary must be the target's.
+        of its own, no warm-up; its vocabulary must be the target's. It overlaps its steps
+        when the target's scheduler does (on CUDA by default): its k steps a draft run
+        back to back, each one's host work under the one before on the device, and none
+        past a request's last draft token (`Scheduler._to_run`).
 
         Decode CUDA graphs for the drafting batch limit's rows of 1 + k tokens: every
         draft-model step after a request's first (the tokens the target kept, up to
@@ -231,7 +234,7 @@ class Worker:
             "max_running_requests": sp.speculative_max_batch_size,
             "cuda_graph_max_batch_size": sp.speculative_max_batch_size
             * (1 + sp.speculative_tokens),
-            "overlap_schedule": False,
+            "overlap_schedule": self.config.scheduler.overlap_schedule,
             "warmup": False,
             "grammar_warmup": False,
             "host_kv_cache_bytes": 0,

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from radixmesh.worker.batch import Batch, Launched
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.request import FinishReason
 from radixmesh.worker.worker import Worker
@@ -101,6 +102,44 @@ def test_lengths_and_stop_tokens_match_the_synchronous_scheduler() -> None:
     assert over[5].output_ids == probe[0].output_ids
 
 
+def test_a_request_ending_by_its_length_gets_no_row_past_its_last_token() -> None:
+    """The overlap scheduler computes exactly the tokens the synchronous one does when
+    every request ends by max_new_tokens or the context length: no row for a token that
+    would be dropped, and the same sequences cached."""
+
+    def computed(overlap: bool) -> tuple[list[RecordedRequest], Worker, list[int]]:
+        w = make_worker(overlap_schedule=overlap, context_length=48)
+        rows: list[int] = []
+        launch = w.scheduler.launch
+
+        def counting(batch: Batch) -> Launched:
+            rows.append(sum(item.num_new_tokens for item in batch.items))
+            return launch(batch)
+
+        w.scheduler.launch = counting  # type: ignore[method-assign]
+        reqs = []
+        for i, (n, new) in enumerate([(9, 12), (30, 1), (5, 2), (17, 23), (40, 50), (3, 7)]):
+            r = make_request(w, _prompt(i + 1, n), max_new_tokens=new, ignore_eos=True)
+            w.scheduler.add_request(r)
+            reqs.append(r)
+        while w.scheduler.has_work():
+            w.scheduler.step()
+            assert_slots_accounted(w)
+        _check_clean(w, reqs)
+        return reqs, w, rows
+
+    sync, w_sync, rows_sync = computed(False)
+    over, w_over, rows_over = computed(True)
+    assert [r.output_ids for r in over] == [r.output_ids for r in sync]
+    assert [len(r.output_ids) for r in over] == [12, 1, 2, 23, 8, 7]  # 40 + 8 = context
+    assert (
+        sum(rows_over)
+        == sum(rows_sync)
+        == sum(r.num_prompt_tokens + len(r.output_ids) - 1 for r in sync)
+    )
+    assert w_over.cache.total_size() == w_sync.cache.total_size()
+
+
 def test_chunked_prefill_and_a_second_wave_of_cache_hits() -> None:
     wave1: list[Spec] = [(_prompt(i, 40 + 7 * i), {"max_new_tokens": 6 + i}) for i in range(4)]
     # Second wave: each first-wave sequence (prompt + output) continued by a few tokens.
@@ -109,8 +148,8 @@ def test_chunked_prefill_and_a_second_wave_of_cache_hits() -> None:
         (r.token_ids + _prompt(9 + i, 3), {"max_new_tokens": 5}) for i, r in enumerate(probe)
     ]
     over, _ = _same([wave1, wave2], max_num_batched_tokens=32)
-    # The overlap run also cached each first-wave request's last token (it was computed
-    # by the step that noticed the end): at least the prompt and all but one output token.
+    # Each first-wave sequence is cached but for its last output token, which no step
+    # computed (they end by length): at least the prompt and all but one output token.
     for first, second in zip(over[:4], over[4:], strict=True):
         assert second.num_cached_tokens >= first.num_prompt_tokens + len(first.output_ids) - 1
 

@@ -297,12 +297,13 @@ def test_batched_steps_with_forced_tokens_match_the_per_request_path(page_size: 
         inner_decode = sched._schedule_decode
 
         def schedule_decode(
+            running: list[Request],
             budget: int,
             items: list[ScheduledRequest],
             slots: list[torch.Tensor],
             drafts: dict[Request, Draft] | None = None,
         ) -> bool:
-            ok = inner_decode(budget, items, slots, drafts)
+            ok = inner_decode(running, budget, items, slots, drafts)
             hits.extend(it.num_new_tokens for it in items if ok and it.num_new_tokens > 1)
             return ok
 

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from radixmesh.errors import InvalidArgument
+from radixmesh.worker.batch import Batch, Launched
 from radixmesh.worker.config import SpeculativeConfig
 from tests.worker.factories import (
     all_free_after_flush,
@@ -24,7 +25,45 @@ def _prompts(n: int) -> list[list[int]]:
     return [[rng.randrange(3, 500) for _ in range(8 + 5 * i)] for i in range(n)]
 
 
+def _drafted(overlap: bool, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
+    """Each prompt's output through a target drafting with dummy:tiny (its own weights),
+    checked: nearly every draft kept, every slot of both workers back. Returns the
+    outputs and how many tokens the draft worker computed."""
+    w = make_worker(
+        speculative="draft",
+        speculative_draft_model="dummy:tiny",
+        speculative_draft_kv_tokens=512,
+        overlap_schedule=overlap,
+    )
+    assert w.draft is not None and w.draft.draft is None
+    assert w.draft.config.scheduler.overlap_schedule is overlap  # it follows the target
+    draft_rows: list[int] = []
+    launch = w.draft.scheduler.launch
+
+    def counting(batch: Batch) -> Launched:
+        draft_rows.append(sum(item.num_new_tokens for item in batch.items))
+        return launch(batch)
+
+    w.draft.scheduler.launch = counting  # type: ignore[method-assign]
+    got = []
+    for i, p in enumerate(prompts):
+        r = make_request(w, p, rid=f"s{i}", max_new_tokens=20 + 3 * i)
+        w.scheduler.add_request(r)
+        got.append(r)
+    run_to_completion(w)  # the target's slots balance after every step
+    spec = w.scheduler.speculator
+    assert spec is not None
+    assert spec.stats.accepted_tokens >= 0.9 * spec.stats.drafted_tokens > 0
+    assert all_free_after_flush(w)
+    assert all_free_after_flush(w.draft)  # the draft model's requests all ended
+    w.close()
+    return [r.output_ids for r in got], sum(draft_rows)
+
+
 def test_a_draft_model_equal_to_the_target_drafts_its_tokens() -> None:
+    """Plain decoding's output, with the draft worker's steps synchronous or overlapped
+    (as the target's scheduler is): overlapped, it computes the same tokens, none past a
+    draft's last."""
     prompts = _prompts(4)
     plain = make_worker()
     want = []
@@ -33,23 +72,10 @@ def test_a_draft_model_equal_to_the_target_drafts_its_tokens() -> None:
         plain.scheduler.add_request(r)
         want.append(r)
     run_to_completion(plain)
-    w = make_worker(
-        speculative="draft", speculative_draft_model="dummy:tiny", speculative_draft_kv_tokens=512
-    )
-    assert w.draft is not None and w.draft.draft is None
-    got = []
-    for i, p in enumerate(prompts):
-        r = make_request(w, p, rid=f"s{i}", max_new_tokens=20 + 3 * i)
-        w.scheduler.add_request(r)
-        got.append(r)
-    run_to_completion(w)  # the target's slots balance after every step
-    assert [r.output_ids for r in got] == [r.output_ids for r in want]
-    spec = w.scheduler.speculator
-    assert spec is not None
-    assert spec.stats.accepted_tokens >= 0.9 * spec.stats.drafted_tokens > 0
-    assert all_free_after_flush(w)
-    assert all_free_after_flush(w.draft)  # the draft model's requests all ended
-    w.close()
+    sync, sync_rows = _drafted(False, prompts)
+    over, over_rows = _drafted(True, prompts)
+    assert sync == over == [r.output_ids for r in want]
+    assert over_rows == sync_rows
 
 
 def test_refused_without_a_model_or_with_another_vocabulary() -> None:
