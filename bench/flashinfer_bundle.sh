@@ -9,7 +9,7 @@
 #                                          sampling sources at the top of data/csrc/
 #                                          include only data/include, CUTLASS and CCCL)
 #   .whl/apache_tvm_ffi-*.whl              its compiled dependency, with the project's wheels
-# .fi/ and .whl/ are ignored by git (.git/info/exclude). Compiled modules come back from a
+# .fi/ and .whl/ are ignored by git (.gitignore). Compiled modules come back from a
 # run as $OUT/flashinfer-aot.tar.xz; keep them in .fi/aot/ to skip the JIT next time.
 set -euo pipefail
 VERSION=${VERSION:-0.7.2.post1}
@@ -18,7 +18,6 @@ PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for f in /.fi/ /.whl/; do grep -qx "$f" .git/info/exclude || echo "$f" >> .git/info/exclude; done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${PLATFORMS[@]}" -d "$work/wheels" \
   "flashinfer-python==$VERSION" ninja einops tabulate nvidia-ml-py
