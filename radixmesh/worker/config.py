@@ -462,7 +462,8 @@ class SpeculativeConfig:
     after the latest earlier occurrence of its last few tokens); radix (the radix tree:
     what earlier requests generated after the same text, else ngram); draft (a smaller
     model with the same tokenizer, `speculative_draft_model`, run beside the target);
-    eagle (an EAGLE head over the target's own features, `speculative_draft_model`)."""
+    eagle (an EAGLE head over the target's own features, `speculative_draft_model`).
+    `draft:<model>` and `eagle:<dir>` say both at once (`--speculative draft:<model>`)."""
     speculative_tokens: int = 4
     """Draft tokens a request verifies per step (k; the step computes 1 + k tokens)."""
     speculative_max_batch_size: int = 16
@@ -485,9 +486,23 @@ class SpeculativeConfig:
     token, a moving average) stops drafting for a while, longer each time."""
 
     def __post_init__(self) -> None:
+        method, sep, model = self.speculative.partition(":")
+        if sep and method in ("draft", "eagle"):  # the method and its model in one option
+            if not model:
+                raise InvalidArgument("speculative", f"{self.speculative!r} names no model")
+            given = self.speculative_draft_model
+            if given is not None and given != model:
+                raise InvalidArgument(
+                    "speculative_draft_model",
+                    f"{given!r} differs from the model in speculative={self.speculative!r}",
+                )
+            object.__setattr__(self, "speculative", method)
+            object.__setattr__(self, "speculative_draft_model", model)
         if self.speculative not in SPECULATIVE_METHODS:
             raise InvalidArgument(
-                "speculative", f"must be one of {SPECULATIVE_METHODS}, got {self.speculative!r}"
+                "speculative",
+                f"must be one of {SPECULATIVE_METHODS} (draft:<model>, eagle:<dir>), "
+                f"got {self.speculative!r}",
             )
         if not 1 <= self.speculative_tokens <= 16:
             raise InvalidArgument("speculative_tokens", "must be in [1, 16]")

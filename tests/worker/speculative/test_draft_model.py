@@ -78,6 +78,14 @@ def test_a_draft_model_equal_to_the_target_drafts_its_tokens() -> None:
     assert over_rows == sync_rows
 
 
+def test_the_draft_model_named_in_the_method() -> None:
+    """`speculative="draft:<model>"` (`--speculative draft:<model>`) loads that model."""
+    w = make_worker(speculative="draft:dummy:tiny", speculative_draft_kv_tokens=512)
+    assert w.config.speculative.speculative == "draft"
+    assert w.draft is not None and w.draft.config.model.model == "dummy:tiny"
+    w.close()
+
+
 def test_refused_without_a_model_or_with_another_vocabulary() -> None:
     with pytest.raises(InvalidArgument) as e:
         SpeculativeConfig(speculative="draft")

@@ -99,6 +99,24 @@ def test_refused_where_it_cannot_run() -> None:
     assert e.value.field == "speculative"
 
 
+def test_the_method_and_its_model_in_one_option() -> None:
+    cfg = SpeculativeConfig(speculative="draft:dummy:llama-3.2-1b")
+    assert (cfg.speculative, cfg.speculative_draft_model) == ("draft", "dummy:llama-3.2-1b")
+    cfg = SpeculativeConfig(
+        speculative="eagle:/models/head", speculative_draft_model="/models/head"
+    )
+    assert (cfg.speculative, cfg.speculative_draft_model) == ("eagle", "/models/head")
+    with pytest.raises(InvalidArgument) as e:
+        SpeculativeConfig(speculative="draft:a", speculative_draft_model="b")
+    assert e.value.field == "speculative_draft_model" and "'b' differs" in e.value.message
+    with pytest.raises(InvalidArgument) as e:
+        SpeculativeConfig(speculative="draft:")
+    assert e.value.field == "speculative" and "names no model" in e.value.message
+    with pytest.raises(InvalidArgument) as e:
+        SpeculativeConfig(speculative="ngram:x")  # only draft and eagle take a model
+    assert e.value.field == "speculative"
+
+
 # ---- whole runs against plain decoding ------------------------------------------------------
 
 
