@@ -16,13 +16,13 @@ backend does not: its `prepare` builds per-step shapes).
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 import torch
 
 from radixmesh.worker.attention.base import AttentionBackend
 from radixmesh.worker.forward_batch import ForwardBatch
+from radixmesh.worker.layers.kernels.graph_capture import capture
 from radixmesh.worker.model.llama import LlamaForCausalLM
 
 
@@ -148,17 +148,7 @@ def _capture(
     # thread_local: under tensor parallelism the captured forward holds NCCL all-reduces,
     # and c10d's watchdog thread queries earlier collectives' events meanwhile; in the
     # default global mode such a call from another thread invalidates the capture.
-    # The cyclic collector stays off inside (torch.cuda.graph collects on entry): a
-    # collection the capture's allocations set off runs finalizers of whatever became
-    # garbage before, on this thread, and their CUDA calls invalidated captures (an H100,
-    # workers built one after another in a process that dropped earlier ones unclosed:
-    # 2 of 6 runs failed a capture with the collector on, none of 10 with it off).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            out = model(batch, attn)  # [bs, hidden]
-    finally:
-        if collecting:
-            gc.enable()
+    # With the cyclic collector off inside (graph_capture.py says why).
+    with capture(graph, pool=pool, capture_error_mode="thread_local"):
+        out = model(batch, attn)  # [bs, hidden]
     return graph, out

@@ -4,7 +4,7 @@ One definition for the benchmarks (bench/fp8_gemm.py, bench/fp8_sweep.py) and th
 product's own measurements (layers/quantization/fp8_gemm_choice.py, at load). A graph
 replays its calls back to back with no launch gaps, so a microsecond kernel is timed as a
 decode step's CUDA graph runs it, not as Python launches it; the median drops a replay
-that another process or the clock disturbed. Imports torch only.
+that another process or the clock disturbed. Imports torch (and graph_capture) only.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from radixmesh.worker.layers.kernels.graph_capture import capture
 
 CALLS = 20
 REPEATS = 9
@@ -26,7 +28,7 @@ def time_us(fn: Callable[[int], Any], calls: int = CALLS, repeats: int = REPEATS
     fn(0)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         for i in range(calls):
             fn(i)
     times = []
