@@ -83,6 +83,8 @@ SITE=${SITE:-}  # a folder of packages installed by an earlier call
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl 2>/dev/null && SITE=/tmp/site
+else
+  echo "no .whl/ (bash bench/gpu_wheels.sh builds it): the machine's own packages only" >&2
 fi
 S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
 part() { [[ " $PARTS " == *" $1 "* ]]; }

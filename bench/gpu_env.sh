@@ -8,8 +8,13 @@ source bench/gpu_machine.sh  # MACHINE
 SITE=${SITE:-/tmp/site}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PATH=/usr/local/cuda/bin:$PATH
 S=$(date +%s); el() { echo "[t=$(( $(date +%s) - S ))s] $*"; }
+if ! ls .whl/*.whl > /dev/null 2>&1; then
+  echo "no wheels in .whl/: run 'bash bench/gpu_wheels.sh' where the registries answer," \
+    "then carry .whl with the call" >&2
+  exit 1
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target "$SITE" .whl/*.whl 2>/dev/null || exit 1
+  --target "$SITE" .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:$SITE
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 run() {  # run LABEL TIMEOUT ARGS...
