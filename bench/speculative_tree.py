@@ -40,6 +40,7 @@ from typing import Any
 from bench import record
 from bench.sets.copy_heavy import TASKS
 from radixmesh.worker.engine import Engine
+from radixmesh.worker.speculative.ngram import continuation
 
 VERIFY_COST = ((1, 1.00), (5, 1.14), (9, 1.18))  # (rows, step cost vs plain), H100 batch 1
 
@@ -76,8 +77,7 @@ class Occurrences:
         end, found = len(ids), []
         for n in range(min(self.max_n, end), self.min_n - 1, -1):
             for at in reversed(self.ends.get(tuple(ids[end - n :]), ())):
-                period = end - at
-                chain = [ids[at + i % period] for i in range(k)]
+                chain = continuation(ids, at, k)
                 if chain not in found:
                     found.append(chain)
                     if len(found) == branches:

@@ -50,8 +50,13 @@ class NgramDrafter:
         for n in range(min(self.max_n, end), self.min_n - 1, -1):
             at = index.ends[n].get(tuple(ids[end - n :]))
             if at is not None:
-                # Past the sequence's end the text repeats with period end - at (a run
-                # of the same token, a repeated phrase): the draft continues the repeat.
-                period = end - at
-                return [ids[at + i % period] for i in range(k)]
+                return continuation(ids, at, k)
         return []
+
+
+def continuation(ids: list[int], at: int, k: int) -> list[int]:
+    """The k tokens that follow position `at` of `ids` (the end of an earlier occurrence
+    of its suffix). Past the sequence's end the text repeats with period len(ids) - at (a
+    run of the same token, a repeated phrase): the draft continues the repeat."""
+    period = len(ids) - at
+    return [ids[at + i % period] for i in range(k)]
