@@ -38,6 +38,10 @@ class Recorder:
         worker.scheduler.runner = _Wrapped(forward)
         return self
 
+    def computed_tokens(self) -> int:
+        """Tokens the recorded steps computed (every row's new tokens)."""
+        return sum(n for step in self.steps for _, n in step)
+
     def admission_order(self) -> list[str]:
         seen: list[str] = []
         for step in self.steps:

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from radixmesh.worker.batch import Batch, Launched
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.request import FinishReason
 from radixmesh.worker.worker import Worker
 from tests.worker.conftest import assert_engine_idle_and_clean
 from tests.worker.factories import (
     RecordedRequest,
+    Recorder,
     all_free_after_flush,
     assert_slots_accounted,
     make_request,
@@ -107,16 +107,9 @@ def test_a_request_ending_by_its_length_gets_no_row_past_its_last_token() -> Non
     every request ends by max_new_tokens or the context length: no row for a token that
     would be dropped, and the same sequences cached."""
 
-    def computed(overlap: bool) -> tuple[list[RecordedRequest], Worker, list[int]]:
+    def computed(overlap: bool) -> tuple[list[RecordedRequest], Worker, int]:
         w = make_worker(overlap_schedule=overlap, context_length=48)
-        rows: list[int] = []
-        launch = w.scheduler.launch
-
-        def counting(batch: Batch) -> Launched:
-            rows.append(sum(item.num_new_tokens for item in batch.items))
-            return launch(batch)
-
-        w.scheduler.launch = counting  # type: ignore[method-assign]
+        rec = Recorder().attach(w)
         reqs = []
         for i, (n, new) in enumerate([(9, 12), (30, 1), (5, 2), (17, 23), (40, 50), (3, 7)]):
             r = make_request(w, _prompt(i + 1, n), max_new_tokens=new, ignore_eos=True)
@@ -126,17 +119,13 @@ def test_a_request_ending_by_its_length_gets_no_row_past_its_last_token() -> Non
             w.scheduler.step()
             assert_slots_accounted(w)
         _check_clean(w, reqs)
-        return reqs, w, rows
+        return reqs, w, rec.computed_tokens()
 
     sync, w_sync, rows_sync = computed(False)
     over, w_over, rows_over = computed(True)
     assert [r.output_ids for r in over] == [r.output_ids for r in sync]
     assert [len(r.output_ids) for r in over] == [12, 1, 2, 23, 8, 7]  # 40 + 8 = context
-    assert (
-        sum(rows_over)
-        == sum(rows_sync)
-        == sum(r.num_prompt_tokens + len(r.output_ids) - 1 for r in sync)
-    )
+    assert rows_over == rows_sync == sum(r.num_prompt_tokens + len(r.output_ids) - 1 for r in sync)
     assert w_over.cache.total_size() == w_sync.cache.total_size()
 
 

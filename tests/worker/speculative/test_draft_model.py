@@ -10,9 +10,9 @@ import random
 import pytest
 
 from radixmesh.errors import InvalidArgument
-from radixmesh.worker.batch import Batch, Launched
 from radixmesh.worker.config import SpeculativeConfig
 from tests.worker.factories import (
+    Recorder,
     all_free_after_flush,
     make_request,
     make_worker,
@@ -37,14 +37,7 @@ def _drafted(overlap: bool, prompts: list[list[int]]) -> tuple[list[list[int]], 
     )
     assert w.draft is not None and w.draft.draft is None
     assert w.draft.config.scheduler.overlap_schedule is overlap  # it follows the target
-    draft_rows: list[int] = []
-    launch = w.draft.scheduler.launch
-
-    def counting(batch: Batch) -> Launched:
-        draft_rows.append(sum(item.num_new_tokens for item in batch.items))
-        return launch(batch)
-
-    w.draft.scheduler.launch = counting  # type: ignore[method-assign]
+    rec = Recorder().attach(w.draft)
     got = []
     for i, p in enumerate(prompts):
         r = make_request(w, p, rid=f"s{i}", max_new_tokens=20 + 3 * i)
@@ -57,7 +50,7 @@ def _drafted(overlap: bool, prompts: list[list[int]]) -> tuple[list[list[int]], 
     assert all_free_after_flush(w)
     assert all_free_after_flush(w.draft)  # the draft model's requests all ended
     w.close()
-    return [r.output_ids for r in got], sum(draft_rows)
+    return [r.output_ids for r in got], rec.computed_tokens()
 
 
 def test_a_draft_model_equal_to_the_target_drafts_its_tokens() -> None:
