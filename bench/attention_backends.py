@@ -14,8 +14,15 @@ Shapes (batch x context over a shuffled slot table):
                 with no prefix, causal
   mixed         8 x 512 new prompts beside 192 decode rows at 768 (a chunked step)
 Each shape: both outputs against the float64 reference of a few rows (relative error),
-then the time of one layer's `forward` (CUDA events, median of do_bench), `prepare`'s
-wall time (host + device, synchronized), KV TB/s for decode and TFLOP/s for extend.
+then the time of one layer's `forward` (CUDA events, median of do_bench), the same call's
+kernel time (the sum of its kernels' durations in a profile, L2 flushed before each call:
+what the step anatomy counts as attention, without the idle gaps of eager launches),
+`prepare`'s wall time (host + device, synchronized), KV TB/s for decode and TFLOP/s for
+extend.
+
+`--shared-sweep` runs only the shared shapes through kernels/decode_shared.py at each
+launch of SHARED_GRID (key tile, warps, stages) and prefix split count, kernel time each,
+and prints the best beside the backend's own choice.
 
 `--engine` adds the whole engine's batch-1 decode on `dummy:llama-3-8b` with each backend:
 one 512-token prompt, 256 greedy new tokens (after a warm-up request), milliseconds per
@@ -29,8 +36,11 @@ a table; writes its record to bench/results/attention_backends-<machine>.json.
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,9 +57,11 @@ DEV = torch.device("cuda")
 # flashinfer-flat: the flashinfer backend without its shared-prefix cascade, every row
 # read in full (what the cascade saves). (FA2's prefill kernels against FA3's, the choice
 # of flashinfer_backend.PREFILL_BACKEND, are in docs/performance.md.)
-# triton-shared: the triton backend with its shared-prefix decode on.
+# triton-shared: the triton backend with its shared-prefix decode on; triton-shared-graph:
+# the same with a decode graph's metadata (the launches a replay runs, here without one).
 BACKENDS = ("triton", "triton-shared", "flashinfer", "flashinfer-flat")
 LAYER = 0
+GRAPH_CONTEXT = 8192  # triton-shared-graph: the context its graphs are captured for
 
 
 Shape = tuple[str, list[tuple[int, int]], tuple[int, int]]
@@ -136,7 +148,7 @@ def reference_rows(
 
 
 def make_backend(name: str, pool: KVPool) -> Any:
-    if name == "triton-shared":
+    if name in ("triton-shared", "triton-shared-graph"):
         from radixmesh.worker.attention.triton_backend import TritonAttentionBackend
 
         triton_backend = create_attention_backend("triton", pool, D**-0.5)
@@ -153,6 +165,20 @@ def make_backend(name: str, pool: KVPool) -> Any:
     return backend
 
 
+def prepare(name: str, attn: Any, batch: ForwardBatch) -> None:
+    """`attn.prepare`, or for triton-shared-graph a decode step's metadata as a CUDA graph
+    of the batch's size holds it (`graph_metadata` for a 8,192-token context, the variant
+    `graph_variant` picks, `before_replay`): the graph's launches, run without a graph."""
+    if name != "triton-shared-graph" or not batch.is_decode_only:
+        attn.prepare(batch)
+        return
+    b = batch.batch_size
+    if attn.graph_variants(b) == 2:
+        attn.graph_metadata(b, GRAPH_CONTEXT, HQ, 1)  # the size's shared-prefix graph
+    batch.attn_metadata = attn.graph_metadata(b, GRAPH_CONTEXT, HQ, attn.graph_variant(batch, b))
+    attn.before_replay(batch, batch, 0)
+
+
 def measure(
     name: str, seqs: list[tuple[int, int]], sharing: tuple[int, int], backends: list[str]
 ) -> dict[str, Any]:
@@ -167,35 +193,142 @@ def measure(
         attn = make_backend(backend_name, pool)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        attn.prepare(batch)
+        prepare(backend_name, attn, batch)
         out = attn.forward(q, k, v, LAYER, batch)  # the first layer plans
         torch.cuda.synchronize()
         first_ms = (time.perf_counter() - t0) * 1e3
         ref = reference_rows(pool, batch, q, rows)
         got = out[rows].double()
         rel = float((got - ref).norm() / ref.norm())
-        ms = do_bench(lambda a=attn: a.forward(q, k, v, LAYER, batch), warmup=10, rep=60)
+        forward = functools.partial(attn.forward, q, k, v, LAYER, batch)
+        ms = do_bench(forward, warmup=10, rep=60)
+        kernels = kernel_times(forward)
         prep = []
         for _ in range(5):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            attn.prepare(batch)
+            prepare(backend_name, attn, batch)
             attn.forward(q, k, v, LAYER, batch)
             torch.cuda.synchronize()
             prep.append((time.perf_counter() - t0) * 1e3 - ms)
         row[backend_name] = {
             "kind": type(batch.attn_metadata).__name__,
             "ms": ms,
+            "kernel_ms": sum(kernels.values()),
+            "kernels_ms": kernels,
             "rel_err": rel,
             "first_call_ms": first_ms,
             "prepare_ms": sorted(prep)[len(prep) // 2],
             "tb_per_s": kv_bytes / (ms * 1e-3) / 1e12,
             "tflops": causal_flops / (ms * 1e-3) / 1e12,
         }
-        del attn
+        del attn, forward
     for name_ in backends[1:]:
         row[f"{name_}_over_triton_time"] = row[name_]["ms"] / row[backends[0]]["ms"]
+        row[f"{name_}_over_triton_kernel_time"] = (
+            row[name_]["kernel_ms"] / row[backends[0]]["kernel_ms"]
+        )
     return row
+
+
+def kernel_times(fn: Callable[[], Any], reps: int = 20) -> dict[str, float]:
+    """Milliseconds per call of `fn` in each GPU kernel, by name (durations summed, gaps
+    between kernels not counted), the L2 flushed before each call by a kernel left out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.anatomy.kernel_trace import trace_events
+
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=DEV)  # 5x the L2
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.bitwise_not_()
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in trace_events(prof):
+        if e.on_device and "bitwise_not" not in e.name and not e.name.startswith("Memcpy"):
+            name = e.name[:60]
+            out[name] = out.get(name, 0.0) + (e.end - e.start) / reps / 1e6
+    return out
+
+
+def kernel_time_ms(fn: Callable[[], Any], reps: int = 20) -> float:
+    """All of `fn`'s kernels' milliseconds per call (`kernel_times`)."""
+    return sum(kernel_times(fn, reps).values())
+
+
+# (key tile, warps, stages) for the shared-prefix kernels, and prefix split counts
+SHARED_GRID = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (64, 8, 2), (128, 8, 2),
+               (32, 4, 2)]  # fmt: skip
+SHARED_SPLITS = [1, 2, 4, 6, 8, 12, 16]
+
+
+def shared_sweep() -> list[dict[str, Any]]:
+    """kernels/decode_shared.py on the shared shapes at every SHARED_GRID launch and prefix
+    split count: kernel ms each, against the flat kernel's and the backend's choice."""
+    out = []
+    for name, seqs, sharing in shapes():
+        if not name.startswith("shared"):
+            continue
+        r = sweep_shape(name, seqs, sharing)
+        out.append(r)
+        best, flat = r["best"], r["flat_kernel_ms"]
+        print(f"{name}: flat {flat * 1e3:.0f} us, shared as the backend runs it "
+              f"{r['backend_kernel_ms'] * 1e3:.0f} us (prefix splits "
+              f"{r['backend_prefix_splits']}), best {best['kernel_ms'] * 1e3:.0f} us at "
+              f"{best['launch']} x {best['splits']} splits ({best['kernel_ms'] / flat:.2f}x "
+              "flat)", flush=True)  # fmt: skip
+    return out
+
+
+def sweep_shape(name: str, seqs: list[tuple[int, int]], sharing: tuple[int, int]) -> dict[str, Any]:
+    from radixmesh.worker.attention.kernels.decode_attention import DecodeConfig
+    from radixmesh.worker.attention.kernels.decode_shared import (
+        chunk_lists,
+        decode_attention_shared,
+        prefix_chunks,
+    )
+
+    pool, batch, q, k, v = build_case(seqs, sharing, seed=3)
+    flat = make_backend("triton", pool)
+    flat.prepare(batch)
+    flat_ms = kernel_time_ms(lambda: flat.forward(q, k, v, LAYER, batch))
+    attn = make_backend("triton-shared", pool)
+    attn.prepare(batch)
+    attn.forward(q, k, v, LAYER, batch)  # stores k/v; the first layer makes the chunks
+    meta = batch.attn_metadata
+    backend_ms = kernel_time_ms(lambda: attn.forward(q, k, v, LAYER, batch))
+    k_buf, v_buf = pool.k_buffers[LAYER], pool.v_buffers[LAYER]
+    o = torch.empty_like(q)
+    rows = [0, q.shape[0] // 2, q.shape[0] - 1]
+    ref = reference_rows(pool, batch, q, rows)
+    runs: list[dict[str, Any]] = []
+    lists = chunk_lists(meta.groups, batch.seq_lens_cpu, meta.chunks.rows_per_chunk)
+    assert lists is not None
+    for (block_n, warps, stages), splits in itertools.product(SHARED_GRID, SHARED_SPLITS):
+        cfg = DecodeConfig(block_n, warps, stages)
+        chunks = prefix_chunks(lists, splits, meta.chunks.rows_per_chunk, lambda t: t.to(DEV))
+
+        def call(cfg: DecodeConfig = cfg, chunks: Any = chunks) -> None:
+            decode_attention_shared(
+                q, k_buf, v_buf, o, batch.req_to_token, batch.req_rows, batch.seq_lens,
+                D**-0.5, chunks, meta.own_splits, config=cfg,
+            )  # fmt: skip
+
+        run: dict[str, Any] = {"launch": [block_n, warps, stages], "splits": splits}
+        try:
+            call()
+        except Exception as e:  # a launch the device cannot take (shared memory)
+            runs.append({**run, "error": type(e).__name__})
+            continue
+        rel = float((o[rows].double() - ref).norm() / ref.norm())
+        runs.append({**run, "kernel_ms": kernel_time_ms(call), "rel_err": rel})
+    best = min((r for r in runs if "kernel_ms" in r), key=lambda r: float(r["kernel_ms"]))
+    return {"shape": name, "flat_kernel_ms": flat_ms, "backend_kernel_ms": backend_ms,
+            "backend_prefix_splits": meta.chunks.max_splits, "backend_own_splits": meta.own_splits,
+            "best": best, "runs": runs}  # fmt: skip
 
 
 def batch1_ms_per_token(backend: str, new_tokens: int = 256) -> dict[str, Any]:
@@ -229,7 +362,13 @@ def main(argv: list[str] | None = None) -> None:
     record.add_output_arguments(ap)
     ap.add_argument("--engine", action="store_true", help="also the engine's batch-1 decode")
     ap.add_argument("--backends", default=",".join(BACKENDS), help="the first is the baseline")
+    ap.add_argument("--shared-sweep", action="store_true", help="only the shared-prefix sweep")
     args = ap.parse_args(argv)
+    if args.shared_sweep:
+        torch.manual_seed(0)
+        path = record.write("attention_shared_sweep", args, {"runs": shared_sweep()})
+        print(f"wrote {path}")
+        return
     backends = args.backends.split(",")
     fi_version = None
     if any(b.startswith("flashinfer") for b in backends):
@@ -240,8 +379,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     rows = []
     names = ", ".join(backends)
-    print(f"shape | us: {names} | each / {backends[0]} | TB/s | TFLOP/s | prepare ms | "
-          f"rel err  (each: {names})")  # fmt: skip
+    print(f"shape | us: {names} | each / {backends[0]} | kernel us | kernel each / "
+          f"{backends[0]} | TB/s | TFLOP/s | prepare ms | rel err  (each: {names})")  # fmt: skip
     for name, seqs, sharing in shapes():
         r = measure(name, seqs, sharing, backends)
         rows.append(r)
@@ -251,9 +390,15 @@ def main(argv: list[str] | None = None) -> None:
             return ", ".join(format(x[key] * scale, fmt) for x in each)
 
         ratios = ", ".join(f"{r[f'{b}_over_triton_time']:.2f}" for b in backends[1:])
-        print(f"{name} | {cols('ms', '.0f', 1e3)} | {ratios} | {cols('tb_per_s', '.2f')} | "
+        kratios = ", ".join(f"{r[f'{b}_over_triton_kernel_time']:.2f}" for b in backends[1:])
+        print(f"{name} | {cols('ms', '.0f', 1e3)} | {ratios} | {cols('kernel_ms', '.0f', 1e3)} | "
+              f"{kratios} | {cols('tb_per_s', '.2f')} | "
               f"{cols('tflops', '.0f')} | {cols('prepare_ms', '.2f')} | {cols('rel_err', '.1e')}",
               flush=True)  # fmt: skip
+        if name.startswith("shared"):
+            for b in backends:
+                parts = sorted(r[b]["kernels_ms"].items(), key=lambda kv: -kv[1])
+                print(f"  {b}: " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in parts), flush=True)
     report = {
         "shapes": {"num_heads": HQ, "num_kv_heads": HKV, "head_dim": D, "dtype": "bfloat16"},
         "backends": backends,

@@ -50,6 +50,8 @@
 #             overlap pays on that shape
 #   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
+#   sharedoffline bench.offline's GPU workloads as `offline` runs them, the shared-prefix
+#             decode off, then on (RADIXMESH_SHARED_PREFIX_DECODE=1): its end-to-end cost
 #   fp8checks the FP8 paths' GPU tests, each file in a process of its own (a broken CUDA
 #             context stops one file, not the rest): the GEMM table and the tensor-wise
 #             epilogue, the CUDA small-batch GEMM, the fused quantization (equal bits),
@@ -260,6 +262,11 @@ if part shared; then
   run step_anatomy_shared "$PWD" 240 -m bench.step_anatomy --workload prefill \
     --out "$OUT/step_anatomy-prefill-shared-decode-$MACHINE.json"
   unset RADIXMESH_SHARED_PREFIX_DECODE
+fi
+if part sharedoffline; then
+  run offline-flat "$PWD" 200 $OFFLINE --out "$OUT/offline-now-$MACHINE.json"
+  RADIXMESH_SHARED_PREFIX_DECODE=1 run offline-shared "$PWD" 200 $OFFLINE \
+    --out "$OUT/offline-shared-decode-$MACHINE.json"
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \

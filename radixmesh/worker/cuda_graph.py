@@ -9,8 +9,11 @@ Padded rows compute garbage that is never read: token 0 at position 0, KV writte
 reserved slot 0, table row 0 with seq_len 1 (they read one slot of whatever row 0 holds).
 The attention metadata of each graph comes from the backend (`graph_metadata`): the
 triton backend's is fixed (a split count for the full context and a workspace allocated
-once); the flashinfer backend's is re-planned for each batch (`before_replay`), outside
-the graph, before the replay. Backends that capture set `supports_cuda_graphs` (the torch
+once); with its shared-prefix decode on it asks for a second graph per size with those
+launches (`graph_variants`), replayed for the steps whose rows share prefixes
+(`graph_variant`), whose chunk lists it packs for each batch (`before_replay`, outside
+the graph, before the replay); the flashinfer backend's is re-planned for each batch the
+same way. Backends that capture set `supports_cuda_graphs` (the torch
 backend does not: its `prepare` builds per-step shapes).
 """
 
@@ -66,19 +69,22 @@ class DecodeCudaGraphs:
             self.seq_lens.fill_(1)
             self.ones = torch.ones(n, dtype=torch.int64, device=device)
             self.zeros = torch.zeros(n, dtype=torch.int64, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # Keyed by (batch size, the backend's metadata variant).
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.num_replays = 0
-        self.outputs: dict[int, torch.Tensor] = {}  # [bs, hidden], rewritten by each replay
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # [bs, hidden], per replay
         # The graphs hold raw pointers into each batch's metadata (the decode workspace):
         # keep the batches alive as long as the graphs.
-        self.batches: dict[int, ForwardBatch] = {}
+        self.batches: dict[tuple[int, int], ForwardBatch] = {}
         pool = None
         for bs in reversed(self.ladder):  # largest first: smaller graphs reuse its memory
-            fb = self._static_batch(bs)
-            fb.attn_metadata = attn.graph_metadata(bs, max_context_len, num_heads)
-            self.batches[bs] = fb
-            self.graphs[bs], self.outputs[bs] = _capture(model, attn, fb, pool)
-            pool = self.graphs[bs].pool()
+            for variant in range(attn.graph_variants(bs)):
+                key = (bs, variant)
+                fb = self._static_batch(bs)
+                fb.attn_metadata = attn.graph_metadata(bs, max_context_len, num_heads, variant)
+                self.batches[key] = fb
+                self.graphs[key], self.outputs[key] = _capture(model, attn, fb, pool)
+                pool = self.graphs[key].pool()
 
     def can_run(self, batch: ForwardBatch) -> bool:
         if not batch.is_decode_only or batch.batch_size > self.ladder[-1]:
@@ -90,11 +96,12 @@ class DecodeCudaGraphs:
         """Hidden states [B, hidden] of a decode batch (a view, valid until the next run)."""
         b = batch.batch_size
         bs = next(n for n in self.ladder if n >= b)
+        key = (bs, self.attn.graph_variant(batch, bs))
         fill_static_inputs(self.inputs, self.padding, batch, bs)
-        self.attn.before_replay(self.batches[bs], batch.seq_lens_cpu, bs - b)
-        self.graphs[bs].replay()
+        self.attn.before_replay(self.batches[key], batch, bs - b)
+        self.graphs[key].replay()
         self.num_replays += 1
-        return self.outputs[bs][:b]
+        return self.outputs[key][:b]
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(

@@ -54,17 +54,30 @@ class AttentionBackend(ABC):
         k/v are the caller's no more: a backend may overwrite them (the triton backend
         writes an FP8 pool's dequantized values back into them for its extend kernel)."""
 
-    def graph_metadata(self, batch_size: int, max_context_len: int, num_heads: int) -> Any:
+    def graph_metadata(
+        self, batch_size: int, max_context_len: int, num_heads: int, variant: int = 0
+    ) -> Any:
         """`attn_metadata` for a captured decode step of `batch_size` rows, valid for every
-        batch of at most that many rows and contexts of up to `max_context_len` tokens."""
+        batch of at most that many rows and contexts of up to `max_context_len` tokens;
+        `variant` one of `graph_variants(batch_size)`."""
         raise NotImplementedError(f"{type(self).__name__} does not capture CUDA graphs")
 
+    def graph_variants(self, batch_size: int) -> int:
+        """Graphs to capture at this batch size, one per metadata variant (0 the default):
+        a backend whose steps take different launches (the triton backend's shared-prefix
+        decode) captures each."""
+        return 1
+
     def graph_can_run(self, batch: ForwardBatch, graph_batch_size: int) -> bool:
-        """Whether this decode batch should replay the graph of that size (else eagerly)."""
+        """Whether this decode batch should replay a graph of that size (else eagerly)."""
         return True
 
-    def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int], padding: int) -> None:
-        """Called before each replay, the batch's inputs already in the graph's buffers
-        (`static`): `seq_lens_cpu` the real rows' host lengths, then `padding` rows of one
-        token. The default does nothing: metadata fixed at capture stays valid."""
+    def graph_variant(self, batch: ForwardBatch, graph_batch_size: int) -> int:
+        """Which of the size's variants replays this batch (once `graph_can_run`)."""
+        return 0
+
+    def before_replay(self, static: ForwardBatch, batch: ForwardBatch, padding: int) -> None:
+        """Called before each replay, `batch`'s inputs already in the graph's buffers
+        (`static`), then `padding` rows of one token. The default does nothing: metadata
+        fixed at capture stays valid."""
         return None

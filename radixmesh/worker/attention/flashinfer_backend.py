@@ -300,7 +300,9 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     # ---- CUDA graphs -----------------------------------------------------------------
 
-    def graph_metadata(self, batch_size: int, max_context_len: int, num_heads: int) -> Any:
+    def graph_metadata(
+        self, batch_size: int, max_context_len: int, num_heads: int, variant: int = 0
+    ) -> Any:
         """A decode wrapper in graph mode for `batch_size` rows, planned for one token
         each (the static batch's); `before_replay` re-plans it for each real batch."""
         device = self.kv_pool.device
@@ -337,11 +339,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         padding = graph_batch_size - batch.batch_size
         return sum(batch.seq_lens_cpu) + padding <= self._graph_indices.shape[0]
 
-    def before_replay(self, static: ForwardBatch, seq_lens_cpu: list[int], padding: int) -> None:
-        """Plan the graph's wrapper for the batch now in `static`'s buffers: `seq_lens_cpu`
-        its host lengths, then `padding` rows of one token."""
+    def before_replay(self, static: ForwardBatch, batch: ForwardBatch, padding: int) -> None:
+        """Plan the graph's wrapper for `batch`, now in `static`'s buffers, then `padding`
+        rows of one token."""
         meta: FlashInferMeta = static.attn_metadata
-        lens = [*seq_lens_cpu, *[1] * padding]
+        lens = [*batch.seq_lens_cpu, *[1] * padding]
         csr = self._csr(lens, static.req_rows, static.seq_lens, static.req_to_token)
         meta.indptr, meta.indices = csr
         self._plan(meta)

@@ -28,12 +28,13 @@ Shared prefixes (off by default: `RADIXMESH_SHARED_PREFIX_DECODE=1`, or `shared_
 the backend): a decode-only step whose rows share cached prefixes worth reading once
 (attention/shared_prefix.py's `plan_cascade`, from the slot table's host mirror) runs
 kernels/decode_shared.py: each group's prefix read once per chunk of rows, each row's own
-keys through the flat kernel, one merge. Such steps run eagerly (their chunks change from
-step to step, so a captured graph cannot hold them); the others replay their graphs. Not
+keys through the flat kernel, one merge. Each decode graph size of MIN_ROWS rows or more
+is then captured twice: flat, and with those launches over chunk lists with room for the
+batch size, which `before_replay` packs for each step that shares (`graph_variant` picks
+the graph); steps without graphs run the same kernels eagerly. Over an FP8 pool the shared
+launches read through Triton's conversion path, not the flat graphs' CUDA kernel. Not
 under tensor parallelism (the model runner gives the host mirror only to a single rank,
-so every rank runs the same path). Off: on the H200 it took 1.27-1.30x the flat kernel's
-time on the shared shapes, whose prefix repeats the flat kernel reads from L2
-(docs/performance.md, "FlashInfer").
+so every rank runs the same path).
 """
 
 from __future__ import annotations
@@ -51,8 +52,13 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     decode_workspace,
 )
 from radixmesh.worker.attention.kernels.decode_shared import (
+    ChunkLayout,
+    ChunkLists,
     PrefixChunks,
+    chunk_lists,
+    chunk_views,
     decode_attention_shared,
+    pack_chunks,
     prefix_chunks,
     rows_per_chunk,
 )
@@ -63,11 +69,14 @@ from radixmesh.worker.attention.kernels.extend_attention import (
     extend_config,
 )
 from radixmesh.worker.attention.kernels.kv_store import kv_store, writes_back_exactly
-from radixmesh.worker.attention.shared_prefix import CascadeGroups, plan_cascade
+from radixmesh.worker.attention.shared_prefix import MIN_ROWS, CascadeGroups, plan_cascade
 from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.pool import KVPool
 
 MIN_KEYS_PER_SPLIT = 256
+# A shared-prefix graph's room for prefix splits: more splits only pay when a step has few
+# chunks (one chunk of 16 rows wants 16 on 132 SMs), and every split widens the merge.
+GRAPH_PREFIX_SPLITS = 4
 MAX_SPLITS = 32
 WAVES = 16
 SHARED_PREFIX_SWITCH = "RADIXMESH_SHARED_PREFIX_DECODE"  # "1": shared-prefix decode on
@@ -106,15 +115,16 @@ class MixedMeta:
 
 @dataclass
 class SharedPrefixMeta:
-    """A decode-only step over shared prefixes (kernels/decode_shared.py): the groups
-    from `prepare`; the chunks, split counts and workspace made by the first layer (it
-    knows the query heads a KV head, which size a chunk)."""
+    """A decode-only step over shared prefixes (kernels/decode_shared.py). Eager: the
+    groups from `prepare`; the chunks, the own keys' splits and the workspace made by the
+    first layer (it knows the query heads a KV head, which size a chunk). A CUDA graph's
+    (`graph_metadata`): chunks with a batch size's room, rewritten before each replay."""
 
-    groups: CascadeGroups
+    groups: CascadeGroups | None
     chunks: PrefixChunks | None = None
-    prefix_splits: int = 1
     own_splits: int = 1
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+    layout: ChunkLayout | None = None  # a graph's room (None: eager)
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -128,6 +138,21 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
     for_waves = -(-WAVES * num_sms // programs)
     for_length = -(-max_seq_len // MIN_KEYS_PER_SPLIT)
     return max(1, min(for_waves, for_length, MAX_SPLITS))
+
+
+def choose_prefix_splits(num_chunks: int, num_kv_heads: int, max_prefix: int, num_sms: int) -> int:
+    """Splits of the shared-prefix kernel's keys (kernels/decode_shared.py): one wave of
+    (chunk, KV head, split) programs, no more, and no split shorter than
+    MIN_KEYS_PER_SPLIT keys.
+
+    Unlike the flat kernel's (`choose_num_splits`), more waves lose here: a split writes a
+    partial for every row of its chunk, 16 rows at once, and widens the merge. On an H100
+    (2026-12-06, `bench.attention_backends --shared-sweep`, attention_shared_sweep-h100.json)
+    16 chunks x 8 KV heads over 1,536 shared keys took 91-103 us of kernels with one split,
+    126-144 us with the six the flat rule gives, 168-187 us with 16."""
+    programs = num_chunks * num_kv_heads
+    for_length = -(-max_prefix // MIN_KEYS_PER_SPLIT)
+    return max(1, min(num_sms // programs, for_length, MAX_SPLITS))
 
 
 def deterministic_decode_config(cfg: ExtendConfig) -> ExtendConfig:
@@ -165,6 +190,8 @@ class TritonAttentionBackend(AttentionBackend):
         self.num_shared_prefix_steps = 0
         self._groups_for: ForwardBatch | None = None  # `_shared_groups`' batch and answer
         self._groups: CascadeGroups | None = None
+        self._shared_graph_sizes: set[int] = set()  # graphs captured with shared prefixes
+        self._graph_buffer: torch.Tensor | None = None  # their workspace (one at a time)
 
     def enable_deterministic(self, max_context_len: int) -> None:
         super().enable_deterministic(max_context_len)
@@ -179,14 +206,88 @@ class TritonAttentionBackend(AttentionBackend):
         splits = choose_num_splits(batch_size, self.kv_pool.num_kv_heads, max_seq_len, self.num_sms)
         return DecodeMeta(splits)
 
-    def graph_metadata(self, batch_size: int, max_context_len: int, num_heads: int) -> DecodeMeta:
-        """The split count for the full context (splits past a short sequence's end exit at
-        once) and a workspace allocated once: nothing to redo before a replay."""
+    def graph_metadata(
+        self, batch_size: int, max_context_len: int, num_heads: int, variant: int = 0
+    ) -> DecodeMeta | SharedPrefixMeta:
+        """Variant 0: the split count for the full context (splits past a short sequence's
+        end exit at once) and a workspace allocated once: nothing to redo before a replay.
+        Variant 1 (`graph_variants`): the shared-prefix launches over chunks with room for
+        the batch size, which `before_replay` packs for each step."""
         meta = self.decode_meta(batch_size, max_context_len)
         head_dim = self.kv_pool.head_dim
         device = self.kv_pool.device
-        meta.workspace = decode_workspace(batch_size, num_heads, head_dim, meta.num_splits, device)
-        return meta
+        if variant == 0:
+            splits = meta.num_splits
+            meta.workspace = decode_workspace(batch_size, num_heads, head_dim, splits, device)
+            return meta
+        assert variant == 1 and self._shared_graphs(batch_size)
+        hkv = self.kv_pool.num_kv_heads
+        # Chunks hold 2 rows or more of a group, but for a group's last; one wave of prefix
+        # programs needs at most num_sms // hkv items, more chunks one split each.
+        layout = ChunkLayout(batch_size, batch_size, max(batch_size, self.num_sms // hkv))
+        most = choose_prefix_splits(1, hkv, max_context_len, self.num_sms)
+        max_splits = min(GRAPH_PREFIX_SPLITS, most)
+        packed = pack_chunks(None, max_splits, layout).to(device)
+        per_chunk = rows_per_chunk(num_heads // hkv)
+        chunks = chunk_views(packed, layout, per_chunk, max_splits, layout.items)
+        splits = max_splits + meta.num_splits
+        self._shared_graph_sizes.add(batch_size)
+        return SharedPrefixMeta(
+            None, chunks, meta.num_splits, self._graph_workspace(batch_size, num_heads, splits),
+            layout,
+        )  # fmt: skip
+
+    def graph_variants(self, batch_size: int) -> int:
+        """Two with the shared-prefix decode on, from MIN_ROWS rows (not in deterministic
+        mode): the flat graph, for steps whose rows share too little, and
+        the shared-prefix one. A step without chunks could run the latter too, but its extra
+        launches cost the flat steps 3% of P1's throughput on an H100 (2026-12-06)."""
+        return 2 if self._shared_graphs(batch_size) else 1
+
+    def _shared_graphs(self, batch_size: int) -> bool:
+        return self.shared_prefix and not self.deterministic and batch_size >= MIN_ROWS
+
+    def _graph_workspace(
+        self, batch_size: int, num_heads: int, splits: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of one buffer that every shared-prefix graph uses (one replays at a time):
+        [B, Hq, S, D] and [B, Hq, S] float32. The largest graph is captured first."""
+        d = self.kv_pool.head_dim
+        o_size, l_size = batch_size * num_heads * splits * d, batch_size * num_heads * splits
+        if self._graph_buffer is None or self._graph_buffer.numel() < o_size + l_size:
+            self._graph_buffer = torch.empty(
+                o_size + l_size, dtype=torch.float32, device=self.kv_pool.device
+            )
+        buf = self._graph_buffer
+        mid_o = buf[:o_size].view(batch_size, num_heads, splits, d)
+        return mid_o, buf[o_size : o_size + l_size].view(batch_size, num_heads, splits)
+
+    def before_replay(self, static: ForwardBatch, batch: ForwardBatch, padding: int) -> None:
+        """A shared-prefix graph's chunks for `batch` (none when its rows share too little),
+        packed into the graph's buffer through pinned memory (no wait for the step in
+        flight); a flat graph needs nothing."""
+        meta = static.attn_metadata
+        if not isinstance(meta, SharedPrefixMeta):
+            return
+        assert meta.layout is not None and meta.chunks is not None
+        groups = self._shared_groups(batch)
+        lists = None
+        if groups is not None:
+            lists = chunk_lists(groups, batch.seq_lens_cpu, meta.chunks.rows_per_chunk)
+        splits = self._prefix_splits(lists, meta.chunks.max_splits)
+        packed = pack_chunks(lists, splits, meta.layout)
+        if packed.device != meta.chunks.packed.device:
+            packed = packed.pin_memory()
+        meta.chunks.packed.copy_(packed, non_blocking=True)
+        if groups is not None:
+            self.num_shared_prefix_steps += 1
+
+    def _prefix_splits(self, lists: ChunkLists | None, max_splits: int) -> int:
+        if lists is None:
+            return 1
+        hkv = self.kv_pool.num_kv_heads
+        splits = choose_prefix_splits(lists.num_chunks, hkv, max(lists.prefix_lens), self.num_sms)
+        return min(splits, max_splits)
 
     def prepare(self, batch: ForwardBatch) -> None:
         if batch.is_decode_only:
@@ -209,8 +310,16 @@ class TritonAttentionBackend(AttentionBackend):
             batch.attn_metadata = self._mixed(batch, decode, q_start)
 
     def graph_can_run(self, batch: ForwardBatch, graph_batch_size: int) -> bool:
-        """Not when the rows share prefixes worth reading once (those steps run eagerly)."""
+        """Not when the rows share prefixes worth reading once and no graph of that size
+        was captured with the shared-prefix launches (such steps run eagerly)."""
+        if graph_batch_size in self._shared_graph_sizes:
+            return True
         return self._shared_groups(batch) is None
+
+    def graph_variant(self, batch: ForwardBatch, graph_batch_size: int) -> int:
+        """The shared-prefix graph for rows that share prefixes worth reading once."""
+        shared = graph_batch_size in self._shared_graph_sizes
+        return 1 if shared and self._shared_groups(batch) is not None else 0
 
     def _shared_groups(self, batch: ForwardBatch) -> CascadeGroups | None:
         """The decode batch's shared-prefix groups when reading prefixes once pays, else
@@ -226,25 +335,22 @@ class TritonAttentionBackend(AttentionBackend):
         return self._groups
 
     def _shared_chunks(self, batch: ForwardBatch, meta: SharedPrefixMeta, q: torch.Tensor) -> bool:
-        """Fill `meta` at the first layer: chunks sized for q's query heads a KV head, each
-        part's splits, the workspace. False when no group has two rows (the step then runs
-        the flat kernel)."""
+        """Fill an eager step's `meta` at the first layer: chunks sized for q's query heads
+        a KV head, the own keys' splits, the workspace. False when no group has two rows
+        (the step then runs the flat kernel)."""
+        assert meta.groups is not None
         hkv = self.kv_pool.num_kv_heads
         b, hq, d = q.shape
         device = q.device
         per_chunk = rows_per_chunk(hq // hkv)
-        chunks = prefix_chunks(
-            meta.groups, batch.seq_lens_cpu, per_chunk, lambda t: to_device(t, device)
-        )
-        if chunks is None:
+        lists = chunk_lists(meta.groups, batch.seq_lens_cpu, per_chunk)
+        if lists is None:
             return False
-        meta.chunks = chunks
-        meta.prefix_splits = choose_num_splits(
-            chunks.num_chunks, hkv, chunks.max_prefix, self.num_sms
-        )
-        meta.own_splits = choose_num_splits(b, hkv, chunks.max_own, self.num_sms)
-        splits = meta.prefix_splits + meta.own_splits
-        meta.workspace = decode_workspace(b, hq, d, splits, device)
+        splits = self._prefix_splits(lists, MAX_SPLITS)
+        meta.chunks = prefix_chunks(lists, splits, per_chunk, lambda t: to_device(t, device))
+        max_own = max(n - s for n, s in zip(batch.seq_lens_cpu, lists.starts, strict=True))
+        meta.own_splits = choose_num_splits(b, hkv, max_own, self.num_sms)
+        meta.workspace = decode_workspace(b, hq, d, splits + meta.own_splits, device)
         return True
 
     def _mixed(self, batch: ForwardBatch, decode: list[int], q_start: torch.Tensor) -> MixedMeta:
@@ -300,8 +406,7 @@ class TritonAttentionBackend(AttentionBackend):
                 launch = self.decode_launch
                 return decode_attention_shared(
                     q, k_buf, v_buf, out, batch.req_to_token, batch.req_rows, batch.seq_lens,
-                    self.scale, meta.chunks, meta.prefix_splits, meta.own_splits,
-                    meta.workspace, scales=scales,
+                    self.scale, meta.chunks, meta.own_splits, meta.workspace, scales=scales,
                     config=launch if launch is not None and not launch.cuda else None,
                 )  # fmt: skip
             meta = batch.attn_metadata = self.decode_meta(batch.batch_size, max(batch.seq_lens_cpu))

@@ -15,8 +15,11 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     decode_workspace,
 )
 from radixmesh.worker.attention.kernels.decode_shared import (
+    ChunkLayout,
     chunk_lists,
+    chunk_views,
     decode_attention_shared,
+    pack_chunks,
     prefix_chunks,
     rows_per_chunk,
 )
@@ -71,15 +74,24 @@ def run_shared(
     k: torch.Tensor | None = None,
     v: torch.Tensor | None = None,
     scales: tuple | None = None,
+    room: ChunkLayout | None = None,
 ) -> torch.Tensor:
+    """The shared-prefix decode of the case; `room`: the chunks packed into that (larger)
+    layout with a grid of its size, as a CUDA graph launches them, and the prefix's
+    workspace splits twice the step's."""
     groups = plan_cascade(c["table"].cpu().numpy(), rows, lens)
     assert groups is not None
-    chunks = prefix_chunks(groups, lens, per_chunk, lambda t: t.to(DEVICE))
-    assert chunks is not None
+    lists = chunk_lists(groups, lens, per_chunk)
+    assert lists is not None
+    if room is None:
+        chunks = prefix_chunks(lists, prefix_splits, per_chunk, lambda t: t.to(DEVICE))
+    else:
+        packed = pack_chunks(lists, prefix_splits, room).to(DEVICE)
+        chunks = chunk_views(packed, room, per_chunk, 2 * prefix_splits, room.items)
     out = torch.full_like(c["q"], float("nan"))
     decode_attention_shared(
         c["q"], c["k"] if k is None else k, c["v"] if v is None else v, out, c["table"],
-        ints(rows), ints(lens), c["q"].shape[-1] ** -0.5, chunks, prefix_splits, own_splits,
+        ints(rows), ints(lens), c["q"].shape[-1] ** -0.5, chunks, own_splits,
         scales=scales, config=TILES,
     )  # fmt: skip
     assert not out.isnan().any()
@@ -112,6 +124,38 @@ def test_matches_the_reference_and_the_flat_kernel(case: tuple, dtype: torch.dty
     assert rel_err(out, flat) < TOL[dtype]
 
 
+@pytest.mark.parametrize("case", CASES[:2], ids=[c[0] for c in CASES[:2]])
+def test_a_graphs_room_gives_the_same_result(case: tuple) -> None:
+    """Chunks packed into more room than the step needs (a CUDA graph's: programs past the
+    step's items exit, prefix splits past its count stay empty) give the exact-size
+    launch's result: the same splits of the same keys, merged with empty ones between
+    (only the merge's float32 sum order may differ)."""
+    _, layout, hq, hkv, d, per_chunk, prefix_splits, own_splits = case
+    c, rows, lens = shared_case(layout, hq, hkv, d, torch.float32, seed=len(lens_of(layout)))
+    exact = run_shared(c, rows, lens, per_chunk, prefix_splits, own_splits)
+    b = len(rows)
+    room = ChunkLayout(b, b, 3 * b)
+    roomy = run_shared(c, rows, lens, per_chunk, prefix_splits, own_splits, room=room)
+    assert (roomy - exact).abs().max() < 1e-6
+
+
+def test_no_chunks_is_the_flat_kernel() -> None:
+    """A graph's step without sharing: no items, every row from key 0 (the flat kernel's
+    work through the shared launches)."""
+    layout = [(40, [1, 3, 7, 1]), (0, [12])]
+    c, rows, lens = shared_case(layout, 8, 2, 16, torch.float32, seed=2)
+    room = ChunkLayout(len(rows), len(rows), 16)
+    chunks = chunk_views(pack_chunks(None, 3, room).to(DEVICE), room, 4, 3, room.items)
+    assert chunks.counts.tolist() == [0, 3] and chunks.starts.tolist() == [0] * len(rows)
+    out = torch.full_like(c["q"], float("nan"))
+    decode_attention_shared(
+        c["q"], c["k"], c["v"], out, c["table"], ints(rows), ints(lens), 16**-0.5, chunks, 2,
+        config=TILES,
+    )  # fmt: skip
+    ref = decode_attention_ref(c["q"], c["k"], c["v"], c["table"], rows, lens, 16**-0.5)
+    assert rel_err(out, ref) < TOL[torch.float32]
+
+
 def lens_of(layout: Layout) -> list[int]:
     return [p + o for p, owns in layout for o in owns]
 
@@ -133,19 +177,29 @@ def test_chunks_of_the_groups() -> None:
         order=[4, 0, 2, 6, 1, 5, 3], sizes=[4, 1, 2], prefix_lens=[30, 9, 12], saved_fraction=0.5
     )
     lens = [40, 35, 31, 20, 33, 14, 32]
-    order, offsets, prefixes, starts = chunk_lists(groups, lens, 3)
+    lists = chunk_lists(groups, lens, 3)
+    assert lists is not None
+    order, offsets, prefixes, starts = lists.order, lists.offsets, lists.prefix_lens, lists.starts
     assert order == [4, 0, 2, 6, 5, 3]  # the lone row 1 is in no chunk
     assert offsets == [0, 3, 4, 6]  # the group of 4 cut into 3 + 1
     assert prefixes == [30, 30, 12]
     assert starts == [30, 0, 30, 12, 30, 12, 30]
-    chunks = prefix_chunks(groups, lens, 3, lambda t: t)
-    assert chunks is not None and chunks.num_chunks == 3 and chunks.max_prefix == 30
-    # One packed copy, sliced: each tensor holds its list.
-    assert chunks.rows.tolist() == order and chunks.offsets.tolist() == offsets
+    assert lists.num_chunks == 3
+    chunks = prefix_chunks(lists, 2, 3, lambda t: t)
+    # One packed copy, viewed: each tensor holds its list; two splits a chunk. The rows
+    # have room for the batch (the lone row is in no chunk).
+    assert chunks.rows.tolist() == [*order, 0] and chunks.offsets.tolist() == offsets
     assert chunks.prefix_lens.tolist() == prefixes and chunks.starts.tolist() == starts
-    assert chunks.max_own == 35  # row 1, alone, reads all its keys as its own
+    assert chunks.items.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1]]
+    assert chunks.counts.tolist() == [6, 2] and chunks.grid == 6 and chunks.max_splits == 2
+    # A graph's room: the same lists at fixed places, the rest zero.
+    room = ChunkLayout(batch=8, chunks=5, items=10)
+    roomy = chunk_views(pack_chunks(lists, 2, room), room, 3, 4, room.items)
+    assert roomy.rows.tolist() == [*order, 0, 0] and roomy.starts.tolist() == [*starts, 0]
+    assert roomy.offsets.tolist() == [*offsets, 0, 0] and roomy.items.shape == (10, 2)
+    assert roomy.counts.tolist() == [6, 2] and roomy.packed.numel() == room.size
     alone = CascadeGroups(order=[0, 1], sizes=[1, 1], prefix_lens=[5, 6], saved_fraction=0.3)
-    assert prefix_chunks(alone, [6, 7], 3, lambda t: t) is None
+    assert chunk_lists(alone, [6, 7], 3) is None
 
 
 def test_rows_per_chunk_fill_a_64_row_tile() -> None:

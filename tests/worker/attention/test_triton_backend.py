@@ -15,6 +15,7 @@ from radixmesh.worker.attention.triton_backend import (
     SharedPrefixMeta,
     TritonAttentionBackend,
     choose_num_splits,
+    choose_prefix_splits,
 )
 from radixmesh.worker.forward_batch import ForwardBatch
 from radixmesh.worker.kvcache.pool import KVPool, kv_storage_dtype
@@ -88,6 +89,14 @@ def test_num_splits_fill_the_gpu_but_stay_long() -> None:
     assert choose_num_splits(512, 8, 4096, 132) == 1
     assert choose_num_splits(8, 8, 4096, 132) == 16  # by length: 4096 / 256
     assert choose_num_splits(3, 2, 1, 132) == 1
+
+
+def test_prefix_splits_fill_one_wave() -> None:
+    assert choose_prefix_splits(16, 8, 1536, 132) == 1  # 128 programs: one wave already
+    assert choose_prefix_splits(2, 8, 1536, 132) == 6  # 8 would fill it; 1,536 keys: 6
+    assert choose_prefix_splits(2, 8, 100_000, 132) == 8
+    assert choose_prefix_splits(1, 1, 100_000, 132) == 32  # capped
+    assert choose_prefix_splits(100, 8, 1536, 132) == 1
 
 
 @pytest.mark.parametrize("seqs", [MIXED, [(10, 1), (0, 1), (33, 1)], [(9, 5), (0, 3)]],
@@ -180,12 +189,13 @@ def test_shared_prefix_decode_matches_the_reference_and_runs_eagerly() -> None:
     assert isinstance(backend, TritonAttentionBackend) and not backend.shared_prefix  # off
     assert backend.graph_can_run(batch, 16)
     backend.shared_prefix = True
-    assert not backend.graph_can_run(batch, 16)  # its chunks change from step to step
+    # A graph captured without the shared-prefix launches (they were off then) cannot.
+    assert not backend.graph_can_run(batch, 16)
     backend.prepare(batch)
     meta = batch.attn_metadata
     assert isinstance(meta, SharedPrefixMeta) and backend.num_shared_prefix_steps == 1
     out = backend.forward(q, k, v, LAYER, batch)
-    assert meta.chunks is not None and meta.chunks.num_chunks == 1  # 6 rows, one chunk
+    assert meta.chunks is not None and meta.chunks.offsets.numel() == 2  # 6 rows, one chunk
     assert (out.double().cpu() - reference(pool, batch, q, scale)).abs().max() < 1e-5
     again = backend.forward(q, k, v, LAYER, batch)  # the next layer reuses the chunks
     assert torch.equal(again, out)
@@ -193,3 +203,70 @@ def test_shared_prefix_decode_matches_the_reference_and_runs_eagerly() -> None:
     flat.prepare(batch)
     assert isinstance(batch.attn_metadata, DecodeMeta)
     assert (flat.forward(q, k, v, LAYER, batch) - out).abs().max() < 1e-5
+
+
+def padded(batch: ForwardBatch, q: torch.Tensor, bs: int) -> tuple[ForwardBatch, torch.Tensor]:
+    """`batch` padded to `bs` rows as a decode graph's static batch is: token 0 into the
+    reserved slot 0, table row 0, one key."""
+    pad = bs - batch.batch_size
+    static = ForwardBatch.build(
+        input_ids=[0] * bs,
+        out_cache_loc=torch.cat([batch.out_cache_loc.cpu(), torch.zeros(pad, dtype=torch.int64)]),
+        req_rows=[*batch.req_rows.tolist(), *[0] * pad],
+        prefix_lens=[*batch.prefix_lens_cpu, *[0] * pad],
+        extend_lens=[1] * bs,
+        req_to_token=batch.req_to_token,
+    )
+    return static, torch.cat([q, q.new_ones(pad, *q.shape[1:])])
+
+
+def test_shared_prefix_graph_metadata_repacked_before_each_replay() -> None:
+    """A decode graph's shared-prefix launches (`graph_metadata` variant 1 at 16 rows),
+    their chunks packed by `before_replay` for each step: the reference's outputs for a
+    batch that shares a prefix, and for one that shares nothing (no chunks: the flat
+    kernel's work; `graph_variant` sends such a step to the flat graph), through the same
+    buffers."""
+    pool, batch, q, k = shared_prefix_case(seed=3)
+    v = pool.v_buffers[LAYER][batch.out_cache_loc].clone()
+    scale = HEAD_DIM**-0.5
+    backend = create_attention_backend("triton", pool, scale)
+    assert isinstance(backend, TritonAttentionBackend)
+    backend.shared_prefix = True
+    assert backend.graph_variants(16) == 2 and backend.graph_variants(4) == 1  # MIN_ROWS
+    assert isinstance(backend.graph_metadata(16, 64, q.shape[1], 0), DecodeMeta)
+    meta = backend.graph_metadata(16, 64, q.shape[1], 1)
+    assert isinstance(meta, SharedPrefixMeta) and meta.chunks is not None
+    assert backend.graph_can_run(batch, 16) and not backend.graph_can_run(batch, 32)
+    assert backend.graph_variant(batch, 16) == 1
+    static, q16 = padded(batch, q, 16)
+    static.attn_metadata = meta
+    k16, v16 = (torch.cat([x, pool.k_buffers[LAYER][:1].expand(7, -1, -1)]) for x in (k, v))
+    packed = meta.chunks.packed.data_ptr()
+    backend.before_replay(static, batch, 7)
+    assert meta.chunks.counts.tolist()[0] >= 1 and backend.num_shared_prefix_steps == 1
+    out = backend.forward(q16, k16, v16, LAYER, static)[:9]
+    ref = reference(pool, batch, q, scale)
+    assert (out.double().cpu() - ref).abs().max() < 1e-5
+    # A step whose rows share nothing: the table's rows reordered so none share a prefix.
+    lone = torch.zeros_like(batch.req_to_token.cpu())
+    free = iter(range(1, NUM_SLOTS))
+    for r, n in zip(batch.req_rows.tolist(), batch.seq_lens_cpu, strict=True):
+        lone[r, :n] = torch.tensor([next(free) for _ in range(n)])
+    other = ForwardBatch.build(
+        input_ids=[0] * 9,
+        out_cache_loc=lone.cpu()[batch.req_rows.cpu(), torch.tensor(batch.seq_lens_cpu) - 1],
+        req_rows=batch.req_rows.tolist(), prefix_lens=batch.prefix_lens_cpu, extend_lens=[1] * 9,
+        req_to_token=lone.to(DEVICE),
+    )  # fmt: skip
+    other.req_to_token_host = lone.numpy()
+    static.req_to_token.copy_(lone)
+    assert backend.graph_variant(other, 16) == 0  # the flat graph's step
+    backend.before_replay(static, other, 7)  # were it replayed here: no chunks
+    assert meta.chunks.counts.tolist()[0] == 0 and meta.chunks.packed.data_ptr() == packed
+    assert backend.num_shared_prefix_steps == 1
+    loc = other.out_cache_loc
+    k_o, v_o = pool.k_buffers[LAYER][loc], pool.v_buffers[LAYER][loc]
+    static.out_cache_loc[:9].copy_(other.out_cache_loc)
+    pad = pool.k_buffers[LAYER][:1].expand(7, -1, -1)
+    got = backend.forward(q16, torch.cat([k_o, pad]), torch.cat([v_o, pad]), LAYER, static)[:9]
+    assert (got.double().cpu() - reference(pool, other, q, scale)).abs().max() < 1e-5

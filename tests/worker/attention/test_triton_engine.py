@@ -6,10 +6,12 @@ FP8 one."""
 from __future__ import annotations
 
 import pytest
+import torch
 import triton  # noqa: F401  (a dev dependency: missing must fail, not skip)
 
 from radixmesh.worker.attention.triton_backend import TritonAttentionBackend
 from radixmesh.worker.engine import Engine
+from tests.worker.conftest import assert_engine_idle_and_clean
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
@@ -66,3 +68,49 @@ def test_shared_prefix_decode_gives_the_torch_backends_tokens(
             assert attn.num_shared_prefix_steps >= 1
         eng.shutdown()
     assert outs["triton"] == outs["torch"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_shared_prefix_decode_graphs_give_the_flat_graphs_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CUDA, with the shared-prefix decode on, the decode graphs of 8 rows or more are
+    captured with its launches: 24 requests behind one cached 300-token prefix, plus 4
+    that share nothing, decode through those graphs (replays, shared steps counted, no
+    eager shared step), and the greedy tokens (float32) are those of the flat graphs; every slot is
+    free or cached after."""
+    shared = [(13 * j) % 900 + 20 for j in range(300)]
+    prompts = [shared + [(7 * i + j) % 900 + 20 for j in range(3 + 5 * i)] for i in range(24)]
+    prompts += [[(11 * i + j) % 900 + 20 for j in range(40 + i)] for i in range(4)]
+    params = [
+        {"temperature": 0.0, "max_new_tokens": 6 + i % 5, "ignore_eos": True} for i in range(28)
+    ]
+    outs = {}
+    for on in ("0", "1"):
+        monkeypatch.setenv("RADIXMESH_SHARED_PREFIX_DECODE", on)
+        with Engine(
+            "dummy:llama-3-8b@layers=2", device="cuda", dtype="float32",
+            attention_backend="triton", cuda_graph_max_batch_size=32, kv_cache_tokens=16384,
+            max_running_requests=32,
+        ) as eng:  # fmt: skip
+            runner = eng.worker.runner
+            attn = runner.attn
+            assert isinstance(attn, TritonAttentionBackend) and runner.decode_graphs is not None
+
+            def eager(*_: object) -> bool:
+                raise AssertionError("a shared-prefix step ran eagerly")
+
+            monkeypatch.setattr(attn, "_shared_chunks", eager)
+            eng.generate(input_ids=[*shared, 7], sampling_params={"max_new_tokens": 1})
+            res = eng.generate(input_ids=prompts, sampling_params=params)
+            assert isinstance(res, list)
+            outs[on] = [r["output_ids"] for r in res]
+            assert runner.decode_graphs.num_replays >= 5
+            if on == "1":
+                assert attn.num_shared_prefix_steps >= 5
+            else:
+                assert attn.num_shared_prefix_steps == 0
+            assert_engine_idle_and_clean(eng)
+    assert [len(o) for o in outs["1"]] == [6 + i % 5 for i in range(28)]
+    assert outs["1"] == outs["0"]

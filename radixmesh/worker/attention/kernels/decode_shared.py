@@ -8,21 +8,26 @@ bf16 KV a step for 6.3 MB of distinct data. On the H200 the flat decode kernel s
 at the L2's speed there (6.6-7.0 TB/s effective, docs/performance.md, "FlashInfer"), but
 the reads stay 256 x the data. Here (the SGLang paper's sharing carried into the kernel):
 
-1. `_prefix_kernel`, one program per (chunk, KV head, split): a chunk is up to `ROWS` rows
-   of one group (attention/shared_prefix.py finds the groups in the slot table's host
-   mirror); their G query heads each, ROWS x G query rows (64 for Llama-3-8B's 4 heads a
-   KV head: a full tile for the matrix unit), attend to the group's shared keys, read once
-   through the first row's table row. Each row's partial output and log2-sum-exp go to
-   workspace splits [0, prefix_splits); rows in no chunk get -inf there.
+1. `_prefix_kernel`, one program per (chunk, split) item and KV head: a chunk is up to
+   `ROWS` rows of one group (attention/shared_prefix.py finds the groups in the slot
+   table's host mirror); their G query heads each, ROWS x G query rows (64 for
+   Llama-3-8B's 4 heads a KV head: a full tile for the matrix unit), attend to the
+   group's shared keys, read once through the first row's table row. Each row's partial
+   output and log2-sum-exp go to workspace splits [0, max_splits); rows in no chunk, and
+   splits past the step's count, keep the -inf written before.
 2. The flat kernel (decode_attention.py's stage 1) over each row's own keys, from its
-   chunk's prefix length on (0 for a row in no chunk), into splits [prefix_splits, ...).
+   chunk's prefix length on (0 for a row in no chunk), into splits [max_splits, ...).
 3. The flat kernel's merge over all the splits.
+
+The chunks, the items and their counts live in one packed device tensor (`ChunkLayout`),
+so a CUDA graph holds the three launches at a batch size's room and each replay runs the
+chunks packed into it before (the triton backend's `before_replay`); a step without
+chunks runs the flat kernel's work through the same graph (no items, every row from key 0).
 
 The arithmetic per key is the flat kernel's (the same loop, `_attend`), over an FP8 pool
 too (the Triton conversion path); the split boundaries differ, so the results are the
 flat kernel's up to float32 rounding. Not for deterministic mode (its decode rows run the
-extend kernel) nor CUDA graphs (chunks change from step to step: the triton backend runs
-such steps eagerly).
+extend kernel).
 """
 
 from __future__ import annotations
@@ -58,24 +63,22 @@ def rows_per_chunk(group: int) -> int:
 
 
 @dataclass(frozen=True)
-class PrefixChunks:
-    """A decode batch's shared prefixes as chunks of rows (device tensors, int64)."""
+class ChunkLists:
+    """A decode batch's shared prefixes as chunks of rows (host lists)."""
 
-    rows: torch.Tensor  # [R] batch indices, each chunk's rows consecutive
-    offsets: torch.Tensor  # [C + 1] into rows
-    prefix_lens: torch.Tensor  # [C] keys a chunk's rows share, from position 0
-    starts: torch.Tensor  # [B] each row's first own key: its chunk's prefix, or 0
-    num_chunks: int
-    rows_per_chunk: int
-    max_prefix: int
-    max_own: int  # the most own keys of a row (seq_len - start)
+    order: list[int]  # batch indices, each chunk's rows consecutive
+    offsets: list[int]  # [C + 1] into order
+    prefix_lens: list[int]  # [C] keys a chunk's rows share, from position 0
+    starts: list[int]  # [B] each row's first own key: its chunk's prefix, or 0
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.prefix_lens)
 
 
-def chunk_lists(
-    groups: CascadeGroups, seq_lens: list[int], rows: int
-) -> tuple[list[int], list[int], list[int], list[int]]:
-    """(rows, offsets, prefix lengths, starts) of the chunks: each group of two rows or
-    more cut into chunks of at most `rows` rows; a lone row reads its keys alone (start 0)."""
+def chunk_lists(groups: CascadeGroups, seq_lens: list[int], rows: int) -> ChunkLists | None:
+    """The chunks: each group of two rows or more cut into chunks of at most `rows` rows;
+    a lone row reads its keys alone (start 0). None when no group has two rows."""
     order: list[int] = []
     offsets = [0]
     prefixes: list[int] = []
@@ -93,33 +96,95 @@ def chunk_lists(
             prefixes.append(prefix)
             for i in chunk:
                 starts[i] = prefix
-    return order, offsets, prefixes, starts
+    return ChunkLists(order, offsets, prefixes, starts) if prefixes else None
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Room for the chunk lists in one packed int64 tensor: `batch` rows (the chunks' rows,
+    each row's start), `chunks` chunks, `items` (chunk, split) programs, then the counts
+    (items, splits). An eager step packs to its own sizes; a CUDA graph packs every step
+    into its batch size's room, so the addresses and the grid stay the captured ones."""
+
+    batch: int
+    chunks: int
+    items: int
+
+    @property
+    def size(self) -> int:
+        return 2 * self.batch + 2 * self.chunks + 1 + 2 * self.items + 2
+
+
+def pack_chunks(lists: ChunkLists | None, splits: int, layout: ChunkLayout) -> torch.Tensor:
+    """The host tensor of `layout` for `lists` (None: no chunk, every row from key 0), each
+    chunk's prefix cut into `splits` splits: one (chunk, split) item per program."""
+    packed = torch.zeros(layout.size, dtype=torch.int64)
+    b, c = layout.batch, layout.chunks
+    if lists is not None:
+        n, rows = lists.num_chunks, len(lists.order)
+        assert n <= c and rows <= b and len(lists.starts) <= b and n * splits <= layout.items
+        packed[:rows] = torch.tensor(lists.order)
+        packed[b : b + n + 1] = torch.tensor(lists.offsets)
+        packed[b + c + 1 : b + c + 1 + n] = torch.tensor(lists.prefix_lens)
+        at = b + 2 * c + 1
+        packed[at : at + len(lists.starts)] = torch.tensor(lists.starts)
+        at += b
+        items = torch.arange(n * splits)
+        pairs = torch.stack((items // splits, items % splits), 1)  # (chunk, split)
+        packed[at : at + 2 * n * splits] = pairs.flatten()
+        packed[-2:] = torch.tensor([n * splits, splits])
+    else:
+        packed[-2:] = torch.tensor([0, max(1, splits)])
+    return packed
+
+
+@dataclass(frozen=True)
+class PrefixChunks:
+    """The chunk lists on the device (views into one packed tensor, `ChunkLayout`)."""
+
+    packed: torch.Tensor  # [layout.size]
+    rows: torch.Tensor  # [batch] batch indices, each chunk's rows consecutive
+    offsets: torch.Tensor  # [chunks + 1] into rows
+    prefix_lens: torch.Tensor  # [chunks]
+    starts: torch.Tensor  # [batch] each row's first own key
+    items: torch.Tensor  # [items, 2] (chunk, split) of each prefix program
+    counts: torch.Tensor  # [2] items in use, splits a chunk's prefix is cut into
+    rows_per_chunk: int
+    grid: int  # prefix programs launched a KV head; those past the items in use exit
+    max_splits: int  # workspace splits [0, max_splits) are the prefix's
+
+
+def chunk_views(
+    packed: torch.Tensor, layout: ChunkLayout, rows_per_chunk: int, max_splits: int, grid: int
+) -> PrefixChunks:
+    b, c, i = layout.batch, layout.chunks, layout.items
+    at = b + 2 * c + 1
+    return PrefixChunks(
+        packed=packed,
+        rows=packed[:b],
+        offsets=packed[b : b + c + 1],
+        prefix_lens=packed[b + c + 1 : at],
+        starts=packed[at : at + b],
+        items=packed[at + b : at + b + 2 * i].view(i, 2),
+        counts=packed[-2:],
+        rows_per_chunk=rows_per_chunk,
+        grid=grid,
+        max_splits=max_splits,
+    )
 
 
 def prefix_chunks(
-    groups: CascadeGroups,
-    seq_lens: list[int],
+    lists: ChunkLists,
+    splits: int,
     rows: int,
     move: Callable[[torch.Tensor], torch.Tensor],
-) -> PrefixChunks | None:
-    """`chunk_lists` as tensors on the device: one host tensor moved by `move` (the
-    backend's copy through pinned memory, which does not wait for the step in flight),
-    sliced there; None when no group has two rows."""
-    order, offsets, prefixes, starts = chunk_lists(groups, seq_lens, rows)
-    if not prefixes:
-        return None
-    on_device = move(torch.tensor([*order, *offsets, *prefixes, *starts], dtype=torch.int64))
-    r, c = len(order), len(prefixes)
-    return PrefixChunks(
-        rows=on_device[:r],
-        offsets=on_device[r : r + c + 1],
-        prefix_lens=on_device[r + c + 1 : r + 2 * c + 1],
-        starts=on_device[r + 2 * c + 1 :],
-        num_chunks=len(prefixes),
-        rows_per_chunk=rows,
-        max_prefix=max(prefixes),
-        max_own=max(n - s for n, s in zip(seq_lens, starts, strict=True)),
-    )
+) -> PrefixChunks:
+    """An eager step's chunks on the device, sized to `lists`: one host tensor moved by
+    `move` (the backend's copy through pinned memory, which does not wait for the step in
+    flight), viewed there."""
+    layout = ChunkLayout(len(lists.starts), lists.num_chunks, lists.num_chunks * splits)
+    packed = move(pack_chunks(lists, splits, layout))
+    return chunk_views(packed, layout, rows, splits, layout.items)
 
 
 @triton.jit
@@ -136,8 +201,9 @@ def _prefix_kernel(
     Chunk_rows,
     Chunk_offsets,
     Chunk_prefix,
+    Items,
+    Counts,
     scale_log2,
-    num_splits,
     stride_qt,
     stride_qh,
     stride_buf_slot,
@@ -157,9 +223,13 @@ def _prefix_kernel(
     KV_FP8: tl.constexpr,
     F16: tl.constexpr,
 ):
-    chunk = tl.program_id(0)
+    item = tl.program_id(0)
+    if item >= tl.load(Counts):  # a graph's room past this step's items
+        return
+    chunk = tl.load(Items + 2 * item)
+    split = tl.load(Items + 2 * item + 1).to(tl.int32)
+    num_splits = tl.load(Counts + 1).to(tl.int32)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
     first = tl.load(Chunk_offsets + chunk)
     n = tl.load(Chunk_offsets + chunk + 1) - first
     prefix = tl.load(Chunk_prefix + chunk).to(tl.int32)
@@ -197,7 +267,6 @@ def decode_attention_shared(
     seq_lens: torch.Tensor,
     scale: float,
     chunks: PrefixChunks,
-    prefix_splits: int,
     own_splits: int,
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     *,
@@ -206,13 +275,16 @@ def decode_attention_shared(
 ) -> torch.Tensor:
     """`decode_attention` (same arguments, same result up to rounding) with the rows of
     `chunks` reading their shared prefixes once per chunk. `workspace`: `decode_workspace`
-    with prefix_splits + own_splits splits (allocated if None). `config`: the flat kernel's
-    tiles (Triton, `decode_config` by default; the CUDA FP8 kernel is not used here)."""
+    with chunks.max_splits + own_splits splits (allocated if None). `config`: the flat
+    kernel's tiles (Triton, `decode_config` by default; the CUDA FP8 kernel is not used
+    here). Launches depend on the shapes and `chunks`' room only, not on what it holds:
+    a CUDA graph captures them once and each replay runs the chunks packed in then."""
     b, hq, d = q.shape
     hkv = k_buf.shape[1]
     group = hq // hkv
     assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
     assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
+    prefix_splits = chunks.max_splits
     assert prefix_splits >= 1 and own_splits >= 1 and chunks.starts.shape == (b,)
     assert chunks.rows_per_chunk * triton.next_power_of_2(group) <= max(QUERY_ROWS, 16)
     k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)
@@ -231,7 +303,7 @@ def decode_attention_shared(
     group_p2 = triton.next_power_of_2(group)
     # At least 16 query rows for the matrix unit (padding rows are masked out).
     rows = max(chunks.rows_per_chunk, -(-16 // group_p2))
-    _prefix_kernel[(chunks.num_chunks, hkv, prefix_splits)](
+    _prefix_kernel[(chunks.grid, hkv)](
         q,
         k_buf,
         v_buf,
@@ -244,8 +316,9 @@ def decode_attention_shared(
         chunks.rows,
         chunks.offsets,
         chunks.prefix_lens,
+        chunks.items,
+        chunks.counts,
         scale * LOG2E,
-        prefix_splits,
         q.stride(0),
         q.stride(1),
         k_buf.stride(0),
