@@ -21,7 +21,8 @@ what the step anatomy counts as attention, without the idle gaps of eager launch
 extend.
 
 `--shared-sweep` runs only the shared shapes through kernels/decode_shared.py at each
-launch of SHARED_GRID (key tile, warps, stages) and prefix split count, kernel time each,
+launch of SHARED_GRID (key tile, warps, stages), prefix split count and rows a chunk,
+kernel time each,
 and prints the best beside the backend's own choice.
 
 `--engine` adds the whole engine's batch-1 decode on `dummy:llama-3-8b` with each backend:
@@ -261,8 +262,9 @@ def kernel_time_ms(fn: Callable[[], Any], reps: int = 20) -> float:
 
 # (key tile, warps, stages) for the shared-prefix kernels, and prefix split counts
 SHARED_GRID = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (64, 8, 2), (128, 8, 2),
-               (32, 4, 2)]  # fmt: skip
-SHARED_SPLITS = [1, 2, 4, 6, 8, 12, 16]
+               (32, 4, 2), (32, 8, 2)]  # fmt: skip
+SHARED_SPLITS = [1, 2, 4]
+SHARED_CHUNK_ROWS = [16, 32]  # batch rows a chunk (x 4 query heads: 64 or 128 query rows)
 
 
 def shared_sweep() -> list[dict[str, Any]]:
@@ -278,7 +280,8 @@ def shared_sweep() -> list[dict[str, Any]]:
         print(f"{name}: flat {flat * 1e3:.0f} us, shared as the backend runs it "
               f"{r['backend_kernel_ms'] * 1e3:.0f} us (prefix splits "
               f"{r['backend_prefix_splits']}), best {best['kernel_ms'] * 1e3:.0f} us at "
-              f"{best['launch']} x {best['splits']} splits ({best['kernel_ms'] / flat:.2f}x "
+              f"{best['launch']} x {best['splits']} splits, {best['chunk_rows']} rows a chunk "
+              f"({best['kernel_ms'] / flat:.2f}x "
               "flat)", flush=True)  # fmt: skip
     return out
 
@@ -305,11 +308,12 @@ def sweep_shape(name: str, seqs: list[tuple[int, int]], sharing: tuple[int, int]
     rows = [0, q.shape[0] // 2, q.shape[0] - 1]
     ref = reference_rows(pool, batch, q, rows)
     runs: list[dict[str, Any]] = []
-    lists = chunk_lists(meta.groups, batch.seq_lens_cpu, meta.chunks.rows_per_chunk)
-    assert lists is not None
-    for (block_n, warps, stages), splits in itertools.product(SHARED_GRID, SHARED_SPLITS):
+    grid = itertools.product(SHARED_GRID, SHARED_SPLITS, SHARED_CHUNK_ROWS)
+    for (block_n, warps, stages), splits, per_chunk in grid:
         cfg = DecodeConfig(block_n, warps, stages)
-        chunks = prefix_chunks(lists, splits, meta.chunks.rows_per_chunk, lambda t: t.to(DEV))
+        lists = chunk_lists(meta.groups, batch.seq_lens_cpu, per_chunk)
+        assert lists is not None
+        chunks = prefix_chunks(lists, splits, per_chunk, lambda t: t.to(DEV))
 
         def call(cfg: DecodeConfig = cfg, chunks: Any = chunks) -> None:
             decode_attention_shared(
@@ -317,7 +321,11 @@ def sweep_shape(name: str, seqs: list[tuple[int, int]], sharing: tuple[int, int]
                 D**-0.5, chunks, meta.own_splits, config=cfg,
             )  # fmt: skip
 
-        run: dict[str, Any] = {"launch": [block_n, warps, stages], "splits": splits}
+        run: dict[str, Any] = {
+            "launch": [block_n, warps, stages],
+            "splits": splits,
+            "chunk_rows": per_chunk,
+        }
         try:
             call()
         except Exception as e:  # a launch the device cannot take (shared memory)

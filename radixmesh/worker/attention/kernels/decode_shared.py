@@ -55,6 +55,7 @@ from radixmesh.worker.attention.kernels.decode_split import key_range
 from radixmesh.worker.attention.shared_prefix import CascadeGroups
 
 QUERY_ROWS = 64  # a chunk's query rows (rows x query heads a KV head): one matrix-unit tile
+MAX_QUERY_ROWS = 128  # what a launch takes (two tiles: bench.attention_backends' sweep)
 
 
 def rows_per_chunk(group: int) -> int:
@@ -286,7 +287,7 @@ def decode_attention_shared(
     assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
     prefix_splits = chunks.max_splits
     assert prefix_splits >= 1 and own_splits >= 1 and chunks.starts.shape == (b,)
-    assert chunks.rows_per_chunk * triton.next_power_of_2(group) <= max(QUERY_ROWS, 16)
+    assert chunks.rows_per_chunk * triton.next_power_of_2(group) <= max(MAX_QUERY_ROWS, 16)
     k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)
     if b == 0:
         return out
