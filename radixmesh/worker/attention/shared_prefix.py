@@ -8,8 +8,12 @@ shares nothing with a row whose first slot differs), and a group's common prefix
 largest c at which all its rows hold the same slot at c - 1, found by binary search over
 c (O(rows x log length), no row is read in full).
 
-One level only: a group's prefix is what all its rows share. Rows that share a system
-prompt and then, in subsets, different documents count the system prompt alone.
+One level only: each row reads one shared prefix, then its own keys. Where rows nest
+(every request starts with the same chat template's tokens, and subsets go on with
+different system prompts or documents), a group splits by the slot after its common
+prefix whenever its parts, each over its longer prefix, save more reads than the group
+whole (`_best_groups`, recursively): a row that shares only a template's first tokens
+with the others does not cut their 1,536-token prefix down to those tokens.
 
 A cascade pays when it saves reads: `plan_cascade` returns groups only when the
 prefixes, read once per group instead of once per row, save at least MIN_SAVED of the
@@ -37,9 +41,10 @@ class CascadeGroups:
     saved_fraction: float  # KV reads saved against reading every row in full
 
 
-def common_prefix(host_table: np.ndarray, rows: list[int], limit: int) -> int:
-    """Tokens (at most `limit`) that every row of `rows` holds in the same slots."""
-    lo, hi = 0, limit  # invariant: all rows agree on [0, lo)
+def common_prefix(host_table: np.ndarray, rows: list[int], limit: int, agreed: int = 0) -> int:
+    """Tokens (at most `limit`) that every row of `rows` holds in the same slots, given
+    that they agree on the first `agreed`."""
+    lo, hi = agreed, limit  # invariant: all rows agree on [0, lo)
     first = rows[0]
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -60,20 +65,12 @@ def plan_cascade(
     n = len(req_rows)
     if n < MIN_ROWS or min(seq_lens) < 2:
         return None
-    by_first: dict[int, list[int]] = {}
-    firsts = host_table[req_rows, 0]
-    for i, slot in enumerate(firsts.tolist()):
-        by_first.setdefault(slot, []).append(i)
+    groups = _best_groups(host_table, req_rows, seq_lens, list(range(n)), 0)[1]
     order: list[int] = []
     sizes: list[int] = []
     prefixes: list[int] = []
     saved = 0
-    for members in by_first.values():
-        limit = min(seq_lens[i] for i in members) - 1
-        if len(members) == 1:  # alone: any split works; all but its last token
-            shared = limit
-        else:  # the same first slot: at least that token is shared
-            shared = common_prefix(host_table, [req_rows[i] for i in members], limit)
+    for members, shared in groups:
         order += members
         sizes.append(len(members))
         prefixes.append(shared)
@@ -82,3 +79,32 @@ def plan_cascade(
     if fraction < MIN_SAVED:
         return None
     return CascadeGroups(order, sizes, prefixes, fraction)
+
+
+def _best_groups(
+    host_table: np.ndarray, req_rows: list[int], seq_lens: list[int], members: list[int],
+    agreed: int,
+) -> tuple[int, list[tuple[list[int], int]]]:  # fmt: skip
+    """(reads saved, [(batch indices, shared prefix)]) for `members`, which agree on their
+    first `agreed` slots: the group whole over its common prefix, or split by the slot
+    after it into parts grouped the same way, whichever saves more. A prefix of 0 always
+    splits (the first slots differ); a lone row shares all but its last token."""
+    limit = min(seq_lens[i] for i in members) - 1
+    if len(members) == 1:
+        return 0, [(members, limit)]
+    rows = [req_rows[i] for i in members]
+    shared = common_prefix(host_table, rows, limit, agreed)
+    whole = (len(members) - 1) * shared
+    if shared >= limit and shared > 0:  # a row has no token past it to split on
+        return whole, [(members, shared)]
+    parts: dict[int, list[int]] = {}
+    for i, slot in zip(members, host_table[rows, shared].tolist(), strict=True):
+        parts.setdefault(slot, []).append(i)
+    saved, groups = 0, []
+    for part in parts.values():
+        s, g = _best_groups(host_table, req_rows, seq_lens, part, shared + 1)
+        saved += s
+        groups += g
+    if shared > 0 and whole >= saved:
+        return whole, [(members, shared)]
+    return saved, groups

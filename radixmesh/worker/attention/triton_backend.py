@@ -74,9 +74,14 @@ from radixmesh.worker.forward_batch import ForwardBatch, to_device
 from radixmesh.worker.kvcache.pool import KVPool
 
 MIN_KEYS_PER_SPLIT = 256
-# A shared-prefix graph's room for prefix splits: more splits only pay when a step has few
-# chunks (one chunk of 16 rows wants 16 on 132 SMs), and every split widens the merge.
-GRAPH_PREFIX_SPLITS = 4
+# A shared-prefix graph's room for prefix splits, and its own keys' splits (the flat rule's
+# count for the full context would be 2 at 256 rows): more splits only pay when a step has
+# few chunks or a lone row a long context, and every split widens the merge. With 4 + 2
+# the graph's launches took 124-134 us of kernels where the eager step's 1 + 1 took 95-104
+# (merge 24 against 8 us, own keys 44-47 against 35-38; H100, 2026-12-06,
+# attention_backends-shared-h100.json, triton-shared-graph).
+GRAPH_PREFIX_SPLITS = 2
+GRAPH_OWN_SPLITS = 1
 MAX_SPLITS = 32
 WAVES = 16
 SHARED_PREFIX_SWITCH = "RADIXMESH_SHARED_PREFIX_DECODE"  # "1": shared-prefix decode on
@@ -230,12 +235,10 @@ class TritonAttentionBackend(AttentionBackend):
         packed = pack_chunks(None, max_splits, layout).to(device)
         per_chunk = rows_per_chunk(num_heads // hkv)
         chunks = chunk_views(packed, layout, per_chunk, max_splits, layout.items)
-        splits = max_splits + meta.num_splits
+        splits = max_splits + GRAPH_OWN_SPLITS
         self._shared_graph_sizes.add(batch_size)
-        return SharedPrefixMeta(
-            None, chunks, meta.num_splits, self._graph_workspace(batch_size, num_heads, splits),
-            layout,
-        )  # fmt: skip
+        workspace = self._graph_workspace(batch_size, num_heads, splits)
+        return SharedPrefixMeta(None, chunks, GRAPH_OWN_SPLITS, workspace, layout)
 
     def graph_variants(self, batch_size: int) -> int:
         """Two with the shared-prefix decode on, from MIN_ROWS rows (not in deterministic

@@ -85,3 +85,55 @@ def test_no_cascade_when_it_saves_little_or_the_batch_is_small() -> None:
     # A row of one token has nothing to split.
     one = table_with_groups([(MIN_ROWS, 100)], own=2)
     assert plan_cascade(one, list(range(MIN_ROWS)), [1] + [102] * (MIN_ROWS - 1)) is None
+
+
+def test_nested_prefixes_split_where_the_parts_save_more() -> None:
+    """Every row starts with the same 4 template tokens; 6 rows then share 200 more, 5
+    others 120 more, and one row goes on alone: the two deep groups are found (not one
+    group over the 4 template tokens), the lone row keeps its own keys."""
+    table = np.zeros((14, 256), dtype=np.int64)
+    template = [1, 2, 3, 4]
+    slot = 5
+    deep = []
+    for length in (200, 120):
+        deep.append(list(range(slot, slot + length)))
+        slot += length
+    r = 0
+    lens = []
+    for g, size in enumerate((6, 5)):
+        for _ in range(size):
+            row = template + deep[g] + list(range(slot, slot + 3))
+            slot += 3
+            table[r, : len(row)] = row
+            lens.append(len(row))
+            r += 1
+    alone = template + list(range(slot, slot + 40))
+    table[r, : len(alone)] = alone
+    lens.append(len(alone))
+    g = plan_cascade(table, list(range(12)), lens)
+    assert g is not None
+    firsts = np.cumsum([0, *g.sizes])[:-1].tolist()
+    found = sorted(
+        (tuple(g.order[a : a + n]), p)
+        for a, n, p in zip(firsts, g.sizes, g.prefix_lens, strict=True)
+    )
+    assert found == [((0, 1, 2, 3, 4, 5), 204), ((6, 7, 8, 9, 10), 124), ((11,), 43)]
+    assert g.saved_fraction == (5 * 204 + 4 * 124) / sum(lens)
+
+
+def test_a_group_stays_whole_where_its_parts_save_less() -> None:
+    """10 rows share 300 tokens; then two subsets of 5 share 2 more each: splitting would
+    save 2 x 4 x 302 < 9 x 300, so the group stays whole."""
+    table = np.zeros((10, 400), dtype=np.int64)
+    common = list(range(1, 301))
+    slot = 301
+    tails = [[slot, slot + 1], [slot + 2, slot + 3]]
+    slot += 4
+    lens = []
+    for r in range(10):
+        row = common + tails[r % 2] + [slot]
+        slot += 1
+        table[r, : len(row)] = row
+        lens.append(len(row))
+    g = plan_cascade(table, list(range(10)), lens)
+    assert g is not None and g.sizes == [10] and g.prefix_lens == [300]

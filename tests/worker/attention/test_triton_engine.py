@@ -77,9 +77,10 @@ def test_shared_prefix_decode_graphs_give_the_flat_graphs_tokens(
 ) -> None:
     """On CUDA, with the shared-prefix decode on, the decode graphs of 8 rows or more are
     captured with its launches: 24 requests behind one cached 300-token prefix, plus 4
-    that share nothing, decode through those graphs (replays, shared steps counted, no
-    eager shared step), and the greedy tokens (float32) are those of the flat graphs; every slot is
-    free or cached after."""
+    of their own (the first shares only its first token with the others, as a chat
+    template's would: the 24 still group over their 300), decode through those graphs
+    (replays, shared steps counted, no eager shared step), and the greedy tokens (float32)
+    are those of the flat graphs; every slot is free or cached after."""
     shared = [(13 * j) % 900 + 20 for j in range(300)]
     prompts = [shared + [(7 * i + j) % 900 + 20 for j in range(3 + 5 * i)] for i in range(24)]
     prompts += [[(11 * i + j) % 900 + 20 for j in range(40 + i)] for i in range(4)]
