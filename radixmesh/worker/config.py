@@ -72,6 +72,14 @@ class ModelConfig:
     every key before it), are at most this many keys: 65,536 is one ~360-token prompt
     from scratch or three of ~190. Longer prompts and long cached prefixes keep the extend
     kernel, which reads each key once per tile. 0: prompt chunks always run eagerly."""
+    shared_prefix_decode: bool = False
+    """Triton attention: decode steps whose rows share cached prefixes (the radix cache's
+    sharing, found in the slot table) read each prefix once per chunk of 16 rows, not once
+    per row (attention/kernels/decode_shared.py), through a second decode CUDA graph per
+    size from 8 rows. Off by default: on an H100 its kernels take 0.40-0.49x the flat
+    decode's time over shared 1,536-token prefixes, but the shared-prefix workload's
+    throughput moved within its run-to-run spread (docs/performance.md, "Shared-prefix
+    decode"). RADIXMESH_SHARED_PREFIX_DECODE=1 turns it on too."""
     warmup: bool | None = None
     """Before the worker reports ready, run dummy requests through its scheduler and model
     runner (prefills at several token counts, one over a cached prefix, a step that mixes

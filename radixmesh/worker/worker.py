@@ -479,6 +479,15 @@ class Worker:
         attn = create_attention_backend(
             self.attention_backend, self.kv_pool, self.arch.head_size**-0.5
         )
+        if mc.shared_prefix_decode:
+            if hasattr(attn, "shared_prefix"):  # the triton backend's switch
+                attn.shared_prefix = True
+            else:
+                logger.warning(
+                    "shared_prefix_decode: the %s attention backend reads every row's keys "
+                    "itself (only triton reads shared prefixes once)",
+                    self.attention_backend,
+                )
         if mc.deterministic:
             sc = self.config.scheduler
             rows = max(sc.max_num_batched_tokens or 0, sc.running_cap)

@@ -46,17 +46,17 @@ def test_shared_prefix_decode_gives_the_torch_backends_tokens(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Nine requests decoding behind one cached 48-token prefix: with the shared-prefix
-    decode on, their decode steps read it once (kernels/decode_shared.py), and the greedy
-    tokens are the torch backend's."""
+    decode on (`shared_prefix_decode`), their decode steps read it once
+    (kernels/decode_shared.py), and the greedy tokens are the torch backend's."""
     shared = [(13 * j) % 480 + 20 for j in range(48)]
     prompts = [shared + [(7 * i + j) % 480 + 20 for j in range(2 + i)] for i in range(9)]
     params = {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True}
     outs = {}
+    monkeypatch.delenv("RADIXMESH_SHARED_PREFIX_DECODE", raising=False)
     for backend in ("triton", "torch"):
-        monkeypatch.setenv("RADIXMESH_SHARED_PREFIX_DECODE", "1" if backend == "triton" else "0")
         eng = Engine(
             "dummy:tiny", device="cpu", dtype="float32", attention_backend=backend,
-            kv_cache_tokens=2048,
+            kv_cache_tokens=2048, shared_prefix_decode=backend == "triton",
         )  # fmt: skip
         eng.generate(input_ids=prompts[:1], sampling_params=params)  # the prefix cached
         out = eng.generate(input_ids=prompts, sampling_params=params)
@@ -88,12 +88,12 @@ def test_shared_prefix_decode_graphs_give_the_flat_graphs_tokens(
         {"temperature": 0.0, "max_new_tokens": 6 + i % 5, "ignore_eos": True} for i in range(28)
     ]
     outs = {}
+    monkeypatch.delenv("RADIXMESH_SHARED_PREFIX_DECODE", raising=False)
     for on in ("0", "1"):
-        monkeypatch.setenv("RADIXMESH_SHARED_PREFIX_DECODE", on)
         with Engine(
             "dummy:llama-3-8b@layers=2", device="cuda", dtype="float32",
             attention_backend="triton", cuda_graph_max_batch_size=32, kv_cache_tokens=16384,
-            max_running_requests=32,
+            max_running_requests=32, shared_prefix_decode=on == "1",
         ) as eng:  # fmt: skip
             runner = eng.worker.runner
             attn = runner.attn
