@@ -67,8 +67,9 @@
 #             --table, then bench.tp --tp 1 --configs fp8-all,bf16 (the engine with the
 #             table measured at load: its batch-1 time per token against bf16's)
 #   shared    the shared-prefix decode (kernels/decode_shared.py): its GPU tests, then
-#             bench.attention_backends --backends triton,triton-shared (flat against
-#             shared on the shared shapes, one layer's call), then bench.step_anatomy
+#             bench.attention_backends --backends triton,triton-shared,triton-shared-graph
+#             (flat against shared, eager and as a graph launches it, on the shared
+#             shapes, one layer's call, kernel time and do_bench), then bench.step_anatomy
 #             --workload prefill with RADIXMESH_SHARED_PREFIX_DECODE off and on (the
 #             shared_prefix workload's decode steps' attention time)
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
@@ -253,9 +254,13 @@ if part gemv; then
 fi
 if part shared; then
   part fp8checks || part fp8tests || run gpu-test_decode_shared "$PWD" 200 -m pytest -q -p no:cacheprovider \
-    tests/worker/attention/test_decode_shared.py tests/worker/attention/test_triton_backend.py
+    tests/worker/attention/test_decode_shared.py tests/worker/attention/test_triton_backend.py \
+    tests/worker/attention/test_shared_prefix.py
+  run gpu-test_shared_graphs "$PWD" 400 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/worker/attention/test_triton_engine.py
   run attention_backends_shared "$PWD" 300 -m bench.attention_backends \
-    --backends triton,triton-shared --out "$OUT/attention_backends-shared-$MACHINE.json"
+    --backends triton,triton-shared,triton-shared-graph \
+    --out "$OUT/attention_backends-shared-$MACHINE.json"
   run step_anatomy_flat "$PWD" 240 -m bench.step_anatomy --workload prefill \
     --out "$OUT/step_anatomy-prefill-$MACHINE.json"
   export RADIXMESH_SHARED_PREFIX_DECODE=1
@@ -264,7 +269,7 @@ if part shared; then
   unset RADIXMESH_SHARED_PREFIX_DECODE
 fi
 if part sharedoffline; then
-  run offline-flat "$PWD" 200 $OFFLINE --out "$OUT/offline-now-$MACHINE.json"
+  run offline-flat "$PWD" 200 $OFFLINE --out "$OUT/offline-$MACHINE.json"
   RADIXMESH_SHARED_PREFIX_DECODE=1 run offline-shared "$PWD" 200 $OFFLINE \
     --out "$OUT/offline-shared-decode-$MACHINE.json"
 fi
