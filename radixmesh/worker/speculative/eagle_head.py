@@ -111,27 +111,57 @@ class EagleHead(nn.Module):
         embeds, features: [T, H] (the next token's embedding, the position's feature);
         positions: [T] int64. Returns (h [T, H], k [T, Hkv, D], v [T, Hkv, D]): the layer's
         output, and the new positions' keys (rotated) and values to keep."""
+        h, k, v = self.forward_batch(
+            embeds[None], features[None], positions[None], past_k[None], past_v[None]
+        )
+        return h[0], k[0], v[0]
+
+    def forward_batch(
+        self,
+        embeds: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        past_k: torch.Tensor,
+        past_v: torch.Tensor,
+        past_lens: list[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """B requests' new positions at once, each after its own history: row b's first
+        past_lens[b] of past_k/past_v [B, P, Hkv, D] (None: all P; the rest padding,
+        masked out).
+
+        embeds, features: [B, T, H]; positions: [B, T]. A row with fewer than T new
+        positions is padded at its end; a padded position's outputs are garbage that no
+        valid one reads (each new position sees the new ones up to itself, causal). No
+        mask at all where none is needed (one new position over equal histories: each
+        draft step at batch 1). Returns (h [B, T, H], k, v [B, T, Hkv, D])."""
         layer = self.layer
         attn = layer.self_attn
-        t, d = embeds.shape[0], attn.head_dim
-        x = self.fc(torch.cat((embeds, features), dim=-1))  # [T, H]
-        cos, sin = self.rotary(positions)  # [T, 1, D] each
-        q = apply_rotary(attn.q_proj(x).view(t, attn.num_heads, d), cos, sin)
-        k = apply_rotary(attn.k_proj(x).view(t, attn.num_kv_heads, d), cos, sin)
-        v = attn.v_proj(x).view(t, attn.num_kv_heads, d)
-        keys, values = torch.cat((past_k, k)), torch.cat((past_v, v))  # [P + T, Hkv, D]
-        p = past_k.shape[0]
-        # New position j sees every past key and the new ones up to itself.
-        mask = torch.ones(t, p + t, dtype=torch.bool, device=x.device).tril(diagonal=p)
+        b, t, _ = embeds.shape
+        d, p = attn.head_dim, past_k.shape[1]
+        x = self.fc(torch.cat((embeds, features), dim=-1))  # [B, T, H]
+        cos, sin = self.rotary(positions.reshape(-1))  # [B T, 1, D] each
+        q = apply_rotary(attn.q_proj(x).view(b * t, attn.num_heads, d), cos, sin)
+        k = apply_rotary(attn.k_proj(x).view(b * t, attn.num_kv_heads, d), cos, sin)
+        q, k = q.view(b, t, attn.num_heads, d), k.view(b, t, attn.num_kv_heads, d)
+        v = attn.v_proj(x).view(b, t, attn.num_kv_heads, d)
+        keys, values = torch.cat((past_k, k), dim=1), torch.cat((past_v, v), dim=1)
+        mask = None
+        if t > 1 or (past_lens is not None and min(past_lens) < p):
+            # Query j of row b sees its row's past keys and the new ones up to itself.
+            lens = torch.tensor(past_lens or [p] * b, device=x.device)
+            seen = torch.arange(p, device=x.device)[None, :] < lens[:, None]  # [B, P]
+            causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()  # [T, T]
+            both = (seen[:, None, :].expand(b, t, p), causal[None].expand(b, t, t))
+            mask = torch.cat(both, dim=-1)[:, None]  # [B, 1, T, P + T]
         group = attn.num_heads // attn.num_kv_heads
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),  # [Hq, T, D]
-            keys.repeat_interleave(group, dim=1).transpose(0, 1),  # [Hq, P + T, D]
-            values.repeat_interleave(group, dim=1).transpose(0, 1),
+            q.transpose(1, 2),  # [B, Hq, T, D]
+            keys.repeat_interleave(group, dim=2).transpose(1, 2),  # [B, Hq, P + T, D]
+            values.repeat_interleave(group, dim=2).transpose(1, 2),
             attn_mask=mask,
-        )  # [Hq, T, D]
-        h = x + attn.o_proj(out.transpose(0, 1).reshape(t, attn.num_heads * d))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))  # [T, H]
+        )  # [B, Hq, T, D]
+        h = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, attn.num_heads * d))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))  # [B, T, H]
         return h, k, v
 
 

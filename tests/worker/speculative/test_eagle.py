@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -191,6 +192,61 @@ def test_drafts_equal_the_head_over_the_whole_history(tmp_path: Path) -> None:
     w.close()
 
 
+@torch.inference_mode()
+def test_a_batch_drafts_what_each_request_drafts_alone(tmp_path: Path) -> None:
+    """Four requests drafting together (histories of different lengths, one feed longer
+    than BATCHED_FEED, k of 4, 2, 3 and 1), twice, the second time after each kept more
+    positions: the same tokens as each request drafting alone in a drafter of its own,
+    and the same outputs up to float32 rounding. Every drafted position's two best
+    logits are further apart than that rounding, so no tie decides a token."""
+    from radixmesh.worker.speculative.eagle import BATCHED_FEED
+
+    w = _eagle(tmp_path)
+    head, target = _drafter(w).head, _drafter(w).target
+    plain = make_worker()
+    ids = [p + q for p, q in zip(_prompts(4, seed=8), _prompts(4, seed=9), strict=True)]
+    ids[3] = ids[3] + _prompts(6, seed=10)[5]  # 90 tokens: a feed past BATCHED_FEED
+    assert len(ids[3]) - 1 > BATCHED_FEED
+    ks = [4, 2, 3, 1]
+    together = EagleDrafter(head, target)
+    alone = [EagleDrafter(head, target) for _ in ids]
+    logits: list[torch.Tensor] = []
+    compute = target.compute_logits
+
+    def recorded(h: torch.Tensor) -> torch.Tensor:
+        out = compute(h)
+        logits.append(out)
+        return out
+
+    target.compute_logits = recorded  # type: ignore[method-assign]
+    reqs = [make_request(w, x) for x in ids]
+    done = [0] * len(ids)  # positions observed
+    for extra in (0, 5):
+        for i, req in enumerate(reqs):
+            req.token_ids.extend(range(7, 7 + extra))
+            req.num_computed_tokens = len(req.token_ids) - 1
+            assert plain.flush_cache()  # every position computed, none from the cache
+            feats = _target_hidden(plain, req.token_ids[:-1])
+            for d in (together, alone[i]):
+                d.observe(req, done[i], feats[done[i] :])
+            done[i] = len(feats)
+        got = together.propose_all(list(zip(reqs, ks, strict=True)))
+        want = {req: d.propose(req, k) for req, d, k in zip(reqs, alone, ks, strict=True)}
+        assert got == want and [len(got[r]) for r in reqs] == ks
+    top2 = torch.cat(logits).topk(2, dim=-1).values
+    assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-4
+    plain.close()
+    w.close()
+
+
+def _feed(drafter: EagleDrafter, state: Any, ids: list[int], limit: int) -> None:
+    """The state's pending positions < limit through the head, as a draft feeds them."""
+    req: Any = SimpleNamespace(token_ids=ids, num_computed_tokens=limit)
+    pending = drafter._pending(req, state)
+    if pending is not None:
+        drafter._feed([(state, pending)])
+
+
 def test_what_the_drafter_keeps_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from radixmesh.worker.speculative import eagle
 
@@ -207,11 +263,11 @@ def test_what_the_drafter_keeps_is_bounded(tmp_path: Path, monkeypatch: pytest.M
     assert [(first, len(rows)) for first, rows in state.pending] == [(9, 4)]
     drafter.observe(req, 13, torch.zeros(24, hidden))
     req.num_computed_tokens = 37
-    drafter._feed(state, req.token_ids, 36)  # positions 31..35 through the head
+    _feed(drafter, state, req.token_ids, 36)  # positions 31..35 through the head
     assert state.positions == list(range(31, 36)) and state.keys.shape[0] == 5
     drafter.observe(req, 36, torch.zeros(1, hidden))
     for p in range(37, 45):  # one position at a time: the window slides
-        drafter._feed(state, [*req.token_ids, *range(3, 12)], p)
+        _feed(drafter, state, [*req.token_ids, *range(3, 12)], p)
         drafter.observe(req, p, torch.zeros(1, hidden))
     assert state.positions == list(range(34, 44)) and state.keys.shape[0] == 10
     w.close()
