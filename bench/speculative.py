@@ -23,8 +23,15 @@ Parts:
   batch   A large batch with speculation on (adaptive: no drafts above
           speculative_max_batch_size) against off: output tokens per second, random
           prompts, ignore_eos.
+  eagle   An EAGLE head's drafting per step, the step's requests as one batch against
+          each request drafted alone, one after another: a random head of the target's
+          shape (speculative/random_head.py), 1, 4 and 16 requests with
+          `--eagle-history` positions each (random features), k = `--k`; each step
+          first feeds one new position a request (an accepted token), then drafts;
+          median ms of 30 steps.
 
-CPU (the bundled model): `python -m bench.speculative --parts copy,verify`
+CPU (the bundled model): `python -m bench.speculative --parts copy,verify`; the EAGLE
+head's batching: `python -m bench.speculative --model dummy:tiny --parts eagle`
 GPU: `python -m bench.speculative --model dummy:llama-3-8b --device cuda --dtype bfloat16
 --parts verify,batch` (`--parts draft --draft-model dummy:llama-3.2-1b`: the draft-model
 step)
@@ -247,6 +254,79 @@ def batch_part(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def eagle_part(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from radixmesh.sampling_params import SamplingParams
+    from radixmesh.worker.speculative.eagle import EagleDrafter
+    from radixmesh.worker.speculative.random_head import write_head
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = _engine(args)
+        head = write_head(Path(tmp) / "head", probe.worker.arch)
+        probe.shutdown()
+        eng = _engine(
+            args, speculative="eagle", speculative_draft_model=str(head),
+            speculative_max_batch_size=16,
+        )  # fmt: skip
+        spec = eng.worker.scheduler.speculator
+        assert spec is not None and isinstance(spec.drafter, EagleDrafter)
+        head_, target = spec.drafter.head, spec.drafter.target
+        hidden = eng.worker.arch.hidden_size
+        device = next(target.parameters()).device
+        dtype = next(head_.parameters()).dtype
+        gen = torch.Generator().manual_seed(0)
+        for batch in (1, 4, 16):
+            figures: dict[str, Any] = {"requests": batch}
+            for mode in ("batched", "one_by_one"):
+                drafter = EagleDrafter(head_, target)
+                reqs = [
+                    Request(rid=f"r{i}", prompt_ids=[(7 * i + j) % 500 + 3 for j in
+                            range(args.eagle_history + 1)], params=SamplingParams())
+                    for i in range(batch)
+                ]  # fmt: skip
+
+                def feed(req: Request, start: int, n: int, d: EagleDrafter = drafter) -> None:
+                    f = torch.randn(n, hidden, generator=gen).to(device=device, dtype=dtype)
+                    d.observe(req, start, f)
+
+                for req in reqs:
+                    req.num_computed_tokens = len(req.token_ids) - 1
+                    feed(req, 0, len(req.token_ids) - 1)
+                times = []
+                for step in range(31):
+                    if step:
+                        for req in reqs:
+                            n = len(req.token_ids)
+                            req.token_ids.append(5)
+                            req.num_computed_tokens = n
+                            feed(req, n - 1, 1)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    if mode == "batched":
+                        drafter.propose_all([(r, args.k) for r in reqs])
+                    else:
+                        for r in reqs:
+                            drafter.propose(r, args.k)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    if step:  # the first step feeds the whole history
+                        times.append((time.perf_counter() - t0) * 1e3)
+                figures[f"{mode}_ms"] = statistics.median(times)
+            figures["one_by_one_over_batched"] = figures["one_by_one_ms"] / figures["batched_ms"]
+            rows.append(figures)
+            print(f"eagle: {batch} requests: batched {figures['batched_ms']:.2f} ms, one by "
+                  f"one {figures['one_by_one_ms']:.2f} ms a step "
+                  f"({figures['one_by_one_over_batched']:.2f}x)", flush=True)  # fmt: skip
+        eng.shutdown()
+    return {"k": args.k, "history": args.eagle_history, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="smollm2")
@@ -271,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--batch-prompt", type=int, default=512)
     ap.add_argument("--batch-new-tokens", type=int, default=256)
+    ap.add_argument("--eagle-history", type=int, default=256, help="eagle: positions each")
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
     figures: dict[str, Any] = {}
@@ -283,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
         figures["draft"] = draft_part(args)
     if "batch" in parts:
         figures["batch"] = batch_part(args)
+    if "eagle" in parts:
+        figures["eagle"] = eagle_part(args)
     record.write("speculative", args, figures)
 
 

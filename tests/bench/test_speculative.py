@@ -19,7 +19,8 @@ def test_smoke_run_records_every_part(tmp_path: Path) -> None:
     out = tmp_path / "spec.json"
     speculative.main(
         [
-            "--model", "dummy:tiny", "--parts", "copy,verify,draft,batch", "--drafters", "ngram",
+            "--model", "dummy:tiny", "--parts", "copy,verify,draft,batch,eagle", "--drafters",
+            "ngram", "--eagle-history", "8",
             "--draft-model", "dummy:tiny",
             "--max-new-tokens", "6", "--verify-ks", "2", "--verify-prompt", "16",
             "--verify-tokens", "4", "--repeats", "1", "--batch", "4", "--batch-prompt", "8",
@@ -39,3 +40,7 @@ def test_smoke_run_records_every_part(tmp_path: Path) -> None:
     assert (draft["draft_model"], draft["k"]) == ("dummy:tiny", 4)
     assert draft["plain"]["verify_steps"] == 0 and draft["draft"]["verify_steps"] > 0
     assert draft["ratio"] > 0 and draft["step_vs_plain"] > 0
+    eagle = record["eagle"]
+    assert (eagle["k"], eagle["history"]) == (4, 8)
+    assert [r["requests"] for r in eagle["rows"]] == [1, 4, 16]
+    assert all(r["batched_ms"] > 0 and r["one_by_one_ms"] > 0 for r in eagle["rows"])

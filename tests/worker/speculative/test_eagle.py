@@ -218,7 +218,7 @@ def test_a_batch_drafts_what_each_request_drafts_alone(tmp_path: Path) -> None:
         logits.append(out)
         return out
 
-    target.compute_logits = recorded  # type: ignore[method-assign]
+    target.compute_logits = recorded  # type: ignore[method-assign,assignment]
     reqs = [make_request(w, x) for x in ids]
     done = [0] * len(ids)  # positions observed
     for extra in (0, 5):
