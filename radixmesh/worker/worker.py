@@ -479,15 +479,20 @@ class Worker:
         attn = create_attention_backend(
             self.attention_backend, self.kv_pool, self.arch.head_size**-0.5
         )
-        if mc.shared_prefix_decode:
-            if hasattr(attn, "shared_prefix"):  # the triton backend's switch
-                attn.shared_prefix = True
-            else:
+        if hasattr(attn, "shared_prefix"):  # the triton backend's switch (or its env var)
+            wanted = attn.shared_prefix or mc.shared_prefix_decode
+            attn.shared_prefix = wanted and self.config.parallel.tp_size == 1
+            if wanted and not attn.shared_prefix:  # its graphs would be captured for nothing
                 logger.warning(
-                    "shared_prefix_decode: the %s attention backend reads every row's keys "
-                    "itself (only triton reads shared prefixes once)",
-                    self.attention_backend,
+                    "shared_prefix_decode: off under tensor parallelism (no rank reads the "
+                    "slot table's host mirror, where shared prefixes are found)"
                 )
+        elif mc.shared_prefix_decode:
+            logger.warning(
+                "shared_prefix_decode: the %s attention backend reads every row's keys "
+                "itself (only triton reads shared prefixes once)",
+                self.attention_backend,
+            )
         if mc.deterministic:
             sc = self.config.scheduler
             rows = max(sc.max_num_batched_tokens or 0, sc.running_cap)
