@@ -59,7 +59,8 @@ DEV = torch.device("cuda")
 # read in full (what the cascade saves). (FA2's prefill kernels against FA3's, the choice
 # of flashinfer_backend.PREFILL_BACKEND, are in docs/performance.md.)
 # triton-shared: the triton backend with its shared-prefix decode on; triton-shared-graph:
-# the same with a decode graph's metadata (the launches a replay runs, here without one).
+# the same with a decode graph's metadata (the launches a replay runs, here without one);
+# triton-shared-fused: that with the one-launch kernel (RADIXMESH_SHARED_PREFIX_FUSED).
 BACKENDS = ("triton", "triton-shared", "flashinfer", "flashinfer-flat")
 LAYER = 0
 GRAPH_CONTEXT = 8192  # triton-shared-graph: the context its graphs are captured for
@@ -149,12 +150,13 @@ def reference_rows(
 
 
 def make_backend(name: str, pool: KVPool) -> Any:
-    if name in ("triton-shared", "triton-shared-graph"):
+    if name in ("triton-shared", "triton-shared-graph", "triton-shared-fused"):
         from radixmesh.worker.attention.triton_backend import TritonAttentionBackend
 
         triton_backend = create_attention_backend("triton", pool, D**-0.5)
         assert isinstance(triton_backend, TritonAttentionBackend)
         triton_backend.shared_prefix = True
+        triton_backend.shared_fused = name == "triton-shared-fused"
         return triton_backend
     if name != "flashinfer-flat":
         return create_attention_backend(name, pool, D**-0.5)
@@ -167,10 +169,10 @@ def make_backend(name: str, pool: KVPool) -> Any:
 
 
 def prepare(name: str, attn: Any, batch: ForwardBatch) -> None:
-    """`attn.prepare`, or for triton-shared-graph a decode step's metadata as a CUDA graph
+    """`attn.prepare`, or for triton-shared-graph/-fused a decode step's metadata as a graph
     of the batch's size holds it (`graph_metadata` for a 8,192-token context, the variant
     `graph_variant` picks, `before_replay`): the graph's launches, run without a graph."""
-    if name != "triton-shared-graph" or not batch.is_decode_only:
+    if name not in ("triton-shared-graph", "triton-shared-fused") or not batch.is_decode_only:
         attn.prepare(batch)
         return
     b = batch.batch_size

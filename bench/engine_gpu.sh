@@ -51,7 +51,8 @@
 #   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
 #   sharedoffline bench.offline's GPU workloads as `offline` runs them, the shared-prefix
-#             decode off, then on (RADIXMESH_SHARED_PREFIX_DECODE=1): its end-to-end cost
+#             decode off, then on (RADIXMESH_SHARED_PREFIX_DECODE=1), then on with its
+#             one-launch kernel (RADIXMESH_SHARED_PREFIX_FUSED=1): its end-to-end cost
 #   fp8checks the FP8 paths' GPU tests, each file in a process of its own (a broken CUDA
 #             context stops one file, not the rest): the GEMM table and the tensor-wise
 #             epilogue, the CUDA small-batch GEMM, the fused quantization (equal bits),
@@ -70,8 +71,9 @@
 #             bench.attention_backends --backends triton,triton-shared,triton-shared-graph
 #             (flat against shared, eager and as a graph launches it, on the shared
 #             shapes, one layer's call, kernel time and do_bench), then bench.step_anatomy
-#             --workload prefill with RADIXMESH_SHARED_PREFIX_DECODE off and on (the
-#             shared_prefix workload's decode steps' attention time)
+#             --workload prefill with RADIXMESH_SHARED_PREFIX_DECODE off, on, and on
+#             with the one-launch kernel (the shared_prefix workload's decode steps'
+#             attention time)
 # Results and logs go to $OUT. Python packages the machine lacks travel as wheels in .whl/
 # (installed to /tmp/site). Bound a call with the per-run limits below, not a `timeout`
 # around this script: that stops the shell, not the Python run it started, which then
@@ -259,19 +261,23 @@ if part shared; then
   run gpu-test_shared_graphs "$PWD" 400 -m pytest -q -p no:cacheprovider -m gpu \
     tests/worker/attention/test_triton_engine.py
   run attention_backends_shared "$PWD" 300 -m bench.attention_backends \
-    --backends triton,triton-shared,triton-shared-graph \
+    --backends triton,triton-shared,triton-shared-graph,triton-shared-fused \
     --out "$OUT/attention_backends-shared-$MACHINE.json"
   run step_anatomy_flat "$PWD" 240 -m bench.step_anatomy --workload prefill \
     --out "$OUT/step_anatomy-prefill-$MACHINE.json"
   export RADIXMESH_SHARED_PREFIX_DECODE=1
   run step_anatomy_shared "$PWD" 240 -m bench.step_anatomy --workload prefill \
     --out "$OUT/step_anatomy-prefill-shared-decode-$MACHINE.json"
+  RADIXMESH_SHARED_PREFIX_FUSED=1 run step_anatomy_fused "$PWD" 240 -m bench.step_anatomy \
+    --workload prefill --out "$OUT/step_anatomy-prefill-shared-fused-$MACHINE.json"
   unset RADIXMESH_SHARED_PREFIX_DECODE
 fi
 if part sharedoffline; then
   run offline-flat "$PWD" 200 $OFFLINE --out "$OUT/offline-$MACHINE.json"
   RADIXMESH_SHARED_PREFIX_DECODE=1 run offline-shared "$PWD" 200 $OFFLINE \
     --out "$OUT/offline-shared-decode-$MACHINE.json"
+  RADIXMESH_SHARED_PREFIX_DECODE=1 RADIXMESH_SHARED_PREFIX_FUSED=1 run offline-fused "$PWD" \
+    200 $OFFLINE --out "$OUT/offline-shared-fused-$MACHINE.json"
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \

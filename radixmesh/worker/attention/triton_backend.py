@@ -57,6 +57,7 @@ from radixmesh.worker.attention.kernels.decode_shared import (
     PrefixChunks,
     chunk_lists,
     chunk_views,
+    decode_attention_fused,
     decode_attention_shared,
     pack_chunks,
     prefix_chunks,
@@ -85,6 +86,10 @@ GRAPH_OWN_SPLITS = 1
 MAX_SPLITS = 32
 WAVES = 16
 SHARED_PREFIX_SWITCH = "RADIXMESH_SHARED_PREFIX_DECODE"  # "1": shared-prefix decode on
+# "1": its steps in one launch (decode_shared.py's fused kernel: each chunk's program reads
+# its prefix and its rows' own keys and writes their outputs; no split, no merge) over a
+# 16-bit pool. Off: not yet measured on a GPU (docs/performance.md, "Shared-prefix decode").
+SHARED_PREFIX_FUSED_SWITCH = "RADIXMESH_SHARED_PREFIX_FUSED"
 
 
 @dataclass
@@ -130,6 +135,7 @@ class SharedPrefixMeta:
     own_splits: int = 1
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
     layout: ChunkLayout | None = None  # a graph's room (None: eager)
+    fused: bool = False  # every row in a chunk, one launch (decode_attention_fused)
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -192,6 +198,7 @@ class TritonAttentionBackend(AttentionBackend):
         # The decode kernel's launch; None: `decode_config`'s for the device and pool.
         self.decode_launch: DecodeConfig | None = None
         self.shared_prefix = os.environ.get(SHARED_PREFIX_SWITCH, "0") == "1"
+        self.shared_fused = os.environ.get(SHARED_PREFIX_FUSED_SWITCH, "0") == "1"
         self.num_shared_prefix_steps = 0
         self._groups_for: ForwardBatch | None = None  # `_shared_groups`' batch and answer
         self._groups: CascadeGroups | None = None
@@ -227,16 +234,22 @@ class TritonAttentionBackend(AttentionBackend):
             return meta
         assert variant == 1 and self._shared_graphs(batch_size)
         hkv = self.kv_pool.num_kv_heads
+        per_chunk = rows_per_chunk(num_heads // hkv)
+        self._shared_graph_sizes.add(batch_size)
+        if self._fused:  # every row in a chunk of its own at most: room for B chunks
+            layout = ChunkLayout(batch_size, batch_size, batch_size)
+            alone = chunk_lists(None, [1] * batch_size, per_chunk, lone=True)
+            packed = pack_chunks(alone, 1, layout).to(device)
+            chunks = chunk_views(packed, layout, per_chunk, 1, layout.items)
+            return SharedPrefixMeta(None, chunks, layout=layout, fused=True)
         # Chunks hold 2 rows or more of a group, but for a group's last; one wave of prefix
         # programs needs at most num_sms // hkv items, more chunks one split each.
         layout = ChunkLayout(batch_size, batch_size, max(batch_size, self.num_sms // hkv))
         most = choose_prefix_splits(1, hkv, max_context_len, self.num_sms)
         max_splits = min(GRAPH_PREFIX_SPLITS, most)
         packed = pack_chunks(None, max_splits, layout).to(device)
-        per_chunk = rows_per_chunk(num_heads // hkv)
         chunks = chunk_views(packed, layout, per_chunk, max_splits, layout.items)
         splits = max_splits + GRAPH_OWN_SPLITS
-        self._shared_graph_sizes.add(batch_size)
         workspace = self._graph_workspace(batch_size, num_heads, splits)
         return SharedPrefixMeta(None, chunks, GRAPH_OWN_SPLITS, workspace, layout)
 
@@ -249,6 +262,10 @@ class TritonAttentionBackend(AttentionBackend):
 
     def _shared_graphs(self, batch_size: int) -> bool:
         return self.shared_prefix and not self.deterministic and batch_size >= MIN_ROWS
+
+    @property
+    def _fused(self) -> bool:
+        return self.shared_fused and not self.kv_pool.quantized
 
     def _graph_workspace(
         self, batch_size: int, num_heads: int, splits: int
@@ -275,9 +292,10 @@ class TritonAttentionBackend(AttentionBackend):
         assert meta.layout is not None and meta.chunks is not None
         groups = self._shared_groups(batch)
         lists = None
-        if groups is not None:
-            lists = chunk_lists(groups, batch.seq_lens_cpu, meta.chunks.rows_per_chunk)
-        splits = self._prefix_splits(lists, meta.chunks.max_splits)
+        if groups is not None or meta.fused:  # fused: every row in a chunk, whatever it shares
+            per_chunk = meta.chunks.rows_per_chunk
+            lists = chunk_lists(groups, batch.seq_lens_cpu, per_chunk, lone=meta.fused)
+        splits = 1 if meta.fused else self._prefix_splits(lists, meta.chunks.max_splits)
         packed = pack_chunks(lists, splits, meta.layout)
         if packed.device != meta.chunks.packed.device:
             packed = packed.pin_memory()
@@ -346,9 +364,14 @@ class TritonAttentionBackend(AttentionBackend):
         b, hq, d = q.shape
         device = q.device
         per_chunk = rows_per_chunk(hq // hkv)
-        lists = chunk_lists(meta.groups, batch.seq_lens_cpu, per_chunk)
+        fused = self._fused and q.dtype == self.kv_pool.dtype
+        lists = chunk_lists(meta.groups, batch.seq_lens_cpu, per_chunk, lone=fused)
         if lists is None:
             return False
+        if fused:
+            meta.chunks = prefix_chunks(lists, 1, per_chunk, lambda t: to_device(t, device))
+            meta.fused = True
+            return True
         splits = self._prefix_splits(lists, MAX_SPLITS)
         meta.chunks = prefix_chunks(lists, splits, per_chunk, lambda t: to_device(t, device))
         max_own = max(n - s for n, s in zip(batch.seq_lens_cpu, lists.starts, strict=True))
@@ -405,12 +428,19 @@ class TritonAttentionBackend(AttentionBackend):
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, Hq, D]
         if isinstance(meta, SharedPrefixMeta):
             if meta.chunks is not None or self._shared_chunks(batch, meta, q):
-                assert meta.chunks is not None and meta.workspace is not None
+                assert meta.chunks is not None
                 launch = self.decode_launch
+                config = launch if launch is not None and not launch.cuda else None
+                if meta.fused:
+                    return decode_attention_fused(
+                        q, k_buf, v_buf, out, batch.req_to_token, batch.req_rows,
+                        batch.seq_lens, self.scale, meta.chunks, config=config,
+                    )  # fmt: skip
+                assert meta.workspace is not None
                 return decode_attention_shared(
                     q, k_buf, v_buf, out, batch.req_to_token, batch.req_rows, batch.seq_lens,
                     self.scale, meta.chunks, meta.own_splits, meta.workspace, scales=scales,
-                    config=launch if launch is not None and not launch.cuda else None,
+                    config=config,
                 )  # fmt: skip
             meta = batch.attn_metadata = self.decode_meta(batch.batch_size, max(batch.seq_lens_cpu))
         if isinstance(meta, DecodeMeta) and self.deterministic:

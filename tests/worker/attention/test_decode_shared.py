@@ -18,6 +18,7 @@ from radixmesh.worker.attention.kernels.decode_shared import (
     ChunkLayout,
     chunk_lists,
     chunk_views,
+    decode_attention_fused,
     decode_attention_shared,
     pack_chunks,
     prefix_chunks,
@@ -150,6 +151,57 @@ def test_no_chunks_is_the_flat_kernel() -> None:
     out = torch.full_like(c["q"], float("nan"))
     decode_attention_shared(
         c["q"], c["k"], c["v"], out, c["table"], ints(rows), ints(lens), 16**-0.5, chunks, 2,
+        config=TILES,
+    )  # fmt: skip
+    ref = decode_attention_ref(c["q"], c["k"], c["v"], c["table"], rows, lens, 16**-0.5)
+    assert rel_err(out, ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("room", [False, True], ids=["exact", "graph-room"])
+def test_fused_matches_the_reference(case: tuple, dtype: torch.dtype, room: bool) -> None:
+    """The one-launch kernel (every row in a chunk, lone rows in chunks of their own over
+    no prefix, each row's own keys seen by its query rows only) against the reference,
+    packed exactly or into a graph's larger room."""
+    if dtype == torch.bfloat16 and DEVICE == "cpu":
+        pytest.skip("interpreter's bf16 tl.dot is wrong")
+    _, layout, hq, hkv, d, per_chunk, _, _ = case
+    c, rows, lens = shared_case(layout, hq, hkv, d, dtype, seed=len(lens_of(layout)))
+    groups = plan_cascade(c["table"].cpu().numpy(), rows, lens)
+    lists = chunk_lists(groups, lens, per_chunk, lone=True)
+    assert lists is not None and sorted(lists.order) == list(range(len(rows)))
+    if room:
+        b = len(rows)
+        layout_ = ChunkLayout(b + 3, b + 3, b + 3)
+        packed = pack_chunks(lists, 1, layout_).to(DEVICE)
+        chunks = chunk_views(packed, layout_, per_chunk, 1, layout_.items)
+        q = torch.cat([c["q"], c["q"][:3]])  # padded rows: a graph's, table row 0
+        rows_, lens_ = [*rows, 0, 0, 0], [*lens, 1, 1, 1]
+    else:
+        chunks = prefix_chunks(lists, 1, per_chunk, lambda t: t.to(DEVICE))
+        q, rows_, lens_ = c["q"], rows, lens
+    out = torch.full_like(q, float("nan"))
+    decode_attention_fused(
+        q, c["k"], c["v"], out, c["table"], ints(rows_), ints(lens_), d**-0.5, chunks,
+        config=TILES,
+    )  # fmt: skip
+    out = out[: len(rows)]
+    assert not out.isnan().any()
+    ref = decode_attention_ref(c["q"], c["k"], c["v"], c["table"], rows, lens, d**-0.5)
+    assert rel_err(out, ref) < TOL[dtype]
+
+
+def test_fused_with_no_group_reads_every_row_alone() -> None:
+    layout = [(0, [12]), (0, [30]), (0, [7])]
+    c, rows, lens = shared_case(layout, 8, 2, 16, torch.float32, seed=4)
+    lists = chunk_lists(None, lens, 4, lone=True)
+    assert lists is not None and lists.prefix_lens == [0, 0, 0]
+    assert chunk_lists(None, lens, 4) is None  # the unfused kernels: nothing to chunk
+    chunks = prefix_chunks(lists, 1, 4, lambda t: t.to(DEVICE))
+    out = torch.full_like(c["q"], float("nan"))
+    decode_attention_fused(
+        c["q"], c["k"], c["v"], out, c["table"], ints(rows), ints(lens), 16**-0.5, chunks,
         config=TILES,
     )  # fmt: skip
     ref = decode_attention_ref(c["q"], c["k"], c["v"], c["table"], rows, lens, 16**-0.5)

@@ -181,7 +181,8 @@ def shared_prefix_case(seed: int) -> tuple[KVPool, ForwardBatch, torch.Tensor, t
     return pool, batch, q, pool.k_buffers[LAYER][new].clone()
 
 
-def test_shared_prefix_decode_matches_the_reference_and_runs_eagerly() -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+def test_shared_prefix_decode_matches_the_reference_and_runs_eagerly(fused: bool) -> None:
     pool, batch, q, k = shared_prefix_case(seed=3)
     v = pool.v_buffers[LAYER][batch.out_cache_loc].clone()
     scale = HEAD_DIM**-0.5
@@ -189,13 +190,16 @@ def test_shared_prefix_decode_matches_the_reference_and_runs_eagerly() -> None:
     assert isinstance(backend, TritonAttentionBackend) and not backend.shared_prefix  # off
     assert backend.graph_can_run(batch, 16)
     backend.shared_prefix = True
+    backend.shared_fused = fused
     # A graph captured without the shared-prefix launches (they were off then) cannot.
     assert not backend.graph_can_run(batch, 16)
     backend.prepare(batch)
     meta = batch.attn_metadata
     assert isinstance(meta, SharedPrefixMeta) and backend.num_shared_prefix_steps == 1
     out = backend.forward(q, k, v, LAYER, batch)
-    assert meta.chunks is not None and meta.chunks.offsets.numel() == 2  # 6 rows, one chunk
+    # 6 rows in one chunk; fused, the 3 others in chunks of their own too.
+    assert meta.chunks is not None and meta.chunks.offsets.numel() == (5 if fused else 2)
+    assert meta.fused == fused
     assert (out.double().cpu() - reference(pool, batch, q, scale)).abs().max() < 1e-5
     again = backend.forward(q, k, v, LAYER, batch)  # the next layer reuses the chunks
     assert torch.equal(again, out)
@@ -220,22 +224,25 @@ def padded(batch: ForwardBatch, q: torch.Tensor, bs: int) -> tuple[ForwardBatch,
     return static, torch.cat([q, q.new_ones(pad, *q.shape[1:])])
 
 
-def test_shared_prefix_graph_metadata_repacked_before_each_replay() -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+def test_shared_prefix_graph_metadata_repacked_before_each_replay(fused: bool) -> None:
     """A decode graph's shared-prefix launches (`graph_metadata` variant 1 at 16 rows),
     their chunks packed by `before_replay` for each step: the reference's outputs for a
     batch that shares a prefix, and for one that shares nothing (no chunks: the flat
     kernel's work; `graph_variant` sends such a step to the flat graph), through the same
-    buffers."""
+    buffers. Fused: the one-launch kernel, every row in a chunk."""
     pool, batch, q, k = shared_prefix_case(seed=3)
     v = pool.v_buffers[LAYER][batch.out_cache_loc].clone()
     scale = HEAD_DIM**-0.5
     backend = create_attention_backend("triton", pool, scale)
     assert isinstance(backend, TritonAttentionBackend)
     backend.shared_prefix = True
+    backend.shared_fused = fused
     assert backend.graph_variants(16) == 2 and backend.graph_variants(4) == 1  # MIN_ROWS
     assert isinstance(backend.graph_metadata(16, 64, q.shape[1], 0), DecodeMeta)
     meta = backend.graph_metadata(16, 64, q.shape[1], 1)
     assert isinstance(meta, SharedPrefixMeta) and meta.chunks is not None
+    assert meta.fused == fused and (meta.workspace is None) == fused
     assert backend.graph_can_run(batch, 16) and not backend.graph_can_run(batch, 32)
     assert backend.graph_variant(batch, 16) == 1
     static, q16 = padded(batch, q, 16)
@@ -262,7 +269,8 @@ def test_shared_prefix_graph_metadata_repacked_before_each_replay() -> None:
     static.req_to_token.copy_(lone)
     assert backend.graph_variant(other, 16) == 0  # the flat graph's step
     backend.before_replay(static, other, 7)  # were it replayed here: no chunks
-    assert meta.chunks.counts.tolist()[0] == 0 and meta.chunks.packed.data_ptr() == packed
+    in_use = meta.chunks.counts.tolist()[0]
+    assert in_use == (9 if fused else 0) and meta.chunks.packed.data_ptr() == packed
     assert backend.num_shared_prefix_steps == 1
     loc = other.out_cache_loc
     k_o, v_o = pool.k_buffers[LAYER][loc], pool.v_buffers[LAYER][loc]

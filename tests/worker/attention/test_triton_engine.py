@@ -42,8 +42,9 @@ def test_greedy_tokens_match_torch_backend(kv_cache_dtype: str) -> None:
     assert outs["triton"] == outs["torch"]
 
 
+@pytest.mark.parametrize("fused", ["0", "1"], ids=["split", "fused"])
 def test_shared_prefix_decode_gives_the_torch_backends_tokens(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, fused: str
 ) -> None:
     """Nine requests decoding behind one cached 48-token prefix: with the shared-prefix
     decode on (`shared_prefix_decode`), their decode steps read it once
@@ -53,6 +54,7 @@ def test_shared_prefix_decode_gives_the_torch_backends_tokens(
     params = {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True}
     outs = {}
     monkeypatch.delenv("RADIXMESH_SHARED_PREFIX_DECODE", raising=False)
+    monkeypatch.setenv("RADIXMESH_SHARED_PREFIX_FUSED", fused)  # the one-launch kernel
     for backend in ("triton", "torch"):
         eng = Engine(
             "dummy:tiny", device="cpu", dtype="float32", attention_backend=backend,

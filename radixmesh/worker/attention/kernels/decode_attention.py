@@ -162,10 +162,50 @@ def _attend(
     """Query rows q [R, D] (one KV head's) over keys [lo, hi) of the slot-table row
     `table_row`, online softmax in BLOCK_N-key tiles: (unnormalized output [R, D], sums
     [R], running maxima [R], log2 units)."""
-    mma_dtype = q.dtype
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    return _attend_more(
+        acc, l_i, m_i, q, q_scale, table_row, lo, hi, m_i, K_buf, V_buf, K_scale, V_scale,
+        kv_head, offs_d, d_mask, stride_buf_slot, stride_buf_head, stride_scale_slot,
+        BLOCK_R, BLOCK_D, BLOCK_N, IEEE, KV_FP8, F16, False,
+    )  # fmt: skip
+
+
+@triton.jit
+def _attend_more(
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_scale,
+    table_row,
+    lo,
+    hi,
+    rows,
+    K_buf,
+    V_buf,
+    K_scale,
+    V_scale,
+    kv_head,
+    offs_d,
+    d_mask,
+    stride_buf_slot,
+    stride_buf_head,
+    stride_scale_slot,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    F16: tl.constexpr,
+    SELECT: tl.constexpr,
+):
+    """`_attend`'s online softmax continued from (acc, l_i, m_i) over keys [lo, hi) of
+    `table_row`. SELECT: only the query rows where `rows` [R] holds (the others see no
+    key here and keep their state; a row that has seen none yet stays at m = -inf
+    without a NaN), for keys that belong to one row of several in a tile."""
+    mma_dtype = q.dtype
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
@@ -183,10 +223,19 @@ def _attend(
         if KV_FP8:  # q . (k 2^e) = (q . k) 2^e exactly: a power of two scales every term
             k_exp = tl.load(K_scale + scale_off, mask=n_mask, other=0).to(tl.int32)
             s = s * pow2(k_exp)[None, :]
-        s = tl.where(n_mask[None, :], s * q_scale[:, None], float("-inf"))  # [R, N] log2 units
+        if SELECT:  # noqa: SIM108 (a constexpr branch: one compiled path)
+            seen = rows[:, None] & n_mask[None, :]
+        else:
+            seen = n_mask[None, :]
+        s = tl.where(seen, s * q_scale[:, None], float("-inf"))  # [R, N] log2 units
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        # -inf - -inf would be NaN: a row that saw no key gets weights and alpha 0 instead.
+        if SELECT:  # noqa: SIM108
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_use = m_new
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V_buf + kv_off, mask=kv_mask, other=0.0)  # [N, D]
         if KV_FP8:  # p (v 2^e) = (p 2^e) v: the key's scale on its weight, [R, N] not [N, D]

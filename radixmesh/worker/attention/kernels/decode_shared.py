@@ -43,6 +43,7 @@ from radixmesh.worker.attention.kernels.decode_attention import (
     LOG2E,
     DecodeConfig,
     _attend,
+    _attend_more,
     _decode_split,
     _shift_q,
     _store_partial,
@@ -77,19 +78,33 @@ class ChunkLists:
         return len(self.prefix_lens)
 
 
-def chunk_lists(groups: CascadeGroups, seq_lens: list[int], rows: int) -> ChunkLists | None:
+def chunk_lists(
+    groups: CascadeGroups | None, seq_lens: list[int], rows: int, lone: bool = False
+) -> ChunkLists | None:
     """The chunks: each group of two rows or more cut into chunks of at most `rows` rows;
-    a lone row reads its keys alone (start 0). None when no group has two rows."""
+    a lone row reads its keys alone (start 0), in no chunk, or with `lone` (the fused
+    kernel, which reads every row's keys) in a chunk of its own with no shared prefix.
+    None when no chunk holds two rows and `lone` is off; `groups` None: every row alone."""
+    if groups is None:
+        n = len(seq_lens)
+        groups = CascadeGroups(list(range(n)), [1] * n, [0] * n, 0.0)
     order: list[int] = []
     offsets = [0]
     prefixes: list[int] = []
     starts = [0] * len(seq_lens)
+    shared = False
     at = 0
     for size, prefix in zip(groups.sizes, groups.prefix_lens, strict=True):
         members = groups.order[at : at + size]
         at += size
         if size < 2 or prefix < 1:
+            if lone:  # each alone: a chunk of one row over no prefix
+                for i in members:
+                    order.append(i)
+                    offsets.append(len(order))
+                    prefixes.append(0)
             continue
+        shared = True
         for first in range(0, size, rows):
             chunk = members[first : first + rows]
             order += chunk
@@ -97,7 +112,7 @@ def chunk_lists(groups: CascadeGroups, seq_lens: list[int], rows: int) -> ChunkL
             prefixes.append(prefix)
             for i in chunk:
                 starts[i] = prefix
-    return ChunkLists(order, offsets, prefixes, starts) if prefixes else None
+    return ChunkLists(order, offsets, prefixes, starts) if shared or lone else None
 
 
 @dataclass(frozen=True)
@@ -346,3 +361,137 @@ def decode_attention_shared(
         scale * LOG2E, own_splits, cfg, kv_fp8, starts=chunks.starts, split_base=prefix_splits,
     )  # fmt: skip
     return merge_splits(workspace, out, splits)
+
+
+@triton.jit
+def _fused_kernel(
+    Q,
+    K_buf,
+    V_buf,
+    Out,
+    req_to_token,
+    req_rows,
+    seq_lens,
+    Chunk_rows,
+    Chunk_offsets,
+    Chunk_prefix,
+    Counts,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_buf_slot,
+    stride_buf_head,
+    stride_table,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One program per (chunk, KV head) does all of its rows' attention: the shared
+    prefix once for the chunk's ROWS x G query rows, then each row's own keys with only
+    that row's query rows seeing them, then the output itself (no split, no merge)."""
+    chunk = tl.program_id(0)
+    if chunk >= tl.load(Counts):  # a graph's room past this step's chunks
+        return
+    kv_head = tl.program_id(1)
+    first = tl.load(Chunk_offsets + chunk)
+    n = (tl.load(Chunk_offsets + chunk + 1) - first).to(tl.int32)
+    prefix = tl.load(Chunk_prefix + chunk).to(tl.int32)
+    offs_r = tl.arange(0, ROWS * GROUP_P2)
+    member = offs_r // GROUP_P2
+    g = offs_r % GROUP_P2
+    row_mask = (member < n) & (g < GROUP)
+    rows = tl.load(Chunk_rows + first + member, mask=member < n, other=0)  # [R] batch rows
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + g
+    q_ptrs = Q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
+    q_scale = tl.full([ROWS * GROUP_P2], scale_log2, tl.float32)
+    table_row = req_to_token + tl.load(req_rows + tl.load(Chunk_rows + first)) * stride_table
+    acc, l_i, m_i = _attend(
+        q, q_scale, table_row, 0, prefix, K_buf, V_buf, K_buf, V_buf, kv_head, offs_d,
+        d_mask, stride_buf_slot, stride_buf_head, 0, ROWS * GROUP_P2, BLOCK_D, BLOCK_N,
+        IEEE, False, False,
+    )  # fmt: skip
+    for r in range(0, n):
+        b = tl.load(Chunk_rows + first + r)
+        own_row = req_to_token + tl.load(req_rows + b) * stride_table
+        end = tl.load(seq_lens + b).to(tl.int32)
+        acc, l_i, m_i = _attend_more(
+            acc, l_i, m_i, q, q_scale, own_row, prefix, end, member == r, K_buf, V_buf,
+            K_buf, V_buf, kv_head, offs_d, d_mask, stride_buf_slot, stride_buf_head, 0,
+            ROWS * GROUP_P2, BLOCK_D, BLOCK_N, IEEE, False, False, True,
+        )  # fmt: skip
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = Out + rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+
+
+def decode_attention_fused(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    out: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    chunks: PrefixChunks,
+    *,
+    config: DecodeConfig | None = None,
+) -> torch.Tensor:
+    """`decode_attention` (same result up to rounding) in one launch: every row in one of
+    `chunks` (`chunk_lists(..., lone=True)`, one split a chunk), each chunk's program
+    reading its shared prefix once and each row's own keys, then writing the rows'
+    outputs; no workspace, no merge. 16-bit or float32 pools (an FP8 pool takes
+    `decode_attention_shared`)."""
+    b, hq, d = q.shape
+    hkv = k_buf.shape[1]
+    group = hq // hkv
+    assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
+    assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
+    assert k_buf.dtype == q.dtype and chunks.max_splits == 1
+    assert chunks.rows_per_chunk * triton.next_power_of_2(group) <= max(MAX_QUERY_ROWS, 16)
+    if b == 0:
+        return out
+    block_d = max(16, triton.next_power_of_2(d))
+    cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device))
+    group_p2 = triton.next_power_of_2(group)
+    rows = max(chunks.rows_per_chunk, -(-16 // group_p2))  # >= 16 query rows a tile
+    _fused_kernel[(chunks.grid, hkv)](
+        q,
+        k_buf,
+        v_buf,
+        out,
+        req_to_token,
+        req_rows,
+        seq_lens,
+        chunks.rows,
+        chunks.offsets,
+        chunks.prefix_lens,
+        chunks.counts,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        req_to_token.stride(0),
+        GROUP=group,
+        GROUP_P2=group_p2,
+        ROWS=triton.next_power_of_2(rows),
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        BLOCK_N=cfg.block_n,
+        IEEE=q.dtype == torch.float32,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
