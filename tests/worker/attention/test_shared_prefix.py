@@ -100,9 +100,9 @@ def test_nested_prefixes_split_where_the_parts_save_more() -> None:
         slot += length
     r = 0
     lens = []
-    for g, size in enumerate((6, 5)):
+    for which, size in enumerate((6, 5)):
         for _ in range(size):
-            row = template + deep[g] + list(range(slot, slot + 3))
+            row = template + deep[which] + list(range(slot, slot + 3))
             slot += 3
             table[r, : len(row)] = row
             lens.append(len(row))
