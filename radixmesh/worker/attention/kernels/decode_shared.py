@@ -204,6 +204,47 @@ def prefix_chunks(
 
 
 @triton.jit
+def _chunk(
+    chunk,
+    kv_head,
+    Q,
+    req_to_token,
+    req_rows,
+    Chunk_rows,
+    Chunk_offsets,
+    Chunk_prefix,
+    stride_qt,
+    stride_qh,
+    stride_table,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """A chunk's place and its query rows for one KV head: query row r is the chunk's row
+    r // GROUP_P2, query head g = r % GROUP_P2 of the KV head. Returns (first, rows in
+    the chunk, shared prefix, the first row's table row (the shared keys' slots are the
+    same in every member's: the first's), q [R, D], batch rows [R], heads [R], member [R],
+    row mask [R], offs_d, d_mask)."""
+    first = tl.load(Chunk_offsets + chunk)
+    n = (tl.load(Chunk_offsets + chunk + 1) - first).to(tl.int32)
+    prefix = tl.load(Chunk_prefix + chunk).to(tl.int32)
+    offs_r = tl.arange(0, ROWS * GROUP_P2)
+    member = offs_r // GROUP_P2
+    g = offs_r % GROUP_P2
+    row_mask = (member < n) & (g < GROUP)
+    rows = tl.load(Chunk_rows + first + member, mask=member < n, other=0)  # [R] batch rows
+    table_row = req_to_token + tl.load(req_rows + tl.load(Chunk_rows + first)) * stride_table
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + g
+    q_ptrs = Q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
+    return first, n, prefix, table_row, q, rows, heads, member, row_mask, offs_d, d_mask
+
+
+@triton.jit
 def _prefix_kernel(
     Q,
     K_buf,
@@ -246,23 +287,11 @@ def _prefix_kernel(
     split = tl.load(Items + 2 * item + 1).to(tl.int32)
     num_splits = tl.load(Counts + 1).to(tl.int32)
     kv_head = tl.program_id(1)
-    first = tl.load(Chunk_offsets + chunk)
-    n = tl.load(Chunk_offsets + chunk + 1) - first
-    prefix = tl.load(Chunk_prefix + chunk).to(tl.int32)
-    # Query row r: the chunk's row r // GROUP_P2, query head g = r % GROUP_P2 of the KV head.
-    offs_r = tl.arange(0, ROWS * GROUP_P2)
-    member = offs_r // GROUP_P2
-    g = offs_r % GROUP_P2
-    row_mask = (member < n) & (g < GROUP)
-    rows = tl.load(Chunk_rows + first + member, mask=member < n, other=0)  # [R] batch rows
-    # The shared keys' slots are the same in every member's table row: the first's.
-    table_row = req_to_token + tl.load(req_rows + tl.load(Chunk_rows + first)) * stride_table
+    _, _, prefix, table_row, q, rows, heads, _, row_mask, offs_d, d_mask = _chunk(
+        chunk, kv_head, Q, req_to_token, req_rows, Chunk_rows, Chunk_offsets, Chunk_prefix,
+        stride_qt, stride_qh, stride_table, GROUP, GROUP_P2, ROWS, HEAD_DIM, BLOCK_D,
+    )  # fmt: skip
     lo, hi = key_range(0, prefix, split, num_splits, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + g
-    q_ptrs = Q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
     q, q_scale = _shift_q(q, scale_log2, ROWS * GROUP_P2, F16)
     acc, l_i, m_i = _attend(
         q, q_scale, table_row, lo, hi, K_buf, V_buf, K_scale, V_scale, kv_head, offs_d,
@@ -271,6 +300,27 @@ def _prefix_kernel(
     )  # fmt: skip
     mid = rows * stride_mid_b + heads * stride_mid_h + split * stride_mid_s
     _store_partial(Mid_O, Mid_L, mid, acc, l_i, m_i, row_mask, offs_d, d_mask, stride_mid_s)
+
+
+def _launch_shape(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    out: torch.Tensor,
+    chunks: PrefixChunks,
+) -> tuple[int, int, int, int, int]:
+    """The chunk kernels' shapes, checked: (KV heads, query heads a KV head, that as a
+    power of two, batch rows a chunk's tile holds (>= 16 query rows for the matrix unit;
+    padding rows are masked out), the head dim's tile)."""
+    _, hq, d = q.shape
+    hkv = k_buf.shape[1]
+    group = hq // hkv
+    assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
+    assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
+    group_p2 = triton.next_power_of_2(group)
+    assert chunks.rows_per_chunk * group_p2 <= max(MAX_QUERY_ROWS, 16)
+    rows = max(chunks.rows_per_chunk, -(-16 // group_p2))
+    return hkv, group, group_p2, rows, max(16, triton.next_power_of_2(d))
 
 
 def decode_attention_shared(
@@ -296,13 +346,9 @@ def decode_attention_shared(
     here). Launches depend on the shapes and `chunks`' room only, not on what it holds:
     a CUDA graph captures them once and each replay runs the chunks packed in then."""
     b, hq, d = q.shape
-    hkv = k_buf.shape[1]
-    group = hq // hkv
-    assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
-    assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
+    hkv, group, group_p2, rows, block_d = _launch_shape(q, k_buf, v_buf, out, chunks)
     prefix_splits = chunks.max_splits
     assert prefix_splits >= 1 and own_splits >= 1 and chunks.starts.shape == (b,)
-    assert chunks.rows_per_chunk * triton.next_power_of_2(group) <= max(MAX_QUERY_ROWS, 16)
     k_scale, v_scale = scales if scales is not None else (k_buf, v_buf)
     if b == 0:
         return out
@@ -311,14 +357,10 @@ def decode_attention_shared(
         workspace = decode_workspace(b, hq, d, splits, q.device)
     mid_o, mid_l = workspace
     assert mid_o.shape == (b, hq, splits, d) and mid_l.shape == (b, hq, splits)
-    block_d = max(16, triton.next_power_of_2(d))
     cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device))
     kv_fp8 = scales is not None
     f16 = kv_fp8 and q.dtype != torch.float32
     mid_l[:, :, :prefix_splits].fill_(float("-inf"))  # rows in no chunk: no prefix part
-    group_p2 = triton.next_power_of_2(group)
-    # At least 16 query rows for the matrix unit (padding rows are masked out).
-    rows = max(chunks.rows_per_chunk, -(-16 // group_p2))
     _prefix_kernel[(chunks.grid, hkv)](
         q,
         k_buf,
@@ -399,21 +441,11 @@ def _fused_kernel(
     if chunk >= tl.load(Counts):  # a graph's room past this step's chunks
         return
     kv_head = tl.program_id(1)
-    first = tl.load(Chunk_offsets + chunk)
-    n = (tl.load(Chunk_offsets + chunk + 1) - first).to(tl.int32)
-    prefix = tl.load(Chunk_prefix + chunk).to(tl.int32)
-    offs_r = tl.arange(0, ROWS * GROUP_P2)
-    member = offs_r // GROUP_P2
-    g = offs_r % GROUP_P2
-    row_mask = (member < n) & (g < GROUP)
-    rows = tl.load(Chunk_rows + first + member, mask=member < n, other=0)  # [R] batch rows
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + g
-    q_ptrs = Q + rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [R, D]
+    first, n, prefix, table_row, q, rows, heads, member, row_mask, offs_d, d_mask = _chunk(
+        chunk, kv_head, Q, req_to_token, req_rows, Chunk_rows, Chunk_offsets, Chunk_prefix,
+        stride_qt, stride_qh, stride_table, GROUP, GROUP_P2, ROWS, HEAD_DIM, BLOCK_D,
+    )  # fmt: skip
     q_scale = tl.full([ROWS * GROUP_P2], scale_log2, tl.float32)
-    table_row = req_to_token + tl.load(req_rows + tl.load(Chunk_rows + first)) * stride_table
     acc, l_i, m_i = _attend(
         q, q_scale, table_row, 0, prefix, K_buf, V_buf, K_buf, V_buf, kv_head, offs_d,
         d_mask, stride_buf_slot, stride_buf_head, 0, ROWS * GROUP_P2, BLOCK_D, BLOCK_N,
@@ -451,19 +483,12 @@ def decode_attention_fused(
     reading its shared prefix once and each row's own keys, then writing the rows'
     outputs; no workspace, no merge. 16-bit or float32 pools (an FP8 pool takes
     `decode_attention_shared`)."""
-    b, hq, d = q.shape
-    hkv = k_buf.shape[1]
-    group = hq // hkv
-    assert hq % hkv == 0 and k_buf.shape[2] == d and out.shape == q.shape
-    assert q.stride(2) == out.stride(2) == k_buf.stride(2) == 1 and v_buf.stride() == k_buf.stride()
+    b, _, d = q.shape
+    hkv, group, group_p2, rows, block_d = _launch_shape(q, k_buf, v_buf, out, chunks)
     assert k_buf.dtype == q.dtype and chunks.max_splits == 1
-    assert chunks.rows_per_chunk * triton.next_power_of_2(group) <= max(MAX_QUERY_ROWS, 16)
     if b == 0:
         return out
-    block_d = max(16, triton.next_power_of_2(d))
     cfg = config or decode_config(block_d, q.element_size(), max_shared_memory(q.device))
-    group_p2 = triton.next_power_of_2(group)
-    rows = max(chunks.rows_per_chunk, -(-16 // group_p2))  # >= 16 query rows a tile
     _fused_kernel[(chunks.grid, hkv)](
         q,
         k_buf,
