@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -150,6 +151,26 @@ def decode_workspace_bytes(
     """Float32 partial outputs and log-sum-exps ([B, Hq, S, D + 1]) of every graph's
     decode workspace; `num_splits(B)` is the split count the graph of batch B uses."""
     return sum(4 * bs * num_heads * num_splits(bs) * (head_dim + 1) for bs in ladder)
+
+
+def shared_graph_workspace_bytes(graph_batch_size: int, num_heads: int, head_dim: int) -> int:
+    """The workspace the triton backend's shared-prefix graphs share ([B, Hq, S, D + 1]
+    float32 at the largest graph's B, S their prefix and own splits; the fused kernel's
+    graphs need none, this counts the larger). Their activations come from the graphs'
+    one private pool, which the flat graphs already size."""
+    from radixmesh.worker.attention.triton_backend import GRAPH_OWN_SPLITS, GRAPH_PREFIX_SPLITS
+
+    splits = GRAPH_PREFIX_SPLITS + GRAPH_OWN_SPLITS
+    return 4 * graph_batch_size * num_heads * splits * (head_dim + 1)
+
+
+def _shared_prefix_graphs(config: EngineConfig) -> bool:
+    """Whether the triton backend will capture shared-prefix graphs (worker.build_runner:
+    the option or its env var, one rank)."""
+    from radixmesh.worker.attention.triton_backend import SHARED_PREFIX_SWITCH
+
+    wanted = config.model.shared_prefix_decode or os.environ.get(SHARED_PREFIX_SWITCH) == "1"
+    return wanted and config.parallel.tp_size == 1
 
 
 def flashinfer_reserve_bytes(graph_batch_size: int, max_context_len: int) -> int:
@@ -351,6 +372,8 @@ def _graph_reserve(
             return 0
         det = config.model.deterministic
         workspace = _graph_workspace_bytes(m, bs, max_context_len, det)
+        if not det and _shared_prefix_graphs(config):  # their one workspace, at the largest
+            workspace += shared_graph_workspace_bytes(bs, m.num_heads, m.arch.head_size)
         return graph_reserve_bytes(activation, tokens, bs, workspace)
 
     def flashinfer(bs: int) -> int:

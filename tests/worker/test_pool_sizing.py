@@ -29,6 +29,7 @@ from radixmesh.worker.pool_sizing import (
     graph_max_batch_size,
     graph_reserve_bytes,
     profile_lengths,
+    shared_graph_workspace_bytes,
     size_pool,
 )
 from tests.worker.factories import make_worker
@@ -116,6 +117,11 @@ def test_graph_reserve_scales_the_profile_to_the_largest_graph_batch() -> None:
     assert graph_reserve_bytes(8_192_000, 8192, 256, 1000) == 256_000 + 1000
     assert graph_reserve_bytes(8_192_000, 8192, 0, 1000) == 0  # no graphs
     assert graph_reserve_bytes(4096, 64, 256, 10) == 4096 + 10  # batch over the profile
+
+
+def test_shared_graph_workspace_bytes() -> None:
+    # 4 bytes * B * heads * (2 prefix + 1 own splits) * (D + 1), once at the largest B
+    assert shared_graph_workspace_bytes(256, 32, 128) == 4 * 256 * 32 * 3 * 129
 
 
 def test_decode_workspace_bytes() -> None:
