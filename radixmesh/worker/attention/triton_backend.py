@@ -32,7 +32,10 @@ keys through the flat kernel, one merge. Each decode graph size of MIN_ROWS rows
 is then captured twice: flat, and with those launches over chunk lists with room for the
 batch size, which `before_replay` packs for each step that shares (`graph_variant` picks
 the graph); steps without graphs run the same kernels eagerly. Over an FP8 pool the shared
-launches read through Triton's conversion path, not the flat graphs' CUDA kernel. Not
+launches read through Triton's conversion path, not the flat graphs' CUDA kernel. With
+RADIXMESH_SHARED_PREFIX_FUSED=1 (16-bit pools) a sharing step is one launch instead:
+every row in a chunk, each chunk's program reading its prefix and its rows' own keys
+(decode_shared.py's fused kernel; not yet measured on a GPU, so off). Not
 under tensor parallelism (the model runner gives the host mirror only to a single rank,
 so every rank runs the same path).
 """
