@@ -46,6 +46,8 @@ def common_prefix(host_table: np.ndarray, rows: list[int], limit: int, agreed: i
     that they agree on the first `agreed`."""
     lo, hi = agreed, limit  # invariant: all rows agree on [0, lo)
     first = rows[0]
+    if lo < hi and not (host_table[rows, lo] == host_table[first, lo]).all():
+        return lo  # they part at once (a batch's groups by their first slot): no search
     while lo < hi:
         mid = (lo + hi + 1) // 2
         column = host_table[rows, mid - 1]
@@ -97,11 +99,17 @@ def _best_groups(
     whole = (len(members) - 1) * shared
     if shared >= limit and shared > 0:  # a row has no token past it to split on
         return whole, [(members, shared)]
+    column = host_table[rows, shared]
+    if shared > 0 and np.unique(column).size == len(members):  # all lone: splitting saves 0
+        return whole, [(members, shared)]
     parts: dict[int, list[int]] = {}
-    for i, slot in zip(members, host_table[rows, shared].tolist(), strict=True):
+    for i, slot in zip(members, column.tolist(), strict=True):
         parts.setdefault(slot, []).append(i)
     saved, groups = 0, []
     for part in parts.values():
+        if len(part) == 1:
+            groups.append((part, seq_lens[part[0]] - 1))
+            continue
         s, g = _best_groups(host_table, req_rows, seq_lens, part, shared + 1)
         saved += s
         groups += g
