@@ -261,14 +261,13 @@ def eagle_part(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from radixmesh.sampling_params import SamplingParams
+    from radixmesh.worker.model.loader import load_arch_config
     from radixmesh.worker.speculative.eagle import EagleDrafter
     from radixmesh.worker.speculative.random_head import write_head
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        probe = _engine(args)
-        head = write_head(Path(tmp) / "head", probe.worker.arch)
-        probe.shutdown()
+        head = write_head(Path(tmp) / "head", load_arch_config(args.model))
         eng = _engine(
             args, speculative="eagle", speculative_draft_model=str(head),
             speculative_max_batch_size=16,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -167,10 +166,11 @@ def shared_graph_workspace_bytes(graph_batch_size: int, num_heads: int, head_dim
 def _shared_prefix_graphs(config: EngineConfig) -> bool:
     """Whether the triton backend will capture shared-prefix graphs (worker.build_runner:
     the option or its env var, one rank)."""
-    from radixmesh.worker.attention.triton_backend import SHARED_PREFIX_SWITCH
+    from radixmesh.worker.attention.triton_backend import shared_prefix_requested
 
-    wanted = config.model.shared_prefix_decode or os.environ.get(SHARED_PREFIX_SWITCH) == "1"
-    return wanted and config.parallel.tp_size == 1
+    return shared_prefix_requested(config.model.shared_prefix_decode) and (
+        config.parallel.tp_size == 1
+    )
 
 
 def flashinfer_reserve_bytes(graph_batch_size: int, max_context_len: int) -> int:

@@ -479,8 +479,10 @@ class Worker:
         attn = create_attention_backend(
             self.attention_backend, self.kv_pool, self.arch.head_size**-0.5
         )
-        if hasattr(attn, "shared_prefix"):  # the triton backend's switch (or its env var)
-            wanted = attn.shared_prefix or mc.shared_prefix_decode
+        if hasattr(attn, "shared_prefix"):  # the triton backend's switch
+            from radixmesh.worker.attention.triton_backend import shared_prefix_requested
+
+            wanted = shared_prefix_requested(mc.shared_prefix_decode)
             attn.shared_prefix = wanted and self.config.parallel.tp_size == 1
             if wanted and not attn.shared_prefix:  # its graphs would be captured for nothing
                 logger.warning(

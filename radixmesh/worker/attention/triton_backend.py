@@ -154,6 +154,13 @@ def choose_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_
     return max(1, min(for_waves, for_length, MAX_SPLITS))
 
 
+def shared_prefix_requested(option: bool) -> bool:
+    """Whether the shared-prefix decode is asked for: the engine option
+    (`shared_prefix_decode`) or its env var. The worker turns it on for one rank only,
+    and pool sizing counts its graphs by the same answer."""
+    return option or os.environ.get(SHARED_PREFIX_SWITCH, "0") == "1"
+
+
 def choose_prefix_splits(num_chunks: int, num_kv_heads: int, max_prefix: int, num_sms: int) -> int:
     """Splits of the shared-prefix kernel's keys (kernels/decode_shared.py): one wave of
     (chunk, KV head, split) programs, no more, and no split shorter than
@@ -200,7 +207,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.decode_cfg: ExtendConfig | None = None  # and its decode-only batches'
         # The decode kernel's launch; None: `decode_config`'s for the device and pool.
         self.decode_launch: DecodeConfig | None = None
-        self.shared_prefix = os.environ.get(SHARED_PREFIX_SWITCH, "0") == "1"
+        self.shared_prefix = shared_prefix_requested(False)
         self.shared_fused = os.environ.get(SHARED_PREFIX_FUSED_SWITCH, "0") == "1"
         self.num_shared_prefix_steps = 0
         self._groups_for: ForwardBatch | None = None  # `_shared_groups`' batch and answer
@@ -228,10 +235,10 @@ class TritonAttentionBackend(AttentionBackend):
         end exit at once) and a workspace allocated once: nothing to redo before a replay.
         Variant 1 (`graph_variants`): the shared-prefix launches over chunks with room for
         the batch size, which `before_replay` packs for each step."""
-        meta = self.decode_meta(batch_size, max_context_len)
         head_dim = self.kv_pool.head_dim
         device = self.kv_pool.device
         if variant == 0:
+            meta = self.decode_meta(batch_size, max_context_len)
             splits = meta.num_splits
             meta.workspace = decode_workspace(batch_size, num_heads, head_dim, splits, device)
             return meta
