@@ -61,15 +61,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     rng = secrets.SystemRandom()
     for _ in range(100 if start > PICK_LOW + 1000 else 0):
         port = rng.randrange(PICK_LOW, start)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind((host, port))
             except OSError:  # taken (or on another address of the same port)
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+# Ports this process's `free_port` returned: two picks before either server binds (a gRPC
+# port and an HTTP port for one launch) would otherwise both pass the bind check and could
+# be the same port. Never cleared: a process picks a few hundred ports at most.
+_HANDED_OUT: set[int] = set()
 
 
 def _ephemeral_start() -> int:

@@ -300,6 +300,18 @@ class RouterConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value < 65536:
                 raise InvalidArgument(name, f"must be in [0, 65536), got {value}")
+        # One port for two protocols would not fail to bind: gRPC and the HTTP listener both
+        # set SO_REUSEPORT (replicas share ports), so the kernel would split connections
+        # between them and each would see the other's clients as malformed.
+        taken = {"port": self.port}
+        for name in ("http_port", "metrics_port"):
+            value = getattr(self, name)
+            if not value:  # None: off; 0: the kernel picks
+                continue
+            for other, port in taken.items():
+                if value == port:
+                    raise InvalidArgument(name, f"{value} is also the {other}; give another")
+            taken[name] = value
         if not self.pending_prefill_weight >= 0:
             raise InvalidArgument(
                 "pending_prefill_weight", f"must be >= 0, got {self.pending_prefill_weight}"

@@ -106,6 +106,24 @@ def test_workers_can_share_a_gpu_each_with_its_share_of_memory() -> None:
         LaunchSpec(model="m", workers_per_gpu=0)
 
 
+def test_free_port_never_hands_a_process_the_same_port_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two picks before either server binds (a launch's gRPC and HTTP ports) both pass the
+    bind check; the second must not repeat the first even when the random draw does."""
+    first = free_port()
+    draws = iter([first, first, first + 1 if first + 1 < 32768 else first - 1])
+
+    class Repeating:
+        def randrange(self, low: int, high: int) -> int:
+            return next(draws)
+
+    monkeypatch.setattr(launch.secrets, "SystemRandom", Repeating)
+    monkeypatch.setattr(launch, "_ephemeral_start", lambda: 32768)
+    second = free_port()
+    assert second != first and abs(second - first) == 1
+
+
 def test_free_ports_are_picked_below_the_kernels_ephemeral_range(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
