@@ -8,6 +8,9 @@
 #             prefixes) on dummy:llama-3-8b with defaults, this tree and, with BASELINE=DIR
 #             (a copy of an earlier `radixmesh/` package tree, e.g. `git archive REV
 #             radixmesh | tar -x -C DIR`), that tree first, in the same call
+#   sampled   bench.offline's GPU workloads with every request sampling (temperature 0.7,
+#             top-p 0.9), this tree and, with BASELINE=DIR, that tree first, in the same
+#             call: the overlap scheduler with sampled rows (worker/overlap.py)
 #   offlinedefaults bench.offline's GPU workloads with the engine's own batch sizes (the
 #             running cap and the graphs sized from the KV pool), as users get them
 #   anatomy   bench.step_anatomy --workload prefill: each step kind's host phases and
@@ -119,6 +122,14 @@ if part offline; then
     run offline-before "$BASELINE" 200 $OFFLINE --out "$OUT/offline-before-$MACHINE.json"
   fi
   run offline-now "$PWD" 200 $OFFLINE --out "$OUT/offline-now-$MACHINE.json"
+fi
+if part sampled; then
+  SAMPLED="$OFFLINE --temperature 0.7 --top-p 0.9"
+  if [ -n "$BASELINE" ]; then
+    run offline-sampled-before "$BASELINE" 200 $SAMPLED \
+      --out "$OUT/offline-sampled-before-$MACHINE.json"
+  fi
+  run offline-sampled-now "$PWD" 200 $SAMPLED --out "$OUT/offline-sampled-now-$MACHINE.json"
 fi
 if part offlinedefaults; then
   run offline-defaults "$PWD" 200 -m bench.offline --model dummy:llama-3-8b --device cuda \

@@ -128,8 +128,12 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def run_engine(engine: Engine, w: Workload) -> dict[str, Any]:
-    params = {"temperature": 0.0, "max_new_tokens": w.max_new_tokens, "ignore_eos": True}
+def run_engine(
+    engine: Engine, w: Workload, sampling: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """`sampling`: temperature / top_p for every request (default greedy)."""
+    params = {"temperature": 0.0, **(sampling or {})}
+    params |= {"max_new_tokens": w.max_new_tokens, "ignore_eos": True}
     t0 = time.perf_counter()
     outs = engine.generate(input_ids=w.prompts, sampling_params=params)
     dt = time.perf_counter() - t0
@@ -146,13 +150,15 @@ def run_engine(engine: Engine, w: Workload) -> dict[str, Any]:
     }
 
 
-def run_engine_repeated(engine: Engine, w: Workload, repeats: int) -> dict[str, Any]:
+def run_engine_repeated(
+    engine: Engine, w: Workload, repeats: int, sampling: dict[str, float] | None = None
+) -> dict[str, Any]:
     """`run_engine` `repeats` times (cache flushed before each); the figures are the
     median run's, and every run's seconds are kept (run-to-run spread)."""
     runs = []
     for _ in range(repeats):
         engine.flush_cache()
-        runs.append(run_engine(engine, w))
+        runs.append(run_engine(engine, w, sampling))
     median = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
     return {**median, "runs_seconds": [r["seconds"] for r in runs]}
 
@@ -318,8 +324,17 @@ def main(argv: list[str] | None = None) -> None:
         help="run the throughput workload this many times on the cache-on and cache-off "
         "engines and report the median (the cache-overhead ratio needs the spread)",
     )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="our engine's requests sample at this temperature (0: greedy); the "
+        "transformers baseline stays greedy, so pair it with --skip-baseline",
+    )
+    ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature > 0")
     record.add_output_arguments(ap)
     args = ap.parse_args(argv)
+    sampling = {"temperature": args.temperature, "top_p": args.top_p}
 
     common = dict(
         device=args.device,
@@ -378,7 +393,10 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {}
     for w in workloads:
         runs = args.repeats if w.name == "throughput" else 1
-        results[w.name] = {"workload": w.meta, "radixmesh": run_engine_repeated(engine, w, runs)}
+        results[w.name] = {
+            "workload": {**w.meta, "sampling": sampling},
+            "radixmesh": run_engine_repeated(engine, w, runs, sampling),
+        }
         engine.flush_cache()
     rss_after = rss_bytes()
     peak_ours = peak_rss_bytes()
@@ -391,10 +409,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_cache_off:
         off = Engine(args.model, disable_radix_cache=True, **common)
         off.generate(input_ids=workloads[1].prompts[:2], sampling_params={"max_new_tokens": 2})
-        results["shared_prefix"]["radixmesh_cache_off"] = run_engine(off, workloads[1])
+        results["shared_prefix"]["radixmesh_cache_off"] = run_engine(off, workloads[1], sampling)
         if args.workloads == "gpu":  # the radix cache's cost where nothing is shared
             results["throughput"]["radixmesh_cache_off"] = run_engine_repeated(
-                off, workloads[0], args.repeats
+                off, workloads[0], args.repeats, sampling
             )
         off.shutdown()
         del off

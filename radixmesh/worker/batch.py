@@ -133,6 +133,9 @@ class ForwardOutput:
     # ran: the forward leaves them on the device (`pending_verified` reads them back).
     verified: list[Verified | None] = field(default_factory=list)
     pending_verified: Callable[[], list[tuple[int, Verified]]] | None = None
+    # A sampled (not plain greedy) step's draw, not yet run (`draw`): it fills `tokens`'
+    # ids and the logprobs. `tokens` already holds the rows' placeholders.
+    pending_draw: Callable[[], None] | None = None
     # speculative='eagle': the final hidden rows [n, hidden] of each item that may draft,
     # a copy on the device (empty list when no drafter reads them).
     features: list[torch.Tensor | None] = field(default_factory=list)
@@ -141,6 +144,16 @@ class ForwardOutput:
     def empty(cls, num_items: int) -> ForwardOutput:
         none: list[None] = [None] * num_items
         return cls(NO_TOKENS, list(none), list(none), list(none), list(none), list(none))
+
+    def draw(self) -> None:
+        """Run the step's deferred draw (ModelRunner._sample), once; nothing if none. On
+        CUDA a sampled draw waits for the forward (the sampler reads which rows its top-k
+        window decided, and copies per-row parameters from pageable memory), so the
+        overlap scheduler runs it as late as it can: after building the next step and
+        before launching it (overlap.py)."""
+        if self.pending_draw is not None:
+            run, self.pending_draw = self.pending_draw, None
+            run()
 
     def read_verified(self) -> None:
         """The drafting rows' outcomes onto `verified` (waits for the step)."""
@@ -151,6 +164,7 @@ class ForwardOutput:
 
     def next_token_ids(self) -> list[int | None]:
         """Per item: its sampled token, or None (waits for this step's tokens)."""
+        self.draw()
         out: list[int | None] = [None] * len(self.logprobs)
         for i, token in zip(self.tokens.sample_items, self.tokens.token_ids(), strict=True):
             out[i] = token

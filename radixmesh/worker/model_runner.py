@@ -274,20 +274,32 @@ class ModelRunner:
         # Rows whose params are all plain greedy (each params object checked once: a
         # batch's requests often share one) take the argmax that `draw` would, without a
         # SamplingRow per row (at 256 rows ~0.45 against ~0.6-0.9 ms a step on the CPU).
+        items_sampled = rows.sample_items
         if allowed is None and all(
             map(plain_greedy_params, {id(r.params): r.params for r in reqs}.values())
         ):
-            res = self.sampler.argmax(logits)
-        else:
-            res = self.sampler.draw(logits, [_sampling_row(r) for r in reqs], allowed=allowed)
-        out.tokens = self._pending(res.token_ids, rows.sample_items)
-        if res.logprobs is None and res.top_logprobs is None:
+            out.tokens = self._pending(self.sampler.argmax(logits).token_ids, items_sampled)
             return
-        for j, i in enumerate(rows.sample_items):
-            if res.logprobs is not None:
-                out.logprobs[i] = res.logprobs[j]
-            if res.top_logprobs is not None:
-                out.top_logprobs[i] = res.top_logprobs[j]
+        # Any other draw is deferred (`ForwardOutput.draw`): on CUDA it waits for the
+        # forward, and the overlap scheduler builds the next step before running it. The
+        # rows are read now, as the requests stand at the launch; the placeholders' half
+        # of `future` is taken now too, in launch order.
+        sampling_rows = [_sampling_row(r) for r in reqs]
+        base = self._take_half()
+        out.tokens = PendingTokens(items_sampled, _NO_IDS, _NO_IDS, None, base)
+
+        def draw() -> None:
+            res = self.sampler.draw(logits, sampling_rows, allowed=allowed)
+            out.tokens = self._publish(res.token_ids, items_sampled, base)
+            if res.logprobs is None and res.top_logprobs is None:
+                return
+            for j, i in enumerate(items_sampled):
+                if res.logprobs is not None:
+                    out.logprobs[i] = res.logprobs[j]
+                if res.top_logprobs is not None:
+                    out.top_logprobs[i] = res.top_logprobs[j]
+
+        out.pending_draw = draw
 
     def _verify(
         self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput
@@ -310,13 +322,20 @@ class ModelRunner:
     def _pending(self, ids: torch.Tensor, sample_items: list[int]) -> PendingTokens:
         """`ids` ([N] on the device) into this step's half of `future`, and to the host
         behind the forward (an event marks the copy's end)."""
+        return self._publish(ids, sample_items, self._take_half())
+
+    def _take_half(self) -> int:
+        """The next step's half of `future` (they alternate): its placeholders' base."""
         parity, self._parity = self._parity, self._parity ^ 1
+        return 1 + parity * self.req_table.max_requests
+
+    def _publish(self, ids: torch.Tensor, sample_items: list[int], base: int) -> PendingTokens:
+        """`_pending` into the half at `base`."""
         n = len(sample_items)
-        base = 1 + parity * self.req_table.max_requests
         self.future[base : base + n] = ids
         if not self._host:
             return PendingTokens(sample_items, ids, ids, None, base)
-        host = self._host[parity][:n]
+        host = self._host[(base - 1) // self.req_table.max_requests][:n]
         host.copy_(ids, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
@@ -403,6 +422,10 @@ def _one_row_per_token(
             rows.extend([row] * n)
             prefixes.extend(range(p, p + n))
     return rows, prefixes, [1] * len(rows)
+
+
+# A deferred draw's ids until it runs (`ForwardOutput.draw` replaces them).
+_NO_IDS = torch.empty(0, dtype=torch.int64)
 
 
 def _sampling_row(req: Request) -> SamplingRow:

@@ -25,6 +25,7 @@ import torch
 
 from radixmesh.sampling_params import SamplingParams
 from radixmesh.worker.constrained.bitmask import TokenBitmask
+from radixmesh.worker.forward_batch import to_device
 
 # Top-k / top-p work in each row's top-W tokens, trying these W in turn: on SmolLM2 at
 # temperature 1 the top 256 tokens hold more than 0.9 of the mass in ~97% of steps, the
@@ -211,9 +212,7 @@ class Sampler:
                 tok_idx.append(token)
                 values.append(bias)
         dev = logits.device
-        logits[torch.tensor(row_idx, device=dev), torch.tensor(tok_idx, device=dev)] += (
-            torch.tensor(values, dtype=logits.dtype, device=dev)
-        )
+        logits[_on(dev, row_idx), _on(dev, tok_idx)] += _on(dev, values, logits.dtype)
 
     def _apply_penalties(
         self, flat: torch.Tensor, rows: Sequence[SamplingRow], pen_rows: list[int]
@@ -278,13 +277,15 @@ class Sampler:
         sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if not sampled:
             return logits.argmax(dim=-1)
-        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+        dev = logits.device
+        tokens = torch.empty(len(rows), dtype=torch.long, device=dev)
         greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
         if greedy:
-            tokens[greedy] = logits[greedy].argmax(dim=-1)
+            tokens[_on(dev, greedy)] = _take(logits, greedy).argmax(dim=-1)
         shared = [i for i in sampled if rows[i].generator is None]
         if shared:
-            tokens[shared] = _sample(_take(logits, shared), [rows[i].params for i in shared], None)
+            drawn = _sample(_take(logits, shared), [rows[i].params for i in shared], None)
+            tokens[_on(dev, shared)] = drawn
         for i in sampled:
             if rows[i].generator is not None:
                 tokens[i] = _sample(logits[i : i + 1], [rows[i].params], rows[i].generator)[0]
@@ -293,7 +294,17 @@ class Sampler:
 
 def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """`t[rows]` for ascending unique `rows`; `t` itself (no copy) when that is every row."""
-    return t if len(rows) == t.shape[0] else t[rows]
+    return t if len(rows) == t.shape[0] else t.index_select(0, _on(t.device, rows))
+
+
+def _on(
+    device: torch.device, values: Sequence[int] | Sequence[float], dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """A host list as a tensor on `device` without waiting for the stream. On CUDA
+    `torch.tensor(values, device=)` copies from pageable memory, which waits for every
+    kernel queued before it: a sampled step's draw (run behind the forward, overlap.py)
+    would wait for the forward at each one."""
+    return to_device(torch.tensor(values, dtype=dtype), device)
 
 
 def plain_greedy_params(p: SamplingParams) -> bool:
@@ -336,7 +347,7 @@ def _sample(
     """
     dev, v = logits.device, logits.shape[-1]
     temps = [max(p.temperature, _MIN_TEMPERATURE) for p in params]
-    x = logits / torch.tensor(temps, device=dev)[:, None]  # [R, V]
+    x = logits / _on(dev, temps)[:, None]  # [R, V]
     ks = [p.top_k if 0 < p.top_k < v else v for p in params]
     tokens = torch.empty(len(params), dtype=torch.long, device=dev)
     pending = [i for i in range(len(params)) if ks[i] < v or params[i].top_p < 1.0]
@@ -346,10 +357,11 @@ def _sample(
     if pending:  # top-p rows whose cut lies past every window
         xs = _take(x, pending)
         _top_p_sorted(xs, [params[i].top_p for i in pending])
-        tokens[pending] = _cdf_draw(_min_p(xs, [params[i] for i in pending]), gen)
+        tokens[_on(dev, pending)] = _cdf_draw(_min_p(xs, [params[i] for i in pending]), gen)
     plain = [i for i in range(len(params)) if ks[i] == v and params[i].top_p >= 1.0]
     if plain:
-        tokens[plain] = _cdf_draw(_min_p(_take(x, plain), [params[i] for i in plain]), gen)
+        drawn = _cdf_draw(_min_p(_take(x, plain), [params[i] for i in plain]), gen)
+        tokens[_on(dev, plain)] = drawn
     return tokens
 
 
@@ -372,7 +384,8 @@ def _draw_windowed(
     if done:
         vals = _min_p(_take(vals, done), [params[rows[j]] for j in done])
         pos = _cdf_draw(vals, gen)  # [R'']
-        tokens[[rows[j] for j in done]] = _take(idx, done).gather(-1, pos[:, None]).view(-1)
+        chosen = _take(idx, done).gather(-1, pos[:, None]).view(-1)
+        tokens[_on(tokens.device, [rows[j] for j in done])] = chosen
     return [rows[j] for j, c in enumerate(flags) if not c]
 
 
@@ -390,20 +403,18 @@ def _window_filter(
     w = min(v, max([window, *(k for k in ks if k < v)]))
     vals, idx = x.topk(w, dim=-1)  # [R, W] each, descending
     ranks = torch.arange(w, device=dev)
-    vals.masked_fill_(
-        ranks >= torch.tensor([min(k, w) for k in ks], device=dev)[:, None], -math.inf
-    )
-    covered = torch.tensor([k < v for k in ks], device=dev)  # [R]
+    vals.masked_fill_(ranks >= _on(dev, [min(k, w) for k in ks])[:, None], -math.inf)
+    covered = _on(dev, [k < v for k in ks])  # [R] bool
     if all(p >= 1.0 for p in top_ps):
         return vals, idx, covered
     lse = vals.logsumexp(dim=-1, keepdim=True)  # [R, 1]: the top-k set's normalizer...
     whole = [i for i, k in enumerate(ks) if k == v]
     if whole:  # ...or the whole vocabulary's for rows without top-k
-        lse[whole] = _take(x, whole).logsumexp(dim=-1, keepdim=True)
+        lse[_on(dev, whole)] = _take(x, whole).logsumexp(dim=-1, keepdim=True)
     probs = (vals - lse).exp()  # [R, W]
     cum = probs.cumsum(dim=-1)  # [R, W]
     # p = 1 must keep everything: rounding can push the cumulative mass past 1.0.
-    p = torch.tensor([tp if tp < 1.0 else math.inf for tp in top_ps], device=dev)[:, None]
+    p = _on(dev, [tp if tp < 1.0 else math.inf for tp in top_ps])[:, None]
     vals.masked_fill_(cum - probs > p, -math.inf)
     return vals, idx, covered | (cum[:, -1:] > p).view(-1)
 
@@ -413,7 +424,7 @@ def _top_p_sorted(x: torch.Tensor, top_ps: list[float]) -> None:
     dev = x.device
     sorted_x, order = x.sort(dim=-1, descending=True)  # [R, V] each
     probs = sorted_x.softmax(dim=-1)
-    p = torch.tensor([tp if tp < 1.0 else math.inf for tp in top_ps], device=dev)[:, None]
+    p = _on(dev, [tp if tp < 1.0 else math.inf for tp in top_ps])[:, None]
     remove_sorted = probs.cumsum(dim=-1) - probs > p  # [R, V]
     remove = torch.empty_like(remove_sorted).scatter_(-1, order, remove_sorted)
     x.masked_fill_(remove, -math.inf)
@@ -422,7 +433,7 @@ def _top_p_sorted(x: torch.Tensor, top_ps: list[float]) -> None:
 def _min_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Min-p in place: p_i < min_p * p_max  <=>  x_i < x_max + log(min_p)."""
     if any(p.min_p > 0.0 for p in params):
-        log_min_p = torch.tensor([p.min_p for p in params], device=x.device).log()[:, None]
+        log_min_p = _on(x.device, [p.min_p for p in params]).log()[:, None]
         x.masked_fill_(x < x.amax(dim=-1, keepdim=True) + log_min_p, -math.inf)
     return x
 
@@ -439,7 +450,7 @@ def _cdf_draw(x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
     # A seeded row's generator lives on the host (Request makes it there): its uniforms
     # are drawn there and moved, so a seed gives the same draws on every device.
     where = gen.device if gen is not None else x.device
-    u = torch.rand(x.shape[0], 1, generator=gen, device=where).to(x.device) * _BELOW_ONE
+    u = to_device(torch.rand(x.shape[0], 1, generator=gen, device=where), x.device) * _BELOW_ONE
     pos = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).view(-1)  # [R]
     return pos.clamp_(max=x.shape[-1] - 1)
 

@@ -525,6 +525,7 @@ class Scheduler:
         running list in one pass at the end: `list.remove` each was O(running), O(n^2) for
         a step finishing most of a batch of 256. Nothing reads the running list in
         between (aborts and sinks' effects run between steps)."""
+        launched.out.draw()  # a sampled step's tokens, if the overlap loop has not yet
         with self.cache.batched_frees():
             ended: set[Request] = set()
             finished = self._process_rows(launched, ended)

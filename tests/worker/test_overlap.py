@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 import torch
 
+from radixmesh.worker import model_runner
+from radixmesh.worker.batch import Batch, ForwardOutput, Launched
 from radixmesh.worker.engine import Engine
+from radixmesh.worker.overlap import OverlapLoop
 from radixmesh.worker.request import FinishReason
 from radixmesh.worker.worker import Worker
 from tests.worker.conftest import assert_engine_idle_and_clean
@@ -176,6 +179,81 @@ def test_host_bound_requests_make_steps_synchronous_and_match() -> None:
     assert over[2].output_top_logprobs == sync[2].output_top_logprobs
     assert len(over[2].output_token_logprobs) == 5
     assert over[4].output_ids == [] and over[4].finish_reason is FinishReason.LENGTH
+
+
+def test_sampled_rows_draw_after_the_next_step_is_built_and_match(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seeded sampled requests (temperature, top-k, top-p, min-p, logit_bias) beside greedy
+    ones, one ending on a stop id: the overlap scheduler defers their draws (each runs
+    after the next step is scheduled, before it is launched) and gets the synchronous
+    scheduler's tokens."""
+    probe, _, _ = _run(False, [[(_prompt(7, 11), {"max_new_tokens": 10})]])
+    stop_at = probe[0].output_ids[5]
+    sampled = {"temperature": 0.9, "top_k": 40, "top_p": 0.9}
+    wave: list[Spec] = [
+        (_prompt(1, 9), {**sampled, "seed": 11, "max_new_tokens": 14}),
+        (_prompt(2, 13), {"temperature": 1.3, "seed": 12, "max_new_tokens": 9, "min_p": 0.05}),
+        (_prompt(3, 6), {"max_new_tokens": 20}),
+        (_prompt(4, 8), {**sampled, "seed": 13, "max_new_tokens": 12, "logit_bias": {5: 2.0}}),
+        (_prompt(7, 11), {"max_new_tokens": 10, "stop_token_ids": [stop_at]}),
+    ]
+    deferred: list[bool] = []
+    real = model_runner.ModelRunner.forward
+
+    def forward(self: model_runner.ModelRunner, batch: Any) -> Any:
+        out = real(self, batch)
+        deferred.append(out.pending_draw is not None)
+        return out
+
+    monkeypatch.setattr(model_runner.ModelRunner, "forward", forward)
+    over, _ = _same([wave])
+    assert any(deferred) and not all(deferred)  # the last steps run greedy rows alone
+    assert over[4].finish_reason is FinishReason.STOP and over[4].matched_stop == stop_at
+    assert [len(r.output_ids) for r in over[:4]] == [14, 9, 20, 12]
+    assert len(set(over[0].output_ids)) > 1  # sampled, not one repeated token
+
+
+def test_the_loop_draws_step_n_after_building_step_n_plus_1() -> None:
+    """The order the overlap loop runs a step's parts in, with a sampled step in flight:
+    schedule(n+1) -> draw(n) -> launch(n+1) -> process_output(n)."""
+    calls: list[str] = []
+
+    class Steps:
+        n = 0
+
+        def schedule(self) -> Batch | None:
+            self.n += 1
+            calls.append(f"schedule {self.n}")
+            return Batch(items=[], out_cache_loc=torch.empty(0)) if self.n <= 3 else None
+
+        def launch(self, batch: Batch) -> Launched:
+            calls.append(f"launch {self.n}")
+            out = ForwardOutput.empty(0)
+            step = self.n
+            out.pending_draw = lambda: calls.append(f"draw {step}")
+            return Launched(batch, out, [], [])
+
+        def process_output(self, launched: Launched) -> list[Any]:
+            launched.out.draw()  # as Scheduler.process_output: a no-op once drawn
+            calls.append("process_output")
+            return []
+
+        def step_sync(self) -> list[Any]:
+            raise AssertionError("no host-bound request here")
+
+        def needs_host_tokens(self) -> bool:
+            return False
+
+    loop = OverlapLoop(Steps())
+    for _ in range(4):
+        loop.step()
+    assert calls == [
+        "schedule 1", "launch 1",
+        "schedule 2", "draw 1", "launch 2", "process_output",
+        "schedule 3", "draw 2", "launch 3", "process_output",
+        "schedule 4", "draw 3", "process_output",
+    ]  # fmt: skip
 
 
 def test_abort_mid_run_frees_everything_and_leaves_the_others_unchanged() -> None:
