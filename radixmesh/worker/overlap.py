@@ -21,19 +21,19 @@ end on the host when step n is scheduled, so step n+1 leaves it out
 (`Scheduler._to_run`), as a synchronous step would. A request
 retracted while its token is pending is not readmitted until that token is read.
 
-Greedy rows take one argmax, queued behind the forward. Any other draw (temperature,
-top-k/top-p, seeds, logit_bias) waits for the forward on CUDA: the sampler reads back which
-rows its top-k window decided, and copies per-row parameters from pageable memory, each a
-wait for the stream. Run at the launch, that wait made process_output(n) and the building
-of step n+2 run with the GPU idle. So the runner defers such a draw (`ForwardOutput.draw`)
-and the loop runs it after building the next step, just before launching it:
+Greedy rows take one argmax, queued behind the forward. A top-p row without top-k waits
+for the forward on CUDA: the sampler reads back whether its top-W window decided it
+(sampler.py; every other draw is queued without a wait). Run at the launch, that wait made
+process_output(n) and the building of step n+2 run with the GPU idle. So the runner
+defers every draw that is not one argmax (`ForwardOutput.draw`) and the loop runs it after
+building the next step, just before launching it:
 
     schedule(n+1) -> draw(n) -> launch(n+1) -> process_output(n)
 
 The device still computes draw(n) before step n+1 (one stream), so the placeholders read
 the same tokens, and the draws run in the same order as before, from the same generator
-states: sampled output is unchanged. What the GPU still waits for on a sampled step is the
-draw's host work after its first wait and step n+1's inputs.
+states: sampled output is unchanged. What the GPU still waits for, where a top-p row
+made the draw wait, is the draw's host work after that read and step n+1's inputs.
 
 Requests whose next step needs their tokens on the host (`Scheduler.needs_host_tokens`:
 grammars, logprobs, penalties, min_new_tokens, max_new_tokens 0) make the steps

@@ -379,7 +379,10 @@ def _draw_windowed(
     vals, idx, covered = _window_filter(
         _take(x, rows), [ks[i] for i in rows], [params[i].top_p for i in rows], window
     )  # [R', W], [R', W], [R']
-    flags = covered.tolist()
+    v = x.shape[-1]
+    # A top-k row is always decided (the window holds its k); only a top-p-only row's
+    # coverage depends on its logits, and reading it back waits for the device.
+    flags = [True] * len(rows) if all(ks[i] < v for i in rows) else covered.tolist()
     done = [j for j, c in enumerate(flags) if c]
     if done:
         vals = _min_p(_take(vals, done), [params[rows[j]] for j in done])

@@ -125,6 +125,32 @@ def test_seeded_rows_on_cuda_logits_repeat() -> None:
     assert run() == first and len(set(first)) > 2
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_top_k_rows_draw_without_waiting_for_the_device() -> None:
+    """Rows whose window is decided on the host (top-k, greedy, plain temperature) draw
+    with no stream synchronization, so the overlap scheduler can queue the next step
+    behind their draw; only a top-p-only row's window is read back (worker/overlap.py)."""
+    v = 300
+    logits = (torch.randn(5, v, generator=torch.Generator().manual_seed(5)) * 3).cuda()
+    sampler = Sampler(v)
+    rows = [
+        row(temperature=0.8, top_k=40),
+        row(temperature=0.0),
+        row(temperature=1.1, top_k=20, top_p=0.8, min_p=0.05),
+        row(seed=9, temperature=0.7, top_k=10, logit_bias=((3, 4.0),)),
+        row(temperature=1.0),
+    ]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ids = sampler.draw(logits, rows).token_ids
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert ids.shape == (5,) and ids.device.type == "cuda"
+    assert ids[1].item() == int(logits[1].argmax())
+
+
 def test_different_seeds_differ() -> None:
     logits = torch.zeros(1, 1000)
     sampler = Sampler(1000)
