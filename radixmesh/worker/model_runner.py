@@ -13,6 +13,7 @@ Only logprobs, which the host computes, wait for the step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -283,12 +284,20 @@ class ModelRunner:
         # Any other draw is deferred (`ForwardOutput.draw`): on CUDA it waits for the
         # forward, and the overlap scheduler builds the next step before running it. The
         # rows are read now, as the requests stand at the launch; the placeholders' half
-        # of `future` is taken now too, in launch order.
-        sampling_rows = [_sampling_row(r) for r in reqs]
+        # of `future` is taken now too, in launch order. A row whose rules read its output
+        # (penalties, min_new_tokens) counts as many output tokens as it has now, and
+        # reads their ids when it draws: by then the overlap scheduler has read the
+        # previous step's token, which was still a placeholder at the launch.
+        sampling_rows = [_sampling_row(r, ()) for r in reqs]
+        reading = [
+            (j, r.num_output_tokens) for j, r in enumerate(reqs) if reads_output_ids(r.params)
+        ]
         base = self._take_half()
         out.tokens = PendingTokens(items_sampled, _NO_IDS, _NO_IDS, None, base)
 
         def draw() -> None:
+            for j, n in reading:
+                sampling_rows[j].output_ids = _output_at_draw(reqs[j], n)
             res = self.sampler.draw(logits, sampling_rows, allowed=allowed)
             out.tokens = self._publish(res.token_ids, items_sampled, base)
             if res.logprobs is None and res.top_logprobs is None:
@@ -428,16 +437,32 @@ def _one_row_per_token(
 _NO_IDS = torch.empty(0, dtype=torch.int64)
 
 
-def _sampling_row(req: Request) -> SamplingRow:
-    # The output ids are a fresh list slice: built only when a rule reads them.
+def _sampling_row(req: Request, output_ids: Sequence[int] | None = None) -> SamplingRow:
+    """`output_ids`: None for the request's own (a fresh list slice, built only when a
+    rule reads them)."""
     params = req.params
+    if output_ids is None:
+        output_ids = req.output_ids if reads_output_ids(params) else ()
     return SamplingRow(
         params=params,
         prompt_ids=req.prompt_ids,
-        output_ids=req.output_ids if reads_output_ids(params) else (),
+        output_ids=output_ids,
         stop_ids=req.stop_ids,
         generator=req.generator,
     )
+
+
+def _output_at_draw(req: Request, n: int) -> Sequence[int]:
+    """The first n output ids of `req`, for a draw deferred past its launch (`_sample`).
+    Every one is on the host by then, unless the request ended since (its token is
+    dropped, so no rule needs its ids: none are given)."""
+    if req.finish_reason is not None:
+        return ()
+    start = req.num_prompt_tokens
+    ids = req.token_ids[start : start + n]
+    if ids and min(ids) < 0:
+        raise RuntimeError(f"request {req.rid}: an output token was still on the device")
+    return ids
 
 
 def _add_prompt_rows(rows: _Rows, i: int, item: ScheduledRequest, offset: int) -> None:

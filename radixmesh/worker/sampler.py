@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from radixmesh.sampling_params import SamplingParams
@@ -36,6 +37,9 @@ _BELOW_ONE = 1.0 - 2.0**-20
 # Validation only asks temperature > 0; below this, logits / T could overflow to inf (and
 # the draw to NaN), while the distribution is already argmax for any real logits.
 _MIN_TEMPERATURE = 1e-5
+# Penalized rows per pass of `Sampler._apply_penalties`: its counts are [rows, V] float32
+# (64 x 128,256 tokens: 33 MB), beside the step's [N, V] logits.
+_PENALTY_CHUNK = 64
 
 TopLogprobs = list[tuple[int, float]]  # (token id, logprob), best first
 
@@ -190,7 +194,7 @@ class Sampler:
         if bias_rows:
             self._apply_bias(logits, rows, bias_rows)
         if pen_rows:
-            self._apply_penalties(logits.view(-1), rows, pen_rows)
+            self._apply_penalties(logits, rows, pen_rows)
         if bans:
             row_idx, tok_idx = zip(*bans, strict=True)
             logits[list(row_idx), list(tok_idx)] = -math.inf
@@ -215,45 +219,51 @@ class Sampler:
         logits[_on(dev, row_idx), _on(dev, tok_idx)] += _on(dev, values, logits.dtype)
 
     def _apply_penalties(
-        self, flat: torch.Tensor, rows: Sequence[SamplingRow], pen_rows: list[int]
+        self, logits: torch.Tensor, rows: Sequence[SamplingRow], pen_rows: list[int]
     ) -> None:
-        """Penalize `flat` (`[N * V]`, row-major logits) in place at the tokens that occur.
+        """Penalize `logits` (`[N, V]`, our own copy) in place at the tokens that occur.
 
         repetition (HF): a logit of a token seen in prompt or output is divided by the
         penalty when positive, multiplied when negative. Then (OpenAI) frequency and
         presence: `logit -= freq * count_in_output + pres * (count_in_output > 0)`.
-        Work is O(prompt + output tokens) of the penalized rows, never O(V): only the
-        occurring (row, token) keys `row * V + token` are touched.
-        """
-        dev = flat.device
-        out_keys, counts = torch.unique(
-            self._keys([(i, rows[i].output_ids) for i in pen_rows], dev), return_counts=True
-        )  # [U] sorted unique keys, [U] occurrences in the output
-        rep = torch.tensor([r.params.repetition_penalty for r in rows], device=dev)  # [N]
-        rep_rows = [i for i in pen_rows if rows[i].params.repetition_penalty != 1.0]
-        if rep_rows:
-            prompt_keys = self._keys([(i, rows[i].prompt_ids) for i in rep_rows], dev)
-            seen = torch.unique(torch.cat([prompt_keys, out_keys]))  # [Q]
-            vals, factor = flat[seen], rep[seen // self.vocab_size]
-            flat[seen] = torch.where(vals > 0, vals / factor, vals * factor)
-        if out_keys.numel():
-            row = out_keys // self.vocab_size  # [U]
-            freq = torch.tensor([r.params.frequency_penalty for r in rows], device=dev)
-            pres = torch.tensor([r.params.presence_penalty for r in rows], device=dev)
-            flat[out_keys] -= freq[row] * counts + pres[row]
 
-    def _keys(
-        self, id_lists: Sequence[tuple[int, Sequence[int]]], device: torch.device
-    ) -> torch.Tensor:
-        """Flat keys `row * V + token` of every (row, ids) pair, `[sum of lengths]` long."""
+        Dense over the penalized rows, `_PENALTY_CHUNK` at a time: each chunk's counts
+        are `[P, V]`, added on the device from the rows' ids (one pinned copy), so nothing
+        reads back (a unique over the occurring keys would: its size is data), and the
+        draw can queue behind the forward (overlap.py). Each penalized logit gets exactly
+        the arithmetic of the formulas above; a token that does not occur gets x / 1 or
+        x - 0, which is x.
+        """
+        dev = logits.device
+        for at in range(0, len(pen_rows), _PENALTY_CHUNK):
+            chunk = pen_rows[at : at + _PENALTY_CHUNK]
+            idx = _on(dev, chunk)
+            x = logits.index_select(0, idx)  # [P, V]
+            out_counts = self._counts([rows[i].output_ids for i in chunk], dev)  # [P, V]
+            reps = [rows[i].params.repetition_penalty for i in chunk]
+            if any(r != 1.0 for r in reps):
+                prompts = [
+                    rows[i].prompt_ids if r != 1.0 else () for i, r in zip(chunk, reps, strict=True)
+                ]
+                seen = (self._counts(prompts, dev) + out_counts) > 0
+                rep = _on(dev, reps)[:, None]
+                x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+            freq = _on(dev, [rows[i].params.frequency_penalty for i in chunk])[:, None]
+            pres = _on(dev, [rows[i].params.presence_penalty for i in chunk])[:, None]
+            x = x - (freq * out_counts + pres * (out_counts > 0))
+            logits.index_copy_(0, idx, x)
+
+    def _counts(self, id_lists: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
+        """`[len(id_lists), V]` float32: how often each token occurs in each list."""
+        v = self.vocab_size
+        counts = torch.zeros(len(id_lists) * v, dtype=torch.float32, device=device)
         parts = [
-            torch.as_tensor(ids, dtype=torch.long) + row * self.vocab_size
-            for row, ids in id_lists
-            if len(ids)
+            np.asarray(ids, dtype=np.int64) + j * v for j, ids in enumerate(id_lists) if len(ids)
         ]
-        if not parts:
-            return torch.empty(0, dtype=torch.long, device=device)
-        return torch.cat(parts).to(device)
+        if parts:
+            keys = _on_array(device, np.concatenate(parts))
+            counts.index_add_(0, keys, torch.ones(keys.shape[0], device=device))
+        return counts.view(len(id_lists), v)
 
     def _ban_pairs(self, rows: Sequence[SamplingRow]) -> list[tuple[int, int]]:
         """(row, token) pairs of stop ids banned by min_new_tokens this step."""
@@ -295,6 +305,11 @@ class Sampler:
 def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """`t[rows]` for ascending unique `rows`; `t` itself (no copy) when that is every row."""
     return t if len(rows) == t.shape[0] else t.index_select(0, _on(t.device, rows))
+
+
+def _on_array(device: torch.device, values: np.ndarray) -> torch.Tensor:
+    """`_on` for a numpy array (no copy on the host)."""
+    return to_device(torch.from_numpy(values), device)
 
 
 def _on(

@@ -57,7 +57,6 @@ from radixmesh.worker.overlap import OverlapLoop
 from radixmesh.worker.policy import create_policy
 from radixmesh.worker.request import FinishReason, Request
 from radixmesh.worker.request_slots import RequestSlots
-from radixmesh.worker.sampler import reads_output_ids
 from radixmesh.worker.speculative.speculator import Speculator
 from radixmesh.worker.stats import SchedulerStats
 from radixmesh.worker.step_prefixes import StepPrefixes
@@ -133,9 +132,10 @@ class Scheduler:
 
     def needs_host_tokens(self) -> bool:
         """Whether a present request's next step reads its previous token on the host:
-        grammars (the mask and jump-forward read the accepted text), logprobs, penalties
-        and min_new_tokens (they read the output ids), max_new_tokens 0. The overlap
-        scheduler steps synchronously while one is."""
+        grammars (the mask and jump-forward read the accepted text), logprobs (read back
+        with the draw), max_new_tokens 0. The overlap scheduler steps synchronously while
+        one is. Penalties and min_new_tokens do not: their draw runs once the previous
+        step's token is on the host (overlap.py)."""
         if self._host_bound:
             self._host_bound = [r for r in self._host_bound if not r.finished]
         if self.speculator is not None and self.speculator.may_draft(self.running):
@@ -705,9 +705,7 @@ class Scheduler:
 
 def _needs_host_tokens(req: Request) -> bool:
     p = req.params
-    return (
-        req.grammar is not None or p.return_logprob or reads_output_ids(p) or p.max_new_tokens == 0
-    )
+    return req.grammar is not None or p.return_logprob or p.max_new_tokens == 0
 
 
 def _drop_placeholders(req: Request) -> None:

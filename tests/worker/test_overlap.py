@@ -18,6 +18,7 @@ from radixmesh.worker.batch import Batch, ForwardOutput, Launched
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.overlap import OverlapLoop
 from radixmesh.worker.request import FinishReason
+from radixmesh.worker.sampler import Sampler
 from radixmesh.worker.worker import Worker
 from tests.worker.conftest import assert_engine_idle_and_clean
 from tests.worker.factories import (
@@ -212,6 +213,49 @@ def test_sampled_rows_draw_after_the_next_step_is_built_and_match(
     assert over[4].finish_reason is FinishReason.STOP and over[4].matched_stop == stop_at
     assert [len(r.output_ids) for r in over[:4]] == [14, 9, 20, 12]
     assert len(set(over[0].output_ids)) > 1  # sampled, not one repeated token
+
+
+def test_penalties_and_min_new_tokens_overlap_and_read_every_output_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Penalties and min_new_tokens read a row's output ids; the overlap scheduler draws
+    such a row after the previous step's token is on the host, so it counts every id
+    (the outputs equal the synchronous scheduler's, where missing the last id would
+    repeat it) and the steps still overlap."""
+    probe, _, _ = _run(False, [[(_prompt(6, 10), {"max_new_tokens": 8})]])
+    early = probe[0].output_ids[1]  # a stop id the model emits at once
+    wave: list[Spec] = [
+        (_prompt(1, 9), {"max_new_tokens": 16, "presence_penalty": 1.5}),
+        (_prompt(2, 7), {"max_new_tokens": 14, "frequency_penalty": 0.8}),
+        (_prompt(3, 12), {"max_new_tokens": 15, "repetition_penalty": 1.4}),
+        (
+            _prompt(6, 10),
+            {"max_new_tokens": 12, "min_new_tokens": 6, "stop_token_ids": [early]},
+        ),
+        (_prompt(4, 8), {"temperature": 0.8, "seed": 5, "max_new_tokens": 13,
+                         "frequency_penalty": 0.5, "presence_penalty": 0.5}),
+    ]  # fmt: skip
+    seen: list[tuple[object, tuple[int, ...]]] = []  # (the row's prompt, its output ids)
+    real_draw = Sampler.draw
+
+    def draw(self: Sampler, logits: torch.Tensor, rows: Any, *a: Any, **kw: Any) -> Any:
+        seen.extend((r.prompt_ids, tuple(r.output_ids)) for r in rows if r.output_ids)
+        return real_draw(self, logits, rows, *a, **kw)
+
+    monkeypatch.setattr(Sampler, "draw", draw)
+    over, _ = _same([wave])
+    # Each draw of a penalized row of the overlap run read exactly the ids the request had
+    # output before it: 1, 2, 3, ... of them, each a prefix of its final output.
+    for r in over[:3]:
+        drawn = [ids for prompt, ids in seen if prompt is r.prompt_ids]
+        assert drawn == [tuple(r.output_ids[:n]) for n in range(1, len(r.output_ids))]
+    plain, _, _ = _run(False, [[(p, {"max_new_tokens": 16}) for p, _ in wave[:3]]])
+    # The penalties change what greedy decoding emits, so counting the wrong ids shows.
+    for o, p in zip(over[:3], plain, strict=True):
+        assert o.output_ids != p.output_ids[: len(o.output_ids)]
+    assert [len(r.output_ids) for r in over[:3]] == [16, 14, 15]
+    assert len(over[0].output_ids) == len(set(over[0].output_ids))  # presence: no repeat
+    assert len(over[3].output_ids) >= 6 and early not in over[3].output_ids[:5]
 
 
 def test_the_loop_draws_step_n_after_building_step_n_plus_1() -> None:

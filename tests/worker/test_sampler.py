@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from radixmesh.sampling_params import SamplingParams
+from radixmesh.worker import sampler as sampler_module
 from radixmesh.worker.sampler import (
     Sampler,
     SamplingRow,
@@ -337,6 +338,34 @@ def test_all_penalties_combined_and_rows_independent() -> None:
     assert torch.allclose(got0, torch.log_softmax(expected0, -1), atol=1e-6)
     got1 = torch.tensor([lp for _, lp in sorted(out.top_logprobs[1])])
     assert torch.allclose(got1, torch.log_softmax(logits[1], -1), atol=1e-6)
+
+
+def test_penalties_over_many_rows_equal_a_per_token_reference() -> None:
+    """More penalized rows than one pass of the dense counts takes (`_PENALTY_CHUNK`),
+    with long prompts and repeated output tokens: every logit has the bits of the
+    formulas applied token by token in plain PyTorch."""
+    gen = torch.Generator().manual_seed(11)
+    n, v = sampler_module._PENALTY_CHUNK + 9, 97
+    logits = torch.randn(n, v, generator=gen) * 4
+    rows, expected = [], logits.clone()
+    rules = [(1.0, 0.0, 0.0), (1.3, 0.0, 0.0), (1.0, 0.6, -0.2), (0.7, -0.4, 1.1)]
+    for i in range(n):
+        prompt = torch.randint(0, v, (3 * i % 61,), generator=gen)
+        output = torch.randint(0, v, (7 * i % 41,), generator=gen)
+        rep, freq, pres = rules[i % 4]
+        rows.append(
+            row(prompt=prompt.tolist(), output=output.tolist(), repetition_penalty=rep,
+                frequency_penalty=freq, presence_penalty=pres)
+        )  # fmt: skip
+        x = expected[i]
+        if rep != 1.0:
+            for t in set(prompt.tolist()) | set(output.tolist()):
+                x[t] = x[t] / rep if x[t] > 0 else x[t] * rep
+        for t in set(output.tolist()):
+            count = torch.tensor(float(output.tolist().count(t)))
+            x[t] = x[t] - (torch.tensor(freq) * count + torch.tensor(pres))
+    got = Sampler(v)._apply_rules(logits, rows, None)
+    assert torch.equal(got, expected)
 
 
 def test_logit_bias_matches_a_reference() -> None:
