@@ -38,10 +38,11 @@ made the draw wait, is the draw's host work after that read and step n+1's input
 Penalties and min_new_tokens read a row's output ids when it draws. At the launch of step
 n+1 the last of them (step n's) is still a placeholder; the deferred draw of step n+1 runs
 after process_output(n) has put it on the host, so it reads the real ids, counted as at
-the launch (model_runner.py). They no longer make steps synchronous.
+the launch (model_runner.py). Logprobs are read back by the draw. None of them makes
+steps synchronous.
 
 Requests whose next step needs their tokens on the host (`Scheduler.needs_host_tokens`:
-grammars, logprobs, max_new_tokens 0) make the steps synchronous while they are present:
+grammars, max_new_tokens 0) make the steps synchronous while they are present:
 the pending step is processed first, then the plain schedule -> launch -> process_output.
 So outputs are those of the synchronous scheduler. Under tensor parallelism the followers
 get the resolved input ids in rank 0's per-step broadcast (tp/step.py), as they get the KV

@@ -132,9 +132,9 @@ class Scheduler:
 
     def needs_host_tokens(self) -> bool:
         """Whether a present request's next step reads its previous token on the host:
-        grammars (the mask and jump-forward read the accepted text), logprobs (read back
-        with the draw), max_new_tokens 0. The overlap scheduler steps synchronously while
-        one is. Penalties and min_new_tokens do not: their draw runs once the previous
+        grammars (the mask and jump-forward read the accepted text), max_new_tokens 0.
+        The overlap scheduler steps synchronously while one is. Penalties,
+        min_new_tokens and logprobs do not: their (deferred) draw runs once the previous
         step's token is on the host (overlap.py)."""
         if self._host_bound:
             self._host_bound = [r for r in self._host_bound if not r.finished]
@@ -705,7 +705,7 @@ class Scheduler:
 
 def _needs_host_tokens(req: Request) -> bool:
     p = req.params
-    return req.grammar is not None or p.return_logprob or p.max_new_tokens == 0
+    return req.grammar is not None or p.max_new_tokens == 0
 
 
 def _drop_placeholders(req: Request) -> None:

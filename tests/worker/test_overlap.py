@@ -258,6 +258,26 @@ def test_penalties_and_min_new_tokens_overlap_and_read_every_output_id(
     assert len(over[3].output_ids) >= 6 and early not in over[3].output_ids[:5]
 
 
+def test_logprob_requests_overlap_and_get_the_synchronous_logprobs() -> None:
+    """Requests that return logprobs (top ones too, prompt ones from a start) no longer
+    make steps synchronous: `_same` asserts some steps kept a token on the device, and
+    every logprob equals the synchronous scheduler's."""
+    wave: list[Spec] = [
+        (_prompt(1, 9), {"max_new_tokens": 10, "return_logprob": True, "top_logprobs_num": 3}),
+        (_prompt(2, 12), {"max_new_tokens": 7, "return_logprob": True, "temperature": 0.9,
+                          "seed": 4, "logprob_start_len": 5}),
+        (_prompt(3, 6), {"max_new_tokens": 12, "return_logprob": True}),
+    ]  # fmt: skip
+    over, _ = _same([wave])
+    sync, _, _ = _run(False, [wave])
+    for o, s in zip(over, sync, strict=True):
+        assert o.output_token_logprobs == s.output_token_logprobs
+        assert o.output_top_logprobs == s.output_top_logprobs
+        assert o.input_token_logprobs == s.input_token_logprobs
+    assert [len(r.output_token_logprobs) for r in over] == [10, 7, 12]
+    assert len(over[1].input_token_logprobs) == 12 - 5
+
+
 def test_the_loop_draws_step_n_after_building_step_n_plus_1() -> None:
     """The order the overlap loop runs a step's parts in, with a sampled step in flight:
     schedule(n+1) -> draw(n) -> launch(n+1) -> process_output(n)."""
