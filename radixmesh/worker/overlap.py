@@ -42,7 +42,7 @@ the launch (model_runner.py). Logprobs are read back by the draw. None of them m
 steps synchronous.
 
 Requests whose next step needs their tokens on the host (`Scheduler.needs_host_tokens`:
-grammars, max_new_tokens 0) make the steps synchronous while they are present:
+grammars) make the steps synchronous while they are present:
 the pending step is processed first, then the plain schedule -> launch -> process_output.
 So outputs are those of the synchronous scheduler. Under tensor parallelism the followers
 get the resolved input ids in rank 0's per-step broadcast (tp/step.py), as they get the KV

@@ -132,10 +132,10 @@ class Scheduler:
 
     def needs_host_tokens(self) -> bool:
         """Whether a present request's next step reads its previous token on the host:
-        grammars (the mask and jump-forward read the accepted text), max_new_tokens 0.
-        The overlap scheduler steps synchronously while one is. Penalties,
-        min_new_tokens and logprobs do not: their (deferred) draw runs once the previous
-        step's token is on the host (overlap.py)."""
+        grammars (the mask and jump-forward read the accepted text). The overlap
+        scheduler steps synchronously while one is. Penalties, min_new_tokens and
+        logprobs do not: their (deferred) draw runs once the previous step's token is on
+        the host (overlap.py); nor does max_new_tokens 0 (no token is pending for it)."""
         if self._host_bound:
             self._host_bound = [r for r in self._host_bound if not r.finished]
         if self.speculator is not None and self.speculator.may_draft(self.running):
@@ -217,7 +217,8 @@ class Scheduler:
         drop it, and keep its slot and its place in the batch a step longer. Such a request
         ends as it would in a synchronous step, its last token without KV. The same for the
         context length. (An EOS or a stop string cannot be known ahead, and is noticed one
-        step late: overlap.py.)"""
+        step late: overlap.py.) A request whose last token is on the host has none pending
+        (a prompt still being computed, chunk by chunk, max_new_tokens 0 ones included)."""
         running = self.running
         if self._overlap is None or self._overlap.inflight is None:
             return running  # a synchronous step has read every token: none is pending
@@ -225,7 +226,8 @@ class Scheduler:
         return [
             r
             for r in running
-            if r.params.max_new_tokens > r.num_output_tokens and len(r.token_ids) < ctx
+            if r.token_ids[-1] >= 0
+            or (r.params.max_new_tokens > r.num_output_tokens and len(r.token_ids) < ctx)
         ]
 
     def _schedule_running(
@@ -704,8 +706,7 @@ class Scheduler:
 
 
 def _needs_host_tokens(req: Request) -> bool:
-    p = req.params
-    return req.grammar is not None or p.max_new_tokens == 0
+    return req.grammar is not None
 
 
 def _drop_placeholders(req: Request) -> None:

@@ -278,6 +278,34 @@ def test_logprob_requests_overlap_and_get_the_synchronous_logprobs() -> None:
     assert len(over[1].input_token_logprobs) == 12 - 5
 
 
+def test_prefill_only_requests_overlap_through_chunked_prompts() -> None:
+    """max_new_tokens 0 requests (a program's scoring: prompt logprobs, no output) beside
+    decoding ones: their prompts take several chunks while other steps are in flight,
+    and nothing makes the steps synchronous."""
+    wave: list[Spec] = [
+        (_prompt(1, 70), {"max_new_tokens": 0, "return_logprob": True, "logprob_start_len": 0}),
+        (_prompt(2, 9), {"max_new_tokens": 20}),
+        (_prompt(3, 45), {"max_new_tokens": 0}),
+        (_prompt(4, 6), {"max_new_tokens": 9, "temperature": 0.8, "seed": 2}),
+    ]
+    over, _ = _same([wave], max_num_batched_tokens=24)
+    sync, _, _ = _run(False, [wave], max_num_batched_tokens=24)
+    assert [len(r.output_ids) for r in over] == [0, 20, 0, 9]
+    assert [r.finish_reason for r in over] == [FinishReason.LENGTH] * 4
+    assert over[0].input_token_logprobs == sync[0].input_token_logprobs
+    assert len(over[0].input_token_logprobs) == 70
+    # The prompts' chunks are scheduled while the others decode (not held back until no
+    # step is in flight): both prefill-only requests end before the 20-token one does.
+    w = make_worker(overlap_schedule=True, max_num_batched_tokens=24)
+    reqs = [make_request(w, p, **params) for p, params in wave]
+    for r in reqs:
+        w.scheduler.add_request(r)
+    ended: list[int] = []
+    while w.scheduler.has_work():
+        ended += [reqs.index(r) for r in w.scheduler.step()]  # type: ignore[arg-type]
+    assert ended.index(0) < ended.index(1) and ended.index(2) < ended.index(1)
+
+
 def test_the_loop_draws_step_n_after_building_step_n_plus_1() -> None:
     """The order the overlap loop runs a step's parts in, with a sampled step in flight:
     schedule(n+1) -> draw(n) -> launch(n+1) -> process_output(n)."""
