@@ -11,6 +11,9 @@
 #   sampled   bench.offline's GPU workloads with every request sampling (temperature 0.7,
 #             top-p 0.9), this tree and, with BASELINE=DIR, that tree first, in the same
 #             call: the overlap scheduler with sampled rows (worker/overlap.py)
+#   json      bench.json_decode on dummy:llama-3-8b (256 documents, 64 running, jump-forward
+#             on then off), this tree and, with BASELINE=DIR, that tree first, in the same
+#             call: constrained requests under the overlap scheduler (worker/overlap.py)
 #   offlinedefaults bench.offline's GPU workloads with the engine's own batch sizes (the
 #             running cap and the graphs sized from the KV pool), as users get them
 #   anatomy   bench.step_anatomy --workload prefill: each step kind's host phases and
@@ -130,6 +133,14 @@ if part sampled; then
       --out "$OUT/offline-sampled-before-$MACHINE.json"
   fi
   run offline-sampled-now "$PWD" 200 $SAMPLED --out "$OUT/offline-sampled-now-$MACHINE.json"
+fi
+if part json; then
+  JSON="-m bench.json_decode --model dummy:llama-3-8b --device cuda --documents 256
+    --max-running-requests 64 --max-new-tokens 400 --kv-cache-bytes 16000000000 --skip-mask"
+  if [ -n "$BASELINE" ]; then
+    run json-before "$BASELINE" 300 $JSON --out "$OUT/json_decode-before-$MACHINE.json"
+  fi
+  run json-now "$PWD" 300 $JSON --out "$OUT/json_decode-now-$MACHINE.json"
 fi
 if part offlinedefaults; then
   run offline-defaults "$PWD" 200 -m bench.offline --model dummy:llama-3-8b --device cuda \

@@ -268,15 +268,13 @@ class ModelRunner:
     def _sample(
         self, items: list[ScheduledRequest], rows: _Rows, logits: torch.Tensor, out: ForwardOutput
     ) -> None:
-        # Host work while the GPU still runs the forward (nothing has waited for it yet):
-        # a constrained row's mask depends only on the tokens it has already accepted.
         reqs = [items[i].req for i in rows.sample_items]
-        allowed = self._allowed(reqs, logits.device)
         # Rows whose params are all plain greedy (each params object checked once: a
         # batch's requests often share one) take the argmax that `draw` would, without a
         # SamplingRow per row (at 256 rows ~0.45 against ~0.6-0.9 ms a step on the CPU).
         items_sampled = rows.sample_items
-        if allowed is None and all(
+        constrained = self.grammars is not None and any(r.grammar is not None for r in reqs)
+        if not constrained and all(
             map(plain_greedy_params, {id(r.params): r.params for r in reqs}.values())
         ):
             out.tokens = self._pending(self.sampler.argmax(logits).token_ids, items_sampled)
@@ -287,7 +285,9 @@ class ModelRunner:
         # of `future` is taken now too, in launch order. A row whose rules read its output
         # (penalties, min_new_tokens) counts as many output tokens as it has now, and
         # reads their ids when it draws: by then the overlap scheduler has read the
-        # previous step's token, which was still a placeholder at the launch.
+        # previous step's token, which was still a placeholder at the launch. So does a
+        # constrained row's mask: its grammar has accepted that token then (and any text
+        # jump-forward appended after it, which voids this row: see `_allowed`).
         sampling_rows = [_sampling_row(r, ()) for r in reqs]
         reading = [
             (j, r.num_output_tokens) for j, r in enumerate(reqs) if reads_output_ids(r.params)
@@ -298,6 +298,7 @@ class ModelRunner:
         def draw() -> None:
             for j, n in reading:
                 sampling_rows[j].output_ids = _output_at_draw(reqs[j], n)
+            allowed = self._allowed(reqs, base, logits.device) if constrained else None
             res = self.sampler.draw(logits, sampling_rows, allowed=allowed)
             out.tokens = self._publish(res.token_ids, items_sampled, base)
             if res.logprobs is None and res.top_logprobs is None:
@@ -350,10 +351,19 @@ class ModelRunner:
         event.record()
         return PendingTokens(sample_items, ids, host, event, base)
 
-    def _allowed(self, reqs: list[Request], device: torch.device) -> TokenBitmask | None:
+    def _allowed(self, reqs: list[Request], base: int, device: torch.device) -> TokenBitmask | None:
         """One bitmask for the constrained rows only; None (no cost) when there are none.
-        On CUDA it is filled in pinned memory, so its copy to the GPU does not block."""
-        rows = [j for j, r in enumerate(reqs) if r.grammar is not None]
+        On CUDA it is filled in pinned memory, so its copy to the GPU does not block.
+        Sampled row j still stands as its placeholder -(base + j) at its request's end,
+        unless the row is void: the request ended since the launch, or a jump-forward
+        under the overlap scheduler put forced text where the row's token would go
+        (`Scheduler._jumped_under_a_step`). A void row's token is dropped, so it takes no
+        mask (its grammar is past the row's position)."""
+        rows = [
+            j
+            for j, r in enumerate(reqs)
+            if r.grammar is not None and r.finish_reason is None and r.token_ids[-1] == -(base + j)
+        ]
         if not rows or self.grammars is None:
             return None
         bits = self.grammars.fill_bitmask([reqs[j] for j in rows], pin=device.type == "cuda")

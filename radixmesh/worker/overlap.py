@@ -41,8 +41,14 @@ after process_output(n) has put it on the host, so it reads the real ids, counte
 the launch (model_runner.py). Logprobs are read back by the draw. None of them makes
 steps synchronous.
 
-Requests whose next step needs their tokens on the host (`Scheduler.needs_host_tokens`:
-grammars) make the steps synchronous while they are present:
+A constrained row's grammar mask is filled by its draw too, after the grammar accepted
+the previous token. Jump-forward then appends forced text in process_output(n), under
+step n+1: that step's row for the request is dropped (its placeholder is not put back)
+and, where the jump retokenized token n itself, the KV step n+1 computes for it is taken
+back (`Scheduler._jumped_under_a_step`).
+
+Steps that need the last tokens on the host (`Scheduler.needs_host_tokens`: a request
+that may draft; a constrained one with page_size > 1) are synchronous while present:
 the pending step is processed first, then the plain schedule -> launch -> process_output.
 So outputs are those of the synchronous scheduler. Under tensor parallelism the followers
 get the resolved input ids in rank 0's per-step broadcast (tp/step.py), as they get the KV

@@ -98,6 +98,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.slots = RequestSlots(allocator, cache, req_table, page_size)
+        self._host_bound: list[Request] = []  # unfinished requests that need synchronous steps
         self._prompt_tokens = 0
         self._cache_hit_tokens = 0
         self._host_hit_tokens = 0
@@ -105,7 +106,6 @@ class Scheduler:
         self._num_retractions = 0
         self._num_aborted = 0
         self._num_steps = 0
-        self._host_bound: list[Request] = []  # unfinished requests that need synchronous steps
         self._overlap = OverlapLoop(self) if config.overlap_schedule else None
         self._threshold = config.in_batch_prefix_threshold
         self._align = math.lcm(align, page_size) if align > 1 else 1
@@ -131,15 +131,17 @@ class Scheduler:
         return bool(self.waiting or self.running or inflight or self.slots.num_trimmed)
 
     def needs_host_tokens(self) -> bool:
-        """Whether a present request's next step reads its previous token on the host:
-        grammars (the mask and jump-forward read the accepted text). The overlap
-        scheduler steps synchronously while one is. Penalties, min_new_tokens and
-        logprobs do not: their (deferred) draw runs once the previous step's token is on
-        the host (overlap.py); nor does max_new_tokens 0 (no token is pending for it)."""
+        """Whether the next step reads the previous token on the host: a step that may
+        draft (its drafts follow the last token), and with page_size > 1 a constrained
+        request's (a jump-forward under a step in flight may hand back the KV slot of a
+        token it retokenized, which a page cannot). The overlap scheduler steps
+        synchronously while one is. Nothing else does: grammars, penalties,
+        min_new_tokens and logprobs read what they need in the deferred draw, which runs
+        once the previous step's token is on the host (overlap.py)."""
         if self._host_bound:
             self._host_bound = [r for r in self._host_bound if not r.finished]
         if self.speculator is not None and self.speculator.may_draft(self.running):
-            return True  # drafts follow the last token, read on the host
+            return True
         return bool(self._host_bound)
 
     # ---- requests in and out --------------------------------------------------------
@@ -147,7 +149,7 @@ class Scheduler:
     def add_request(self, req: Request) -> None:
         if self.grammars is not None:
             self.grammars.attach(req)  # starts (or finds) its compile; admission waits
-        if _needs_host_tokens(req):
+        if req.grammar is not None and self.page_size > 1:
             self._host_bound.append(req)
         self.waiting.append(req)
 
@@ -597,11 +599,29 @@ class Scheduler:
         self._generated_tokens += 1
         if req.grammar is not None and self.grammars is not None:  # `_append`, inlined
             self.grammars.append(req, token, out.logprobs[i], out.top_logprobs[i], self.output)
+            if tail and (len(ids) != pos + 1 or ids[pos] != token):
+                self._jumped_under_a_step(req, pos, len(ids) > pos and ids[pos] == token)
+                return True
         else:
             self.output.append_token(req, token, out.logprobs[i], out.top_logprobs[i])
         if tail and req.finish_reason is None:
             ids.extend(tail)
         return True
+
+    def _jumped_under_a_step(self, req: Request, pos: int, kept: bool) -> None:
+        """The grammar did more than append the token at `pos` while a step launched
+        since (overlap) computes that token's KV and samples the one after it:
+        jump-forward appended forced tokens after it, or replaced it (a retokenization),
+        or the grammar refused it (a dead end, which ends the request). That step's
+        sample does not follow the sequence any more: its placeholder is not put back,
+        so its row is dropped when read (`_take_token` finds it gone), and the next step
+        computes the forced tokens. Unless the token at `pos` was `kept`, the KV that
+        step computes there is of another token: the request counts it as not computed,
+        and its slot goes back."""
+        if not kept and req.num_computed_tokens > pos:
+            req.num_computed_tokens = pos
+            if req.row is not None:
+                self.slots.trim(req, pos)
 
     def _append(
         self, req: Request, token: int, logprob: float | None, top: list[tuple[int, float]] | None
@@ -703,10 +723,6 @@ class Scheduler:
             own = req.num_computed_tokens - req.num_shared_tokens
             held += -(-own // page) * page
         return held
-
-
-def _needs_host_tokens(req: Request) -> bool:
-    return req.grammar is not None
 
 
 def _drop_placeholders(req: Request) -> None:

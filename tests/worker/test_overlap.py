@@ -7,9 +7,11 @@ deferred tokens (a running request's last id was a placeholder between steps).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 
@@ -19,8 +21,10 @@ from radixmesh.worker.engine import Engine
 from radixmesh.worker.overlap import OverlapLoop
 from radixmesh.worker.request import FinishReason
 from radixmesh.worker.sampler import Sampler
+from radixmesh.worker.scheduler import Scheduler
 from radixmesh.worker.worker import Worker
 from tests.worker.conftest import assert_engine_idle_and_clean
+from tests.worker.constrained.schemas import SCHEMAS, schema_requests
 from tests.worker.factories import (
     RecordedRequest,
     Recorder,
@@ -48,6 +52,8 @@ def _run(
     for wave in waves:
         for prompt, params in wave:
             r = make_request(w, prompt, **params)
+            if r.params.constraint is not None:  # compiled before the steps: no step spins
+                w.grammars.validate(r.params)
             w.scheduler.add_request(r)
             reqs.append(r)
         steps = 0
@@ -306,6 +312,23 @@ def test_prefill_only_requests_overlap_through_chunked_prompts() -> None:
     assert ended.index(0) < ended.index(1) and ended.index(2) < ended.index(1)
 
 
+def test_constrained_requests_overlap_with_token_slots_and_not_with_pages() -> None:
+    """Regex requests with jump-forward (dummy:tiny's byte tokenizer) against the
+    synchronous scheduler: with page_size 1 the steps overlap; with pages a request's
+    jump under a step in flight could not hand back one slot, so its steps are
+    synchronous while it runs."""
+    wave: list[Spec] = [
+        (_prompt(1, 9), {"max_new_tokens": 30, "regex": r"user-[0-9]{4}-(ok|fail)"}),
+        (_prompt(2, 7), {"max_new_tokens": 30, "regex": r"id: [a-z]{3}, done"}),
+    ]
+    over, w = _same([wave])  # it asserts that steps kept tokens on the device
+    assert over[0].finish_reason is FinishReason.STOP and over[1].finish_reason is FinishReason.STOP
+    paged = make_worker(overlap_schedule=True, page_size=4)
+    paged.scheduler.add_request(make_request(paged, _prompt(1, 9), **wave[0][1]))
+    assert paged.scheduler.needs_host_tokens()
+    assert not w.scheduler.needs_host_tokens()
+
+
 def test_the_loop_draws_step_n_after_building_step_n_plus_1() -> None:
     """The order the overlap loop runs a step's parts in, with a sampled step in flight:
     schedule(n+1) -> draw(n) -> launch(n+1) -> process_output(n)."""
@@ -463,7 +486,7 @@ def test_smollm2_overlap_matches_sync_with_stops_eos_and_cache_hits(
 
 
 @pytest.mark.slow
-def test_smollm2_overlap_stream_close_aborts_and_a_regex_runs_synchronously(
+def test_smollm2_overlap_stream_close_aborts_and_a_regex_matches_sync(
     overlap_engine: Engine, engine: Engine
 ) -> None:
     stream = overlap_engine.generate(
@@ -478,6 +501,56 @@ def test_smollm2_overlap_stream_close_aborts_and_a_regex_runs_synchronously(
     out = overlap_engine.generate(PROMPTS[3], regex)
     assert isinstance(out, dict) and isinstance(want, dict)
     assert out["output_ids"] == want["output_ids"]
+    assert_engine_idle_and_clean(overlap_engine)
+
+
+@pytest.mark.slow
+def test_smollm2_overlap_json_with_jump_forward_matches_sync(
+    engine: Engine, overlap_engine: Engine
+) -> None:
+    """Constrained requests no longer make steps synchronous: each row's mask is filled
+    when its draw runs (after the previous token was accepted), and where jump-forward
+    appends forced text (or retokenizes the sampled token) under a step in flight, that
+    step's row is dropped and the forced tokens computed next. Same greedy JSON as the
+    synchronous engine, forced tokens and all, with no slot leaked."""
+    names = [*SCHEMAS][:8]
+    prompts, params = schema_requests(engine.tokenizer, names)
+    want = engine.generate(prompts, params)
+    got = overlap_engine.generate(prompts, params)
+    assert isinstance(want, list) and isinstance(got, list)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    forced = [o["meta_info"]["forced_tokens"] for o in got]
+    assert forced == [o["meta_info"]["forced_tokens"] for o in want] and min(forced) > 0
+    for name, out in zip(names, got, strict=True):
+        jsonschema.validate(json.loads(out["text"]), SCHEMAS[name])
+    assert overlap_engine.worker.scheduler.needs_host_tokens() is False
+    assert_engine_idle_and_clean(overlap_engine)
+
+
+@pytest.mark.slow
+def test_smollm2_overlap_retokenized_jumps_match_sync(
+    engine: Engine, overlap_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regexes whose forced text merges with the sampled token (`com` + `puter`): the
+    jump replaces the token whose KV the step in flight computes, so the request takes
+    that token back (its slot too) and computes the replacement. The outputs are the
+    synchronous engine's, and every slot is accounted for after."""
+    kept: list[bool] = []
+    real = Scheduler._jumped_under_a_step
+
+    def jumped(self: Scheduler, req: Any, pos: int, was_kept: bool) -> None:
+        kept.append(was_kept)
+        real(self, req, pos, was_kept)
+
+    monkeypatch.setattr(Scheduler, "_jumped_under_a_step", jumped)
+    rxs = ["(con|com)puter [a-z]+", "The (in|im)portant (thing|point) is [a-z]+",
+           "(un|in)der the (ta|tr)ble"]  # fmt: skip
+    params = [{"temperature": 0.0, "max_new_tokens": 24, "regex": r} for r in rxs]
+    want = engine.generate(["Say something:"] * 3, params)
+    got = overlap_engine.generate(["Say something:"] * 3, params)
+    assert isinstance(want, list) and isinstance(got, list)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    assert False in kept  # a jump under a step in flight replaced its token
     assert_engine_idle_and_clean(overlap_engine)
 
 
