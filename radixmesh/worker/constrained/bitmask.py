@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixmesh.worker.forward_batch import to_device
+
 _LUT: dict[torch.device, torch.Tensor] = {}
 
 
@@ -63,6 +65,7 @@ class TokenBitmask:
         if len(self.rows) == logits.shape[0]:
             logits.masked_fill_(banned, -math.inf)
             return
-        index = torch.tensor(self.rows, dtype=torch.long, device=logits.device)
+        # Through pinned memory: a pageable copy would wait for the forward on CUDA.
+        index = to_device(torch.tensor(self.rows, dtype=torch.long), logits.device)
         sub = logits.index_select(0, index).masked_fill_(banned, -math.inf)
         logits.index_copy_(0, index, sub)
