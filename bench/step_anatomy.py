@@ -306,7 +306,7 @@ def _time_steps(
 
 
 def json_steps(args: argparse.Namespace) -> dict[str, Any]:
-    from json_decode import SCHEMA, documents, prompts
+    from bench.json_decode import SCHEMA, documents, prompts
 
     engine = Engine(
         args.model,

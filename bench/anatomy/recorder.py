@@ -132,10 +132,21 @@ class StepRecorder:
     def _time_wait(self, launched: Launched) -> None:
         """Time this step's `token_ids` (the host blocking for its sampled ids) as phase
         "wait" of whichever step call reads them (with overlap, the next one). On the
-        instance: the class stays untouched, and the empty step's shared NO_TOKENS too."""
-        tokens = launched.out.tokens
-        if tokens is not NO_TOKENS:
-            self.timer.wrap(tokens, "token_ids", "wait")
+        instance: the class stays untouched, and the empty step's shared NO_TOKENS too.
+        A deferred draw (not one argmax: `ForwardOutput.draw`) replaces the step's tokens
+        when it runs (its own time is phase "sampler"): theirs are wrapped then."""
+        out = launched.out
+        draw = out.pending_draw
+        if draw is None:
+            if out.tokens is not NO_TOKENS:
+                self.timer.wrap(out.tokens, "token_ids", "wait")
+            return
+
+        def drawn() -> None:
+            draw()
+            self.timer.wrap(out.tokens, "token_ids", "wait")
+
+        out.pending_draw = drawn
 
     def _wrap_step(self) -> None:
         step = self.sched.step
