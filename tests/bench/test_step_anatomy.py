@@ -140,3 +140,16 @@ def test_batch1_with_drafts_that_are_never_kept_verifies_every_step_it_can(
     assert parts | {"free_trimmed", "read_verified", "host"} <= medians.keys()
     assert 0 < medians["inputs"] < medians["runner_forward"] < medians["launch"]
     assert medians["host"] > 0
+
+
+def test_json_workload_reports_each_step_kind(tmp_path: Any) -> None:
+    """The constrained workload on the CPU: every step is recorded with its forward time,
+    the deferred draw's included, with jump-forward on and off."""
+    out = tmp_path / "json.json"
+    argv = ["--workload", "json", "--model", "dummy:tiny", "--documents", "3"]
+    step_anatomy.main([*argv, "--cuda-graph-max-batch-size", "0", "--out", str(out)])
+    res = json.loads(out.read_text())["result"]
+    for run in ("on", "off"):
+        kinds = res[run]["by_kind"]
+        assert sum(k["steps"] for k in kinds.values()) == res[run]["steps"] > 0
+        assert all(k["forward_ms_mean"] > 0 for k in kinds.values())
