@@ -335,7 +335,7 @@ def json_steps(args: argparse.Namespace) -> dict[str, Any]:
             fwd = 1e3 * (time.perf_counter() - t0)
             replayed = graphs is not None and graphs.num_replays > replays
             kind = _step_kind(batch, replayed, runner.num_decode_shaped_steps > shaped)
-            record = {
+            record: dict[str, Any] = {
                 "kind": kind,
                 "rows": len(batch.items),
                 "tokens": sum(it.num_new_tokens for it in batch.items),
