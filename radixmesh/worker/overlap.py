@@ -21,12 +21,13 @@ end on the host when step n is scheduled, so step n+1 leaves it out
 (`Scheduler._to_run`), as a synchronous step would. A request
 retracted while its token is pending is not readmitted until that token is read.
 
-Greedy rows take one argmax, queued behind the forward. A top-p row without top-k waits
-for the forward on CUDA: the sampler reads back whether its top-W window decided it
-(sampler.py; every other draw is queued without a wait). Run at the launch, that wait made
-process_output(n) and the building of step n+2 run with the GPU idle. So the runner
-defers every draw that is not one argmax (`ForwardOutput.draw`) and the loop runs it after
-building the next step, just before launching it:
+Greedy rows take one argmax, queued behind the forward. A top-p row without top-k, in a
+step with more than a few, waits for the forward on CUDA: the sampler reads back whether
+its top-W window decided it (sampler.py; every other draw is queued without a wait).
+Run at the launch, that wait made process_output(n) and the building of step n+2 run
+with the GPU idle. So the runner defers every draw that is not one argmax
+(`ForwardOutput.draw`) and the loop runs it after building the next step, just before
+launching it:
 
     schedule(n+1) -> draw(n) -> launch(n+1) -> process_output(n)
 

@@ -32,6 +32,10 @@ from radixmesh.worker.forward_batch import to_device
 # temperature 1 the top 256 tokens hold more than 0.9 of the mass in ~97% of steps, the
 # top 4096 in ~99.9%, and topk(256) costs a small fraction of a full-vocabulary sort.
 _TOP_WINDOWS = (256, 4096)
+# On CUDA, at most this many top-p rows (without top-k) are drawn by a full sort instead
+# of the windows, whose coverage is read back (`_sample`).
+_SORTED_TOP_P_ROWS = 8
+_SORT_TOP_P_ON = ("cuda",)  # device types (on the CPU nothing waits: the windows are cheaper)
 # Keeps the inverse-CDF draw's target strictly below the total despite rounding.
 _BELOW_ONE = 1.0 - 2.0**-20
 # Validation only asks temperature > 0; below this, logits / T could overflow to inf (and
@@ -359,6 +363,12 @@ def _sample(
     top-p are filtered and drawn inside their top-W window (W >= every top-k), which is
     exact once the window holds more than top_p of the mass: first W = 256, then 4096
     for the rows that needed more, then a full sort for what is left.
+
+    Whether a window held a top-p row (without top-k) is read back, a wait for the
+    device. On CUDA up to `_SORTED_TOP_P_ROWS` such rows skip the windows for the full
+    sort, which needs no read, so a small batch's draw queues behind the forward (the
+    overlap scheduler's: worker/overlap.py); a larger batch's sort would cost more than
+    the wait.
     """
     dev, v = logits.device, logits.shape[-1]
     temps = [max(p.temperature, _MIN_TEMPERATURE) for p in params]
@@ -366,10 +376,19 @@ def _sample(
     ks = [p.top_k if 0 < p.top_k < v else v for p in params]
     tokens = torch.empty(len(params), dtype=torch.long, device=dev)
     pending = [i for i in range(len(params)) if ks[i] < v or params[i].top_p < 1.0]
+    sort_now: list[int] = []
+    if dev.type in _SORT_TOP_P_ON:
+        sort_now = [i for i in pending if ks[i] == v]
+        if len(sort_now) <= _SORTED_TOP_P_ROWS:
+            pending = [i for i in pending if ks[i] < v]
+        else:
+            sort_now = []
     for window in _TOP_WINDOWS:
         if pending:
             pending = _draw_windowed(x, pending, ks, params, window, gen, tokens)
-    if pending:  # top-p rows whose cut lies past every window
+    if sort_now:
+        pending = sorted(pending + sort_now)
+    if pending:  # top-p rows whose cut lies past every window (or that skip them)
         xs = _take(x, pending)
         _top_p_sorted(xs, [params[i].top_p for i in pending])
         tokens[_on(dev, pending)] = _cdf_draw(_min_p(xs, [params[i] for i in pending]), gen)

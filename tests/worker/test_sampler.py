@@ -129,9 +129,9 @@ def test_seeded_rows_on_cuda_logits_repeat() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_top_k_rows_draw_without_waiting_for_the_device() -> None:
-    """Rows whose window is decided on the host (top-k, greedy, plain temperature) draw
-    with no stream synchronization, so the overlap scheduler can queue the next step
-    behind their draw; only a top-p-only row's window is read back (worker/overlap.py)."""
+    """Rows whose window is decided on the host (top-k, greedy, plain temperature) and a
+    few top-p rows (sorted) draw with no stream synchronization, so the overlap
+    scheduler can queue the next step behind their draw (worker/overlap.py)."""
     v = 300
     logits = (torch.randn(5, v, generator=torch.Generator().manual_seed(5)) * 3).cuda()
     sampler = Sampler(v)
@@ -141,6 +141,8 @@ def test_top_k_rows_draw_without_waiting_for_the_device() -> None:
         row(temperature=1.1, top_k=20, top_p=0.8, min_p=0.05),
         row(seed=9, temperature=0.7, top_k=10, logit_bias=((3, 4.0),)),
         row(temperature=1.0),
+        row(temperature=0.9, top_p=0.9),  # one of a few top-p rows: sorted, not read
+        row(seed=4, temperature=0.6, top_p=0.5),
     ]
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -148,7 +150,7 @@ def test_top_k_rows_draw_without_waiting_for_the_device() -> None:
         ids = sampler.draw(logits, rows).token_ids
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert ids.shape == (5,) and ids.device.type == "cuda"
+    assert ids.shape == (7,) and ids.device.type == "cuda"
     assert ids[1].item() == int(logits[1].argmax())
 
 
@@ -208,6 +210,31 @@ def test_top_p_beyond_windows_falls_back_to_full_sort() -> None:
     assert int(tokens.max()) < m
     assert int(tokens.max()) > m - 100  # the tail of the kept set is reachable
     assert len(set(tokens.tolist())) > 1000
+
+
+def test_a_few_top_p_rows_sorted_keep_the_windows_distribution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The full-sort path that a few top-p rows take on CUDA (no read back of a window's
+    coverage) draws from the same nucleus with the same probabilities as the windows:
+    a chi-square test over 6,000 draws of each, 6 rows a call."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+    m = _top_p_allowed(logits, 0.85)
+    assert m == 4
+    probs = torch.softmax(logits[:m].double(), -1)
+
+    def sample(sorted_path: bool) -> torch.Tensor:
+        on = ("cpu", "cuda") if sorted_path else ("cuda",)
+        monkeypatch.setattr(sampler_module, "_SORT_TOP_P_ON", on)
+        got = [draws(logits, 6, top_p=0.85, temperature=1.0) for _ in range(1000)]
+        return torch.cat(got)
+
+    for tokens in (sample(True), sample(False)):
+        assert set(tokens.tolist()) == set(range(m))
+        counts = torch.bincount(tokens, minlength=m).double()
+        expected = probs * tokens.numel()
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 16.3  # 3 degrees of freedom: p < 0.001
 
 
 def test_top_p_decided_in_second_window() -> None:
