@@ -41,9 +41,6 @@ _BELOW_ONE = 1.0 - 2.0**-20
 # Validation only asks temperature > 0; below this, logits / T could overflow to inf (and
 # the draw to NaN), while the distribution is already argmax for any real logits.
 _MIN_TEMPERATURE = 1e-5
-# Penalized rows per pass of `Sampler._apply_penalties`: its counts are [rows, V] float32
-# (64 x 128,256 tokens: 33 MB), beside the step's [N, V] logits.
-_PENALTY_CHUNK = 64
 
 TopLogprobs = list[tuple[int, float]]  # (token id, logprob), best first
 
@@ -225,49 +222,41 @@ class Sampler:
     def _apply_penalties(
         self, logits: torch.Tensor, rows: Sequence[SamplingRow], pen_rows: list[int]
     ) -> None:
-        """Penalize `logits` (`[N, V]`, our own copy) in place at the tokens that occur.
+        """Penalize `logits` (`[N, V]`, our own contiguous copy) in place at the tokens
+        that occur.
 
         repetition (HF): a logit of a token seen in prompt or output is divided by the
         penalty when positive, multiplied when negative. Then (OpenAI) frequency and
         presence: `logit -= freq * count_in_output + pres * (count_in_output > 0)`.
-
-        Dense over the penalized rows, `_PENALTY_CHUNK` at a time: each chunk's counts
-        are `[P, V]`, added on the device from the rows' ids (one pinned copy), so nothing
-        reads back (a unique over the occurring keys would: its size is data), and the
-        draw can queue behind the forward (overlap.py). Each penalized logit gets exactly
-        the arithmetic of the formulas above; a token that does not occur gets x / 1 or
-        x - 0, which is x.
+        Work is O(prompt + output tokens) of the penalized rows, never O(V): only the
+        occurring (row, token) keys `row * V + token` are touched. The keys are found
+        and counted on the host, where the ids are (a `torch.unique` on the device reads
+        its output's size back, a wait for the forward), and go to the device in pinned
+        copies, so the draw can queue behind the forward (overlap.py).
         """
-        dev = logits.device
-        for at in range(0, len(pen_rows), _PENALTY_CHUNK):
-            chunk = pen_rows[at : at + _PENALTY_CHUNK]
-            idx = _on(dev, chunk)
-            x = logits.index_select(0, idx)  # [P, V]
-            out_counts = self._counts([rows[i].output_ids for i in chunk], dev)  # [P, V]
-            reps = [rows[i].params.repetition_penalty for i in chunk]
-            if any(r != 1.0 for r in reps):
-                prompts = [
-                    rows[i].prompt_ids if r != 1.0 else () for i, r in zip(chunk, reps, strict=True)
-                ]
-                seen = (self._counts(prompts, dev) + out_counts) > 0
-                rep = _on(dev, reps)[:, None]
-                x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
-            freq = _on(dev, [rows[i].params.frequency_penalty for i in chunk])[:, None]
-            pres = _on(dev, [rows[i].params.presence_penalty for i in chunk])[:, None]
-            x = x - (freq * out_counts + pres * (out_counts > 0))
-            logits.index_copy_(0, idx, x)
+        flat, dev, v = logits.view(-1), logits.device, self.vocab_size
+        out_keys, counts = np.unique(
+            self._keys([(i, rows[i].output_ids) for i in pen_rows]), return_counts=True
+        )  # [U] sorted unique keys, [U] occurrences in the output
+        rep_rows = [i for i in pen_rows if rows[i].params.repetition_penalty != 1.0]
+        if rep_rows:
+            prompt_keys = self._keys([(i, rows[i].prompt_ids) for i in rep_rows])
+            seen = _on_array(dev, np.unique(np.concatenate([prompt_keys, out_keys])))  # [Q]
+            rep = _on(dev, [r.params.repetition_penalty for r in rows])  # [N]
+            vals, factor = flat[seen], rep[seen // v]
+            flat[seen] = torch.where(vals > 0, vals / factor, vals * factor)
+        if len(out_keys):
+            keys = _on_array(dev, out_keys)
+            row = keys // v  # [U]
+            freq = _on(dev, [r.params.frequency_penalty for r in rows])
+            pres = _on(dev, [r.params.presence_penalty for r in rows])
+            flat[keys] -= freq[row] * _on_array(dev, counts) + pres[row]
 
-    def _counts(self, id_lists: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
-        """`[len(id_lists), V]` float32: how often each token occurs in each list."""
+    def _keys(self, id_lists: Sequence[tuple[int, Sequence[int]]]) -> np.ndarray:
+        """Flat keys `row * V + token` of every (row, ids) pair, on the host."""
         v = self.vocab_size
-        counts = torch.zeros(len(id_lists) * v, dtype=torch.float32, device=device)
-        parts = [
-            np.asarray(ids, dtype=np.int64) + j * v for j, ids in enumerate(id_lists) if len(ids)
-        ]
-        if parts:
-            keys = _on_array(device, np.concatenate(parts))
-            counts.index_add_(0, keys, torch.ones(keys.shape[0], device=device))
-        return counts.view(len(id_lists), v)
+        parts = [np.asarray(ids, dtype=np.int64) + row * v for row, ids in id_lists if len(ids)]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def _ban_pairs(self, rows: Sequence[SamplingRow]) -> list[tuple[int, int]]:
         """(row, token) pairs of stop ids banned by min_new_tokens this step."""
