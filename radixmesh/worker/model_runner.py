@@ -8,7 +8,10 @@ which tokens go into a batch and where their KV lives (the req->token table).
 ids also go to a `future` buffer on the device, so a request whose last token the host has
 not read yet stands for it with a placeholder id (< 0), which the next step's inputs
 resolve there (the overlap scheduler launches step n+1 before it reads step n's tokens).
-Only logprobs, which the host computes, wait for the step.
+A plain greedy step takes one argmax in `forward`; any other draw (sampling, penalties,
+grammar masks, logprobs) is left to `ForwardOutput.draw`, which the scheduler runs later
+(worker/overlap.py says when). Prompt logprobs, which the host computes, wait for the
+step in `forward`.
 """
 
 from __future__ import annotations
