@@ -395,6 +395,41 @@ def test_abort_mid_run_frees_everything_and_leaves_the_others_unchanged() -> Non
     _check_clean(w, reqs)
 
 
+def test_aborts_while_draws_are_deferred_free_everything() -> None:
+    """A constrained request and a seeded, penalized sampled one aborted while their
+    step's draw has not run yet (the overlap loop runs it after building the next step):
+    the draw skips them, every slot comes back, the others keep the synchronous
+    scheduler's tokens."""
+    specs: list[Spec] = [
+        (_prompt(1, 8), {"max_new_tokens": 30, "regex": r"user-[0-9]{4}-(ok|fail)"}),
+        (_prompt(2, 9), {"max_new_tokens": 15, "temperature": 0.9, "seed": 3,
+                         "frequency_penalty": 0.7}),
+        (_prompt(3, 7), {"max_new_tokens": 15, "temperature": 0.8, "seed": 8, "top_p": 0.9}),
+        (_prompt(4, 6), {"max_new_tokens": 15}),
+    ]  # fmt: skip
+    sync, _, _ = _run(False, [specs])
+    w = make_worker(overlap_schedule=True)
+    reqs = [make_request(w, p, **params) for p, params in specs]
+    for r in reqs:
+        if r.params.constraint is not None:
+            w.grammars.validate(r.params)
+        w.scheduler.add_request(r)
+    for _ in range(4):
+        w.scheduler.step()
+    pending = w.scheduler._overlap.inflight  # type: ignore[union-attr]
+    assert pending is not None and pending.out.pending_draw is not None  # not drawn yet
+    assert w.scheduler.abort(reqs[0].rid) and w.scheduler.abort(reqs[1].rid)
+    assert_slots_accounted(w)
+    while w.scheduler.has_work():
+        w.scheduler.step()
+        assert_slots_accounted(w)
+    assert [r.finish_reason for r in reqs[:2]] == [FinishReason.ABORT] * 2
+    for r, s in zip(reqs[:2], sync[:2], strict=True):
+        assert r.output_ids == s.output_ids[: len(r.output_ids)]
+    assert [r.output_ids for r in reqs[2:]] == [r.output_ids for r in sync[2:]]
+    _check_clean(w, reqs)
+
+
 @pytest.mark.slow
 def test_tensor_parallel_followers_get_the_resolved_ids() -> None:
     """tp 2 (gloo): rank 0 sends the ids still on its device in the step's broadcast."""
