@@ -11,6 +11,9 @@
 #   sampled   bench.offline's GPU workloads with every request sampling (temperature 0.7,
 #             top-p 0.9), this tree and, with BASELINE=DIR, that tree first, in the same
 #             call: the overlap scheduler with sampled rows (worker/overlap.py)
+#   sampledanatomy bench.step_anatomy --workload prefill on the throughput workload with every
+#             request sampling (temperature 0.7, top-p 0.9), this tree and, with
+#             BASELINE=DIR, that tree first: each decode step's GPU idle time
 #   json      bench.json_decode on dummy:llama-3-8b (256 documents, 64 running, jump-forward
 #             on then off), this tree and, with BASELINE=DIR, that tree first, in the same
 #             call: constrained requests under the overlap scheduler (worker/overlap.py)
@@ -133,6 +136,16 @@ if part sampled; then
       --out "$OUT/offline-sampled-before-$MACHINE.json"
   fi
   run offline-sampled-now "$PWD" 200 $SAMPLED --out "$OUT/offline-sampled-now-$MACHINE.json"
+fi
+if part sampledanatomy; then
+  SAMPLEDANATOMY="-m bench.step_anatomy --workload prefill --prefill-workloads throughput
+    --temperature 0.7 --top-p 0.9"
+  if [ -n "$BASELINE" ]; then
+    run anatomy-sampled-before "$BASELINE" 300 $SAMPLEDANATOMY \
+      --out "$OUT/step_anatomy-prefill-sampled-before-$MACHINE.json"
+  fi
+  run anatomy-sampled-now "$PWD" 300 $SAMPLEDANATOMY \
+    --out "$OUT/step_anatomy-prefill-sampled-$MACHINE.json"
 fi
 if part json; then
   JSON="-m bench.json_decode --model dummy:llama-3-8b --device cuda --documents 256

@@ -264,9 +264,16 @@ def workloads(vocab: int, requests: int | None) -> list[Workload]:
 
 
 def run_workload(
-    engine: Engine, rec: StepRecorder, w: Workload, tflops: float, decode_steps: int
+    engine: Engine,
+    rec: StepRecorder,
+    w: Workload,
+    tflops: float,
+    decode_steps: int,
+    sampling: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    params = {"temperature": 0.0, "max_new_tokens": w.max_new_tokens, "ignore_eos": True}
+    """`sampling`: temperature / top_p for every request (default greedy)."""
+    params = {"temperature": 0.0, **(sampling or {})}
+    params |= {"max_new_tokens": w.max_new_tokens, "ignore_eos": True}
     engine.call(rec.take)
     _flush(engine)
     t0 = time.perf_counter()
@@ -284,7 +291,7 @@ def run_workload(
     ranges = windows(events)
     steps, lost = assign(rec.profiled, kernels(events), ranges)
     return {
-        "workload": w.meta,
+        "workload": {**w.meta, **({"sampling": sampling} if params["temperature"] else {})},
         "warmup": {"seconds": warm_s, "steps": len(warm), "by_kind": warmup_summary(warm)},
         "profiled": {
             "seconds": profiled_s,
@@ -339,7 +346,10 @@ def prefill(args: argparse.Namespace) -> dict[str, Any]:
         }
         for w in workloads(engine.worker.arch.vocab_size, args.requests):
             if w.name in args.prefill_workloads:
-                runs[w.name] = run_workload(engine, rec, w, args.matmul_tflops, args.decode_steps)
+                sampling = {"temperature": args.temperature, "top_p": args.top_p}
+                runs[w.name] = run_workload(
+                    engine, rec, w, args.matmul_tflops, args.decode_steps, sampling
+                )
                 print_run(w.name, runs[w.name])
         return runs
     finally:
@@ -366,6 +376,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         default=64,
         help=f"prefill: throughput's decode steps profiled (1..{MAX_DECODE_STEPS})",
     )
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="prefill: every request samples at this temperature (0: greedy)",
+    )
+    ap.add_argument("--top-p", type=float, default=1.0, help="prefill: with --temperature > 0")
     ap.add_argument(
         "--prefill-workloads",
         nargs="+",

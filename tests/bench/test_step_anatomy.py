@@ -153,3 +153,18 @@ def test_json_workload_reports_each_step_kind(tmp_path: Any) -> None:
         kinds = res[run]["by_kind"]
         assert sum(k["steps"] for k in kinds.values()) == res[run]["steps"] > 0
         assert all(k["forward_ms_mean"] > 0 for k in kinds.values())
+
+
+def test_prefill_with_sampling_records_it_and_profiles_every_step(tmp_path: Any) -> None:
+    """`--temperature/--top-p`: every request samples (its draws deferred behind the next
+    step's build under the overlap scheduler); the run says so and its steps are the
+    greedy run's kinds."""
+    out = tmp_path / "sampled.json"
+    argv = ["--workload", "prefill", "--model", "dummy:tiny", "--device", "cpu"]
+    argv += ["--requests", "2", "--kv-cache-bytes", str(1 << 26), "--decode-steps", "4"]
+    argv += ["--prefill-workloads", "throughput", "--temperature", "0.7", "--top-p", "0.9"]
+    step_anatomy.main([*argv, "--out", str(out)])
+    run = json.loads(out.read_text())["result"]["throughput"]
+    assert run["workload"]["sampling"] == {"temperature": 0.7, "top_p": 0.9}
+    kinds = run["profiled"]["by_kind"]
+    assert run["profiled"]["steps"] == sum(k["steps"] for k in kinds.values()) > 0
