@@ -212,6 +212,15 @@ class HeldRequests:
         return True
 
     @property
+    def delivering(self) -> int:
+        """Finished requests a call still follows. `generating` stops counting a request
+        when its log reads the last output, before the following call has passed it on:
+        a drain that waited only for `generating` closed the output streams under such a
+        call, whose last output then never went out. O(logs): for the drain, not per
+        request."""
+        return sum(1 for log in self.logs.values() if log.followers > 0 and log.finished)
+
+    @property
     def waiting(self) -> int:
         """Held requests no call follows (generating or finished): those a resume may
         still take, until the grace passes."""

@@ -164,6 +164,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         Score continuations."""
         return len(self.in_flight) + self.held.generating + self.scoring
 
+    @property
+    def unsent(self) -> int:
+        """What a drain waits for: `busy`, and finished resumable requests whose call has
+        not yet passed their last outputs on (`HeldRequests.delivering`)."""
+        return self.busy + self.held.delivering
+
     def _abort_in_engine(self, rid: str) -> None:
         if self.engine is not None:
             self.engine.abort(rid)

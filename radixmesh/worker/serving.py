@@ -188,13 +188,13 @@ async def _drain(
     await set_health(health_servicer, SERVICE_NAME, serving=False)
     engine.drain()
     deadline = time.monotonic() + config.drain_timeout
-    while servicer.busy and time.monotonic() < deadline:
+    while servicer.unsent and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    if servicer.busy:
-        logger.info("drain timeout: aborting %d requests", servicer.busy)
+    if servicer.unsent:
+        logger.info("drain timeout: aborting %d requests", servicer.unsent)
         engine.abort_all("the worker is shutting down")
         deadline = time.monotonic() + 5.0
-        while servicer.busy and time.monotonic() < deadline:
+        while servicer.unsent and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
 

@@ -190,3 +190,26 @@ def test_metrics_count_held_streams_resumes_and_expiries() -> None:
         held.close()
 
     asyncio.run(run())
+
+
+def test_a_finished_request_is_delivering_until_its_call_passes_the_last_output_on() -> None:
+    """The log reads the last output (the request stops counting as generating) before
+    the following call has passed it on: until that call detaches, the request counts as
+    delivering, which a drain waits for (worker/serving.py) before it closes the output
+    streams that call writes to."""
+
+    async def run() -> None:
+        held = HeldRequests(ResumeConfig(grace=5.0), Aborts())
+        script = Script()
+        log = held.start("r", "alice", script.outputs())
+        follow = log.follow(0)
+        assert (held.generating, held.delivering) == (1, 0)
+        await script.feed(out("r", [1, 2], 2, finished=True))
+        assert log.finished and (held.generating, held.delivering) == (0, 1)
+        last = await anext(follow)
+        assert last.finished
+        held.detach(log)  # the call has sent it
+        assert (held.generating, held.delivering) == (0, 0)
+        held.close()
+
+    asyncio.run(run())
