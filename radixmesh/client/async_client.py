@@ -184,6 +184,8 @@ class AsyncClient(StubsInTurn):
                     yield stream.chunk(resp)
                 return
             except grpc.RpcError as e:
+                if stream.finished:  # it broke after its last chunk: nothing is missing
+                    return
                 if not stream.may_retry(e) or not await self._wait_retry(e, retries, deadline):
                     raise stream.error(e) from None
             finally:

@@ -213,6 +213,8 @@ class Client(StubsInTurn):
                     yield stream.chunk(resp)
                 return
             except grpc.RpcError as e:
+                if stream.finished:  # it broke after its last chunk: nothing is missing
+                    return
                 if not stream.may_retry(e) or not self._wait_retry(e, retries, deadline):
                     raise stream.error(e) from None
             finally:

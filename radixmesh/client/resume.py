@@ -44,6 +44,7 @@ class ResumableStream:
     def __init__(self, resume_at: tuple[str, int] | None = None) -> None:
         self.resume_at = resume_at  # (stream id, offset) once a router sent one
         self.got_token = False
+        self.finished = False  # the last chunk (its finish) came
         self._request_id: str | None = None  # the first message's: the caller's id
         self._broke: grpc.RpcError | None = None  # how the stream last broke
 
@@ -61,6 +62,7 @@ class ResumableStream:
                 chunk, request_id=self._request_id, stream_id=stream_id, offset=offset
             )
         self.got_token = self.got_token or bool(chunk.token_ids)
+        self.finished = chunk.finish_reason is not None
         return chunk
 
     def may_retry(self, e: grpc.RpcError) -> bool:

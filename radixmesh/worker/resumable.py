@@ -24,7 +24,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from radixmesh.errors import InvalidArgument, NotFound
@@ -118,8 +118,20 @@ class OutputLog:
 
     async def follow(self, offset: int) -> AsyncIterator[RequestOutput]:
         """The outputs after `offset` tokens, those already here joined into one, then
-        each as it comes; ends after the finished one."""
+        each as it comes; ends after the finished one. A resume at the end of a finished
+        request gets its last output again with no tokens (its finish): a caller whose
+        router died after sending the last chunk but before ending the call resumes there,
+        and a stream that ended with no finish would leave its router waiting for one."""
         i = self.start_of(offset)
+        if self.outputs and i == len(self.outputs) and self.outputs[-1].finished:
+            yield replace(
+                self.outputs[-1],
+                new_token_ids=[],
+                text_delta="",
+                new_token_logprobs=[],
+                new_top_logprobs=[],
+            )
+            return
         while True:
             if i < len(self.outputs):
                 joined = self.outputs[i]

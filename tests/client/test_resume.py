@@ -36,9 +36,10 @@ class ScriptedRouter(router_pb2_grpc.RouterServicer):
         # The router's own UNAVAILABLE (a worker died: it names a retry-after), not the
         # transport's.
         self.worker_died = False
+        self.sent = 2  # chunks Generate sends before it breaks
 
     def Generate(self, request: Any, context: Any) -> Iterator[Any]:
-        for i in range(2):
+        for i in range(self.sent):
             yield router_pb2.RouterGenerateResponse(
                 chunk=_chunk(i, request.request_id), worker_id="worker-0", stream_id=STREAM,
                 offset=i + 1,
@@ -106,6 +107,28 @@ def test_the_async_client_resumes_after_unavailable(router: tuple[str, ScriptedR
             return [c async for c in stream]
 
     _check(asyncio.run(run()), servicer)
+
+
+def test_a_stream_broken_after_its_last_chunk_ends_without_resuming(
+    router: tuple[str, ScriptedRouter],
+) -> None:
+    """The router went away between the finish and the call's end: nothing is missing, so
+    neither client resumes (a resume there used to wait for a chunk that never came)."""
+    address, servicer = router
+    servicer.sent = len(TOKENS)
+
+    async def run() -> list[Chunk]:
+        async with AsyncClient(address, service="router", timeout=10) as client:
+            stream = await client.generate("hi", request_id="mine", stream=True)
+            return [c async for c in stream]
+
+    with Client(address, service="router", timeout=10) as client:
+        synced = list(client.generate("hi", request_id="mine", stream=True))
+    for chunks in (synced, asyncio.run(run())):
+        assert [t for c in chunks for t in c.token_ids] == TOKENS
+        assert [c.offset for c in chunks] == [1, 2, 3, 4]
+        assert chunks[-1].finish_reason == "length"
+    assert servicer.resumes == []
 
 
 def test_a_broken_stream_no_worker_holds_is_unavailable(

@@ -238,3 +238,22 @@ def test_a_stream_nobody_resumes_is_aborted_after_the_grace(cluster: LocalCluste
     with Client(cluster.address, timeout=30) as again, pytest.raises(NotFound) as lost:
         list(again.resume(first.stream_id, first.offset))
     assert f"{GRACE:g} s grace period" in str(lost.value)
+
+
+def test_a_finished_stream_resumed_at_its_end_gets_its_finish_again(
+    cluster: LocalCluster,
+) -> None:
+    """A caller whose router died after the last chunk but before the call's end resumes
+    at the stream's end: it gets the finish again with no tokens (once, that resume
+    waited for a chunk that never came, until the caller's deadline)."""
+    _both_replicas(cluster)
+    params = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    with Client(cluster.address, timeout=30) as client:
+        chunks = list(client.generate(input_ids=PROMPTS[2], sampling_params=params, stream=True))
+        last = chunks[-1]
+        assert (last.finish_reason, last.offset) == ("length", 6)
+        # Resumed at once: the worker holds a finished stream for the grace (GRACE s).
+        again = list(client.resume(last.stream_id, last.offset))
+    assert [(c.token_ids, c.text, c.finish_reason, c.offset) for c in again] == [
+        ([], "", "length", 6)
+    ]

@@ -73,6 +73,26 @@ def test_follow_from_an_offset_joins_what_is_there_then_streams() -> None:
     asyncio.run(run())
 
 
+def test_a_resume_at_the_end_of_a_finished_request_gets_its_finish_again() -> None:
+    """The caller had every token but not the call's end (its router died between them):
+    the resume must end with the finish, not with nothing."""
+
+    async def run() -> None:
+        held = HeldRequests(ResumeConfig(grace=5.0), Aborts())
+        script = Script()
+        held.start("r", "alice", script.outputs())
+        await script.feed(out("r", [1], 1), out("r", [2, 3], 3, finished=True))
+        follow = held.attach("r", "alice").follow(3)
+        again = await anext(follow)
+        assert (again.new_token_ids, again.text_delta, again.finished) == ([], "", True)
+        assert again.meta_info.finish == Finish("length", length=3)
+        assert again.meta_info.completion_tokens == 3
+        assert await anext(follow, None) is None
+        held.close()
+
+    asyncio.run(run())
+
+
 def test_only_the_owner_reaches_a_held_request() -> None:
     async def run() -> None:
         held = HeldRequests(ResumeConfig(), Aborts())
