@@ -1,7 +1,9 @@
 """Architecture hyperparameters of a Llama-family model, under Hugging Face's names.
 
-One dataclass covers Llama 2/3, SmolLM2, Mistral and Qwen2 (qkv bias). Loaders produce
-it from config.json or GGUF metadata; `dummy:<preset>` uses the presets below.
+One dataclass covers Llama 2/3, SmolLM2, Mistral, Qwen2 (qkv bias) and Qwen3 (an RMSNorm
+over each head's q and k before rotary; a head size that need not be hidden / heads).
+Loaders produce it from config.json or GGUF metadata; `dummy:<preset>` uses the presets
+below.
 """
 
 from __future__ import annotations
@@ -10,7 +12,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-_ARCH_OF_MODEL_TYPE = {"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+_ARCH_OF_MODEL_TYPE = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+_MODEL_TYPE_OF_ARCH = {arch: model_type for model_type, arch in _ARCH_OF_MODEL_TYPE.items()}
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,7 @@ class LlamaArchConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # Qwen3: RMSNorm (over head_size) of each head's q and k
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"
@@ -50,13 +58,13 @@ class LlamaArchConfig:
         v, n = self.vocab_size, self.num_hidden_layers
         d = self.head_size
         attn = h * d * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
-        per_layer = attn + 3 * h * i + 2 * h
+        per_layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0)
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return n * per_layer + emb + h
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> LlamaArchConfig:
-        """From a Hugging Face config.json dict (Llama, Mistral, Qwen2)."""
+        """From a Hugging Face config.json dict (Llama, Mistral, Qwen2, Qwen3)."""
         # Configs built in code (not read from a checkpoint) carry no "architectures".
         default_arch = _ARCH_OF_MODEL_TYPE.get(cfg.get("model_type", ""), "LlamaForCausalLM")
         arch = (cfg.get("architectures") or [default_arch])[0]
@@ -84,6 +92,7 @@ class LlamaArchConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch.startswith("Qwen2"))),
+            qk_norm=arch.startswith("Qwen3"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             architecture=arch,
@@ -91,11 +100,7 @@ class LlamaArchConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A config.json dict transformers can load (for references and the weight cache)."""
-        model_type = (
-            "qwen2"
-            if self.architecture.startswith("Qwen2")
-            else ("mistral" if self.architecture.startswith("Mistral") else "llama")
-        )
+        model_type = _MODEL_TYPE_OF_ARCH.get(self.architecture, "llama")
         out: dict[str, Any] = {
             "architectures": [self.architecture],
             "model_type": model_type,
@@ -117,8 +122,9 @@ class LlamaArchConfig:
             if len(self.eos_token_ids) != 1
             else self.eos_token_ids[0],
         }
-        if model_type == "llama":
+        if model_type in ("llama", "qwen3"):
             out["attention_bias"] = self.attention_bias
+        if model_type == "llama":
             out["mlp_bias"] = False
         return out
 
@@ -252,5 +258,21 @@ PRESETS: dict[str, LlamaArchConfig] = {
         attention_bias=True,
         eos_token_ids=(151643, 151645),
         architecture="Qwen2ForCausalLM",
+    ),
+    "qwen3-8b": LlamaArchConfig(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+        qk_norm=True,
+        eos_token_ids=(151645,),
+        bos_token_id=151643,
+        architecture="Qwen3ForCausalLM",
     ),
 }

@@ -53,6 +53,9 @@ def parameter_shapes(arch: LlamaArchConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.q_proj.bias"] = (q_rows,)
             shapes[p + "self_attn.k_proj.bias"] = (kv_rows,)
             shapes[p + "self_attn.v_proj.bias"] = (kv_rows,)
+        if arch.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (d,)
+            shapes[p + "self_attn.k_norm.weight"] = (d,)
         shapes[p + "self_attn.o_proj.weight"] = (h, q_rows)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
         shapes[p + "mlp.gate_proj.weight"] = (arch.intermediate_size, h)

@@ -34,7 +34,11 @@ from radixmesh.worker.model.arch import LlamaArchConfig
 
 SHARD_BYTES = 2 * 1024**3
 INDEX_FILE = "model.safetensors.index.json"
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 _LAYER_PARTS = {
     "attn_norm": "input_layernorm",
@@ -42,6 +46,8 @@ _LAYER_PARTS = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_norm": "post_attention_layernorm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
@@ -85,6 +91,7 @@ def read_arch_config(reader: GGUFReader) -> LlamaArchConfig:
         max_position_embeddings=int(_field(reader, f"{arch}.context_length", 4096)),
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", None),
         eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
         architecture=ARCHITECTURES[arch],
@@ -158,7 +165,8 @@ def iter_gguf_tensors(
     reader: GGUFReader, arch: LlamaArchConfig
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 CPU tensor) for every tensor of the file, dequantized."""
-    permuted = _field(reader, "general.architecture") == "llama"  # qwen2 GGUFs keep HF order
+    # Qwen2 and Qwen3 GGUFs keep HF's order.
+    permuted = _field(reader, "general.architecture") == "llama"
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         w = torch.from_numpy(_writable(dequantize(tensor.data, tensor.tensor_type)))

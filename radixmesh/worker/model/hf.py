@@ -19,7 +19,12 @@ from radixmesh.worker.layers.quantization.fp8_static import check_input_scale
 from radixmesh.worker.layers.weights import LazySlice, Loaded
 from radixmesh.worker.model.arch import LlamaArchConfig
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
 INDEX_FILE = "model.safetensors.index.json"
 FP8 = torch.float8_e4m3fn
 _SAFETENSORS_FP8 = "F8_E4M3"

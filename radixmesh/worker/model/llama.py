@@ -1,13 +1,15 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2), in Hugging Face's names.
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3), in Hugging Face's
+names.
 
 Reads like transformers' `modeling_llama.py`: embed -> N x (RMSNorm, attention with
-rotary, residual, RMSNorm, SiLU MLP, residual) -> norm. Differences are for speed only:
-q/k/v and gate/up are fused projections (one matmul each), cos/sin are looked up once per
-step, attention goes through an `AttentionBackend` over the paged KV pool, and each
-residual add is done by the norm that follows it (vLLM-style): a layer takes and returns
-(hidden, residual), where hidden is the last sub-layer's output not yet added in, and
-`RMSNorm(hidden, residual)` adds it into the residual stream in place and normalizes the
-sum, one kernel on CUDA. The sums and the norms' inputs are the reference's. Tensor
+rotary, residual, RMSNorm, SiLU MLP, residual) -> norm; Qwen3 norms each head's q and k
+(RMSNorm over the head size, a weight for q and one for k) before rotary. Differences are
+for speed only: q/k/v and gate/up are fused projections (one matmul each), cos/sin are
+looked up once per step, attention goes through an `AttentionBackend` over the paged KV
+pool, and each residual add is done by the norm that follows it (vLLM-style): a layer
+takes and returns (hidden, residual), where hidden is the last sub-layer's output not yet
+added in, and `RMSNorm(hidden, residual)` adds it into the residual stream in place and
+normalizes the sum, one kernel on CUDA. The sums and the norms' inputs are the reference's. Tensor
 parallelism lives in the layers; this file never sees a rank.
 
 With FP8 weights, the ops that produce q/k/v's, gate/up's and down's inputs (the two
@@ -70,6 +72,12 @@ class LlamaAttention(nn.Module):
             dtype=dtype,
             device=device,
         )
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if arch.qk_norm:  # the same on every rank: it normalizes within a head
+            eps = arch.rms_norm_eps
+            self.q_norm = RMSNorm(self.head_dim, eps, dtype=dtype, device=device)
+            self.k_norm = RMSNorm(self.head_dim, eps, dtype=dtype, device=device)
 
     def forward(
         self,
@@ -82,9 +90,14 @@ class LlamaAttention(nn.Module):
         t, h, hkv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D]
         qk, v = qkv.split([(h + hkv) * d, hkv * d], dim=-1)
-        # q and k sit side by side in the fused output: rotate both at once (in place on
-        # CUDA: one kernel over the strided view).
-        qk = apply_rotary_(qk.view(t, h + hkv, d), *cos_sin)  # [T, Hq + Hkv, D]
+        qk = qk.view(t, h + hkv, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(qk[:, :h].reshape(t * h, d)).view(t, h, d)
+            k = self.k_norm(qk[:, h:].reshape(t * hkv, d)).view(t, hkv, d)
+            qk = torch.cat([q, k], dim=1)
+        # q and k sit side by side (in the fused output, or as normed): rotate both at once
+        # (in place on CUDA: one kernel over the strided view).
+        qk = apply_rotary_(qk, *cos_sin)  # [T, Hq + Hkv, D]
         q, k = qk.split([h, hkv], dim=1)  # [T, Hq, D], [T, Hkv, D]
         out = attn.forward(q, k, v.view(t, hkv, d), self.layer_id, batch)  # [T, Hq, D]
         # With FP8 weights o_proj quantizes this input with its own kernel: the attention

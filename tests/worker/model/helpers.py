@@ -104,6 +104,8 @@ LLAMA3_ROPE = {
 VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
     "llama": (transformers.LlamaConfig, {}),
     "qwen2-qkv-bias": (transformers.Qwen2Config, {}),
+    # A head size that is not hidden / heads (32 against 64 / 4), as Qwen3's models have.
+    "qwen3-qk-norm": (transformers.Qwen3Config, {"head_dim": 32}),
     "llama3-rope": (transformers.LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
     "linear-rope": (
         transformers.LlamaConfig,

@@ -13,7 +13,14 @@ import gguf as gguf_py  # the PyPI package, to write test GGUFs independently of
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from radixmesh import model_source
 from radixmesh.errors import InvalidArgument
@@ -149,7 +156,11 @@ def test_smollm2_tokenizer_without_cache_does_not_convert(
 
 # --- tiny GGUFs written here ---------------------------------------------------------------
 
-_GGUF_ARCHS = {"llama": gguf_py.MODEL_ARCH.LLAMA, "qwen2": gguf_py.MODEL_ARCH.QWEN2}
+_GGUF_ARCHS = {
+    "llama": gguf_py.MODEL_ARCH.LLAMA,
+    "qwen2": gguf_py.MODEL_ARCH.QWEN2,
+    "qwen3": gguf_py.MODEL_ARCH.QWEN3,
+}
 
 
 def _tiny_arch(gguf_arch: str) -> LlamaArchConfig:
@@ -160,12 +171,13 @@ def _tiny_arch(gguf_arch: str) -> LlamaArchConfig:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=8,
+        head_dim=16 if gguf_arch == "qwen3" else 8,  # Qwen3's need not be hidden / heads
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
         max_position_embeddings=256,
-        tie_word_embeddings=gguf_arch == "qwen2",
+        tie_word_embeddings=gguf_arch != "llama",
         attention_bias=gguf_arch == "qwen2",
+        qk_norm=gguf_arch == "qwen3",
         bos_token_id=1,
         eos_token_ids=(2,),
         architecture=rm_gguf.ARCHITECTURES[gguf_arch],
@@ -220,7 +232,7 @@ def _no_tokenizer(*args: object) -> SimpleNamespace:
     return SimpleNamespace(hf_tokenizer=SimpleNamespace(save_pretrained=lambda path: None))
 
 
-@pytest.mark.parametrize("gguf_arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("gguf_arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_gguf_converts_to_hf_layout(
     gguf_arch: str, tmp_path: Path, cache_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -302,9 +314,11 @@ def _save_tiny_hf(
         eos_token_id=2,
     )
     torch.manual_seed(0)
-    model: LlamaForCausalLM | Qwen2ForCausalLM
+    model: LlamaForCausalLM | Qwen2ForCausalLM | Qwen3ForCausalLM
     if kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
+    elif kind == "qwen3":  # a head size that is not hidden / heads
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
     model.save_pretrained(path, **save_kw)
@@ -320,9 +334,10 @@ def _save_tiny_hf(
         ("llama", False, {}),
         ("llama", True, {}),
         ("qwen2", True, {}),
+        ("qwen3", True, {}),
         ("llama", False, {"max_shard_size": "20KB"}),
     ],
-    ids=["llama", "llama-tied", "qwen2", "llama-sharded"],
+    ids=["llama", "llama-tied", "qwen2", "qwen3", "llama-sharded"],
 )
 def test_hf_dir_round_trips_every_tensor(
     kind: str, tied: bool, save_kw: dict[str, Any], tmp_path: Path
@@ -336,7 +351,9 @@ def test_hf_dir_round_trips_every_tensor(
     assert (arch.hidden_size, arch.num_key_value_heads, arch.vocab_size) == (32, 2, 96)
     assert arch.tie_word_embeddings == tied
     assert arch.attention_bias == (kind == "qwen2")
-    assert arch.architecture == ("Qwen2ForCausalLM" if kind == "qwen2" else "LlamaForCausalLM")
+    assert (arch.qk_norm, arch.head_size) == ((True, 16) if kind == "qwen3" else (False, 8))
+    names = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    assert arch.architecture == names.get(kind, "LlamaForCausalLM")
     ours = _load(spec, arch)
     _assert_same_tensors(ours, expected)
     assert {n: tuple(t.shape) for n, t in ours.items()} == parameter_shapes(arch)
@@ -387,6 +404,17 @@ def test_dummy_weights_are_deterministic_per_seed() -> None:
     assert {n: tuple(t.shape) for n, t in first.items()} == parameter_shapes(arch)
     assert torch.equal(first["model.norm.weight"], torch.ones(arch.hidden_size))
     assert 0.015 < float(first[name].std()) < 0.025
+
+
+def test_dummy_qwen3_has_unit_qk_norms_of_the_head_size() -> None:
+    arch = loader.load_arch_config("dummy:qwen3-8b").replace(
+        num_hidden_layers=1, vocab_size=1024, hidden_size=64, intermediate_size=128
+    )
+    assert (arch.qk_norm, arch.head_size, arch.architecture) == (True, 128, "Qwen3ForCausalLM")
+    weights = _load("dummy:qwen3-8b", arch)
+    for name in ("q_norm", "k_norm"):
+        assert torch.equal(weights[f"model.layers.0.self_attn.{name}.weight"], torch.ones(128))
+    assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (32 * 128, 64)
 
 
 def test_dummy_qwen2_has_zero_biases_and_bf16() -> None:
