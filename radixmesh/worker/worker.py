@@ -196,6 +196,10 @@ class Worker:
             keep_freed_memory_in_process()
         t0 = time.perf_counter()
         self.arch = load_arch_config(files)
+        if mc.deterministic and self.arch.num_experts:
+            # An expert's matmul takes the rows of every token that picked it in the step,
+            # so a token's bits would depend on the rest of the batch.
+            raise InvalidArgument("deterministic", "is not supported for mixture-of-experts models")
         self.model = self._load_weights(files)
         # After the weights: a first GGUF load converts once and caches the tokenizer too.
         self.tokenizer = load_tokenizer(files)
@@ -524,7 +528,11 @@ class Worker:
         self.announced_grammars = AnnouncedGrammars()
         self.graph_memory_bytes = 0  # device memory the CUDA graphs took (measured)
         graphs = None
-        if self.device.type == "cuda" and attn.supports_cuda_graphs:
+        if self.arch.num_experts and self.device.type == "cuda":
+            # The sparse MLP reads its per-expert counts back each layer (layers/moe.py),
+            # which a graph cannot hold.
+            logger.info("CUDA graphs off: the mixture-of-experts layers run eagerly")
+        elif self.device.type == "cuda" and attn.supports_cuda_graphs:
             graphs = self._capture_decode_graphs(attn) if mc.cuda_graph_max_batch_size else None
         # Forced tokens and short prompt chunks replay the graphs too, as decode rows; not
         # in deterministic mode, where a row's kernel may not depend on the rest of the step.

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-ShardId = int | str | None
+# A fused parameter's piece: q/k/v by name, gate/up by index, an expert's (expert, piece).
+ShardId = int | str | tuple[int, int] | None
 
 
 class LazySlice:

@@ -1,7 +1,9 @@
 """Architecture hyperparameters of a Llama-family model, under Hugging Face's names.
 
-One dataclass covers Llama 2/3, SmolLM2, Mistral, Qwen2 (qkv bias) and Qwen3 (an RMSNorm
-over each head's q and k before rotary; a head size that need not be hidden / heads).
+One dataclass covers Llama 2/3, SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3 (an RMSNorm
+over each head's q and k before rotary; a head size that need not be hidden / heads), and
+the mixture-of-experts members Mixtral and Qwen3-MoE (`num_experts` > 0: a sparse MLP in
+place of the dense one, layers/moe.py).
 Loaders produce it from config.json or GGUF metadata; `dummy:<preset>` uses the presets
 below.
 """
@@ -15,7 +17,9 @@ from typing import Any
 _ARCH_OF_MODEL_TYPE = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 _MODEL_TYPE_OF_ARCH = {arch: model_type for model_type, arch in _ARCH_OF_MODEL_TYPE.items()}
 
@@ -36,6 +40,17 @@ class LlamaArchConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: bias on q/k/v projections
     qk_norm: bool = False  # Qwen3: RMSNorm (over head_size) of each head's q and k
+    # Mixture of experts (0: a dense model): each sparse layer's router picks a token's
+    # `num_experts_per_tok` experts, each a SiLU MLP of `moe_intermediate_size` (None:
+    # intermediate_size, as Mixtral's); `norm_topk_prob` rescales the picked probabilities
+    # to sum to one. Layer i is sparse unless listed in `mlp_only_layers`, and when
+    # (i + 1) is a multiple of `decoder_sparse_step` (Qwen3-MoE's names).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"
@@ -47,6 +62,35 @@ class LlamaArchConfig:
                 f"num_key_value_heads: {self.num_key_value_heads} does not divide "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok: must be in [1, num_experts ({self.num_experts})], "
+                f"got {self.num_experts_per_tok}"
+            )
+        if self.decoder_sparse_step < 1:
+            raise ValueError(f"decoder_sparse_step: must be >= 1, got {self.decoder_sparse_step}")
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        """Whether decoder layer `layer_id` has experts in place of the dense MLP."""
+        return (
+            self.num_experts > 0
+            and layer_id not in self.mlp_only_layers
+            and (layer_id + 1) % self.decoder_sparse_step == 0
+        )
+
+    @property
+    def expert_size(self) -> int:
+        """The intermediate size of one expert."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def expert_names(self) -> tuple[str, str, str, str]:
+        """Checkpoint names of a sparse layer's block and an expert's gate, up and down
+        projections: Mixtral's `block_sparse_moe.experts.N.w1/w3/w2`, else Qwen's
+        `mlp.experts.N.gate_proj/up_proj/down_proj`."""
+        if self.architecture == "MixtralForCausalLM":
+            return ("block_sparse_moe", "w1", "w3", "w2")
+        return ("mlp", "gate_proj", "up_proj", "down_proj")
 
     @property
     def head_size(self) -> int:
@@ -58,13 +102,17 @@ class LlamaArchConfig:
         v, n = self.vocab_size, self.num_hidden_layers
         d = self.head_size
         attn = h * d * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
-        per_layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0)
+        per_layer = attn + 2 * h + (2 * d if self.qk_norm else 0)
+        sparse = sum(self.is_sparse_layer(layer) for layer in range(n))
+        mlps = (n - sparse) * 3 * h * i
+        mlps += sparse * self.num_experts * (3 * h * self.expert_size + h)  # experts, router
         emb = v * h * (1 if self.tie_word_embeddings else 2)
-        return n * per_layer + emb + h
+        return n * per_layer + mlps + emb + h
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> LlamaArchConfig:
-        """From a Hugging Face config.json dict (Llama, Mistral, Qwen2, Qwen3)."""
+        """From a Hugging Face config.json dict (Llama, Mistral, Qwen2, Qwen3, Mixtral,
+        Qwen3-MoE)."""
         # Configs built in code (not read from a checkpoint) carry no "architectures".
         default_arch = _ARCH_OF_MODEL_TYPE.get(cfg.get("model_type", ""), "LlamaForCausalLM")
         arch = (cfg.get("architectures") or [default_arch])[0]
@@ -93,6 +141,14 @@ class LlamaArchConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch.startswith("Qwen2"))),
             qk_norm=arch.startswith("Qwen3"),
+            # Qwen3-MoE says num_experts (transformers >= 5 also num_local_experts), Mixtral
+            # num_local_experts; Mixtral always rescales the picked probabilities.
+            num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+            num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
+            moe_intermediate_size=cfg.get("moe_intermediate_size"),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", arch == "MixtralForCausalLM")),
+            decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+            mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             architecture=arch,
@@ -122,8 +178,18 @@ class LlamaArchConfig:
             if len(self.eos_token_ids) != 1
             else self.eos_token_ids[0],
         }
-        if model_type in ("llama", "qwen3"):
+        if model_type in ("llama", "qwen3", "qwen3_moe"):
             out["attention_bias"] = self.attention_bias
+        if model_type == "mixtral":
+            out["num_local_experts"] = self.num_experts
+            out["num_experts_per_tok"] = self.num_experts_per_tok
+        elif self.num_experts:
+            out["num_experts"] = self.num_experts
+            out["num_experts_per_tok"] = self.num_experts_per_tok
+            out["moe_intermediate_size"] = self.expert_size
+            out["norm_topk_prob"] = self.norm_topk_prob
+            out["decoder_sparse_step"] = self.decoder_sparse_step
+            out["mlp_only_layers"] = list(self.mlp_only_layers)
         if model_type == "llama":
             out["mlp_bias"] = False
         return out
@@ -274,5 +340,60 @@ PRESETS: dict[str, LlamaArchConfig] = {
         eos_token_ids=(151645,),
         bos_token_id=151643,
         architecture="Qwen3ForCausalLM",
+    ),
+    "qwen3-30b-a3b": LlamaArchConfig(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+        qk_norm=True,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        norm_topk_prob=True,
+        eos_token_ids=(151645,),
+        bos_token_id=151643,
+        architecture="Qwen3MoeForCausalLM",
+    ),
+    "mixtral-8x7b": LlamaArchConfig(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        eos_token_ids=(2,),
+        bos_token_id=1,
+        architecture="MixtralForCausalLM",
+    ),
+    # A miniature Qwen3-MoE for tests: every sparse-layer path in a few milliseconds.
+    "tiny-moe": LlamaArchConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        qk_norm=True,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        eos_token_ids=(2,),
+        bos_token_id=1,
+        architecture="Qwen3MoeForCausalLM",
     ),
 }

@@ -58,6 +58,15 @@ def parameter_shapes(arch: LlamaArchConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.k_norm.weight"] = (d,)
         shapes[p + "self_attn.o_proj.weight"] = (h, q_rows)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
+        if arch.is_sparse_layer(i):
+            block, gate, up, down = arch.expert_names
+            e_size = arch.expert_size
+            shapes[f"{p}{block}.gate.weight"] = (arch.num_experts, h)
+            for e in range(arch.num_experts):
+                shapes[f"{p}{block}.experts.{e}.{gate}.weight"] = (e_size, h)
+                shapes[f"{p}{block}.experts.{e}.{up}.weight"] = (e_size, h)
+                shapes[f"{p}{block}.experts.{e}.{down}.weight"] = (h, e_size)
+            continue
         shapes[p + "mlp.gate_proj.weight"] = (arch.intermediate_size, h)
         shapes[p + "mlp.up_proj.weight"] = (arch.intermediate_size, h)
         shapes[p + "mlp.down_proj.weight"] = (h, arch.intermediate_size)

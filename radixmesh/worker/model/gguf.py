@@ -68,6 +68,11 @@ def read_arch_config(reader: GGUFReader) -> LlamaArchConfig:
             f"GGUF architecture {arch!r} is not supported; supported: {list(ARCHITECTURES)}",
         )
     tensors = {t.name for t in reader.tensors}
+    if "blk.0.ffn_gate_exps.weight" in tensors or "blk.0.ffn_gate_inp.weight" in tensors:
+        raise InvalidArgument(
+            "model",
+            "GGUF mixture-of-experts models are not supported; use the Hugging Face directory",
+        )
     if "rope_freqs.weight" in tensors:
         raise InvalidArgument(
             "model",

@@ -24,6 +24,8 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 INDEX_FILE = "model.safetensors.index.json"
 FP8 = torch.float8_e4m3fn
@@ -58,7 +60,15 @@ def check_supported(cfg: dict[str, Any], where: str | Path) -> None:
             f"{where}: architecture {archs[0]} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
         )
-    checkpoint_quantization(cfg, where)
+    if checkpoint_quantization(cfg, where) and (
+        cfg.get("num_experts") or cfg.get("num_local_experts")
+    ):
+        # The experts load in the model's dtype (layers/moe.py): FP8 expert tensors and
+        # their scales have nowhere to go.
+        raise InvalidArgument(
+            "model",
+            f"{where}: quantized checkpoints of mixture-of-experts models are not supported",
+        )
     if cfg.get("mlp_bias"):
         raise InvalidArgument("model", f"{where}: mlp_bias is not supported")
 

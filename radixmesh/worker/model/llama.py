@@ -35,6 +35,7 @@ from radixmesh.worker.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from radixmesh.worker.layers.moe import SparseMoE
 from radixmesh.worker.layers.norm import RMSNorm
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.quantization import quantize_linears
@@ -117,6 +118,9 @@ class LlamaMLP(nn.Module):
         )
         self.act_fn = SiluAndMul()
 
+    def wants_fp8_input(self, x: torch.Tensor) -> bool:
+        return self.gate_up_proj.wants_fp8_input(x)
+
     def forward(self, x: torch.Tensor | Fp8Activation) -> torch.Tensor:
         """x: the normed rows [T, hidden], or already quantized for gate_up_proj."""
         gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
@@ -131,7 +135,20 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         eps = arch.rms_norm_eps
         self.self_attn = LlamaAttention(arch, layer_id, tp, dtype, device)
-        self.mlp = LlamaMLP(arch, tp, dtype, device)
+        self.mlp: LlamaMLP | SparseMoE
+        if arch.is_sparse_layer(layer_id):
+            self.mlp = SparseMoE(
+                arch.hidden_size,
+                arch.expert_size,
+                arch.num_experts,
+                arch.num_experts_per_tok,
+                renormalize=arch.norm_topk_prob,
+                tp=tp,
+                dtype=dtype,
+                device=device,
+            )
+        else:
+            self.mlp = LlamaMLP(arch, tp, dtype, device)
         self.input_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
 
@@ -156,7 +173,7 @@ class LlamaDecoderLayer(nn.Module):
         else:
             normed, residual = self.input_layernorm(hidden, residual, quantize=quantize)
         hidden = self.self_attn(normed, cos_sin, batch, attn)
-        quantize = self.mlp.gate_up_proj.wants_fp8_input(hidden)
+        quantize = self.mlp.wants_fp8_input(hidden)
         normed, residual = self.post_attention_layernorm(hidden, residual, quantize=quantize)
         return self.mlp(normed), residual
 
@@ -248,12 +265,13 @@ class LlamaForCausalLM(nn.Module):
         """Load full (unsharded) tensors under Hugging Face names; each parameter's
         weight_loader takes this rank's slice. Every parameter must be given exactly once."""
         params = dict(self.named_parameters())  # a tied lm_head.weight appears once
-        known = {name for ours in params for name in _checkpoint_names(ours)}
+        arch = self.arch
+        known = {name for ours in params for name in _checkpoint_names(ours, arch)}
         expected = {
             name
             for ours, p in params.items()
             if not is_optional(p)
-            for name in _checkpoint_names(ours)
+            for name in _checkpoint_names(ours, arch)
         }
         loaded: set[str] = set()
         for name, tensor in weights:
@@ -265,7 +283,7 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"unexpected weight {name!r}: the model has no such parameter")
             if name in loaded:
                 raise ValueError(f"weight {name!r} given twice")
-            target, shard_id = _to_fused(name)
+            target, shard_id = _to_ours(name, arch)
             param = params[target]
             try:
                 get_weight_loader(param)(param, tensor, shard_id)
@@ -292,15 +310,39 @@ class LlamaForCausalLM(nn.Module):
                     raise ValueError(f"{layer_name}: {e}") from None
 
 
-def _to_fused(name: str) -> tuple[str, ShardId]:
+# A sparse layer's checkpoint tensors: `<layer>.<block>.experts.<e>.<projection>.weight`
+# and the router's `<layer>.<block>.gate.weight` (block and projections: arch.expert_names).
+_EXPERT = re.compile(r"^(?P<layer>.*\.)(?P<block>\w+)\.experts\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$")
+_ROUTER = re.compile(r"^(?P<layer>.*\.)(?P<block>\w+)\.gate\.weight$")
+
+
+def _to_ours(name: str, arch: LlamaArchConfig) -> tuple[str, ShardId]:
     """Checkpoint name -> (our parameter name, shard id within it)."""
+    if arch.num_experts:
+        block, gate, up, down = arch.expert_names
+        if (m := _EXPERT.match(name)) and m["block"] == block:
+            pieces = {gate: ("w13", 0), up: ("w13", 1), down: ("w2", 0)}
+            if (piece := pieces.get(m["proj"])) is not None:
+                return f"{m['layer']}mlp.{piece[0]}", (int(m["e"]), piece[1])
+        if (m := _ROUTER.match(name)) and m["block"] == block:
+            return f"{m['layer']}mlp.gate.weight", None
     for theirs, ours, shard_id in _FUSED:
         if theirs in name:
             return name.replace(theirs, ours), shard_id
     return name, None
 
 
-def _checkpoint_names(param_name: str) -> list[str]:
+def _checkpoint_names(param_name: str, arch: LlamaArchConfig) -> list[str]:
     """Our parameter name -> the checkpoint names that fill it."""
+    if arch.num_experts:
+        block, gate, up, down = arch.expert_names
+        layer, _, ours = param_name.rpartition("mlp.")
+        experts = range(arch.num_experts)
+        if ours == "w13":
+            return [f"{layer}{block}.experts.{e}.{p}.weight" for e in experts for p in (gate, up)]
+        if ours == "w2":
+            return [f"{layer}{block}.experts.{e}.{down}.weight" for e in experts]
+        if ours == "gate.weight":
+            return [f"{layer}{block}.gate.weight"]
     names = [param_name.replace(ours, theirs) for theirs, ours, _ in _FUSED if ours in param_name]
     return names or [param_name]

@@ -38,6 +38,11 @@ def check_tp_size(arch: LlamaArchConfig, size: int) -> None:
         raise InvalidArgument(
             "tp_size", f"the model's intermediate size {inter} does not split {size} ways"
         )
+    if arch.num_experts and arch.expert_size % size:
+        raise InvalidArgument(
+            "tp_size",
+            f"the model's expert intermediate size {arch.expert_size} does not split {size} ways",
+        )
 
 
 def backend_for(device: torch.device) -> str:

@@ -17,10 +17,17 @@ import torch.multiprocessing as mp
 
 from radixmesh.worker.layers.parallel import TPGroup
 from radixmesh.worker.model.llama import LlamaForCausalLM
-from tests.worker.model.helpers import RaggedRunner, hf_logits, make_pair, random_ids
+from tests.worker.model.helpers import (
+    RaggedRunner,
+    checkpoint_tensors,
+    hf_logits,
+    make_pair,
+    random_ids,
+)
 
 TP = 2
-VARIANTS = ["llama", "qwen2-qkv-bias", "tied-mha"]
+# The mixtures of experts split every expert's intermediate size and all-reduce the sum.
+VARIANTS = ["llama", "qwen2-qkv-bias", "tied-mha", "qwen3-moe", "mixtral"]
 
 
 def schedule(runner: RaggedRunner, a: list[int], b: list[int]) -> list[torch.Tensor]:
@@ -39,7 +46,7 @@ def _rank_main(rank: int, init_file: str, out_dir: str) -> None:
         for variant in VARIANTS:
             hf, full = make_pair(variant)  # seeded: the same weights on every rank
             model = LlamaForCausalLM(full.arch, tp=TPGroup(rank, TP))
-            model.load_weights(hf.state_dict().items())
+            model.load_weights(checkpoint_tensors(hf, full.arch).items())
             logits = schedule(RaggedRunner(model), random_ids(36, 7), random_ids(9, 8))
             if rank == 0:
                 torch.save(logits, Path(out_dir) / f"{variant}.pt")

@@ -106,6 +106,20 @@ VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
     "qwen2-qkv-bias": (transformers.Qwen2Config, {}),
     # A head size that is not hidden / heads (32 against 64 / 4), as Qwen3's models have.
     "qwen3-qk-norm": (transformers.Qwen3Config, {"head_dim": 32}),
+    # Mixtures of experts: 4 experts, 2 a token; Qwen3-MoE's second layer dense, its
+    # picked probabilities rescaled (Mixtral always rescales them).
+    "qwen3-moe": (
+        transformers.Qwen3MoeConfig,
+        {
+            "head_dim": 32,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+        },
+    ),
+    "mixtral": (transformers.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "llama3-rope": (transformers.LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
     "linear-rope": (
         transformers.LlamaConfig,
@@ -137,8 +151,36 @@ def make_pair(
                 p.copy_(0.15 * torch.randn_like(p))
     arch = LlamaArchConfig.from_hf_dict(config.to_dict())
     ours = LlamaForCausalLM(arch)
-    ours.load_weights(hf.state_dict().items())
+    ours.load_weights(checkpoint_tensors(hf, arch).items())
     return hf, ours
+
+
+def checkpoint_tensors(
+    hf: transformers.PreTrainedModel, arch: LlamaArchConfig
+) -> dict[str, torch.Tensor]:
+    """The model's tensors under the names its checkpoint stores. transformers keeps a
+    mixture of experts' weights stacked in memory (`experts.gate_up_proj` [E, 2I, H], gate
+    rows first, and `experts.down_proj` [E, H, I]) and saves them one tensor per expert
+    and projection, the hub's layout (`save_pretrained` writes that; it is not called
+    here because under torch.distributed it writes from one rank only)."""
+    block, gate, up, down = arch.expert_names
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in hf.state_dict().items():
+        if name.endswith(".experts.gate_up_proj"):
+            layer = name.removesuffix("mlp.experts.gate_up_proj")
+            gates, ups = t.chunk(2, dim=1)
+            for e, (g, u) in enumerate(zip(gates, ups, strict=True)):
+                tensors[f"{layer}{block}.experts.{e}.{gate}.weight"] = g.clone()
+                tensors[f"{layer}{block}.experts.{e}.{up}.weight"] = u.clone()
+        elif name.endswith(".experts.down_proj"):
+            layer = name.removesuffix("mlp.experts.down_proj")
+            for e, d in enumerate(t):
+                tensors[f"{layer}{block}.experts.{e}.{down}.weight"] = d.clone()
+        elif name.endswith("mlp.gate.weight") and arch.num_experts:
+            tensors[name.removesuffix("mlp.gate.weight") + f"{block}.gate.weight"] = t
+        else:
+            tensors[name] = t
+    return tensors
 
 
 @torch.no_grad()

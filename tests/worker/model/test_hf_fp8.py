@@ -18,7 +18,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.layers.quantization.fp8 import FP8, dequantize_rows, quantize_rows
 from radixmesh.worker.model import loader
-from radixmesh.worker.model.llama import LlamaDecoderLayer, LlamaForCausalLM
+from radixmesh.worker.model.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from tests.worker.model.helpers import RaggedRunner, hf_logits, make_pair, random_ids
 
 FP8_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic"}
@@ -91,6 +91,7 @@ def test_fp8_checkpoint_loads_its_values_and_scales_unchanged(
     model.load_weights(loader.iter_weights(str(path), arch, dtype=torch.float32, sliced=sliced))
     first, second = model.model.layers[0], model.model.layers[1]
     assert isinstance(first, LlamaDecoderLayer) and isinstance(second, LlamaDecoderLayer)
+    assert isinstance(first.mlp, LlamaMLP) and isinstance(second.mlp, LlamaMLP)
     attn = first.self_attn.qkv_proj
     stored = torch.cat([ckpt[f"model.layers.0.self_attn.{p}.weight"] for p in ATTENTION[:3]])
     assert torch.equal(attn.weight.view(torch.uint8), stored.view(torch.uint8))

@@ -27,7 +27,7 @@ from radixmesh.worker.layers.quantization.fp8_scales import (
 )
 from radixmesh.worker.model import loader
 from radixmesh.worker.model.arch import PRESETS
-from radixmesh.worker.model.llama import LlamaDecoderLayer, LlamaForCausalLM
+from radixmesh.worker.model.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from tests.worker.model.helpers import RaggedRunner, random_ids
 
 ARCH = PRESETS["tiny"].replace(hidden_size=192, intermediate_size=320)
@@ -111,7 +111,7 @@ def test_block_checkpoint_loads_values_and_scales_unchanged(
     model = LlamaForCausalLM(arch, quantization="fp8-128x128")
     model.load_weights(loader.iter_weights(str(path), arch, dtype=torch.float32, sliced=sliced))
     layer = model.model.layers[1]
-    assert isinstance(layer, LlamaDecoderLayer)
+    assert isinstance(layer, LlamaDecoderLayer) and isinstance(layer.mlp, LlamaMLP)
     qkv = layer.self_attn.qkv_proj
     names = [f"model.layers.1.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj")]
     stored = torch.cat([ckpt[n] for n in names])

@@ -25,10 +25,12 @@ from transformers import (
 from radixmesh import model_source
 from radixmesh.errors import InvalidArgument
 from radixmesh.tokenizer import ByteTokenizer, Tokenizer
+from radixmesh.worker.layers.moe import SparseMoE
 from radixmesh.worker.model import gguf as rm_gguf
 from radixmesh.worker.model import loader
 from radixmesh.worker.model.arch import LlamaArchConfig
 from radixmesh.worker.model.dummy import parameter_shapes
+from radixmesh.worker.model.llama import LlamaForCausalLM as RMLlama
 
 SAMPLE = "Hello, world! The radix tree shares prefixes — ünïcödé 你好\n  indented"
 
@@ -282,6 +284,20 @@ def test_conversion_shards_large_models(
     assert not (out / "model.safetensors").exists()
 
 
+def test_gguf_mixture_of_experts_is_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "mixtral.gguf"
+    w = gguf_py.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(InvalidArgument, match="GGUF mixture-of-experts") as e:
+        loader.load_arch_config(str(path))
+    assert e.value.field == "model"
+
+
 def test_gguf_of_unsupported_architecture(tmp_path: Path) -> None:
     path = tmp_path / "gpt2.gguf"
     w = gguf_py.GGUFWriter(str(path), "gpt2")
@@ -381,6 +397,18 @@ def test_hf_dir_of_unsupported_architecture(tmp_path: Path) -> None:
     assert e.value.field == "model"
 
 
+def test_quantized_mixtures_of_experts_are_refused_by_name(tmp_path: Path) -> None:
+    config = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "num_experts": 4,
+        "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidArgument, match="mixture-of-experts models are not") as e:
+        loader.load_arch_config(str(tmp_path))
+    assert e.value.field == "model"
+
+
 def test_hf_dir_without_safetensors(tmp_path: Path) -> None:
     _save_tiny_hf(tmp_path, "llama")
     arch = loader.load_arch_config(str(tmp_path))
@@ -415,6 +443,31 @@ def test_dummy_qwen3_has_unit_qk_norms_of_the_head_size() -> None:
     for name in ("q_norm", "k_norm"):
         assert torch.equal(weights[f"model.layers.0.self_attn.{name}.weight"], torch.ones(128))
     assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (32 * 128, 64)
+
+
+@pytest.mark.parametrize(
+    ("preset", "block", "down"),
+    [("tiny-moe", "mlp", "down_proj"), ("mixtral-8x7b", "block_sparse_moe", "w2")],
+)
+def test_dummy_mixtures_of_experts_load_under_their_checkpoint_names(
+    preset: str, block: str, down: str
+) -> None:
+    arch = loader.load_arch_config(f"dummy:{preset}").replace(
+        num_hidden_layers=2, vocab_size=256, hidden_size=32, intermediate_size=24,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    )  # fmt: skip
+    weights = _load(f"dummy:{preset}", arch)
+    e = arch.num_experts
+    assert weights[f"model.layers.1.{block}.gate.weight"].shape == (e, 32)
+    down_shape = (32, arch.expert_size)
+    assert weights[f"model.layers.1.{block}.experts.{e - 1}.{down}.weight"].shape == down_shape
+    model = RMLlama(arch)
+    model.load_weights(weights.items())  # every parameter, each once
+    moe = model.model.layers[1].mlp
+    assert isinstance(moe, SparseMoE)
+    assert torch.equal(
+        moe.w2[e - 1], weights[f"model.layers.1.{block}.experts.{e - 1}.{down}.weight"]
+    )
 
 
 def test_dummy_qwen2_has_zero_biases_and_bf16() -> None:

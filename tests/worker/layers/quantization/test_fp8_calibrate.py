@@ -21,7 +21,7 @@ from radixmesh.worker.layers.quantization import fp8_calibrate as fc
 from radixmesh.worker.layers.quantization.calibration_text import PASSAGES
 from radixmesh.worker.layers.quantization.fp8_scales import FP8, FP8_MAX, quantize
 from radixmesh.worker.model import loader
-from radixmesh.worker.model.llama import LlamaDecoderLayer, LlamaForCausalLM
+from radixmesh.worker.model.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from tests.worker.model.helpers import make_pair, random_ids
 
 
@@ -218,7 +218,7 @@ def test_calibration_is_sequential() -> None:
     calibrated = fc.calibrate(model, sequences)
     assert len(calibrated) == 4 * model.arch.num_hidden_layers
     layer = model.model.layers[1]
-    assert isinstance(layer, LlamaDecoderLayer)
+    assert isinstance(layer, LlamaDecoderLayer) and isinstance(layer.mlp, LlamaMLP)
     seen: dict[str, torch.Tensor] = {}
     targets: dict[str, nn.Module] = {"qkv": layer.self_attn.qkv_proj, "o": layer.self_attn.o_proj}
     targets |= {"gate_up": layer.mlp.gate_up_proj, "down": layer.mlp.down_proj}

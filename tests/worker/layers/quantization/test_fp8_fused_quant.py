@@ -26,7 +26,7 @@ from radixmesh.worker.layers.quantization.fp8 import (
     quantize_rows,
 )
 from radixmesh.worker.layers.quantization.fp8_scales import quantize
-from radixmesh.worker.model.llama import LlamaDecoderLayer, LlamaForCausalLM
+from radixmesh.worker.model.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
 from tests.worker.model.helpers import RaggedRunner, make_pair, random_ids
 
 MAX_ROWS = 16  # the small-batch kernel's (fp8_small_m.MAX_ROWS; asserted below)
@@ -189,7 +189,7 @@ def test_cuda_model_logits_are_unchanged_by_the_fusion(
 ) -> None:
     model = fp8_model("cuda")
     decoder = model.model.layers[0]
-    assert isinstance(decoder, LlamaDecoderLayer)
+    assert isinstance(decoder, LlamaDecoderLayer) and isinstance(decoder.mlp, LlamaMLP)
     layer = decoder.mlp.down_proj
     probe = torch.zeros(sum(prompts), 128, dtype=torch.bfloat16, device="cuda")
     monkeypatch.setenv(FUSED_QUANT_SWITCH, "1")
