@@ -529,8 +529,9 @@ class Worker:
         self.graph_memory_bytes = 0  # device memory the CUDA graphs took (measured)
         graphs = None
         if self.arch.num_experts and self.device.type == "cuda":
-            # The sparse MLP reads its per-expert counts back each layer (layers/moe.py),
-            # which a graph cannot hold.
+            # Not yet checked on a GPU: the capture of the sparse layers' grouped GEMMs
+            # (layers/kernels/fused_moe.py; the PyTorch path reads counts back, which a
+            # graph cannot hold).
             logger.info("CUDA graphs off: the mixture-of-experts layers run eagerly")
         elif self.device.type == "cuda" and attn.supports_cuda_graphs:
             graphs = self._capture_decode_graphs(attn) if mc.cuda_graph_max_batch_size else None

@@ -9,10 +9,12 @@ expert's intermediate size I across the ranks as the dense MLP splits its own (g
 rows, down by columns), so each rank computes a partial sum of every token's output and
 one all-reduce adds them; the router is replicated.
 
-The forward groups the (token, expert) pairs by expert and runs one gate/up and one down
-matmul per expert that has tokens. Finding those groups reads the per-expert counts back
-to the host, one sync a layer: on CUDA a sparse model therefore runs without CUDA graphs
-(worker.py), and its expert matmuls are PyTorch's, not a fused MoE kernel. The outputs
+On CUDA (where `kernels.enabled`) the experts run as two grouped GEMMs in Triton
+(layers/kernels/fused_moe.py): the pairs sorted by expert on the device, no host sync.
+Elsewhere, and as that kernel's reference, the forward groups the (token, expert) pairs by
+expert and runs one gate/up and one down matmul per expert that has tokens, reading the
+per-expert counts back to the host once a layer. A sparse model runs without CUDA graphs
+(worker.py) until a GPU run has checked their capture with the grouped GEMMs. The outputs
 are accumulated in float32 and rounded to the model's dtype once.
 """
 
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixmesh.worker.layers import kernels
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.weights import (
     Loaded,
@@ -107,6 +110,17 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: the normed rows [T, H] -> the sparse MLP's output [T, H] (summed over ranks)."""
         experts, weights = self.route(x)
+        if kernels.enabled(x):
+            from radixmesh.worker.layers.kernels.fused_moe import fused_experts
+
+            out = fused_experts(x, self.w13, self.w2, experts, weights)
+            return self.tp.all_reduce(out) if self.tp.size > 1 else out
+        return self.forward_eager(x, experts, weights)
+
+    def forward_eager(
+        self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """The PyTorch path: one gate/up and one down matmul per expert with tokens."""
         pairs = experts.flatten()  # (token, choice) pairs in token order
         order = torch.argsort(pairs, stable=True)  # grouped by expert
         counts = torch.bincount(pairs, minlength=self.num_experts).tolist()  # the one sync

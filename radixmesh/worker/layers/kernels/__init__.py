@@ -6,6 +6,8 @@
 - `fp8_quant`: per-token FP8 quantization of a linear layer's input (FP8 weights);
   `rms_norm` and `silu_mul` can quantize their output the same way themselves
   (`*_fp8`), for the FP8 GEMM after them (quantization/fp8.py).
+- `fused_moe`: a mixture of experts' projections as grouped GEMMs over the pairs sorted
+  by expert on the device (layers/moe.py).
 
 A decode step launches a kernel per op and per layer, and each tiny kernel costs a few
 microseconds however small its tensor; fusing turns 2 norms + 2 adds + 4 rotary ops + 2

@@ -1,0 +1,186 @@
+"""A mixture of experts' two projections as grouped GEMMs, with no host sync (layers/moe.py).
+
+The (token, choice) pairs of a step are sorted by expert and each expert's group is padded
+to a multiple of BLOCK_M rows (`align`): a block of BLOCK_M sorted rows then belongs to
+one expert, and one program per (block, BLOCK_N output columns) multiplies its rows by that
+expert's weight. Every size is the worst case of the step's token count (T * k pairs plus
+BLOCK_M - 1 padding rows per expert), never the counts themselves, so nothing is read back
+to the host and the launches can be captured in a CUDA graph; the blocks past the used ones
+exit at once.
+
+- `moe_gemm(a, w, sorted_ids, block_experts, ...)`: rows of `a` (a token's row for each of
+  its pairs, or the pairs' own rows) times w[e]^T for the block's expert e, each output
+  row written at its pair's index, optionally scaled by the pair's routing weight; float32
+  accumulation.
+- `fused_experts(x, w13, w2, experts, weights)`: gate/up GEMM, SiLU-and-mul, down GEMM
+  with the routing weights, and each token's sum over its k pairs in float32.
+
+The PyTorch loop in layers/moe.py (one matmul per expert with tokens) is the reference and
+the CPU path; the tests run these kernels in triton's interpreter against it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
+
+
+def align(
+    experts: torch.Tensor, num_experts: int, block_m: int = BLOCK_M
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`experts` [T, k] -> (sorted_ids, block_experts): sorted_ids [P] holds the pair
+    indices (t * k + j) grouped by expert, each group padded to a multiple of `block_m`
+    with the sentinel T * k; block_experts [P / block_m] is each block's expert, -1 past
+    the last used block. P is the worst case, T * k + E * (block_m - 1), rounded up."""
+    flat = experts.flatten()
+    pairs = flat.numel()
+    # Not bincount: on CUDA it reads the largest id back to size its output.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    sorted_experts = flat[order]
+    first_of_group = torch.cumsum(counts, 0) - counts  # each expert's first sorted pair
+    within = torch.arange(pairs, device=flat.device) - first_of_group[sorted_experts]
+    dest = (ends - padded)[sorted_experts] + within
+    size = triton.cdiv(pairs + num_experts * (block_m - 1), block_m) * block_m
+    sorted_ids = torch.full((size,), pairs, dtype=torch.int64, device=flat.device)
+    sorted_ids[dest] = order
+    starts = torch.arange(0, size, block_m, device=flat.device)
+    block_experts = torch.searchsorted(ends, starts, right=True)
+    block_experts = torch.where(block_experts < num_experts, block_experts, -1)
+    return sorted_ids, block_experts
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    A,
+    W,
+    Out,
+    SortedIds,
+    BlockExperts,
+    PairWeights,
+    num_pairs,
+    n,
+    k,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    TOP_K: tl.constexpr,
+    A_BY_TOKEN: tl.constexpr,
+    SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    block = tl.program_id(0)
+    expert = tl.load(BlockExperts + block)
+    if expert < 0:
+        return
+    pairs = tl.load(SortedIds + block * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]
+    used = pairs < num_pairs
+    rows = pairs // TOP_K if A_BY_TOKEN else pairs  # a's row: the pair's token, or itself
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    w_base = W + expert.to(tl.int64) * stride_we
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(
+            A + rows[:, None].to(tl.int64) * stride_am + ks[None, :],
+            mask=used[:, None] & (ks[None, :] < k),
+            other=0.0,
+        )  # [BM, BK]
+        w = tl.load(
+            w_base + cols[None, :].to(tl.int64) * stride_wn + ks[:, None],
+            mask=(cols[None, :] < n) & (ks[:, None] < k),
+            other=0.0,
+        )  # [BK, BN]: w[e]^T's tile
+        acc = tl.dot(a, w, acc, input_precision="ieee")  # float32 models: no tf32
+    if SCALE:
+        acc = acc * tl.load(PairWeights + pairs, mask=used, other=0.0)[:, None]
+    out = Out + pairs[:, None].to(tl.int64) * stride_om + cols[None, :]
+    tl.store(out, acc.to(Out.dtype.element_ty), mask=used[:, None] & (cols[None, :] < n))
+
+
+def moe_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_experts: torch.Tensor,
+    *,
+    top_k: int,
+    num_pairs: int,
+    a_by_token: bool,
+    pair_weights: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """[num_pairs, N]: for each pair p, a[p // top_k if a_by_token else p] @ w[e(p)]^T
+    (times pair_weights[p] where given). a: [rows, K] contiguous; w: [E, N, K] contiguous."""
+    n, k = w.shape[1], w.shape[2]
+    out = torch.empty(num_pairs, n, dtype=out_dtype or a.dtype, device=a.device)
+    grid = (block_experts.numel(), triton.cdiv(n, BLOCK_N))
+    _moe_gemm_kernel[grid](
+        a,
+        w,
+        out,
+        sorted_ids,
+        block_experts,
+        pair_weights if pair_weights is not None else out,
+        num_pairs,
+        n,
+        k,
+        a.stride(0),
+        w.stride(0),
+        w.stride(1),
+        out.stride(0),
+        TOP_K=top_k,
+        A_BY_TOKEN=a_by_token,
+        SCALE=pair_weights is not None,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+    )
+    return out
+
+
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """The sparse MLP's output [T, H] in x's dtype: x [T, H]; w13 [E, 2I, H] (gate rows,
+    then up rows); w2 [E, H, I]; experts [T, k] and their float32 weights [T, k]."""
+    t, top_k = experts.shape
+    pairs = t * top_k
+    sorted_ids, block_experts = align(experts, w13.shape[0])
+    x = x.contiguous()
+    gate_up = moe_gemm(
+        x, w13, sorted_ids, block_experts, top_k=top_k, num_pairs=pairs, a_by_token=True
+    )  # [T * k, 2I]
+    i = w13.shape[1] // 2
+    if gate_up.is_cuda:
+        from radixmesh.worker.layers.kernels.silu_mul import silu_and_mul
+
+        act = silu_and_mul(gate_up)
+    else:
+        act = F.silu(gate_up[:, :i]) * gate_up[:, i:]
+    down = moe_gemm(
+        act.contiguous(),
+        w2,
+        sorted_ids,
+        block_experts,
+        top_k=top_k,
+        num_pairs=pairs,
+        a_by_token=False,
+        pair_weights=weights.flatten().contiguous(),
+        out_dtype=torch.float32,
+    )  # [T * k, H], each pair's output times its weight
+    return down.view(t, top_k, -1).sum(dim=1).to(x.dtype)
