@@ -59,6 +59,9 @@
 #             overlap pays on that shape
 #   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
+#   moe       the grouped-GEMM experts' GPU test (bf16, no sync), bench.moe (Qwen3-30B-A3B's
+#             and Mixtral's sparse layer: the Triton experts against the PyTorch loop), and
+#             the Qwen3-MoE model's test against transformers on the GPU
 #   sharedoffline bench.offline's GPU workloads as `offline` runs them, the shared-prefix
 #             decode off, then on (RADIXMESH_SHARED_PREFIX_DECODE=1), then on with its
 #             one-launch kernel (RADIXMESH_SHARED_PREFIX_FUSED=1): its end-to-end cost
@@ -313,6 +316,11 @@ if part sharedoffline; then
     --out "$OUT/offline-shared-decode-$MACHINE.json"
   RADIXMESH_SHARED_PREFIX_DECODE=1 RADIXMESH_SHARED_PREFIX_FUSED=1 run offline-fused "$PWD" \
     200 $OFFLINE --out "$OUT/offline-shared-fused-$MACHINE.json"
+fi
+if part moe; then
+  run gpu-test_moe "$PWD" 240 -m pytest -q -p no:cacheprovider \
+    tests/worker/layers/kernels/test_fused_moe.py tests/worker/layers/test_moe.py
+  run moe "$PWD" 300 -m bench.moe --out "$OUT/moe-$MACHINE.json"
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \

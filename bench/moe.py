@@ -1,0 +1,114 @@
+"""One mixture-of-experts layer (layers/moe.py): the grouped-GEMM experts (Triton,
+layers/kernels/fused_moe.py) against the PyTorch path (one matmul pair per expert with
+tokens, the per-expert counts read back), same weights and inputs.
+
+Shapes: Qwen3-30B-A3B's sparse layer (hidden 2,048, 128 experts of 768, 8 a token) and
+Mixtral-8x7B's (hidden 4,096, 8 experts of 14,336, 2 a token), random weights, at the rows
+of decode steps (1, 16, 256) and of a prefill chunk (2,048). Each pair is first checked
+against the other (largest difference relative to the output's largest value), then timed
+(median ms of `--repeats` calls after warm-up; CUDA events on a GPU). Also reported: the
+bytes of expert weights a call must read (the experts its tokens picked) over its time.
+
+On a CPU only the PyTorch path runs (the Triton path needs CUDA), at Qwen3's shape.
+Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048]`; prints a table and
+writes bench/results/moe-<machine>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from bench import record
+from radixmesh.worker.layers.moe import SparseMoE
+
+SHAPES = {  # name: (hidden, expert intermediate, experts, top k)
+    "qwen3-30b-a3b": (2048, 768, 128, 8),
+    "mixtral-8x7b": (4096, 14336, 8, 2),
+}
+
+
+def _layer(shape: str, dtype: torch.dtype, device: torch.device) -> SparseMoE:
+    h, i, e, k = SHAPES[shape]
+    moe = SparseMoE(h, i, e, k, renormalize=True, dtype=dtype, device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    for p in moe.parameters():
+        p.data.normal_(0.0, 0.02, generator=gen)
+    return moe
+
+
+def _ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def row(shape: str, rows: int, moe: SparseMoE, repeats: int) -> dict[str, Any]:
+    device = moe.w13.device
+    gen = torch.Generator(device=device).manual_seed(rows)
+    x = torch.randn(rows, moe.w13.shape[2], generator=gen, device=device).to(moe.w13.dtype)
+    experts, weights = moe.route(x)
+    picked = int(experts.unique().numel())
+    weight_bytes = picked * (moe.w13[0].numel() + moe.w2[0].numel()) * moe.w13.element_size()
+    eager = moe.forward_eager(x, experts, weights)
+    out: dict[str, Any] = {"shape": shape, "rows": rows, "experts_picked": picked}
+    out["eager_ms"] = _ms(lambda: moe.forward_eager(x, experts, weights), device, repeats)
+    out["eager_tb_s"] = weight_bytes / out["eager_ms"] / 1e9
+    if device.type == "cuda":
+        from radixmesh.worker.layers.kernels.fused_moe import fused_experts
+
+        def fused() -> torch.Tensor:
+            return fused_experts(x, moe.w13, moe.w2, experts, weights)
+
+        scale = float(eager.float().abs().max())
+        out["rel_diff"] = float((fused().float() - eager.float()).abs().max()) / scale
+        out["fused_ms"] = _ms(fused, device, repeats)
+        out["fused_tb_s"] = weight_bytes / out["fused_ms"] / 1e9
+        out["fused_speedup"] = out["eager_ms"] / out["fused_ms"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    record.add_output_arguments(ap)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--rows", default="1,16,256,2048", help="tokens per call, comma-separated")
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype)
+    shapes = list(SHAPES) if device.type == "cuda" else ["qwen3-30b-a3b"]
+    results = []
+    for shape in shapes:
+        moe = _layer(shape, dtype, device)
+        results += [row(shape, int(r), moe, args.repeats) for r in args.rows.split(",")]
+        del moe
+    print("shape | rows | experts picked | eager ms | fused ms | fused speedup | rel diff")
+    for r in results:
+        fused = "- | - | -"
+        if "fused_ms" in r:
+            fused = f"{r['fused_ms']:.3f} | {r['fused_speedup']:.2f}x | {r['rel_diff']:.2g}"
+        print(f"{r['shape']} | {r['rows']} | {r['experts_picked']} | {r['eager_ms']:.3f} | {fused}")
+    record.write("moe", args, {"device": device.type, "dtype": args.dtype, "rows": results})
+
+
+if __name__ == "__main__":
+    main()
