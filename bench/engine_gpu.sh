@@ -61,7 +61,8 @@
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
 #   moe       the grouped-GEMM experts' GPU test (bf16, no sync), bench.moe (Qwen3-30B-A3B's
 #             and Mixtral's sparse layer: the Triton experts against the PyTorch loop), and
-#             the Qwen3-MoE model's test against transformers on the GPU
+#             the Qwen3-MoE model's test against transformers on the GPU, and the model
+#             tests (Qwen3's fused norm + rotary, the MoE variants on CUDA)
 #   sharedoffline bench.offline's GPU workloads as `offline` runs them, the shared-prefix
 #             decode off, then on (RADIXMESH_SHARED_PREFIX_DECODE=1), then on with its
 #             one-launch kernel (RADIXMESH_SHARED_PREFIX_FUSED=1): its end-to-end cost
@@ -319,7 +320,8 @@ if part sharedoffline; then
 fi
 if part moe; then
   run gpu-test_moe "$PWD" 240 -m pytest -q -p no:cacheprovider \
-    tests/worker/layers/kernels/test_fused_moe.py tests/worker/layers/test_moe.py
+    tests/worker/layers/kernels/test_fused_moe.py tests/worker/layers/test_moe.py \
+    tests/worker/model/test_llama.py tests/worker/layers/kernels/test_fused_kernels.py
   run moe "$PWD" 300 -m bench.moe --out "$OUT/moe-$MACHINE.json"
 fi
 if part tests; then

@@ -9,7 +9,8 @@ cos/sin are tabulated once for every position up to `max_position` in the model 
 (as the reference rounds them); the model looks them up once per step and every layer
 reuses them. `apply_rotary_` is what the model calls: on CUDA one Triton kernel that
 rotates in place (`layers/kernels/rotary.py`), elsewhere `apply_rotary`'s PyTorch ops,
-which are also the kernel's reference.
+which are also the kernel's reference. `norm_rotary_` does the same after Qwen3's
+per-head q and k norms, one kernel on CUDA.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from radixmesh.worker.layers import kernels
+from radixmesh.worker.layers.norm import RMSNorm
 
 
 def rope_inv_freq(
@@ -119,3 +121,26 @@ def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
         rotary_(x, cos, sin)
         return x
     return apply_rotary(x, cos, sin)
+
+
+def norm_rotary_(
+    x: torch.Tensor,
+    num_q_heads: int,
+    q_norm: RMSNorm,
+    k_norm: RMSNorm,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    """Qwen3's q and k norms, then rotary: x [T, Hq + Hkv, D] (q heads first), each q head
+    normed by `q_norm` and each k head by `k_norm` (RMSNorm over the head size), then
+    rotated. On CUDA one kernel in place (x returned); elsewhere the norms' and
+    `apply_rotary`'s PyTorch ops, a new tensor. Use the result; do not read x afterwards."""
+    if kernels.enabled(x) and q_norm.eps == k_norm.eps:
+        from radixmesh.worker.layers.kernels.rotary import norm_rotary_ as fused
+
+        fused(x, num_q_heads, q_norm.weight, k_norm.weight, q_norm.eps, cos, sin)
+        return x
+    t, h, d = x.shape
+    q = q_norm(x[:, :num_q_heads].reshape(t * num_q_heads, d)).view(t, num_q_heads, d)
+    k = k_norm(x[:, num_q_heads:].reshape(t * (h - num_q_heads), d)).view(t, -1, d)
+    return apply_rotary(torch.cat([q, k], dim=1), cos, sin)

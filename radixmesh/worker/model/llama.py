@@ -40,7 +40,7 @@ from radixmesh.worker.layers.norm import RMSNorm
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.quantization import quantize_linears
 from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
-from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary_
+from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary_, norm_rotary_
 from radixmesh.worker.layers.weights import Loaded, ShardId, get_weight_loader, is_optional
 from radixmesh.worker.model.arch import LlamaArchConfig
 
@@ -91,14 +91,13 @@ class LlamaAttention(nn.Module):
         t, h, hkv, d = hidden.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D]
         qk, v = qkv.split([(h + hkv) * d, hkv * d], dim=-1)
+        # q and k sit side by side in the fused output: norm (Qwen3) and rotate both at
+        # once (in place on CUDA: one kernel over the strided view).
         qk = qk.view(t, h + hkv, d)
         if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(qk[:, :h].reshape(t * h, d)).view(t, h, d)
-            k = self.k_norm(qk[:, h:].reshape(t * hkv, d)).view(t, hkv, d)
-            qk = torch.cat([q, k], dim=1)
-        # q and k sit side by side (in the fused output, or as normed): rotate both at once
-        # (in place on CUDA: one kernel over the strided view).
-        qk = apply_rotary_(qk, *cos_sin)  # [T, Hq + Hkv, D]
+            qk = norm_rotary_(qk, h, self.q_norm, self.k_norm, *cos_sin)
+        else:
+            qk = apply_rotary_(qk, *cos_sin)  # [T, Hq + Hkv, D]
         q, k = qk.split([h, hkv], dim=1)  # [T, Hq, D], [T, Hkv, D]
         out = attn.forward(q, k, v.view(t, hkv, d), self.layer_id, batch)  # [T, Hq, D]
         # With FP8 weights o_proj quantizes this input with its own kernel: the attention

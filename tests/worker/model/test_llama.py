@@ -12,6 +12,7 @@ from tests.worker.model.helpers import (
     SMALL,
     VARIANTS,
     RaggedRunner,
+    checkpoint_tensors,
     hf_logits,
     make_pair,
     random_ids,
@@ -138,11 +139,23 @@ def test_tied_model_accepts_a_redundant_lm_head() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-4), (torch.bfloat16, 0.25)])
-def test_cuda_matches_transformers_on_cpu(dtype: torch.dtype, atol: float) -> None:
-    hf, cpu_model = make_pair("qwen2-qkv-bias")
+@pytest.mark.parametrize(
+    ("variant", "dtype", "atol"),
+    [
+        ("qwen2-qkv-bias", torch.float32, 1e-4),
+        ("qwen2-qkv-bias", torch.bfloat16, 0.25),
+        ("qwen3-qk-norm", torch.float32, 1e-4),  # the fused norm + rotary kernel
+        ("qwen3-qk-norm", torch.bfloat16, 0.25),
+        # The grouped-GEMM experts; float32 only: bfloat16 rounding may flip a token's
+        # choice of experts against the float32 reference, which no tolerance bounds.
+        ("qwen3-moe", torch.float32, 1e-4),
+        ("mixtral", torch.float32, 1e-4),
+    ],
+)
+def test_cuda_matches_transformers_on_cpu(variant: str, dtype: torch.dtype, atol: float) -> None:
+    hf, cpu_model = make_pair(variant)
     ours = LlamaForCausalLM(cpu_model.arch, dtype=dtype, device="cuda")
-    ours.load_weights(hf.state_dict().items())
+    ours.load_weights(checkpoint_tensors(hf, cpu_model.arch).items())
     a, b = random_ids(70, seed=6), random_ids(9, seed=7)
     runner = RaggedRunner(ours)
     (a1,) = runner.step([(0, a[:40])])

@@ -6,6 +6,11 @@ halves of `apply_rotary`'s x * cos + [x2 | x1] * sin. Each product and the sum a
 rounded to x's dtype, as the three PyTorch ops round them, and the kernel is compiled
 without mul-add fusion, so the result equals `apply_rotary` bit for bit.
 
+`norm_rotary_` first norms each head's row (Qwen3's q and k norms: RMSNorm over the head
+size, one weight for the q heads and one for the k heads), rounding it to x's dtype as
+the norm kernel does, then rotates it: one kernel for what was two norms, their copies and
+the rotary.
+
 One program per (token, block of heads) loads its rows completely before it stores
 them, so rotating in place is safe. x may be a view with any token and head strides
 (q and k inside the fused qkv output); its head dim must be contiguous.
@@ -80,6 +85,98 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         x.stride(1),
         cos.stride(0),
         sin.stride(0),
+        HALF=half,
+        BLOCK_H=block_h,
+        BLOCK_HALF=block_half,
+        num_warps=4,
+        enable_fp_fusion=False,
+    )
+
+
+@triton.jit
+def _norm_rotary_kernel(
+    X,
+    Cos,
+    Sin,
+    WeightQ,
+    WeightK,
+    num_heads,
+    num_q_heads,
+    stride_xt,
+    stride_xh,
+    stride_cos,
+    stride_sin,
+    eps,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    mask_d = offs_d < HALF
+    mask = (offs_h[:, None] < num_heads) & mask_d[None, :]
+    x1_ptr = X + t * stride_xt + offs_h[:, None] * stride_xh + offs_d[None, :]
+    x1 = tl.load(x1_ptr, mask=mask, other=0.0)  # [BLOCK_H, BLOCK_HALF]
+    x2 = tl.load(x1_ptr + HALF, mask=mask, other=0.0)
+    dtype = X.dtype.element_ty
+    # RMSNorm of each head's row (both halves), float32 statistics, the weight multiply in
+    # float32 and one rounding: layers/kernels/rms_norm.py's formula.
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    sum_sq = tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)
+    rstd = tl.math.rsqrt(tl.math.div_rn(sum_sq, 2 * HALF) + eps)[:, None]
+    is_q = (offs_h < num_q_heads)[:, None]
+    wq1 = tl.load(WeightQ + offs_d, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    wq2 = tl.load(WeightQ + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    wk1 = tl.load(WeightK + offs_d, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    wk2 = tl.load(WeightK + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)[None, :]
+    y1 = (x1f * rstd * tl.where(is_q, wq1, wk1)).to(dtype)
+    y2 = (x2f * rstd * tl.where(is_q, wq2, wk2)).to(dtype)
+    cos = Cos + t * stride_cos + offs_d
+    sin = Sin + t * stride_sin + offs_d
+    cos1 = tl.load(cos, mask=mask_d, other=0.0)[None, :]
+    cos2 = tl.load(cos + HALF, mask=mask_d, other=0.0)[None, :]
+    sin1 = tl.load(sin, mask=mask_d, other=0.0)[None, :]
+    sin2 = tl.load(sin + HALF, mask=mask_d, other=0.0)[None, :]
+    tl.store(x1_ptr, _mul_add(y1, cos1, y2, sin1, dtype), mask=mask)
+    tl.store(x1_ptr + HALF, _mul_add(y2, cos2, y1, sin2, dtype), mask=mask)
+
+
+def norm_rotary_(
+    x: torch.Tensor,
+    num_q_heads: int,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> None:
+    """Qwen3's per-head RMSNorm, then rotary, in place: x [T, Hq + Hkv, D] (q heads first,
+    any token/head strides, the head dim contiguous), each q head normed with q_weight [D]
+    and each k head with k_weight [D], then rotated by cos/sin [T, 1, D]."""
+    t, h, d = x.shape
+    assert d % 2 == 0 and cos.shape == sin.shape == (t, 1, d), (x.shape, cos.shape, sin.shape)
+    assert cos.dtype == sin.dtype == x.dtype, (x.dtype, cos.dtype, sin.dtype)
+    assert q_weight.shape == k_weight.shape == (d,) and 0 <= num_q_heads <= h
+    assert x.stride(2) == cos.stride(2) == sin.stride(2) == 1
+    if t == 0 or h == 0:
+        return
+    half = d // 2
+    block_half = triton.next_power_of_2(half)
+    block_h = min(triton.next_power_of_2(h), max(1, 1024 // block_half))
+    _norm_rotary_kernel[(t, triton.cdiv(h, block_h))](
+        x,
+        cos,
+        sin,
+        q_weight,
+        k_weight,
+        h,
+        num_q_heads,
+        x.stride(0),
+        x.stride(1),
+        cos.stride(0),
+        sin.stride(0),
+        eps,
         HALF=half,
         BLOCK_H=block_h,
         BLOCK_HALF=block_half,
