@@ -16,7 +16,7 @@ ModelInfo, so the router imports no worker code). In process,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
@@ -66,11 +66,21 @@ class TokenizerLike(Protocol):
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]: ...
 
     def apply_chat_template(
-        self, messages: list[Message], add_generation_prompt: bool = True
-    ) -> str: ...
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The chat as the model's template renders it; `template_kwargs` are extra
+        variables of the template (a request's `chat_template_kwargs`, e.g. Qwen3's
+        `enable_thinking`), checked by `check_template_kwargs`."""
+        ...
 
     def encode_chat(
-        self, messages: list[Message], add_generation_prompt: bool = True
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]: ...
 
     def encode_tool_chat(
@@ -78,6 +88,7 @@ class TokenizerLike(Protocol):
         messages: list[ToolMessage],
         tools: list[dict[str, Any]],
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """A tool conversation through the template's own tool section (the caller
         validated the messages; `tools` are OpenAI's `{"type": "function", ...}`)."""
@@ -103,6 +114,45 @@ def validate_messages(messages: object) -> list[Message]:
                 "messages", f"item {i} has unknown role {msg['role']!r}; expected one of {ROLES}"
             )
     return messages
+
+
+# A request's field for extra chat-template variables (vLLM's and SGLang's name).
+TEMPLATE_KWARGS_FIELD = "chat_template_kwargs"
+MAX_TEMPLATE_KWARGS = 32
+# Names the template call itself takes (transformers' apply_chat_template parameters, and
+# the variables it sets): as template variables they would change the call, not the text.
+RESERVED_TEMPLATE_NAMES = frozenset(
+    {
+        "messages", "conversation", "tools", "documents", "chat_template",
+        "add_generation_prompt", "continue_final_message", "tokenize", "padding",
+        "truncation", "max_length", "return_tensors", "return_dict",
+        "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
+    }
+)  # fmt: skip
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A request's extra chat-template variables as keyword arguments: at most
+    MAX_TEMPLATE_KWARGS, each named by an identifier that is none of the template call's
+    own names; InvalidArgument naming `chat_template_kwargs` otherwise."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise InvalidArgument(
+            TEMPLATE_KWARGS_FIELD, f"must be an object, got {type(kwargs).__name__}"
+        )
+    if len(kwargs) > MAX_TEMPLATE_KWARGS:
+        raise InvalidArgument(
+            TEMPLATE_KWARGS_FIELD, f"at most {MAX_TEMPLATE_KWARGS} variables, got {len(kwargs)}"
+        )
+    for name in kwargs:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise InvalidArgument(TEMPLATE_KWARGS_FIELD, f"{name!r} is not a variable name")
+        if name in RESERVED_TEMPLATE_NAMES:
+            raise InvalidArgument(
+                TEMPLATE_KWARGS_FIELD, f"{name!r} is the template call's own; use the request's"
+            )
+    return dict(kwargs)
 
 
 def simple_chat_template(messages: list[Message], add_generation_prompt: bool = True) -> str:
@@ -195,22 +245,44 @@ class Tokenizer:
         return list(tokens) if isinstance(tokens, list) else [tokens]
 
     def apply_chat_template(
-        self, messages: list[Message], add_generation_prompt: bool = True
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """The model's own template; `simple_chat_template` for models that ship none."""
+        """The model's own template; `simple_chat_template` for models that ship none
+        (which has no variables: `template_kwargs` change nothing there)."""
         validate_messages(messages)
         if not self.has_chat_template:
             return simple_chat_template(messages, add_generation_prompt)
-        text = self.hf_tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        extra = check_template_kwargs(template_kwargs)
+        try:
+            text = self.hf_tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+            )
+        except Exception as e:
+            if not extra:
+                raise
+            # Rendered again without them: if that fails too, the messages are what the
+            # template refuses, and it says so as it did before.
+            self.apply_chat_template(messages, add_generation_prompt)
+            raise InvalidArgument(
+                TEMPLATE_KWARGS_FIELD, f"the chat template failed with them: {e}"
+            ) from e
         assert isinstance(text, str)
         return text
 
-    def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
         # The template already writes BOS where the model wants one; adding special tokens
         # again would give Llama-style models a double BOS.
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt, template_kwargs)
+        )
 
     @property
     def supports_tools(self) -> bool:
@@ -222,15 +294,18 @@ class Tokenizer:
         messages: list[ToolMessage],
         tools: list[dict[str, Any]],
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         if not self.supports_tools:
             raise InvalidArgument("tools", "this model's chat template has no tool section")
+        extra = check_template_kwargs(template_kwargs)
         try:
             text = self.hf_tokenizer.apply_chat_template(
                 messages,
                 tools=cast("list[Any]", tools),
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                **extra,
             )
         except Exception as e:  # the template's own checks (jinja2's raise_exception)
             raise InvalidArgument("messages", f"the chat template refused them: {e}") from e
@@ -296,12 +371,23 @@ class ByteTokenizer:
         return chr(i) if 0x21 <= i <= 0x7E else f"<0x{i:02X}>"
 
     def apply_chat_template(
-        self, messages: list[Message], add_generation_prompt: bool = True
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
+        check_template_kwargs(template_kwargs)  # checked alike; the simple template has none
         return simple_chat_template(validate_messages(messages), add_generation_prompt)
 
-    def encode_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+    def encode_chat(
+        self,
+        messages: list[Message],
+        add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt, template_kwargs)
+        )
 
     @property
     def supports_tools(self) -> bool:
@@ -312,6 +398,7 @@ class ByteTokenizer:
         messages: list[ToolMessage],
         tools: list[dict[str, Any]],
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         raise InvalidArgument("tools", "the byte tokenizer's chat template has no tool section")
 

@@ -145,6 +145,48 @@ def test_tokenizer_without_template_uses_the_simple_one() -> None:
     )
 
 
+# Qwen3's switch, as its template spells it: an empty think block when thinking is off.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] "
+    "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}"
+    "{% endif %}"
+    "{% if strict is defined and messages|length > 1 %}"
+    "{{ raise_exception('one message only') }}{% endif %}"
+)
+
+
+def test_chat_template_kwargs_are_the_templates_variables() -> None:
+    tok = Tokenizer(_bos_adding_tokenizer(THINKING_TEMPLATE))
+    plain = "[user] What is a radix tree?\n[assistant] A compressed trie.\n[assistant] "
+    assert tok.apply_chat_template(CHAT) == plain
+    assert tok.apply_chat_template(CHAT, template_kwargs={"enable_thinking": True}) == plain
+    off = tok.apply_chat_template(CHAT, template_kwargs={"enable_thinking": False})
+    assert off == plain + "<think></think>"
+    assert tok.decode(tok.encode_chat(CHAT, True, {"enable_thinking": False})) == off
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tokenize": True}, "'tokenize' is the template call's own"),
+        ({"messages": []}, "'messages' is the template call's own"),
+        ({"not a name": 1}, "'not a name' is not a variable name"),
+        ({f"v{i}": i for i in range(33)}, "at most 32 variables, got 33"),
+        ({"strict": True}, "the chat template failed with them: one message only"),
+    ],
+)
+def test_bad_chat_template_kwargs_name_the_field(kwargs: dict[str, Any], message: str) -> None:
+    tok = Tokenizer(_bos_adding_tokenizer(THINKING_TEMPLATE))
+    renders = [tok.apply_chat_template]
+    if "failed" not in message:  # the byte tokenizer's simple template has no variables
+        renders.append(ByteTokenizer(256).apply_chat_template)
+    for render in renders:
+        with pytest.raises(InvalidArgument, match=message) as e:
+            render(CHAT, True, kwargs)
+        assert e.value.field == "chat_template_kwargs"
+
+
 # --- ByteTokenizer -------------------------------------------------------------------------
 
 

@@ -336,9 +336,10 @@ def chat_ids(
     assert req.messages is not None
     if req.tools or tools.has_tool_messages(req.messages):
         return tools.prompt_ids(req, tok, add_generation_prompt)
+    extra = req.chat_template_kwargs
     if context_length is None:
-        return tok.encode_chat(_plain_messages(req.messages), add_generation_prompt)
-    text = tok.apply_chat_template(_plain_messages(req.messages), add_generation_prompt)
+        return tok.encode_chat(_plain_messages(req.messages), add_generation_prompt, extra)
+    text = tok.apply_chat_template(_plain_messages(req.messages), add_generation_prompt, extra)
     return encode_within(tok.encode, text, context_length, "messages")
 
 

@@ -307,6 +307,9 @@ class ChatCompletionRequest(Sampling):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     separate_reasoning: bool | None = None  # `<think>...</think>` -> reasoning_content
+    # Extra variables of the model's chat template (vLLM's and SGLang's field), e.g.
+    # {"enable_thinking": false} for Qwen3; radixmesh/tokenizer.py checks them.
+    chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Any = None  # ignored
     # Only OpenAI's default, "medium": the model's own length (no control of it here).
     verbosity: str | None = None
@@ -340,6 +343,7 @@ class TokenizeRequest(Body):
     prompt: str | None = None
     messages: list[Message] | None = None
     tools: list[Tool] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = None
     return_token_strs: bool | None = None

@@ -176,9 +176,12 @@ def prompt_ids(
     """The prompt of a chat with tools (or tool messages) in its history."""
     assert req.messages is not None
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+    extra = req.chat_template_kwargs
     if tok.supports_tools:
-        return tok.encode_tool_chat(template_messages(req.messages), tools, add_generation_prompt)
-    return tok.encode_chat(fallback_messages(req.messages, tools), add_generation_prompt)
+        return tok.encode_tool_chat(
+            template_messages(req.messages), tools, add_generation_prompt, extra
+        )
+    return tok.encode_chat(fallback_messages(req.messages, tools), add_generation_prompt, extra)
 
 
 def has_tool_messages(messages: list[rq.Message]) -> bool:

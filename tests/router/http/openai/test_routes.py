@@ -55,3 +55,18 @@ def test_bad_fields_are_400_naming_them(lenient: Frontend) -> None:
     assert error(lenient.http.post("/v1/completions", b"[1, 2"), 400)["code"] == "invalid_json"
     err = error(lenient.http.post("/v1/completions", {"model": "gpt-9", "prompt": "x"}), 404)
     assert (err["param"], err["code"]) == ("model", "model_not_found")
+
+
+def test_chat_template_kwargs_are_a_known_field_checked_by_name(strict: Frontend) -> None:
+    thinking_off = {**CHAT, "chat_template_kwargs": {"enable_thinking": False}}
+    assert error(strict.http.post("/v1/chat/completions", thinking_off), 503)["code"] == (
+        "unavailable"  # valid, even under strict field checks; no worker answers here
+    )
+    reserved = {**CHAT, "chat_template_kwargs": {"tokenize": True}}
+    err = error(strict.http.post("/v1/chat/completions", reserved), 400)
+    assert (err["param"], err["code"]) == ("chat_template_kwargs", "invalid_argument")
+    not_an_object = {**CHAT, "chat_template_kwargs": [1]}
+    err = error(strict.http.post("/v1/chat/completions", not_an_object), 400)
+    assert err["param"] == "chat_template_kwargs"
+    tokenize = {"model": MODEL, "messages": CHAT["messages"], "chat_template_kwargs": {"x": 1}}
+    assert strict.http.post("/tokenize", tokenize).status_code == 200
