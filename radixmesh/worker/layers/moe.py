@@ -49,7 +49,11 @@ class SparseMoE(nn.Module):
         tp: TPGroup | None = None,
         dtype: torch.dtype | None = None,
         device: Device = None,
+        shared_expert: nn.Module | None = None,
     ) -> None:
+        """`shared_expert` (Qwen2-MoE): a dense MLP every token also takes, its output
+        (summed over the ranks by its own row-parallel layer) scaled by
+        sigmoid(shared_expert_gate(x)) and added."""
         super().__init__()
         self.tp = tp or SINGLE
         self.num_experts = num_experts
@@ -63,6 +67,9 @@ class SparseMoE(nn.Module):
         self.w2 = new_parameter(num_experts, hidden_size, i, dtype=dtype, device=device)
         set_weight_loader(self.w13, self._load_w13)
         set_weight_loader(self.w2, self._load_w2)
+        self.shared_expert = shared_expert
+        if shared_expert is not None:
+            self.shared_expert_gate = _Router(1, hidden_size, dtype=dtype, device=device)
 
     def wants_fp8_input(self, x: torch.Tensor) -> bool:
         """The experts keep the model's dtype: their input is never quantized."""
@@ -114,8 +121,13 @@ class SparseMoE(nn.Module):
             from radixmesh.worker.layers.kernels.fused_moe import fused_experts
 
             out = fused_experts(x, self.w13, self.w2, experts, weights)
-            return self.tp.all_reduce(out) if self.tp.size > 1 else out
-        return self.forward_eager(x, experts, weights)
+            out = self.tp.all_reduce(out) if self.tp.size > 1 else out
+        else:
+            out = self.forward_eager(x, experts, weights)
+        if self.shared_expert is None:
+            return out
+        scale = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight))  # [T, 1]
+        return out + scale * self.shared_expert(x)
 
     def forward_eager(
         self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
@@ -141,9 +153,10 @@ class SparseMoE(nn.Module):
 
 
 class _Router(nn.Module):
-    """The router's weight [E, H] (checkpoint name `gate.weight`), the same on every rank."""
+    """A scoring weight [rows, H], the same on every rank: the router's (`gate.weight`, a
+    row per expert) or the shared expert's gate (`shared_expert_gate.weight`, one row)."""
 
-    def __init__(self, num_experts: int, hidden_size: int, *, dtype: torch.dtype | None,
+    def __init__(self, rows: int, hidden_size: int, *, dtype: torch.dtype | None,
                  device: Device) -> None:  # fmt: skip
         super().__init__()
-        self.weight = new_parameter(num_experts, hidden_size, dtype=dtype, device=device)
+        self.weight = new_parameter(rows, hidden_size, dtype=dtype, device=device)

@@ -2,8 +2,8 @@
 
 One dataclass covers Llama 2/3, SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3 (an RMSNorm
 over each head's q and k before rotary; a head size that need not be hidden / heads), and
-the mixture-of-experts members Mixtral and Qwen3-MoE (`num_experts` > 0: a sparse MLP in
-place of the dense one, layers/moe.py).
+the mixture-of-experts members Mixtral, Qwen2-MoE (with a shared expert) and Qwen3-MoE
+(`num_experts` > 0: a sparse MLP in place of the dense one, layers/moe.py).
 Loaders produce it from config.json or GGUF metadata; `dummy:<preset>` uses the presets
 below.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 _ARCH_OF_MODEL_TYPE = {
     "qwen2": "Qwen2ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -51,6 +52,9 @@ class LlamaArchConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # Qwen2-MoE: a dense SiLU MLP of this size beside the experts of every sparse layer,
+    # its output scaled by sigmoid(shared_expert_gate(x)) (0: none).
+    shared_expert_intermediate_size: int = 0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"
@@ -106,6 +110,7 @@ class LlamaArchConfig:
         sparse = sum(self.is_sparse_layer(layer) for layer in range(n))
         mlps = (n - sparse) * 3 * h * i
         mlps += sparse * self.num_experts * (3 * h * self.expert_size + h)  # experts, router
+        mlps += sparse * (3 * h * self.shared_expert_intermediate_size + h)  # shared expert
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return n * per_layer + mlps + emb + h
 
@@ -149,6 +154,7 @@ class LlamaArchConfig:
             norm_topk_prob=bool(cfg.get("norm_topk_prob", arch == "MixtralForCausalLM")),
             decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
             mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+            shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             architecture=arch,
@@ -190,6 +196,8 @@ class LlamaArchConfig:
             out["norm_topk_prob"] = self.norm_topk_prob
             out["decoder_sparse_step"] = self.decoder_sparse_step
             out["mlp_only_layers"] = list(self.mlp_only_layers)
+            if self.shared_expert_intermediate_size:
+                out["shared_expert_intermediate_size"] = self.shared_expert_intermediate_size
         if model_type == "llama":
             out["mlp_bias"] = False
         return out
@@ -340,6 +348,24 @@ PRESETS: dict[str, LlamaArchConfig] = {
         eos_token_ids=(151645,),
         bos_token_id=151643,
         architecture="Qwen3ForCausalLM",
+    ),
+    "qwen1.5-moe-a2.7b": LlamaArchConfig(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=8192,
+        attention_bias=True,
+        num_experts=60,
+        num_experts_per_tok=4,
+        moe_intermediate_size=1408,
+        shared_expert_intermediate_size=5632,
+        eos_token_ids=(151643,),
+        architecture="Qwen2MoeForCausalLM",
     ),
     "qwen3-30b-a3b": LlamaArchConfig(
         vocab_size=151936,

@@ -66,6 +66,11 @@ def parameter_shapes(arch: LlamaArchConfig) -> dict[str, tuple[int, ...]]:
                 shapes[f"{p}{block}.experts.{e}.{gate}.weight"] = (e_size, h)
                 shapes[f"{p}{block}.experts.{e}.{up}.weight"] = (e_size, h)
                 shapes[f"{p}{block}.experts.{e}.{down}.weight"] = (h, e_size)
+            if s_size := arch.shared_expert_intermediate_size:
+                shapes[f"{p}mlp.shared_expert.gate_proj.weight"] = (s_size, h)
+                shapes[f"{p}mlp.shared_expert.up_proj.weight"] = (s_size, h)
+                shapes[f"{p}mlp.shared_expert.down_proj.weight"] = (h, s_size)
+                shapes[f"{p}mlp.shared_expert_gate.weight"] = (1, h)
             continue
         shapes[p + "mlp.gate_proj.weight"] = (arch.intermediate_size, h)
         shapes[p + "mlp.up_proj.weight"] = (arch.intermediate_size, h)

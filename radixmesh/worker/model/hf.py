@@ -25,6 +25,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
 )
 INDEX_FILE = "model.safetensors.index.json"

@@ -106,9 +106,16 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, arch: LlamaArchConfig, tp: TPGroup, dtype: torch.dtype, device: Device):
+    def __init__(
+        self,
+        arch: LlamaArchConfig,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        device: Device,
+        size: int | None = None,  # None: arch.intermediate_size
+    ):
         super().__init__()
-        size = arch.intermediate_size
+        size = size or arch.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(
             arch.hidden_size, [size, size], tp=tp, dtype=dtype, device=device
         )
@@ -145,6 +152,11 @@ class LlamaDecoderLayer(nn.Module):
                 tp=tp,
                 dtype=dtype,
                 device=device,
+                shared_expert=(
+                    LlamaMLP(arch, tp, dtype, device, arch.shared_expert_intermediate_size)
+                    if arch.shared_expert_intermediate_size
+                    else None
+                ),
             )
         else:
             self.mlp = LlamaMLP(arch, tp, dtype, device)

@@ -120,6 +120,16 @@ VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
         },
     ),
     "mixtral": (transformers.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # Qwen2-MoE: qkv bias, unrescaled probabilities, and a gated shared expert.
+    "qwen2-moe": (
+        transformers.Qwen2MoeConfig,
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24,
+            "shared_expert_intermediate_size": 40,
+        },
+    ),
     "llama3-rope": (transformers.LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
     "linear-rope": (
         transformers.LlamaConfig,

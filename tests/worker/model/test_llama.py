@@ -150,6 +150,7 @@ def test_tied_model_accepts_a_redundant_lm_head() -> None:
         # choice of experts against the float32 reference, which no tolerance bounds.
         ("qwen3-moe", torch.float32, 1e-4),
         ("mixtral", torch.float32, 1e-4),
+        ("qwen2-moe", torch.float32, 1e-4),
     ],
 )
 def test_cuda_matches_transformers_on_cpu(variant: str, dtype: torch.dtype, atol: float) -> None:

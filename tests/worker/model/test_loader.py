@@ -447,7 +447,11 @@ def test_dummy_qwen3_has_unit_qk_norms_of_the_head_size() -> None:
 
 @pytest.mark.parametrize(
     ("preset", "block", "down"),
-    [("tiny-moe", "mlp", "down_proj"), ("mixtral-8x7b", "block_sparse_moe", "w2")],
+    [
+        ("tiny-moe", "mlp", "down_proj"),
+        ("mixtral-8x7b", "block_sparse_moe", "w2"),
+        ("qwen1.5-moe-a2.7b", "mlp", "down_proj"),  # with a shared expert
+    ],
 )
 def test_dummy_mixtures_of_experts_load_under_their_checkpoint_names(
     preset: str, block: str, down: str
