@@ -50,18 +50,24 @@ def _rotary_kernel(
     offs_d = tl.arange(0, BLOCK_HALF)
     mask_d = offs_d < HALF
     mask = (offs_h[:, None] < num_heads) & mask_d[None, :]
-    cos = Cos + t * stride_cos + offs_d
-    sin = Sin + t * stride_sin + offs_d
-    cos1 = tl.load(cos, mask=mask_d, other=0.0)[None, :]
-    cos2 = tl.load(cos + HALF, mask=mask_d, other=0.0)[None, :]
-    sin1 = tl.load(sin, mask=mask_d, other=0.0)[None, :]
-    sin2 = tl.load(sin + HALF, mask=mask_d, other=0.0)[None, :]
     x1_ptr = X + t * stride_xt + offs_h[:, None] * stride_xh + offs_d[None, :]
     x1 = tl.load(x1_ptr, mask=mask, other=0.0)  # [BLOCK_H, BLOCK_HALF]
     x2 = tl.load(x1_ptr + HALF, mask=mask, other=0.0)
-    dtype = X.dtype.element_ty
-    tl.store(x1_ptr, _mul_add(x1, cos1, x2, sin1, dtype), mask=mask)
-    tl.store(x1_ptr + HALF, _mul_add(x2, cos2, x1, sin2, dtype), mask=mask)
+    _rotate_store(x1_ptr, x1, x2, Cos + t * stride_cos, Sin + t * stride_sin, offs_d, mask, HALF)
+
+
+@triton.jit
+def _rotate_store(X1, x1, x2, Cos, Sin, offs_d, mask, HALF: tl.constexpr):
+    """Store [x1 | x2] rotated by this token's cos/sin rows at X1 (the first halves) and
+    X1 + HALF."""
+    mask_d = offs_d < HALF
+    cos1 = tl.load(Cos + offs_d, mask=mask_d, other=0.0)[None, :]
+    cos2 = tl.load(Cos + HALF + offs_d, mask=mask_d, other=0.0)[None, :]
+    sin1 = tl.load(Sin + offs_d, mask=mask_d, other=0.0)[None, :]
+    sin2 = tl.load(Sin + HALF + offs_d, mask=mask_d, other=0.0)[None, :]
+    dtype = X1.dtype.element_ty
+    tl.store(X1, _mul_add(x1, cos1, x2, sin1, dtype), mask=mask)
+    tl.store(X1 + HALF, _mul_add(x2, cos2, x1, sin2, dtype), mask=mask)
 
 
 def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -132,14 +138,7 @@ def _norm_rotary_kernel(
     wk2 = tl.load(WeightK + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)[None, :]
     y1 = (x1f * rstd * tl.where(is_q, wq1, wk1)).to(dtype)
     y2 = (x2f * rstd * tl.where(is_q, wq2, wk2)).to(dtype)
-    cos = Cos + t * stride_cos + offs_d
-    sin = Sin + t * stride_sin + offs_d
-    cos1 = tl.load(cos, mask=mask_d, other=0.0)[None, :]
-    cos2 = tl.load(cos + HALF, mask=mask_d, other=0.0)[None, :]
-    sin1 = tl.load(sin, mask=mask_d, other=0.0)[None, :]
-    sin2 = tl.load(sin + HALF, mask=mask_d, other=0.0)[None, :]
-    tl.store(x1_ptr, _mul_add(y1, cos1, y2, sin1, dtype), mask=mask)
-    tl.store(x1_ptr + HALF, _mul_add(y2, cos2, y1, sin2, dtype), mask=mask)
+    _rotate_store(x1_ptr, y1, y2, Cos + t * stride_cos, Sin + t * stride_sin, offs_d, mask, HALF)
 
 
 def norm_rotary_(
