@@ -337,7 +337,7 @@ def auto_size_pool(
     if auto_running:
         sc = fit_running_to_pool(sc, free // bytes_per_slot)
         config = dataclasses.replace(config, scheduler=sc)
-    limit = config.model.context_length or m.arch.max_position_embeddings
+    limit = config.model.context_length or m.arch.context_limit
     tokens = sc.token_budget
     activation = _profile_activation_bytes(m, config, min(tokens, limit))
     gc.collect()  # nothing of the profile step may outlive it...

@@ -196,6 +196,13 @@ class Worker:
             keep_freed_memory_in_process()
         t0 = time.perf_counter()
         self.arch = load_arch_config(files)
+        window = self.arch.sliding_window
+        if window and mc.context_length and mc.context_length > window:
+            raise InvalidArgument(
+                "context_length",
+                f"at most {window}: the model attends over a sliding window of {window} "
+                "tokens, which is served only as a context limit",
+            )
         if mc.deterministic and self.arch.num_experts:
             # An expert's matmul takes the rows of every token that picked it in the step,
             # so a token's bits would depend on the rest of the batch.
@@ -383,7 +390,7 @@ class Worker:
                 graph_limit=self.tp.min_over_ranks(graphs, self.device),  # the same graphs
             )
         self.allocator = KVAllocator(self.kv_pool.num_slots, cc.page_size, device=self.device)
-        limit = self.config.model.context_length or self.arch.max_position_embeddings
+        limit = self.config.model.context_length or self.arch.context_limit
         self.context_len = min(limit, self.allocator.num_usable_slots)  # one request fits
         rows = self.config.scheduler.running_cap
         self.req_table = ReqToTokenTable(rows, self.context_len, self.device)

@@ -55,6 +55,10 @@ class LlamaArchConfig:
     # Qwen2-MoE: a dense SiLU MLP of this size beside the experts of every sparse layer,
     # its output scaled by sigmoid(shared_expert_gate(x)) (0: none).
     shared_expert_intermediate_size: int = 0
+    # Attention over the last `sliding_window` positions only (Mistral 7B v0.1's 4,096;
+    # Qwen's configs name one but apply it only with use_sliding_window). Not implemented:
+    # the context is capped at the window instead (`context_limit`), where the two agree.
+    sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"
@@ -81,6 +85,12 @@ class LlamaArchConfig:
             and layer_id not in self.mlp_only_layers
             and (layer_id + 1) % self.decoder_sparse_step == 0
         )
+
+    @property
+    def context_limit(self) -> int:
+        """The longest context served: the model's, capped at its sliding window."""
+        limit = self.max_position_embeddings
+        return min(limit, self.sliding_window) if self.sliding_window else limit
 
     @property
     def expert_size(self) -> int:
@@ -155,6 +165,9 @@ class LlamaArchConfig:
             decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
             mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+            sliding_window=(
+                None if cfg.get("use_sliding_window") is False else cfg.get("sliding_window")
+            ),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             architecture=arch,
@@ -178,6 +191,7 @@ class LlamaArchConfig:
             "rope_scaling": self.rope_scaling,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
+            "sliding_window": self.sliding_window,
             "hidden_act": "silu",
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_ids)

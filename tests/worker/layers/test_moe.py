@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import tokenizers
 import torch
 import torch.nn.functional as F
 import transformers
@@ -16,7 +15,7 @@ from radixmesh.errors import InvalidArgument
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.layers.moe import SparseMoE
 from radixmesh.worker.layers.parallel import TPGroup
-from tests.worker.model.helpers import hf_logits, make_pair, random_ids
+from tests.worker.model.helpers import hf_logits, make_pair, random_ids, write_tokenizer
 
 H, I, E, K = 24, 16, 6, 2
 
@@ -97,16 +96,6 @@ def test_bad_expert_tensors_name_what_is_wrong() -> None:
         moe.w13.weight_loader(moe.w13, torch.zeros(8, H), (0, 0))  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="expected an \\(expert, piece\\) shard, got 6"):
         moe.w2.weight_loader(moe.w2, torch.zeros(H, I), 6)  # type: ignore[attr-defined]
-
-
-def write_tokenizer(path: Path, vocab_size: int) -> None:
-    """A word-level tokenizer of the test model's vocabulary (token i is "<i>")."""
-    tok = tokenizers.Tokenizer(
-        tokenizers.models.WordLevel({f"<{i}>": i for i in range(vocab_size)}, unk_token="<0>")
-    )
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
 
 
 def test_an_engine_serves_a_qwen3_moe_checkpoint_with_transformers_greedy_tokens(

@@ -10,8 +10,10 @@ tokens of several sequences together — and returns each item's logits.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import tokenizers
 import torch
 import transformers
 
@@ -104,6 +106,9 @@ LLAMA3_ROPE = {
 VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
     "llama": (transformers.LlamaConfig, {}),
     "qwen2-qkv-bias": (transformers.Qwen2Config, {}),
+    # A sliding window longer than the tests' sequences: served as a context limit, and
+    # within it full attention is the window's.
+    "mistral": (transformers.MistralConfig, {"sliding_window": 4096}),
     # A head size that is not hidden / heads (32 against 64 / 4), as Qwen3's models have.
     "qwen3-qk-norm": (transformers.Qwen3Config, {"head_dim": 32}),
     # Mixtures of experts: 4 experts, 2 a token; Qwen3-MoE's second layer dense, its
@@ -202,3 +207,13 @@ def random_ids(n: int, seed: int) -> list[int]:
     return torch.randint(
         0, SMALL["vocab_size"], (n,), generator=torch.Generator().manual_seed(seed)
     ).tolist()
+
+
+def write_tokenizer(path: Path, vocab_size: int) -> None:
+    """A word-level tokenizer of the test model's vocabulary (token i is "<i>")."""
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({f"<{i}>": i for i in range(vocab_size)}, unk_token="<0>")
+    )
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import transformers
@@ -27,6 +29,21 @@ def test_arch_from_config() -> None:
     assert ours.arch.rope_scaling["rope_type"] == "llama3"
     _, qwen = make_pair("qwen2-qkv-bias")
     assert qwen.arch.attention_bias
+    _, mistral = make_pair("mistral")
+    assert (mistral.arch.sliding_window, mistral.arch.context_limit) == (4096, 256)
+
+
+def test_a_sliding_window_caps_the_context_only_where_it_applies() -> None:
+    base: dict[str, Any] = {**SMALL, "max_position_embeddings": 32768}
+    mistral = transformers.MistralConfig(**base, sliding_window=4096).to_dict()
+    assert LlamaArchConfig.from_hf_dict(mistral).context_limit == 4096
+    # Qwen's configs name a window but apply it only with use_sliding_window.
+    qwen = transformers.Qwen2Config(**base, sliding_window=4096, use_sliding_window=False)
+    arch = LlamaArchConfig.from_hf_dict(qwen.to_dict())
+    assert (arch.sliding_window, arch.context_limit) == (None, 32768)
+    for a in (arch, LlamaArchConfig.from_hf_dict(mistral)):  # through the weight cache's config
+        again = LlamaArchConfig.from_hf_dict(a.to_hf_dict())
+        assert (again.sliding_window, again.context_limit) == (a.sliding_window, a.context_limit)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
