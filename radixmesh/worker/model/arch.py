@@ -3,7 +3,8 @@
 One dataclass covers Llama 2/3, SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3 (an RMSNorm
 over each head's q and k before rotary; a head size that need not be hidden / heads), and
 the mixture-of-experts members Mixtral, Qwen2-MoE (with a shared expert) and Qwen3-MoE
-(`num_experts` > 0: a sparse MLP in place of the dense one, layers/moe.py).
+(`num_experts` > 0: a sparse MLP in place of the dense one, layers/moe.py). Phi-3 and
+Phi-4 are Llama-shaped too; their checkpoints fuse q/k/v and gate/up (`fused_checkpoint`).
 Loaders produce it from config.json or GGUF metadata; `dummy:<preset>` uses the presets
 below.
 """
@@ -21,6 +22,7 @@ _ARCH_OF_MODEL_TYPE = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 _MODEL_TYPE_OF_ARCH = {arch: model_type for model_type, arch in _ARCH_OF_MODEL_TYPE.items()}
 
@@ -85,6 +87,12 @@ class LlamaArchConfig:
             and layer_id not in self.mlp_only_layers
             and (layer_id + 1) % self.decoder_sparse_step == 0
         )
+
+    @property
+    def fused_checkpoint(self) -> bool:
+        """Whether the checkpoint stores q/k/v as one `qkv_proj` and gate/up as one
+        `gate_up_proj` (Phi-3), split into their pieces at load."""
+        return self.architecture == "Phi3ForCausalLM"
 
     @property
     def context_limit(self) -> int:
@@ -362,6 +370,19 @@ PRESETS: dict[str, LlamaArchConfig] = {
         eos_token_ids=(151645,),
         bos_token_id=151643,
         architecture="Qwen3ForCausalLM",
+    ),
+    "phi-4": LlamaArchConfig(
+        vocab_size=100352,
+        hidden_size=5120,
+        intermediate_size=17920,
+        num_hidden_layers=40,
+        num_attention_heads=40,
+        num_key_value_heads=10,
+        rope_theta=250000.0,
+        max_position_embeddings=16384,
+        eos_token_ids=(100265,),
+        bos_token_id=100257,
+        architecture="Phi3ForCausalLM",
     ),
     "qwen1.5-moe-a2.7b": LlamaArchConfig(
         vocab_size=151936,

@@ -26,6 +26,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "MixtralForCausalLM",
     "Qwen2MoeForCausalLM",
+    "Phi3ForCausalLM",
     "Qwen3MoeForCausalLM",
 )
 INDEX_FILE = "model.safetensors.index.json"
@@ -61,9 +62,19 @@ def check_supported(cfg: dict[str, Any], where: str | Path) -> None:
             f"{where}: architecture {archs[0]} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
         )
-    if checkpoint_quantization(cfg, where) and (
-        cfg.get("num_experts") or cfg.get("num_local_experts")
-    ):
+    rope = cfg.get("rope_parameters")
+    rope = rope if isinstance(rope, dict) else {}
+    partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):  # Phi-4-mini's 0.75
+        raise InvalidArgument(
+            "model", f"{where}: partial rotary (partial_rotary_factor {partial}) is not supported"
+        )
+    quantized = checkpoint_quantization(cfg, where)
+    if quantized and archs[0] == "Phi3ForCausalLM":
+        # Its q/k/v and gate/up come fused in one tensor each, split at load (llama.py);
+        # their scales would need the same split.
+        raise InvalidArgument("model", f"{where}: quantized Phi-3 checkpoints are not supported")
+    if quantized and (cfg.get("num_experts") or cfg.get("num_local_experts")):
         # The experts load in the model's dtype (layers/moe.py): FP8 expert tensors and
         # their scales have nowhere to go.
         raise InvalidArgument(

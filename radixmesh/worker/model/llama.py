@@ -21,7 +21,7 @@ it in their own kernel, bit for bit as the linear layer would have.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -285,6 +285,8 @@ class LlamaForCausalLM(nn.Module):
             for name in _checkpoint_names(ours, arch)
         }
         loaded: set[str] = set()
+        if arch.fused_checkpoint:
+            weights = _unfused(weights, arch)
         for name, tensor in weights:
             if _IGNORED.search(name) or (
                 self.arch.tie_word_embeddings and name == "lm_head.weight"
@@ -325,6 +327,28 @@ class LlamaForCausalLM(nn.Module):
 # and the router's `<layer>.<block>.gate.weight` (block and projections: arch.expert_names).
 _EXPERT = re.compile(r"^(?P<layer>.*\.)(?P<block>\w+)\.experts\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$")
 _ROUTER = re.compile(r"^(?P<layer>.*\.)(?P<block>\w+)\.gate\.weight$")
+
+
+def _unfused(
+    weights: Iterable[tuple[str, Loaded]], arch: LlamaArchConfig
+) -> Iterator[tuple[str, Loaded]]:
+    """A fused checkpoint's `qkv_proj` and `gate_up_proj` tensors as their pieces under the
+    separate names (rows q, k, v; gate, up), the other tensors as they come."""
+    q_rows = arch.num_attention_heads * arch.head_size
+    kv_rows = arch.num_key_value_heads * arch.head_size
+    i = arch.intermediate_size
+    for name, tensor in weights:
+        if name.endswith(".qkv_proj.weight"):
+            base = name.removesuffix("qkv_proj.weight")
+            for piece, start, rows in (("q", 0, q_rows), ("k", q_rows, kv_rows),
+                                       ("v", q_rows + kv_rows, kv_rows)):  # fmt: skip
+                yield f"{base}{piece}_proj.weight", tensor.narrow(0, start, rows)
+        elif name.endswith(".gate_up_proj.weight"):
+            base = name.removesuffix("gate_up_proj.weight")
+            yield f"{base}gate_proj.weight", tensor.narrow(0, 0, i)
+            yield f"{base}up_proj.weight", tensor.narrow(0, i, i)
+        else:
+            yield name, tensor
 
 
 def _to_ours(name: str, arch: LlamaArchConfig) -> tuple[str, ShardId]:

@@ -27,7 +27,8 @@ from tests.worker.model.helpers import (
 
 TP = 2
 # The mixtures of experts split every expert's intermediate size and all-reduce the sum.
-VARIANTS = ["llama", "qwen2-qkv-bias", "tied-mha", "qwen3-moe", "mixtral", "qwen2-moe"]
+# Phi-3's fused checkpoint tensors are split, then sharded.
+VARIANTS = ["llama", "qwen2-qkv-bias", "tied-mha", "qwen3-moe", "mixtral", "qwen2-moe", "phi3"]
 
 
 def schedule(runner: RaggedRunner, a: list[int], b: list[int]) -> list[torch.Tensor]:

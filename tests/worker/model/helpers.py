@@ -109,6 +109,8 @@ VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
     # A sliding window longer than the tests' sequences: served as a context limit, and
     # within it full attention is the window's.
     "mistral": (transformers.MistralConfig, {"sliding_window": 4096}),
+    # Phi-3: q/k/v and gate/up fused in the checkpoint, split at load.
+    "phi3": (transformers.Phi3Config, {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     # A head size that is not hidden / heads (32 against 64 / 4), as Qwen3's models have.
     "qwen3-qk-norm": (transformers.Qwen3Config, {"head_dim": 32}),
     # Mixtures of experts: 4 experts, 2 a token; Qwen3-MoE's second layer dense, its

@@ -409,6 +409,31 @@ def test_quantized_mixtures_of_experts_are_refused_by_name(tmp_path: Path) -> No
     assert e.value.field == "model"
 
 
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.75},
+            "partial rotary \\(partial_rotary_factor 0.75\\) is not supported",
+        ),
+        (
+            {
+                "architectures": ["Phi3ForCausalLM"],
+                "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"},
+            },
+            "quantized Phi-3 checkpoints are not supported",
+        ),
+    ],
+)
+def test_phi_checkpoints_it_cannot_serve_are_refused_by_name(
+    tmp_path: Path, config: dict[str, Any], message: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidArgument, match=message) as e:
+        loader.load_arch_config(str(tmp_path))
+    assert e.value.field == "model"
+
+
 def test_hf_dir_without_safetensors(tmp_path: Path) -> None:
     _save_tiny_hf(tmp_path, "llama")
     arch = loader.load_arch_config(str(tmp_path))
