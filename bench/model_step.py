@@ -88,7 +88,7 @@ class Ours:
             dtype=dtype,
             device="cpu",
         )
-        self.attn = create_attention_backend("torch", pool, arch.head_size**-0.5)
+        self.attn = create_attention_backend("torch", pool, arch.attention_scale)
         # Every sequence's KV scattered over the pool, as after a while of serving.
         perm = (torch.randperm(slots - 1, generator=torch.Generator().manual_seed(1)) + 1).tolist()
         self.req_to_token = torch.zeros(DECODE_BATCH + 1, width, dtype=torch.int64)

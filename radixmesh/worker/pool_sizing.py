@@ -223,7 +223,9 @@ class ProfileStep:
             dtype=dtype,
             device=device,
         )
-        self.attn = create_attention_backend(attention_backend, self.pool, head_dim**-0.5)
+        self.attn = create_attention_backend(
+            attention_backend, self.pool, model.arch.attention_scale
+        )
         # [B, max len]: sequence b's tokens in consecutive slots after the padding slot
         table = torch.zeros((len(lengths), max(lengths)), dtype=torch.int64)
         start = 1

@@ -488,7 +488,7 @@ class Worker:
         """Attention backend, grammar manager, decode CUDA graphs, model runner."""
         mc, gc = self.config.model, self.config.grammar
         attn = create_attention_backend(
-            self.attention_backend, self.kv_pool, self.arch.head_size**-0.5
+            self.attention_backend, self.kv_pool, self.arch.attention_scale
         )
         if hasattr(attn, "shared_prefix"):  # the triton backend's switch
             from radixmesh.worker.attention.triton_backend import shared_prefix_requested

@@ -4,7 +4,8 @@ One dataclass covers Llama 2/3, SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3 (an RM
 over each head's q and k before rotary; a head size that need not be hidden / heads), and
 the mixture-of-experts members Mixtral, Qwen2-MoE (with a shared expert) and Qwen3-MoE
 (`num_experts` > 0: a sparse MLP in place of the dense one, layers/moe.py). Phi-3 and
-Phi-4 are Llama-shaped too; their checkpoints fuse q/k/v and gate/up (`fused_checkpoint`).
+Phi-4 are Llama-shaped too; their checkpoints fuse q/k/v and gate/up (`fused_checkpoint`);
+so is Granite, with four scalings (`embedding_multiplier` and the three after it).
 Loaders produce it from config.json or GGUF metadata; `dummy:<preset>` uses the presets
 below.
 """
@@ -23,6 +24,7 @@ _ARCH_OF_MODEL_TYPE = {
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "granite": "GraniteForCausalLM",
 }
 _MODEL_TYPE_OF_ARCH = {arch: model_type for model_type, arch in _ARCH_OF_MODEL_TYPE.items()}
 
@@ -61,6 +63,14 @@ class LlamaArchConfig:
     # Qwen's configs name one but apply it only with use_sliding_window). Not implemented:
     # the context is capped at the window instead (`context_limit`), where the two agree.
     sliding_window: int | None = None
+    # Granite's scalings: the embeddings times `embedding_multiplier`, each sub-layer's
+    # output times `residual_multiplier` before its residual add, attention scores times
+    # `attention_multiplier` (None: 1 / sqrt(head_size)), the logits divided by
+    # `logits_scaling`.
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"
@@ -87,6 +97,13 @@ class LlamaArchConfig:
             and layer_id not in self.mlp_only_layers
             and (layer_id + 1) % self.decoder_sparse_step == 0
         )
+
+    @property
+    def attention_scale(self) -> float:
+        """What the attention multiplies q . k by."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
+        return float(self.head_size**-0.5)
 
     @property
     def fused_checkpoint(self) -> bool:
@@ -176,6 +193,10 @@ class LlamaArchConfig:
             sliding_window=(
                 None if cfg.get("use_sliding_window") is False else cfg.get("sliding_window")
             ),
+            embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
+            residual_multiplier=float(cfg.get("residual_multiplier", 1.0)),
+            attention_multiplier=cfg.get("attention_multiplier"),
+            logits_scaling=float(cfg.get("logits_scaling", 1.0)),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             architecture=arch,
@@ -208,6 +229,11 @@ class LlamaArchConfig:
         }
         if model_type in ("llama", "qwen3", "qwen3_moe"):
             out["attention_bias"] = self.attention_bias
+        if model_type == "granite":
+            out["embedding_multiplier"] = self.embedding_multiplier
+            out["residual_multiplier"] = self.residual_multiplier
+            out["attention_multiplier"] = self.attention_scale
+            out["logits_scaling"] = self.logits_scaling
         if model_type == "mixtral":
             out["num_local_experts"] = self.num_experts
             out["num_experts_per_tok"] = self.num_experts_per_tok

@@ -28,6 +28,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "Phi3ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "GraniteForCausalLM",
 )
 INDEX_FILE = "model.safetensors.index.json"
 FP8 = torch.float8_e4m3fn

@@ -160,6 +160,7 @@ class LlamaDecoderLayer(nn.Module):
             )
         else:
             self.mlp = LlamaMLP(arch, tp, dtype, device)
+        self.residual_multiplier = arch.residual_multiplier
         self.input_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, eps, dtype=dtype, device=device)
 
@@ -183,10 +184,14 @@ class LlamaDecoderLayer(nn.Module):
             residual, normed = hidden, self.input_layernorm(hidden, quantize=quantize)
         else:
             normed, residual = self.input_layernorm(hidden, residual, quantize=quantize)
-        hidden = self.self_attn(normed, cos_sin, batch, attn)
+        hidden = self._scaled(self.self_attn(normed, cos_sin, batch, attn))
         quantize = self.mlp.wants_fp8_input(hidden)
         normed, residual = self.post_attention_layernorm(hidden, residual, quantize=quantize)
-        return self.mlp(normed), residual
+        return self._scaled(self.mlp(normed)), residual
+
+    def _scaled(self, out: torch.Tensor) -> torch.Tensor:
+        """A sub-layer's output as its residual add takes it (Granite scales it)."""
+        return out * self.residual_multiplier if self.residual_multiplier != 1.0 else out
 
 
 class LlamaModel(nn.Module):
@@ -201,6 +206,7 @@ class LlamaModel(nn.Module):
         self.num_kv_heads = layers[0].self_attn.num_kv_heads  # on this rank
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype=dtype, device=device)
+        self.embedding_multiplier = arch.embedding_multiplier
         self.rotary_emb = RotaryEmbedding(
             arch.head_size,
             rope_theta=arch.rope_theta,
@@ -212,6 +218,8 @@ class LlamaModel(nn.Module):
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids)  # [T, hidden]
+        if self.embedding_multiplier != 1.0:  # Granite
+            hidden = hidden * self.embedding_multiplier
         cos_sin = self.rotary_emb(batch.positions)  # once per step, shared by every layer
         residual: torch.Tensor | None = None
         for layer in self.layers:
@@ -270,7 +278,9 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] float32 of the rows of `hidden` [N, hidden] the caller needs."""
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        scaling = self.arch.logits_scaling
+        return logits / scaling if scaling != 1.0 else logits  # Granite
 
     def load_weights(self, weights: Iterable[tuple[str, Loaded]]) -> None:
         """Load full (unsharded) tensors under Hugging Face names; each parameter's

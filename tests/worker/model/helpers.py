@@ -53,7 +53,7 @@ class RaggedRunner:
         gen = torch.Generator().manual_seed(seed)
         self.free_slots = (torch.randperm(num_slots - 1, generator=gen) + 1).tolist()  # not 0
         self.cached = [0] * max_requests  # tokens in the KV cache per row
-        self.attn = create_attention_backend(backend, self.pool, arch.head_size**-0.5)
+        self.attn = create_attention_backend(backend, self.pool, arch.attention_scale)
 
     def _allocate(self, row: int, n: int) -> torch.Tensor:
         slots = torch.tensor(self.free_slots[:n], dtype=torch.int64)
@@ -109,6 +109,16 @@ VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
     # A sliding window longer than the tests' sequences: served as a context limit, and
     # within it full attention is the window's.
     "mistral": (transformers.MistralConfig, {"sliding_window": 4096}),
+    # Granite's four scalings, none of them 1.
+    "granite": (
+        transformers.GraniteConfig,
+        {
+            "embedding_multiplier": 2.0,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.3,
+            "logits_scaling": 4.0,
+        },
+    ),
     # Phi-3: q/k/v and gate/up fused in the checkpoint, split at load.
     "phi3": (transformers.Phi3Config, {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     # A head size that is not hidden / heads (32 against 64 / 4), as Qwen3's models have.

@@ -357,7 +357,7 @@ def _forward(model: LlamaForCausalLM, sequences: Sequence[Sequence[int]]) -> tor
         extend_lens=lengths,
         req_to_token=req_to_token,
     )
-    attn = create_attention_backend("torch", pool, model.arch.head_size**-0.5)
+    attn = create_attention_backend("torch", pool, model.arch.attention_scale)
     attn.prepare(batch)
     hidden: torch.Tensor = model(batch, attn)
     return hidden
