@@ -5,7 +5,8 @@ over each head's q and k before rotary; a head size that need not be hidden / he
 the mixture-of-experts members Mixtral, Qwen2-MoE (with a shared expert) and Qwen3-MoE
 (`num_experts` > 0: a sparse MLP in place of the dense one, layers/moe.py). Phi-3 and
 Phi-4 are Llama-shaped too; their checkpoints fuse q/k/v and gate/up (`fused_checkpoint`);
-so is Granite, with four scalings (`embedding_multiplier` and the three after it).
+so is Granite, with four scalings (`embedding_multiplier` and the three after it), and
+SmolLM3, whose `nope_layers` attend without rotary.
 Loaders produce it from config.json or GGUF metadata; `dummy:<preset>` uses the presets
 below.
 """
@@ -25,6 +26,7 @@ _ARCH_OF_MODEL_TYPE = {
     "mixtral": "MixtralForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
 _MODEL_TYPE_OF_ARCH = {arch: model_type for model_type, arch in _ARCH_OF_MODEL_TYPE.items()}
 
@@ -71,6 +73,8 @@ class LlamaArchConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    # SmolLM3: the layers whose attention skips rotary (no position encoding at all).
+    nope_layers: tuple[int, ...] = ()
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"
@@ -197,6 +201,10 @@ class LlamaArchConfig:
             residual_multiplier=float(cfg.get("residual_multiplier", 1.0)),
             attention_multiplier=cfg.get("attention_multiplier"),
             logits_scaling=float(cfg.get("logits_scaling", 1.0)),
+            # SmolLM3's no_rope_layers: a flag per layer, 0 where rotary is skipped.
+            nope_layers=tuple(
+                i for i, use in enumerate(cfg.get("no_rope_layers") or ()) if not use
+            ),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             architecture=arch,
@@ -234,6 +242,9 @@ class LlamaArchConfig:
             out["residual_multiplier"] = self.residual_multiplier
             out["attention_multiplier"] = self.attention_scale
             out["logits_scaling"] = self.logits_scaling
+        if model_type == "smollm3":
+            n = self.num_hidden_layers
+            out["no_rope_layers"] = [int(i not in self.nope_layers) for i in range(n)]
         if model_type == "mixtral":
             out["num_local_experts"] = self.num_experts
             out["num_experts_per_tok"] = self.num_experts_per_tok

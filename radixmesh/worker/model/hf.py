@@ -29,6 +29,7 @@ SUPPORTED_ARCHITECTURES = (
     "Phi3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "GraniteForCausalLM",
+    "SmolLM3ForCausalLM",
 )
 INDEX_FILE = "model.safetensors.index.json"
 FP8 = torch.float8_e4m3fn

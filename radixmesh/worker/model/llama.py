@@ -54,6 +54,7 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.head_dim = arch.head_size
+        self.rotary = layer_id not in arch.nope_layers  # SmolLM3 skips it in some layers
         self.qkv_proj = QKVParallelLinear(
             arch.hidden_size,
             self.head_dim,
@@ -96,7 +97,7 @@ class LlamaAttention(nn.Module):
         qk = qk.view(t, h + hkv, d)
         if self.q_norm is not None and self.k_norm is not None:
             qk = norm_rotary_(qk, h, self.q_norm, self.k_norm, *cos_sin)
-        else:
+        elif self.rotary:
             qk = apply_rotary_(qk, *cos_sin)  # [T, Hq + Hkv, D]
         q, k = qk.split([h, hkv], dim=1)  # [T, Hq, D], [T, Hkv, D]
         out = attn.forward(q, k, v.view(t, hkv, d), self.layer_id, batch)  # [T, Hq, D]

@@ -109,6 +109,11 @@ VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
     # A sliding window longer than the tests' sequences: served as a context limit, and
     # within it full attention is the window's.
     "mistral": (transformers.MistralConfig, {"sliding_window": 4096}),
+    # SmolLM3: its fourth layer attends without rotary.
+    "smollm3": (
+        transformers.SmolLM3Config,
+        {"num_hidden_layers": 4, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
     # Granite's four scalings, none of them 1.
     "granite": (
         transformers.GraniteConfig,
