@@ -196,13 +196,7 @@ class Worker:
             keep_freed_memory_in_process()
         t0 = time.perf_counter()
         self.arch = load_arch_config(files)
-        window = self.arch.sliding_window
-        if window and mc.context_length and mc.context_length > window:
-            raise InvalidArgument(
-                "context_length",
-                f"at most {window}: the model attends over a sliding window of {window} "
-                "tokens, which is served only as a context limit",
-            )
+        self._check_context_length(mc.context_length)
         if mc.deterministic and self.arch.num_experts:
             # An expert's matmul takes the rows of every token that picked it in the step,
             # so a token's bits would depend on the rest of the batch.
@@ -290,6 +284,28 @@ class Worker:
         if config.speculative.speculative == "eagle" and config.parallel.tp_size != 1:
             # The head reads the target's embedding and lm_head, which are sharded then.
             raise InvalidArgument("speculative", "'eagle' needs tp_size 1")
+
+    def _check_context_length(self, context_length: int | None) -> None:
+        """InvalidArgument past what the model's positions are defined for; a context
+        longer than max_position_embeddings that a rope scaling allows (YaRN) extends the
+        rotary tables to it."""
+        if not context_length:
+            return
+        arch, window = self.arch, self.arch.sliding_window
+        if window and context_length > window:
+            raise InvalidArgument(
+                "context_length",
+                f"at most {window}: the model attends over a sliding window of {window} "
+                "tokens, which is served only as a context limit",
+            )
+        if context_length > arch.longest_context:
+            raise InvalidArgument(
+                "context_length",
+                f"at most {arch.longest_context}: the model's positions go no further "
+                "(a rope_scaling in its config, e.g. YaRN, can stretch them)",
+            )
+        if context_length > arch.max_position_embeddings:
+            self.arch = arch.replace(max_position_embeddings=context_length)
 
     def _with_batch_defaults(self, config: EngineConfig) -> EngineConfig:
         """`config` with the scheduler's unset batch sizes filled in for this device."""

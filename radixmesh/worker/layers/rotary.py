@@ -1,9 +1,12 @@
 """Rotary position embedding (RoPE), Hugging Face "rotate half" layout.
 
 Head dims [0, D/2) and [D/2, D) form the pairs rotated by angle position * inv_freq[i].
-Supported `rope_scaling` types: none/"default", "linear" (positions divided by `factor`)
-and "llama3" (Llama 3.1: long wavelengths divided by `factor`, a smooth ramp between
-`high_freq_factor` and `low_freq_factor`). Anything else is rejected at construction.
+Supported `rope_scaling` types: none/"default", "linear" (positions divided by `factor`),
+"llama3" (Llama 3.1: long wavelengths divided by `factor`, a smooth ramp between
+`high_freq_factor` and `low_freq_factor`) and "yarn" (YaRN, as Qwen's long-context
+configs and transformers compute it: frequencies blended between interpolated and kept
+over a ramp of dims set by `beta_fast`/`beta_slow`, and cos/sin scaled by an attention
+factor). Anything else is rejected at construction.
 
 cos/sin are tabulated once for every position up to `max_position` in the model dtype
 (as the reference rounds them); the model looks them up once per step and every layer
@@ -29,28 +32,38 @@ def rope_inv_freq(
     head_dim: int, rope_theta: float, rope_scaling: dict[str, Any] | None = None
 ) -> torch.Tensor:
     """The rotation frequency of each dim pair, [head_dim // 2] float32."""
+    return rope_parameters(head_dim, rope_theta, rope_scaling)[0]
+
+
+def rope_parameters(
+    head_dim: int, rope_theta: float, rope_scaling: dict[str, Any] | None = None
+) -> tuple[torch.Tensor, float]:
+    """The rotation frequency of each dim pair, [head_dim // 2] float32, and the factor
+    cos/sin are scaled by (YaRN's attention factor; 1 otherwise)."""
     # float32 on purpose: the reference computes it so; float64 would shift angles at
     # large positions by more than the test tolerance.
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
     inv_freq = 1.0 / (rope_theta**exponents)
     rope_type = _rope_type(rope_scaling)
     if rope_type == "default":
-        return inv_freq
+        return inv_freq, 1.0
     assert rope_scaling is not None
     factor = float(_require(rope_scaling, "factor"))
     if rope_type == "linear":
-        return inv_freq / factor
-    return _llama3_inv_freq(inv_freq, factor, rope_scaling)
+        return inv_freq / factor, 1.0
+    if rope_type == "yarn":
+        return _yarn(head_dim, rope_theta, factor, rope_scaling)
+    return _llama3_inv_freq(inv_freq, factor, rope_scaling), 1.0
 
 
 def _rope_type(rope_scaling: dict[str, Any] | None) -> str:
     if not rope_scaling:
         return "default"
     rope_type = str(rope_scaling.get("rope_type", rope_scaling.get("type", "default")))
-    if rope_type not in ("default", "linear", "llama3"):
+    if rope_type not in ("default", "linear", "llama3", "yarn"):
         raise ValueError(
             f"rope_scaling: rope_type {rope_type!r} is not supported "
-            "(supported: default, linear, llama3)"
+            "(supported: default, linear, llama3, yarn)"
         )
     return rope_type
 
@@ -73,6 +86,41 @@ def _llama3_inv_freq(
     return (1 - smooth) * inv_freq / factor + smooth * inv_freq
 
 
+def _yarn(
+    dim: int, base: float, factor: float, rope_scaling: dict[str, Any]
+) -> tuple[torch.Tensor, float]:
+    """YaRN's frequencies and attention factor, as transformers computes them."""
+    old_context = float(_require(rope_scaling, "original_max_position_embeddings"))
+    attention = rope_scaling.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all = rope_scaling.get("mscale"), rope_scaling.get("mscale_all_dim")
+        if mscale and mscale_all:
+            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+        else:
+            attention = _yarn_mscale(factor)
+    beta_fast = rope_scaling.get("beta_fast") or 32
+    beta_slow = rope_scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:  # the dim that turns `rotations` times
+        return (dim * math.log(old_context / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rope_scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    kept = 1 - ramp  # 1: extrapolate (the frequency kept), 0: interpolate (divided)
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - kept) + (1.0 / pos_freqs) * kept
+    return inv_freq, float(attention)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(
         self,
@@ -85,10 +133,12 @@ class RotaryEmbedding(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        inv_freq = rope_inv_freq(head_dim, rope_theta, rope_scaling)
+        inv_freq, attention = rope_parameters(head_dim, rope_theta, rope_scaling)
         positions = torch.arange(max_position, dtype=torch.float32)
         angles = torch.outer(positions, inv_freq)  # [P, D/2]
         cos, sin = angles.cos(), angles.sin()
+        if attention != 1.0:  # YaRN: scaled in float32, then rounded, as the reference
+            cos, sin = cos * attention, sin * attention
         # Full-width tables so that apply_rotary is two multiplies and an add; sin carries
         # the sign of the rotation: out = x * cos + [x2 | x1] * [-sin | sin].
         self.cos: torch.Tensor

@@ -116,6 +116,19 @@ class LlamaArchConfig:
         return self.architecture == "Phi3ForCausalLM"
 
     @property
+    def longest_context(self) -> int:
+        """The longest context `context_length` may ask for: the model's own, or what its
+        rope scaling stretches its original context to (linear, YaRN: Qwen's configs keep
+        max_position_embeddings at the unscaled length), capped at a sliding window."""
+        longest = self.max_position_embeddings
+        scaling = self.rope_scaling or {}
+        kind = scaling.get("rope_type", scaling.get("type"))
+        old, factor = scaling.get("original_max_position_embeddings"), scaling.get("factor")
+        if kind in ("linear", "yarn") and old and factor:
+            longest = max(longest, int(old * factor))
+        return min(longest, self.sliding_window) if self.sliding_window else longest
+
+    @property
     def context_limit(self) -> int:
         """The longest context served: the model's, capped at its sliding window."""
         limit = self.max_position_embeddings

@@ -71,7 +71,9 @@ def test_rotation_matches_transformers(name: str, dtype: torch.dtype) -> None:
 
 
 def test_unsupported_scaling_is_rejected() -> None:
-    with pytest.raises(ValueError, match="rope_scaling: rope_type 'yarn' is not supported"):
+    with pytest.raises(ValueError, match="rope_scaling: rope_type 'longrope' is not supported"):
+        rope_inv_freq(HEAD_DIM, 10000.0, {"rope_type": "longrope", "factor": 2.0})
+    with pytest.raises(ValueError, match=r"rope_scaling\.original_max_position_embeddings"):
         rope_inv_freq(HEAD_DIM, 10000.0, {"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(ValueError, match=r"rope_scaling\.low_freq_factor: missing"):
         rope_inv_freq(HEAD_DIM, 10000.0, {"rope_type": "llama3", "factor": 2.0})

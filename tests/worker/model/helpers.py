@@ -103,6 +103,13 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
     "rope_theta": 10000.0,
 }
+# YaRN with a short original context, so that the test's positions cross it.
+YARN_ROPE = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 10000.0,
+}
 VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
     "llama": (transformers.LlamaConfig, {}),
     "qwen2-qkv-bias": (transformers.Qwen2Config, {}),
@@ -153,6 +160,7 @@ VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
         },
     ),
     "llama3-rope": (transformers.LlamaConfig, {"rope_parameters": LLAMA3_ROPE}),
+    "qwen2-yarn": (transformers.Qwen2Config, {"rope_parameters": YARN_ROPE}),
     "linear-rope": (
         transformers.LlamaConfig,
         {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
