@@ -291,19 +291,17 @@ class Worker:
         rotary tables to it."""
         if not context_length:
             return
-        arch, window = self.arch, self.arch.sliding_window
-        if window and context_length > window:
-            raise InvalidArgument(
-                "context_length",
-                f"at most {window}: the model attends over a sliding window of {window} "
-                "tokens, which is served only as a context limit",
+        arch = self.arch
+        longest, window = arch.longest_context, arch.sliding_window
+        if context_length > longest:
+            why = (
+                f"the model attends over a sliding window of {window} tokens, which is "
+                "served only as a context limit"
+                if window == longest
+                else "the model's positions go no further (a rope_scaling in its config, "
+                "e.g. YaRN, can stretch them)"
             )
-        if context_length > arch.longest_context:
-            raise InvalidArgument(
-                "context_length",
-                f"at most {arch.longest_context}: the model's positions go no further "
-                "(a rope_scaling in its config, e.g. YaRN, can stretch them)",
-            )
+            raise InvalidArgument("context_length", f"at most {longest}: {why}")
         if context_length > arch.max_position_embeddings:
             self.arch = arch.replace(max_position_embeddings=context_length)
 

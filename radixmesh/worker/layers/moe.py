@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixmesh.worker.layers import kernels
+from radixmesh.worker.layers.activation import SiluAndMul
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.weights import (
     Loaded,
@@ -67,6 +68,7 @@ class SparseMoE(nn.Module):
         self.w2 = new_parameter(num_experts, hidden_size, i, dtype=dtype, device=device)
         set_weight_loader(self.w13, self._load_w13)
         set_weight_loader(self.w2, self._load_w2)
+        self.act_fn = SiluAndMul()
         self.shared_expert = shared_expert
         if shared_expert is not None:
             self.shared_expert_gate = _Router(1, hidden_size, dtype=dtype, device=device)
@@ -121,9 +123,9 @@ class SparseMoE(nn.Module):
             from radixmesh.worker.layers.kernels.fused_moe import fused_experts
 
             out = fused_experts(x, self.w13, self.w2, experts, weights)
-            out = self.tp.all_reduce(out) if self.tp.size > 1 else out
         else:
             out = self.forward_eager(x, experts, weights)
+        out = self.tp.all_reduce(out)  # this rank's part of every expert's sum
         if self.shared_expert is None:
             return out
         scale = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight))  # [T, 1]
@@ -132,13 +134,14 @@ class SparseMoE(nn.Module):
     def forward_eager(
         self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """The PyTorch path: one gate/up and one down matmul per expert with tokens."""
+        """The PyTorch path: one gate/up and one down matmul per expert with tokens; this
+        rank's partial sums (`forward` adds them over the ranks)."""
         pairs = experts.flatten()  # (token, choice) pairs in token order
         order = torch.argsort(pairs, stable=True)  # grouped by expert
         counts = torch.bincount(pairs, minlength=self.num_experts).tolist()  # the one sync
         pair_weights = weights.flatten()
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        i, start = self.local_size, 0
+        start = 0
         for expert, n in enumerate(counts):
             if n == 0:
                 continue
@@ -146,10 +149,9 @@ class SparseMoE(nn.Module):
             start += n
             tokens = picked // self.top_k
             gate_up = F.linear(x[tokens], self.w13[expert])  # [n, 2I]
-            act = F.silu(gate_up[:, :i]) * gate_up[:, i:]
-            y = F.linear(act, self.w2[expert])  # [n, H]
+            y = F.linear(self.act_fn(gate_up), self.w2[expert])  # [n, H]
             out.index_add_(0, tokens, y.float() * pair_weights[picked, None])
-        return self.tp.all_reduce(out.to(x.dtype)) if self.tp.size > 1 else out.to(x.dtype)
+        return out.to(x.dtype)
 
 
 class _Router(nn.Module):

@@ -22,9 +22,10 @@ the CPU path; the tests run these kernels in triton's interpreter against it.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from radixmesh.worker.layers.kernels.silu_mul import silu_and_mul
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
 
@@ -165,15 +166,8 @@ def fused_experts(
     gate_up = moe_gemm(
         x, w13, sorted_ids, block_experts, top_k=top_k, num_pairs=pairs, a_by_token=True
     )  # [T * k, 2I]
-    i = w13.shape[1] // 2
-    if gate_up.is_cuda:
-        from radixmesh.worker.layers.kernels.silu_mul import silu_and_mul
-
-        act = silu_and_mul(gate_up)
-    else:
-        act = F.silu(gate_up[:, :i]) * gate_up[:, i:]
     down = moe_gemm(
-        act.contiguous(),
+        silu_and_mul(gate_up),
         w2,
         sorted_ids,
         block_experts,
