@@ -253,9 +253,9 @@ class Tokenizer:
         """The model's own template; `simple_chat_template` for models that ship none
         (which has no variables: `template_kwargs` change nothing there)."""
         validate_messages(messages)
+        extra = check_template_kwargs(template_kwargs)  # checked alike with no template
         if not self.has_chat_template:
             return simple_chat_template(messages, add_generation_prompt)
-        extra = check_template_kwargs(template_kwargs)
         try:
             text = self.hf_tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra

@@ -179,8 +179,9 @@ def test_chat_template_kwargs_are_the_templates_variables() -> None:
 def test_bad_chat_template_kwargs_name_the_field(kwargs: dict[str, Any], message: str) -> None:
     tok = Tokenizer(_bos_adding_tokenizer(THINKING_TEMPLATE))
     renders = [tok.apply_chat_template]
-    if "failed" not in message:  # the byte tokenizer's simple template has no variables
+    if "failed" not in message:  # the simple template (no variables) checks their names too
         renders.append(ByteTokenizer(256).apply_chat_template)
+        renders.append(Tokenizer(_bos_adding_tokenizer(None)).apply_chat_template)
     for render in renders:
         with pytest.raises(InvalidArgument, match=message) as e:
             render(CHAT, True, kwargs)

@@ -180,12 +180,14 @@ def norm_rotary_(
     k_norm: RMSNorm,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    rotate: bool = True,
 ) -> torch.Tensor:
     """Qwen3's q and k norms, then rotary: x [T, Hq + Hkv, D] (q heads first), each q head
     normed by `q_norm` and each k head by `k_norm` (RMSNorm over the head size), then
-    rotated. On CUDA one kernel in place (x returned); elsewhere the norms' and
+    rotated (not where `rotate` is False: a layer without position encoding). On CUDA one
+    kernel in place (x returned); elsewhere, and without rotation, the norms' and
     `apply_rotary`'s PyTorch ops, a new tensor. Use the result; do not read x afterwards."""
-    if kernels.enabled(x) and q_norm.eps == k_norm.eps:
+    if rotate and kernels.enabled(x) and q_norm.eps == k_norm.eps:
         from radixmesh.worker.layers.kernels.rotary import norm_rotary_ as fused
 
         fused(x, num_q_heads, q_norm.weight, k_norm.weight, q_norm.eps, cos, sin)
@@ -193,4 +195,5 @@ def norm_rotary_(
     t, h, d = x.shape
     q = q_norm(x[:, :num_q_heads].reshape(t * num_q_heads, d)).view(t, num_q_heads, d)
     k = k_norm(x[:, num_q_heads:].reshape(t * (h - num_q_heads), d)).view(t, -1, d)
-    return apply_rotary(torch.cat([q, k], dim=1), cos, sin)
+    qk = torch.cat([q, k], dim=1)
+    return apply_rotary(qk, cos, sin) if rotate else qk

@@ -96,7 +96,7 @@ class LlamaAttention(nn.Module):
         # once (in place on CUDA: one kernel over the strided view).
         qk = qk.view(t, h + hkv, d)
         if self.q_norm is not None and self.k_norm is not None:
-            qk = norm_rotary_(qk, h, self.q_norm, self.k_norm, *cos_sin)
+            qk = norm_rotary_(qk, h, self.q_norm, self.k_norm, *cos_sin, rotate=self.rotary)
         elif self.rotary:
             qk = apply_rotary_(qk, *cos_sin)  # [T, Hq + Hkv, D]
         q, k = qk.split([h, hkv], dim=1)  # [T, Hq, D], [T, Hkv, D]

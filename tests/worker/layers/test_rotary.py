@@ -77,3 +77,30 @@ def test_unsupported_scaling_is_rejected() -> None:
         rope_inv_freq(HEAD_DIM, 10000.0, {"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(ValueError, match=r"rope_scaling\.low_freq_factor: missing"):
         rope_inv_freq(HEAD_DIM, 10000.0, {"rope_type": "llama3", "factor": 2.0})
+
+
+def test_qk_norm_without_rotation_only_normalizes() -> None:
+    """A layer that attends without position encoding (nope) in a model with q/k norms:
+    the heads are normed and not rotated, and rotating them would change them."""
+    from radixmesh.worker.layers.norm import RMSNorm
+    from radixmesh.worker.layers.rotary import norm_rotary_
+
+    t, h, hkv, d = 3, 4, 2, HEAD_DIM
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(t, h + hkv, d, generator=gen)
+    q_norm, k_norm = RMSNorm(d, 1e-6), RMSNorm(d, 1e-6)
+    q_norm.weight.data.copy_(torch.rand(d, generator=gen) + 0.5)
+    k_norm.weight.data.copy_(torch.rand(d, generator=gen) + 0.5)
+    cos, sin = RotaryEmbedding(d, rope_theta=10000.0, max_position=64)(torch.tensor([5, 9, 31]))
+    normed = torch.cat(
+        [
+            q_norm(x[:, :h].reshape(-1, d)).view(t, h, d),
+            k_norm(x[:, h:].reshape(-1, d)).view(t, hkv, d),
+        ],
+        dim=1,
+    )
+    got = norm_rotary_(x.clone(), h, q_norm, k_norm, cos, sin, rotate=False)
+    assert torch.equal(got, normed)
+    rotated = norm_rotary_(x.clone(), h, q_norm, k_norm, cos, sin)
+    assert torch.equal(rotated, apply_rotary(normed, cos, sin))
+    assert not torch.allclose(rotated, normed, atol=1e-3)
