@@ -9,23 +9,33 @@ against the other (largest difference relative to the output's largest value), t
 (median ms of `--repeats` calls after warm-up; CUDA events on a GPU). Also reported: the
 bytes of expert weights a call must read (the experts its tokens picked) over its time.
 
+With `--sweep` (CUDA) each shape and row count also times the Triton path at every tile
+configuration of a grid (rows, columns and depth per block, warps, stages; the row block
+from the mean rows an expert gets), each checked against the PyTorch path first, and
+reports the fastest beside the table's own (`CONFIGS` in layers/kernels/fused_moe.py,
+which these sweeps set).
+
 On a CPU only the PyTorch path runs (the Triton path needs CUDA), at Qwen3's shape.
-Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048]`; prints a table and
-writes bench/results/moe-<machine>.json.
+Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048] [--sweep]`; prints a
+table and writes bench/results/moe-<machine>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from bench import record
 from radixmesh.worker.layers.moe import SparseMoE
+
+if TYPE_CHECKING:
+    from radixmesh.worker.layers.kernels.fused_moe import GemmConfig
 
 SHAPES = {  # name: (hidden, expert intermediate, experts, top k)
     "qwen3-30b-a3b": (2048, 768, 128, 8),
@@ -61,7 +71,20 @@ def _ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def row(shape: str, rows: int, moe: SparseMoE, repeats: int) -> dict[str, Any]:
+def sweep_configs(mean_rows: float) -> list[GemmConfig]:
+    """The grid: row blocks near the mean rows an expert gets (padding past it is work
+    for nothing), every column/depth tile, 4 or 8 warps, 3 or 4 stages."""
+    from radixmesh.worker.layers.kernels.fused_moe import GemmConfig
+
+    block_ms = [16] if mean_rows < 2 else [16, 64] if mean_rows < 32 else [64, 128]
+    tiles = [(32, 128), (64, 64), (64, 128), (128, 64)]
+    return [
+        GemmConfig(m, n, k, warps, stages)
+        for m, (n, k), warps, stages in itertools.product(block_ms, tiles, (4, 8), (3, 4))
+    ]
+
+
+def row(shape: str, rows: int, moe: SparseMoE, repeats: int, sweep: bool) -> dict[str, Any]:
     device = moe.w13.device
     gen = torch.Generator(device=device).manual_seed(rows)
     x = torch.randn(rows, moe.w13.shape[2], generator=gen, device=device).to(moe.w13.dtype)
@@ -83,7 +106,44 @@ def row(shape: str, rows: int, moe: SparseMoE, repeats: int) -> dict[str, Any]:
         out["fused_ms"] = _ms(fused, device, repeats)
         out["fused_tb_s"] = weight_bytes / out["fused_ms"] / 1e9
         out["fused_speedup"] = out["eager_ms"] / out["fused_ms"]
+        if sweep:
+            out["sweep"] = _sweep(moe, x, experts, weights, eager, scale, repeats)
+            best = min(out["sweep"], key=lambda r: r.get("ms", float("inf")))
+            out["best"] = best
+            out["best_vs_table"] = out["fused_ms"] / best["ms"]
     return out
+
+
+def _sweep(
+    moe: SparseMoE,
+    x: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    eager: torch.Tensor,
+    scale: float,
+    repeats: int,
+) -> list[dict[str, Any]]:
+    from radixmesh.worker.layers.kernels.fused_moe import fused_experts
+
+    mean = x.shape[0] * experts.shape[1] / moe.num_experts
+    results = []
+    for config in sweep_configs(mean):
+        entry: dict[str, Any] = {"config": list(vars(config).values())}
+
+        def fused(config: GemmConfig = config) -> torch.Tensor:
+            return fused_experts(x, moe.w13, moe.w2, experts, weights, config)
+
+        try:
+            diff = float((fused().float() - eager.float()).abs().max()) / scale
+        except Exception as e:  # a tile the GPU cannot hold (shared memory): skipped
+            entry["error"] = f"{type(e).__name__}: {e}"[:200]
+            results.append(entry)
+            continue
+        if diff > 0.05:
+            raise AssertionError(f"{config}: relative difference {diff:.3g} from the eager path")
+        entry["ms"] = _ms(fused, x.device, repeats)
+        results.append(entry)
+    return results
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--rows", default="1,16,256,2048", help="tokens per call, comma-separated")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--sweep", action="store_true", help="time a grid of tile configs (CUDA)")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype)
@@ -99,7 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for shape in shapes:
         moe = _layer(shape, dtype, device)
-        results += [row(shape, int(r), moe, args.repeats) for r in args.rows.split(",")]
+        results += [
+            row(shape, int(r), moe, args.repeats, args.sweep and device.type == "cuda")
+            for r in args.rows.split(",")
+        ]
         del moe
     print("shape | rows | experts picked | eager ms | fused ms | fused speedup | rel diff")
     for r in results:
@@ -107,6 +171,13 @@ def main(argv: list[str] | None = None) -> None:
         if "fused_ms" in r:
             fused = f"{r['fused_ms']:.3f} | {r['fused_speedup']:.2f}x | {r['rel_diff']:.2g}"
         print(f"{r['shape']} | {r['rows']} | {r['experts_picked']} | {r['eager_ms']:.3f} | {fused}")
+    if any("best" in r for r in results):
+        print("\nshape | rows | table ms | best ms | best config (m, n, k, warps, stages)")
+        for r in results:
+            b = r["best"]
+            print(
+                f"{r['shape']} | {r['rows']} | {r['fused_ms']:.3f} | {b['ms']:.3f} | {b['config']}"
+            )
     record.write("moe", args, {"device": device.type, "dtype": args.dtype, "rows": results})
 
 

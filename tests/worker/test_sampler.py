@@ -133,7 +133,7 @@ def test_top_k_rows_draw_without_waiting_for_the_device() -> None:
     few top-p rows (sorted) draw with no stream synchronization, so the overlap
     scheduler can queue the next step behind their draw (worker/overlap.py)."""
     v = 300
-    logits = (torch.randn(5, v, generator=torch.Generator().manual_seed(5)) * 3).cuda()
+    logits = (torch.randn(7, v, generator=torch.Generator().manual_seed(5)) * 3).cuda()
     sampler = Sampler(v)
     rows = [
         row(temperature=0.8, top_k=40),

@@ -13,7 +13,9 @@ exit at once.
   row written at its pair's index, optionally scaled by the pair's routing weight; float32
   accumulation.
 - `fused_experts(x, w13, w2, experts, weights)`: gate/up GEMM, SiLU-and-mul, down GEMM
-  with the routing weights, and each token's sum over its k pairs in float32.
+  with the routing weights, and each token's sum over its k pairs in float32; the tiles
+  (`GemmConfig`) from `CONFIGS` by the mean rows an expert gets, which the token count
+  (a shape, known on the host) decides.
 
 The PyTorch loop in layers/moe.py (one matmul per expert with tokens) is the reference and
 the CPU path; the tests run these kernels in triton's interpreter against it.
@@ -21,13 +23,46 @@ the CPU path; the tests run these kernels in triton's interpreter against it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from radixmesh.worker.layers.kernels.silu_mul import silu_and_mul
 
-BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32
+BLOCK_M = 16  # align's default: the smallest block, a decode step's
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One launch's tiles: rows of sorted pairs per block (each expert's group is padded
+    to a multiple of it), output columns and reduction depth per step, warps, stages."""
+
+    block_m: int = BLOCK_M
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# By the mean pairs an expert gets in a step (T * k / E): the first whose bound the mean
+# is under. Few rows an expert: the weights' bytes bound the step, so narrow column tiles
+# and deep steps give more programs and more bytes in flight to read them; many: the
+# tiles of a dense GEMM. `python -m bench.moe --sweep` times a grid around these on a GPU
+# (docs/performance.md, "Mixture of experts").
+CONFIGS: tuple[tuple[float, GemmConfig], ...] = (
+    (2, GemmConfig(16, 32, 128, 4, 4)),
+    (32, GemmConfig(16, 64, 128, 4, 3)),
+    (160, GemmConfig(64, 128, 64, 8, 3)),
+    (float("inf"), GemmConfig(128, 128, 64, 8, 3)),
+)
+
+
+def gemm_config(tokens: int, top_k: int, num_experts: int) -> GemmConfig:
+    """The table's tiles for a step of `tokens` tokens (known on the host: no sync)."""
+    mean = tokens * top_k / num_experts
+    return next(config for bound, config in CONFIGS if mean < bound)
 
 
 def align(
@@ -120,12 +155,14 @@ def moe_gemm(
     a_by_token: bool,
     pair_weights: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    config: GemmConfig = GemmConfig(),
 ) -> torch.Tensor:
     """[num_pairs, N]: for each pair p, a[p // top_k if a_by_token else p] @ w[e(p)]^T
-    (times pair_weights[p] where given). a: [rows, K] contiguous; w: [E, N, K] contiguous."""
+    (times pair_weights[p] where given). a: [rows, K] contiguous; w: [E, N, K] contiguous;
+    sorted_ids and block_experts from `align` with config.block_m."""
     n, k = w.shape[1], w.shape[2]
     out = torch.empty(num_pairs, n, dtype=out_dtype or a.dtype, device=a.device)
-    grid = (block_experts.numel(), triton.cdiv(n, BLOCK_N))
+    grid = (block_experts.numel(), triton.cdiv(n, config.block_n))
     _moe_gemm_kernel[grid](
         a,
         w,
@@ -143,9 +180,11 @@ def moe_gemm(
         TOP_K=top_k,
         A_BY_TOKEN=a_by_token,
         SCALE=pair_weights is not None,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     return out
 
@@ -156,15 +195,25 @@ def fused_experts(
     w2: torch.Tensor,
     experts: torch.Tensor,
     weights: torch.Tensor,
+    config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """The sparse MLP's output [T, H] in x's dtype: x [T, H]; w13 [E, 2I, H] (gate rows,
-    then up rows); w2 [E, H, I]; experts [T, k] and their float32 weights [T, k]."""
+    then up rows); w2 [E, H, I]; experts [T, k] and their float32 weights [T, k].
+    `config`: both GEMMs' tiles (None: `gemm_config`'s for the step)."""
     t, top_k = experts.shape
     pairs = t * top_k
-    sorted_ids, block_experts = align(experts, w13.shape[0])
+    config = config or gemm_config(t, top_k, w13.shape[0])
+    sorted_ids, block_experts = align(experts, w13.shape[0], config.block_m)
     x = x.contiguous()
     gate_up = moe_gemm(
-        x, w13, sorted_ids, block_experts, top_k=top_k, num_pairs=pairs, a_by_token=True
+        x,
+        w13,
+        sorted_ids,
+        block_experts,
+        top_k=top_k,
+        num_pairs=pairs,
+        a_by_token=True,
+        config=config,
     )  # [T * k, 2I]
     down = moe_gemm(
         silu_and_mul(gate_up),
@@ -176,5 +225,6 @@ def fused_experts(
         a_by_token=False,
         pair_weights=weights.flatten().contiguous(),
         out_dtype=torch.float32,
+        config=config,
     )  # [T * k, H], each pair's output times its weight
     return down.view(t, top_k, -1).sum(dim=1).to(x.dtype)
