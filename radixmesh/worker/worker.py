@@ -549,12 +549,9 @@ class Worker:
         self.announced_grammars = AnnouncedGrammars()
         self.graph_memory_bytes = 0  # device memory the CUDA graphs took (measured)
         graphs = None
-        if self.arch.num_experts and self.device.type == "cuda":
-            # Not yet checked on a GPU: the capture of the sparse layers' grouped GEMMs
-            # (layers/kernels/fused_moe.py; the PyTorch path reads counts back, which a
-            # graph cannot hold).
-            logger.info("CUDA graphs off: the mixture-of-experts layers run eagerly")
-        elif self.device.type == "cuda" and attn.supports_cuda_graphs:
+        # A mixture of experts' sparse layers capture too: on CUDA they run the grouped
+        # GEMMs (layers/kernels/fused_moe.py), which never read counts back.
+        if self.device.type == "cuda" and attn.supports_cuda_graphs:
             graphs = self._capture_decode_graphs(attn) if mc.cuda_graph_max_batch_size else None
         # Forced tokens and short prompt chunks replay the graphs too, as decode rows; not
         # in deterministic mode, where a row's kernel may not depend on the rest of the step.

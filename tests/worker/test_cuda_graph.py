@@ -61,9 +61,15 @@ def test_config_rejects_negative_max_batch_size() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(
-    "fp8", [{}, {"quantization": "fp8", "kv_cache_dtype": "fp8"}], ids=["16-bit", "fp8"]
+    ("model", "fp8"),
+    [
+        ("dummy:tiny", {}),
+        ("dummy:tiny", {"quantization": "fp8", "kv_cache_dtype": "fp8"}),
+        ("dummy:tiny-moe", {}),  # the sparse layers' grouped GEMMs captured
+    ],
+    ids=["16-bit", "fp8", "moe"],
 )
-def test_graph_replay_matches_eager_decode(fp8: dict[str, str]) -> None:
+def test_graph_replay_matches_eager_decode(model: str, fp8: dict[str, str]) -> None:
     prompts = [[(7 * i + j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(11)]
     # Different lengths: the decode batch shrinks 11 -> 1, padded to 16, 8, 4, 2, 1.
     params = [
@@ -72,7 +78,7 @@ def test_graph_replay_matches_eager_decode(fp8: dict[str, str]) -> None:
     outs = {}
     for graphs in (True, False):
         eng = Engine(
-            "dummy:tiny",
+            model,
             device="cuda",
             dtype="float32",
             attention_backend="triton",

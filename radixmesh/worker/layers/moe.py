@@ -13,9 +13,9 @@ On CUDA (where `kernels.enabled`) the experts run as two grouped GEMMs in Triton
 (layers/kernels/fused_moe.py): the pairs sorted by expert on the device, no host sync.
 Elsewhere, and as that kernel's reference, the forward groups the (token, expert) pairs by
 expert and runs one gate/up and one down matmul per expert that has tokens, reading the
-per-expert counts back to the host once a layer. A sparse model runs without CUDA graphs
-(worker.py) until a GPU run has checked their capture with the grouped GEMMs. The outputs
-are accumulated in float32 and rounded to the model's dtype once.
+per-expert counts back to the host once a layer (which a CUDA graph could not hold; the
+grouped GEMMs can, and a sparse model's decode steps replay graphs). The outputs are
+accumulated in float32 and rounded to the model's dtype once.
 """
 
 from __future__ import annotations

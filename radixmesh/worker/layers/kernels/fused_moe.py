@@ -52,8 +52,9 @@ class GemmConfig:
 # tiles of a dense GEMM. `python -m bench.moe --sweep` times a grid around these on a GPU
 # (docs/performance.md, "Mixture of experts").
 CONFIGS: tuple[tuple[float, GemmConfig], ...] = (
-    (2, GemmConfig(16, 32, 128, 4, 4)),
-    (32, GemmConfig(16, 64, 128, 4, 3)),
+    (8, GemmConfig(16, 32, 128, 8, 4)),
+    (32, GemmConfig(16, 64, 128, 4, 4)),
+    (96, GemmConfig(128, 64, 64, 4, 4)),
     (160, GemmConfig(64, 128, 64, 8, 3)),
     (float("inf"), GemmConfig(128, 128, 64, 8, 3)),
 )
