@@ -15,9 +15,14 @@ from the mean rows an expert gets), each checked against the PyTorch path first,
 reports the fastest beside the table's own (`CONFIGS` in layers/kernels/fused_moe.py,
 which these sweeps set).
 
+With `--engine MODEL` (a sparse preset such as dummy:qwen1.5-moe-a2.7b) it also times the
+whole engine's batch-1 decoding, ms per token (bench.tp's `decode_latency`), with decode
+CUDA graphs and without (`cuda_graph_max_batch_size` 0), each engine in turn.
+
 On a CPU only the PyTorch path runs (the Triton path needs CUDA), at Qwen3's shape.
-Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048] [--sweep]`; prints a
-table and writes bench/results/moe-<machine>.json.
+Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048] [--sweep]
+[--engine dummy:qwen1.5-moe-a2.7b]`; prints a table and writes
+bench/results/moe-<machine>.json.
 """
 
 from __future__ import annotations
@@ -146,6 +151,35 @@ def _sweep(
     return results
 
 
+def engine_decode(model: str, dtype: str, device: torch.device) -> list[dict[str, Any]]:
+    """Batch-1 ms per token of `model`'s engine with decode graphs (CUDA) and without."""
+    from bench.tp import decode_latency
+    from radixmesh.worker.engine import Engine
+
+    prompt = [(7 * j) % 500 + 3 for j in range(128)]
+    runs = []
+    for graphs in [8, 0] if device.type == "cuda" else [0]:
+        engine = Engine(
+            model,
+            device=device.type,
+            dtype=dtype,
+            cuda_graph_max_batch_size=graphs,
+            kv_cache_tokens=4096,
+            max_running_requests=8,
+        )
+        try:
+            decode_latency(engine, prompt, 8)  # warm-up: compiles, autotuning
+            runs.append(
+                {"model": model, "graphs": bool(graphs), **decode_latency(engine, prompt, 64)}
+            )
+        finally:
+            engine.shutdown()
+        del engine
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return runs
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     record.add_output_arguments(ap)
@@ -153,19 +187,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", default="1,16,256,2048", help="tokens per call, comma-separated")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--sweep", action="store_true", help="time a grid of tile configs (CUDA)")
+    ap.add_argument(
+        "--engine", default=None, help="a sparse model: batch-1 decoding, graphs on/off"
+    )
+    ap.add_argument("--skip-layer", action="store_true", help="only the --engine part")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype)
     shapes = list(SHAPES) if device.type == "cuda" else ["qwen3-30b-a3b"]
-    results = []
-    for shape in shapes:
+    results: list[dict[str, Any]] = []
+    for shape in [] if args.skip_layer else shapes:
         moe = _layer(shape, dtype, device)
         results += [
             row(shape, int(r), moe, args.repeats, args.sweep and device.type == "cuda")
             for r in args.rows.split(",")
         ]
         del moe
-    print("shape | rows | experts picked | eager ms | fused ms | fused speedup | rel diff")
+    if results:
+        print("shape | rows | experts picked | eager ms | fused ms | fused speedup | rel diff")
     for r in results:
         fused = "- | - | -"
         if "fused_ms" in r:
@@ -178,7 +217,13 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{r['shape']} | {r['rows']} | {r['fused_ms']:.3f} | {b['ms']:.3f} | {b['config']}"
             )
-    record.write("moe", args, {"device": device.type, "dtype": args.dtype, "rows": results})
+    figures: dict[str, Any] = {"device": device.type, "dtype": args.dtype, "rows": results}
+    if args.engine:
+        figures["engine"] = engine_decode(args.engine, args.dtype, device)
+        print("\nmodel | decode graphs | ms per token (batch 1)")
+        for r in figures["engine"]:
+            print(f"{r['model']} | {'on' if r['graphs'] else 'off'} | {r['ms_per_token']:.2f}")
+    record.write("moe", args, figures)
 
 
 if __name__ == "__main__":
