@@ -76,13 +76,6 @@ def check_supported(cfg: dict[str, Any], where: str | Path) -> None:
         # Its q/k/v and gate/up come fused in one tensor each, split at load (llama.py);
         # their scales would need the same split.
         raise InvalidArgument("model", f"{where}: quantized Phi-3 checkpoints are not supported")
-    if quantized and (cfg.get("num_experts") or cfg.get("num_local_experts")):
-        # The experts load in the model's dtype (layers/moe.py): FP8 expert tensors and
-        # their scales have nowhere to go.
-        raise InvalidArgument(
-            "model",
-            f"{where}: quantized checkpoints of mixture-of-experts models are not supported",
-        )
     if cfg.get("mlp_bias"):
         raise InvalidArgument("model", f"{where}: mlp_bias is not supported")
 

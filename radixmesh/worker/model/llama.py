@@ -40,8 +40,15 @@ from radixmesh.worker.layers.norm import RMSNorm
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
 from radixmesh.worker.layers.quantization import quantize_linears
 from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
+from radixmesh.worker.layers.quantization.fp8_scales import FP8, dequantize_checkpoint_weight
 from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary_, norm_rotary_
-from radixmesh.worker.layers.weights import Loaded, ShardId, get_weight_loader, is_optional
+from radixmesh.worker.layers.weights import (
+    Loaded,
+    ShardId,
+    as_tensor,
+    get_weight_loader,
+    is_optional,
+)
 from radixmesh.worker.model.arch import LlamaArchConfig
 
 Device = torch.device | str | None
@@ -298,6 +305,8 @@ class LlamaForCausalLM(nn.Module):
         loaded: set[str] = set()
         if arch.fused_checkpoint:
             weights = _unfused(weights, arch)
+        if arch.num_experts:
+            weights = _dequantized_experts(weights)
         for name, tensor in weights:
             if _IGNORED.search(name) or (
                 self.arch.tie_word_embeddings and name == "lm_head.weight"
@@ -338,6 +347,50 @@ class LlamaForCausalLM(nn.Module):
 # and the router's `<layer>.<block>.gate.weight` (block and projections: arch.expert_names).
 _EXPERT = re.compile(r"^(?P<layer>.*\.)(?P<block>\w+)\.experts\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$")
 _ROUTER = re.compile(r"^(?P<layer>.*\.)(?P<block>\w+)\.gate\.weight$")
+
+
+# An FP8 checkpoint's expert scales (`weight_scale_inv` arrives renamed `weight_scale`,
+# model/hf.py) and activation scales.
+_EXPERT_SCALE = re.compile(r"^(?P<weight>.*\.experts\.\d+\.\w+\.weight)_scale$")
+_EXPERT_INPUT_SCALE = re.compile(r"\.experts\.\d+\.\w+\.input_scale$")
+
+
+def _dequantized_experts(weights: Iterable[tuple[str, Loaded]]) -> Iterator[tuple[str, Loaded]]:
+    """An FP8 checkpoint's expert weights (Qwen3-30B-A3B-FP8's, Mixtral FP8's) as float32
+    tensors, each FP8 weight times its scale, for the experts, which keep the model's dtype
+    (layers/moe.py); every other tensor as it comes. A weight waits for its scale (or the
+    scale for its weight) wherever the files put it; one left without the other is a
+    ValueError naming it. Expert activation scales are read past: the experts take their
+    inputs unquantized."""
+    waiting: dict[str, torch.Tensor] = {}  # FP8 weights by name
+    scales: dict[str, torch.Tensor] = {}  # scales by their weight's name
+    for name, tensor in weights:
+        if _EXPERT_INPUT_SCALE.search(name):
+            continue
+        if m := _EXPERT_SCALE.match(name):
+            weight, scale = m["weight"], as_tensor(tensor)
+            if weight in waiting:
+                yield weight, _dequantized(weight, waiting.pop(weight), scale)
+            else:
+                scales[weight] = scale
+        elif tensor.dtype == FP8 and _EXPERT.match(name):
+            if name in scales:
+                yield name, _dequantized(name, as_tensor(tensor), scales.pop(name))
+            else:
+                waiting[name] = as_tensor(tensor)
+        else:
+            yield name, tensor
+    if waiting or scales:
+        alone = [f"{n} (no scale)" for n in sorted(waiting)]
+        alone += [f"{n}_scale (no weight)" for n in sorted(scales)]
+        raise ValueError(f"FP8 expert tensors without their pair: {', '.join(alone[:4])}")
+
+
+def _dequantized(name: str, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    try:
+        return dequantize_checkpoint_weight(weight, scale)
+    except ValueError as e:
+        raise ValueError(f"weight {name!r}: {e}") from None
 
 
 def _unfused(

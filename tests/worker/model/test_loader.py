@@ -397,18 +397,6 @@ def test_hf_dir_of_unsupported_architecture(tmp_path: Path) -> None:
     assert e.value.field == "model"
 
 
-def test_quantized_mixtures_of_experts_are_refused_by_name(tmp_path: Path) -> None:
-    config = {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "num_experts": 4,
-        "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"},
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(InvalidArgument, match="mixture-of-experts models are not") as e:
-        loader.load_arch_config(str(tmp_path))
-    assert e.value.field == "model"
-
-
 @pytest.mark.parametrize(
     ("config", "message"),
     [
