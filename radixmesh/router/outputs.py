@@ -43,7 +43,16 @@ class Sink:
     """One request's chunks as they arrive, and how its worker call ended if it failed.
     Owned by the router's event loop."""
 
-    __slots__ = ("_waiter", "chunks", "error", "stream_id", "touched", "worker")
+    __slots__ = (
+        "_waiter",
+        "call_ended",
+        "chunks",
+        "error",
+        "finished",
+        "stream_id",
+        "touched",
+        "worker",
+    )
 
     def __init__(self, worker: Heard, stream_id: str | None) -> None:
         self.worker = worker
@@ -51,11 +60,15 @@ class Sink:
         self.chunks: list[common_pb2.GenerateChunk] = []
         self.error: BaseException | None = None
         self.touched = time.monotonic()
+        self.finished = False  # the request's finishing chunk came
+        # When the worker's Generate call ended well (time.monotonic()); None while open.
+        self.call_ended: float | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     def put(self, chunk: common_pb2.GenerateChunk) -> None:
         self.chunks.append(chunk)
         self.touched = time.monotonic()
+        self.finished = self.finished or chunk.HasField("finish")
         self._wake()
 
     def fail(self, error: BaseException) -> None:
@@ -120,9 +133,12 @@ class SinkWatch:
             self.sweep(time.monotonic())
 
     def sweep(self, now: float) -> None:
-        """Fail the sinks whose worker said nothing since `now` - stall_timeout. The error
-        goes to the caller and does not name the worker (only an operator learns which
-        worker served a request): the log does."""
+        """Fail the sinks whose worker said nothing since `now` - stall_timeout, and those
+        whose worker call ended well that long ago without the request's finish (a finish
+        on the output stream trails its call's end by milliseconds; one that never comes
+        would hold the caller until its deadline while the worker answers health checks).
+        The error goes to the caller and does not name the worker (only an operator learns
+        which worker served a request): the log does."""
         for sink in list(self._sinks):
             if now - max(sink.touched, sink.worker.last_heard) > self.stall_timeout:
                 logger.warning(
@@ -131,6 +147,16 @@ class SinkWatch:
                     self.stall_timeout,
                 )
                 sink.fail(WorkerStalled(f"the worker sent nothing for {self.stall_timeout:g} s"))
+            elif (
+                sink.call_ended is not None
+                and not sink.finished
+                and now - max(sink.call_ended, sink.touched) > self.stall_timeout
+            ):
+                logger.warning(
+                    "worker %s ended a request's call without its finish: it fails",
+                    sink.worker.worker_id,
+                )
+                sink.fail(WorkerStalled("the worker's call ended without the request's finish"))
 
 
 class OutputReader:
@@ -187,13 +213,17 @@ class OutputReader:
 
 async def pump_call(call: Any, sink: Sink) -> None:
     """A worker Generate call's chunks (when it sends them on the call) and its failure
-    into the request's sink; a call that ends well adds nothing (the finish came)."""
+    into the request's sink; a call that ends well adds nothing but the time it ended
+    (its finish came, on the call or on the output stream; `SinkWatch` fails the sink if
+    it never does)."""
     try:
         async for resp in call:
             sink.put(resp.chunk)
             sink.worker.last_heard = sink.touched
     except grpc.aio.AioRpcError as e:
         sink.fail(e)
+    else:
+        sink.call_ended = time.monotonic()
 
 
 class Joined:

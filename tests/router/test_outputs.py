@@ -9,7 +9,7 @@ import time
 import pytest
 
 from radixmesh.errors import Unavailable
-from radixmesh.router.outputs import Sink, SinkWatch, WorkerStalled
+from radixmesh.router.outputs import Sink, SinkWatch, WorkerStalled, pump_call
 from radixmesh.v1 import common_pb2
 
 
@@ -90,5 +90,49 @@ def test_stop_fails_every_sink_and_refuses_new_ones() -> None:
             watch.add(Sink(Worker(), None))
         for s in sinks:
             watch.discard(s)
+
+    asyncio.run(run())
+
+
+def test_a_call_that_ended_without_its_finish_fails_once_the_finish_is_overdue() -> None:
+    """A worker call that ends well must have sent the request's finish (on the call or
+    on the output stream, which may trail it): a sink left without one fails after the
+    stall timeout even while the worker answers health checks; a finished one never."""
+
+    async def run() -> None:
+        watch = SinkWatch(stall_timeout=30.0)
+        worker = Worker()
+        lost, done = Sink(worker, "stream"), Sink(worker, "stream")
+        watch.add(lost)
+        watch.add(done)
+        lost.put(chunk(1))
+        done.put(common_pb2.GenerateChunk(token_ids=[2], finish=common_pb2.Finish()))
+        now = time.monotonic()
+        lost.call_ended = done.call_ended = now
+        worker.last_heard = now + 40  # healthy: it answers
+        watch.sweep(now + 29)
+        assert lost.error is None
+        watch.sweep(now + 31)
+        assert isinstance(lost.error, WorkerStalled)
+        assert str(lost.error) == "the worker's call ended without the request's finish"
+        assert done.error is None
+        watch.discard(lost)
+        watch.discard(done)
+
+    asyncio.run(run())
+
+
+def test_pump_call_marks_when_the_call_ended_well() -> None:
+    class Call:  # a Generate call that ends well with no chunk of its own
+        def __aiter__(self) -> Call:
+            return self
+
+        async def __anext__(self) -> object:
+            raise StopAsyncIteration
+
+    async def run() -> None:
+        sink = Sink(Worker(), None)
+        await pump_call(Call(), sink)
+        assert sink.call_ended is not None and sink.error is None
 
     asyncio.run(run())
