@@ -175,6 +175,20 @@ def speculative_copy() -> str:
     )
 
 
+def mixture_of_experts() -> str:
+    layer = [r for r in load("moe-h100")["rows"] if r["shape"] == "qwen3-30b-a3b"]
+    speedups = [r["fused_speedup"] for r in layer]
+    tokens = [r["rows"] for r in layer]
+    graphs, eager = (
+        next(r["ms_per_token"] for r in load("moe-engine-h100")["engine"] if r["graphs"] is on)
+        for on in (True, False)
+    )
+    return (
+        f"{min(speedups):.0f}-{max(speedups):.0f}x ({min(tokens)} to {max(tokens):,} tokens); "
+        f"{graphs:.2f} vs {eager:.2f} ms a token ({eager / graphs:.1f}x)"
+    )
+
+
 ROWS: list[tuple[str, Callable[[], str]]] = [
     ("256 x (512 in, 256 out), `dummy:llama-3-8b` bf16 (one H200)", offline_throughput),
     ("1,024 requests, 16 groups sharing 1,536-token prefixes (one H200)", offline_shared_prefix),
@@ -211,6 +225,11 @@ ROWS: list[tuple[str, Callable[[], str]]] = [
         "two workers, prefixes beyond their pools: hit rate, tier-aware vs tier-blind router "
         "(one H200)",
         host_tier_routing,
+    ),
+    (
+        "mixture of experts: one Qwen3-30B-A3B sparse layer, grouped GEMMs vs the per-expert "
+        "loop; Qwen1.5-MoE-A2.7B batch-1 decoding, CUDA graphs vs eager (one H100)",
+        mixture_of_experts,
     ),
     (
         "speculative decoding (n-gram) vs off, batch 1, copy-heavy set, smollm2 (2-core CPU)",
