@@ -39,11 +39,11 @@ class GemmConfig:
     """One launch's tiles: rows of sorted pairs per block (each expert's group is padded
     to a multiple of it), output columns and reduction depth per step, warps, stages."""
 
-    block_m: int = BLOCK_M
-    block_n: int = 64
-    block_k: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
 
 
 # By the mean pairs an expert gets in a step (T * k / E): the first whose bound the mean
@@ -156,11 +156,12 @@ def moe_gemm(
     a_by_token: bool,
     pair_weights: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    config: GemmConfig = GemmConfig(),
+    config: GemmConfig,
 ) -> torch.Tensor:
     """[num_pairs, N]: for each pair p, a[p // top_k if a_by_token else p] @ w[e(p)]^T
     (times pair_weights[p] where given). a: [rows, K] contiguous; w: [E, N, K] contiguous;
-    sorted_ids and block_experts from `align` with config.block_m."""
+    sorted_ids and block_experts from `align` with config.block_m (no default: a block
+    size that differs from align's would read another expert's rows)."""
     n, k = w.shape[1], w.shape[2]
     out = torch.empty(num_pairs, n, dtype=out_dtype or a.dtype, device=a.device)
     grid = (block_experts.numel(), triton.cdiv(n, config.block_n))

@@ -89,10 +89,10 @@ from radixmesh.worker.layers.quantization.fp8_scales import (
     GROUP_K,
     MIN_SCALE,
     SCALE_LAYOUTS,
+    checkpoint_scales,
     dequantize_rows,
     quantize,
     quantize_rows,
-    rows_of_blocks,
 )
 from radixmesh.worker.layers.weights import (
     Loaded,
@@ -374,23 +374,20 @@ def _load_scale(
     output channel ([out] or [out, 1]) or per block ([ceil(out/b), ceil(in/128)], b 1 or
     128), brought to the layer's form: [out] for channel scales, [out, groups] for group
     scales (a coarser scale repeated over rows and groups, exactly)."""
-    scale = as_tensor(loaded).to(device=param.device, dtype=torch.float32)
-    rows = layer.output_rows(shard_id)
-    blocks = scale.dim() == 2 and scale.shape[1] > 1
+    stored = as_tensor(loaded).to(device=param.device)
+    cols = layer.input_columns()
+    scale = checkpoint_scales(stored, layer.output_rows(shard_id), cols)  # [out] or [out, groups]
     if param.dim() == 1:
-        if blocks:
+        if scale.dim() == 2:
             raise ValueError(
-                f"block scales {tuple(scale.shape)} for an FP8 layer with one scale per "
+                f"block scales {tuple(stored.shape)} for an FP8 layer with one scale per "
                 "channel (load this checkpoint with quantization fp8 or fp8-128x128)"
             )
-        scale = scale.reshape(-1)
-        layer.weight_loader(param, scale.expand(rows) if scale.numel() == 1 else scale, shard_id)
+        layer.weight_loader(param, scale, shard_id)
         return
-    groups = -(-layer.input_columns() // GROUP_K)
-    if not blocks:  # per tensor or per channel: the same scale on every group of a row
-        scale = scale.reshape(-1, 1)
-        scale = scale.expand(rows if scale.numel() == 1 else scale.shape[0], groups)
-    layer.weight_loader(param, rows_of_blocks(scale, rows).contiguous(), shard_id)
+    if scale.dim() == 1:  # per tensor or per channel: the same scale on every group of a row
+        scale = scale[:, None].expand(-1, -(-cols // GROUP_K))
+    layer.weight_loader(param, scale.contiguous(), shard_id)
 
 
 __all__ = ["FP8", "FP8_MAX", "MIN_SCALE", "Fp8Activation", "dequantize_rows", "quantize_rows"]

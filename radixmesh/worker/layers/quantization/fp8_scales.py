@@ -98,23 +98,29 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
     return (q.float() * expand_scale(scale, q.shape[1])).to(dtype)
 
 
-def dequantize_checkpoint_weight(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """A checkpoint's FP8 weight [rows, cols] times its `weight_scale` (or
-    `weight_scale_inv`) in float32, whatever layout the checkpoint ships: per tensor ([]
-    or [1]), per output channel ([rows] or [rows, 1]), or per block of 1 or 128 rows by
-    128 columns ([ceil(rows/b), ceil(cols/128)]). Any other shape is a ValueError."""
-    rows, cols = q.shape
-    scale = scale.to(device=q.device, dtype=torch.float32)
+def checkpoint_scales(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """A checkpoint's `weight_scale` (or `weight_scale_inv`) for a weight [rows, cols], in
+    float32 on its device, as one scale per row ([rows]: a per-tensor scale ([] or [1])
+    repeated, or per output channel ([rows] or [rows, 1])) or per row and 128-column group
+    ([rows, groups]: blocks of 1 or 128 rows, [ceil(rows/b), groups], each block's scale
+    on its rows). Any other shape is a ValueError."""
+    scale = scale.to(torch.float32)
     if scale.numel() == 1:
-        return q.float() * scale.reshape(())
+        return scale.reshape(1).expand(rows)
     if scale.dim() == 1 or (scale.dim() == 2 and scale.shape == (rows, 1)):
         if scale.numel() != rows:
             raise ValueError(f"{scale.numel()} channel scales for {rows} rows")
-        return dequantize_rows(q, scale.reshape(-1), torch.float32)
+        return scale.reshape(-1)
     groups = math.ceil(cols / GROUP_K)
     if scale.dim() != 2 or scale.shape[1] != groups:
         raise ValueError(
             f"scales {tuple(scale.shape)} fit no layout of a [{rows}, {cols}] FP8 weight"
         )
-    block_rows = 1 if scale.shape[0] == rows else 128
-    return dequantize_rows(q, rows_of_blocks(scale, rows, block_rows), torch.float32)
+    return rows_of_blocks(scale, rows, 1 if scale.shape[0] == rows else 128)
+
+
+def dequantize_checkpoint_weight(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's FP8 weight [rows, cols] times its scales (any layout
+    `checkpoint_scales` reads), in float32."""
+    rows, cols = q.shape
+    return dequantize_rows(q, checkpoint_scales(scale.to(q.device), rows, cols), torch.float32)
