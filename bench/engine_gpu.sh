@@ -59,8 +59,9 @@
 #             overlap pays on that shape
 #   peerdefaults bench.peer_shapes, FP8 W+KV, 128/128, 1000/1000 and 2048/2048 at half
 #             TensorRT-LLM's request counts, with the engine's default batch sizes
-#   moe       the grouped-GEMM experts' GPU test (bf16, no sync), bench.moe (Qwen3-30B-A3B's
-#             and Mixtral's sparse layer: the Triton experts against the PyTorch loop), and
+#   moe       the grouped-GEMM experts' GPU tests (bf16, no sync; FP8 experts too), bench.moe
+#             (Qwen3-30B-A3B's and Mixtral's sparse layer: the Triton experts against the
+#             PyTorch loop; then again with --fp8: FP8 experts beside bf16 ones), and
 #             the Qwen3-MoE model's test against transformers on the GPU, and the model
 #             tests (Qwen3's fused norm + rotary, the MoE variants on CUDA)
 #   sharedoffline bench.offline's GPU workloads as `offline` runs them, the shared-prefix
@@ -321,8 +322,10 @@ fi
 if part moe; then
   run gpu-test_moe "$PWD" 240 -m pytest -q -p no:cacheprovider \
     tests/worker/layers/kernels/test_fused_moe.py tests/worker/layers/test_moe.py \
+    tests/worker/layers/kernels/test_fused_moe_fp8.py \
     tests/worker/model/test_llama.py tests/worker/layers/kernels/test_fused_kernels.py
   run moe "$PWD" 300 -m bench.moe --out "$OUT/moe-$MACHINE.json"
+  run moe-fp8 "$PWD" 300 -m bench.moe --fp8 --out "$OUT/moe-fp8-$MACHINE.json"
 fi
 if part tests; then
   run gpu-tests "$PWD" 300 -m pytest -q -m gpu -p no:cacheprovider tests/worker/attention \

@@ -15,12 +15,20 @@ from the mean rows an expert gets), each checked against the PyTorch path first,
 reports the fastest beside the table's own (`CONFIGS` in layers/kernels/fused_moe.py,
 which these sweeps set).
 
+With `--fp8` (CUDA) each shape and row count also times the Triton path with FP8 experts
+(weight-only: e4m3 weights, bf16 activations) beside the bf16 one, in two layouts: per
+output row (what `quantization="fp8"` gives a bf16 checkpoint at load) and 128 x 128
+blocks (Qwen3-30B-A3B-FP8's checkpoint), each built through the layer's own loaders from
+the bf16 layer's weights and checked against the bf16 PyTorch path first (the relative
+difference is e4m3's rounding of the weights); its bytes per second count one byte a
+weight. Written to moe-fp8-<machine>.json unless --name or --out says otherwise.
+
 With `--engine MODEL` (a sparse preset such as dummy:qwen1.5-moe-a2.7b) it also times the
 whole engine's batch-1 decoding, ms per token (bench.tp's `decode_latency`), with decode
 CUDA graphs and without (`cuda_graph_max_batch_size` 0), each engine in turn.
 
 On a CPU only the PyTorch path runs (the Triton path needs CUDA), at Qwen3's shape.
-Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048] [--sweep]
+Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048] [--sweep] [--fp8]
 [--engine dummy:qwen1.5-moe-a2.7b]`; prints a table and writes
 bench/results/moe-<machine>.json.
 """
@@ -38,10 +46,13 @@ import torch
 
 from bench import record
 from radixmesh.worker.layers.moe import SparseMoE
+from radixmesh.worker.layers.weights import get_weight_loader
 
 if TYPE_CHECKING:
     from radixmesh.worker.layers.kernels.fused_moe import GemmConfig
 
+# FP8 layouts timed with --fp8: name -> the quantization method the layer is built for.
+FP8_LAYOUTS = {"fp8_rows": "fp8", "fp8_128x128": "fp8-128x128"}
 SHAPES = {  # name: (hidden, expert intermediate, experts, top k)
     "qwen3-30b-a3b": (2048, 768, 128, 8),
     "mixtral-8x7b": (4096, 14336, 8, 2),
@@ -55,6 +66,25 @@ def _layer(shape: str, dtype: torch.dtype, device: torch.device) -> SparseMoE:
     for p in moe.parameters():
         p.data.normal_(0.0, 0.02, generator=gen)
     return moe
+
+
+def fp8_layer(moe: SparseMoE, method: str) -> SparseMoE:
+    """A copy of `moe` with FP8 experts quantized at load as `method` gives them, each
+    expert's gate, up and down handed to the layer's loaders as a checkpoint would."""
+    from radixmesh.worker.layers.quantization.fp8_experts import checkpoint_block
+
+    h, i, e = moe.hidden_size, moe.expert_size, moe.num_experts
+    fp8 = SparseMoE(h, i, e, moe.top_k, renormalize=moe.renormalize, dtype=moe.w13.dtype,
+                    device=moe.w13.device)  # fmt: skip
+    fp8.gate.weight.data.copy_(moe.gate.weight)
+    fp8.use_fp8(checkpoint_block(method))
+    load13, load2 = get_weight_loader(fp8.w13), get_weight_loader(fp8.w2)
+    for expert in range(e):
+        load13(fp8.w13, moe.w13[expert, :i], (expert, 0))
+        load13(fp8.w13, moe.w13[expert, i:], (expert, 1))
+        load2(fp8.w2, moe.w2[expert], (expert, 0))
+    fp8.check_loaded()
+    return fp8
 
 
 def _ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
@@ -89,7 +119,14 @@ def sweep_configs(mean_rows: float) -> list[GemmConfig]:
     ]
 
 
-def row(shape: str, rows: int, moe: SparseMoE, repeats: int, sweep: bool) -> dict[str, Any]:
+def row(
+    shape: str,
+    rows: int,
+    moe: SparseMoE,
+    repeats: int,
+    sweep: bool,
+    fp8: dict[str, SparseMoE] | None = None,
+) -> dict[str, Any]:
     device = moe.w13.device
     gen = torch.Generator(device=device).manual_seed(rows)
     x = torch.randn(rows, moe.w13.shape[2], generator=gen, device=device).to(moe.w13.dtype)
@@ -111,12 +148,40 @@ def row(shape: str, rows: int, moe: SparseMoE, repeats: int, sweep: bool) -> dic
         out["fused_ms"] = _ms(fused, device, repeats)
         out["fused_tb_s"] = weight_bytes / out["fused_ms"] / 1e9
         out["fused_speedup"] = out["eager_ms"] / out["fused_ms"]
+        for name, layer in (fp8 or {}).items():
+            out[name] = _fp8_row(layer, x, experts, weights, eager, scale, repeats)
+            out[name]["tb_s"] = weight_bytes / moe.w13.element_size() / out[name]["ms"] / 1e9
+            out[name]["vs_bf16"] = out["fused_ms"] / out[name]["ms"]
         if sweep:
             out["sweep"] = _sweep(moe, x, experts, weights, eager, scale, repeats)
             best = min(out["sweep"], key=lambda r: r.get("ms", float("inf")))
             out["best"] = best
             out["best_vs_table"] = out["fused_ms"] / best["ms"]
     return out
+
+
+def _fp8_row(
+    moe: SparseMoE,
+    x: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    eager: torch.Tensor,
+    scale: float,
+    repeats: int,
+) -> dict[str, Any]:
+    """The FP8 experts' grouped GEMMs on the bf16 layer's inputs and routing: relative
+    difference from the bf16 PyTorch path, then ms."""
+    from radixmesh.worker.layers.kernels.fused_moe import fused_experts
+
+    def fused() -> torch.Tensor:
+        return fused_experts(x, moe.w13, moe.w2, experts, weights, scales=moe.scales())
+
+    diff = float((fused().float() - eager.float()).abs().max()) / scale
+    # e4m3's rounding of random weights moves the output ~5% of its largest value (CPU,
+    # Qwen3's shape); a misplaced scale, by its own size.
+    if diff > 0.2:
+        raise AssertionError(f"FP8 experts: relative difference {diff:.3g} from the bf16 path")
+    return {"rel_diff": diff, "ms": _ms(fused, x.device, repeats)}
 
 
 def _sweep(
@@ -188,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--sweep", action="store_true", help="time a grid of tile configs (CUDA)")
     ap.add_argument(
+        "--fp8", action="store_true", help="also time FP8 experts beside bf16 ones (CUDA)"
+    )
+    ap.add_argument(
         "--engine", default=None, help="a sparse model: batch-1 decoding, graphs on/off"
     )
     ap.add_argument("--skip-layer", action="store_true", help="only the --engine part")
@@ -196,13 +264,17 @@ def main(argv: list[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype)
     shapes = list(SHAPES) if device.type == "cuda" else ["qwen3-30b-a3b"]
     results: list[dict[str, Any]] = []
+    fp8 = args.fp8 and device.type == "cuda"
     for shape in [] if args.skip_layer else shapes:
         moe = _layer(shape, dtype, device)
+        layers = (
+            {name: fp8_layer(moe, method) for name, method in FP8_LAYOUTS.items()} if fp8 else None
+        )
         results += [
-            row(shape, int(r), moe, args.repeats, args.sweep and device.type == "cuda")
+            row(shape, int(r), moe, args.repeats, args.sweep and device.type == "cuda", layers)
             for r in args.rows.split(",")
         ]
-        del moe
+        del moe, layers
     if results:
         print("shape | rows | experts picked | eager ms | fused ms | fused speedup | rel diff")
     for r in results:
@@ -210,6 +282,17 @@ def main(argv: list[str] | None = None) -> None:
         if "fused_ms" in r:
             fused = f"{r['fused_ms']:.3f} | {r['fused_speedup']:.2f}x | {r['rel_diff']:.2g}"
         print(f"{r['shape']} | {r['rows']} | {r['experts_picked']} | {r['eager_ms']:.3f} | {fused}")
+    if fp8 and results:
+        print(
+            "\nshape | rows | bf16 ms | "
+            + " | ".join(f"{n} ms (vs bf16, rel diff)" for n in FP8_LAYOUTS)
+        )
+        for r in results:
+            cells = [
+                f"{r[n]['ms']:.3f} ({r[n]['vs_bf16']:.2f}x, {r[n]['rel_diff']:.2g})"
+                for n in FP8_LAYOUTS
+            ]
+            print(f"{r['shape']} | {r['rows']} | {r['fused_ms']:.3f} | " + " | ".join(cells))
     if any("best" in r for r in results):
         print("\nshape | rows | table ms | best ms | best config (m, n, k, warps, stages)")
         for r in results:
@@ -223,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\nmodel | decode graphs | ms per token (batch 1)")
         for r in figures["engine"]:
             print(f"{r['model']} | {'on' if r['graphs'] else 'off'} | {r['ms_per_token']:.2f}")
-    record.write("moe", args, figures)
+    record.write("moe", args, figures, name="fp8" if fp8 else None)
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ def test_config_rejects_negative_max_batch_size() -> None:
         ("dummy:tiny", {}),
         ("dummy:tiny", {"quantization": "fp8", "kv_cache_dtype": "fp8"}),
         ("dummy:tiny-moe", {}),  # the sparse layers' grouped GEMMs captured
+        ("dummy:tiny-moe", {"quantization": "fp8"}),  # ... with FP8 experts
     ],
-    ids=["16-bit", "fp8", "moe"],
+    ids=["16-bit", "fp8", "moe", "moe-fp8"],
 )
 def test_graph_replay_matches_eager_decode(model: str, fp8: dict[str, str]) -> None:
     prompts = [[(7 * i + j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(11)]

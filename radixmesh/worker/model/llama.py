@@ -38,9 +38,9 @@ from radixmesh.worker.layers.linear import (
 from radixmesh.worker.layers.moe import SparseMoE
 from radixmesh.worker.layers.norm import RMSNorm
 from radixmesh.worker.layers.parallel import SINGLE, TPGroup
-from radixmesh.worker.layers.quantization import quantize_linears
+from radixmesh.worker.layers.quantization import quantize_experts, quantize_linears
 from radixmesh.worker.layers.quantization.fp8_activation import Fp8Activation
-from radixmesh.worker.layers.quantization.fp8_scales import FP8, dequantize_checkpoint_weight
+from radixmesh.worker.layers.quantization.fp8_scales import FP8
 from radixmesh.worker.layers.rotary import RotaryEmbedding, apply_rotary_, norm_rotary_
 from radixmesh.worker.layers.weights import (
     Loaded,
@@ -261,7 +261,8 @@ class LlamaForCausalLM(nn.Module):
         quantization: str | None = None,
     ) -> None:
         """`quantization`: a method of layers/quantization/ for the decoder's linear
-        layers (e.g. "fp8"); the embeddings, LM head and norms keep `dtype`."""
+        layers (e.g. "fp8") and its experts (held in FP8, weight-only); the embeddings,
+        LM head, routers and norms keep `dtype`."""
         super().__init__()
         tp = tp or SINGLE
         self.arch = arch
@@ -274,6 +275,7 @@ class LlamaForCausalLM(nn.Module):
         self.quantization = quantization
         if quantization is not None:
             quantize_linears(self, quantization)
+            quantize_experts(self, quantization)
 
     @property
     def num_kv_heads(self) -> int:
@@ -306,7 +308,7 @@ class LlamaForCausalLM(nn.Module):
         if arch.fused_checkpoint:
             weights = _unfused(weights, arch)
         if arch.num_experts:
-            weights = _dequantized_experts(weights)
+            weights = _paired_expert_scales(weights)
         for name, tensor in weights:
             if _IGNORED.search(name) or (
                 self.arch.tie_word_embeddings and name == "lm_head.weight"
@@ -336,11 +338,13 @@ class LlamaForCausalLM(nn.Module):
         scale never came) is an error naming the layer."""
         for layer_name, layer in self.named_modules():
             method = getattr(layer, "linear_method", None)
-            if method is not None:
-                try:
+            try:
+                if method is not None:
                     method.check_loaded(layer)
-                except ValueError as e:
-                    raise ValueError(f"{layer_name}: {e}") from None
+                elif isinstance(layer, SparseMoE):
+                    layer.check_loaded()
+            except ValueError as e:
+                raise ValueError(f"{layer_name}: {e}") from None
 
 
 # A sparse layer's checkpoint tensors: `<layer>.<block>.experts.<e>.<projection>.weight`
@@ -355,27 +359,37 @@ _EXPERT_SCALE = re.compile(r"^(?P<weight>.*\.experts\.\d+\.\w+\.weight)_scale$")
 _EXPERT_INPUT_SCALE = re.compile(r"\.experts\.\d+\.\w+\.input_scale$")
 
 
-def _dequantized_experts(weights: Iterable[tuple[str, Loaded]]) -> Iterator[tuple[str, Loaded]]:
-    """An FP8 checkpoint's expert weights (Qwen3-30B-A3B-FP8's, Mixtral FP8's) as float32
-    tensors, each FP8 weight times its scale, for the experts, which keep the model's dtype
-    (layers/moe.py); every other tensor as it comes. A weight waits for its scale (or the
-    scale for its weight) wherever the files put it; one left without the other is a
-    ValueError naming it. Expert activation scales are read past: the experts take their
-    inputs unquantized."""
+def _paired_expert_scales(
+    weights: Iterable[tuple[str, Loaded]],
+) -> Iterator[tuple[str, Loaded]]:
+    """An FP8 checkpoint's expert weights (Qwen3-30B-A3B-FP8's, Mixtral FP8's), each
+    followed at once by its scale, wherever the files put the two: the experts' scale
+    loader may need the values already loaded (layers/moe.py: where a rank's slice falls
+    on no whole scale block, its values are quantized again). A weight whose scale is
+    there already goes on as it came (a lazy slice stays lazy); one that waits for its
+    scale is read. Every other tensor as it comes; one left without its pair is a
+    ValueError naming it. Expert activation scales are read past: FP8 experts are
+    weight-only.
+
+    Nothing dequantizes expert weights at load any more: a model is built quantized for
+    an FP8 checkpoint (the worker takes the method from its quantization_config), and an
+    unquantized one refuses FP8 expert weights as it refuses the dense layers' scales."""
     waiting: dict[str, torch.Tensor] = {}  # FP8 weights by name
-    scales: dict[str, torch.Tensor] = {}  # scales by their weight's name
+    scales: dict[str, Loaded] = {}  # scales by their weight's name
     for name, tensor in weights:
         if _EXPERT_INPUT_SCALE.search(name):
             continue
         if m := _EXPERT_SCALE.match(name):
-            weight, scale = m["weight"], as_tensor(tensor)
+            weight = m["weight"]
             if weight in waiting:
-                yield weight, _dequantized(weight, waiting.pop(weight), scale)
+                yield weight, waiting.pop(weight)
+                yield name, tensor
             else:
-                scales[weight] = scale
+                scales[weight] = as_tensor(tensor)
         elif tensor.dtype == FP8 and _EXPERT.match(name):
             if name in scales:
-                yield name, _dequantized(name, as_tensor(tensor), scales.pop(name))
+                yield name, tensor
+                yield f"{name}_scale", scales.pop(name)
             else:
                 waiting[name] = as_tensor(tensor)
         else:
@@ -384,13 +398,6 @@ def _dequantized_experts(weights: Iterable[tuple[str, Loaded]]) -> Iterator[tupl
         alone = [f"{n} (no scale)" for n in sorted(waiting)]
         alone += [f"{n}_scale (no weight)" for n in sorted(scales)]
         raise ValueError(f"FP8 expert tensors without their pair: {', '.join(alone[:4])}")
-
-
-def _dequantized(name: str, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    try:
-        return dequantize_checkpoint_weight(weight, scale)
-    except ValueError as e:
-        raise ValueError(f"weight {name!r}: {e}") from None
 
 
 def _unfused(
@@ -418,6 +425,9 @@ def _unfused(
 def _to_ours(name: str, arch: LlamaArchConfig) -> tuple[str, ShardId]:
     """Checkpoint name -> (our parameter name, shard id within it)."""
     if arch.num_experts:
+        if m := _EXPERT_SCALE.match(name):  # an FP8 expert's scale: beside its weight
+            ours, shard_id = _to_ours(m["weight"], arch)
+            return f"{ours}_scale", shard_id
         block, gate, up, down = arch.expert_names
         if (m := _EXPERT.match(name)) and m["block"] == block:
             pieces = {gate: ("w13", 0), up: ("w13", 1), down: ("w2", 0)}
@@ -437,10 +447,14 @@ def _checkpoint_names(param_name: str, arch: LlamaArchConfig) -> list[str]:
         block, gate, up, down = arch.expert_names
         layer, _, ours = param_name.rpartition("mlp.")
         experts = range(arch.num_experts)
+        ours, scale = ours.removesuffix("_scale"), "_scale" if ours.endswith("_scale") else ""
         if ours == "w13":
-            return [f"{layer}{block}.experts.{e}.{p}.weight" for e in experts for p in (gate, up)]
+            pieces = (gate, up)
+            return [
+                f"{layer}{block}.experts.{e}.{p}.weight{scale}" for e in experts for p in pieces
+            ]
         if ours == "w2":
-            return [f"{layer}{block}.experts.{e}.{down}.weight" for e in experts]
+            return [f"{layer}{block}.experts.{e}.{down}.weight{scale}" for e in experts]
         if ours == "gate.weight":
             return [f"{layer}{block}.gate.weight"]
     names = [param_name.replace(ours, theirs) for theirs, ours, _ in _FUSED if ours in param_name]

@@ -1,9 +1,10 @@
 """FP8 checkpoints of mixtures of experts, as Qwen3-30B-A3B-FP8 ships them: every
 projection (attention's and each expert's) in e4m3 with 128 x 128 block scales
 (`weight_scale_inv`), the router and the norms in full precision. The attention layers
-load as FP8 layers; the experts, which keep the model's dtype (layers/moe.py), load each
-FP8 weight times its scales. The logits are those of the model holding the dequantized
-weights, in whatever order the files give a weight and its scale."""
+load as FP8 layers, the experts as FP8 experts (layers/moe.py: the checkpoint's bits, its
+scales in blocks). The logits are those of the model holding the dequantized weights, in
+whatever order the files give a weight and its scale. And a full-precision mixture of
+experts quantized at load: FP8 experts within e4m3's rounding of its weights."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import torch
 
 from radixmesh.worker.engine import Engine
 from radixmesh.worker.layers.moe import SparseMoE
+from radixmesh.worker.layers.quantization import dequantize_linears
+from radixmesh.worker.layers.quantization.fp8_experts import dequantize
 from radixmesh.worker.layers.quantization.fp8_scales import (
     FP8,
     dequantize_checkpoint_weight,
@@ -86,18 +89,31 @@ def test_fp8_moe_checkpoint_logits_equal_the_dequantized_model(
     model.load_weights(loader.iter_weights(str(tmp_path), arch, dtype=torch.float32, sliced=sliced))
     reference = LlamaForCausalLM(arch)
     reference.load_weights(dequantized(ckpt).items())
-    # The attention layers hold the checkpoint's FP8 bits; the experts its values.
+    # The attention layers and the experts hold the checkpoint's FP8 bits.
     layer = model.model.layers[0]
     assert isinstance(layer, LlamaDecoderLayer)
     assert layer.self_attn.qkv_proj.weight.dtype == FP8
     moe, ref_moe = layer.mlp, reference.model.layers[0].mlp
     assert isinstance(moe, SparseMoE) and isinstance(ref_moe, SparseMoE)
-    assert moe.w13.dtype == torch.float32 and torch.equal(moe.w13, ref_moe.w13)
-    assert torch.equal(moe.w2, ref_moe.w2)
+    block, gate, _, down = arch.expert_names
+    expert = f"model.layers.0.{block}.experts.3"
+    assert moe.w13.dtype == FP8 and moe.w2.dtype == FP8
+    assert torch.equal(_bits(moe.w13[3, :160]), _bits(ckpt[f"{expert}.{gate}.weight"]))
+    assert torch.equal(_bits(moe.w2[3]), _bits(ckpt[f"{expert}.{down}.weight"]))
+    # I = 160 puts up's rows mid-block: w13's scales per row; w2 keeps 128 x 128 blocks.
+    assert moe.blocks == ((1, 128), (128, 128))
+    scales = moe.scales()
+    assert scales is not None and tuple(moe.w2_scale.shape) == (arch.num_experts, 2, 2)
+    for w, scale, ref in zip((moe.w13, moe.w2), scales, (ref_moe.w13, ref_moe.w2), strict=True):
+        assert torch.equal(dequantize(w, scale), ref)
     ids = random_ids(40, seed=3)
     ours = RaggedRunner(model).step([(0, ids)])[0]
     theirs = RaggedRunner(reference).step([(0, ids)])[0]
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
 
 
 def test_a_scale_before_its_weight_and_one_missing() -> None:
@@ -145,3 +161,40 @@ def test_an_engine_serves_an_fp8_moe_checkpoint(tmp_path: Path) -> None:
         assert isinstance(out, dict) and out["output_ids"] == [int(logits.argmax())]
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("method", ["fp8", "fp8-128x128"])
+def test_a_bf16_moe_quantized_at_load_holds_fp8_experts_within_rounding(method: str) -> None:
+    """`dummy:tiny-moe` in bfloat16 with quantization named: the experts in e4m3 (per row
+    with "fp8", in the checkpoint's 128 x 128 blocks with "fp8-128x128": one block, the
+    experts being 64 wide), each value within half an e4m3 step of the bfloat16 weight
+    (2^-4 of the value, 2^-10 of its scale among subnormals); the logits near the bf16
+    model's, and a CPU worker's dequantized model gives the FP8 model's exactly."""
+    arch = loader.load_arch_config("dummy:tiny-moe")
+    weights = dict(loader.iter_weights("dummy:tiny-moe", arch, dtype=torch.bfloat16))
+    model = LlamaForCausalLM(arch, dtype=torch.bfloat16, quantization=method)
+    model.load_weights(weights.items())
+    reference = LlamaForCausalLM(arch, dtype=torch.bfloat16)
+    reference.load_weights(weights.items())
+    for layer, ref_layer in zip(model.model.layers, reference.model.layers, strict=True):
+        moe, ref_moe = layer.mlp, ref_layer.mlp
+        assert isinstance(moe, SparseMoE) and isinstance(ref_moe, SparseMoE)
+        assert moe.w13.dtype == FP8 and moe.w2.dtype == FP8
+        scales = moe.scales()
+        assert scales is not None
+        blocks = ((1, 64), (1, 32)) if method == "fp8" else ((1, 128), (128, 128))
+        assert moe.blocks == blocks
+        for w, scale, ref in zip((moe.w13, moe.w2), scales, (ref_moe.w13, ref_moe.w2), strict=True):
+            want = ref.float()
+            per_element = dequantize(torch.ones_like(w), scale)
+            err = (dequantize(w, scale) - want).abs()
+            assert bool((err <= 2**-4 * want.abs() + 2**-10 * per_element).all())
+            assert bool((err > 0).any())  # quantized, not copied
+    ids = random_ids(24, seed=8)
+    ours = RaggedRunner(model).step([(0, ids)])[0]
+    theirs = RaggedRunner(reference).step([(0, ids)])[0]
+    # e4m3 (3 mantissa bits) against bfloat16: close, not equal
+    diff = float((ours - theirs).abs().max()) / float(theirs.abs().max())
+    assert 0 < diff < 0.1
+    dequantize_linears(model, torch.bfloat16)
+    assert torch.equal(RaggedRunner(model).step([(0, ids)])[0], ours)

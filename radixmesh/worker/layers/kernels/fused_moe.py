@@ -17,12 +17,21 @@ exit at once.
   (`GemmConfig`) from `CONFIGS` by the mean rows an expert gets, which the token count
   (a shape, known on the host) decides.
 
+FP8 weights (weight-only, layers/quantization/fp8_experts.py): w holds e4m3 values and a
+`BlockScales` their float32 scales, one per block of bn rows x bk columns. Each weight tile
+is converted to the activations' dtype for `tl.dot`; where a block spans K (bk >= K) the
+scale of each output column multiplies the accumulator once after the K loop, else each
+K step's float32 partial product is scaled by its columns' scales before it is added
+(BLOCK_K divides bk, so a step never spans two scale blocks). The activations are never
+quantized. A constexpr picks the path: the 16/32-bit weights' code is unchanged.
+
 The PyTorch loop in layers/moe.py (one matmul per expert with tokens) is the reference and
 the CPU path; the tests run these kernels in triton's interpreter against it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +39,7 @@ import triton
 import triton.language as tl
 
 from radixmesh.worker.layers.kernels.silu_mul import silu_and_mul
+from radixmesh.worker.layers.quantization.fp8_experts import MIN_BLOCK_K, BlockScales
 
 BLOCK_M = 16  # align's default: the smallest block, a decode step's
 
@@ -94,6 +104,11 @@ def align(
     return sorted_ids, block_experts
 
 
+# How the kernel scales its weights: not at all (16/32-bit weights), FP8 with one scale
+# per output column after the K loop (a scale block spans K), or per K step.
+NO_SCALE, SCALE_AFTER_K, SCALE_PER_K_STEP = 0, 1, 2
+
+
 @triton.jit
 def _moe_gemm_kernel(
     A,
@@ -102,6 +117,7 @@ def _moe_gemm_kernel(
     SortedIds,
     BlockExperts,
     PairWeights,
+    WScale,
     num_pairs,
     n,
     k,
@@ -109,9 +125,15 @@ def _moe_gemm_kernel(
     stride_we,
     stride_wn,
     stride_om,
+    stride_se,
+    stride_sn,
+    stride_sk,
     TOP_K: tl.constexpr,
     A_BY_TOKEN: tl.constexpr,
     SCALE: tl.constexpr,
+    W_SCALE: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -125,6 +147,8 @@ def _moe_gemm_kernel(
     rows = pairs // TOP_K if A_BY_TOKEN else pairs  # a's row: the pair's token, or itself
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     w_base = W + expert.to(tl.int64) * stride_we
+    # FP8 weights: each output column's row of scale blocks.
+    s_base = WScale + expert.to(tl.int64) * stride_se + (cols // SCALE_BN) * stride_sn  # [BN]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, k, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -138,11 +162,42 @@ def _moe_gemm_kernel(
             mask=(cols[None, :] < n) & (ks[:, None] < k),
             other=0.0,
         )  # [BK, BN]: w[e]^T's tile
-        acc = tl.dot(a, w, acc, input_precision="ieee")  # float32 models: no tf32
+        if W_SCALE == 2:  # SCALE_PER_K_STEP: the step lies in one column block
+            s = tl.load(s_base + (k0 // SCALE_BK) * stride_sk, mask=cols < n, other=0.0)
+            acc += tl.dot(a, w.to(a.dtype), input_precision="ieee") * s[None, :]
+        elif W_SCALE == 1:  # SCALE_AFTER_K
+            acc = tl.dot(a, w.to(a.dtype), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc, input_precision="ieee")  # float32 models: no tf32
+    if W_SCALE == 1:
+        acc = acc * tl.load(s_base, mask=cols < n, other=0.0)[None, :]
     if SCALE:
         acc = acc * tl.load(PairWeights + pairs, mask=used, other=0.0)[:, None]
     out = Out + pairs[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(out, acc.to(Out.dtype.element_ty), mask=used[:, None] & (cols[None, :] < n))
+
+
+def _weight_scaling(
+    w: torch.Tensor, scales: BlockScales | None, block_k: int
+) -> tuple[int, int, int, int]:
+    """(W_SCALE, SCALE_BN, SCALE_BK, BLOCK_K) for weights w [E, N, K] with `scales`: the
+    largest K step up to `block_k` that divides a column block (on the host, from
+    shapes: no sync)."""
+    if scales is None:
+        return NO_SCALE, 1, 1, block_k
+    (e, n, k), (bn, bk) = w.shape, scales.block
+    want = (e, triton.cdiv(n, bn), triton.cdiv(k, bk))
+    if w.dtype != torch.float8_e4m3fn or tuple(scales.scale.shape) != want:
+        raise ValueError(
+            f"FP8 weights {tuple(w.shape)} {w.dtype} with blocks {scales.block} need "
+            f"float8_e4m3fn and scales {want}, got {tuple(scales.scale.shape)}"
+        )
+    if bk >= k:
+        return SCALE_AFTER_K, bn, bk, block_k
+    step = math.gcd(block_k, bk)
+    if step < MIN_BLOCK_K:
+        raise ValueError(f"scale blocks of {bk} columns: no K step of at least {MIN_BLOCK_K}")
+    return SCALE_PER_K_STEP, bn, bk, step
 
 
 def moe_gemm(
@@ -157,13 +212,18 @@ def moe_gemm(
     pair_weights: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: GemmConfig,
+    w_scales: BlockScales | None = None,
 ) -> torch.Tensor:
     """[num_pairs, N]: for each pair p, a[p // top_k if a_by_token else p] @ w[e(p)]^T
-    (times pair_weights[p] where given). a: [rows, K] contiguous; w: [E, N, K] contiguous;
-    sorted_ids and block_experts from `align` with config.block_m (no default: a block
-    size that differs from align's would read another expert's rows)."""
+    (times pair_weights[p] where given). a: [rows, K] contiguous; w: [E, N, K] contiguous,
+    FP8 with `w_scales` (contiguous) or a's dtype; sorted_ids and block_experts from
+    `align` with config.block_m (no default: a block size that differs from align's would
+    read another expert's rows). With FP8 weights the K step is config.block_k or less,
+    a divisor of the scale blocks' columns."""
     n, k = w.shape[1], w.shape[2]
+    w_scale, scale_bn, scale_bk, block_k = _weight_scaling(w, w_scales, config.block_k)
     out = torch.empty(num_pairs, n, dtype=out_dtype or a.dtype, device=a.device)
+    scale = w_scales.scale if w_scales is not None else out
     grid = (block_experts.numel(), triton.cdiv(n, config.block_n))
     _moe_gemm_kernel[grid](
         a,
@@ -172,6 +232,7 @@ def moe_gemm(
         sorted_ids,
         block_experts,
         pair_weights if pair_weights is not None else out,
+        scale,
         num_pairs,
         n,
         k,
@@ -179,12 +240,18 @@ def moe_gemm(
         w.stride(0),
         w.stride(1),
         out.stride(0),
+        scale.stride(0) if w_scales is not None else 0,
+        scale.stride(1) if w_scales is not None else 0,
+        scale.stride(2) if w_scales is not None else 0,
         TOP_K=top_k,
         A_BY_TOKEN=a_by_token,
         SCALE=pair_weights is not None,
+        W_SCALE=w_scale,
+        SCALE_BN=scale_bn,
+        SCALE_BK=scale_bk,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
+        BLOCK_K=block_k,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -198,13 +265,17 @@ def fused_experts(
     experts: torch.Tensor,
     weights: torch.Tensor,
     config: GemmConfig | None = None,
+    *,
+    scales: tuple[BlockScales, BlockScales] | None = None,
 ) -> torch.Tensor:
     """The sparse MLP's output [T, H] in x's dtype: x [T, H]; w13 [E, 2I, H] (gate rows,
     then up rows); w2 [E, H, I]; experts [T, k] and their float32 weights [T, k].
-    `config`: both GEMMs' tiles (None: `gemm_config`'s for the step)."""
+    `config`: both GEMMs' tiles (None: `gemm_config`'s for the step). `scales`: FP8
+    weights' (w13's, w2's) block scales (None: w13 and w2 in x's dtype)."""
     t, top_k = experts.shape
     pairs = t * top_k
     config = config or gemm_config(t, top_k, w13.shape[0])
+    w13_scales, w2_scales = scales if scales is not None else (None, None)
     sorted_ids, block_experts = align(experts, w13.shape[0], config.block_m)
     x = x.contiguous()
     gate_up = moe_gemm(
@@ -216,6 +287,7 @@ def fused_experts(
         num_pairs=pairs,
         a_by_token=True,
         config=config,
+        w_scales=w13_scales,
     )  # [T * k, 2I]
     down = moe_gemm(
         silu_and_mul(gate_up),
@@ -228,5 +300,6 @@ def fused_experts(
         pair_weights=weights.flatten().contiguous(),
         out_dtype=torch.float32,
         config=config,
+        w_scales=w2_scales,
     )  # [T * k, H], each pair's output times its weight
     return down.view(t, top_k, -1).sum(dim=1).to(x.dtype)

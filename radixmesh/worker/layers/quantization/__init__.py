@@ -1,8 +1,10 @@
 """Weight quantization methods by name (`ModelConfig.quantization`), imported when chosen.
 
 `quantize_linears(model, name)` hands every linear layer of the decoder (q/k/v/o,
-gate/up/down; not the embeddings or the LM head) to the method before the weights load.
-`dequantize_linears` turns them back into plain weights of the compute dtype holding the
+gate/up/down; not the embeddings or the LM head) to the method before the weights load;
+`quantize_experts(model, name)` holds a mixture of experts' weights in FP8 too (weight-only,
+layers/quantization/fp8_experts.py), under every method here (all are FP8).
+`dequantize_linears` turns both back into plain weights of the compute dtype holding the
 quantized values: the CPU path, where no FP8 GEMM exists and converting every weight at
 every step would cost more than the step itself (see fp8.py).
 """
@@ -62,9 +64,29 @@ def quantize_linears(model: nn.Module, name: str) -> int:
     return len(layers)
 
 
+def quantize_experts(model: nn.Module, name: str) -> int:
+    """Hold the experts of every sparse layer of a model not yet loaded in FP8, their
+    scales in the blocks method `name` gives a checkpoint (fp8_experts.checkpoint_block)."""
+    from radixmesh.worker.layers.moe import SparseMoE
+    from radixmesh.worker.layers.quantization.fp8_experts import checkpoint_block
+
+    linear_method(name)  # an unknown name is refused here too
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    for layer in layers:
+        layer.use_fp8(checkpoint_block(name))
+    return len(layers)
+
+
 def dequantize_linears(model: nn.Module, dtype: torch.dtype) -> int:
-    """Replace each quantized layer's weights by its dequantized weight in `dtype`."""
+    """Replace each quantized layer's weights (FP8 experts' too) by its dequantized weight
+    in `dtype`."""
+    from radixmesh.worker.layers.moe import SparseMoE
+
     count = 0
+    for moe in model.modules():
+        if isinstance(moe, SparseMoE) and moe.fp8:
+            moe.dequantize_(dtype)
+            count += 1
     for layer in quantizable_layers(model):
         method = layer.linear_method
         if method is not None:
