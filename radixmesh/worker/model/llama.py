@@ -203,14 +203,29 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, arch: LlamaArchConfig, tp: TPGroup, dtype: torch.dtype, device: Device):
+    def __init__(
+        self,
+        arch: LlamaArchConfig,
+        tp: TPGroup,
+        dtype: torch.dtype,
+        device: Device,
+        quantization: str | None = None,
+    ):
+        """`quantization` (LlamaForCausalLM's): each decoder layer's linears and experts
+        are handed to the method as soon as the layer is built, so the full-precision
+        weights that construction allocates exist for one layer at a time: a model that
+        fits the device only quantized (Mixtral-8x7B in FP8 on one 80 GB card) loads."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
             arch.vocab_size, arch.hidden_size, tp=tp, dtype=dtype, device=device
         )
-        layers = [
-            LlamaDecoderLayer(arch, i, tp, dtype, device) for i in range(arch.num_hidden_layers)
-        ]
+        layers = []
+        for i in range(arch.num_hidden_layers):
+            layer = LlamaDecoderLayer(arch, i, tp, dtype, device)
+            if quantization is not None:
+                quantize_linears(layer, quantization)
+                quantize_experts(layer, quantization)
+            layers.append(layer)
         self.num_kv_heads = layers[0].self_attn.num_kv_heads  # on this rank
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, dtype=dtype, device=device)
@@ -266,16 +281,13 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         tp = tp or SINGLE
         self.arch = arch
-        self.model = LlamaModel(arch, tp, dtype, device)
+        self.model = LlamaModel(arch, tp, dtype, device, quantization)
         self.lm_head = ParallelLMHead(
             arch.vocab_size, arch.hidden_size, tp=tp, dtype=dtype, device=device
         )
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.quantization = quantization
-        if quantization is not None:
-            quantize_linears(self, quantization)
-            quantize_experts(self, quantization)
+        self.quantization = quantization  # applied layer by layer (LlamaModel)
 
     @property
     def num_kv_heads(self) -> int:
