@@ -25,7 +25,8 @@ weight. Written to moe-fp8-<machine>.json unless --name or --out says otherwise.
 
 With `--engine MODEL` (a sparse preset such as dummy:qwen1.5-moe-a2.7b) it also times the
 whole engine's batch-1 decoding, ms per token (bench.tp's `decode_latency`), with decode
-CUDA graphs and without (`cuda_graph_max_batch_size` 0), each engine in turn.
+CUDA graphs and without (`cuda_graph_max_batch_size` 0), each engine in turn; with `--fp8`
+too, once more quantized to FP8 (`quantization="fp8"`: FP8 linears and experts) with graphs.
 
 On a CPU only the PyTorch path runs (the Triton path needs CUDA), at Qwen3's shape.
 Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048] [--sweep] [--fp8]
@@ -216,14 +217,22 @@ def _sweep(
     return results
 
 
-def engine_decode(model: str, dtype: str, device: torch.device) -> list[dict[str, Any]]:
-    """Batch-1 ms per token of `model`'s engine with decode graphs (CUDA) and without."""
+def engine_decode(
+    model: str, dtype: str, device: torch.device, fp8: bool = False
+) -> list[dict[str, Any]]:
+    """Batch-1 ms per token of `model`'s engine with decode graphs (CUDA) and without,
+    and with `fp8` once more quantized to FP8 (FP8 linears and experts) with graphs."""
     from bench.tp import decode_latency
     from radixmesh.worker.engine import Engine
 
     prompt = [(7 * j) % 500 + 3 for j in range(128)]
     runs = []
-    for graphs in [8, 0] if device.type == "cuda" else [0]:
+    cases: list[tuple[int, str | None]] = (
+        [(8, None), (0, None)] if device.type == "cuda" else [(0, None)]
+    )
+    if fp8 and device.type == "cuda":
+        cases.append((8, "fp8"))
+    for graphs, quantization in cases:
         engine = Engine(
             model,
             device=device.type,
@@ -231,11 +240,17 @@ def engine_decode(model: str, dtype: str, device: torch.device) -> list[dict[str
             cuda_graph_max_batch_size=graphs,
             kv_cache_tokens=4096,
             max_running_requests=8,
+            quantization=quantization,
         )
         try:
             decode_latency(engine, prompt, 8)  # warm-up: compiles, autotuning
             runs.append(
-                {"model": model, "graphs": bool(graphs), **decode_latency(engine, prompt, 64)}
+                {
+                    "model": model,
+                    "graphs": bool(graphs),
+                    "quantization": quantization,
+                    **decode_latency(engine, prompt, 64),
+                }
             )
         finally:
             engine.shutdown()
@@ -302,10 +317,12 @@ def main(argv: list[str] | None = None) -> None:
             )
     figures: dict[str, Any] = {"device": device.type, "dtype": args.dtype, "rows": results}
     if args.engine:
-        figures["engine"] = engine_decode(args.engine, args.dtype, device)
-        print("\nmodel | decode graphs | ms per token (batch 1)")
+        figures["engine"] = engine_decode(args.engine, args.dtype, device, fp8)
+        print("\nmodel | weights | decode graphs | ms per token (batch 1)")
         for r in figures["engine"]:
-            print(f"{r['model']} | {'on' if r['graphs'] else 'off'} | {r['ms_per_token']:.2f}")
+            weights = r["quantization"] or args.dtype
+            graphs = "on" if r["graphs"] else "off"
+            print(f"{r['model']} | {weights} | {graphs} | {r['ms_per_token']:.2f}")
     record.write("moe", args, figures, name="fp8" if fp8 else None)
 
 
