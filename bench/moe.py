@@ -16,12 +16,16 @@ reports the fastest beside the table's own (`CONFIGS` in layers/kernels/fused_mo
 which these sweeps set).
 
 With `--fp8` (CUDA) each shape and row count also times the Triton path with FP8 experts
-(weight-only: e4m3 weights, bf16 activations) beside the bf16 one, in two layouts: per
-output row (what `quantization="fp8"` gives a bf16 checkpoint at load) and 128 x 128
-blocks (Qwen3-30B-A3B-FP8's checkpoint), each built through the layer's own loaders from
-the bf16 layer's weights and checked against the bf16 PyTorch path first (the relative
-difference is e4m3's rounding of the weights); its bytes per second count one byte a
-weight. Written to moe-fp8-<machine>.json unless --name or --out says otherwise.
+beside the bf16 one, in two layouts: per output row (what `quantization="fp8"` gives a
+bf16 checkpoint at load) and 128 x 128 blocks (Qwen3-30B-A3B-FP8's checkpoint), each
+built through the layer's own loaders from the bf16 layer's weights; and in each layout
+both paths, weight-only (e4m3 weights, bf16 activations) and w8a8 (activations quantized
+on the device, the FP8 MMA), each checked against the bf16 PyTorch path first (the
+relative difference is e4m3's rounding of the weights, and for w8a8 of the activations
+too), plus the path `fused_experts` picks by itself for the step ("auto": the thresholds
+in layers/kernels/fused_moe.py, `W8A8_MIN_MEAN_ROWS`, which these runs set); bytes per
+second count one byte a weight. Written to moe-fp8-<machine>.json unless --name or --out
+says otherwise.
 
 With `--engine MODEL` (a sparse preset such as dummy:qwen1.5-moe-a2.7b) it also times the
 whole engine's batch-1 decoding, ms per token (bench.tp's `decode_latency`), with decode
@@ -151,14 +155,25 @@ def row(
         out["fused_speedup"] = out["eager_ms"] / out["fused_ms"]
         for name, layer in (fp8 or {}).items():
             out[name] = _fp8_row(layer, x, experts, weights, eager, scale, repeats)
-            out[name]["tb_s"] = weight_bytes / moe.w13.element_size() / out[name]["ms"] / 1e9
-            out[name]["vs_bf16"] = out["fused_ms"] / out[name]["ms"]
+            for path in FP8_PATHS:
+                timed = out[name][path]
+                timed["tb_s"] = weight_bytes / moe.w13.element_size() / timed["ms"] / 1e9
+                timed["vs_bf16"] = out["fused_ms"] / timed["ms"]
         if sweep:
             out["sweep"] = _sweep(moe, x, experts, weights, eager, scale, repeats)
             best = min(out["sweep"], key=lambda r: r.get("ms", float("inf")))
             out["best"] = best
             out["best_vs_table"] = out["fused_ms"] / best["ms"]
     return out
+
+
+# The FP8 paths timed with --fp8 (fused_experts' `fp8_activations`) and the largest
+# relative difference from the bf16 PyTorch path each may show. e4m3's rounding of random
+# weights moves the output ~5% of its largest value (CPU, Qwen3's shape); rounding the
+# activations too adds about as much again, independently. A misplaced scale moves it by
+# the scale's own size (order 1): both gates stay well under that.
+FP8_PATHS = {"weight_only": False, "w8a8": True}
+FP8_GATES = {"weight_only": 0.2, "w8a8": 0.3}
 
 
 def _fp8_row(
@@ -170,19 +185,31 @@ def _fp8_row(
     scale: float,
     repeats: int,
 ) -> dict[str, Any]:
-    """The FP8 experts' grouped GEMMs on the bf16 layer's inputs and routing: relative
-    difference from the bf16 PyTorch path, then ms."""
-    from radixmesh.worker.layers.kernels.fused_moe import fused_experts
+    """The FP8 experts' grouped GEMMs on the bf16 layer's inputs and routing, on each path
+    (weight-only, w8a8): relative difference from the bf16 PyTorch path, then ms; and
+    which path `fused_experts` picks for the step by itself ("auto")."""
+    from radixmesh.worker.layers.kernels.fused_moe import fused_experts, use_fp8_activations
 
-    def fused() -> torch.Tensor:
-        return fused_experts(x, moe.w13, moe.w2, experts, weights, scales=moe.scales())
+    scales = moe.scales()
+    out: dict[str, Any] = {
+        "auto": "w8a8"
+        if use_fp8_activations(x.shape[0], experts.shape[1], moe.w13, moe.w2, scales)
+        else "weight_only"
+    }
+    for path, fp8_activations in FP8_PATHS.items():
 
-    diff = float((fused().float() - eager.float()).abs().max()) / scale
-    # e4m3's rounding of random weights moves the output ~5% of its largest value (CPU,
-    # Qwen3's shape); a misplaced scale, by its own size.
-    if diff > 0.2:
-        raise AssertionError(f"FP8 experts: relative difference {diff:.3g} from the bf16 path")
-    return {"rel_diff": diff, "ms": _ms(fused, x.device, repeats)}
+        def fused(fp8_activations: bool = fp8_activations) -> torch.Tensor:
+            return fused_experts(
+                x, moe.w13, moe.w2, experts, weights, scales=scales, fp8_activations=fp8_activations
+            )
+
+        diff = float((fused().float() - eager.float()).abs().max()) / scale
+        if diff > FP8_GATES[path]:
+            raise AssertionError(
+                f"FP8 experts ({path}): relative difference {diff:.3g} from the bf16 path"
+            )
+        out[path] = {"rel_diff": diff, "ms": _ms(fused, x.device, repeats)}
+    return out
 
 
 def _sweep(
@@ -260,6 +287,22 @@ def engine_decode(
     return runs
 
 
+def _print_fp8(results: list[dict[str, Any]]) -> None:
+    """One line a shape and row count: bf16's ms, then per FP8 layout each path's ms (its
+    speed-up over bf16, its relative difference) and the path the automatic choice takes."""
+    heads = [f"{n} {p} ms (vs bf16, rel diff)" for n in FP8_LAYOUTS for p in FP8_PATHS]
+    heads += [f"{n} auto" for n in FP8_LAYOUTS]
+    print("\nshape | rows | bf16 ms | " + " | ".join(heads))
+    for r in results:
+        cells = [
+            f"{r[n][p]['ms']:.3f} ({r[n][p]['vs_bf16']:.2f}x, {r[n][p]['rel_diff']:.2g})"
+            for n in FP8_LAYOUTS
+            for p in FP8_PATHS
+        ]
+        cells += [r[n]["auto"] for n in FP8_LAYOUTS]
+        print(f"{r['shape']} | {r['rows']} | {r['fused_ms']:.3f} | " + " | ".join(cells))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     record.add_output_arguments(ap)
@@ -298,16 +341,7 @@ def main(argv: list[str] | None = None) -> None:
             fused = f"{r['fused_ms']:.3f} | {r['fused_speedup']:.2f}x | {r['rel_diff']:.2g}"
         print(f"{r['shape']} | {r['rows']} | {r['experts_picked']} | {r['eager_ms']:.3f} | {fused}")
     if fp8 and results:
-        print(
-            "\nshape | rows | bf16 ms | "
-            + " | ".join(f"{n} ms (vs bf16, rel diff)" for n in FP8_LAYOUTS)
-        )
-        for r in results:
-            cells = [
-                f"{r[n]['ms']:.3f} ({r[n]['vs_bf16']:.2f}x, {r[n]['rel_diff']:.2g})"
-                for n in FP8_LAYOUTS
-            ]
-            print(f"{r['shape']} | {r['rows']} | {r['fused_ms']:.3f} | " + " | ".join(cells))
+        _print_fp8(results)
     if any("best" in r for r in results):
         print("\nshape | rows | table ms | best ms | best config (m, n, k, warps, stages)")
         for r in results:

@@ -22,8 +22,20 @@ FP8 weights (weight-only, layers/quantization/fp8_experts.py): w holds e4m3 valu
 is converted to the activations' dtype for `tl.dot`; where a block spans K (bk >= K) the
 scale of each output column multiplies the accumulator once after the K loop, else each
 K step's float32 partial product is scaled by its columns' scales before it is added
-(BLOCK_K divides bk, so a step never spans two scale blocks). The activations are never
-quantized. A constexpr picks the path: the 16/32-bit weights' code is unchanged.
+(BLOCK_K divides bk, so a step never spans two scale blocks). A constexpr picks the path:
+the 16/32-bit weights' code is unchanged.
+
+FP8 activations too (w8a8, as SGLang and vLLM run block-FP8 experts): each GEMM's input
+is quantized on the device (`quantize_activations`, the per-token kernel of
+kernels/fp8_quant.py), and `tl.dot` multiplies two e4m3 tiles on the FP8 MMA (Hopper:
+twice bf16's rate) into float32. The activations' scales follow the weights' blocks:
+under blocks narrower than K (bk < K: 128 x 128, 1 x 128, TP's column blocks) one per
+(row, group of bk columns), DeepSeek's 1 x 128, so each K step adds
+dot(a8, w8) * a_scale[:, None] * w_scale[None, :]; where a block spans K, one per row
+and both scales multiply the accumulator once after the K loop. The gate/up GEMM's
+input is quantized once per token, the down GEMM's per pair (SiLU-and-mul's product).
+Which path a call takes (`use_fp8_activations`) is decided on the host from shapes: the
+row count and the blocks.
 
 The PyTorch loop in layers/moe.py (one matmul per expert with tokens) is the reference and
 the CPU path; the tests run these kernels in triton's interpreter against it.
@@ -38,7 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
-from radixmesh.worker.layers.kernels.silu_mul import silu_and_mul
+from radixmesh.worker.layers.kernels.fp8_quant import per_token_fp8
+from radixmesh.worker.layers.kernels.silu_mul import silu_and_mul, silu_and_mul_fp8
 from radixmesh.worker.layers.quantization.fp8_experts import MIN_BLOCK_K, BlockScales
 
 BLOCK_M = 16  # align's default: the smallest block, a decode step's
@@ -70,10 +83,67 @@ CONFIGS: tuple[tuple[float, GemmConfig], ...] = (
 )
 
 
-def gemm_config(tokens: int, top_k: int, num_experts: int) -> GemmConfig:
-    """The table's tiles for a step of `tokens` tokens (known on the host: no sync)."""
+# The w8a8 path's tiles: CONFIGS' with 128-deep K steps everywhere. An e4m3 tile of 128
+# columns is the bytes of a 64-column bf16 one (the same shared memory a stage), and a
+# step of 128 columns is one scale block of a 128 x 128 checkpoint: one scale load and
+# one scaled add per block rather than two. The row blocks and bounds are CONFIGS'
+# (bf16's) until `python -m bench.moe --fp8 --sweep` on a GPU says otherwise.
+FP8_CONFIGS: tuple[tuple[float, GemmConfig], ...] = (
+    (8, GemmConfig(16, 32, 128, 8, 4)),
+    (32, GemmConfig(16, 64, 128, 4, 4)),
+    (96, GemmConfig(128, 64, 128, 4, 3)),
+    (160, GemmConfig(64, 128, 128, 8, 3)),
+    (float("inf"), GemmConfig(128, 128, 128, 8, 3)),
+)
+
+
+def gemm_config(
+    tokens: int, top_k: int, num_experts: int, fp8_activations: bool = False
+) -> GemmConfig:
+    """The table's tiles for a step of `tokens` tokens (known on the host: no sync);
+    `fp8_activations`: the w8a8 path's table."""
     mean = tokens * top_k / num_experts
-    return next(config for bound, config in CONFIGS if mean < bound)
+    table = FP8_CONFIGS if fp8_activations else CONFIGS
+    return next(config for bound, config in table if mean < bound)
+
+
+# FP8 weights: the w8a8 path from this mean of rows an expert gets (T * k / E). Below it
+# a step mostly reads weights, the same FP8 bytes either way, and weight-only skips
+# quantizing the activations; from it the step computes, where the FP8 MMA is twice
+# bf16's rate and the weight tile needs no conversion. A guess (16: where CONFIGS' row
+# block fills up) to be set from `python -m bench.moe --fp8` on a GPU, which times both
+# paths and this choice side by side.
+W8A8_MIN_MEAN_ROWS = 16.0
+# The FP8 MMA's K step: 32 bytes of each operand per instruction (mma m16n8k32, wgmma
+# k32), so an activation scale group (a K step) of fewer columns takes weight-only.
+MIN_FP8_BLOCK_K = 32
+
+
+def fp8_activations_fit(k: int, scales: BlockScales) -> bool:
+    """Whether a GEMM over K = `k` with weight blocks `scales.block` can take FP8
+    activations: its scale blocks span K (one activation scale a row), or split K into
+    whole groups of at least MIN_FP8_BLOCK_K columns (the activation groups are the
+    blocks' columns, and the quantizer cuts rows into whole groups)."""
+    bk = scales.block[1]
+    return bk >= k or (k % bk == 0 and bk % MIN_FP8_BLOCK_K == 0)
+
+
+def use_fp8_activations(
+    tokens: int,
+    top_k: int,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    scales: tuple[BlockScales, BlockScales] | None,
+) -> bool:
+    """Whether a step of `tokens` tokens takes the w8a8 path: FP8 weights whose blocks fit
+    it (`fp8_activations_fit`, both GEMMs) and at least W8A8_MIN_MEAN_ROWS rows an expert
+    on average. Shapes only (host, no sync): a captured graph keeps its choice."""
+    if scales is None:
+        return False
+    fits = fp8_activations_fit(w13.shape[2], scales[0]) and fp8_activations_fit(
+        w2.shape[2], scales[1]
+    )
+    return fits and tokens * top_k / w13.shape[0] >= W8A8_MIN_MEAN_ROWS
 
 
 def align(
@@ -118,6 +188,7 @@ def _moe_gemm_kernel(
     BlockExperts,
     PairWeights,
     WScale,
+    AScale,
     num_pairs,
     n,
     k,
@@ -128,12 +199,14 @@ def _moe_gemm_kernel(
     stride_se,
     stride_sn,
     stride_sk,
+    stride_as,
     TOP_K: tl.constexpr,
     A_BY_TOKEN: tl.constexpr,
     SCALE: tl.constexpr,
     W_SCALE: tl.constexpr,
     SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
+    A_FP8: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -149,6 +222,8 @@ def _moe_gemm_kernel(
     w_base = W + expert.to(tl.int64) * stride_we
     # FP8 weights: each output column's row of scale blocks.
     s_base = WScale + expert.to(tl.int64) * stride_se + (cols // SCALE_BN) * stride_sn  # [BN]
+    # FP8 activations: each row's scales, one per group of SCALE_BK columns (or one).
+    as_base = AScale + rows.to(tl.int64) * stride_as  # [BM]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, k, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -164,12 +239,21 @@ def _moe_gemm_kernel(
         )  # [BK, BN]: w[e]^T's tile
         if W_SCALE == 2:  # SCALE_PER_K_STEP: the step lies in one column block
             s = tl.load(s_base + (k0 // SCALE_BK) * stride_sk, mask=cols < n, other=0.0)
-            acc += tl.dot(a, w.to(a.dtype), input_precision="ieee") * s[None, :]
+            if A_FP8:  # e4m3 x e4m3 on the FP8 MMA; the step lies in one activation group
+                a_s = tl.load(as_base + k0 // SCALE_BK, mask=used, other=0.0)
+                acc += tl.dot(a, w) * a_s[:, None] * s[None, :]
+            else:
+                acc += tl.dot(a, w.to(a.dtype), input_precision="ieee") * s[None, :]
         elif W_SCALE == 1:  # SCALE_AFTER_K
-            acc = tl.dot(a, w.to(a.dtype), acc, input_precision="ieee")
+            if A_FP8:
+                acc = tl.dot(a, w, acc)
+            else:
+                acc = tl.dot(a, w.to(a.dtype), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc, input_precision="ieee")  # float32 models: no tf32
     if W_SCALE == 1:
+        if A_FP8:
+            acc = acc * tl.load(as_base, mask=used, other=0.0)[:, None]
         acc = acc * tl.load(s_base, mask=cols < n, other=0.0)[None, :]
     if SCALE:
         acc = acc * tl.load(PairWeights + pairs, mask=used, other=0.0)[:, None]
@@ -200,6 +284,53 @@ def _weight_scaling(
     return SCALE_PER_K_STEP, bn, bk, step
 
 
+def _check_fp8_activations(
+    a: torch.Tensor,
+    a_scales: torch.Tensor,
+    w_scale: int,
+    scale_bk: int,
+    block_k: int,
+    out_dtype: torch.dtype | None,
+) -> None:
+    """FP8 activations fit the kernel: e4m3 a [rows, K] under FP8 weights, contiguous
+    float32 scales [rows, K / bk] (one a row where a weight block spans K), K steps of at
+    least MIN_FP8_BLOCK_K, an output dtype (a's is e4m3)."""
+    rows, k = a.shape
+    groups = 1 if w_scale == SCALE_AFTER_K else triton.cdiv(k, scale_bk)
+    if (
+        w_scale == NO_SCALE
+        or a.dtype != torch.float8_e4m3fn
+        or a_scales.dtype != torch.float32
+        or tuple(a_scales.shape) != (rows, groups)
+        or not a_scales.is_contiguous()
+        or out_dtype is None
+    ):
+        raise ValueError(
+            f"FP8 activations {tuple(a.shape)} {a.dtype} need FP8 weights, e4m3 values, "
+            f"contiguous float32 scales ({rows}, {groups}) and an out_dtype; got scales "
+            f"{tuple(a_scales.shape)} {a_scales.dtype}, out_dtype {out_dtype}"
+        )
+    if w_scale == SCALE_PER_K_STEP and block_k < MIN_FP8_BLOCK_K:
+        raise ValueError(f"FP8 activations: K steps of {block_k} columns, under {MIN_FP8_BLOCK_K}")
+
+
+def quantize_activations(x: torch.Tensor, scales: BlockScales) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] (contiguous) -> (e4m3 [T, K], float32 scales [T, groups]) for weights of
+    blocks `scales.block` (`fp8_activations_fit`): one scale a row where a block spans K,
+    else one per row and group of bk columns, each max|group| / 448.
+
+    kernels/fp8_quant.py's per-token kernel quantizes whole rows; a group of bk columns
+    is a row of x viewed [T * K / bk, bk] (bk divides K), so the same kernel gives the
+    groups, bit for bit `quantize_rows` of that view."""
+    t, k = x.shape
+    bk = scales.block[1]
+    group = k if bk >= k else bk
+    if k % group:
+        raise ValueError(f"FP8 activations: groups of {group} columns do not divide {k}")
+    q, s = per_token_fp8(x.reshape(t * k // group, group))
+    return q.view(t, k), s.view(t, k // group)
+
+
 def moe_gemm(
     a: torch.Tensor,
     w: torch.Tensor,
@@ -213,15 +344,20 @@ def moe_gemm(
     out_dtype: torch.dtype | None = None,
     config: GemmConfig,
     w_scales: BlockScales | None = None,
+    a_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[num_pairs, N]: for each pair p, a[p // top_k if a_by_token else p] @ w[e(p)]^T
     (times pair_weights[p] where given). a: [rows, K] contiguous; w: [E, N, K] contiguous,
     FP8 with `w_scales` (contiguous) or a's dtype; sorted_ids and block_experts from
     `align` with config.block_m (no default: a block size that differs from align's would
     read another expert's rows). With FP8 weights the K step is config.block_k or less,
-    a divisor of the scale blocks' columns."""
+    a divisor of the scale blocks' columns. `a_scales`: a in e4m3 (FP8 weights only) with
+    float32 scales [rows, groups] (`quantize_activations` with the weights' blocks), and
+    out_dtype given."""
     n, k = w.shape[1], w.shape[2]
     w_scale, scale_bn, scale_bk, block_k = _weight_scaling(w, w_scales, config.block_k)
+    if a_scales is not None:
+        _check_fp8_activations(a, a_scales, w_scale, scale_bk, block_k, out_dtype)
     out = torch.empty(num_pairs, n, dtype=out_dtype or a.dtype, device=a.device)
     scale = w_scales.scale if w_scales is not None else out
     grid = (block_experts.numel(), triton.cdiv(n, config.block_n))
@@ -233,6 +369,7 @@ def moe_gemm(
         block_experts,
         pair_weights if pair_weights is not None else out,
         scale,
+        a_scales if a_scales is not None else out,
         num_pairs,
         n,
         k,
@@ -243,12 +380,14 @@ def moe_gemm(
         scale.stride(0) if w_scales is not None else 0,
         scale.stride(1) if w_scales is not None else 0,
         scale.stride(2) if w_scales is not None else 0,
+        a_scales.stride(0) if a_scales is not None else 0,
         TOP_K=top_k,
         A_BY_TOKEN=a_by_token,
         SCALE=pair_weights is not None,
         W_SCALE=w_scale,
         SCALE_BN=scale_bn,
         SCALE_BK=scale_bk,
+        A_FP8=a_scales is not None,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=block_k,
@@ -267,30 +406,46 @@ def fused_experts(
     config: GemmConfig | None = None,
     *,
     scales: tuple[BlockScales, BlockScales] | None = None,
+    fp8_activations: bool | None = None,
 ) -> torch.Tensor:
     """The sparse MLP's output [T, H] in x's dtype: x [T, H]; w13 [E, 2I, H] (gate rows,
     then up rows); w2 [E, H, I]; experts [T, k] and their float32 weights [T, k].
-    `config`: both GEMMs' tiles (None: `gemm_config`'s for the step). `scales`: FP8
-    weights' (w13's, w2's) block scales (None: w13 and w2 in x's dtype)."""
+    `scales`: FP8 weights' (w13's, w2's) block scales (None: w13 and w2 in x's dtype).
+    `fp8_activations`: FP8 weights times FP8 activations (w8a8) or times x's dtype
+    (weight-only); None: `use_fp8_activations`' choice for the step. `config`: both GEMMs'
+    tiles (None: `gemm_config`'s for the step and path)."""
     t, top_k = experts.shape
     pairs = t * top_k
-    config = config or gemm_config(t, top_k, w13.shape[0])
+    if fp8_activations is None:
+        fp8_activations = use_fp8_activations(t, top_k, w13, w2, scales)
+    if fp8_activations and not (
+        scales is not None
+        and fp8_activations_fit(w13.shape[2], scales[0])
+        and fp8_activations_fit(w2.shape[2], scales[1])
+    ):
+        raise ValueError(f"FP8 activations need FP8 weights whose blocks fit them, got {scales}")
     w13_scales, w2_scales = scales if scales is not None else (None, None)
+    w8a8 = scales if fp8_activations else None
+    config = config or gemm_config(t, top_k, w13.shape[0], fp8_activations)
     sorted_ids, block_experts = align(experts, w13.shape[0], config.block_m)
     x = x.contiguous()
+    a, a_scales = quantize_activations(x, w8a8[0]) if w8a8 is not None else (x, None)
     gate_up = moe_gemm(
-        x,
+        a,  # e4m3 once a token (w8a8), or x
         w13,
         sorted_ids,
         block_experts,
         top_k=top_k,
         num_pairs=pairs,
         a_by_token=True,
+        out_dtype=x.dtype,
         config=config,
         w_scales=w13_scales,
+        a_scales=a_scales,
     )  # [T * k, 2I]
+    h, h_scales = _down_input(gate_up, w8a8[1] if w8a8 is not None else None)
     down = moe_gemm(
-        silu_and_mul(gate_up),
+        h,
         w2,
         sorted_ids,
         block_experts,
@@ -301,5 +456,23 @@ def fused_experts(
         out_dtype=torch.float32,
         config=config,
         w_scales=w2_scales,
+        a_scales=h_scales,
     )  # [T * k, H], each pair's output times its weight
     return down.view(t, top_k, -1).sum(dim=1).to(x.dtype)
+
+
+def _down_input(
+    gate_up: torch.Tensor, w2_scales: BlockScales | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """SiLU-and-mul of the pairs' [gate | up] [P, 2I]: in gate_up's dtype (None: weight-only
+    or 16-bit weights), or quantized for w2's blocks. One scale a pair: silu_and_mul's
+    quantizing kernel, one launch. One per group of bk columns: that kernel quantizes a
+    whole row (gate and up sit I columns apart, so no view of gate_up cuts a row into
+    groups), hence the product first and `quantize_activations` over it."""
+    if w2_scales is None:
+        return silu_and_mul(gate_up), None
+    i = gate_up.shape[1] // 2
+    if w2_scales.block[1] >= i:
+        q, s = silu_and_mul_fp8(gate_up)
+        return q, s[:, None]
+    return quantize_activations(silu_and_mul(gate_up), w2_scales)
