@@ -168,12 +168,13 @@ def row(
 
 
 # The FP8 paths timed with --fp8 (fused_experts' `fp8_activations`) and the largest
-# relative difference from the bf16 PyTorch path each may show. e4m3's rounding of random
-# weights moves the output ~5% of its largest value (CPU, Qwen3's shape); rounding the
-# activations too adds about as much again, independently. A misplaced scale moves it by
-# the scale's own size (order 1): both gates stay well under that.
+# relative difference from the bf16 PyTorch path each may show. e4m3's rounding of the
+# bench's random weights moves the output 4.2-4.7% of its largest value, rounding the
+# activations too 5.5-6.0% (both layouts, 16 and 256 rows: PyTorch computing each path's
+# math on CPU at Qwen3's shape). A misplaced scale moves it by the scale's own size
+# (order 1): both gates stay well under that, with room over the rounding.
 FP8_PATHS = {"weight_only": False, "w8a8": True}
-FP8_GATES = {"weight_only": 0.2, "w8a8": 0.3}
+FP8_GATES = {"weight_only": 0.2, "w8a8": 0.25}
 
 
 def _fp8_row(
