@@ -114,10 +114,14 @@ def gemm_config(
 # FP8 weights: the w8a8 path from this mean of rows an expert gets (T * k / E). Below it
 # a step mostly reads weights, the same FP8 bytes either way, and weight-only skips
 # quantizing the activations; from it the step computes, where the FP8 MMA is twice
-# bf16's rate and the weight tile needs no conversion. A guess (16: where CONFIGS' row
-# block fills up) to be set from `python -m bench.moe --fp8` on a GPU, which times both
-# paths and this choice side by side.
-W8A8_MIN_MEAN_ROWS = 16.0
+# bf16's rate and the weight tile needs no conversion. Set from `python -m bench.moe
+# --fp8` (one H100, 2026-12-06, moe-fp8-h100.json; ms a layer call, weight-only against
+# w8a8, per-row / 128 x 128 scales): Mixtral's shape at a mean of 4 rows 1.26 / 1.24
+# against 1.03 / 1.10, at 64 1.61 / 1.54 against 1.06 / 1.17, at 512 6.11 / 4.82 against
+# 2.45 / 3.37; Qwen3-30B-A3B's at 1 row 0.62 / 0.65 against 0.74 / 0.73, at 16 0.67 /
+# 0.66 against 0.70 / 0.70 (within the ~15% that repeated calls move), at 128 1.39 /
+# 1.39 against 1.01 / 1.17.
+W8A8_MIN_MEAN_ROWS = 4.0
 # The FP8 MMA's K step: 32 bytes of each operand per instruction (mma m16n8k32, wgmma
 # k32), so an activation scale group (a K step) of fewer columns takes weight-only.
 MIN_FP8_BLOCK_K = 32

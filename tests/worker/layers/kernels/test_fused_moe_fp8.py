@@ -68,9 +68,10 @@ def test_fp8_experts_match_pytorch_with_the_dequantized_weights(
     q13, q2, scales, moe = fp8_experts(192, 160, e, k, LAYOUTS[layout], torch.float32)
     x = torch.randn(t, 192, generator=torch.Generator().manual_seed(t))
     experts, weights = moe.route(x)
-    got = fused_experts(x, q13, q2, experts, weights, scales=scales)
+    got = fused_experts(x, q13, q2, experts, weights, scales=scales, fp8_activations=False)
     want = moe.forward_eager(x, experts, weights)
-    # The same products summed in another order, each scale applied to a partial sum.
+    # The same products summed in another order (weight-only: the tiles dequantized as
+    # the eager path's weights are, or per-row scales applied to the float32 sums).
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
 
 
@@ -112,9 +113,11 @@ def test_fp8_experts_on_cuda_match_the_reference_and_never_wait_for_the_device(
     layout: str, t: int
 ) -> None:
     """bfloat16 activations (the interpreter's bfloat16 tl.dot is wrong, so only here),
-    Qwen3-30B-A3B-like widths. The eager path rounds the dequantized weights to bfloat16,
-    the kernel multiplies the e4m3 values and scales the float32 sums: each is measured
-    against float64 over the same e4m3 weights and routing, the kernel no less exact."""
+    Qwen3-30B-A3B-like widths, the weight-only path at every row count (the automatic
+    choice takes FP8 activations for large steps: test_fused_moe_fp8_act.py). The eager
+    path rounds the dequantized weights to bfloat16, the kernel each weight tile (or, per
+    row, scales the float32 sums): each is measured against float64 over the same e4m3
+    weights and routing, the kernel no less exact."""
     blocks = {"rows": ((1, 256), (1, 384))}.get(layout, LAYOUTS[layout])
     q13, q2, scales, moe = fp8_experts(256, 384, 16, 4, blocks, torch.bfloat16)
     q13, q2, moe = q13.cuda(), q2.cuda(), moe.cuda()
@@ -128,7 +131,7 @@ def test_fp8_experts_on_cuda_match_the_reference_and_never_wait_for_the_device(
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        got = fused_experts(x, q13, q2, experts, weights, scales=scales)
+        got = fused_experts(x, q13, q2, experts, weights, scales=scales, fp8_activations=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     w13, w2 = (dequantize(q, s).double() for q, s in zip((q13, q2), scales, strict=True))

@@ -197,11 +197,11 @@ def _qwen3(
     return _meta((128, 1536, 2048)), _meta((128, 2048, 768)), scales
 
 
-def test_the_w8a8_path_from_a_mean_of_16_rows_an_expert_where_the_blocks_fit() -> None:
-    assert W8A8_MIN_MEAN_ROWS == 16 and MIN_FP8_BLOCK_K == 32
+def test_the_w8a8_path_from_a_mean_of_4_rows_an_expert_where_the_blocks_fit() -> None:
+    assert W8A8_MIN_MEAN_ROWS == 4 and MIN_FP8_BLOCK_K == 32
     w13, w2, blocks = _qwen3(((128, 128), (128, 128)))
-    # top 8 of 128 experts: 256 tokens are 16 rows an expert
-    assert [use_fp8_activations(t, 8, w13, w2, blocks) for t in (1, 255, 256, 2048)] == [
+    # top 8 of 128 experts: 64 tokens are 4 rows an expert
+    assert [use_fp8_activations(t, 8, w13, w2, blocks) for t in (1, 63, 64, 2048)] == [
         False,
         False,
         True,
@@ -209,7 +209,7 @@ def test_the_w8a8_path_from_a_mean_of_16_rows_an_expert_where_the_blocks_fit() -
     ]
     assert not use_fp8_activations(2048, 8, w13, w2, None)  # 16-bit weights
     for fit in [((1, 2048), (1, 768)), ((1, 128), (128, 96)), ((128, 128), (128, 32))]:
-        assert use_fp8_activations(256, 8, *_qwen3(fit))
+        assert use_fp8_activations(64, 8, *_qwen3(fit))
     # K steps of 16 columns (8 ranks' I = 96: blocks of gcd(96, 128) = 32 fit; 16 do not)
     # and groups that do not divide K (1 x 96 blocks of H = 2048) take weight-only.
     for unfit in [((128, 128), (128, 16)), ((1, 96), (1, 768))]:
@@ -240,8 +240,11 @@ def test_w8a8_experts_on_cuda_match_the_reference_and_never_wait_for_the_device(
     """bfloat16 activations into the compiled FP8 MMA, forced onto the w8a8 path at every
     row count, against `w8a8_ref` on the same device. The bf16 roundings of gate/up and of
     the SiLU product may fall the other way in the kernel (float32 sums in another order,
-    the GPU's exp) and move a quantized value by one e4m3 step: a tolerance of 1% of the
-    output's largest value, where a misplaced scale is off by its own size."""
+    the GPU's exp) and move a quantized value by one e4m3 step (1/8 of it): at 300 tokens
+    (an H100, 2026-12-06) 4-33 of 76,800 outputs moved by up to 2.4% of the largest one.
+    So the bounds are on the whole: the relative L2 error under 1%, no output off by 5% of
+    the largest, at most 0.1% of outputs off by 1%; a misplaced scale or row is off by
+    its own size in every output it touches."""
     q13, q2, scales, moe = fp8_experts(H, I, 16, 4, LAYOUTS[layout], torch.bfloat16)
     q13, q2, moe = q13.cuda(), q2.cuda(), moe.cuda()
     scales = (
@@ -259,6 +262,9 @@ def test_w8a8_experts_on_cuda_match_the_reference_and_never_wait_for_the_device(
     finally:
         torch.cuda.set_sync_debug_mode("default")
     scale = float(want.float().abs().max())
-    torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.01 * scale)
+    diff = (got.float() - want.float()).abs()
+    assert float(diff.norm() / want.float().norm()) < 0.01
+    assert float(diff.max()) < 0.05 * scale
+    assert int((diff > 0.01 * scale).sum()) <= max(1, diff.numel() // 1000)
     eager = moe.forward_eager(x, experts, weights).float()  # bf16, dequantized weights
     assert float((auto.float() - eager).abs().max()) < 0.1 * scale
