@@ -213,8 +213,9 @@ class LlamaModel(nn.Module):
     ):
         """`quantization` (LlamaForCausalLM's): each decoder layer's linears and experts
         are handed to the method as soon as the layer is built, so the full-precision
-        weights that construction allocates exist for one layer at a time: a model that
-        fits the device only quantized (Mixtral-8x7B in FP8 on one 80 GB card) loads."""
+        weights that construction allocates exist for one layer at a time, so a model that
+        fits the device only quantized (Mixtral-8x7B in FP8 on one 80 GB card) is not
+        refused by its own construction."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(
             arch.vocab_size, arch.hidden_size, tp=tp, dtype=dtype, device=device
