@@ -93,7 +93,7 @@ class ModelConfig:
     """None: the checkpoint's own. "fp8": linear weights (q/k/v/o, gate/up/down) as
     float8_e4m3fn with a float32 scale per output channel, quantized at load ("fp8-1x128":
     one per row and 128 input columns; "fp8-128x128": per 128 x 128 block), and a mixture
-    of experts' expert weights (weight-only: their inputs stay in `dtype`); embeddings, LM
+    of experts' expert weights (FP8 activations only in large steps); embeddings, LM
     head, routers and norms keep `dtype`. An FP8 checkpoint loads with the scales it
     stores, whatever is named here."""
     deterministic: bool = False

@@ -20,9 +20,9 @@ accumulated in float32 and rounded to the model's dtype once.
 FP8 experts (`use_fp8`, which `quantize_experts` calls on a model quantized to FP8, as
 its linear layers are): `w13` and `w2` hold e4m3 values, `w13_scale` and `w2_scale`
 float32 block scales [E, ceil(N / bn), ceil(K / bk)] (layers/quantization/fp8_experts.py
-says which blocks). Weight-only: the grouped GEMMs convert each weight tile to the
-activations' dtype and scale the float32 partial sums; the inputs are never quantized
-(the grouped GEMM has no activation quantization). An FP8 checkpoint's values load bit
+says which blocks). The grouped GEMMs run them weight-only for decode-sized steps and
+with FP8 activations, quantized inside `fused_experts`, for larger ones (its module
+says which and why). An FP8 checkpoint's values load bit
 for bit, a full-precision checkpoint is quantized at load, each checkpoint tensor whole
 before this rank's rows or columns are taken, as the dense FP8 layers do. The PyTorch path
 dequantizes each expert it runs (e4m3 times its scales in float32, then the model dtype).
@@ -105,7 +105,9 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = _Router(1, hidden_size, dtype=dtype, device=device)
 
     def wants_fp8_input(self, x: torch.Tensor) -> bool:
-        """Never: FP8 experts are weight-only, their inputs stay in the model's dtype."""
+        """Never: the norm hands the experts its output in the model's dtype; FP8 experts
+        quantize it themselves where a step takes FP8 activations (fused_moe.py), with
+        scales in their weights' blocks."""
         return False
 
     # ---- weights ----------------------------------------------------------------------

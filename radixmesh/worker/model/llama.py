@@ -277,7 +277,7 @@ class LlamaForCausalLM(nn.Module):
         quantization: str | None = None,
     ) -> None:
         """`quantization`: a method of layers/quantization/ for the decoder's linear
-        layers (e.g. "fp8") and its experts (held in FP8, weight-only); the embeddings,
+        layers (e.g. "fp8") and its experts (held in FP8); the embeddings,
         LM head, routers and norms keep `dtype`."""
         super().__init__()
         tp = tp or SINGLE
@@ -381,8 +381,8 @@ def _paired_expert_scales(
     on no whole scale block, its values are quantized again). A weight whose scale is
     there already goes on as it came (a lazy slice stays lazy); one that waits for its
     scale is read. Every other tensor as it comes; one left without its pair is a
-    ValueError naming it. Expert activation scales are read past: FP8 experts are
-    weight-only.
+    ValueError naming it. Expert activation scales are read past: FP8 experts quantize
+    their inputs dynamically, where a step takes FP8 activations (fused_moe.py).
 
     Nothing dequantizes expert weights at load any more: a model is built quantized for
     an FP8 checkpoint (the worker takes the method from its quantization_config), and an

@@ -2,8 +2,8 @@
 
 `quantize_linears(model, name)` hands every linear layer of the decoder (q/k/v/o,
 gate/up/down; not the embeddings or the LM head) to the method before the weights load;
-`quantize_experts(model, name)` holds a mixture of experts' weights in FP8 too (weight-only,
-layers/quantization/fp8_experts.py), under every method here (all are FP8).
+`quantize_experts(model, name)` holds a mixture of experts' weights in FP8 too
+(layers/quantization/fp8_experts.py), under every method here (all are FP8).
 `dequantize_linears` turns both back into plain weights of the compute dtype holding the
 quantized values: the CPU path, where no FP8 GEMM exists and converting every weight at
 every step would cost more than the step itself (see fp8.py).

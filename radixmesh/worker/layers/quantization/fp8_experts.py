@@ -1,6 +1,7 @@
-"""How a mixture of experts holds FP8 weights (weight-only: the experts' inputs stay in the
-model dtype): e4m3 values [E, N, K] and float32 scales in blocks, [E, ceil(N / bn),
-ceil(K / bk)] for a block (bn, bk) of bn rows and bk columns sharing one scale.
+"""How a mixture of experts holds FP8 weights (the grouped GEMMs take them weight-only or
+with FP8 activations, layers/kernels/fused_moe.py): e4m3 values [E, N, K] and float32
+scales in blocks, [E, ceil(N / bn), ceil(K / bk)] for a block (bn, bk) of bn rows and bk
+columns sharing one scale.
 
 Which blocks (`held_blocks`): the checkpoint's own where they fall on whole blocks of
 this rank's weights, an FP8 checkpoint's 128 x 128 blocks kept as they are; per output
