@@ -189,6 +189,16 @@ def mixture_of_experts() -> str:
     )
 
 
+def fp8_experts() -> str:
+    mixtral = next(
+        r
+        for r in load("moe-fp8-h100")["rows"]
+        if r["shape"] == "mixtral-8x7b" and r["rows"] == 2048
+    )
+    w8a8, bf16 = mixtral["fp8_rows"]["w8a8"]["ms"], mixtral["fused_ms"]
+    return f"{w8a8:.2f} vs {bf16:.2f} ms ({bf16 / w8a8:.2f}x), half the experts' memory"
+
+
 ROWS: list[tuple[str, Callable[[], str]]] = [
     ("256 x (512 in, 256 out), `dummy:llama-3-8b` bf16 (one H200)", offline_throughput),
     ("1,024 requests, 16 groups sharing 1,536-token prefixes (one H200)", offline_shared_prefix),
@@ -230,6 +240,11 @@ ROWS: list[tuple[str, Callable[[], str]]] = [
         "mixture of experts: one Qwen3-30B-A3B sparse layer, grouped GEMMs vs the per-expert "
         "loop; Qwen1.5-MoE-A2.7B batch-1 decoding, CUDA graphs vs eager (one H100)",
         mixture_of_experts,
+    ),
+    (
+        "FP8 experts (FP8 activations on the FP8 MMA) vs bf16 experts: one Mixtral-8x7B "
+        "sparse layer, 2,048 tokens (one H100)",
+        fp8_experts,
     ),
     (
         "speculative decoding (n-gram) vs off, batch 1, copy-heavy set, smollm2 (2-core CPU)",
