@@ -384,7 +384,7 @@ def _paired_expert_scales(
     ValueError naming it. Expert activation scales are read past: FP8 experts quantize
     their inputs dynamically, where a step takes FP8 activations (fused_moe.py).
 
-    Nothing dequantizes expert weights at load any more: a model is built quantized for
+    Expert weights are never dequantized at load: a model is built quantized for
     an FP8 checkpoint (the worker takes the method from its quantization_config), and an
     unquantized one refuses FP8 expert weights as it refuses the dense layers' scales."""
     waiting: dict[str, torch.Tensor] = {}  # FP8 weights by name

@@ -146,12 +146,18 @@ def use_fp8_activations(
     """Whether a step of `tokens` tokens takes the w8a8 path: FP8 weights whose blocks fit
     it (`fp8_activations_fit`, both GEMMs) and at least W8A8_MIN_MEAN_ROWS rows an expert
     on average. Shapes only (host, no sync): a captured graph keeps its choice."""
-    if scales is None:
-        return False
-    fits = fp8_activations_fit(w13.shape[2], scales[0]) and fp8_activations_fit(
-        w2.shape[2], scales[1]
+    return _both_fit(w13, w2, scales) and tokens * top_k / w13.shape[0] >= W8A8_MIN_MEAN_ROWS
+
+
+def _both_fit(
+    w13: torch.Tensor, w2: torch.Tensor, scales: tuple[BlockScales, BlockScales] | None
+) -> bool:
+    """FP8 weights whose blocks both GEMMs can take FP8 activations under."""
+    return (
+        scales is not None
+        and fp8_activations_fit(w13.shape[2], scales[0])
+        and fp8_activations_fit(w2.shape[2], scales[1])
     )
-    return fits and tokens * top_k / w13.shape[0] >= W8A8_MIN_MEAN_ROWS
 
 
 def align(
@@ -427,11 +433,7 @@ def fused_experts(
     pairs = t * top_k
     if fp8_activations is None:
         fp8_activations = use_fp8_activations(t, top_k, w13, w2, scales)
-    if fp8_activations and not (
-        scales is not None
-        and fp8_activations_fit(w13.shape[2], scales[0])
-        and fp8_activations_fit(w2.shape[2], scales[1])
-    ):
+    elif fp8_activations and not _both_fit(w13, w2, scales):
         raise ValueError(f"FP8 activations need FP8 weights whose blocks fit them, got {scales}")
     w13_scales, w2_scales = scales if scales is not None else (None, None)
     w8a8 = scales if fp8_activations else None
