@@ -13,7 +13,9 @@ With `--sweep` (CUDA) each shape and row count also times the Triton path at eve
 configuration of a grid (rows, columns and depth per block, warps, stages; the row block
 from the mean rows an expert gets), each checked against the PyTorch path first, and
 reports the fastest beside the table's own (`CONFIGS` in layers/kernels/fused_moe.py,
-which these sweeps set).
+which these sweeps set). `--sweep fp8` does the same for FP8 experts' w8a8 path in 128 x
+128 blocks wherever the automatic choice takes that path (`FP8_CONFIGS`' grid:
+`fp8_sweep_configs`), `--sweep both` both.
 
 With `--fp8` (CUDA) each shape and row count also times the Triton path with FP8 experts
 beside the bf16 one, in two layouts: per output row (what `quantization="fp8"` gives a
@@ -33,7 +35,7 @@ CUDA graphs and without (`cuda_graph_max_batch_size` 0), each engine in turn; wi
 too, once more quantized to FP8 (`quantization="fp8"`: FP8 linears and experts) with graphs.
 
 On a CPU only the PyTorch path runs (the Triton path needs CUDA), at Qwen3's shape.
-Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048] [--sweep] [--fp8]
+Run: `python -m bench.moe [--dtype bfloat16] [--rows 1,16,256,2048] [--sweep [fp8|both]] [--fp8]
 [--engine dummy:qwen1.5-moe-a2.7b]`; prints a table and writes
 bench/results/moe-<machine>.json.
 """
@@ -41,6 +43,7 @@ bench/results/moe-<machine>.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import statistics
 import time
@@ -124,12 +127,26 @@ def sweep_configs(mean_rows: float) -> list[GemmConfig]:
     ]
 
 
+def fp8_sweep_configs(mean_rows: float) -> list[GemmConfig]:
+    """The w8a8 grid (`FP8_CONFIGS`' candidates): row blocks near the mean rows an expert
+    gets, 64 or 128 output columns, a 128-deep K step (one 128 x 128 scale block and one
+    activation group a step; 64 halves the FP8 MMA's work per load), 4 or 8 warps, 3 or 4
+    stages."""
+    from radixmesh.worker.layers.kernels.fused_moe import GemmConfig
+
+    block_ms = [16, 32, 64] if mean_rows < 32 else [64, 128]
+    return [
+        GemmConfig(m, n, 128, warps, stages)
+        for m, n, warps, stages in itertools.product(block_ms, (64, 128), (4, 8), (3, 4))
+    ]
+
+
 def row(
     shape: str,
     rows: int,
     moe: SparseMoE,
     repeats: int,
-    sweep: bool,
+    sweep: str | None,
     fp8: dict[str, SparseMoE] | None = None,
 ) -> dict[str, Any]:
     device = moe.w13.device
@@ -159,12 +176,50 @@ def row(
                 timed = out[name][path]
                 timed["tb_s"] = weight_bytes / moe.w13.element_size() / timed["ms"] / 1e9
                 timed["vs_bf16"] = out["fused_ms"] / timed["ms"]
-        if sweep:
-            out["sweep"] = _sweep(moe, x, experts, weights, eager, scale, repeats)
-            best = min(out["sweep"], key=lambda r: r.get("ms", float("inf")))
-            out["best"] = best
-            out["best_vs_table"] = out["fused_ms"] / best["ms"]
+        mean = rows * experts.shape[1] / moe.num_experts
+        if sweep in ("bf16", "both"):
+
+            def bf16(config: GemmConfig) -> torch.Tensor:
+                return fused_experts(x, moe.w13, moe.w2, experts, weights, config)
+
+            out["sweep"] = _sweep(bf16, sweep_configs(mean), eager, scale, repeats, 0.05)
+            out["best"] = _fastest(out["sweep"])
+            out["best_vs_table"] = out["fused_ms"] / out["best"]["ms"]
+        if sweep in ("fp8", "both"):
+            layer = (fp8 or {})[FP8_SWEPT]
+            if out[FP8_SWEPT]["auto"] == "w8a8":
+                out["fp8_sweep"] = _sweep(
+                    _w8a8(layer, x, experts, weights), fp8_sweep_configs(mean), eager, scale,
+                    repeats, FP8_GATES["w8a8"],
+                )  # fmt: skip
+                out["fp8_best"] = _fastest(out["fp8_sweep"])
+                table_ms = out[FP8_SWEPT]["w8a8"]["ms"]
+                out["fp8_best_vs_table"] = table_ms / out["fp8_best"]["ms"]
     return out
+
+
+# The FP8 layout whose w8a8 path --sweep --fp8 sweeps, where the automatic choice takes
+# it: 128 x 128 blocks, FP8 checkpoints' own (the per-row layout shares the table).
+FP8_SWEPT = "fp8_128x128"
+
+
+def _w8a8(
+    moe: SparseMoE, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+) -> Callable[[GemmConfig], torch.Tensor]:
+    from radixmesh.worker.layers.kernels.fused_moe import fused_experts
+
+    scales = moe.scales()
+
+    def fused(config: GemmConfig) -> torch.Tensor:
+        return fused_experts(
+            x, moe.w13, moe.w2, experts, weights, config, scales=scales, fp8_activations=True
+        )
+
+    return fused
+
+
+def _fastest(results: list[dict[str, Any]]) -> dict[str, Any]:
+    return min(results, key=lambda r: r.get("ms", float("inf")))
 
 
 # The FP8 paths timed with --fp8 (fused_experts' `fp8_activations`) and the largest
@@ -214,33 +269,28 @@ def _fp8_row(
 
 
 def _sweep(
-    moe: SparseMoE,
-    x: torch.Tensor,
-    experts: torch.Tensor,
-    weights: torch.Tensor,
+    fused: Callable[[GemmConfig], torch.Tensor],
+    configs: list[GemmConfig],
     eager: torch.Tensor,
     scale: float,
     repeats: int,
+    gate: float,
 ) -> list[dict[str, Any]]:
-    from radixmesh.worker.layers.kernels.fused_moe import fused_experts
-
-    mean = x.shape[0] * experts.shape[1] / moe.num_experts
+    """Each config's ms, after its output is checked against the PyTorch path's (largest
+    difference over the output's largest value at most `gate`); a tile the GPU cannot
+    hold (shared memory) is kept as its error."""
     results = []
-    for config in sweep_configs(mean):
+    for config in configs:
         entry: dict[str, Any] = {"config": list(vars(config).values())}
-
-        def fused(config: GemmConfig = config) -> torch.Tensor:
-            return fused_experts(x, moe.w13, moe.w2, experts, weights, config)
-
         try:
-            diff = float((fused().float() - eager.float()).abs().max()) / scale
+            diff = float((fused(config).float() - eager.float()).abs().max()) / scale
         except Exception as e:  # a tile the GPU cannot hold (shared memory): skipped
             entry["error"] = f"{type(e).__name__}: {e}"[:200]
             results.append(entry)
             continue
-        if diff > 0.05:
+        if diff > gate:
             raise AssertionError(f"{config}: relative difference {diff:.3g} from the eager path")
-        entry["ms"] = _ms(fused, x.device, repeats)
+        entry["ms"] = _ms(functools.partial(fused, config), eager.device, repeats)
         results.append(entry)
     return results
 
@@ -310,7 +360,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--rows", default="1,16,256,2048", help="tokens per call, comma-separated")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--sweep", action="store_true", help="time a grid of tile configs (CUDA)")
+    ap.add_argument(
+        "--sweep",
+        nargs="?",
+        const="bf16",
+        choices=["bf16", "fp8", "both"],
+        help="time a grid of tile configs (CUDA): bf16 experts' (the default), the FP8 "
+        "w8a8 path's (implies --fp8), or both",
+    )
     ap.add_argument(
         "--fp8", action="store_true", help="also time FP8 experts beside bf16 ones (CUDA)"
     )
@@ -323,15 +380,15 @@ def main(argv: list[str] | None = None) -> None:
     dtype = getattr(torch, args.dtype)
     shapes = list(SHAPES) if device.type == "cuda" else ["qwen3-30b-a3b"]
     results: list[dict[str, Any]] = []
-    fp8 = args.fp8 and device.type == "cuda"
+    sweep = args.sweep if device.type == "cuda" else None
+    fp8 = (args.fp8 or sweep in ("fp8", "both")) and device.type == "cuda"
     for shape in [] if args.skip_layer else shapes:
         moe = _layer(shape, dtype, device)
         layers = (
             {name: fp8_layer(moe, method) for name, method in FP8_LAYOUTS.items()} if fp8 else None
         )
         results += [
-            row(shape, int(r), moe, args.repeats, args.sweep and device.type == "cuda", layers)
-            for r in args.rows.split(",")
+            row(shape, int(r), moe, args.repeats, sweep, layers) for r in args.rows.split(",")
         ]
         del moe, layers
     if results:
@@ -350,6 +407,12 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{r['shape']} | {r['rows']} | {r['fused_ms']:.3f} | {b['ms']:.3f} | {b['config']}"
             )
+    if any("fp8_best" in r for r in results):
+        print(f"\n{FP8_SWEPT} w8a8: shape | rows | table ms | best ms | best config")
+        for r in results:
+            if "fp8_best" in r:
+                b, table = r["fp8_best"], r[FP8_SWEPT]["w8a8"]["ms"]
+                print(f"{r['shape']} | {r['rows']} | {table:.3f} | {b['ms']:.3f} | {b['config']}")
     figures: dict[str, Any] = {"device": device.type, "dtype": args.dtype, "rows": results}
     if args.engine:
         figures["engine"] = engine_decode(args.engine, args.dtype, device, fp8)
