@@ -240,11 +240,15 @@ def test_w8a8_experts_on_cuda_match_the_reference_and_never_wait_for_the_device(
     """bfloat16 activations into the compiled FP8 MMA, forced onto the w8a8 path at every
     row count, against `w8a8_ref` on the same device. The bf16 roundings of gate/up and of
     the SiLU product may fall the other way in the kernel (float32 sums in another order,
-    the GPU's exp) and move a quantized value by one e4m3 step (1/8 of it): at 300 tokens
-    (an H100, 2026-12-06) 4-33 of 76,800 outputs moved by up to 2.4% of the largest one.
-    So the bounds are on the whole: the relative L2 error under 1%, no output off by 5% of
-    the largest, at most 0.1% of outputs off by 1%; a misplaced scale or row is off by
-    its own size in every output it touches."""
+    the GPU's exp) and move a quantized value by one e4m3 step (1/8 of it); where the
+    flipped value is a row's largest, the row's scale moves and every value of the row is
+    quantized again, so a flip can move a whole token's outputs. At 300 tokens 4-33 of
+    76,800 outputs moved by up to 2.4% of the largest one (an H100, 2026-12-06), 99 in
+    the per-row layout (an H200, the same day). So the bounds are on the whole: the
+    relative L2 error under 1%, no output off by 5% of the largest, at most 1% of outputs
+    off by 1%. A misplaced scale or row is off by its own size in every output it
+    touches: one token of 300 wrong is ~6% relative L2 error and a max error of order
+    the largest output, caught by the first two."""
     q13, q2, scales, moe = fp8_experts(H, I, 16, 4, LAYOUTS[layout], torch.bfloat16)
     q13, q2, moe = q13.cuda(), q2.cuda(), moe.cuda()
     scales = (
@@ -265,6 +269,6 @@ def test_w8a8_experts_on_cuda_match_the_reference_and_never_wait_for_the_device(
     diff = (got.float() - want.float()).abs()
     assert float(diff.norm() / want.float().norm()) < 0.01
     assert float(diff.max()) < 0.05 * scale
-    assert int((diff > 0.01 * scale).sum()) <= max(1, diff.numel() // 1000)
+    assert int((diff > 0.01 * scale).sum()) <= max(1, diff.numel() // 100)
     eager = moe.forward_eager(x, experts, weights).float()  # bf16, dequantized weights
     assert float((auto.float() - eager).abs().max()) < 0.1 * scale
