@@ -13,9 +13,9 @@ With `--sweep` (CUDA) each shape and row count also times the Triton path at eve
 configuration of a grid (rows, columns and depth per block, warps, stages; the row block
 from the mean rows an expert gets), each checked against the PyTorch path first, and
 reports the fastest beside the table's own (`CONFIGS` in layers/kernels/fused_moe.py,
-which these sweeps set). `--sweep fp8` does the same for FP8 experts' w8a8 path in 128 x
-128 blocks wherever the automatic choice takes that path (`FP8_CONFIGS`' grid:
-`fp8_sweep_configs`), `--sweep both` both.
+which these sweeps set). `--sweep fp8` does the same for FP8 experts' w8a8 path in each
+layout (per row, 128 x 128 blocks: `FP8_CONFIGS` serves both) wherever the automatic
+choice takes that path (the grid: `fp8_sweep_configs`), `--sweep both` both.
 
 With `--fp8` (CUDA) each shape and row count also times the Triton path with FP8 experts
 beside the bf16 one, in two layouts: per output row (what `quantization="fp8"` gives a
@@ -185,22 +185,16 @@ def row(
             out["sweep"] = _sweep(bf16, sweep_configs(mean), eager, scale, repeats, 0.05)
             out["best"] = _fastest(out["sweep"])
             out["best_vs_table"] = out["fused_ms"] / out["best"]["ms"]
-        if sweep in ("fp8", "both"):
-            layer = (fp8 or {})[FP8_SWEPT]
-            if out[FP8_SWEPT]["auto"] == "w8a8":
-                out["fp8_sweep"] = _sweep(
+        for name, layer in (fp8 or {}).items() if sweep in ("fp8", "both") else ():
+            timed = out[name]
+            if timed["auto"] == "w8a8":  # the path the table's tiles serve
+                timed["sweep"] = _sweep(
                     _w8a8(layer, x, experts, weights), fp8_sweep_configs(mean), eager, scale,
                     repeats, FP8_GATES["w8a8"],
                 )  # fmt: skip
-                out["fp8_best"] = _fastest(out["fp8_sweep"])
-                table_ms = out[FP8_SWEPT]["w8a8"]["ms"]
-                out["fp8_best_vs_table"] = table_ms / out["fp8_best"]["ms"]
+                timed["best"] = _fastest(timed["sweep"])
+                timed["best_vs_table"] = timed["w8a8"]["ms"] / timed["best"]["ms"]
     return out
-
-
-# The FP8 layout whose w8a8 path --sweep --fp8 sweeps, where the automatic choice takes
-# it: 128 x 128 blocks, FP8 checkpoints' own (the per-row layout shares the table).
-FP8_SWEPT = "fp8_128x128"
 
 
 def _w8a8(
@@ -407,12 +401,13 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"{r['shape']} | {r['rows']} | {r['fused_ms']:.3f} | {b['ms']:.3f} | {b['config']}"
             )
-    if any("fp8_best" in r for r in results):
-        print(f"\n{FP8_SWEPT} w8a8: shape | rows | table ms | best ms | best config")
-        for r in results:
-            if "fp8_best" in r:
-                b, table = r["fp8_best"], r[FP8_SWEPT]["w8a8"]["ms"]
-                print(f"{r['shape']} | {r['rows']} | {table:.3f} | {b['ms']:.3f} | {b['config']}")
+    for name in FP8_LAYOUTS:
+        swept = [r for r in results if "best" in r.get(name, {})]
+        if swept:
+            print(f"\n{name} w8a8: shape | rows | table ms | best ms | best config")
+        for r in swept:
+            b, table = r[name]["best"], r[name]["w8a8"]["ms"]
+            print(f"{r['shape']} | {r['rows']} | {table:.3f} | {b['ms']:.3f} | {b['config']}")
     figures: dict[str, Any] = {"device": device.type, "dtype": args.dtype, "rows": results}
     if args.engine:
         figures["engine"] = engine_decode(args.engine, args.dtype, device, fp8)
