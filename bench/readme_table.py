@@ -175,6 +175,15 @@ def speculative_copy() -> str:
     )
 
 
+def speculative_verify() -> str:
+    steps = load("speculative-verify-h200")["verify"]
+    plain, four = steps["0"], steps["4"]
+    return (
+        f"{four['ms_per_step']:.2f} vs {plain['ms_per_step']:.2f} ms ({four['ratio']:.2f}x), "
+        f"with 8 drafts {steps['8']['ratio']:.2f}x"
+    )
+
+
 def mixture_of_experts() -> str:
     layer = [r for r in load("moe-h100")["rows"] if r["shape"] == "qwen3-30b-a3b"]
     speedups = [r["fused_speedup"] for r in layer]
@@ -249,6 +258,11 @@ ROWS: list[tuple[str, Callable[[], str]]] = [
     (
         "speculative decoding (n-gram) vs off, batch 1, copy-heavy set, smollm2 (2-core CPU)",
         speculative_copy,
+    ),
+    (
+        "speculative decoding: a step verifying 4 drafts vs a plain decode step, batch 1, "
+        "`dummy:llama-3-8b` bf16 (one H200)",
+        speculative_verify,
     ),
 ]
 
