@@ -130,8 +130,7 @@ def sweep_configs(mean_rows: float) -> list[GemmConfig]:
 def fp8_sweep_configs(mean_rows: float) -> list[GemmConfig]:
     """The w8a8 grid (`FP8_CONFIGS`' candidates): row blocks near the mean rows an expert
     gets, 64 or 128 output columns, a 128-deep K step (one 128 x 128 scale block and one
-    activation group a step; 64 halves the FP8 MMA's work per load), 4 or 8 warps, 3 or 4
-    stages."""
+    activation group a step), 4 or 8 warps, 3 or 4 stages."""
     from radixmesh.worker.layers.kernels.fused_moe import GemmConfig
 
     block_ms = [16, 32, 64] if mean_rows < 32 else [64, 128]
